@@ -1,0 +1,3 @@
+from torchjob.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""The ``torchjob`` command line, in kubectl's habits.
+
+Thin on purpose: each command module parses its arguments and calls the layers below. Heavy
+modules (torch, kubernetes) are imported only inside the commands that need them.
+Exit codes: 0 success, 1 the job failed, 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from torchjob import __version__
+from torchjob.cli import spec_commands
+from torchjob.errors import SpecError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchjob",
+        description="Run Volcano-style PyTorch jobs on this machine, or render them for a cluster.",
+    )
+    parser.add_argument("--version", action="version", version=f"torchjob {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log torchjob's decisions (debug level)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+    spec_commands.register(commands)
+    try:
+        from torchjob.cli import local_commands
+    except ImportError:  # the local engine is optional while it is being built
+        pass
+    else:
+        local_commands.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.verbose:
+        from torchjob.logs import enable_debug
+
+        enable_debug()
+    try:
+        code: int = args.func(args)
+        return code
+    except SpecError as err:
+        for problem in err.problems:
+            print(problem.format(), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `torchjob render ... | head` is not an error
+        return EXIT_OK

@@ -1,0 +1,37 @@
+"""Problems found in user input, with the field path they belong to.
+
+Every user mistake becomes a :class:`Problem`; a :class:`SpecError` carries all problems found at
+once so the CLI can print them as ``FILE:LINE: field.path: message`` and exit 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the input: where (a field path) and what was expected."""
+
+    path: str
+    message: str
+    file: str = ""
+    line: int | None = None
+
+    def format(self) -> str:
+        where = self.file or "<input>"
+        if self.line is not None:
+            where = f"{where}:{self.line}"
+        field = f" {self.path}:" if self.path else ""
+        # One line per problem, whatever the message holds.
+        message = " ".join(self.message.split())
+        return f"{where}:{field} {message}"
+
+
+class SpecError(Exception):
+    """Raised when input is invalid; holds every problem found."""
+
+    def __init__(self, problems: Iterable[Problem]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(p.format() for p in self.problems))

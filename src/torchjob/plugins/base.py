@@ -1,0 +1,61 @@
+"""What a job plugin is: flags, checks, and pure changes to each pod and to the job's objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torchjob.addressing import Addressing
+from torchjob.plugins.flags import Flag, parse_flags
+from torchjob.spec.model import Job, Task
+
+Issues = list[tuple[str, str]]
+
+
+@dataclass
+class PodContext:
+    """One pod being created: the plugin changes ``pod`` (a fresh Pod manifest) in place."""
+
+    job: Job
+    task: Task
+    index: int
+    pod: dict[str, Any]
+    addressing: Addressing
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = self.pod["spec"]
+        return spec
+
+    def all_containers(self) -> list[dict[str, Any]]:
+        """Init containers then containers, as present now."""
+        return [*self.spec.get("initContainers", []), *self.spec.get("containers", [])]
+
+
+class Plugin:
+    """Base class: a plugin is built from its flag list and then asked about the job and each pod.
+
+    Plugins do no I/O; everything about addresses and ports is asked of the Addressing.
+    """
+
+    name: ClassVar[str] = ""
+    flags: ClassVar[tuple[Flag, ...]] = ()
+
+    def __init__(self, args: list[str]) -> None:
+        self.args = list(args)
+        self.values, self.flag_errors = parse_flags(self.name, self.flags, self.args)
+
+    def check(self, job: Job) -> Issues:
+        """Problems of the job as this plugin sees it (flags are already checked)."""
+        return []
+
+    def warnings(self, job: Job, addressing: Addressing) -> Issues:
+        """Things that are allowed but the user should know, as (field path, message)."""
+        return []
+
+    def on_pod_create(self, ctx: PodContext) -> None:
+        """Change the pod being created."""
+
+    def job_objects(self, job: Job, addressing: Addressing) -> list[dict[str, Any]]:
+        """Job-level Kubernetes objects this plugin owns (Service, ConfigMap, ...)."""
+        return []

@@ -1,0 +1,160 @@
+"""The ``svc`` plugin: a headless Service, pod hostnames, host files and host-list env.
+
+Like Volcano it writes, per task, ``<task>.host`` (one host a line), ``VC_<TASK>_HOSTS``
+(comma-separated) and ``VC_<TASK>_NUM`` into the ``<job>-svc`` ConfigMap, mounted at
+``/etc/volcano``, and points every container's env at those keys.
+
+One difference: Linux refuses a single environment string over 128 KiB in ``execve``, so a
+``VC_<TASK>_HOSTS`` that would be larger (around a few thousand pods) is left out of the env and a
+warning says so; the host file still holds the full list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchjob.addressing import Addressing
+from torchjob.plugins.base import Issues, Plugin, PodContext
+from torchjob.plugins.flags import Flag
+from torchjob.spec.model import Job, Task
+
+CONFIG_MOUNT_PATH = "/etc/volcano"
+# Linux's MAX_ARG_STRLEN: one "NAME=value\0" string passed to execve may be at most 32 pages.
+MAX_ENV_STRING = 128 * 1024
+MAX_CONFIGMAP_BYTES = 1024 * 1024
+JOB_NAME_LABEL = "volcano.sh/job-name"
+JOB_NAMESPACE_LABEL = "volcano.sh/job-namespace"
+
+
+def env_key(task_name: str) -> str:
+    """``my-worker`` -> ``MY_WORKER`` (Volcano's munging for env names)."""
+    return task_name.replace("-", "_").upper()
+
+
+def host_file(task_name: str) -> str:
+    return f"{task_name.replace('-', '_')}.host"
+
+
+def task_hosts(job: Job, task: Task, addressing: Addressing) -> list[str]:
+    """The addresses of a task's pods; a template ``hostname`` collapses the task to one host."""
+    if task.template.hostname:
+        return [addressing.host(job, task, 0)] if task.replicas > 0 else []
+    return [addressing.host(job, task, i) for i in range(task.replicas)]
+
+
+def configmap_name(job: Job) -> str:
+    return f"{job.name}-svc"
+
+
+def hosts_env_too_large(task_name: str, hosts_value: str) -> bool:
+    name = f"VC_{env_key(task_name)}_HOSTS"
+    return len(name) + 1 + len(hosts_value.encode()) + 1 > MAX_ENV_STRING
+
+
+class SvcPlugin(Plugin):
+    name = "svc"
+    flags = (
+        Flag("publish-not-ready-addresses", bool, False, "publish pod addresses before they are ready"),
+        Flag("disable-network-policy", bool, False, "do not create the job's NetworkPolicy"),
+        Flag("inject-hosts-env", bool, True, "put VC_<TASK>_HOSTS and VC_<TASK>_NUM into every container"),
+    )
+
+    def __init__(self, args: list[str]) -> None:
+        super().__init__(args)
+        self._data: dict[str, str] | None = None
+        self._omitted: set[str] = set()
+
+    def host_data(self, job: Job, addressing: Addressing) -> dict[str, str]:
+        """The ConfigMap data; computed once per expansion."""
+        if self._data is None:
+            data: dict[str, str] = {}
+            for task in job.spec.tasks:
+                hosts = task_hosts(job, task, addressing)
+                key = env_key(task.name)
+                data[host_file(task.name)] = "\n".join(hosts)
+                data[f"VC_{key}_HOSTS"] = ",".join(hosts)
+                data[f"VC_{key}_NUM"] = str(len(hosts))
+                if hosts_env_too_large(task.name, data[f"VC_{key}_HOSTS"]):
+                    self._omitted.add(task.name)
+            self._data = data
+        return self._data
+
+    def warnings(self, job: Job, addressing: Addressing) -> Issues:
+        data = self.host_data(job, addressing)
+        issues: Issues = []
+        if self.values["inject-hosts-env"]:
+            for i, task in enumerate(job.spec.tasks):
+                if task.name in self._omitted:
+                    size = len(data[f"VC_{env_key(task.name)}_HOSTS"])
+                    issues.append((
+                        f"spec.tasks[{i}]",
+                        f"VC_{env_key(task.name)}_HOSTS would be {size} bytes, over Linux's 128 KiB limit for "
+                        f"one environment string, so it is left out of the env; read "
+                        f"{CONFIG_MOUNT_PATH}/{host_file(task.name)} instead",
+                    ))
+        total = sum(len(k) + len(v.encode()) for k, v in data.items())
+        if total > MAX_CONFIGMAP_BYTES:
+            issues.append((
+                "spec.tasks",
+                f"the {configmap_name(job)} ConfigMap would be {total} bytes; Kubernetes refuses ConfigMaps "
+                "over 1 MiB, so this job cannot run on a cluster with the svc plugin",
+            ))
+        return issues
+
+    def on_pod_create(self, ctx: PodContext) -> None:
+        job, spec = ctx.job, ctx.spec
+        if not spec.get("hostname"):
+            spec["hostname"] = ctx.pod["metadata"]["name"]
+        if not spec.get("subdomain"):
+            spec["subdomain"] = job.name
+        cm = configmap_name(job)
+        env: list[dict[str, Any]] = []
+        if self.values["inject-hosts-env"]:
+            self.host_data(job, ctx.addressing)
+            for task in job.spec.tasks:
+                key = env_key(task.name)
+                names = [f"VC_{key}_NUM"] if task.name in self._omitted else [f"VC_{key}_HOSTS", f"VC_{key}_NUM"]
+                env.extend(
+                    {"name": n, "valueFrom": {"configMapKeyRef": {"name": cm, "key": n}}} for n in names
+                )
+        for container in ctx.all_containers():
+            if env:
+                container.setdefault("env", []).extend(
+                    {"name": e["name"], "valueFrom": {"configMapKeyRef": dict(e["valueFrom"]["configMapKeyRef"])}}
+                    for e in env
+                )
+            container.setdefault("volumeMounts", []).append({"name": cm, "mountPath": CONFIG_MOUNT_PATH})
+        spec.setdefault("volumes", []).append({"name": cm, "configMap": {"name": cm}})
+
+    def job_objects(self, job: Job, addressing: Addressing) -> list[dict[str, Any]]:
+        selector = {JOB_NAME_LABEL: job.name, JOB_NAMESPACE_LABEL: job.metadata.namespace}
+        objects: list[dict[str, Any]] = [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": configmap_name(job), "namespace": job.metadata.namespace},
+                "data": dict(self.host_data(job, addressing)),
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": job.name, "namespace": job.metadata.namespace},
+                "spec": {
+                    "clusterIP": "None",
+                    "selector": dict(selector),
+                    "publishNotReadyAddresses": bool(self.values["publish-not-ready-addresses"]),
+                },
+            },
+        ]
+        if not self.values["disable-network-policy"]:
+            objects.append({
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "NetworkPolicy",
+                "metadata": {"name": job.name, "namespace": job.metadata.namespace},
+                "spec": {
+                    "podSelector": {"matchLabels": dict(selector)},
+                    "ingress": [{"from": [{"podSelector": {"matchLabels": dict(selector)}}]}],
+                    "policyTypes": ["Ingress"],
+                },
+            })
+        return objects

@@ -1,0 +1,200 @@
+"""The typed job model: a Volcano ``batch.volcano.sh/v1alpha1`` Job and torchjob's extensions.
+
+The pod template stays a plain Kubernetes ``PodTemplateSpec`` dictionary, so everything a user
+writes survives into the output untouched; the few parts torchjob reads go through the typed
+accessors of :class:`PodTemplate` and :class:`Container`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+API_VERSION = "batch.volcano.sh/v1alpha1"
+KIND = "Job"
+
+
+class Container:
+    """Typed read access to one container dictionary of a pod template."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+
+    @property
+    def name(self) -> str:
+        return str(self.raw.get("name", ""))
+
+    @property
+    def image(self) -> str:
+        return str(self.raw.get("image", ""))
+
+    @property
+    def command(self) -> list[str]:
+        return [str(c) for c in self.raw.get("command") or []]
+
+    @property
+    def args(self) -> list[str]:
+        return [str(a) for a in self.raw.get("args") or []]
+
+    @property
+    def working_dir(self) -> str | None:
+        value = self.raw.get("workingDir")
+        return str(value) if value else None
+
+    @property
+    def env(self) -> list[dict[str, Any]]:
+        return list(self.raw.get("env") or [])
+
+    @property
+    def ports(self) -> list[dict[str, Any]]:
+        return list(self.raw.get("ports") or [])
+
+
+class PodTemplate:
+    """Typed read access to a task's ``template`` (a Kubernetes PodTemplateSpec)."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        spec = self.raw.get("spec")
+        return spec if isinstance(spec, dict) else {}
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        meta = self.raw.get("metadata")
+        return meta if isinstance(meta, dict) else {}
+
+    @property
+    def containers(self) -> list[Container]:
+        return [Container(c) for c in self.spec.get("containers") or []]
+
+    @property
+    def init_containers(self) -> list[Container]:
+        return [Container(c) for c in self.spec.get("initContainers") or []]
+
+    @property
+    def hostname(self) -> str:
+        return str(self.spec.get("hostname") or "")
+
+    @property
+    def subdomain(self) -> str:
+        return str(self.spec.get("subdomain") or "")
+
+    @property
+    def restart_policy(self) -> str:
+        """The pod's restartPolicy; Kubernetes defaults it to ``Always``."""
+        return str(self.spec.get("restartPolicy") or "Always")
+
+
+@dataclass
+class Policy:
+    """A lifecycle policy: on ``events`` (or a container ``exit_code``) take ``action``."""
+
+    action: str
+    events: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    timeout: str | None = None
+
+
+@dataclass
+class DependsOn:
+    names: list[str] = field(default_factory=list)
+    iteration: str = "any"
+
+
+@dataclass
+class Task:
+    name: str
+    replicas: int
+    template: PodTemplate
+    min_available: int | None = None
+    max_retry: int = 0
+    policies: list[Policy] = field(default_factory=list)
+    depends_on: DependsOn | None = None
+    # CRD fields torchjob passes through without reading (topologyPolicy, partitionPolicy).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Metadata:
+    name: str
+    namespace: str = "default"
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ElasticPolicy:
+    """torch elastic launch settings (set by the SDK's ``Elastic``); mapped by cluster targets."""
+
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int = 1
+    rdzv_backend: str = "c10d"
+    rdzv_timeout: int = 900
+    rdzv_join_timeout: int = 900
+    max_restarts: int = 0
+    start_method: str = "spawn"
+    monitor_interval: float = 5.0
+    rdzv_configs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunPolicy:
+    """Kubeflow-style run policy (set by the SDK); mapped by cluster targets."""
+
+    clean_pod_policy: str | None = None
+    ttl_seconds_after_finished: int | None = None
+    active_deadline_seconds: int | None = None
+    backoff_limit: int | None = None
+
+
+@dataclass
+class JobSpec:
+    tasks: list[Task]
+    min_available: int = 0
+    min_success: int | None = None
+    max_retry: int = 0
+    queue: str = ""
+    scheduler_name: str = ""
+    priority_class_name: str = ""
+    ttl_seconds_after_finished: int | None = None
+    policies: list[Policy] = field(default_factory=list)
+    # Plugin name -> its argument list, in the order the user wrote them.
+    plugins: dict[str, list[str]] = field(default_factory=dict)
+    # CRD fields passed through untouched (volumes, networkTopology, runningEstimate).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    metadata: Metadata
+    spec: JobSpec
+    elastic: ElasticPolicy | None = None
+    run_policy: RunPolicy | None = None
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    def task(self, name: str) -> Task | None:
+        """The first task with this name (Volcano's lookup), or None."""
+        for task in self.spec.tasks:
+            if task.name == name:
+                return task
+        return None
+
+    @property
+    def total_replicas(self) -> int:
+        return sum(t.replicas for t in self.spec.tasks)
+
+
+def pod_name(job_name: str, task_name: str, index: int) -> str:
+    """Volcano's pod name: ``<job>-<task>-<index>``."""
+    return f"{job_name}-{task_name}-{index}"

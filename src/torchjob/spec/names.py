@@ -1,0 +1,50 @@
+"""Name and reference formats Kubernetes and container runtimes accept."""
+
+from __future__ import annotations
+
+import re
+
+DNS1123_LABEL_MAX = 63
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+# The Docker distribution reference grammar: [registry[:port]/]path[:tag][@digest].
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(
+    r"^(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+    r"(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/)?"
+    rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+
+
+def is_dns1123_label(value: str) -> bool:
+    return len(value) <= DNS1123_LABEL_MAX and bool(_DNS1123_LABEL.match(value))
+
+
+def is_dns1035_label(value: str) -> bool:
+    return len(value) <= DNS1123_LABEL_MAX and bool(_DNS1035_LABEL.match(value))
+
+
+def is_dns1123_subdomain(value: str) -> bool:
+    return len(value) <= 253 and bool(_DNS1123_SUBDOMAIN.match(value))
+
+
+def is_env_name(value: str) -> bool:
+    return bool(_ENV_NAME.match(value))
+
+
+def is_image_reference(value: str) -> bool:
+    return len(value) <= 4096 and bool(_IMAGE.match(value))
+
+
+def label_problem(value: str) -> str:
+    """Why ``value`` is not a DNS-1123 label, for an error message."""
+    if len(value) > DNS1123_LABEL_MAX:
+        return f"{value!r} is {len(value)} characters; at most {DNS1123_LABEL_MAX} are allowed"
+    return (
+        f"{value!r} is not a DNS-1123 label: use lower-case letters, digits and '-', "
+        "starting and ending with a letter or digit"
+    )
