@@ -1,0 +1,49 @@
+"""The smallest real collective: every rank all-reduces a tensor and checks the sum.
+
+The speed benchmark (``benchmarks/bench_local_run.py``) runs this same program under
+``torchjob run``, ``torchrun`` and a bare shell loop. With ``TORCHJOB_BENCH_MARKS=DIR`` each rank
+also writes when its process started, so start-up latency can be measured from outside.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+_STARTED = time.time()  # before the slow torch import
+
+import warnings  # noqa: E402
+from datetime import timedelta  # noqa: E402
+
+# torch warns at import when numpy is absent; the program does not use numpy.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def mark(name: str, when: float) -> None:
+    """Append ``name rank when`` to the marks file, if the benchmark asked for one."""
+    folder = os.environ.get("TORCHJOB_BENCH_MARKS")
+    if folder:
+        with open(os.path.join(folder, "marks.txt"), "a") as out:
+            out.write(f"{name} {os.environ.get('RANK', '?')} {os.getpid()} {when:.6f}\n")
+
+
+def main() -> int:
+    mark("start", _STARTED)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    mark("joined", time.time())
+    value = torch.full((1024,), float(rank + 1))
+    dist.all_reduce(value)
+    want = world * (world + 1) / 2
+    ok = bool(torch.all(value == want))
+    dist.destroy_process_group()
+    print(f"allreduce: rank {rank} of {world} sum {value[0].item():g} {'OK' if ok else 'WRONG'}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
