@@ -76,9 +76,13 @@ def main() -> int:
     if world > 1:
         ring(rank, world, steps=3)
         star(rank, world)
-    dist.barrier()
-    dist.destroy_process_group()
+    # Every rank reports before the last barrier: with TaskCompleted -> CompleteJob the job ends as
+    # soon as the master exits, and a worker still printing then would lose its line.
     print(f"sendrecv: rank {rank} OK", flush=True)
+    dist.barrier()
+    if rank == 0:
+        print(f"sendrecv: all {world} ranks verified", flush=True)
+    dist.destroy_process_group()
     return 0
 
 
