@@ -7,6 +7,9 @@ I/O: ``render`` prints its result, the local engine runs it, and the tests snaps
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,30 +59,51 @@ def _copy(value: Any) -> Any:
     return value
 
 
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cycle collector while building acyclic data.
+
+    Rendered objects hold no cycles, but creating hundreds of thousands of them makes the
+    collector scan the growing heap again and again (this alone tripled the time to expand a
+    10,000-pod job).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def new_pod(job: Job, task: Task, index: int, *, version: int = 0, retry_count: int = 0) -> dict[str, Any]:
     """The pod Volcano's controller creates before plugins run (``createJobPod``)."""
     template = task.template
     name = pod_name(job.name, task.name, index)
     labels = {str(k): str(v) for k, v in (template.metadata.get("labels") or {}).items()}
-    labels.update({
-        TASK_INDEX: str(index),
-        JOB_NAME: job.name,
-        TASK_SPEC: task.name,
-        JOB_NAMESPACE: job.metadata.namespace,
-        QUEUE_NAME: job.spec.queue,
-    })
+    labels.update(
+        {
+            TASK_INDEX: str(index),
+            JOB_NAME: job.name,
+            TASK_SPEC: task.name,
+            JOB_NAMESPACE: job.metadata.namespace,
+            QUEUE_NAME: job.spec.queue,
+        }
+    )
     annotations = {str(k): str(v) for k, v in (template.metadata.get("annotations") or {}).items()}
-    annotations.update({
-        TASK_INDEX: str(index),
-        TASK_SPEC: task.name,
-        # Volcano appends the Job's UID, which only exists once the Job is created on a cluster.
-        GROUP_NAME: job.name,
-        JOB_NAME: job.name,
-        QUEUE_NAME: job.spec.queue,
-        JOB_VERSION: str(version),
-        TEMPLATE_UID: f"{job.name}-{task.name}",
-        RETRY_COUNT: str(retry_count),
-    })
+    annotations.update(
+        {
+            TASK_INDEX: str(index),
+            TASK_SPEC: task.name,
+            # Volcano appends the Job's UID, which only exists once the Job is created on a cluster.
+            GROUP_NAME: job.name,
+            JOB_NAME: job.name,
+            QUEUE_NAME: job.spec.queue,
+            JOB_VERSION: str(version),
+            TEMPLATE_UID: f"{job.name}-{task.name}",
+            RETRY_COUNT: str(retry_count),
+        }
+    )
     spec = _copy(template.spec)
     if not spec.get("schedulerName"):
         spec["schedulerName"] = job.spec.scheduler_name
@@ -105,13 +129,14 @@ def expand(
     addressing = addressing or ClusterAddressing()
     plugins = build_plugins(job)
     pods: list[PodPlan] = []
-    for task in job.spec.tasks:
-        for index in range(task.replicas):
-            manifest = new_pod(job, task, index, version=version, retry_count=retry_count)
-            ctx = PodContext(job=job, task=task, index=index, pod=manifest, addressing=addressing)
-            for plugin in plugins:
-                plugin.on_pod_create(ctx)
-            pods.append(PodPlan(task=task, index=index, manifest=manifest))
-    objects = [obj for plugin in plugins for obj in plugin.job_objects(job, addressing)]
-    warnings = [w for plugin in plugins for w in plugin.warnings(job, addressing)]
+    with paused_gc():
+        for task in job.spec.tasks:
+            for index in range(task.replicas):
+                manifest = new_pod(job, task, index, version=version, retry_count=retry_count)
+                ctx = PodContext(job=job, task=task, index=index, pod=manifest, addressing=addressing)
+                for plugin in plugins:
+                    plugin.on_pod_create(ctx)
+                pods.append(PodPlan(task=task, index=index, manifest=manifest))
+        objects = [obj for plugin in plugins for obj in plugin.job_objects(job, addressing)]
+        warnings = [w for plugin in plugins for w in plugin.warnings(job, addressing)]
     return DesiredState(job=job, pods=pods, objects=objects, warnings=warnings)
