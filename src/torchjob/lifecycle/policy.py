@@ -1,0 +1,98 @@
+"""Policy resolution: which action an event leads to (Volcano's ``applyPolicies``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torchjob.lifecycle.types import Action, Event
+from torchjob.spec.model import Job, Policy
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go duration such as ``30s``, ``1m30s`` or ``250ms``; ValueError if malformed."""
+    pos = 0
+    total = 0.0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"not a duration: {text!r}")
+    return total
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The action for one event, with the delay of its policy and where it came from."""
+
+    action: Action
+    delay: float | None = None  # seconds: the policy's timeout; the engine acts after this delay
+    source: str = ""  # "" when no policy matched; else e.g. "task worker policy PodFailed -> RestartJob"
+
+
+def _policy_text(policy: Policy) -> str:
+    trigger = ",".join(policy.events) if policy.events else f"exitCode {policy.exit_code}"
+    return f"{trigger} -> {policy.action}"
+
+
+def _match(policies: Sequence[Policy], event: Event, exit_code: int | None, where: str) -> Resolution | None:
+    for policy in policies:
+        delay = parse_duration(policy.timeout) if policy.timeout is not None else None
+        source = f"{where}policy {_policy_text(policy)}"
+        listed = event.value in policy.events or Event.ANY.value in policy.events
+        # A pod is Pending for a while on every start; only a timeout makes that an incident.
+        if listed and (event is not Event.POD_PENDING or policy.timeout is not None):
+            return Resolution(Action(policy.action), delay, source)
+        # Only PodFailed carries an exit code (0 is rejected by validation).
+        if (
+            policy.exit_code is not None
+            and event is Event.POD_FAILED
+            and exit_code is not None
+            and policy.exit_code == exit_code
+        ):
+            return Resolution(Action(policy.action), delay, source)
+    return None
+
+
+def resolve(job: Job, event: Event, task: str | None, exit_code: int | None) -> Resolution:
+    """Resolve ``event`` (from a pod of ``task``) against the job's policies.
+
+    Internal events are SyncJob without looking at policies. Otherwise the task's policies are
+    tried first, then the job's; in each list the first matching policy wins. A policy matches
+    when it lists the event or ``*``, except that PodPending only matches a policy with a
+    timeout, or when its ``exitCode`` equals the exit code of a PodFailed. No match is SyncJob.
+    """
+    if event.internal:
+        return Resolution(Action.SYNC_JOB)
+    if task is not None:
+        spec_task = job.task(task)
+        if spec_task is not None:
+            found = _match(spec_task.policies, event, exit_code, f"task {task} ")
+            if found is not None:
+                return found
+    found = _match(job.spec.policies, event, exit_code, "")
+    return found if found is not None else Resolution(Action.SYNC_JOB)
+
+
+def resolve_action(job: Job, event: Event, task: str | None, exit_code: int | None) -> Action:
+    """The action of :func:`resolve`, for callers that do not care about delays."""
+    return resolve(job, event, task, exit_code).action
+
+
+def cancels_delay(delayed: Event, later: Event) -> bool:
+    """Whether ``later`` (on the same pod) cancels an action delayed by a policy timeout for ``delayed``.
+
+    A delayed PodPending action is dropped by any later non-pending event of that pod; a delayed
+    PodFailed or PodEvicted action is dropped when the pod runs again.
+    """
+    if delayed is Event.POD_PENDING:
+        return later is not Event.POD_PENDING
+    if delayed in (Event.POD_FAILED, Event.POD_EVICTED):
+        return later is Event.POD_RUNNING
+    return False
