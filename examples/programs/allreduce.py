@@ -2,7 +2,8 @@
 
 The speed benchmark (``benchmarks/bench_local_run.py``) runs this same program under
 ``torchjob run``, ``torchrun`` and a bare shell loop. With ``TORCHJOB_BENCH_MARKS=DIR`` each rank
-also writes when its process started, so start-up latency can be measured from outside.
+also writes when its process started, joined the group and ended, so a launcher's start-up
+and tear-down time can be told apart from the program's own.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def main() -> int:
     ok = bool(torch.all(value == want))
     dist.destroy_process_group()
     print(f"allreduce: rank {rank} of {world} sum {value[0].item():g} {'OK' if ok else 'WRONG'}", flush=True)
+    mark("end", time.time())
     return 0 if ok else 1
 
 

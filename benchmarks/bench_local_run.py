@@ -1,0 +1,494 @@
+"""How fast ``torchjob run`` starts a real gloo job, next to ``torchrun`` and a bare shell loop.
+
+Run from the repository root with the project's virtualenv::
+
+    .venv/bin/python benchmarks/bench_local_run.py                 # 2 and 4 ranks, 5 repetitions
+    .venv/bin/python benchmarks/bench_local_run.py --ranks 2 --reps 3 --json out.json
+
+Part 1 runs the same program (``examples/programs/allreduce.py``: init gloo, one all-reduce,
+check the sum) for N ranks in three ways, interleaved so that load from other work on the machine
+hits all of them alike:
+
+* ``torchjob``: ``torchjob run`` of a job with 1 master and N-1 workers (pytorch plugin);
+  ``torchjob+wait`` is the same job with ``--wait-master-enabled=true``;
+* ``torchrun``: ``torchrun --nproc-per-node=N`` with a static rendezvous;
+* ``shell``: ``sh`` starting N processes with MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE set by hand,
+  the floor for any launcher.
+
+Every rank writes when it started, joined the group and ended (``TORCHJOB_BENCH_MARKS``), so the
+wall time splits into: launcher start-up (launch to the first rank's start), rank start-up spread,
+the program, and tear-down (last rank's end to the launcher's exit).
+
+Part 2 measures, with torch-free programs so only the engine is timed: the time from the master's
+port opening to a waiting worker's command starting (wait-for-master), and the time from a worker
+crash to every rank running again under ``PodFailed -> RestartJob``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAM = ROOT / "examples" / "programs" / "allreduce.py"
+BIN = Path(sys.executable).parent
+RUN_TIMEOUT = 180.0
+
+
+@dataclass
+class Run:
+    """One timed run of one method."""
+
+    method: str
+    ranks: int
+    wall: float  # launcher started -> launcher exited, seconds
+    first_start: float  # launcher started -> first rank's first line
+    last_start: float  # launcher started -> last rank's first line
+    joined: float  # launcher started -> last rank joined the process group
+    tail: float  # last rank ended -> launcher exited
+
+
+@dataclass
+class Summary:
+    method: str
+    ranks: int
+    runs: list[Run] = field(default_factory=list)
+
+    def median(self, name: str) -> float:
+        return statistics.median(getattr(r, name) for r in self.runs)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def read_marks(folder: Path) -> list[tuple[str, int, float]]:
+    """(name, rank, unix time) of every mark a program wrote."""
+    path = folder / "marks.txt"
+    marks: list[tuple[str, int, float]] = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 4 and parts[1].lstrip("-").isdigit():
+                marks.append((parts[0], int(parts[1]), float(parts[3])))
+    return marks
+
+
+def bench_env(marks: Path, state: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TORCHJOB_BENCH_MARKS"] = str(marks)
+    env["TORCHJOB_HOME"] = str(state)  # keep the engine's job directories out of the user's
+    env.pop("TORCHJOB_JOB_ID", None)
+    return env
+
+
+# ---- the three ways to start N ranks ---------------------------------------------------------
+
+
+def job_yaml(
+    name: str,
+    ranks: int,
+    port: int,
+    command: list[str],
+    *,
+    wait: bool,
+    extra: str = "",
+    worker_command: list[str] | None = None,
+) -> str:
+    """A Volcano job with 1 master and ``ranks - 1`` workers running ``command``."""
+    flags = ["--master=master", "--worker=worker", f"--port={port}"]
+    if wait:
+        flags.append("--wait-master-enabled=true")
+    tasks = [("master", 1)] + ([("worker", ranks - 1)] if ranks > 1 else [])
+    lines = [
+        "apiVersion: batch.volcano.sh/v1alpha1",
+        "kind: Job",
+        f"metadata: {{name: {name}}}",
+        "spec:",
+        f"  minAvailable: {ranks}",
+        f"  plugins: {{pytorch: {json.dumps(flags)}}}",
+        *([extra] if extra else []),
+        "  tasks:",
+    ]
+    for task, replicas in tasks:
+        argv = worker_command if task == "worker" and worker_command else command
+        lines += [
+            f"    - name: {task}",
+            f"      replicas: {replicas}",
+            "      template:",
+            "        spec:",
+            "          restartPolicy: Never",
+            "          containers:",
+            "            - name: main",
+            "              image: bench:local",
+            f"              command: {json.dumps(argv)}",
+            "              env:",
+            "                - name: JOB_RETRY_COUNT",
+            "                  valueFrom:",
+            "                    fieldRef:",
+            "                      fieldPath: metadata.annotations['volcano.sh/job-retry-count']",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def torchjob_argv(work: Path, ranks: int, *, wait: bool) -> list[str]:
+    name = f"bench-{ranks}-{uuid.uuid4().hex[:8]}"
+    path = work / f"{name}.yaml"
+    path.write_text(job_yaml(name, ranks, free_port(), ["python", str(PROGRAM)], wait=wait))
+    return [str(BIN / "torchjob"), "run", str(path)]
+
+
+def torchrun_argv(_work: Path, ranks: int) -> list[str]:
+    return [
+        str(BIN / "torchrun"),
+        f"--nproc-per-node={ranks}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(PROGRAM),
+    ]
+
+
+def shell_argv(_work: Path, ranks: int) -> list[str]:
+    """``sh`` starting every rank in the background and waiting for all of them."""
+    lines = [f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={free_port()} WORLD_SIZE={ranks}", "status=0"]
+    for rank in range(ranks):
+        lines.append(f'RANK={rank} "{sys.executable}" "{PROGRAM}" & p{rank}=$!')
+    lines += [f"wait $p{rank} || status=1" for rank in range(ranks)]
+    lines.append("exit $status")
+    return ["sh", "-c", "\n".join(lines)]
+
+
+METHODS: dict[str, Callable[[Path, int], list[str]]] = {
+    "torchjob": lambda work, n: torchjob_argv(work, n, wait=False),
+    "torchjob+wait": lambda work, n: torchjob_argv(work, n, wait=True),
+    "torchrun": torchrun_argv,
+    "shell": shell_argv,
+}
+
+
+def timed_run(method: str, ranks: int, work: Path) -> Run:
+    marks = Path(tempfile.mkdtemp(dir=work, prefix="marks-"))
+    argv = METHODS[method](work, ranks)
+    started_wall = time.time()
+    started = time.perf_counter()
+    proc = subprocess.run(
+        argv,
+        env=bench_env(marks, work / "state"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    wall = time.perf_counter() - started
+    ended_wall = started_wall + wall
+    output = proc.stdout.decode(errors="replace")
+    found = read_marks(marks)
+    starts = [t for name, _, t in found if name == "start"]
+    joins = [t for name, _, t in found if name == "joined"]
+    ends = [t for name, _, t in found if name == "end"]
+    if proc.returncode != 0 or len(starts) != ranks or len(ends) != ranks:
+        raise RuntimeError(
+            f"{method} with {ranks} ranks failed (exit {proc.returncode}, {len(starts)} starts, "
+            f"{len(ends)} ends):\n{output[-3000:]}"
+        )
+    return Run(
+        method=method,
+        ranks=ranks,
+        wall=wall,
+        first_start=min(starts) - started_wall,
+        last_start=max(starts) - started_wall,
+        joined=max(joins) - started_wall,
+        tail=ended_wall - max(ends),
+    )
+
+
+# ---- part 2: wait-for-master and restart latency -------------------------------------------------
+
+# The master sleeps, then opens its port the way torch's TCPStore does (all interfaces) and stays
+# until every worker has written its start mark.
+WAIT_MASTER = r"""
+import os, socket, sys, time
+marks = os.path.join(os.environ["TORCHJOB_BENCH_MARKS"], "marks.txt")
+workers = int(os.environ["WORLD_SIZE"]) - 1
+time.sleep(float(os.environ.get("BENCH_MASTER_DELAY", "1.0")))
+server = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("", int(os.environ["MASTER_PORT"])))
+server.listen(128)
+with open(marks, "a") as out:
+    out.write(f"listen 0 {os.getpid()} {time.time():.6f}\n")
+deadline = time.time() + 60
+while time.time() < deadline:
+    with open(marks) as f:
+        if sum(1 for line in f if line.startswith("start ")) >= workers:
+            sys.exit(0)
+    time.sleep(0.01)
+sys.exit(1)
+"""
+
+# A worker's whole command: one shell builtin-level write, so the mark is the command's start.
+WAIT_WORKER = 'echo "start $RANK $$ $(date +%s.%N)" >> "$TORCHJOB_BENCH_MARKS/marks.txt"'
+
+# Attempt 1: every rank marks its start; the last rank, once all have started, marks "crash" and
+# dies; the others wait to be stopped. Attempt 2: every rank marks its start and exits 0.
+CRASH = r"""
+import os, sys, time
+marks = os.path.join(os.environ["TORCHJOB_BENCH_MARKS"], "marks.txt")
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+retry = int(os.environ["JOB_RETRY_COUNT"])
+with open(marks, "a") as out:
+    out.write(f"start{retry} {rank} {os.getpid()} {time.time():.6f}\n")
+if retry > 0:
+    sys.exit(0)
+if rank == world - 1:
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        with open(marks) as f:
+            if sum(1 for line in f if line.startswith("start0 ")) >= world:
+                break
+        time.sleep(0.01)
+    time.sleep(0.2)
+    with open(marks, "a") as out:
+        out.write(f"crash {rank} {os.getpid()} {time.time():.6f}\n")
+    os._exit(3)
+time.sleep(120)
+"""
+
+
+def run_job_file(path: Path, marks: Path, work: Path) -> str:
+    proc = subprocess.run(
+        [str(BIN / "torchjob"), "run", str(path)],
+        env=bench_env(marks, work / "state"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    output = proc.stdout.decode(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{path.name} failed (exit {proc.returncode}):\n{output[-3000:]}")
+    return output
+
+
+def wait_latency(work: Path, ranks: int) -> list[float]:
+    """Per worker: seconds from the master's port opening to the worker's command starting."""
+    marks = Path(tempfile.mkdtemp(dir=work, prefix="wait-"))
+    name = f"bench-wait-{uuid.uuid4().hex[:8]}"
+    master = work / f"{name}-master.py"
+    master.write_text(WAIT_MASTER)
+    worker = ["sh", "-c", WAIT_WORKER]
+    text = job_yaml(name, ranks, free_port(), ["python", str(master)], wait=True, worker_command=worker)
+    path = work / f"{name}.yaml"
+    path.write_text(text)
+    run_job_file(path, marks, work)
+    found = read_marks(marks)
+    listen = [t for n, _, t in found if n == "listen"]
+    starts = [t for n, _, t in found if n == "start"]
+    if len(listen) != 1 or len(starts) != ranks - 1:
+        raise RuntimeError(f"wait-for-master bench: unexpected marks {found}")
+    return [t - listen[0] for t in starts]
+
+
+def restart_latency(work: Path, ranks: int) -> tuple[float, float]:
+    """(crash -> first rank of attempt 2 started, crash -> every rank of attempt 2 started)."""
+    marks = Path(tempfile.mkdtemp(dir=work, prefix="crash-"))
+    name = f"bench-crash-{uuid.uuid4().hex[:8]}"
+    program = work / f"{name}.py"
+    program.write_text(CRASH)
+    policies = "  maxRetry: 3\n  policies: [{event: PodFailed, action: RestartJob}]"
+    path = work / f"{name}.yaml"
+    path.write_text(job_yaml(name, ranks, free_port(), ["python", str(program)], wait=False, extra=policies))
+    run_job_file(path, marks, work)
+    found = read_marks(marks)
+    crash = [t for n, _, t in found if n == "crash"]
+    again = [t for n, _, t in found if n == "start1"]
+    if len(crash) != 1 or len(again) != ranks:
+        raise RuntimeError(f"restart bench: unexpected marks {found}")
+    return min(again) - crash[0], max(again) - crash[0]
+
+
+# ---- where start-up time goes ---------------------------------------------------------------
+
+
+def startup_costs(reps: int) -> dict[str, float]:
+    """Median seconds of the fixed costs every launcher pays or adds."""
+    probes = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "python -c 'import torch'": [sys.executable, "-c", "import torch"],
+        "torchjob --version": [str(BIN / "torchjob"), "--version"],
+        "python -c 'import torchjob.engines.local'": [sys.executable, "-c", "import torchjob.engines.local"],
+        "torchrun --help": [str(BIN / "torchrun"), "--help"],
+    }
+    costs: dict[str, float] = {}
+    for label, argv in probes.items():
+        times = []
+        for _ in range(reps):
+            started = time.perf_counter()
+            proc = subprocess.run(argv, capture_output=True, timeout=60, check=False)
+            times.append(time.perf_counter() - started)
+            if proc.returncode != 0:
+                times = []
+                break
+        if times:
+            costs[label] = statistics.median(times)
+    return costs
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, str]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": model or platform.processor() or "unknown",
+        "cores": str(os.cpu_count()),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "torch": metadata.version("torch"),
+        "torchjob": metadata.version("torchjob"),
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "date (UTC)": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+    }
+
+
+def table(summaries: list[Summary]) -> str:
+    rows = [
+        "| ranks | method | wall (median) | min | max "
+        "| launch→first rank | →last rank | →all joined | tail |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in summaries:
+        walls = [r.wall for r in s.runs]
+        rows.append(
+            f"| {s.ranks} | {s.method} | {s.median('wall'):.2f} s | {min(walls):.2f} | {max(walls):.2f} | "
+            f"{s.median('first_start'):.3f} | {s.median('last_start'):.3f} | {s.median('joined'):.2f} | "
+            f"{s.median('tail'):.3f} |"
+        )
+    return "\n".join(rows)
+
+
+def verdicts(summaries: list[Summary]) -> list[str]:
+    by_key = {(s.method, s.ranks): s for s in summaries}
+    lines = []
+    for ranks in sorted({s.ranks for s in summaries}):
+        job, floor, run = (by_key.get((m, ranks)) for m in ("torchjob", "shell", "torchrun"))
+        if job is None or floor is None:
+            continue
+        ratio = job.median("wall") / floor.median("wall")
+        verdict = "met" if ratio <= 1.10 else "MISSED"
+        line = f"- {ranks} ranks: torchjob/shell = {ratio:.3f} (target ≤ 1.10: {verdict})"
+        if run is not None:
+            faster = job.median("wall") < run.median("wall")
+            line += (
+                f"; torchjob {job.median('wall'):.2f} s vs torchrun {run.median('wall'):.2f} s "
+                f"(target faster: {'met' if faster else 'MISSED'})"
+            )
+        lines.append(line)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--reps", type=int, default=5, help="repetitions per method and rank count")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--latency-reps", type=int, default=5, help="repetitions of the part 2 measurements")
+    parser.add_argument("--json", type=Path, help="also write every run as JSON here")
+    args = parser.parse_args(argv)
+    if shutil.which("sh") is None:
+        print("bench_local_run: needs sh", file=sys.stderr)
+        return 2
+
+    info = machine()
+    print("## Machine\n")
+    for key, value in info.items():
+        print(f"- {key}: {value}")
+
+    costs = startup_costs(5)
+    print("\n## Fixed start-up costs (median of 5)\n")
+    for label, seconds in costs.items():
+        print(f"- `{label}`: {seconds:.3f} s")
+
+    summaries = {(m, n): Summary(m, n) for n in args.ranks for m in args.methods}
+    with tempfile.TemporaryDirectory(prefix="torchjob-bench-") as tmp:
+        work = Path(tmp)
+        for rep in range(args.reps):
+            for ranks in args.ranks:
+                # Rotate the order so no method always runs first (or right after another).
+                order = args.methods[rep % len(args.methods) :] + args.methods[: rep % len(args.methods)]
+                for method in order:
+                    run = timed_run(method, ranks, work)
+                    summaries[(method, ranks)].runs.append(run)
+                    print(f"  rep {rep + 1}: {ranks} ranks {method:14s} {run.wall:.2f} s", file=sys.stderr)
+        ordered = list(summaries.values())
+        print(f"\n## Wall time of the all-reduce program (seconds; median of {args.reps})\n")
+        print(table(ordered))
+        print()
+        print("\n".join(verdicts(ordered)))
+
+        waits: list[float] = []
+        restarts: list[tuple[float, float]] = []
+        if "torchjob" in args.methods:
+            for _ in range(args.latency_reps):
+                waits += wait_latency(work, 4)
+                restarts.append(restart_latency(work, 4))
+            print(f"\n## Engine latencies (1 master + 3 workers, {args.latency_reps} runs)\n")
+            print(
+                "- master's port open → waiting worker's command started: "
+                f"median {statistics.median(waits):.3f} s, "
+                f"max {max(waits):.3f} s over {len(waits)} workers (target < 0.2 s: "
+                f"{'met' if max(waits) < 0.2 else 'MISSED'})"
+            )
+            first = [a for a, _ in restarts]
+            last = [b for _, b in restarts]
+            print(
+                "- worker crash → all 4 ranks running again (RestartJob): "
+                f"median {statistics.median(last):.3f} s, "
+                f"max {max(last):.3f} s (first rank again after {statistics.median(first):.3f} s)"
+            )
+
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": info,
+                    "startup_costs": costs,
+                    "runs": [asdict(r) for s in ordered for r in s.runs],
+                    "wait_latency": waits,
+                    "restart_latency": restarts,
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
