@@ -1,0 +1,161 @@
+"""Running a call under torch's elastic launcher (what ``torchrun`` does), on one node or many.
+
+Used in two places: by the caller for a single-node ``Elastic`` task with several processes, and
+by the in-pod entrypoint for multi-node tasks. Each worker process runs :func:`elastic_child`,
+which records its own exception for the caller before the launcher tears the group down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import threading
+from base64 import b64decode
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from torchjob.logs import logger
+from torchjob.sdk.results import PROGRESS_FILE, load_call, write_error, write_failure
+
+# torch's c10d backend stores this until the first state is written.
+_NULL_SENTINEL = b"Y2FuaW1hZGFt"
+
+
+class LaunchFailed(Exception):
+    """One or more worker processes failed; their records are in the results directory."""
+
+
+@dataclass
+class LaunchSettings:
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    run_id: str
+    rdzv_endpoint: str
+    rdzv_configs: dict[str, Any] = field(default_factory=dict)
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    start_method: str = "spawn"
+
+
+def elastic_child(payload: bytes, results: str) -> bytes | None:
+    """The body of every worker process: run the call, report rank 0's value or this rank's error."""
+    rank = int(os.environ.get("RANK", "0"))
+    call = load_call(payload)
+    try:
+        value = call.function(*call.args, **call.kwargs)
+    except BaseException as err:
+        write_error(results, rank, err)
+        raise
+    # Only rank 0's value is returned to the caller; the others are not worth pickling.
+    return cloudpickle.dumps(value) if rank == 0 else None
+
+
+@contextlib.contextmanager
+def _quiet_torch() -> Iterator[None]:
+    """Hide the launcher's own failure dumps: the caller gets the rank's error, with its traceback."""
+    if logger.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    loggers = [logging.getLogger(n) for n in ("torch.distributed.elastic", "torch.multiprocessing")]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels, strict=True):
+            log.setLevel(level)
+
+
+def launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool, Any]:
+    """Run the call on this node's ``nproc_per_node`` workers; (True, value) if rank 0 is here."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if "OMP_NUM_THREADS" not in os.environ and settings.nproc_per_node > 1:
+        # As torchrun does: N processes each using every core would oversubscribe the machine.
+        os.environ["OMP_NUM_THREADS"] = "1"
+    config = LaunchConfig(
+        min_nodes=settings.min_nodes,
+        max_nodes=settings.max_nodes,
+        nproc_per_node=settings.nproc_per_node,
+        run_id=settings.run_id,
+        rdzv_endpoint=settings.rdzv_endpoint,
+        rdzv_backend="c10d",
+        rdzv_configs=dict(settings.rdzv_configs),  # LaunchConfig adds keys in place
+        max_restarts=settings.max_restarts,
+        monitor_interval=settings.monitor_interval,
+        start_method=settings.start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=str(Path(results) / "elastic-logs")),
+    )
+    logger.debug(
+        "elastic launch: nodes %d:%d, %d process(es) per node, rendezvous c10d at %s (run id %s), "
+        "max_restarts=%d, start_method=%s",
+        settings.min_nodes, settings.max_nodes, settings.nproc_per_node, settings.rdzv_endpoint,
+        settings.run_id, settings.max_restarts, settings.start_method,
+    )  # fmt: skip
+    try:
+        with _quiet_torch():
+            out = elastic_launch(config, elastic_child)(payload, results)
+    except ChildFailedError as err:
+        for rank, failure in err.failures.items():
+            # Ranks killed before they could write their own record (signals, os._exit).
+            how = f"exit code {failure.exitcode}"
+            if failure.signal_name() != "<N/A>":
+                how = f"signal {failure.signal_name()}"
+            write_failure(
+                results, rank, "ProcessExited", f"worker process died with {how}", float(failure.timestamp)
+            )
+        raise LaunchFailed(str(err)) from None
+    if 0 in out:
+        return True, cloudpickle.loads(out[0])
+    return False, None
+
+
+def rendezvous_state(endpoint: str, run_id: str, store: Any) -> tuple[int, int, bool] | None:
+    """(participants, waiting, complete) from the c10d rendezvous key, or None if not there yet."""
+    key = "torch.rendezvous." + run_id
+    if not store.check([key]):
+        return None
+    raw = store.get(key)
+    if raw == _NULL_SENTINEL or not raw:
+        return None
+    state = pickle.loads(b64decode(raw))
+    return len(state.participants), len(state.wait_list), bool(state.complete)
+
+
+def watch_rendezvous(endpoint: str, run_id: str, max_nodes: int, results: str, stop: threading.Event) -> None:
+    """Write "k/N nodes joined" lines to the results directory as nodes join (until complete)."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    host, _, port = endpoint.rpartition(":")
+    path = Path(results) / PROGRESS_FILE
+    store: Any = None
+    last = ""
+    while not stop.wait(0.2):
+        try:
+            if store is None:
+                store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=2))
+            state = rendezvous_state(endpoint, run_id, store)
+        except Exception:  # the store is not up yet, or its format changed: keep trying quietly
+            store = None
+            continue
+        if state is None:
+            continue
+        joined, _, complete = state
+        line = f"{joined}/{max_nodes} nodes joined" + (", rendezvous complete" if complete else "")
+        if line != last:
+            with path.open("a") as handle:
+                handle.write(line + "\n")
+            last = line
+        if complete:
+            return

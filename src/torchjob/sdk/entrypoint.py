@@ -1,0 +1,132 @@
+"""The in-pod runner: ``python -m torchjob.sdk.entrypoint (--task REF | --payload FILE) [...]``.
+
+Every pod of an SDK job runs this. It loads the function (by reference from the image, or from a
+cloudpickle payload the local caller wrote), then either calls it once (``PyTorch`` replicas; rank
+from ``RANK``) or hands it to torch's elastic launcher (``--elastic``). Rank 0's return value and
+any rank's exception go to ``--results`` so the caller can return or re-raise them.
+
+The rendezvous endpoint of a multi-node launch is ``PET_RDZV_ENDPOINT`` when set (as Kubeflow
+does), else the master pod's ``MASTER_ADDR:MASTER_PORT`` from the pytorch plugin; the master pod
+hosts the c10d store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+
+from torchjob.logs import configure, logger
+from torchjob.sdk.results import dump_call, load_call, write_error, write_value
+
+EXIT_FAILED = 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m torchjob.sdk.entrypoint", description=__doc__)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--task", metavar="REF", help="the task: package.module:name or file.py:name")
+    source.add_argument("--payload", metavar="FILE", help="a cloudpickle payload written by a local caller")
+    parser.add_argument("--results", metavar="DIR", help="where rank 0's value and rank errors are written")
+    parser.add_argument("--elastic", action="store_true", help="run under torch's elastic launcher")
+    parser.add_argument("--nnodes", default="1:1", help="MIN:MAX nodes")
+    parser.add_argument("--nproc-per-node", type=int, default=1)
+    parser.add_argument("--max-restarts", type=int, default=0)
+    parser.add_argument("--start-method", default="spawn")
+    parser.add_argument("--monitor-interval", type=float, default=0.1)
+    parser.add_argument("--rdzv-backend", default="c10d", choices=("c10d",))
+    parser.add_argument("--rdzv-configs", default="{}", help="JSON object of rendezvous settings")
+    parser.add_argument("--run-id", default="torchjob")
+    return parser
+
+
+def _payload(args: argparse.Namespace) -> bytes:
+    if args.payload:
+        with open(args.payload, "rb") as handle:
+            return handle.read()
+    from torchjob.sdk.loader import load_task
+
+    task = load_task(args.task)
+    return dump_call(task.function, (), {})
+
+
+def _endpoint(multi_node: bool) -> tuple[str, bool]:
+    """The rendezvous endpoint and whether this pod hosts its store."""
+    if os.environ.get("PET_RDZV_ENDPOINT"):
+        return os.environ["PET_RDZV_ENDPOINT"], False
+    if multi_node and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        return f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", os.environ.get("RANK") == "0"
+    # One node: port 0 lets the store bind a free port itself, so there is no race for it.
+    return "localhost:0", True
+
+
+def _run_elastic(args: argparse.Namespace, payload: bytes, results: str) -> int:
+    from torchjob.sdk.elastic import LaunchFailed, LaunchSettings, launch, watch_rendezvous
+
+    low, _, high = args.nnodes.partition(":")
+    min_nodes, max_nodes = int(low), int(high or low)
+    rdzv_configs = json.loads(args.rdzv_configs)
+    if max_nodes == 1 and args.nproc_per_node == 1:
+        logger.debug("single node, one process: calling the function without a launcher")
+        return _run_once(payload, results, rank=0)
+    endpoint, is_host = _endpoint(max_nodes > 1)
+    if max_nodes > 1:
+        rdzv_configs.setdefault("is_host", is_host)
+    settings = LaunchSettings(
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        nproc_per_node=args.nproc_per_node,
+        run_id=args.run_id,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=rdzv_configs,
+        max_restarts=args.max_restarts,
+        monitor_interval=args.monitor_interval,
+        start_method=args.start_method,
+    )
+    stop = threading.Event()
+    if max_nodes > 1 and is_host:
+        watcher = threading.Thread(
+            target=watch_rendezvous, args=(endpoint, args.run_id, max_nodes, results, stop), daemon=True
+        )
+        watcher.start()
+    try:
+        has_rank0, value = launch(payload, results, settings)
+    except LaunchFailed as err:
+        print(f"torchjob: elastic launch failed: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        stop.set()
+    if has_rank0:
+        write_value(results, value)
+    return 0
+
+
+def _run_once(payload: bytes, results: str, rank: int) -> int:
+    call = load_call(payload)
+    try:
+        value = call.function(*call.args, **call.kwargs)
+    except BaseException as err:
+        write_error(results, rank, err)
+        raise
+    if rank == 0:
+        write_value(results, value)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    configure()
+    args = _parser().parse_args(argv)
+    payload = _payload(args)
+    results = args.results or tempfile.mkdtemp(prefix="torchjob-results-")
+    os.makedirs(results, exist_ok=True)
+    if args.elastic:
+        return _run_elastic(args, payload, results)
+    return _run_once(payload, results, rank=int(os.environ.get("RANK", "0")))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

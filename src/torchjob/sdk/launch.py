@@ -1,0 +1,163 @@
+"""Calling a task: pick how to run it from its config, run it, return rank 0's value.
+
+- no config, or ``Elastic`` on one node with one process: a direct call, no launcher, no pickling;
+- ``Elastic`` on one node with several processes: torch's elastic launcher in this process;
+- ``Elastic`` on several nodes, or ``PyTorch``: the task's Job on the local engine, one process
+  tree per pod, the same env a cluster gives; rendezvous progress is shown while nodes join.
+
+An exception in any rank becomes a :class:`~torchjob.sdk.results.RemoteError` naming the rank.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from torchjob.logs import logger
+from torchjob.sdk.config import Elastic, PyTorch
+from torchjob.sdk.results import PROGRESS_FILE, dump_call, first_error, read_value
+
+if TYPE_CHECKING:
+    from torchjob.sdk.task import Task
+
+R = TypeVar("R")
+
+
+class TaskFailed(RuntimeError):
+    """The task's job failed without any rank reporting an exception (e.g. a pod was killed)."""
+
+
+def run_task(task: Task[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    config = task.task_config
+    if config is None or (isinstance(config, Elastic) and config.single_node and config.nproc_per_node == 1):
+        logger.debug("task %s: single node, one process: calling the function directly", task.name)
+        return task.function(*args, **kwargs)
+    if isinstance(config, Elastic) and config.single_node:
+        logger.debug(
+            "task %s: single node, %d processes: torch elastic launcher in this process",
+            task.name, config.nproc_per_node,
+        )  # fmt: skip
+        value: R = _run_single_node(task, config, args, kwargs)
+        return value
+    if isinstance(config, Elastic):
+        logger.debug(
+            "task %s: multi-node elastic (%s nodes, %d per node): one local-engine pod per node",
+            task.name, config.nnodes_text, config.nproc_per_node,
+        )  # fmt: skip
+    elif isinstance(config, PyTorch):
+        logger.debug("task %s: PyTorch master + %d worker(s) on the local engine", task.name, config.workers)
+    result: R = _run_pods(task, args, kwargs)
+    return result
+
+
+def _run_single_node(
+    task: Task[Any, Any], config: Elastic, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    from torchjob.sdk.elastic import LaunchFailed, LaunchSettings, launch
+
+    results = tempfile.mkdtemp(prefix="torchjob-sdk-")
+    try:
+        settings = LaunchSettings(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=config.nproc_per_node,
+            run_id=f"{task.name}-{secrets.token_hex(4)}",
+            rdzv_endpoint="localhost:0",  # port 0: the store binds a free port, nothing fixed
+            rdzv_configs=dict(config.rdzv_configs),
+            max_restarts=config.max_restarts,
+            monitor_interval=float(config.monitor_interval),
+            start_method=config.start_method,
+        )
+        try:
+            _, value = launch(dump_call(task.function, args, kwargs), results, settings)
+        except LaunchFailed as err:
+            raise first_error(results) or TaskFailed(str(err)) from None
+        return value
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+
+
+class _Progress:
+    """Echo the rendezvous progress lines the host pod writes, while the job runs."""
+
+    def __init__(self, path: Path, label: str) -> None:
+        self.path = path
+        self.label = label
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.seen = 0
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.2):
+            self._echo()
+
+    def _echo(self) -> None:
+        try:
+            lines = self.path.read_text().splitlines()
+        except OSError:
+            return
+        for line in lines[self.seen :]:
+            print(f"torchjob: {self.label}: rendezvous: {line}", file=sys.stderr, flush=True)
+            logger.debug("%s: rendezvous: %s", self.label, line)
+        self.seen = len(lines)
+
+    def __enter__(self) -> _Progress:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=2)
+        self._echo()
+
+
+def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    from torchjob.engines.local import RunOptions, run_job
+    from torchjob.sdk.tojob import build_job, job_name
+
+    config = task.task_config
+    work = Path(tempfile.mkdtemp(prefix="torchjob-sdk-"))
+    try:
+        payload = work / "payload.pkl"
+        payload.write_bytes(dump_call(task.function, args, kwargs))
+        results = work / "results"
+        results.mkdir()
+        name = f"{job_name(task.name)[:33].rstrip('-')}-{secrets.token_hex(3)}"
+        request = task.job_request(
+            target=["--payload", str(payload), "--results", str(results)], python=sys.executable, name=name
+        )
+        job, _ = build_job(request)
+        env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        if os.environ.get("TORCHJOB_LOG"):
+            env["TORCHJOB_LOG"] = os.environ["TORCHJOB_LOG"]
+        timeout = None
+        if config is not None and config.run_policy is not None and config.run_policy.active_deadline_seconds:
+            timeout = float(config.run_policy.active_deadline_seconds)
+        logger.debug(
+            "task %s: job %s: %s",
+            task.name,
+            name,
+            ", ".join(f"{t.name} x{t.replicas}" for t in job.spec.tasks),
+        )
+        with _Progress(results / PROGRESS_FILE, name):
+            result = run_job(job, RunOptions(quiet=True, timeout=timeout, extra_env=env))
+        error = first_error(results)
+        if error is not None:
+            raise error
+        if not result.ok:
+            pods = "; ".join(
+                f"{p.name}: {p.phase} (exit code {p.exit_code}, logs {p.log_dir})" for p in result.pods
+            )
+            raise TaskFailed(f"job {name} {result.phase}: {result.reason}; pods: {pods}")
+        found, value = read_value(results)
+        if not found:
+            raise TaskFailed(f"job {name} succeeded but rank 0 reported no value (logs in {result.job_dir})")
+        return value
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,176 @@
+"""How arguments, return values and exceptions cross process boundaries.
+
+A payload is a plain-pickled dict holding the caller's ``sys.path`` and a cloudpickle blob of
+``(function, args, kwargs)``: the outer layer can be read before the user's modules are importable,
+so the reader extends ``sys.path`` first and only then unpickles the function.
+
+Ranks report through files in a results directory: ``rank-0.value`` (rank 0's return value) and
+``rank-<r>.error`` (a record of an exception). Files are written to a temporary name and renamed,
+so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import CodeType, FunctionType
+from typing import Any
+
+import cloudpickle
+
+VALUE_FILE = "rank-0.value"
+PROGRESS_FILE = "rendezvous.progress"
+_DYNAMIC = "<dynamic-code>"
+
+
+@dataclass
+class Call:
+    function: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def dump_call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    blob = cloudpickle.dumps((function, tuple(args), dict(kwargs)))
+    code = getattr(function, "__code__", None)
+    filename = code.co_filename if isinstance(code, CodeType) else None
+    return pickle.dumps({"sys_path": list(sys.path), "filename": filename, "blob": blob})
+
+
+def _with_filename(code: CodeType, filename: str) -> CodeType:
+    consts = tuple(_with_filename(c, filename) if isinstance(c, CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def load_call(data: bytes) -> Call:
+    outer = pickle.loads(data)
+    for entry in outer["sys_path"]:
+        if entry not in sys.path:
+            sys.path.append(entry)
+    function, args, kwargs = cloudpickle.loads(outer["blob"])
+    # cloudpickle names code pickled by value "<dynamic-code>"; put the real file back so that
+    # remote tracebacks show the user's file, line and source text.
+    filename = outer.get("filename")
+    if filename and isinstance(function, FunctionType) and function.__code__.co_filename == _DYNAMIC:
+        function.__code__ = _with_filename(function.__code__, filename)
+    return Call(function, args, kwargs)
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def write_value(results: str | os.PathLike[str], value: Any) -> None:
+    _write(Path(results) / VALUE_FILE, cloudpickle.dumps(value))
+
+
+def read_value(results: str | os.PathLike[str]) -> tuple[bool, Any]:
+    """(True, value) if rank 0 wrote a value, else (False, None)."""
+    path = Path(results) / VALUE_FILE
+    if not path.exists():
+        return False, None
+    return True, cloudpickle.loads(path.read_bytes())
+
+
+class RemoteError(RuntimeError):
+    """An exception raised by one rank of a distributed task, re-raised in the caller.
+
+    ``rank``, ``exc_type``, ``message`` and ``remote_traceback`` describe it; ``original`` is the
+    exception object itself when it could be unpickled (it is also the ``__cause__``).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        exc_type: str,
+        message: str,
+        remote_traceback: str,
+        original: BaseException | None = None,
+    ) -> None:
+        self.rank = rank
+        self.exc_type = exc_type
+        self.message = message
+        self.remote_traceback = remote_traceback
+        self.original = original
+        super().__init__(rank, exc_type, message)
+
+    def __str__(self) -> str:
+        tb = self.remote_traceback.rstrip()
+        head = f"rank {self.rank} raised {self.exc_type}: {self.message}"
+        return f"{head}\n\nRemote traceback (rank {self.rank}):\n{tb}" if tb else head
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RemoteError, (self.rank, self.exc_type, self.message, self.remote_traceback, None))
+
+
+def error_record(rank: int, error: BaseException) -> dict[str, Any]:
+    kind = type(error)
+    name = (
+        kind.__qualname__
+        if kind.__module__ in ("builtins", "__main__")
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    try:
+        original: bytes | None = cloudpickle.dumps(error)
+    except Exception:  # some exceptions hold unpicklable state; the text is enough then
+        original = None
+    return {
+        "rank": rank,
+        "type": name,
+        "message": str(error),
+        "traceback": "".join(traceback.format_exception(kind, error, error.__traceback__)),
+        "time": time.time(),
+        "original": original,
+    }
+
+
+def write_error(results: str | os.PathLike[str], rank: int, error: BaseException) -> None:
+    _write(Path(results) / f"rank-{rank}.error", pickle.dumps(error_record(rank, error)))
+
+
+def write_failure(
+    results: str | os.PathLike[str], rank: int, exc_type: str, message: str, when: float
+) -> None:
+    """Record a rank that died without raising (killed by a signal, ``os._exit``)."""
+    path = Path(results) / f"rank-{rank}.error"
+    if path.exists():  # the rank's own record is better
+        return
+    record = {
+        "rank": rank,
+        "type": exc_type,
+        "message": message,
+        "traceback": "",
+        "time": when,
+        "original": None,
+    }
+    _write(path, pickle.dumps(record))
+
+
+def first_error(results: str | os.PathLike[str]) -> RemoteError | None:
+    """The earliest rank error (later ones are usually its consequences), or None."""
+    records = []
+    for path in Path(results).glob("rank-*.error"):
+        try:
+            records.append(pickle.loads(path.read_bytes()))
+        except (OSError, pickle.UnpicklingError, EOFError):
+            continue
+    if not records:
+        return None
+    first = min(records, key=lambda r: (r["time"], r["rank"]))
+    original = None
+    if first["original"] is not None:
+        try:
+            original = cloudpickle.loads(first["original"])
+        except Exception:  # the exception's class may not import here
+            original = None
+    error = RemoteError(first["rank"], first["type"], first["message"], first["traceback"], original)
+    error.__cause__ = original
+    return error
