@@ -26,6 +26,16 @@ JOB_VERSION = "volcano.sh/job-version"
 TEMPLATE_UID = "volcano.sh/template-uid"
 RETRY_COUNT = "volcano.sh/job-retry-count"
 GROUP_NAME = "scheduling.k8s.io/group-name"
+NUMA_POLICY = "volcano.sh/numa-topology-policy"
+PARTITION_ID = "volcano.sh/partition-id"
+PREEMPTABLE = "volcano.sh/preemptable"
+COOLDOWN_TIME = "volcano.sh/cooldown-time"
+REVOCABLE_ZONE = "volcano.sh/revocable-zone"
+JDB_MIN_AVAILABLE = "volcano.sh/jdb-min-available"
+JDB_MAX_UNAVAILABLE = "volcano.sh/jdb-max-unavailable"
+# Job annotations and labels Volcano copies onto every pod of the job.
+_COPIED_ANNOTATIONS = (PREEMPTABLE, COOLDOWN_TIME, REVOCABLE_ZONE)
+_COPIED_LABELS = (PREEMPTABLE, COOLDOWN_TIME)
 
 
 @dataclass
@@ -76,6 +86,31 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
+def _copy_job_metadata(
+    job: Job, task: Task, index: int, labels: dict[str, str], annotations: dict[str, str]
+) -> None:
+    """The labels and annotations ``createJobPod`` derives from the job and the task."""
+    topology = task.extra.get("topologyPolicy")
+    if topology:
+        annotations[NUMA_POLICY] = str(topology)
+    job_annotations = job.metadata.annotations
+    for key in _COPIED_ANNOTATIONS:
+        if key in job_annotations:
+            annotations[key] = job_annotations[key]
+    # A disruption budget is either a minimum available or a maximum unavailable, never both.
+    if JDB_MIN_AVAILABLE in job_annotations:
+        annotations[JDB_MIN_AVAILABLE] = job_annotations[JDB_MIN_AVAILABLE]
+    elif JDB_MAX_UNAVAILABLE in job_annotations:
+        annotations[JDB_MAX_UNAVAILABLE] = job_annotations[JDB_MAX_UNAVAILABLE]
+    for key in _COPIED_LABELS:
+        if key in job.metadata.labels:
+            labels[key] = job.metadata.labels[key]
+    partition = task.extra.get("partitionPolicy")
+    size = partition.get("partitionSize") if isinstance(partition, dict) else None
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        labels[PARTITION_ID] = str(index // size)
+
+
 def new_pod(job: Job, task: Task, index: int, *, version: int = 0, retry_count: int = 0) -> dict[str, Any]:
     """The pod Volcano's controller creates before plugins run (``createJobPod``)."""
     template = task.template
@@ -104,6 +139,7 @@ def new_pod(job: Job, task: Task, index: int, *, version: int = 0, retry_count: 
             RETRY_COUNT: str(retry_count),
         }
     )
+    _copy_job_metadata(job, task, index, labels, annotations)
     spec = _copy(template.spec)
     if not spec.get("schedulerName"):
         spec["schedulerName"] = job.spec.scheduler_name

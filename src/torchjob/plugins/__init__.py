@@ -1,9 +1,15 @@
 """Job plugins with Volcano's names, flags and semantics, applied in a fixed order.
 
-Volcano applies plugins in Go map order, which is random; torchjob always applies them as listed
-in :data:`PLUGIN_ORDER`: framework plugins first (they may add init containers), then ``svc`` and
-``env``, so that the containers those add also get the host list, the ``/etc/volcano`` mount and
-the task index.
+Volcano applies a job's plugins in Go map order, which is random, so whether one plugin sees
+what another added differs from pod to pod. torchjob always applies them in
+:data:`PLUGIN_ORDER`, whatever order the job lists them in:
+
+1. ``pytorch``: rendezvous env, the master port, and the ``wait-for-master`` init container;
+2. ``svc``: hostname and subdomain, the ``VC_<TASK>_HOSTS``/``VC_<TASK>_NUM`` env and the
+   ``/etc/volcano`` host files, on every container and init container present by then;
+3. ``env``: ``VK_TASK_INDEX`` and ``VC_TASK_INDEX`` on every container and init container.
+
+So the ``wait-for-master`` container also gets the host list, the mount and the task index.
 """
 
 from __future__ import annotations
@@ -29,8 +35,8 @@ def build_plugins(job: Job) -> list[Plugin]:
     return [PLUGINS[name](job.spec.plugins[name]) for name in PLUGIN_ORDER if name in job.spec.plugins]
 
 
-def check_plugins(job: Job) -> Issues:
-    """Unknown plugins, bad flags and each plugin's own checks."""
+def check_plugins(job: Job, *, tasks_ok: bool = True) -> Issues:
+    """Unknown plugins, bad flags and each plugin's own checks (those need tasks that parsed)."""
     issues: Issues = []
     for name in job.spec.plugins:
         if name not in PLUGINS:
@@ -40,6 +46,6 @@ def check_plugins(job: Job) -> Issues:
             ))
     for plugin in build_plugins(job):
         issues += [(f"spec.plugins.{plugin.name}", err) for err in plugin.flag_errors]
-        if not plugin.flag_errors:
+        if not plugin.flag_errors and tasks_ok:
             issues += plugin.check(job)
     return issues

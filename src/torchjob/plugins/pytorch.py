@@ -36,7 +36,9 @@ class PyTorchPlugin(Plugin):
         Flag("worker", str, "worker", "name of the worker task", _task_name),
         Flag("port", int, DEFAULT_PORT, "port the master listens on", port_range),
         Flag("wait-master-enabled", bool, False, "add an init container that waits for the master"),
-        Flag("wait-master-timeout", int, DEFAULT_WAIT_TIMEOUT, "seconds to wait for the master", non_negative),
+        Flag(
+            "wait-master-timeout", int, DEFAULT_WAIT_TIMEOUT, "seconds to wait for the master", non_negative
+        ),
         Flag("wait-master-image", str, DEFAULT_WAIT_IMAGE, "image of the wait-for-master container", _image),
     )
 
@@ -61,24 +63,50 @@ class PyTorchPlugin(Plugin):
         if self.master == self.worker:
             issues.append(("spec.plugins.pytorch", f"--master and --worker both name task {self.master!r}"))
         if self.master not in task_names:
-            issues.append((
-                "spec.plugins.pytorch",
-                f"--master names task {self.master!r} but the job has no such task (tasks: {', '.join(task_names)})",
-            ))
+            issues.append(
+                (
+                    "spec.plugins.pytorch",
+                    f"--master names task {self.master!r} but the job has no such task (tasks: {', '.join(task_names)})",
+                )
+            )
         else:
             index = task_names.index(self.master)
             replicas = job.spec.tasks[index].replicas
             if replicas != 1:
-                issues.append((
-                    f"spec.tasks[{index}].replicas",
-                    f"the pytorch master task must have exactly 1 replica (rank 0), got {replicas}",
-                ))
+                issues.append(
+                    (
+                        f"spec.tasks[{index}].replicas",
+                        f"the pytorch master task must have exactly 1 replica (rank 0), got {replicas}",
+                    )
+                )
         others = [n for n in task_names if n != self.master]
         if self.worker not in task_names and others:
-            issues.append((
-                "spec.plugins.pytorch",
-                f"--worker names task {self.worker!r} but the job has no such task (tasks: {', '.join(task_names)})",
-            ))
+            issues.append(
+                (
+                    "spec.plugins.pytorch",
+                    f"--worker names task {self.worker!r} but the job has no such task (tasks: {', '.join(task_names)})",
+                )
+            )
+        return issues + self._port_name_clashes(job)
+
+    def _port_name_clashes(self, job: Job) -> Issues:
+        """Containers that name another port ``pytorchjob-port``: Volcano would add a second
+        port of that name, and Kubernetes refuses a pod whose port names repeat."""
+        issues: Issues = []
+        for i, task in enumerate(job.spec.tasks):
+            for j, container in enumerate(task.template.containers):
+                ports = container.ports
+                if any(p.get("containerPort") == self.port for p in ports):
+                    continue  # the plugin adds nothing to this container
+                for k, port in enumerate(ports):
+                    if port.get("name") == PORT_NAME:
+                        issues.append(
+                            (
+                                f"spec.tasks[{i}].template.spec.containers[{j}].ports[{k}].name",
+                                f"port {port.get('containerPort')} is named {PORT_NAME!r}, the name the pytorch "
+                                f"plugin gives port {self.port}; rename it or use --port={port.get('containerPort')}",
+                            )
+                        )
         return issues
 
     def on_pod_create(self, ctx: PodContext) -> None:
@@ -105,9 +133,13 @@ class PyTorchPlugin(Plugin):
         if ctx.task.name == self.worker and self.values["wait-master-enabled"]:
             init = ctx.spec.setdefault("initContainers", [])
             if not any(c.get("name") == WAIT_CONTAINER for c in init):
-                script = wait_for_master_script(master_addr, master_port, int(self.values["wait-master-timeout"]))
-                init.append({
-                    "name": WAIT_CONTAINER,
-                    "image": self.values["wait-master-image"],
-                    "command": ["sh", "-c", script],
-                })
+                script = wait_for_master_script(
+                    master_addr, master_port, int(self.values["wait-master-timeout"])
+                )
+                init.append(
+                    {
+                        "name": WAIT_CONTAINER,
+                        "image": self.values["wait-master-image"],
+                        "command": ["sh", "-c", script],
+                    }
+                )

@@ -87,7 +87,7 @@ class SvcPlugin(Plugin):
                 if task.name in self._omitted:
                     size = len(data[f"VC_{env_key(task.name)}_HOSTS"])
                     issues.append((
-                        f"spec.tasks[{i}]",
+                        f"spec.tasks[{i}].replicas",
                         f"VC_{env_key(task.name)}_HOSTS would be {size} bytes, over Linux's 128 KiB limit for "
                         f"one environment string, so it is left out of the env; read "
                         f"{CONFIG_MOUNT_PATH}/{host_file(task.name)} instead",
