@@ -106,9 +106,13 @@ def test_pytorch_with_zero_workers_is_master_only() -> None:
 
 @pytest.mark.parametrize(
     ("nnodes", "nproc", "pods", "min_nodes", "max_nodes"),
-    [(1, 1, [("master", 1)], 1, 1), ("1:1", 4, [("master", 1)], 1, 1), (2, 2, [("master", 1), ("worker", 1)], 2, 2),
-     ("1:4", 8, [("master", 1), ("worker", 3)], 1, 4)],
-)  # fmt: skip
+    [
+        (1, 1, [("master", 1)], 1, 1),
+        ("1:1", 4, [("master", 1)], 1, 1),
+        (2, 2, [("master", 1), ("worker", 1)], 2, 2),
+        ("1:4", 8, [("master", 1), ("worker", 3)], 1, 4),
+    ],
+)
 def test_elastic_job(
     nnodes: Any, nproc: int, pods: list[tuple[str, int]], min_nodes: int, max_nodes: int
 ) -> None:
