@@ -15,9 +15,11 @@ from torchjob.spec.defaults import apply_defaults
 from torchjob.spec.model import Job
 from torchjob.spec.parse import parse_job
 from torchjob.spec.source import Document, load_documents, parse_documents
-from torchjob.spec.validate import validate_job
+from torchjob.spec.validate import Broken, validate_job
 
 _SDK_REF = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
+# Parse problems that leave a task's name or size unknown; plugin checks that relate tasks wait for them.
+_TASK_SHAPE = re.compile(r"^spec\.tasks(\[\d+\](\.(name|replicas))?)?$")
 
 
 @dataclass
@@ -31,25 +33,45 @@ class LoadedJob:
 
 
 def check_document(document: Document) -> tuple[Job | None, list[Problem]]:
-    """Parse, default and validate one document; returns the job and every problem found."""
+    """Parse, default and validate one document; returns the job and every problem found.
+
+    A job with type problems is still defaulted and validated, so one run reports every mistake;
+    rules that would read a broken field are skipped rather than reporting follow-on errors.
+    """
     job, issues = parse_job(document.data)
     if job is not None:
+        broken = Broken(path for path, _ in issues)
+        tasks_ok = not any(_TASK_SHAPE.match(path) for path in broken.paths)
         apply_defaults(job)
-        issues = issues + validate_job(job) + check_plugins(job)
+        issues = issues + validate_job(job, broken) + check_plugins(job, tasks_ok=tasks_ok)
     problems = [document.problem(path, message) for path, message in issues]
     return (job if not problems else None), problems
 
 
 def check_jobs(documents: list[Document], file: str) -> list[LoadedJob]:
     if not documents:
-        raise SpecError([Problem("", "no Job document found", file)])
+        raise SpecError(
+            [Problem("", "no Job document found; expected a batch.volcano.sh/v1alpha1 Job", file)]
+        )
     loaded: list[LoadedJob] = []
     problems: list[Problem] = []
+    names: dict[tuple[str, str], int] = {}
     for document in documents:
         job, found = check_document(document)
         problems += found
-        if job is not None:
-            loaded.append(LoadedJob(job, document))
+        if job is None:
+            continue
+        key = (job.metadata.namespace, job.name)
+        if key in names:
+            # Both jobs would render to the same pods, Service and ConfigMap.
+            problems.append(
+                document.problem(
+                    "metadata.name", f"job {job.name!r} is already defined in document {names[key]}"
+                )
+            )
+            continue
+        names[key] = document.index + 1
+        loaded.append(LoadedJob(job, document))
     if problems:
         raise SpecError(problems)
     return loaded

@@ -40,10 +40,12 @@ def check_plugins(job: Job, *, tasks_ok: bool = True) -> Issues:
     issues: Issues = []
     for name in job.spec.plugins:
         if name not in PLUGINS:
-            issues.append((
-                f"spec.plugins.{name}",
-                f"unknown plugin {name!r}; torchjob supports {', '.join(sorted(PLUGINS))}",
-            ))
+            issues.append(
+                (
+                    f"spec.plugins.{name}",
+                    f"unknown plugin {name!r}; torchjob supports {', '.join(sorted(PLUGINS))}",
+                )
+            )
     for plugin in build_plugins(job):
         issues += [(f"spec.plugins.{plugin.name}", err) for err in plugin.flag_errors]
         if not plugin.flag_errors and tasks_ok:

@@ -16,7 +16,30 @@ from typing import Any
 # strconv.ParseBool's spellings, which Volcano's flags accept.
 _TRUE = {"1", "t", "T", "true", "TRUE", "True"}
 _FALSE = {"0", "f", "F", "false", "FALSE", "False"}
-_DECIMAL = re.compile(r"^[+-]?[0-9]+$")
+# Go's integer literal syntax (strconv.ParseInt with base 0): 0x, 0o, 0b prefixes and '_' between digits.
+_GO_INT = re.compile(r"^[+-]?(0[xX](_?[0-9a-fA-F])+|0[oO](_?[0-7])+|0[bB](_?[01])+|[0-9](_?[0-9])*)$")
+_LEADING_ZERO = re.compile(r"^[+-]?0_?[0-9]")
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+
+
+def parse_int(value: str) -> tuple[int | None, str]:
+    """An integer as Go's flag package reads it, or None and why not.
+
+    Go reads ``010`` as octal 8, which surprises anyone who meant ten, so torchjob refuses it and
+    asks for ``10`` or ``0o10``.
+    """
+    if not _GO_INT.match(value):
+        return None, f"expected an integer, got {value!r}"
+    if _LEADING_ZERO.match(value):
+        return (
+            None,
+            f"{value!r} has a leading zero, which Go reads as octal; write it without the zero or as 0o...",
+        )
+    number = int(value.replace("_", ""), 0)
+    if not -INT64_MAX - 1 <= number <= INT64_MAX:
+        return None, f"{value!r} is out of range for a 64-bit integer"
+    return number, ""
 
 
 @dataclass(frozen=True)
@@ -35,7 +58,7 @@ def parse_flags(plugin: str, flags: tuple[Flag, ...], args: list[str]) -> tuple[
     values: dict[str, Any] = {f.name: f.default for f in flags}
     given: set[str] = set()
     errors: list[str] = []
-    known = ", ".join(f"--{f.name}" for f in flags) or "none"
+    known = ", ".join(f"--{f.name}" for f in flags)
     i = 0
     while i < len(args):
         arg = args[i]
@@ -54,15 +77,16 @@ def parse_flags(plugin: str, flags: tuple[Flag, ...], args: list[str]) -> tuple[
         name, has_value, value = body.partition("=")
         flag = by_name.get(name)
         if flag is None:
-            errors.append(f"plugin {plugin}: unknown flag --{name}; known flags are {known}")
+            if flags:
+                errors.append(f"plugin {plugin}: unknown flag --{name}; known flags are {known}")
+            else:
+                errors.append(f"plugin {plugin}: unknown flag --{name}; this plugin takes no flags")
             continue
         if name in given:
             errors.append(f"plugin {plugin}: flag --{name} is given more than once")
         given.add(name)
         if flag.kind is bool:
-            if not has_value:
-                values[name] = True
-            elif value in _TRUE:
+            if not has_value or value in _TRUE:
                 values[name] = True
             elif value in _FALSE:
                 values[name] = False
@@ -75,13 +99,12 @@ def parse_flags(plugin: str, flags: tuple[Flag, ...], args: list[str]) -> tuple[
                 continue
             value = args[i]
             i += 1
+        parsed: Any = value
         if flag.kind is int:
-            if not _DECIMAL.match(value):
-                errors.append(f"plugin {plugin}: flag --{name}: expected a decimal integer, got {value!r}")
+            parsed, why = parse_int(value)
+            if parsed is None:
+                errors.append(f"plugin {plugin}: flag --{name}: {why}")
                 continue
-            parsed: Any = int(value)
-        else:
-            parsed = value
         problem = flag.check(parsed) if flag.check else None
         if problem:
             errors.append(f"plugin {plugin}: flag --{name}: {problem}")
@@ -95,4 +118,5 @@ def port_range(value: Any) -> str | None:
 
 
 def non_negative(value: Any) -> str | None:
-    return None if value >= 0 else f"expected an integer >= 0, got {value}"
+    """Seconds and counts: 0 or more, and small enough for a 32-bit shell or Kubernetes field."""
+    return None if 0 <= value <= INT32_MAX else f"expected an integer from 0 to {INT32_MAX}, got {value}"

@@ -100,6 +100,8 @@ class Policy:
     events: list[str] = field(default_factory=list)
     exit_code: int | None = None
     timeout: str | None = None
+    # Where each event was written, parallel to ``events`` ("event", "events[0]"), for messages.
+    event_keys: list[str] = field(default_factory=list)
 
 
 @dataclass

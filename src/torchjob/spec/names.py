@@ -48,3 +48,12 @@ def label_problem(value: str) -> str:
         f"{value!r} is not a DNS-1123 label: use lower-case letters, digits and '-', "
         "starting and ending with a letter or digit"
     )
+
+
+def image_problem(value: str) -> str:
+    """Why ``value`` is not an image reference, for an error message."""
+    bad = sorted({c for c in value if not (c.isascii() and (c.isalnum() or c in "._-/:@[]"))})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad)
+        return f"{value!r} is not a valid image reference: it contains {shown}; expected 'registry/name:tag'"
+    return f"{value!r} is not a valid image reference; expected e.g. 'registry/name:tag'"

@@ -3,10 +3,17 @@
 Documents are composed into YAML nodes first (PyYAML's C composer when available), then built into
 plain Python values while a map from field path (``spec.tasks[1].replicas``) to line number is
 filled in. Validation later turns a path into ``FILE:LINE``.
+
+The builder also keeps out what a Kubernetes object cannot hold or what would only blow up later:
+values nested absurdly deep, aliases that refer to themselves or multiply into millions of values
+("billion laughs"), binary data and non-finite numbers. Timestamps stay text, as kubectl keeps them.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,16 +29,46 @@ except ImportError:  # pragma: no cover - depends on how PyYAML was built
 
 PathPart = str | int
 
+# Real Kubernetes objects nest about 15 levels; far deeper input only risks recursion limits later.
+MAX_DEPTH = 100
+# Values one document may expand to through aliases; a 10,000-replica job needs a few hundred.
+MAX_VALUES = 1_000_000
+_PLAIN_KEY = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$-]*$")
+_YAML_TAG = "tag:yaml.org,2002:"
+# Tags of plain data; anything else (``!!python/...``, ``!custom``) is refused, never constructed.
+_PLAIN_TAGS = {
+    _YAML_TAG + name for name in ("str", "int", "float", "bool", "null", "timestamp", "binary", "map", "seq")
+}
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+_BINARY_TAG = "tag:yaml.org,2002:binary"
+_NULL_TAG = "tag:yaml.org,2002:null"
+
+
+def child(path: str, key: PathPart) -> str:
+    """The path of ``key`` under ``path``: ``spec.tasks[1]``, ``metadata.labels["app.io/x"]``."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if _PLAIN_KEY.match(key):
+        return f"{path}.{key}" if path else key
+    return f"{path}[{json.dumps(key)}]"
+
 
 def join_path(parts: tuple[PathPart, ...] | list[PathPart]) -> str:
     """``("spec", "tasks", 1, "replicas")`` -> ``spec.tasks[1].replicas``."""
     out = ""
     for part in parts:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
+        out = child(out, part)
     return out
+
+
+def parent(path: str) -> str:
+    """``spec.tasks[1].replicas`` -> ``spec.tasks[1]``; ``metadata`` -> ``""``."""
+    if path.endswith('"]'):
+        start = path.rfind('["')
+        if start >= 0:
+            return path[:start]
+    cut = max(path.rfind("."), path.rfind("["))
+    return path[:cut] if cut > 0 else ""
 
 
 @dataclass
@@ -42,6 +79,8 @@ class Document:
     file: str
     lines: dict[str, int] = field(default_factory=dict)
     index: int = 0
+    # How many documents the file holds; with more than one, problems say which document they are in.
+    total: int = 1
 
     def line_of(self, path: str) -> int | None:
         """The line of ``path``, or of its nearest parent that has one."""
@@ -49,10 +88,11 @@ class Document:
             line = self.lines.get(path)
             if line is not None or not path:
                 return line
-            cut = max(path.rfind("."), path.rfind("["))
-            path = path[:cut] if cut > 0 else ""
+            path = parent(path)
 
     def problem(self, path: str, message: str) -> Problem:
+        if self.total > 1:
+            message = f"{message} (in document {self.index + 1})"
         return Problem(path=path, message=message, file=self.file, line=self.line_of(path))
 
 
@@ -62,31 +102,83 @@ class _Builder:
         self.constructor = yaml.constructor.SafeConstructor()
         self.lines: dict[str, int] = {}
         self.problems: list[Problem] = []
+        self.values = 0
+        self.active: set[int] = set()  # nodes being built now, to catch self-referring aliases
 
-    def build(self, node: yaml.Node, parts: list[PathPart]) -> Any:
-        path = join_path(parts)
+    def fail(self, path: str, message: str, node: yaml.Node) -> None:
+        self.problems.append(Problem(path, message, self.file, node.start_mark.line + 1))
+
+    def build(self, node: yaml.Node, path: str, depth: int = 0) -> Any:
         self.lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, yaml.MappingNode):
-            self.constructor.flatten_mapping(node)
-            result: dict[Any, Any] = {}
-            for key_node, value_node in node.value:
-                key = self.constructor.construct_object(key_node, deep=True)
-                if not isinstance(key, str | int | float | bool) and key is not None:
-                    key = str(key)
-                if key in result:
-                    self.problems.append(
-                        Problem(
-                            join_path([*parts, str(key)]),
-                            f"duplicate key {key!r}",
-                            self.file,
-                            key_node.start_mark.line + 1,
-                        )
-                    )
-                result[key] = self.build(value_node, [*parts, str(key)])
-            return result
-        if isinstance(node, yaml.SequenceNode):
-            return [self.build(item, [*parts, i]) for i, item in enumerate(node.value)]
-        return self.constructor.construct_object(node, deep=True)
+        self.values += 1
+        if self.values > MAX_VALUES:
+            raise _TooBig(node)
+        if depth > MAX_DEPTH:
+            raise _TooDeep(node)
+        if node.tag not in _PLAIN_TAGS:
+            tag = node.tag.replace(_YAML_TAG, "!!")
+            self.fail(path, f"unsupported YAML tag {tag!r}; expected plain data", node)
+            return None
+        if isinstance(node, yaml.ScalarNode):
+            return self.scalar(node, path)
+        if id(node) in self.active:
+            raise _Recursive(node)
+        self.active.add(id(node))
+        try:
+            if isinstance(node, yaml.MappingNode):
+                return self.mapping(node, path, depth)
+            return [self.build(item, child(path, i), depth + 1) for i, item in enumerate(node.value)]
+        finally:
+            self.active.discard(id(node))
+
+    def mapping(self, node: yaml.MappingNode, path: str, depth: int) -> dict[Any, Any]:
+        self.constructor.flatten_mapping(node)
+        result: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                self.fail(path, "expected a plain key, got a list or mapping as a key", key_node)
+                continue
+            raw_key = self.build(key_node, path, depth + 1)
+            # Kubernetes objects only have text keys (``1:`` means "1", ``null:`` means "null").
+            key = raw_key if isinstance(raw_key, str) else json.dumps(raw_key)
+            key_path = child(path, key)
+            if key in result:
+                self.fail(key_path, f"duplicate key {key!r}", key_node)
+            self.lines.setdefault(key_path, key_node.start_mark.line + 1)
+            result[key] = self.build(value_node, key_path, depth + 1)
+        return result
+
+    def scalar(self, node: yaml.ScalarNode, path: str) -> Any:
+        if node.tag == _TIMESTAMP_TAG:
+            return node.value
+        if node.tag == _BINARY_TAG:
+            self.fail(path, "binary data is not allowed here; expected text", node)
+            return None
+        value = self.constructor.construct_object(node, deep=True)
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(path, f"expected a finite number, got {node.value!r}", node)
+            return None
+        return value
+
+
+class _Stop(Exception):
+    message = ""
+
+    def __init__(self, node: yaml.Node) -> None:
+        super().__init__()
+        self.line = node.start_mark.line + 1
+
+
+class _TooBig(_Stop):
+    message = f"document expands to more than {MAX_VALUES} values (through YAML aliases?)"
+
+
+class _TooDeep(_Stop):
+    message = f"document is nested more than {MAX_DEPTH} levels deep"
+
+
+class _Recursive(_Stop):
+    message = "a YAML alias refers to a value that contains it; expected a finite document"
 
 
 def read_text(file: str) -> str:
@@ -97,7 +189,10 @@ def read_text(file: str) -> str:
         with open(file, encoding="utf-8") as handle:
             return handle.read()
     except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        if isinstance(err, UnicodeDecodeError):
+            reason = f"not UTF-8 text ({err.reason} at byte {err.start})"
+        else:
+            reason = err.strerror or str(err)
         raise SpecError([Problem("", f"cannot read file: {reason}", file)]) from None
 
 
@@ -105,24 +200,41 @@ def parse_documents(text: str, file: str) -> list[Document]:
     """Every non-empty document in ``text``; a syntax error becomes a SpecError with its line."""
     builder = _Builder(file)
     documents: list[Document] = []
+    current = 1  # the document being read, to say which one a syntax error is in
     try:
         for index, node in enumerate(yaml.compose_all(text, Loader=_Loader)):
-            if node is None:
-                continue
+            current = index + 2  # once this one is built, any error is in the next
+            if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG):
+                continue  # an empty document, such as after a trailing '---', as kubectl skips it
             builder.lines = {}
-            data = builder.build(node, [])
+            builder.values = 0
+            current = index + 1
+            data = builder.build(node, "")
+            current = index + 2
             documents.append(Document(data=data, file=file, lines=builder.lines, index=index))
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         line = mark.line + 1 if mark is not None else None
         what = err.problem or err.context or "invalid YAML"
+        if mark is not None:
+            what = f"{what} (column {mark.column + 1})"
+        context = err.context_mark
+        if err.context and context is not None and mark is not None and context.line != mark.line:
+            what = f"{what}, {err.context} that starts on line {context.line + 1}"
+        if current > 1:
+            what = f"{what} (in document {current})"
         raise SpecError([Problem("", f"invalid YAML or JSON: {what}", file, line)]) from None
     except yaml.YAMLError as err:
-        raise SpecError([Problem("", f"invalid YAML or JSON: {err}", file)]) from None
+        raise SpecError([Problem("", f"invalid YAML or JSON: {' '.join(str(err).split())}", file)]) from None
+    except _Stop as err:
+        raise SpecError([Problem("", err.message, file, err.line)]) from None
     except RecursionError:
         raise SpecError([Problem("", "document is nested too deeply", file)]) from None
     if builder.problems:
         raise SpecError(builder.problems)
+    if len(documents) > 1:
+        for document in documents:
+            document.total = len(documents)
     return documents
 
 

@@ -2,14 +2,19 @@
 
 Runs on a defaulted job and returns every problem at once as ``(field path, message)``. Plugin
 flags are checked by the plugins themselves (:func:`torchjob.plugins.check_plugins`).
+
+``broken`` holds the paths parsing already complained about; a rule that would read such a field
+is skipped, so one mistake gives one message, not a cascade of follow-on ones.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from torchjob.spec import names
 from torchjob.spec.model import Job, Policy, pod_name
+from torchjob.spec.source import child, parent
 
 Issues = list[tuple[str, str]]
 
@@ -17,43 +22,105 @@ Issues = list[tuple[str, str]]
 POLICY_EVENTS = (
     "*", "PodFailed", "PodEvicted", "PodPending", "Unknown", "TaskCompleted", "TaskFailed", "JobUpdated",
 )  # fmt: skip
+_VALID_EVENTS = ", ".join(POLICY_EVENTS)
+# Events the CRD lists but only the controller raises; users get a message saying so.
+INTERNAL_EVENTS = ("PodRunning", "OutOfSync", "CommandIssued")
 POLICY_ACTIONS = (
     "AbortJob", "RestartJob", "RestartTask", "RestartPod", "RestartPartition", "TerminateJob",
     "CompleteJob", "ResumeJob",
 )  # fmt: skip
 RESTART_POLICIES = ("Always", "OnFailure", "Never")
+# A container's exit status is one byte; a policy for any other code could never fire.
+EXIT_CODE_MAX = 255
+# Plugins that make a Service named after the job (Service names must start with a letter).
+SERVICE_PLUGINS = ("svc",)
+# Kubernetes' documented scalability limit for a whole cluster; a job beyond it is a typo.
+MAX_PODS = 150_000
 
 
-def validate_policies(policies: list[Policy], path: str) -> Issues:
+class Broken:
+    """The field paths parsing found wrong; a path is broken if it or a parent is."""
+
+    def __init__(self, paths: Iterable[str] = ()) -> None:
+        self.paths = set(paths)
+
+    def has(self, path: str) -> bool:
+        while True:
+            if path in self.paths:
+                return True
+            if not path:
+                return False
+            path = parent(path)
+
+    def under(self, path: str) -> bool:
+        """Whether anything at or below ``path`` is broken."""
+        return any(p == path or p.startswith((path + ".", path + "[")) for p in self.paths) or self.has(path)
+
+
+def validate_policies(policies: list[Policy], path: str, broken: Broken | None = None) -> Issues:
+    broken = broken or Broken()
     issues: Issues = []
-    seen_events: set[str] = set()
-    seen_codes: set[int] = set()
-    has_any = False
+    seen_events: dict[str, str] = {}
+    seen_codes: dict[int, str] = {}
+    star = ""
     for i, policy in enumerate(policies):
-        p = f"{path}[{i}]"
+        p = child(path, i)
+        if broken.under(p):
+            continue
         if policy.events and policy.exit_code is not None:
             issues.append((p, "give either event(s) or exitCode, not both"))
         elif not policy.events and policy.exit_code is None:
             issues.append((p, "expected an event, events or exitCode"))
-        for event in policy.events:
-            if event not in POLICY_EVENTS:
-                issues.append((f"{p}.event", f"invalid policy event {event!r}; valid events are {', '.join(POLICY_EVENTS)}"))
+        for k, event in enumerate(policy.events):
+            key = (
+                policy.event_keys[k]
+                if k < len(policy.event_keys)
+                else ("event" if k == 0 else f"events[{k}]")
+            )
+            epath = f"{p}.{key}"
+            if event in INTERNAL_EVENTS:
+                issues.append(
+                    (
+                        epath,
+                        f"{event!r} is an event only the controller raises; valid events are {_VALID_EVENTS}",
+                    )
+                )
+            elif event not in POLICY_EVENTS:
+                issues.append((epath, f"invalid policy event {event!r}; valid events are {_VALID_EVENTS}"))
             elif event in seen_events:
-                issues.append((f"{p}.event", f"event {event!r} already has a policy in this list"))
-            seen_events.add(event)
-            has_any = has_any or event == "*"
+                issues.append((epath, f"event {event!r} already has a policy ({seen_events[event]})"))
+            else:
+                seen_events[event] = p
+            if event == "*":
+                star = star or p
         if policy.exit_code is not None:
+            cpath = f"{p}.exitCode"
             if policy.exit_code == 0:
-                issues.append((f"{p}.exitCode", "0 is not a failure exit code; expected a non-zero exit code"))
+                issues.append((cpath, "0 is not a failure exit code; expected an exit code from 1 to 255"))
+            elif not 1 <= policy.exit_code <= EXIT_CODE_MAX:
+                issues.append((cpath, f"expected an exit code from 1 to 255, got {policy.exit_code}"))
             elif policy.exit_code in seen_codes:
-                issues.append((f"{p}.exitCode", f"exit code {policy.exit_code} already has a policy in this list"))
-            seen_codes.add(policy.exit_code)
+                issues.append(
+                    (
+                        cpath,
+                        f"exit code {policy.exit_code} already has a policy ({seen_codes[policy.exit_code]})",
+                    )
+                )
+            else:
+                seen_codes[policy.exit_code] = p
         if policy.action not in POLICY_ACTIONS:
-            issues.append((f"{p}.action", f"invalid policy action {policy.action!r}; valid actions are {', '.join(POLICY_ACTIONS)}"))
+            issues.append(
+                (
+                    f"{p}.action",
+                    f"invalid policy action {policy.action!r}; valid actions are {', '.join(POLICY_ACTIONS)}",
+                )
+            )
         if policy.timeout is not None and not _is_duration(policy.timeout):
-            issues.append((f"{p}.timeout", f"expected a duration such as '30s' or '5m', got {policy.timeout!r}"))
-    if has_any and len(policies) > 1:
-        issues.append((path, "a policy for event '*' must be the only policy in its list"))
+            issues.append(
+                (f"{p}.timeout", f"expected a duration such as '30s' or '5m', got {policy.timeout!r}")
+            )
+    if star and len(policies) > 1:
+        issues.append((star, "a policy for event '*' must be the only policy in its list"))
     return issues
 
 
@@ -61,44 +128,96 @@ def _is_duration(text: str) -> bool:
     return bool(re.fullmatch(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+", text))
 
 
-def validate_job(job: Job) -> Issues:
+def validate_job(job: Job, broken: Broken | None = None) -> Issues:
     """Every cross-field problem of a defaulted job."""
+    broken = broken or Broken()
     issues: Issues = []
     spec = job.spec
-    if not names.is_dns1123_label(job.name):
+    name_ok = not broken.has("metadata.name")
+    if name_ok and not names.is_dns1123_label(job.name):
         issues.append(("metadata.name", names.label_problem(job.name)))
-    if not names.is_dns1123_label(job.metadata.namespace):
+        name_ok = False
+    elif name_ok and any(p in spec.plugins for p in SERVICE_PLUGINS) and not names.is_dns1035_label(job.name):
+        issues.append(
+            (
+                "metadata.name",
+                f"{job.name!r} must start with a letter: the svc plugin names a Service after the job",
+            )
+        )
+    if not broken.has("metadata.namespace") and not names.is_dns1123_label(job.metadata.namespace):
         issues.append(("metadata.namespace", names.label_problem(job.metadata.namespace)))
     if not spec.tasks:
         return issues
-    seen: dict[str, int] = {}
+    seen: dict[str, str] = {}
+    counts_ok = True  # every task's replicas is known
     for i, task in enumerate(spec.tasks):
-        tpath = f"spec.tasks[{i}]"
-        if task.name in seen:
-            issues.append((f"{tpath}.name", f"duplicate task name {task.name!r} (also spec.tasks[{seen[task.name]}])"))
-        seen.setdefault(task.name, i)
-        if not names.is_dns1123_label(task.name):
-            issues.append((f"{tpath}.name", names.label_problem(task.name)))
-        elif names.is_dns1123_label(job.name) and task.replicas > 0:
-            longest = pod_name(job.name, task.name, task.replicas - 1)
-            if len(longest) > names.DNS1123_LABEL_MAX and not task.template.hostname:
-                issues.append((
+        tpath = child("spec.tasks", i)
+        if broken.has(tpath):  # not a mapping at all
+            counts_ok = False
+            continue
+        task_name_ok = not broken.has(f"{tpath}.name")
+        replicas_ok = not broken.has(f"{tpath}.replicas")
+        counts_ok = counts_ok and replicas_ok
+        if task_name_ok:
+            issues += _validate_task_name(job, i, name_ok and replicas_ok, seen)
+        min_ok = replicas_ok and not broken.has(f"{tpath}.minAvailable")
+        if min_ok and task.min_available is not None and task.min_available > task.replicas:
+            issues.append(
+                (
+                    f"{tpath}.minAvailable",
+                    f"expected at most replicas ({task.replicas}), got {task.min_available}",
+                )
+            )
+        issues += validate_policies(task.policies, f"{tpath}.policies", broken)
+        issues += _validate_template(task.template.raw, f"{tpath}.template")
+    total = job.total_replicas
+    if counts_ok and total > MAX_PODS:
+        issues.append(
+            (
+                "spec.tasks",
+                f"the tasks have {total} replicas in all; expected at most {MAX_PODS}, "
+                "the most pods one Kubernetes cluster is built for",
+            )
+        )
+    if counts_ok and not broken.has("spec.minAvailable") and spec.min_available > total:
+        issues.append(
+            (
+                "spec.minAvailable",
+                f"expected at most the total replicas of all tasks ({total}), got {spec.min_available}",
+            )
+        )
+    if counts_ok and spec.min_success is not None and spec.min_success > total:
+        issues.append(
+            (
+                "spec.minSuccess",
+                f"expected at most the total replicas of all tasks ({total}), got {spec.min_success}",
+            )
+        )
+    issues += validate_policies(spec.policies, "spec.policies", broken)
+    if not any(broken.has(f"spec.tasks[{i}].name") for i in range(len(spec.tasks))):
+        issues += _validate_dependencies(job, broken)
+    return issues
+
+
+def _validate_task_name(job: Job, i: int, check_length: bool, seen: dict[str, str]) -> Issues:
+    task = job.spec.tasks[i]
+    tpath = child("spec.tasks", i)
+    if task.name in seen:
+        return [(f"{tpath}.name", f"duplicate task name {task.name!r} (also {seen[task.name]})")]
+    seen[task.name] = tpath
+    if not names.is_dns1123_label(task.name):
+        return [(f"{tpath}.name", names.label_problem(task.name))]
+    if check_length and task.replicas > 0 and not task.template.hostname:
+        longest = pod_name(job.name, task.name, task.replicas - 1)
+        if len(longest) > names.DNS1123_LABEL_MAX:
+            return [
+                (
                     f"{tpath}.name",
                     f"pod name {longest!r} is {len(longest)} characters; a pod's hostname allows at most "
                     f"{names.DNS1123_LABEL_MAX}: shorten the job or task name",
-                ))
-        if task.min_available is not None and task.min_available > task.replicas:
-            issues.append((f"{tpath}.minAvailable", f"expected at most replicas ({task.replicas}), got {task.min_available}"))
-        issues += validate_policies(task.policies, f"{tpath}.policies")
-        issues += _validate_template(task.template.raw, f"{tpath}.template")
-    total = job.total_replicas
-    if spec.min_available > total:
-        issues.append(("spec.minAvailable", f"expected at most the total replicas of all tasks ({total}), got {spec.min_available}"))
-    if spec.min_success is not None and spec.min_success > total:
-        issues.append(("spec.minSuccess", f"expected at most the total replicas of all tasks ({total}), got {spec.min_success}"))
-    issues += validate_policies(spec.policies, "spec.policies")
-    issues += _validate_dependencies(job)
-    return issues
+                )
+            ]
+    return []
 
 
 def _validate_template(template: dict[str, object], path: str) -> Issues:
@@ -108,7 +227,9 @@ def _validate_template(template: dict[str, object], path: str) -> Issues:
         return issues
     restart = spec.get("restartPolicy")
     if isinstance(restart, str) and restart not in RESTART_POLICIES:
-        issues.append((f"{path}.spec.restartPolicy", f"expected one of {', '.join(RESTART_POLICIES)}, got {restart!r}"))
+        issues.append(
+            (f"{path}.spec.restartPolicy", f"expected one of {', '.join(RESTART_POLICIES)}, got {restart!r}")
+        )
     for key in ("hostname", "subdomain"):
         value = spec.get(key)
         if isinstance(value, str) and value and not names.is_dns1123_label(value):
@@ -127,41 +248,72 @@ def _validate_template(template: dict[str, object], path: str) -> Issues:
                 if not names.is_dns1123_label(name):
                     issues.append((f"{cpath}.name", names.label_problem(name)))
                 elif name in container_names:
-                    issues.append((f"{cpath}.name", f"duplicate container name {name!r} (also {container_names[name]})"))
+                    issues.append(
+                        (f"{cpath}.name", f"duplicate container name {name!r} (also {container_names[name]})")
+                    )
                 container_names.setdefault(name, cpath)
             image = container.get("image")
             if isinstance(image, str) and not names.is_image_reference(image):
-                issues.append((f"{cpath}.image", f"{image!r} is not a valid image reference such as 'registry/name:tag'"))
+                issues.append((f"{cpath}.image", names.image_problem(image)))
             env = container.get("env")
             if isinstance(env, list):
                 for j, var in enumerate(env):
-                    if isinstance(var, dict) and isinstance(var.get("name"), str) and not names.is_env_name(var["name"]):
-                        issues.append((f"{cpath}.env[{j}].name", f"{var['name']!r} is not a valid environment variable name"))
+                    if (
+                        isinstance(var, dict)
+                        and isinstance(var.get("name"), str)
+                        and not names.is_env_name(var["name"])
+                    ):
+                        issues.append(
+                            (
+                                f"{cpath}.env[{j}].name",
+                                f"{var['name']!r} is not a valid environment variable name",
+                            )
+                        )
     return issues
 
 
-def _validate_dependencies(job: Job) -> Issues:
+def _validate_dependencies(job: Job, broken: Broken) -> Issues:
     issues: Issues = []
     task_names = {t.name for t in job.spec.tasks}
     graph: dict[str, list[str]] = {}
     for i, task in enumerate(job.spec.tasks):
-        if task.depends_on is None:
+        dpath = f"spec.tasks[{i}].dependsOn"
+        if task.depends_on is None or broken.under(dpath):
             continue
         for j, dep in enumerate(task.depends_on.names):
             if dep not in task_names:
-                issues.append((f"spec.tasks[{i}].dependsOn.name[{j}]", f"no task named {dep!r} in this job"))
+                issues.append((f"{dpath}.name[{j}]", f"no task named {dep!r} in this job"))
         graph[task.name] = [d for d in task.depends_on.names if d in task_names]
-    # Depth-first search for a cycle.
-    state: dict[str, int] = {}
-
-    def visit(node: str) -> bool:
-        state[node] = 1
-        for nxt in graph.get(node, []):
-            if state.get(nxt) == 1 or (state.get(nxt) is None and visit(nxt)):
-                return True
-        state[node] = 2
-        return False
-
-    if any(state.get(n) is None and visit(n) for n in list(graph)):
-        issues.append(("spec.tasks", "dependsOn between tasks forms a cycle; expected a directed acyclic graph"))
+    cycle = _find_cycle(graph)
+    if cycle:
+        index = next(i for i, t in enumerate(job.spec.tasks) if t.name == cycle[0])
+        issues.append(
+            (
+                f"spec.tasks[{index}].dependsOn",
+                f"dependsOn forms a cycle ({' -> '.join(cycle)}); expected a directed acyclic graph",
+            )
+        )
     return issues
+
+
+def _find_cycle(graph: dict[str, list[str]]) -> list[str]:
+    """One cycle of ``graph`` as ``[a, b, ..., a]``, or ``[]``; iterative, so depth is no limit."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    for start in graph:
+        if state.get(start):
+            continue
+        path = [start]
+        state[start] = 1
+        stack = [iter(graph.get(start, []))]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(graph.get(nxt, [])))
+    return []

@@ -1,0 +1,154 @@
+"""Every malformed job in tests/bad_inputs/ is refused by the real CLI the way a user should see it.
+
+Each input names what it expects in header lines ``# expect@LINE: PATH: FRAGMENT`` (``@LINE``
+optional, ``-`` for "no field path"), or in a sidecar ``NAME.expect`` when the file itself must stay
+comment-free (an empty file, JSON, bytes that are not UTF-8).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+BAD = HERE / "bad_inputs"
+INPUTS = sorted(p for p in BAD.iterdir() if p.suffix in (".yaml", ".json"))
+_EXPECT = re.compile(r"^# expect(?:@(?P<line>\d+))?: (?P<path>\S+): (?P<fragment>.+)$")
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclass(frozen=True)
+class Expect:
+    line: int | None
+    path: str | None
+    fragment: str
+
+
+def expectations(file: Path) -> list[Expect]:
+    sidecar = file.with_name(file.name + ".expect")
+    source = sidecar if sidecar.exists() else file
+    found = []
+    for text in source.read_bytes().decode("utf-8", "replace").splitlines():
+        match = _EXPECT.match(text)
+        if match:
+            line = int(match["line"]) if match["line"] else None
+            path = None if match["path"] == "-" else match["path"]
+            found.append(Expect(line, path, match["fragment"]))
+    return found
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args], capture_output=True, text=True, timeout=60, cwd=HERE
+    )
+
+
+def check_stderr(file: str, stderr: str, expected: list[Expect]) -> None:
+    lines = stderr.splitlines()
+    assert lines, "a refused input must say why on stderr"
+    assert "Traceback" not in stderr
+    form = re.compile(rf"^{re.escape(file)}(:\d+)?: \S.*$")
+    for text in lines:
+        assert form.match(text), f"not 'FILE:LINE: field.path: message': {text!r}"
+    for want in expected:
+        where = file + (f":{want.line}" if want.line is not None else "")
+        prefix = where + ": " + (f"{want.path}: " if want.path else "")
+        hits = [
+            t
+            for t in lines
+            if want.fragment in t
+            and (t.startswith(prefix) if want.line is not None else _has_path(t, file, want))
+        ]
+        assert hits, f"expected {prefix!r}...{want.fragment!r} in:\n{stderr}"
+
+
+def _has_path(text: str, file: str, want: Expect) -> bool:
+    """Without an expected line, the message may carry any line number (or none)."""
+    rest = re.sub(rf"^{re.escape(file)}(:\d+)?: ", "", text)
+    return rest.startswith(f"{want.path}: ") if want.path else True
+
+
+def test_there_are_enough_bad_inputs() -> None:
+    assert len(INPUTS) >= 45
+    for file in INPUTS:
+        assert expectations(file), f"{file.name} names no expectation"
+
+
+@pytest.mark.parametrize("file", INPUTS, ids=[p.name for p in INPUTS])
+def test_validate_refuses(file: Path) -> None:
+    name = f"bad_inputs/{file.name}"
+    result = run("validate", name)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout
+    check_stderr(name, result.stderr, expectations(file))
+
+
+@pytest.mark.parametrize("file", INPUTS, ids=[p.name for p in INPUTS])
+def test_render_refuses_and_writes_nothing(file: Path) -> None:
+    name = f"bad_inputs/{file.name}"
+    result = run("render", name)
+    assert result.returncode == 2
+    assert result.stdout == "", "render must not leave half an output behind"
+    check_stderr(name, result.stderr, expectations(file))
+
+
+def test_stdin_input_is_named_dash() -> None:
+    text = (BAD / "replicas_string.yaml").read_text()
+    result = subprocess.run(
+        [sys.executable, "-m", "torchjob", "render", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert re.match(
+        r"^-:\d+: spec\.tasks\[1\]\.replicas: expected an integer, got string 'two'$", result.stderr
+    )
+
+
+def test_missing_file() -> None:
+    for command in ("validate", "render"):
+        result = run(command, "bad_inputs/no-such-file.yaml")
+        assert result.returncode == 2
+        assert result.stdout == ""
+        assert result.stderr == "bad_inputs/no-such-file.yaml: cannot read file: No such file or directory\n"
+
+
+def test_directory_is_not_a_file() -> None:
+    result = run("validate", "bad_inputs")
+    assert result.returncode == 2
+    assert result.stderr.startswith("bad_inputs: cannot read file: ")
+    assert "Traceback" not in result.stderr
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    result = run("validate", "bad_inputs/several_problems.yaml")
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    # Five independent mistakes, each on its own line with its own line number.
+    assert len(lines) == 5, result.stderr
+    assert len({line.split(":")[1] for line in lines}) == 5
+
+
+def test_one_mistake_gives_one_message() -> None:
+    """A broken field must not drag follow-on errors along (minAvailable, WORLD_SIZE, ...)."""
+    for name in ("replicas_string.yaml", "replicas_negative.yaml", "missing_metadata_name.yaml"):
+        result = run("validate", f"bad_inputs/{name}")
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_validate_reports_every_file() -> None:
+    """Several files: problems of each are reported, and the exit code is still 2."""
+    files = ["bad_inputs/replicas_string.yaml", "bad_inputs/flag_port_abc.yaml", "bad_inputs/empty.yaml"]
+    result = run("validate", *files)
+    assert result.returncode == 2
+    for file in files:
+        assert any(line.startswith(file + ":") for line in result.stderr.splitlines()), file
