@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -125,7 +126,7 @@ class _JsonWriter:
             out.append(json.dumps(value, default=_json_default))
 
 
-_encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_encode_string: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def dump_json(obj: Any) -> str:
@@ -163,7 +164,8 @@ def _needs_quotes(text: str) -> bool:
         return True
     if text in _GO_BOOLS or _NUMBERISH.match(text):
         return True
-    return _RESOLVER.resolve(yaml.ScalarNode, text, (True, False)) != _STR_TAG
+    tag: str = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
+    return tag != _STR_TAG
 
 
 def _inline_string(text: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchjob.addressing import Addressing
 from torchjob.plugins.base import Issues, Plugin, PodContext
 from torchjob.plugins.flags import Flag, non_negative, port_range
 from torchjob.plugins.waitmaster import wait_for_master_script
@@ -42,6 +43,11 @@ class PyTorchPlugin(Plugin):
         Flag("wait-master-image", str, DEFAULT_WAIT_IMAGE, "image of the wait-for-master container", _image),
     )
 
+    def __init__(self, args: list[str]) -> None:
+        super().__init__(args)
+        self._cache_for: tuple[Job, Addressing] | None = None
+        self._cached: tuple[str, int, str] | None = None
+
     @property
     def master(self) -> str:
         return str(self.values["master"])
@@ -60,38 +66,30 @@ class PyTorchPlugin(Plugin):
     def check(self, job: Job) -> Issues:
         issues: Issues = []
         task_names = [t.name for t in job.spec.tasks]
+        listed = ", ".join(task_names)
         if self.master == self.worker:
             issues.append(("spec.plugins.pytorch", f"--master and --worker both name task {self.master!r}"))
         if self.master not in task_names:
-            issues.append(
-                (
-                    "spec.plugins.pytorch",
-                    f"--master names task {self.master!r} but the job has no such task (tasks: {', '.join(task_names)})",
-                )
-            )
+            message = f"--master names task {self.master!r} but the job has no such task (tasks: {listed})"
+            issues.append(("spec.plugins.pytorch", message))
         else:
             index = task_names.index(self.master)
             replicas = job.spec.tasks[index].replicas
             if replicas != 1:
-                issues.append(
-                    (
-                        f"spec.tasks[{index}].replicas",
-                        f"the pytorch master task must have exactly 1 replica (rank 0), got {replicas}",
-                    )
-                )
+                message = f"the pytorch master task must have exactly 1 replica (rank 0), got {replicas}"
+                issues.append((f"spec.tasks[{index}].replicas", message))
         others = [n for n in task_names if n != self.master]
         if self.worker not in task_names and others:
-            issues.append(
-                (
-                    "spec.plugins.pytorch",
-                    f"--worker names task {self.worker!r} but the job has no such task (tasks: {', '.join(task_names)})",
-                )
-            )
+            message = f"--worker names task {self.worker!r} but the job has no such task (tasks: {listed})"
+            issues.append(("spec.plugins.pytorch", message))
         return issues + self._port_name_clashes(job)
 
     def _port_name_clashes(self, job: Job) -> Issues:
-        """Containers that name another port ``pytorchjob-port``: Volcano would add a second
-        port of that name, and Kubernetes refuses a pod whose port names repeat."""
+        """Ports the user named ``pytorchjob-port`` with another number.
+
+        Volcano would add a second port of that name, and Kubernetes refuses a container whose
+        port names repeat.
+        """
         issues: Issues = []
         for i, task in enumerate(job.spec.tasks):
             for j, container in enumerate(task.template.containers):
@@ -100,42 +98,57 @@ class PyTorchPlugin(Plugin):
                     continue  # the plugin adds nothing to this container
                 for k, port in enumerate(ports):
                     if port.get("name") == PORT_NAME:
+                        number = port.get("containerPort")
+                        message = (
+                            f"port {number} is named {PORT_NAME!r}, the name the pytorch plugin gives "
+                            f"port {self.port}; rename it or use --port={number}"
+                        )
                         issues.append(
-                            (
-                                f"spec.tasks[{i}].template.spec.containers[{j}].ports[{k}].name",
-                                f"port {port.get('containerPort')} is named {PORT_NAME!r}, the name the pytorch "
-                                f"plugin gives port {self.port}; rename it or use --port={port.get('containerPort')}",
-                            )
+                            (f"spec.tasks[{i}].template.spec.containers[{j}].ports[{k}].name", message)
                         )
         return issues
 
+    def _wiring(self, ctx: PodContext) -> tuple[str, int, str] | None:
+        """(master address, master port, world size) of the pod's job; the same for every pod."""
+        if (
+            self._cache_for is None
+            or self._cache_for[0] is not ctx.job
+            or self._cache_for[1] is not ctx.addressing
+        ):
+            master = ctx.job.task(self.master)
+            if master is None:
+                self._cached = None
+            else:
+                addr = ctx.addressing.host(ctx.job, master, 0)
+                self._cached = (addr, ctx.addressing.port(ctx.job, self.port), str(self.world_size(ctx.job)))
+            self._cache_for = (ctx.job, ctx.addressing)
+        return self._cached
+
     def on_pod_create(self, ctx: PodContext) -> None:
-        job = ctx.job
-        master = job.task(self.master)
-        if master is None:  # rejected by check(); nothing to wire
+        wiring = self._wiring(ctx)
+        if wiring is None:  # no master task: rejected by check(), and Volcano does nothing either
             return
-        master_addr = ctx.addressing.host(job, master, 0)
-        master_port = ctx.addressing.port(job, self.port)
-        env: list[dict[str, Any]] = [
-            {"name": "MASTER_ADDR", "value": master_addr},
-            {"name": "MASTER_PORT", "value": str(master_port)},
-            {"name": "WORLD_SIZE", "value": str(self.world_size(job))},
-        ]
+        master_addr, master_port, world_size = wiring
+        rank: str | None = None
         if ctx.task.name == self.worker:
-            env.append({"name": "RANK", "value": str(ctx.index + 1)})
+            rank = str(ctx.index + 1)
         elif ctx.task.name == self.master:
-            env.append({"name": "RANK", "value": "0"})
+            rank = "0"
         for container in ctx.spec.get("containers", []):
             ports = container.setdefault("ports", [])
             if not any(p.get("containerPort") == self.port for p in ports):
                 ports.append({"name": PORT_NAME, "containerPort": self.port})
-            container.setdefault("env", []).extend(dict(e) for e in env)
+            env = container.setdefault("env", [])
+            env.append({"name": "MASTER_ADDR", "value": master_addr})
+            env.append({"name": "MASTER_PORT", "value": str(master_port)})
+            env.append({"name": "WORLD_SIZE", "value": world_size})
+            if rank is not None:
+                env.append({"name": "RANK", "value": rank})
         if ctx.task.name == self.worker and self.values["wait-master-enabled"]:
             init = ctx.spec.setdefault("initContainers", [])
             if not any(c.get("name") == WAIT_CONTAINER for c in init):
-                script = wait_for_master_script(
-                    master_addr, master_port, int(self.values["wait-master-timeout"])
-                )
+                timeout = int(self.values["wait-master-timeout"])
+                script = wait_for_master_script(master_addr, master_port, timeout)
                 init.append(
                     {
                         "name": WAIT_CONTAINER,

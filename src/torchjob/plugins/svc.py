@@ -86,20 +86,33 @@ class SvcPlugin(Plugin):
             for i, task in enumerate(job.spec.tasks):
                 if task.name in self._omitted:
                     size = len(data[f"VC_{env_key(task.name)}_HOSTS"])
-                    issues.append((
-                        f"spec.tasks[{i}].replicas",
-                        f"VC_{env_key(task.name)}_HOSTS would be {size} bytes, over Linux's 128 KiB limit for "
-                        f"one environment string, so it is left out of the env; read "
-                        f"{CONFIG_MOUNT_PATH}/{host_file(task.name)} instead",
-                    ))
+                    message = (
+                        f"VC_{env_key(task.name)}_HOSTS would be {size} bytes, over Linux's 128 KiB "
+                        "limit for one environment string, so it is left out of the env; read "
+                        f"{CONFIG_MOUNT_PATH}/{host_file(task.name)} instead"
+                    )
+                    issues.append((f"spec.tasks[{i}].replicas", message))
         total = sum(len(k) + len(v.encode()) for k, v in data.items())
         if total > MAX_CONFIGMAP_BYTES:
-            issues.append((
-                "spec.tasks",
-                f"the {configmap_name(job)} ConfigMap would be {total} bytes; Kubernetes refuses ConfigMaps "
-                "over 1 MiB, so this job cannot run on a cluster with the svc plugin",
-            ))
+            message = (
+                f"the {configmap_name(job)} ConfigMap would be {total} bytes; Kubernetes refuses "
+                "ConfigMaps over 1 MiB, so this job cannot run on a cluster with the svc plugin"
+            )
+            issues.append(("spec.tasks", message))
         return issues
+
+    def _env_names(self, job: Job, addressing: Addressing) -> list[str]:
+        """The host-list variables every container gets, in task order."""
+        if not self.values["inject-hosts-env"]:
+            return []
+        self.host_data(job, addressing)
+        names: list[str] = []
+        for task in job.spec.tasks:
+            key = env_key(task.name)
+            if task.name not in self._omitted:
+                names.append(f"VC_{key}_HOSTS")
+            names.append(f"VC_{key}_NUM")
+        return names
 
     def on_pod_create(self, ctx: PodContext) -> None:
         job, spec = ctx.job, ctx.spec
@@ -108,20 +121,11 @@ class SvcPlugin(Plugin):
         if not spec.get("subdomain"):
             spec["subdomain"] = job.name
         cm = configmap_name(job)
-        env: list[dict[str, Any]] = []
-        if self.values["inject-hosts-env"]:
-            self.host_data(job, ctx.addressing)
-            for task in job.spec.tasks:
-                key = env_key(task.name)
-                names = [f"VC_{key}_NUM"] if task.name in self._omitted else [f"VC_{key}_HOSTS", f"VC_{key}_NUM"]
-                env.extend(
-                    {"name": n, "valueFrom": {"configMapKeyRef": {"name": cm, "key": n}}} for n in names
-                )
+        names = self._env_names(job, ctx.addressing)
         for container in ctx.all_containers():
-            if env:
+            if names:
                 container.setdefault("env", []).extend(
-                    {"name": e["name"], "valueFrom": {"configMapKeyRef": dict(e["valueFrom"]["configMapKeyRef"])}}
-                    for e in env
+                    [{"name": n, "valueFrom": {"configMapKeyRef": {"name": cm, "key": n}}} for n in names]
                 )
             container.setdefault("volumeMounts", []).append({"name": cm, "mountPath": CONFIG_MOUNT_PATH})
         spec.setdefault("volumes", []).append({"name": cm, "configMap": {"name": cm}})
@@ -147,14 +151,16 @@ class SvcPlugin(Plugin):
             },
         ]
         if not self.values["disable-network-policy"]:
-            objects.append({
-                "apiVersion": "networking.k8s.io/v1",
-                "kind": "NetworkPolicy",
-                "metadata": {"name": job.name, "namespace": job.metadata.namespace},
-                "spec": {
-                    "podSelector": {"matchLabels": dict(selector)},
-                    "ingress": [{"from": [{"podSelector": {"matchLabels": dict(selector)}}]}],
-                    "policyTypes": ["Ingress"],
-                },
-            })
+            objects.append(
+                {
+                    "apiVersion": "networking.k8s.io/v1",
+                    "kind": "NetworkPolicy",
+                    "metadata": {"name": job.name, "namespace": job.metadata.namespace},
+                    "spec": {
+                        "podSelector": {"matchLabels": dict(selector)},
+                        "ingress": [{"from": [{"podSelector": {"matchLabels": dict(selector)}}]}],
+                        "policyTypes": ["Ingress"],
+                    },
+                }
+            )
         return objects
