@@ -1,0 +1,205 @@
+"""The local engine: run every pod of a job as processes of this machine, as a cluster would.
+
+Usage::
+
+    from torchjob.engines.local import RunOptions, run_job
+    result = run_job(job, RunOptions(quiet=True, timeout=60))
+    result.ok, result.phase, result.reason, result.job_dir, result.pods
+
+``job`` is a loaded, defaulted and validated :class:`~torchjob.spec.model.Job` (from
+:func:`torchjob.jobs.load_jobs` or the SDK). Bad input for this engine (a container without a
+``command``, a missing ``workingDir``, a Secret reference) raises :class:`~torchjob.errors.SpecError`
+before anything starts. Job directories go to ``RunOptions.state_dir``, else
+``$TORCHJOB_HOME/jobs``, else ``~/.torchjob/jobs`` (layout: :mod:`torchjob.engines.local.state`).
+
+Ctrl-C (SIGINT) stops the job (phase Terminated) and then raises KeyboardInterrupt; SIGTERM and
+SIGHUP stop it and return the Terminated result. With ``detach=True`` the job runs in a
+background process and ``run_job`` returns at once with phase ``Pending``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchjob.expand import DesiredState
+    from torchjob.spec.model import Job
+
+__all__ = ["PodResult", "RunOptions", "RunResult", "check_job", "run_job"]
+
+
+@dataclass
+class RunOptions:
+    state_dir: Path | None = None  # root of job directories; default $TORCHJOB_HOME/jobs or ~/.torchjob/jobs
+    quiet: bool = False  # no streamed logs, notes, status table or summary
+    timeout: float | None = None  # whole-job deadline in seconds; then the job is Terminated
+    extra_env: dict[str, str] = field(default_factory=dict)  # added to every container's env, last
+    detach: bool = False  # run in a background process; run_job returns once it has started
+
+
+@dataclass
+class PodResult:
+    name: str
+    task: str
+    index: int
+    phase: str
+    exit_code: int | None
+    restarts: int
+    log_dir: Path
+
+
+@dataclass
+class RunResult:
+    phase: str  # Completed | Failed | Aborted | Terminated (Pending when detached)
+    reason: str
+    job_dir: Path
+    pods: list[PodResult]
+
+    @property
+    def ok(self) -> bool:
+        return self.phase == "Completed"
+
+    @property
+    def job_id(self) -> str:
+        return self.job_dir.name
+
+
+def _check_state(job: Job) -> DesiredState:
+    from torchjob.engines.local.addressing import LocalAddressing
+    from torchjob.expand import expand
+
+    return expand(job, LocalAddressing(job))
+
+
+def check_job(job: Job) -> list[tuple[str, str]]:
+    """What stops ``job`` from running locally, as (field path, message); empty when it can run."""
+    from torchjob.engines.local.containers import check_pods
+
+    with tempfile.TemporaryDirectory(prefix="torchjob-check-") as scratch:
+        return check_pods(_check_state(job), Path(scratch))
+
+
+def _raise_problems(job: Job) -> None:
+    from torchjob.errors import Problem, SpecError
+
+    problems = check_job(job)
+    if problems:
+        raise SpecError([Problem(path, message) for path, message in problems])
+
+
+def _result(job_dir: Path) -> RunResult:
+    from torchjob.engines.local.state import JobDir
+
+    status = JobDir(job_dir).read_status()
+    pods = [
+        PodResult(
+            name=str(p.get("name")),
+            task=str(p.get("task")),
+            index=int(p.get("index", 0)),
+            phase=str(p.get("phase")),
+            exit_code=p.get("exitCode"),
+            restarts=int(p.get("restarts", 0)),
+            log_dir=Path(str(p.get("logDir", ""))),
+        )
+        for p in status.get("pods") or []
+    ]
+    return RunResult(str(status.get("phase")), str(status.get("reason", "")), job_dir, pods)
+
+
+def run_job(job: Job, options: RunOptions | None = None) -> RunResult:
+    """Run ``job`` to its end (or start it in the background with ``detach``)."""
+    from torchjob.engines.local.state import new_job_dir, state_root
+
+    options = options or RunOptions()
+    _raise_problems(job)
+    job_dir = new_job_dir(state_root(options.state_dir), job.name)
+    if options.detach:
+        return _detach(job, job_dir.path, options)
+    return _supervise(job, job_dir.path, options, stream=None if options.quiet else sys.stdout)
+
+
+def _supervise(
+    job: Job, path: Path, options: RunOptions, *, stream: object, echo_logs: bool = True
+) -> RunResult:
+    from torchjob.engines.local.output import Console
+    from torchjob.engines.local.state import JobDir
+    from torchjob.engines.local.supervisor import Supervisor
+
+    console = Console(stream) if stream is not None else None  # type: ignore[arg-type]
+    supervisor = Supervisor(
+        job,
+        JobDir(path),
+        console=console,
+        echo_logs=echo_logs,
+        timeout=options.timeout,
+        extra_env=options.extra_env,
+    )
+    previous = supervisor.install_signals()
+    try:
+        supervisor.run()
+    finally:
+        import signal
+
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if supervisor.interrupted is not None and supervisor.interrupted == 2:  # SIGINT
+        raise KeyboardInterrupt
+    return _result(path)
+
+
+def _detach(job: Job, path: Path, options: RunOptions) -> RunResult:
+    """Double fork: the grandchild, in its own session, supervises; the caller returns at once."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # first child
+        os.close(read_end)
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            _become_daemon(path)
+            os.write(write_end, b"started\n")
+            os.close(write_end)
+            code = 0
+            try:
+                result = _supervise(job, path, options, stream=sys.stdout, echo_logs=False)
+                code = 0 if result.ok else 1
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        except BaseException:
+            os._exit(1)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as pipe:
+        pipe.read()  # until the daemon has started (or died)
+    deadline = time.monotonic() + 10
+    status = path / "status.json"
+    while not status.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    result = _result(path)
+    result.phase = result.phase if status.exists() else "Pending"
+    return result
+
+
+def _become_daemon(path: Path) -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    log = os.open(path / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(devnull)
+    os.close(log)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the process
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115

@@ -1,0 +1,354 @@
+"""From a pod manifest to the processes that run it: argv, env, working directory, mounts.
+
+What a kubelet and a container runtime would do, done for local processes:
+
+* ``env``/``envFrom`` resolved in order, ``valueFrom.fieldRef`` from the pod's own metadata and
+  local addresses, ``configMapKeyRef`` from the ConfigMaps of the expansion (the svc plugin's),
+  ``resourceFieldRef`` from the container's resources (else this machine's), and ``$(VAR)``
+  expanded in values, ``command`` and ``args`` as Kubernetes does.
+* ``volumeMounts``: a ConfigMap volume is a directory of files in the job directory, an
+  ``emptyDir`` a directory per pod attempt, a ``hostPath`` the host path itself. Each mount path
+  written in ``command``, ``args``, env values or ``workingDir`` is rewritten to its local
+  directory (so ``/etc/volcano/worker.host`` works); programs that open such paths themselves
+  should read ``$TORCHJOB_VOLCANO_DIR`` instead.
+* A ``python``/``python3`` command runs this interpreter (``sys.executable``).
+
+:func:`check_pods` finds what cannot run locally before anything starts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchjob.expand import DesiredState, PodPlan
+
+Issues = list[tuple[str, str]]
+
+_PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
+_VAR_REF = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))")
+_FIELD_INDEX = re.compile(r"^metadata\.(labels|annotations)\['([^']*)'\]$")
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
+_SUFFIX = {
+    "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
+}  # fmt: skip
+
+
+class ResolveError(Exception):
+    """A container cannot run locally; ``field`` is the path inside the container."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+@dataclass
+class PodContext:
+    """What the engine knows of one pod attempt, for resolving its containers."""
+
+    plan: PodPlan
+    address: str
+    uid: str
+    configmaps: dict[str, dict[str, str]]
+    configmap_dir: Path  # ConfigMap volumes are <configmap_dir>/<name>/<key>
+    pod_dir: Path  # emptyDir volumes are <pod_dir>/volumes/<name>
+    base_env: dict[str, str] = field(default_factory=dict)  # the engine's own variables
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ContainerRun:
+    """One container, ready to start."""
+
+    name: str
+    image: str
+    init: bool
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+
+
+def expand_refs(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion: defined names are replaced, ``$$`` is a literal ``$``."""
+
+    def sub(match: re.Match[str]) -> str:
+        if match.group(1) == "$":
+            return "$"
+        name = match.group(2)
+        return env[name] if name in env else match.group(0)
+
+    return _VAR_REF.sub(sub, text)
+
+
+def parse_quantity(text: str) -> float:
+    match = _QUANTITY.match(str(text).strip())
+    if not match or match.group(2) not in _SUFFIX:
+        raise ValueError(f"not a quantity: {text!r}")
+    return float(match.group(1)) * _SUFFIX[match.group(2)]
+
+
+def _machine_resource(resource: str) -> float:
+    if resource.endswith("cpu"):
+        return float(os.cpu_count() or 1)
+    if resource.endswith("memory"):
+        import psutil
+
+        return float(psutil.virtual_memory().total)
+    if resource.endswith("ephemeral-storage"):
+        import shutil
+
+        return float(shutil.disk_usage("/").total)
+    return 0.0
+
+
+def _resource_value(container: dict[str, Any], ref: dict[str, Any], path: str) -> str:
+    resource = str(ref.get("resource", ""))
+    kind, _, name = resource.partition(".")
+    if kind not in ("limits", "requests") or not name:
+        raise ResolveError(path, f"resourceFieldRef resource {resource!r} is not limits.X or requests.X")
+    values = (container.get("resources") or {}).get(kind) or {}
+    if name in values:
+        amount = parse_quantity(str(values[name]))
+    elif kind == "requests" and name in ((container.get("resources") or {}).get("limits") or {}):
+        amount = parse_quantity(str(container["resources"]["limits"][name]))
+    else:
+        amount = _machine_resource(name)
+    divisor = parse_quantity(str(ref.get("divisor", "1"))) or 1.0
+    return str(math.ceil(amount / divisor - 1e-9))
+
+
+def _field_value(ctx: PodContext, field_path: str, path: str) -> str:
+    meta = ctx.plan.manifest["metadata"]
+    spec = ctx.plan.manifest["spec"]
+    simple = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "metadata.uid": ctx.uid,
+        "spec.nodeName": socket.gethostname(),
+        "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
+        "status.podIP": ctx.address,
+        "status.podIPs": ctx.address,
+        "status.hostIP": "127.0.0.1",
+        "status.hostIPs": "127.0.0.1",
+    }
+    if field_path in simple:
+        return str(simple[field_path])
+    match = _FIELD_INDEX.match(field_path)
+    if match:
+        return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
+    raise ResolveError(
+        path,
+        f"fieldRef {field_path!r} cannot be resolved (supported: {', '.join(simple)}, "
+        "metadata.labels['KEY'], metadata.annotations['KEY'])",
+    )
+
+
+def _configmap_value(ctx: PodContext, ref: dict[str, Any], path: str) -> str | None:
+    name, key = str(ref.get("name", "")), str(ref.get("key", ""))
+    data = ctx.configmaps.get(name)
+    if data is None or key not in data:
+        if ref.get("optional"):
+            return None
+        what = f"ConfigMap {name!r}" if data is None else f"key {key!r} of ConfigMap {name!r}"
+        raise ResolveError(
+            path,
+            f"{what} does not exist locally (only the job's own ConfigMaps do: "
+            f"{', '.join(ctx.configmaps) or 'none'}); mark it optional or set the value directly",
+        )
+    return data[key]
+
+
+def _env_from(ctx: PodContext, container: dict[str, Any], env: dict[str, str]) -> None:
+    for i, source in enumerate(container.get("envFrom") or []):
+        path = f"envFrom[{i}]"
+        prefix = str(source.get("prefix") or "")
+        if "configMapRef" in source:
+            ref = source["configMapRef"] or {}
+            data = ctx.configmaps.get(str(ref.get("name", "")))
+            if data is None:
+                if ref.get("optional"):
+                    continue
+                raise ResolveError(path, f"ConfigMap {ref.get('name')!r} does not exist locally")
+            env.update({prefix + k: v for k, v in data.items()})
+        elif "secretRef" in source:
+            if (source["secretRef"] or {}).get("optional"):
+                continue
+            raise ResolveError(
+                path,
+                "Secrets are not available to local jobs; mark the secretRef optional "
+                "or pass values with the environment",
+            )
+
+
+def _env_value(
+    ctx: PodContext, container: dict[str, Any], var: dict[str, Any], env: Mapping[str, str], path: str
+) -> str | None:
+    if "valueFrom" not in var:
+        return expand_refs(str(var.get("value", "")), env)
+    source = var["valueFrom"] or {}
+    if "fieldRef" in source:
+        return _field_value(
+            ctx, str((source["fieldRef"] or {}).get("fieldPath", "")), f"{path}.valueFrom.fieldRef"
+        )
+    if "configMapKeyRef" in source:
+        return _configmap_value(ctx, source["configMapKeyRef"] or {}, f"{path}.valueFrom.configMapKeyRef")
+    if "resourceFieldRef" in source:
+        try:
+            return _resource_value(container, source["resourceFieldRef"] or {}, f"{path}.valueFrom")
+        except ValueError as err:
+            raise ResolveError(f"{path}.valueFrom.resourceFieldRef", str(err)) from None
+    if "secretKeyRef" in source:
+        if (source["secretKeyRef"] or {}).get("optional"):
+            return None
+        raise ResolveError(
+            f"{path}.valueFrom.secretKeyRef",
+            "Secrets are not available to local jobs; mark it optional or set the value directly",
+        )
+    raise ResolveError(f"{path}.valueFrom", "unsupported valueFrom source")
+
+
+def mount_dirs(ctx: PodContext, container: dict[str, Any]) -> dict[str, str]:
+    """mountPath -> local directory for each volume of the container that has one here."""
+    volumes = {str(v.get("name")): v for v in ctx.plan.manifest["spec"].get("volumes") or []}
+    mounts: dict[str, str] = {}
+    for mount in container.get("volumeMounts") or []:
+        volume = volumes.get(str(mount.get("name")))
+        target = str(mount.get("mountPath", "")).rstrip("/")
+        if volume is None or not target:
+            continue
+        local: Path | None = None
+        if "configMap" in volume:
+            local = ctx.configmap_dir / str((volume["configMap"] or {}).get("name", ""))
+        elif "emptyDir" in volume:
+            local = ctx.pod_dir / "volumes" / str(volume["name"])  # created when the pod starts
+        elif "hostPath" in volume:
+            local = Path(str((volume["hostPath"] or {}).get("path", "")))
+        if local is None:
+            continue
+        if mount.get("subPath"):
+            local = local / str(mount["subPath"])
+        if str(local) != target:
+            mounts[target] = str(local)
+    return mounts
+
+
+def make_empty_dirs(ctx: PodContext) -> None:
+    for volume in ctx.plan.manifest["spec"].get("volumes") or []:
+        if "emptyDir" in volume:
+            (ctx.pod_dir / "volumes" / str(volume["name"])).mkdir(parents=True, exist_ok=True)
+
+
+def rewrite_paths(text: str, mounts: Mapping[str, str]) -> str:
+    for target, local in mounts.items():
+        # A plain replacement string would interpret backslashes in the local path.
+        text = re.sub(re.escape(target) + r"(?=/|$|[^\w.-])", _constant(local), text)
+    return text
+
+
+def _constant(value: str) -> Callable[[re.Match[str]], str]:
+    return lambda _match: value
+
+
+def resolve_container(ctx: PodContext, container: dict[str, Any], *, init: bool) -> ContainerRun:
+    """The argv, env and cwd of one container of a pod; raises ResolveError."""
+    name, image = str(container.get("name", "")), str(container.get("image", ""))
+    command = [str(c) for c in container.get("command") or []]
+    args = [str(a) for a in container.get("args") or []]
+    if not command:
+        raise ResolveError(
+            "command",
+            f"container {name!r} (image {image!r}) has no command; torchjob does not "
+            "run images locally, so add a 'command' (for example [python, train.py])",
+        )
+    mounts = mount_dirs(ctx, container)
+    defined: dict[str, str] = dict(ctx.base_env)
+    _env_from(ctx, container, defined)
+    for i, var in enumerate(container.get("env") or []):
+        value = _env_value(ctx, container, var, defined, f"env[{i}]")
+        if value is not None:
+            defined[str(var.get("name"))] = rewrite_paths(value, mounts)
+    defined.update(ctx.extra_env)
+    argv = [rewrite_paths(expand_refs(a, defined), mounts) for a in [*command, *args]]
+    if _PYTHON.match(argv[0]):
+        argv[0] = sys.executable
+    env = {**os.environ, **defined}
+    env["PATH"] = os.pathsep.join(
+        [
+            str(ctx.base_env.get("TORCHJOB_BIN", "")),
+            os.path.dirname(sys.executable),
+            defined.get("PATH", os.environ.get("PATH", os.defpath)),
+        ]
+    ).lstrip(os.pathsep)
+    cwd = None
+    if container.get("workingDir"):
+        cwd = rewrite_paths(str(container["workingDir"]), mounts)
+    return ContainerRun(name=name, image=image, init=init, argv=argv, env=env, cwd=cwd)
+
+
+def resolve_pod(ctx: PodContext) -> tuple[list[ContainerRun], list[ContainerRun]]:
+    spec = ctx.plan.manifest["spec"]
+    inits = [resolve_container(ctx, c, init=True) for c in spec.get("initContainers") or []]
+    mains = [resolve_container(ctx, c, init=False) for c in spec.get("containers") or []]
+    return inits, mains
+
+
+def configmaps_of(state: DesiredState) -> dict[str, dict[str, str]]:
+    return {
+        str(obj["metadata"]["name"]): {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
+        for obj in state.objects
+        if obj.get("kind") == "ConfigMap"
+    }
+
+
+def _template_path(state: DesiredState, plan: PodPlan, kind: str, name: str) -> str:
+    """The field path of a container in the user's job (plugin-added ones point at the plugins)."""
+    t = next(i for i, task in enumerate(state.job.spec.tasks) if task.name == plan.task.name)
+    for i, container in enumerate(plan.task.template.spec.get(kind) or []):
+        if isinstance(container, dict) and container.get("name") == name:
+            return f"spec.tasks[{t}].template.spec.{kind}[{i}]"
+    return "spec.plugins"
+
+
+def check_pods(state: DesiredState, scratch: Path) -> Issues:
+    """Everything that would stop a pod of ``state`` from running locally, as (path, message)."""
+    issues: Issues = []
+    configmaps = configmaps_of(state)
+    seen: set[tuple[str, str, str]] = set()
+    for plan in state.pods:
+        ctx = PodContext(
+            plan=plan,
+            address="127.0.0.1",
+            uid="check",
+            configmaps=configmaps,
+            configmap_dir=scratch,
+            pod_dir=scratch / "check",
+        )
+        for kind in ("initContainers", "containers"):
+            for container in plan.manifest["spec"].get(kind) or []:
+                key = (plan.task.name, kind, str(container.get("name")))
+                if key in seen:  # replicas of a task share a template
+                    continue
+                seen.add(key)
+                where = _template_path(state, plan, kind, key[2])
+                try:
+                    run = resolve_container(ctx, container, init=kind == "initContainers")
+                except ResolveError as err:
+                    issues.append((f"{where}.{err.field}", err.message))
+                    continue
+                if run.cwd and not os.path.isdir(run.cwd):
+                    issues.append(
+                        (
+                            f"{where}.workingDir",
+                            f"container {key[2]!r}: working directory {run.cwd!r} does not exist here",
+                        )
+                    )
+    return issues

@@ -1,0 +1,295 @@
+"""A tiny kubelet for one pod attempt: init containers in order, then containers, restartPolicy.
+
+Non-blocking: the supervisor calls :meth:`LocalPod.poll` on every tick and compares ``phase`` and
+``restarts`` before and after to see pod changes. Phases follow Kubernetes: ``Pending`` while
+init containers run, ``Running`` once the containers are started, ``Succeeded``/``Failed`` when
+every container has ended and none will be restarted. A container that ends takes the rest of
+its process group and recorded descendants with it, as a container's processes die with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from torchjob.engines.local import process
+from torchjob.engines.local.containers import ContainerRun
+
+PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+
+BACKOFF_BASE = 0.1  # seconds before the first restart of a container; doubles each time
+BACKOFF_CAP = 5.0
+BACKOFF_RESET = 10.0  # a container that ran this long starts its back-off again from the base
+
+
+def backoff(failures: int) -> float:
+    """Delay before restart number ``failures`` (1-based) of one container."""
+    return float(min(BACKOFF_CAP, BACKOFF_BASE * 2 ** max(0, failures - 1)))
+
+
+def exit_code_of(returncode: int) -> int:
+    """A signal death (-N from Popen) becomes 128+N, as a container runtime reports it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class Container:
+    run: ContainerRun
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started: float | None = None
+    exit_code: int | None = None
+    restarts: int = 0
+    failures: int = 0  # consecutive quick failures, for the back-off
+    next_start: float | None = None
+    done: bool = False
+    tracked: dict[int, psutil.Process] = field(default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+
+class LocalPod:
+    """One attempt of one pod of a job."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        task: str,
+        index: int,
+        attempt: int,
+        inits: list[ContainerRun],
+        mains: list[ContainerRun],
+        restart_policy: str,
+        log_dir: Path,
+        grace: float,
+        on_group: Callable[[int, bool], None] = lambda pgid, started: None,
+    ) -> None:
+        self.name, self.task, self.index, self.attempt = name, task, index, attempt
+        self.restart_policy = restart_policy
+        self.log_dir = log_dir
+        self.grace = grace
+        self.on_group = on_group  # tells the watchdog about each process group (True) and its end
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.inits = [Container(c, log_dir / f"{c.name}.log") for c in inits]
+        self.mains = [Container(c, log_dir / f"{c.name}.log") for c in mains]
+        self.phase = PENDING
+        self.exit_code: int | None = None
+        self.terminating = False
+        self.gone = False
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+        self.address = ""
+        self.rank: str | None = None
+        self._init_index = 0
+        self._kill_deadline: float | None = None
+        self._killed = False
+
+    # ----------------------------------------------------------------- public
+
+    @property
+    def restarts(self) -> int:
+        return sum(c.restarts for c in [*self.inits, *self.mains])
+
+    @property
+    def containers(self) -> list[Container]:
+        return [*self.inits, *self.mains]
+
+    def start(self, now: float) -> None:
+        self.started_at = time.time()
+        if self.inits:
+            self._start(self.inits[0], now)
+        else:
+            self._start_mains(now)
+
+    def poll(self, now: float) -> None:
+        if self.gone:
+            return
+        if self.terminating:
+            self._poll_terminating(now)
+            return
+        if self.phase == PENDING:
+            self._poll_init(now)
+        elif self.phase == RUNNING:
+            self._poll_mains(now)
+
+    def terminate(self, now: float, grace: float | None = None) -> None:
+        """Stop the pod: SIGTERM to every group and recorded descendant, SIGKILL after the grace."""
+        if self.terminating:
+            return
+        self.terminating = True
+        self.track()
+        for c in self.containers:
+            c.next_start = None
+            if c.running and c.proc is not None:
+                process.signal_group(c.proc.pid, signal.SIGTERM)
+            process.signal_processes(c.tracked.values(), signal.SIGTERM)
+        self._kill_deadline = now + (self.grace if grace is None else grace)
+        self._poll_terminating(now)
+
+    def kill(self) -> None:
+        """SIGKILL everything of the pod now (a second Ctrl-C, or the grace period is over)."""
+        if not self._killed:
+            self._killed = True
+            self._kill_deadline = min(self._kill_deadline or time.monotonic(), time.monotonic())
+        for c in self.containers:
+            if c.proc is not None and c.proc.returncode is None:
+                process.signal_group(c.proc.pid, signal.SIGKILL)
+            process.signal_processes(process.alive(c.tracked.values()), signal.SIGKILL)
+
+    def fail_now(self, exit_code: int) -> None:
+        """The pod cannot run at all (its containers could not be prepared)."""
+        self.started_at = time.time()
+        self._finish(FAILED, exit_code)
+
+    def live_pids(self) -> list[int]:
+        pids = [c.proc.pid for c in self.containers if c.running and c.proc is not None]
+        return pids + [p.pid for c in self.containers for p in process.alive(c.tracked.values())]
+
+    def stuck(self, now: float, after: float) -> bool:
+        """SIGKILL was sent ``after`` seconds ago and something still has not died."""
+        return self._killed and self._kill_deadline is not None and now > self._kill_deadline + after
+
+    def track(self, tree: Mapping[int, list[int]] | None = None) -> None:
+        """Record the live descendants of running containers, to stop them even after they leave."""
+        for c in self.containers:
+            if c.tracked:
+                c.tracked = {p.pid: p for p in process.alive(c.tracked.values())}
+        running = [c for c in self.containers if c.running and c.proc is not None]
+        if not running:
+            return
+        tree = process.children_map() if tree is None else tree
+        for c in running:
+            assert c.proc is not None
+            for pid in process.descendants_in(tree, c.proc.pid):
+                if pid not in c.tracked:
+                    with contextlib.suppress(psutil.Error):
+                        c.tracked[pid] = psutil.Process(pid)
+
+    def pids(self) -> list[int]:
+        return [c.proc.pid for c in self.containers if c.proc is not None]
+
+    # ---------------------------------------------------------------- private
+
+    def _start(self, c: Container, now: float) -> None:
+        c.next_start = None
+        c.exit_code = None
+        try:
+            c.proc = process.spawn(c.run.argv, c.run.env, c.run.cwd, c.log)
+        except OSError as err:
+            with open(c.log, "a") as log:
+                log.write(
+                    f"torchjob: cannot start container {c.run.name!r}: {c.run.argv[0]}: "
+                    f"{err.strerror or err}\n"
+                )
+            c.proc = None
+            c.started = now
+            c.exit_code = 127 if err.errno == errno.ENOENT else 126
+            return
+        c.started = now
+        self.on_group(c.proc.pid, True)
+
+    def _reap(self, c: Container) -> bool:
+        """True when the container's process has ended just now."""
+        if c.proc is None or c.proc.returncode is not None:
+            return False
+        code = c.proc.poll()
+        if code is None:
+            return False
+        c.exit_code = exit_code_of(code)
+        # The container's main process is gone: its other processes go with it.
+        process.signal_group(c.proc.pid, signal.SIGKILL)
+        process.signal_processes(process.alive(c.tracked.values()), signal.SIGKILL)
+        self.on_group(c.proc.pid, False)
+        return True
+
+    def _ended(self, c: Container) -> bool:
+        """The container has an exit code (its process ended or could not start)."""
+        return c.exit_code is not None and not c.running
+
+    def _schedule_restart(self, c: Container, now: float) -> None:
+        ran = now - (c.started or now)
+        c.failures = 1 if ran >= BACKOFF_RESET else c.failures + 1
+        delay = backoff(c.failures)
+        c.restarts += 1
+        c.next_start = now + delay
+        with open(c.log, "a") as log:
+            log.write(
+                f"--- torchjob: container {c.run.name!r} exited with code {c.exit_code}; "
+                f"restart {c.restarts} in {delay:.1f}s (restartPolicy {self.restart_policy}) ---\n"
+            )
+
+    def _poll_init(self, now: float) -> None:
+        c = self.inits[self._init_index] if self._init_index < len(self.inits) else None
+        if c is None:
+            return
+        if c.next_start is not None:
+            if now >= c.next_start:
+                self._start(c, now)
+            return
+        self._reap(c)
+        if not self._ended(c):
+            return
+        if c.exit_code == 0:
+            self._init_index += 1
+            if self._init_index < len(self.inits):
+                self._start(self.inits[self._init_index], now)
+            else:
+                self._start_mains(now)
+        elif self.restart_policy == "Never":
+            self._finish(FAILED, c.exit_code)
+        else:  # Kubernetes restarts failed init containers under Always and OnFailure
+            self._schedule_restart(c, now)
+
+    def _start_mains(self, now: float) -> None:
+        for c in self.mains:
+            self._start(c, now)
+        self.phase = RUNNING
+        self._poll_mains(now)
+
+    def _poll_mains(self, now: float) -> None:
+        for c in self.mains:
+            if c.done:
+                continue
+            if c.next_start is not None:
+                if now >= c.next_start:
+                    self._start(c, now)
+                continue
+            self._reap(c)
+            if not self._ended(c):
+                continue
+            if self.restart_policy == "Always" or (self.restart_policy == "OnFailure" and c.exit_code != 0):
+                self._schedule_restart(c, now)
+            else:
+                c.done = True
+        if all(c.done for c in self.mains):
+            failed = [c.exit_code for c in self.mains if c.exit_code != 0]
+            self._finish(FAILED if failed else SUCCEEDED, failed[0] if failed else 0)
+
+    def _finish(self, phase: str, exit_code: int | None) -> None:
+        self.phase = phase
+        self.exit_code = exit_code
+        self.finished_at = time.time()
+
+    def _poll_terminating(self, now: float) -> None:
+        for c in self.containers:
+            if self._reap(c) and c.exit_code is not None and self.exit_code is None and c.exit_code != 0:
+                self.exit_code = c.exit_code
+        busy = any(c.running for c in self.containers)
+        strays = [p for c in self.containers for p in process.alive(c.tracked.values())]
+        if not busy and not strays:
+            self.gone = True
+            self.finished_at = self.finished_at or time.time()
+            return
+        if not self._killed and self._kill_deadline is not None and now >= self._kill_deadline:
+            self.kill()

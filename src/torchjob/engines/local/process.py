@@ -1,0 +1,225 @@
+"""Container processes: start each in its own session, stop it and everything it spawned.
+
+Every process of a job carries ``TORCHJOB_JOB_ID=<id>`` in its environment; children inherit it,
+even a grandchild that called ``setsid`` to leave its process group. That marker is how the
+supervisor (and the watchdog, if the supervisor dies) finds every process of a job, in addition
+to process groups, recorded descendants and orphans reparented to the supervisor (a child
+subreaper on Linux).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+
+MARKER = "TORCHJOB_JOB_ID"
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_LINUX = sys.platform.startswith("linux")
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not _LINUX:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return int(libc.prctl(option, value, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def set_child_subreaper(on: bool = True) -> bool:
+    """Make orphaned descendants of this process reparent to it instead of to init (Linux)."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1 if on else 0)
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    # The child gets SIGKILL when the thread that started it dies; the watchdog covers the rest.
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def spawn(
+    argv: Sequence[str], env: Mapping[str, str], cwd: str | None, log_path: Path
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session with stdout and stderr appended to ``log_path``.
+
+    Raises OSError when the program cannot be started (not found, not executable, bad cwd).
+    """
+    with open(log_path, "ab", buffering=0) as log:
+        return subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            # PDEATHSIG is tied to the creating thread; only the main thread outlives its children.
+            preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
+        )
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every live descendant of ``pid`` (recorded so that they can be stopped after it dies)."""
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def _environ_has(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return needle in handle.read()
+    except OSError:
+        return False
+
+
+def marked_processes(job_id: str, exclude: Iterable[int] = ()) -> list[psutil.Process]:
+    """Processes of this user whose environment carries the job's marker."""
+    skip = {os.getpid(), *exclude}
+    with contextlib.suppress(psutil.Error):
+        skip.update(p.pid for p in psutil.Process().parents())
+    found: list[psutil.Process] = []
+    if _LINUX and os.path.isdir("/proc"):
+        needle = f"\0{MARKER}={job_id}\0".encode()
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) in skip:
+                continue
+            # environ starts without a NUL, so also match the first entry.
+            pid = int(name)
+            if _environ_has(pid, needle) or _environ_starts(pid, needle[1:]):
+                with contextlib.suppress(psutil.Error):
+                    found.append(psutil.Process(pid))
+        return found
+    uid = os.getuid()
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid in skip or proc.uids().real != uid:
+                continue
+            if proc.environ().get(MARKER) == job_id:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _environ_starts(pid: int, prefix: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            return handle.read(len(prefix)) == prefix
+    except OSError:
+        return False
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def signal_processes(procs: Iterable[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(sig)
+
+
+def alive(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
+    """Those still running; zombies count as gone (they only wait to be reaped)."""
+    left: list[psutil.Process] = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(proc)
+        except psutil.Error:
+            continue
+    return left
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_adopted(known: Iterable[int]) -> list[psutil.Process]:
+    """Wait for exited children this process adopted as subreaper; returns the live adopted ones."""
+    skip = set(known)
+    live: list[psutil.Process] = []
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return live
+    for child in children:
+        if child.pid in skip:
+            continue
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+            else:
+                live.append(child)
+        except (psutil.Error, ChildProcessError, OSError):
+            continue
+    return live
+
+
+def kill_now(job_id: str, pgids: Iterable[int], procs: Iterable[psutil.Process], grace: float) -> None:
+    """Stop everything of a job with a short grace: SIGTERM, wait up to ``grace`` s, SIGKILL.
+
+    Blocking; used on the way out (watchdog, final sweep), where nothing else must happen.
+    """
+    import time
+
+    groups = list(pgids)
+    targets = {p.pid: p for p in procs}
+    for proc in marked_processes(job_id):
+        targets.setdefault(proc.pid, proc)
+    for pgid in groups:
+        signal_group(pgid, signal.SIGTERM)
+    signal_processes(targets.values(), signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not alive(targets.values()) and not any(group_alive(g) for g in groups):
+            break
+        time.sleep(0.02)
+    for pgid in groups:
+        signal_group(pgid, signal.SIGKILL)
+    for proc in marked_processes(job_id):  # anything started during the grace period
+        targets.setdefault(proc.pid, proc)
+    signal_processes(alive(targets.values()), signal.SIGKILL)
+
+
+def children_map() -> dict[int, list[int]]:
+    """parent pid -> child pids, read once for the whole machine (cheaper than a scan per root)."""
+    tree: dict[int, list[int]] = {}
+    try:
+        for proc in psutil.process_iter(["ppid"]):
+            tree.setdefault(int(proc.info["ppid"] or 0), []).append(proc.pid)
+    except psutil.Error:
+        pass
+    return tree
+
+
+def descendants_in(tree: Mapping[int, list[int]], root: int) -> list[int]:
+    found: list[int] = []
+    stack = list(tree.get(root, []))
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(tree.get(pid, []))
+    return found

@@ -1,0 +1,621 @@
+"""The job controller loop: runs pods, feeds their changes to the lifecycle, carries out decisions.
+
+One tick every 20 ms: poll every pod (the kubelet part), turn each observed change into
+reactions (events resolved to actions by :mod:`torchjob.lifecycle`), ``step`` the state machine,
+stop the pods a decision kills and create missing pods when it says so. Log files are followed and
+printed on the same tick. When the job's phase is final, whatever still runs is stopped, every
+process carrying the job's marker is swept up, and the loop ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from torchjob.engines.local import ports as port_registry
+from torchjob.engines.local import process
+from torchjob.engines.local.addressing import LocalAddressing
+from torchjob.engines.local.containers import (
+    PodContext,
+    ResolveError,
+    configmaps_of,
+    make_empty_dirs,
+    resolve_pod,
+)
+from torchjob.engines.local.output import (
+    Console,
+    LogFollower,
+    pod_color,
+    pod_rows,
+    prefix_for,
+    short_name,
+    summary,
+)
+from torchjob.engines.local.pod import FAILED, PENDING, RUNNING, SUCCEEDED, LocalPod
+from torchjob.engines.local.state import JobDir, job_manifest, write_atomic
+from torchjob.engines.local.watchdog import Watchdog
+from torchjob.expand import DesiredState, PodPlan, expand
+from torchjob.lifecycle import (
+    Action,
+    Decision,
+    JobPhase,
+    JobStatus,
+    PodChange,
+    PodPhase,
+    PodStatus,
+    Reaction,
+    cancels_delay,
+    initial_status,
+    reactions,
+    step,
+)
+from torchjob.logs import logger
+from torchjob.plugins.svc import CONFIG_MOUNT_PATH
+from torchjob.spec.model import Job
+
+TICK = 0.02
+TRACK_EVERY = 0.5  # seconds between scans for container descendants
+DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no terminationGracePeriodSeconds
+WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
+STUCK_AFTER_KILL = 5.0  # a process that outlives SIGKILL this long is given up on (D state)
+
+Key = tuple[str, int]
+
+
+@dataclass
+class _Delayed:
+    due: float
+    reaction: Reaction
+
+
+class Supervisor:
+    def __init__(
+        self,
+        job: Job,
+        job_dir: JobDir,
+        *,
+        console: Console | None,
+        echo_logs: bool,
+        timeout: float | None,
+        extra_env: dict[str, str],
+    ) -> None:
+        self.job = job
+        self.dir = job_dir
+        self.id = job_dir.id
+        self.console = console
+        self.echo_logs = echo_logs and console is not None
+        self.extra_env = dict(extra_env)
+        deadlines = [t for t in (timeout, job.run_policy and job.run_policy.active_deadline_seconds) if t]
+        self.timeout: float | None = float(min(deadlines)) if deadlines else None
+        self.status: JobStatus = initial_status()
+        self.pods: dict[Key, LocalPod] = {}  # pods that exist now (finished ones included)
+        self.latest: dict[Key, LocalPod] = {}  # the newest attempt of every pod, for reports
+        self.seen: dict[Key, tuple[str, int]] = {}
+        self.attempts: dict[Key, int] = {}
+        self.delayed: list[_Delayed] = []
+        self.events: list[dict[str, Any]] = []
+        self.conditions: list[dict[str, Any]] = []
+        self.follower = LogFollower()
+        self.signals: list[int] = []
+        self.started = time.time()
+        self.finished: float | None = None
+        self.ports: dict[int, int] = {}
+        self.addressing: LocalAddressing | None = None
+        self.expansions: dict[tuple[int, int], DesiredState] = {}
+        self.watchdog: Watchdog | None = None
+        self.dirty = True
+        self.rank_of: dict[Key, str | None] = {}
+        self.interrupted: int | None = None
+
+    # ------------------------------------------------------------------ setup
+
+    def prepare(self) -> DesiredState:
+        self.dir.write_pid()
+        self.ports = port_registry.reserve(self.id, port_registry.declared_ports(self.job))
+        self.addressing = LocalAddressing(self.job, self.ports)
+        state = self.expansion(0, 0)
+        from torchjob.render import dump
+
+        write_atomic(self.dir.path / "job.yaml", dump(job_manifest(self.job), "yaml"))
+        items = [*state.objects, *(p.manifest for p in state.pods)]
+        write_atomic(
+            self.dir.path / "pods.yaml", dump({"apiVersion": "v1", "kind": "List", "items": items}, "yaml")
+        )
+        self.dir.write_configmaps(configmaps_of(state))
+        self.dir.write_shims(_python())  # not resolved: a venv's python is a symlink
+        hosts = []
+        for plan in state.pods:
+            spec = plan.manifest["spec"]
+            hostname = spec.get("hostname") or plan.name
+            names = [hostname, f"{hostname}.{spec['subdomain']}" if spec.get("subdomain") else "", plan.name]
+            hosts.append(
+                " ".join(
+                    [
+                        self.addressing.address_of(plan.task.name, plan.index),
+                        *dict.fromkeys(n for n in names if n),
+                    ]
+                )
+            )
+        write_atomic(self.dir.path / "hosts", "\n".join(hosts) + "\n")
+        for plan in state.pods:
+            env = (plan.manifest["spec"].get("containers") or [{}])[0].get("env") or []
+            rank = next((str(e.get("value")) for e in env if e.get("name") == "RANK" and "value" in e), None)
+            self.rank_of[(plan.task.name, plan.index)] = rank
+        return state
+
+    def expansion(self, version: int, retry_count: int) -> DesiredState:
+        key = (version, retry_count)
+        if key not in self.expansions:
+            self.expansions = {
+                key: expand(self.job, self.addressing, version=version, retry_count=retry_count)
+            }
+        return self.expansions[key]
+
+    # -------------------------------------------------------------- the loop
+
+    def run(self) -> None:
+        self.prepare()
+        process.set_child_subreaper(True)
+        self.watchdog = Watchdog(self.id)
+        self.note(f"job {self.id} started; ports {self.ports_text()}; job directory {self.dir.path}")
+        for task in self.job.spec.tasks:
+            if task.template.restart_policy == "Always" and task.replicas:
+                self.note(
+                    f"task {task.name}: restartPolicy Always (the Kubernetes default) restarts containers "
+                    "even after they succeed; set OnFailure or Never for a job that ends",
+                    "33",
+                )
+        self.set_condition()
+        self.apply(Decision(self.status, None, True))
+        last_track = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                self.handle_signals()
+                if self.deadline_passed():
+                    self.act(
+                        Action.TERMINATE_JOB,
+                        None,
+                        None,
+                        f"the job's deadline of {self.timeout:g}s passed",
+                    )
+                if now - last_track > TRACK_EVERY:
+                    tree = process.children_map()
+                    for pod in self.pods.values():
+                        pod.track(tree)
+                    process.reap_adopted(self.known_pids())
+                    last_track = now
+                self.poll_pods(now)
+                self.fire_delayed(now)
+                self.print_logs()
+                if self.dirty:
+                    self.write_status()
+                if self.status.phase.final and not self.busy():
+                    break
+                time.sleep(TICK)
+        finally:
+            self.shutdown()
+
+    def deadline_passed(self) -> bool:
+        if self.timeout is None or self.status.phase.final or self.status.phase is JobPhase.TERMINATING:
+            return False
+        return time.time() - self.started > self.timeout
+
+    def busy(self) -> bool:
+        return any(
+            not p.gone and (p.terminating or p.phase in (PENDING, RUNNING)) for p in self.pods.values()
+        )
+
+    def known_pids(self) -> list[int]:
+        pids = [pid for pod in self.pods.values() for pid in pod.pids()]
+        if self.watchdog is not None:
+            pids.append(self.watchdog.proc.pid)
+        return pids
+
+    # ---------------------------------------------------------------- pods
+
+    def pod_statuses(self) -> list[PodStatus]:
+        return [
+            PodStatus(task, index, PodPhase(pod.phase), pod.restarts, pod.exit_code, pod.terminating)
+            for (task, index), pod in self.pods.items()
+        ]
+
+    def poll_pods(self, now: float) -> None:
+        for key, pod in list(self.pods.items()):
+            pod.poll(now)
+            if pod.terminating and not pod.gone and pod.stuck(now, STUCK_AFTER_KILL):
+                self.note(
+                    f"pod {short_name(self.job.name, pod.name)}: processes {pod.live_pids()} "
+                    "survive SIGKILL; giving up on them",
+                    "31",
+                )
+                pod.gone = True
+            old = self.seen.get(key)
+            if pod.gone:
+                del self.pods[key]
+                self.seen.pop(key, None)
+                self.close_logs(pod)
+                change = PodChange(
+                    key[0], key[1], _phase(old[0]) if old else None, None, pod.exit_code, killed=True
+                )
+                self.on_change(change)
+                continue
+            current = (pod.phase, pod.restarts)
+            if old == current:
+                continue
+            self.seen[key] = current
+            if pod.phase in (SUCCEEDED, FAILED):
+                self.close_logs(pod)
+            if old is not None and old[1] != current[1]:
+                self.note(
+                    f"pod {short_name(self.job.name, pod.name)}: container restart {pod.restarts} "
+                    f"(restartPolicy {pod.restart_policy})",
+                    "33",
+                )
+            change = PodChange(
+                key[0], key[1], _phase(old[0]) if old else None, PodPhase(pod.phase), pod.exit_code
+            )
+            self.on_change(change)
+
+    def on_change(self, change: PodChange) -> None:
+        self.dirty = True
+        for reaction in reactions(self.job, change, self.pod_statuses()):
+            self.delayed = [
+                d
+                for d in self.delayed
+                if not (
+                    (d.reaction.task, d.reaction.index) == (reaction.task, reaction.index)
+                    and cancels_delay(d.reaction.event, reaction.event)
+                )
+            ]
+            if reaction.action is not Action.SYNC_JOB:
+                self.record(reaction.cause)
+            if reaction.delay:
+                self.delayed.append(_Delayed(time.monotonic() + reaction.delay, reaction))
+                continue
+            self.act(reaction.action, reaction.task, reaction.index, reaction.cause)
+        self.act(Action.SYNC_JOB, None, None, "")
+
+    def fire_delayed(self, now: float) -> None:
+        due = [d for d in self.delayed if d.due <= now]
+        if not due:
+            return
+        self.delayed = [d for d in self.delayed if d.due > now]
+        for d in due:
+            r = d.reaction
+            self.act(r.action, r.task, r.index, f"{r.cause} (after its timeout)")
+
+    def act(self, action: Action, task: str | None, index: int | None, cause: str) -> None:
+        decision = step(
+            self.job, self.status, self.pod_statuses(), action, task=task, index=index, cause=cause
+        )
+        self.apply(decision)
+
+    def apply(self, decision: Decision, depth: int = 0) -> None:
+        old = self.status
+        self.status = decision.status
+        now = time.monotonic()
+        if decision.kill is not None:
+            for status in self.pod_statuses():
+                if decision.kill.selects(status):
+                    pod = self.pods[(status.task, status.index)]
+                    pod.terminate(now, self.grace_of(pod))
+                    self.dirty = True
+        if decision.create_pods and not self.status.phase.final:
+            self.create_missing(now)
+        if old.phase is not self.status.phase or old.retry_count != self.status.retry_count:
+            self.set_condition()
+            color = {"Completed": "32", "Failed": "31", "Aborted": "31", "Terminated": "31"}.get(
+                self.status.phase.value, "36"
+            )
+            self.note(f"job {self.status.phase.value}: {self.status.reason}", color)
+            self.dirty = True
+        if decision.resync and depth < 8:
+            self.apply(step(self.job, self.status, self.pod_statuses(), Action.SYNC_JOB), depth + 1)
+
+    def grace_of(self, pod: LocalPod) -> float:
+        task = self.job.task(pod.task)
+        value = task.template.spec.get("terminationGracePeriodSeconds") if task else None
+        return (
+            float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else DEFAULT_GRACE
+        )
+
+    def create_missing(self, now: float) -> None:
+        state = self.expansion(self.status.version, self.status.retry_count)
+        for plan in state.pods:
+            key = (plan.task.name, plan.index)
+            if key not in self.pods:
+                self.create(plan, now)
+
+    def create(self, plan: PodPlan, now: float) -> None:
+        assert self.addressing is not None
+        key = (plan.task.name, plan.index)
+        attempt = self.attempts.get(key, -1) + 1
+        self.attempts[key] = attempt
+        address = self.addressing.address_of(*key)
+        pod_dir = self.dir.pod_dir(plan.name, attempt)
+        ctx = PodContext(
+            plan=plan,
+            address=address,
+            uid=str(uuid.uuid4()),
+            configmaps=configmaps_of(self.expansion(self.status.version, self.status.retry_count)),
+            configmap_dir=self.dir.volumes,
+            pod_dir=pod_dir,
+            base_env=self.base_env(plan, address, attempt),
+            extra_env=self.extra_env,
+        )
+        log_dir = self.dir.log_dir(plan.name, attempt)
+        try:
+            make_empty_dirs(ctx)
+            inits, mains = resolve_pod(ctx)
+        except (ResolveError, OSError) as err:  # checked before the job started; defensive only
+            log_dir.mkdir(parents=True, exist_ok=True)
+            (log_dir / "torchjob.log").write_text(f"torchjob: cannot run pod {plan.name}: {err}\n")
+            inits, mains = [], []
+        pod = LocalPod(
+            name=plan.name,
+            task=plan.task.name,
+            index=plan.index,
+            attempt=attempt,
+            inits=inits,
+            mains=mains,
+            restart_policy=plan.task.template.restart_policy,
+            log_dir=log_dir,
+            grace=DEFAULT_GRACE,
+            on_group=self.on_group,
+        )
+        pod.address = address
+        pod.rank = self.rank_of.get(key)
+        self.pods[key] = pod
+        self.latest[key] = pod
+        self.follow_logs(pod)
+        if not mains:
+            pod.fail_now(2)
+        else:
+            pod.start(now)
+        self.dirty = True
+
+    def base_env(self, plan: PodPlan, address: str, attempt: int) -> dict[str, str]:
+        spec = plan.manifest["spec"]
+        env = {
+            "HOSTNAME": str(spec.get("hostname") or plan.name),
+            "PYTHONUNBUFFERED": "1",
+            "TORCHJOB_JOB_DIR": str(self.dir.path),
+            "TORCHJOB_POD_NAME": plan.name,
+            "TORCHJOB_POD_IP": address,
+            "TORCHJOB_ATTEMPT": str(attempt),
+            "TORCHJOB_RETRY_COUNT": str(self.status.retry_count),
+            "TORCHJOB_WAIT_INTERVAL": WAIT_INTERVAL,
+            "TORCHJOB_BIN": str(self.dir.bin),
+            "TORCHJOB_VOLCANO_DIR": str(self.dir.volumes / f"{self.job.name}-svc"),
+            "TORCHJOB_CONFIG_MOUNT": CONFIG_MOUNT_PATH,
+        }
+        for declared, host in self.ports.items():
+            env[f"TORCHJOB_PORT_{declared}"] = str(host)
+        env[process.MARKER] = self.id
+        return env
+
+    def on_group(self, pgid: int, started: bool) -> None:
+        if self.watchdog is None:
+            return
+        if started:
+            self.watchdog.watch(pgid)
+        else:
+            self.watchdog.forget(pgid)
+
+    # ----------------------------------------------------------- signals
+
+    def install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous: dict[int, Any] = {}
+
+        def handler(signum: int, frame: FrameType | None) -> None:
+            self.signals.append(signum)
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, handler)
+        return previous
+
+    def handle_signals(self) -> None:
+        if not self.signals:
+            return
+        signals, self.signals = self.signals, []
+        for signum in signals:
+            name = signal.Signals(signum).name
+            if self.status.phase in (JobPhase.TERMINATING, JobPhase.TERMINATED) or self.status.phase.final:
+                self.note(f"{name} again: killing every process of the job now", "31")
+                for pod in self.pods.values():
+                    pod.kill()
+                continue
+            self.interrupted = self.interrupted or signum
+            self.note(f"{name}: stopping the job (again to kill at once)", "33")
+            self.act(Action.TERMINATE_JOB, None, None, f"torchjob received {name}")
+
+    # ------------------------------------------------------------- output
+
+    def note(self, text: str, color: str = "2") -> None:
+        logger.info(text)
+        if self.console is not None:
+            self.console.note(text, color)
+
+    def record(self, text: str) -> None:
+        self.events.append({"time": time.time(), "message": text})
+        self.events = self.events[-50:]
+        self.note(text, "33")
+
+    def set_condition(self) -> None:
+        self.conditions = [c for c in self.conditions if c["phase"] != self.status.phase.value]
+        self.conditions.append(
+            {"phase": self.status.phase.value, "time": time.time(), "reason": self.status.reason}
+        )
+
+    def follow_logs(self, pod: LocalPod) -> None:
+        if not self.echo_logs:
+            return
+        short = short_name(self.job.name, pod.name)
+        ordinal = self.addressing.ordinals[(pod.task, pod.index)] if self.addressing else 0
+        for c in pod.inits:
+            self.follower.follow(c.log, prefix_for(short, pod.rank, c.run.name), pod_color(ordinal))
+        for c in pod.mains:
+            name = None if len(pod.mains) == 1 else c.run.name
+            self.follower.follow(c.log, prefix_for(short, pod.rank, name), pod_color(ordinal))
+
+    def close_logs(self, pod: LocalPod) -> None:
+        for c in pod.containers:
+            self.follower.close(c.log)
+
+    def print_logs(self) -> None:
+        if not self.echo_logs or self.console is None:
+            return
+        lines = self.follower.read()
+        if lines:
+            self.console.lines((item.prefix, item.color, text) for item, text in lines)
+        if self.console.live:
+            status = self.status_dict()
+            from torchjob.engines.local.output import headline
+
+            self.console.table([headline(status, True), *pod_rows(status, True, limit=20)])
+
+    def ports_text(self) -> str:
+        return ", ".join(f"{d}->{h}" for d, h in self.ports.items()) or "none"
+
+    # ------------------------------------------------------------- status
+
+    def pod_dict(self, pod: LocalPod) -> dict[str, Any]:
+        containers = []
+        for c in pod.containers:
+            state = "running" if c.running else ("terminated" if c.exit_code is not None else "waiting")
+            containers.append(
+                {
+                    "name": c.run.name,
+                    "init": c.run.init,
+                    "state": state,
+                    "exitCode": c.exit_code,
+                    "restarts": c.restarts,
+                    "pid": c.proc.pid if c.proc is not None else None,
+                    "log": str(c.log),
+                }
+            )
+        key = (pod.task, pod.index)
+        current = self.pods.get(key) is pod
+        return {
+            "name": pod.name,
+            "short": short_name(self.job.name, pod.name),
+            "task": pod.task,
+            "index": pod.index,
+            "rank": pod.rank,
+            "address": pod.address,
+            "attempt": pod.attempt,
+            "phase": pod.phase if current or pod.phase in (SUCCEEDED, FAILED) else _ended_phase(pod),
+            "terminating": pod.terminating and not pod.gone,
+            "deleted": not current,
+            "restarts": pod.restarts,
+            "exitCode": pod.exit_code,
+            "startedAt": pod.started_at,
+            "finishedAt": pod.finished_at,
+            "logDir": str(pod.log_dir),
+            "containers": containers,
+        }
+
+    def status_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.job.name,
+            "namespace": self.job.metadata.namespace,
+            "phase": self.status.phase.value,
+            "reason": self.status.reason,
+            "retryCount": self.status.retry_count,
+            "maxRetry": self.job.spec.max_retry,
+            "version": self.status.version,
+            "startedAt": self.started,
+            "finishedAt": self.finished,
+            "supervisorPid": os.getpid(),
+            "host": socket.gethostname(),
+            "jobDir": str(self.dir.path),
+            "ports": [{"declared": d, "host": h} for d, h in self.ports.items()],
+            "pods": [self.pod_dict(p) for p in self.latest.values()],
+            "conditions": self.conditions,
+            "events": self.events,
+        }
+
+    def write_status(self) -> None:
+        self.dirty = False
+        self.dir.write_status(self.status_dict())
+
+    # ------------------------------------------------------------ the end
+
+    def shutdown(self) -> None:
+        """Stop everything left, whatever happened; bounded in time."""
+        now = time.monotonic()
+        for pod in self.pods.values():
+            if not pod.gone:
+                pod.terminate(
+                    now, min(self.grace_of(pod), 2.0) if not self.status.phase.final else self.grace_of(pod)
+                )
+        deadline = time.monotonic() + DEFAULT_GRACE + STUCK_AFTER_KILL
+        while any(not p.gone for p in self.pods.values() if p.terminating) and time.monotonic() < deadline:
+            self.handle_signals()
+            for pod in self.pods.values():
+                pod.poll(time.monotonic())
+            self.print_logs()
+            time.sleep(TICK)
+        tracked = [p for pod in self.latest.values() for c in pod.containers for p in c.tracked.values()]
+        process.kill_now(self.id, [], tracked, 1.0)
+        for _ in range(50):
+            if not process.reap_adopted(self.known_pids()):
+                break
+            time.sleep(0.02)
+        process.set_child_subreaper(False)
+        if self.watchdog is not None:
+            self.watchdog.close()
+        with contextlib.suppress(OSError):
+            port_registry.release(self.id)
+        for pod in self.latest.values():
+            self.close_logs(pod)
+        if self.echo_logs:
+            self.print_logs()
+        if not self.status.phase.final:
+            self.status = JobStatus(
+                JobPhase.TERMINATED,
+                self.status.retry_count,
+                self.status.version,
+                self.status.reason or "the supervisor stopped",
+            )
+            self.set_condition()
+        self.finished = time.time()
+        self.write_status()
+        if self.console is not None:
+            self.console.end_live()
+            for line in summary(self.status_dict(), self.console.color):
+                self.console.stream.write(line + "\n")
+            self.console.stream.flush()
+
+
+def _phase(value: str) -> PodPhase:
+    return PodPhase(value)
+
+
+def _ended_phase(pod: LocalPod) -> str:
+    """How a pod the engine deleted is reported: by how its containers ended."""
+    return SUCCEEDED if pod.exit_code == 0 else FAILED
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
