@@ -18,8 +18,6 @@ from torchjob.spec.source import Document, load_documents, parse_documents
 from torchjob.spec.validate import Broken, validate_job
 
 _SDK_REF = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
-# Parse problems that leave a task's name or size unknown; plugin checks that relate tasks wait for them.
-_TASK_SHAPE = re.compile(r"^spec\.tasks(\[\d+\](\.(name|replicas))?)?$")
 
 
 @dataclass
@@ -41,7 +39,8 @@ def check_document(document: Document) -> tuple[Job | None, list[Problem]]:
     job, issues = parse_job(document.data)
     if job is not None:
         broken = Broken(path for path, _ in issues)
-        tasks_ok = not any(_TASK_SHAPE.match(path) for path in broken.paths)
+        # Plugin checks read the tasks (names, replicas, containers); they wait until the tasks parse.
+        tasks_ok = not broken.under("spec.tasks")
         apply_defaults(job)
         issues = issues + validate_job(job, broken) + check_plugins(job, tasks_ok=tasks_ok)
     problems = [document.problem(path, message) for path, message in issues]

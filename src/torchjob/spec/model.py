@@ -14,6 +14,11 @@ API_VERSION = "batch.volcano.sh/v1alpha1"
 KIND = "Job"
 
 
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    """The mappings of a list field; accessors must not fail on input that validation refuses."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
 class Container:
     """Typed read access to one container dictionary of a pod template."""
 
@@ -24,19 +29,21 @@ class Container:
 
     @property
     def name(self) -> str:
-        return str(self.raw.get("name", ""))
+        return str(self.raw.get("name") or "")
 
     @property
     def image(self) -> str:
-        return str(self.raw.get("image", ""))
+        return str(self.raw.get("image") or "")
 
     @property
     def command(self) -> list[str]:
-        return [str(c) for c in self.raw.get("command") or []]
+        command = self.raw.get("command")
+        return [str(c) for c in command] if isinstance(command, list) else []
 
     @property
     def args(self) -> list[str]:
-        return [str(a) for a in self.raw.get("args") or []]
+        args = self.raw.get("args")
+        return [str(a) for a in args] if isinstance(args, list) else []
 
     @property
     def working_dir(self) -> str | None:
@@ -45,11 +52,11 @@ class Container:
 
     @property
     def env(self) -> list[dict[str, Any]]:
-        return list(self.raw.get("env") or [])
+        return _dicts(self.raw.get("env"))
 
     @property
     def ports(self) -> list[dict[str, Any]]:
-        return list(self.raw.get("ports") or [])
+        return _dicts(self.raw.get("ports"))
 
 
 class PodTemplate:
@@ -72,11 +79,11 @@ class PodTemplate:
 
     @property
     def containers(self) -> list[Container]:
-        return [Container(c) for c in self.spec.get("containers") or []]
+        return [Container(c) for c in _dicts(self.spec.get("containers"))]
 
     @property
     def init_containers(self) -> list[Container]:
-        return [Container(c) for c in self.spec.get("initContainers") or []]
+        return [Container(c) for c in _dicts(self.spec.get("initContainers"))]
 
     @property
     def hostname(self) -> str:
