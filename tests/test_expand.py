@@ -1,0 +1,350 @@
+"""Expansion: the pods Volcano's controller would create, before and after the plugins."""
+
+from __future__ import annotations
+
+import copy
+import errno
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from torchjob.expand import expand
+from torchjob.jobs import load_jobs_from_text
+from torchjob.spec.model import Job
+
+pytestmark = pytest.mark.timeout(120)
+
+# Linux refuses one "NAME=value" environment string longer than this (with its NUL) in execve.
+MAX_ARG_STRLEN = 32 * 4096
+
+
+def job_doc(
+    tasks: list[dict[str, Any]], plugins: dict[str, list[str]] | None = None, **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "demo"},
+        "spec": {**({"plugins": plugins} if plugins is not None else {}), **spec, "tasks": tasks},
+    }
+
+
+def simple_task(name: str, replicas: int, **template_spec: Any) -> dict[str, Any]:
+    spec = {"containers": [{"name": "main", "image": "python:3.11"}], **template_spec}
+    return {"name": name, "replicas": replicas, "template": {"spec": spec}}
+
+
+def load(doc: dict[str, Any]) -> Job:
+    [loaded] = load_jobs_from_text(yaml.safe_dump(doc, sort_keys=False), "job.yaml")
+    return loaded.job
+
+
+def test_pod_names_and_order_follow_tasks_then_index() -> None:
+    state = expand(load(job_doc([simple_task("b", 2), simple_task("a", 1)])))
+    assert [p.name for p in state.pods] == ["demo-b-0", "demo-b-1", "demo-a-0"]
+    assert [(p.task.name, p.index) for p in state.pods] == [("b", 0), ("b", 1), ("a", 0)]
+    assert state.objects == []  # no plugins: no Service, ConfigMap or NetworkPolicy
+
+
+def test_default_task_names_are_used_in_pod_names() -> None:
+    unnamed = {
+        "replicas": 1,
+        "template": {"spec": {"containers": [{"name": "main", "image": "python:3.11"}]}},
+    }
+    state = expand(load(job_doc([unnamed, dict(unnamed)])))
+    assert [p.name for p in state.pods] == ["demo-default0-0", "demo-default1-0"]
+    assert state.pods[1].manifest["metadata"]["annotations"]["volcano.sh/task-spec"] == "default1"
+
+
+def test_labels_and_annotations_as_create_job_pod_sets_them() -> None:
+    task = simple_task("worker", 3)
+    task["template"]["metadata"] = {
+        "labels": {"app": "trainer", "volcano.sh/job-name": "overridden"},
+        "annotations": {"note": "kept"},
+    }
+    doc = job_doc([task], queue="research")
+    doc["metadata"]["namespace"] = "ml"
+    pod = expand(load(doc)).pods[2].manifest
+    assert pod["apiVersion"] == "v1" and pod["kind"] == "Pod"
+    assert pod["metadata"]["name"] == "demo-worker-2"
+    assert pod["metadata"]["namespace"] == "ml"
+    assert pod["metadata"]["labels"] == {
+        "app": "trainer",
+        "volcano.sh/job-name": "demo",
+        "volcano.sh/task-index": "2",
+        "volcano.sh/task-spec": "worker",
+        "volcano.sh/job-namespace": "ml",
+        "volcano.sh/queue-name": "research",
+    }
+    assert pod["metadata"]["annotations"] == {
+        "note": "kept",
+        "volcano.sh/task-index": "2",
+        "volcano.sh/task-spec": "worker",
+        "scheduling.k8s.io/group-name": "demo",
+        "volcano.sh/job-name": "demo",
+        "volcano.sh/queue-name": "research",
+        "volcano.sh/job-version": "0",
+        "volcano.sh/template-uid": "demo-worker",
+        "volcano.sh/job-retry-count": "0",
+    }
+
+
+def test_version_and_retry_count_reach_the_annotations() -> None:
+    state = expand(load(job_doc([simple_task("a", 1)])), version=4, retry_count=2)
+    annotations = state.pods[0].manifest["metadata"]["annotations"]
+    assert annotations["volcano.sh/job-version"] == "4"
+    assert annotations["volcano.sh/job-retry-count"] == "2"
+
+
+def test_job_annotations_labels_and_task_policies_copied_to_pods() -> None:
+    task = simple_task("a", 4)
+    task["topologyPolicy"] = "best-effort"
+    task["partitionPolicy"] = {"totalPartitions": 2, "partitionSize": 2, "minPartitions": 1}
+    doc = job_doc([task])
+    doc["metadata"]["annotations"] = {
+        "volcano.sh/preemptable": "true",
+        "volcano.sh/revocable-zone": "*",
+        "volcano.sh/cooldown-time": "60s",
+        "volcano.sh/jdb-min-available": "2",
+        "volcano.sh/jdb-max-unavailable": "1",
+        "unrelated": "not copied",
+    }
+    doc["metadata"]["labels"] = {
+        "volcano.sh/preemptable": "false",
+        "volcano.sh/cooldown-time": "30s",
+        "x": "y",
+    }
+    pods = expand(load(doc)).pods
+    annotations = pods[3].manifest["metadata"]["annotations"]
+    labels = pods[3].manifest["metadata"]["labels"]
+    assert annotations["volcano.sh/numa-topology-policy"] == "best-effort"
+    assert annotations["volcano.sh/preemptable"] == "true"
+    assert annotations["volcano.sh/revocable-zone"] == "*"
+    assert annotations["volcano.sh/cooldown-time"] == "60s"
+    # Only one disruption budget is copied: min-available wins.
+    assert annotations["volcano.sh/jdb-min-available"] == "2"
+    assert "volcano.sh/jdb-max-unavailable" not in annotations
+    assert "unrelated" not in annotations
+    assert labels["volcano.sh/preemptable"] == "false"
+    assert labels["volcano.sh/cooldown-time"] == "30s"
+    assert "x" not in labels
+    assert [p.manifest["metadata"]["labels"]["volcano.sh/partition-id"] for p in pods] == ["0", "0", "1", "1"]
+
+
+def test_max_unavailable_copied_when_no_min_available() -> None:
+    doc = job_doc([simple_task("a", 1)])
+    doc["metadata"]["annotations"] = {"volcano.sh/jdb-max-unavailable": "25%"}
+    annotations = expand(load(doc)).pods[0].manifest["metadata"]["annotations"]
+    assert annotations["volcano.sh/jdb-max-unavailable"] == "25%"
+    assert "volcano.sh/numa-topology-policy" not in annotations
+
+
+def test_scheduler_name_and_priority_class_propagation() -> None:
+    tasks = [
+        simple_task("plain", 1),
+        simple_task("own", 1, schedulerName="default-scheduler", priorityClassName="low"),
+    ]
+    defaulted = expand(load(job_doc(copy.deepcopy(tasks))))
+    plain, own = (p.manifest["spec"] for p in defaulted.pods)
+    assert plain["schedulerName"] == "volcano"  # the webhook's default
+    assert "priorityClassName" not in plain
+    assert own["schedulerName"] == "default-scheduler"
+    assert own["priorityClassName"] == "low"
+
+    explicit = expand(
+        load(job_doc(copy.deepcopy(tasks), schedulerName="kube-batch", priorityClassName="high"))
+    )
+    plain, own = (p.manifest["spec"] for p in explicit.pods)
+    assert plain["schedulerName"] == "kube-batch"
+    assert plain["priorityClassName"] == "high"
+    assert own["schedulerName"] == "default-scheduler"
+    assert own["priorityClassName"] == "low"
+
+
+USER_SPEC: dict[str, Any] = {
+    "containers": [
+        {
+            "name": "main",
+            "image": "python:3.11",
+            "command": ["python", "-m", "train"],
+            "args": ["--epochs", "3"],
+            "workingDir": "/work",
+            "resources": {"limits": {"cpu": "2", "memory": "4Gi"}, "requests": {"cpu": "1"}},
+            "securityContext": {"runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
+            "env": [{"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+            "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+            "readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 5},
+            "futureContainerField": {"nested": [1, 2, {"deep": None}]},
+        }
+    ],
+    "nodeSelector": {"gpu": "a100"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}],
+    "securityContext": {"fsGroup": 1000},
+    "affinity": {"nodeAffinity": {}},
+    "terminationGracePeriodSeconds": 5,
+    "restartPolicy": "OnFailure",
+    "futurePodField": {"enabled": True, "ratio": 0.5},
+}
+
+
+@pytest.mark.parametrize("plugins", [None, {"pytorch": [], "env": []}])
+def test_user_template_fields_survive_untouched(plugins: dict[str, list[str]] | None) -> None:
+    tasks = [
+        {"name": "master", "replicas": 1, "template": {"spec": copy.deepcopy(USER_SPEC)}},
+        {"name": "worker", "replicas": 2, "template": {"spec": copy.deepcopy(USER_SPEC)}},
+    ]
+    job = load(job_doc(tasks, plugins))
+    before = copy.deepcopy([t.template.raw for t in job.spec.tasks])
+    state = expand(job)
+    for pod in state.pods:
+        spec = pod.manifest["spec"]
+        for key, value in USER_SPEC.items():
+            if key == "containers":
+                continue
+            if key == "volumes":
+                assert spec[key][: len(value)] == value  # svc appends its volume after the user's
+            else:
+                assert spec[key] == value, key
+        main = spec["containers"][0]
+        for key, value in USER_SPEC["containers"][0].items():
+            if key in ("env", "volumeMounts"):
+                assert main[key][: len(value)] == value  # plugins append after the user's entries
+            else:
+                assert main[key] == value, key
+    # Expansion never changes the job's templates, so it can run again (restarts, re-renders).
+    assert [t.template.raw for t in job.spec.tasks] == before
+    assert [p.manifest for p in expand(job).pods] == [p.manifest for p in state.pods]
+
+
+def test_pods_share_no_mutable_data() -> None:
+    """The local engine edits pods one at a time; an edit must not leak into a sibling pod."""
+    first, second = (p.manifest for p in expand(load(job_doc([simple_task("a", 2)]))).pods)
+    first["spec"]["containers"][0]["image"] = "changed"
+    first["metadata"]["labels"]["x"] = "y"
+    assert second["spec"]["containers"][0]["image"] == "python:3.11"
+    assert "x" not in second["metadata"]["labels"]
+
+
+def test_pods_share_no_mutable_data_with_plugins() -> None:
+    state = expand(
+        load(job_doc([simple_task("master", 1), simple_task("worker", 2)], {"pytorch": [], "env": []}))
+    )
+    a, b = (p.manifest for p in state.pods[1:])
+    for key in ("containers",):
+        for ca, cb in zip(a["spec"][key], b["spec"][key], strict=True):
+            assert ca is not cb
+            for ea, eb in zip(ca["env"], cb["env"], strict=True):
+                assert ea is not eb
+            assert ca["ports"] is not cb["ports"]
+            assert ca["volumeMounts"] is not cb["volumeMounts"]
+    assert a["spec"]["volumes"] is not b["spec"]["volumes"]
+    assert a["metadata"]["labels"] is not b["metadata"]["labels"]
+
+
+# ------------------------------------------------------------------------------ the execve limit
+
+
+def hosts(job: str, task: str, replicas: int) -> str:
+    return ",".join(f"{job}-{task}-{i}.{job}" for i in range(replicas))
+
+
+def hosts_env_size(job: str, task: str, replicas: int) -> int:
+    """Bytes execve needs for VC_<TASK>_HOSTS=<hosts> with its terminating NUL."""
+    return len(f"VC_{task.upper()}_HOSTS=") + len(hosts(job, task, replicas).encode()) + 1
+
+
+def largest_fitting_replicas(job: str, task: str) -> int:
+    n = 1
+    while hosts_env_size(job, task, n + 1) <= MAX_ARG_STRLEN:
+        n += 1
+    return n
+
+
+# With this job name a host is ~25 bytes, so the limit falls at about 5000 workers.
+BIG = "resnet"
+FITS = largest_fitting_replicas(BIG, "worker")
+
+
+def big_job(workers: int) -> dict[str, Any]:
+    doc = job_doc([simple_task("master", 1), simple_task("worker", workers)], {"pytorch": []})
+    doc["metadata"]["name"] = BIG
+    return doc
+
+
+def test_the_boundary_is_where_the_kernel_puts_it() -> None:
+    assert 4000 < FITS < 6000  # "about 5000 replicas"
+    assert hosts_env_size(BIG, "worker", FITS) <= MAX_ARG_STRLEN < hosts_env_size(BIG, "worker", FITS + 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MAX_ARG_STRLEN is a Linux limit")
+def test_the_kernel_really_refuses_one_host_more() -> None:
+    true = "/bin/true" if Path("/bin/true").exists() else "/usr/bin/true"
+    fits = subprocess.run([true], env={"VC_WORKER_HOSTS": hosts(BIG, "worker", FITS)}, timeout=10)
+    assert fits.returncode == 0
+    with pytest.raises(OSError) as err:
+        subprocess.run([true], env={"VC_WORKER_HOSTS": hosts(BIG, "worker", FITS + 1)}, timeout=10)
+    assert err.value.errno == errno.E2BIG
+
+
+def test_host_list_just_under_the_limit_is_injected() -> None:
+    state = expand(load(big_job(FITS)))
+    assert state.warnings == []
+    for pod in (state.pods[0], state.pods[-1]):
+        names = [e["name"] for e in pod.manifest["spec"]["containers"][0]["env"]]
+        assert "VC_WORKER_HOSTS" in names and "VC_WORKER_NUM" in names
+
+
+@pytest.mark.parametrize("workers", [FITS + 1, 5100])
+def test_host_list_over_the_limit_is_left_out_with_a_warning(workers: int) -> None:
+    state = expand(load(big_job(workers)))
+    [(path, message)] = state.warnings
+    assert path == "spec.tasks[1].replicas"
+    assert "VC_WORKER_HOSTS" in message and "128 KiB" in message and "/etc/volcano/worker.host" in message
+    for pod in state.pods:
+        spec = pod.manifest["spec"]
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            names = [e["name"] for e in c["env"]]
+            assert "VC_WORKER_HOSTS" not in names
+            assert "VC_WORKER_NUM" in names and "VC_MASTER_HOSTS" in names
+    data = next(o for o in state.objects if o["kind"] == "ConfigMap")["data"]
+    assert data["VC_WORKER_NUM"] == str(workers)
+    assert len(data["worker.host"].split("\n")) == workers
+    assert data["VC_WORKER_HOSTS"].count(",") == workers - 1
+
+
+def test_no_warning_when_hosts_env_is_not_injected() -> None:
+    doc = big_job(FITS + 1)
+    doc["spec"]["plugins"]["svc"] = ["--inject-hosts-env=false"]
+    assert expand(load(doc)).warnings == []
+
+
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args], input=stdin, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("command", ["validate", "render"])
+def test_cli_warns_with_file_line_and_field_path(command: str, tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(big_job(FITS + 1), sort_keys=False))
+    line = next(
+        i for i, text in enumerate(path.read_text().splitlines(), 1) if f"replicas: {FITS + 1}" in text
+    )
+    result = run_cli(command, str(path))
+    assert result.returncode == 0, result.stderr
+    [warning] = result.stderr.splitlines()
+    assert warning.startswith(f"{path}:{line}: spec.tasks[1].replicas: warning: VC_WORKER_HOSTS would be ")
+    assert "Traceback" not in result.stderr
+    if command == "render":
+        assert "name: VC_WORKER_HOSTS" not in result.stdout
+        assert "VC_WORKER_HOSTS: " in result.stdout  # still in the ConfigMap
+
+    path.write_text(yaml.safe_dump(big_job(FITS), sort_keys=False))
+    quiet = run_cli(command, str(path))
+    assert quiet.returncode == 0 and quiet.stderr == ""
