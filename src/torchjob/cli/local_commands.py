@@ -193,8 +193,8 @@ def run_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     color = use_color(sys.stdout)
     print(headline(status, color))
-    for row in pod_rows(status, color):
-        print("  " + row)
+    for line in pod_rows(status, color):
+        print("  " + line)
     print(f"reason: {status.get('reason', '')}")
     for event in (status.get("events") or [])[-5:]:
         when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time", 0))))
