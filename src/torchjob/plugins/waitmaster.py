@@ -1,66 +1,149 @@
 """The shell script of the ``wait-for-master`` init container.
 
-It must work in the images users really pick: busybox (``sh`` is ash, ``nc`` has no ``-z``), an
-image with only ``bash`` (``/dev/tcp``), and it must fail fast and clearly where neither exists,
-never hang. It probes the master's TCP port, not only its DNS name, and polls every
-``TORCHJOB_WAIT_INTERVAL`` seconds (0.5 by default; the local engine sets it lower).
+The script runs as ``sh -c SCRIPT`` in whatever image the user picked, so it is plain POSIX sh
+(busybox ash, dash and bash all run it the same way) apart from one deliberate bash-only branch.
+It waits until the master's TCP port accepts a connection, not merely until its name resolves,
+and it never hangs: every probe is bounded in time, and an image with no way to probe fails at
+once with a message saying so.
+
+Volcano's own script (``nc -z HOST PORT || echo > /dev/tcp/HOST/PORT``) never succeeds with
+Debian's busybox, whose ``nc`` has no ``-z``, and ash has no ``/dev/tcp``; this one does.
 
 Every value put into the script is validated first and shell-quoted anyway.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import shlex
 
-DEFAULT_INTERVAL = "0.5"
+INTERVAL_ENV = "TORCHJOB_WAIT_INTERVAL"
+DEFAULT_INTERVAL = 0.5
+PROBE_LIMIT = 2  # seconds one probe may take before it is killed
+REPORT_EVERY = 5  # seconds between "not ready yet" lines
 
+_HOST_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_INTERVAL_RANGE = (0.01, 60.0)
+
+# Doubled braces are literal braces for str.format; {host} and friends are filled in.
 _TEMPLATE = r"""host={host}
 port={port}
 timeout={timeout}
-interval="${{TORCHJOB_WAIT_INTERVAL:-{interval}}}"
+interval="${{{interval_env}:-{interval}}}"
+limit={limit}
+say() {{ echo "wait-for-master: $*"; }}
+fail() {{ echo "wait-for-master: $*" >&2; exit 1; }}
+
+# Pick a probe once. nc comes first: the busybox image has it and no bash. Without nc, bash's
+# /dev/tcp connects by itself; $BASH names the running bash even when it was started as "sh".
 if command -v nc >/dev/null 2>&1; then
   method=nc
-elif [ -n "${{BASH_VERSION:-}}" ]; then
-  method=devtcp
+elif [ -n "${{BASH_VERSION:-}}" ] && [ -x "${{BASH:-}}" ]; then
+  method=bash bash_bin=$BASH
 elif command -v bash >/dev/null 2>&1; then
-  method=bash
+  method=bash bash_bin=$(command -v bash)
 else
-  echo "wait-for-master: cannot probe $host:$port: this image has neither nc nor bash" >&2
-  exit 1
+  fail "cannot probe $host:$port: the image has neither nc nor bash (busybox has nc; pick such an image)"
 fi
-if command -v timeout >/dev/null 2>&1; then limit="timeout 2"; else limit=""; fi
+# Without these the loop would spin or never see the deadline, so refuse to start instead.
+for tool in sleep date; do
+  command -v "$tool" >/dev/null 2>&1 || fail "cannot wait for $host:$port: the image has no '$tool' command"
+done
+
+# Run "$@" for at most $limit seconds. `timeout` does it where it works (some old busybox builds
+# want `timeout -t N`, so try it once); otherwise a background watchdog kills the probe.
+if timeout "$limit" true >/dev/null 2>&1; then
+  bounded() {{ timeout "$limit" "$@"; }}
+else
+  bounded() {{
+    "$@" &
+    probe_pid=$!
+    (
+      trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+      sleep "$limit" &
+      nap=$!
+      wait "$nap" && kill "$probe_pid"
+    ) >/dev/null 2>&1 &
+    dog_pid=$!
+    wait "$probe_pid"
+    probe_rc=$?
+    kill "$dog_pid" 2>/dev/null
+    return "$probe_rc"
+  }}
+fi
+
 probe() {{
-  case "$method" in
-    nc) nc -z -w 1 "$host" "$port" </dev/null >/dev/null 2>&1 || nc -w 1 "$host" "$port" </dev/null >/dev/null 2>&1 ;;
-    devtcp) (exec 3<>"/dev/tcp/$host/$port") >/dev/null 2>&1 ;;
-    bash) $limit bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$host" "$port" >/dev/null 2>&1 ;;
+  case $method in
+  nc)
+    # -z (connect, send nothing, exit) is understood by OpenBSD nc, ncat and busybox's full nc.
+    # Debian's busybox nc has no -z, and with stdin at EOF it stays connected until the server
+    # hangs up; "-e true" makes it exit 0 the moment the connection is made.
+    bounded nc -z -w 1 "$host" "$port" </dev/null >/dev/null 2>&1 ||
+      bounded nc -w 1 "$host" "$port" -e true </dev/null >/dev/null 2>&1
+    ;;
+  bash)
+    # bash opens /dev/tcp/HOST/PORT as a TCP connection; connect has no timeout of its own.
+    bounded "$bash_bin" -c 'exec 3<>"/dev/tcp/$0/$1"' "$host" "$port" </dev/null >/dev/null 2>&1
+    ;;
   esac
 }}
-echo "wait-for-master: waiting for $host:$port to accept connections (timeout ${{timeout}}s, probe: $method)"
+
+say "waiting up to ${{timeout}}s for $host:$port to accept TCP connections (probe: $method)"
 start=$(date +%s)
-tries=0
+next_report=$start
 until probe; do
-  elapsed=$(( $(date +%s) - start ))
-  if [ "$elapsed" -ge "$timeout" ]; then
-    echo "wait-for-master: timed out after ${{elapsed}}s: nothing accepts connections on $host:$port" >&2
-    exit 1
+  now=$(date +%s)
+  # Whole seconds only: giving up once more than $timeout have passed waits at least $timeout.
+  if [ "$timeout" -eq 0 ] || [ $((now - start)) -gt "$timeout" ]; then
+    fail "timed out: nothing accepted a TCP connection on $host:$port within ${{timeout}}s (probe: $method)"
   fi
-  tries=$((tries + 1))
-  if [ $((tries % 20)) -eq 1 ]; then
-    echo "wait-for-master: $host:$port not ready yet (${{elapsed}}s of ${{timeout}}s)"
+  if [ "$now" -ge "$next_report" ]; then
+    say "$host:$port not ready yet ($((now - start))s of ${{timeout}}s)"
+    next_report=$((now + {report_every}))
   fi
+  # A sleep without fractions (or a bad interval) still polls every second.
   sleep "$interval" 2>/dev/null || sleep 1
 done
-echo "wait-for-master: $host:$port is ready"
+say "$host:$port is ready after $(($(date +%s) - start))s"
 """
 
 
-def wait_for_master_script(host: str, port: int, timeout: int, interval: str = DEFAULT_INTERVAL) -> str:
-    """The init container script that waits until ``host:port`` accepts a TCP connection."""
+def valid_host(host: str) -> bool:
+    """An IP address, or a DNS name made of RFC 1123 labels (what the addressing layer yields)."""
+    if not isinstance(host, str) or not host:
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    labels = host.lower().split(".")
+    return len(host) <= 253 and all(len(label) <= 63 and _HOST_LABEL.match(label) for label in labels)
+
+
+def wait_for_master_script(host: str, port: int, timeout: int, interval: float = DEFAULT_INTERVAL) -> str:
+    """The init container script that waits until ``host:port`` accepts a TCP connection.
+
+    It gives up with exit code 1 once more than ``timeout`` seconds have passed (``0``: after one
+    probe). It polls every ``interval`` seconds unless the environment variable
+    ``TORCHJOB_WAIT_INTERVAL`` says otherwise (the local engine sets it lower).
+    """
+    if not valid_host(host):
+        raise ValueError(f"host must be a DNS name or an IP address, got {host!r}")
     if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
         raise ValueError(f"port must be an integer from 1 to 65535, got {port!r}")
     if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
         raise ValueError(f"timeout must be an integer >= 0, got {timeout!r}")
+    low, high = _INTERVAL_RANGE
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not low <= interval <= high:
+        raise ValueError(f"interval must be a number of seconds from {low} to {high}, got {interval!r}")
     return _TEMPLATE.format(
-        host=shlex.quote(host), port=port, timeout=timeout, interval=shlex.quote(interval).strip("'")
+        host=shlex.quote(host),
+        port=port,
+        timeout=timeout,
+        interval_env=INTERVAL_ENV,
+        interval=f"{interval:.2f}".rstrip("0").rstrip("."),  # digits and a dot only
+        limit=PROBE_LIMIT,
+        report_every=REPORT_EVERY,
     )

@@ -1,0 +1,377 @@
+"""The wait-for-master script, run for real by busybox ash, bash and dash against real sockets.
+
+Each shell runs with a PATH holding only the tools an image of that kind would have, so the probe
+the script picks is the one such an image would use. Durations are bounded by subprocess timeouts,
+never asserted tightly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from torchjob.plugins import waitmaster
+from torchjob.plugins.waitmaster import INTERVAL_ENV, wait_for_master_script
+
+pytestmark = pytest.mark.timeout(120)
+
+FAST = "0.05"  # the poll interval the local engine uses
+RUN_LIMIT = 20.0  # no single script run here may take longer than this
+
+
+# --- validation -----------------------------------------------------------------------------------
+
+HOSTILE_HOSTS = [
+    "a; touch {marker}",
+    "$(touch {marker})",
+    "`touch {marker}`",
+    "a' ; touch {marker} ; '",
+    'a" ; touch {marker} ; "',
+    "a\ntouch {marker}",
+    "a&&touch {marker}",
+    "a|touch {marker}",
+    "a b",
+]
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["master-0.job", "test-pytorch-master-0.test-pytorch", "127.0.1.1", "::1", "localhost", "Master-0.Job"],
+)
+def test_accepts_dns_names_and_ip_addresses(host: str) -> None:
+    assert waitmaster.valid_host(host)
+    assert wait_for_master_script(host, 23456, 300)
+
+
+@pytest.mark.parametrize(
+    "host",
+    [h.format(marker="/tmp/x") for h in HOSTILE_HOSTS]
+    + ["-e/bin/sh", "", "a..b", "a_b", "-a", "a-", "x" * 64, "a." * 127 + "a"],
+)
+def test_rejects_hosts_that_are_not_names_or_addresses(host: str) -> None:
+    with pytest.raises(ValueError, match="host"):
+        wait_for_master_script(host, 23456, 300)
+
+
+@pytest.mark.parametrize("port", [0, -1, 65536, True, "23456", 1.5])
+def test_rejects_bad_ports(port: object) -> None:
+    with pytest.raises(ValueError, match="port"):
+        wait_for_master_script("master-0.job", port, 300)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("timeout", [-1, False, "300", 2.5])
+def test_rejects_bad_timeouts(timeout: object) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        wait_for_master_script("master-0.job", 23456, timeout)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("interval", [0, -1, 1000, "0.5; reboot", True])
+def test_rejects_bad_intervals(interval: object) -> None:
+    with pytest.raises(ValueError, match="interval"):
+        wait_for_master_script("master-0.job", 23456, 300, interval)  # type: ignore[arg-type]
+
+
+def test_values_land_in_the_script_and_the_interval_is_overridable() -> None:
+    script = wait_for_master_script("master-0.job", 29500, 42, 0.25)
+    assert "host=master-0.job\n" in script
+    assert "port=29500\n" in script
+    assert "timeout=42\n" in script
+    assert f'interval="${{{INTERVAL_ENV}:-0.25}}"' in script
+
+
+# --- shells and the images they stand for --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shell:
+    """A shell and a PATH directory holding only what the image it stands for would have."""
+
+    sh: str
+    path: Path
+    method: str  # the probe the script should pick there
+
+
+def _toolbox(directory: Path, tools: dict[str, str]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, target in tools.items():
+        (directory / name).symlink_to(target)
+    return directory
+
+
+def _system(*names: str) -> dict[str, str]:
+    found = {name: shutil.which(name) for name in names}
+    missing = [name for name, where in found.items() if where is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} on this machine")
+    return {name: str(where) for name, where in found.items()}
+
+
+def _busybox_dir(root: Path, drop: tuple[str, ...] = ()) -> Path:
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox is not installed (Debian package 'busybox')")
+    directory = root / "busybox"
+    directory.mkdir()
+    subprocess.run([busybox, "--install", "-s", str(directory)], check=True, timeout=30)
+    for name in ("nc", "sh", "sleep", "date"):
+        if not (directory / name).exists():
+            pytest.skip(f"this busybox build has no {name} applet")
+    for name in drop:
+        (directory / name).unlink(missing_ok=True)
+    return directory
+
+
+def _openbsd_nc() -> str:
+    nc = shutil.which("nc")
+    if nc is None:
+        pytest.skip("no nc on this machine")
+    out = subprocess.run([nc, "-h"], capture_output=True, text=True, timeout=10)
+    if "OpenBSD" not in out.stdout + out.stderr:
+        pytest.skip(f"{nc} is not OpenBSD netcat")
+    return nc
+
+
+def make_shell(kind: str, root: Path) -> Shell:
+    if kind == "busybox":  # the busybox image: ash, busybox nc (no -z here), timeout
+        box = _busybox_dir(root)
+        return Shell(str(box / "sh"), box, "nc")
+    if kind == "busybox-no-timeout":  # old or trimmed busybox: the watchdog bounds each probe
+        box = _busybox_dir(root, drop=("timeout",))
+        return Shell(str(box / "sh"), box, "nc")
+    if kind == "bash":  # a bash image without nc: /dev/tcp
+        tools = _system("bash", "sleep", "date", "timeout")
+        return Shell(tools["bash"], _toolbox(root / "bash", tools), "bash")
+    if kind == "sh-is-bash":  # /bin/sh is bash (posix mode) and no "bash" name on PATH
+        tools = _system("bash", "sleep", "date", "timeout")
+        box = _toolbox(root / "shbash", {"sh": tools.pop("bash"), **tools})
+        return Shell(str(box / "sh"), box, "bash")
+    if kind == "bash-no-timeout":
+        tools = _system("bash", "sleep", "date")
+        return Shell(tools["bash"], _toolbox(root / "bash-nt", tools), "bash")
+    if kind == "dash-openbsd-nc":  # Debian-like: dash as sh, OpenBSD nc with -z
+        tools = {"nc": _openbsd_nc(), **_system("dash", "sleep", "date", "timeout")}
+        return Shell(tools["dash"], _toolbox(root / "dash-nc", tools), "nc")
+    if kind == "dash-bare":  # no nc, no bash: nothing can probe
+        tools = _system("dash", "sleep", "date", "timeout")
+        return Shell(tools["dash"], _toolbox(root / "dash", tools), "none")
+    raise AssertionError(kind)
+
+
+PROBING = ["busybox", "busybox-no-timeout", "bash", "sh-is-bash", "bash-no-timeout", "dash-openbsd-nc"]
+
+
+@pytest.fixture(params=PROBING)
+def shell(request: pytest.FixtureRequest, tmp_path: Path) -> Shell:
+    return make_shell(request.param, tmp_path)
+
+
+# --- running the script ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members
+
+
+def run_script(shell: Shell, script: str, interval: str = FAST, limit: float = RUN_LIMIT) -> Run:
+    """Run ``sh -c SCRIPT`` as an init container would; fail if it outlives ``limit`` or leaves
+    processes behind (the local engine runs these scripts too)."""
+    env = {"PATH": str(shell.path), INTERVAL_ENV: interval}
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [shell.sh, "-c", script],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10)
+        pytest.fail(f"the script ran longer than {limit}s")
+    seconds = time.monotonic() - start
+    deadline = time.monotonic() + 5
+    while (left := _group_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the script left processes behind: {[p.cmdline() for p in left]}")
+    return Run(proc.returncode, stdout, stderr, seconds)
+
+
+@pytest.fixture
+def open_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield sock.getsockname()[1]
+
+
+@pytest.fixture
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def later_port() -> Iterator[int]:
+    """A port that refuses connections for half a second, then accepts them."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # bound but not listening: connections are refused
+    timer = threading.Timer(0.5, sock.listen, (16,))
+    timer.start()
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        timer.cancel()
+        timer.join(timeout=5)
+        sock.close()
+
+
+@pytest.fixture
+def hung_port() -> Iterator[int]:
+    """A port whose accept queue is full, so a new connect hangs instead of being refused."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    held: list[socket.socket] = []
+    try:
+        for _ in range(64):
+            client = socket.socket()
+            client.setblocking(False)
+            client.connect_ex(("127.0.0.1", port))
+            held.append(client)
+            with socket.socket() as check:
+                check.settimeout(0.2)
+                try:
+                    check.connect(("127.0.0.1", port))
+                except TimeoutError:
+                    break
+        else:
+            pytest.skip("could not make a connect hang on this kernel")
+        yield port
+    finally:
+        for client in held:
+            client.close()
+        server.close()
+
+
+# --- the script against real sockets --------------------------------------------------------------
+
+
+def test_open_port_succeeds(shell: Shell, open_port: int) -> None:
+    run = run_script(shell, wait_for_master_script("127.0.0.1", open_port, 10))
+    assert run.code == 0, run.stderr
+    assert f"(probe: {shell.method})" in run.stdout
+    assert f"127.0.0.1:{open_port} is ready" in run.stdout
+
+
+def test_closed_port_times_out_with_a_clear_message(shell: Shell, closed_port: int) -> None:
+    run = run_script(shell, wait_for_master_script("127.0.0.1", closed_port, 1))
+    assert run.code == 1
+    assert f"timed out: nothing accepted a TCP connection on 127.0.0.1:{closed_port} within 1s" in run.stderr
+    assert run.seconds >= 1  # it waits at least the timeout; the run limit bounds it from above
+
+
+def test_port_that_opens_later_is_found(shell: Shell, later_port: int) -> None:
+    run = run_script(shell, wait_for_master_script("127.0.0.1", later_port, 15))
+    assert run.code == 0, run.stderr
+    assert "not ready yet" in run.stdout  # the first probes really were refused
+    assert "is ready" in run.stdout
+
+
+def test_timeout_zero_probes_once(shell: Shell, open_port: int, closed_port: int) -> None:
+    assert run_script(shell, wait_for_master_script("127.0.0.1", open_port, 0)).code == 0
+    assert run_script(shell, wait_for_master_script("127.0.0.1", closed_port, 0)).code == 1
+
+
+@pytest.mark.parametrize("kind", ["bash", "bash-no-timeout", "busybox-no-timeout", "dash-openbsd-nc"])
+def test_a_hung_connect_does_not_stall_the_timeout(kind: str, tmp_path: Path, hung_port: int) -> None:
+    # Without a bound, bash's connect here waits for the kernel's SYN retries (about two minutes).
+    shell = make_shell(kind, tmp_path)
+    run = run_script(shell, wait_for_master_script("127.0.0.1", hung_port, 1), limit=10)
+    assert run.code == 1
+    assert "timed out" in run.stderr
+
+
+def test_a_bad_interval_in_the_environment_still_polls(tmp_path: Path, later_port: int) -> None:
+    shell = make_shell("busybox", tmp_path)
+    run = run_script(shell, wait_for_master_script("127.0.0.1", later_port, 15), interval="soon")
+    assert run.code == 0, run.stderr
+
+
+def test_no_nc_and_no_bash_fails_at_once(tmp_path: Path, open_port: int) -> None:
+    shell = make_shell("dash-bare", tmp_path)
+    # A 60-second timeout and a 5-second run limit: waiting at all would fail the test.
+    run = run_script(shell, wait_for_master_script("127.0.0.1", open_port, 60), limit=5)
+    assert run.code == 1
+    assert "has neither nc nor bash" in run.stderr
+    assert run.stdout == ""
+
+
+@pytest.mark.parametrize("tool", ["sleep", "date"])
+def test_a_missing_tool_fails_at_once(tool: str, tmp_path: Path, open_port: int) -> None:
+    tools = {"nc": _openbsd_nc(), **_system("dash", "sleep", "date", "timeout")}
+    del tools[tool]
+    shell = Shell(tools["dash"], _toolbox(tmp_path / "box", tools), "nc")
+    run = run_script(shell, wait_for_master_script("127.0.0.1", open_port, 60), limit=5)
+    assert run.code == 1
+    assert f"has no '{tool}' command" in run.stderr
+
+
+@pytest.mark.parametrize("kind", ["busybox", "bash", "dash-bare"])
+def test_default_script_parses_in_every_shell(kind: str, tmp_path: Path) -> None:
+    shell = make_shell(kind, tmp_path)
+    script = wait_for_master_script("test-pytorch-master-0.test-pytorch", 23456, 300)
+    out = subprocess.run([shell.sh, "-n", "-c", script], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("template", HOSTILE_HOSTS)
+@pytest.mark.parametrize("kind", ["bash", "dash-openbsd-nc"])
+def test_a_hostile_host_cannot_inject_commands(
+    template: str, kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "injected"
+    host = template.format(marker=marker)
+    with pytest.raises(ValueError):
+        wait_for_master_script(host, 23456, 0)
+    # Validation is the first wall; quoting is the second. Knock down the first and the host is
+    # still only ever data to the shell.
+    monkeypatch.setattr(waitmaster, "valid_host", lambda _host: True)
+    script = wait_for_master_script(host, 23456, 0)
+    shell = make_shell(kind, tmp_path)
+    run = run_script(shell, script, limit=10)
+    assert run.code == 1
+    assert not marker.exists(), f"{host!r} ran a command"
