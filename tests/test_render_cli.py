@@ -1,0 +1,230 @@
+"""``torchjob render`` and ``torchjob validate`` from the command line, and the output writers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from torchjob.render import dump_json, dump_yaml
+
+pytestmark = pytest.mark.timeout(120)
+
+JOB = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata:
+  name: {name}
+  annotations:
+    note: "yes"
+spec:
+  plugins:
+    pytorch: ["--wait-master-enabled=true"]
+    env: []
+  tasks:
+    - name: master
+      replicas: 1
+      template:
+        metadata:
+          labels: {{app: "on", version: "1.10"}}
+        spec:
+          containers:
+            - name: main
+              image: python:3.11
+              command: ["python", "-c", "print('hi: there # not a comment')"]
+              env:
+                - {{name: EMPTY, value: ""}}
+                - {{name: MULTI, value: "line one\\nline two\\n"}}
+                - {{name: NUMBERISH, value: "1e3"}}
+                - {{name: UNICODE, value: "caf\\u00e9 \\u2028 done"}}
+    - name: worker
+      replicas: {workers}
+      template:
+        spec:
+          containers:
+            - name: main
+              image: python:3.11
+"""
+
+
+def run(
+    *args: str, stdin: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture
+def job_file(tmp_path: Path) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB.format(name="demo", workers=2))
+    return path
+
+
+def test_render_prints_a_kubernetes_list(job_file: Path) -> None:
+    result = run("render", str(job_file))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert result.stdout.startswith("apiVersion: v1\nkind: List\nitems:\n")
+    out = yaml.safe_load(result.stdout)
+    assert set(out) == {"apiVersion", "kind", "items"}
+    kinds = [i["kind"] for i in out["items"]]
+    # The ConfigMap and Service come before the pods that use them.
+    assert kinds == ["ConfigMap", "Service", "NetworkPolicy", "Pod", "Pod", "Pod"]
+    assert run("render", str(job_file), "-o", "yaml").stdout == result.stdout
+
+
+def test_render_is_byte_identical_across_runs(job_file: Path) -> None:
+    outputs = {
+        fmt: {
+            run("render", str(job_file), "-o", fmt, env={"PYTHONHASHSEED": str(seed)}).stdout
+            for seed in (1, 2, 3)
+        }
+        for fmt in ("yaml", "json")
+    }
+    for fmt, texts in outputs.items():
+        assert len(texts) == 1, fmt
+        assert next(iter(texts))
+
+
+def test_json_and_yaml_parse_to_the_same_object(job_file: Path) -> None:
+    as_yaml = yaml.safe_load(run("render", str(job_file), "-o", "yaml").stdout)
+    as_json = json.loads(run("render", str(job_file), "-o", "json").stdout)
+    assert as_yaml == as_json
+    master = as_json["items"][3]
+    env = {e["name"]: e.get("value") for e in master["spec"]["containers"][0]["env"]}
+    # Strings that look like other types stay strings.
+    assert env["EMPTY"] == "" and env["NUMBERISH"] == "1e3" and env["MULTI"] == "line one\nline two\n"
+    assert env["UNICODE"] == "caf\u00e9 \u2028 done"
+    assert master["metadata"]["labels"]["app"] == "on"
+    assert master["metadata"]["labels"]["version"] == "1.10"
+    assert master["spec"]["containers"][0]["command"][2] == "print('hi: there # not a comment')"
+
+
+def test_multi_document_input_renders_every_job(tmp_path: Path) -> None:
+    path = tmp_path / "two.yaml"
+    path.write_text(JOB.format(name="first", workers=1) + "---\n" + JOB.format(name="second", workers=3))
+    result = run("render", str(path), "-o", "json")
+    assert result.returncode == 0, result.stderr
+    items = json.loads(result.stdout)["items"]
+    pods = [i["metadata"]["name"] for i in items if i["kind"] == "Pod"]
+    assert pods == [
+        "first-master-0",
+        "first-worker-0",
+        "second-master-0",
+        "second-worker-0",
+        "second-worker-1",
+        "second-worker-2",
+    ]
+    services = [i["metadata"]["name"] for i in items if i["kind"] == "Service"]
+    assert services == ["first", "second"]
+
+
+def test_dash_reads_stdin(job_file: Path) -> None:
+    text = job_file.read_text()
+    from_stdin = run("render", "-", stdin=text)
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    assert from_stdin.stdout == run("render", str(job_file)).stdout
+    validated = run("validate", "-", stdin=text)
+    assert validated.returncode == 0
+    assert validated.stdout.startswith("-: job demo: valid")
+
+
+def test_validate_prints_one_summary_line_per_job(tmp_path: Path, job_file: Path) -> None:
+    two = tmp_path / "two.yaml"
+    two.write_text(JOB.format(name="first", workers=1) + "---\n" + JOB.format(name="second", workers=3))
+    result = run("validate", str(two), str(job_file))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith(f"{two}: job first: valid; 2 pods")
+    assert lines[1].startswith(f"{two}: job second: valid; 4 pods")
+    assert lines[2].startswith(f"{job_file}: job demo: valid; 3 pods")
+    assert "master" in lines[1] and "worker" in lines[1] and "pytorch" in lines[1]
+
+
+def test_bad_input_gives_exit_2_and_one_line_per_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(JOB.format(name="Bad_Name", workers=-1))
+    for command in ("validate", "render"):
+        result = run(command, str(bad))
+        assert result.returncode == 2
+        assert result.stdout == ""
+        assert "Traceback" not in result.stderr
+        lines = result.stderr.splitlines()
+        assert any(line.startswith(f"{bad}:4: metadata.name:") for line in lines), lines
+        assert any("spec.tasks[1].replicas" in line for line in lines), lines
+
+
+def test_missing_file_is_a_clean_error(tmp_path: Path) -> None:
+    result = run("render", str(tmp_path / "nope.yaml"))
+    assert result.returncode == 2
+    assert "nope.yaml" in result.stderr and "Traceback" not in result.stderr
+
+
+# -------------------------------------------------------------------------------- the writers
+
+# Strings a YAML 1.1 reader could take for something else, or that need escaping.
+TRICKY = [
+    "", " ", "~", "null", "Null", "NULL", "true", "False", "yes", "No", "on", "OFF", "y", "Y", "n", "N",
+    "1", "-1", "+1", "0x1F", "0o17", "017", "0b101", "1_000", "1e3", "1E-3", ".5", "5.", "1.0", ".inf",
+    "-.Inf", ".nan", "12:30", "1:20:30.5", "2024-01-01", "2024-01-01T10:00:00Z", "=", "<<", "-", "--", "---",
+    "...", "- x", "? x", ": x", "a: b", "a:", "a #b", "#x", "&a", "*a", "!t", "%p", "@x", "`x", "{a}", "[a]",
+    "a,b", "|", ">", "'", '"', "\\", "'q'", '"dq"', " lead", "trail ", "tab\there", "\t", "x\ny", "x\n",
+    "x\n\n", "\nx", "\n", "line\r\nbreak", "caf\u00e9", "\u2028", "\x85", "\ufeff", "\x00", "\x1b[0m",
+    "emoji \U0001f600", "http://example.com/a?b=c#d", "registry:5000/img:tag", "a" * 2000,
+]  # fmt: skip
+# What Go's YAML reader (behind kubectl) takes as non-strings but PyYAML does not.
+GO_ONLY = ["y", "Y", "n", "N", "1e3"]
+
+
+def test_tricky_strings_round_trip() -> None:
+    data = {"items": TRICKY, "keyed": {s: s for s in TRICKY if s}, "nested": [[s] for s in TRICKY]}
+    assert yaml.safe_load(dump_yaml(data)) == data
+    assert json.loads(dump_json(data)) == data
+
+
+@pytest.mark.parametrize("text", GO_ONLY)
+def test_strings_go_would_misread_are_quoted(text: str) -> None:
+    assert dump_yaml({"v": text}) != f"v: {text}\n"
+
+
+def test_plain_data_layout() -> None:
+    data = {"a": 1, "b": [1, {"c": None, "d": True}, [], {}], "e": {}, "f": 2.5, "g": "x\ny"}
+    assert dump_yaml(data) == (
+        "a: 1\nb:\n- 1\n- c: null\n  d: true\n- []\n- {}\ne: {}\nf: 2.5\ng: |-\n  x\n  y\n"
+    )
+
+
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+plain_data = st.recursive(
+    json_scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plain_data)
+def test_yaml_writer_round_trips_any_plain_data(data: Any) -> None:
+    assert yaml.safe_load(dump_yaml(data)) == data
+
+
+@settings(max_examples=300, deadline=None)
+@given(plain_data)
+def test_json_writer_matches_the_standard_library(data: Any) -> None:
+    assert dump_json(data) == json.dumps(data, indent=2, ensure_ascii=False) + "\n"
