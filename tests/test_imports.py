@@ -1,0 +1,103 @@
+"""The spec commands stay light: ``--help`` and ``validate`` never import torch or kubernetes."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parent.parent
+SEED = REPO.parent / "shared" / "seeds" / "000_0d2fbf9b8108d20a.txt"
+EXAMPLE = REPO / "examples" / "pytorch-job.yaml"
+HEAVY = ("torch", "kubernetes")
+
+# Runs the CLI in-process, then reports which heavy top-level packages got imported.
+PROBE = """
+import json, sys
+from torchjob.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code
+heavy = sorted({name.split(".")[0] for name in sys.modules} & set(HEAVY))
+print(json.dumps({"code": code, "heavy": heavy}), file=sys.stderr)
+"""
+
+
+def seed_job(tmp_path: Path) -> Path:
+    if SEED.exists():
+        match = re.search(r"^```ya?ml[ \t]*\n(.*?)^```", SEED.read_text(), re.MULTILINE | re.DOTALL)
+        assert match
+        path = tmp_path / "seed.yaml"
+        path.write_text(match.group(1))
+        return path
+    if EXAMPLE.exists():
+        return EXAMPLE
+    pytest.skip("neither the seed documents nor examples/pytorch-job.yaml are there")
+
+
+def probe(*args: str) -> tuple[int, list[str]]:
+    result = subprocess.run(
+        [sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{PROBE}", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = json.loads(result.stderr.strip().splitlines()[-1])
+    return report["code"], report["heavy"]
+
+
+def imported_by_importtime(*args: str) -> set[str]:
+    """Top-level modules Python reports importing (``-X importtime``) while running the CLI."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "torchjob", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    names = set()
+    for line in result.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return names
+
+
+def test_help_imports_neither_torch_nor_kubernetes() -> None:
+    code, heavy = probe("--help")
+    assert code == 0
+    assert heavy == []
+    assert not imported_by_importtime("--help") & set(HEAVY)
+
+
+def test_validate_imports_neither_torch_nor_kubernetes(tmp_path: Path) -> None:
+    job = seed_job(tmp_path)
+    code, heavy = probe("validate", str(job))
+    assert code == 0
+    assert heavy == []
+    names = imported_by_importtime("validate", str(job))
+    assert "torchjob" in names  # the probe does see imports
+    assert not names & set(HEAVY)
+
+
+def test_render_imports_neither_torch_nor_kubernetes(tmp_path: Path) -> None:
+    code, heavy = probe("render", str(seed_job(tmp_path)))
+    assert code == 0
+    assert heavy == []
+
+
+def test_the_probe_notices_a_heavy_import() -> None:
+    """The checks above can fail: importing torch shows up in the same report."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    result = subprocess.run(
+        [sys.executable, "-c", f"import torch\nHEAVY = {HEAVY!r}\n{PROBE}", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert json.loads(result.stderr.strip().splitlines()[-1])["heavy"] == ["torch"]
