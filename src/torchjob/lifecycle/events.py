@@ -101,6 +101,14 @@ def _update(job: Job, change: PodChange, old: PodPhase, task_pods: Sequence[PodS
     return events or [Event.OUT_OF_SYNC]
 
 
+_STATE_WORDS = {
+    PodPhase.PENDING: "is pending",
+    PodPhase.RUNNING: "is running",
+    PodPhase.SUCCEEDED: "succeeded",
+    PodPhase.FAILED: "failed",
+}
+
+
 def describe_event(job: Job, event: Event, change: PodChange, pods: Sequence[PodStatus]) -> str:
     """A short human description of ``event`` raised by ``change``."""
     pod = change.label
@@ -125,7 +133,7 @@ def describe_event(job: Job, event: Event, change: PodChange, pods: Sequence[Pod
         )
     if change.new is None:
         return f"pod {pod} stopped"
-    return f"pod {pod} is {change.new.value.lower()}"
+    return f"pod {pod} {_STATE_WORDS[change.new]}"
 
 
 @dataclass(frozen=True)

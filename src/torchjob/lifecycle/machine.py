@@ -71,6 +71,10 @@ class Counts:
         return self.pending + self.running + self.terminating
 
 
+def _pods(n: int) -> str:
+    return f"{n} pod" if n == 1 else f"{n} pods"
+
+
 def _text(cause: str, text: str) -> str:
     return f"{cause}; {text}" if cause and text else cause or text
 
@@ -196,7 +200,7 @@ class _Step:
         started = counts.running + counts.succeeded + counts.failed
         need = self.job.spec.min_available
         if need <= started:
-            text = f"{started} of {self.job.total_replicas} pods started (minAvailable {need})"
+            text = f"{started} of {_pods(self.job.total_replicas)} started (minAvailable {need})"
             return self.decide(JobPhase.RUNNING, None, text)
         return self.decide(JobPhase.PENDING, None)
 
@@ -216,7 +220,7 @@ class _Step:
             return JobPhase.RUNNING, ""
         ok, bad = counts.succeeded, counts.failed
         if spec.min_success is not None and ok >= spec.min_success:
-            return JobPhase.COMPLETED, f"{ok} pods succeeded, minSuccess {spec.min_success} reached"
+            return JobPhase.COMPLETED, f"{_pods(ok)} succeeded, minSuccess {spec.min_success} reached"
         if ok + bad == total:
             done = f"all {total} pods finished, {ok} succeeded"
             task_min_total = sum(
@@ -238,7 +242,7 @@ class _Step:
         spare = total - spec.min_available
         if counts.pending > spare:
             return JobPhase.PENDING, (
-                f"{counts.pending} pods pending, more than the {spare} the job can spare"
+                f"{_pods(counts.pending)} pending, more than the {spare} the job can spare"
                 f" ({total} pods, minAvailable {spec.min_available})"
             )
         return JobPhase.RUNNING, ""
