@@ -21,6 +21,7 @@ _SDK_NAMES = {
     "Resources",
     "task",
     "Task",
+    "RemoteError",
 }
 
 

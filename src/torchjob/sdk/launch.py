@@ -10,6 +10,7 @@ An exception in any rank becomes a :class:`~torchjob.sdk.results.RemoteError` na
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -19,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from torchjob.logs import logger
+from torchjob.logs import configure, logger
 from torchjob.sdk.config import Elastic, PyTorch
 from torchjob.sdk.results import PROGRESS_FILE, dump_call, first_error, read_value
 
@@ -34,6 +35,8 @@ class TaskFailed(RuntimeError):
 
 
 def run_task(task: Task[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    if os.environ.get("TORCHJOB_LOG") and not logger.handlers:
+        configure()
     config = task.task_config
     if config is None or (isinstance(config, Elastic) and config.single_node and config.nproc_per_node == 1):
         logger.debug("task %s: single node, one process: calling the function directly", task.name)
@@ -77,7 +80,10 @@ def _run_single_node(
         try:
             _, value = launch(dump_call(task.function, args, kwargs), results, settings)
         except LaunchFailed as err:
-            raise first_error(results) or TaskFailed(str(err)) from None
+            error = first_error(results)
+            if error is None:
+                raise TaskFailed(str(err)) from None
+            raise error from error.original
         return value
     finally:
         shutil.rmtree(results, ignore_errors=True)
@@ -128,7 +134,7 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         payload.write_bytes(dump_call(task.function, args, kwargs))
         results = work / "results"
         results.mkdir()
-        name = f"{job_name(task.name)[:33].rstrip('-')}-{secrets.token_hex(3)}"
+        name = job_name(task.name)  # the engine makes the job directory unique
         request = task.job_request(
             target=["--payload", str(payload), "--results", str(results)], python=sys.executable, name=name
         )
@@ -145,19 +151,27 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
             name,
             ", ".join(f"{t.name} x{t.replicas}" for t in job.spec.tasks),
         )
+        # The engine's own output (pod logs with rank prefixes, status table) only when debugging;
+        # the job directory keeps every pod's log either way (`torchjob logs <job>`).
+        quiet = not logger.isEnabledFor(logging.DEBUG)
         with _Progress(results / PROGRESS_FILE, name):
-            result = run_job(job, RunOptions(quiet=True, timeout=timeout, extra_env=env))
+            result = run_job(job, RunOptions(quiet=quiet, timeout=timeout, extra_env=env))
+        logger.debug(
+            "task %s: job %s %s; logs: torchjob logs %s", task.name, name, result.phase, result.job_id
+        )
         error = first_error(results)
         if error is not None:
-            raise error
+            raise error from error.original
         if not result.ok:
             pods = "; ".join(
                 f"{p.name}: {p.phase} (exit code {p.exit_code}, logs {p.log_dir})" for p in result.pods
             )
-            raise TaskFailed(f"job {name} {result.phase}: {result.reason}; pods: {pods}")
+            raise TaskFailed(f"job {result.job_id} {result.phase}: {result.reason}; pods: {pods}")
         found, value = read_value(results)
         if not found:
-            raise TaskFailed(f"job {name} succeeded but rank 0 reported no value (logs in {result.job_dir})")
+            raise TaskFailed(
+                f"job {result.job_id} completed but rank 0 reported no value (logs in {result.job_dir})"
+            )
         return value
     finally:
         shutil.rmtree(work, ignore_errors=True)

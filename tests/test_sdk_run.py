@@ -1,0 +1,272 @@
+"""Calling SDK tasks runs them for real: torch.distributed with gloo on CPU, in real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from torchjob import Elastic, PyTorch, RemoteError, Worker, task
+
+pytest.importorskip("torch", reason="torch is not installed")
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
+
+
+def _engine_available() -> bool:
+    try:
+        from torchjob.engines.local import run_job  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_engine = pytest.mark.skipif(
+    not _engine_available(), reason="the local engine (run_job) is not available"
+)
+
+
+@pytest.fixture(autouse=True)
+def _job_dirs_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local-engine job directories go under the test's tmp dir, not ~/.torchjob."""
+    monkeypatch.setenv("TORCHJOB_HOME", str(tmp_path / "home"))
+
+
+def _live_children() -> list[psutil.Process]:
+    """Our child processes, minus multiprocessing's long-lived resource tracker."""
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" in " ".join(child.cmdline()) or child.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        alive.append(child)
+    return alive
+
+
+def _assert_no_children() -> None:
+    deadline = time.monotonic() + 10
+    while _live_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _live_children() == []
+
+
+@task(task_config=Elastic(nproc_per_node=1))
+def whoami(x: int) -> tuple[int, int]:
+    return os.getpid(), x * 2
+
+
+def test_single_process_is_a_direct_call() -> None:
+    pid, value = whoami(21)
+    assert (pid, value) == (os.getpid(), 42)
+    for nnodes in ("1", "1:1"):
+        assert whoami.with_overrides(task_config=Elastic(nnodes=nnodes))(5) == (os.getpid(), 10)
+
+
+@task(task_config=Elastic(nproc_per_node=3))
+def all_reduce_sum(offset: float) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        value = torch.tensor([float(dist.get_rank()) + offset])
+        dist.all_reduce(value)
+        return {
+            "rank": dist.get_rank(),
+            "world": dist.get_world_size(),
+            "sum": value.item(),
+            "pid": os.getpid(),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def test_elastic_single_node_all_reduce_returns_rank_0() -> None:
+    out = all_reduce_sum(10.0)
+    assert out["rank"] == 0 and out["world"] == 3
+    assert out["sum"] == 0 + 1 + 2 + 3 * 10.0
+    assert out["pid"] != os.getpid()
+    _assert_no_children()
+
+
+@task(task_config=Elastic(nproc_per_node=3))
+def fail_on_rank_2() -> str:
+    if os.environ["RANK"] == "2":
+        raise KeyError("rank two has no key")
+    time.sleep(120)  # the launcher must stop the other ranks, not wait for them
+    return "unreachable"
+
+
+def test_exception_in_rank_2_of_3_reaches_the_caller() -> None:
+    started = time.monotonic()
+    with pytest.raises(RemoteError) as info:
+        fail_on_rank_2()
+    error = info.value
+    assert time.monotonic() - started < 90
+    assert (error.rank, error.exc_type) == (2, "KeyError")
+    assert "rank two has no key" in error.message
+    assert (
+        __file__ in error.remote_traceback
+        and 'raise KeyError("rank two has no key")' in error.remote_traceback
+    )
+    assert isinstance(error.original, KeyError) and error.__cause__ is error.original
+    assert str(error).startswith("rank 2 raised KeyError:")
+    _assert_no_children()
+
+
+@task(task_config=Elastic(nproc_per_node=2))
+def make_closure(base: int) -> Any:
+    def add(y: int) -> int:
+        return base + y
+
+    return add
+
+
+def test_values_cross_with_cloudpickle() -> None:
+    add = make_closure(40)
+    assert add(2) == 42
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from torchjob import Elastic, PyTorch, RemoteError, Worker, task
+
+    @task(task_config=Elastic(nproc_per_node=2))
+    def ranks(tag):
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        out = [torch.zeros(1) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, torch.tensor([float(os.environ["RANK"])]))
+        dist.destroy_process_group()
+        return [(int(t.item()), tag) for t in out]
+
+    class Boom(Exception):
+        pass
+
+    @task(task_config=Elastic(nproc_per_node=2))
+    def boom():
+        if os.environ["RANK"] == "1":
+            raise Boom("defined in __main__")
+        return 0
+
+    if __name__ == "__main__":
+        print("ranks", ranks("main"))
+        try:
+            boom()
+        except RemoteError as err:
+            print("error", err.rank, err.exc_type, type(err.original).__name__)
+        if len(sys.argv) > 1:
+            multi = ranks.with_overrides(task_config=PyTorch(worker=Worker(replicas=1)))
+            print("pods", multi("pods"))
+    """
+)
+
+
+def _run_script(tmp_path: Path, *args: str) -> list[str]:
+    script = tmp_path / "main_task.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.splitlines()
+
+
+def test_task_defined_in_main(tmp_path: Path) -> None:
+    lines = _run_script(tmp_path)
+    assert lines[0] == "ranks [(0, 'main'), (1, 'main')]"
+    assert lines[1] == "error 1 Boom Boom"
+
+
+@needs_engine
+def test_task_defined_in_main_on_the_local_engine(tmp_path: Path) -> None:
+    lines = _run_script(tmp_path, "pods")
+    assert lines[2] == "pods [(0, 'pods'), (1, 'pods')]"
+
+
+@task(task_config=PyTorch(worker=Worker(replicas=2)))
+def pods_all_reduce(offset: float) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        value = torch.tensor([float(dist.get_rank()) + offset])
+        dist.all_reduce(value)
+        return {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": value.item()}
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_engine
+def test_pytorch_master_and_workers_all_reduce() -> None:
+    out = pods_all_reduce(1.0)
+    assert out == {"rank": 0, "world": 3, "sum": 0 + 1 + 2 + 3.0}
+    _assert_no_children()
+
+
+@task(task_config=PyTorch(worker=Worker(replicas=2)))
+def pods_fail_on_rank_2() -> None:
+    if os.environ["RANK"] == "2":
+        raise ValueError("worker 1 is rank 2 and fails")
+    time.sleep(120)
+
+
+@needs_engine
+def test_pytorch_exception_in_rank_2_of_3() -> None:
+    started = time.monotonic()
+    with pytest.raises(RemoteError) as info:
+        pods_fail_on_rank_2()
+    assert time.monotonic() - started < 90
+    assert (info.value.rank, info.value.exc_type) == (2, "ValueError")
+    assert "worker 1 is rank 2 and fails" in str(info.value) and __file__ in info.value.remote_traceback
+    _assert_no_children()
+
+
+@task(task_config=Elastic(nnodes=2, nproc_per_node=1))
+def nodes_all_reduce() -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        value = torch.tensor([1.0])
+        dist.all_reduce(value)
+        return {"world": dist.get_world_size(), "sum": value.item(), "pid": os.getpid()}
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_engine
+def test_with_overrides_switches_between_single_and_multi_node(capfd: pytest.CaptureFixture[str]) -> None:
+    multi = nodes_all_reduce()
+    assert (multi["world"], multi["sum"]) == (2, 2.0)
+    assert "2/2 nodes joined" in capfd.readouterr().err
+    single = nodes_all_reduce.with_overrides(task_config=Elastic(nnodes=1, nproc_per_node=1))
+    # One process: a direct call; without a launcher the test process itself initialises gloo.
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0", "RANK": "0", "WORLD_SIZE": "1"})
+    try:
+        out = single()
+    finally:
+        for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+            os.environ.pop(key, None)
+    assert (out["world"], out["sum"], out["pid"]) == (1, 1.0, os.getpid())
+    wider = nodes_all_reduce.with_overrides(task_config=Elastic(nnodes="1:3", nproc_per_node=2))
+    out = wider()
+    assert (out["world"], out["sum"]) == (6, 6.0)
+    assert nodes_all_reduce.task_config.nnodes == 2  # type: ignore[union-attr]
+    _assert_no_children()
