@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from torchjob.lifecycle import (
     RETAIN_NONE,
@@ -646,6 +648,18 @@ def test_restart_actions_during_restarting_cost_no_retry() -> None:
         assert decision.status.phase is JobPhase.RESTARTING
 
 
+def test_failing_out_of_restarting_stops_every_live_pod() -> None:
+    """A targeted restart that arrives once the budget is used up must not leave other pods running."""
+    given = pods("master-0:R worker-0:S worker-1:R")
+    status = JobStatus(JobPhase.RESTARTING, 3, 4, "why")
+    decision = step(make_job(), status, given, Action.RESTART_POD, task="worker", index=1)
+    assert decision.status.phase is JobPhase.FAILED
+    assert kill_shape(decision.kill) == JOB_SOFT
+    assert decision.kill is not None
+    assert [p.label for p in given if decision.kill.selects(p)] == ["master-0", "worker-1"]
+    assert decision.status.version == 5
+
+
 # --- maxRetry and the evidence kept on the last retry -------------------------------------------
 
 
@@ -1012,3 +1026,82 @@ def test_sim_evicted_pod_is_recreated_without_a_policy() -> None:
     sim.deliver(sim.queue.popleft())
     assert sim.history[-1] is JobPhase.PENDING  # one pod pending, none to spare
     assert sim.run() is JobPhase.COMPLETED
+
+
+# --- properties over random states (hypothesis) ---------------------------------------------------
+
+SLOTS = [("master", 0), ("worker", 0), ("worker", 1)]
+
+
+@st.composite
+def pod_sets(draw: st.DrawFn) -> list[PodStatus]:
+    out = []
+    for name, index in SLOTS:
+        if draw(st.booleans()):
+            phase = draw(st.sampled_from(list(PodPhase)))
+            code = draw(st.sampled_from([1, 3, 137])) if phase is F else None
+            restarts = draw(st.integers(0, 4))
+            out.append(PodStatus(name, index, phase, restarts, code, draw(st.booleans())))
+    return out
+
+
+STATUSES = st.builds(
+    JobStatus,
+    phase=st.sampled_from(list(JobPhase)),
+    retry_count=st.integers(0, 4),
+    version=st.integers(0, 3),
+    reason=st.just("before"),
+)
+TARGETS = st.sampled_from([(None, None), ("worker", 1), ("master", 0), ("worker", None)])
+JOBS = st.builds(
+    lambda max_retry, min_available, min_success: make_job(
+        max_retry=max_retry, min_available=min_available, min_success=min_success
+    ),
+    st.integers(1, 4),
+    st.integers(0, 3),
+    st.sampled_from([None, 1, 2, 3]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(job=JOBS, status=STATUSES, given_pods=pod_sets(), action=st.sampled_from(list(Action)), target=TARGETS)
+def test_step_invariants(
+    job: Job,
+    status: JobStatus,
+    given_pods: list[PodStatus],
+    action: Action,
+    target: tuple[str | None, int | None],
+) -> None:
+    decision = step(job, status, given_pods, action, task=target[0], index=target[1])
+    new = decision.status
+    check_invariants(status, given_pods, decision)
+    # finished jobs stay finished; only ResumeJob brings an Aborted job back
+    if status.phase.final and not (status.phase is JobPhase.ABORTED and action is Action.RESUME_JOB):
+        assert new.phase is status.phase
+    # one retry at most, and only for a restart in Pending/Running or a resume of an aborted job
+    assert new.retry_count - status.retry_count in (0, 1)
+    if new.retry_count > status.retry_count:
+        assert (action.restart and status.phase in (JobPhase.PENDING, JobPhase.RUNNING)) or (
+            action is Action.RESUME_JOB and status.phase in (JobPhase.ABORTING, JobPhase.ABORTED)
+        )
+        assert new.phase is JobPhase.RESTARTING
+    if new.phase.final and decision.kill is not None:
+        assert decision.kill.scope == "job" and decision.kill.retain == SOFT
+
+
+@settings(max_examples=200, deadline=None)
+@given(job=JOBS, status=STATUSES, given_pods=pod_sets())
+def test_syncing_while_pods_stop_always_settles(
+    job: Job, status: JobStatus, given_pods: list[PodStatus]
+) -> None:
+    """Carrying out kills and syncing again reaches a phase that waits for nothing of ours."""
+    current, live = status, list(given_pods)
+    for _ in range(12):
+        decision = step(job, current, live, Action.SYNC_JOB)
+        current = decision.status
+        # the engine stops the killed pods, and the stopped ones go away
+        live = [p for p in apply_kill(live, decision.kill) if not p.terminating]
+    assert not current.phase.transient
+    if status.phase in (JobPhase.ABORTING, JobPhase.COMPLETING, JobPhase.TERMINATING):
+        assert current.phase.final
+    assert all(p.phase in (S, F) for p in live) or current.phase in (JobPhase.PENDING, JobPhase.RUNNING)

@@ -110,6 +110,10 @@ class _Step:
         retry_count: int | None = None,
     ) -> Decision:
         """The Decision for moving to ``phase`` after issuing ``kill`` (dropped if it stops nothing)."""
+        if phase.final:
+            # A finished job keeps nothing running, whatever narrower kill led here (minSuccess
+            # reached, Restarting -> Failed after a RestartPod): stop every live pod, keep the rest.
+            kill = Kill("job", retain=RETAIN_SOFT)
         if kill is not None and not any(kill.selects(p) for p in self.pods):
             kill = None
         version = self.status.version + (1 if kill is not None and kill.scope == "job" else 0)
@@ -119,11 +123,6 @@ class _Step:
             version=version,
             reason=self.status.reason if reason is None else reason,
         )
-        if phase.final and kill is None:
-            # A finished job keeps nothing running (minSuccess reached, Restarting -> Failed).
-            leftover = Kill("job", retain=RETAIN_SOFT)
-            if any(leftover.selects(p) for p in self.pods):
-                return self.decide(phase, leftover, reason, retry_count)
         changed = phase is not self.status.phase
         return Decision(
             status=status,
