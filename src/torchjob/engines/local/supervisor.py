@@ -100,7 +100,7 @@ class Supervisor:
         self.status: JobStatus = initial_status()
         self.pods: dict[Key, LocalPod] = {}  # pods that exist now (finished ones included)
         self.latest: dict[Key, LocalPod] = {}  # the newest attempt of every pod, for reports
-        self.seen: dict[Key, tuple[str, int]] = {}
+        self.seen: dict[Key, tuple[str, int, int | None]] = {}  # reported phase, restarts, exit code
         self.attempts: dict[Key, int] = {}
         self.delayed: list[_Delayed] = []
         self.events: list[dict[str, Any]] = []
@@ -116,6 +116,7 @@ class Supervisor:
         self.dirty = True
         self.rank_of: dict[Key, str | None] = {}
         self.interrupted: int | None = None
+        self.created: list[PodChange] = []
 
     # ------------------------------------------------------------------ setup
 
@@ -225,12 +226,21 @@ class Supervisor:
     # ---------------------------------------------------------------- pods
 
     def pod_statuses(self) -> list[PodStatus]:
-        return [
-            PodStatus(task, index, PodPhase(pod.phase), pod.restarts, pod.exit_code, pod.terminating)
-            for (task, index), pod in self.pods.items()
-        ]
+        """The pods as reported so far: a change not yet reported is not seen by the lifecycle.
+
+        Several pods can end in one tick; judging the job by their live phases while their
+        changes are still being reported one by one would end it before a policy sees them.
+        """
+        out = []
+        for key, pod in self.pods.items():
+            phase, restarts, exit_code = self.seen[key]
+            out.append(PodStatus(key[0], key[1], PodPhase(phase), restarts, exit_code, pod.terminating))
+        return out
 
     def poll_pods(self, now: float) -> None:
+        created, self.created = self.created, []
+        for change in created:  # reported on their own, before what happened to them since
+            self.on_change(change)
         for key, pod in list(self.pods.items()):
             pod.poll(now)
             if pod.terminating and not pod.gone and pod.stuck(now, STUCK_AFTER_KILL):
@@ -250,7 +260,7 @@ class Supervisor:
                 )
                 self.on_change(change)
                 continue
-            current = (pod.phase, pod.restarts)
+            current = (pod.phase, pod.restarts, pod.exit_code)
             if old == current:
                 continue
             self.seen[key] = current
@@ -299,9 +309,9 @@ class Supervisor:
         decision = step(
             self.job, self.status, self.pod_statuses(), action, task=task, index=index, cause=cause
         )
-        self.apply(decision)
+        self.apply(decision, cause)
 
-    def apply(self, decision: Decision, depth: int = 0) -> None:
+    def apply(self, decision: Decision, cause: str = "", depth: int = 0) -> None:
         old = self.status
         self.status = decision.status
         now = time.monotonic()
@@ -321,7 +331,9 @@ class Supervisor:
             self.note(f"job {self.status.phase.value}: {self.status.reason}", color)
             self.dirty = True
         if decision.resync and depth < 8:
-            self.apply(step(self.job, self.status, self.pod_statuses(), Action.SYNC_JOB), depth + 1)
+            # The phase changed because of ``cause``; the follow-up sync keeps it in the reason.
+            again = step(self.job, self.status, self.pod_statuses(), Action.SYNC_JOB, cause=cause)
+            self.apply(again, cause, depth + 1)
 
     def grace_of(self, pod: LocalPod) -> float:
         task = self.job.task(pod.task)
@@ -383,6 +395,9 @@ class Supervisor:
             pod.fail_now(2)
         else:
             pod.start(now)
+        # Reported as created Pending; what happened since comes with the next poll.
+        self.seen[key] = (PENDING, 0, None)
+        self.created.append(PodChange(key[0], key[1], None, PodPhase.PENDING))
         self.dirty = True
 
     def base_env(self, plan: PodPlan, address: str, attempt: int) -> dict[str, str]:
