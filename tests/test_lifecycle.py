@@ -31,7 +31,9 @@ from torchjob.lifecycle import (
     reactions,
     resolve,
     resolve_action,
+    restarts_allowed,
     step,
+    task_max_retry,
 )
 from torchjob.spec.defaults import apply_defaults
 from torchjob.spec.model import Job, JobSpec, Metadata, PodTemplate, Policy, Task
@@ -202,6 +204,13 @@ def test_resolve_reports_delay_and_source() -> None:
         "policy PodFailed -> RestartJob",
     )
     assert resolve(job, Event.TASK_FAILED, "master", None).source == ""
+
+
+def test_only_the_matching_policy_timeout_is_read() -> None:
+    job = make_job(policies=[Policy("AbortJob", ["PodEvicted"], timeout="soon"), RESTART])
+    assert resolve_action(job, Event.POD_FAILED, "worker", 1) is Action.RESTART_JOB
+    with pytest.raises(ValueError, match="not a duration: 'soon'"):
+        resolve_action(job, Event.POD_EVICTED, "worker", None)
 
 
 @pytest.mark.parametrize(
@@ -704,7 +713,7 @@ def test_max_retry_means_max_retry_minus_one_restarts(max_retry: int, restarts_r
         assert after.status.phase is JobPhase.PENDING
         ran += 1
         status = replace(after.status, phase=JobPhase.RUNNING)
-    assert ran == restarts_run
+    assert ran == restarts_run == restarts_allowed(job)
     assert after.status.retry_count == max_retry
     assert f"maxRetry {max_retry} used up" in after.status.reason
 
@@ -1105,3 +1114,38 @@ def test_syncing_while_pods_stop_always_settles(
     if status.phase in (JobPhase.ABORTING, JobPhase.COMPLETING, JobPhase.TERMINATING):
         assert current.phase.final
     assert all(p.phase in (S, F) for p in live) or current.phase in (JobPhase.PENDING, JobPhase.RUNNING)
+
+
+CHANGES = st.builds(
+    PodChange,
+    st.sampled_from(["master", "worker"]),
+    st.integers(0, 1),
+    st.sampled_from([None, *PodPhase]),
+    st.sampled_from([None, *PodPhase]),
+    st.sampled_from([None, 1, 3]),
+    st.booleans(),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(change=CHANGES, given_pods=pod_sets(), max_retry=st.sampled_from([-1, 1, 2, 3]))
+def test_events_for_properties(change: PodChange, given_pods: list[PodStatus], max_retry: int) -> None:
+    job = make_job([task("master", 1), task("worker", 2, max_retry=max_retry)])
+    events = events_for(job, change, given_pods)
+    assert events, "every change at least syncs"
+    assert len(set(events)) == len(events)
+    known = next((p for p in given_pods if (p.task, p.index) == (change.task, change.index)), None)
+    if change.killed or (known is not None and known.terminating):
+        assert events == [Event.OUT_OF_SYNC]
+    if Event.POD_FAILED in events:
+        assert change.new is F and change.old is not F
+    if Event.TASK_COMPLETED in events:
+        assert change.new is S and change.old is not S
+    if Event.POD_EVICTED in events:
+        assert change.new is None
+    if Event.TASK_FAILED in events:
+        assert change.new in (P, R) and task_max_retry(job, change.task) is not None
+    if Event.OUT_OF_SYNC in events:
+        assert events == [Event.OUT_OF_SYNC]
+    for event in events:  # whatever the events, resolution never fails
+        resolve(job, event, change.task, change.exit_code)

@@ -65,7 +65,7 @@ from torchjob.lifecycle.events import (
     task_max_retry,
     task_restarts,
 )
-from torchjob.lifecycle.machine import Counts, initial_status, step
+from torchjob.lifecycle.machine import Counts, initial_status, restarts_allowed, step
 from torchjob.lifecycle.policy import Resolution, cancels_delay, parse_duration, resolve, resolve_action
 from torchjob.lifecycle.types import (
     RESTART_ACTIONS,
@@ -110,6 +110,7 @@ __all__ = [
     "reactions",
     "resolve",
     "resolve_action",
+    "restarts_allowed",
     "step",
     "task_completed",
     "task_failed",

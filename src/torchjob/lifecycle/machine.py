@@ -323,8 +323,19 @@ def step(
     RestartPartition need them (without them they restart the whole job). ``cause`` is the human
     reason for the action (see :class:`~torchjob.lifecycle.Reaction`) and starts the new
     ``status.reason``. ``job`` must be defaulted (``spec.max_retry`` >= 1, min_available set).
+    Restart actions count against ``spec.max_retry`` as :func:`restarts_allowed` explains.
     """
     return _Step(job, status, pods, action, task, index, cause).run()
+
+
+def restarts_allowed(job: Job) -> int:
+    """How many times the job really restarts before a restart action fails it: ``maxRetry - 1``.
+
+    Every restart action adds one to ``retry_count`` and Restarting fails the job once
+    ``retry_count >= maxRetry``, so maxRetry=3 gives 2 restarts and the 3rd restart action ends
+    the job in Failed (maxRetry=1: the first failure that asks for a restart fails the job).
+    """
+    return max(job.spec.max_retry - 1, 0)
 
 
 def initial_status() -> JobStatus:

@@ -43,20 +43,14 @@ def _policy_text(policy: Policy) -> str:
 
 def _match(policies: Sequence[Policy], event: Event, exit_code: int | None, where: str) -> Resolution | None:
     for policy in policies:
-        delay = parse_duration(policy.timeout) if policy.timeout is not None else None
-        source = f"{where}policy {_policy_text(policy)}"
         listed = event.value in policy.events or Event.ANY.value in policy.events
         # A pod is Pending for a while on every start; only a timeout makes that an incident.
-        if listed and (event is not Event.POD_PENDING or policy.timeout is not None):
-            return Resolution(Action(policy.action), delay, source)
+        by_event = listed and (event is not Event.POD_PENDING or policy.timeout is not None)
         # Only PodFailed carries an exit code (0 is rejected by validation).
-        if (
-            policy.exit_code is not None
-            and event is Event.POD_FAILED
-            and exit_code is not None
-            and policy.exit_code == exit_code
-        ):
-            return Resolution(Action(policy.action), delay, source)
+        by_code = policy.exit_code is not None and event is Event.POD_FAILED and policy.exit_code == exit_code
+        if by_event or by_code:
+            delay = parse_duration(policy.timeout) if policy.timeout is not None else None
+            return Resolution(Action(policy.action), delay, f"{where}policy {_policy_text(policy)}")
     return None
 
 
