@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 
 from torchjob.logs import configure, logger
-from torchjob.sdk.results import dump_call, load_call, write_error, write_value
+from torchjob.sdk.results import dump_call, load_call, read_value, write_error, write_value
 
 EXIT_FAILED = 1
 
@@ -117,15 +117,27 @@ def _run_once(payload: bytes, results: str, rank: int) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace, payload: bytes, results: str) -> int:
+    if args.elastic:
+        return _run_elastic(args, payload, results)
+    return _run_once(payload, results, rank=int(os.environ.get("RANK", "0")))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     configure()
     args = _parser().parse_args(argv)
     payload = _payload(args)
-    results = args.results or tempfile.mkdtemp(prefix="torchjob-results-")
-    os.makedirs(results, exist_ok=True)
-    if args.elastic:
-        return _run_elastic(args, payload, results)
-    return _run_once(payload, results, rank=int(os.environ.get("RANK", "0")))
+    if args.results:
+        os.makedirs(args.results, exist_ok=True)
+        return _run(args, payload, args.results)
+    # No caller is waiting for the value (a cluster pod, `torchjob run`): show it in the log instead.
+    with tempfile.TemporaryDirectory(prefix="torchjob-results-") as results:
+        code = _run(args, payload, results)
+        found, value = read_value(results)
+        if found:
+            text = repr(value)
+            print(f"torchjob: rank 0 returned {text[:1000]}{'...' if len(text) > 1000 else ''}", flush=True)
+        return code
 
 
 if __name__ == "__main__":

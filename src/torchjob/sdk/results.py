@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import CodeType, FunctionType
+from types import CodeType, FunctionType, TracebackType
 from typing import Any
 
 import cloudpickle
@@ -111,6 +111,16 @@ class RemoteError(RuntimeError):
         return (RemoteError, (self.rank, self.exc_type, self.message, self.remote_traceback, None))
 
 
+_SDK_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """Drop torchjob's own leading frames (the runner that called the function)."""
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(_SDK_DIR):
+        tb = tb.tb_next
+    return tb
+
+
 def error_record(rank: int, error: BaseException) -> dict[str, Any]:
     kind = type(error)
     name = (
@@ -126,7 +136,7 @@ def error_record(rank: int, error: BaseException) -> dict[str, Any]:
         "rank": rank,
         "type": name,
         "message": str(error),
-        "traceback": "".join(traceback.format_exception(kind, error, error.__traceback__)),
+        "traceback": "".join(traceback.format_exception(kind, error, _user_frames(error.__traceback__))),
         "time": time.time(),
         "original": original,
     }
