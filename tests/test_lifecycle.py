@@ -527,13 +527,15 @@ RUNNING_CASES = {
     "all failed": RunCase(
         "master-0:F1 worker-0:F1 worker-1:F1",
         JobPhase.FAILED,
-        "all 3 pods finished, 0 succeeded; task master has 0 succeeded, below its minAvailable 1",
+        "all 3 pods finished, 0 succeeded; task master has 0 succeeded, below its minAvailable 1;"
+        " failed: master-0 (exit code 1), worker-0 (exit code 1), worker-1 (exit code 1)",
     ),
     # job minAvailable >= sum of task minAvailable: every task must meet its own minAvailable
     "task below its minAvailable": RunCase(
         "master-0:S worker-0:S worker-1:F2",
         JobPhase.FAILED,
-        "all 3 pods finished, 2 succeeded; task worker has 1 succeeded, below its minAvailable 2",
+        "all 3 pods finished, 2 succeeded; task worker has 1 succeeded, below its minAvailable 2;"
+        " failed: worker-1 (exit code 2)",
     ),
     # job minAvailable below the task sum: task minimums are not checked, the job's is
     "job minAvailable met": RunCase(
@@ -545,7 +547,8 @@ RUNNING_CASES = {
     "job minAvailable missed": RunCase(
         "master-0:S worker-0:F1 worker-1:F2",
         JobPhase.FAILED,
-        "all 3 pods finished, 1 succeeded, below minAvailable 2",
+        "all 3 pods finished, 1 succeeded, below minAvailable 2;"
+        " failed: worker-0 (exit code 1), worker-1 (exit code 2)",
         min_available=2,
     ),
     "task minAvailable 1 of 2": RunCase(
@@ -567,7 +570,7 @@ RUNNING_CASES = {
     "minSuccess missed at the end": RunCase(
         "master-0:S worker-0:F1 worker-1:S",
         JobPhase.FAILED,
-        "all 3 pods finished, 2 succeeded, below minSuccess 3",
+        "all 3 pods finished, 2 succeeded, below minSuccess 3; failed: worker-0 (exit code 1)",
         min_available=2,
         min_success=3,
     ),
@@ -610,6 +613,18 @@ def test_running_sync(case: RunCase) -> None:
     if case.killed:
         assert decision.kill is not None and decision.kill.retain == SOFT
     check_invariants(status, given, decision)
+
+
+def test_failed_reason_lists_the_first_failed_pods() -> None:
+    job = make_job([task("worker", 5)])
+    given = pods("worker-0:F1 worker-1:S worker-2:F2 worker-3:F3 worker-4:F")
+    decision = step(job, JobStatus(JobPhase.RUNNING), given, Action.SYNC_JOB, cause="pod worker-4 failed")
+    assert decision.status.phase is JobPhase.FAILED
+    assert decision.status.reason == (
+        "pod worker-4 failed; all 5 pods finished, 1 succeeded; task worker has 1 succeeded, below its"
+        " minAvailable 5; failed: worker-0 (exit code 1), worker-2 (exit code 2), worker-3 (exit code 3),"
+        " 1 more"
+    )
 
 
 def test_running_with_zero_replicas_keeps_its_phase() -> None:
@@ -980,7 +995,9 @@ def test_sim_no_policy_means_the_job_fails_at_the_end() -> None:
     plain = Sim(make_job(), lambda t, i, a: 1 if t == "worker" and i == 0 else 0)
     assert plain.run() is JobPhase.FAILED
     assert plain.history == [*ONE_RUN, JobPhase.FAILED]
-    assert plain.status.reason.endswith("task worker has 1 succeeded, below its minAvailable 2")
+    assert plain.status.reason.endswith(
+        "task worker has 1 succeeded, below its minAvailable 2; failed: worker-0 (exit code 1)"
+    )
 
 
 def test_sim_min_success_completes_early() -> None:

@@ -209,6 +209,8 @@ class _Step:
         if self.action in _ENDINGS:
             return self.end()
         phase, text = self.running_sync(self.counts_after(None))
+        if phase is JobPhase.FAILED:
+            text += f"; failed: {_failed_pods(self.pods)}"
         return self.decide(phase, None, None if phase is JobPhase.RUNNING else _text(self.cause, text))
 
     def running_sync(self, counts: Counts) -> tuple[JobPhase, str]:
@@ -296,6 +298,19 @@ class _Step:
         if phase in _DRAINS:
             return self.draining()
         return self.finished()
+
+
+def _failed_pods(pods: Sequence[PodStatus], limit: int = 3) -> str:
+    """``worker-1 (exit code 3), master-0 (exit code 1)`` for the failed pods, the first few of them."""
+    failed = [p for p in pods if p.phase is PodPhase.FAILED and not p.terminating]
+    if not failed:
+        return "none"
+    parts = [
+        p.label + (f" (exit code {p.exit_code})" if p.exit_code is not None else "") for p in failed[:limit]
+    ]
+    if len(failed) > limit:
+        parts.append(f"{len(failed) - limit} more")
+    return ", ".join(parts)
 
 
 def _partition_size(extra: dict[str, object]) -> int:
