@@ -212,6 +212,7 @@ class _YamlWriter:
         self._strings: dict[str, str] = {}
         self._keys: dict[str, str] = {}
         self._prefixes: dict[str, dict[Any, str]] = {}
+        self._blocks: dict[tuple[str, str], str] = {}
 
     def scalar(self, value: Any, indent: str) -> str:
         if type(value) is str:
@@ -219,8 +220,12 @@ class _YamlWriter:
             if cached is not None:
                 return cached
             if "\n" in value:
-                text = _literal_block(value, indent) or _double_quoted(value) + "\n"
-                return text  # depends on indent, so not cached
+                # A block's lines depend on the indentation, so these are cached per indent.
+                block = self._blocks.get((value, indent))
+                if block is None:
+                    block = _literal_block(value, indent) or _double_quoted(value) + "\n"
+                    self._blocks[(value, indent)] = block
+                return block
             text = _inline_string(value) + "\n"
             self._strings[value] = text
             return text

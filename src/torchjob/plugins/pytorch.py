@@ -47,6 +47,8 @@ class PyTorchPlugin(Plugin):
         super().__init__(args)
         self._cache_for: tuple[Job, Addressing] | None = None
         self._cached: tuple[str, int, str] | None = None
+        self._script_for: tuple[str, int] | None = None
+        self._script_text = ""
 
     @property
     def master(self) -> str:
@@ -124,6 +126,15 @@ class PyTorchPlugin(Plugin):
             self._cache_for = (ctx.job, ctx.addressing)
         return self._cached
 
+    def _script(self, master_addr: str, master_port: int) -> str:
+        """The wait-for-master script; one string shared by every worker pod (strings are immutable)."""
+        key = (master_addr, master_port)
+        if self._script_for != key:
+            timeout = int(self.values["wait-master-timeout"])
+            self._script_text = wait_for_master_script(master_addr, master_port, timeout)
+            self._script_for = key
+        return self._script_text
+
     def on_pod_create(self, ctx: PodContext) -> None:
         wiring = self._wiring(ctx)
         if wiring is None:  # no master task: rejected by check(), and Volcano does nothing either
@@ -147,8 +158,7 @@ class PyTorchPlugin(Plugin):
         if ctx.task.name == self.worker and self.values["wait-master-enabled"]:
             init = ctx.spec.setdefault("initContainers", [])
             if not any(c.get("name") == WAIT_CONTAINER for c in init):
-                timeout = int(self.values["wait-master-timeout"])
-                script = wait_for_master_script(master_addr, master_port, timeout)
+                script = self._script(master_addr, master_port)
                 init.append(
                     {
                         "name": WAIT_CONTAINER,
