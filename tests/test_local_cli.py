@@ -1,0 +1,106 @@
+"""The local commands through the real CLI: run, run --detach, status, logs, delete."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_local_support import container, leftovers, make_job, sh, task, wait_until
+from torchjob.engines.local.state import job_manifest
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _cli(tmp_path: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")}
+    env.pop("NO_COLOR", None)
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _write(tmp_path: Path, job: object, name: str = "job.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(job_manifest(job)))  # type: ignore[arg-type]
+    return str(path)
+
+
+def _two_ranks(tmp_path: Path, script: str = "echo hello from $RANK; sleep 0.2") -> str:
+    job = make_job(
+        "cli",
+        [
+            task("master", [container("m", sh(script))]),
+            task("worker", [container("w", sh(script))], replicas=2),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker"]},
+    )
+    return _write(tmp_path, job)
+
+
+def test_run_prints_prefixed_lines_and_a_summary(tmp_path: Path) -> None:
+    proc = _cli(tmp_path, "run", _two_ranks(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    for prefix, rank in (("master-0 r0", 0), ("worker-0 r1", 1), ("worker-1 r2", 2)):
+        assert any(line.startswith(prefix) and line.endswith(f"| hello from {rank}") for line in lines), lines
+    assert "\x1b[" not in proc.stdout  # no colors when stdout is not a terminal
+    assert any(line.startswith("Completed:") for line in lines)
+
+
+def test_run_exits_1_when_the_job_fails(tmp_path: Path) -> None:
+    job = make_job("failing", [task("main", [container("app", sh("echo bad; exit 9"))])])
+    proc = _cli(tmp_path, "run", _write(tmp_path, job))
+    assert proc.returncode == 1
+    assert "Failed:" in proc.stdout and "exit code 9" in proc.stdout
+
+
+def test_detach_status_logs_and_delete(tmp_path: Path) -> None:
+    proc = _cli(
+        tmp_path, "run", "--detach", _two_ranks(tmp_path, "echo hello from $RANK; sleep 1.5; echo done")
+    )
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip()
+    assert job_id.startswith("cli-")
+    status = _cli(tmp_path, "status", job_id)
+    assert status.returncode == 0 and ("Running" in status.stdout or "Pending" in status.stdout)
+    follow = _cli(tmp_path, "logs", job_id, "-f")
+    assert follow.returncode == 0
+    assert sorted(line for line in follow.stdout.splitlines() if line.endswith("| done")) == [
+        "master-0 r0 | done",
+        "worker-0 r1 | done",
+        "worker-1 r2 | done",
+    ]
+    final = json.loads(_cli(tmp_path, "status", job_id, "-o", "json").stdout)
+    assert final["phase"] == "Completed"
+    one = _cli(tmp_path, "logs", "cli", "worker-1")  # by job name and short pod name
+    assert one.stdout.splitlines() == ["worker-1 r2 | hello from 2", "worker-1 r2 | done"]
+    listing = _cli(tmp_path, "status")
+    assert job_id in listing.stdout and "Completed" in listing.stdout
+    deleted = _cli(tmp_path, "delete", job_id)
+    assert deleted.returncode == 0
+    assert not (tmp_path / "home" / "jobs" / job_id).exists()
+
+
+def test_delete_stops_a_running_job(tmp_path: Path) -> None:
+    job = make_job("longrun", [task("main", [container("app", sh("echo up; sleep 300"))])])
+    proc = _cli(tmp_path, "run", "-d", _write(tmp_path, job))
+    job_id = proc.stdout.strip()
+    assert wait_until(lambda: len(leftovers(job_id)) >= 2, 10)
+    deleted = _cli(tmp_path, "delete", job_id)
+    assert deleted.returncode == 0, deleted.stderr
+    assert leftovers(job_id) == []
+    assert not (tmp_path / "home" / "jobs" / job_id).exists()
+
+
+def test_unknown_job_or_pod_is_bad_input(tmp_path: Path) -> None:
+    assert _cli(tmp_path, "status", "nope").returncode == 2
+    assert _cli(tmp_path, "logs", "nope").returncode == 2
+    job = make_job("known", [task("main", [container("app", sh("true"))])])
+    assert _cli(tmp_path, "run", "-q", _write(tmp_path, job)).returncode == 0
+    missing = _cli(tmp_path, "logs", "known", "worker-7")
+    assert missing.returncode == 2 and "main-0" in missing.stderr
