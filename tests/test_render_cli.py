@@ -228,3 +228,15 @@ def test_yaml_writer_round_trips_any_plain_data(data: Any) -> None:
 @given(plain_data)
 def test_json_writer_matches_the_standard_library(data: Any) -> None:
     assert dump_json(data) == json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def test_two_jobs_with_one_name_in_a_file_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "twice.yaml"
+    path.write_text(JOB.format(name="same", workers=1) + "---\n" + JOB.format(name="same", workers=2))
+    second_name_line = JOB.count("\n") + 1 + 4  # the '---' line, then line 4 of the second document
+    for command in ("validate", "render"):
+        result = run(command, str(path))
+        assert result.returncode == 2
+        assert result.stdout == ""
+        [line] = result.stderr.splitlines()
+        assert line.startswith(f"{path}:{second_name_line}: metadata.name: job 'same'")

@@ -11,7 +11,9 @@ from torchjob.errors import Problem, SpecError
 
 def register(commands: Any) -> None:
     validate = commands.add_parser("validate", help="check job files and print a summary of each job")
-    validate.add_argument("files", nargs="+", metavar="FILE", help="job YAML/JSON, '-' for stdin, or FILE.py:TASK")
+    validate.add_argument(
+        "files", nargs="+", metavar="FILE", help="job YAML/JSON, '-' for stdin, or FILE.py:TASK"
+    )
     validate.set_defaults(func=run_validate)
 
     render = commands.add_parser("render", help="print the Kubernetes objects a cluster would create")
@@ -26,6 +28,23 @@ def _print_warnings(file: str, document: Any, warnings: list[tuple[str, str]]) -
         print(problem.format(), file=sys.stderr)
 
 
+def _duplicate_jobs(loaded: list[Any]) -> list[Problem]:
+    """Two jobs of one file with the same namespace and name would overwrite each other's objects."""
+    first: dict[tuple[str, str], int] = {}
+    problems: list[Problem] = []
+    for item in loaded:
+        key = (item.job.metadata.namespace, item.job.name)
+        if key in first:
+            message = (
+                f"job {key[1]!r} in namespace {key[0]!r} is already defined by document {first[key] + 1} "
+                "of this file; give each job its own name"
+            )
+            problems.append(item.document.problem("metadata.name", message))
+        else:
+            first[key] = item.document.index
+    return problems
+
+
 def run_validate(args: argparse.Namespace) -> int:
     from torchjob.expand import expand
     from torchjob.jobs import load_jobs
@@ -37,6 +56,10 @@ def run_validate(args: argparse.Namespace) -> int:
             loaded = load_jobs(file)
         except SpecError as err:
             problems += err.problems
+            continue
+        duplicates = _duplicate_jobs(loaded)
+        if duplicates:
+            problems += duplicates
             continue
         for item in loaded:
             job = item.job
@@ -56,6 +79,9 @@ def run_render(args: argparse.Namespace) -> int:
     from torchjob.render import as_list, dump
 
     loaded = load_jobs(args.file)
+    duplicates = _duplicate_jobs(loaded)
+    if duplicates:
+        raise SpecError(duplicates)
     states = []
     for item in loaded:
         state = expand(item.job)
