@@ -29,7 +29,7 @@ def parse_int(value: str) -> tuple[int | None, str]:
     Go reads ``010`` as octal 8, which surprises anyone who meant ten, so torchjob refuses it and
     asks for ``10`` or ``0o10``.
     """
-    if not _GO_INT.match(value):
+    if not _GO_INT.fullmatch(value):
         return None, f"expected an integer, got {value!r}"
     if _LEADING_ZERO.match(value):
         return (

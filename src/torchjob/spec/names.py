@@ -21,23 +21,23 @@ _IMAGE = re.compile(
 
 
 def is_dns1123_label(value: str) -> bool:
-    return len(value) <= DNS1123_LABEL_MAX and bool(_DNS1123_LABEL.match(value))
+    return len(value) <= DNS1123_LABEL_MAX and bool(_DNS1123_LABEL.fullmatch(value))
 
 
 def is_dns1035_label(value: str) -> bool:
-    return len(value) <= DNS1123_LABEL_MAX and bool(_DNS1035_LABEL.match(value))
+    return len(value) <= DNS1123_LABEL_MAX and bool(_DNS1035_LABEL.fullmatch(value))
 
 
 def is_dns1123_subdomain(value: str) -> bool:
-    return len(value) <= 253 and bool(_DNS1123_SUBDOMAIN.match(value))
+    return len(value) <= 253 and bool(_DNS1123_SUBDOMAIN.fullmatch(value))
 
 
 def is_env_name(value: str) -> bool:
-    return bool(_ENV_NAME.match(value))
+    return bool(_ENV_NAME.fullmatch(value))
 
 
 def is_image_reference(value: str) -> bool:
-    return len(value) <= 4096 and bool(_IMAGE.match(value))
+    return len(value) <= 4096 and bool(_IMAGE.fullmatch(value))
 
 
 def label_problem(value: str) -> str:

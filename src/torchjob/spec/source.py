@@ -48,7 +48,7 @@ def child(path: str, key: PathPart) -> str:
     """The path of ``key`` under ``path``: ``spec.tasks[1]``, ``metadata.labels["app.io/x"]``."""
     if isinstance(key, int):
         return f"{path}[{key}]"
-    if _PLAIN_KEY.match(key):
+    if _PLAIN_KEY.fullmatch(key):
         return f"{path}.{key}" if path else key
     return f"{path}[{json.dumps(key)}]"
 
