@@ -744,15 +744,18 @@ def test_restart_reason_names_the_pod_the_policy_and_the_retry() -> None:
         "pod worker-1 failed with exit code 3; policy PodFailed -> RestartJob;"
         " restarting the job (retry 1 of maxRetry 3)"
     )
+    pending = step(job, decision.status, [], Action.SYNC_JOB)
+    assert pending.status.reason == "starting the pods again (retry 1 of maxRetry 3)"
     last = step(job, JobStatus(JobPhase.RUNNING, 2), given, r.action, cause=r.cause)
-    assert last.status.reason.endswith(
-        "restarting the job (retry 3 of maxRetry 3, the last one: the job fails)"
+    assert last.status.reason == (
+        "pod worker-1 failed with exit code 3; policy PodFailed -> RestartJob;"
+        " maxRetry 3 used up after 2 restarts, so the job fails"
     )
     failed = step(job, last.status, apply_kill(given, last.kill), Action.SYNC_JOB)
     assert failed.status.phase is JobPhase.FAILED
-    assert failed.status.reason == (
-        last.status.reason + "; maxRetry 3 used up: retry 3 fails the job instead of restarting it"
-    )
+    assert failed.status.reason == last.status.reason
+    bare = step(job, JobStatus(JobPhase.RESTARTING, 3), [], Action.SYNC_JOB)
+    assert bare.status.reason == "maxRetry 3 used up, so the job fails"
 
 
 # --- targets ------------------------------------------------------------------------------------

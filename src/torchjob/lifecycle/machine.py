@@ -164,6 +164,12 @@ class _Step:
 
     # --- actions shared by several phases --------------------------------------------------
 
+    def retry_note(self, what: str, retry: int) -> str:
+        """``restarting the job (retry 1 of maxRetry 3)``, or why this retry ends the job instead."""
+        if retry >= self.max_retry:
+            return f"maxRetry {self.max_retry} used up after {retry - 1} restarts, so the job fails"
+        return f"{what} (retry {retry} of maxRetry {self.max_retry})"
+
     def restart(self) -> Decision:
         """A restart action in Pending/Running: kill, one more retry, -> Restarting."""
         retry = self.status.retry_count + 1
@@ -172,9 +178,7 @@ class _Step:
             kill, what = Kill("job", retain=retain), "restarting the job"
         else:
             kill, what = self.target_kill(retain)
-        note = f"{what} (retry {retry} of maxRetry {self.max_retry}"
-        note += ", the last one: the job fails)" if retry >= self.max_retry else ")"
-        return self.decide(JobPhase.RESTARTING, kill, _text(self.cause, note), retry)
+        return self.decide(JobPhase.RESTARTING, kill, _text(self.cause, self.retry_note(what, retry)), retry)
 
     def end(self) -> Decision:
         """AbortJob / CompleteJob / TerminateJob: stop what runs, keep finished pods, drain."""
@@ -184,7 +188,7 @@ class _Step:
 
     def resume(self) -> Decision:
         retry = self.status.retry_count + 1
-        note = f"resuming the job (retry {retry} of maxRetry {self.max_retry})"
+        note = self.retry_note("resuming the job", retry)
         kill = Kill("job", retain=RETAIN_SOFT)
         return self.decide(JobPhase.RESTARTING, kill, _text(self.cause, note), retry)
 
@@ -262,14 +266,12 @@ class _Step:
             kill = Kill("job", retain=retain)
         counts = self.counts_after(kill)
         if self.status.retry_count >= self.max_retry:
-            text = (
-                f"maxRetry {self.max_retry} used up: retry {self.status.retry_count} fails the job"
-                f" instead of restarting it"
-            )
-            return self.decide(JobPhase.FAILED, kill, _text(self.status.reason, text))
+            # The restart that got here already said why the job fails (see retry_note).
+            fallback = f"maxRetry {self.max_retry} used up, so the job fails"
+            return self.decide(JobPhase.FAILED, kill, self.status.reason or fallback)
         if self.job.total_replicas - counts.terminating >= self.job.spec.min_available:
-            text = f"restart {self.status.retry_count} of maxRetry {self.max_retry}: starting pods again"
-            return self.decide(JobPhase.PENDING, kill, _text(self.status.reason, text))
+            text = f"starting the pods again (retry {self.status.retry_count} of maxRetry {self.max_retry})"
+            return self.decide(JobPhase.PENDING, kill, text)
         return self.decide(JobPhase.RESTARTING, kill)
 
     def draining(self) -> Decision:
