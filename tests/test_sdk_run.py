@@ -270,3 +270,36 @@ def test_with_overrides_switches_between_single_and_multi_node(capfd: pytest.Cap
     assert (out["world"], out["sum"]) == (6, 6.0)
     assert nodes_all_reduce.task_config.nnodes == 2  # type: ignore[union-attr]
     _assert_no_children()
+
+
+@task(task_config=Elastic(nnodes=2, nproc_per_node=1))
+def nodes_fail_on_rank_1() -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise RuntimeError("node rank 1 gives up")
+    time.sleep(120)
+
+
+@needs_engine
+def test_multi_node_elastic_exception_reaches_the_caller() -> None:
+    started = time.monotonic()
+    with pytest.raises(RemoteError) as info:
+        nodes_fail_on_rank_1()
+    assert time.monotonic() - started < 120
+    assert (info.value.rank, info.value.exc_type, info.value.message) == (
+        1,
+        "RuntimeError",
+        "node rank 1 gives up",
+    )
+    _assert_no_children()
+
+
+def test_decisions_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("DEBUG", logger="torchjob"):
+        whoami(1)
+        task(task_config=Elastic(nnodes="1:4", nproc_per_node=2))(whoami.function).to_job()
+    text = caplog.text
+    assert "single node, one process: calling the function directly" in text
+    assert "elastic 1:4 nodes x 2 processes, c10d rendezvous at the master pod's port 23456" in text

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import pickle
+import sys
 import threading
 from base64 import b64decode
 from collections.abc import Iterator
@@ -75,6 +76,28 @@ def _quiet_torch() -> Iterator[None]:
             log.setLevel(level)
 
 
+@contextlib.contextmanager
+def _main_not_reimported() -> Iterator[None]:
+    """Keep spawned workers from re-running the caller's script.
+
+    multiprocessing's spawn imports the parent's ``__main__`` in every child (by path or module
+    name), which re-runs a script's top-level code, and a top-level task call would launch again.
+    The workers get the function by value from the payload, so they do not need ``__main__``.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 def launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool, Any]:
     """Run the call on this node's ``nproc_per_node`` workers; (True, value) if rank 0 is here."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -104,7 +127,7 @@ def launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool
         settings.run_id, settings.max_restarts, settings.start_method,
     )  # fmt: skip
     try:
-        with _quiet_torch():
+        with _quiet_torch(), _main_not_reimported():
             out = elastic_launch(config, elastic_child)(payload, results)
     except ChildFailedError as err:
         for rank, failure in err.failures.items():

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchjob.errors import SpecError
+from torchjob.logs import logger
 from torchjob.sdk.config import Elastic, PyTorch, Resources, RestartPolicy
 from torchjob.spec import model
 
@@ -224,4 +225,12 @@ def build_job(request: JobRequest, file: str = "<sdk>") -> tuple[model.Job, Any]
     if job is None:
         raise SpecError(problems)
     job.elastic, job.run_policy = model_policies(request.config)
+    shape = ", ".join(f"{t.name} x{t.replicas}" for t in job.spec.tasks)
+    if job.elastic is not None:
+        e = job.elastic
+        shape += (
+            f"; elastic {e.min_nodes}:{e.max_nodes} nodes x {e.nproc_per_node} processes, "
+            f"c10d rendezvous at the master pod's port {PORT}"
+        )
+    logger.debug("job %s: %s", job.name, shape)
     return job, document
