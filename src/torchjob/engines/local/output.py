@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92", "94")
 _PHASE_COLORS = {
+    "Stopped": "33",
     "Succeeded": "32",
     "Completed": "32",
     "Failed": "31",

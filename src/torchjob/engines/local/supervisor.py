@@ -68,6 +68,7 @@ TRACK_EVERY = 0.5  # seconds between scans for container descendants
 DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no terminationGracePeriodSeconds
 WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
 STUCK_AFTER_KILL = 5.0  # a process that outlives SIGKILL this long is given up on (D state)
+STOPPED = "Stopped"  # reported phase of a pod the engine stopped before it ended by itself
 
 Key = tuple[str, int]
 
@@ -532,7 +533,7 @@ class Supervisor:
             "rank": pod.rank,
             "address": pod.address,
             "attempt": pod.attempt,
-            "phase": pod.phase if current or pod.phase in (SUCCEEDED, FAILED) else _ended_phase(pod),
+            "phase": pod.phase if current else _ended_phase(pod),
             "terminating": pod.terminating and not pod.gone,
             "deleted": not current,
             "restarts": pod.restarts,
@@ -622,8 +623,8 @@ def _phase(value: str) -> PodPhase:
 
 
 def _ended_phase(pod: LocalPod) -> str:
-    """How a pod the engine deleted is reported: by how its containers ended."""
-    return SUCCEEDED if pod.exit_code == 0 else FAILED
+    """How a pod the engine deleted is reported: ``Stopped`` unless it had finished by itself."""
+    return pod.phase if pod.phase in (SUCCEEDED, FAILED) else STOPPED
 
 
 def _python() -> str:
