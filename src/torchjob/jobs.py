@@ -63,11 +63,11 @@ def check_jobs(documents: list[Document], file: str) -> list[LoadedJob]:
         key = (job.metadata.namespace, job.name)
         if key in names:
             # Both jobs would render to the same pods, Service and ConfigMap.
-            problems.append(
-                document.problem(
-                    "metadata.name", f"job {job.name!r} is already defined in document {names[key]}"
-                )
+            message = (
+                f"job {job.name!r} in namespace {key[0]!r} is already defined in document {names[key]}; "
+                "give each job its own name"
             )
+            problems.append(document.problem("metadata.name", message))
             continue
         names[key] = document.index + 1
         loaded.append(LoadedJob(job, document))
