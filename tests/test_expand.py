@@ -348,3 +348,43 @@ def test_cli_warns_with_file_line_and_field_path(command: str, tmp_path: Path) -
     path.write_text(yaml.safe_dump(big_job(FITS), sort_keys=False))
     quiet = run_cli(command, str(path))
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+# ------------------------------------------------------------------------------- job volumes
+
+
+def test_job_volumes_become_claims_mounted_in_every_container() -> None:
+    init = {"name": "setup", "image": "busybox:1.36.1"}
+    tasks = [simple_task("a", 2, initContainers=[init])]
+    tasks[0]["template"]["spec"]["containers"].append({"name": "side", "image": "busybox:1.36.1"})
+    volumes = [
+        {"mountPath": "/data", "volumeClaimName": "datasets"},
+        {
+            "mountPath": "/ckpt",
+            "volumeClaim": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+        {"mountPath": "/again", "volumeClaimName": "datasets"},  # a repeated claim is skipped, as in Volcano
+    ]
+    state = expand(load(job_doc(tasks, {"svc": []}, volumes=volumes)))
+    again = expand(load(job_doc(copy.deepcopy(tasks), {"svc": []}, volumes=copy.deepcopy(volumes))))
+    assert [p.manifest for p in state.pods] == [p.manifest for p in again.pods]  # names are stable
+
+    [claim] = [o for o in state.objects if o["kind"] == "PersistentVolumeClaim"]
+    generated = claim["metadata"]["name"]
+    assert generated.startswith("demo-volume-") and len(generated) == len("demo-volume-") + 12
+    assert claim["spec"] == volumes[1]["volumeClaim"]
+    assert state.objects[0] is claim  # before the pods and the svc objects
+
+    for pod in state.pods:
+        spec = pod.manifest["spec"]
+        pvcs = [v for v in spec["volumes"] if "persistentVolumeClaim" in v]
+        assert [v["persistentVolumeClaim"]["claimName"] for v in pvcs] == ["datasets", generated]
+        names = [v["name"] for v in pvcs]
+        assert all(n.startswith("demo-") and len(n) == len("demo-") + 12 for n in names)
+        assert spec["volumes"][-1]["name"] == "demo-svc"  # plugins come after the controller
+        for c in spec["containers"]:
+            assert c["volumeMounts"][:2] == [
+                {"name": names[0], "mountPath": "/data"},
+                {"name": names[1], "mountPath": "/ckpt"},
+            ]
+        assert [m["mountPath"] for m in spec["initContainers"][0]["volumeMounts"]] == ["/etc/volcano"]

@@ -1,4 +1,7 @@
-"""Every object ``torchjob render`` prints is valid for the Kubernetes API (strict schema)."""
+"""Every object ``torchjob render`` prints is valid for the Kubernetes API (strict schema).
+
+Pods, Services, ConfigMaps and NetworkPolicies, plus the PersistentVolumeClaims of job volumes.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +41,10 @@ metadata:
 spec:
   queue: gpu
   priorityClassName: high
+  volumes:
+    - {{mountPath: /data, volumeClaimName: datasets}}
+    - mountPath: /ckpt
+      volumeClaim: {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 1Gi}}}}}}
   plugins:
     pytorch: ["--master=chief", "--worker=trainer", "--port=29500", "--wait-master-enabled=true",
               "--wait-master-timeout=60", "--wait-master-image=busybox:1.36.1"]
@@ -136,6 +143,8 @@ def test_rendered_objects_validate_against_the_kubernetes_schema(name: str, tmp_
     assert {"Pod", "Service", "ConfigMap"} <= kinds
     if name != "user-init":
         assert "NetworkPolicy" in kinds
+    if name == "every-flag":
+        assert "PersistentVolumeClaim" in kinds
     for item in items:
         validate(item)
     if name == "user-init":

@@ -8,6 +8,7 @@ I/O: ``render`` prints its result, the local engine runs it, and the tests snaps
 from __future__ import annotations
 
 import gc
+import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -86,6 +87,64 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
+@dataclass(frozen=True)
+class JobVolume:
+    """One ``spec.volumes`` entry of the job: a claim mounted into every pod."""
+
+    claim_name: str
+    volume_name: str
+    mount_path: str
+    # The PersistentVolumeClaim spec to create, when the job gives one.
+    claim_spec: dict[str, Any] | None
+
+
+def _stable_suffix(text: str) -> str:
+    # Volcano picks 12 random [0-9a-z] characters; a hash keeps the output reproducible.
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def job_volumes(job: Job) -> list[JobVolume]:
+    """The job's claims as Volcano's controller mounts them; the first entry of a claim wins."""
+    raw = job.spec.extra.get("volumes")
+    volumes: list[JobVolume] = []
+    if not isinstance(raw, list):
+        return volumes
+    seen: set[str] = set()
+    for index, entry in enumerate(raw):
+        if not isinstance(entry, dict) or not isinstance(entry.get("mountPath"), str):
+            continue
+        claim_spec = entry.get("volumeClaim")
+        claim = entry.get("volumeClaimName")
+        if not isinstance(claim, str) or not claim:
+            claim = f"{job.name}-volume-{_stable_suffix(f'{job.metadata.namespace}/{job.name}/{index}')}"
+        if claim in seen:  # Volcano skips a repeated claim entirely, mount included
+            continue
+        seen.add(claim)
+        volumes.append(
+            JobVolume(
+                claim_name=claim,
+                volume_name=f"{job.name}-{_stable_suffix(f'{job.metadata.namespace}/{job.name}/{claim}')}",
+                mount_path=entry["mountPath"],
+                claim_spec=_copy(claim_spec) if isinstance(claim_spec, dict) else None,
+            )
+        )
+    return volumes
+
+
+def claim_objects(job: Job) -> list[dict[str, Any]]:
+    """The PersistentVolumeClaims the controller creates for volumes that carry a claim spec."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": v.claim_name, "namespace": job.metadata.namespace},
+            "spec": v.claim_spec,
+        }
+        for v in job_volumes(job)
+        if v.claim_spec is not None
+    ]
+
+
 def _copy_job_metadata(
     job: Job, task: Task, index: int, labels: dict[str, str], annotations: dict[str, str]
 ) -> None:
@@ -111,7 +170,15 @@ def _copy_job_metadata(
         labels[PARTITION_ID] = str(index // size)
 
 
-def new_pod(job: Job, task: Task, index: int, *, version: int = 0, retry_count: int = 0) -> dict[str, Any]:
+def new_pod(
+    job: Job,
+    task: Task,
+    index: int,
+    *,
+    version: int = 0,
+    retry_count: int = 0,
+    volumes: list[JobVolume] | None = None,
+) -> dict[str, Any]:
     """The pod Volcano's controller creates before plugins run (``createJobPod``)."""
     template = task.template
     name = pod_name(job.name, task.name, index)
@@ -145,6 +212,14 @@ def new_pod(job: Job, task: Task, index: int, *, version: int = 0, retry_count: 
         spec["schedulerName"] = job.spec.scheduler_name
     if not spec.get("priorityClassName") and job.spec.priority_class_name:
         spec["priorityClassName"] = job.spec.priority_class_name
+    for volume in job_volumes(job) if volumes is None else volumes:
+        spec.setdefault("volumes", []).append(
+            {"name": volume.volume_name, "persistentVolumeClaim": {"claimName": volume.claim_name}}
+        )
+        for container in spec.get("containers", []):  # not init containers, like Volcano
+            container.setdefault("volumeMounts", []).append(
+                {"name": volume.volume_name, "mountPath": volume.mount_path}
+            )
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -165,14 +240,18 @@ def expand(
     addressing = addressing or ClusterAddressing()
     plugins = build_plugins(job)
     pods: list[PodPlan] = []
+    volumes = job_volumes(job)
     with paused_gc():
         for task in job.spec.tasks:
             for index in range(task.replicas):
-                manifest = new_pod(job, task, index, version=version, retry_count=retry_count)
+                manifest = new_pod(
+                    job, task, index, version=version, retry_count=retry_count, volumes=volumes
+                )
                 ctx = PodContext(job=job, task=task, index=index, pod=manifest, addressing=addressing)
                 for plugin in plugins:
                     plugin.on_pod_create(ctx)
                 pods.append(PodPlan(task=task, index=index, manifest=manifest))
-        objects = [obj for plugin in plugins for obj in plugin.job_objects(job, addressing)]
+        objects = claim_objects(job)
+        objects += [obj for plugin in plugins for obj in plugin.job_objects(job, addressing)]
         warnings = [w for plugin in plugins for w in plugin.warnings(job, addressing)]
     return DesiredState(job=job, pods=pods, objects=objects, warnings=warnings)
