@@ -388,3 +388,15 @@ def test_job_volumes_become_claims_mounted_in_every_container() -> None:
                 {"name": names[1], "mountPath": "/ckpt"},
             ]
         assert [m["mountPath"] for m in spec["initContainers"][0]["volumeMounts"]] == ["/etc/volcano"]
+
+
+def test_configmap_over_one_mebibyte_is_reported() -> None:
+    name = "a" * 40  # long host names reach the ConfigMap limit with fewer pods
+    doc = job_doc([simple_task("w", 6000)], {"svc": ["--inject-hosts-env=false"]})
+    doc["metadata"]["name"] = name
+    state = expand(load(doc))
+    data = next(o for o in state.objects if o["kind"] == "ConfigMap")["data"]
+    assert sum(len(k) + len(v) for k, v in data.items()) > 1024 * 1024
+    [(path, message)] = state.warnings
+    assert path == "spec.tasks"
+    assert "1 MiB" in message and f"{name}-svc" in message

@@ -61,22 +61,36 @@ class SvcPlugin(Plugin):
 
     def __init__(self, args: list[str]) -> None:
         super().__init__(args)
-        self._data: dict[str, str] | None = None
+        self._for: tuple[Job, Addressing] | None = None
+        self._data: dict[str, str] = {}
         self._omitted: set[str] = set()
+        self._env: list[str] = []
+
+    def _prepare(self, job: Job, addressing: Addressing) -> None:
+        """Compute the host lists once per job (and addressing), not once per pod."""
+        if self._for is not None and self._for[0] is job and self._for[1] is addressing:
+            return
+        data: dict[str, str] = {}
+        omitted: set[str] = set()
+        env: list[str] = []
+        for task in job.spec.tasks:
+            hosts = task_hosts(job, task, addressing)
+            key = env_key(task.name)
+            data[host_file(task.name)] = "\n".join(hosts)
+            data[f"VC_{key}_HOSTS"] = ",".join(hosts)
+            data[f"VC_{key}_NUM"] = str(len(hosts))
+            if hosts_env_too_large(task.name, data[f"VC_{key}_HOSTS"]):
+                omitted.add(task.name)
+            else:
+                env.append(f"VC_{key}_HOSTS")
+            env.append(f"VC_{key}_NUM")
+        self._data, self._omitted = data, omitted
+        self._env = env if self.values["inject-hosts-env"] else []
+        self._for = (job, addressing)
 
     def host_data(self, job: Job, addressing: Addressing) -> dict[str, str]:
-        """The ConfigMap data; computed once per expansion."""
-        if self._data is None:
-            data: dict[str, str] = {}
-            for task in job.spec.tasks:
-                hosts = task_hosts(job, task, addressing)
-                key = env_key(task.name)
-                data[host_file(task.name)] = "\n".join(hosts)
-                data[f"VC_{key}_HOSTS"] = ",".join(hosts)
-                data[f"VC_{key}_NUM"] = str(len(hosts))
-                if hosts_env_too_large(task.name, data[f"VC_{key}_HOSTS"]):
-                    self._omitted.add(task.name)
-            self._data = data
+        """The ConfigMap data: per task, the host file, ``VC_<TASK>_HOSTS`` and ``VC_<TASK>_NUM``."""
+        self._prepare(job, addressing)
         return self._data
 
     def warnings(self, job: Job, addressing: Addressing) -> Issues:
@@ -101,19 +115,6 @@ class SvcPlugin(Plugin):
             issues.append(("spec.tasks", message))
         return issues
 
-    def _env_names(self, job: Job, addressing: Addressing) -> list[str]:
-        """The host-list variables every container gets, in task order."""
-        if not self.values["inject-hosts-env"]:
-            return []
-        self.host_data(job, addressing)
-        names: list[str] = []
-        for task in job.spec.tasks:
-            key = env_key(task.name)
-            if task.name not in self._omitted:
-                names.append(f"VC_{key}_HOSTS")
-            names.append(f"VC_{key}_NUM")
-        return names
-
     def on_pod_create(self, ctx: PodContext) -> None:
         job, spec = ctx.job, ctx.spec
         if not spec.get("hostname"):
@@ -121,7 +122,8 @@ class SvcPlugin(Plugin):
         if not spec.get("subdomain"):
             spec["subdomain"] = job.name
         cm = configmap_name(job)
-        names = self._env_names(job, ctx.addressing)
+        self._prepare(job, ctx.addressing)
+        names = self._env
         for container in ctx.all_containers():
             if names:
                 container.setdefault("env", []).extend(
