@@ -118,6 +118,7 @@ class Supervisor:
         self.rank_of: dict[Key, str | None] = {}
         self.interrupted: int | None = None
         self.created: list[PodChange] = []
+        self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
 
     # ------------------------------------------------------------------ setup
 
@@ -347,8 +348,34 @@ class Supervisor:
         state = self.expansion(self.status.version, self.status.retry_count)
         for plan in state.pods:
             key = (plan.task.name, plan.index)
-            if key not in self.pods:
+            if key not in self.pods and self.dependencies_ready(plan.task.name):
                 self.create(plan, now)
+
+    def task_ready(self, name: str) -> bool:
+        """A task other tasks may depend on is ready once minAvailable of its pods run or succeeded."""
+        task = self.job.task(name)
+        if task is None:
+            return True
+        need = task.min_available if task.min_available is not None else task.replicas
+        up = 0
+        for key, (phase, _restarts, _code) in self.seen.items():
+            if key[0] == name and phase in (RUNNING, SUCCEEDED) and not self.pods[key].terminating:
+                up += 1
+        return up >= need
+
+    def dependencies_ready(self, name: str) -> bool:
+        """Volcano's dependsOn: pods of a task start once any (or all) of the named tasks are ready."""
+        task = self.job.task(name)
+        if task is None or task.depends_on is None or not task.depends_on.names:
+            return True
+        ready = [self.task_ready(dep) for dep in task.depends_on.names]
+        met = all(ready) if task.depends_on.iteration == "all" else any(ready)
+        if not met and name not in self.waiting:
+            self.waiting.add(name)
+            self.note(f"task {name} waits for task(s) {', '.join(task.depends_on.names)} to be running")
+        if met:
+            self.waiting.discard(name)
+        return met
 
     def create(self, plan: PodPlan, now: float) -> None:
         assert self.addressing is not None
