@@ -1,0 +1,205 @@
+"""The local engine's small parts: addresses, ports, env expansion, checks, log following."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_local_support import container, make_job, task
+from torchjob.engines.local import check_job
+from torchjob.engines.local.addressing import LocalAddressing, pod_address
+from torchjob.engines.local.containers import expand_refs, parse_quantity, rewrite_paths
+from torchjob.engines.local.output import LogFollower, prefix_for
+from torchjob.engines.local.ports import declared_ports, release, reserve
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_pod_addresses_are_distinct_loopback_addresses_avoiding_network_and_broadcast() -> None:
+    assert pod_address(0, per_pod=True) == "127.0.1.1"
+    assert pod_address(253, per_pod=True) == "127.0.1.254"
+    assert pod_address(254, per_pod=True) == "127.0.2.1"
+    addresses = [pod_address(n, per_pod=True) for n in range(5000)]
+    assert len(set(addresses)) == 5000
+    assert not any(a.endswith((".0", ".255")) for a in addresses)
+    assert pod_address(7, per_pod=False) == "127.0.0.1"
+
+
+def test_local_addressing_maps_ports_and_gives_pod_zero_for_a_shared_hostname() -> None:
+    job = make_job(
+        "addr",
+        [
+            task("a", [container("c", ["true"])], replicas=2),
+            task("b", [container("c", ["true"])], replicas=3),
+        ],
+    )
+    addressing = LocalAddressing(job, {23456: 31000})
+    b = job.spec.tasks[1]
+    assert addressing.host(job, b, 2) == "127.0.1.5"
+    assert addressing.port(job, 23456) == 31000 and addressing.port(job, 80) == 80
+    b.template.spec["hostname"] = "shared"
+    assert addressing.host(job, b, 2) == "127.0.1.3"
+
+
+def test_kubernetes_variable_expansion() -> None:
+    env = {"A": "a", "EMPTY": ""}
+    assert expand_refs("$(A)-$(B)-$(EMPTY)", env) == "a-$(B)-"
+    assert expand_refs("$$(A) costs $$5", env) == "$(A) costs $5"
+    assert expand_refs("$A ${A}", env) == "$A ${A}"
+
+
+def test_quantities() -> None:
+    assert parse_quantity("500m") == 0.5
+    assert parse_quantity("2") == 2
+    assert parse_quantity("1Gi") == 2**30
+    assert parse_quantity("1.5k") == 1500
+    with pytest.raises(ValueError):
+        parse_quantity("lots")
+
+
+def test_mount_paths_are_rewritten_only_as_whole_path_components() -> None:
+    mounts = {"/etc/volcano": "/jobs/x/volumes/x-svc"}
+    assert rewrite_paths("cat /etc/volcano/worker.host", mounts) == "cat /jobs/x/volumes/x-svc/worker.host"
+    assert rewrite_paths("/etc/volcano", mounts) == "/jobs/x/volumes/x-svc"
+    assert rewrite_paths("/etc/volcanoes/x", mounts) == "/etc/volcanoes/x"
+
+
+def test_declared_ports_are_the_pytorch_port_then_container_ports() -> None:
+    job = make_job(
+        "ports",
+        [
+            task(
+                "master",
+                [container("m", ["true"], ports=[{"containerPort": 29400}, {"containerPort": 23456}])],
+            ),
+            task("worker", [container("w", ["true"])]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker"]},
+    )
+    assert declared_ports(job) == [23456, 29400]
+
+
+@pytest.fixture
+def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TORCHJOB_RUNTIME_DIR", str(tmp_path / "runtime"))
+    return tmp_path / "runtime"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_free_port_is_kept_and_a_reserved_one_is_not_given_twice(registry: Path) -> None:
+    port = _free_port()
+    first = reserve("job-a", [port])
+    second = reserve("job-b", [port])
+    assert first == {port: port}
+    assert second[port] != port
+    release("job-a")
+    assert reserve("job-c", [port]) == {port: port}
+    data = json.loads((registry / "ports.json").read_text())
+    assert {v["job"] for v in data.values()} == {"job-b", "job-c"}
+
+
+def test_a_listening_port_is_mapped_away(registry: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        mapping = reserve("job", [taken])
+    assert mapping[taken] != taken
+
+
+def test_reservations_of_a_dead_supervisor_are_ignored(registry: Path) -> None:
+    port = _free_port()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    registry.mkdir(parents=True, exist_ok=True)
+    (registry / "ports.json").write_text(
+        json.dumps({str(port): {"pid": dead.pid, "created": 0, "job": "gone"}})
+    )
+    assert reserve("job", [port]) == {port: port}
+
+
+def test_check_job_finds_what_cannot_run_locally(tmp_path: Path) -> None:
+    job = make_job(
+        "checks",
+        [
+            task(
+                "main",
+                [
+                    container("wd", ["true"], workingDir=str(tmp_path / "missing")),
+                    container(
+                        "secret",
+                        ["true"],
+                        env=[{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+                    ),
+                    container(
+                        "optional",
+                        ["true"],
+                        env=[
+                            {
+                                "name": "S",
+                                "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "optional": True}},
+                            }
+                        ],
+                    ),
+                    container(
+                        "cm",
+                        ["true"],
+                        env=[{"name": "C", "valueFrom": {"configMapKeyRef": {"name": "mine", "key": "k"}}}],
+                    ),
+                    container(
+                        "field",
+                        ["true"],
+                        env=[{"name": "F", "valueFrom": {"fieldRef": {"fieldPath": "spec.bogus"}}}],
+                    ),
+                ],
+            )
+        ],
+    )
+    issues = dict(check_job(job))
+    base = "spec.tasks[0].template.spec.containers"
+    assert set(issues) == {
+        f"{base}[0].workingDir",
+        f"{base}[1].env[0].valueFrom.secretKeyRef",
+        f"{base}[3].env[0].valueFrom.configMapKeyRef",
+        f"{base}[4].env[0].valueFrom.fieldRef",
+    }
+    assert "does not exist" in issues[f"{base}[0].workingDir"]
+
+
+def test_log_follower_yields_whole_lines_and_the_last_partial_one_on_close(tmp_path: Path) -> None:
+    log = tmp_path / "c.log"
+    follower = LogFollower()
+    follower.follow(log, "worker-0 r1")
+    assert follower.read() == []
+    log.write_bytes(b"one\ntw")
+    assert [text for _, text in follower.read()] == ["one"]
+    with open(log, "ab") as handle:
+        handle.write(b"o\nthree")
+    assert [text for _, text in follower.read()] == ["two"]
+    follower.close(log)
+    assert [text for _, text in follower.read()] == ["three"]
+    assert follower.files == {}
+
+
+def test_prefixes() -> None:
+    assert prefix_for("worker-1", "2", None) == "worker-1 r2"
+    assert prefix_for("worker-1", None, "wait-for-master") == "worker-1/wait-for-master"
+
+
+def test_importing_the_engine_is_cheap() -> None:
+    code = "import sys, torchjob.engines.local; print('torch' in sys.modules, 'kubernetes' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env={**os.environ}
+    ).stdout.split()
+    assert out == ["False", "False"]
