@@ -210,7 +210,11 @@ def test_plain_data_layout() -> None:
     )
 
 
-json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+# Multi-line strings with leading blanks, blank lines and trailing newlines test the block styles.
+block_texts = st.sampled_from(["\n", "a\n", "\n\n", " a\n b", "a\n\n", "a\n \n", "x\n\t", "\tx\ny", "a\r\nb"])
+json_scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | block_texts
+)
 plain_data = st.recursive(
     json_scalars,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),

@@ -313,7 +313,7 @@ class _YamlWriter:
                 self.sequence(item, child)
                 out[start] = dash + out[start][cut:]
             else:
-                out.append(dash + self.scalar(item, child))
+                out.append(dash + self.scalar(item, indent))
 
 
 def dump_yaml(obj: Any) -> str:
