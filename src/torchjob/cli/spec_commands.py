@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchjob.errors import Problem, SpecError
+
+if TYPE_CHECKING:  # the real imports are lazy, inside the commands
+    from torchjob.jobs import LoadedJob
+    from torchjob.spec.source import Document
 
 
 def register(commands: Any) -> None:
@@ -22,13 +26,13 @@ def register(commands: Any) -> None:
     render.set_defaults(func=run_render)
 
 
-def _print_warnings(file: str, document: Any, warnings: list[tuple[str, str]]) -> None:
+def _print_warnings(document: Document, warnings: list[tuple[str, str]]) -> None:
+    """Allowed but worth knowing, as ``FILE:LINE: field.path: warning: ...`` on stderr."""
     for path, message in warnings:
-        problem: Problem = document.problem(path, f"warning: {message}")
-        print(problem.format(), file=sys.stderr)
+        print(document.problem(path, f"warning: {message}").format(), file=sys.stderr)
 
 
-def _duplicate_jobs(loaded: list[Any]) -> list[Problem]:
+def _duplicate_jobs(loaded: list[LoadedJob]) -> list[Problem]:
     """Two jobs of one file with the same namespace and name would overwrite each other's objects."""
     first: dict[tuple[str, str], int] = {}
     problems: list[Problem] = []
@@ -64,7 +68,7 @@ def run_validate(args: argparse.Namespace) -> int:
         for item in loaded:
             job = item.job
             state = expand(job)
-            _print_warnings(file, item.document, state.warnings)
+            _print_warnings(item.document, state.warnings)
             tasks = ", ".join(f"{t.name}x{t.replicas}" for t in job.spec.tasks)
             plugins = ", ".join(p.name for p in build_plugins(job)) or "none"
             print(f"{file}: job {job.name}: valid; {len(state.pods)} pods ({tasks}); plugins: {plugins}")
@@ -85,7 +89,7 @@ def run_render(args: argparse.Namespace) -> int:
     states = []
     for item in loaded:
         state = expand(item.job)
-        _print_warnings(args.file, item.document, state.warnings)
+        _print_warnings(item.document, state.warnings)
         states.append(state)
     # Build the whole text before writing, so bad input never leaves half an output.
     text = dump(as_list(states), args.output)
