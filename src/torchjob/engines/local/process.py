@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import signal
 import subprocess
@@ -29,13 +28,24 @@ _PR_SET_CHILD_SUBREAPER = 36
 _LINUX = sys.platform.startswith("linux")
 
 
-def _prctl(option: int, value: int) -> bool:
+def _load_libc() -> ctypes.CDLL | None:
     if not _LINUX:
+        return None
+    try:  # the running program already has libc loaded; no library search (it forks ldconfig)
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def _prctl(option: int, value: int) -> bool:
+    if _LIBC is None:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return int(libc.prctl(option, value, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
+        return int(_LIBC.prctl(option, value, 0, 0, 0)) == 0
+    except AttributeError:
         return False
 
 
