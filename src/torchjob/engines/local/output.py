@@ -100,12 +100,38 @@ class LogFollower:
         return out
 
 
+class _SafeStream:
+    """Writes that never fail: when the reader goes away (``torchjob run ... | head``) the job goes
+    on, only its printing stops; everything is in the log files anyway."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> None:
+        if self.broken:
+            return
+        try:
+            self.stream.write(text)
+        except (OSError, ValueError):
+            self.broken = True
+
+    def flush(self) -> None:
+        if self.broken:
+            return
+        try:
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.broken = True
+
+
 class Console:
     """Log lines above, a live status table below (terminal only)."""
 
     def __init__(self, stream: TextIO | None = None, *, live: bool | None = None) -> None:
-        self.stream = stream or sys.stdout
-        self.color = use_color(self.stream)
+        raw = stream or sys.stdout
+        self.stream = _SafeStream(raw)
+        self.color = use_color(raw)
         self.live = self.color if live is None else live
         self._table: list[str] = []
         self._drawn = 0
@@ -156,6 +182,12 @@ class Console:
             return
         self._table = rows
         self._erase()
+        self._draw()
+        self.stream.flush()
+
+    def print(self, line: str) -> None:
+        self._erase()
+        self.stream.write(line + "\n")
         self._draw()
         self.stream.flush()
 

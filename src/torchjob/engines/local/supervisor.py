@@ -641,8 +641,7 @@ class Supervisor:
         if self.console is not None:
             self.console.end_live()
             for line in summary(self.status_dict(), self.console.color):
-                self.console.stream.write(line + "\n")
-            self.console.stream.flush()
+                self.console.print(line)
 
 
 def _phase(value: str) -> PodPhase:
