@@ -14,6 +14,8 @@ from enum import Enum
 from typing import Any
 
 START_METHODS = ("spawn", "fork", "forkserver")
+# A Kubernetes quantity: a decimal number with a binary (Ki..Ei), decimal (m, k..E) or exponent suffix.
+_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([KMGTPE]i|[mkMGTPE]|[eE][0-9]+)?")
 _NNODES = re.compile(r"^\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
 
 
@@ -66,9 +68,7 @@ class Resources:
                 raise ValueError(f"Resources.{name} must be a quantity such as '2' or '4Gi', got {value!r}")
             if isinstance(value, int | float) and value < 0:
                 raise ValueError(f"Resources.{name} must not be negative, got {value}")
-            if isinstance(value, str) and not re.fullmatch(
-                r"[0-9]+(\.[0-9]+)?([eE][0-9]+|[mkMGTPE]i?|m)?", value
-            ):
+            if isinstance(value, str) and not _QUANTITY.fullmatch(value):
                 raise ValueError(
                     f"Resources.{name}: {value!r} is not a Kubernetes quantity such as '500m' or '4Gi'"
                 )
