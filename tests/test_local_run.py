@@ -150,7 +150,6 @@ def test_env_field_refs_config_maps_and_mounts_resolve_locally(tmp_path: Path) -
         "envs",
         [task("master", [container("m", sh("true"))]), worker_task],
         plugins={"pytorch": ["--master=master", "--worker=worker"]},
-        policies=[{"event": "TaskCompleted", "action": "CompleteJob"}],
     )
     result = run(job, tmp_path, extra_env={"EXTRA": "yes"})
     assert result.ok, result.reason
@@ -239,7 +238,7 @@ c.sendall(b"bye")
 """
 
 
-def _port_job(name: str, tmp_path: Path) -> Job:
+def _port_job(name: str, tmp_path: Path, port: int = 23456) -> Job:
     (tmp_path / "server.py").write_text(SERVER)
     (tmp_path / "client.py").write_text(CLIENT)
     return make_job(
@@ -248,24 +247,21 @@ def _port_job(name: str, tmp_path: Path) -> Job:
             task("master", [container("m", ["python", str(tmp_path / "server.py")])]),
             task("worker", [container("w", ["python", str(tmp_path / "client.py")])]),
         ],
-        plugins={"pytorch": ["--master=master", "--worker=worker", "--port=23456", "--wait-master-enabled"]},
+        plugins={
+            "pytorch": ["--master=master", "--worker=worker", f"--port={port}", "--wait-master-enabled"]
+        },
     )
 
 
 def test_a_taken_port_is_mapped_to_a_free_host_port(tmp_path: Path) -> None:
-    blocker = socket.socket()
-    try:
-        blocker.bind(("0.0.0.0", 23456))
+    with socket.socket() as blocker:  # a port this test surely holds, as another program would
+        blocker.bind(("0.0.0.0", 0))
         blocker.listen()
-    except OSError:
-        pass  # someone else holds it already, which is just as good
-    try:
-        result = run(_port_job("ports", tmp_path), tmp_path)
-    finally:
-        blocker.close()
+        taken = blocker.getsockname()[1]
+        result = run(_port_job("ports", tmp_path, taken), tmp_path)
     assert result.ok, result.reason
     (mapping,) = status_of(result)["ports"]
-    assert mapping["declared"] == 23456 and mapping["host"] != 23456
+    assert mapping["declared"] == taken and mapping["host"] != taken
     assert f"hello from {mapping['host']}" in log_text(result, "worker-0", "w")
 
 

@@ -90,6 +90,7 @@ class LocalPod:
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self.address = ""
+        self.uid = ""  # the pod attempt's marker value (TORCHJOB_POD_UID)
         self.rank: str | None = None
         self._init_index = 0
         self._kill_deadline: float | None = None

@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 MARKER = "TORCHJOB_JOB_ID"
+POD_MARKER = "TORCHJOB_POD_UID"  # one value per pod attempt
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -89,49 +90,58 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _environ_has(pid: int, needle: bytes) -> bool:
+def _environ(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
-            return needle in handle.read()
+            return b"\0" + handle.read()  # so that every entry, the first too, follows a NUL
     except OSError:
-        return False
+        return b""
 
 
-def marked_processes(job_id: str, exclude: Iterable[int] = ()) -> list[psutil.Process]:
-    """Processes of this user whose environment carries the job's marker."""
+def processes_with(name: str, values: Iterable[str], exclude: Iterable[int] = ()) -> list[psutil.Process]:
+    """Processes of this user whose environment has ``name`` set to one of ``values``."""
+    wanted = set(values)
+    if not wanted:
+        return []
     skip = {os.getpid(), *exclude}
     with contextlib.suppress(psutil.Error):
         skip.update(p.pid for p in psutil.Process().parents())
     found: list[psutil.Process] = []
     if _LINUX and os.path.isdir("/proc"):
-        needle = f"\0{MARKER}={job_id}\0".encode()
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) in skip:
+        needles = [f"\0{name}={value}\0".encode() for value in wanted]
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in skip:
                 continue
-            # environ starts without a NUL, so also match the first entry.
-            pid = int(name)
-            if _environ_has(pid, needle) or _environ_starts(pid, needle[1:]):
+            environ = _environ(int(entry))
+            if environ and any(needle in environ for needle in needles):
                 with contextlib.suppress(psutil.Error):
-                    found.append(psutil.Process(pid))
+                    found.append(psutil.Process(int(entry)))
         return found
     uid = os.getuid()
     for proc in psutil.process_iter():
         try:
             if proc.pid in skip or proc.uids().real != uid:
                 continue
-            if proc.environ().get(MARKER) == job_id:
+            if proc.environ().get(name) in wanted:
                 found.append(proc)
         except psutil.Error:
             continue
     return found
 
 
-def _environ_starts(pid: int, prefix: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return handle.read(len(prefix)) == prefix
-    except OSError:
-        return False
+def marked_processes(job_id: str, exclude: Iterable[int] = ()) -> list[psutil.Process]:
+    """Processes of this user whose environment carries the job's marker."""
+    return processes_with(MARKER, [job_id], exclude)
+
+
+def sweep(name: str, values: Iterable[str], timeout: float = 1.0) -> list[psutil.Process]:
+    """SIGKILL every process whose env has ``name`` in ``values``; returns those that outlived ``timeout``."""
+    procs = alive(processes_with(name, values))
+    signal_processes(procs, signal.SIGKILL)
+    if not procs:
+        return []
+    _gone, left = psutil.wait_procs(procs, timeout=timeout)
+    return alive(left)
 
 
 def signal_group(pgid: int, sig: int) -> None:

@@ -243,7 +243,7 @@ class Supervisor:
         created, self.created = self.created, []
         for change in created:  # reported on their own, before what happened to them since
             self.on_change(change)
-        for key, pod in list(self.pods.items()):
+        for pod in self.pods.values():
             pod.poll(now)
             if pod.terminating and not pod.gone and pod.stuck(now, STUCK_AFTER_KILL):
                 self.note(
@@ -252,6 +252,13 @@ class Supervisor:
                     "31",
                 )
                 pod.gone = True
+        gone = [pod for pod in self.pods.values() if pod.gone]
+        if gone:
+            # A pod is gone only with all of its processes, also those that escaped its groups.
+            left = process.sweep(process.POD_MARKER, [pod.uid for pod in gone])
+            if left:
+                self.note(f"processes {[p.pid for p in left]} of stopped pods survive SIGKILL", "31")
+        for key, pod in list(self.pods.items()):
             old = self.seen.get(key)
             if pod.gone:
                 del self.pods[key]
@@ -384,14 +391,15 @@ class Supervisor:
         self.attempts[key] = attempt
         address = self.addressing.address_of(*key)
         pod_dir = self.dir.pod_dir(plan.name, attempt)
+        uid = str(uuid.uuid4())
         ctx = PodContext(
             plan=plan,
             address=address,
-            uid=str(uuid.uuid4()),
+            uid=uid,
             configmaps=configmaps_of(self.expansion(self.status.version, self.status.retry_count)),
             configmap_dir=self.dir.volumes,
             pod_dir=pod_dir,
-            base_env=self.base_env(plan, address, attempt),
+            base_env=self.base_env(plan, address, attempt, uid),
             extra_env=self.extra_env,
         )
         log_dir = self.dir.log_dir(plan.name, attempt)
@@ -415,6 +423,7 @@ class Supervisor:
             on_group=self.on_group,
         )
         pod.address = address
+        pod.uid = uid
         pod.rank = self.rank_of.get(key)
         self.pods[key] = pod
         self.latest[key] = pod
@@ -428,7 +437,7 @@ class Supervisor:
         self.created.append(PodChange(key[0], key[1], None, PodPhase.PENDING))
         self.dirty = True
 
-    def base_env(self, plan: PodPlan, address: str, attempt: int) -> dict[str, str]:
+    def base_env(self, plan: PodPlan, address: str, attempt: int, uid: str) -> dict[str, str]:
         spec = plan.manifest["spec"]
         env = {
             "HOSTNAME": str(spec.get("hostname") or plan.name),
@@ -446,6 +455,7 @@ class Supervisor:
         for declared, host in self.ports.items():
             env[f"TORCHJOB_PORT_{declared}"] = str(host)
         env[process.MARKER] = self.id
+        env[process.POD_MARKER] = uid
         return env
 
     def on_group(self, pgid: int, started: bool) -> None:
