@@ -18,7 +18,7 @@ import pytest
 HERE = Path(__file__).parent
 BAD = HERE / "bad_inputs"
 INPUTS = sorted(p for p in BAD.iterdir() if p.suffix in (".yaml", ".json"))
-_EXPECT = re.compile(r"^# expect(?:@(?P<line>\d+))?: (?P<path>\S+): (?P<fragment>.+)$")
+_EXPECT = re.compile(r"^# expect(?:@(?P<line>\d+))?: (?P<path>.+?): (?P<fragment>.+)$")
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -50,6 +50,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def check_stderr(file: str, stderr: str, expected: list[Expect]) -> None:
+    assert expected, f"{file} names no expectation"
     lines = stderr.splitlines()
     assert lines, "a refused input must say why on stderr"
     assert "Traceback" not in stderr

@@ -104,7 +104,8 @@ def test_job_min_available_defaults_to_the_sum_of_replicas() -> None:
 def test_partition_policy_sets_task_min_available() -> None:
     text = job_text().replace(
         "      replicas: 3\n",
-        "      replicas: 4\n      partitionPolicy: {partitionSize: 2, minPartitions: 1}\n",
+        "      replicas: 4\n"
+        "      partitionPolicy: {totalPartitions: 2, partitionSize: 2, minPartitions: 1}\n",
     )
     assert load_one(text).spec.tasks[1].min_available == 2
 

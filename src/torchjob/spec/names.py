@@ -8,6 +8,7 @@ DNS1123_LABEL_MAX = 63
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 # The Docker distribution reference grammar: [registry[:port]/]path[:tag][@digest].
 _PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -30,6 +31,19 @@ def is_dns1035_label(value: str) -> bool:
 
 def is_dns1123_subdomain(value: str) -> bool:
     return len(value) <= 253 and bool(_DNS1123_SUBDOMAIN.fullmatch(value))
+
+
+def is_label_value(value: str) -> bool:
+    """A Kubernetes label value: empty, or up to 63 of ``[-A-Za-z0-9_.]`` starting and ending alphanumeric."""
+    return value == "" or (len(value) <= DNS1123_LABEL_MAX and bool(_LABEL_NAME.fullmatch(value)))
+
+
+def is_qualified_name(value: str) -> bool:
+    """A label or annotation key: an optional DNS subdomain prefix and ``/``, then a label-like name."""
+    prefix, slash, name = value.rpartition("/")
+    if slash and not is_dns1123_subdomain(prefix):
+        return False
+    return 0 < len(name) <= DNS1123_LABEL_MAX and bool(_LABEL_NAME.fullmatch(name))
 
 
 def is_env_name(value: str) -> bool:

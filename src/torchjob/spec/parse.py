@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from torchjob.spec import names
 from torchjob.spec.model import (
     API_VERSION,
     KIND,
@@ -48,6 +49,7 @@ _METADATA_FIELDS = {
     "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink",
 }  # fmt: skip
 _INT32_MAX = 2**31 - 1
+TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 # Pod spec and container fields torchjob or its plugins read or extend; a null one means "unset".
 _POD_LIST_FIELDS = ("containers", "initContainers", "volumes")
 _CONTAINER_LIST_FIELDS = ("env", "ports", "volumeMounts", "command", "args")
@@ -300,6 +302,8 @@ class _Reader:
             template = PodTemplate({})
         else:
             template = self.template(data["template"], child(path, "template"))
+        self.topology_policy(data, path)
+        self.partition_policy(data.get("partitionPolicy"), child(path, "partitionPolicy"))
         return Task(
             name=name,
             replicas=replicas if replicas is not None else 0,
@@ -310,6 +314,49 @@ class _Reader:
             depends_on=self.depends_on(data.get("dependsOn"), child(path, "dependsOn")),
             extra={k: data[k] for k in _TASK_PASSTHROUGH if k in data},
         )
+
+    def topology_policy(self, data: dict[str, Any], path: str) -> None:
+        policy = self.string(data, "topologyPolicy", path)
+        if policy is not None and policy not in TOPOLOGY_POLICIES:
+            choices = ", ".join(TOPOLOGY_POLICIES)
+            self.add(child(path, "topologyPolicy"), f"expected one of {choices}, got {policy!r}")
+
+    def partition_policy(self, value: Any, path: str) -> None:
+        data = self.mapping(value, path, required=False)
+        if data is None:
+            return
+        self.unknown(data, {"totalPartitions", "partitionSize", "minPartitions", "networkTopology"}, path)
+        self.integer(data, "totalPartitions", path, minimum=1, required=True)
+        self.integer(data, "partitionSize", path, minimum=1, required=True)
+        self.integer(data, "minPartitions", path)
+        self.mapping(data.get("networkTopology"), child(path, "networkTopology"), required=False)
+
+    def job_volumes(self, spec: dict[str, Any]) -> None:
+        """``spec.volumes``: claims Volcano mounts into every pod (the webhook's rules)."""
+        mounts: dict[str, str] = {}
+        for vpath, volume in self.mapping_list(spec, "volumes", "spec", "volumes"):
+            self.unknown(volume, {"mountPath", "volumeClaim", "volumeClaimName"}, vpath)
+            mount = self.string(volume, "mountPath", vpath, required=True)
+            if mount is not None and (not mount.startswith("/") or ":" in mount):
+                self.add(child(vpath, "mountPath"), f"expected an absolute path without ':', got {mount!r}")
+            elif mount is not None and mount in mounts:
+                self.add(child(vpath, "mountPath"), f"duplicate mountPath {mount!r} (also {mounts[mount]})")
+            elif mount is not None:
+                mounts[mount] = vpath
+            claim = self.string(volume, "volumeClaimName", vpath)
+            claim_spec = self.mapping(volume.get("volumeClaim"), child(vpath, "volumeClaim"), required=False)
+            if claim is not None and not names.is_dns1123_subdomain(claim):
+                self.add(
+                    child(vpath, "volumeClaimName"),
+                    f"{claim!r} is not a valid claim name (DNS-1123 subdomain)",
+                )
+            if claim is None and claim_spec is None and "volumeClaim" not in volume:
+                self.add(vpath, "expected volumeClaimName (an existing claim) or volumeClaim (a new one)")
+            elif claim is not None and claim_spec is not None:
+                self.add(
+                    vpath,
+                    "give either volumeClaimName (an existing claim) or volumeClaim (a new one), not both",
+                )
 
     def tasks(self, spec: dict[str, Any]) -> list[Task]:
         raw_tasks = spec.get("tasks")
@@ -351,6 +398,7 @@ def parse_job(data: Any) -> tuple[Job | None, Issues]:
     if spec is None:
         return None, r.issues
     r.unknown(spec, _SPEC_FIELDS, "spec")
+    r.job_volumes(spec)
     job_spec = JobSpec(
         tasks=r.tasks(spec),
         min_available=r.integer(spec, "minAvailable", "spec") or 0,

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 
 from torchjob.spec import names
-from torchjob.spec.model import Job, Policy, pod_name
+from torchjob.spec.model import Job, Policy, Task, pod_name
 from torchjob.spec.source import child, parent
 
 Issues = list[tuple[str, str]]
@@ -146,6 +146,8 @@ def validate_job(job: Job, broken: Broken | None = None) -> Issues:
         )
     if not broken.has("metadata.namespace") and not names.is_dns1123_label(job.metadata.namespace):
         issues.append(("metadata.namespace", names.label_problem(job.metadata.namespace)))
+    issues += _validate_metadata(job.metadata.labels, job.metadata.annotations, "metadata")
+    issues += _validate_job_names(job)
     if not spec.tasks:
         return issues
     seen: dict[str, str] = {}
@@ -168,6 +170,8 @@ def validate_job(job: Job, broken: Broken | None = None) -> Issues:
                     f"expected at most replicas ({task.replicas}), got {task.min_available}",
                 )
             )
+        if replicas_ok and not broken.under(f"{tpath}.partitionPolicy"):
+            issues += _validate_partitions(task, tpath)
         issues += validate_policies(task.policies, f"{tpath}.policies", broken)
         issues += _validate_template(task.template.raw, f"{tpath}.template")
     total = job.total_replicas
@@ -199,6 +203,75 @@ def validate_job(job: Job, broken: Broken | None = None) -> Issues:
     return issues
 
 
+def _validate_metadata(labels: dict[str, str], annotations: dict[str, str], path: str) -> Issues:
+    """Label and annotation keys and label values the API server accepts."""
+    issues: Issues = []
+    for key, value in labels.items():
+        if not names.is_qualified_name(key):
+            issues.append((child(child(path, "labels"), key), f"{key!r} is not a valid label key"))
+        elif not names.is_label_value(value):
+            issues.append(
+                (
+                    child(child(path, "labels"), key),
+                    f"{value!r} is not a valid label value: at most 63 of letters, digits, '-', '_' and '.', "
+                    "starting and ending with a letter or digit",
+                )
+            )
+    for key in annotations:
+        if not names.is_qualified_name(key):
+            issues.append((child(child(path, "annotations"), key), f"{key!r} is not a valid annotation key"))
+    return issues
+
+
+def _validate_job_names(job: Job) -> Issues:
+    """Names the job hands on to its pods: the queue becomes a label, the others pod fields."""
+    spec = job.spec
+    issues: Issues = []
+    if not names.is_dns1123_label(spec.queue):
+        issues.append(("spec.queue", names.label_problem(spec.queue)))
+    for path, value in (
+        ("spec.schedulerName", spec.scheduler_name),
+        ("spec.priorityClassName", spec.priority_class_name),
+    ):
+        if value and not (len(value) <= names.DNS1123_LABEL_MAX and names.is_dns1123_subdomain(value)):
+            issues.append(
+                (path, f"{value!r} is not a valid name: lower-case letters, digits, '-' and '.', at most 63")
+            )
+    return issues
+
+
+def _validate_partitions(task: Task, tpath: str) -> Issues:
+    """Volcano's webhook rules for a task split into partitions."""
+    policy = task.extra.get("partitionPolicy")
+    if not isinstance(policy, dict):
+        return []
+    numbers = [policy.get("totalPartitions"), policy.get("partitionSize"), policy.get("minPartitions", 0)]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in numbers):
+        return []  # parsing has reported it
+    total, size, minimum = (int(v) for v in numbers)
+    issues: Issues = []
+    ppath = f"{tpath}.partitionPolicy"
+    if task.replicas != total * size:
+        issues.append(
+            (
+                f"{tpath}.replicas",
+                f"expected totalPartitions x partitionSize = {total * size} replicas, got {task.replicas}",
+            )
+        )
+    if minimum > total:
+        issues.append(
+            (f"{ppath}.minPartitions", f"expected at most totalPartitions ({total}), got {minimum}")
+        )
+    elif minimum > 0 and task.min_available is not None and task.min_available != minimum * size:
+        issues.append(
+            (
+                f"{tpath}.minAvailable",
+                f"expected minPartitions x partitionSize = {minimum * size}, got {task.min_available}",
+            )
+        )
+    return issues
+
+
 def _validate_task_name(job: Job, i: int, check_length: bool, seen: dict[str, str]) -> Issues:
     task = job.spec.tasks[i]
     tpath = child("spec.tasks", i)
@@ -222,6 +295,16 @@ def _validate_task_name(job: Job, i: int, check_length: bool, seen: dict[str, st
 
 def _validate_template(template: dict[str, object], path: str) -> Issues:
     issues: Issues = []
+    meta = template.get("metadata")
+    if isinstance(meta, dict):
+        labels, annotations = meta.get("labels"), meta.get("annotations")
+        issues += _validate_metadata(
+            {k: v for k, v in labels.items() if isinstance(v, str)} if isinstance(labels, dict) else {},
+            {k: v for k, v in annotations.items() if isinstance(v, str)}
+            if isinstance(annotations, dict)
+            else {},
+            f"{path}.metadata",
+        )
     spec = template.get("spec")
     if not isinstance(spec, dict):
         return issues
