@@ -131,3 +131,34 @@ def test_a_timeout_kills_a_container_that_ignores_sigterm(tmp_path: Path) -> Non
     assert result.phase == "Terminated"
     assert result.pods[0].exit_code == 137  # SIGKILL after the 2 s grace period
     assert leftovers(result.job_id) == []
+
+
+def test_a_restart_leaves_nothing_of_the_previous_attempt(tmp_path: Path) -> None:
+    pid_file = tmp_path / "daemon.pid"
+    first = (
+        "import subprocess, sys\n"
+        "daemon = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(daemon.pid))\n"
+        "sys.exit(1)\n"  # at once, before any scan of descendants could record the daemon
+    )
+    second = (
+        "import os, sys\n"
+        "try:\n"
+        f"    os.kill(int(open({str(pid_file)!r}).read()), 0)\n"
+        "except OSError:\n"
+        "    sys.exit(0)  # the daemon of attempt 0 is gone\n"
+        "sys.exit(5)\n"
+    )
+    (tmp_path / "first.py").write_text(first)
+    (tmp_path / "second.py").write_text(second)
+    script = (
+        f'[ "$TORCHJOB_ATTEMPT" = 0 ] && exec python {tmp_path}/first.py; exec python {tmp_path}/second.py'
+    )
+    job = make_job(
+        "norest",
+        [task("main", [container("app", sh(script))])],
+        policies=[{"event": "PodFailed", "action": "RestartJob"}],
+    )
+    result = run(job, tmp_path)
+    assert result.ok, result.reason
+    assert result.pods[0].log_dir.name == "attempt-1"
