@@ -104,3 +104,35 @@ def test_unknown_job_or_pod_is_bad_input(tmp_path: Path) -> None:
     assert _cli(tmp_path, "run", "-q", _write(tmp_path, job)).returncode == 0
     missing = _cli(tmp_path, "logs", "known", "worker-7")
     assert missing.returncode == 2 and "main-0" in missing.stderr
+
+
+def test_on_a_terminal_lines_are_colored_and_a_status_table_is_kept_below(tmp_path: Path) -> None:
+    import pty
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home"), "TERM": "xterm"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", _two_ranks(tmp_path, "echo hi; sleep 1.2")],
+        env=env,
+        stdout=slave,
+        stderr=slave,
+        stdin=subprocess.DEVNULL,
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the terminal closed: the run is over
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=30) == 0
+    text = b"".join(chunks).decode(errors="replace")
+    assert "\x1b[36mmaster-0 r0" in text  # the pod's color
+    assert "POD" in text and "ELAPSED" in text  # the live table
+    assert "\x1b[J" in text  # erased and redrawn below new lines
+    assert "\x1b[32mCompleted\x1b[0m:" in text
