@@ -400,3 +400,15 @@ def test_configmap_over_one_mebibyte_is_reported() -> None:
     [(path, message)] = state.warnings
     assert path == "spec.tasks"
     assert "1 MiB" in message and f"{name}-svc" in message
+
+
+def test_host_network_pods_keep_cluster_dns() -> None:
+    tasks = [
+        simple_task("host", 1, hostNetwork=True),
+        simple_task("chosen", 1, hostNetwork=True, dnsPolicy="Default"),
+        simple_task("plain", 1),
+    ]
+    host, chosen, plain = (p.manifest["spec"] for p in expand(load(job_doc(tasks))).pods)
+    assert host["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert chosen["dnsPolicy"] == "Default"
+    assert "dnsPolicy" not in plain

@@ -212,6 +212,10 @@ def new_pod(
         spec["schedulerName"] = job.spec.scheduler_name
     if not spec.get("priorityClassName") and job.spec.priority_class_name:
         spec["priorityClassName"] = job.spec.priority_class_name
+    if spec.get("hostNetwork") is True and not spec.get("dnsPolicy"):
+        # Volcano's mutating webhook sets this on the task template so host-network pods keep
+        # cluster DNS (and so can still resolve the svc plugin's host names).
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"
     for volume in job_volumes(job) if volumes is None else volumes:
         spec.setdefault("volumes", []).append(
             {"name": volume.volume_name, "persistentVolumeClaim": {"claimName": volume.claim_name}}
