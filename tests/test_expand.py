@@ -357,7 +357,7 @@ def test_job_volumes_become_claims_mounted_in_every_container() -> None:
     init = {"name": "setup", "image": "busybox:1.36.1"}
     tasks = [simple_task("a", 2, initContainers=[init])]
     tasks[0]["template"]["spec"]["containers"].append({"name": "side", "image": "busybox:1.36.1"})
-    volumes = [
+    volumes: list[dict[str, Any]] = [
         {"mountPath": "/data", "volumeClaimName": "datasets"},
         {
             "mountPath": "/ckpt",
