@@ -244,3 +244,11 @@ def test_two_jobs_with_one_name_in_a_file_are_refused(tmp_path: Path) -> None:
         assert result.stdout == ""
         [line] = result.stderr.splitlines()
         assert line.startswith(f"{path}:{second_name_line}: metadata.name: job 'same'")
+
+
+def test_json_input_renders_like_the_same_job_in_yaml(tmp_path: Path, job_file: Path) -> None:
+    as_json = tmp_path / "job.json"
+    as_json.write_text(json.dumps(yaml.safe_load(job_file.read_text()), indent=1))
+    result = run("render", str(as_json))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == run("render", str(job_file)).stdout
