@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -252,3 +256,122 @@ def test_json_input_renders_like_the_same_job_in_yaml(tmp_path: Path, job_file: 
     result = run("render", str(as_json))
     assert result.returncode == 0, result.stderr
     assert result.stdout == run("render", str(job_file)).stdout
+
+
+# ---------------------------------------------------------------------- read back by kubectl
+
+
+class _FakeApiServer(BaseHTTPRequestHandler):
+    """Just enough of the Kubernetes API for ``kubectl apply --dry-run=client``: discovery, and
+    404 for every object (so each one would be created)."""
+
+    def _resources(group_version: str, kinds: list[tuple[str, str]]) -> dict[str, Any]:  # type: ignore[misc]
+        verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": group_version,
+            "resources": [
+                {
+                    "name": plural,
+                    "singularName": kind.lower(),
+                    "namespaced": True,
+                    "kind": kind,
+                    "verbs": verbs,
+                }
+                for plural, kind in kinds
+            ],
+        }
+
+    core: ClassVar[list[tuple[str, str]]] = [
+        ("pods", "Pod"),
+        ("services", "Service"),
+        ("configmaps", "ConfigMap"),
+        ("persistentvolumeclaims", "PersistentVolumeClaim"),
+    ]
+    networking: ClassVar[dict[str, str]] = {"groupVersion": "networking.k8s.io/v1", "version": "v1"}
+    routes: ClassVar[dict[str, Any]] = {
+        "/api": {"kind": "APIVersions", "versions": ["v1"]},
+        "/api/v1": _resources("v1", core),
+        "/apis": {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [
+                {"name": "networking.k8s.io", "versions": [networking], "preferredVersion": networking}
+            ],
+        },
+        "/apis/networking.k8s.io/v1": _resources(
+            "networking.k8s.io/v1", [("networkpolicies", "NetworkPolicy")]
+        ),
+    }
+
+    def do_GET(self) -> None:
+        body = self.routes.get(self.path.split("?")[0])
+        code = 200 if body is not None else 404
+        if body is None:
+            body = {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "reason": "NotFound",
+                "code": 404,
+            }
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_api_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeApiServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def tricky_job(tmp_path: Path) -> Path:
+    doc = yaml.safe_load(JOB.format(name="tricky", workers=1))
+    main = doc["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
+    main["env"] = [{"name": f"V{i}", "value": text} for i, text in enumerate(TRICKY) if "\x00" not in text]
+    doc["spec"]["tasks"][0]["template"]["metadata"]["annotations"] = {
+        f"example.com/k{i}": text for i, text in enumerate(TRICKY) if "\x00" not in text
+    }
+    path = tmp_path / "tricky.yaml"
+    path.write_text(json.dumps(doc, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_reads_the_yaml_as_the_same_objects(tmp_path: Path, fake_api_server: str) -> None:
+    """Go's YAML reader (kubectl's) must see exactly the objects torchjob meant, strings included."""
+    rendered = run("render", str(tricky_job(tmp_path)))
+    assert rendered.returncode == 0, rendered.stderr
+    out = tmp_path / "out.yaml"
+    out.write_text(rendered.stdout)
+    kubectl = ["kubectl", f"--server={fake_api_server}", "apply", "--dry-run=client", "--validate=false"]
+    applied = subprocess.run(
+        [*kubectl, "-f", str(out), "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KUBECONFIG": str(tmp_path / "no-kubeconfig")},
+    )
+    assert applied.returncode == 0, applied.stderr
+    seen = json.loads(applied.stdout)["items"]
+    for item in seen:  # kubectl adds its own bookkeeping annotation
+        annotations = item["metadata"].get("annotations", {})
+        annotations.pop("kubectl.kubernetes.io/last-applied-configuration", None)
+        if not annotations:
+            item["metadata"].pop("annotations", None)
+    assert seen == yaml.safe_load(rendered.stdout)["items"]
