@@ -136,12 +136,19 @@ def test_all_problems_are_reported_at_once() -> None:
     lines = result.stderr.splitlines()
     # Five independent mistakes, each on its own line with its own line number.
     assert len(lines) == 5, result.stderr
-    assert len({line.split(":")[1] for line in lines}) == 5
+    numbers = [int(line.split(":")[1]) for line in lines]
+    assert numbers == sorted(set(numbers)), "one line each, in file order"
 
 
 def test_one_mistake_gives_one_message() -> None:
     """A broken field must not drag follow-on errors along (minAvailable, WORLD_SIZE, ...)."""
-    for name in ("replicas_string.yaml", "replicas_negative.yaml", "missing_metadata_name.yaml"):
+    for name in (
+        "replicas_string.yaml",
+        "replicas_negative.yaml",
+        "missing_metadata_name.yaml",
+        "task_name_uppercase.yaml",
+        "task_min_available_gt_replicas.yaml",
+    ):
         result = run("validate", f"bad_inputs/{name}")
         assert len(result.stderr.splitlines()) == 1, result.stderr
 

@@ -198,8 +198,8 @@ def test_lines_of_cross_field_problems() -> None:
         "      replicas: 3\n", "      replicas: 3\n      minAvailable: 4\n"
     )
     assert formatted(text) == [
-        "job.yaml:17: spec.tasks[1].minAvailable: expected at most replicas (3), got 4",
         "job.yaml:6: spec.minAvailable: expected at most the total replicas of all tasks (4), got 9",
+        "job.yaml:17: spec.tasks[1].minAvailable: expected at most replicas (3), got 4",
     ]
 
 

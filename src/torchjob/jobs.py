@@ -18,6 +18,7 @@ from torchjob.spec.source import Document, load_documents, parse_documents
 from torchjob.spec.validate import Broken, validate_job
 
 _SDK_REF = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
+_TASK_NAME = re.compile(r"spec\.tasks\[\d+\]\.name")
 
 
 @dataclass
@@ -39,11 +40,14 @@ def check_document(document: Document) -> tuple[Job | None, list[Problem]]:
     job, issues = parse_job(document.data)
     if job is not None:
         broken = Broken(path for path, _ in issues)
-        # Plugin checks read the tasks (names, replicas, containers); they wait until the tasks parse.
-        tasks_ok = not broken.under("spec.tasks")
         apply_defaults(job)
-        issues = issues + validate_job(job, broken) + check_plugins(job, tasks_ok=tasks_ok)
+        found = validate_job(job, broken)
+        # Plugin checks read the tasks (names, replicas, containers); they wait until the tasks parse
+        # and their names are valid, or a bad name would also show up as "no such task".
+        tasks_ok = not broken.under("spec.tasks") and not any(_TASK_NAME.match(path) for path, _ in found)
+        issues = issues + found + check_plugins(job, tasks_ok=tasks_ok)
     problems = [document.problem(path, message) for path, message in issues]
+    problems.sort(key=lambda p: p.line or 0)  # in file order; sort is stable for equal lines
     return (job if not problems else None), problems
 
 

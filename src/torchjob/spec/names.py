@@ -70,4 +70,7 @@ def image_problem(value: str) -> str:
     if bad:
         shown = ", ".join(repr(c) for c in bad)
         return f"{value!r} is not a valid image reference: it contains {shown}; expected 'registry/name:tag'"
-    return f"{value!r} is not a valid image reference; expected e.g. 'registry/name:tag'"
+    repository = value.split("@")[0].rsplit("/", 1)[-1].split(":")[0]
+    if repository != repository.lower():
+        return f"{value!r} is not a valid image reference: repository names are lower-case"
+    return f"{value!r} is not a valid image reference; expected 'registry/name:tag'"

@@ -183,7 +183,10 @@ def validate_job(job: Job, broken: Broken | None = None) -> Issues:
                 "the most pods one Kubernetes cluster is built for",
             )
         )
-    if counts_ok and not broken.has("spec.minAvailable") and spec.min_available > total:
+    # A task minAvailable over its replicas also inflates the job's defaulted sum: report it once.
+    derived = spec.min_available == sum(t.min_available or 0 for t in spec.tasks)
+    task_min_ok = not (derived and any(path.endswith(".minAvailable") for path, _ in issues))
+    if counts_ok and task_min_ok and not broken.has("spec.minAvailable") and spec.min_available > total:
         issues.append(
             (
                 "spec.minAvailable",
