@@ -207,15 +207,20 @@ def pods_all_reduce(offset: float) -> dict[str, Any]:
     try:
         value = torch.tensor([float(dist.get_rank()) + offset])
         dist.all_reduce(value)
+        print(f"rank {dist.get_rank()} got {value.item()}", flush=True)
         return {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": value.item()}
     finally:
         dist.destroy_process_group()
 
 
 @needs_engine
-def test_pytorch_master_and_workers_all_reduce() -> None:
+def test_pytorch_master_and_workers_all_reduce(capfd: pytest.CaptureFixture[str]) -> None:
     out = pods_all_reduce(1.0)
     assert out == {"rank": 0, "world": 3, "sum": 0 + 1 + 2 + 3.0}
+    # Every pod's output reaches the caller, prefixed with the pod.
+    printed = capfd.readouterr().out.splitlines()
+    for line in ("master-0 | rank 0 got 6.0", "worker-0 | rank 1 got 6.0", "worker-1 | rank 2 got 6.0"):
+        assert line in printed
     _assert_no_children()
 
 

@@ -16,7 +16,6 @@ import secrets
 import shutil
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -89,43 +88,11 @@ def _run_single_node(
         shutil.rmtree(results, ignore_errors=True)
 
 
-class _Progress:
-    """Echo the rendezvous progress lines the host pod writes, while the job runs."""
-
-    def __init__(self, path: Path, label: str) -> None:
-        self.path = path
-        self.label = label
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.seen = 0
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.2):
-            self._echo()
-
-    def _echo(self) -> None:
-        try:
-            lines = self.path.read_text().splitlines()
-        except OSError:
-            return
-        for line in lines[self.seen :]:
-            print(f"torchjob: {self.label}: rendezvous: {line}", file=sys.stderr, flush=True)
-            logger.debug("%s: rendezvous: %s", self.label, line)
-        self.seen = len(lines)
-
-    def __enter__(self) -> _Progress:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(timeout=2)
-        self._echo()
-
-
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     from torchjob.engines.local import RunOptions, run_job
+    from torchjob.engines.local.state import state_root
     from torchjob.sdk.tojob import build_job, job_name
+    from torchjob.sdk.watch import JobWatcher
 
     config = task.task_config
     work = Path(tempfile.mkdtemp(prefix="torchjob-sdk-"))
@@ -134,7 +101,8 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         payload.write_bytes(dump_call(task.function, args, kwargs))
         results = work / "results"
         results.mkdir()
-        name = job_name(task.name)  # the engine makes the job directory unique
+        # A random part makes the job's directory (<name>-<engine suffix>) findable for its logs.
+        name = f"{job_name(task.name)[:33].rstrip('-')}-{secrets.token_hex(3)}"
         request = task.job_request(
             target=["--payload", str(payload), "--results", str(results)], python=sys.executable, name=name
         )
@@ -151,10 +119,11 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
             name,
             ", ".join(f"{t.name} x{t.replicas}" for t in job.spec.tasks),
         )
-        # The engine's own output (pod logs with rank prefixes, status table) only when debugging;
-        # the job directory keeps every pod's log either way (`torchjob logs <job>`).
+        # The engine's own output (pod logs, notes, status table) only when debugging; otherwise
+        # the watcher copies the pods' output. Job directories stay for `torchjob logs <job>`.
         quiet = not logger.isEnabledFor(logging.DEBUG)
-        with _Progress(results / PROGRESS_FILE, name):
+        logs = state_root(None) if quiet else None
+        with JobWatcher(results / PROGRESS_FILE, name, logs, f"{name}-*"):
             result = run_job(job, RunOptions(quiet=quiet, timeout=timeout, extra_env=env))
         logger.debug(
             "task %s: job %s %s; logs: torchjob logs %s", task.name, name, result.phase, result.job_id
