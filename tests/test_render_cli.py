@@ -18,7 +18,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchjob.render import dump_json, dump_yaml
+import torchjob.render as render_module
+from torchjob.expand import expand
+from torchjob.jobs import load_jobs
+from torchjob.render import dump, dump_json, dump_yaml, list_of, write_list
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -375,3 +378,30 @@ def test_kubectl_reads_the_yaml_as_the_same_objects(tmp_path: Path, fake_api_ser
         if not annotations:
             item["metadata"].pop("annotations", None)
     assert seen == yaml.safe_load(rendered.stdout)["items"]
+
+
+def streamed(items: list[dict[str, Any]], fmt: str) -> str:
+    chunks: list[str] = []
+    write_list(iter(items), fmt, chunks.append)
+    return "".join(chunks)
+
+
+@pytest.mark.parametrize("flush_at", [1, 100, 1 << 20])
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_streamed_output_is_byte_identical_to_the_whole_dump(
+    fmt: str, flush_at: int, job_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(render_module, "_FLUSH_AT", flush_at)
+    [loaded] = load_jobs(str(job_file))
+    state = expand(loaded.job)
+    items = [*state.objects, *(p.manifest for p in state.pods)]
+    assert streamed(items, fmt) == dump(list_of(items), fmt)
+    assert streamed([], fmt) == dump(list_of([]), fmt)
+    assert streamed(items[:1], fmt) == dump(list_of(items[:1]), fmt)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.dictionaries(st.text(), plain_data, max_size=3), max_size=3))
+def test_streamed_output_matches_for_any_items(items: list[dict[str, Any]]) -> None:
+    for fmt in ("yaml", "json"):
+        assert streamed(items, fmt) == dump(list_of(items), fmt)

@@ -237,25 +237,58 @@ def new_pod(
     }
 
 
+class Expansion:
+    """One job's expansion, piece by piece: ``expand`` collects it all, ``render`` streams it.
+
+    The plugins are built once, so per-job values (host lists, the master address) are computed
+    once however many pods follow.
+    """
+
+    def __init__(
+        self, job: Job, addressing: Addressing | None = None, *, version: int = 0, retry_count: int = 0
+    ) -> None:
+        self.job = job
+        self.addressing = addressing or ClusterAddressing()
+        self.version = version
+        self.retry_count = retry_count
+        self.plugins = build_plugins(job)
+        self.volumes = job_volumes(job)
+
+    def pods(self) -> Iterator[PodPlan]:
+        """Each pod in creation order (tasks in order, then index), built when asked for."""
+        job, addressing = self.job, self.addressing
+        for task in job.spec.tasks:
+            for index in range(task.replicas):
+                manifest = new_pod(
+                    job,
+                    task,
+                    index,
+                    version=self.version,
+                    retry_count=self.retry_count,
+                    volumes=self.volumes,
+                )
+                ctx = PodContext(job=job, task=task, index=index, pod=manifest, addressing=addressing)
+                for plugin in self.plugins:
+                    plugin.on_pod_create(ctx)
+                yield PodPlan(task=task, index=index, manifest=manifest)
+
+    def objects(self) -> list[dict[str, Any]]:
+        """Job-level objects: claims, then each plugin's (Service, ConfigMap, NetworkPolicy)."""
+        objects = claim_objects(self.job)
+        objects += [obj for plugin in self.plugins for obj in plugin.job_objects(self.job, self.addressing)]
+        return objects
+
+    def warnings(self) -> list[tuple[str, str]]:
+        """(field path, message) notes for the user; needs no pods."""
+        return [w for plugin in self.plugins for w in plugin.warnings(self.job, self.addressing)]
+
+
 def expand(
     job: Job, addressing: Addressing | None = None, *, version: int = 0, retry_count: int = 0
 ) -> DesiredState:
     """Every pod and job-level object of a validated, defaulted job."""
-    addressing = addressing or ClusterAddressing()
-    plugins = build_plugins(job)
-    pods: list[PodPlan] = []
-    volumes = job_volumes(job)
+    expansion = Expansion(job, addressing, version=version, retry_count=retry_count)
     with paused_gc():
-        for task in job.spec.tasks:
-            for index in range(task.replicas):
-                manifest = new_pod(
-                    job, task, index, version=version, retry_count=retry_count, volumes=volumes
-                )
-                ctx = PodContext(job=job, task=task, index=index, pod=manifest, addressing=addressing)
-                for plugin in plugins:
-                    plugin.on_pod_create(ctx)
-                pods.append(PodPlan(task=task, index=index, manifest=manifest))
-        objects = claim_objects(job)
-        objects += [obj for plugin in plugins for obj in plugin.job_objects(job, addressing)]
-        warnings = [w for plugin in plugins for w in plugin.warnings(job, addressing)]
-    return DesiredState(job=job, pods=pods, objects=objects, warnings=warnings)
+        pods = list(expansion.pods())
+        objects = expansion.objects()
+    return DesiredState(job=job, pods=pods, objects=objects, warnings=expansion.warnings())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import yaml
@@ -48,7 +48,7 @@ def as_list(states: list[DesiredState]) -> dict[str, Any]:
     for state in states:
         items.extend(state.objects)
         items.extend(p.manifest for p in state.pods)
-    return {"apiVersion": "v1", "kind": "List", "items": items}
+    return list_of(items)
 
 
 def dump(obj: Any, fmt: str) -> str:
@@ -327,3 +327,68 @@ def dump_yaml(obj: Any) -> str:
         else:
             writer.out.append(writer.scalar(obj, ""))
         return "".join(writer.out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming: the same bytes as ``dump(list_of(items), fmt)``, written one item at a time so a
+# large job never holds all of its text (or all of its pods, when ``items`` is a generator).
+
+_FLUSH_AT = 1 << 20  # characters buffered before a write
+
+
+def list_of(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "List", "items": items}
+
+
+def write_list(items: Iterable[dict[str, Any]], fmt: str, write: Callable[[str], Any]) -> None:
+    """Write a Kubernetes ``List`` of ``items`` in ``fmt``, byte-identical to :func:`dump`."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    buffered: list[str] = []
+    size = 0
+
+    def emit(text: str) -> None:
+        nonlocal size
+        buffered.append(text)
+        size += len(text)
+        if size >= _FLUSH_AT:
+            write("".join(buffered))
+            buffered.clear()
+            size = 0
+
+    if fmt == "yaml":
+        _write_yaml_items(items, emit)
+    else:
+        _write_json_items(items, emit)
+    if buffered:
+        write("".join(buffered))
+
+
+def _write_yaml_items(items: Iterable[dict[str, Any]], emit: Callable[[str], None]) -> None:
+    writer = _YamlWriter()
+    emit("apiVersion: v1\nkind: List\n")
+    empty = True
+    for item in items:
+        if empty:
+            emit("items:\n")
+            empty = False
+        with paused_gc():
+            writer.sequence([item], "")
+            emit("".join(writer.out))
+        writer.out.clear()
+    if empty:
+        emit("items: []\n")
+
+
+def _write_json_items(items: Iterable[dict[str, Any]], emit: Callable[[str], None]) -> None:
+    writer = _JsonWriter()
+    emit('{\n  "apiVersion": "v1",\n  "kind": "List",\n  "items": ')
+    separator = "[\n    "
+    for item in items:
+        with paused_gc():
+            writer.value(item, "    ")
+            emit(separator + "".join(writer.out))
+        writer.out.clear()
+        separator = ",\n    "
+    emit("[]" if separator == "[\n    " else "\n  ]")
+    emit("\n}\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torchjob.errors import Problem, SpecError
@@ -50,9 +51,8 @@ def _duplicate_jobs(loaded: list[LoadedJob]) -> list[Problem]:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from torchjob.expand import expand
+    from torchjob.expand import Expansion
     from torchjob.jobs import load_jobs
-    from torchjob.plugins import build_plugins
 
     problems: list[Problem] = []
     for file in args.files:
@@ -67,32 +67,45 @@ def run_validate(args: argparse.Namespace) -> int:
             continue
         for item in loaded:
             job = item.job
-            state = expand(job)
-            _print_warnings(item.document, state.warnings)
+            # Warnings need the plugins, not the pods: validating a huge job stays cheap.
+            expansion = Expansion(job)
+            _print_warnings(item.document, expansion.warnings())
             tasks = ", ".join(f"{t.name}x{t.replicas}" for t in job.spec.tasks)
-            plugins = ", ".join(p.name for p in build_plugins(job)) or "none"
-            print(f"{file}: job {job.name}: valid; {len(state.pods)} pods ({tasks}); plugins: {plugins}")
+            plugins = ", ".join(p.name for p in expansion.plugins) or "none"
+            print(f"{file}: job {job.name}: valid; {job.total_replicas} pods ({tasks}); plugins: {plugins}")
     if problems:
         raise SpecError(problems)
     return 0
 
 
 def run_render(args: argparse.Namespace) -> int:
-    from torchjob.expand import expand
-    from torchjob.jobs import load_jobs
-    from torchjob.render import as_list, dump
+    from torchjob.expand import Expansion
+    from torchjob.render import write_list
 
-    loaded = load_jobs(args.file)
+    loaded = load_checked(args.file)
+    expansions = [Expansion(item.job) for item in loaded]
+    for item, expansion in zip(loaded, expansions, strict=True):
+        _print_warnings(item.document, expansion.warnings())
+
+    def items() -> Iterator[dict[str, Any]]:
+        # Pods are built as they are written, so memory stays flat however large the job.
+        for expansion in expansions:
+            yield from expansion.objects()
+            for pod in expansion.pods():
+                yield pod.manifest
+
+    # Every input problem is found above, before the first byte goes out.
+    write_list(items(), args.output, sys.stdout.write)
+    sys.stdout.flush()
+    return 0
+
+
+def load_checked(file: str) -> list[LoadedJob]:
+    """The file's jobs, refusing the whole file on any problem."""
+    from torchjob.jobs import load_jobs
+
+    loaded = load_jobs(file)
     duplicates = _duplicate_jobs(loaded)
     if duplicates:
         raise SpecError(duplicates)
-    states = []
-    for item in loaded:
-        state = expand(item.job)
-        _print_warnings(item.document, state.warnings)
-        states.append(state)
-    # Build the whole text before writing, so bad input never leaves half an output.
-    text = dump(as_list(states), args.output)
-    sys.stdout.write(text)
-    sys.stdout.flush()
-    return 0
+    return loaded
