@@ -308,3 +308,33 @@ def test_decisions_are_logged(caplog: pytest.LogCaptureFixture) -> None:
     text = caplog.text
     assert "single node, one process: calling the function directly" in text
     assert "elastic 1:4 nodes x 2 processes, c10d rendezvous at the master pod's port 23456" in text
+
+
+@task(task_config=Elastic(nproc_per_node=2))
+def unpicklable_result() -> Any:
+    import threading
+
+    return threading.Lock()
+
+
+def test_unpicklable_return_value_is_a_rank_error() -> None:
+    with pytest.raises(RemoteError) as info:
+        unpicklable_result()
+    assert info.value.rank == 0 and "lock" in info.value.message.lower()
+
+
+@task(task_config=PyTorch(worker=Worker(replicas=1)))
+def pod_exits_hard() -> None:
+    if os.environ["RANK"] == "1":
+        os._exit(3)
+    time.sleep(120)
+
+
+@needs_engine
+def test_pod_dying_without_exception_is_task_failed() -> None:
+    from torchjob.sdk import TaskFailed
+
+    with pytest.raises(TaskFailed) as info:
+        pod_exits_hard()
+    assert "exit code 3" in str(info.value)
+    _assert_no_children()

@@ -13,7 +13,7 @@ from torchjob.sdk.config import (
     RunPolicy,
     Worker,
 )
-from torchjob.sdk.results import RemoteError
+from torchjob.sdk.results import RemoteError, TaskFailed
 from torchjob.sdk.task import Task, task
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "RestartPolicy",
     "RunPolicy",
     "Task",
+    "TaskFailed",
     "Worker",
     "task",
 ]

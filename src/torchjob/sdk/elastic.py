@@ -49,14 +49,14 @@ class LaunchSettings:
 def elastic_child(payload: bytes, results: str) -> bytes | None:
     """The body of every worker process: run the call, report rank 0's value or this rank's error."""
     rank = int(os.environ.get("RANK", "0"))
-    call = load_call(payload)
-    try:
+    try:  # loading, running and pickling the value: any failure is this rank's error
+        call = load_call(payload)
         value = call.function(*call.args, **call.kwargs)
+        # Only rank 0's value is returned to the caller; the others are not worth pickling.
+        return cloudpickle.dumps(value) if rank == 0 else None
     except BaseException as err:
         write_error(results, rank, err)
         raise
-    # Only rank 0's value is returned to the caller; the others are not worth pickling.
-    return cloudpickle.dumps(value) if rank == 0 else None
 
 
 @contextlib.contextmanager

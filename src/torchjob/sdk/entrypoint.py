@@ -106,14 +106,14 @@ def _run_elastic(args: argparse.Namespace, payload: bytes, results: str) -> int:
 
 
 def _run_once(payload: bytes, results: str, rank: int) -> int:
-    call = load_call(payload)
-    try:
+    try:  # loading, running and pickling the value: any failure is this rank's error
+        call = load_call(payload)
         value = call.function(*call.args, **call.kwargs)
+        if rank == 0:
+            write_value(results, value)
     except BaseException as err:
         write_error(results, rank, err)
         raise
-    if rank == 0:
-        write_value(results, value)
     return 0
 
 

@@ -21,16 +21,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from torchjob.logs import configure, logger
 from torchjob.sdk.config import Elastic, PyTorch
-from torchjob.sdk.results import PROGRESS_FILE, dump_call, first_error, read_value
+from torchjob.sdk.results import PROGRESS_FILE, TaskFailed, dump_call, first_error, read_value
 
 if TYPE_CHECKING:
     from torchjob.sdk.task import Task
 
 R = TypeVar("R")
-
-
-class TaskFailed(RuntimeError):
-    """The task's job failed without any rank reporting an exception (e.g. a pod was killed)."""
 
 
 def run_task(task: Task[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:

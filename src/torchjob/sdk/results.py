@@ -121,6 +121,10 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
+class TaskFailed(RuntimeError):
+    """The task's job failed without any rank reporting an exception (e.g. a pod was killed)."""
+
+
 def error_record(rank: int, error: BaseException) -> dict[str, Any]:
     kind = type(error)
     name = (
