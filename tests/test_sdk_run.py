@@ -338,3 +338,31 @@ def test_pod_dying_without_exception_is_task_failed() -> None:
         pod_exits_hard()
     assert "exit code 3" in str(info.value)
     _assert_no_children()
+
+
+CLI_TASK = textwrap.dedent(
+    """
+    from torchjob import PyTorch, Worker, task
+
+    @task(task_config=PyTorch(worker=Worker(replicas=1)))
+    def world():
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        size = dist.get_world_size()
+        dist.destroy_process_group()
+        return {"world": size}
+    """
+)
+
+
+@needs_engine
+def test_cli_run_task_reference(tmp_path: Path) -> None:
+    path = tmp_path / "cli_task.py"
+    path.write_text(CLI_TASK)
+    env = dict(os.environ, TORCHJOB_HOME=str(tmp_path / "home"))
+    out = subprocess.run(
+        [sys.executable, "-m", "torchjob", "run", f"{path}:world"],
+        capture_output=True, text=True, timeout=200, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "torchjob: rank 0 returned {'world': 2}" in out.stdout + out.stderr
