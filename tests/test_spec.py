@@ -209,6 +209,12 @@ def test_syntax_error_line_and_column() -> None:
     assert "(column" in line
 
 
+def test_a_control_character_is_located_in_characters_not_bytes() -> None:
+    assert formatted("a: ééé\nb: x\x07\n") == [
+        "job.yaml:2: invalid YAML or JSON: character '\\x07' is not allowed (column 5)"
+    ]
+
+
 def test_path_quoting() -> None:
     assert child("spec", "tasks") == "spec.tasks"
     assert child("spec.tasks", 2) == "spec.tasks[2]"

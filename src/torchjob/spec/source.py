@@ -24,8 +24,12 @@ from torchjob.errors import Problem, SpecError
 
 try:  # the C composer is many times faster on large inputs
     from yaml import CSafeLoader as _Loader
+
+    _POSITION_IN_BYTES = True  # libyaml reads the text as UTF-8 and counts bytes
 except ImportError:  # pragma: no cover - depends on how PyYAML was built
     from yaml import SafeLoader as _Loader  # type: ignore[assignment]
+
+    _POSITION_IN_BYTES = False
 
 PathPart = str | int
 
@@ -224,6 +228,16 @@ def parse_documents(text: str, file: str) -> list[Document]:
         if current > 1:
             what = f"{what} (in document {current})"
         raise SpecError([Problem("", f"invalid YAML or JSON: {what}", file, line)]) from None
+    except yaml.reader.ReaderError as err:
+        # A character YAML does not allow (control characters, for instance); say where it is.
+        if _POSITION_IN_BYTES:
+            before = text.encode("utf-8", "surrogatepass")[: err.position].decode("utf-8", "ignore")
+        else:
+            before = text[: err.position]
+        line, column = before.count("\n") + 1, len(before) - before.rfind("\n")
+        char = chr(err.character) if isinstance(err.character, int) else str(err.character)
+        message = f"invalid YAML or JSON: character {char!r} is not allowed (column {column})"
+        raise SpecError([Problem("", message, file, line)]) from None
     except yaml.YAMLError as err:
         raise SpecError([Problem("", f"invalid YAML or JSON: {' '.join(str(err).split())}", file)]) from None
     except _Stop as err:
