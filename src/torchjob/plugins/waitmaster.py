@@ -119,7 +119,7 @@ def valid_host(host: str) -> bool:
     except ValueError:
         pass
     labels = host.lower().split(".")
-    return len(host) <= 253 and all(len(label) <= 63 and _HOST_LABEL.match(label) for label in labels)
+    return len(host) <= 253 and all(len(label) <= 63 and _HOST_LABEL.fullmatch(label) for label in labels)
 
 
 def wait_for_master_script(host: str, port: int, timeout: int, interval: float = DEFAULT_INTERVAL) -> str:
