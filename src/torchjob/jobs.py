@@ -82,7 +82,7 @@ def check_jobs(documents: list[Document], file: str) -> list[LoadedJob]:
 
 def load_jobs(ref: str) -> list[LoadedJob]:
     """Every job in a YAML/JSON file (``-`` for stdin) or the job of an SDK task reference."""
-    match = _SDK_REF.match(ref)
+    match = _SDK_REF.fullmatch(ref)
     if match:
         from torchjob.sdk.loader import load_task_job  # lazy: only SDK references need it
 
