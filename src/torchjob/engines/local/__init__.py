@@ -20,6 +20,7 @@ background process and ``run_job`` returns at once with phase ``Pending``.
 from __future__ import annotations
 
 import os
+import select
 import sys
 import tempfile
 import time
@@ -181,9 +182,9 @@ def _detach(job: Job, path: Path, options: RunOptions) -> RunResult:
         except BaseException:
             os._exit(1)
     os.close(write_end)
-    os.waitpid(pid, 0)
+    os.waitpid(pid, 0)  # the first child exits as soon as it has forked
     with os.fdopen(read_end, "rb") as pipe:
-        pipe.read()  # until the daemon has started (or died)
+        select.select([pipe], [], [], 10.0)  # until the daemon has started (or died)
     deadline = time.monotonic() + 10
     status = path / "status.json"
     while not status.exists() and time.monotonic() < deadline:

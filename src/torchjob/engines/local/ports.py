@@ -30,6 +30,7 @@ from torchjob.plugins.pytorch import PyTorchPlugin
 from torchjob.spec.model import Job
 
 _FALLBACK_RANGE = (20000, 32767)
+LOCK_TIMEOUT = 10.0
 
 
 def declared_ports(job: Job) -> list[int]:
@@ -100,7 +101,15 @@ def _owner_alive(entry: dict[str, Any]) -> bool:
 def _locked_registry() -> Iterator[dict[str, Any]]:
     root = registry_dir()
     with open(root / "ports.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        deadline = time.monotonic() + LOCK_TIMEOUT
+        while True:  # held for milliseconds by each job; never wait forever on a stuck holder
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OSError(f"the port registry {root / 'ports.lock'} stays locked") from None
+                time.sleep(0.01)
         path = root / "ports.json"
         try:
             data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
