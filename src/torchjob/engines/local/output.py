@@ -178,9 +178,11 @@ class Console:
     def table(self, rows: list[str], *, force: bool = False) -> None:
         if not self.live:
             return
-        if rows == self._table and not force and time.monotonic() - self._last_draw < 1.0:
+        changed = rows != self._table
+        self._table = rows  # drawn now, or with the next log lines
+        # Elapsed times change every tick; redraw a few times a second, not fifty.
+        if not force and (not changed or time.monotonic() - self._last_draw < 0.25):
             return
-        self._table = rows
         self._erase()
         self._draw()
         self.stream.flush()
