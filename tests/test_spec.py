@@ -334,6 +334,16 @@ def test_null_lists_mean_unset() -> None:
         assert [v["name"] for v in pod.manifest["spec"]["volumes"]] == ["demo-svc"]
 
 
+def test_a_null_env_value_means_empty() -> None:
+    text = job_text().replace(
+        "              image: busybox:1.36.1\n",
+        "              image: busybox:1.36.1\n              env: [{name: A, value: null}]\n",
+        1,
+    )
+    env = expand(load_one(text)).pods[0].manifest["spec"]["containers"][0]["env"]
+    assert env == [{"name": "A"}]
+
+
 def test_anchors_and_merge_keys_work() -> None:
     text = """\
 apiVersion: batch.volcano.sh/v1alpha1

@@ -269,6 +269,8 @@ class _Reader:
             self.string_list(data.get(key), child(path, key))
         for vpath, var in self.mapping_list(data, "env", path, "name/value entries"):
             self.string(var, "name", vpath, required=True)
+            if "value" in var and var["value"] is None:
+                del var["value"]  # null means unset (an empty value), as the API server reads it
             self.string(var, "value", vpath)
         for ppath, port in self.mapping_list(data, "ports", path, "ports"):
             number = self.integer(port, "containerPort", ppath, minimum=1, required=True)
