@@ -20,10 +20,12 @@ import tempfile
 import threading
 from collections.abc import Sequence
 
+from torchjob.errors import SpecError
 from torchjob.logs import configure, logger
 from torchjob.sdk.results import dump_call, load_call, read_value, write_error, write_value
 
 EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -126,7 +128,12 @@ def _run(args: argparse.Namespace, payload: bytes, results: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     configure()
     args = _parser().parse_args(argv)
-    payload = _payload(args)
+    try:
+        payload = _payload(args)
+    except SpecError as err:  # a bad --task reference: one line, like the CLI
+        for problem in err.problems:
+            print(f"torchjob: {problem.format()}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.results:
         os.makedirs(args.results, exist_ok=True)
         return _run(args, payload, args.results)
