@@ -290,3 +290,24 @@ def test_cli_validate_task_and_errors(task_file: Path, tmp_path: Path) -> None:
     broken.write_text("def f(:\n")
     out = _cli("render", f"{broken}:f")
     assert out.returncode == 2 and f"{broken}:1:" in out.stderr and "syntax error" in out.stderr
+
+
+def _entrypoint(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob.sdk.entrypoint", *args],
+        capture_output=True, text=True, timeout=120, cwd=cwd, check=False,
+    )  # fmt: skip
+
+
+def test_entrypoint_runs_a_task_reference_without_a_caller(task_file: Path) -> None:
+    # What a cluster pod runs: no caller waits, so rank 0's value goes to the log.
+    out = _entrypoint("--task", f"{task_file}:train", cwd=task_file.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "torchjob: rank 0 returned 1"
+    by_module = _entrypoint("--task", "jobs_file:stretch", cwd=task_file.parent)
+    assert by_module.returncode == 0 and by_module.stdout.strip() == "torchjob: rank 0 returned 2"
+
+
+def test_entrypoint_bad_reference(tmp_path: Path) -> None:
+    out = _entrypoint("--task", "missing.py:fn", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.strip() == "torchjob: missing.py: no such file"
