@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from torchjob import Elastic, PyTorch, RemoteError, Worker, task
+from torchjob import Elastic, PyTorch, RemoteError, RunPolicy, Worker, task
 
 pytest.importorskip("torch", reason="torch is not installed")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
@@ -366,3 +366,19 @@ def test_cli_run_task_reference(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "torchjob: rank 0 returned {'world': 2}" in out.stdout + out.stderr
+
+
+@task(task_config=PyTorch(worker=Worker(replicas=1), run_policy=RunPolicy(active_deadline_seconds=3)))
+def sleeps_past_deadline() -> None:
+    time.sleep(120)
+
+
+@needs_engine
+def test_active_deadline_stops_a_local_run() -> None:
+    from torchjob.sdk import TaskFailed
+
+    started = time.monotonic()
+    with pytest.raises(TaskFailed):
+        sleeps_past_deadline()
+    assert time.monotonic() - started < 60
+    _assert_no_children()
