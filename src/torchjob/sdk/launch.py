@@ -103,7 +103,11 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
             target=["--payload", str(payload), "--results", str(results)], python=sys.executable, name=name
         )
         job, _ = build_job(request)
-        env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        # Pods share this machine's cores: one OpenMP thread each unless the caller or task says
+        # otherwise (extra_env comes last in a container's env, so only set what the task does not).
+        env: dict[str, str] = {}
+        if "OMP_NUM_THREADS" not in task.env:
+            env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
         if os.environ.get("TORCHJOB_LOG"):
             env["TORCHJOB_LOG"] = os.environ["TORCHJOB_LOG"]
         timeout = None
