@@ -177,8 +177,8 @@ class LocalPod:
                     with contextlib.suppress(psutil.Error):
                         c.tracked[pid] = psutil.Process(pid)
 
-    def pids(self) -> list[int]:
-        return [c.proc.pid for c in self.containers if c.proc is not None]
+    def tracked(self) -> list[psutil.Process]:
+        return [p for c in self.containers for p in c.tracked.values()]
 
     # ---------------------------------------------------------------- private
 

@@ -82,14 +82,6 @@ def spawn(
         )
 
 
-def descendants(pid: int) -> list[psutil.Process]:
-    """Every live descendant of ``pid`` (recorded so that they can be stopped after it dies)."""
-    try:
-        return list(psutil.Process(pid).children(recursive=True))
-    except psutil.Error:
-        return []
-
-
 def _environ(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
@@ -177,28 +169,24 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def reap_adopted(known: Iterable[int]) -> list[psutil.Process]:
-    """Wait for exited children this process adopted as subreaper; returns the live adopted ones."""
-    skip = set(known)
-    live: list[psutil.Process] = []
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return live
-    for child in children:
-        if child.pid in skip:
-            continue
+def reap_adopted(job_pids: Iterable[int]) -> None:
+    """Wait for exited job processes this process adopted as subreaper.
+
+    Only pids known to belong to the job: in a library call the caller's own children are not
+    ours to reap (their ``Popen.wait`` would then see a wrong exit status).
+    """
+    for pid in job_pids:
         try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                os.waitpid(child.pid, os.WNOHANG)
-            else:
-                live.append(child)
+            proc = psutil.Process(pid)
+            if proc.ppid() == os.getpid() and proc.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(pid, os.WNOHANG)
         except (psutil.Error, ChildProcessError, OSError):
             continue
-    return live
 
 
-def kill_now(job_id: str, pgids: Iterable[int], procs: Iterable[psutil.Process], grace: float) -> None:
+def kill_now(
+    job_id: str, pgids: Iterable[int], procs: Iterable[psutil.Process], grace: float
+) -> list[psutil.Process]:
     """Stop everything of a job with a short grace: SIGTERM, wait up to ``grace`` s, SIGKILL.
 
     Blocking; used on the way out (watchdog, final sweep), where nothing else must happen.
@@ -222,6 +210,7 @@ def kill_now(job_id: str, pgids: Iterable[int], procs: Iterable[psutil.Process],
     for proc in marked_processes(job_id):  # anything started during the grace period
         targets.setdefault(proc.pid, proc)
     signal_processes(alive(targets.values()), signal.SIGKILL)
+    return list(targets.values())
 
 
 def children_map() -> dict[int, list[int]]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,7 +212,3 @@ def find_job(root: Path, ref: str) -> JobDir:
     if prefixed:
         raise LookupError(f"job {ref!r} is ambiguous: {', '.join(j.id for j in prefixed)}")
     raise LookupError(f"no local job {ref!r} in {root}")
-
-
-def now() -> float:
-    return time.time()

@@ -10,7 +10,6 @@ process carrying the job's marker is swept up, and the loop ends.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -18,9 +17,10 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 from typing import Any
+
+import psutil
 
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local import process
@@ -118,6 +118,7 @@ class Supervisor:
         self.rank_of: dict[Key, str | None] = {}
         self.interrupted: int | None = None
         self.created: list[PodChange] = []
+        self.job_pids: set[int] = set()  # descendants seen, to reap once they are adopted
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
 
     # ------------------------------------------------------------------ setup
@@ -196,7 +197,9 @@ class Supervisor:
                     tree = process.children_map()
                     for pod in self.pods.values():
                         pod.track(tree)
-                    process.reap_adopted(self.known_pids())
+                    self.job_pids.update(p.pid for pod in self.pods.values() for p in pod.tracked())
+                    process.reap_adopted(self.job_pids)
+                    self.job_pids = {pid for pid in self.job_pids if psutil.pid_exists(pid)}
                     last_track = now
                 self.poll_pods(now)
                 self.fire_delayed(now)
@@ -218,12 +221,6 @@ class Supervisor:
         return any(
             not p.gone and (p.terminating or p.phase in (PENDING, RUNNING)) for p in self.pods.values()
         )
-
-    def known_pids(self) -> list[int]:
-        pids = [pid for pod in self.pods.values() for pid in pod.pids()]
-        if self.watchdog is not None:
-            pids.append(self.watchdog.proc.pid)
-        return pids
 
     # ---------------------------------------------------------------- pods
 
@@ -624,11 +621,10 @@ class Supervisor:
             self.print_logs()
             time.sleep(TICK)
         tracked = [p for pod in self.latest.values() for c in pod.containers for p in c.tracked.values()]
-        process.kill_now(self.id, [], tracked, 1.0)
-        for _ in range(50):
-            if not process.reap_adopted(self.known_pids()):
-                break
-            time.sleep(0.02)
+        killed = process.kill_now(self.id, [], tracked, 1.0)
+        # Reap what was adopted (subreaper); waiting on our own children reaps them.
+        psutil.wait_procs(process.alive(killed), timeout=1.0)
+        process.reap_adopted({p.pid for p in tracked} | {p.pid for p in killed} | self.job_pids)
         process.set_child_subreaper(False)
         if self.watchdog is not None:
             self.watchdog.close()
@@ -667,7 +663,3 @@ def _python() -> str:
     import sys
 
     return sys.executable
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
