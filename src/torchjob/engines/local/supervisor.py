@@ -168,6 +168,13 @@ class Supervisor:
     # -------------------------------------------------------------- the loop
 
     def run(self) -> None:
+        try:
+            self.start()
+            self.loop()
+        finally:
+            self.shutdown()  # whatever happened above, nothing of the job outlives this
+
+    def start(self) -> None:
         self.prepare()
         process.set_child_subreaper(True)
         self.watchdog = Watchdog(self.id)
@@ -181,36 +188,34 @@ class Supervisor:
                 )
         self.set_condition()
         self.apply(Decision(self.status, None, True))
+
+    def loop(self) -> None:
         last_track = 0.0
-        try:
-            while True:
-                now = time.monotonic()
-                self.handle_signals()
-                if self.deadline_passed():
-                    self.act(
-                        Action.TERMINATE_JOB,
-                        None,
-                        None,
-                        f"the job's deadline of {self.timeout:g}s passed",
-                    )
-                if now - last_track > TRACK_EVERY:
-                    tree = process.children_map()
-                    for pod in self.pods.values():
-                        pod.track(tree)
-                    self.job_pids.update(p.pid for pod in self.pods.values() for p in pod.tracked())
-                    process.reap_adopted(self.job_pids)
-                    self.job_pids = {pid for pid in self.job_pids if psutil.pid_exists(pid)}
-                    last_track = now
-                self.poll_pods(now)
-                self.fire_delayed(now)
-                self.print_logs()
-                if self.dirty:
-                    self.write_status()
-                if self.status.phase.final and not self.busy():
-                    break
-                time.sleep(TICK)
-        finally:
-            self.shutdown()
+        while True:
+            now = time.monotonic()
+            self.handle_signals()
+            if self.deadline_passed():
+                self.act(Action.TERMINATE_JOB, None, None, f"the job's deadline of {self.timeout:g}s passed")
+            if now - last_track > TRACK_EVERY:
+                self.track()
+                last_track = now
+            self.poll_pods(now)
+            self.fire_delayed(now)
+            self.print_logs()
+            if self.dirty:
+                self.write_status()
+            if self.status.phase.final and not self.busy():
+                return
+            time.sleep(TICK)
+
+    def track(self) -> None:
+        """Record every container's descendants and reap the ones that were adopted and ended."""
+        tree = process.children_map()
+        for pod in self.pods.values():
+            pod.track(tree)
+        self.job_pids.update(p.pid for pod in self.pods.values() for p in pod.tracked())
+        process.reap_adopted(self.job_pids)
+        self.job_pids = {pid for pid in self.job_pids if psutil.pid_exists(pid)}
 
     def deadline_passed(self) -> bool:
         if self.timeout is None or self.status.phase.final or self.status.phase is JobPhase.TERMINATING:
