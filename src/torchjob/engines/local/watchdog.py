@@ -3,7 +3,7 @@
 The supervisor starts one watchdog per job in its own session and keeps the write end of a pipe
 to it. A SIGKILLed supervisor cannot clean up, but the kernel closes its pipe: the watchdog reads
 end-of-file and kills every process group the supervisor told it about and every process that
-carries the job's marker, SIGTERM first, SIGKILL at most one second later. A supervisor that ends
+carries the job's marker, SIGTERM first, SIGKILL at most 0.75 s later. A supervisor that ends
 normally writes ``done`` first and the watchdog just exits.
 
 Run as ``python -m torchjob.engines.local.watchdog JOB_ID``; reads ``pgid N`` / ``done`` lines.
@@ -17,12 +17,15 @@ import signal
 import subprocess
 import sys
 
-GRACE = 1.0  # seconds between SIGTERM and SIGKILL once the supervisor is gone
+GRACE = 0.75  # seconds between SIGTERM and SIGKILL once the supervisor is gone
 
 
 def main(argv: list[str]) -> int:
     job_id = argv[0]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the pipe decides
+    # Imported now, while idle, so that nothing is left to load once the supervisor is gone.
+    from torchjob.engines.local.process import kill_now
+
     pgids: set[int] = set()
     done = False
     stdin = sys.stdin.buffer
@@ -40,8 +43,6 @@ def main(argv: list[str]) -> int:
             break
     if done:
         return 0
-    from torchjob.engines.local.process import kill_now
-
     kill_now(job_id, pgids, (), GRACE)
     return 0
 
