@@ -192,6 +192,15 @@ def test_log_follower_yields_whole_lines_and_the_last_partial_one_on_close(tmp_p
     assert follower.files == {}
 
 
+def test_log_follower_keeps_the_last_state_of_a_progress_bar_and_splits_endless_lines(tmp_path: Path) -> None:
+    log = tmp_path / "bar.log"
+    log.write_bytes(b"10%\r50%\r100%\r\n" + b"x" * 70000)
+    follower = LogFollower()
+    follower.follow(log, "master-0")
+    texts = [text for _, text in follower.read()]
+    assert texts == ["100%", "x" * 70000]
+
+
 def test_prefixes() -> None:
     assert prefix_for("worker-1", "2", None) == "worker-1 r2"
     assert prefix_for("worker-1", None, "wait-for-master") == "worker-1/wait-for-master"

@@ -30,6 +30,7 @@ _PHASE_COLORS = {
     "Restarting": "33",
 }
 _READ_CHUNK = 1 << 16
+_MAX_LINE = 1 << 16
 
 
 def use_color(stream: TextIO) -> bool:
@@ -89,15 +90,23 @@ class LogFollower:
             item.offset += len(data)
             data = item.partial + data
             *lines, item.partial = data.split(b"\n")
-            for line in lines:
-                out.append((item, line.decode(errors="replace").rstrip("\r")))
+            if len(item.partial) > _MAX_LINE:  # no newline in sight: print what there is
+                lines.append(item.partial)
+                item.partial = b""
+            out.extend((item, _text(line)) for line in lines)
             if item.closing:
                 more = path.exists() and path.stat().st_size > item.offset
                 if not more:
                     if item.partial:
-                        out.append((item, item.partial.decode(errors="replace")))
+                        out.append((item, _text(item.partial)))
                     del self.files[path]
         return out
+
+
+def _text(line: bytes) -> str:
+    """One output line; of a line redrawn with carriage returns (progress bars) only its last state."""
+    parts = [p for p in line.split(b"\r") if p]
+    return (parts[-1] if parts else b"").decode(errors="replace")
 
 
 class _SafeStream:
