@@ -177,6 +177,11 @@ def test_check_job_finds_what_cannot_run_locally(tmp_path: Path) -> None:
     assert "does not exist" in issues[f"{base}[0].workingDir"]
 
 
+def test_a_job_without_pods_cannot_run_locally() -> None:
+    job = make_job("empty", [task("main", [container("app", ["true"])], replicas=0)])
+    assert check_job(job) == [("spec.tasks", "every task has 0 replicas: there is no pod to run")]
+
+
 def test_log_follower_yields_whole_lines_and_the_last_partial_one_on_close(tmp_path: Path) -> None:
     log = tmp_path / "c.log"
     follower = LogFollower()

@@ -82,6 +82,8 @@ def check_job(job: Job) -> list[tuple[str, str]]:
     """What stops ``job`` from running locally, as (field path, message); empty when it can run."""
     from torchjob.engines.local.containers import check_pods
 
+    if job.total_replicas == 0:  # Volcano keeps such a job Running for ever, with nothing to run
+        return [("spec.tasks", "every task has 0 replicas: there is no pod to run")]
     with tempfile.TemporaryDirectory(prefix="torchjob-check-") as scratch:
         return check_pods(_check_state(job), Path(scratch))
 
