@@ -124,12 +124,17 @@ class LocalPod:
         elif self.phase == RUNNING:
             self._poll_mains(now)
 
-    def terminate(self, now: float, grace: float | None = None) -> None:
-        """Stop the pod: SIGTERM to every group and recorded descendant, SIGKILL after the grace."""
+    def terminate(
+        self, now: float, grace: float | None = None, tree: Mapping[int, list[int]] | None = None
+    ) -> None:
+        """Stop the pod: SIGTERM to every group and recorded descendant, SIGKILL after the grace.
+
+        ``tree`` (:func:`process.children_map`) can be shared when many pods stop at once.
+        """
         if self.terminating:
             return
         self.terminating = True
-        self.track()
+        self.track(tree)
         for c in self.containers:
             c.next_start = None
             if c.running and c.proc is not None:

@@ -327,11 +327,11 @@ class Supervisor:
         self.status = decision.status
         now = time.monotonic()
         if decision.kill is not None:
-            for status in self.pod_statuses():
-                if decision.kill.selects(status):
-                    pod = self.pods[(status.task, status.index)]
-                    pod.terminate(now, self.grace_of(pod))
-                    self.dirty = True
+            selected = [self.pods[(s.task, s.index)] for s in self.pod_statuses() if decision.kill.selects(s)]
+            tree = process.children_map() if selected else None  # one scan for all of them
+            for pod in selected:
+                pod.terminate(now, self.grace_of(pod), tree)
+                self.dirty = True
         if decision.create_pods and not self.status.phase.final:
             self.create_missing(now)
         if old.phase is not self.status.phase or old.retry_count != self.status.retry_count:
