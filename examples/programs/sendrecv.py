@@ -11,6 +11,7 @@ import os
 import sys
 import warnings
 from datetime import timedelta
+from typing import NoReturn
 
 # torch warns at import when numpy is absent; the program does not use numpy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -86,5 +87,18 @@ def main() -> int:
     return 0
 
 
+def exit_now(code: int) -> NoReturn:
+    """Exit at once, skipping Python's interpreter finalization.
+
+    With torch 2.13 a gloo worker thread may still be releasing the last collective's tensors when
+    ``main`` returns; if it needs the GIL while the interpreter finalizes, Python ends that thread
+    inside a C++ destructor and the process aborts ("terminate called without an active exception",
+    exit code 134) after all work succeeded. The group is destroyed and output flushed by then.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
