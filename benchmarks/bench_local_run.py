@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import socket
 import statistics
@@ -352,6 +353,27 @@ def startup_costs(reps: int) -> dict[str, float]:
     return costs
 
 
+def engine_overhead(work: Path, ranks: int, reps: int) -> tuple[float, float]:
+    """(median wall, median CPU) of ``torchjob run`` for a job whose ``ranks`` pods run ``true``.
+
+    What the engine itself costs per job, with no program to hide it: interpreter start, imports,
+    load and expansion, the job directory, the watchdog, starting and reaping the pods, teardown.
+    CPU is user + system time of torchjob and everything it waited for (pods, watchdog).
+    """
+    name = f"bench-noop-{uuid.uuid4().hex[:8]}"
+    path = work / f"{name}.yaml"
+    path.write_text(job_yaml(name, ranks, free_port(), ["true"], wait=False))
+    walls, cpus = [], []
+    for _ in range(reps):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        run_job_file(path, Path(tempfile.mkdtemp(dir=work)), work)
+        walls.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(walls), statistics.median(cpus)
+
+
 # ---- report -------------------------------------------------------------------------------------
 
 
@@ -437,8 +459,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- `{label}`: {seconds:.3f} s")
 
     summaries = {(m, n): Summary(m, n) for n in args.ranks for m in args.methods}
+    overheads: dict[int, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="torchjob-bench-") as tmp:
         work = Path(tmp)
+        if "torchjob" in args.methods:
+            print("\n## Engine overhead: `torchjob run` of a job whose pods run `true` (median of 5)\n")
+            for ranks in args.ranks:
+                overheads[ranks] = engine_overhead(work, ranks, 5)
+                wall, cpu = overheads[ranks]
+                print(f"- {ranks} pods: {wall:.3f} s wall, {cpu:.3f} s CPU (torchjob, watchdog and pods)")
         for rep in range(args.reps):
             for ranks in args.ranks:
                 # Rotate the order so no method always runs first (or right after another).
@@ -480,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "machine": info,
                     "startup_costs": costs,
+                    "engine_overhead": {str(k): v for k, v in overheads.items()},
                     "runs": [asdict(r) for s in ordered for r in s.runs],
                     "wait_latency": waits,
                     "restart_latency": restarts,
