@@ -13,7 +13,7 @@ hits all of them alike:
   ``torchjob+wait`` is the same job with ``--wait-master-enabled=true``;
 * ``torchrun``: ``torchrun --nproc-per-node=N`` with a static rendezvous;
 * ``shell``: ``sh`` starting N processes with MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE set by hand,
-  the floor for any launcher.
+  each in its own session like torchjob's containers: the floor for any launcher.
 
 Every rank writes when it started, joined the group and ended (``TORCHJOB_BENCH_MARKS``), so the
 wall time splits into: launcher start-up (launch to the first rank's start), rank start-up spread,
@@ -166,10 +166,16 @@ def torchrun_argv(_work: Path, ranks: int) -> list[str]:
 
 
 def shell_argv(_work: Path, ranks: int) -> list[str]:
-    """``sh`` starting every rank in the background and waiting for all of them."""
+    """``sh`` starting every rank in the background and waiting for all of them.
+
+    Each rank gets its own session (``setsid``), as torchjob's containers do: with Linux's
+    autogroup scheduling a session is one CPU-share group, so on a shared machine N ranks in one
+    session get less CPU than N ranks in N sessions, which would make the floor slower than it is.
+    """
+    setsid = "setsid " if shutil.which("setsid") else ""
     lines = [f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={free_port()} WORLD_SIZE={ranks}", "status=0"]
     for rank in range(ranks):
-        lines.append(f'RANK={rank} "{sys.executable}" "{PROGRAM}" & p{rank}=$!')
+        lines.append(f'RANK={rank} {setsid}"{sys.executable}" "{PROGRAM}" & p{rank}=$!')
     lines += [f"wait $p{rank} || status=1" for rank in range(ranks)]
     lines.append("exit $status")
     return ["sh", "-c", "\n".join(lines)]
