@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench bench-render bench-local bench-sdk clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,17 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-bench: $(STAMP)
+# Timings live in benchmarks/README.md, not in tests; each script prints its own table.
+bench: bench-render bench-local bench-sdk
+
+bench-render: $(STAMP)
 	$(BIN)/python benchmarks/render_scale.py
+
+bench-local: $(STAMP)
+	$(BIN)/python benchmarks/bench_local_run.py
+
+bench-sdk: $(STAMP)
+	$(BIN)/python benchmarks/bench_sdk.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
