@@ -1,10 +1,13 @@
 """The job controller loop: runs pods, feeds their changes to the lifecycle, carries out decisions.
 
-One tick every 20 ms: poll every pod (the kubelet part), turn each observed change into
+Each pass of the loop: poll every pod (the kubelet part), turn each observed change into
 reactions (events resolved to actions by :mod:`torchjob.lifecycle`), ``step`` the state machine,
 stop the pods a decision kills and create missing pods when it says so. Log files are followed and
-printed on the same tick. When the job's phase is final, whatever still runs is stopped, every
-process carrying the job's marker is swept up, and the loop ends.
+printed on the same pass. Between passes the loop sleeps until a container process exits, a
+signal arrives or something falls due (a delayed reaction, a restart, the next scan or log read):
+an exit is seen at once and an idle job costs almost no CPU. When the job's phase is final,
+whatever still runs is stopped, every process carrying the job's marker is swept up, and the loop
+ends.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from torchjob.engines.local.output import (
 )
 from torchjob.engines.local.pod import FAILED, PENDING, RUNNING, SUCCEEDED, LocalPod
 from torchjob.engines.local.state import JobDir, job_manifest, write_atomic
+from torchjob.engines.local.waiter import ExitWaiter
 from torchjob.engines.local.watchdog import Watchdog
 from torchjob.expand import DesiredState, PodPlan, expand
 from torchjob.lifecycle import (
@@ -63,7 +67,9 @@ from torchjob.logs import logger
 from torchjob.plugins.svc import CONFIG_MOUNT_PATH
 from torchjob.spec.model import Job
 
-TICK = 0.02
+TICK = 0.02  # seconds between polls while pods are being stopped (their strays cannot be waited on)
+IDLE_WAIT = 0.1  # longest sleep of the loop; exits and signals wake it at once
+LOG_EVERY = 0.05  # seconds between reads of the followed log files when they are printed
 TRACK_EVERY = 0.5  # seconds between scans for container descendants
 DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no terminationGracePeriodSeconds
 WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
@@ -114,6 +120,7 @@ class Supervisor:
         self.addressing: LocalAddressing | None = None
         self.expansions: dict[tuple[int, int], DesiredState] = {}
         self.watchdog: Watchdog | None = None
+        self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
         self.dirty = True
         self.rank_of: dict[Key, str | None] = {}
         self.interrupted: int | None = None
@@ -206,7 +213,21 @@ class Supervisor:
                 self.write_status()
             if self.status.phase.final and not self.busy():
                 return
-            time.sleep(TICK)
+            self.waiter.wait(self.next_wait(last_track))
+
+    def next_wait(self, last_track: float) -> float:
+        """Seconds until something needs the loop that no exit or signal announces."""
+        now = time.monotonic()
+        if self.created:  # created pods are reported on the next pass
+            return 0.0
+        if any(p.terminating and not p.gone for p in self.pods.values()):
+            return TICK
+        due = [last_track + TRACK_EVERY, now + (LOG_EVERY if self.echo_logs else IDLE_WAIT)]
+        due += [d.due for d in self.delayed]
+        due += [c.next_start for p in self.pods.values() for c in p.containers if c.next_start is not None]
+        if self.timeout is not None:
+            due.append(now + self.started + self.timeout - time.time())
+        return max(0.0, min(due) - now)
 
     def track(self) -> None:
         """Record every container's descendants and reap the ones that were adopted and ended."""
@@ -461,6 +482,10 @@ class Supervisor:
         return env
 
     def on_group(self, pgid: int, started: bool) -> None:
+        if started:  # a container's main process: its pid is its group's id
+            self.waiter.add(pgid)
+        else:
+            self.waiter.remove(pgid)
         if self.watchdog is None:
             return
         if started:
@@ -477,6 +502,7 @@ class Supervisor:
 
         def handler(signum: int, frame: FrameType | None) -> None:
             self.signals.append(signum)
+            self.waiter.wake()
 
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             previous[sig] = signal.signal(sig, handler)
@@ -624,7 +650,7 @@ class Supervisor:
             for pod in self.pods.values():
                 pod.poll(time.monotonic())
             self.print_logs()
-            time.sleep(TICK)
+            self.waiter.wait(TICK)
         tracked = [p for pod in self.latest.values() for c in pod.containers for p in c.tracked.values()]
         killed = process.kill_now(self.id, [], tracked, 1.0)
         # Reap what was adopted (subreaper); waiting on our own children reaps them.
@@ -633,6 +659,7 @@ class Supervisor:
         process.set_child_subreaper(False)
         if self.watchdog is not None:
             self.watchdog.close()
+        self.waiter.close()
         with contextlib.suppress(OSError):
             port_registry.release(self.id)
         for pod in self.latest.values():
