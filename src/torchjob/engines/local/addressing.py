@@ -4,6 +4,10 @@ On Linux the whole 127.0.0.0/8 block reaches this machine, so pod number ``n`` o
 order, then index) gets its own address, starting at 127.0.1.1, without any setup. ``MASTER_ADDR``
 is then the master pod's own address, as on a cluster where every pod has an IP. Other systems
 route only 127.0.0.1, so every pod uses that there.
+
+When the job's processes can resolve pod names (a private ``/etc/hosts``, see
+:mod:`torchjob.engines.local.names`), plugins get the cluster's names instead, so ``MASTER_ADDR``
+and the host files are the same as on a cluster; the names resolve to the addresses above.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
-from torchjob.spec.model import Job, Task
+from torchjob.addressing import ClusterAddressing
+from torchjob.spec.model import Job, Task, pod_name
 
 LOOPBACK = "127.0.0.1"
 _PER_BLOCK = 254  # .1 to .254 in each /24; .0 and .255 are avoided
@@ -40,15 +45,29 @@ def pod_ordinals(job: Job) -> dict[tuple[str, int], int]:
 class LocalAddressing:
     """Implements :class:`torchjob.addressing.Addressing` for processes on this machine."""
 
-    def __init__(self, job: Job, ports: Mapping[int, int] | None = None) -> None:
+    def __init__(self, job: Job, ports: Mapping[int, int] | None = None, *, names: bool = False) -> None:
         self.ordinals = pod_ordinals(job)
         self.ports = dict(ports or {})
+        self.names = names  # pod names resolve for the job's processes
 
     def host(self, job: Job, task: Task, index: int) -> str:
+        if self.names:
+            return ClusterAddressing().host(job, task, index)
         # A template hostname collapses a task to one name on a cluster; here pod 0 stands for it.
         if task.template.hostname:
             index = 0
         return pod_address(self.ordinals[(task.name, index)])
+
+    def hosts_entries(self, job: Job) -> list[tuple[str, list[str]]]:
+        """``(address, names)`` per pod: its hostname, its cluster name and its pod name."""
+        cluster = ClusterAddressing()
+        entries = []
+        for task in job.spec.tasks:
+            for index in range(task.replicas):
+                pod = pod_name(job.name, task.name, index)
+                names = [task.template.hostname or pod, cluster.host(job, task, index), pod]
+                entries.append((self.address_of(task.name, index), names))
+        return entries
 
     def address_of(self, task: str, index: int) -> str:
         return pod_address(self.ordinals[(task, index)])

@@ -75,6 +75,7 @@ class ContainerRun:
     argv: list[str]
     env: dict[str, str]
     cwd: str | None
+    before_exec: Callable[[], None] | None = None  # run in the child before the program
 
 
 def expand_refs(text: str, env: Mapping[str, str]) -> str:

@@ -191,7 +191,7 @@ class LocalPod:
         c.next_start = None
         c.exit_code = None
         try:
-            c.proc = process.spawn(c.run.argv, c.run.env, c.run.cwd, c.log)
+            c.proc = process.spawn(c.run.argv, c.run.env, c.run.cwd, c.log, c.run.before_exec)
         except OSError as err:
             with open(c.log, "a") as log:
                 log.write(

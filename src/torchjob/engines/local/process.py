@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -61,25 +61,45 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
 
 
 def spawn(
-    argv: Sequence[str], env: Mapping[str, str], cwd: str | None, log_path: Path
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    log_path: Path,
+    before_exec: Callable[[], None] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a new session with stdout and stderr appended to ``log_path``.
 
+    ``before_exec`` runs in the child before the program (the job's /etc/hosts, see names.py).
     Raises OSError when the program cannot be started (not found, not executable, bad cwd).
     """
+    # PDEATHSIG is tied to the creating thread; only the main thread outlives its children.
+    die = threading.current_thread() is threading.main_thread()
+    preexec: Callable[[], None] | None = _die_with_parent if die else None
+    if before_exec is not None:
+        preexec = _then_die(before_exec) if die else before_exec
     with open(log_path, "ab", buffering=0) as log:
-        return subprocess.Popen(
-            list(argv),
-            env=dict(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            # PDEATHSIG is tied to the creating thread; only the main thread outlives its children.
-            preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
-        )
+        try:
+            return subprocess.Popen(
+                list(argv),
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=preexec,
+            )
+        except subprocess.SubprocessError as err:  # before_exec failed in the child
+            raise OSError(f"cannot prepare the process: {err}") from None
+
+
+def _then_die(first: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:  # pragma: no cover - runs in the forked child
+        first()
+        _die_with_parent()
+
+    return both
 
 
 def _environ(pid: int) -> bytes:
@@ -216,6 +236,18 @@ def kill_now(
 def children_map() -> dict[int, list[int]]:
     """parent pid -> child pids, read once for the whole machine (cheaper than a scan per root)."""
     tree: dict[int, list[int]] = {}
+    if _LINUX and os.path.isdir("/proc"):  # a third of psutil's time: no object per process
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as handle:
+                        stat = handle.read()
+                    # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+                    ppid = int(stat[stat.rindex(b")") + 1 :].split(None, 2)[1])
+                except (OSError, ValueError, IndexError):
+                    continue  # gone meanwhile
+                tree.setdefault(ppid, []).append(int(entry))
+        return tree
     try:
         for proc in psutil.process_iter(["ppid"]):
             tree.setdefault(int(proc.info["ppid"] or 0), []).append(proc.pid)

@@ -18,15 +18,14 @@ import signal
 import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 import psutil
 
+from torchjob.engines.local import names, process
 from torchjob.engines.local import ports as port_registry
-from torchjob.engines.local import process
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
     PodContext,
@@ -127,42 +126,55 @@ class Supervisor:
         self.created: list[PodChange] = []
         self.job_pids: set[int] = set()  # descendants seen, to reap once they are adopted
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
+        self.hosts_mount: names.HostsMount | None = None  # set when pod names can resolve
+        self.names = "addresses only"
 
     # ------------------------------------------------------------------ setup
 
     def prepare(self) -> DesiredState:
         self.dir.write_pid()
         self.ports = port_registry.reserve(self.id, port_registry.declared_ports(self.job))
-        self.addressing = LocalAddressing(self.job, self.ports)
+        self.addressing = LocalAddressing(self.job, self.ports, names=self.prepare_names())
         state = self.expansion(0, 0)
-        from torchjob.render import dump
-
-        write_atomic(self.dir.path / "job.yaml", dump(job_manifest(self.job), "yaml"))
-        items = [*state.objects, *(p.manifest for p in state.pods)]
-        write_atomic(
-            self.dir.path / "pods.yaml", dump({"apiVersion": "v1", "kind": "List", "items": items}, "yaml")
-        )
         self.dir.write_configmaps(configmaps_of(state))
         self.dir.write_shims(_python())  # not resolved: a venv's python is a symlink
-        hosts = []
-        for plan in state.pods:
-            spec = plan.manifest["spec"]
-            hostname = spec.get("hostname") or plan.name
-            names = [hostname, f"{hostname}.{spec['subdomain']}" if spec.get("subdomain") else "", plan.name]
-            hosts.append(
-                " ".join(
-                    [
-                        self.addressing.address_of(plan.task.name, plan.index),
-                        *dict.fromkeys(n for n in names if n),
-                    ]
-                )
-            )
-        write_atomic(self.dir.path / "hosts", "\n".join(hosts) + "\n")
         for plan in state.pods:
             env = (plan.manifest["spec"].get("containers") or [{}])[0].get("env") or []
             rank = next((str(e.get("value")) for e in env if e.get("name") == "RANK" and "value" in e), None)
             self.rank_of[(plan.task.name, plan.index)] = rank
         return state
+
+    def prepare_names(self) -> bool:
+        """Write the job's hosts file and decide once whether its processes get it as /etc/hosts."""
+        hosts = self.dir.path / "hosts"
+        try:
+            with open(names.ETC_HOSTS) as handle:
+                machine = handle.read()
+        except OSError:
+            machine = ""
+        entries = LocalAddressing(self.job, self.ports).hosts_entries(self.job)
+        write_atomic(hosts, names.hosts_text(machine, entries))
+        mount = names.HostsMount.of(str(hosts))
+        why_not = names.probe(mount)
+        if why_not is None:
+            self.hosts_mount = mount
+            self.names = "resolved"
+            logger.debug("pod names resolve: every container's /etc/hosts is %s", hosts)
+        else:
+            self.names = f"addresses only ({why_not})"
+            logger.debug("pod names do not resolve, addresses are used instead: %s", why_not)
+        return why_not is None
+
+    def write_records(self) -> None:
+        """job.yaml and pods.yaml are for people and tools, not the pods: written once pods run."""
+        from torchjob.render import dump
+
+        state = self.expansion(0, 0)
+        write_atomic(self.dir.path / "job.yaml", dump(job_manifest(self.job), "yaml"))
+        items = [*state.objects, *(p.manifest for p in state.pods)]
+        write_atomic(
+            self.dir.path / "pods.yaml", dump({"apiVersion": "v1", "kind": "List", "items": items}, "yaml")
+        )
 
     def expansion(self, version: int, retry_count: int) -> DesiredState:
         key = (version, retry_count)
@@ -195,9 +207,10 @@ class Supervisor:
                 )
         self.set_condition()
         self.apply(Decision(self.status, None, True))
+        self.write_records()
 
     def loop(self) -> None:
-        last_track = 0.0
+        last_track = time.monotonic()  # the pods have only just started: nothing to find yet
         while True:
             now = time.monotonic()
             self.handle_signals()
@@ -414,7 +427,7 @@ class Supervisor:
         self.attempts[key] = attempt
         address = self.addressing.address_of(*key)
         pod_dir = self.dir.pod_dir(plan.name, attempt)
-        uid = str(uuid.uuid4())
+        uid = _uuid4()
         ctx = PodContext(
             plan=plan,
             address=address,
@@ -429,6 +442,9 @@ class Supervisor:
         try:
             make_empty_dirs(ctx)
             inits, mains = resolve_pod(ctx)
+            if self.hosts_mount is not None:  # the job's /etc/hosts, so that pod names resolve
+                for run in [*inits, *mains]:
+                    run.before_exec = self.hosts_mount.enter
         except (ResolveError, OSError) as err:  # checked before the job started; defensive only
             log_dir.mkdir(parents=True, exist_ok=True)
             (log_dir / "torchjob.log").write_text(f"torchjob: cannot run pod {plan.name}: {err}\n")
@@ -625,6 +641,7 @@ class Supervisor:
             "host": socket.gethostname(),
             "jobDir": str(self.dir.path),
             "ports": [{"declared": d, "host": h} for d, h in self.ports.items()],
+            "names": self.names,
             "pods": [self.pod_dict(p) for p in self.latest.values()],
             "conditions": self.conditions,
             "events": self.events,
@@ -689,6 +706,15 @@ def _phase(value: str) -> PodPhase:
 def _ended_phase(pod: LocalPod) -> str:
     """How a pod the engine deleted is reported: ``Stopped`` unless it had finished by itself."""
     return pod.phase if pod.phase in (SUCCEEDED, FAILED) else STOPPED
+
+
+def _uuid4() -> str:
+    """A random UUID as ``str(uuid.uuid4())`` gives, without importing uuid (it loads platform)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40  # version 4
+    raw[8] = raw[8] & 0x3F | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _python() -> str:

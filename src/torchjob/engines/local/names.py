@@ -1,0 +1,165 @@
+"""Pod names that resolve locally: every container process sees the job's own ``/etc/hosts``.
+
+On a cluster ``<hostname>.<subdomain>`` is a DNS name. Here each container process is started in
+a mount namespace of its own (Linux), where ``/etc/hosts`` is a bind mount of the job's hosts file:
+the machine's ``/etc/hosts`` followed by one line per pod. Without root the mount namespace comes
+with a user namespace that maps the user's uid and gid to themselves, so ids, file access and
+signals stay as they were. Namespaces and mounts belong to the processes and vanish with them.
+
+Whether this works is probed once per job in a short-lived child; when it does not (another
+system, user namespaces disabled, ``TORCHJOB_POD_DNS=0``) the engine gives addresses instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+SWITCH = "TORCHJOB_POD_DNS"  # "0" turns names off
+ETC_HOSTS = "/etc/hosts"
+PROBE_TIMEOUT = 3.0  # seconds
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_MS_BIND = 0x1000
+_MS_REC = 0x4000
+_MS_PRIVATE = 0x40000
+
+
+def hosts_text(machine: str, entries: Iterable[tuple[str, Sequence[str]]]) -> str:
+    """The machine's hosts file, then ``<address> <name>...`` per pod, each name listed once."""
+    lines = [machine.rstrip("\n")] if machine.strip() else []
+    lines.append("# pods of this torchjob job")
+    seen: set[str] = set()
+    for address, names in entries:
+        fresh = [n for n in dict.fromkeys(names) if n and n not in seen]
+        seen.update(fresh)
+        if fresh:
+            lines.append(" ".join([address, *fresh]))
+    return "\n".join(lines) + "\n"
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.unshare.argtypes = [ctypes.c_int]
+        libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True)
+class HostsMount:
+    """How to give a process ``source`` as its ``/etc/hosts``; everything precomputed for the child."""
+
+    source: bytes
+    uid_map: bytes
+    gid_map: bytes
+    root: bool
+
+    @classmethod
+    def of(cls, source: str) -> HostsMount:
+        uid, gid = os.geteuid(), os.getegid()
+        return cls(
+            os.fsencode(os.path.abspath(source)),
+            f"{uid} {uid} 1".encode(),
+            f"{gid} {gid} 1".encode(),
+            uid == 0,
+        )
+
+    def enter(self) -> None:
+        """Called in the forked child before exec: new namespaces, then the bind mount.
+
+        Raises OSError. The child is single-threaded here, which ``unshare`` of a user namespace needs.
+        """
+        libc = _LIBC
+        if libc is None:
+            raise OSError("no libc")
+        if not (self.root and libc.unshare(_CLONE_NEWNS) == 0):
+            # Not root, or root without CAP_SYS_ADMIN (a container): a user namespace grants it.
+            if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
+                _raise("unshare")
+            _write(b"/proc/self/setgroups", b"deny")
+            _write(b"/proc/self/uid_map", self.uid_map)
+            _write(b"/proc/self/gid_map", self.gid_map)
+        # Private, so that the bind mount never propagates back to the machine's namespace.
+        if libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+            _raise("mount --make-rprivate /")
+        if libc.mount(self.source, ETC_HOSTS.encode(), None, _MS_BIND, None) != 0:
+            _raise("mount --bind /etc/hosts")
+
+
+_LIBC = _libc()
+
+
+def _raise(what: str) -> None:
+    err = ctypes.get_errno()
+    raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _write(path: bytes, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def probe(mount: HostsMount, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """None when a child can enter ``mount`` and then reads the job's file as /etc/hosts; else why not."""
+    if os.environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
+        return f"{SWITCH}=0"
+    if _LIBC is None:
+        return f"not supported on {sys.platform}"
+    if not os.path.exists(ETC_HOSTS):
+        return f"{ETC_HOSTS} does not exist"
+    with open(mount.source, "rb") as handle:
+        expected = handle.read()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(read_end)
+            mount.enter()
+            with open(ETC_HOSTS, "rb") as handle:
+                if handle.read() != expected:
+                    raise OSError("the bind mount did not take effect")
+            code = 0
+        except BaseException as err:  # every failure is a reason for the parent
+            with contextlib.suppress(BaseException):
+                os.write(write_end, str(err).encode()[:500])
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + timeout
+        status: int | None = None
+        while status is None:
+            done, raw = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = raw
+            elif time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return f"the namespace probe did not finish in {timeout:g}s"
+            else:
+                select.select([read_end], [], [], 0.01)
+        reason = b""
+        with contextlib.suppress(OSError):
+            reason = os.read(read_end, 1000)
+    finally:
+        os.close(read_end)
+    if os.waitstatus_to_exitcode(status) == 0:
+        return None
+    return reason.decode(errors="replace") or f"the namespace probe failed (status {status})"
