@@ -196,6 +196,8 @@ def run_status(args: argparse.Namespace) -> int:
     for line in pod_rows(status, color):
         print("  " + line)
     print(f"reason: {status.get('reason', '')}")
+    if status.get("names"):  # whether pod names resolve for the job's processes
+        print(f"names: {status['names']}")
     for event in (status.get("events") or [])[-5:]:
         when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time", 0))))
         print(f"  {when} {event.get('message', '')}")
