@@ -154,22 +154,24 @@ def test_env_field_refs_config_maps_and_mounts_resolve_locally(tmp_path: Path) -
     result = run(job, tmp_path, extra_env={"EXTRA": "yes"})
     assert result.ok, result.reason
     data = json.loads(out.read_text())
+    named = status_of(result).get("names") == "resolved"  # the cluster's names when they resolve here
     assert data["POD"] in ("envs-worker-0", "envs-worker-1")
     index = int(data["POD"][-1])
     assert data["NS"] == "default"
     assert data["IP"] == f"127.0.1.{2 + index}"
     assert data["NODE"] == socket.gethostname()
     assert (data["APP"], data["NOTE"], data["EXTRA"]) == ("demo", "hi", "yes")
-    assert data["HOSTS"] == "127.0.1.2,127.0.1.3"
+    assert data["HOSTS"] == ("envs-worker-0.envs,envs-worker-1.envs" if named else "127.0.1.2,127.0.1.3")
     assert data["CPUS"] == "2"  # 1.5 cores rounded up, as the kubelet does
-    assert data["MASTER_ADDR"] == "127.0.1.1"
+    assert data["MASTER_ADDR"] == ("envs-master-0.envs" if named else "127.0.1.1")
     assert data["RANK"] == str(index + 1)
     assert data["HOSTNAME"] == data["POD"]
     assert data["exe"] == sys.executable
     volcano = Path(data["TORCHJOB_VOLCANO_DIR"])
     assert data["argv"] == [f"pod {data['POD']} in default", str(volcano / "master.host")]
-    assert (volcano / "master.host").read_text() == "127.0.1.1"
-    assert (volcano / "worker.host").read_text() == "127.0.1.2\n127.0.1.3"
+    assert (volcano / "master.host").read_text() == ("envs-master-0.envs" if named else "127.0.1.1")
+    workers = "envs-worker-0.envs\nenvs-worker-1.envs" if named else "127.0.1.2\n127.0.1.3"
+    assert (volcano / "worker.host").read_text() == workers
     assert volcano.parent.parent == result.job_dir
 
 

@@ -31,6 +31,7 @@ _CLONE_NEWUSER = 0x10000000
 _MS_BIND = 0x1000
 _MS_REC = 0x4000
 _MS_PRIVATE = 0x40000
+_PR_SET_DUMPABLE = 4
 
 
 def hosts_text(machine: str, entries: Iterable[tuple[str, Sequence[str]]]) -> str:
@@ -89,6 +90,8 @@ class HostsMount:
             # Not root, or root without CAP_SYS_ADMIN (a container): a user namespace grants it.
             if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
                 _raise("unshare")
+            # A process that changed its ids is not dumpable, so /proc/self/*_map would be root's.
+            libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
             _write(b"/proc/self/setgroups", b"deny")
             _write(b"/proc/self/uid_map", self.uid_map)
             _write(b"/proc/self/gid_map", self.gid_map)

@@ -1,0 +1,221 @@
+"""Pod names resolve for a local job's processes: a private /etc/hosts per container process."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from test_local_support import container, leftovers, make_job, run, sh, status_of, task
+from torchjob.engines.local import names
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _mountinfo() -> str:
+    return Path("/proc/self/mountinfo").read_text() if Path("/proc/self/mountinfo").exists() else ""
+
+
+@pytest.fixture
+def hosts_file() -> Iterator[Path]:
+    """A job-like hosts file any user can read (the non-root test reads it as another user)."""
+    folder = Path(tempfile.mkdtemp(prefix="torchjob-dns-"))
+    folder.chmod(0o755)
+    path = folder / "hosts"
+    path.write_text(
+        names.hosts_text(Path(names.ETC_HOSTS).read_text(), [("127.0.1.9", ["pod-a", "pod-a.sub"])])
+    )
+    path.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
+    yield path
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def names_work(hosts_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(names.SWITCH, raising=False)
+    why_not = names.probe(names.HostsMount.of(str(hosts_file)))
+    if why_not is not None:
+        pytest.skip(f"this machine cannot give a process its own /etc/hosts: {why_not}")
+
+
+def test_hosts_text_keeps_the_machine_lines_first_and_lists_each_name_once() -> None:
+    text = names.hosts_text(
+        "127.0.0.1 localhost\n",
+        [("127.0.1.1", ["a", "a.j", "a"]), ("127.0.1.2", ["a.j", "b", "b.j"]), ("127.0.1.3", ["b"])],
+    )
+    lines = text.splitlines()
+    assert lines[0] == "127.0.0.1 localhost"
+    assert lines[2:] == ["127.0.1.1 a a.j", "127.0.1.2 b b.j"]  # a later pod never takes a name
+
+
+def test_the_switch_turns_names_off(hosts_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(names.SWITCH, "0")
+    assert names.probe(names.HostsMount.of(str(hosts_file))) == f"{names.SWITCH}=0"
+
+
+@pytest.mark.usefixtures("names_work")
+def test_a_process_sees_the_file_and_the_machine_does_not(hosts_file: Path) -> None:
+    before = _mountinfo()
+    mount = names.HostsMount.of(str(hosts_file))
+    out = subprocess.run(
+        ["sh", "-c", "cat /etc/hosts; id -u"],
+        preexec_fn=mount.enter,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[:-1] == hosts_file.read_text().splitlines()
+    assert out.stdout.splitlines()[-1] == str(os.getuid())  # the same user inside
+    assert "pod-a" not in Path(names.ETC_HOSTS).read_text()
+    assert _mountinfo() == before  # nothing leaked into this namespace
+
+
+@pytest.mark.usefixtures("names_work")
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to become another user"
+)
+def test_a_user_who_is_not_root_gets_the_file_through_a_user_namespace(hosts_file: Path) -> None:
+    mount = names.HostsMount(hosts_file.as_posix().encode(), b"4242 4242 1", b"4343 4343 1", root=False)
+
+    def become_nobody_then_enter() -> None:
+        os.setgroups([])
+        os.setgid(4343)  # ids unknown to the system; an unmapped id would show as 65534
+        os.setuid(4242)
+        mount.enter()
+
+    out = subprocess.run(
+        ["sh", "-c", "id -u; id -g; cat /etc/hosts"],
+        preexec_fn=become_nobody_then_enter,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        cwd="/",
+    )
+    if out.returncode != 0 and "unshare" in out.stderr:
+        pytest.skip(f"unprivileged user namespaces are not available: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:2] == ["4242", "4343"]  # uid and gid map to themselves
+    assert "127.0.1.9 pod-a pod-a.sub" in lines
+
+
+def _resolver_job(out: Path) -> list[dict[str, object]]:
+    program = (
+        "import json, os, socket, subprocess, sys\n"
+        "getent = subprocess.run(['getent', 'hosts', 'dns-worker-1.dns'], capture_output=True, text=True)\n"
+        "data = dict(\n"
+        "    master_addr=os.environ['MASTER_ADDR'],\n"
+        "    master_ip=socket.gethostbyname(os.environ['MASTER_ADDR']),\n"
+        "    worker_1=getent.stdout.split(),\n"
+        "    localhost=socket.gethostbyname('localhost'),\n"
+        "    volcano=open(os.path.join(os.environ['TORCHJOB_VOLCANO_DIR'], 'worker.host')).read().split(),\n"
+        ")\n"
+        f"json.dump(data, open({str(out)!r}, 'w'))\n"
+    )
+    return [
+        task("master", [container("m", ["python", "-c", program])]),
+        task("worker", [container("w", sh("true"))], replicas=2),
+    ]
+
+
+@pytest.mark.usefixtures("names_work")
+@pytest.mark.skipif(shutil.which("getent") is None, reason="getent is not installed")
+def test_pod_names_resolve_to_the_pods_addresses_and_master_addr_is_the_cluster_name(tmp_path: Path) -> None:
+    out = tmp_path / "names.json"
+    job = make_job("dns", _resolver_job(out), plugins={"pytorch": ["--master=master", "--worker=worker"]})
+    before = _mountinfo()
+    result = run(job, tmp_path)
+    assert result.ok, result.reason
+    data = json.loads(out.read_text())
+    assert data["master_addr"] == "dns-master-0.dns"  # byte-identical to a cluster's
+    assert data["master_ip"] == "127.0.1.1"
+    assert data["worker_1"][0] == "127.0.1.3" and "dns-worker-1.dns" in data["worker_1"]
+    assert data["localhost"] == "127.0.0.1"  # the machine's own names still resolve
+    assert data["volcano"] == ["dns-worker-0.dns", "dns-worker-1.dns"]
+    status = status_of(result)
+    assert status["names"] == "resolved"
+    assert [p["address"] for p in status["pods"]] == ["127.0.1.1", "127.0.1.2", "127.0.1.3"]
+    assert leftovers(result.job_id) == []
+    assert _mountinfo() == before
+    assert "dns-master-0" not in Path(names.ETC_HOSTS).read_text()
+
+
+def test_with_names_off_the_job_gets_addresses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(names.SWITCH, "0")
+    out = tmp_path / "env.json"
+    program = (
+        "import json, os\n"
+        "hosts = open('/etc/hosts').read()\n"
+        "data = dict(addr=os.environ['MASTER_ADDR'], private='dns-master-0' in hosts)\n"
+        f"json.dump(data, open({str(out)!r}, 'w'))\n"
+    )
+    job = make_job(
+        "dns",
+        [
+            task("master", [container("m", ["python", "-c", program])]),
+            task("worker", [container("w", sh("true"))]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker"]},
+    )
+    result = run(job, tmp_path)
+    assert result.ok, result.reason
+    data = json.loads(out.read_text())
+    assert data == {"addr": "127.0.1.1", "private": False}
+    assert status_of(result)["names"] == f"addresses only ({names.SWITCH}=0)"
+    assert "dns-master-0.dns" in (result.job_dir / "hosts").read_text()  # still written, for reference
+
+
+GLOO = """
+import os, sys
+import torch
+import torch.distributed as dist
+
+assert not os.environ["MASTER_ADDR"][0].isdigit(), os.environ["MASTER_ADDR"]
+dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=60))
+rank = dist.get_rank()
+value = torch.tensor([float(rank + 1)])
+dist.all_reduce(value)
+assert value.item() == 3.0, value
+peer = torch.tensor([float(rank)])
+if rank == 0:
+    dist.send(torch.tensor([42.0]), 1)
+else:
+    dist.recv(peer, 0)
+    assert peer.item() == 42.0, peer
+print("gloo ok", rank, os.environ["MASTER_ADDR"], flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.usefixtures("names_work")
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_a_two_rank_gloo_job_connects_through_the_master_name(tmp_path: Path) -> None:
+    script = tmp_path / "gloo.py"
+    script.write_text(GLOO)
+    job = make_job(
+        "gloo",
+        [
+            task("master", [container("m", ["python", str(script)])]),
+            task("worker", [container("w", ["python", str(script)])]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker"]},
+    )
+    result = run(job, tmp_path, timeout=80)
+    logs = {
+        p.name: (p.log_dir / ("m.log" if "master" in p.name else "w.log")).read_text() for p in result.pods
+    }
+    assert result.ok, (result.reason, logs)
+    assert "gloo ok 0 gloo-master-0.gloo" in logs["gloo-master-0"]
+    assert "gloo ok 1 gloo-master-0.gloo" in logs["gloo-worker-0"]
+    assert leftovers(result.job_id) == []
