@@ -8,7 +8,6 @@ I/O: ``render`` prints its result, the local engine runs it, and the tests snaps
 from __future__ import annotations
 
 import gc
-import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -100,6 +99,8 @@ class JobVolume:
 
 def _stable_suffix(text: str) -> str:
     # Volcano picks 12 random [0-9a-z] characters; a hash keeps the output reproducible.
+    import hashlib  # here: loading OpenSSL costs 2 ms and most jobs have no volumes
+
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

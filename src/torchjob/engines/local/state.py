@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,7 +179,7 @@ def new_job_dir(root: Path, job_name: str) -> JobDir:
     """A fresh, uniquely named directory ``<job-name>-<6 hex>``."""
     root.mkdir(parents=True, exist_ok=True)
     for _ in range(100):
-        path = root / f"{job_name}-{secrets.token_hex(3)}"
+        path = root / f"{job_name}-{os.urandom(3).hex()}"  # secrets.token_hex, without hmac/OpenSSL
         try:
             path.mkdir()
         except FileExistsError:
