@@ -62,6 +62,15 @@ def test_the_switch_turns_names_off(hosts_file: Path, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.usefixtures("names_work")
+def test_a_failing_probe_says_why(hosts_file: Path) -> None:
+    broken = names.HostsMount(hosts_file.as_posix().encode(), b"not a map", b"nor this", root=False)
+    why_not = names.probe(broken)
+    assert why_not is not None and "Invalid argument" in why_not, why_not
+    missing = names.HostsMount.of(str(hosts_file.parent / "missing"))
+    assert "cannot read the job's hosts file" in str(names.probe(missing))
+
+
+@pytest.mark.usefixtures("names_work")
 def test_a_process_sees_the_file_and_the_machine_does_not(hosts_file: Path) -> None:
     before = _mountinfo()
     mount = names.HostsMount.of(str(hosts_file))

@@ -19,6 +19,7 @@ import select
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -126,18 +127,24 @@ def probe(mount: HostsMount, timeout: float = PROBE_TIMEOUT) -> str | None:
         return f"not supported on {sys.platform}"
     if not os.path.exists(ETC_HOSTS):
         return f"{ETC_HOSTS} does not exist"
-    with open(mount.source, "rb") as handle:
-        expected = handle.read()
+    try:
+        with open(mount.source, "rb") as handle:
+            expected = handle.read()
+    except OSError as err:
+        return f"cannot read the job's hosts file: {err}"
     read_end, write_end = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():  # the child only makes system calls, so threads cannot hurt it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         code = 1
         try:
             os.close(read_end)
             mount.enter()
-            with open(ETC_HOSTS, "rb") as handle:
-                if handle.read() != expected:
-                    raise OSError("the bind mount did not take effect")
+            fd = os.open(ETC_HOSTS, os.O_RDONLY)
+            seen = os.read(fd, len(expected) + 1)
+            if seen != expected:
+                raise OSError("the bind mount did not take effect")
             code = 0
         except BaseException as err:  # every failure is a reason for the parent
             with contextlib.suppress(BaseException):
