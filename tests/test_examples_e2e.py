@@ -91,9 +91,12 @@ def check_sendrecv_logs(job_dir: Path, job: str = "pytorch-job") -> str:
         assert f"sendrecv: rank {rank} verified the master's message and replied" in worker
         assert f"sendrecv: rank {rank} OK" in worker
     assert "MISMATCH" not in master
-    # The master's own address is a per-pod loopback address and the port the one the job got.
-    joined = re.search(r"sendrecv: rank 0 of 3 joined the group at (127\.[\d.]+):(\d+)", master)
+    # The master's cluster name when pod names resolve here, else its per-pod loopback address;
+    # the port is the one the job got.
+    joined = re.search(r"sendrecv: rank 0 of 3 joined the group at ([\w.-]+):(\d+)", master)
     assert joined, master
+    named = status(job_dir).get("names") == "resolved"
+    assert (joined[1] == f"{job}-master-0.{job}") if named else joined[1].startswith("127."), joined[1]
     return f"{joined[1]}:{joined[2]}"
 
 
