@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -201,6 +202,7 @@ else:
     dist.recv(peer, 0)
     assert peer.item() == 42.0, peer
 print("gloo ok", rank, os.environ["MASTER_ADDR"], flush=True)
+print("namespaces", os.readlink("/proc/self/ns/mnt"), os.readlink("/proc/self/ns/user"), flush=True)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -209,7 +211,17 @@ dist.destroy_process_group()
 @pytest.mark.torch
 @pytest.mark.usefixtures("names_work")
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
-def test_a_two_rank_gloo_job_connects_through_the_master_name(tmp_path: Path) -> None:
+@pytest.mark.parametrize("user_namespace", [False, True], ids=["as-is", "user-namespace"])
+def test_a_two_rank_gloo_job_connects_through_the_master_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user_namespace: bool
+) -> None:
+    if user_namespace:  # the path a user who is not root takes, also when the tests run as root
+        of = names.HostsMount.of
+        monkeypatch.setattr(
+            names.HostsMount, "of", lambda source: dataclasses.replace(of(source), root=False)
+        )
+    elif os.geteuid() != 0:
+        pytest.skip("without root every job takes the user-namespace path")
     script = tmp_path / "gloo.py"
     script.write_text(GLOO)
     job = make_job(
@@ -227,4 +239,8 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(tmp_path: Path) ->
     assert result.ok, (result.reason, logs)
     assert "gloo ok 0 gloo-master-0.gloo" in logs["gloo-master-0"]
     assert "gloo ok 1 gloo-master-0.gloo" in logs["gloo-worker-0"]
+    line = next(x for x in logs["gloo-master-0"].splitlines() if x.startswith("namespaces "))
+    mnt, user = line.split()[1:]
+    assert mnt != os.readlink("/proc/self/ns/mnt")  # the container had a mount namespace of its own
+    assert (user != os.readlink("/proc/self/ns/user")) == (user_namespace or os.geteuid() != 0)
     assert leftovers(result.job_id) == []
