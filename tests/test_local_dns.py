@@ -7,16 +7,19 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from test_local_support import container, leftovers, make_job, run, sh, status_of, task
+from test_waitmaster import PROBING, make_shell
 from torchjob.engines.local import names
+from torchjob.plugins.waitmaster import INTERVAL_ENV, wait_for_master_script
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -244,3 +247,44 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(
     assert mnt != os.readlink("/proc/self/ns/mnt")  # the container had a mount namespace of its own
     assert (user != os.readlink("/proc/self/ns/user")) == (user_namespace or os.geteuid() != 0)
     assert leftovers(result.job_id) == []
+
+
+@pytest.fixture
+def pod_a_listening() -> Iterator[int]:
+    """A port open on pod-a's address (127.0.1.9), as a master would open it."""
+    server = socket.socket()
+    try:
+        server.bind(("127.0.1.9", 0))
+    except OSError as err:
+        server.close()
+        pytest.skip(f"cannot listen on 127.0.1.9 here: {err}")
+    server.listen(16)
+    yield int(server.getsockname()[1])
+    server.close()
+
+
+@pytest.mark.usefixtures("names_work")
+@pytest.mark.parametrize("kind", PROBING)
+def test_wait_for_master_reaches_the_master_by_name(
+    kind: str, tmp_path: Path, hosts_file: Path, pod_a_listening: int
+) -> None:
+    shell = make_shell(kind, tmp_path)
+    script = wait_for_master_script("pod-a.sub", pod_a_listening, 10)
+
+    def wait(before_exec: Callable[[], None] | None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [shell.sh, "-c", script],
+            env={"PATH": str(shell.path), INTERVAL_ENV: "0.05"},
+            preexec_fn=before_exec,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    done = wait(names.HostsMount.of(str(hosts_file)).enter)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "is ready" in done.stdout + done.stderr
+    if kind == PROBING[0]:  # the name really came from the job's file: without it there is none
+        script = wait_for_master_script("pod-a.sub", pod_a_listening, 0)
+        assert wait(None).returncode != 0
