@@ -107,7 +107,9 @@ def test_depends_on_starts_a_task_once_its_dependency_runs(tmp_path: Path) -> No
                 [container("c", sh(f"test -e {marker} && echo server was up"))],
                 dependsOn={"name": ["server"]},
             ),
-            task("server", [container("s", sh(f"touch {marker}; sleep 0.5"))]),
+            # ": >" is the shell's own redirection: no fork and exec of touch, which under load
+            # could come after the client (started one tick after the server runs) looked.
+            task("server", [container("s", sh(f": > {marker}; sleep 0.5"))]),
         ],
     )
     result = run(job, tmp_path)
