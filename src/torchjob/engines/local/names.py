@@ -93,7 +93,8 @@ class HostsMount:
                 _raise("unshare")
             # A process that changed its ids is not dumpable, so /proc/self/*_map would be root's.
             libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
-            _write(b"/proc/self/setgroups", b"deny")
+            with contextlib.suppress(FileNotFoundError):  # kernels before 3.19 have no such file
+                _write(b"/proc/self/setgroups", b"deny")
             _write(b"/proc/self/uid_map", self.uid_map)
             _write(b"/proc/self/gid_map", self.gid_map)
         # Private, so that the bind mount never propagates back to the machine's namespace.
