@@ -442,8 +442,16 @@ def verdicts(summaries: list[Summary]) -> list[str]:
         if job is None or floor is None:
             continue
         ratio = job.median("wall") / floor.median("wall")
-        verdict = "met" if ratio <= 1.10 else "MISSED"
-        line = f"- {ranks} ranks: torchjob/shell = {ratio:.3f} (target ≤ 1.10: {verdict})"
+        # Both methods of one repetition run back to back, so a pair sees about the same load:
+        # the median of per-pair ratios is steadier than the ratio of two medians.
+        pairs = list(zip(job.runs, floor.runs, strict=False))
+        paired = statistics.median(a.wall / b.wall for a, b in pairs)
+        extra = statistics.median(a.wall - b.wall for a, b in pairs)
+        verdict = "met" if max(ratio, paired) <= 1.10 else "MISSED"
+        line = (
+            f"- {ranks} ranks: torchjob/shell = {ratio:.3f} (medians), {paired:.3f} (median of pairs, "
+            f"torchjob {extra:+.3f} s) (target ≤ 1.10 by both: {verdict})"
+        )
         if run is not None:
             faster = job.median("wall") < run.median("wall")
             line += (
