@@ -17,11 +17,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import psutil
+from typing import TYPE_CHECKING
 
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
+
+if TYPE_CHECKING:
+    import psutil
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 
@@ -175,6 +177,8 @@ class LocalPod:
         if not running:
             return
         tree = process.children_map() if tree is None else tree
+        import psutil
+
         for c in running:
             assert c.proc is not None
             for pid in process.descendants_in(tree, c.proc.pid):

@@ -23,8 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from torchjob.engines.local.state import start_time
 from torchjob.plugins import build_plugins
 from torchjob.plugins.pytorch import PyTorchPlugin
 from torchjob.spec.model import Job
@@ -88,6 +87,8 @@ def _pick_range() -> tuple[int, int]:
 
 
 def _owner_alive(entry: dict[str, Any]) -> bool:
+    import psutil
+
     try:
         proc = psutil.Process(int(entry["pid"]))
         return (
@@ -122,7 +123,7 @@ def _locked_registry() -> Iterator[dict[str, Any]]:
 
 
 def _me() -> dict[str, Any]:
-    return {"pid": os.getpid(), "created": psutil.Process().create_time()}
+    return {"pid": os.getpid(), "created": start_time(os.getpid())}
 
 
 def reserve(job_id: str, ports: list[int]) -> dict[int, int]:

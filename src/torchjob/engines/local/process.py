@@ -18,8 +18,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import psutil
+if TYPE_CHECKING:  # imported where used: 5 ms that would delay the job's first process
+    import psutil
 
 MARKER = "TORCHJOB_JOB_ID"
 POD_MARKER = "TORCHJOB_POD_UID"  # one value per pod attempt
@@ -112,6 +114,8 @@ def _environ(pid: int) -> bytes:
 
 def processes_with(name: str, values: Iterable[str], exclude: Iterable[int] = ()) -> list[psutil.Process]:
     """Processes of this user whose environment has ``name`` set to one of ``values``."""
+    import psutil
+
     wanted = set(values)
     if not wanted:
         return []
@@ -152,6 +156,8 @@ def sweep(name: str, values: Iterable[str], timeout: float = 1.0) -> list[psutil
     signal_processes(procs, signal.SIGKILL)
     if not procs:
         return []
+    import psutil
+
     _gone, left = psutil.wait_procs(procs, timeout=timeout)
     return alive(left)
 
@@ -162,6 +168,8 @@ def signal_group(pgid: int, sig: int) -> None:
 
 
 def signal_processes(procs: Iterable[psutil.Process], sig: int) -> None:
+    import psutil
+
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
@@ -169,6 +177,8 @@ def signal_processes(procs: Iterable[psutil.Process], sig: int) -> None:
 
 def alive(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
     """Those still running; zombies count as gone (they only wait to be reaped)."""
+    import psutil
+
     left: list[psutil.Process] = []
     for proc in procs:
         try:
@@ -177,6 +187,20 @@ def alive(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return left
+
+
+def pid_exists(pid: int) -> bool:
+    import psutil
+
+    return bool(psutil.pid_exists(pid))
+
+
+def wait_gone(procs: list[psutil.Process], timeout: float) -> None:
+    """Wait up to ``timeout`` s for ``procs`` to end (reaping those that are our children)."""
+    if procs:
+        import psutil
+
+        psutil.wait_procs(procs, timeout=timeout)
 
 
 def group_alive(pgid: int) -> bool:
@@ -195,6 +219,8 @@ def reap_adopted(job_pids: Iterable[int]) -> None:
     Only pids known to belong to the job: in a library call the caller's own children are not
     ours to reap (their ``Popen.wait`` would then see a wrong exit status).
     """
+    import psutil
+
     for pid in job_pids:
         try:
             proc = psutil.Process(pid)
@@ -248,6 +274,8 @@ def children_map() -> dict[int, list[int]]:
                     continue  # gone meanwhile
                 tree.setdefault(ppid, []).append(int(entry))
         return tree
+    import psutil
+
     try:
         for proc in psutil.process_iter(["ppid"]):
             tree.setdefault(int(proc.info["ppid"] or 0), []).append(proc.pid)

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import psutil
 
 from torchjob.spec.model import Job, Policy
 
@@ -94,7 +93,35 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _boot_time() -> float:
+    with open("/proc/stat", "rb") as handle:
+        for line in handle:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    raise ValueError("no btime in /proc/stat")
+
+
+def start_time(pid: int) -> float:
+    """When ``pid`` started, in seconds since the epoch: psutil's ``create_time``.
+
+    Read from /proc on Linux, so that starting a job does not wait for psutil to import.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                stat = handle.read()
+            ticks = int(stat[stat.rindex(b")") + 1 :].split()[19])  # field 22: starttime
+            return ticks / os.sysconf("SC_CLK_TCK") + _boot_time()
+        except (OSError, ValueError, IndexError):
+            pass
+    import psutil
+
+    return float(psutil.Process(pid).create_time())
+
+
 def process_alive(pid: int, created: float | None) -> bool:
+    import psutil
+
     try:
         proc = psutil.Process(pid)
         if created is not None and abs(proc.create_time() - created) > 1.0:
@@ -145,8 +172,8 @@ class JobDir:
         return data if isinstance(data, dict) else {}
 
     def write_pid(self) -> None:
-        me = psutil.Process()
-        write_atomic(self.path / "supervisor.pid", json.dumps({"pid": me.pid, "created": me.create_time()}))
+        pid = os.getpid()
+        write_atomic(self.path / "supervisor.pid", json.dumps({"pid": pid, "created": start_time(pid)}))
 
     def supervisor(self) -> tuple[int, float | None] | None:
         try:

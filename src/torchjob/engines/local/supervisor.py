@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-import psutil
-
 from torchjob.engines.local import names, process
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
@@ -249,7 +247,7 @@ class Supervisor:
             pod.track(tree)
         self.job_pids.update(p.pid for pod in self.pods.values() for p in pod.tracked())
         process.reap_adopted(self.job_pids)
-        self.job_pids = {pid for pid in self.job_pids if psutil.pid_exists(pid)}
+        self.job_pids = {pid for pid in self.job_pids if process.pid_exists(pid)}
 
     def deadline_passed(self) -> bool:
         if self.timeout is None or self.status.phase.final or self.status.phase is JobPhase.TERMINATING:
@@ -671,7 +669,7 @@ class Supervisor:
         tracked = [p for pod in self.latest.values() for c in pod.containers for p in c.tracked.values()]
         killed = process.kill_now(self.id, [], tracked, 1.0)
         # Reap what was adopted (subreaper); waiting on our own children reaps them.
-        psutil.wait_procs(process.alive(killed), timeout=1.0)
+        process.wait_gone(process.alive(killed), timeout=1.0)
         process.reap_adopted({p.pid for p in tracked} | {p.pid for p in killed} | self.job_pids)
         process.set_child_subreaper(False)
         if self.watchdog is not None:
