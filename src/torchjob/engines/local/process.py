@@ -168,6 +168,9 @@ def signal_group(pgid: int, sig: int) -> None:
 
 
 def signal_processes(procs: Iterable[psutil.Process], sig: int) -> None:
+    procs = list(procs)
+    if not procs:  # the common case: no import on the way of a pod's next container
+        return
     import psutil
 
     for proc in procs:
@@ -177,6 +180,9 @@ def signal_processes(procs: Iterable[psutil.Process], sig: int) -> None:
 
 def alive(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
     """Those still running; zombies count as gone (they only wait to be reaped)."""
+    procs = list(procs)
+    if not procs:
+        return []
     import psutil
 
     left: list[psutil.Process] = []
