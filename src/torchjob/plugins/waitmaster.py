@@ -14,7 +14,6 @@ Every value put into the script is validated first and shell-quoted anyway.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import shlex
 
@@ -113,6 +112,8 @@ def valid_host(host: str) -> bool:
     """An IP address, or a DNS name made of RFC 1123 labels (what the addressing layer yields)."""
     if not isinstance(host, str) or not host:
         return False
+    import ipaddress  # here: only jobs that wait for their master need it (1 ms at start-up)
+
     try:
         ipaddress.ip_address(host)
         return True

@@ -11,7 +11,6 @@ follow-on errors on top of them.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from torchjob.spec import names
@@ -103,6 +102,8 @@ class _Reader:
     def unknown(self, data: dict[str, Any], allowed: set[str], path: str) -> None:
         for key in data:
             if key not in allowed:
+                import difflib  # only for a mistake: not on every start-up
+
                 close = difflib.get_close_matches(key, allowed, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 fields = ", ".join(sorted(allowed))
