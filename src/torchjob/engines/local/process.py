@@ -114,25 +114,34 @@ def _environ(pid: int) -> bytes:
 
 def processes_with(name: str, values: Iterable[str], exclude: Iterable[int] = ()) -> list[psutil.Process]:
     """Processes of this user whose environment has ``name`` set to one of ``values``."""
-    import psutil
-
     wanted = set(values)
     if not wanted:
         return []
     skip = {os.getpid(), *exclude}
-    with contextlib.suppress(psutil.Error):
-        skip.update(p.pid for p in psutil.Process().parents())
-    found: list[psutil.Process] = []
     if _LINUX and os.path.isdir("/proc"):
+        skip.update(_ancestors())
         needles = [f"\0{name}={value}\0".encode() for value in wanted]
+        pids = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) in skip:
                 continue
             environ = _environ(int(entry))
             if environ and any(needle in environ for needle in needles):
-                with contextlib.suppress(psutil.Error):
-                    found.append(psutil.Process(int(entry)))
+                pids.append(int(entry))
+        if not pids:  # the usual answer at the end of a job: psutil is not even imported
+            return []
+        import psutil
+
+        found: list[psutil.Process] = []
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                found.append(psutil.Process(pid))
         return found
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        skip.update(p.pid for p in psutil.Process().parents())
+    found = []
     uid = os.getuid()
     for proc in psutil.process_iter():
         try:
@@ -142,6 +151,21 @@ def processes_with(name: str, values: Iterable[str], exclude: Iterable[int] = ()
                 found.append(proc)
         except psutil.Error:
             continue
+    return found
+
+
+def _ancestors() -> list[int]:
+    """This process's parent, its parent and so on (Linux /proc)."""
+    found: list[int] = []
+    pid = os.getppid()
+    while pid > 0 and pid not in found:
+        found.append(pid)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                stat = handle.read()
+            pid = int(stat[stat.rindex(b")") + 1 :].split(None, 2)[1])
+        except (OSError, ValueError, IndexError):
+            break
     return found
 
 
@@ -225,6 +249,9 @@ def reap_adopted(job_pids: Iterable[int]) -> None:
     Only pids known to belong to the job: in a library call the caller's own children are not
     ours to reap (their ``Popen.wait`` would then see a wrong exit status).
     """
+    job_pids = list(job_pids)
+    if not job_pids:
+        return
     import psutil
 
     for pid in job_pids:
