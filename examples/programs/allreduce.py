@@ -9,20 +9,19 @@ and tear-down time can be told apart from the program's own.
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 _STARTED = time.time()  # before the slow torch import
 
 import warnings  # noqa: E402
 from datetime import timedelta  # noqa: E402
-from typing import NoReturn  # noqa: E402
 
 # torch warns at import when numpy is absent; the program does not use numpy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from rank_exit import exit_now  # noqa: E402  (this folder is on sys.path when run as a script)
 
 
 def mark(name: str, when: float) -> None:
@@ -47,19 +46,6 @@ def main() -> int:
     print(f"allreduce: rank {rank} of {world} sum {value[0].item():g} {'OK' if ok else 'WRONG'}", flush=True)
     mark("end", time.time())
     return 0 if ok else 1
-
-
-def exit_now(code: int) -> NoReturn:
-    """Exit at once, skipping Python's interpreter finalization.
-
-    With torch 2.13 a gloo worker thread may still be releasing the last collective's tensors when
-    ``main`` returns; if it needs the GIL while the interpreter finalizes, Python ends that thread
-    inside a C++ destructor and the process aborts ("terminate called without an active exception",
-    exit code 134) after all work succeeded. The group is destroyed and output flushed by then.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -10,16 +10,15 @@ collective. After the job restarts every rank runs to the end and checks every s
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from datetime import timedelta
-from typing import NoReturn
 
 # torch warns at import when numpy is absent; the program does not use numpy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from rank_exit import exit_now  # noqa: E402  (this folder is on sys.path when run as a script)
 
 STEPS = 5
 CRASH_EXIT_CODE = 3
@@ -49,19 +48,6 @@ def main() -> int:
     dist.destroy_process_group()
     print(f"crash-once: rank {rank} completed {STEPS} all-reduce steps on attempt {attempt}", flush=True)
     return 0
-
-
-def exit_now(code: int) -> NoReturn:
-    """Exit at once, skipping Python's interpreter finalization.
-
-    With torch 2.13 a gloo worker thread may still be releasing the last collective's tensors when
-    ``main`` returns; if it needs the GIL while the interpreter finalizes, Python ends that thread
-    inside a C++ destructor and the process aborts ("terminate called without an active exception",
-    exit code 134) after all work succeeded. The group is destroyed and output flushed by then.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

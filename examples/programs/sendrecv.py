@@ -11,13 +11,13 @@ import os
 import sys
 import warnings
 from datetime import timedelta
-from typing import NoReturn
 
 # torch warns at import when numpy is absent; the program does not use numpy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from rank_exit import exit_now  # noqa: E402  (this folder is on sys.path when run as a script)
 
 SIZE = 1024  # elements per message: big enough to span several socket reads
 # For tests of the check itself: this rank sends wrong values in the ring, so its neighbour must fail.
@@ -85,19 +85,6 @@ def main() -> int:
         print(f"sendrecv: all {world} ranks verified", flush=True)
     dist.destroy_process_group()
     return 0
-
-
-def exit_now(code: int) -> NoReturn:
-    """Exit at once, skipping Python's interpreter finalization.
-
-    With torch 2.13 a gloo worker thread may still be releasing the last collective's tensors when
-    ``main`` returns; if it needs the GIL while the interpreter finalizes, Python ends that thread
-    inside a C++ destructor and the process aborts ("terminate called without an active exception",
-    exit code 134) after all work succeeded. The group is destroyed and output flushed by then.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":
