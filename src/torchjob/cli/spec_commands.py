@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from torchjob.errors import Problem, SpecError
 
 if TYPE_CHECKING:  # the real imports are lazy, inside the commands
-    from torchjob.jobs import LoadedJob
     from torchjob.spec.source import Document
 
 
@@ -33,23 +32,6 @@ def _print_warnings(document: Document, warnings: list[tuple[str, str]]) -> None
         print(document.problem(path, f"warning: {message}").format(), file=sys.stderr)
 
 
-def _duplicate_jobs(loaded: list[LoadedJob]) -> list[Problem]:
-    """Two jobs of one file with the same namespace and name would overwrite each other's objects."""
-    first: dict[tuple[str, str], int] = {}
-    problems: list[Problem] = []
-    for item in loaded:
-        key = (item.job.metadata.namespace, item.job.name)
-        if key in first:
-            message = (
-                f"job {key[1]!r} in namespace {key[0]!r} is already defined by document {first[key] + 1} "
-                "of this file; give each job its own name"
-            )
-            problems.append(item.document.problem("metadata.name", message))
-        else:
-            first[key] = item.document.index
-    return problems
-
-
 def run_validate(args: argparse.Namespace) -> int:
     from torchjob.expand import Expansion
     from torchjob.jobs import load_jobs
@@ -60,10 +42,6 @@ def run_validate(args: argparse.Namespace) -> int:
             loaded = load_jobs(file)
         except SpecError as err:
             problems += err.problems
-            continue
-        duplicates = _duplicate_jobs(loaded)
-        if duplicates:
-            problems += duplicates
             continue
         for item in loaded:
             job = item.job
@@ -80,9 +58,10 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def run_render(args: argparse.Namespace) -> int:
     from torchjob.expand import Expansion
+    from torchjob.jobs import load_jobs
     from torchjob.render import write_list
 
-    loaded = load_checked(args.file)
+    loaded = load_jobs(args.file)
     expansions = [Expansion(item.job) for item in loaded]
     for item, expansion in zip(loaded, expansions, strict=True):
         _print_warnings(item.document, expansion.warnings())
@@ -98,14 +77,3 @@ def run_render(args: argparse.Namespace) -> int:
     write_list(items(), args.output, sys.stdout.write)
     sys.stdout.flush()
     return 0
-
-
-def load_checked(file: str) -> list[LoadedJob]:
-    """The file's jobs, refusing the whole file on any problem."""
-    from torchjob.jobs import load_jobs
-
-    loaded = load_jobs(file)
-    duplicates = _duplicate_jobs(loaded)
-    if duplicates:
-        raise SpecError(duplicates)
-    return loaded
