@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from torchjob import __version__
-from torchjob.cli import spec_commands
+from torchjob.cli import local_commands, spec_commands
 from torchjob.errors import SpecError
 
 EXIT_OK = 0
@@ -32,12 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     spec_commands.register(commands)
-    try:
-        from torchjob.cli import local_commands
-    except ImportError:  # the local engine is optional while it is being built
-        pass
-    else:
-        local_commands.register(commands)
+    local_commands.register(commands)
     return parser
 
 
