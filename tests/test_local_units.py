@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_local_support import container, make_job, task
+from test_local_support import container, make_job, run, sh, task
 from torchjob.engines.local import check_job
 from torchjob.engines.local.addressing import LocalAddressing, pod_address
 from torchjob.engines.local.containers import expand_refs, parse_quantity, rewrite_paths
@@ -175,6 +175,30 @@ def test_check_job_finds_what_cannot_run_locally(tmp_path: Path) -> None:
         f"{base}[4].env[0].valueFrom.fieldRef",
     }
     assert "does not exist" in issues[f"{base}[0].workingDir"]
+
+
+def test_a_working_directory_in_an_empty_dir_is_made_by_the_engine_so_the_check_accepts_it(
+    tmp_path: Path,
+) -> None:
+    main = task(
+        "main",
+        [
+            container(
+                "app",
+                sh("pwd > out.txt"),
+                workingDir="/scratch",
+                volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}],
+            )
+        ],
+    )
+    main["template"]["spec"]["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    job = make_job("wd-volume", [main])
+    assert check_job(job) == []
+    result = run(job, tmp_path)
+    assert result.ok, result.reason
+    written = next((result.job_dir).rglob("out.txt"))
+    assert written.parent.name == "scratch"
+    assert written.read_text().strip() == str(written.parent)
 
 
 def test_a_job_without_pods_cannot_run_locally() -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import select
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,8 +83,7 @@ def check_job(job: Job) -> list[tuple[str, str]]:
 
     if job.total_replicas == 0:  # Volcano keeps such a job Running for ever, with nothing to run
         return [("spec.tasks", "every task has 0 replicas: there is no pod to run")]
-    with tempfile.TemporaryDirectory(prefix="torchjob-check-") as scratch:
-        return check_pods(_check_state(job), Path(scratch))
+    return check_pods(_check_state(job))
 
 
 def _raise_problems(job: Job) -> None:

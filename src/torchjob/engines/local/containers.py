@@ -319,9 +319,15 @@ def _template_path(state: DesiredState, plan: PodPlan, kind: str, name: str) -> 
     return "spec.plugins"
 
 
-def check_pods(state: DesiredState, scratch: Path) -> Issues:
+# Where the check pretends the engine's own directories (ConfigMap volumes, emptyDirs) are: they
+# are made when a pod starts, so a working directory inside them is not looked for on disk.
+_CHECK_ROOT = Path("/nonexistent/torchjob-check")
+
+
+def check_pods(state: DesiredState) -> Issues:
     """Everything that would stop a pod of ``state`` from running locally, as (path, message)."""
     issues: Issues = []
+    scratch = _CHECK_ROOT
     configmaps = configmaps_of(state)
     seen: set[tuple[str, str, str]] = set()
     for plan in state.pods:
@@ -345,7 +351,8 @@ def check_pods(state: DesiredState, scratch: Path) -> Issues:
                 except ResolveError as err:
                     issues.append((f"{where}.{err.field}", err.message))
                     continue
-                if run.cwd and not os.path.isdir(run.cwd):
+                managed = run.cwd is not None and Path(run.cwd).is_relative_to(scratch)
+                if run.cwd and not managed and not os.path.isdir(run.cwd):
                     issues.append(
                         (
                             f"{where}.workingDir",
