@@ -52,6 +52,22 @@ def test_run_prints_prefixed_lines_and_a_summary(tmp_path: Path) -> None:
     assert any(line.startswith("Completed:") for line in lines)
 
 
+def test_decisions_are_logged_on_stderr_with_v_or_torchjob_log_and_not_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    file = _two_ranks(tmp_path, "true")
+    quiet = _cli(tmp_path, "run", file)
+    assert quiet.returncode == 0 and "torchjob INFO" not in quiet.stderr, quiet.stderr
+    verbose = _cli(tmp_path, "-v", "run", file)
+    assert verbose.returncode == 0, verbose.stderr
+    assert "torchjob DEBUG: pod names" in verbose.stderr
+    assert "torchjob INFO: job Completed" in verbose.stderr
+    monkeypatch.setenv("TORCHJOB_LOG", "info")
+    by_env = _cli(tmp_path, "run", file)
+    assert "torchjob INFO: job Completed" in by_env.stderr
+    assert "torchjob DEBUG" not in by_env.stderr
+
+
 def test_run_exits_1_when_the_job_fails(tmp_path: Path) -> None:
     job = make_job("failing", [task("main", [container("app", sh("echo bad; exit 9"))])])
     proc = _cli(tmp_path, "run", _write(tmp_path, job))

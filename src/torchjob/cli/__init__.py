@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 from collections.abc import Sequence
 
@@ -47,10 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.verbose:
-        from torchjob.logs import enable_debug
+    if args.verbose or os.environ.get("TORCHJOB_LOG"):
+        from torchjob.logs import configure
 
-        enable_debug()
+        configure("debug" if args.verbose else None)
     try:
         code: int = args.func(args)
         return code

@@ -22,8 +22,10 @@ from typing import Any
 
 import cloudpickle
 
-from torchjob.logs import logger
+from torchjob.logs import get_logger
 from torchjob.sdk.results import PROGRESS_FILE, load_call, write_error, write_failure
+
+logger = get_logger()
 
 # torch's c10d backend stores this until the first state is written.
 _NULL_SENTINEL = b"Y2FuaW1hZGFt"

@@ -21,8 +21,10 @@ import threading
 from collections.abc import Sequence
 
 from torchjob.errors import SpecError
-from torchjob.logs import configure, logger
+from torchjob.logs import configure, get_logger
 from torchjob.sdk.results import dump_call, load_call, read_value, write_error, write_value
+
+logger = get_logger()
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2

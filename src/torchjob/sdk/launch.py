@@ -19,9 +19,11 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from torchjob.logs import configure, logger
+from torchjob.logs import configure, get_logger
 from torchjob.sdk.config import Elastic, PyTorch
 from torchjob.sdk.results import PROGRESS_FILE, TaskFailed, dump_call, first_error, read_value
+
+logger = get_logger()
 
 if TYPE_CHECKING:
     from torchjob.sdk.task import Task

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchjob.errors import SpecError
-from torchjob.logs import logger
+from torchjob.logs import get_logger
 from torchjob.sdk.config import Elastic, PyTorch, Resources, RestartPolicy
 from torchjob.spec import model
+
+logger = get_logger()
 
 DEFAULT_IMAGE = "pytorch/pytorch:latest"
 CONTAINER = "pytorch"

@@ -11,7 +11,9 @@ import sys
 import threading
 from pathlib import Path
 
-from torchjob.logs import logger
+from torchjob.logs import get_logger
+
+logger = get_logger()
 
 INTERVAL = 0.2
 

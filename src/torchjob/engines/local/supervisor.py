@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from torchjob import logs
 from torchjob.engines.local import names, process
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
@@ -60,7 +61,6 @@ from torchjob.lifecycle import (
     reactions,
     step,
 )
-from torchjob.logs import logger
 from torchjob.plugins.svc import CONFIG_MOUNT_PATH
 from torchjob.spec.model import Job
 
@@ -157,10 +157,10 @@ class Supervisor:
         if why_not is None:
             self.hosts_mount = mount
             self.names = "resolved"
-            logger.debug("pod names resolve: every container's /etc/hosts is %s", hosts)
+            logs.debug("pod names resolve: every container's /etc/hosts is %s", hosts)
         else:
             self.names = f"addresses only ({why_not})"
-            logger.debug("pod names do not resolve, addresses are used instead: %s", why_not)
+            logs.debug("pod names do not resolve, addresses are used instead: %s", why_not)
         return why_not is None
 
     def write_records(self) -> None:
@@ -540,7 +540,7 @@ class Supervisor:
     # ------------------------------------------------------------- output
 
     def note(self, text: str, color: str = "2") -> None:
-        logger.info(text)
+        logs.info(text)
         if self.console is not None:
             self.console.note(text, color)
 
