@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -324,6 +323,8 @@ def run_delete(args: argparse.Namespace) -> int:
             continue
         _stop_supervisor(job_dir)
         kill_now(job_dir.id, [], [], 1.0)  # anything of the job that is left (a killed supervisor)
+        import shutil
+
         shutil.rmtree(job_dir.path, ignore_errors=True)
         print(f"deleted {job_dir.id}")
     return code

@@ -15,9 +15,7 @@ import errno
 import fcntl
 import json
 import os
-import random
 import socket
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,11 +47,18 @@ def declared_ports(job: Job) -> list[int]:
 
 def registry_dir() -> Path:
     """Per-user and independent of the job state directory, so every local job sees every other."""
-    base = Path(
-        os.environ.get("TORCHJOB_RUNTIME_DIR") or Path(tempfile.gettempdir()) / f"torchjob-{os.getuid()}"
-    )
+    base = Path(os.environ.get("TORCHJOB_RUNTIME_DIR") or Path(_temp_dir()) / f"torchjob-{os.getuid()}")
     base.mkdir(mode=0o700, parents=True, exist_ok=True)
     return base
+
+
+def _temp_dir() -> str:
+    # tempfile.gettempdir's order of choices, without importing tempfile before the first pod.
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        value = os.environ.get(name)
+        if value and os.path.isdir(value):
+            return value
+    return "/tmp"
 
 
 def port_is_free(port: int) -> bool:
@@ -141,6 +146,8 @@ def reserve(job_id: str, ports: list[int]) -> dict[int, int]:
             chosen = port if port not in taken and port_is_free(port) else None
             tries = 0
             while chosen is None:
+                import random  # only when a declared port is taken
+
                 candidate = random.randint(low, high)
                 tries += 1
                 if candidate not in taken and candidate not in ports and port_is_free(candidate):
