@@ -10,6 +10,7 @@ every output reads back to the very object it came from.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -29,13 +30,34 @@ _NUMBERISH = re.compile(r"[-+.0-9][-+.0-9a-fA-FxXoObB_:]*\Z")
 _GO_BOOLS = frozenset({"y", "Y", "n", "N"})
 # Characters that may stand in a single-quoted scalar unescaped: YAML-printable, minus the
 # characters YAML 1.1 treats as line breaks (U+0085, U+2028, U+2029) and the byte order mark.
-_QUOTABLE = re.compile(
-    "[\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]*\\Z"
-)
-# Lines allowed inside a literal block scalar (tabs are fine as content there).
-_LITERAL_LINE = re.compile(
-    "[\t\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]*\\Z"
-)
+# The two character classes below take about 5 ms to compile, so they are compiled on the first
+# text that is not plain printable ASCII (``torchjob run`` writes its records after its first
+# pods started, and such text is rare).
+_NON_ASCII_PRINTABLE = "\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff"
+
+
+@functools.cache
+def _quotable() -> re.Pattern[str]:
+    return re.compile(f"[\x20-\x7e{_NON_ASCII_PRINTABLE}]*\\Z")
+
+
+@functools.cache
+def _literal_line() -> re.Pattern[str]:
+    """Lines allowed inside a literal block scalar (tabs are fine as content there)."""
+    return re.compile(f"[\t\x20-\x7e{_NON_ASCII_PRINTABLE}]*\\Z")
+
+
+def _is_quotable(text: str) -> bool:
+    # For ASCII text, isprintable() is exactly the range 0x20-0x7e.
+    return (text.isascii() and text.isprintable()) or _quotable().match(text) is not None
+
+
+def _is_literal_line(line: str) -> bool:
+    if line.isascii() and line.replace("\t", " ").isprintable():
+        return True
+    return _literal_line().match(line) is not None
+
+
 _RESOLVER = yaml.resolver.Resolver()
 _STR_TAG = "tag:yaml.org,2002:str"
 # YAML allows at most 1024 characters in an implicit key.
@@ -147,7 +169,7 @@ def _double_quoted(text: str) -> str:
         code = ord(ch)
         if ch == '"' or ch == "\\":
             out.append("\\" + ch)
-        elif 0x20 <= code <= 0x7E or (_QUOTABLE.match(ch) and code > 0x7E):
+        elif 0x20 <= code <= 0x7E or (code > 0x7E and _is_quotable(ch)):
             out.append(ch)
         elif code <= 0xFF:
             out.append(f"\\x{code:02x}")
@@ -172,7 +194,7 @@ def _inline_string(text: str) -> str:
     """A string as a one-line scalar: plain when safe, else single- or double-quoted."""
     if not _needs_quotes(text):
         return text
-    if _QUOTABLE.match(text):
+    if _is_quotable(text):
         return "'" + text.replace("'", "''") + "'"
     return _double_quoted(text)
 
@@ -184,7 +206,7 @@ def _literal_block(text: str, indent: str) -> str | None:
     body = text.rstrip("\n")
     trailing = len(text) - len(body)
     lines = body.split("\n")
-    if not all(_LITERAL_LINE.match(line) for line in lines):
+    if not all(_is_literal_line(line) for line in lines):
         return None
     chomp = "-" if trailing == 0 else ("" if trailing == 1 else "+")
     pad = indent + "  "
