@@ -122,17 +122,59 @@ def _write(path: bytes, data: bytes) -> None:
 
 def probe(mount: HostsMount, timeout: float = PROBE_TIMEOUT) -> str | None:
     """None when a child can enter ``mount`` and then reads the job's file as /etc/hosts; else why not."""
+    return start_probe(mount).result(timeout)
+
+
+class Probe:
+    """A probe running in a child, so the supervisor can prepare the rest of the job meanwhile."""
+
+    def __init__(self, reason: str | None = None, pid: int = 0, pipe: int = -1) -> None:
+        self._reason = reason  # known without a child: the answer
+        self._pid = pid
+        self._pipe = pipe
+
+    def result(self, timeout: float = PROBE_TIMEOUT) -> str | None:
+        """Wait for the child (at most ``timeout`` s): None if names resolve, else why not."""
+        if self._pid == 0:
+            return self._reason
+        pid, read_end, self._pid = self._pid, self._pipe, 0
+        try:
+            deadline = time.monotonic() + timeout
+            status: int | None = None
+            while status is None:
+                done, raw = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    status = raw
+                elif time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    self._reason = f"the namespace probe did not finish in {timeout:g}s"
+                    return self._reason
+                else:  # the pipe reads end-of-file as the child exits
+                    select.select([read_end], [], [], 0.01)
+            reason = b""
+            with contextlib.suppress(OSError):
+                reason = os.read(read_end, 1000)
+        finally:
+            os.close(read_end)
+        if os.waitstatus_to_exitcode(status) != 0:
+            self._reason = reason.decode(errors="replace") or f"the namespace probe failed (status {status})"
+        return self._reason
+
+
+def start_probe(mount: HostsMount) -> Probe:
+    """Start checking, in a child, whether ``mount`` works here; :meth:`Probe.result` tells."""
     if os.environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
-        return f"{SWITCH}=0"
+        return Probe(f"{SWITCH}=0")
     if _LIBC is None:
-        return f"not supported on {sys.platform}"
+        return Probe(f"not supported on {sys.platform}")
     if not os.path.exists(ETC_HOSTS):
-        return f"{ETC_HOSTS} does not exist"
+        return Probe(f"{ETC_HOSTS} does not exist")
     try:
         with open(mount.source, "rb") as handle:
             expected = handle.read()
     except OSError as err:
-        return f"cannot read the job's hosts file: {err}"
+        return Probe(f"cannot read the job's hosts file: {err}")
     read_end, write_end = os.pipe()
     with warnings.catch_warnings():  # the child only makes system calls, so threads cannot hurt it
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -153,24 +195,4 @@ def probe(mount: HostsMount, timeout: float = PROBE_TIMEOUT) -> str | None:
         finally:
             os._exit(code)
     os.close(write_end)
-    try:
-        deadline = time.monotonic() + timeout
-        status: int | None = None
-        while status is None:
-            done, raw = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = raw
-            elif time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return f"the namespace probe did not finish in {timeout:g}s"
-            else:
-                select.select([read_end], [], [], 0.01)
-        reason = b""
-        with contextlib.suppress(OSError):
-            reason = os.read(read_end, 1000)
-    finally:
-        os.close(read_end)
-    if os.waitstatus_to_exitcode(status) == 0:
-        return None
-    return reason.decode(errors="replace") or f"the namespace probe failed (status {status})"
+    return Probe(pid=pid, pipe=read_end)

@@ -131,33 +131,42 @@ class Supervisor:
 
     def prepare(self) -> DesiredState:
         self.dir.write_pid()
-        self.ports = port_registry.reserve(self.id, port_registry.declared_ports(self.job))
-        self.addressing = LocalAddressing(self.job, self.ports, names=self.prepare_names())
+        probe = self.start_names_probe()  # runs in a child while the ports are reserved
+        try:
+            self.ports = port_registry.reserve(self.id, port_registry.declared_ports(self.job))
+            self.dir.write_shims(_python())  # not resolved: a venv's python is a symlink
+        finally:
+            resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
+        self.addressing = LocalAddressing(self.job, self.ports, names=resolve)
         state = self.expansion(0, 0)
         self.dir.write_configmaps(configmaps_of(state))
-        self.dir.write_shims(_python())  # not resolved: a venv's python is a symlink
         for plan in state.pods:
             env = (plan.manifest["spec"].get("containers") or [{}])[0].get("env") or []
             rank = next((str(e.get("value")) for e in env if e.get("name") == "RANK" and "value" in e), None)
             self.rank_of[(plan.task.name, plan.index)] = rank
         return state
 
-    def prepare_names(self) -> bool:
-        """Write the job's hosts file and decide once whether its processes get it as /etc/hosts."""
+    def start_names_probe(self) -> tuple[names.HostsMount, names.Probe]:
+        """Write the job's hosts file and start checking whether its processes can get it as /etc/hosts."""
         hosts = self.dir.path / "hosts"
         try:
             with open(names.ETC_HOSTS) as handle:
                 machine = handle.read()
         except OSError:
             machine = ""
-        entries = LocalAddressing(self.job, self.ports).hosts_entries(self.job)
+        entries = LocalAddressing(self.job).hosts_entries(self.job)  # addresses only: no ports
         write_atomic(hosts, names.hosts_text(machine, entries))
         mount = names.HostsMount.of(str(hosts))
-        why_not = names.probe(mount)
+        return mount, names.start_probe(mount)
+
+    def finish_names_probe(self, probe: tuple[names.HostsMount, names.Probe]) -> bool:
+        """Decide, once per job, whether pod names resolve (the probe's answer)."""
+        mount, running = probe
+        why_not = running.result()
         if why_not is None:
             self.hosts_mount = mount
             self.names = "resolved"
-            logs.debug("pod names resolve: every container's /etc/hosts is %s", hosts)
+            logs.debug("pod names resolve: every container's /etc/hosts is %s", mount.source.decode())
         else:
             self.names = f"addresses only ({why_not})"
             logs.debug("pod names do not resolve, addresses are used instead: %s", why_not)
