@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
-from test_local_support import container, make_job, run, sh, task
+from test_local_support import container, make_job, run, sh, task, wait_until
 from torchjob.engines.local import check_job
 from torchjob.engines.local.addressing import LocalAddressing, pod_address
 from torchjob.engines.local.containers import expand_refs, parse_quantity, rewrite_paths
@@ -241,3 +242,17 @@ def test_importing_the_engine_is_cheap() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env={**os.environ}
     ).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_process_alive_tells_live_zombie_gone_and_reused_pids_apart() -> None:
+    from torchjob.engines.local.state import process_alive, start_time
+
+    me = os.getpid()
+    assert abs(start_time(me) - psutil.Process(me).create_time()) < 0.05
+    assert process_alive(me, start_time(me)) and process_alive(me, None)
+    assert not process_alive(me, start_time(me) - 3600)  # same pid, another process: reused
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert wait_until(lambda: psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE, 10)
+    assert not process_alive(child.pid, None)  # exited, not yet reaped
+    child.wait()
+    assert not process_alive(child.pid, None)

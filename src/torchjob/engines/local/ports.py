@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchjob.engines.local.state import start_time
+from torchjob.engines.local.state import process_alive, start_time
 from torchjob.plugins import build_plugins
 from torchjob.plugins.pytorch import PyTorchPlugin
 from torchjob.spec.model import Job
@@ -92,14 +92,9 @@ def _pick_range() -> tuple[int, int]:
 
 
 def _owner_alive(entry: dict[str, Any]) -> bool:
-    import psutil
-
     try:
-        proc = psutil.Process(int(entry["pid"]))
-        return (
-            abs(proc.create_time() - float(entry["created"])) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
-        )
-    except (psutil.Error, KeyError, ValueError, TypeError):
+        return process_alive(int(entry["pid"]), float(entry["created"]))
+    except (KeyError, ValueError, TypeError):
         return False
 
 

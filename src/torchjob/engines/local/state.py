@@ -101,25 +101,43 @@ def _boot_time() -> float:
     raise ValueError("no btime in /proc/stat")
 
 
+def _linux_stat(pid: int) -> tuple[str, float] | None:
+    """``(state letter, start time)`` of ``pid`` read from /proc, or None where that cannot be done."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        fields = stat[stat.rindex(b")") + 1 :].split()  # "pid (comm) state ...": comm may hold spaces
+        ticks = int(fields[19])  # field 22: starttime, in clock ticks since boot
+        return fields[0].decode(), ticks / os.sysconf("SC_CLK_TCK") + _boot_time()
+    except FileNotFoundError:
+        return ("", 0.0)  # no such process
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def start_time(pid: int) -> float:
     """When ``pid`` started, in seconds since the epoch: psutil's ``create_time``.
 
     Read from /proc on Linux, so that starting a job does not wait for psutil to import.
     """
-    if sys.platform.startswith("linux"):
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                stat = handle.read()
-            ticks = int(stat[stat.rindex(b")") + 1 :].split()[19])  # field 22: starttime
-            return ticks / os.sysconf("SC_CLK_TCK") + _boot_time()
-        except (OSError, ValueError, IndexError):
-            pass
+    found = _linux_stat(pid)
+    if found is not None and found[0]:
+        return found[1]
     import psutil
 
     return float(psutil.Process(pid).create_time())
 
 
 def process_alive(pid: int, created: float | None) -> bool:
+    """``pid`` runs (not a zombie) and, if ``created`` is given, is the process that started then."""
+    found = _linux_stat(pid)  # /proc on Linux: psutil's import would delay the job's first pod
+    if found is not None:
+        state, started = found
+        if state in ("", "Z", "X"):  # gone, a zombie, or dead
+            return False
+        return created is None or abs(started - created) <= 1.0  # else the pid was reused
     import psutil
 
     try:
