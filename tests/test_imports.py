@@ -101,3 +101,40 @@ def test_the_probe_notices_a_heavy_import() -> None:
         timeout=120,
     )
     assert json.loads(result.stderr.strip().splitlines()[-1])["heavy"] == ["torch"]
+
+
+def test_run_of_a_short_job_loads_only_what_starting_pods_needs(tmp_path: Path) -> None:
+    """The modules a job run used to load while its first ranks started: each took 2-17 ms of CPU.
+
+    The pods outlive the first scan for descendants (0.5 s), which imported psutil every time.
+    """
+    job = tmp_path / "short.yaml"
+    job.write_text(
+        "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: short}\nspec:\n"
+        "  plugins: {pytorch: [--master=master, --worker=worker]}\n  tasks:\n"
+        + "".join(
+            f"    - name: {name}\n      replicas: 1\n      template:\n        spec:\n"
+            "          restartPolicy: Never\n          containers:\n"
+            "            - {name: main, image: x, command: [sleep, '0.6']}\n"
+            for name in ("master", "worker")
+        )
+    )
+    unwanted = ("psutil", "logging", "shutil", "tempfile", "random", "torch", "kubernetes")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"HEAVY = {unwanted!r}\n{PROBE}",
+            "run",
+            "-q",
+            "--state-dir",
+            str(tmp_path),
+            str(job),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = json.loads(result.stderr.strip().splitlines()[-1])
+    assert report["code"] == 0, result.stdout + result.stderr
+    assert report["heavy"] == []

@@ -8,10 +8,12 @@ Exit codes: 0 success, 1 the job failed, 2 bad input, 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from torchjob import __version__
 from torchjob.cli import local_commands, spec_commands
@@ -23,8 +25,33 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size's width: $COLUMNS, else the terminal's, else 80."""
+    with contextlib.suppress(ValueError):
+        if int(os.environ.get("COLUMNS", "0")) > 0:
+            return int(os.environ["COLUMNS"])
+    stdout = sys.__stdout__
+    try:
+        return (os.get_terminal_size(stdout.fileno()).columns if stdout else 0) or 80
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    # argparse sizes every formatter (one per argument added) with shutil, whose import with its
+    # compression modules costs every torchjob command about 2 ms.
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=_terminal_columns() - 2)
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(  # its subcommands' parsers are _Parser too
         prog="torchjob",
         description="Run Volcano-style PyTorch jobs on this machine, or render them for a cluster.",
     )
