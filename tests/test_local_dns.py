@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -14,6 +13,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import msgspec.structs
 import pytest
 
 from test_local_support import container, leftovers, make_job, run, sh, status_of, task
@@ -221,7 +221,7 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(
     if user_namespace:  # the path a user who is not root takes, also when the tests run as root
         of = names.HostsMount.of
         monkeypatch.setattr(
-            names.HostsMount, "of", lambda source: dataclasses.replace(of(source), root=False)
+            names.HostsMount, "of", lambda source: msgspec.structs.replace(of(source), root=False)
         )
     elif os.geteuid() != 0:
         pytest.skip("without root every job takes the user-namespace path")

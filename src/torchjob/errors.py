@@ -7,11 +7,11 @@ once so the CLI can print them as ``FILE:LINE: field.path: message`` and exit 2.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(Struct, frozen=True):
     """One thing wrong with the input: where (a field path) and what was expected."""
 
     path: str

@@ -10,8 +10,9 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 from torchjob.addressing import Addressing, ClusterAddressing
 from torchjob.plugins import PodContext, build_plugins
@@ -38,8 +39,7 @@ _COPIED_ANNOTATIONS = (PREEMPTABLE, COOLDOWN_TIME, REVOCABLE_ZONE)
 _COPIED_LABELS = (PREEMPTABLE, COOLDOWN_TIME)
 
 
-@dataclass
-class PodPlan:
+class PodPlan(Struct):
     """One pod to create: which task and index it is, and its full manifest."""
 
     task: Task
@@ -51,8 +51,7 @@ class PodPlan:
         return str(self.manifest["metadata"]["name"])
 
 
-@dataclass
-class DesiredState:
+class DesiredState(Struct):
     job: Job
     pods: list[PodPlan]
     objects: list[dict[str, Any]] = field(default_factory=list)
@@ -86,8 +85,7 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-@dataclass(frozen=True)
-class JobVolume:
+class JobVolume(Struct, frozen=True):
     """One ``spec.volumes`` entry of the job: a claim mounted into every pod."""
 
     claim_name: str

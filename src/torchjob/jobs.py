@@ -7,7 +7,8 @@ validated, rendered, run or submitted. A reference ``path/to/file.py:task`` is a
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from torchjob.errors import Problem, SpecError
 from torchjob.plugins import check_plugins
@@ -21,8 +22,7 @@ _SDK_REF = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
 _TASK_NAME = re.compile(r"spec\.tasks\[\d+\]\.name")
 
 
-@dataclass
-class LoadedJob:
+class LoadedJob(Struct):
     job: Job
     document: Document
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from torchjob.lifecycle.policy import resolve
 from torchjob.lifecycle.types import Action, Event, PodChange, PodPhase, PodStatus
@@ -136,8 +137,7 @@ def describe_event(job: Job, event: Event, change: PodChange, pods: Sequence[Pod
     return f"pod {pod} {_STATE_WORDS[change.new]}"
 
 
-@dataclass(frozen=True)
-class Reaction:
+class Reaction(Struct, frozen=True):
     """One event of a pod change, resolved to an action.
 
     Pass ``action``, ``task``, ``index`` and ``cause`` to :func:`~torchjob.lifecycle.step`; if

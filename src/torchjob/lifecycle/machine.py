@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from torchjob.lifecycle.types import (
     RETAIN_NONE,
@@ -35,8 +36,7 @@ _DRAINS = {
 _TARGETED = (Action.RESTART_TASK, Action.RESTART_POD, Action.RESTART_PARTITION)
 
 
-@dataclass
-class Counts:
+class Counts(Struct):
     """Pods by phase; a terminating pod counts only as terminating (like Volcano's status)."""
 
     pending: int = 0

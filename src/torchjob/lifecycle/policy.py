@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from torchjob.lifecycle.types import Action, Event
 from torchjob.spec.model import Job, Policy
@@ -27,8 +28,7 @@ def parse_duration(text: str) -> float:
     return total
 
 
-@dataclass(frozen=True)
-class Resolution:
+class Resolution(Struct, frozen=True):
     """The action for one event, with the delay of its policy and where it came from."""
 
     action: Action

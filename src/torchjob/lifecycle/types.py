@@ -5,9 +5,11 @@ Enum values are Volcano's strings, so a status written by torchjob reads like a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Literal
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 
 class JobPhase(str, Enum):
@@ -115,8 +117,7 @@ def pod_label(task: str, index: int) -> str:
     return f"{task}-{index}"
 
 
-@dataclass(frozen=True)
-class PodStatus:
+class PodStatus(Struct, frozen=True):
     """What the engine knows of one pod of the current attempt."""
 
     task: str
@@ -131,16 +132,14 @@ class PodStatus:
         return pod_label(self.task, self.index)
 
 
-@dataclass(frozen=True)
-class JobStatus:
+class JobStatus(Struct, frozen=True):
     phase: JobPhase = JobPhase.PENDING
     retry_count: int = 0  # job-level retries, compared with spec.maxRetry (one counter per job)
     version: int = 0  # bumped by every whole-job kill
     reason: str = ""  # one human sentence: why the job is in this phase
 
 
-@dataclass(frozen=True)
-class PodChange:
+class PodChange(Struct, frozen=True):
     """One observed pod transition.
 
     ``old == new`` is a valid change: it reports a container restart inside a pod (its
@@ -159,8 +158,7 @@ class PodChange:
         return pod_label(self.task, self.index)
 
 
-@dataclass(frozen=True)
-class Kill:
+class Kill(Struct, frozen=True):
     """Pods the engine must stop: the whole job, one task, or one pod.
 
     ``indices`` narrows a task kill to some pod indices (RestartPartition); None means all.
@@ -193,8 +191,7 @@ def apply_kill(pods: tuple[PodStatus, ...] | list[PodStatus], kill: Kill | None)
     return tuple(replace(p, terminating=True) if kill.selects(p) else p for p in pods)
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(Struct, frozen=True):
     """What :func:`~torchjob.lifecycle.step` decided.
 
     The engine stops ``kill``'s pods (grace period, then kill), then starts missing pods if

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from msgspec import Struct
 
 from torchjob.addressing import Addressing
 from torchjob.plugins.flags import Flag, parse_flags
@@ -12,8 +13,7 @@ from torchjob.spec.model import Job, Task
 Issues = list[tuple[str, str]]
 
 
-@dataclass
-class PodContext:
+class PodContext(Struct):
     """One pod being created: the plugin changes ``pod`` (a fresh Pod manifest) in place."""
 
     job: Job

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 # strconv.ParseBool's spellings, which Volcano's flags accept.
 _TRUE = {"1", "t", "T", "true", "TRUE", "True"}
@@ -42,8 +43,7 @@ def parse_int(value: str) -> tuple[int | None, str]:
     return number, ""
 
 
-@dataclass(frozen=True)
-class Flag:
+class Flag(Struct, frozen=True):
     name: str
     kind: type  # str, int or bool
     default: Any

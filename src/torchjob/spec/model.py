@@ -7,8 +7,9 @@ accessors of :class:`PodTemplate` and :class:`Container`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec import Struct, field
 
 API_VERSION = "batch.volcano.sh/v1alpha1"
 KIND = "Job"
@@ -99,8 +100,7 @@ class PodTemplate:
         return str(self.spec.get("restartPolicy") or "Always")
 
 
-@dataclass
-class Policy:
+class Policy(Struct):
     """A lifecycle policy: on ``events`` (or a container ``exit_code``) take ``action``."""
 
     action: str
@@ -111,14 +111,12 @@ class Policy:
     event_keys: list[str] = field(default_factory=list)
 
 
-@dataclass
-class DependsOn:
+class DependsOn(Struct):
     names: list[str] = field(default_factory=list)
     iteration: str = "any"
 
 
-@dataclass
-class Task:
+class Task(Struct):
     name: str
     replicas: int
     template: PodTemplate
@@ -130,16 +128,14 @@ class Task:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class Metadata:
+class Metadata(Struct):
     name: str
     namespace: str = "default"
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
-class ElasticPolicy:
+class ElasticPolicy(Struct):
     """torch elastic launch settings (set by the SDK's ``Elastic``); mapped by cluster targets."""
 
     min_nodes: int
@@ -154,8 +150,7 @@ class ElasticPolicy:
     rdzv_configs: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class RunPolicy:
+class RunPolicy(Struct):
     """Kubeflow-style run policy (set by the SDK); mapped by cluster targets."""
 
     clean_pod_policy: str | None = None
@@ -164,8 +159,7 @@ class RunPolicy:
     backoff_limit: int | None = None
 
 
-@dataclass
-class JobSpec:
+class JobSpec(Struct):
     tasks: list[Task]
     min_available: int = 0
     min_success: int | None = None
@@ -181,8 +175,7 @@ class JobSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class Job:
+class Job(Struct):
     metadata: Metadata
     spec: JobSpec
     elastic: ElasticPolicy | None = None

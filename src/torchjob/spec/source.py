@@ -15,10 +15,10 @@ import json
 import math
 import re
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from msgspec import Struct, field
 
 from torchjob.errors import Problem, SpecError
 
@@ -75,8 +75,7 @@ def parent(path: str) -> str:
     return path[:cut] if cut > 0 else ""
 
 
-@dataclass
-class Document:
+class Document(Struct):
     """One document of an input file, with the line of each field path."""
 
     data: Any

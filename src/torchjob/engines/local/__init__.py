@@ -23,9 +23,10 @@ import os
 import select
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from msgspec import Struct, field
 
 if TYPE_CHECKING:
     from torchjob.expand import DesiredState
@@ -34,8 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["PodResult", "RunOptions", "RunResult", "check_job", "run_job"]
 
 
-@dataclass
-class RunOptions:
+class RunOptions(Struct):
     state_dir: Path | None = None  # root of job directories; default $TORCHJOB_HOME/jobs or ~/.torchjob/jobs
     quiet: bool = False  # no streamed logs, notes, status table or summary
     timeout: float | None = None  # whole-job deadline in seconds; then the job is Terminated
@@ -43,8 +43,7 @@ class RunOptions:
     detach: bool = False  # run in a background process; run_job returns once it has started
 
 
-@dataclass
-class PodResult:
+class PodResult(Struct):
     name: str
     task: str
     index: int
@@ -54,8 +53,7 @@ class PodResult:
     log_dir: Path
 
 
-@dataclass
-class RunResult:
+class RunResult(Struct):
     phase: str  # Completed | Failed | Aborted | Terminated (Pending when detached)
     reason: str
     job_dir: Path

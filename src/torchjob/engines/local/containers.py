@@ -24,9 +24,10 @@ import re
 import socket
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct, field
 
 from torchjob.expand import DesiredState, PodPlan
 
@@ -51,8 +52,7 @@ class ResolveError(Exception):
         self.message = message
 
 
-@dataclass
-class PodContext:
+class PodContext(Struct):
     """What the engine knows of one pod attempt, for resolving its containers."""
 
     plan: PodPlan
@@ -65,8 +65,7 @@ class PodContext:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass
-class ContainerRun:
+class ContainerRun(Struct):
     """One container, ready to start."""
 
     name: str

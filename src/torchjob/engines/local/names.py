@@ -21,7 +21,8 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 SWITCH = "TORCHJOB_POD_DNS"  # "0" turns names off
 ETC_HOSTS = "/etc/hosts"
@@ -60,8 +61,7 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-@dataclass(frozen=True)
-class HostsMount:
+class HostsMount(Struct, frozen=True):
     """How to give a process ``source`` as its ``/etc/hosts``; everything precomputed for the child."""
 
     source: bytes

@@ -12,9 +12,10 @@ import os
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from msgspec import Struct, field
 
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92", "94")
 _PHASE_COLORS = {
@@ -50,8 +51,7 @@ def prefix_for(short: str, rank: str | None, container: str | None) -> str:
     return f"{head} r{rank}" if rank is not None else head
 
 
-@dataclass
-class _Followed:
+class _Followed(Struct):
     path: Path
     prefix: str
     color: str
@@ -60,8 +60,7 @@ class _Followed:
     closing: bool = False
 
 
-@dataclass
-class LogFollower:
+class LogFollower(Struct):
     """Reads new lines from growing log files; each line comes out with its file's prefix."""
 
     files: dict[Path, _Followed] = field(default_factory=dict)

@@ -15,9 +15,10 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from msgspec import Struct, field
 
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
@@ -42,8 +43,7 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-@dataclass
-class Container:
+class Container(Struct):
     run: ContainerRun
     log: Path
     proc: subprocess.Popen[bytes] | None = None

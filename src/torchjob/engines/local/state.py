@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from msgspec import Struct
 
 from torchjob.spec.model import Job, Policy
 
@@ -149,8 +150,7 @@ def process_alive(pid: int, created: float | None) -> bool:
         return False
 
 
-@dataclass
-class JobDir:
+class JobDir(Struct):
     path: Path
 
     @property

@@ -18,9 +18,10 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
+
+from msgspec import Struct
 
 from torchjob import logs
 from torchjob.engines.local import names, process
@@ -76,8 +77,7 @@ STOPPED = "Stopped"  # reported phase of a pod the engine stopped before it ende
 Key = tuple[str, int]
 
 
-@dataclass
-class _Delayed:
+class _Delayed(Struct):
     due: float
     reaction: Reaction
 
