@@ -152,3 +152,29 @@ def test_on_a_terminal_lines_are_colored_and_a_status_table_is_kept_below(tmp_pa
     assert "POD" in text and "ELAPSED" in text  # the live table
     assert "\x1b[J" in text  # erased and redrawn below new lines
     assert "\x1b[32mCompleted\x1b[0m:" in text
+
+
+def test_run_refuses_a_container_without_a_command_with_its_line_and_starts_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "nocommand.yaml"
+    path.write_text(
+        "apiVersion: batch.volcano.sh/v1alpha1\n"
+        "kind: Job\n"
+        "metadata: {name: nocommand}\n"
+        "spec:\n"
+        "  tasks:\n"
+        "    - name: main\n"
+        "      replicas: 1\n"
+        "      template:\n"
+        "        spec:\n"
+        "          containers:\n"
+        "            - name: app\n"
+        "              image: busybox:1.36\n"
+    )
+    proc = _cli(tmp_path, "run", str(path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert lines[0].startswith(f"{path}:11: spec.tasks[0].template.spec.containers[0].command:"), lines
+    assert "busybox:1.36" in lines[0] and "add a 'command'" in lines[0]
+    assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())

@@ -93,7 +93,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 
 
 def run_run(args: argparse.Namespace) -> int:
-    from torchjob.engines.local import RunOptions, check_job, run_job
+    from torchjob.engines.local import RunOptions, run_job
     from torchjob.expand import expand
     from torchjob.jobs import load_jobs
 
@@ -113,9 +113,6 @@ def run_run(args: argparse.Namespace) -> int:
             ]
         )
     item = loaded[0]
-    problems = [item.document.problem(path, message) for path, message in check_job(item.job)]
-    if problems:
-        raise SpecError(problems)
     for path, message in expand(item.job).warnings:
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
     options = RunOptions(
@@ -125,7 +122,10 @@ def run_run(args: argparse.Namespace) -> int:
         extra_env=extra_env,
         detach=args.detach,
     )
-    result = run_job(item.job, options)
+    try:
+        result = run_job(item.job, options)  # checks first what stops the job running here
+    except SpecError as err:  # with the file's line numbers for the fields it names
+        raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
     if args.detach:
         print(result.job_id)
         return EXIT_OK
