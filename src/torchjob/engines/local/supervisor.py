@@ -681,29 +681,33 @@ class Supervisor:
         process.wait_gone(process.alive(killed), timeout=1.0)
         process.reap_adopted({p.pid for p in tracked} | {p.pid for p in killed} | self.job_pids)
         process.set_child_subreaper(False)
-        if self.watchdog is not None:
-            self.watchdog.close()
-        self.waiter.close()
-        with contextlib.suppress(OSError):
-            port_registry.release(self.id)
-        for pod in self.latest.values():
-            self.close_logs(pod)
-        if self.echo_logs:
-            self.print_logs()
-        if not self.status.phase.final:
-            self.status = JobStatus(
-                JobPhase.TERMINATED,
-                self.status.retry_count,
-                self.status.version,
-                self.status.reason or "the supervisor stopped",
-            )
-            self.set_condition()
-        self.finished = time.time()
-        self.write_status()
-        if self.console is not None:
-            self.console.end_live()
-            for line in summary(self.status_dict(), self.console.color):
-                self.console.print(line)
+        if self.watchdog is not None:  # nothing of the job is left to watch; reaped at the end
+            self.watchdog.stop()
+        try:
+            self.waiter.close()
+            with contextlib.suppress(OSError):
+                port_registry.release(self.id)
+            for pod in self.latest.values():
+                self.close_logs(pod)
+            if self.echo_logs:
+                self.print_logs()
+            if not self.status.phase.final:
+                self.status = JobStatus(
+                    JobPhase.TERMINATED,
+                    self.status.retry_count,
+                    self.status.version,
+                    self.status.reason or "the supervisor stopped",
+                )
+                self.set_condition()
+            self.finished = time.time()
+            self.write_status()
+            if self.console is not None:
+                self.console.end_live()
+                for line in summary(self.status_dict(), self.console.color):
+                    self.console.print(line)
+        finally:
+            if self.watchdog is not None:  # it died while the above was done
+                self.watchdog.reap()
 
 
 def _phase(value: str) -> PodPhase:

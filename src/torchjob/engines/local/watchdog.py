@@ -126,11 +126,18 @@ class Watchdog:
 
     def close(self) -> None:
         """The supervisor has cleaned up itself: the watchdog has nothing left to do."""
+        self.stop()
+        self.reap()
+
+    def stop(self) -> None:
+        """Kill the watchdog; :meth:`reap` waits for it (its exit takes a few milliseconds)."""
         with contextlib.suppress(OSError):  # quicker than telling it, and the same either way
             os.kill(self.pid, signal.SIGKILL)
         if self._pipe is not None:
             with contextlib.suppress(OSError):
                 self._pipe.close()
+
+    def reap(self) -> None:
         if self._proc is not None:
             self._proc.wait(timeout=CLOSE_TIMEOUT)
             return
