@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -256,3 +257,37 @@ def test_process_alive_tells_live_zombie_gone_and_reused_pids_apart() -> None:
     assert not process_alive(child.pid, None)  # exited, not yet reaped
     child.wait()
     assert not process_alive(child.pid, None)
+
+
+def test_a_watchdog_told_done_exits_and_leaves_the_job_alone() -> None:
+    from torchjob.engines.local.watchdog import Watchdog
+
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        dog = Watchdog("unit-done")
+        dog.watch(sleeper.pid)
+        dog.close()  # "done", then reaped: no zombie is left
+        with pytest.raises(ChildProcessError):
+            os.waitpid(dog.pid, os.WNOHANG)
+        assert sleeper.poll() is None  # a supervisor that cleaned up itself keeps control
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_watchdog_whose_supervisor_vanishes_kills_the_groups_it_was_told_of() -> None:
+    from torchjob.engines.local.watchdog import Watchdog
+
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        dog = Watchdog("unit-vanish")
+        dog.watch(sleeper.pid)
+        assert dog._pipe is not None
+        dog._pipe.close()  # what the kernel does when the supervisor is killed: end-of-file
+        dog._pipe = None
+        assert sleeper.wait(timeout=10) == -signal.SIGTERM
+        dog.reap()
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()

@@ -276,6 +276,8 @@ def kill_now(
     targets = {p.pid: p for p in procs}
     for proc in marked_processes(job_id):
         targets.setdefault(proc.pid, proc)
+    if not targets and not groups:  # nothing of the job lives, so nothing is left to start more
+        return []
     for pgid in groups:
         signal_group(pgid, signal.SIGTERM)
     signal_processes(targets.values(), signal.SIGTERM)
