@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from msgspec.structs import replace
 
 from torchjob.lifecycle import (
     RETAIN_NONE,
@@ -36,6 +35,7 @@ from torchjob.lifecycle import (
     step,
     task_max_retry,
 )
+from torchjob.records import replace
 from torchjob.spec.defaults import apply_defaults
 from torchjob.spec.model import Job, JobSpec, Metadata, PodTemplate, Policy, Task
 

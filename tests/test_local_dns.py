@@ -13,11 +13,11 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import msgspec.structs
 import pytest
 
 from test_local_support import container, leftovers, make_job, run, sh, status_of, task
 from test_waitmaster import PROBING, make_shell
+from torchjob import records
 from torchjob.engines.local import names
 from torchjob.plugins.waitmaster import INTERVAL_ENV, wait_for_master_script
 
@@ -220,9 +220,7 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(
 ) -> None:
     if user_namespace:  # the path a user who is not root takes, also when the tests run as root
         of = names.HostsMount.of
-        monkeypatch.setattr(
-            names.HostsMount, "of", lambda source: msgspec.structs.replace(of(source), root=False)
-        )
+        monkeypatch.setattr(names.HostsMount, "of", lambda source: records.replace(of(source), root=False))
     elif os.geteuid() != 0:
         pytest.skip("without root every job takes the user-namespace path")
     script = tmp_path / "gloo.py"

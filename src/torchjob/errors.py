@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from msgspec import Struct
+from torchjob.records import record
 
 
-class Problem(Struct, frozen=True):
+@record(frozen=True)
+class Problem:
     """One thing wrong with the input: where (a field path) and what was expected."""
 
     path: str

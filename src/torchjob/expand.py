@@ -12,10 +12,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from msgspec import Struct, field
-
 from torchjob.addressing import Addressing, ClusterAddressing
 from torchjob.plugins import PodContext, build_plugins
+from torchjob.records import field, record
 from torchjob.spec.model import Job, Task, pod_name
 
 TASK_INDEX = "volcano.sh/task-index"
@@ -39,7 +38,8 @@ _COPIED_ANNOTATIONS = (PREEMPTABLE, COOLDOWN_TIME, REVOCABLE_ZONE)
 _COPIED_LABELS = (PREEMPTABLE, COOLDOWN_TIME)
 
 
-class PodPlan(Struct):
+@record
+class PodPlan:
     """One pod to create: which task and index it is, and its full manifest."""
 
     task: Task
@@ -51,7 +51,8 @@ class PodPlan(Struct):
         return str(self.manifest["metadata"]["name"])
 
 
-class DesiredState(Struct):
+@record
+class DesiredState:
     job: Job
     pods: list[PodPlan]
     objects: list[dict[str, Any]] = field(default_factory=list)
@@ -85,7 +86,8 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-class JobVolume(Struct, frozen=True):
+@record(frozen=True)
+class JobVolume:
     """One ``spec.volumes`` entry of the job: a claim mounted into every pod."""
 
     claim_name: str

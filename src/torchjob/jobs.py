@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import re
 
-from msgspec import Struct
-
 from torchjob.errors import Problem, SpecError
 from torchjob.plugins import check_plugins
+from torchjob.records import record
 from torchjob.spec.defaults import apply_defaults
 from torchjob.spec.model import Job
 from torchjob.spec.parse import parse_job
@@ -22,7 +21,8 @@ _SDK_REF = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
 _TASK_NAME = re.compile(r"spec\.tasks\[\d+\]\.name")
 
 
-class LoadedJob(Struct):
+@record
+class LoadedJob:
     job: Job
     document: Document
 

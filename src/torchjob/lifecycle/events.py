@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from msgspec import Struct
-
 from torchjob.lifecycle.policy import resolve
 from torchjob.lifecycle.types import Action, Event, PodChange, PodPhase, PodStatus
+from torchjob.records import record
 from torchjob.spec.model import Job
 
 # Volcano treats a task maxRetry of 0 as 3 and -1 as "no limit".
@@ -137,7 +136,8 @@ def describe_event(job: Job, event: Event, change: PodChange, pods: Sequence[Pod
     return f"pod {pod} {_STATE_WORDS[change.new]}"
 
 
-class Reaction(Struct, frozen=True):
+@record(frozen=True)
+class Reaction:
     """One event of a pod change, resolved to an action.
 
     Pass ``action``, ``task``, ``index`` and ``cause`` to :func:`~torchjob.lifecycle.step`; if

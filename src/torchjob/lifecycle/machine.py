@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from msgspec import Struct, field
-
 from torchjob.lifecycle.types import (
     RETAIN_NONE,
     RETAIN_SOFT,
@@ -19,6 +17,7 @@ from torchjob.lifecycle.types import (
     apply_kill,
     pod_label,
 )
+from torchjob.records import field, record
 from torchjob.spec.model import Job
 
 # The action that ends a job in a given phase, and the phase it passes through on the way.
@@ -36,7 +35,8 @@ _DRAINS = {
 _TARGETED = (Action.RESTART_TASK, Action.RESTART_POD, Action.RESTART_PARTITION)
 
 
-class Counts(Struct):
+@record
+class Counts:
     """Pods by phase; a terminating pod counts only as terminating (like Volcano's status)."""
 
     pending: int = 0

@@ -5,9 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from msgspec import Struct
-
 from torchjob.lifecycle.types import Action, Event
+from torchjob.records import record
 from torchjob.spec.model import Job, Policy
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -28,7 +27,8 @@ def parse_duration(text: str) -> float:
     return total
 
 
-class Resolution(Struct, frozen=True):
+@record(frozen=True)
+class Resolution:
     """The action for one event, with the delay of its policy and where it came from."""
 
     action: Action

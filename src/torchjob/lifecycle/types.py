@@ -8,8 +8,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Literal
 
-from msgspec import Struct
-from msgspec.structs import replace
+from torchjob.records import record, replace
 
 
 class JobPhase(str, Enum):
@@ -117,7 +116,8 @@ def pod_label(task: str, index: int) -> str:
     return f"{task}-{index}"
 
 
-class PodStatus(Struct, frozen=True):
+@record(frozen=True)
+class PodStatus:
     """What the engine knows of one pod of the current attempt."""
 
     task: str
@@ -132,14 +132,16 @@ class PodStatus(Struct, frozen=True):
         return pod_label(self.task, self.index)
 
 
-class JobStatus(Struct, frozen=True):
+@record(frozen=True)
+class JobStatus:
     phase: JobPhase = JobPhase.PENDING
     retry_count: int = 0  # job-level retries, compared with spec.maxRetry (one counter per job)
     version: int = 0  # bumped by every whole-job kill
     reason: str = ""  # one human sentence: why the job is in this phase
 
 
-class PodChange(Struct, frozen=True):
+@record(frozen=True)
+class PodChange:
     """One observed pod transition.
 
     ``old == new`` is a valid change: it reports a container restart inside a pod (its
@@ -158,7 +160,8 @@ class PodChange(Struct, frozen=True):
         return pod_label(self.task, self.index)
 
 
-class Kill(Struct, frozen=True):
+@record(frozen=True)
+class Kill:
     """Pods the engine must stop: the whole job, one task, or one pod.
 
     ``indices`` narrows a task kill to some pod indices (RestartPartition); None means all.
@@ -191,7 +194,8 @@ def apply_kill(pods: tuple[PodStatus, ...] | list[PodStatus], kill: Kill | None)
     return tuple(replace(p, terminating=True) if kill.selects(p) else p for p in pods)
 
 
-class Decision(Struct, frozen=True):
+@record(frozen=True)
+class Decision:
     """What :func:`~torchjob.lifecycle.step` decided.
 
     The engine stops ``kill``'s pods (grace period, then kill), then starts missing pods if

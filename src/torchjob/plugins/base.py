@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from msgspec import Struct
-
 from torchjob.addressing import Addressing
 from torchjob.plugins.flags import Flag, parse_flags
+from torchjob.records import record
 from torchjob.spec.model import Job, Task
 
 Issues = list[tuple[str, str]]
 
 
-class PodContext(Struct):
+@record
+class PodContext:
     """One pod being created: the plugin changes ``pod`` (a fresh Pod manifest) in place."""
 
     job: Job

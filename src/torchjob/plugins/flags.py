@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from msgspec import Struct
+from torchjob.records import record
 
 # strconv.ParseBool's spellings, which Volcano's flags accept.
 _TRUE = {"1", "t", "T", "true", "TRUE", "True"}
@@ -43,7 +43,8 @@ def parse_int(value: str) -> tuple[int | None, str]:
     return number, ""
 
 
-class Flag(Struct, frozen=True):
+@record(frozen=True)
+class Flag:
     name: str
     kind: type  # str, int or bool
     default: Any

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from msgspec import Struct, field
+from torchjob.records import field, record
 
 API_VERSION = "batch.volcano.sh/v1alpha1"
 KIND = "Job"
@@ -100,7 +100,8 @@ class PodTemplate:
         return str(self.spec.get("restartPolicy") or "Always")
 
 
-class Policy(Struct):
+@record
+class Policy:
     """A lifecycle policy: on ``events`` (or a container ``exit_code``) take ``action``."""
 
     action: str
@@ -111,12 +112,14 @@ class Policy(Struct):
     event_keys: list[str] = field(default_factory=list)
 
 
-class DependsOn(Struct):
+@record
+class DependsOn:
     names: list[str] = field(default_factory=list)
     iteration: str = "any"
 
 
-class Task(Struct):
+@record
+class Task:
     name: str
     replicas: int
     template: PodTemplate
@@ -128,14 +131,16 @@ class Task(Struct):
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class Metadata(Struct):
+@record
+class Metadata:
     name: str
     namespace: str = "default"
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
 
 
-class ElasticPolicy(Struct):
+@record
+class ElasticPolicy:
     """torch elastic launch settings (set by the SDK's ``Elastic``); mapped by cluster targets."""
 
     min_nodes: int
@@ -150,7 +155,8 @@ class ElasticPolicy(Struct):
     rdzv_configs: dict[str, Any] = field(default_factory=dict)
 
 
-class RunPolicy(Struct):
+@record
+class RunPolicy:
     """Kubeflow-style run policy (set by the SDK); mapped by cluster targets."""
 
     clean_pod_policy: str | None = None
@@ -159,7 +165,8 @@ class RunPolicy(Struct):
     backoff_limit: int | None = None
 
 
-class JobSpec(Struct):
+@record
+class JobSpec:
     tasks: list[Task]
     min_available: int = 0
     min_success: int | None = None
@@ -175,7 +182,8 @@ class JobSpec(Struct):
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class Job(Struct):
+@record
+class Job:
     metadata: Metadata
     spec: JobSpec
     elastic: ElasticPolicy | None = None

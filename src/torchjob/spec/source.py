@@ -18,9 +18,9 @@ import sys
 from typing import Any
 
 import yaml
-from msgspec import Struct, field
 
 from torchjob.errors import Problem, SpecError
+from torchjob.records import field, record
 
 try:  # the C composer is many times faster on large inputs
     from yaml import CSafeLoader as _Loader
@@ -75,7 +75,8 @@ def parent(path: str) -> str:
     return path[:cut] if cut > 0 else ""
 
 
-class Document(Struct):
+@record
+class Document:
     """One document of an input file, with the line of each field path."""
 
     data: Any

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from msgspec import Struct, field
+from torchjob.records import field, record
 
 if TYPE_CHECKING:
     from torchjob.expand import DesiredState
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["PodResult", "RunOptions", "RunResult", "check_job", "run_job"]
 
 
-class RunOptions(Struct):
+@record
+class RunOptions:
     state_dir: Path | None = None  # root of job directories; default $TORCHJOB_HOME/jobs or ~/.torchjob/jobs
     quiet: bool = False  # no streamed logs, notes, status table or summary
     timeout: float | None = None  # whole-job deadline in seconds; then the job is Terminated
@@ -43,7 +44,8 @@ class RunOptions(Struct):
     detach: bool = False  # run in a background process; run_job returns once it has started
 
 
-class PodResult(Struct):
+@record
+class PodResult:
     name: str
     task: str
     index: int
@@ -53,7 +55,8 @@ class PodResult(Struct):
     log_dir: Path
 
 
-class RunResult(Struct):
+@record
+class RunResult:
     phase: str  # Completed | Failed | Aborted | Terminated (Pending when detached)
     reason: str
     job_dir: Path

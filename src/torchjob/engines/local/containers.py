@@ -27,9 +27,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from msgspec import Struct, field
-
 from torchjob.expand import DesiredState, PodPlan
+from torchjob.records import field, record
 
 Issues = list[tuple[str, str]]
 
@@ -52,7 +51,8 @@ class ResolveError(Exception):
         self.message = message
 
 
-class PodContext(Struct):
+@record
+class PodContext:
     """What the engine knows of one pod attempt, for resolving its containers."""
 
     plan: PodPlan
@@ -65,7 +65,8 @@ class PodContext(Struct):
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-class ContainerRun(Struct):
+@record
+class ContainerRun:
     """One container, ready to start."""
 
     name: str

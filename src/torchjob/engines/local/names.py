@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Iterable, Sequence
 
-from msgspec import Struct
+from torchjob.records import record
 
 SWITCH = "TORCHJOB_POD_DNS"  # "0" turns names off
 ETC_HOSTS = "/etc/hosts"
@@ -61,7 +61,8 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-class HostsMount(Struct, frozen=True):
+@record(frozen=True)
+class HostsMount:
     """How to give a process ``source`` as its ``/etc/hosts``; everything precomputed for the child."""
 
     source: bytes

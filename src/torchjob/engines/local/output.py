@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-from msgspec import Struct, field
+from torchjob.records import field, record
 
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92", "94")
 _PHASE_COLORS = {
@@ -51,7 +51,8 @@ def prefix_for(short: str, rank: str | None, container: str | None) -> str:
     return f"{head} r{rank}" if rank is not None else head
 
 
-class _Followed(Struct):
+@record
+class _Followed:
     path: Path
     prefix: str
     color: str
@@ -60,7 +61,8 @@ class _Followed(Struct):
     closing: bool = False
 
 
-class LogFollower(Struct):
+@record
+class LogFollower:
     """Reads new lines from growing log files; each line comes out with its file's prefix."""
 
     files: dict[Path, _Followed] = field(default_factory=dict)

@@ -18,10 +18,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from msgspec import Struct, field
-
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
+from torchjob.records import field, record
 
 if TYPE_CHECKING:
     import psutil
@@ -43,7 +42,8 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-class Container(Struct):
+@record
+class Container:
     run: ContainerRun
     log: Path
     proc: subprocess.Popen[bytes] | None = None

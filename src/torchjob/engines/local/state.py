@@ -23,8 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from msgspec import Struct
-
+from torchjob.records import record
 from torchjob.spec.model import Job, Policy
 
 
@@ -150,7 +149,8 @@ def process_alive(pid: int, created: float | None) -> bool:
         return False
 
 
-class JobDir(Struct):
+@record
+class JobDir:
     path: Path
 
     @property

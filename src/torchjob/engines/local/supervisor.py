@@ -21,8 +21,6 @@ import time
 from types import FrameType
 from typing import Any
 
-from msgspec import Struct
-
 from torchjob import logs
 from torchjob.engines.local import names, process
 from torchjob.engines.local import ports as port_registry
@@ -63,6 +61,7 @@ from torchjob.lifecycle import (
     step,
 )
 from torchjob.plugins.svc import CONFIG_MOUNT_PATH
+from torchjob.records import record
 from torchjob.spec.model import Job
 
 TICK = 0.02  # seconds between polls while pods are being stopped (their strays cannot be waited on)
@@ -77,7 +76,8 @@ STOPPED = "Stopped"  # reported phase of a pod the engine stopped before it ende
 Key = tuple[str, int]
 
 
-class _Delayed(Struct):
+@record
+class _Delayed:
     due: float
     reaction: Reaction
 
