@@ -16,9 +16,16 @@ import pytest
 from test_local_support import container, make_job, run, sh, task, wait_until
 from torchjob.engines.local import check_job
 from torchjob.engines.local.addressing import LocalAddressing, pod_address
-from torchjob.engines.local.containers import expand_refs, parse_quantity, rewrite_paths
+from torchjob.engines.local.containers import (
+    PodContext,
+    expand_refs,
+    parse_quantity,
+    resolve_container,
+    rewrite_paths,
+)
 from torchjob.engines.local.output import LogFollower, prefix_for
 from torchjob.engines.local.ports import declared_ports, release, reserve
+from torchjob.expand import expand
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -291,3 +298,18 @@ def test_a_watchdog_whose_supervisor_vanishes_kills_the_groups_it_was_told_of() 
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
+
+
+@pytest.mark.parametrize(
+    ("command", "replaced"),
+    [("python", True), ("python3", True), ("python3.11", True), ("python\n", False), ("python3.", False)],
+)
+def test_only_a_whole_python_command_name_becomes_this_interpreter(command: str, replaced: bool) -> None:
+    job = make_job("py", [task("main", [container("app", [command, "x.py"])])])
+    plan = expand(job, LocalAddressing(job)).pods[0]
+    ctx = PodContext(
+        plan=plan, address="127.0.0.1", uid="u", configmaps={}, configmap_dir=Path("/c"), pod_dir=Path("/p")
+    )
+    resolved = resolve_container(ctx, plan.manifest["spec"]["containers"][0], init=False)
+    assert (resolved.argv[0] == sys.executable) is replaced
+    assert resolved.argv[1:] == ["x.py"]

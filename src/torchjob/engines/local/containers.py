@@ -32,7 +32,7 @@ from torchjob.records import field, record
 
 Issues = list[tuple[str, str]]
 
-_PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
+_PYTHON = re.compile(r"python(3(\.\d+)?)?")
 _VAR_REF = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))")
 _FIELD_INDEX = re.compile(r"^metadata\.(labels|annotations)\['([^']*)'\]$")
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
@@ -279,7 +279,7 @@ def resolve_container(ctx: PodContext, container: dict[str, Any], *, init: bool)
             defined[str(var.get("name"))] = rewrite_paths(value, mounts)
     defined.update(ctx.extra_env)
     argv = [rewrite_paths(expand_refs(a, defined), mounts) for a in [*command, *args]]
-    if _PYTHON.match(argv[0]):
+    if _PYTHON.fullmatch(argv[0]):
         argv[0] = sys.executable
     env = {**os.environ, **defined}
     env["PATH"] = os.pathsep.join(
