@@ -136,8 +136,8 @@ class Supervisor:
             self.ports = port_registry.reserve(self.id, port_registry.declared_ports(self.job))
             self.dir.write_shims(_python())  # not resolved: a venv's python is a symlink
         finally:
-            resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
-        self.addressing = LocalAddressing(self.job, self.ports, names=resolve)
+            names_resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
+        self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
         state = self.expansion(0, 0)
         self.dir.write_configmaps(configmaps_of(state))
         for plan in state.pods:
