@@ -452,6 +452,16 @@ def verdicts(summaries: list[Summary]) -> list[str]:
             f"- {ranks} ranks: torchjob/shell = {ratio:.3f} (medians), {paired:.3f} (median of pairs, "
             f"torchjob {extra:+.3f} s) (target ≤ 1.10 by both: {verdict})"
         )
+        # The launcher's own share, which the program's run-to-run spread hardly moves: how much
+        # later torchjob's first and last ranks start than the shell's, and how much longer it
+        # stays after the last rank ends.
+        first = job.median("first_start") - floor.median("first_start")
+        last = job.median("last_start") - floor.median("last_start")
+        tail = job.median("tail") - floor.median("tail")
+        line += (
+            f"; launcher's own share {last + tail:+.3f} s (first rank {first:+.3f} s, last rank "
+            f"{last:+.3f} s, tail {tail:+.3f} s) = {(last + tail) / floor.median('wall'):.1%} of the floor"
+        )
         if run is not None:
             faster = job.median("wall") < run.median("wall")
             line += (
