@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchjob.engines.local import procfs
+
 if TYPE_CHECKING:  # imported where used: 5 ms that would delay the job's first process
     import psutil
 
@@ -161,9 +163,7 @@ def _ancestors() -> list[int]:
     while pid > 0 and pid not in found:
         found.append(pid)
         try:
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                stat = handle.read()
-            pid = int(stat[stat.rindex(b")") + 1 :].split(None, 2)[1])
+            pid = procfs.ppid(pid)
         except (OSError, ValueError, IndexError):
             break
     return found
@@ -301,10 +301,7 @@ def children_map() -> dict[int, list[int]]:
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 try:
-                    with open(f"/proc/{entry}/stat", "rb") as handle:
-                        stat = handle.read()
-                    # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-                    ppid = int(stat[stat.rindex(b")") + 1 :].split(None, 2)[1])
+                    ppid = procfs.ppid(int(entry))
                 except (OSError, ValueError, IndexError):
                     continue  # gone meanwhile
                 tree.setdefault(ppid, []).append(int(entry))

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from torchjob.engines.local import procfs
 from torchjob.records import record
 from torchjob.spec.model import Job, Policy
 
@@ -93,24 +94,14 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _boot_time() -> float:
-    with open("/proc/stat", "rb") as handle:
-        for line in handle:
-            if line.startswith(b"btime "):
-                return float(line.split()[1])
-    raise ValueError("no btime in /proc/stat")
-
-
 def _linux_stat(pid: int) -> tuple[str, float] | None:
     """``(state letter, start time)`` of ``pid`` read from /proc, or None where that cannot be done."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-        fields = stat[stat.rindex(b")") + 1 :].split()  # "pid (comm) state ...": comm may hold spaces
-        ticks = int(fields[19])  # field 22: starttime, in clock ticks since boot
-        return fields[0].decode(), ticks / os.sysconf("SC_CLK_TCK") + _boot_time()
+        fields = procfs.stat_fields(pid)
+        ticks = int(fields[19])  # start time, in clock ticks since boot
+        return fields[0].decode(), ticks / os.sysconf("SC_CLK_TCK") + procfs.boot_time()
     except FileNotFoundError:
         return ("", 0.0)  # no such process
     except (OSError, ValueError, IndexError):
