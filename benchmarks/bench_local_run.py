@@ -191,12 +191,9 @@ METHODS: dict[str, Callable[[Path, int], list[str]]] = {
 }
 
 
-def timed_run(method: str, ranks: int, work: Path) -> Run:
-    marks = Path(tempfile.mkdtemp(dir=work, prefix="marks-"))
-    argv = METHODS[method](work, ranks)
-    started_wall = time.time()
-    started = time.perf_counter()
-    proc = subprocess.run(
+def launch(argv: list[str], marks: Path, work: Path) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` to its end with the benchmark's environment, its output captured."""
+    return subprocess.run(
         argv,
         env=bench_env(marks, work / "state"),
         cwd=ROOT,
@@ -205,6 +202,14 @@ def timed_run(method: str, ranks: int, work: Path) -> Run:
         timeout=RUN_TIMEOUT,
         check=False,
     )
+
+
+def timed_run(method: str, ranks: int, work: Path) -> Run:
+    marks = Path(tempfile.mkdtemp(dir=work, prefix="marks-"))
+    argv = METHODS[method](work, ranks)
+    started_wall = time.time()
+    started = time.perf_counter()
+    proc = launch(argv, marks, work)
     wall = time.perf_counter() - started
     ended_wall = started_wall + wall
     output = proc.stdout.decode(errors="replace")
@@ -282,15 +287,7 @@ time.sleep(120)
 
 
 def run_job_file(path: Path, marks: Path, work: Path) -> str:
-    proc = subprocess.run(
-        [str(BIN / "torchjob"), "run", str(path)],
-        env=bench_env(marks, work / "state"),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        timeout=RUN_TIMEOUT,
-        check=False,
-    )
+    proc = launch([str(BIN / "torchjob"), "run", str(path)], marks, work)
     output = proc.stdout.decode(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"{path.name} failed (exit {proc.returncode}):\n{output[-3000:]}")
