@@ -1,0 +1,38 @@
+"""Engines by name, imported only when asked for: importing this module imports no engine.
+
+Adding an engine is one module with a class that implements :class:`torchjob.engines.base.Engine`
+and one line in ``_ENGINES`` below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchjob.engines.base import Engine
+
+# name -> "module:factory"; the factory takes keyword settings (state_dir, kubeconfig, ...).
+_ENGINES: dict[str, str] = {
+    "local": "torchjob.engines.local.engine:LocalEngine",
+}
+
+DEFAULT_ENGINE = "local"
+
+
+def engine_names() -> list[str]:
+    return sorted(_ENGINES)
+
+
+def get_engine(name: str = DEFAULT_ENGINE, **settings: Any) -> Engine:
+    """The engine called ``name``, made with ``settings`` (each engine ignores the ones it has no use for)."""
+    from torchjob.engines.base import EngineError
+
+    try:
+        where = _ENGINES[name]
+    except KeyError:
+        raise EngineError(f"no engine {name!r} (engines: {', '.join(engine_names())})") from None
+    module_name, _, factory = where.partition(":")
+    module = importlib.import_module(module_name)
+    engine: Engine = getattr(module, factory)(**settings)
+    return engine
