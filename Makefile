@@ -23,7 +23,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy src
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs
 
 test: lint typecheck unit
 
