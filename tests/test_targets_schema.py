@@ -17,14 +17,26 @@ from typing import Any
 import pytest
 import yaml
 
-from torchjob import CleanPodPolicy, Elastic, Master, PyTorch, Resources, RestartPolicy, RunPolicy, Worker, task
+from torchjob import (
+    CleanPodPolicy,
+    Elastic,
+    Master,
+    PyTorch,
+    Resources,
+    RestartPolicy,
+    RunPolicy,
+    Worker,
+    task,
+)
 from torchjob.errors import SpecError
 from torchjob.jobs import load_jobs, load_jobs_from_text
 from torchjob.spec.model import Job
 from torchjob.targets import JOB_LABEL, TARGETS, render_target
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed (pip install -e .[dev])")
-kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed")
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="kubernetes-validate is not installed"
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -49,7 +61,9 @@ SDK_CONFIGS: dict[str, Any] = {
     "pytorch-default": PyTorch(worker=Worker(replicas=2)),
     "pytorch-master-only": PyTorch(worker=Worker(replicas=0)),
     "pytorch-full": PyTorch(
-        master=Master(image="img:m", requests=Resources(cpu="1", mem="1Gi"), restart_policy=RestartPolicy.ALWAYS),
+        master=Master(
+            image="img:m", requests=Resources(cpu="1", mem="1Gi"), restart_policy=RestartPolicy.ALWAYS
+        ),
         worker=Worker(
             replicas=3, image="img:w", limits=Resources(cpu=2, gpu=1), restart_policy=RestartPolicy.FAILURE
         ),
@@ -62,7 +76,9 @@ SDK_CONFIGS: dict[str, Any] = {
         increase_shared_mem=False,
     ),
     "elastic-single": Elastic(nproc_per_node=2),
-    "elastic-fixed": Elastic(nnodes=2, nproc_per_node=4, max_restarts=3, run_policy=RunPolicy(backoff_limit=1)),
+    "elastic-fixed": Elastic(
+        nnodes=2, nproc_per_node=4, max_restarts=3, run_policy=RunPolicy(backoff_limit=1)
+    ),
     "elastic-range": Elastic(nnodes="1:4", nproc_per_node=8),
 }
 
@@ -113,7 +129,9 @@ def all_jobs() -> list[Any]:
     if SEEDS.is_dir():
         jobs += [pytest.param(None, f"seed:{i}", id=f"seed-{name}") for i, (name, _) in enumerate(_seeds())]
     else:
-        jobs += [pytest.param(None, "seed:0", id="seeds", marks=pytest.mark.skip(reason=f"{SEEDS} is not there"))]
+        jobs += [
+            pytest.param(None, "seed:0", id="seeds", marks=pytest.mark.skip(reason=f"{SEEDS} is not there"))
+        ]
     return jobs
 
 
@@ -197,7 +215,9 @@ def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize(("path", "name"), all_jobs())
-def test_every_object_validates_and_carries_the_job_label(path: Path | None, name: str | None, target: str) -> None:
+def test_every_object_validates_and_carries_the_job_label(
+    path: Path | None, name: str | None, target: str
+) -> None:
     job = _job(path, name)
     kind = (name or "").split(":")[0]
     try:

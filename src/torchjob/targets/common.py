@@ -38,7 +38,9 @@ def cannot(target: str, path: str, feature: str, can: str, why: str = "") -> Pro
     """'<feature> cannot be expressed by target X (why); targets that can: ...'."""
     able = [t for t in CAN[can] if t != target and t in TARGETS]
     reason = f" ({why})" if why else ""
-    return Problem(path, f"{feature} cannot be expressed by target {target!r}{reason}; use --target {' or '.join(able)}")
+    return Problem(
+        path, f"{feature} cannot be expressed by target {target!r}{reason}; use --target {' or '.join(able)}"
+    )
 
 
 def metadata(job: Job, name: str | None = None) -> dict[str, Any]:
@@ -52,7 +54,7 @@ def metadata(job: Job, name: str | None = None) -> dict[str, Any]:
 
 def labelled(template: dict[str, Any], job: Job) -> dict[str, Any]:
     """A copy of a pod template whose metadata carries :data:`JOB_LABEL`."""
-    out = copy(template)
+    out: dict[str, Any] = copy(template)
     meta = out.get("metadata")
     if not isinstance(meta, dict):
         meta = out["metadata"] = {}
@@ -83,19 +85,31 @@ def pytorch_roles(job: Job, target: str) -> Roles:
 
     if "pytorch" not in job.spec.plugins:
         raise SpecError(
-            [cannot(target, "spec.plugins", "a job without the pytorch plugin", "no-pytorch",
-                    "it needs to know which task is the master")]
-        )  # fmt: skip
+            [
+                cannot(
+                    target,
+                    "spec.plugins",
+                    "a job without the pytorch plugin",
+                    "no-pytorch",
+                    "it needs to know which task is the master",
+                )
+            ]
+        )
     plugin = PyTorchPlugin(job.spec.plugins["pytorch"])
     master = job.task(plugin.master)
     assert master is not None, "validation guarantees the master task"
     worker = job.task(plugin.worker)
     problems = [
-        cannot(target, f"spec.tasks[{i}]", f"task {t.name!r} (neither the pytorch master nor worker)",
-               "any-tasks", "it has only a master and workers")
+        cannot(
+            target,
+            f"spec.tasks[{i}]",
+            f"task {t.name!r} (neither the pytorch master nor worker)",
+            "any-tasks",
+            "it has only a master and workers",
+        )
         for i, t in enumerate(job.spec.tasks)
         if t is not master and t is not worker
-    ]  # fmt: skip
+    ]
     if problems:
         raise SpecError(problems)
     return Roles(master, worker, plugin.port, bool(plugin.values["wait-master-enabled"]))
@@ -126,21 +140,37 @@ def policy_warnings(job: Job, target: str, master: Task | None) -> list[tuple[st
     """
     warnings: list[tuple[str, str]] = []
     for i, p in enumerate(job.spec.policies):
-        if p.action in ("RestartJob", "TerminateJob", "AbortJob") and p.events and all(
-            e in FAILURE_EVENTS for e in p.events
+        if (
+            p.action in ("RestartJob", "TerminateJob", "AbortJob")
+            and p.events
+            and all(e in FAILURE_EVENTS for e in p.events)
         ):
             continue
-        warnings.append((f"spec.policies[{i}]", f"target {target!r} has no lifecycle policies; "
-                         f"{p.action} on {', '.join(p.events) or f'exit code {p.exit_code}'} is dropped"))  # fmt: skip
+        warnings.append(
+            (
+                f"spec.policies[{i}]",
+                f"target {target!r} has no lifecycle policies; "
+                f"{p.action} on {', '.join(p.events) or f'exit code {p.exit_code}'} is dropped",
+            )
+        )
     for t, task in enumerate(job.spec.tasks):
         for i, p in enumerate(task.policies):
             if task is master and p.action == "CompleteJob" and p.events == ["TaskCompleted"]:
                 continue
-            warnings.append((f"spec.tasks[{t}].policies[{i}]", f"target {target!r} has no task policies; "
-                             f"{p.action} on {', '.join(p.events) or f'exit code {p.exit_code}'} is dropped"))  # fmt: skip
+            warnings.append(
+                (
+                    f"spec.tasks[{t}].policies[{i}]",
+                    f"target {target!r} has no task policies; "
+                    f"{p.action} on {', '.join(p.events) or f'exit code {p.exit_code}'} is dropped",
+                )
+            )
         if task.depends_on is not None:
-            warnings.append((f"spec.tasks[{t}].dependsOn",
-                             f"target {target!r} starts tasks without Volcano's dependsOn; it is dropped"))  # fmt: skip
+            warnings.append(
+                (
+                    f"spec.tasks[{t}].dependsOn",
+                    f"target {target!r} starts tasks without Volcano's dependsOn; it is dropped",
+                )
+            )
     return warnings
 
 
@@ -156,8 +186,12 @@ def plugin_warnings(job: Job, target: str) -> list[tuple[str, str]]:
             "svc": "its host files (/etc/volcano/*.host) and VC_<TASK>_HOSTS/VC_<TASK>_NUM env",
             "env": "its VK_TASK_INDEX/VC_TASK_INDEX env",
         }.get(name, "it")
-        warnings.append((f"spec.plugins.{name}", f"target {target!r} does not run Volcano's {name} plugin; {what} "
-                         "is not created"))  # fmt: skip
+        warnings.append(
+            (
+                f"spec.plugins.{name}",
+                f"target {target!r} does not run Volcano's {name} plugin; {what} is not created",
+            )
+        )
     return warnings
 
 

@@ -28,7 +28,6 @@ from torchjob.targets.common import (
     labelled,
     metadata,
     mount_job_volumes,
-    pytorch_roles,
     restarts_on_failure,
     task_path,
     volcano_warnings,
@@ -70,10 +69,12 @@ def _check_names(job: Job) -> None:
         longest = f"{job.name}-{task.name}-{max(task.replicas - 1, 0)}-0{POD_SUFFIX}"
         if len(longest) > MAX_POD_NAME:
             problems.append(
-                Problem(f"{task_path(job, task)}.name",
-                        f"JobSet would name this task's pods like {longest!r} ({len(longest)} characters, "
-                        f"more than {MAX_POD_NAME}); shorten the job or task name for --target jobset")
-            )  # fmt: skip
+                Problem(
+                    f"{task_path(job, task)}.name",
+                    f"JobSet would name this task's pods like {longest!r} ({len(longest)} characters, "
+                    f"more than {MAX_POD_NAME}); shorten the job or task name for --target jobset",
+                )
+            )
     if problems:
         raise SpecError(problems)
 
@@ -81,12 +82,19 @@ def _check_names(job: Job) -> None:
 def render(job: Job) -> TargetRender:
     if job.elastic is not None and job.elastic.min_nodes != job.elastic.max_nodes:
         e = job.elastic
-        raise SpecError([cannot("jobset", "spec.minAvailable", f"an elastic range of {e.min_nodes}:{e.max_nodes} nodes",
-                                "elastic-range", "a JobSet has a fixed number of pods")])  # fmt: skip
+        raise SpecError(
+            [
+                cannot(
+                    "jobset",
+                    "spec.minAvailable",
+                    f"an elastic range of {e.min_nodes}:{e.max_nodes} nodes",
+                    "elastic-range",
+                    "a JobSet has a fixed number of pods",
+                )
+            ]
+        )
     _check_names(job)
     tasks, master, worker, port = _ordered(job)
-    if master is not None:
-        pytorch_roles(job, "jobset")  # the same checks, without refusing other tasks
     warnings = [w for w in volcano_warnings(job, "jobset", master) if w[0] != "spec.plugins.env"]
     restart = restarts_on_failure(job)
     sdk = job.run_policy
@@ -99,16 +107,25 @@ def render(job: Job) -> TargetRender:
         policy = spec.get("restartPolicy")
         if policy in (None, "Always"):
             if policy == "Always":
-                warnings.append((f"{path}.restartPolicy", "pods of a Kubernetes Job cannot restart Always; "
-                                 "OnFailure restarts the container in place the same way"))  # fmt: skip
+                warnings.append(
+                    (
+                        f"{path}.restartPolicy",
+                        "pods of a Kubernetes Job cannot restart Always; "
+                        "OnFailure restarts the container in place the same way",
+                    )
+                )
             spec["restartPolicy"] = "OnFailure"
         for key in ("hostname", "subdomain"):
             if spec.pop(key, None) is not None:
-                warnings.append((f"{path}.{key}", f"JobSet names and addresses the pods itself; {key} is dropped"))
+                warnings.append(
+                    (f"{path}.{key}", f"JobSet names and addresses the pods itself; {key} is dropped")
+                )
         mount_job_volumes(job, spec)
         env_extra: list[dict[str, Any]] = []
         if "env" in job.spec.plugins:  # Volcano's env plugin: the pod's index within its task
-            env_extra += [{"name": n, "valueFrom": _field(JOB_INDEX)} for n in ("VK_TASK_INDEX", "VC_TASK_INDEX")]
+            env_extra += [
+                {"name": n, "valueFrom": _field(JOB_INDEX)} for n in ("VK_TASK_INDEX", "VC_TASK_INDEX")
+            ]
         if master is not None and task in (master, worker):
             rank: dict[str, Any] = {"value": "0"} if task is master else {"valueFrom": _field(GLOBAL_INDEX)}
             env_extra += [
@@ -163,7 +180,12 @@ def render(job: Job) -> TargetRender:
     if ttl is not None:
         spec_out["ttlSecondsAfterFinished"] = ttl
     if sdk is not None and sdk.clean_pod_policy not in (None, "None"):
-        warnings.append(("run_policy.clean_pod_policy", "a JobSet deletes its active Jobs when it finishes and "
-                         f"keeps finished pods; clean_pod_policy {sdk.clean_pod_policy!r} is dropped"))  # fmt: skip
+        warnings.append(
+            (
+                "run_policy.clean_pod_policy",
+                "a JobSet deletes its active Jobs when it finishes and "
+                f"keeps finished pods; clean_pod_policy {sdk.clean_pod_policy!r} is dropped",
+            )
+        )
     job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": spec_out}
     return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)

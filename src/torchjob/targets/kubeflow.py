@@ -98,9 +98,13 @@ def render(job: Job) -> TargetRender:
             template, policy = _template(job, task, roles.port)
             if restart and policy == "Never":
                 policy = "OnFailure"
-                warnings.append((f"{task_path(job, task)}.template.spec.restartPolicy",
-                                 "the PyTorchJob operator restarts failed pods rather than the whole job: "
-                                 "restartPolicy Never becomes OnFailure so a failed pod is retried"))  # fmt: skip
+                warnings.append(
+                    (
+                        f"{task_path(job, task)}.template.spec.restartPolicy",
+                        "the PyTorchJob operator restarts failed pods rather than the whole job: "
+                        "restartPolicy Never becomes OnFailure so a failed pod is retried",
+                    )
+                )
             replicas[kind] = {"replicas": count, "restartPolicy": policy, "template": template}
     spec: dict[str, Any] = {"pytorchReplicaSpecs": replicas, "runPolicy": _run_policy(job, restart)}
     if elastic is not None:

@@ -44,9 +44,16 @@ TORCHRUN = ("torchrun", "--no-python")
 _NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
 # Pod spec fields a runtime patch may set; the rest of a pod template has no place in a TrainJob.
 PATCHED_POD_FIELDS = (
-    "volumes", "nodeSelector", "affinity", "tolerations", "serviceAccountName", "imagePullSecrets",
-    "securityContext", "terminationGracePeriodSeconds", "schedulingGates",
-)  # fmt: skip
+    "volumes",
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "serviceAccountName",
+    "imagePullSecrets",
+    "securityContext",
+    "terminationGracePeriodSeconds",
+    "schedulingGates",
+)
 DROPPED_POD_FIELDS = {
     "restartPolicy": "the runtime's Job decides how pods restart",
     "schedulerName": "the runtime decides the scheduler",
@@ -66,7 +73,7 @@ DROPPED_CONTAINER_FIELDS = {
 
 def _shape(template: dict[str, Any]) -> dict[str, Any]:
     """A pod template with container names blanked: what must match between master and workers."""
-    out = copy(template)
+    out: dict[str, Any] = copy(template)
     for container in (out.get("spec") or {}).get("containers") or []:
         container.pop("name", None)
     return out
@@ -84,18 +91,35 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
     roles = pytorch_roles(job, target)
     problems: list[Problem] = []
     if not _NAME.match(job.name) or len(job.name) > 63:
-        problems.append(Problem("metadata.name", f"a TrainJob name must start with a letter and be a DNS label "
-                                f"of at most 63 characters, got {job.name!r}"))  # fmt: skip
+        problems.append(
+            Problem(
+                "metadata.name",
+                f"a TrainJob name must start with a letter and be a DNS label "
+                f"of at most 63 characters, got {job.name!r}",
+            )
+        )
     elastic = job.elastic
     if elastic is not None and elastic.min_nodes != elastic.max_nodes:
-        problems.append(cannot(target, "spec.minAvailable",
-                               f"an elastic range of {elastic.min_nodes}:{elastic.max_nodes} nodes", "elastic-range",
-                               "Trainer v2 has no elastic training"))  # fmt: skip
+        problems.append(
+            cannot(
+                target,
+                "spec.minAvailable",
+                f"an elastic range of {elastic.min_nodes}:{elastic.max_nodes} nodes",
+                "elastic-range",
+                "Trainer v2 has no elastic training",
+            )
+        )
     master, worker = roles.master, roles.worker
     if worker is not None and worker.replicas and _shape(worker.template.raw) != _shape(master.template.raw):
-        problems.append(cannot(target, task_path(job, worker),
-                               f"a worker task whose pod template differs from the master's ({master.name!r})",
-                               "different-roles", "every node of a TrainJob runs one image and command"))  # fmt: skip
+        problems.append(
+            cannot(
+                target,
+                task_path(job, worker),
+                f"a worker task whose pod template differs from the master's ({master.name!r})",
+                "different-roles",
+                "every node of a TrainJob runs one image and command",
+            )
+        )
     template = copy(master.template.raw)
     spec: dict[str, Any] = template.get("spec") or {}
     mount_job_volumes(job, spec)
@@ -105,15 +129,36 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
         if key in DROPPED_POD_FIELDS:
             warnings.append((f"{path}.{key}", f"{key} is dropped: {DROPPED_POD_FIELDS[key]}"))
         elif key not in PATCHED_POD_FIELDS and key != "containers":
-            problems.append(cannot(target, f"{path}.{key}", f"pod field {key}", "pod-field",
-                                   "a TrainJob's runtime patches cannot set it"))  # fmt: skip
+            problems.append(
+                cannot(
+                    target,
+                    f"{path}.{key}",
+                    f"pod field {key}",
+                    "pod-field",
+                    "a TrainJob's runtime patches cannot set it",
+                )
+            )
     containers: list[dict[str, Any]] = spec.get("containers") or []
     if len(containers) > 1:
-        problems.append(cannot(target, f"{path}.containers[1]", "a second container", "pod-field",
-                               "the runtime's node pods have one container"))  # fmt: skip
+        problems.append(
+            cannot(
+                target,
+                f"{path}.containers[1]",
+                "a second container",
+                "pod-field",
+                "the runtime's node pods have one container",
+            )
+        )
     if spec.get("initContainers"):
-        problems.append(cannot(target, f"{path}.initContainers", "init containers", "pod-field",
-                               "a runtime patch can only change the runtime's own containers"))  # fmt: skip
+        problems.append(
+            cannot(
+                target,
+                f"{path}.initContainers",
+                "init containers",
+                "pod-field",
+                "a runtime patch can only change the runtime's own containers",
+            )
+        )
     main = containers[0] if containers else {}
     cpath = f"{path}.containers[0]"
     for key in main:
@@ -121,17 +166,35 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
             if key != "name":
                 warnings.append((f"{cpath}.{key}", f"{key} is dropped: {DROPPED_CONTAINER_FIELDS[key]}"))
         elif key not in TRAINER_CONTAINER_FIELDS and key not in PATCHED_CONTAINER_FIELDS:
-            problems.append(cannot(target, f"{cpath}.{key}", f"container field {key}", "pod-field",
-                                   "a TrainJob sets only the image, command, env and resources of its node"))  # fmt: skip
+            problems.append(
+                cannot(
+                    target,
+                    f"{cpath}.{key}",
+                    f"container field {key}",
+                    "pod-field",
+                    "a TrainJob sets only the image, command, env and resources of its node",
+                )
+            )
     command = [str(c) for c in main.get("command") or []]
     if not command:
-        problems.append(cannot(target, f"{cpath}.command", "a container without a command", "no-command",
-                               "the command must be known to run it through torchrun"))  # fmt: skip
+        problems.append(
+            cannot(
+                target,
+                f"{cpath}.command",
+                "a container without a command",
+                "no-command",
+                "the command must be known to run it through torchrun",
+            )
+        )
     env = [copy(e) for e in main.get("env") or []]
     for i, var in enumerate(env):
         if var.get("name") in RESERVED_ENV:
-            problems.append(Problem(f"{cpath}.env[{i}].name",
-                                    f"{var['name']} is set by the TrainJob runtime and cannot be overridden"))  # fmt: skip
+            problems.append(
+                Problem(
+                    f"{cpath}.env[{i}].name",
+                    f"{var['name']} is set by the TrainJob runtime and cannot be overridden",
+                )
+            )
     if problems:
         raise SpecError(problems)
 
@@ -182,22 +245,39 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
         },
     }
     out: dict[str, Any] = {
-        "runtimeRef": {"name": runtime or DEFAULT_RUNTIME, "apiGroup": "trainer.kubeflow.org",
-                       "kind": "ClusterTrainingRuntime"},
+        "runtimeRef": {
+            "name": runtime or DEFAULT_RUNTIME,
+            "apiGroup": "trainer.kubeflow.org",
+            "kind": "ClusterTrainingRuntime",
+        },
         "trainer": trainer,
         "runtimePatches": [patch],
-    }  # fmt: skip
+    }
     sdk = job.run_policy
     if sdk is not None and sdk.active_deadline_seconds:
         out["activeDeadlineSeconds"] = sdk.active_deadline_seconds
     if restarts_on_failure(job) or (sdk is not None and sdk.backoff_limit):
-        warnings.append(("spec.maxRetry", "a TrainJob has no restart limit of its own; the runtime's JobSet "
-                         "failure policy decides whether a failed node restarts the job"))  # fmt: skip
+        warnings.append(
+            (
+                "spec.maxRetry",
+                "a TrainJob has no restart limit of its own; the runtime's JobSet "
+                "failure policy decides whether a failed node restarts the job",
+            )
+        )
     if job.spec.ttl_seconds_after_finished is not None:
-        warnings.append(("spec.ttlSecondsAfterFinished", "a TrainJob has no TTL; finished TrainJobs stay until "
-                         "deleted (the runtime's JobSet may set one)"))  # fmt: skip
+        warnings.append(
+            (
+                "spec.ttlSecondsAfterFinished",
+                "a TrainJob has no TTL; finished TrainJobs stay until "
+                "deleted (the runtime's JobSet may set one)",
+            )
+        )
     if sdk is not None and sdk.clean_pod_policy not in (None, "None"):
-        warnings.append(("run_policy.clean_pod_policy", f"a TrainJob has no clean-pod policy; "
-                         f"{sdk.clean_pod_policy!r} is dropped"))  # fmt: skip
+        warnings.append(
+            (
+                "run_policy.clean_pod_policy",
+                f"a TrainJob has no clean-pod policy; {sdk.clean_pod_policy!r} is dropped",
+            )
+        )
     job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": out}
     return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)

@@ -68,10 +68,18 @@ def render(job: Job) -> TargetRender:
     warnings: list[tuple[str, str]] = []
     policy = job.run_policy
     if policy is not None and policy.active_deadline_seconds is not None:
-        warnings.append(("run_policy.active_deadline_seconds",
-                         "Volcano Jobs have no deadline; the SDK's active_deadline_seconds is dropped"))  # fmt: skip
+        warnings.append(
+            (
+                "run_policy.active_deadline_seconds",
+                "Volcano Jobs have no deadline; the SDK's active_deadline_seconds is dropped",
+            )
+        )
     if policy is not None and policy.clean_pod_policy not in (None, "None"):
-        warnings.append(("run_policy.clean_pod_policy",
-                         f"Volcano Jobs have no clean-pod policy; {policy.clean_pod_policy!r} is dropped "
-                         "(finished pods stay until the job is deleted or its TTL ends)"))  # fmt: skip
+        warnings.append(
+            (
+                "run_policy.clean_pod_policy",
+                f"Volcano Jobs have no clean-pod policy; {policy.clean_pod_policy!r} is dropped "
+                "(finished pods stay until the job is deleted or its TTL ends)",
+            )
+        )
     return TargetRender(kind=KIND, api_version=API_VERSION, objects=[job_object(job)], warnings=warnings)
