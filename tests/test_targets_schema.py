@@ -93,6 +93,47 @@ REFUSED = {
 }
 
 
+# One job using what each target maps beyond the basics: job volumes (a new claim), pod settings a
+# TrainJob patches into its runtime, labels, a TTL and a restart policy.
+RICH = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: rich, namespace: research, labels: {team: ml}}
+spec:
+  maxRetry: 4
+  ttlSecondsAfterFinished: 600
+  queue: gpu
+  volumes:
+    - mountPath: /ckpt
+      volumeClaim: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+  policies: [{event: PodFailed, action: RestartJob}]
+  plugins: {pytorch: ["--port=29400"], env: []}
+  tasks:
+""" + "".join(
+    f"""\
+    - name: {name}
+      replicas: {replicas}
+      template:
+        metadata: {{labels: {{role: trainer}}, annotations: {{note: x}}}}
+        spec:
+          restartPolicy: Never
+          serviceAccountName: trainer
+          nodeSelector: {{pool: gpu}}
+          tolerations: [{{key: gpu, operator: Exists, effect: NoSchedule}}]
+          volumes: [{{name: shm, emptyDir: {{medium: Memory}}}}]
+          containers:
+            - name: main
+              image: python:3.11
+              command: [python, train.py]
+              args: [--epochs, "3"]
+              env: [{{name: A, value: "1"}}]
+              resources: {{limits: {{cpu: "2", memory: 4Gi}}}}
+              volumeMounts: [{{name: shm, mountPath: /dev/shm}}]
+"""
+    for name, replicas in (("master", 1), ("worker", 3))
+)
+
+
 def sdk_job(name: str) -> Job:
     return task(task_config=SDK_CONFIGS[name])(fn).to_job()
 
@@ -126,6 +167,7 @@ def all_jobs() -> list[Any]:
     for path in sorted((REPO / "examples").glob("*.yaml")):
         jobs += [pytest.param(path, None, id=f"example-{path.stem}")]
     jobs += [pytest.param(None, name, id=f"sdk-{name}") for name in SDK_CONFIGS]
+    jobs += [pytest.param(None, "rich", id="rich")]
     if SEEDS.is_dir():
         jobs += [pytest.param(None, f"seed:{i}", id=f"seed-{name}") for i, (name, _) in enumerate(_seeds())]
     else:
@@ -148,6 +190,8 @@ def _job(path: Path | None, name: str | None) -> Job:
         if not SEEDS.is_dir():
             pytest.skip(f"{SEEDS} is not there (set TORCHJOB_SHARED to the shared folder)")
         return _seeds()[int(name.split(":")[1])][1]
+    if name == "rich":
+        return load_jobs_from_text(RICH, "rich.yaml")[0].job
     return sdk_job(name)
 
 
@@ -228,6 +272,8 @@ def test_every_object_validates_and_carries_the_job_label(
         assert all("use --target" in p.message for p in err.problems), err
         return
     assert (kind, target) not in REFUSED
+    if kind == "rich" and target != "volcano":  # the new claim is created beside the job
+        assert "PersistentVolumeClaim" in [o["kind"] for o in rendered.objects]
     assert rendered.objects
     main = [o for o in rendered.objects if o["kind"] == rendered.kind]
     assert main and main[0]["apiVersion"] == rendered.api_version

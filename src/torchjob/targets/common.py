@@ -231,3 +231,10 @@ def volcano_warnings(job: Job, target: str, master: Task | None) -> list[tuple[s
         for key in task.extra:
             warnings.append((f"spec.tasks[{t}].{key}", f"target {target!r} has no {key}; it is dropped"))
     return warnings
+
+
+def queue_warnings(job: Job, target: str) -> list[tuple[str, str]]:
+    """Volcano's queue and gang size, which ``target`` has no field for."""
+    if job.spec.queue == "default":
+        return []
+    return [("spec.queue", f"target {target!r} has no Volcano queue; queue {job.spec.queue!r} is dropped")]

@@ -28,6 +28,7 @@ from torchjob.targets.common import (
     labelled,
     metadata,
     mount_job_volumes,
+    queue_warnings,
     restarts_on_failure,
     task_path,
     volcano_warnings,
@@ -97,6 +98,7 @@ def render(job: Job) -> TargetRender:
     tasks, master, worker, port = _ordered(job)
     warnings = [w for w in volcano_warnings(job, "jobset", master) if w[0] != "spec.plugins.env"]
     restart = restarts_on_failure(job)
+    warnings += queue_warnings(job, "jobset")
     sdk = job.run_policy
     world = str(sum(t.replicas for t in (master, worker) if t is not None))
     replicated = []

@@ -29,6 +29,7 @@ from torchjob.targets.common import (
     metadata,
     mount_job_volumes,
     pytorch_roles,
+    queue_warnings,
     restarts_on_failure,
     task_path,
     volcano_warnings,
@@ -125,6 +126,7 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
     mount_job_volumes(job, spec)
     path = f"{task_path(job, master)}.template.spec"
     warnings = volcano_warnings(job, target, master)
+    warnings += queue_warnings(job, target)
     for key in spec:
         if key in DROPPED_POD_FIELDS:
             warnings.append((f"{path}.{key}", f"{key} is dropped: {DROPPED_POD_FIELDS[key]}"))
