@@ -392,3 +392,41 @@ def test_cli_render_target_errors_exit_2_with_one_line_each(tmp_path: Path) -> N
 def test_cli_default_target_output_is_unchanged() -> None:
     path = str(EXAMPLES / "pytorch-job.yaml")
     assert run("render", path).stdout == run("render", path, "--target", "pods").stdout
+
+
+def test_volcano_target_reads_back_as_the_same_job() -> None:
+    """The rendered Volcano Job is a job torchjob accepts, and it expands to the same pods."""
+    from torchjob.render import dump
+
+    for name in ("pytorch-job.yaml", "ddp-train.yaml", "restart-on-failure.yaml"):
+        job = example(name)
+        text = dump(main_object(job, "volcano"), "yaml")
+        again = load_jobs_from_text(text, "rendered.yaml")[0].job
+        before = render_target(job, "pods").objects
+        after = render_target(again, "pods").objects
+        for obj in after:  # the only difference: the label on the Job reaches its pod templates
+            obj["metadata"]["labels"].pop(JOB_LABEL, None)
+        for obj in before:
+            obj["metadata"]["labels"].pop(JOB_LABEL, None)
+        assert after == before
+
+
+def test_jobset_maps_the_env_plugin_and_kubeflow_drops_hostnames() -> None:
+    job = yaml_job(
+        one_task("master", 1, "{name: c, image: i, command: [x]}")
+        + one_task("worker", 2, "{name: c, image: i, command: [x]}"),
+        plugins="pytorch: [], env: []",
+    )
+    rjob = main_object(job, "jobset")["spec"]["replicatedJobs"][1]
+    env = env_of(rjob["template"]["spec"]["template"]["spec"]["containers"][0])
+    assert (
+        env["VC_TASK_INDEX"]["fieldRef"]["fieldPath"]
+        == "metadata.annotations['jobset.sigs.k8s.io/job-index']"
+    )
+    named = yaml_job(one_task("master", 1).replace("{spec: {", "{spec: {hostname: m, subdomain: s, "))
+    rendered = render_target(named, "kubeflow")
+    assert "hostname" not in rendered.objects[-1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert [w[0] for w in rendered.warnings] == [
+        "spec.tasks[0].template.spec.hostname",
+        "spec.tasks[0].template.spec.subdomain",
+    ]

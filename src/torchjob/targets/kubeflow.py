@@ -37,10 +37,18 @@ KIND = "PyTorchJob"
 CONTAINER = "pytorch"
 
 
-def _template(job: Job, task: Task, port: int) -> tuple[dict[str, Any], str]:
+def _template(job: Job, task: Task, port: int, warnings: list[tuple[str, str]]) -> tuple[dict[str, Any], str]:
     """The replica's pod template and the restart policy taken out of it."""
     template = labelled(task.template.raw, job)
     spec = template["spec"]
+    for key in ("hostname", "subdomain"):
+        if spec.pop(key, None) is not None:
+            warnings.append(
+                (
+                    f"{task_path(job, task)}.template.spec.{key}",
+                    f"the operator names pods <job>-master-0/<job>-worker-<i>; {key} is dropped",
+                )
+            )
     policy = str(spec.pop("restartPolicy", None) or "Always")
     containers: list[dict[str, Any]] = spec["containers"]
     main = next((c for c in containers if c.get("name") == CONTAINER), containers[0])
@@ -88,14 +96,14 @@ def render(job: Job) -> TargetRender:
     replicas: dict[str, Any] = {}
     elastic = job.elastic
     if elastic is not None:  # Flyte drops the Master: every pod is a worker of the rendezvous
-        template, policy = _template(job, roles.master, roles.port)
+        template, policy = _template(job, roles.master, roles.port, warnings)
         replicas["Worker"] = {"replicas": elastic.max_nodes, "restartPolicy": policy, "template": template}
     else:
         tasks = [("Master", roles.master, 1)]
         if roles.worker is not None and roles.worker.replicas > 0:
             tasks.append(("Worker", roles.worker, roles.worker.replicas))
         for kind, task, count in tasks:
-            template, policy = _template(job, task, roles.port)
+            template, policy = _template(job, task, roles.port, warnings)
             if restart and policy == "Never":
                 policy = "OnFailure"
                 warnings.append(
