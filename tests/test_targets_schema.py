@@ -166,6 +166,8 @@ def all_jobs() -> list[Any]:
     jobs: list[Any] = []
     for path in sorted((REPO / "examples").glob("*.yaml")):
         jobs += [pytest.param(path, None, id=f"example-{path.stem}")]
+    for ref in SDK_EXAMPLES:
+        jobs += [pytest.param(REPO / "examples" / "sdk" / ref, None, id=f"example-sdk-{ref}")]
     jobs += [pytest.param(None, name, id=f"sdk-{name}") for name in SDK_CONFIGS]
     jobs += [pytest.param(None, "rich", id="rich")]
     if SEEDS.is_dir():
@@ -180,6 +182,10 @@ def all_jobs() -> list[Any]:
 @functools.cache
 def _seeds() -> list[tuple[str, Job]]:
     return seed_jobs()
+
+
+# The SDK examples, as `torchjob render examples/sdk/FILE.py:TASK` reads them.
+SDK_EXAMPLES = ("allreduce.py:allreduce", "failing_rank.py:check_shard")
 
 
 def _job(path: Path | None, name: str | None) -> Job:
