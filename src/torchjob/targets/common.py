@@ -54,12 +54,12 @@ def metadata(job: Job, name: str | None = None) -> dict[str, Any]:
 
 def labelled(template: dict[str, Any], job: Job) -> dict[str, Any]:
     """A copy of a pod template whose metadata carries :data:`JOB_LABEL`."""
-    out: dict[str, Any] = copy(template)
-    meta = out.get("metadata")
-    if not isinstance(meta, dict):
-        meta = out["metadata"] = {}
+    given = copy(template)
+    meta = given.pop("metadata", None)
+    meta = meta if isinstance(meta, dict) else {}
     labels = meta.get("labels")
     meta["labels"] = {**(labels if isinstance(labels, dict) else {}), JOB_LABEL: job.name}
+    out: dict[str, Any] = {"metadata": meta, **given}  # metadata first, as kubectl prints it
     if not isinstance(out.get("spec"), dict):
         out["spec"] = {}
     return out
