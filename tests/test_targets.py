@@ -430,3 +430,13 @@ def test_jobset_maps_the_env_plugin_and_kubeflow_drops_hostnames() -> None:
         "spec.tasks[0].template.spec.hostname",
         "spec.tasks[0].template.spec.subdomain",
     ]
+
+
+def test_trainjob_refuses_a_name_its_jobset_pods_could_not_have() -> None:
+    text = (EXAMPLES / "ddp-train.yaml").read_text().replace("name: ddp-train", "name: " + "d" * 50)
+    job = load_jobs_from_text(text, "long.yaml")[0].job
+    with pytest.raises(
+        SpecError, match=r"metadata.name: the runtime's JobSet would name pods like .*-node-0-2-abcde"
+    ):
+        render_target(job, "trainjob")
+    render_target(job, "kubeflow")  # the name itself is fine elsewhere

@@ -99,6 +99,16 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
                 f"of at most 63 characters, got {job.name!r}",
             )
         )
+    nodes = roles.master.replicas + (roles.worker.replicas if roles.worker is not None else 0)
+    longest = f"{job.name}-{NODE}-0-{nodes - 1}-abcde"  # JobSet's webhook checks this pod name
+    if len(longest) > 63:
+        problems.append(
+            Problem(
+                "metadata.name",
+                f"the runtime's JobSet would name pods like {longest!r} "
+                f"({len(longest)} characters, more than 63); shorten the job name",
+            )
+        )
     elastic = job.elastic
     if elastic is not None and elastic.min_nodes != elastic.max_nodes:
         problems.append(
