@@ -91,6 +91,14 @@ def test_render_imports_neither_torch_nor_kubernetes(tmp_path: Path) -> None:
     assert heavy == []
 
 
+@pytest.mark.parametrize("target", ["pods", "volcano", "kubeflow", "trainjob", "jobset"])
+def test_render_target_imports_neither_torch_nor_kubernetes(target: str) -> None:
+    """Rendering for a cluster stack is pure: the kubernetes client is for the engine that submits."""
+    code, heavy = probe("render", str(REPO / "examples" / "ddp-train.yaml"), "--target", target)
+    assert code == 0
+    assert heavy == []
+
+
 def test_the_probe_notices_a_heavy_import() -> None:
     """The checks above can fail: importing torch shows up in the same report."""
     pytest.importorskip("torch", reason="torch is not installed")

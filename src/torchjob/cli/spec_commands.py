@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from torchjob.errors import Problem, SpecError
 
+# The names only: the targets package itself is imported by the command that renders.
+TARGETS = ("pods", "volcano", "kubeflow", "trainjob", "jobset")
+
 if TYPE_CHECKING:  # the real imports are lazy, inside the commands
     from torchjob.spec.source import Document
 
@@ -23,6 +26,18 @@ def register(commands: Any) -> None:
     render = commands.add_parser("render", help="print the Kubernetes objects a cluster would create")
     render.add_argument("file", metavar="FILE", help="job YAML/JSON, '-' for stdin, or FILE.py:TASK")
     render.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
+    render.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="pods",
+        help="what to render: the pods Volcano would create (default), or the job for a training stack: "
+        "volcano (Volcano Job), kubeflow (PyTorchJob), trainjob (Kubeflow Trainer v2), jobset (JobSet)",
+    )
+    render.add_argument(
+        "--runtime",
+        metavar="NAME",
+        help="the ClusterTrainingRuntime of --target trainjob (torch-distributed)",
+    )
     render.set_defaults(func=run_render)
 
 
@@ -61,7 +76,17 @@ def run_render(args: argparse.Namespace) -> int:
     from torchjob.jobs import load_jobs
     from torchjob.render import write_list
 
+    if args.runtime is not None and args.target != "trainjob":
+        raise SpecError(
+            [
+                Problem(
+                    "", f"--runtime applies to --target trainjob only, not --target {args.target}", args.file
+                )
+            ]
+        )
     loaded = load_jobs(args.file)
+    if args.target != "pods":
+        return _render_target(loaded, args)
     expansions = [Expansion(item.job) for item in loaded]
     for item, expansion in zip(loaded, expansions, strict=True):
         _print_warnings(item.document, expansion.warnings())
@@ -75,5 +100,27 @@ def run_render(args: argparse.Namespace) -> int:
 
     # Every input problem is found above, before the first byte goes out.
     write_list(items(), args.output, sys.stdout.write)
+    sys.stdout.flush()
+    return 0
+
+
+def _render_target(loaded: list[Any], args: argparse.Namespace) -> int:
+    """Every job as ``--target``'s objects; all problems of all jobs before any output."""
+    from torchjob.render import write_list
+    from torchjob.targets import render_target
+
+    items: list[dict[str, Any]] = []
+    problems: list[Problem] = []
+    for item in loaded:
+        try:
+            rendered = render_target(item.job, args.target, runtime=args.runtime)
+        except SpecError as err:  # the target's paths become FILE:LINE like any input problem
+            problems += [item.document.problem(p.path, p.message) for p in err.problems]
+            continue
+        _print_warnings(item.document, rendered.warnings)
+        items += rendered.objects
+    if problems:
+        raise SpecError(problems)
+    write_list(items, args.output, sys.stdout.write)
     sys.stdout.flush()
     return 0

@@ -1,0 +1,240 @@
+"""Pieces every target shares: copies, labels, the pytorch roles of a job, and error wording."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchjob.errors import Problem, SpecError
+from torchjob.records import record
+from torchjob.spec.model import Job, Task
+from torchjob.targets import JOB_LABEL, TARGETS
+
+# Which targets can express each feature a target may refuse: named in every such error.
+CAN = {
+    "any-tasks": ("pods", "volcano", "jobset"),
+    "no-pytorch": ("pods", "volcano", "jobset"),
+    "elastic-range": ("pods", "volcano", "kubeflow"),
+    "different-roles": ("pods", "volcano", "kubeflow", "jobset"),
+    "pod-field": ("pods", "volcano", "kubeflow", "jobset"),
+    "job-volumes": ("pods", "volcano"),
+    "no-command": ("pods", "volcano", "kubeflow", "jobset"),
+}
+
+
+def copy(value: Any) -> Any:
+    """A deep copy of plain YAML data (much faster than copy.deepcopy)."""
+    if isinstance(value, dict):
+        return {k: copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [copy(v) for v in value]
+    return value
+
+
+def unknown_target(message: str) -> SpecError:
+    return SpecError([Problem("", message)])
+
+
+def cannot(target: str, path: str, feature: str, can: str, why: str = "") -> Problem:
+    """'<feature> cannot be expressed by target X (why); targets that can: ...'."""
+    able = [t for t in CAN[can] if t != target and t in TARGETS]
+    reason = f" ({why})" if why else ""
+    return Problem(
+        path, f"{feature} cannot be expressed by target {target!r}{reason}; use --target {' or '.join(able)}"
+    )
+
+
+def metadata(job: Job, name: str | None = None) -> dict[str, Any]:
+    """Object metadata: the job's labels and annotations plus :data:`JOB_LABEL`."""
+    meta: dict[str, Any] = {"name": name or job.name, "namespace": job.metadata.namespace}
+    meta["labels"] = {**job.metadata.labels, JOB_LABEL: job.name}
+    if job.metadata.annotations:
+        meta["annotations"] = dict(job.metadata.annotations)
+    return meta
+
+
+def labelled(template: dict[str, Any], job: Job) -> dict[str, Any]:
+    """A copy of a pod template whose metadata carries :data:`JOB_LABEL`."""
+    given = copy(template)
+    meta = given.pop("metadata", None)
+    meta = meta if isinstance(meta, dict) else {}
+    labels = meta.get("labels")
+    meta["labels"] = {**(labels if isinstance(labels, dict) else {}), JOB_LABEL: job.name}
+    out: dict[str, Any] = {"metadata": meta, **given}  # metadata first, as kubectl prints it
+    if not isinstance(out.get("spec"), dict):
+        out["spec"] = {}
+    return out
+
+
+def task_path(job: Job, task: Task) -> str:
+    return f"spec.tasks[{job.spec.tasks.index(task)}]"
+
+
+@record
+class Roles:
+    """The pytorch plugin's view of a job: its master task, worker task and port."""
+
+    master: Task
+    worker: Task | None
+    port: int
+    wait_master: bool
+
+
+def pytorch_roles(job: Job, target: str) -> Roles:
+    """The master and worker tasks; a job without them cannot become ``target``'s object."""
+    from torchjob.plugins.pytorch import PyTorchPlugin
+
+    if "pytorch" not in job.spec.plugins:
+        raise SpecError(
+            [
+                cannot(
+                    target,
+                    "spec.plugins",
+                    "a job without the pytorch plugin",
+                    "no-pytorch",
+                    "it needs to know which task is the master",
+                )
+            ]
+        )
+    plugin = PyTorchPlugin(job.spec.plugins["pytorch"])
+    master = job.task(plugin.master)
+    assert master is not None, "validation guarantees the master task"
+    worker = job.task(plugin.worker)
+    problems = [
+        cannot(
+            target,
+            f"spec.tasks[{i}]",
+            f"task {t.name!r} (neither the pytorch master nor worker)",
+            "any-tasks",
+            "it has only a master and workers",
+        )
+        for i, t in enumerate(job.spec.tasks)
+        if t is not master and t is not worker
+    ]
+    if problems:
+        raise SpecError(problems)
+    return Roles(master, worker, plugin.port, bool(plugin.values["wait-master-enabled"]))
+
+
+def main_container(template: dict[str, Any]) -> dict[str, Any]:
+    """The container that runs the training (the first, as Flyte and the operators take it)."""
+    containers: list[dict[str, Any]] = template["spec"]["containers"]
+    return containers[0]
+
+
+SDK_LABEL = "torchjob.dev/sdk"
+FAILURE_EVENTS = ("PodFailed", "PodEvicted", "*")
+
+
+def restarts_on_failure(job: Job) -> bool:
+    """Whether a failed pod restarts the whole job (a job-level ``PodFailed -> RestartJob``)."""
+    return any(
+        p.action == "RestartJob" and any(e in FAILURE_EVENTS for e in p.events) for p in job.spec.policies
+    )
+
+
+def policy_warnings(job: Job, target: str, master: Task | None) -> list[tuple[str, str]]:
+    """Lifecycle policies ``target`` has no place for, each named with what becomes of it.
+
+    Understood everywhere: a job-level restart, terminate or abort on a failed pod (the failure
+    policy), and ``TaskCompleted -> CompleteJob`` on the master (the job ends with its master).
+    """
+    warnings: list[tuple[str, str]] = []
+    for i, p in enumerate(job.spec.policies):
+        if (
+            p.action in ("RestartJob", "TerminateJob", "AbortJob")
+            and p.events
+            and all(e in FAILURE_EVENTS for e in p.events)
+        ):
+            continue
+        warnings.append(
+            (
+                f"spec.policies[{i}]",
+                f"target {target!r} has no lifecycle policies; "
+                f"{p.action} on {', '.join(p.events) or f'exit code {p.exit_code}'} is dropped",
+            )
+        )
+    for t, task in enumerate(job.spec.tasks):
+        for i, p in enumerate(task.policies):
+            if task is master and p.action == "CompleteJob" and p.events == ["TaskCompleted"]:
+                continue
+            warnings.append(
+                (
+                    f"spec.tasks[{t}].policies[{i}]",
+                    f"target {target!r} has no task policies; "
+                    f"{p.action} on {', '.join(p.events) or f'exit code {p.exit_code}'} is dropped",
+                )
+            )
+        if task.depends_on is not None:
+            warnings.append(
+                (
+                    f"spec.tasks[{t}].dependsOn",
+                    f"target {target!r} starts tasks without Volcano's dependsOn; it is dropped",
+                )
+            )
+    return warnings
+
+
+def plugin_warnings(job: Job, target: str) -> list[tuple[str, str]]:
+    """Volcano plugins other than pytorch that ``target`` does not run."""
+    warnings: list[tuple[str, str]] = []
+    for name, args in job.spec.plugins.items():
+        if name == "pytorch" or (name == "svc" and not args):
+            continue  # svc without flags is what Volcano adds for pytorch: the target's own DNS replaces it
+        if name == "env" and job.metadata.labels.get(SDK_LABEL) == "true":
+            continue  # the SDK's entrypoint never reads the task index
+        what = {
+            "svc": "its host files (/etc/volcano/*.host) and VC_<TASK>_HOSTS/VC_<TASK>_NUM env",
+            "env": "its VK_TASK_INDEX/VC_TASK_INDEX env",
+        }.get(name, "it")
+        warnings.append(
+            (
+                f"spec.plugins.{name}",
+                f"target {target!r} does not run Volcano's {name} plugin; {what} is not created",
+            )
+        )
+    return warnings
+
+
+def mount_job_volumes(job: Job, spec: dict[str, Any]) -> None:
+    """Mount the job's ``spec.volumes`` claims into a pod spec, as Volcano's controller does."""
+    from torchjob.expand import job_volumes
+
+    for volume in job_volumes(job):
+        spec.setdefault("volumes", []).append(
+            {"name": volume.volume_name, "persistentVolumeClaim": {"claimName": volume.claim_name}}
+        )
+        for container in spec.get("containers", []):
+            container.setdefault("volumeMounts", []).append(
+                {"name": volume.volume_name, "mountPath": volume.mount_path}
+            )
+
+
+def claim_objects(job: Job) -> list[dict[str, Any]]:
+    """PersistentVolumeClaims to create for volumes given as a claim spec, labelled."""
+    from torchjob.expand import claim_objects as claims
+
+    out = claims(job)
+    for claim in out:
+        claim["metadata"]["labels"] = {JOB_LABEL: job.name}
+    return out
+
+
+def volcano_warnings(job: Job, target: str, master: Task | None) -> list[tuple[str, str]]:
+    """Everything Volcano-only in a job that ``target`` drops: policies, plugins, scheduling hints."""
+    warnings = policy_warnings(job, target, master) + plugin_warnings(job, target)
+    for key in ("networkTopology", "runningEstimate"):
+        if key in job.spec.extra:
+            warnings.append((f"spec.{key}", f"target {target!r} has no {key}; it is dropped"))
+    if job.spec.min_success is not None:
+        warnings.append(("spec.minSuccess", f"target {target!r} has no minSuccess; it is dropped"))
+    for t, task in enumerate(job.spec.tasks):
+        for key in task.extra:
+            warnings.append((f"spec.tasks[{t}].{key}", f"target {target!r} has no {key}; it is dropped"))
+    return warnings
+
+
+def queue_warnings(job: Job, target: str) -> list[tuple[str, str]]:
+    """Volcano's queue and gang size, which ``target`` has no field for."""
+    if job.spec.queue == "default":
+        return []
+    return [("spec.queue", f"target {target!r} has no Volcano queue; queue {job.spec.queue!r} is dropped")]

@@ -1,0 +1,193 @@
+"""``jobset``: a ``JobSet`` (``jobset.x-k8s.io/v1alpha2``) for clusters with only the JobSet controller.
+
+Each task becomes a replicated job of ``replicas`` one-pod Indexed Jobs, so pod ``i`` of a task
+is ``<job>-<task>-<i>-0`` (Volcano's ``<job>-<task>-<i>`` plus JobSet's pod index) and is reached
+as ``<job>-<task>-<i>-0.<job>`` through the JobSet's headless service (``network.subdomain``).
+The pytorch master comes first, so JobSet's global job index is the rank: the master is 0 and
+worker ``i`` is ``i + 1``; ``RANK`` reads it from the pod annotation
+``jobset.sigs.k8s.io/job-global-index``, whatever command or entrypoint the container has.
+
+- Start-up: ``startupPolicy: InOrder`` creates the workers once the master's Job is ready.
+- Success: when the master completes if the master task ends the job (``TaskCompleted ->
+  CompleteJob``, as the SDK writes), else when every Job completes (Volcano's default).
+- Failure: ``failurePolicy.maxRestarts`` is ``maxRetry - 1`` when a failed pod restarts the job
+  (Volcano fails the job on the restart that reaches ``maxRetry``), else 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchjob.errors import Problem, SpecError
+from torchjob.plugins.pytorch import PORT_NAME
+from torchjob.spec.model import Job, Task
+from torchjob.targets import JOB_LABEL, TargetRender
+from torchjob.targets.common import (
+    cannot,
+    claim_objects,
+    labelled,
+    metadata,
+    mount_job_volumes,
+    queue_warnings,
+    restarts_on_failure,
+    task_path,
+    volcano_warnings,
+)
+
+API_VERSION = "jobset.x-k8s.io/v1alpha2"
+KIND = "JobSet"
+GLOBAL_INDEX = "metadata.annotations['jobset.sigs.k8s.io/job-global-index']"
+JOB_INDEX = "metadata.annotations['jobset.sigs.k8s.io/job-index']"
+MAX_POD_NAME = 63
+# JobSet's webhook checks the longest pod name with a 5-character random suffix.
+POD_SUFFIX = "-abcde"
+
+
+def pod_host(job: Job, task: Task, index: int) -> str:
+    """The DNS name of pod ``index`` of ``task`` inside the JobSet."""
+    return f"{job.name}-{task.name}-{index}-0.{job.name}"
+
+
+def _field(path: str) -> dict[str, Any]:
+    return {"fieldRef": {"fieldPath": path}}
+
+
+def _ordered(job: Job) -> tuple[list[Task], Task | None, Task | None, int]:
+    """Tasks with the pytorch master then worker first; the master, worker and port, if any."""
+    if "pytorch" not in job.spec.plugins:
+        return list(job.spec.tasks), None, None, 0
+    from torchjob.plugins.pytorch import PyTorchPlugin
+
+    plugin = PyTorchPlugin(job.spec.plugins["pytorch"])
+    master, worker = job.task(plugin.master), job.task(plugin.worker)
+    first = [t for t in (master, worker) if t is not None]
+    return first + [t for t in job.spec.tasks if t not in first], master, worker, plugin.port
+
+
+def _check_names(job: Job) -> None:
+    problems = []
+    for task in job.spec.tasks:
+        longest = f"{job.name}-{task.name}-{max(task.replicas - 1, 0)}-0{POD_SUFFIX}"
+        if len(longest) > MAX_POD_NAME:
+            problems.append(
+                Problem(
+                    f"{task_path(job, task)}.name",
+                    f"JobSet would name this task's pods like {longest!r} ({len(longest)} characters, "
+                    f"more than {MAX_POD_NAME}); shorten the job or task name for --target jobset",
+                )
+            )
+    if problems:
+        raise SpecError(problems)
+
+
+def render(job: Job) -> TargetRender:
+    if job.elastic is not None and job.elastic.min_nodes != job.elastic.max_nodes:
+        e = job.elastic
+        raise SpecError(
+            [
+                cannot(
+                    "jobset",
+                    "spec.minAvailable",
+                    f"an elastic range of {e.min_nodes}:{e.max_nodes} nodes",
+                    "elastic-range",
+                    "a JobSet has a fixed number of pods",
+                )
+            ]
+        )
+    _check_names(job)
+    tasks, master, worker, port = _ordered(job)
+    warnings = [w for w in volcano_warnings(job, "jobset", master) if w[0] != "spec.plugins.env"]
+    restart = restarts_on_failure(job)
+    warnings += queue_warnings(job, "jobset")
+    sdk = job.run_policy
+    world = str(sum(t.replicas for t in (master, worker) if t is not None))
+    replicated = []
+    for task in tasks:
+        template = labelled(task.template.raw, job)
+        spec = template["spec"]
+        path = f"{task_path(job, task)}.template.spec"
+        policy = spec.get("restartPolicy")
+        if policy in (None, "Always"):
+            if policy == "Always":
+                warnings.append(
+                    (
+                        f"{path}.restartPolicy",
+                        "pods of a Kubernetes Job cannot restart Always; "
+                        "OnFailure restarts the container in place the same way",
+                    )
+                )
+            spec["restartPolicy"] = "OnFailure"
+        for key in ("hostname", "subdomain"):
+            if spec.pop(key, None) is not None:
+                warnings.append(
+                    (f"{path}.{key}", f"JobSet names and addresses the pods itself; {key} is dropped")
+                )
+        mount_job_volumes(job, spec)
+        env_extra: list[dict[str, Any]] = []
+        if "env" in job.spec.plugins:  # Volcano's env plugin: the pod's index within its task
+            env_extra += [
+                {"name": n, "valueFrom": _field(JOB_INDEX)} for n in ("VK_TASK_INDEX", "VC_TASK_INDEX")
+            ]
+        if master is not None and task in (master, worker):
+            rank: dict[str, Any] = {"value": "0"} if task is master else {"valueFrom": _field(GLOBAL_INDEX)}
+            env_extra += [
+                {"name": "MASTER_ADDR", "value": pod_host(job, master, 0)},
+                {"name": "MASTER_PORT", "value": str(port)},
+                {"name": "WORLD_SIZE", "value": world},
+                {"name": "RANK", **rank},
+            ]
+        for container in spec.get("containers", []):
+            if master is not None and task in (master, worker):
+                ports = container.setdefault("ports", [])
+                if not any(p.get("containerPort") == port for p in ports):
+                    ports.append({"name": PORT_NAME, "containerPort": port})
+            if env_extra:
+                container.setdefault("env", []).extend(dict(e) for e in env_extra)
+        job_spec: dict[str, Any] = {
+            "completionMode": "Indexed",
+            "completions": 1,
+            "parallelism": 1,
+            "template": template,
+        }
+        if spec["restartPolicy"] == "Never":
+            job_spec["backoffLimit"] = 0  # a failed pod fails its Job; the JobSet's failure policy decides
+        if sdk is not None and sdk.active_deadline_seconds:
+            job_spec["activeDeadlineSeconds"] = sdk.active_deadline_seconds
+        replicated.append(
+            {
+                "name": task.name,
+                "replicas": task.replicas,
+                "template": {"metadata": {"labels": {JOB_LABEL: job.name}}, "spec": job_spec},
+            }
+        )
+    if sdk is not None:
+        max_restarts = sdk.backoff_limit or 0
+    else:
+        max_restarts = max(job.spec.max_retry - 1, 0) if restart else 0
+    spec_out: dict[str, Any] = {
+        "network": {"enableDNSHostnames": True, "subdomain": job.name, "publishNotReadyAddresses": True},
+        "replicatedJobs": replicated,
+        "failurePolicy": {"maxRestarts": max_restarts},
+    }
+    ends_with_master = master is not None and any(
+        p.action == "CompleteJob" and p.events == ["TaskCompleted"] for p in master.policies
+    )
+    if ends_with_master and master is not None:
+        spec_out["successPolicy"] = {"operator": "All", "targetReplicatedJobs": [master.name]}
+    else:
+        spec_out["successPolicy"] = {"operator": "All"}
+    if master is not None:
+        spec_out["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    ttl = job.spec.ttl_seconds_after_finished
+    if ttl is not None:
+        spec_out["ttlSecondsAfterFinished"] = ttl
+    if sdk is not None and sdk.clean_pod_policy not in (None, "None"):
+        warnings.append(
+            (
+                "run_policy.clean_pod_policy",
+                "a JobSet deletes its active Jobs when it finishes and "
+                f"keeps finished pods; clean_pod_policy {sdk.clean_pod_policy!r} is dropped",
+            )
+        )
+    job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": spec_out}
+    return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)

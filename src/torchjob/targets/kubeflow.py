@@ -1,0 +1,127 @@
+"""``kubeflow``: a training-operator v1 ``PyTorchJob``, mapped the way Flyte's backend maps it.
+
+- ``Master`` (exactly one replica) from the pytorch master task, ``Worker`` from the worker task
+  (left out when there are no workers); the training container is renamed ``pytorch`` and given
+  the ``pytorchjob-port`` port, which the operator reads for ``MASTER_PORT``.
+- Each replica's ``restartPolicy`` is its pod template's (Kubernetes' ``Always`` when unset; the
+  SDK writes ``Never`` for an unset policy, as Flyte does).
+- Elastic SDK tasks: no Master, ``Worker`` x max nodes, ``elasticPolicy`` with min/max replicas,
+  ``c10d``, ``nProcPerNode`` and ``maxRestarts`` (Flyte sets the deprecated ``nProcPerNode``
+  field, not ``spec.nprocPerNode``, and so does this).
+- ``runPolicy``: the SDK's run policy as Flyte parses it; for YAML jobs the TTL, and a backoff
+  limit of ``maxRetry - 1`` when a failed pod restarts the job. The operator's own env
+  (``MASTER_ADDR=<job>-master-0``, ``RANK``, ``WORLD_SIZE``) and init container replace the
+  pytorch plugin's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchjob.plugins.pytorch import PORT_NAME
+from torchjob.spec.model import Job, Task
+from torchjob.targets import TargetRender
+from torchjob.targets.common import (
+    claim_objects,
+    labelled,
+    metadata,
+    mount_job_volumes,
+    pytorch_roles,
+    restarts_on_failure,
+    task_path,
+    volcano_warnings,
+)
+
+API_VERSION = "kubeflow.org/v1"
+KIND = "PyTorchJob"
+CONTAINER = "pytorch"
+
+
+def _template(job: Job, task: Task, port: int, warnings: list[tuple[str, str]]) -> tuple[dict[str, Any], str]:
+    """The replica's pod template and the restart policy taken out of it."""
+    template = labelled(task.template.raw, job)
+    spec = template["spec"]
+    for key in ("hostname", "subdomain"):
+        if spec.pop(key, None) is not None:
+            warnings.append(
+                (
+                    f"{task_path(job, task)}.template.spec.{key}",
+                    f"the operator names pods <job>-master-0/<job>-worker-<i>; {key} is dropped",
+                )
+            )
+    policy = str(spec.pop("restartPolicy", None) or "Always")
+    containers: list[dict[str, Any]] = spec["containers"]
+    main = next((c for c in containers if c.get("name") == CONTAINER), containers[0])
+    main["name"] = CONTAINER
+    ports = main.setdefault("ports", [])
+    if not any(p.get("name") == PORT_NAME for p in ports):
+        same = next((p for p in ports if p.get("containerPort") == port), None)
+        if same is not None:
+            same["name"] = PORT_NAME
+        else:
+            ports.append({"name": PORT_NAME, "containerPort": port})
+    mount_job_volumes(job, spec)
+    return template, policy
+
+
+def _run_policy(job: Job, restart: bool) -> dict[str, Any]:
+    sdk = job.run_policy
+    if sdk is not None:  # Flyte's ParseRunPolicy: zero values are left unset, cleanPodPolicy always set
+        out: dict[str, Any] = {"cleanPodPolicy": sdk.clean_pod_policy or "None"}
+        if sdk.backoff_limit:
+            out["backoffLimit"] = sdk.backoff_limit
+        if sdk.active_deadline_seconds:
+            out["activeDeadlineSeconds"] = sdk.active_deadline_seconds
+        if sdk.ttl_seconds_after_finished:
+            out["ttlSecondsAfterFinished"] = sdk.ttl_seconds_after_finished
+        return out
+    out = {}
+    if job.spec.ttl_seconds_after_finished is not None:
+        out["ttlSecondsAfterFinished"] = job.spec.ttl_seconds_after_finished
+    if restart:  # Volcano fails the job on the restart that reaches maxRetry
+        out["backoffLimit"] = max(job.spec.max_retry - 1, 0)
+    if job.spec.queue != "default" or job.spec.priority_class_name:
+        scheduling: dict[str, Any] = {"minAvailable": job.spec.min_available, "queue": job.spec.queue}
+        if job.spec.priority_class_name:
+            scheduling["priorityClass"] = job.spec.priority_class_name
+        out["schedulingPolicy"] = scheduling
+    return out
+
+
+def render(job: Job) -> TargetRender:
+    roles = pytorch_roles(job, "kubeflow")
+    warnings = volcano_warnings(job, "kubeflow", roles.master)
+    # A YAML job that restarts on a failed pod: the operator restarts pods, so Never must become OnFailure.
+    restart = job.run_policy is None and restarts_on_failure(job)
+    replicas: dict[str, Any] = {}
+    elastic = job.elastic
+    if elastic is not None:  # Flyte drops the Master: every pod is a worker of the rendezvous
+        template, policy = _template(job, roles.master, roles.port, warnings)
+        replicas["Worker"] = {"replicas": elastic.max_nodes, "restartPolicy": policy, "template": template}
+    else:
+        tasks = [("Master", roles.master, 1)]
+        if roles.worker is not None and roles.worker.replicas > 0:
+            tasks.append(("Worker", roles.worker, roles.worker.replicas))
+        for kind, task, count in tasks:
+            template, policy = _template(job, task, roles.port, warnings)
+            if restart and policy == "Never":
+                policy = "OnFailure"
+                warnings.append(
+                    (
+                        f"{task_path(job, task)}.template.spec.restartPolicy",
+                        "the PyTorchJob operator restarts failed pods rather than the whole job: "
+                        "restartPolicy Never becomes OnFailure so a failed pod is retried",
+                    )
+                )
+            replicas[kind] = {"replicas": count, "restartPolicy": policy, "template": template}
+    spec: dict[str, Any] = {"pytorchReplicaSpecs": replicas, "runPolicy": _run_policy(job, restart)}
+    if elastic is not None:
+        spec["elasticPolicy"] = {
+            "minReplicas": elastic.min_nodes,
+            "maxReplicas": elastic.max_nodes,
+            "rdzvBackend": elastic.rdzv_backend,
+            "nProcPerNode": elastic.nproc_per_node,
+            "maxRestarts": elastic.max_restarts,
+        }
+    job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": spec}
+    return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)

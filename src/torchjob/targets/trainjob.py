@@ -1,0 +1,295 @@
+"""``trainjob``: a Kubeflow Trainer v2 ``TrainJob`` (``trainer.kubeflow.org/v1alpha1``).
+
+The ``torch-distributed`` runtime (or ``--runtime NAME``) runs ``numNodes`` pods from one
+``node`` container and sets only torchrun's ``PET_*`` env (``PET_NNODES``, ``PET_NPROC_PER_NODE``,
+``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``). The job's command therefore runs
+through ``torchrun --no-python``: torchrun reads those ``PET_*`` variables, rendezvouses
+statically on node 0 and starts the command with ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
+``WORLD_SIZE`` and ``LOCAL_RANK`` set, so a plain ``python train.py`` works unchanged. One process
+per node (``numProcPerNode: 1``), as on Volcano, unless an SDK ``Elastic`` task asks for more.
+
+A TrainJob has one image and command for all nodes and no elastic range: a job whose master and
+workers differ, or an elastic ``min:max``, is an error naming the targets that can express it.
+Pod settings reach the runtime's pods through a ``runtimePatches`` entry (volumes, node
+selection, service account, labels); anything else in the pod template is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from torchjob.errors import Problem, SpecError
+from torchjob.spec.model import Job
+from torchjob.targets import JOB_LABEL, TargetRender
+from torchjob.targets.common import (
+    cannot,
+    claim_objects,
+    copy,
+    metadata,
+    mount_job_volumes,
+    pytorch_roles,
+    queue_warnings,
+    restarts_on_failure,
+    task_path,
+    volcano_warnings,
+)
+
+API_VERSION = "trainer.kubeflow.org/v1alpha1"
+KIND = "TrainJob"
+DEFAULT_RUNTIME = "torch-distributed"
+NODE = "node"  # the runtime's trainer job and container
+MANAGER = "torchjob.io/render"
+RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+TORCHRUN = ("torchrun", "--no-python")
+_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
+# Pod spec fields a runtime patch may set; the rest of a pod template has no place in a TrainJob.
+PATCHED_POD_FIELDS = (
+    "volumes",
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "serviceAccountName",
+    "imagePullSecrets",
+    "securityContext",
+    "terminationGracePeriodSeconds",
+    "schedulingGates",
+)
+DROPPED_POD_FIELDS = {
+    "restartPolicy": "the runtime's Job decides how pods restart",
+    "schedulerName": "the runtime decides the scheduler",
+    "hostname": "the runtime names the pods",
+    "subdomain": "the runtime names the pods",
+}
+TRAINER_CONTAINER_FIELDS = ("image", "command", "args", "env", "resources")
+PATCHED_CONTAINER_FIELDS = ("volumeMounts", "securityContext")
+DROPPED_CONTAINER_FIELDS = {
+    "name": "the runtime's container is called node",
+    "ports": "torchrun listens on the runtime's port 29500",
+    "imagePullPolicy": "the runtime's container decides it",
+    "terminationMessagePath": "the runtime's container decides it",
+    "terminationMessagePolicy": "the runtime's container decides it",
+}
+
+
+def _shape(template: dict[str, Any]) -> dict[str, Any]:
+    """A pod template with container names blanked: what must match between master and workers."""
+    out: dict[str, Any] = copy(template)
+    for container in (out.get("spec") or {}).get("containers") or []:
+        container.pop("name", None)
+    return out
+
+
+def _sdk_command(command: list[str]) -> tuple[list[str], bool]:
+    """An SDK entrypoint command without its own elastic launcher: torchrun launches instead."""
+    if "torchjob.sdk.entrypoint" in command and "--elastic" in command:
+        return command[: command.index("--elastic")], True
+    return command, False
+
+
+def render(job: Job, *, runtime: str | None = None) -> TargetRender:
+    target = "trainjob"
+    roles = pytorch_roles(job, target)
+    problems: list[Problem] = []
+    if not _NAME.match(job.name) or len(job.name) > 63:
+        problems.append(
+            Problem(
+                "metadata.name",
+                f"a TrainJob name must start with a letter and be a DNS label "
+                f"of at most 63 characters, got {job.name!r}",
+            )
+        )
+    nodes = roles.master.replicas + (roles.worker.replicas if roles.worker is not None else 0)
+    longest = f"{job.name}-{NODE}-0-{nodes - 1}-abcde"  # JobSet's webhook checks this pod name
+    if len(longest) > 63:
+        problems.append(
+            Problem(
+                "metadata.name",
+                f"the runtime's JobSet would name pods like {longest!r} "
+                f"({len(longest)} characters, more than 63); shorten the job name",
+            )
+        )
+    elastic = job.elastic
+    if elastic is not None and elastic.min_nodes != elastic.max_nodes:
+        problems.append(
+            cannot(
+                target,
+                "spec.minAvailable",
+                f"an elastic range of {elastic.min_nodes}:{elastic.max_nodes} nodes",
+                "elastic-range",
+                "Trainer v2 has no elastic training",
+            )
+        )
+    master, worker = roles.master, roles.worker
+    if worker is not None and worker.replicas and _shape(worker.template.raw) != _shape(master.template.raw):
+        problems.append(
+            cannot(
+                target,
+                task_path(job, worker),
+                f"a worker task whose pod template differs from the master's ({master.name!r})",
+                "different-roles",
+                "every node of a TrainJob runs one image and command",
+            )
+        )
+    template = copy(master.template.raw)
+    spec: dict[str, Any] = template.get("spec") or {}
+    mount_job_volumes(job, spec)
+    path = f"{task_path(job, master)}.template.spec"
+    warnings = volcano_warnings(job, target, master)
+    warnings += queue_warnings(job, target)
+    for key in spec:
+        if key in DROPPED_POD_FIELDS:
+            warnings.append((f"{path}.{key}", f"{key} is dropped: {DROPPED_POD_FIELDS[key]}"))
+        elif key not in PATCHED_POD_FIELDS and key != "containers":
+            problems.append(
+                cannot(
+                    target,
+                    f"{path}.{key}",
+                    f"pod field {key}",
+                    "pod-field",
+                    "a TrainJob's runtime patches cannot set it",
+                )
+            )
+    containers: list[dict[str, Any]] = spec.get("containers") or []
+    if len(containers) > 1:
+        problems.append(
+            cannot(
+                target,
+                f"{path}.containers[1]",
+                "a second container",
+                "pod-field",
+                "the runtime's node pods have one container",
+            )
+        )
+    if spec.get("initContainers"):
+        problems.append(
+            cannot(
+                target,
+                f"{path}.initContainers",
+                "init containers",
+                "pod-field",
+                "a runtime patch can only change the runtime's own containers",
+            )
+        )
+    main = containers[0] if containers else {}
+    cpath = f"{path}.containers[0]"
+    for key in main:
+        if key in DROPPED_CONTAINER_FIELDS:
+            if key != "name":
+                warnings.append((f"{cpath}.{key}", f"{key} is dropped: {DROPPED_CONTAINER_FIELDS[key]}"))
+        elif key not in TRAINER_CONTAINER_FIELDS and key not in PATCHED_CONTAINER_FIELDS:
+            problems.append(
+                cannot(
+                    target,
+                    f"{cpath}.{key}",
+                    f"container field {key}",
+                    "pod-field",
+                    "a TrainJob sets only the image, command, env and resources of its node",
+                )
+            )
+    command = [str(c) for c in main.get("command") or []]
+    if not command:
+        problems.append(
+            cannot(
+                target,
+                f"{cpath}.command",
+                "a container without a command",
+                "no-command",
+                "the command must be known to run it through torchrun",
+            )
+        )
+    env = [copy(e) for e in main.get("env") or []]
+    for i, var in enumerate(env):
+        if var.get("name") in RESERVED_ENV:
+            problems.append(
+                Problem(
+                    f"{cpath}.env[{i}].name",
+                    f"{var['name']} is set by the TrainJob runtime and cannot be overridden",
+                )
+            )
+    if problems:
+        raise SpecError(problems)
+
+    command, stripped = _sdk_command(command)
+    nproc = 1
+    if elastic is not None:
+        nproc = elastic.nproc_per_node
+        if stripped and elastic.max_restarts:
+            env.append({"name": "PET_MAX_RESTARTS", "value": str(elastic.max_restarts)})
+    trainer: dict[str, Any] = {
+        "image": main["image"],
+        "command": [*TORCHRUN, *command, *(str(a) for a in main.get("args") or [])],
+        "numNodes": master.replicas + (worker.replicas if worker is not None else 0),
+        "numProcPerNode": nproc,
+    }
+    if env:
+        trainer["env"] = env
+    if main.get("resources"):
+        trainer["resourcesPerNode"] = copy(main["resources"])
+
+    pod_meta = copy(template.get("metadata") or {})
+    pod_meta = {k: v for k, v in pod_meta.items() if k in ("labels", "annotations")}
+    pod_meta["labels"] = {**(pod_meta.get("labels") or {}), JOB_LABEL: job.name}
+    pod_spec: dict[str, Any] = {k: copy(spec[k]) for k in PATCHED_POD_FIELDS if k in spec}
+    patched = {k: copy(main[k]) for k in PATCHED_CONTAINER_FIELDS if k in main}
+    if patched:
+        pod_spec["containers"] = [{"name": NODE, **patched}]
+    node_template: dict[str, Any] = {"metadata": pod_meta}
+    if pod_spec:
+        node_template["spec"] = pod_spec
+    patch = {
+        "manager": MANAGER,
+        "trainingRuntimeSpec": {
+            "template": {
+                "metadata": {"labels": {JOB_LABEL: job.name}},
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": NODE,
+                            "template": {
+                                "metadata": {"labels": {JOB_LABEL: job.name}},
+                                "spec": {"template": node_template},
+                            },
+                        }
+                    ]
+                },
+            }
+        },
+    }
+    out: dict[str, Any] = {
+        "runtimeRef": {
+            "name": runtime or DEFAULT_RUNTIME,
+            "apiGroup": "trainer.kubeflow.org",
+            "kind": "ClusterTrainingRuntime",
+        },
+        "trainer": trainer,
+        "runtimePatches": [patch],
+    }
+    sdk = job.run_policy
+    if sdk is not None and sdk.active_deadline_seconds:
+        out["activeDeadlineSeconds"] = sdk.active_deadline_seconds
+    if restarts_on_failure(job) or (sdk is not None and sdk.backoff_limit):
+        warnings.append(
+            (
+                "spec.maxRetry",
+                "a TrainJob has no restart limit of its own; the runtime's JobSet "
+                "failure policy decides whether a failed node restarts the job",
+            )
+        )
+    if job.spec.ttl_seconds_after_finished is not None:
+        warnings.append(
+            (
+                "spec.ttlSecondsAfterFinished",
+                "a TrainJob has no TTL; finished TrainJobs stay until "
+                "deleted (the runtime's JobSet may set one)",
+            )
+        )
+    if sdk is not None and sdk.clean_pod_policy not in (None, "None"):
+        warnings.append(
+            (
+                "run_policy.clean_pod_policy",
+                f"a TrainJob has no clean-pod policy; {sdk.clean_pod_policy!r} is dropped",
+            )
+        )
+    job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": out}
+    return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)
