@@ -35,11 +35,24 @@ def find_workflow(path: str, name: str) -> Workflow[..., Any] | None:
     return found if isinstance(found, Workflow) else None
 
 
+_PLAIN = {"bool": bool, "int": int, "float": float, "str": str}
+
+
 def _hints(function: Callable[..., Any]) -> dict[str, Any]:
+    """The parameters' type hints; one that cannot be evaluated stays text (``"bool"`` is bool)."""
     try:
         return typing.get_type_hints(function)
-    except Exception:  # a hint naming something undefined: fall back to the written text
-        return dict(getattr(function, "__annotations__", {}))
+    except Exception:  # one hint names something undefined: evaluate them one by one
+        pass
+    hints: dict[str, Any] = {}
+    for name, hint in getattr(function, "__annotations__", {}).items():
+        if isinstance(hint, str):
+            try:
+                hint = eval(hint, getattr(function, "__globals__", {}))  # what get_type_hints does
+            except Exception:
+                hint = _PLAIN.get(hint, hint)
+        hints[name] = hint
+    return hints
 
 
 def _type_text(hint: Any) -> str:
@@ -50,8 +63,6 @@ def _type_text(hint: Any) -> str:
 
 def _convert(text: str, hint: Any) -> Any:
     """``text`` as a value of type ``hint``; ValueError says what was expected."""
-    if isinstance(hint, str):  # an annotation that could not be evaluated: the plain names only
-        hint = {"bool": bool, "int": int, "float": float, "str": str}.get(hint, hint)
     if hint in (inspect.Parameter.empty, Any, str):
         return text
     if hint is bool:
@@ -121,6 +132,7 @@ def parse_arguments(
 
     problems: list[Problem] = []
     values: dict[str, Any] = {}
+    given: set[str] = set()
     tokens = list(argv)
     while tokens:
         token = tokens.pop(0)
@@ -134,13 +146,17 @@ def parse_arguments(
             if has_value:
                 problems.append(Problem(flag, "takes no value", ref))
             values[name[3:]] = False
+            given.add(name[3:])
             continue
         if name not in params:
+            if not has_value and tokens and not tokens[0].startswith("--"):
+                tokens.pop(0)  # its value: one problem, not two
             known = ", ".join("--" + n.replace("_", "-") for n in params) or "none"
             problems.append(
                 Problem(flag, f"{flow.name} has no such parameter (its parameters: {known})", ref)
             )
             continue
+        given.add(name)
         if not has_value:
             if hint_of(name) is bool and (not tokens or tokens[0].startswith("--")):
                 values[name] = True  # a bare boolean flag
@@ -154,7 +170,7 @@ def parse_arguments(
         except ValueError as err:
             problems.append(Problem(flag, str(err), ref))
     for name, param in params.items():
-        if name not in values and param.default is inspect.Parameter.empty:
+        if name not in given and param.default is inspect.Parameter.empty:
             flag = "--" + name.replace("_", "-")
             problems.append(
                 Problem(
