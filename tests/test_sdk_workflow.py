@@ -489,6 +489,10 @@ def two_steps(epochs: int = 1) -> bool:
     return evaluate(train(epochs).with_overrides(task_config=PyTorch(worker=Worker(replicas=3))))
 
 @workflow
+def bad_override() -> float:
+    return train(1).with_overrides(task_config=Elastic(nnodes=2), image="")
+
+@workflow
 def decides(epochs: int = 1) -> bool:
     if train(epochs) > 0.5:
         return evaluate(1.0)
@@ -534,6 +538,11 @@ def test_cli_render_prints_one_list_per_node(tmp_path: Path) -> None:
             ": --epochs: adaptive_training has no such parameter",
         ),
         ("FLOWS:decides", [], ": workflow decides: node 1 train: its result is used as a value at"),
+        (
+            "FLOWS:bad_override",
+            [],
+            ": workflow bad_override: node 1 train: with_overrides at FLOWS:18: image must be a non-empty",
+        ),
     ],
 )
 def test_cli_bad_workflow_input_is_one_line_and_exit_2(
@@ -542,6 +551,7 @@ def test_cli_bad_workflow_input_is_one_line_and_exit_2(
     flows = tmp_path / "flows.py"
     flows.write_text(FLOW_FILE)
     ref = ref.replace("EXAMPLE", str(EXAMPLE)).replace("FLOWS", str(flows))
+    message = message.replace("FLOWS", str(flows))
     for command in ("render", "run"):
         if command == "run" and ref.endswith(":decides"):
             continue  # running it is fine: the value exists then

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import operator
+import os
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -23,6 +25,10 @@ if TYPE_CHECKING:
 
 class WorkflowError(RuntimeError):
     """A workflow used in a way it cannot run (for instance a node overridden after it ran)."""
+
+
+class InvalidOverride(ValueError):
+    """``with_overrides`` on a node was given a setting the task cannot take."""
 
 
 class State(enum.Enum):
@@ -93,9 +99,12 @@ class Promise:
         }
         given = {k: v for k, v in given.items() if v is not UNSET}
         # A new Task (checked now); the task itself is left untouched. UNSET keeps a setting.
-        node.task = node.task.with_overrides(
-            task_config=task_config, image=image, requests=requests, limits=limits, env=env
-        )
+        try:
+            node.task = node.task.with_overrides(
+                task_config=task_config, image=image, requests=requests, limits=limits, env=env
+            )
+        except ValueError as err:
+            raise InvalidOverride(f"{node.label}: with_overrides at {caller_line()}: {err}") from None
         node.overrides.update(given)
         from torchjob.logs import debug
 
@@ -169,6 +178,17 @@ class Promise:
 
     def __invert__(self) -> Any:
         return ~self._get()
+
+
+_SDK_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def caller_line() -> str:
+    """``file:line`` of the innermost frame outside torchjob's SDK (the user's code)."""
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(_SDK_DIR):
+            return f"{frame.filename}:{frame.lineno}"
+    return "<unknown>"
 
 
 def _identity(value: Any) -> Any:

@@ -56,7 +56,10 @@ def refuse_override_of_value(task_name: str) -> None:
     caller's next instruction stops it before any work is done. Only code that mentions
     ``with_overrides`` at all is inspected, and each call site once.
     """
-    frame = sys._getframe(2)  # 0: here, 1: Task.__call__, 2: the code that called the task
+    try:
+        frame = sys._getframe(2)  # 0: here, 1: Task.__call__, 2: the code that called the task
+    except ValueError:  # called straight from C, with no Python caller
+        return
     code = frame.f_code
     if _OVERRIDE not in code.co_names or not _overrides_the_value(code, frame.f_lasti):
         return

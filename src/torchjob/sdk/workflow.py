@@ -21,14 +21,13 @@ import functools
 import inspect
 import os
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from torchjob.logs import configure, get_logger
 from torchjob.sdk import scope
 from torchjob.sdk.config import Elastic, PyTorch
-from torchjob.sdk.promise import Node, Promise, State, WorkflowError, plain
+from torchjob.sdk.promise import Node, Promise, State, WorkflowError, caller_line, plain
 
 if TYPE_CHECKING:
     from torchjob.sdk.task import Task
@@ -37,7 +36,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 logger = get_logger()
-_SDK_DIR = os.path.dirname(os.path.abspath(__file__))
 _NOTE = "torchjob workflow"
 
 
@@ -76,14 +74,6 @@ def _log_decisions(node: Node) -> None:
     logger.debug("%s: %s", node.label, plan(config))
 
 
-def _caller_line() -> str:
-    """``file:line`` of the innermost frame outside torchjob's SDK (the user's code)."""
-    for frame in reversed(traceback.extract_stack()):
-        if not frame.filename.startswith(_SDK_DIR):
-            return f"{frame.filename}:{frame.lineno}"
-    return "<unknown>"
-
-
 class Scope:
     """The nodes of one top-level workflow call (nested workflows add to their caller's scope)."""
 
@@ -118,7 +108,7 @@ class Scope:
             raise node.error
         if self.trace:
             raise ValueNeeded(
-                f"{node.label}: its result is used as a value at {_caller_line()}; only running "
+                f"{node.label}: its result is used as a value at {caller_line()}; only running "
                 "the workflow can give it (render shows workflows whose task calls do not depend "
                 "on task results in Python code; give the workflow's arguments after --)"
             )

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from torchjob.errors import Problem, SpecError
-from torchjob.sdk.promise import Node
+from torchjob.sdk.promise import InvalidOverride, Node
 from torchjob.sdk.workflow import ValueNeeded, Workflow, trace
 
 _TRUE = ("true", "yes", "on", "1")
@@ -209,6 +209,8 @@ def run_workflow(path: str, name: str, argv: Sequence[str], refused: Sequence[st
     args, kwargs = parse_arguments(flow, argv, ref)
     try:
         value = flow(*args, **kwargs)
+    except InvalidOverride as err:
+        raise SpecError([Problem("", str(err), ref)]) from None
     except (RemoteError, TaskFailed) as err:
         notes = "".join(f"\n{note}" for note in getattr(err, "__notes__", ()))
         print(f"torchjob: workflow {name} failed: {err}{notes}", file=sys.stderr)
@@ -249,7 +251,7 @@ def render_workflow(
     args, kwargs = parse_arguments(flow, argv, ref)
     try:
         nodes = trace(flow, tuple(args), kwargs)
-    except ValueNeeded as err:
+    except (ValueNeeded, InvalidOverride) as err:
         raise SpecError([Problem("", str(err), ref)]) from None
     module = import_file(path)
     expansions = []
