@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -237,6 +238,23 @@ def needs_the_second() -> int:
 def test_value_needed_runs_the_nodes_up_to_it() -> None:
     assert needs_the_second() == 4
     assert CALLS == ["double(1)", "double(2)", "used 4", "double(3)"]
+
+
+def test_promises_inside_containers_are_resolved() -> None:
+    @task
+    def echo(value: Any) -> Any:
+        return value
+
+    cyclic: list[Any] = [1]
+    cyclic.append(cyclic)
+
+    @workflow
+    def nested_values() -> Any:
+        a = double(1)
+        return echo({"a": [a, (a, {a})], "b": cyclic}), {"direct": a}
+
+    got, direct = nested_values()
+    assert got["a"] == [2, (2, {2})] and got["b"] is cyclic and direct == {"direct": 2}
 
 
 def test_promise_repr_does_not_run_the_node() -> None:

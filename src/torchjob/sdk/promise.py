@@ -232,14 +232,17 @@ for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     setattr(Promise, f"__{_name}__", _binary(getattr(operator, _name)))
 
 
-def has_promise(value: Any) -> bool:
+def has_promise(value: Any, _seen: set[int] | None = None) -> bool:
     if isinstance(value, Promise):
         return True
-    if isinstance(value, list | tuple | set | frozenset):
-        return any(has_promise(item) for item in value)
-    if isinstance(value, dict):
-        return any(has_promise(k) or has_promise(v) for k, v in value.items())
-    return False
+    if not isinstance(value, list | tuple | set | frozenset | dict):
+        return False
+    seen = set() if _seen is None else _seen
+    if id(value) in seen:  # a container that holds itself
+        return False
+    seen.add(id(value))
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    return any(has_promise(item, seen) for item in items)
 
 
 def plain(value: Any) -> Any:
