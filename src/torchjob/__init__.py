@@ -22,6 +22,8 @@ _SDK_NAMES = {
     "task",
     "Task",
     "RemoteError",
+    "workflow",
+    "Workflow",
 }
 
 

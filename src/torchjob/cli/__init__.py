@@ -72,9 +72,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _split_workflow_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``run|render FILE.py:WORKFLOW -- --name value``: what follows ``--`` is the workflow's.
+
+    Split off before argparse, which cannot take ``--`` after options that follow a positional.
+    """
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    at = argv.index("--")
+    return argv[:at], argv[at + 1 :]
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    argv, workflow_args = _split_workflow_args(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    if workflow_args and args.command not in ("run", "render"):
+        parser.error("arguments after -- are a workflow's: torchjob run|render FILE.py:WORKFLOW -- ARGS")
+    args.workflow_args = workflow_args
     if args.verbose or os.environ.get("TORCHJOB_LOG"):
         from torchjob.logs import configure
 

@@ -19,7 +19,11 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 def register(commands: Any) -> None:
     run = commands.add_parser("run", help="run a job on this machine, every pod as local processes")
-    run.add_argument("file", metavar="FILE", help="job YAML/JSON, '-' for stdin, or FILE.py:TASK")
+    run.add_argument(
+        "file",
+        metavar="FILE",
+        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, or FILE.py:WORKFLOW [-- --ARG VALUE ...]",
+    )
     run.add_argument("-d", "--detach", action="store_true", help="run in the background and print the job id")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="terminate the job after this long")
     run.add_argument(
@@ -92,7 +96,28 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+def _run_workflow(args: argparse.Namespace) -> int | None:
+    """``FILE.py:WORKFLOW [-- ARGS]``: call the workflow here; None for anything else."""
+    path, _, name = args.file.rpartition(":")
+    if path.endswith(".py"):
+        from torchjob.sdk.workflow_cli import run_workflow
+
+        given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
+        given.update({"--job": args.job is not None, "--state-dir": args.state_dir is not None})
+        code = run_workflow(
+            path, name, getattr(args, "workflow_args", []), [k for k, v in given.items() if v]
+        )
+        if code is not None:
+            return code
+    if getattr(args, "workflow_args", []):
+        raise SpecError([Problem("", "arguments after -- are for a FILE.py:WORKFLOW", args.file)])
+    return None
+
+
 def run_run(args: argparse.Namespace) -> int:
+    workflow_code = _run_workflow(args)
+    if workflow_code is not None:
+        return workflow_code
     from torchjob.engines.local import RunOptions, run_job
     from torchjob.expand import expand
     from torchjob.jobs import load_jobs

@@ -24,7 +24,11 @@ def register(commands: Any) -> None:
     validate.set_defaults(func=run_validate)
 
     render = commands.add_parser("render", help="print the Kubernetes objects a cluster would create")
-    render.add_argument("file", metavar="FILE", help="job YAML/JSON, '-' for stdin, or FILE.py:TASK")
+    render.add_argument(
+        "file",
+        metavar="FILE",
+        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, or FILE.py:WORKFLOW [-- --ARG VALUE ...]",
+    )
     render.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
     render.add_argument(
         "--target",
@@ -71,7 +75,25 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _render_workflow(args: argparse.Namespace) -> int | None:
+    """``FILE.py:WORKFLOW [-- ARGS]``: one List per task call; None for anything else."""
+    path, _, name = args.file.rpartition(":")
+    if path.endswith(".py"):
+        from torchjob.sdk.workflow_cli import render_workflow
+
+        code = render_workflow(path, name, getattr(args, "workflow_args", []), args.output, sys.stdout.write)
+        if code is not None:
+            sys.stdout.flush()
+            return code
+    if getattr(args, "workflow_args", []):
+        raise SpecError([Problem("", "arguments after -- are for a FILE.py:WORKFLOW", args.file)])
+    return None
+
+
 def run_render(args: argparse.Namespace) -> int:
+    workflow_code = _render_workflow(args)
+    if workflow_code is not None:
+        return workflow_code
     from torchjob.expand import Expansion
     from torchjob.jobs import load_jobs
     from torchjob.render import write_list

@@ -1,4 +1,4 @@
-"""torchjob's Python SDK: Flyte-style ``PyTorch`` and ``Elastic`` tasks that run as real jobs.
+"""torchjob's Python SDK: Flyte-style ``PyTorch`` and ``Elastic`` tasks and workflows that run as real jobs.
 
 Importing this package never imports torch; torch is loaded only when a task is launched.
 """
@@ -13,13 +13,16 @@ from torchjob.sdk.config import (
     RunPolicy,
     Worker,
 )
+from torchjob.sdk.promise import Promise, WorkflowError
 from torchjob.sdk.results import RemoteError, TaskFailed
 from torchjob.sdk.task import Task, task
+from torchjob.sdk.workflow import Workflow, workflow
 
 __all__ = [
     "CleanPodPolicy",
     "Elastic",
     "Master",
+    "Promise",
     "PyTorch",
     "RemoteError",
     "Resources",
@@ -28,5 +31,8 @@ __all__ = [
     "Task",
     "TaskFailed",
     "Worker",
+    "Workflow",
+    "WorkflowError",
     "task",
+    "workflow",
 ]

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from torchjob.errors import SpecError
+from torchjob.sdk import scope
 from torchjob.sdk.config import Elastic, PyTorch, Resources
 from torchjob.spec.model import Job
 
@@ -103,6 +104,11 @@ class Task(Generic[P, R]):
         return f"Task({self.ref}, task_config={self.task_config!r})"
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        collector = scope.current()
+        if collector is not None:  # inside a @workflow: a node that runs when its value is needed
+            promise: R = collector.add(self, args, kwargs)
+            return promise
+        scope.refuse_override_of_value(self.name)
         from torchjob.sdk.launch import run_task  # lazy: launching may import torch
 
         return run_task(self, args, kwargs)
