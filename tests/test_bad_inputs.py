@@ -7,6 +7,7 @@ comment-free (an empty file, JSON, bytes that are not UTF-8).
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -113,6 +114,21 @@ def test_stdin_input_is_named_dash() -> None:
     assert re.match(
         r"^-:\d+: spec\.tasks\[1\]\.replicas: expected an integer, got string 'two'$", result.stderr
     )
+
+
+def test_stdin_that_is_not_utf8() -> None:
+    """Standard input is read as UTF-8 whatever the locale, and bytes that are not are refused."""
+    for command in ("validate", "render"):
+        result = subprocess.run(
+            [sys.executable, "-m", "torchjob", command, "-"],
+            input=b"apiVersion: \xff\xfe\n",
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, "LC_ALL": "C", "PYTHONIOENCODING": "", "PYTHONUTF8": "0"},
+        )
+        assert result.returncode == 2
+        assert result.stdout == b""
+        assert result.stderr == b"-: cannot read file: not UTF-8 text (invalid start byte at byte 12)\n"
 
 
 def test_missing_file() -> None:

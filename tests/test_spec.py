@@ -363,6 +363,50 @@ spec:
     assert [(t.name, t.replicas) for t in job.spec.tasks] == [("a", 1), ("b", 2)]
 
 
+MERGE = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: merge}
+spec:
+  tasks:
+    - &base
+      name: a
+      replicas: 1
+      template:
+        spec:
+          containers: [{name: main, image: "busybox:1.36.1"}]
+    - <<: [*base, {name: x, replicas: 5, maxRetry: 4}]
+      name: b
+      replicas: 2
+"""
+
+
+def test_a_merge_key_is_overridden_by_the_keys_written_after_it() -> None:
+    """YAML 1.1's merge key: written keys win, and of several merged maps the first wins."""
+    job = load_one(MERGE)
+    assert [(t.name, t.replicas, t.max_retry) for t in job.spec.tasks] == [("a", 1, 3), ("b", 2, 4)]
+    # The merged node is built once per alias; the second build must not see "duplicates" either.
+    twice = MERGE + "    - &again\n      <<: *base\n      name: c\n    - <<: *again\n      name: d\n"
+    assert [t.name for t in load_one(twice).spec.tasks] == ["a", "b", "c", "d"]
+
+
+def test_a_key_written_twice_next_to_a_merge_key_is_still_a_duplicate() -> None:
+    text = MERGE.replace("      replicas: 2\n", "      replicas: 2\n      replicas: 3\n")
+    assert formatted(text) == ["job.yaml:15: spec.tasks[1].replicas: duplicate key 'replicas'"]
+
+
+def test_json_escapes_of_a_character_beyond_the_basic_plane() -> None:
+    """JSON writes U+1F600 as a surrogate pair of escapes; libyaml alone refuses them."""
+    data = yaml.safe_load(job_text())
+    data["spec"]["tasks"][0]["template"]["metadata"] = {"annotations": {"mood": "\U0001f600 ok"}}
+    text = json.dumps(data)
+    assert "\\ud83d\\ude00" in text
+    job = load_one(text)
+    assert job.spec.tasks[0].template.metadata["annotations"]["mood"] == "\U0001f600 ok"
+    [line] = formatted(text.replace("\\ude00", ""))
+    assert "spec.tasks[0].template.metadata.annotations.mood: a \\u escape of half a UTF-16" in line
+
+
 @pytest.mark.parametrize(
     ("snippet", "message"),
     [
@@ -371,6 +415,9 @@ spec:
         ("!custom {a: 1}", "unsupported YAML tag '!custom'"),
         (".nan", "expected a finite number"),
         ("-.inf", "expected a finite number"),
+        ("9" * 5000, "integer of 5000 characters is too large; expected a 64-bit integer"),
+        (str(2**63), f"integer {2**63} is too large; expected a 64-bit integer"),
+        (str(-(2**63) - 1), "is too large; expected a 64-bit integer"),
     ],
 )
 def test_values_a_kubernetes_object_cannot_hold(snippet: str, message: str) -> None:
