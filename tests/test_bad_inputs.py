@@ -100,6 +100,36 @@ def test_render_refuses_and_writes_nothing(file: Path) -> None:
     check_stderr(name, result.stderr, expectations(file))
 
 
+# Inputs `validate` once accepted and `run` then crashed on (issue 8): values the local engine reads
+# (env sources, resources, volumes, the grace period) and what a process cannot be given.
+RUN_REFUSES = [
+    "nul_in_command.yaml",
+    "nul_in_env_value.yaml",
+    "resources_cpu_infinite.yaml",
+    "resources_not_mapping.yaml",
+    "value_from_not_mapping.yaml",
+    "field_ref_not_mapping.yaml",
+    "env_from_not_list.yaml",
+    "env_from_entry_not_mapping.yaml",
+    "env_from_ref_not_mapping.yaml",
+    "host_path_not_mapping.yaml",
+    "grace_period_huge.yaml",
+    "env_value_too_long.yaml",
+    "int_over_4300_digits.yaml",
+    "yaml_alias_text_bomb.yaml",
+]
+
+
+@pytest.mark.parametrize("name", RUN_REFUSES)
+def test_run_refuses_and_starts_nothing(name: str, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    result = run("run", "--state-dir", str(jobs), f"bad_inputs/{name}")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    check_stderr(f"bad_inputs/{name}", result.stderr, expectations(BAD / name))
+    assert not jobs.exists() or not any(jobs.iterdir()), "no job directory for a refused job"
+
+
 def test_stdin_input_is_named_dash() -> None:
     text = (BAD / "replicas_string.yaml").read_text()
     result = subprocess.run(
