@@ -206,3 +206,38 @@ def test_validate_reports_every_file() -> None:
     assert result.returncode == 2
     for file in files:
         assert any(line.startswith(file + ":") for line in result.stderr.splitlines()), file
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("import sys\nsys.exit(0)\n", "importing the file called sys.exit(0); torchjob imports it"),
+        ("raise SystemExit('bye')\n", "importing the file called sys.exit('bye')"),
+        ("import sys\nsys.exit()\n", "importing the file called sys.exit();"),
+        ("class Stop(BaseException): pass\nraise Stop('x')\n", "importing the file raised Stop: x"),
+        (
+            "class E(Exception):\n    def __str__(self): raise RuntimeError\nraise E()\n",
+            "importing the file raised E: <E that cannot be shown>",
+        ),
+    ],
+    ids=["exit-0", "exit-text", "exit-none", "base-exception", "unprintable"],
+)
+def test_importing_a_task_file_never_ends_torchjob_or_hides_other_files(
+    tmp_path: Path, body: str, message: str
+) -> None:
+    """`validate bad.yaml x.py:t` with x.py exiting at import exited 0, silently (issue 8)."""
+    (tmp_path / "x.py").write_text(body)
+    (tmp_path / "bad.yaml").write_text((BAD / "replicas_string.yaml").read_text())
+    result = subprocess.run(
+        [sys.executable, "-m", "torchjob", "validate", "x.py:t", "bad.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2, result.stderr
+    assert lines[0].startswith("x.py: ") and message in lines[0], lines[0]
+    assert lines[1].startswith("bad.yaml:") and "spec.tasks[1].replicas" in lines[1], lines[1]
