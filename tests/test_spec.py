@@ -455,3 +455,30 @@ def test_parse_documents_keeps_index_and_lines() -> None:
     assert doc.data == {"a": {"b": [1, 2]}}
     assert doc.lines["a.b[1]"] == 4
     assert doc.line_of("a.b[7].c") == 4
+
+
+def test_huge_integers_from_the_sdk_are_refused_without_printing_them() -> None:
+    """Python cannot print an integer of over 4,300 digits; the SDK hands values over unparsed."""
+    from torchjob.jobs import check_document
+    from torchjob.spec.source import Document
+
+    data = yaml.safe_load(job_text())
+    data["spec"]["minAvailable"] = -(10**5000)
+    data["spec"]["tasks"][0]["replicas"] = 10**5000
+    pod = data["spec"]["tasks"][0]["template"]["spec"]
+    pod["terminationGracePeriodSeconds"] = 10**5000
+    pod["containers"][0]["args"] = [10**5000]
+    pod["containers"][0]["resources"] = {"limits": {"cpu": 10**5000}}
+    job, found = check_document(Document(data=data, file="sdk"))
+    assert job is None
+    messages = {p.path: p.message for p in found}
+    base = "spec.tasks[0].template.spec"
+    assert messages == {
+        "spec.minAvailable": "expected an integer >= 0, got -<about 5000 digits>",
+        "spec.tasks[0].replicas": "expected a 32-bit integer (at most 2147483647), got <about 5000 digits>",
+        f"{base}.terminationGracePeriodSeconds": (
+            "expected a number of seconds from 0 to 9223372036854775807, got <about 5000 digits>"
+        ),
+        f"{base}.containers[0].args[0]": "expected a string (quote it), got integer <about 5000 digits>",
+        f"{base}.containers[0].resources.limits.cpu": "quantity is too large; expected at most 9.22e+18",
+    }

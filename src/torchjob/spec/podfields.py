@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchjob.spec.parse import type_name
+from torchjob.spec.parse import number_text, type_name
 from torchjob.spec.quantity import parse_quantity
 from torchjob.spec.source import INT64_MAX, child
 
@@ -333,9 +333,7 @@ def _kind(value: Any) -> str:
 
 
 def _shown(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"of {len(str(abs(value))) if value.bit_length() < 14_000 else 'thousands of'} digits"
-    text = repr(value)
+    text = number_text(value) if isinstance(value, int) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
