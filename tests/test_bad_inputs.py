@@ -117,6 +117,7 @@ RUN_REFUSES = [
     "env_value_too_long.yaml",
     "int_over_4300_digits.yaml",
     "yaml_alias_text_bomb.yaml",
+    "yaml_alias_text_bomb_documents.yaml",
 ]
 
 

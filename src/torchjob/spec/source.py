@@ -37,9 +37,9 @@ PathPart = str | int
 MAX_DEPTH = 100
 # Values one document may expand to through aliases; a 10,000-replica job needs a few hundred.
 MAX_VALUES = 1_000_000
-# Characters of text one document may expand to through aliases. A Kubernetes object is limited to
-# about 1.5 MiB; far more is a few large strings repeated by aliases, which would blow up later
-# when the document is rendered or copied into every pod.
+# Characters of text a file's documents may expand to through aliases, in all (each document can
+# have its own aliases). A Kubernetes object is limited to about 1.5 MiB; far more is a few large
+# strings repeated by aliases, which would blow up later when rendered or copied into every pod.
 MAX_TEXT = 16 * 2**20
 # Kubernetes' integers are 64-bit; a longer one cannot be submitted (and Python refuses to turn
 # integers of over 4,300 digits into text). The length check comes before the conversion.
@@ -223,7 +223,7 @@ class _TooBig(_Stop):
 
 
 class _TooLong(_Stop):
-    message = f"document expands to more than {MAX_TEXT // 2**20} MiB of text (through YAML aliases?)"
+    message = f"the file expands to more than {MAX_TEXT // 2**20} MiB of text (through YAML aliases?)"
 
 
 class _TooDeep(_Stop):
@@ -273,7 +273,7 @@ def _parse(text: str, file: str, loader: Any, in_bytes: bool) -> list[Document]:
             if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG):
                 continue  # an empty document, such as after a trailing '---', as kubectl skips it
             builder.lines = {}
-            builder.values = builder.text = 0
+            builder.values = 0  # the text is counted for the whole file: anchors are per document
             builder.merged = {}
             current = index + 1
             data = builder.build(node, "")
