@@ -7,6 +7,7 @@ comment-free (an empty file, JSON, bytes that are not UTF-8).
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -99,6 +100,37 @@ def test_render_refuses_and_writes_nothing(file: Path) -> None:
     check_stderr(name, result.stderr, expectations(file))
 
 
+# Inputs `validate` once accepted and `run` then crashed on (issue 8): values the local engine reads
+# (env sources, resources, volumes, the grace period) and what a process cannot be given.
+RUN_REFUSES = [
+    "nul_in_command.yaml",
+    "nul_in_env_value.yaml",
+    "resources_cpu_infinite.yaml",
+    "resources_not_mapping.yaml",
+    "value_from_not_mapping.yaml",
+    "field_ref_not_mapping.yaml",
+    "env_from_not_list.yaml",
+    "env_from_entry_not_mapping.yaml",
+    "env_from_ref_not_mapping.yaml",
+    "host_path_not_mapping.yaml",
+    "grace_period_huge.yaml",
+    "env_value_too_long.yaml",
+    "int_over_4300_digits.yaml",
+    "yaml_alias_text_bomb.yaml",
+    "yaml_alias_text_bomb_documents.yaml",
+]
+
+
+@pytest.mark.parametrize("name", RUN_REFUSES)
+def test_run_refuses_and_starts_nothing(name: str, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    result = run("run", "--state-dir", str(jobs), f"bad_inputs/{name}")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    check_stderr(f"bad_inputs/{name}", result.stderr, expectations(BAD / name))
+    assert not jobs.exists() or not any(jobs.iterdir()), "no job directory for a refused job"
+
+
 def test_stdin_input_is_named_dash() -> None:
     text = (BAD / "replicas_string.yaml").read_text()
     result = subprocess.run(
@@ -113,6 +145,21 @@ def test_stdin_input_is_named_dash() -> None:
     assert re.match(
         r"^-:\d+: spec\.tasks\[1\]\.replicas: expected an integer, got string 'two'$", result.stderr
     )
+
+
+def test_stdin_that_is_not_utf8() -> None:
+    """Standard input is read as UTF-8 whatever the locale, and bytes that are not are refused."""
+    for command in ("validate", "render"):
+        result = subprocess.run(
+            [sys.executable, "-m", "torchjob", command, "-"],
+            input=b"apiVersion: \xff\xfe\n",
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, "LC_ALL": "C", "PYTHONIOENCODING": "", "PYTHONUTF8": "0"},
+        )
+        assert result.returncode == 2
+        assert result.stdout == b""
+        assert result.stderr == b"-: cannot read file: not UTF-8 text (invalid start byte at byte 12)\n"
 
 
 def test_missing_file() -> None:
@@ -160,3 +207,38 @@ def test_validate_reports_every_file() -> None:
     assert result.returncode == 2
     for file in files:
         assert any(line.startswith(file + ":") for line in result.stderr.splitlines()), file
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("import sys\nsys.exit(0)\n", "importing the file called sys.exit(0); torchjob imports it"),
+        ("raise SystemExit('bye')\n", "importing the file called sys.exit('bye')"),
+        ("import sys\nsys.exit()\n", "importing the file called sys.exit();"),
+        ("class Stop(BaseException): pass\nraise Stop('x')\n", "importing the file raised Stop: x"),
+        (
+            "class E(Exception):\n    def __str__(self): raise RuntimeError\nraise E()\n",
+            "importing the file raised E: <E that cannot be shown>",
+        ),
+    ],
+    ids=["exit-0", "exit-text", "exit-none", "base-exception", "unprintable"],
+)
+def test_importing_a_task_file_never_ends_torchjob_or_hides_other_files(
+    tmp_path: Path, body: str, message: str
+) -> None:
+    """`validate bad.yaml x.py:t` with x.py exiting at import exited 0, silently (issue 8)."""
+    (tmp_path / "x.py").write_text(body)
+    (tmp_path / "bad.yaml").write_text((BAD / "replicas_string.yaml").read_text())
+    result = subprocess.run(
+        [sys.executable, "-m", "torchjob", "validate", "x.py:t", "bad.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2, result.stderr
+    assert lines[0].startswith("x.py: ") and message in lines[0], lines[0]
+    assert lines[1].startswith("bad.yaml:") and "spec.tasks[1].replicas" in lines[1], lines[1]

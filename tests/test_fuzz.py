@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -272,3 +273,117 @@ def test_random_task_names_and_dependencies(names: list[str], data: st.DataObjec
         for name in names
     ]
     exercise(as_text(doc, "yaml"))
+
+
+# Every pod-template field the local engine reads (engines/local/containers.py, pod.py, supervisor.py).
+ENGINE_VALID: dict[str, Any] = {
+    "apiVersion": "batch.volcano.sh/v1alpha1",
+    "kind": "Job",
+    "metadata": {"name": "engine", "annotations": {"note": "x"}},
+    "spec": {
+        "tasks": [
+            {
+                "name": "main",
+                "replicas": 1,
+                "template": {
+                    "metadata": {"labels": {"app": "x"}, "annotations": {"a": "b"}},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "terminationGracePeriodSeconds": 5,
+                        "serviceAccountName": "default",
+                        "volumes": [
+                            {"name": "scratch", "emptyDir": {}},
+                            {"name": "host", "hostPath": {"path": "/tmp", "type": "Directory"}},
+                            {"name": "config", "configMap": {"name": "settings", "optional": True}},
+                        ],
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "busybox:1.36.1",
+                                "command": ["sh", "-c", "echo $(A)"],
+                                "args": ["x"],
+                                "workingDir": "/scratch/sub",
+                                "resources": {
+                                    "limits": {"cpu": "2", "memory": "1Gi"},
+                                    "requests": {"cpu": 1},
+                                },
+                                "volumeMounts": [
+                                    {"name": "scratch", "mountPath": "/scratch"},
+                                    {"name": "host", "mountPath": "/host", "subPath": "x", "readOnly": True},
+                                    {"name": "config", "mountPath": "/config"},
+                                ],
+                                "envFrom": [
+                                    {"prefix": "P_", "configMapRef": {"name": "settings", "optional": True}},
+                                    {"secretRef": {"name": "s", "optional": True}},
+                                ],
+                                "env": [
+                                    {"name": "A", "value": "1"},
+                                    {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                                    {
+                                        "name": "C",
+                                        "valueFrom": {
+                                            "resourceFieldRef": {"resource": "limits.cpu", "divisor": "1m"}
+                                        },
+                                    },
+                                    {
+                                        "name": "D",
+                                        "valueFrom": {
+                                            "configMapKeyRef": {
+                                                "name": "settings",
+                                                "key": "k",
+                                                "optional": True,
+                                            }
+                                        },
+                                    },
+                                    {
+                                        "name": "E",
+                                        "valueFrom": {
+                                            "secretKeyRef": {"name": "s", "key": "k", "optional": True}
+                                        },
+                                    },
+                                    {"name": "F", "value": "nul\x00"},
+                                ],
+                            }
+                        ],
+                    },
+                },
+            }
+        ]
+    },
+}
+
+
+@FUZZ
+@given(st.data())
+def test_what_validation_accepts_the_local_engine_can_start_or_refuse(data: st.DataObject) -> None:
+    """Values the engine reads never crash it once validation has passed them (issue 8)."""
+    import tempfile
+
+    from torchjob.engines.local import check_job
+    from torchjob.engines.local.containers import PodContext, make_empty_dirs, resolve_pod
+
+    doc = json.loads(json.dumps(ENGINE_VALID))
+    if data.draw(st.booleans(), label="without the NUL"):
+        del doc["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"][-1]
+    for _ in range(data.draw(st.integers(0, 4), label="mutations")):
+        path = data.draw(st.sampled_from(paths(doc["spec"])), label="path")
+        op = data.draw(st.sampled_from(["delete", "replace", "add"]), label="op")
+        mutate(doc["spec"], path, op, data.draw(values, label="value"))
+    try:
+        [loaded] = load_jobs_from_text(json.dumps(doc), "engine.json")
+    except SpecError:
+        return
+    event("valid")
+    issues = check_job(loaded.job)  # resolves every container as the engine will
+    if issues:
+        return
+    event("runnable")
+    state = expand(loaded.job)
+    for plan in state.pods:
+        grace = plan.task.template.spec.get("terminationGracePeriodSeconds")
+        assert grace is None or 0 <= float(grace) < float("inf")
+        with tempfile.TemporaryDirectory() as scratch:
+            ctx = PodContext(plan, "127.0.0.1", "uid", {}, Path(scratch) / "cm", Path(scratch) / "pod")
+            make_empty_dirs(ctx)
+            for run in [c for runs in resolve_pod(ctx) for c in runs]:
+                assert not any("\0" in text for text in [*run.argv, *run.env, *run.env.values()])

@@ -178,3 +178,16 @@ def test_run_refuses_a_container_without_a_command_with_its_line_and_starts_noth
     assert lines[0].startswith(f"{path}:11: spec.tasks[0].template.spec.containers[0].command:"), lines
     assert "busybox:1.36" in lines[0] and "add a 'command'" in lines[0]
     assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
+
+
+@pytest.mark.parametrize("value", ["nan", "0", "-5", "inf", "-inf"])
+def test_run_refuses_a_timeout_that_is_not_a_positive_number(tmp_path: Path, value: str) -> None:
+    job = _write(tmp_path, make_job("timeout", [task("main", [container("app", ["true"])])]))
+    proc = _cli(tmp_path, "run", f"--timeout={value}", job)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""
+    shown = str(float(value))
+    assert proc.stderr == (
+        f"<command line>: --timeout: expected a positive, finite number of seconds, got {shown}\n"
+    )
+    assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())

@@ -307,3 +307,61 @@ def test_wait_for_master_works_without_nc(tmp_path: Path) -> None:
     assert result.ok, result.reason
     waited = log_text(result, "worker-0", "wait-for-master")
     assert "probe: nc" not in waited and "is ready" in waited
+
+
+WORKDIR_JOB = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: workdir}
+spec:
+  tasks:
+    - name: main
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          volumes: [{name: scratch, emptyDir: {}}]
+          containers:
+            - name: app
+              image: busybox:1.36
+              command: [sh, -c, "pwd; echo made > here.txt"]
+              workingDir: /scratch/sub/dir
+              volumeMounts: [{name: scratch, mountPath: /scratch}]
+"""
+
+
+def test_a_working_directory_below_an_empty_dir_mount_is_made(tmp_path: Path) -> None:
+    """Container runtimes make a missing working directory; it failed here with exit 127."""
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(WORKDIR_JOB)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchjob", "run", "--state-dir", str(tmp_path / "jobs"), str(job_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [made] = (tmp_path / "jobs").rglob("here.txt")
+    assert made.parent.parts[-4:] == ("volumes", "scratch", "sub", "dir")
+    assert f"{made.parent}\n" in proc.stdout
+
+
+def test_a_working_directory_that_cannot_exist_is_named_in_the_log(tmp_path: Path) -> None:
+    """Below a ConfigMap volume (read-only data) nothing is made: the log says what is missing."""
+    main = task(
+        "main",
+        [
+            container(
+                "app",
+                ["true"],
+                workingDir="/config/sub",
+                volumeMounts=[{"name": "config", "mountPath": "/config"}],
+            )
+        ],
+    )
+    main["template"]["spec"]["volumes"] = [{"name": "config", "configMap": {"name": "nosuch"}}]
+    result = run(make_job("workdir-missing", [main]), tmp_path)
+    assert (result.phase, result.pods[0].exit_code) == ("Failed", 127)
+    text = log_text(result, "main-0", "app")
+    assert "cannot start container 'app': its working directory " in text
+    assert text.rstrip().endswith("nosuch/sub does not exist")

@@ -363,6 +363,50 @@ spec:
     assert [(t.name, t.replicas) for t in job.spec.tasks] == [("a", 1), ("b", 2)]
 
 
+MERGE = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: merge}
+spec:
+  tasks:
+    - &base
+      name: a
+      replicas: 1
+      template:
+        spec:
+          containers: [{name: main, image: "busybox:1.36.1"}]
+    - <<: [*base, {name: x, replicas: 5, maxRetry: 4}]
+      name: b
+      replicas: 2
+"""
+
+
+def test_a_merge_key_is_overridden_by_the_keys_written_after_it() -> None:
+    """YAML 1.1's merge key: written keys win, and of several merged maps the first wins."""
+    job = load_one(MERGE)
+    assert [(t.name, t.replicas, t.max_retry) for t in job.spec.tasks] == [("a", 1, 3), ("b", 2, 4)]
+    # The merged node is built once per alias; the second build must not see "duplicates" either.
+    twice = MERGE + "    - &again\n      <<: *base\n      name: c\n    - <<: *again\n      name: d\n"
+    assert [t.name for t in load_one(twice).spec.tasks] == ["a", "b", "c", "d"]
+
+
+def test_a_key_written_twice_next_to_a_merge_key_is_still_a_duplicate() -> None:
+    text = MERGE.replace("      replicas: 2\n", "      replicas: 2\n      replicas: 3\n")
+    assert formatted(text) == ["job.yaml:15: spec.tasks[1].replicas: duplicate key 'replicas'"]
+
+
+def test_json_escapes_of_a_character_beyond_the_basic_plane() -> None:
+    """JSON writes U+1F600 as a surrogate pair of escapes; libyaml alone refuses them."""
+    data = yaml.safe_load(job_text())
+    data["spec"]["tasks"][0]["template"]["metadata"] = {"annotations": {"mood": "\U0001f600 ok"}}
+    text = json.dumps(data)
+    assert "\\ud83d\\ude00" in text
+    job = load_one(text)
+    assert job.spec.tasks[0].template.metadata["annotations"]["mood"] == "\U0001f600 ok"
+    [line] = formatted(text.replace("\\ude00", ""))
+    assert "spec.tasks[0].template.metadata.annotations.mood: a \\u escape of half a UTF-16" in line
+
+
 @pytest.mark.parametrize(
     ("snippet", "message"),
     [
@@ -371,6 +415,9 @@ spec:
         ("!custom {a: 1}", "unsupported YAML tag '!custom'"),
         (".nan", "expected a finite number"),
         ("-.inf", "expected a finite number"),
+        ("9" * 5000, "integer of 5000 characters is too large; expected a 64-bit integer"),
+        (str(2**63), f"integer {2**63} is too large; expected a 64-bit integer"),
+        (str(-(2**63) - 1), "is too large; expected a 64-bit integer"),
     ],
 )
 def test_values_a_kubernetes_object_cannot_hold(snippet: str, message: str) -> None:
@@ -408,3 +455,30 @@ def test_parse_documents_keeps_index_and_lines() -> None:
     assert doc.data == {"a": {"b": [1, 2]}}
     assert doc.lines["a.b[1]"] == 4
     assert doc.line_of("a.b[7].c") == 4
+
+
+def test_huge_integers_from_the_sdk_are_refused_without_printing_them() -> None:
+    """Python cannot print an integer of over 4,300 digits; the SDK hands values over unparsed."""
+    from torchjob.jobs import check_document
+    from torchjob.spec.source import Document
+
+    data = yaml.safe_load(job_text())
+    data["spec"]["minAvailable"] = -(10**5000)
+    data["spec"]["tasks"][0]["replicas"] = 10**5000
+    pod = data["spec"]["tasks"][0]["template"]["spec"]
+    pod["terminationGracePeriodSeconds"] = 10**5000
+    pod["containers"][0]["args"] = [10**5000]
+    pod["containers"][0]["resources"] = {"limits": {"cpu": 10**5000}}
+    job, found = check_document(Document(data=data, file="sdk"))
+    assert job is None
+    messages = {p.path: p.message for p in found}
+    base = "spec.tasks[0].template.spec"
+    assert messages == {
+        "spec.minAvailable": "expected an integer >= 0, got -<about 5000 digits>",
+        "spec.tasks[0].replicas": "expected a 32-bit integer (at most 2147483647), got <about 5000 digits>",
+        f"{base}.terminationGracePeriodSeconds": (
+            "expected a number of seconds from 0 to 9223372036854775807, got <about 5000 digits>"
+        ),
+        f"{base}.containers[0].args[0]": "expected a string (quote it), got integer <about 5000 digits>",
+        f"{base}.containers[0].resources.limits.cpu": "quantity is too large; expected at most 9.22e+18",
+    }

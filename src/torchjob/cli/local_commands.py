@@ -123,6 +123,9 @@ def run_run(args: argparse.Namespace) -> int:
     from torchjob.jobs import load_jobs
 
     extra_env = _parse_env(args.env)
+    if args.timeout is not None and not 0 < args.timeout < float("inf"):  # also refuses nan
+        message = f"expected a positive, finite number of seconds, got {args.timeout}"
+        raise SpecError([Problem("--timeout", message, "<command line>")])
     loaded = load_jobs(args.file)
     if args.job:
         loaded = [item for item in loaded if item.job.name == args.job]

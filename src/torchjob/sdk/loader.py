@@ -45,19 +45,42 @@ def import_file(path: str) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except SyntaxError as err:
-        del sys.modules[name]
-        raise SpecError([Problem("", f"syntax error: {err.msg}", path, err.lineno)]) from None
-    except ValueError as err:  # a bad task config raises at decoration time
-        del sys.modules[name]
-        raise _fail(path, "", f"invalid task: {err}") from None
-    except Exception as err:
-        del sys.modules[name]
-        raise _fail(path, "", f"importing the file raised {type(err).__name__}: {err}") from None
+    except KeyboardInterrupt:  # Ctrl-C during a slow import still stops torchjob (exit 130)
+        sys.modules.pop(name, None)
+        raise
+    except BaseException as err:  # the file's sys.exit() must not end torchjob
+        sys.modules.pop(name, None)
+        raise _import_failed(path, err) from None
     import cloudpickle
 
     cloudpickle.register_pickle_by_value(module)
     return module
+
+
+def _import_failed(file: str, err: BaseException) -> SpecError:
+    """What went wrong importing ``file``, as one problem: other files' results are still reported."""
+    if isinstance(err, SyntaxError):
+        return SpecError([Problem("", f"syntax error: {err.msg}", file, err.lineno)])
+    if isinstance(err, SystemExit):
+        code = "" if err.code is None else repr(err.code) if isinstance(err.code, str) else _text(err.code)
+        return _fail(
+            file,
+            "",
+            f"importing the file called sys.exit({code}); torchjob imports it to find its tasks, "
+            "so put what the file does as a script under 'if __name__ == \"__main__\":'",
+        )
+    if isinstance(err, ValueError):  # a bad task config raises at decoration time
+        return _fail(file, "", f"invalid task: {_text(err)}")
+    return _fail(file, "", f"importing the file raised {type(err).__name__}: {_text(err)}")
+
+
+def _text(value: object) -> str:
+    """``value`` for a message; an object whose ``str()`` or ``repr()`` fails must not end torchjob."""
+    try:
+        text = str(value) if isinstance(value, BaseException | str) else repr(value)
+    except Exception:
+        return f"<{type(value).__name__} that cannot be shown>"
+    return " ".join(text.split())
 
 
 def _task_from(module: Any, name: str, file: str) -> Task[Any, Any]:
@@ -82,8 +105,10 @@ def load_task(ref: str) -> Task[Any, Any]:
         return _task_from(import_file(where), name, where)
     try:
         module = importlib.import_module(where)
-    except Exception as err:
-        raise _fail(where, "", f"cannot import module: {type(err).__name__}: {err}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # as for a file, above
+        raise _import_failed(where, err) from None
     return _task_from(module, name, where)
 
 

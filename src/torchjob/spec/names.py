@@ -16,7 +16,7 @@ _IMAGE = re.compile(
     r"^(?:(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
     r"(?::[0-9]+)?|\[[0-9a-fA-F:]+\](?::[0-9]+)?)/)?"
     rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-    r"(?::[\w][\w.-]{0,127})?"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"  # a tag is ASCII (Python's \w is not)
     r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
 )
 

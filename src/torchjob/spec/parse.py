@@ -72,11 +72,18 @@ def type_name(value: Any) -> str:
     return type(value).__name__
 
 
+def number_text(value: int) -> str:
+    """An integer for a message; Python refuses to print one of over 4,300 digits (the SDK can pass it)."""
+    if value.bit_length() <= 256:
+        return str(value)
+    return f"{'-' if value < 0 else ''}<about {int(value.bit_length() * 0.30103)} digits>"
+
+
 def _shown(value: Any) -> str:
     """A value for a message: its type, and the value itself when it is short."""
     if isinstance(value, dict | list):
         return type_name(value)
-    text = repr(value)
+    text = number_text(value) if isinstance(value, int) else repr(value)
     return f"{type_name(value)} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
@@ -122,10 +129,10 @@ class _Reader:
             self.add(fpath, f"expected an integer, got {_shown(value)}")
             return None
         if minimum is not None and value < minimum:
-            self.add(fpath, f"expected an integer >= {minimum}, got {value}")
+            self.add(fpath, f"expected an integer >= {minimum}, got {number_text(value)}")
             return None
         if value > _INT32_MAX:
-            self.add(fpath, f"expected a 32-bit integer (at most {_INT32_MAX}), got {value}")
+            self.add(fpath, f"expected a 32-bit integer (at most {_INT32_MAX}), got {number_text(value)}")
             return None
         return value
 

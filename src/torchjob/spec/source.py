@@ -37,6 +37,14 @@ PathPart = str | int
 MAX_DEPTH = 100
 # Values one document may expand to through aliases; a 10,000-replica job needs a few hundred.
 MAX_VALUES = 1_000_000
+# Characters of text a file's documents may expand to through aliases, in all (each document can
+# have its own aliases). A Kubernetes object is limited to about 1.5 MiB; far more is a few large
+# strings repeated by aliases, which would blow up later when rendered or copied into every pod.
+MAX_TEXT = 16 * 2**20
+# Kubernetes' integers are 64-bit; a longer one cannot be submitted (and Python refuses to turn
+# integers of over 4,300 digits into text). The length check comes before the conversion.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_INT_MAX_CHARS = 100
 _PLAIN_KEY = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$-]*$")
 _YAML_TAG = "tag:yaml.org,2002:"
 # Tags of plain data; anything else (``!!python/...``, ``!custom``) is refused, never constructed.
@@ -44,8 +52,10 @@ _PLAIN_TAGS = {
     _YAML_TAG + name for name in ("str", "int", "float", "bool", "null", "timestamp", "binary", "map", "seq")
 }
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+_INT_TAG = "tag:yaml.org,2002:int"
 _BINARY_TAG = "tag:yaml.org,2002:binary"
 _NULL_TAG = "tag:yaml.org,2002:null"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def child(path: str, key: PathPart) -> str:
@@ -107,6 +117,9 @@ class _Builder:
         self.lines: dict[str, int] = {}
         self.problems: list[Problem] = []
         self.values = 0
+        self.text = 0  # characters of every scalar built, aliases counted each time
+        # Mapping nodes whose ``<<`` merge keys are flattened: how many leading pairs came from merges.
+        self.merged: dict[yaml.MappingNode, int] = {}
         self.active: set[int] = set()  # nodes being built now, to catch self-referring aliases
 
     def fail(self, path: str, message: str, node: yaml.Node) -> None:
@@ -136,9 +149,14 @@ class _Builder:
             self.active.discard(id(node))
 
     def mapping(self, node: yaml.MappingNode, path: str, depth: int) -> dict[Any, Any]:
-        self.constructor.flatten_mapping(node)
+        merged = self.merged.get(node)
+        if merged is None:  # flattening changes the node, which aliases may bring back here
+            written = sum(1 for key, _ in node.value if key.tag != _MERGE_TAG)
+            self.constructor.flatten_mapping(node)
+            merged = self.merged[node] = len(node.value) - written
         result: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
+        written_keys: set[str] = set()
+        for index, (key_node, value_node) in enumerate(node.value):
             if not isinstance(key_node, yaml.ScalarNode):
                 self.fail(path, "expected a plain key, got a list or mapping as a key", key_node)
                 continue
@@ -146,13 +164,23 @@ class _Builder:
             # Kubernetes objects only have text keys (``1:`` means "1", ``null:`` means "null").
             key = raw_key if isinstance(raw_key, str) else json.dumps(raw_key)
             key_path = child(path, key)
-            if key in result:
-                self.fail(key_path, f"duplicate key {key!r}", key_node)
+            # Keys brought in by ``<<: *base`` come first; a key written here overrides them (YAML's
+            # merge key), but a key written twice here is a mistake.
+            if index >= merged:
+                if key in written_keys:
+                    self.fail(key_path, f"duplicate key {key!r}", key_node)
+                written_keys.add(key)
             self.lines.setdefault(key_path, key_node.start_mark.line + 1)
             result[key] = self.build(value_node, key_path, depth + 1)
         return result
 
     def scalar(self, node: yaml.ScalarNode, path: str) -> Any:
+        self.text += len(node.value)
+        if self.text > MAX_TEXT:
+            raise _TooLong(node)
+        if node.tag == _INT_TAG and len(node.value) > _INT_MAX_CHARS:
+            self.fail(path, f"integer of {len(node.value)} characters is too large; {_INT64_RANGE}", node)
+            return None
         if node.tag == _TIMESTAMP_TAG:
             return node.value
         if node.tag == _BINARY_TAG:
@@ -162,7 +190,24 @@ class _Builder:
         if isinstance(value, float) and not math.isfinite(value):
             self.fail(path, f"expected a finite number, got {node.value!r}", node)
             return None
+        if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+            self.fail(path, f"integer {node.value} is too large; {_INT64_RANGE}", node)
+            return None
+        if isinstance(value, str) and _SURROGATE.search(value):
+            return self.surrogates(value, path, node)
         return value
+
+    def surrogates(self, value: str, path: str, node: yaml.ScalarNode) -> str | None:
+        """JSON writes a character beyond U+FFFF as two escapes (``"\\ud83d\\ude00"``): join them."""
+        try:
+            return value.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+        except UnicodeDecodeError:
+            self.fail(path, "a \\u escape of half a UTF-16 surrogate pair is not a character", node)
+            return None
+
+
+_INT64_RANGE = "expected a 64-bit integer, as Kubernetes has"
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 class _Stop(Exception):
@@ -177,6 +222,10 @@ class _TooBig(_Stop):
     message = f"document expands to more than {MAX_VALUES} values (through YAML aliases?)"
 
 
+class _TooLong(_Stop):
+    message = f"the file expands to more than {MAX_TEXT // 2**20} MiB of text (through YAML aliases?)"
+
+
 class _TooDeep(_Stop):
     message = f"document is nested more than {MAX_DEPTH} levels deep"
 
@@ -188,8 +237,8 @@ class _Recursive(_Stop):
 def read_text(file: str) -> str:
     """The text of ``file`` (``-`` is standard input), or a SpecError naming it."""
     try:
-        if file == "-":
-            return sys.stdin.read()
+        if file == "-":  # strictly UTF-8, whatever the locale makes of sys.stdin
+            return sys.stdin.buffer.read().decode("utf-8")
         with open(file, encoding="utf-8") as handle:
             return handle.read()
     except (OSError, UnicodeDecodeError) as err:
@@ -202,21 +251,37 @@ def read_text(file: str) -> str:
 
 def parse_documents(text: str, file: str) -> list[Document]:
     """Every non-empty document in ``text``; a syntax error becomes a SpecError with its line."""
+    try:
+        return _parse(text, file, _Loader, _POSITION_IN_BYTES)
+    except _SurrogateEscape:
+        # libyaml refuses ``"\\ud83d\\ude00"``, JSON's escape of a character beyond U+FFFF. PyYAML's
+        # own (slower) reader takes each half, and the builder joins the pair.
+        return _parse(text, file, yaml.SafeLoader, False)
+
+
+class _SurrogateEscape(Exception):
+    pass
+
+
+def _parse(text: str, file: str, loader: Any, in_bytes: bool) -> list[Document]:
     builder = _Builder(file)
     documents: list[Document] = []
     current = 1  # the document being read, to say which one a syntax error is in
     try:
-        for index, node in enumerate(yaml.compose_all(text, Loader=_Loader)):
+        for index, node in enumerate(yaml.compose_all(text, Loader=loader)):
             current = index + 2  # once this one is built, any error is in the next
             if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG):
                 continue  # an empty document, such as after a trailing '---', as kubectl skips it
             builder.lines = {}
-            builder.values = 0
+            builder.values = 0  # the text is counted for the whole file: anchors are per document
+            builder.merged = {}
             current = index + 1
             data = builder.build(node, "")
             current = index + 2
             documents.append(Document(data=data, file=file, lines=builder.lines, index=index))
     except yaml.MarkedYAMLError as err:
+        if loader is not yaml.SafeLoader and "Unicode character escape" in str(err.problem):
+            raise _SurrogateEscape from None
         mark = err.problem_mark or err.context_mark
         line = mark.line + 1 if mark is not None else None
         what = err.problem or err.context or "invalid YAML"
@@ -230,7 +295,7 @@ def parse_documents(text: str, file: str) -> list[Document]:
         raise SpecError([Problem("", f"invalid YAML or JSON: {what}", file, line)]) from None
     except yaml.reader.ReaderError as err:
         # A character YAML does not allow (control characters, for instance); say where it is.
-        if _POSITION_IN_BYTES:
+        if in_bytes:
             before = text.encode("utf-8", "surrogatepass")[: err.position].decode("utf-8", "ignore")
         else:
             before = text[: err.position]

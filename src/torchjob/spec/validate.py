@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from torchjob.spec import names
+from torchjob.spec import names, podfields
 from torchjob.spec.model import Job, Policy, Task, pod_name
 from torchjob.spec.source import child, parent
 
@@ -117,15 +117,28 @@ def validate_policies(policies: list[Policy], path: str, broken: Broken | None =
             )
         if policy.timeout is not None and not _is_duration(policy.timeout):
             issues.append(
-                (f"{p}.timeout", f"expected a duration such as '30s' or '5m', got {policy.timeout!r}")
+                (
+                    f"{p}.timeout",
+                    f"expected a duration such as '30s' or '5m' (at most 2562047h), got {policy.timeout!r}",
+                )
             )
     if star and len(policies) > 1:
         issues.append((star, "a policy for event '*' must be the only policy in its list"))
     return issues
 
 
+# Go's duration syntax, as Volcano parses a policy timeout: ASCII digits only (\d and float() would
+# take other scripts' digits too), and at most what an int64 of nanoseconds holds (about 292 years).
+_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ns|us|µs|ms|s|m|h))+")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_MAX_DURATION = (2**63 - 1) / 1e9
+
+
 def _is_duration(text: str) -> bool:
-    return bool(re.fullmatch(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+", text))
+    if not _DURATION.fullmatch(text):
+        return False
+    return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text)) <= _MAX_DURATION
 
 
 def validate_job(job: Job, broken: Broken | None = None) -> Issues:
@@ -147,6 +160,8 @@ def validate_job(job: Job, broken: Broken | None = None) -> Issues:
     if not broken.has("metadata.namespace") and not names.is_dns1123_label(job.metadata.namespace):
         issues.append(("metadata.namespace", names.label_problem(job.metadata.namespace)))
     issues += _validate_metadata(job.metadata.labels, job.metadata.annotations, "metadata")
+    issues += podfields.check_annotations(job.metadata.annotations, "metadata")
+    issues += podfields.check_nul(job.metadata.annotations, "metadata.annotations")
     issues += _validate_job_names(job)
     if not spec.tasks:
         return issues
@@ -174,6 +189,7 @@ def validate_job(job: Job, broken: Broken | None = None) -> Issues:
             issues += _validate_partitions(task, tpath)
         issues += validate_policies(task.policies, f"{tpath}.policies", broken)
         issues += _validate_template(task.template.raw, f"{tpath}.template")
+        issues += podfields.check_template(task.template.raw, f"{tpath}.template")
     total = job.total_replicas
     if counts_ok and total > MAX_PODS:
         issues.append(

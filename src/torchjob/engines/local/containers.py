@@ -29,17 +29,13 @@ from typing import Any
 
 from torchjob.expand import DesiredState, PodPlan
 from torchjob.records import field, record
+from torchjob.spec.quantity import parse_quantity  # validation has checked every quantity with it
 
 Issues = list[tuple[str, str]]
 
 _PYTHON = re.compile(r"python(3(\.\d+)?)?")
 _VAR_REF = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))")
 _FIELD_INDEX = re.compile(r"^metadata\.(labels|annotations)\['([^']*)'\]$")
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
-_SUFFIX = {
-    "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
-}  # fmt: skip
 
 
 class ResolveError(Exception):
@@ -90,13 +86,6 @@ def expand_refs(text: str, env: Mapping[str, str]) -> str:
     return _VAR_REF.sub(sub, text)
 
 
-def parse_quantity(text: str) -> float:
-    match = _QUANTITY.match(str(text).strip())
-    if not match or match.group(2) not in _SUFFIX:
-        raise ValueError(f"not a quantity: {text!r}")
-    return float(match.group(1)) * _SUFFIX[match.group(2)]
-
-
 def _machine_resource(resource: str) -> float:
     if resource.endswith("cpu"):
         return float(os.cpu_count() or 1)
@@ -118,12 +107,12 @@ def _resource_value(container: dict[str, Any], ref: dict[str, Any], path: str) -
         raise ResolveError(path, f"resourceFieldRef resource {resource!r} is not limits.X or requests.X")
     values = (container.get("resources") or {}).get(kind) or {}
     if name in values:
-        amount = parse_quantity(str(values[name]))
+        amount = parse_quantity(values[name])
     elif kind == "requests" and name in ((container.get("resources") or {}).get("limits") or {}):
-        amount = parse_quantity(str(container["resources"]["limits"][name]))
+        amount = parse_quantity(container["resources"]["limits"][name])
     else:
         amount = _machine_resource(name)
-    divisor = parse_quantity(str(ref.get("divisor", "1"))) or 1.0
+    divisor = parse_quantity(ref.get("divisor") or "1") or 1.0
     return str(math.ceil(amount / divisor - 1e-9))
 
 
@@ -243,9 +232,20 @@ def mount_dirs(ctx: PodContext, container: dict[str, Any]) -> dict[str, str]:
 
 
 def make_empty_dirs(ctx: PodContext) -> None:
-    for volume in ctx.plan.manifest["spec"].get("volumes") or []:
+    """The pod's emptyDir volumes, and each working directory inside one (a runtime makes a missing
+    working directory; only one in the pod's own volumes is made here, never a host path)."""
+    spec = ctx.plan.manifest["spec"]
+    root = ctx.pod_dir / "volumes"
+    for volume in spec.get("volumes") or []:
         if "emptyDir" in volume:
-            (ctx.pod_dir / "volumes" / str(volume["name"])).mkdir(parents=True, exist_ok=True)
+            (root / str(volume["name"])).mkdir(parents=True, exist_ok=True)
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if container.get("workingDir"):
+            cwd = rewrite_paths(str(container["workingDir"]), mount_dirs(ctx, container))
+            local = Path(os.path.normpath(cwd))
+            # Made before any container of this attempt runs, so no symlink of theirs is followed.
+            if local.is_relative_to(os.path.normpath(root)):
+                local.mkdir(parents=True, exist_ok=True)
 
 
 def rewrite_paths(text: str, mounts: Mapping[str, str]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import signal
 import subprocess
 import time
@@ -199,11 +200,11 @@ class LocalPod:
         try:
             c.proc = process.spawn(c.run.argv, c.run.env, c.run.cwd, c.log, c.run.before_exec)
         except OSError as err:
+            what = f"{c.run.argv[0]}: {err.strerror or err}"
+            if c.run.cwd and not os.path.isdir(c.run.cwd):  # the OSError would blame the program
+                what = f"its working directory {c.run.cwd} does not exist"
             with open(c.log, "a") as log:
-                log.write(
-                    f"torchjob: cannot start container {c.run.name!r}: {c.run.argv[0]}: "
-                    f"{err.strerror or err}\n"
-                )
+                log.write(f"torchjob: cannot start container {c.run.name!r}: {what}\n")
             c.proc = None
             c.started = now
             c.exit_code = 127 if err.errno == errno.ENOENT else 126
