@@ -155,7 +155,7 @@ def test_pod_names_resolve_to_the_pods_addresses_and_master_addr_is_the_cluster_
     assert data["localhost"] == "127.0.0.1"  # the machine's own names still resolve
     assert data["volcano"] == ["dns-worker-0.dns", "dns-worker-1.dns"]
     status = status_of(result)
-    assert status["names"] == "resolved"
+    assert status["nameResolution"] == "resolved"
     assert [p["address"] for p in status["pods"]] == ["127.0.1.1", "127.0.1.2", "127.0.1.3"]
     assert leftovers(result.job_id) == []
     assert _mountinfo() == before
@@ -183,7 +183,7 @@ def test_with_names_off_the_job_gets_addresses(tmp_path: Path, monkeypatch: pyte
     assert result.ok, result.reason
     data = json.loads(out.read_text())
     assert data == {"addr": "127.0.1.1", "private": False}
-    assert status_of(result)["names"] == f"addresses only ({names.SWITCH}=0)"
+    assert status_of(result)["nameResolution"] == f"addresses only ({names.SWITCH}=0)"
     assert "dns-master-0.dns" in (result.job_dir / "hosts").read_text()  # still written, for reference
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from torchjob import __version__
 from torchjob.cli import local_commands, spec_commands
+from torchjob.engines.base import EngineError
 from torchjob.errors import SpecError
 
 EXIT_OK = 0
@@ -86,6 +87,9 @@ def _main(argv: Sequence[str] | None) -> int:
         for problem in err.problems:
             print(problem.format(), file=sys.stderr)
         return EXIT_BAD_INPUT
+    except EngineError as err:
+        print(f"torchjob: {err}", file=sys.stderr)
+        return err.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

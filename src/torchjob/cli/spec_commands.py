@@ -33,13 +33,13 @@ def _print_warnings(document: Document, warnings: list[tuple[str, str]]) -> None
 
 
 def run_validate(args: argparse.Namespace) -> int:
+    from torchjob.cli.sources import load_ref
     from torchjob.expand import Expansion
-    from torchjob.jobs import load_jobs
 
     problems: list[Problem] = []
     for file in args.files:
         try:
-            loaded = load_jobs(file)
+            loaded = load_ref(file)
         except SpecError as err:
             problems += err.problems
             continue
@@ -57,11 +57,11 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_render(args: argparse.Namespace) -> int:
+    from torchjob.cli.sources import load_ref
     from torchjob.expand import Expansion
-    from torchjob.jobs import load_jobs
     from torchjob.render import write_list
 
-    loaded = load_jobs(args.file)
+    loaded = load_ref(args.file)
     expansions = [Expansion(item.job) for item in loaded]
     for item, expansion in zip(loaded, expansions, strict=True):
         _print_warnings(item.document, expansion.warnings())

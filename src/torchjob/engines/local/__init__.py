@@ -98,20 +98,21 @@ def _raise_problems(job: Job) -> None:
 def _result(job_dir: Path) -> RunResult:
     from torchjob.engines.local.state import JobDir
 
-    status = JobDir(job_dir).read_status()
+    where = JobDir(job_dir)
+    report = where.read_status()
     pods = [
         PodResult(
-            name=str(p.get("name")),
-            task=str(p.get("task")),
-            index=int(p.get("index", 0)),
-            phase=str(p.get("phase")),
-            exit_code=p.get("exitCode"),
-            restarts=int(p.get("restarts", 0)),
-            log_dir=Path(str(p.get("logDir", ""))),
+            name=p.name,
+            task=p.task,
+            index=p.index,
+            phase=p.phase,
+            exit_code=p.exit_code,
+            restarts=p.restarts,
+            log_dir=where.log_dir(p.name, p.attempt),
         )
-        for p in status.get("pods") or []
+        for p in report.pods
     ]
-    return RunResult(str(status.get("phase")), str(status.get("reason", "")), job_dir, pods)
+    return RunResult(report.phase, report.reason, job_dir, pods)
 
 
 def run_job(job: Job, options: RunOptions | None = None) -> RunResult:
