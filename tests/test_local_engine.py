@@ -82,7 +82,9 @@ def test_report_round_trips_and_names_the_bad_field() -> None:
             "id": "a-123456",
             "name": "a",
             "phase": "Running",
-            "pods": [{"name": "a-m-0", "short": "m-0", "task": "m", "index": 0, "phase": "Running", "rank": 0}],
+            "pods": [
+                {"name": "a-m-0", "short": "m-0", "task": "m", "index": 0, "phase": "Running", "rank": 0}
+            ],
             "ports": [{"declared": 23456, "host": 40000}],
         }
     )

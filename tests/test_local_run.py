@@ -154,7 +154,8 @@ def test_env_field_refs_config_maps_and_mounts_resolve_locally(tmp_path: Path) -
     result = run(job, tmp_path, extra_env={"EXTRA": "yes"})
     assert result.ok, result.reason
     data = json.loads(out.read_text())
-    named = status_of(result).get("nameResolution") == "resolved"  # the cluster's names when they resolve here
+    # the cluster's names when they resolve here
+    named = status_of(result).get("nameResolution") == "resolved"
     assert data["POD"] in ("envs-worker-0", "envs-worker-1")
     index = int(data["POD"][-1])
     assert data["NS"] == "default"
