@@ -23,7 +23,8 @@ from torchjob.engines.local.containers import (
     resolve_container,
     rewrite_paths,
 )
-from torchjob.engines.local.output import LogFollower, prefix_for
+from torchjob.display import prefix_for
+from torchjob.engines.local.output import LogFollower
 from torchjob.engines.local.ports import declared_ports, release, reserve
 from torchjob.expand import expand
 
