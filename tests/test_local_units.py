@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from test_local_support import container, make_job, run, sh, task, wait_until
+from torchjob.display import prefix_for
 from torchjob.engines.local import check_job
 from torchjob.engines.local.addressing import LocalAddressing, pod_address
 from torchjob.engines.local.containers import (
@@ -23,7 +24,6 @@ from torchjob.engines.local.containers import (
     resolve_container,
     rewrite_paths,
 )
-from torchjob.display import prefix_for
 from torchjob.engines.local.output import LogFollower
 from torchjob.engines.local.ports import declared_ports, release, reserve
 from torchjob.expand import expand

@@ -13,7 +13,7 @@ from torchjob.plugins.base import Issues, Plugin, PodContext
 from torchjob.plugins.flags import Flag, non_negative, port_range
 from torchjob.plugins.waitmaster import wait_for_master_script
 from torchjob.spec import names
-from torchjob.spec.model import Job
+from torchjob.spec.model import Job, Task
 
 DEFAULT_PORT = 23456
 DEFAULT_WAIT_TIMEOUT = 300
@@ -135,16 +135,23 @@ class PyTorchPlugin(Plugin):
             self._script_for = key
         return self._script_text
 
+    def ports(self, job: Job) -> list[int]:
+        return [self.port]
+
+    def rank(self, job: Job, task: Task, index: int) -> int | None:
+        if job.task(self.master) is None:  # no master task: no wiring at all (see on_pod_create)
+            return None
+        if task.name == self.worker:
+            return index + 1
+        return 0 if task.name == self.master else None
+
     def on_pod_create(self, ctx: PodContext) -> None:
         wiring = self._wiring(ctx)
         if wiring is None:  # no master task: rejected by check(), and Volcano does nothing either
             return
         master_addr, master_port, world_size = wiring
-        rank: str | None = None
-        if ctx.task.name == self.worker:
-            rank = str(ctx.index + 1)
-        elif ctx.task.name == self.master:
-            rank = "0"
+        number = self.rank(ctx.job, ctx.task, ctx.index)
+        rank = None if number is None else str(number)
         for container in ctx.spec.get("containers", []):
             ports = container.setdefault("ports", [])
             if not any(p.get("containerPort") == self.port for p in ports):

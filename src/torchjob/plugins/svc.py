@@ -132,6 +132,9 @@ class SvcPlugin(Plugin):
             container.setdefault("volumeMounts", []).append({"name": cm, "mountPath": CONFIG_MOUNT_PATH})
         spec.setdefault("volumes", []).append({"name": cm, "configMap": {"name": cm}})
 
+    def config_mounts(self, job: Job) -> dict[str, str]:
+        return {CONFIG_MOUNT_PATH: configmap_name(job)}
+
     def job_objects(self, job: Job, addressing: Addressing) -> list[dict[str, Any]]:
         selector = {JOB_NAME_LABEL: job.name, JOB_NAMESPACE_LABEL: job.metadata.namespace}
         objects: list[dict[str, Any]] = [

@@ -53,7 +53,7 @@ from torchjob.lifecycle import (
     reactions,
     step,
 )
-from torchjob.plugins.svc import CONFIG_MOUNT_PATH
+from torchjob.plugins import build_plugins
 from torchjob.records import record
 from torchjob.spec.manifest import job_manifest
 from torchjob.spec.model import Job
@@ -66,6 +66,7 @@ DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no term
 WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
 STUCK_AFTER_KILL = 5.0  # a process that outlives SIGKILL this long is given up on (D state)
 STOPPED = "Stopped"  # reported phase of a pod the engine stopped before it ended by itself
+VOLCANO_MOUNT = "/etc/volcano"  # where Volcano's svc plugin mounts its host files
 
 Key = tuple[str, int]
 
@@ -113,6 +114,7 @@ class Supervisor:
         self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
         self.dirty = True
         self.rank_of: dict[Key, str | None] = {}
+        self.volcano_env: dict[str, str] = {}  # where the /etc/volcano files are here, when mounted
         self.interrupted: int | None = None
         self.created: list[PodChange] = []
         self.job_pids: set[int] = set()  # descendants seen, to reap once they are adopted
@@ -133,10 +135,17 @@ class Supervisor:
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
         state = self.expansion(0, 0)
         self.dir.write_configmaps(configmaps_of(state))
+        plugins = build_plugins(self.job)
         for plan in state.pods:
-            env = (plan.manifest["spec"].get("containers") or [{}])[0].get("env") or []
-            rank = next((str(e.get("value")) for e in env if e.get("name") == "RANK" and "value" in e), None)
-            self.rank_of[(plan.task.name, plan.index)] = rank
+            ranks = [plugin.rank(self.job, plan.task, plan.index) for plugin in plugins]
+            rank = next((r for r in ranks if r is not None), None)
+            self.rank_of[(plan.task.name, plan.index)] = None if rank is None else str(rank)
+        for path, configmap in (m for plugin in plugins for m in plugin.config_mounts(self.job).items()):
+            if path == VOLCANO_MOUNT:  # programs that open /etc/volcano/... read this instead
+                self.volcano_env = {
+                    "TORCHJOB_VOLCANO_DIR": str(self.dir.volumes / configmap),
+                    "TORCHJOB_CONFIG_MOUNT": path,
+                }
         return state
 
     def start_names_probe(self) -> tuple[names.HostsMount, names.Probe]:
@@ -486,8 +495,7 @@ class Supervisor:
             "TORCHJOB_RETRY_COUNT": str(self.status.retry_count),
             "TORCHJOB_WAIT_INTERVAL": WAIT_INTERVAL,
             "TORCHJOB_BIN": str(self.dir.bin),
-            "TORCHJOB_VOLCANO_DIR": str(self.dir.volumes / f"{self.job.name}-svc"),
-            "TORCHJOB_CONFIG_MOUNT": CONFIG_MOUNT_PATH,
+            **self.volcano_env,
         }
         for declared, host in self.ports.items():
             env[f"TORCHJOB_PORT_{declared}"] = str(host)
