@@ -18,12 +18,7 @@ from typing import Any
 from torchjob import __version__
 from torchjob.cli import local_commands, spec_commands
 from torchjob.engines.base import EngineError
-from torchjob.errors import SpecError
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, SpecError
 
 
 def _terminal_columns() -> int:

@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchjob.engines.registry import DEFAULT_ENGINE, engine_names, get_engine
-from torchjob.errors import Problem, SpecError
+from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 
 if TYPE_CHECKING:
     from torchjob.engines.base import Engine
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 REF_HELP = "job id, unique id prefix, or name (newest)"
 
 

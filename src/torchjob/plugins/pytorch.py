@@ -33,14 +33,12 @@ def _task_name(value: Any) -> str | None:
 class PyTorchPlugin(Plugin):
     name = "pytorch"
     flags = (
-        Flag("master", str, "master", "name of the master task", _task_name),
-        Flag("worker", str, "worker", "name of the worker task", _task_name),
-        Flag("port", int, DEFAULT_PORT, "port the master listens on", port_range),
-        Flag("wait-master-enabled", bool, False, "add an init container that waits for the master"),
-        Flag(
-            "wait-master-timeout", int, DEFAULT_WAIT_TIMEOUT, "seconds to wait for the master", non_negative
-        ),
-        Flag("wait-master-image", str, DEFAULT_WAIT_IMAGE, "image of the wait-for-master container", _image),
+        Flag("master", str, "master", _task_name),  # the master task's name
+        Flag("worker", str, "worker", _task_name),  # the worker task's name
+        Flag("port", int, DEFAULT_PORT, port_range),  # the port the master listens on
+        Flag("wait-master-enabled", bool, False),  # an init container on workers waits for the master
+        Flag("wait-master-timeout", int, DEFAULT_WAIT_TIMEOUT, non_negative),  # its seconds
+        Flag("wait-master-image", str, DEFAULT_WAIT_IMAGE, _image),  # its image
     )
 
     def __init__(self, args: list[str]) -> None:

@@ -264,6 +264,3 @@ class Elastic:
     def nnodes_text(self) -> str:
         """The ``MIN:MAX`` form torchrun and the entrypoint take."""
         return f"{self.min_nodes}:{self.max_nodes}"
-
-
-TaskConfig = PyTorch | Elastic

@@ -74,13 +74,11 @@ class LocalPod:
         mains: list[ContainerRun],
         restart_policy: str,
         log_dir: Path,
-        grace: float,
         on_group: Callable[[int, bool], None] = lambda pgid, started: None,
     ) -> None:
         self.name, self.task, self.index, self.attempt = name, task, index, attempt
         self.restart_policy = restart_policy
         self.log_dir = log_dir
-        self.grace = grace
         self.on_group = on_group  # tells the watchdog about each process group (True) and its end
         log_dir.mkdir(parents=True, exist_ok=True)
         self.inits = [Container(c, log_dir / f"{c.name}.log") for c in inits]
@@ -126,9 +124,7 @@ class LocalPod:
         elif self.phase == RUNNING:
             self._poll_mains(now)
 
-    def terminate(
-        self, now: float, grace: float | None = None, tree: Mapping[int, list[int]] | None = None
-    ) -> None:
+    def terminate(self, now: float, grace: float, tree: Mapping[int, list[int]] | None = None) -> None:
         """Stop the pod: SIGTERM to every group and recorded descendant, SIGKILL after the grace.
 
         ``tree`` (:func:`process.children_map`) can be shared when many pods stop at once.
@@ -142,7 +138,7 @@ class LocalPod:
             if c.running and c.proc is not None:
                 process.signal_group(c.proc.pid, signal.SIGTERM)
             process.signal_processes(c.tracked.values(), signal.SIGTERM)
-        self._kill_deadline = now + (self.grace if grace is None else grace)
+        self._kill_deadline = now + grace
         self._poll_terminating(now)
 
     def kill(self) -> None:

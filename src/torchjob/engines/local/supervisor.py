@@ -176,14 +176,12 @@ class Supervisor:
 
     def write_records(self) -> None:
         """job.yaml and pods.yaml are for people and tools, not the pods: written once pods run."""
-        from torchjob.render import dump
+        from torchjob.render import dump, list_of
 
         state = self.expansion(0, 0)
         write_atomic(self.dir.path / "job.yaml", dump(job_manifest(self.job), "yaml"))
         items = [*state.objects, *(p.manifest for p in state.pods)]
-        write_atomic(
-            self.dir.path / "pods.yaml", dump({"apiVersion": "v1", "kind": "List", "items": items}, "yaml")
-        )
+        write_atomic(self.dir.path / "pods.yaml", dump(list_of(items), "yaml"))
 
     def expansion(self, version: int, retry_count: int) -> DesiredState:
         key = (version, retry_count)
@@ -465,7 +463,6 @@ class Supervisor:
             mains=mains,
             restart_policy=plan.task.template.restart_policy,
             log_dir=log_dir,
-            grace=DEFAULT_GRACE,
             on_group=self.on_group,
         )
         pod.address = address
