@@ -18,7 +18,7 @@ from torchjob.display import prefix_for
 from torchjob.engines.local import check_job
 from torchjob.engines.local.addressing import LocalAddressing, pod_address
 from torchjob.engines.local.containers import (
-    PodContext,
+    PodSetup,
     expand_refs,
     parse_quantity,
     resolve_container,
@@ -308,7 +308,7 @@ def test_a_watchdog_whose_supervisor_vanishes_kills_the_groups_it_was_told_of() 
 def test_only_a_whole_python_command_name_becomes_this_interpreter(command: str, replaced: bool) -> None:
     job = make_job("py", [task("main", [container("app", [command, "x.py"])])])
     plan = expand(job, LocalAddressing(job)).pods[0]
-    ctx = PodContext(
+    ctx = PodSetup(
         plan=plan, address="127.0.0.1", uid="u", configmaps={}, configmap_dir=Path("/c"), pod_dir=Path("/p")
     )
     resolved = resolve_container(ctx, plan.manifest["spec"]["containers"][0], init=False)

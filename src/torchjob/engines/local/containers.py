@@ -52,7 +52,7 @@ class ResolveError(Exception):
 
 
 @record
-class PodContext:
+class PodSetup:
     """What the engine knows of one pod attempt, for resolving its containers."""
 
     plan: PodPlan
@@ -127,7 +127,7 @@ def _resource_value(container: dict[str, Any], ref: dict[str, Any], path: str) -
     return str(math.ceil(amount / divisor - 1e-9))
 
 
-def _field_value(ctx: PodContext, field_path: str, path: str) -> str:
+def _field_value(ctx: PodSetup, field_path: str, path: str) -> str:
     meta = ctx.plan.manifest["metadata"]
     spec = ctx.plan.manifest["spec"]
     simple = {
@@ -153,7 +153,7 @@ def _field_value(ctx: PodContext, field_path: str, path: str) -> str:
     )
 
 
-def _configmap_value(ctx: PodContext, ref: dict[str, Any], path: str) -> str | None:
+def _configmap_value(ctx: PodSetup, ref: dict[str, Any], path: str) -> str | None:
     name, key = str(ref.get("name", "")), str(ref.get("key", ""))
     data = ctx.configmaps.get(name)
     if data is None or key not in data:
@@ -168,7 +168,7 @@ def _configmap_value(ctx: PodContext, ref: dict[str, Any], path: str) -> str | N
     return data[key]
 
 
-def _env_from(ctx: PodContext, container: dict[str, Any], env: dict[str, str]) -> None:
+def _env_from(ctx: PodSetup, container: dict[str, Any], env: dict[str, str]) -> None:
     for i, source in enumerate(container.get("envFrom") or []):
         path = f"envFrom[{i}]"
         prefix = str(source.get("prefix") or "")
@@ -191,7 +191,7 @@ def _env_from(ctx: PodContext, container: dict[str, Any], env: dict[str, str]) -
 
 
 def _env_value(
-    ctx: PodContext, container: dict[str, Any], var: dict[str, Any], env: Mapping[str, str], path: str
+    ctx: PodSetup, container: dict[str, Any], var: dict[str, Any], env: Mapping[str, str], path: str
 ) -> str | None:
     if "valueFrom" not in var:
         return expand_refs(str(var.get("value", "")), env)
@@ -217,7 +217,7 @@ def _env_value(
     raise ResolveError(f"{path}.valueFrom", "unsupported valueFrom source")
 
 
-def mount_dirs(ctx: PodContext, container: dict[str, Any]) -> dict[str, str]:
+def mount_dirs(ctx: PodSetup, container: dict[str, Any]) -> dict[str, str]:
     """mountPath -> local directory for each volume of the container that has one here."""
     volumes = {str(v.get("name")): v for v in ctx.plan.manifest["spec"].get("volumes") or []}
     mounts: dict[str, str] = {}
@@ -242,7 +242,7 @@ def mount_dirs(ctx: PodContext, container: dict[str, Any]) -> dict[str, str]:
     return mounts
 
 
-def make_empty_dirs(ctx: PodContext) -> None:
+def make_empty_dirs(ctx: PodSetup) -> None:
     for volume in ctx.plan.manifest["spec"].get("volumes") or []:
         if "emptyDir" in volume:
             (ctx.pod_dir / "volumes" / str(volume["name"])).mkdir(parents=True, exist_ok=True)
@@ -259,7 +259,7 @@ def _constant(value: str) -> Callable[[re.Match[str]], str]:
     return lambda _match: value
 
 
-def resolve_container(ctx: PodContext, container: dict[str, Any], *, init: bool) -> ContainerRun:
+def resolve_container(ctx: PodSetup, container: dict[str, Any], *, init: bool) -> ContainerRun:
     """The argv, env and cwd of one container of a pod; raises ResolveError."""
     name, image = str(container.get("name", "")), str(container.get("image", ""))
     command = [str(c) for c in container.get("command") or []]
@@ -295,7 +295,7 @@ def resolve_container(ctx: PodContext, container: dict[str, Any], *, init: bool)
     return ContainerRun(name=name, image=image, init=init, argv=argv, env=env, cwd=cwd)
 
 
-def resolve_pod(ctx: PodContext) -> tuple[list[ContainerRun], list[ContainerRun]]:
+def resolve_pod(ctx: PodSetup) -> tuple[list[ContainerRun], list[ContainerRun]]:
     spec = ctx.plan.manifest["spec"]
     inits = [resolve_container(ctx, c, init=True) for c in spec.get("initContainers") or []]
     mains = [resolve_container(ctx, c, init=False) for c in spec.get("containers") or []]
@@ -331,7 +331,7 @@ def check_pods(state: DesiredState) -> Issues:
     configmaps = configmaps_of(state)
     seen: set[tuple[str, str, str]] = set()
     for plan in state.pods:
-        ctx = PodContext(
+        ctx = PodSetup(
             plan=plan,
             address="127.0.0.1",
             uid="check",

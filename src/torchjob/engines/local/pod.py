@@ -43,7 +43,7 @@ def exit_code_of(returncode: int) -> int:
 
 
 @record
-class Container:
+class RunningContainer:
     run: ContainerRun
     log: Path
     proc: subprocess.Popen[bytes] | None = None
@@ -81,8 +81,8 @@ class LocalPod:
         self.log_dir = log_dir
         self.on_group = on_group  # tells the watchdog about each process group (True) and its end
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.inits = [Container(c, log_dir / f"{c.name}.log") for c in inits]
-        self.mains = [Container(c, log_dir / f"{c.name}.log") for c in mains]
+        self.inits = [RunningContainer(c, log_dir / f"{c.name}.log") for c in inits]
+        self.mains = [RunningContainer(c, log_dir / f"{c.name}.log") for c in mains]
         self.phase = PENDING
         self.exit_code: int | None = None
         self.terminating = False
@@ -103,7 +103,7 @@ class LocalPod:
         return sum(c.restarts for c in [*self.inits, *self.mains])
 
     @property
-    def containers(self) -> list[Container]:
+    def containers(self) -> list[RunningContainer]:
         return [*self.inits, *self.mains]
 
     def start(self, now: float) -> None:
@@ -189,7 +189,7 @@ class LocalPod:
 
     # ---------------------------------------------------------------- private
 
-    def _start(self, c: Container, now: float) -> None:
+    def _start(self, c: RunningContainer, now: float) -> None:
         c.next_start = None
         c.exit_code = None
         try:
@@ -207,7 +207,7 @@ class LocalPod:
         c.started = now
         self.on_group(c.proc.pid, True)
 
-    def _reap(self, c: Container) -> bool:
+    def _reap(self, c: RunningContainer) -> bool:
         """True when the container's process has ended just now."""
         if c.proc is None or c.proc.returncode is not None:
             return False
@@ -221,11 +221,11 @@ class LocalPod:
         self.on_group(c.proc.pid, False)
         return True
 
-    def _ended(self, c: Container) -> bool:
+    def _ended(self, c: RunningContainer) -> bool:
         """The container has an exit code (its process ended or could not start)."""
         return c.exit_code is not None and not c.running
 
-    def _schedule_restart(self, c: Container, now: float) -> None:
+    def _schedule_restart(self, c: RunningContainer, now: float) -> None:
         ran = now - (c.started or now)
         c.failures = 1 if ran >= BACKOFF_RESET else c.failures + 1
         delay = backoff(c.failures)

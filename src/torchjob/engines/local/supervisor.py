@@ -23,11 +23,11 @@ from typing import Any
 from torchjob import logs
 from torchjob.display import headline, pod_color, pod_rows, prefix_for, summary
 from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport, PortReport
-from torchjob.engines.local import names, process
+from torchjob.engines.local import podnames, process
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
-    PodContext,
+    PodSetup,
     ResolveError,
     configmaps_of,
     make_empty_dirs,
@@ -119,7 +119,7 @@ class Supervisor:
         self.created: list[PodChange] = []
         self.job_pids: set[int] = set()  # descendants seen, to reap once they are adopted
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
-        self.hosts_mount: names.HostsMount | None = None  # set when pod names can resolve
+        self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
         self.name_resolution = "addresses only"
 
     # ------------------------------------------------------------------ setup
@@ -148,20 +148,20 @@ class Supervisor:
                 }
         return state
 
-    def start_names_probe(self) -> tuple[names.HostsMount, names.Probe]:
+    def start_names_probe(self) -> tuple[podnames.HostsMount, podnames.Probe]:
         """Write the job's hosts file and start checking whether its processes can get it as /etc/hosts."""
         hosts = self.dir.path / "hosts"
         try:
-            with open(names.ETC_HOSTS) as handle:
+            with open(podnames.ETC_HOSTS) as handle:
                 machine = handle.read()
         except OSError:
             machine = ""
         entries = LocalAddressing(self.job).hosts_entries(self.job)  # addresses only: no ports
-        write_atomic(hosts, names.hosts_text(machine, entries))
-        mount = names.HostsMount.of(str(hosts))
-        return mount, names.start_probe(mount)
+        write_atomic(hosts, podnames.hosts_text(machine, entries))
+        mount = podnames.HostsMount.of(str(hosts))
+        return mount, podnames.start_probe(mount)
 
-    def finish_names_probe(self, probe: tuple[names.HostsMount, names.Probe]) -> bool:
+    def finish_names_probe(self, probe: tuple[podnames.HostsMount, podnames.Probe]) -> bool:
         """Decide, once per job, whether pod names resolve (the probe's answer)."""
         mount, running = probe
         why_not = running.result()
@@ -433,7 +433,7 @@ class Supervisor:
         address = self.addressing.address_of(*key)
         pod_dir = self.dir.pod_dir(plan.name, attempt)
         uid = _uuid4()
-        ctx = PodContext(
+        ctx = PodSetup(
             plan=plan,
             address=address,
             uid=uid,
