@@ -20,13 +20,13 @@ from torchjob.engines.local.addressing import LocalAddressing, pod_address
 from torchjob.engines.local.containers import (
     PodSetup,
     expand_refs,
-    parse_quantity,
     resolve_container,
     rewrite_paths,
 )
 from torchjob.engines.local.output import LogFollower
 from torchjob.engines.local.ports import declared_ports, release, reserve
 from torchjob.expand import expand
+from torchjob.spec.units import parse_quantity
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -69,6 +69,7 @@ def test_quantities() -> None:
     assert parse_quantity("2") == 2
     assert parse_quantity("1Gi") == 2**30
     assert parse_quantity("1.5k") == 1500
+    assert parse_quantity("1e3") == 1000 and parse_quantity("2E-3") == 0.002
     with pytest.raises(ValueError):
         parse_quantity("lots")
 

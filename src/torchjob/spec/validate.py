@@ -9,12 +9,12 @@ is skipped, so one mistake gives one message, not a cascade of follow-on ones.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from torchjob.spec import names
 from torchjob.spec.model import Job, Policy, Task, pod_name
 from torchjob.spec.source import child, parent
+from torchjob.spec.units import parse_duration
 
 Issues = list[tuple[str, str]]
 
@@ -125,7 +125,11 @@ def validate_policies(policies: list[Policy], path: str, broken: Broken | None =
 
 
 def _is_duration(text: str) -> bool:
-    return bool(re.fullmatch(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+", text))
+    try:
+        parse_duration(text)
+    except ValueError:
+        return False
+    return True
 
 
 def validate_job(job: Job, broken: Broken | None = None) -> Issues:

@@ -29,17 +29,13 @@ from typing import Any
 
 from torchjob.expand import DesiredState, PodPlan
 from torchjob.records import field, record
+from torchjob.spec.units import parse_quantity
 
 Issues = list[tuple[str, str]]
 
 _PYTHON = re.compile(r"python(3(\.\d+)?)?")
 _VAR_REF = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))")
 _FIELD_INDEX = re.compile(r"^metadata\.(labels|annotations)\['([^']*)'\]$")
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([a-zA-Z]*)$")
-_SUFFIX = {
-    "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
-}  # fmt: skip
 
 
 class ResolveError(Exception):
@@ -88,13 +84,6 @@ def expand_refs(text: str, env: Mapping[str, str]) -> str:
         return env[name] if name in env else match.group(0)
 
     return _VAR_REF.sub(sub, text)
-
-
-def parse_quantity(text: str) -> float:
-    match = _QUANTITY.match(str(text).strip())
-    if not match or match.group(2) not in _SUFFIX:
-        raise ValueError(f"not a quantity: {text!r}")
-    return float(match.group(1)) * _SUFFIX[match.group(2)]
 
 
 def _machine_resource(resource: str) -> float:
