@@ -23,9 +23,9 @@ from torchjob.engines.local.containers import (
     resolve_container,
     rewrite_paths,
 )
-from torchjob.engines.local.output import LogFollower
 from torchjob.engines.local.ports import declared_ports, release, reserve
 from torchjob.expand import expand
+from torchjob.files import LogFollower
 from torchjob.spec.units import parse_quantity
 
 pytestmark = pytest.mark.timeout(30)

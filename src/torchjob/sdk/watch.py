@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchjob.files import LogFollower
 from torchjob.logs import get_logger
 
 if TYPE_CHECKING:
@@ -23,26 +24,6 @@ logger = get_logger()
 INTERVAL = 0.2
 
 
-class _Tail:
-    """New complete lines of one growing file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.rest = b""
-
-    def lines(self) -> list[str]:
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except OSError:
-            return []
-        self.offset += len(data)
-        *complete, self.rest = (self.rest + data).split(b"\n")
-        return [line.decode(errors="replace") for line in complete]
-
-
 class JobWatcher:
     """Echo progress and pod logs until stopped; use as a context manager around the run.
 
@@ -51,7 +32,8 @@ class JobWatcher:
     """
 
     def __init__(self, progress: Path, label: str, engine: Engine | None = None, job: str = "") -> None:
-        self.progress = _Tail(progress)
+        self.progress = LogFollower()
+        self.progress.follow(progress, "rendezvous")
         self.label = label
         self.engine = engine
         self.job = job
@@ -64,7 +46,7 @@ class JobWatcher:
             self.tick()
 
     def tick(self) -> None:
-        for line in self.progress.lines():
+        for _, line in self.progress.read():
             print(f"torchjob: {self.label}: rendezvous: {line}", file=sys.stderr, flush=True)
             logger.debug("%s: rendezvous: %s", self.label, line)
 

@@ -135,7 +135,7 @@ class LocalEngine:
     def _read_logs(
         self, where: JobDir, report: JobReport, query: LogQuery, files: list[_LogFile]
     ) -> Iterator[LogLine]:
-        from torchjob.engines.local.output import LogFollower
+        from torchjob.files import LogFollower
 
         follower = LogFollower()
         known: dict[Path, _LogFile] = {}

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torchjob.engines.local.state import process_alive, start_time
+from torchjob.files import write_atomic
 from torchjob.plugins import build_plugins
 from torchjob.spec.model import Job
 
@@ -113,9 +114,7 @@ def _locked_registry() -> Iterator[dict[str, Any]]:
         except (OSError, ValueError):
             data = {}
         yield data
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _me() -> dict[str, Any]:

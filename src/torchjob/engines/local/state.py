@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchjob.engines.local import procfs
+from torchjob.files import write_atomic
 from torchjob.records import record
 
 if TYPE_CHECKING:
@@ -35,12 +36,6 @@ def state_root(explicit: Path | None = None) -> Path:
         return Path(explicit)
     home = os.environ.get("TORCHJOB_HOME")
     return (Path(home) if home else Path.home() / ".torchjob") / "jobs"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _linux_stat(pid: int) -> tuple[str, float] | None:

@@ -33,12 +33,13 @@ from torchjob.engines.local.containers import (
     make_empty_dirs,
     resolve_pod,
 )
-from torchjob.engines.local.output import Console, LogFollower, short_name
+from torchjob.engines.local.output import Console, short_name
 from torchjob.engines.local.pod import FAILED, PENDING, RUNNING, SUCCEEDED, LocalPod
-from torchjob.engines.local.state import JobDir, write_atomic
+from torchjob.engines.local.state import JobDir
 from torchjob.engines.local.waiter import ExitWaiter
 from torchjob.engines.local.watchdog import Watchdog
 from torchjob.expand import DesiredState, PodPlan, expand
+from torchjob.files import LogFollower, write_atomic
 from torchjob.lifecycle import (
     Action,
     Decision,
