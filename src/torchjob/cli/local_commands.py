@@ -40,13 +40,13 @@ def register(commands: Any) -> None:
     _engine_options(run)
     run.set_defaults(func=run_run)
 
-    status = commands.add_parser("status", help="show local jobs, or one job's pods")
+    status = commands.add_parser("status", help="show the jobs, or one job's pods")
     status.add_argument("job", nargs="?", metavar="JOB", help=REF_HELP)
     status.add_argument("-o", "--output", choices=("yaml", "json"), help="print the full status")
     _engine_options(status)
     status.set_defaults(func=run_status)
 
-    logs = commands.add_parser("logs", help="print a local job's logs, prefixed by pod and rank")
+    logs = commands.add_parser("logs", help="print a job's logs, prefixed by pod and rank")
     logs.add_argument("job", metavar="JOB", help=REF_HELP)
     logs.add_argument("pod", nargs="?", metavar="POD", help="pod name, short name (worker-1) or task name")
     logs.add_argument(
@@ -58,7 +58,7 @@ def register(commands: Any) -> None:
     _engine_options(logs)
     logs.set_defaults(func=run_logs)
 
-    delete = commands.add_parser("delete", help="stop a local job if it runs and remove its directory")
+    delete = commands.add_parser("delete", help="stop a job if it runs and remove it (locally: its directory)")
     delete.add_argument(
         "jobs", nargs="+", metavar="JOB", help="job id, id prefix of 4+ characters, or name (newest)"
     )
