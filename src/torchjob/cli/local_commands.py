@@ -58,7 +58,7 @@ def register(commands: Any) -> None:
     _engine_options(logs)
     logs.set_defaults(func=run_logs)
 
-    delete = commands.add_parser("delete", help="stop a job if it runs and remove it (locally: its directory)")
+    delete = commands.add_parser("delete", help="stop a job if it runs, then remove it and its state")
     delete.add_argument(
         "jobs", nargs="+", metavar="JOB", help="job id, id prefix of 4+ characters, or name (newest)"
     )

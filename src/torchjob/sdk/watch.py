@@ -63,9 +63,12 @@ class JobWatcher:
                 if done or self.stop.wait(INTERVAL):
                     return
                 continue
-            for line in lines:
-                sys.stdout.write(f"{line.pod or line.prefix} | {line.text}\n")
-                sys.stdout.flush()
+            try:
+                for line in lines:
+                    sys.stdout.write(f"{line.pod or line.prefix} | {line.text}\n")
+                    sys.stdout.flush()
+            except (OSError, EngineError) as err:  # the echo stops; the job and its logs do not
+                logger.debug("%s: no more pod output: %s", self.label, err)
             return
 
     def __enter__(self) -> JobWatcher:
