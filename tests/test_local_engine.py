@@ -4,13 +4,17 @@ that must be exact to delete, and log queries naming what does not exist."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from test_local_cli import _cli, _write
-from test_local_support import container, make_job, sh, task
-from torchjob.engines.base import JobReport, ReportError
+from test_local_support import container, leftovers, make_job, sh, task, wait_until
+from torchjob.engines.base import JobReport, ReportError, StartOptions
+from torchjob.engines.local.state import JobDir
+from torchjob.engines.registry import get_engine
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,3 +131,21 @@ def test_logs_of_an_attempt_or_container_that_does_not_exist_say_what_exists(tmp
     assert "no container 'nosuch' (containers: app)" in container.stderr
     good = _cli(tmp_path, "logs", job_id, "-c", "app", "--attempt", "0")
     assert good.returncode == 0 and good.stdout == "main-0 | hi from logsy-main-0\n"
+
+
+def test_a_job_whose_supervisor_died_is_unknown_and_wait_returns(tmp_path: Path) -> None:
+    engine = get_engine("local", state_dir=tmp_path / "jobs")
+    job = make_job("orphan", [task("main", [container("app", sh("echo up; sleep 300"))])])
+    started = engine.start(job, StartOptions(detach=True))
+    assert wait_until(lambda: engine.status(started.id).phase == "Running", 15)
+    assert engine.wait(started.id, timeout=0.3).phase == "Running"  # the timeout: its latest report
+    found = JobDir(Path(started.location)).supervisor()
+    assert found is not None
+    os.kill(found[0], signal.SIGKILL)
+    final = engine.wait(started.id, timeout=15)
+    assert final.phase == "Unknown", final
+    assert "the supervisor of this job is gone; last known phase Running" in final.reason
+    assert [r.id for r in engine.list_jobs()] == [started.id]
+    assert engine.delete([started.id]) == [started.id]
+    assert wait_until(lambda: leftovers(started.id) == [], 5)
+    assert engine.list_jobs() == []

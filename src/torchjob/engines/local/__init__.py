@@ -188,7 +188,9 @@ def _detach(job: Job, path: Path, options: RunOptions) -> RunResult:
     with os.fdopen(read_end, "rb") as pipe:
         select.select([pipe], [], [], 10.0)  # until the daemon has started (or died)
     deadline = time.monotonic() + 10
-    status = path / "status.json"
+    from torchjob.engines.local.state import JobDir
+
+    status = JobDir(path).status_file
     while not status.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     result = _result(path)
@@ -197,9 +199,11 @@ def _detach(job: Job, path: Path, options: RunOptions) -> RunResult:
 
 
 def _become_daemon(path: Path) -> None:
+    from torchjob.engines.local.state import JobDir
+
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
-    log = os.open(path / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(JobDir(path).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(devnull)

@@ -97,6 +97,10 @@ class JobDir:
         return self.path / "status.json"
 
     @property
+    def supervisor_log(self) -> Path:
+        return self.path / "supervisor.log"
+
+    @property
     def logs(self) -> Path:
         return self.path / "logs"
 
