@@ -18,6 +18,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/lint-imports  # the layers and import rules in pyproject.toml [tool.importlinter]
 
 typecheck: $(STAMP)
 	$(BIN)/mypy src

@@ -95,7 +95,7 @@ def check_sendrecv_logs(job_dir: Path, job: str = "pytorch-job") -> str:
     # the port is the one the job got.
     joined = re.search(r"sendrecv: rank 0 of 3 joined the group at ([\w.-]+):(\d+)", master)
     assert joined, master
-    named = status(job_dir).get("names") == "resolved"
+    named = status(job_dir).get("nameResolution") == "resolved"
     assert (joined[1] == f"{job}-master-0.{job}") if named else joined[1].startswith("127."), joined[1]
     return f"{joined[1]}:{joined[2]}"
 

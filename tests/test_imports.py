@@ -146,3 +146,18 @@ def test_run_of_a_short_job_loads_only_what_starting_pods_needs(tmp_path: Path) 
     report = json.loads(result.stderr.strip().splitlines()[-1])
     assert report["code"] == 0, result.stdout + result.stderr
     assert report["heavy"] == []
+
+
+def test_the_import_contracts_hold() -> None:
+    """The layers and import rules of pyproject.toml ([tool.importlinter]), as `make lint` checks them."""
+    pytest.importorskip("importlinter", reason="import-linter (the dev extra) is not installed")
+    lint = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run(
+        [str(lint), "--config", str(REPO / "pyproject.toml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout

@@ -27,7 +27,6 @@ from torchjob.lifecycle import (
     cancels_delay,
     events_for,
     initial_status,
-    parse_duration,
     reactions,
     resolve,
     resolve_action,
@@ -38,6 +37,7 @@ from torchjob.lifecycle import (
 from torchjob.records import replace
 from torchjob.spec.defaults import apply_defaults
 from torchjob.spec.model import Job, JobSpec, Metadata, PodTemplate, Policy, Task
+from torchjob.spec.units import parse_duration
 
 P, R, S, F = PodPhase.PENDING, PodPhase.RUNNING, PodPhase.SUCCEEDED, PodPhase.FAILED
 SOFT = RETAIN_SOFT

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from test_local_support import container, leftovers, make_job, sh, task, wait_until
-from torchjob.engines.local.state import job_manifest
+from torchjob.spec.manifest import job_manifest
 
 pytestmark = pytest.mark.timeout(60)
 

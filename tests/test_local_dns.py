@@ -18,7 +18,7 @@ import pytest
 from test_local_support import container, leftovers, make_job, run, sh, status_of, task
 from test_waitmaster import PROBING, make_shell
 from torchjob import records
-from torchjob.engines.local import names
+from torchjob.engines.local import podnames
 from torchjob.plugins.waitmaster import INTERVAL_ENV, wait_for_master_script
 
 pytestmark = pytest.mark.timeout(90)
@@ -35,7 +35,7 @@ def hosts_file() -> Iterator[Path]:
     folder.chmod(0o755)
     path = folder / "hosts"
     path.write_text(
-        names.hosts_text(Path(names.ETC_HOSTS).read_text(), [("127.0.1.9", ["pod-a", "pod-a.sub"])])
+        podnames.hosts_text(Path(podnames.ETC_HOSTS).read_text(), [("127.0.1.9", ["pod-a", "pod-a.sub"])])
     )
     path.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
     yield path
@@ -44,14 +44,14 @@ def hosts_file() -> Iterator[Path]:
 
 @pytest.fixture
 def names_work(hosts_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(names.SWITCH, raising=False)
-    why_not = names.probe(names.HostsMount.of(str(hosts_file)))
+    monkeypatch.delenv(podnames.SWITCH, raising=False)
+    why_not = podnames.probe(podnames.HostsMount.of(str(hosts_file)))
     if why_not is not None:
         pytest.skip(f"this machine cannot give a process its own /etc/hosts: {why_not}")
 
 
 def test_hosts_text_keeps_the_machine_lines_first_and_lists_each_name_once() -> None:
-    text = names.hosts_text(
+    text = podnames.hosts_text(
         "127.0.0.1 localhost\n",
         [("127.0.1.1", ["a", "a.j", "a"]), ("127.0.1.2", ["a.j", "b", "b.j"]), ("127.0.1.3", ["b"])],
     )
@@ -61,23 +61,23 @@ def test_hosts_text_keeps_the_machine_lines_first_and_lists_each_name_once() -> 
 
 
 def test_the_switch_turns_names_off(hosts_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(names.SWITCH, "0")
-    assert names.probe(names.HostsMount.of(str(hosts_file))) == f"{names.SWITCH}=0"
+    monkeypatch.setenv(podnames.SWITCH, "0")
+    assert podnames.probe(podnames.HostsMount.of(str(hosts_file))) == f"{podnames.SWITCH}=0"
 
 
 @pytest.mark.usefixtures("names_work")
 def test_a_failing_probe_says_why(hosts_file: Path) -> None:
-    broken = names.HostsMount(hosts_file.as_posix().encode(), b"not a map", b"nor this", root=False)
-    why_not = names.probe(broken)
+    broken = podnames.HostsMount(hosts_file.as_posix().encode(), b"not a map", b"nor this", root=False)
+    why_not = podnames.probe(broken)
     assert why_not is not None and "Invalid argument" in why_not, why_not
-    missing = names.HostsMount.of(str(hosts_file.parent / "missing"))
-    assert "cannot read the job's hosts file" in str(names.probe(missing))
+    missing = podnames.HostsMount.of(str(hosts_file.parent / "missing"))
+    assert "cannot read the job's hosts file" in str(podnames.probe(missing))
 
 
 @pytest.mark.usefixtures("names_work")
 def test_a_process_sees_the_file_and_the_machine_does_not(hosts_file: Path) -> None:
     before = _mountinfo()
-    mount = names.HostsMount.of(str(hosts_file))
+    mount = podnames.HostsMount.of(str(hosts_file))
     out = subprocess.run(
         ["sh", "-c", "cat /etc/hosts; id -u"],
         preexec_fn=mount.enter,
@@ -88,7 +88,7 @@ def test_a_process_sees_the_file_and_the_machine_does_not(hosts_file: Path) -> N
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[:-1] == hosts_file.read_text().splitlines()
     assert out.stdout.splitlines()[-1] == str(os.getuid())  # the same user inside
-    assert "pod-a" not in Path(names.ETC_HOSTS).read_text()
+    assert "pod-a" not in Path(podnames.ETC_HOSTS).read_text()
     assert _mountinfo() == before  # nothing leaked into this namespace
 
 
@@ -97,7 +97,7 @@ def test_a_process_sees_the_file_and_the_machine_does_not(hosts_file: Path) -> N
     not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to become another user"
 )
 def test_a_user_who_is_not_root_gets_the_file_through_a_user_namespace(hosts_file: Path) -> None:
-    mount = names.HostsMount(hosts_file.as_posix().encode(), b"4242 4242 1", b"4343 4343 1", root=False)
+    mount = podnames.HostsMount(hosts_file.as_posix().encode(), b"4242 4242 1", b"4343 4343 1", root=False)
 
     def become_nobody_then_enter() -> None:
         os.setgroups([])
@@ -155,15 +155,15 @@ def test_pod_names_resolve_to_the_pods_addresses_and_master_addr_is_the_cluster_
     assert data["localhost"] == "127.0.0.1"  # the machine's own names still resolve
     assert data["volcano"] == ["dns-worker-0.dns", "dns-worker-1.dns"]
     status = status_of(result)
-    assert status["names"] == "resolved"
+    assert status["nameResolution"] == "resolved"
     assert [p["address"] for p in status["pods"]] == ["127.0.1.1", "127.0.1.2", "127.0.1.3"]
     assert leftovers(result.job_id) == []
     assert _mountinfo() == before
-    assert "dns-master-0" not in Path(names.ETC_HOSTS).read_text()
+    assert "dns-master-0" not in Path(podnames.ETC_HOSTS).read_text()
 
 
 def test_with_names_off_the_job_gets_addresses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(names.SWITCH, "0")
+    monkeypatch.setenv(podnames.SWITCH, "0")
     out = tmp_path / "env.json"
     program = (
         "import json, os\n"
@@ -183,7 +183,7 @@ def test_with_names_off_the_job_gets_addresses(tmp_path: Path, monkeypatch: pyte
     assert result.ok, result.reason
     data = json.loads(out.read_text())
     assert data == {"addr": "127.0.1.1", "private": False}
-    assert status_of(result)["names"] == f"addresses only ({names.SWITCH}=0)"
+    assert status_of(result)["nameResolution"] == f"addresses only ({podnames.SWITCH}=0)"
     assert "dns-master-0.dns" in (result.job_dir / "hosts").read_text()  # still written, for reference
 
 
@@ -219,8 +219,8 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user_namespace: bool
 ) -> None:
     if user_namespace:  # the path a user who is not root takes, also when the tests run as root
-        of = names.HostsMount.of
-        monkeypatch.setattr(names.HostsMount, "of", lambda source: records.replace(of(source), root=False))
+        of = podnames.HostsMount.of
+        monkeypatch.setattr(podnames.HostsMount, "of", lambda source: records.replace(of(source), root=False))
     elif os.geteuid() != 0:
         pytest.skip("without root every job takes the user-namespace path")
     script = tmp_path / "gloo.py"
@@ -280,7 +280,7 @@ def test_wait_for_master_reaches_the_master_by_name(
             timeout=30,
         )
 
-    done = wait(names.HostsMount.of(str(hosts_file)).enter)
+    done = wait(podnames.HostsMount.of(str(hosts_file)).enter)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "is ready" in done.stdout + done.stderr
     if kind == PROBING[0]:  # the name really came from the job's file: without it there is none

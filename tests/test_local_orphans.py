@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from test_local_support import container, leftovers, make_job, run, sh, task, wait_until
-from torchjob.engines.local.state import job_manifest
+from torchjob.spec.manifest import job_manifest
 
 pytestmark = pytest.mark.timeout(60)
 

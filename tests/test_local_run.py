@@ -154,7 +154,8 @@ def test_env_field_refs_config_maps_and_mounts_resolve_locally(tmp_path: Path) -
     result = run(job, tmp_path, extra_env={"EXTRA": "yes"})
     assert result.ok, result.reason
     data = json.loads(out.read_text())
-    named = status_of(result).get("names") == "resolved"  # the cluster's names when they resolve here
+    # the cluster's names when they resolve here
+    named = status_of(result).get("nameResolution") == "resolved"
     assert data["POD"] in ("envs-worker-0", "envs-worker-1")
     index = int(data["POD"][-1])
     assert data["NS"] == "default"
@@ -270,7 +271,7 @@ def test_a_taken_port_is_mapped_to_a_free_host_port(tmp_path: Path) -> None:
 def test_two_copies_of_a_job_pinning_one_port_both_complete(tmp_path: Path) -> None:
     yaml_file = tmp_path / "job.json"
     job = _port_job("twin", tmp_path)
-    from torchjob.engines.local.state import job_manifest
+    from torchjob.spec.manifest import job_manifest
 
     yaml_file.write_text(json.dumps(job_manifest(job)))
     env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")}

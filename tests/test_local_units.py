@@ -14,18 +14,19 @@ import psutil
 import pytest
 
 from test_local_support import container, make_job, run, sh, task, wait_until
+from torchjob.display import prefix_for
 from torchjob.engines.local import check_job
 from torchjob.engines.local.addressing import LocalAddressing, pod_address
 from torchjob.engines.local.containers import (
-    PodContext,
+    PodSetup,
     expand_refs,
-    parse_quantity,
     resolve_container,
     rewrite_paths,
 )
-from torchjob.engines.local.output import LogFollower, prefix_for
 from torchjob.engines.local.ports import declared_ports, release, reserve
 from torchjob.expand import expand
+from torchjob.files import LogFollower
+from torchjob.spec.units import parse_quantity
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -68,6 +69,7 @@ def test_quantities() -> None:
     assert parse_quantity("2") == 2
     assert parse_quantity("1Gi") == 2**30
     assert parse_quantity("1.5k") == 1500
+    assert parse_quantity("1e3") == 1000 and parse_quantity("2E-3") == 0.002
     with pytest.raises(ValueError):
         parse_quantity("lots")
 
@@ -303,7 +305,7 @@ def test_a_watchdog_whose_supervisor_vanishes_kills_the_groups_it_was_told_of() 
 def test_only_a_whole_python_command_name_becomes_this_interpreter(command: str, replaced: bool) -> None:
     job = make_job("py", [task("main", [container("app", [command, "x.py"])])])
     plan = expand(job, LocalAddressing(job)).pods[0]
-    ctx = PodContext(
+    ctx = PodSetup(
         plan=plan, address="127.0.0.1", uid="u", configmaps={}, configmap_dir=Path("/c"), pod_dir=Path("/p")
     )
     resolved = resolve_container(ctx, plan.manifest["spec"]["containers"][0], init=False)

@@ -484,3 +484,25 @@ def test_wait_for_master_container_gets_svc_and_env_additions() -> None:
     assert wait["volumeMounts"] == [{"name": "demo-svc", "mountPath": "/etc/volcano"}]
     main = worker["containers"][0]
     assert env_names(main) == [*PYTORCH_ENV, *expected]
+
+
+def test_plugins_report_their_ports_ranks_and_mounts_to_engines() -> None:
+    """What an engine asks of plugins instead of knowing each one (issue 9)."""
+    from torchjob.engines.local.ports import declared_ports
+    from torchjob.plugins import build_plugins
+
+    job = load(
+        job_doc(
+            {"pytorch": ["--master=master", "--worker=worker", "--port=29500"]},
+            task("master", 1),
+            task("worker", 2),
+        )
+    )
+    plugins = {p.name: p for p in build_plugins(job)}
+    assert plugins["pytorch"].ports(job) == [29500]
+    assert declared_ports(job)[0] == 29500
+    master, worker = job.spec.tasks
+    assert [plugins["pytorch"].rank(job, worker, i) for i in range(2)] == [1, 2]
+    assert plugins["pytorch"].rank(job, master, 0) == 0
+    assert plugins["svc"].config_mounts(job) == {"/etc/volcano": f"{job.name}-svc"}
+    assert plugins["svc"].ports(job) == [] and plugins["svc"].rank(job, master, 0) is None

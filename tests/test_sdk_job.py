@@ -22,9 +22,9 @@ from torchjob import (
     Worker,
     task,
 )
+from torchjob.cli.sources import load_ref
 from torchjob.errors import SpecError
 from torchjob.expand import expand
-from torchjob.jobs import load_jobs
 from torchjob.spec.model import Job
 
 
@@ -233,7 +233,7 @@ def task_file(tmp_path: Path) -> Path:
 
 
 def test_load_jobs_accepts_a_task_reference(task_file: Path) -> None:
-    [loaded] = load_jobs(f"{task_file}:stretch")
+    [loaded] = load_ref(f"{task_file}:stretch")
     assert [(x.name, x.replicas) for x in loaded.job.spec.tasks] == [("master", 1), ("worker", 2)]
     assert _flag(_command(loaded.job), "--task") == f"{task_file}:stretch"
     assert loaded.job.elastic is not None and loaded.job.elastic.max_nodes == 3
@@ -248,7 +248,7 @@ def test_load_jobs_accepts_a_task_reference(task_file: Path) -> None:
 )
 def test_load_jobs_bad_reference(task_file: Path, name: str, message: str) -> None:
     with pytest.raises(SpecError) as info:
-        load_jobs(f"{task_file}:{name}")
+        load_ref(f"{task_file}:{name}")
     assert message in str(info.value)
 
 

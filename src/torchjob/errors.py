@@ -10,6 +10,12 @@ from collections.abc import Iterable
 
 from torchjob.records import record
 
+# The exit codes of torchjob's programs (the CLI and the in-pod SDK runner).
+EXIT_OK = 0
+EXIT_FAILED = 1  # the job (or the task) failed
+EXIT_BAD_INPUT = 2  # a user mistake: nothing was started
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
 
 @record(frozen=True)
 class Problem:

@@ -1,7 +1,8 @@
 """From a file name to checked jobs: load, parse, default, validate, check plugins.
 
 This is the one entry every command uses, so a job is judged the same way whether it is
-validated, rendered, run or submitted. A reference ``path/to/file.py:task`` is an SDK task.
+validated, rendered, run or submitted. YAML and JSON only: an SDK task reference
+(``path/to/file.py:task``) is read by :mod:`torchjob.cli.sources`, above both this and the SDK.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from torchjob.spec.parse import parse_job
 from torchjob.spec.source import Document, load_documents, parse_documents
 from torchjob.spec.validate import Broken, validate_job
 
-_SDK_REF = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
 _TASK_NAME = re.compile(r"spec\.tasks\[\d+\]\.name")
 
 
@@ -80,14 +80,9 @@ def check_jobs(documents: list[Document], file: str) -> list[LoadedJob]:
     return loaded
 
 
-def load_jobs(ref: str) -> list[LoadedJob]:
-    """Every job in a YAML/JSON file (``-`` for stdin) or the job of an SDK task reference."""
-    match = _SDK_REF.fullmatch(ref)
-    if match:
-        from torchjob.sdk.loader import load_task_job  # lazy: only SDK references need it
-
-        return [load_task_job(match["path"], match["name"])]
-    return check_jobs(load_documents(ref), ref)
+def load_jobs(file: str) -> list[LoadedJob]:
+    """Every job in a YAML/JSON file (``-`` for stdin)."""
+    return check_jobs(load_documents(file), file)
 
 
 def load_jobs_from_text(text: str, file: str = "<text>") -> list[LoadedJob]:

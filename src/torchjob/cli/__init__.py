@@ -17,12 +17,8 @@ from typing import Any
 
 from torchjob import __version__
 from torchjob.cli import local_commands, spec_commands
-from torchjob.errors import SpecError
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+from torchjob.engines.base import EngineError
+from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, SpecError
 
 
 def _terminal_columns() -> int:
@@ -102,6 +98,9 @@ def _main(argv: Sequence[str] | None) -> int:
         for problem in err.problems:
             print(problem.format(), file=sys.stderr)
         return EXIT_BAD_INPUT
+    except EngineError as err:
+        print(f"torchjob: {err}", file=sys.stderr)
+        return err.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

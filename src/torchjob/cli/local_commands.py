@@ -1,20 +1,25 @@
-"""``torchjob run``, ``status``, ``logs`` and ``delete``: jobs on this machine (the local engine)."""
+"""``torchjob run``, ``status``, ``logs`` and ``delete``: jobs of an engine (default: this machine).
+
+Only parses and prints: everything else is asked of the engine through
+:class:`torchjob.engines.base.Engine`, found by name in :mod:`torchjob.engines.registry`.
+"""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchjob.errors import Problem, SpecError
+from torchjob.engines.registry import DEFAULT_ENGINE, engine_names, get_engine
+from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+if TYPE_CHECKING:
+    from torchjob.engines.base import Engine
+
+REF_HELP = "job id, unique id prefix, or name (newest)"
 
 
 def register(commands: Any) -> None:
@@ -36,17 +41,17 @@ def register(commands: Any) -> None:
     )
     run.add_argument("-q", "--quiet", action="store_true", help="print only the job id and the final phase")
     run.add_argument("--job", metavar="NAME", help="which job to run when FILE holds several")
-    _state_dir(run)
+    _engine_options(run)
     run.set_defaults(func=run_run)
 
-    status = commands.add_parser("status", help="show local jobs, or one job's pods")
-    status.add_argument("job", nargs="?", metavar="JOB", help="job id, unique id prefix, or name (newest)")
+    status = commands.add_parser("status", help="show the jobs, or one job's pods")
+    status.add_argument("job", nargs="?", metavar="JOB", help=REF_HELP)
     status.add_argument("-o", "--output", choices=("yaml", "json"), help="print the full status")
-    _state_dir(status)
+    _engine_options(status)
     status.set_defaults(func=run_status)
 
-    logs = commands.add_parser("logs", help="print a local job's logs, prefixed by pod and rank")
-    logs.add_argument("job", metavar="JOB", help="job id, unique id prefix, or name (newest)")
+    logs = commands.add_parser("logs", help="print a job's logs, prefixed by pod and rank")
+    logs.add_argument("job", metavar="JOB", help=REF_HELP)
     logs.add_argument("pod", nargs="?", metavar="POD", help="pod name, short name (worker-1) or task name")
     logs.add_argument(
         "-f", "--follow", action="store_true", help="keep printing new lines until the job ends"
@@ -54,33 +59,34 @@ def register(commands: Any) -> None:
     logs.add_argument("-c", "--container", help="only this container")
     logs.add_argument("--attempt", type=int, help="this attempt of each pod (default: the latest)")
     logs.add_argument("--all-attempts", action="store_true", help="every attempt of each pod, oldest first")
-    _state_dir(logs)
+    _engine_options(logs)
     logs.set_defaults(func=run_logs)
 
-    delete = commands.add_parser("delete", help="stop a local job if it runs and remove its directory")
-    delete.add_argument("jobs", nargs="+", metavar="JOB", help="job id, unique id prefix, or name (newest)")
-    _state_dir(delete)
+    delete = commands.add_parser("delete", help="stop a job if it runs, then remove it and its state")
+    delete.add_argument(
+        "jobs", nargs="+", metavar="JOB", help="job id, id prefix of 4+ characters, or name (newest)"
+    )
+    _engine_options(delete)
     delete.set_defaults(func=run_delete)
 
 
-def _state_dir(parser: argparse.ArgumentParser) -> None:
+def _engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine",
+        choices=engine_names(),
+        default=DEFAULT_ENGINE,
+        help=f"where jobs run (default: {DEFAULT_ENGINE})",
+    )
     parser.add_argument(
         "--state-dir",
         type=Path,
         metavar="DIR",
-        help="where job directories live (default: $TORCHJOB_HOME/jobs or ~/.torchjob/jobs)",
+        help="where local job directories live (default: $TORCHJOB_HOME/jobs or ~/.torchjob/jobs)",
     )
 
 
-def _root(args: argparse.Namespace) -> Path:
-    from torchjob.engines.local.state import state_root
-
-    return state_root(args.state_dir)
-
-
-def _fail(message: str) -> int:
-    print(f"torchjob: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+def _engine(args: argparse.Namespace) -> Engine:
+    return get_engine(args.engine, state_dir=args.state_dir)
 
 
 # ------------------------------------------------------------------------ run
@@ -118,15 +124,15 @@ def run_run(args: argparse.Namespace) -> int:
     workflow_code = _run_workflow(args)
     if workflow_code is not None:
         return workflow_code
-    from torchjob.engines.local import RunOptions, run_job
+    from torchjob.cli.sources import load_ref
+    from torchjob.engines.base import StartOptions
     from torchjob.expand import expand
-    from torchjob.jobs import load_jobs
 
     extra_env = _parse_env(args.env)
     if args.timeout is not None and not 0 < args.timeout < float("inf"):  # also refuses nan
         message = f"expected a positive, finite number of seconds, got {args.timeout}"
         raise SpecError([Problem("--timeout", message, "<command line>")])
-    loaded = load_jobs(args.file)
+    loaded = load_ref(args.file)
     if args.job:
         loaded = [item for item in loaded if item.job.name == args.job]
         if not loaded:
@@ -143,92 +149,63 @@ def run_run(args: argparse.Namespace) -> int:
     item = loaded[0]
     for path, message in expand(item.job).warnings:
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
-    options = RunOptions(
-        state_dir=args.state_dir,
-        quiet=args.quiet or args.detach,
-        timeout=args.timeout,
-        extra_env=extra_env,
-        detach=args.detach,
+    options = StartOptions(
+        detach=args.detach, quiet=args.quiet or args.detach, timeout=args.timeout, extra_env=extra_env
     )
+    engine = _engine(args)
     try:
-        result = run_job(item.job, options)  # checks first what stops the job running here
+        report = engine.start(item.job, options)  # checks first what stops the job running there
     except SpecError as err:  # with the file's line numbers for the fields it names
         raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
     if args.detach:
-        print(result.job_id)
+        print(report.id)
         return EXIT_OK
     if args.quiet:
-        print(f"{result.job_id} {result.phase}: {result.reason}")
-    return EXIT_OK if result.ok else EXIT_FAILED
+        print(f"{report.id} {report.phase}: {report.reason}")
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 # --------------------------------------------------------------------- status
 
 
-def _live_status(job_dir: Any) -> dict[str, Any]:
-    """The stored status, with phase Unknown when its supervisor died before the job ended."""
-    status: dict[str, Any] = job_dir.read_status()
-    final = status.get("phase") in ("Completed", "Failed", "Aborted", "Terminated")
-    if not final and not job_dir.supervisor_alive():
-        status["reason"] = (
-            f"the supervisor of this job is gone; last known phase {status.get('phase')}: "
-            f"{status.get('reason', '')}"
-        )
-        status["phase"] = "Unknown"
-    return status
-
-
 def run_status(args: argparse.Namespace) -> int:
-    from torchjob.engines.local.output import headline, pod_rows, ports_text, use_color
-    from torchjob.engines.local.state import find_job, list_jobs
+    from torchjob.display import headline, pod_rows, ports_text, use_color
 
-    root = _root(args)
+    engine = _engine(args)
     if args.job is None:
-        statuses = [_live_status(j) for j in list_jobs(root)]
+        reports = list(reversed(engine.list_jobs()))  # oldest first, the newest next to the prompt
         if args.output:
-            _dump({"items": statuses}, args.output)
+            _dump({"items": [r.to_dict() for r in reports]}, args.output)
             return EXIT_OK
-        if not statuses:
-            print(f"no local jobs in {root}")
+        if not reports:
+            where = f" in {args.state_dir}" if args.state_dir else ""
+            print(f"no {engine.name} jobs{where}")
             return EXIT_OK
         rows: list[tuple[str, ...]] = [("JOB", "PHASE", "SUCCEEDED", "RETRIES", "PORTS", "STARTED")]
-        for s in statuses:
-            pods = s.get("pods") or []
-            done = sum(1 for p in pods if p.get("phase") == "Succeeded")
-            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(s.get("startedAt") or 0)))
-            rows.append(
-                (
-                    str(s.get("id")),
-                    str(s.get("phase")),
-                    f"{done}/{len(pods)}",
-                    str(s.get("retryCount", 0)),
-                    ports_text(s),
-                    started,
-                )
-            )
+        for r in reports:
+            done = sum(1 for p in r.pods if p.phase == "Succeeded")
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at or 0))
+            rows.append((r.id, r.phase, f"{done}/{len(r.pods)}", str(r.retry_count), ports_text(r), started))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for row in rows:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         return EXIT_OK
-    try:
-        job_dir = find_job(root, args.job)
-    except LookupError as err:
-        return _fail(str(err))
-    status = _live_status(job_dir)
+    report = engine.status(args.job)
     if args.output:
-        _dump(status, args.output)
+        _dump(report.to_dict(), args.output)
         return EXIT_OK
     color = use_color(sys.stdout)
-    print(headline(status, color))
-    for line in pod_rows(status, color):
+    print(headline(report, color))
+    for line in pod_rows(report, color):
         print("  " + line)
-    print(f"reason: {status.get('reason', '')}")
-    if status.get("names"):  # whether pod names resolve for the job's processes
-        print(f"names: {status['names']}")
-    for event in (status.get("events") or [])[-5:]:
-        when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time", 0))))
+    print(f"reason: {report.reason}")
+    if report.name_resolution:
+        print(f"names: {report.name_resolution}")
+    for event in report.events[-5:]:
+        when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0)))
         print(f"  {when} {event.get('message', '')}")
-    print(f"job directory: {job_dir.path}")
+    if report.location:
+        print(f"job directory: {report.location}")
     return EXIT_OK
 
 
@@ -244,115 +221,36 @@ def _dump(data: Any, fmt: str) -> None:
 # ----------------------------------------------------------------------- logs
 
 
-def _select_pods(status: dict[str, Any], wanted: str | None) -> list[dict[str, Any]]:
-    pods: list[dict[str, Any]] = list(status.get("pods") or [])
-    if wanted is None:
-        return pods
-    for key in ("name", "short"):
-        hit = [p for p in pods if p.get(key) == wanted]
-        if hit:
-            return hit
-    return [p for p in pods if p.get("task") == wanted]
-
-
-def _log_files(job_dir: Any, status: dict[str, Any], args: argparse.Namespace) -> list[tuple[Path, str, str]]:
-    """(file, prefix, color) for every log file the arguments ask for, oldest attempt first."""
-    from torchjob.engines.local.output import pod_color, prefix_for
-
-    files: list[tuple[Path, str, str]] = []
-    for ordinal, pod in enumerate(_select_pods(status, args.pod)):
-        pod_logs = job_dir.logs / str(pod["name"])
-        if args.all_attempts:
-            attempts = sorted(
-                int(p.name.split("-", 1)[1])
-                for p in pod_logs.glob("attempt-*")
-                if p.name.split("-", 1)[1].isdigit()
-            )
-        else:
-            attempts = [args.attempt if args.attempt is not None else int(pod.get("attempt", 0))]
-        mains = [c["name"] for c in pod.get("containers") or [] if not c.get("init")]
-        inits = [c["name"] for c in pod.get("containers") or [] if c.get("init")]
-        for attempt in attempts:
-            for name in [*inits, *mains]:
-                if args.container and name != args.container:
-                    continue
-                label = None if (name in mains and len(mains) == 1) else name
-                prefix = prefix_for(str(pod.get("short", pod["name"])), pod.get("rank"), label)
-                if args.all_attempts:
-                    prefix += f" #{attempt}"
-                files.append((pod_logs / f"attempt-{attempt}" / f"{name}.log", prefix, pod_color(ordinal)))
-    return files
-
-
 def run_logs(args: argparse.Namespace) -> int:
-    from torchjob.engines.local.output import Console, LogFollower
-    from torchjob.engines.local.state import find_job
+    from torchjob.display import paint, pod_color, use_color
+    from torchjob.engines.base import LogQuery
 
-    try:
-        job_dir = find_job(_root(args), args.job)
-    except LookupError as err:
-        return _fail(str(err))
-    status = job_dir.read_status()
-    if args.pod is not None and not _select_pods(status, args.pod):
-        names = ", ".join(str(p.get("short")) for p in status.get("pods") or [])
-        return _fail(f"job {job_dir.id} has no pod {args.pod!r} (pods: {names})")
-    console = Console(sys.stdout, live=False)
-    follower = LogFollower()
-    while True:
-        for path, prefix, color in _log_files(job_dir, status, args):
-            follower.follow(path, prefix, color)
-        finished = not args.follow or (
-            status.get("phase") in ("Completed", "Failed", "Aborted", "Terminated")
-            or not job_dir.supervisor_alive()
-        )
-        if finished:
-            for path in list(follower.files):
-                follower.close(path)
-        lines = follower.read()
-        console.lines((item.prefix, item.color, text) for item, text in lines)
-        if finished and not follower.files:
-            return EXIT_OK
-        if finished:
-            continue
-        time.sleep(0.1)
-        status = job_dir.read_status()
+    query = LogQuery(
+        pod=args.pod,
+        container=args.container,
+        attempt=args.attempt,
+        all_attempts=args.all_attempts,
+        follow=args.follow,
+    )
+    lines = _engine(args).logs(args.job, query)
+    if not args.follow:  # every prefix padded to the longest, as a whole
+        lines = iter(list(lines))
+    color = use_color(sys.stdout)
+    width = 0
+    for line in lines:
+        width = max(width, len(line.prefix))
+        label = paint(line.prefix.ljust(width), pod_color(line.pod_ordinal), color)
+        sys.stdout.write(f"{label} | {line.text}\n")
+        if args.follow:
+            sys.stdout.flush()
+    sys.stdout.flush()
+    return EXIT_OK
 
 
 # --------------------------------------------------------------------- delete
 
 
-def _stop_supervisor(job_dir: Any) -> None:
-    """SIGTERM the supervisor (it stops the job's pods), then SIGKILL (its watchdog cleans up)."""
-    found = job_dir.supervisor()
-    if found is None or not job_dir.supervisor_alive():
-        return
-    pid = found[0]
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    while job_dir.supervisor_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if job_dir.supervisor_alive():
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        time.sleep(1.5)  # the watchdog needs up to about a second to stop the pods
-
-
 def run_delete(args: argparse.Namespace) -> int:
-    from torchjob.engines.local.process import kill_now
-    from torchjob.engines.local.state import find_job
-
-    code = EXIT_OK
-    for ref in args.jobs:
-        try:
-            job_dir = find_job(_root(args), ref)
-        except LookupError as err:
-            code = _fail(str(err))
-            continue
-        _stop_supervisor(job_dir)
-        kill_now(job_dir.id, [], [], 1.0)  # anything of the job that is left (a killed supervisor)
-        import shutil
-
-        shutil.rmtree(job_dir.path, ignore_errors=True)
-        print(f"deleted {job_dir.id}")
-    return code
+    for job_id in _engine(args).delete(list(args.jobs)):
+        print(f"deleted {job_id}")
+    return EXIT_OK

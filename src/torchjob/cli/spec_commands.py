@@ -52,13 +52,13 @@ def _print_warnings(document: Document, warnings: list[tuple[str, str]]) -> None
 
 
 def run_validate(args: argparse.Namespace) -> int:
+    from torchjob.cli.sources import load_ref
     from torchjob.expand import Expansion
-    from torchjob.jobs import load_jobs
 
     problems: list[Problem] = []
     for file in args.files:
         try:
-            loaded = load_jobs(file)
+            loaded = load_ref(file)
         except SpecError as err:
             problems += err.problems
             continue
@@ -94,8 +94,8 @@ def run_render(args: argparse.Namespace) -> int:
     workflow_code = _render_workflow(args)
     if workflow_code is not None:
         return workflow_code
+    from torchjob.cli.sources import load_ref
     from torchjob.expand import Expansion
-    from torchjob.jobs import load_jobs
     from torchjob.render import write_list
 
     if args.runtime is not None and args.target != "trainjob":
@@ -106,7 +106,7 @@ def run_render(args: argparse.Namespace) -> int:
                 )
             ]
         )
-    loaded = load_jobs(args.file)
+    loaded = load_ref(args.file)
     if args.target != "pods":
         return _render_target(loaded, args)
     expansions = [Expansion(item.job) for item in loaded]

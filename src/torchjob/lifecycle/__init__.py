@@ -66,7 +66,7 @@ from torchjob.lifecycle.events import (
     task_restarts,
 )
 from torchjob.lifecycle.machine import Counts, initial_status, restarts_allowed, step
-from torchjob.lifecycle.policy import Resolution, cancels_delay, parse_duration, resolve, resolve_action
+from torchjob.lifecycle.policy import Resolution, cancels_delay, resolve, resolve_action
 from torchjob.lifecycle.types import (
     RESTART_ACTIONS,
     RETAIN_NONE,
@@ -105,7 +105,6 @@ __all__ = [
     "describe_event",
     "events_for",
     "initial_status",
-    "parse_duration",
     "pod_label",
     "reactions",
     "resolve",

@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from torchjob.lifecycle.types import Action, Event
 from torchjob.records import record
 from torchjob.spec.model import Job, Policy
-
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")  # ASCII digits, as Go
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a Go duration such as ``30s``, ``1m30s`` or ``250ms``; ValueError if malformed."""
-    pos = 0
-    total = 0.0
-    for match in _DURATION_PART.finditer(text):
-        if match.start() != pos:
-            break
-        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        pos = match.end()
-    if pos != len(text) or not text:
-        raise ValueError(f"not a duration: {text!r}")
-    return total
+from torchjob.spec.units import parse_duration
 
 
 @record(frozen=True)

@@ -59,3 +59,17 @@ class Plugin:
     def job_objects(self, job: Job, addressing: Addressing) -> list[dict[str, Any]]:
         """Job-level Kubernetes objects this plugin owns (Service, ConfigMap, ...)."""
         return []
+
+    # What an engine needs to know of the plugin's pods without reading their manifests back.
+
+    def ports(self, job: Job) -> list[int]:
+        """Ports this plugin makes the job's pods listen on (a local engine maps each to a host port)."""
+        return []
+
+    def rank(self, job: Job, task: Task, index: int) -> int | None:
+        """The rank this plugin gives pod ``index`` of ``task``; None when it gives it none."""
+        return None
+
+    def config_mounts(self, job: Job) -> dict[str, str]:
+        """ConfigMaps this plugin mounts into the job's containers: mount path -> ConfigMap name."""
+        return {}

@@ -48,7 +48,6 @@ class Flag:
     name: str
     kind: type  # str, int or bool
     default: Any
-    help: str
     # Returns an error message for a value outside the allowed range, else None.
     check: Callable[[Any], str | None] | None = None
 

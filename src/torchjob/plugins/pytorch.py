@@ -13,7 +13,7 @@ from torchjob.plugins.base import Issues, Plugin, PodContext
 from torchjob.plugins.flags import Flag, non_negative, port_range
 from torchjob.plugins.waitmaster import wait_for_master_script
 from torchjob.spec import names
-from torchjob.spec.model import Job
+from torchjob.spec.model import Job, Task
 
 DEFAULT_PORT = 23456
 DEFAULT_WAIT_TIMEOUT = 300
@@ -33,14 +33,12 @@ def _task_name(value: Any) -> str | None:
 class PyTorchPlugin(Plugin):
     name = "pytorch"
     flags = (
-        Flag("master", str, "master", "name of the master task", _task_name),
-        Flag("worker", str, "worker", "name of the worker task", _task_name),
-        Flag("port", int, DEFAULT_PORT, "port the master listens on", port_range),
-        Flag("wait-master-enabled", bool, False, "add an init container that waits for the master"),
-        Flag(
-            "wait-master-timeout", int, DEFAULT_WAIT_TIMEOUT, "seconds to wait for the master", non_negative
-        ),
-        Flag("wait-master-image", str, DEFAULT_WAIT_IMAGE, "image of the wait-for-master container", _image),
+        Flag("master", str, "master", _task_name),  # the master task's name
+        Flag("worker", str, "worker", _task_name),  # the worker task's name
+        Flag("port", int, DEFAULT_PORT, port_range),  # the port the master listens on
+        Flag("wait-master-enabled", bool, False),  # an init container on workers waits for the master
+        Flag("wait-master-timeout", int, DEFAULT_WAIT_TIMEOUT, non_negative),  # its seconds
+        Flag("wait-master-image", str, DEFAULT_WAIT_IMAGE, _image),  # its image
     )
 
     def __init__(self, args: list[str]) -> None:
@@ -135,16 +133,23 @@ class PyTorchPlugin(Plugin):
             self._script_for = key
         return self._script_text
 
+    def ports(self, job: Job) -> list[int]:
+        return [self.port]
+
+    def rank(self, job: Job, task: Task, index: int) -> int | None:
+        if job.task(self.master) is None:  # no master task: no wiring at all (see on_pod_create)
+            return None
+        if task.name == self.worker:
+            return index + 1
+        return 0 if task.name == self.master else None
+
     def on_pod_create(self, ctx: PodContext) -> None:
         wiring = self._wiring(ctx)
         if wiring is None:  # no master task: rejected by check(), and Volcano does nothing either
             return
         master_addr, master_port, world_size = wiring
-        rank: str | None = None
-        if ctx.task.name == self.worker:
-            rank = str(ctx.index + 1)
-        elif ctx.task.name == self.master:
-            rank = "0"
+        number = self.rank(ctx.job, ctx.task, ctx.index)
+        rank = None if number is None else str(number)
         for container in ctx.spec.get("containers", []):
             ports = container.setdefault("ports", [])
             if not any(p.get("containerPort") == self.port for p in ports):

@@ -54,9 +54,9 @@ def hosts_env_too_large(task_name: str, hosts_value: str) -> bool:
 class SvcPlugin(Plugin):
     name = "svc"
     flags = (
-        Flag("publish-not-ready-addresses", bool, False, "publish pod addresses before they are ready"),
-        Flag("disable-network-policy", bool, False, "do not create the job's NetworkPolicy"),
-        Flag("inject-hosts-env", bool, True, "put VC_<TASK>_HOSTS and VC_<TASK>_NUM into every container"),
+        Flag("publish-not-ready-addresses", bool, False),  # pod addresses are published before ready
+        Flag("disable-network-policy", bool, False),  # no NetworkPolicy for the job
+        Flag("inject-hosts-env", bool, True),  # VC_<TASK>_HOSTS and VC_<TASK>_NUM in every container
     )
 
     def __init__(self, args: list[str]) -> None:
@@ -131,6 +131,9 @@ class SvcPlugin(Plugin):
                 )
             container.setdefault("volumeMounts", []).append({"name": cm, "mountPath": CONFIG_MOUNT_PATH})
         spec.setdefault("volumes", []).append({"name": cm, "configMap": {"name": cm}})
+
+    def config_mounts(self, job: Job) -> dict[str, str]:
+        return {CONFIG_MOUNT_PATH: configmap_name(job)}
 
     def job_objects(self, job: Job, addressing: Addressing) -> list[dict[str, Any]]:
         selector = {JOB_NAME_LABEL: job.name, JOB_NAMESPACE_LABEL: job.metadata.namespace}

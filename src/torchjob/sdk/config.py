@@ -14,9 +14,17 @@ from enum import Enum
 from typing import Any
 
 START_METHODS = ("spawn", "fork", "forkserver")
-# A Kubernetes quantity: a decimal number with a binary (Ki..Ei), decimal (m, k..E) or exponent suffix.
-_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([KMGTPE]i|[mkMGTPE]|[eE][0-9]+)?")
 _NNODES = re.compile(r"^\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
+
+
+def _is_quantity(text: str) -> bool:
+    """A Kubernetes quantity that is not negative (``500m``, ``4Gi``, ``1e3``)."""
+    from torchjob.spec.units import parse_quantity
+
+    try:
+        return parse_quantity(text) >= 0 and not text.lstrip().startswith(("+", "-"))
+    except ValueError:
+        return False
 
 
 class RestartPolicy(Enum):
@@ -68,7 +76,7 @@ class Resources:
                 raise ValueError(f"Resources.{name} must be a quantity such as '2' or '4Gi', got {value!r}")
             if isinstance(value, int | float) and value < 0:
                 raise ValueError(f"Resources.{name} must not be negative, got {value}")
-            if isinstance(value, str) and not _QUANTITY.fullmatch(value):
+            if isinstance(value, str) and not _is_quantity(value):
                 raise ValueError(
                     f"Resources.{name}: {value!r} is not a Kubernetes quantity such as '500m' or '4Gi'"
                 )
@@ -264,6 +272,3 @@ class Elastic:
     def nnodes_text(self) -> str:
         """The ``MIN:MAX`` form torchrun and the entrypoint take."""
         return f"{self.min_nodes}:{self.max_nodes}"
-
-
-TaskConfig = PyTorch | Elastic

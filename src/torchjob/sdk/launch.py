@@ -2,7 +2,7 @@
 
 - no config, or ``Elastic`` on one node with one process: a direct call, no launcher, no pickling;
 - ``Elastic`` on one node with several processes: torch's elastic launcher in this process;
-- ``Elastic`` on several nodes, or ``PyTorch``: the task's Job on the local engine, one process
+- ``Elastic`` on several nodes, or ``PyTorch``: the task's Job on an engine (the local one), one process
   tree per pod, the same env a cluster gives; rendezvous progress is shown while nodes join.
 
 An exception in any rank becomes a :class:`~torchjob.sdk.results.RemoteError` naming the rank.
@@ -87,8 +87,8 @@ def _run_single_node(
 
 
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from torchjob.engines.local import RunOptions, run_job
-    from torchjob.engines.local.state import state_root
+    from torchjob.engines.base import StartOptions
+    from torchjob.engines.registry import get_engine
     from torchjob.sdk.tojob import build_job, job_name
     from torchjob.sdk.watch import JobWatcher
 
@@ -99,7 +99,7 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         payload.write_bytes(dump_call(task.function, args, kwargs))
         results = work / "results"
         results.mkdir()
-        # A random part makes the job's directory (<name>-<engine suffix>) findable for its logs.
+        # A random part makes the job's name unique, so the watcher can follow it by name.
         name = f"{job_name(task.name)[:33].rstrip('-')}-{secrets.token_hex(3)}"
         request = task.job_request(
             target=["--payload", str(payload), "--results", str(results)], python=sys.executable, name=name
@@ -122,26 +122,25 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
             ", ".join(f"{t.name} x{t.replicas}" for t in job.spec.tasks),
         )
         # The engine's own output (pod logs, notes, status table) only when debugging; otherwise
-        # the watcher copies the pods' output. Job directories stay for `torchjob logs <job>`.
+        # the watcher copies the pods' output. The job stays for `torchjob logs <job>`.
         quiet = not logger.isEnabledFor(logging.DEBUG)
-        logs = state_root(None) if quiet else None
-        with JobWatcher(results / PROGRESS_FILE, name, logs, f"{name}-*"):
-            result = run_job(job, RunOptions(quiet=quiet, timeout=timeout, extra_env=env))
-        logger.debug(
-            "task %s: job %s %s; logs: torchjob logs %s", task.name, name, result.phase, result.job_id
-        )
+        engine = get_engine()
+        with JobWatcher(results / PROGRESS_FILE, name, engine if quiet else None, name):
+            report = engine.start(job, StartOptions(quiet=quiet, timeout=timeout, extra_env=env))
+        logger.debug("task %s: job %s %s; logs: torchjob logs %s", task.name, name, report.phase, report.id)
         error = first_error(results)
         if error is not None:
             raise error from error.original
-        if not result.ok:
-            pods = "; ".join(
-                f"{p.name}: {p.phase} (exit code {p.exit_code}, logs {p.log_dir})" for p in result.pods
+        if not report.ok:
+            pods = "; ".join(f"{p.name}: {p.phase} (exit code {p.exit_code})" for p in report.pods)
+            raise TaskFailed(
+                f"job {report.id} {report.phase}: {report.reason}; pods: {pods}; "
+                f"logs: torchjob logs {report.id}"
             )
-            raise TaskFailed(f"job {result.job_id} {result.phase}: {result.reason}; pods: {pods}")
         found, value = read_value(results)
         if not found:
             raise TaskFailed(
-                f"job {result.job_id} completed but rank 0 reported no value (logs in {result.job_dir})"
+                f"job {report.id} completed but rank 0 reported no value (logs: torchjob logs {report.id})"
             )
         return value
     finally:

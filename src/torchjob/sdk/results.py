@@ -24,6 +24,8 @@ from typing import Any
 
 import cloudpickle
 
+from torchjob.files import write_atomic
+
 VALUE_FILE = "rank-0.value"
 PROGRESS_FILE = "rendezvous.progress"
 _DYNAMIC = "<dynamic-code>"
@@ -62,14 +64,8 @@ def load_call(data: bytes) -> Call:
     return Call(function, args, kwargs)
 
 
-def _write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def write_value(results: str | os.PathLike[str], value: Any) -> None:
-    _write(Path(results) / VALUE_FILE, cloudpickle.dumps(value))
+    write_atomic(Path(results) / VALUE_FILE, cloudpickle.dumps(value))
 
 
 def read_value(results: str | os.PathLike[str]) -> tuple[bool, Any]:
@@ -147,7 +143,7 @@ def error_record(rank: int, error: BaseException) -> dict[str, Any]:
 
 
 def write_error(results: str | os.PathLike[str], rank: int, error: BaseException) -> None:
-    _write(Path(results) / f"rank-{rank}.error", pickle.dumps(error_record(rank, error)))
+    write_atomic(Path(results) / f"rank-{rank}.error", pickle.dumps(error_record(rank, error)))
 
 
 def write_failure(
@@ -165,7 +161,7 @@ def write_failure(
         "time": when,
         "original": None,
     }
-    _write(path, pickle.dumps(record))
+    write_atomic(path, pickle.dumps(record))
 
 
 def first_error(results: str | os.PathLike[str]) -> RemoteError | None:

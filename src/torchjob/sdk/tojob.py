@@ -188,7 +188,7 @@ def job_document(request: JobRequest) -> dict[str, Any]:
 
 def model_policies(
     config: PyTorch | Elastic | None,
-) -> tuple[model.ElasticPolicy | None, model.RunPolicy | None]:
+) -> tuple[model.ElasticPolicy | None, model.JobRunPolicy | None]:
     """The Job's elastic and run-policy fields for a config."""
     elastic = None
     if isinstance(config, Elastic):
@@ -208,7 +208,7 @@ def model_policies(
     policy = config.run_policy if config is not None else None
     run_policy = None
     if policy is not None:
-        run_policy = model.RunPolicy(
+        run_policy = model.JobRunPolicy(
             clean_pod_policy=policy.clean_pod_policy.value if policy.clean_pod_policy else None,
             ttl_seconds_after_finished=policy.ttl_seconds_after_finished,
             active_deadline_seconds=policy.active_deadline_seconds,

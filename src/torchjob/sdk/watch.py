@@ -1,8 +1,9 @@
 """What the caller sees while a task's pods run: rendezvous progress and the pods' own output.
 
-The local engine runs quietly for SDK calls (no status table), so a background thread echoes
+The engine runs quietly for SDK calls (no status table), so a background thread echoes
 ``k/N nodes joined`` lines that the rendezvous host writes, and copies every pod's log lines to
 this process's stdout with a ``<task>-<index> |`` prefix, as torchrun shows every rank's output.
+The pods' lines come from the engine's own ``logs`` (followed), so any engine can be watched.
 """
 
 from __future__ import annotations
@@ -10,69 +11,75 @@ from __future__ import annotations
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from torchjob.files import LogFollower
 from torchjob.logs import get_logger
+
+if TYPE_CHECKING:
+    from torchjob.engines.base import Engine
 
 logger = get_logger()
 
 INTERVAL = 0.2
 
 
-class _Tail:
-    """New complete lines of one growing file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.rest = b""
-
-    def lines(self) -> list[str]:
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self.offset)
-                data = handle.read()
-        except OSError:
-            return []
-        self.offset += len(data)
-        *complete, self.rest = (self.rest + data).split(b"\n")
-        return [line.decode(errors="replace") for line in complete]
-
-
 class JobWatcher:
-    """Echo progress and pod logs until stopped; use as a context manager around the run."""
+    """Echo progress and pod logs until stopped; use as a context manager around the run.
 
-    def __init__(self, progress: Path, label: str, logs: Path | None = None, job_glob: str = "") -> None:
-        self.progress = _Tail(progress)
+    ``engine`` and ``job`` (a reference the engine knows the job by once it has started) give the
+    pods' logs; without an engine only the progress is echoed.
+    """
+
+    def __init__(self, progress: Path, label: str, engine: Engine | None = None, job: str = "") -> None:
+        self.progress = LogFollower()
+        self.progress.follow(progress, "rendezvous")
         self.label = label
-        self.logs = logs  # the engine's job root; the job's directory is found by job_glob
-        self.job_glob = job_glob
-        self.tails: dict[Path, _Tail] = {}
+        self.engine = engine
+        self.job = job
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread = threading.Thread(target=self._progress, daemon=True)
+        self.logs = threading.Thread(target=self._logs, daemon=True)
 
-    def _run(self) -> None:
+    def _progress(self) -> None:
         while not self.stop.wait(INTERVAL):
             self.tick()
 
     def tick(self) -> None:
-        for line in self.progress.lines():
+        for _, line in self.progress.read():
             print(f"torchjob: {self.label}: rendezvous: {line}", file=sys.stderr, flush=True)
             logger.debug("%s: rendezvous: %s", self.label, line)
-        if self.logs is None:
+
+    def _logs(self) -> None:
+        """Follow the job's logs from when the engine knows it until it ends."""
+        from torchjob.engines.base import EngineError, LogQuery
+
+        assert self.engine is not None
+        while True:
+            done = self.stop.is_set()  # the run returned: one last look, then no more
+            try:
+                lines = self.engine.logs(self.job, LogQuery(follow=not done))
+            except EngineError:  # not started yet
+                if done or self.stop.wait(INTERVAL):
+                    return
+                continue
+            try:
+                for line in lines:
+                    sys.stdout.write(f"{line.pod or line.prefix} | {line.text}\n")
+                    sys.stdout.flush()
+            except (OSError, EngineError) as err:  # the echo stops; the job and its logs do not
+                logger.debug("%s: no more pod output: %s", self.label, err)
             return
-        for path in sorted(self.logs.glob(f"{self.job_glob}/logs/*/attempt-*/*.log")):
-            tail = self.tails.setdefault(path, _Tail(path))
-            pod = path.parent.parent.name
-            short = pod[len(self.label) + 1 :] if pod.startswith(self.label + "-") else pod
-            for line in tail.lines():
-                sys.stdout.write(f"{short} | {line}\n")
-        sys.stdout.flush()
 
     def __enter__(self) -> JobWatcher:
         self.thread.start()
+        if self.engine is not None:
+            self.logs.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(timeout=5)
+        if self.engine is not None:
+            self.logs.join(timeout=10)
         self.tick()

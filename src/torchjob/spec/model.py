@@ -156,7 +156,7 @@ class ElasticPolicy:
 
 
 @record
-class RunPolicy:
+class JobRunPolicy:
     """Kubeflow-style run policy (set by the SDK); mapped by cluster targets."""
 
     clean_pod_policy: str | None = None
@@ -187,7 +187,7 @@ class Job:
     metadata: Metadata
     spec: JobSpec
     elastic: ElasticPolicy | None = None
-    run_policy: RunPolicy | None = None
+    run_policy: JobRunPolicy | None = None
 
     @property
     def name(self) -> str:

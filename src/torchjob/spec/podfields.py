@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from torchjob.spec.parse import number_text, type_name
-from torchjob.spec.quantity import parse_quantity
 from torchjob.spec.source import INT64_MAX, child
+from torchjob.spec.units import parse_quantity
 
 Issues = list[tuple[str, str]]
 

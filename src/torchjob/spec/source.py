@@ -67,14 +67,6 @@ def child(path: str, key: PathPart) -> str:
     return f"{path}[{json.dumps(key)}]"
 
 
-def join_path(parts: tuple[PathPart, ...] | list[PathPart]) -> str:
-    """``("spec", "tasks", 1, "replicas")`` -> ``spec.tasks[1].replicas``."""
-    out = ""
-    for part in parts:
-        out = child(out, part)
-    return out
-
-
 def parent(path: str) -> str:
     """``spec.tasks[1].replicas`` -> ``spec.tasks[1]``; ``metadata`` -> ``""``."""
     if path.endswith('"]'):

@@ -9,12 +9,12 @@ is skipped, so one mistake gives one message, not a cascade of follow-on ones.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from torchjob.spec import names, podfields
 from torchjob.spec.model import Job, Policy, Task, pod_name
 from torchjob.spec.source import child, parent
+from torchjob.spec.units import parse_duration
 
 Issues = list[tuple[str, str]]
 
@@ -127,18 +127,12 @@ def validate_policies(policies: list[Policy], path: str, broken: Broken | None =
     return issues
 
 
-# Go's duration syntax, as Volcano parses a policy timeout: ASCII digits only (\d and float() would
-# take other scripts' digits too), and at most what an int64 of nanoseconds holds (about 292 years).
-_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ns|us|µs|ms|s|m|h))+")
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_MAX_DURATION = (2**63 - 1) / 1e9
-
-
 def _is_duration(text: str) -> bool:
-    if not _DURATION.fullmatch(text):
+    try:
+        parse_duration(text)
+    except ValueError:
         return False
-    return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(text)) <= _MAX_DURATION
+    return True
 
 
 def validate_job(job: Job, broken: Broken | None = None) -> Issues:

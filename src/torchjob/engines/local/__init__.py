@@ -98,20 +98,21 @@ def _raise_problems(job: Job) -> None:
 def _result(job_dir: Path) -> RunResult:
     from torchjob.engines.local.state import JobDir
 
-    status = JobDir(job_dir).read_status()
+    where = JobDir(job_dir)
+    report = where.read_status()
     pods = [
         PodResult(
-            name=str(p.get("name")),
-            task=str(p.get("task")),
-            index=int(p.get("index", 0)),
-            phase=str(p.get("phase")),
-            exit_code=p.get("exitCode"),
-            restarts=int(p.get("restarts", 0)),
-            log_dir=Path(str(p.get("logDir", ""))),
+            name=p.name,
+            task=p.task,
+            index=p.index,
+            phase=p.phase,
+            exit_code=p.exit_code,
+            restarts=p.restarts,
+            log_dir=where.log_dir(p.name, p.attempt),
         )
-        for p in status.get("pods") or []
+        for p in report.pods
     ]
-    return RunResult(str(status.get("phase")), str(status.get("reason", "")), job_dir, pods)
+    return RunResult(report.phase, report.reason, job_dir, pods)
 
 
 def run_job(job: Job, options: RunOptions | None = None) -> RunResult:
@@ -187,7 +188,9 @@ def _detach(job: Job, path: Path, options: RunOptions) -> RunResult:
     with os.fdopen(read_end, "rb") as pipe:
         select.select([pipe], [], [], 10.0)  # until the daemon has started (or died)
     deadline = time.monotonic() + 10
-    status = path / "status.json"
+    from torchjob.engines.local.state import JobDir
+
+    status = JobDir(path).status_file
     while not status.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     result = _result(path)
@@ -196,9 +199,11 @@ def _detach(job: Job, path: Path, options: RunOptions) -> RunResult:
 
 
 def _become_daemon(path: Path) -> None:
+    from torchjob.engines.local.state import JobDir
+
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
-    log = os.open(path / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(JobDir(path).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(devnull)

@@ -6,7 +6,7 @@ is then the master pod's own address, as on a cluster where every pod has an IP.
 route only 127.0.0.1, so every pod uses that there.
 
 When the job's processes can resolve pod names (a private ``/etc/hosts``, see
-:mod:`torchjob.engines.local.names`), plugins get the cluster's names instead, so ``MASTER_ADDR``
+:mod:`torchjob.engines.local.podnames`), plugins get the cluster's names instead, so ``MASTER_ADDR``
 and the host files are the same as on a cluster; the names resolve to the addresses above.
 """
 

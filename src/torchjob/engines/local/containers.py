@@ -29,7 +29,7 @@ from typing import Any
 
 from torchjob.expand import DesiredState, PodPlan
 from torchjob.records import field, record
-from torchjob.spec.quantity import parse_quantity  # validation has checked every quantity with it
+from torchjob.spec.units import parse_quantity
 
 Issues = list[tuple[str, str]]
 
@@ -48,7 +48,7 @@ class ResolveError(Exception):
 
 
 @record
-class PodContext:
+class PodSetup:
     """What the engine knows of one pod attempt, for resolving its containers."""
 
     plan: PodPlan
@@ -116,7 +116,7 @@ def _resource_value(container: dict[str, Any], ref: dict[str, Any], path: str) -
     return str(math.ceil(amount / divisor - 1e-9))
 
 
-def _field_value(ctx: PodContext, field_path: str, path: str) -> str:
+def _field_value(ctx: PodSetup, field_path: str, path: str) -> str:
     meta = ctx.plan.manifest["metadata"]
     spec = ctx.plan.manifest["spec"]
     simple = {
@@ -142,7 +142,7 @@ def _field_value(ctx: PodContext, field_path: str, path: str) -> str:
     )
 
 
-def _configmap_value(ctx: PodContext, ref: dict[str, Any], path: str) -> str | None:
+def _configmap_value(ctx: PodSetup, ref: dict[str, Any], path: str) -> str | None:
     name, key = str(ref.get("name", "")), str(ref.get("key", ""))
     data = ctx.configmaps.get(name)
     if data is None or key not in data:
@@ -157,7 +157,7 @@ def _configmap_value(ctx: PodContext, ref: dict[str, Any], path: str) -> str | N
     return data[key]
 
 
-def _env_from(ctx: PodContext, container: dict[str, Any], env: dict[str, str]) -> None:
+def _env_from(ctx: PodSetup, container: dict[str, Any], env: dict[str, str]) -> None:
     for i, source in enumerate(container.get("envFrom") or []):
         path = f"envFrom[{i}]"
         prefix = str(source.get("prefix") or "")
@@ -180,7 +180,7 @@ def _env_from(ctx: PodContext, container: dict[str, Any], env: dict[str, str]) -
 
 
 def _env_value(
-    ctx: PodContext, container: dict[str, Any], var: dict[str, Any], env: Mapping[str, str], path: str
+    ctx: PodSetup, container: dict[str, Any], var: dict[str, Any], env: Mapping[str, str], path: str
 ) -> str | None:
     if "valueFrom" not in var:
         return expand_refs(str(var.get("value", "")), env)
@@ -206,7 +206,7 @@ def _env_value(
     raise ResolveError(f"{path}.valueFrom", "unsupported valueFrom source")
 
 
-def mount_dirs(ctx: PodContext, container: dict[str, Any]) -> dict[str, str]:
+def mount_dirs(ctx: PodSetup, container: dict[str, Any]) -> dict[str, str]:
     """mountPath -> local directory for each volume of the container that has one here."""
     volumes = {str(v.get("name")): v for v in ctx.plan.manifest["spec"].get("volumes") or []}
     mounts: dict[str, str] = {}
@@ -231,7 +231,7 @@ def mount_dirs(ctx: PodContext, container: dict[str, Any]) -> dict[str, str]:
     return mounts
 
 
-def make_empty_dirs(ctx: PodContext) -> None:
+def make_empty_dirs(ctx: PodSetup) -> None:
     """The pod's emptyDir volumes, and each working directory inside one (a runtime makes a missing
     working directory; only one in the pod's own volumes is made here, never a host path)."""
     spec = ctx.plan.manifest["spec"]
@@ -259,7 +259,7 @@ def _constant(value: str) -> Callable[[re.Match[str]], str]:
     return lambda _match: value
 
 
-def resolve_container(ctx: PodContext, container: dict[str, Any], *, init: bool) -> ContainerRun:
+def resolve_container(ctx: PodSetup, container: dict[str, Any], *, init: bool) -> ContainerRun:
     """The argv, env and cwd of one container of a pod; raises ResolveError."""
     name, image = str(container.get("name", "")), str(container.get("image", ""))
     command = [str(c) for c in container.get("command") or []]
@@ -295,7 +295,7 @@ def resolve_container(ctx: PodContext, container: dict[str, Any], *, init: bool)
     return ContainerRun(name=name, image=image, init=init, argv=argv, env=env, cwd=cwd)
 
 
-def resolve_pod(ctx: PodContext) -> tuple[list[ContainerRun], list[ContainerRun]]:
+def resolve_pod(ctx: PodSetup) -> tuple[list[ContainerRun], list[ContainerRun]]:
     spec = ctx.plan.manifest["spec"]
     inits = [resolve_container(ctx, c, init=True) for c in spec.get("initContainers") or []]
     mains = [resolve_container(ctx, c, init=False) for c in spec.get("containers") or []]
@@ -331,7 +331,7 @@ def check_pods(state: DesiredState) -> Issues:
     configmaps = configmaps_of(state)
     seen: set[tuple[str, str, str]] = set()
     for plan in state.pods:
-        ctx = PodContext(
+        ctx = PodSetup(
             plan=plan,
             address="127.0.0.1",
             uid="check",

@@ -44,7 +44,7 @@ def exit_code_of(returncode: int) -> int:
 
 
 @record
-class Container:
+class RunningContainer:
     run: ContainerRun
     log: Path
     proc: subprocess.Popen[bytes] | None = None
@@ -75,17 +75,15 @@ class LocalPod:
         mains: list[ContainerRun],
         restart_policy: str,
         log_dir: Path,
-        grace: float,
         on_group: Callable[[int, bool], None] = lambda pgid, started: None,
     ) -> None:
         self.name, self.task, self.index, self.attempt = name, task, index, attempt
         self.restart_policy = restart_policy
         self.log_dir = log_dir
-        self.grace = grace
         self.on_group = on_group  # tells the watchdog about each process group (True) and its end
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.inits = [Container(c, log_dir / f"{c.name}.log") for c in inits]
-        self.mains = [Container(c, log_dir / f"{c.name}.log") for c in mains]
+        self.inits = [RunningContainer(c, log_dir / f"{c.name}.log") for c in inits]
+        self.mains = [RunningContainer(c, log_dir / f"{c.name}.log") for c in mains]
         self.phase = PENDING
         self.exit_code: int | None = None
         self.terminating = False
@@ -106,7 +104,7 @@ class LocalPod:
         return sum(c.restarts for c in [*self.inits, *self.mains])
 
     @property
-    def containers(self) -> list[Container]:
+    def containers(self) -> list[RunningContainer]:
         return [*self.inits, *self.mains]
 
     def start(self, now: float) -> None:
@@ -127,9 +125,7 @@ class LocalPod:
         elif self.phase == RUNNING:
             self._poll_mains(now)
 
-    def terminate(
-        self, now: float, grace: float | None = None, tree: Mapping[int, list[int]] | None = None
-    ) -> None:
+    def terminate(self, now: float, grace: float, tree: Mapping[int, list[int]] | None = None) -> None:
         """Stop the pod: SIGTERM to every group and recorded descendant, SIGKILL after the grace.
 
         ``tree`` (:func:`process.children_map`) can be shared when many pods stop at once.
@@ -143,7 +139,7 @@ class LocalPod:
             if c.running and c.proc is not None:
                 process.signal_group(c.proc.pid, signal.SIGTERM)
             process.signal_processes(c.tracked.values(), signal.SIGTERM)
-        self._kill_deadline = now + (self.grace if grace is None else grace)
+        self._kill_deadline = now + grace
         self._poll_terminating(now)
 
     def kill(self) -> None:
@@ -194,7 +190,7 @@ class LocalPod:
 
     # ---------------------------------------------------------------- private
 
-    def _start(self, c: Container, now: float) -> None:
+    def _start(self, c: RunningContainer, now: float) -> None:
         c.next_start = None
         c.exit_code = None
         try:
@@ -212,7 +208,7 @@ class LocalPod:
         c.started = now
         self.on_group(c.proc.pid, True)
 
-    def _reap(self, c: Container) -> bool:
+    def _reap(self, c: RunningContainer) -> bool:
         """True when the container's process has ended just now."""
         if c.proc is None or c.proc.returncode is not None:
             return False
@@ -226,11 +222,11 @@ class LocalPod:
         self.on_group(c.proc.pid, False)
         return True
 
-    def _ended(self, c: Container) -> bool:
+    def _ended(self, c: RunningContainer) -> bool:
         """The container has an exit code (its process ended or could not start)."""
         return c.exit_code is not None and not c.running
 
-    def _schedule_restart(self, c: Container, now: float) -> None:
+    def _schedule_restart(self, c: RunningContainer, now: float) -> None:
         ran = now - (c.started or now)
         c.failures = 1 if ran >= BACKOFF_RESET else c.failures + 1
         delay = backoff(c.failures)

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from torchjob.engines.local.state import process_alive, start_time
+from torchjob.files import write_atomic
 from torchjob.plugins import build_plugins
-from torchjob.plugins.pytorch import PyTorchPlugin
 from torchjob.spec.model import Job
 
 _FALLBACK_RANGE = (20000, 32767)
@@ -31,11 +31,8 @@ LOCK_TIMEOUT = 10.0
 
 
 def declared_ports(job: Job) -> list[int]:
-    """The ports the job's pods use, in a stable order: the pytorch port, then container ports."""
-    ports: list[int] = []
-    for plugin in build_plugins(job):
-        if isinstance(plugin, PyTorchPlugin):
-            ports.append(plugin.port)
+    """The ports the job's pods use, in a stable order: the plugins' ports, then container ports."""
+    ports: list[int] = [port for plugin in build_plugins(job) for port in plugin.ports(job)]
     for task in job.spec.tasks:
         for container in [*task.template.init_containers, *task.template.containers]:
             for entry in container.ports:
@@ -117,9 +114,7 @@ def _locked_registry() -> Iterator[dict[str, Any]]:
         except (OSError, ValueError):
             data = {}
         yield data
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _me() -> dict[str, Any]:
@@ -159,11 +154,3 @@ def release(job_id: str) -> None:
     with _locked_registry() as data:
         for key in [k for k, v in data.items() if v.get("job") == job_id or not _owner_alive(v)]:
             del data[key]
-
-
-def adopt(job_id: str) -> None:
-    """Make this process the owner of the job's reservations (after ``--detach`` forks)."""
-    with _locked_registry() as data:
-        for value in data.values():
-            if value.get("job") == job_id:
-                value.update(_me())

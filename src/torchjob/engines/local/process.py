@@ -10,7 +10,6 @@ subreaper on Linux).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchjob.engines.local import procfs
+from torchjob.engines.local.libc import LIBC
 
 if TYPE_CHECKING:  # imported where used: 5 ms that would delay the job's first process
     import psutil
@@ -33,23 +33,11 @@ _PR_SET_CHILD_SUBREAPER = 36
 _LINUX = sys.platform.startswith("linux")
 
 
-def _load_libc() -> ctypes.CDLL | None:
-    if not _LINUX:
-        return None
-    try:  # the running program already has libc loaded; no library search (it forks ldconfig)
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _load_libc()
-
-
 def _prctl(option: int, value: int) -> bool:
-    if _LIBC is None:
+    if LIBC is None:
         return False
     try:
-        return int(_LIBC.prctl(option, value, 0, 0, 0)) == 0
+        return int(LIBC.prctl(option, value, 0, 0, 0)) == 0
     except AttributeError:
         return False
 

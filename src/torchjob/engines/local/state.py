@@ -21,11 +21,14 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from torchjob.engines.local import procfs
+from torchjob.files import write_atomic
 from torchjob.records import record
-from torchjob.spec.model import Job, Policy
+
+if TYPE_CHECKING:
+    from torchjob.engines.base import JobReport
 
 
 def state_root(explicit: Path | None = None) -> Path:
@@ -33,65 +36,6 @@ def state_root(explicit: Path | None = None) -> Path:
         return Path(explicit)
     home = os.environ.get("TORCHJOB_HOME")
     return (Path(home) if home else Path.home() / ".torchjob") / "jobs"
-
-
-def _policy(policy: Policy) -> dict[str, Any]:
-    out: dict[str, Any] = {"action": policy.action}
-    if policy.events:
-        out["events"] = list(policy.events)
-    if policy.exit_code is not None:
-        out["exitCode"] = policy.exit_code
-    if policy.timeout is not None:
-        out["timeout"] = policy.timeout
-    return out
-
-
-def job_manifest(job: Job) -> dict[str, Any]:
-    """The job as a Volcano Job manifest (defaults applied), for the record."""
-    spec = job.spec
-    body: dict[str, Any] = {"minAvailable": spec.min_available, "maxRetry": spec.max_retry}
-    if spec.min_success is not None:
-        body["minSuccess"] = spec.min_success
-    for key, value in (
-        ("queue", spec.queue),
-        ("schedulerName", spec.scheduler_name),
-        ("priorityClassName", spec.priority_class_name),
-    ):
-        if value:
-            body[key] = value
-    if spec.ttl_seconds_after_finished is not None:
-        body["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
-    if spec.policies:
-        body["policies"] = [_policy(p) for p in spec.policies]
-    if spec.plugins:
-        body["plugins"] = {k: list(v) for k, v in spec.plugins.items()}
-    body.update(spec.extra)
-    tasks = []
-    for task in spec.tasks:
-        entry: dict[str, Any] = {"name": task.name, "replicas": task.replicas}
-        if task.min_available is not None:
-            entry["minAvailable"] = task.min_available
-        entry["maxRetry"] = task.max_retry
-        if task.policies:
-            entry["policies"] = [_policy(p) for p in task.policies]
-        if task.depends_on is not None:
-            entry["dependsOn"] = {"name": list(task.depends_on.names), "iteration": task.depends_on.iteration}
-        entry.update(task.extra)
-        entry["template"] = task.template.raw
-        tasks.append(entry)
-    body["tasks"] = tasks
-    meta: dict[str, Any] = {"name": job.name, "namespace": job.metadata.namespace}
-    if job.metadata.labels:
-        meta["labels"] = dict(job.metadata.labels)
-    if job.metadata.annotations:
-        meta["annotations"] = dict(job.metadata.annotations)
-    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": meta, "spec": body}
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _linux_stat(pid: int) -> tuple[str, float] | None:
@@ -153,6 +97,10 @@ class JobDir:
         return self.path / "status.json"
 
     @property
+    def supervisor_log(self) -> Path:
+        return self.path / "supervisor.log"
+
+    @property
     def logs(self) -> Path:
         return self.path / "logs"
 
@@ -170,15 +118,24 @@ class JobDir:
     def pod_dir(self, pod: str, attempt: int) -> Path:
         return self.path / "pods" / pod / f"attempt-{attempt}"
 
-    def write_status(self, status: dict[str, Any]) -> None:
-        write_atomic(self.status_file, json.dumps(status, indent=2) + "\n")
+    def write_status(self, report: JobReport) -> None:
+        write_atomic(self.status_file, json.dumps(report.to_dict(), indent=2) + "\n")
 
-    def read_status(self) -> dict[str, Any]:
+    def read_status(self) -> JobReport:
+        """The stored report; a missing or damaged status.json is phase Unknown with the reason."""
+        from torchjob.engines.base import JobReport, ReportError
+
         try:
-            data = json.loads(self.status_file.read_text())
-        except (OSError, ValueError):
-            return {"id": self.id, "phase": "Unknown", "reason": "no readable status.json", "pods": []}
-        return data if isinstance(data, dict) else {}
+            return JobReport.from_dict(json.loads(self.status_file.read_text()))
+        except OSError as err:
+            reason = f"cannot read status.json: {err.strerror or err}"
+        except ValueError as err:  # not JSON (json.JSONDecodeError), or not the report's shape
+            what = "the report's shape" if isinstance(err, ReportError) else "JSON"
+            reason = f"status.json is damaged (not {what}: {err})"
+        name = self.id.rsplit("-", 1)[0]
+        return JobReport(
+            engine="local", id=self.id, name=name, phase="Unknown", reason=reason, location=str(self.path)
+        )
 
     def write_pid(self) -> None:
         pid = os.getpid()
@@ -230,20 +187,3 @@ def list_jobs(root: Path) -> list[JobDir]:
         return []
     dirs = [JobDir(p) for p in root.iterdir() if p.is_dir() and (p / "status.json").exists()]
     return sorted(dirs, key=lambda d: (d.status_file.stat().st_mtime if d.status_file.exists() else 0, d.id))
-
-
-def find_job(root: Path, ref: str) -> JobDir:
-    """A job by id, by unique id prefix, or by name (the newest job of that name)."""
-    jobs = list_jobs(root)
-    exact = [j for j in jobs if j.id == ref]
-    if exact:
-        return exact[0]
-    named = [j for j in jobs if j.read_status().get("name") == ref]
-    if named:
-        return max(named, key=lambda j: float(j.read_status().get("startedAt") or 0))
-    prefixed = [j for j in jobs if j.id.startswith(ref)]
-    if len(prefixed) == 1:
-        return prefixed[0]
-    if prefixed:
-        raise LookupError(f"job {ref!r} is ambiguous: {', '.join(j.id for j in prefixed)}")
-    raise LookupError(f"no local job {ref!r} in {root}")

@@ -15,37 +15,31 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import threading
 import time
 from types import FrameType
 from typing import Any
 
 from torchjob import logs
-from torchjob.engines.local import names, process
+from torchjob.display import headline, pod_color, pod_rows, prefix_for, summary
+from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport, PortReport
+from torchjob.engines.local import podnames, process
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
-    PodContext,
+    PodSetup,
     ResolveError,
     configmaps_of,
     make_empty_dirs,
     resolve_pod,
 )
-from torchjob.engines.local.output import (
-    Console,
-    LogFollower,
-    pod_color,
-    pod_rows,
-    prefix_for,
-    short_name,
-    summary,
-)
+from torchjob.engines.local.output import Console, short_name
 from torchjob.engines.local.pod import FAILED, PENDING, RUNNING, SUCCEEDED, LocalPod
-from torchjob.engines.local.state import JobDir, job_manifest, write_atomic
+from torchjob.engines.local.state import JobDir
 from torchjob.engines.local.waiter import ExitWaiter
 from torchjob.engines.local.watchdog import Watchdog
 from torchjob.expand import DesiredState, PodPlan, expand
+from torchjob.files import LogFollower, write_atomic
 from torchjob.lifecycle import (
     Action,
     Decision,
@@ -60,8 +54,9 @@ from torchjob.lifecycle import (
     reactions,
     step,
 )
-from torchjob.plugins.svc import CONFIG_MOUNT_PATH
+from torchjob.plugins import build_plugins
 from torchjob.records import record
+from torchjob.spec.manifest import job_manifest
 from torchjob.spec.model import Job
 
 TICK = 0.02  # seconds between polls while pods are being stopped (their strays cannot be waited on)
@@ -72,6 +67,7 @@ DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no term
 WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
 STUCK_AFTER_KILL = 5.0  # a process that outlives SIGKILL this long is given up on (D state)
 STOPPED = "Stopped"  # reported phase of a pod the engine stopped before it ended by itself
+VOLCANO_MOUNT = "/etc/volcano"  # where Volcano's svc plugin mounts its host files
 
 Key = tuple[str, int]
 
@@ -108,7 +104,6 @@ class Supervisor:
         self.attempts: dict[Key, int] = {}
         self.delayed: list[_Delayed] = []
         self.events: list[dict[str, Any]] = []
-        self.conditions: list[dict[str, Any]] = []
         self.follower = LogFollower()
         self.signals: list[int] = []
         self.started = time.time()
@@ -120,12 +115,13 @@ class Supervisor:
         self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
         self.dirty = True
         self.rank_of: dict[Key, str | None] = {}
+        self.volcano_env: dict[str, str] = {}  # where the /etc/volcano files are here, when mounted
         self.interrupted: int | None = None
         self.created: list[PodChange] = []
         self.job_pids: set[int] = set()  # descendants seen, to reap once they are adopted
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
-        self.hosts_mount: names.HostsMount | None = None  # set when pod names can resolve
-        self.names = "addresses only"
+        self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
+        self.name_resolution = "addresses only"
 
     # ------------------------------------------------------------------ setup
 
@@ -140,48 +136,53 @@ class Supervisor:
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
         state = self.expansion(0, 0)
         self.dir.write_configmaps(configmaps_of(state))
+        plugins = build_plugins(self.job)
         for plan in state.pods:
-            env = (plan.manifest["spec"].get("containers") or [{}])[0].get("env") or []
-            rank = next((str(e.get("value")) for e in env if e.get("name") == "RANK" and "value" in e), None)
-            self.rank_of[(plan.task.name, plan.index)] = rank
+            ranks = [plugin.rank(self.job, plan.task, plan.index) for plugin in plugins]
+            rank = next((r for r in ranks if r is not None), None)
+            self.rank_of[(plan.task.name, plan.index)] = None if rank is None else str(rank)
+        for path, configmap in (m for plugin in plugins for m in plugin.config_mounts(self.job).items()):
+            if path == VOLCANO_MOUNT:  # programs that open /etc/volcano/... read this instead
+                self.volcano_env = {
+                    "TORCHJOB_VOLCANO_DIR": str(self.dir.volumes / configmap),
+                    "TORCHJOB_CONFIG_MOUNT": path,
+                }
         return state
 
-    def start_names_probe(self) -> tuple[names.HostsMount, names.Probe]:
+    def start_names_probe(self) -> tuple[podnames.HostsMount, podnames.Probe]:
         """Write the job's hosts file and start checking whether its processes can get it as /etc/hosts."""
         hosts = self.dir.path / "hosts"
         try:
-            with open(names.ETC_HOSTS) as handle:
+            with open(podnames.ETC_HOSTS) as handle:
                 machine = handle.read()
         except OSError:
             machine = ""
         entries = LocalAddressing(self.job).hosts_entries(self.job)  # addresses only: no ports
-        write_atomic(hosts, names.hosts_text(machine, entries))
-        mount = names.HostsMount.of(str(hosts))
-        return mount, names.start_probe(mount)
+        write_atomic(hosts, podnames.hosts_text(machine, entries))
+        mount = podnames.HostsMount.of(str(hosts))
+        return mount, podnames.start_probe(mount)
 
-    def finish_names_probe(self, probe: tuple[names.HostsMount, names.Probe]) -> bool:
+    def finish_names_probe(self, probe: tuple[podnames.HostsMount, podnames.Probe]) -> bool:
         """Decide, once per job, whether pod names resolve (the probe's answer)."""
         mount, running = probe
         why_not = running.result()
         if why_not is None:
             self.hosts_mount = mount
-            self.names = "resolved"
+            self.name_resolution = "resolved"
             logs.debug("pod names resolve: every container's /etc/hosts is %s", mount.source.decode())
         else:
-            self.names = f"addresses only ({why_not})"
+            self.name_resolution = f"addresses only ({why_not})"
             logs.debug("pod names do not resolve, addresses are used instead: %s", why_not)
         return why_not is None
 
     def write_records(self) -> None:
         """job.yaml and pods.yaml are for people and tools, not the pods: written once pods run."""
-        from torchjob.render import dump
+        from torchjob.render import dump, list_of
 
         state = self.expansion(0, 0)
         write_atomic(self.dir.path / "job.yaml", dump(job_manifest(self.job), "yaml"))
         items = [*state.objects, *(p.manifest for p in state.pods)]
-        write_atomic(
-            self.dir.path / "pods.yaml", dump({"apiVersion": "v1", "kind": "List", "items": items}, "yaml")
-        )
+        write_atomic(self.dir.path / "pods.yaml", dump(list_of(items), "yaml"))
 
     def expansion(self, version: int, retry_count: int) -> DesiredState:
         key = (version, retry_count)
@@ -212,7 +213,6 @@ class Supervisor:
                     "even after they succeed; set OnFailure or Never for a job that ends",
                     "33",
                 )
-        self.set_condition()
         self.apply(Decision(self.status, None, True))
         self.write_records()
 
@@ -376,7 +376,6 @@ class Supervisor:
         if decision.create_pods and not self.status.phase.final:
             self.create_missing(now)
         if old.phase is not self.status.phase or old.retry_count != self.status.retry_count:
-            self.set_condition()
             color = {"Completed": "32", "Failed": "31", "Aborted": "31", "Terminated": "31"}.get(
                 self.status.phase.value, "36"
             )
@@ -435,7 +434,7 @@ class Supervisor:
         address = self.addressing.address_of(*key)
         pod_dir = self.dir.pod_dir(plan.name, attempt)
         uid = _uuid4()
-        ctx = PodContext(
+        ctx = PodSetup(
             plan=plan,
             address=address,
             uid=uid,
@@ -465,7 +464,6 @@ class Supervisor:
             mains=mains,
             restart_policy=plan.task.template.restart_policy,
             log_dir=log_dir,
-            grace=DEFAULT_GRACE,
             on_group=self.on_group,
         )
         pod.address = address
@@ -495,8 +493,7 @@ class Supervisor:
             "TORCHJOB_RETRY_COUNT": str(self.status.retry_count),
             "TORCHJOB_WAIT_INTERVAL": WAIT_INTERVAL,
             "TORCHJOB_BIN": str(self.dir.bin),
-            "TORCHJOB_VOLCANO_DIR": str(self.dir.volumes / f"{self.job.name}-svc"),
-            "TORCHJOB_CONFIG_MOUNT": CONFIG_MOUNT_PATH,
+            **self.volcano_env,
         }
         for declared, host in self.ports.items():
             env[f"TORCHJOB_PORT_{declared}"] = str(host)
@@ -558,12 +555,6 @@ class Supervisor:
         self.events = self.events[-50:]
         self.note(text, "33")
 
-    def set_condition(self) -> None:
-        self.conditions = [c for c in self.conditions if c["phase"] != self.status.phase.value]
-        self.conditions.append(
-            {"phase": self.status.phase.value, "time": time.time(), "reason": self.status.reason}
-        )
-
     def follow_logs(self, pod: LocalPod) -> None:
         if not self.echo_logs:
             return
@@ -586,77 +577,73 @@ class Supervisor:
         if lines:
             self.console.lines((item.prefix, item.color, text) for item, text in lines)
         if self.console.live:
-            status = self.status_dict()
-            from torchjob.engines.local.output import headline
-
-            self.console.table([headline(status, True), *pod_rows(status, True, limit=20)])
+            report = self.report()
+            self.console.table([headline(report, True), *pod_rows(report, True, limit=20)])
 
     def ports_text(self) -> str:
         return ", ".join(f"{d}->{h}" for d, h in self.ports.items()) or "none"
 
     # ------------------------------------------------------------- status
 
-    def pod_dict(self, pod: LocalPod) -> dict[str, Any]:
-        containers = []
-        for c in pod.containers:
-            state = "running" if c.running else ("terminated" if c.exit_code is not None else "waiting")
-            containers.append(
-                {
-                    "name": c.run.name,
-                    "init": c.run.init,
-                    "state": state,
-                    "exitCode": c.exit_code,
-                    "restarts": c.restarts,
-                    "pid": c.proc.pid if c.proc is not None else None,
-                    "log": str(c.log),
-                }
+    def pod_report(self, pod: LocalPod) -> PodReport:
+        containers = [
+            ContainerReport(
+                name=c.run.name,
+                init=c.run.init,
+                state="running" if c.running else ("terminated" if c.exit_code is not None else "waiting"),
+                exit_code=c.exit_code,
+                restarts=c.restarts,
             )
-        key = (pod.task, pod.index)
-        current = self.pods.get(key) is pod
-        return {
-            "name": pod.name,
-            "short": short_name(self.job.name, pod.name),
-            "task": pod.task,
-            "index": pod.index,
-            "rank": pod.rank,
-            "address": pod.address,
-            "attempt": pod.attempt,
-            "phase": pod.phase if current else _ended_phase(pod),
-            "terminating": pod.terminating and not pod.gone,
-            "deleted": not current,
-            "restarts": pod.restarts,
-            "exitCode": pod.exit_code,
-            "startedAt": pod.started_at,
-            "finishedAt": pod.finished_at,
-            "logDir": str(pod.log_dir),
-            "containers": containers,
-        }
+            for c in pod.containers
+        ]
+        current = self.pods.get((pod.task, pod.index)) is pod
+        return PodReport(
+            name=pod.name,
+            short=short_name(self.job.name, pod.name),
+            task=pod.task,
+            index=pod.index,
+            phase=pod.phase if current else _ended_phase(pod),
+            rank=int(pod.rank) if pod.rank is not None and pod.rank.isdigit() else None,
+            attempt=pod.attempt,
+            restarts=pod.restarts,
+            exit_code=pod.exit_code,
+            started_at=pod.started_at,
+            finished_at=pod.finished_at,
+            address=pod.address,
+            containers=containers,
+            terminating=pod.terminating and not pod.gone,
+        )
 
-    def status_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.job.name,
-            "namespace": self.job.metadata.namespace,
-            "phase": self.status.phase.value,
-            "reason": self.status.reason,
-            "retryCount": self.status.retry_count,
-            "maxRetry": self.job.spec.max_retry,
-            "version": self.status.version,
-            "startedAt": self.started,
-            "finishedAt": self.finished,
-            "supervisorPid": os.getpid(),
-            "host": socket.gethostname(),
-            "jobDir": str(self.dir.path),
-            "ports": [{"declared": d, "host": h} for d, h in self.ports.items()],
-            "names": self.names,
-            "pods": [self.pod_dict(p) for p in self.latest.values()],
-            "conditions": self.conditions,
-            "events": self.events,
-        }
+    def report(self) -> JobReport:
+        pods = [self.pod_report(p) for p in self.latest.values()]
+        failed = [p for p in pods if p.phase == FAILED]
+        first = min(failed, key=lambda p: p.finished_at or 0.0) if failed else None
+        return JobReport(
+            engine="local",
+            id=self.id,
+            name=self.job.name,
+            phase=self.status.phase.value,
+            reason=self.status.reason,
+            namespace=self.job.metadata.namespace,
+            location=str(self.dir.path),
+            retry_count=self.status.retry_count,
+            max_retry=self.job.spec.max_retry,
+            started_at=self.started,
+            finished_at=self.finished,
+            pods=pods,
+            ports=[PortReport(d, h) for d, h in self.ports.items()],
+            first_failure=None
+            if first is None
+            else FailureReport(
+                first.name, first.short, first.exit_code, first.rank, "Error", first.finished_at
+            ),
+            events=list(self.events),
+            name_resolution=self.name_resolution,
+        )
 
     def write_status(self) -> None:
         self.dirty = False
-        self.dir.write_status(self.status_dict())
+        self.dir.write_status(self.report())
 
     # ------------------------------------------------------------ the end
 
@@ -698,12 +685,11 @@ class Supervisor:
                     self.status.version,
                     self.status.reason or "the supervisor stopped",
                 )
-                self.set_condition()
             self.finished = time.time()
             self.write_status()
             if self.console is not None:
                 self.console.end_live()
-                for line in summary(self.status_dict(), self.console.color):
+                for line in summary(self.report(), self.console.color):
                     self.console.print(line)
         finally:
             if self.watchdog is not None:  # it died while the above was done

@@ -22,6 +22,7 @@ import time
 import warnings
 from collections.abc import Iterable, Sequence
 
+from torchjob.engines.local.libc import LIBC
 from torchjob.records import record
 
 SWITCH = "TORCHJOB_POD_DNS"  # "0" turns names off
@@ -50,15 +51,15 @@ def hosts_text(machine: str, entries: Iterable[tuple[str, Sequence[str]]]) -> st
 
 
 def _libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
+    """The C library with ``unshare`` and ``mount`` typed, or None."""
+    if LIBC is None:
         return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.unshare.argtypes = [ctypes.c_int]
-        libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
-        return libc
-    except (OSError, AttributeError):
+        LIBC.unshare.argtypes = [ctypes.c_int]
+        LIBC.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+    except AttributeError:
         return None
+    return LIBC
 
 
 @record(frozen=True)

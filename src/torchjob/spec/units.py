@@ -1,11 +1,21 @@
-"""Kubernetes resource quantities (``500m``, ``2Gi``, ``1e3``) as numbers."""
+"""The two unit syntaxes a job is written in: Go durations (``30s``, ``1m30s``) for policy
+timeouts, and Kubernetes quantities (``500m``, ``4Gi``, ``1e3``) for resources.
+
+ASCII digits only: Python's ``\\d`` and ``float()`` would also take other scripts' digits, which
+neither Go nor the API server accepts.
+"""
 
 from __future__ import annotations
 
 import re
 
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+# What an int64 of nanoseconds holds (about 292 years): Go's time.Duration.
+MAX_DURATION = (2**63 - 1) / 1e9
+
 # The API's grammar: a signed decimal number, then a binary (Ki..Ei) or decimal (m, k..E) suffix
-# or an exponent. ASCII digits only: Python's \d and float() would also take other scripts' digits.
+# or an exponent.
 _QUANTITY = re.compile(
     r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
     r"(?:(?P<exponent>[eE][+-]?[0-9]{1,5})|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?)"
@@ -16,6 +26,23 @@ _SUFFIX = {
 }  # fmt: skip
 # A quantity beyond a signed 64-bit count of units is a typo, and would overflow what reads it.
 MAX_QUANTITY = float(2**63 - 1)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go duration such as ``30s``, ``1m30s`` or ``250ms``; ValueError if malformed
+    or longer than Go can hold."""
+    pos = 0
+    total = 0.0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"not a duration: {text!r}")
+    if total > MAX_DURATION:
+        raise ValueError(f"duration {text!r} is longer than about 292 years")
+    return total
 
 
 def parse_quantity(value: object) -> float:

@@ -1,0 +1,22 @@
+"""What the commands' FILE argument names: a YAML/JSON file of jobs, or an SDK task (``FILE.py:TASK``).
+
+Here, above both :mod:`torchjob.jobs` and :mod:`torchjob.sdk`, so that neither imports the other.
+"""
+
+from __future__ import annotations
+
+import re
+
+from torchjob.jobs import LoadedJob, load_jobs
+
+_SDK_REF = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
+
+
+def load_ref(ref: str) -> list[LoadedJob]:
+    """Every job in a YAML/JSON file (``-`` for stdin), or the job of an SDK task reference."""
+    match = _SDK_REF.fullmatch(ref)
+    if match:
+        from torchjob.sdk.loader import load_task_job  # lazy: only SDK references need it
+
+        return [load_task_job(match["path"], match["name"])]
+    return load_jobs(ref)

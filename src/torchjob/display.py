@@ -1,0 +1,112 @@
+"""How a job report reads to a person: phase colors, log prefixes, the pod table, the summary.
+
+Shared by every engine's attached output and by the CLI's ``status`` and ``logs``, so a job looks
+the same whichever engine runs it. Reads only :class:`~torchjob.engines.base.JobReport`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from torchjob.engines.base import JobReport
+
+_COLORS = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92", "94")
+PHASE_COLORS = {
+    "Stopped": "33",
+    "Succeeded": "32",
+    "Completed": "32",
+    "Failed": "31",
+    "Aborted": "31",
+    "Terminated": "31",
+    "Running": "36",
+    "Pending": "33",
+    "Restarting": "33",
+}
+
+
+def use_color(stream: TextIO) -> bool:
+    return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+def paint(text: str, code: str, color: bool) -> str:
+    return f"\x1b[{code}m{text}\x1b[0m" if color and code else text
+
+
+def pod_color(ordinal: int) -> str:
+    return _COLORS[ordinal % len(_COLORS)]
+
+
+def prefix_for(short: str, rank: int | str | None, container: str | None) -> str:
+    """``<task>-<index>[/<container>] [r<RANK>]``: the prefix of a pod's log lines."""
+    head = short if container is None else f"{short}/{container}"
+    return f"{head} r{rank}" if rank is not None else head
+
+
+def elapsed(start: float | None, end: float | None) -> str:
+    if start is None:
+        return "-"
+    seconds = (end if end is not None else time.time()) - start
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def ports_text(report: JobReport) -> str:
+    return ", ".join(f"{p.declared}->{p.host}" for p in report.ports) or "none"
+
+
+def pod_rows(report: JobReport, color: bool = False, limit: int | None = None) -> list[str]:
+    """The pod table: one row a pod (``limit`` rows at most, then a count of the rest)."""
+    header = ("POD", "RANK", "ADDRESS", "PHASE", "RESTARTS", "EXIT", "ATTEMPT", "ELAPSED")
+    rows: list[tuple[str, ...]] = []
+    for pod in report.pods:
+        phase = pod.phase + (" (stopping)" if pod.terminating else "")
+        rows.append(
+            (
+                pod.short or pod.name,
+                "-" if pod.rank is None else str(pod.rank),
+                pod.address,
+                phase,
+                str(pod.restarts),
+                "-" if pod.exit_code is None else str(pod.exit_code),
+                str(pod.attempt),
+                elapsed(pod.started_at, pod.finished_at),
+            )
+        )
+    hidden = 0
+    if limit is not None and len(rows) > limit:
+        hidden, rows = len(rows) - limit, rows[:limit]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    for row in rows:
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
+        base = row[3].split(" ")[0]
+        cells[3] = paint(cells[3], PHASE_COLORS.get(base, ""), color)
+        out.append("  ".join(cells).rstrip())
+    if hidden:
+        out.append(f"... and {hidden} more pods")
+    return out
+
+
+def headline(report: JobReport, color: bool = False) -> str:
+    phase = paint(report.phase, PHASE_COLORS.get(report.phase, ""), color)
+    return (
+        f"job {report.id or report.name}: {phase}"
+        f"  ports {ports_text(report)}  retries {report.retry_count}"
+        f"  elapsed {elapsed(report.started_at, report.finished_at)}"
+    )
+
+
+def summary(report: JobReport, color: bool = False) -> list[str]:
+    lines = [headline(report, color)]
+    lines += ["  " + row for row in pod_rows(report, color)]
+    phase = paint(report.phase, PHASE_COLORS.get(report.phase, ""), color)
+    lines.append(f"{phase}: {report.reason}".rstrip(": "))
+    lines.append(f"logs: {report.location}/logs  (torchjob logs {report.id})")
+    return lines

@@ -1,0 +1,257 @@
+"""The local engine behind :class:`torchjob.engines.base.Engine`: jobs as processes of this machine.
+
+Each job lives in its own directory under the state root (layout: :mod:`.state`); this module
+finds jobs by reference, tells a job whose supervisor died (phase ``Unknown``), reads their logs and
+stops them. Running a job is :func:`torchjob.engines.local.run_job`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchjob.display import prefix_for
+from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, PodReport, StartOptions
+from torchjob.engines.local.state import JobDir, list_jobs, state_root
+from torchjob.records import record
+
+if TYPE_CHECKING:
+    from torchjob.spec.model import Job
+
+MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by
+STOP_GRACE = 15.0  # seconds a supervisor has to stop its job after SIGTERM, before SIGKILL
+WATCHDOG_GRACE = 1.5  # after SIGKILL, the supervisor's watchdog needs about a second to stop the pods
+FOLLOW_EVERY = 0.1  # seconds between reads of a followed job's logs and status
+
+
+@record(frozen=True)
+class _LogFile:
+    path: Path
+    prefix: str
+    ordinal: int  # of its pod in the query's pods
+    pod: str  # short name
+
+
+class LocalEngine:
+    name = "local"
+
+    def __init__(self, state_dir: str | Path | None = None, **ignored: Any) -> None:
+        self.root = state_root(Path(state_dir) if state_dir is not None else None)
+
+    # ------------------------------------------------------------ running
+
+    def check(self, job: Job) -> list[tuple[str, str]]:
+        from torchjob.engines.local import check_job
+
+        return check_job(job)
+
+    def start(self, job: Job, options: StartOptions) -> JobReport:
+        from torchjob.engines.local import RunOptions, run_job
+
+        result = run_job(
+            job,
+            RunOptions(
+                state_dir=self.root,
+                quiet=options.quiet or options.detach,
+                timeout=options.timeout,
+                extra_env=dict(options.extra_env),
+                detach=options.detach,
+            ),
+        )
+        where = JobDir(result.job_dir)
+        if not where.status_file.exists():  # detached, and its supervisor has not written yet
+            return JobReport(self.name, where.id, job.name, "Pending", location=str(where.path))
+        return self._live(where)
+
+    # ------------------------------------------------------------ reading
+
+    def list_jobs(self) -> list[JobReport]:
+        return [self._live(d) for d in reversed(list_jobs(self.root))]
+
+    def status(self, ref: str) -> JobReport:
+        return self._live(self._find(ref))
+
+    def wait(self, ref: str, timeout: float | None = None) -> JobReport:
+        where = self._find(ref)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            report = self._live(where)
+            if report.terminal or report.phase == "Unknown":  # Unknown: nobody will change it again
+                return report
+            if deadline is not None and time.monotonic() >= deadline:
+                return report
+            time.sleep(FOLLOW_EVERY)
+
+    def _live(self, where: JobDir) -> JobReport:
+        """The stored report, with phase Unknown when its supervisor died before the job ended."""
+        report = where.read_status()
+        if report.terminal or report.phase == "Unknown" or where.supervisor_alive():
+            return report
+        report.reason = (
+            f"the supervisor of this job is gone; last known phase {report.phase}: {report.reason}"
+        )
+        report.phase = "Unknown"
+        return report
+
+    def _find(self, ref: str, min_prefix: int = 1) -> JobDir:
+        """A job by id, by name (the newest of that name) or by an id prefix that only one job has."""
+        if not ref:
+            raise EngineError("a job reference cannot be empty: give a job id, an id prefix or a name")
+        jobs = list_jobs(self.root)
+        for where in jobs:
+            if where.id == ref:
+                return where
+        # A job's directory is named <job name>-<6 hex>: only those can carry the name.
+        named = [(where, where.read_status()) for where in jobs if where.id.startswith(f"{ref}-")]
+        named = [(where, report) for where, report in named if report.name == ref]
+        if named:
+            return max(named, key=lambda item: item[1].started_at or 0.0)[0]
+        prefixed = [where for where in jobs if where.id.startswith(ref)]
+        if prefixed and len(ref) < min_prefix:
+            raise EngineError(
+                f"job {ref!r} is too short a prefix to pick a job by: give the job's name, its id "
+                f"or at least {min_prefix} characters of it"
+            )
+        if len(prefixed) == 1:
+            return prefixed[0]
+        if prefixed:
+            raise EngineError(f"job {ref!r} is ambiguous: {', '.join(j.id for j in prefixed)}")
+        raise EngineError(f"no local job {ref!r} in {self.root}")
+
+    # --------------------------------------------------------------- logs
+
+    def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
+        """Every check is made here, before the first line: a wrong pod, container or attempt is an error."""
+        where = self._find(ref)
+        report = where.read_status()
+        files = self._log_files(where, report, query, check=True)
+        return self._read_logs(where, report, query, files)
+
+    def _read_logs(
+        self, where: JobDir, report: JobReport, query: LogQuery, files: list[_LogFile]
+    ) -> Iterator[LogLine]:
+        from torchjob.files import LogFollower
+
+        follower = LogFollower()
+        known: dict[Path, _LogFile] = {}
+        while True:
+            for file in files:
+                follower.follow(file.path, file.prefix)
+                known[file.path] = file
+            finished = not query.follow or report.terminal or not where.supervisor_alive()
+            if finished:
+                for path in list(follower.files):
+                    follower.close(path)
+            for item, text in follower.read():
+                file = known[item.path]
+                yield LogLine(item.prefix, text, file.ordinal, file.pod)
+            if finished and not follower.files:
+                return
+            if not finished:
+                time.sleep(FOLLOW_EVERY)
+                report = where.read_status()
+                files = self._log_files(where, report, query, check=False)
+
+    def _log_files(self, where: JobDir, report: JobReport, query: LogQuery, *, check: bool) -> list[_LogFile]:
+        """Every log file the query asks for, oldest attempt first."""
+        pods = _select_pods(report.pods, query.pod)
+        if check and query.pod is not None and not pods:
+            names = ", ".join(p.short for p in report.pods) or "none yet"
+            raise EngineError(f"job {where.id} has no pod {query.pod!r} (pods: {names})")
+        if check and query.container is not None:
+            known = sorted({c.name for p in pods for c in p.containers})
+            if query.container not in known:
+                raise EngineError(
+                    f"job {where.id} has no container {query.container!r} "
+                    f"(containers: {', '.join(known) or 'none yet'})"
+                )
+        attempts_of = {p.name: _attempts(where, p.name) for p in pods}
+        wanted = query.attempt
+        exists = any(wanted in found for found in attempts_of.values())
+        if check and wanted is not None and not query.all_attempts and not exists:
+            listed = "; ".join(
+                f"{p.short}: {', '.join(map(str, attempts_of[p.name])) or 'none'}" for p in pods
+            )
+            raise EngineError(f"job {where.id} has no attempt {wanted} (attempts: {listed})")
+        files: list[_LogFile] = []
+        for ordinal, pod in enumerate(pods):
+            if query.all_attempts:
+                attempts = attempts_of[pod.name]
+            else:
+                attempts = [query.attempt if query.attempt is not None else pod.attempt]
+            mains = [c.name for c in pod.containers if not c.init]
+            inits = [c.name for c in pod.containers if c.init]
+            for attempt in attempts:
+                for name in [*inits, *mains]:
+                    if query.container is not None and name != query.container:
+                        continue
+                    label = None if (name in mains and len(mains) == 1) else name
+                    prefix = prefix_for(pod.short or pod.name, pod.rank, label)
+                    if query.all_attempts:
+                        prefix += f" #{attempt}"
+                    path = where.log_dir(pod.name, attempt) / f"{name}.log"
+                    files.append(_LogFile(path, prefix, ordinal, pod.short or pod.name))
+        return files
+
+    # ------------------------------------------------------------- delete
+
+    def delete(self, refs: list[str]) -> list[str]:
+        """Every ref must name a job (exact id, exact name, or an id prefix of 4 characters or
+        more) before any job is touched: a mistyped second ref deletes nothing."""
+        found: dict[str, JobDir] = {}
+        problems = []
+        for ref in refs:
+            try:
+                where = self._find(ref, MIN_DELETE_PREFIX)
+            except EngineError as err:
+                problems.append(str(err))
+                continue
+            found.setdefault(where.id, where)
+        if problems:
+            raise EngineError("; ".join(problems) + "; nothing was deleted")
+        import shutil
+
+        from torchjob.engines.local.process import kill_now
+
+        for where in found.values():
+            _stop_supervisor(where)
+            kill_now(where.id, [], [], 1.0)  # whatever of the job is left (a killed supervisor's)
+            shutil.rmtree(where.path, ignore_errors=True)
+        return list(found)
+
+
+def _select_pods(pods: list[PodReport], wanted: str | None) -> list[PodReport]:
+    """All pods, or those ``wanted`` names: a pod's full name, its short name, or its task."""
+    if wanted is None:
+        return list(pods)
+    for hit in ([p for p in pods if p.name == wanted], [p for p in pods if p.short == wanted]):
+        if hit:
+            return hit
+    return [p for p in pods if p.task == wanted]
+
+
+def _attempts(where: JobDir, pod: str) -> list[int]:
+    found = (p.name.partition("-")[2] for p in (where.logs / pod).glob("attempt-*"))
+    return sorted(int(n) for n in found if n.isdigit())
+
+
+def _stop_supervisor(where: JobDir) -> None:
+    """SIGTERM the supervisor (it stops the job's pods), then SIGKILL (its watchdog cleans up)."""
+    found = where.supervisor()
+    if found is None or not where.supervisor_alive():
+        return
+    pid = found[0]
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    while where.supervisor_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if where.supervisor_alive():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(WATCHDOG_GRACE)

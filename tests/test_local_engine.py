@@ -1,0 +1,151 @@
+"""The local engine behind the Engine interface, through the real CLI: damaged state, references
+that must be exact to delete, and log queries naming what does not exist."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from test_local_cli import _cli, _write
+from test_local_support import container, leftovers, make_job, sh, task, wait_until
+from torchjob.engines.base import JobReport, ReportError, StartOptions
+from torchjob.engines.local.state import JobDir
+from torchjob.engines.registry import get_engine
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _run(tmp_path: Path, name: str, script: str = "echo hi from $HOSTNAME") -> str:
+    job = make_job(name, [task("main", [container("app", sh(script))])])
+    proc = _cli(tmp_path, "run", "-q", _write(tmp_path, job, f"{name}.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.split()[0]
+
+
+def _status_file(tmp_path: Path, job_id: str) -> Path:
+    return tmp_path / "home" / "jobs" / job_id / "status.json"
+
+
+DAMAGE = {
+    "not JSON": "{not json",
+    "truncated": '{"engine": "local", "id": "x", "name": "bro',
+    "a list": "[1, 2, 3]",
+    "phase a number": None,  # filled in from the real report below
+    "pods not a list": None,
+    "a pod's exit code a string": None,
+}
+
+
+def _damage(text: str, how: str) -> str:
+    if DAMAGE[how] is not None:
+        return str(DAMAGE[how])
+    data = json.loads(text)
+    if how == "phase a number":
+        data["phase"] = 3
+    elif how == "pods not a list":
+        data["pods"] = {"main-0": {}}
+    else:
+        data["pods"][0]["exitCode"] = "zero"
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize("how", list(DAMAGE))
+def test_a_damaged_status_is_that_job_unknown_and_nothing_else_breaks(tmp_path: Path, how: str) -> None:
+    good = _run(tmp_path, "good")
+    broken = _run(tmp_path, "broken")
+    path = _status_file(tmp_path, broken)
+    path.write_text(_damage(path.read_text(), how))
+
+    listing = _cli(tmp_path, "status")
+    assert listing.returncode == 0, listing.stderr
+    rows = {line.split()[0]: line.split()[1] for line in listing.stdout.splitlines()[1:]}
+    assert rows == {good: "Completed", broken: "Unknown"}
+
+    one = _cli(tmp_path, "status", broken)
+    assert one.returncode == 0, one.stderr
+    assert "Unknown" in one.stdout and "status.json is damaged" in one.stdout
+
+    dumped = json.loads(_cli(tmp_path, "status", "-o", "json").stdout)
+    assert sorted(item["phase"] for item in dumped["items"]) == ["Completed", "Unknown"]
+
+    logs = _cli(tmp_path, "logs", good)
+    assert logs.returncode == 0 and logs.stdout == "main-0 | hi from good-main-0\n", logs.stderr
+    assert _cli(tmp_path, "logs", broken).returncode == 0  # no pods known: nothing to print
+    assert _cli(tmp_path, "delete", broken).returncode == 0
+    assert not _status_file(tmp_path, broken).exists()
+
+
+def test_report_round_trips_and_names_the_bad_field() -> None:
+    report = JobReport.from_dict(
+        {
+            "engine": "local",
+            "id": "a-123456",
+            "name": "a",
+            "phase": "Running",
+            "pods": [
+                {"name": "a-m-0", "short": "m-0", "task": "m", "index": 0, "phase": "Running", "rank": 0}
+            ],
+            "ports": [{"declared": 23456, "host": 40000}],
+        }
+    )
+    assert JobReport.from_dict(report.to_dict()) == report
+    with pytest.raises(ReportError, match=r"pods\[0\]\.index: expected an integer, got bool"):
+        JobReport.from_dict({**report.to_dict(), "pods": [{**report.pods[0].to_dict(), "index": True}]})
+    with pytest.raises(ReportError, match="phase: missing"):
+        JobReport.from_dict({"engine": "local", "id": "x", "name": "x"})
+
+
+def test_delete_needs_an_exact_name_id_or_a_4_character_prefix(tmp_path: Path) -> None:
+    job_id = _run(tmp_path, "delme")
+    for ref in ("", "d", "del"):
+        proc = _cli(tmp_path, "delete", ref)
+        assert proc.returncode == 2, (ref, proc.stdout)
+        assert proc.stdout == "" and _status_file(tmp_path, job_id).exists()
+    assert "too short a prefix" in _cli(tmp_path, "delete", "d").stderr
+    assert "cannot be empty" in _cli(tmp_path, "delete", "").stderr
+    proc = _cli(tmp_path, "delete", "delm")
+    assert proc.returncode == 0 and proc.stdout == f"deleted {job_id}\n", proc.stderr
+
+
+def test_delete_of_several_deletes_nothing_when_one_is_bad(tmp_path: Path) -> None:
+    first = _run(tmp_path, "first")
+    proc = _cli(tmp_path, "delete", first, "nosuchjob")
+    assert proc.returncode == 2
+    assert "no local job 'nosuchjob'" in proc.stderr and "nothing was deleted" in proc.stderr
+    assert _status_file(tmp_path, first).exists()
+    both = _cli(tmp_path, "delete", first, "first")  # the same job twice: deleted once
+    assert both.returncode == 0 and both.stdout == f"deleted {first}\n"
+
+
+def test_logs_of_an_attempt_or_container_that_does_not_exist_say_what_exists(tmp_path: Path) -> None:
+    job_id = _run(tmp_path, "logsy")
+    attempt = _cli(tmp_path, "logs", job_id, "--attempt", "99")
+    assert attempt.returncode == 2 and attempt.stdout == ""
+    assert "no attempt 99 (attempts: main-0: 0)" in attempt.stderr
+    container = _cli(tmp_path, "logs", job_id, "-c", "nosuch")
+    assert container.returncode == 2 and container.stdout == ""
+    assert "no container 'nosuch' (containers: app)" in container.stderr
+    good = _cli(tmp_path, "logs", job_id, "-c", "app", "--attempt", "0")
+    assert good.returncode == 0 and good.stdout == "main-0 | hi from logsy-main-0\n"
+
+
+def test_a_job_whose_supervisor_died_is_unknown_and_wait_returns(tmp_path: Path) -> None:
+    engine = get_engine("local", state_dir=tmp_path / "jobs")
+    job = make_job("orphan", [task("main", [container("app", sh("echo up; sleep 300"))])])
+    started = engine.start(job, StartOptions(detach=True))
+    assert wait_until(lambda: engine.status(started.id).phase == "Running", 15)
+    assert engine.wait(started.id, timeout=0.3).phase == "Running"  # the timeout: its latest report
+    found = JobDir(Path(started.location)).supervisor()
+    assert found is not None
+    os.kill(found[0], signal.SIGKILL)
+    final = engine.wait(started.id, timeout=15)
+    assert final.phase == "Unknown", final
+    assert "the supervisor of this job is gone; last known phase Running" in final.reason
+    assert [r.id for r in engine.list_jobs()] == [started.id]
+    assert engine.delete([started.id]) == [started.id]
+    assert wait_until(lambda: leftovers(started.id) == [], 5)
+    assert engine.list_jobs() == []
