@@ -16,10 +16,16 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from kube_fixtures import TERMINAL_STATUS, install_stand_in, make_pod, running, terminated  # noqa: E402
-from kubeapi import FakeKubeAPI  # noqa: E402
-
-from torchjob.cli import main  # noqa: E402
+from kube_fixtures import (
+    TERMINAL_STATUS,
+    install_stand_in,
+    make_pod,
+    running,
+    terminated,
+    unschedulable,
+)
+from kubeapi import FakeKubeAPI
+from torchjob.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,7 +83,10 @@ def play_controller(api: FakeKubeAPI, end: str, exit_code: int = 0) -> None:
     """When the Volcano Job appears: its pods run, log, end with ``exit_code``; then the job ``end``s."""
 
     def script(top: dict[str, Any]) -> None:
-        pods = [make_pod("demo", "master", 0, owner=top, rank=0), make_pod("demo", "worker", 0, owner=top, rank=1)]
+        pods = [
+            make_pod("demo", "master", 0, owner=top, rank=0),
+            make_pod("demo", "worker", 0, owner=top, rank=1),
+        ]
         for pod in pods:
             api.put(running(pod))
             api.log(pod["metadata"]["name"], pod["spec"]["containers"][0]["name"], "epoch 1", "epoch 2")
@@ -122,9 +131,16 @@ def test_submit_twice_needs_replace(
     assert first["metadata"]["uid"] != second["metadata"]["uid"]
 
 
-@pytest.mark.parametrize(("end", "expected"), [("Completed", 0), ("Failed", 1), ("Aborted", 1), ("Terminated", 1)])
+@pytest.mark.parametrize(
+    ("end", "expected"), [("Completed", 0), ("Failed", 1), ("Aborted", 1), ("Terminated", 1)]
+)
 def test_submit_wait_exits_by_the_final_phase(
-    api: FakeKubeAPI, job_file: Path, kubeconfig: str, capsys: pytest.CaptureFixture[str], end: str, expected: int
+    api: FakeKubeAPI,
+    job_file: Path,
+    kubeconfig: str,
+    capsys: pytest.CaptureFixture[str],
+    end: str,
+    expected: int,
 ) -> None:
     play_controller(api, end, exit_code=0 if end == "Completed" else 7)
     code = main(["submit", str(job_file), "--target", "volcano", "--wait", "--kubeconfig", kubeconfig])
@@ -134,7 +150,9 @@ def test_submit_wait_exits_by_the_final_phase(
         assert err == "torchjob: job demo Completed: test Completed\n"
     else:
         first, *tail = err.splitlines()
-        assert first == f"torchjob: job demo {end}: first failure: worker-0 (rank 1) exited with code 7 (Error)"
+        assert (
+            first == f"torchjob: job demo {end}: first failure: worker-0 (rank 1) exited with code 7 (Error)"
+        )
         assert tail == ["  worker-0 | epoch 1", "  worker-0 | epoch 2"]
 
 
@@ -147,7 +165,10 @@ def test_submit_follow_streams_every_pod(
     assert code == 0
     assert out[0] == "demo"
     assert sorted(out[1:]) == [
-        "master-0 r0 | epoch 1", "master-0 r0 | epoch 2", "worker-0 r1 | epoch 1", "worker-0 r1 | epoch 2",
+        "master-0 r0 | epoch 1",
+        "master-0 r0 | epoch 2",
+        "worker-0 r1 | epoch 1",
+        "worker-0 r1 | epoch 2",
     ]
 
 
@@ -159,7 +180,8 @@ def test_submit_to_a_cluster_without_the_crd_is_one_line(
         config = str(server.kubeconfig(tmp_path / "kc"))
         assert main(["submit", str(job_file), "--target", "volcano", "--kubeconfig", config]) == 2
         assert capsys.readouterr().err == (
-            "torchjob: this cluster has no batch.volcano.sh/v1alpha1 Job: install Volcano or use --target jobset\n"
+            "torchjob: this cluster has no batch.volcano.sh/v1alpha1 Job: "
+            "install Volcano or use --target jobset\n"
         )
     finally:
         server.stop()
@@ -185,3 +207,23 @@ def test_submit_of_a_bad_file_starts_nothing(
     err = capsys.readouterr().err
     assert err.startswith(f"{bad}:") and "spec.tasks[1].replicas" in err
     assert api.requests == []
+
+
+def test_submit_wait_gives_up_on_a_pod_the_scheduler_cannot_place(
+    api: FakeKubeAPI, job_file: Path, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    message = "0/2 nodes are available: 2 node(s) had untolerated taint {gpu: true}."
+
+    def on_create(obj: dict[str, Any]) -> None:
+        if obj["kind"] == "Job":
+            api.put(unschedulable(make_pod("demo", "master", 0, owner=obj), message))
+
+    api.on_create = on_create
+    args = ["submit", str(job_file), "--target", "volcano", "--wait", "--pending-timeout", "0.5"]
+    assert main([*args, "--kubeconfig", kubeconfig]) == 2
+    out, err = capsys.readouterr()
+    assert out == "demo\n"
+    note, final = err.splitlines()
+    assert note == f"torchjob: pod master-0 is Pending: Unschedulable: {message}"
+    assert final.startswith("torchjob: job demo: pod master-0 is stuck Pending for ")
+    assert final.endswith(f"; the scheduler says: {message}")

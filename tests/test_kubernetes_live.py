@@ -9,6 +9,7 @@ working directory (``kind load docker-image`` it first). Jobs go to TORCHJOB_TES
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections.abc import Iterator
@@ -55,10 +56,8 @@ def cleanup(engine: Any) -> Iterator[list[str]]:
     from torchjob.engines.base import EngineError
 
     for name in names:
-        try:
+        with contextlib.suppress(EngineError):
             engine.delete([name])
-        except EngineError:
-            pass
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -51,6 +51,13 @@ def register(commands: Any) -> None:
     submit.add_argument("--wait", action="store_true", help="wait for the job to end; exit 1 if it failed")
     submit.add_argument("--follow", action="store_true", help="stream every pod's logs until the job ends")
     submit.add_argument("--timeout", type=float, metavar="SECONDS", help="with --wait/--follow: stop waiting")
+    submit.add_argument(
+        "--pending-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="with --wait/--follow: fail when a pod stays unschedulable this long (default 300)",
+    )
     submit.add_argument("--job", metavar="NAME", help="which job to submit when FILE holds several")
     add_cluster_options(submit)
     submit.set_defaults(func=run_submit)
@@ -73,7 +80,7 @@ def run_submit(args: argparse.Namespace) -> int:
     item = loaded[0]
     options = StartOptions(detach=True, replace=args.replace, target=args.target, runtime=args.runtime)
     try:
-        engine = get_engine("kubernetes", **cluster_settings(args))
+        engine = get_engine("kubernetes", pending_timeout=args.pending_timeout, **cluster_settings(args))
         try:
             report = engine.start(item.job, options)
         except SpecError as err:  # what the target cannot express, at the file's lines

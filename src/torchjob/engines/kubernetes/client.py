@@ -81,6 +81,7 @@ class Cluster:
             context_namespace = ((chosen or {}).get("context") or {}).get("namespace")
         self.namespace: str = namespace or context_namespace or "default"
         self.host: str = configuration.host
+        configuration.retries = 1  # urllib3 would try an unreachable server 4 times, 10 s each
         # Log streams of big jobs each hold a connection: let the pool keep them.
         configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, 64)
         self.api = kubernetes.client.ApiClient(configuration)
