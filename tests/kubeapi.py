@@ -112,6 +112,7 @@ class FakeKubeAPI:
         self.on_create: Callable[[dict[str, Any]], None] | None = None
         self.watch_seconds_cap: float | None = None  # end watches sooner than asked (tests of resume)
         self.stopping = False
+        self.compacted = 0  # watches from an older resourceVersion get 410 Gone
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -205,6 +206,11 @@ class FakeKubeAPI:
         with self.lock:
             self.logs_closed.add((pod, container))
             self.lock.notify_all()
+
+    def compact(self) -> None:
+        """What etcd compaction does to watchers: versions up to now can no longer be watched from."""
+        with self.lock:
+            self.compacted = self.current + 1
 
     def refuse(self, method: str, plural: str, code: int, message: str, name: str | None = None) -> None:
         self.refusals.append(Refusal(method, plural, code, message, name))
@@ -450,7 +456,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             self._start_chunks("application/json")
             position = 0
             with api.lock:
-                if api.events and since < api.events[0][0] - 1:
+                if since < api.compacted:
                     gone = status_body(410, "Expired", "too old resource version")
                     self._chunk(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
                     self._end_chunks()

@@ -620,3 +620,62 @@ def test_a_watch_the_server_ends_resumes_without_losing_events(api: FakeKubeAPI,
 
 def test_groups_cover_every_target() -> None:
     assert {v for v, _ in API.values()} <= set(GROUP_RESOURCES)
+
+
+def test_a_watch_told_410_gone_lists_again(api: FakeKubeAPI, kubeconfig: Path) -> None:
+    api.watch_seconds_cap = 0.3
+    engine = engine_for(kubeconfig)
+    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+
+    def later() -> None:
+        time.sleep(0.5)
+        api.compact()  # the versions the watches resume from are gone
+        time.sleep(0.8)  # each watch ends, is told 410 Gone when it resumes, and lists again
+        api.set_status(
+            "batch.volcano.sh/v1alpha1",
+            "Job",
+            "demo",
+            TERMINAL_STATUS["volcano"]["Completed"],
+            namespace="team",
+        )
+
+    threading.Thread(target=later, daemon=True).start()
+    assert engine.wait("demo", timeout=30).phase == "Completed"
+    lists = [
+        path for m, path, q in api.requests if m == "GET" and "watch" not in q and path.endswith("/jobs")
+    ]
+    assert len(lists) >= 2  # the first list, and the list after 410
+
+
+def test_replace_never_deletes_an_object_torchjob_did_not_make(api: FakeKubeAPI, kubeconfig: Path) -> None:
+    theirs = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "demo", "namespace": "team"},
+    }
+    api.put(theirs)
+    with pytest.raises(EngineError) as err:
+        engine_for(kubeconfig).start(a_job(), StartOptions(detach=True, target="volcano", replace=True))
+    assert str(err.value) == (
+        'cannot create batch.volcano.sh/v1alpha1 Job demo: jobs.batch.volcano.sh "demo" already exists'
+    )
+    assert api.count("DELETE") == 0
+
+
+@pytest.mark.parametrize(
+    ("target", "conditions", "phase"),
+    [
+        ("kubeflow", ["Created"], "Pending"),
+        ("kubeflow", ["Created", "Running"], "Running"),
+        ("kubeflow", ["Created", "Running", "Restarting"], "Restarting"),
+        ("kubeflow", ["Created", "Running", "Succeeded"], "Completed"),
+        ("jobset", ["Suspended"], "Pending"),
+        ("trainjob", [], "Pending"),
+        ("trainjob", ["Failed", "Complete"], "Failed"),
+    ],
+)
+def test_condition_targets_map_to_volcano_phases(target: str, conditions: list[str], phase: str) -> None:
+    from torchjob.engines.kubernetes.phase import job_phase
+
+    top = {"status": {"conditions": [{"type": c, "status": "True"} for c in conditions]}}
+    assert job_phase(target, top, []).phase == phase
