@@ -679,3 +679,12 @@ def test_condition_targets_map_to_volcano_phases(target: str, conditions: list[s
 
     top = {"status": {"conditions": [{"type": c, "status": "True"} for c in conditions]}}
     assert job_phase(target, top, []).phase == phase
+
+
+def test_kubeconfig_lists_several_files_like_kubectl(
+    api: FakeKubeAPI, kubeconfig: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'absent'}:{kubeconfig}")
+    engine = get_engine("kubernetes")
+    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+    assert engine.status("demo").id == "team/demo"
