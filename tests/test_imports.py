@@ -99,6 +99,16 @@ def test_render_target_imports_neither_torch_nor_kubernetes(target: str) -> None
     assert heavy == []
 
 
+def test_submit_help_and_a_bad_submit_import_neither_torch_nor_kubernetes(tmp_path: Path) -> None:
+    """The kubernetes client loads only once a job is really sent to a cluster."""
+    code, heavy = probe("submit", "--help")
+    assert (code, heavy) == (0, [])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: Job\n")
+    code, heavy = probe("submit", str(bad))
+    assert (code, heavy) == (2, [])
+
+
 def test_the_probe_notices_a_heavy_import() -> None:
     """The checks above can fail: importing torch shows up in the same report."""
     pytest.importorskip("torch", reason="torch is not installed")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchjob import __version__
-from torchjob.cli import local_commands, spec_commands
+from torchjob.cli import cluster_commands, local_commands, spec_commands
 from torchjob.engines.base import EngineError
 from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, SpecError
 
@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.required = True
     spec_commands.register(commands)
     local_commands.register(commands)
+    cluster_commands.register(commands)
     return parser
 
 

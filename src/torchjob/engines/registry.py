@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 # name -> "module:factory"; the factory takes keyword settings (state_dir, kubeconfig, ...).
 _ENGINES: dict[str, str] = {
     "local": "torchjob.engines.local.engine:LocalEngine",
+    "kubernetes": "torchjob.engines.kubernetes.engine:KubernetesEngine",
 }
 
 DEFAULT_ENGINE = "local"

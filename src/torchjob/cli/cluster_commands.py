@@ -1,0 +1,124 @@
+"""``torchjob submit``: send a job to a Kubernetes cluster (the ``kubernetes`` engine).
+
+Talks to the engine only through :mod:`torchjob.engines.registry` and :mod:`torchjob.engines.base`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from torchjob.errors import Problem, SpecError
+
+if TYPE_CHECKING:
+    from torchjob.engines.base import Engine, JobReport
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+TARGETS = ("volcano", "kubeflow", "jobset", "trainjob", "pods")
+
+
+def add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    """--kubeconfig, --context and -n/--namespace: which cluster, as kubectl spells them."""
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)"
+    )
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        metavar="NS",
+        help="namespace (default: the job's, else the context's, else default)",
+    )
+
+
+def cluster_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {"kubeconfig": args.kubeconfig, "context": args.context, "namespace": args.namespace}
+
+
+def register(commands: Any) -> None:
+    submit = commands.add_parser(
+        "submit", help="create a job on a Kubernetes cluster, print its name and return"
+    )
+    submit.add_argument("file", metavar="FILE", help="job YAML/JSON, '-' for stdin, or FILE.py:TASK")
+    submit.add_argument(
+        "--target",
+        choices=TARGETS,
+        help="how the cluster runs it (default: the first of volcano, kubeflow, jobset, trainjob it has)",
+    )
+    submit.add_argument("--runtime", metavar="NAME", help="the Trainer runtime for --target trainjob")
+    submit.add_argument("--replace", action="store_true", help="delete a job of the same name first")
+    submit.add_argument("--wait", action="store_true", help="wait for the job to end; exit 1 if it failed")
+    submit.add_argument("--follow", action="store_true", help="stream every pod's logs until the job ends")
+    submit.add_argument("--timeout", type=float, metavar="SECONDS", help="with --wait/--follow: stop waiting")
+    submit.add_argument(
+        "--pending-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="with --wait/--follow: fail when a pod stays unschedulable this long (default 300)",
+    )
+    submit.add_argument("--job", metavar="NAME", help="which job to submit when FILE holds several")
+    add_cluster_options(submit)
+    submit.set_defaults(func=run_submit)
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    from torchjob.engines.base import EngineError, LogQuery, StartOptions
+    from torchjob.engines.registry import get_engine
+    from torchjob.jobs import load_jobs
+
+    loaded = load_jobs(args.file)
+    if args.job:
+        loaded = [item for item in loaded if item.job.name == args.job]
+        if not loaded:
+            raise SpecError([Problem("metadata.name", f"no job named {args.job!r} in this file", args.file)])
+    if len(loaded) > 1:
+        names = ", ".join(item.job.name for item in loaded)
+        message = f"the file holds {len(loaded)} jobs ({names}); choose one with --job NAME"
+        raise SpecError([Problem("", message, args.file)])
+    item = loaded[0]
+    options = StartOptions(detach=True, replace=args.replace, target=args.target, runtime=args.runtime)
+    try:
+        engine = get_engine("kubernetes", pending_timeout=args.pending_timeout, **cluster_settings(args))
+        try:
+            report = engine.start(item.job, options)
+        except SpecError as err:  # what the target cannot express, at the file's lines
+            raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
+        print(report.name, flush=True)
+        if not (args.wait or args.follow):
+            return EXIT_OK
+        if args.follow:
+            for line in engine.logs(report.id, LogQuery(follow=True)):
+                sys.stdout.write(f"{line.prefix} | {line.text}\n")
+                sys.stdout.flush()
+        final = engine.wait(report.id, timeout=args.timeout)
+    except EngineError as err:
+        print(f"torchjob: {err}", file=sys.stderr)
+        return err.exit_code
+    return _finish(engine, final)
+
+
+def _finish(engine: Engine, report: JobReport) -> int:
+    """One line for how the job ended; a failed pod's last log lines under it."""
+    if not report.terminal:
+        print(f"torchjob: job {report.name} is still {report.phase} (timed out waiting)", file=sys.stderr)
+        return EXIT_FAILED
+    reason = f": {report.reason}" if report.reason else ""
+    if report.ok:
+        print(f"torchjob: job {report.name} {report.phase}{reason}", file=sys.stderr)
+        return EXIT_OK
+    failure = report.first_failure
+    if failure is None:
+        print(f"torchjob: job {report.name} {report.phase}{reason}", file=sys.stderr)
+        return EXIT_FAILED
+    rank = f" (rank {failure.rank})" if failure.rank is not None else ""
+    code = f" exited with code {failure.exit_code}" if failure.exit_code is not None else " failed"
+    why = f" ({failure.reason})" if failure.reason else ""
+    print(
+        f"torchjob: job {report.name} {report.phase}: first failure: {failure.short}{rank}{code}{why}",
+        file=sys.stderr,
+    )
+    for text in failure.log_tail:
+        print(f"  {failure.short} | {text}", file=sys.stderr)
+    return EXIT_FAILED

@@ -1,0 +1,206 @@
+"""The connection to one cluster: the user's kubeconfig, and raw JSON requests over the official client.
+
+Requests go through the client's ``ApiClient`` (its TLS, auth plugins and token refresh) but take
+and return plain JSON: custom resources are dicts anyway, and a 1,000-pod list parsed into typed
+models costs seconds. The generated method signatures changed shape in kubernetes 37; the two
+request paths below are the only place that knows which client is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from torchjob.engines.base import EngineError
+from torchjob.engines.kubernetes.errors import api_error, unreachable
+
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0
+
+
+def _import_client() -> Any:
+    try:
+        import kubernetes
+    except ImportError:
+        raise EngineError(
+            "the kubernetes engine needs the kubernetes client: pip install 'torchjob[kubernetes]'"
+        ) from None
+    return kubernetes
+
+
+def _config_files(kubeconfig: str | None) -> list[Path]:
+    if kubeconfig:
+        return [Path(kubeconfig).expanduser()]
+    env = os.environ.get("KUBECONFIG", "")
+    if env:
+        return [Path(p).expanduser() for p in env.split(os.pathsep) if p]
+    return [Path("~/.kube/config").expanduser()]
+
+
+class Cluster:
+    """One context of one kubeconfig: where requests go and the namespace they default to."""
+
+    def __init__(
+        self, kubeconfig: str | None = None, context: str | None = None, namespace: str | None = None
+    ) -> None:
+        kubernetes = _import_client()
+        self._ApiException = kubernetes.client.exceptions.ApiException
+        files = _config_files(kubeconfig)
+        found = [f for f in files if f.is_file()]
+        in_cluster = not kubeconfig and not found and os.environ.get("KUBERNETES_SERVICE_HOST")
+        configuration = kubernetes.client.Configuration()
+        if in_cluster:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+            self.context = "in-cluster"
+            context_namespace = _in_cluster_namespace()
+        else:
+            if not found:
+                where = ", ".join(str(f) for f in files)
+                raise EngineError(
+                    f"no kubeconfig: {where} does not exist; set KUBECONFIG or pass --kubeconfig FILE"
+                )
+            config_file = os.pathsep.join(str(f) for f in found)
+            try:
+                contexts, current = kubernetes.config.list_kube_config_contexts(config_file)
+                chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
+                if context and chosen is None:
+                    names = ", ".join(str(c.get("name")) for c in contexts) or "none"
+                    raise EngineError(f"no context {context!r} in {config_file} (contexts: {names})")
+                kubernetes.config.load_kube_config(
+                    config_file=config_file, context=context, client_configuration=configuration
+                )
+            except EngineError:
+                raise
+            except Exception as err:  # the loader raises ConfigException, ValueError, yaml errors
+                raise EngineError(f"cannot use kubeconfig {config_file}: {err}") from None
+            self.context = str((chosen or {}).get("name") or "")
+            context_namespace = ((chosen or {}).get("context") or {}).get("namespace")
+        self.namespace: str = namespace or context_namespace or "default"
+        self.host: str = configuration.host
+        configuration.retries = 1  # urllib3 would try an unreachable server 4 times, 10 s each
+        # Log streams of big jobs each hold a connection: let the pool keep them.
+        configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, 64)
+        self.api = kubernetes.client.ApiClient(configuration)
+        self._new_style = hasattr(self.api, "param_serialize")  # kubernetes >= 37
+
+    # ------------------------------------------------------------------ requests
+
+    def open(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        doing: str,
+        read_timeout: float | None = READ_TIMEOUT,
+    ) -> Any:
+        """The raw urllib3 response of a 2xx answer (the caller reads or streams it); ApiError else."""
+        params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
+        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        timeout = (CONNECT_TIMEOUT, read_timeout) if read_timeout else CONNECT_TIMEOUT
+        try:
+            if self._new_style:
+                request = self.api.param_serialize(
+                    method,
+                    path,
+                    query_params=params,
+                    header_params=headers,
+                    body=body,
+                    auth_settings=["BearerToken"],
+                )
+                response = self.api.call_api(*request, _request_timeout=timeout)
+                if not 200 <= response.status <= 299:
+                    raise api_error(response.status, response.read(), doing)
+                return response.response
+            return self.api.call_api(
+                path,
+                method,
+                query_params=params,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+                _request_timeout=timeout,
+            )
+        except self._ApiException as err:
+            raise api_error(int(err.status or 0), err.body, doing) from None
+        except EngineError:
+            raise
+        except Exception as err:  # urllib3's MaxRetryError, ProtocolError, socket errors
+            if _is_connection_error(err):
+                raise unreachable(self.host, err) from None
+            raise
+
+    def json(
+        self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None, doing: str
+    ) -> dict[str, Any]:
+        response = self.open(method, path, query=query, body=body, doing=doing)
+        try:
+            data = response.data
+        finally:
+            response.release_conn()
+        decoded = json.loads(data) if data else {}
+        return decoded if isinstance(decoded, dict) else {}
+
+    def close(self) -> None:
+        self.api.close()
+
+
+def lines(response: Any) -> Iterator[str]:
+    """A streamed body (watch events, logs), line by line as the server sends them."""
+    pending = b""
+    for chunk in response.stream(amt=None, decode_content=True):
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            yield line.decode("utf-8", "replace")
+    if pending:
+        yield pending.decode("utf-8", "replace")
+
+
+def interrupt(response: Any) -> None:
+    """Unblock a thread reading ``response`` (a watch or a log stream) from another thread."""
+    import socket
+
+    try:
+        if hasattr(response, "shutdown"):  # urllib3 >= 2.3
+            response.shutdown()
+            return
+        sock = getattr(getattr(response, "connection", None), "sock", None)
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    except (OSError, ValueError, RuntimeError):  # already closed, or back in the pool
+        pass
+
+
+def _query_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _is_connection_error(err: BaseException) -> bool:
+    import urllib3
+
+    return isinstance(err, (urllib3.exceptions.HTTPError, OSError))
+
+
+def _in_cluster_namespace() -> str | None:
+    path = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def namespaced_path(api_version: str, plural: str, namespace: str, name: str | None = None) -> str:
+    """``/api/v1/namespaces/NS/pods[/NAME]`` or ``/apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]``."""
+    root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{root}/namespaces/{quote(namespace, safe='')}/{plural}"
+    return f"{path}/{quote(name, safe='')}" if name else path

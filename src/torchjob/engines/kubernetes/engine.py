@@ -1,0 +1,360 @@
+"""The ``kubernetes`` engine: submit a job as its target's objects, then read it back by its label."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, StartOptions
+from torchjob.engines.kubernetes.client import Cluster, namespaced_path
+from torchjob.engines.kubernetes.errors import ApiError
+from torchjob.engines.kubernetes.follow import Follower
+from torchjob.engines.kubernetes.kinds import JOB_LABEL, SIDE_KINDS, TOP_KINDS, Discovery, Kind
+from torchjob.engines.kubernetes.phase import build_report, prefix_for
+from torchjob.engines.kubernetes.podlogs import read_log
+from torchjob.engines.kubernetes.submit import create_all, delete_object
+from torchjob.records import record, replace
+
+if TYPE_CHECKING:
+    from torchjob.spec.model import Job
+
+LOG_TAIL_LINES = 20
+GONE_TIMEOUT = 120.0  # how long --replace waits for the old job's objects to go
+
+
+@record
+class Found:
+    """A job on the cluster: its name, namespace, target and top-level object (None for `pods`)."""
+
+    name: str
+    namespace: str
+    target: str
+    kind: Kind | None = None
+    top: dict[str, Any] | None = None
+
+
+class KubernetesEngine:
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        namespace: str | None = None,
+        pending_timeout: float = 300.0,
+        **_ignored: Any,
+    ) -> None:
+        self._settings = (kubeconfig, context, namespace)
+        self.pending_timeout = pending_timeout
+        self._cluster: Cluster | None = None
+        self._discovery: Discovery | None = None
+
+    # ------------------------------------------------------------------ connection
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = Cluster(*self._settings)
+        return self._cluster
+
+    @property
+    def discovery(self) -> Discovery:
+        if self._discovery is None:
+            self._discovery = Discovery(self.cluster)
+        return self._discovery
+
+    def _namespace(self, job: Job | None = None) -> str:
+        """-n, else the job's own namespace when it names one, else the context's, else default."""
+        if self._settings[2]:
+            return self._settings[2]
+        if job is not None and job.metadata.namespace not in ("", "default"):
+            return job.metadata.namespace
+        return self.cluster.namespace
+
+    # ------------------------------------------------------------------ Engine
+
+    def check(self, job: Job) -> list[tuple[str, str]]:
+        return []
+
+    def start(self, job: Job, options: StartOptions) -> JobReport:
+        # The targets layer renders; this engine only sends.
+        from torchjob.targets import render_target  # type: ignore[import-not-found, unused-ignore]
+
+        namespace = self._namespace(job)
+        target = self.discovery.choose_target(options.target)
+        job = replace(job, metadata=replace(job.metadata, namespace=namespace))
+        rendered = render_target(job, target, runtime=options.runtime)
+        for path, message in rendered.warnings:
+            self._note(f"warning: {path}: {message}", options)
+        objects = [copy.deepcopy(obj) for obj in rendered.objects]
+        for obj in objects:
+            obj.setdefault("metadata", {})["namespace"] = namespace
+            if options.extra_env:
+                _add_env(obj, options.extra_env)
+        existing = self._find(job.name, namespace)
+        if existing is not None:
+            if not options.replace:
+                raise EngineError(
+                    f"job {job.name} already exists in namespace {namespace} (target {existing.target}); "
+                    "use --replace to delete it and submit again"
+                )
+            self._delete(existing)
+            self._wait_gone(existing)
+        create_all(self.cluster, self.discovery, objects, namespace)
+        found = Found(job.name, namespace, target, TOP_KINDS.get(target))
+        if options.detach:
+            return self._report(found, pods={}, top=_top_object(objects, found.kind))
+        follower = self._follower(found, logs=options.follow and not options.quiet, options=options)
+        for line in follower.run(options.timeout):
+            sys.stdout.write(f"{line.prefix} | {line.text}\n")
+            sys.stdout.flush()
+        report = self._finish(follower)
+        if not report.terminal and options.timeout is not None:
+            self._delete(found)
+            report.phase, report.reason = "Terminated", f"timed out after {options.timeout:g}s; deleted"
+        return report
+
+    def list_jobs(self) -> list[JobReport]:
+        namespace = self._namespace()
+        pods = self._list(namespaced_path("v1", "pods", namespace), JOB_LABEL)
+        by_job: dict[str, dict[str, dict[str, Any]]] = {}
+        for pod in pods:
+            label = str(pod["metadata"]["labels"][JOB_LABEL])
+            by_job.setdefault(label, {})[str(pod["metadata"]["name"])] = pod
+        reports: list[JobReport] = []
+        seen: set[str] = set()
+        for target in self.discovery.available_targets():
+            kind = TOP_KINDS[target]
+            for top in self._list(namespaced_path(kind.api_version, kind.plural, namespace), JOB_LABEL):
+                if _owned(top):
+                    continue
+                name = str(top["metadata"]["name"])
+                seen.add(name)
+                reports.append(
+                    self._report(Found(name, namespace, target, kind, top), by_job.get(name, {}), top)
+                )
+        for name, job_pods in by_job.items():
+            if name not in seen and not any(_owned(p) for p in job_pods.values()):
+                reports.append(self._report(Found(name, namespace, "pods"), job_pods, None))
+        reports.sort(key=lambda r: r.started_at or 0.0, reverse=True)
+        return reports
+
+    def status(self, ref: str) -> JobReport:
+        found = self._resolve(ref)
+        pods = {
+            str(p["metadata"]["name"]): p
+            for p in self._list(namespaced_path("v1", "pods", found.namespace), f"{JOB_LABEL}={found.name}")
+        }
+        report = self._report(found, pods, found.top)
+        self._add_log_tail(report)
+        return report
+
+    def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
+        found = self._resolve(ref)
+
+        def wanted(pod: str, short: str) -> bool:
+            return query.pod is None or query.pod in (pod, short, short.rsplit("-", 1)[0])
+
+        if query.follow:
+            follower = self._follower(found, logs=True, pod_filter=wanted, container=query.container)
+            yield from follower.run()
+            return
+        report = self.status(ref)
+        pods = [p for p in report.pods if wanted(p.name, p.short)]
+        if query.pod is not None and not pods:
+            raise EngineError(f"job {found.name} has no pod {query.pod!r}")
+        for ordinal, pod in enumerate(pods):
+            main = [c for c in pod.containers if not c.init and (query.container in (None, c.name))]
+            for container in main:
+                prefix = prefix_for(pod.short, pod.rank, container.name if len(main) > 1 else None)
+                previous = [False]
+                if query.all_attempts and container.restarts:
+                    previous = [True, False]
+                elif query.attempt is not None and query.attempt < container.restarts:
+                    previous = [True]
+                for prev in previous:
+                    for text in read_log(
+                        self.cluster, found.namespace, pod.name, container.name, previous=prev
+                    ):
+                        yield LogLine(prefix=prefix, text=text, pod_ordinal=ordinal)
+
+    def wait(self, ref: str, timeout: float | None = None) -> JobReport:
+        found = self._resolve(ref)
+        follower = self._follower(found, logs=False)
+        for _ in follower.run(timeout):
+            pass
+        return self._finish(follower)
+
+    def delete(self, refs: list[str]) -> list[str]:
+        jobs = [self._resolve(ref) for ref in refs]  # every ref first: a typo deletes nothing
+        for found in jobs:
+            self._delete(found)
+        return [f"{found.namespace}/{found.name}" for found in jobs]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _note(self, message: str, options: StartOptions | None = None) -> None:
+        if options is None or not options.quiet:
+            print(f"torchjob: {message}", file=sys.stderr)
+
+    def _list(self, path: str, selector: str) -> list[dict[str, Any]]:
+        listing = self.cluster.json("GET", path, query={"labelSelector": selector}, doing=f"list {path}")
+        return list(listing.get("items") or [])
+
+    def _find(self, name: str, namespace: str) -> Found | None:
+        """The job called ``name``: its top-level object of any target, else its bare pods."""
+        candidates: list[Found] = []
+        for target in self.discovery.available_targets():
+            kind = TOP_KINDS[target]
+            path = namespaced_path(kind.api_version, kind.plural, namespace, name)
+            try:
+                top = self.cluster.json("GET", path, doing=f"get {kind.label} {name}")
+            except ApiError as err:
+                if err.status == 404:
+                    continue
+                raise
+            if JOB_LABEL in ((top.get("metadata") or {}).get("labels") or {}):
+                candidates.append(Found(name, namespace, target, kind, top))
+        if candidates:  # a TrainJob's JobSet may carry the label too: its owner is the job
+            return next((c for c in candidates if not _owned(c.top or {})), candidates[0])
+        listing = self.cluster.json(
+            "GET",
+            namespaced_path("v1", "pods", namespace),
+            query={"labelSelector": f"{JOB_LABEL}={name}", "limit": 1},
+            doing=f"list the pods of job {name}",
+        )
+        if listing.get("items"):
+            return Found(name, namespace, "pods")
+        return None
+
+    def _resolve(self, ref: str) -> Found:
+        namespace, _, name = ref.rpartition("/")
+        namespace = namespace or self._namespace()
+        found = self._find(name, namespace)
+        if found is None:
+            where = f"namespace {namespace}" + (
+                f" of context {self.cluster.context}" if self.cluster.context else ""
+            )
+            raise EngineError(f"no job {name!r} in {where}")
+        return found
+
+    def _report(self, found: Found, pods: dict[str, dict[str, Any]], top: dict[str, Any] | None) -> JobReport:
+        return build_report(
+            name=found.name,
+            namespace=found.namespace,
+            target=found.target,
+            context=self.cluster.context,
+            top=top,
+            pods=pods,
+        )
+
+    def _follower(
+        self, found: Found, *, logs: bool, options: StartOptions | None = None, **kwargs: Any
+    ) -> Follower:
+        kind = found.kind
+        return Follower(
+            self.cluster,
+            name=found.name,
+            namespace=found.namespace,
+            target=found.target,
+            top_path=None
+            if kind is None
+            else namespaced_path(kind.api_version, kind.plural, found.namespace),
+            pod_path=namespaced_path("v1", "pods", found.namespace),
+            label_selector=f"{JOB_LABEL}={found.name}",
+            logs=logs,
+            pending_timeout=self.pending_timeout,
+            notify=lambda message: self._note(message, options),
+            **kwargs,
+        )
+
+    def _finish(self, follower: Follower) -> JobReport:
+        report = follower.report
+        assert report is not None
+        self._add_log_tail(report)
+        return report
+
+    def _add_log_tail(self, report: JobReport) -> None:
+        failure = report.first_failure
+        if failure is None or failure.log_tail:
+            return
+        pod = next((p for p in report.pods if p.name == failure.pod), None)
+        container = next((c for c in pod.containers if not c.init), None) if pod else None
+        if pod is None or container is None:
+            return
+        previous = container.state != "terminated" and container.restarts > 0
+        failure.log_tail = read_log(
+            self.cluster, report.namespace, pod.name, container.name, tail=LOG_TAIL_LINES, previous=previous
+        )
+
+    def _delete(self, found: Found) -> None:
+        cluster, namespace, label = self.cluster, found.namespace, f"{JOB_LABEL}={found.name}"
+        if found.kind is not None:
+            path = namespaced_path(found.kind.api_version, found.kind.plural, namespace, found.name)
+            delete_object(cluster, path, f"{found.kind.label} {found.name}")
+            return  # the controller's children go with it (owner references)
+        for api_version, plural in SIDE_KINDS:
+            if not self.discovery.has_version(api_version):
+                continue
+            try:
+                items = self._list(namespaced_path(api_version, plural, namespace), label)
+            except ApiError as err:
+                if err.status == 404:
+                    continue
+                raise
+            for item in items:
+                name = str(item["metadata"]["name"])
+                delete_object(
+                    cluster, namespaced_path(api_version, plural, namespace, name), f"{plural} {name}"
+                )
+        cluster.json(  # one request for every pod of the job
+            "DELETE",
+            namespaced_path("v1", "pods", namespace),
+            query={"labelSelector": label},
+            doing=f"delete the pods of job {found.name}",
+        )
+
+    def _wait_gone(self, found: Found) -> None:
+        """--replace: the old objects must be gone before the new ones take their names."""
+        deadline = time.monotonic() + GONE_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._find(found.name, found.namespace) is None:
+                return
+            time.sleep(0.5)
+        raise EngineError(f"job {found.name} was deleted but is still there after {GONE_TIMEOUT:.0f}s")
+
+
+def _owned(obj: dict[str, Any]) -> bool:
+    return any(ref.get("controller") for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def _top_object(objects: list[dict[str, Any]], kind: Kind | None) -> dict[str, Any] | None:
+    if kind is None:
+        return None
+    return next((o for o in objects if o.get("kind") == kind.kind), None)
+
+
+def _add_env(obj: dict[str, Any], env: dict[str, str]) -> None:
+    """--env on a cluster: appended to every main container of every pod template (TrainJob: trainer.env)."""
+    entries = [{"name": k, "value": v} for k, v in env.items()]
+    if obj.get("kind") == "TrainJob":
+        trainer = obj.setdefault("spec", {}).setdefault("trainer", {})
+        trainer["env"] = [e for e in trainer.get("env") or [] if e["name"] not in env] + entries
+        return
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            containers = node.get("containers")
+            if isinstance(containers, list) and all(isinstance(c, dict) and "image" in c for c in containers):
+                for c in containers:
+                    c["env"] = [e for e in c.get("env") or [] if e.get("name") not in env] + entries
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(obj)

@@ -1,0 +1,338 @@
+"""Following a job: one watch per resource type (the job's own object, its pods), never a poll per pod.
+
+Each watch lists once, then watches from the list's resourceVersion in its own thread; the server
+ends a watch after ``WATCH_SECONDS`` and it resumes from the last version seen (or lists again on
+410 Gone). Events, log lines and the end of log streams all arrive on one queue, so one loop reads
+them in order. The requests this makes do not grow with the number of pods, except one log stream
+per container when logs are followed.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torchjob.engines.base import EngineError, JobReport, LogLine
+from torchjob.engines.kubernetes.client import Cluster, interrupt, lines
+from torchjob.engines.kubernetes.errors import api_error
+from torchjob.engines.kubernetes.phase import (
+    build_report,
+    image_pull_error,
+    pod_identity,
+    pod_rank,
+    prefix_for,
+    unschedulable_message,
+)
+from torchjob.engines.kubernetes.podlogs import LogStreams, streamable
+
+WATCH_SECONDS = 300
+LOG_GRACE_SECONDS = 10.0
+REPORT_EVERY = 0.5  # seconds between full reports while only pods change
+ALL_PODS = "\0all"  # after the job ends, how long its log streams get to drain
+
+
+class ResourceWatch:
+    """List, then watch, one resource type with a selector, posting (key, type, object) to ``out``."""
+
+    def __init__(
+        self, cluster: Cluster, key: str, path: str, selector: dict[str, str], out: queue.Queue[Any]
+    ) -> None:
+        self.cluster, self.key, self.path, self.selector, self.out = cluster, key, path, selector, out
+        self._stopped = threading.Event()
+        self._response: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"torchjob-watch-{key}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._response is not None:
+            interrupt(self._response)
+
+    def _run(self) -> None:
+        version: str | None = None
+        failures = 0
+        while not self._stopped.is_set():
+            try:
+                if version is None:
+                    listing = self.cluster.json(
+                        "GET", self.path, query=self.selector, doing=f"list {self.key}"
+                    )
+                    version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+                    self.out.put((self.key, "SYNC", listing.get("items") or []))
+                version = self._watch(version)
+                failures = 0
+            except EngineError as err:
+                failures += 1
+                if self._stopped.is_set():
+                    return
+                if failures > 3 or getattr(err, "status", None) in (401, 403, 404):
+                    self.out.put((self.key, "FAILED", err))
+                    return
+                time.sleep(min(2.0**failures, 10.0))
+            except Exception as err:  # the stream broke (connection reset, stopped under us)
+                if self._stopped.is_set():
+                    return
+                failures += 1
+                if failures > 3:
+                    self.out.put((self.key, "FAILED", EngineError(f"watching {self.key} failed: {err}")))
+                    return
+                time.sleep(min(2.0**failures, 10.0))
+
+    def _watch(self, version: str) -> str | None:
+        """Watch from ``version`` until the server ends the watch: the last version seen (None: relist)."""
+        query = {
+            **self.selector,
+            "watch": True,
+            "resourceVersion": version,
+            "allowWatchBookmarks": True,
+            "timeoutSeconds": WATCH_SECONDS,
+        }
+        response = self.cluster.open(
+            "GET", self.path, query=query, doing=f"watch {self.key}", read_timeout=WATCH_SECONDS + 30
+        )
+        self._response = response
+        try:
+            for line in lines(response):
+                if self._stopped.is_set():
+                    return version
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:  # our version is too old: list again
+                        return None
+                    raise api_error(int(obj.get("code") or 500), json.dumps(obj), f"watch {self.key}")
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind != "BOOKMARK":
+                    self.out.put((self.key, kind, obj))
+        finally:
+            self._response = None
+            response.release_conn()
+        return version
+
+
+class Follower:
+    """A job's live state from its watches; optionally streams every pod's logs."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        name: str,
+        namespace: str,
+        target: str,
+        top_path: str | None,
+        pod_path: str,
+        label_selector: str,
+        logs: bool = False,
+        pending_timeout: float = 300.0,
+        notify: Callable[[str], None] | None = None,
+        pod_filter: Callable[[str, str], bool] | None = None,
+        container: str | None = None,
+    ) -> None:
+        self.cluster, self.name, self.namespace, self.target = cluster, name, namespace, target
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self.top: dict[str, Any] | None = None
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.pending_timeout = pending_timeout
+        self.notify = notify or (lambda _message: None)
+        self.pod_filter = pod_filter
+        self.container = container
+        self._synced: set[str] = set()
+        self._pending_since: dict[str, float] = {}
+        self._noted: set[str] = set()
+        self._has_master: bool | None = None
+        self.pod_path, self.label_selector = pod_path, label_selector
+        self.watches = [
+            ResourceWatch(cluster, "pods", pod_path, {"labelSelector": label_selector}, self.queue)
+        ]
+        if top_path is not None:
+            selector = {"fieldSelector": f"metadata.name={name}"}
+            self.watches.append(ResourceWatch(cluster, "job", top_path, selector, self.queue))
+        self.streams = LogStreams(cluster, namespace, self.queue) if logs else None
+        self.report: JobReport | None = None
+
+    def run(self, timeout: float | None = None) -> Iterator[LogLine]:
+        """Log lines while the job runs (none without ``logs``); ``self.report`` is the last report."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        drain_until: float | None = None
+        dirty = False  # pods changed since the last report
+        built = 0.0
+        for watch in self.watches:
+            watch.start()
+        try:
+            while True:
+                now = time.monotonic()
+                limits = [t for t in (deadline, drain_until) if t is not None]
+                wait = max(0.0, min(limits) - now) if limits else 1.0
+                try:
+                    item = self.queue.get(timeout=min(wait, REPORT_EVERY))
+                except queue.Empty:
+                    item = None
+                changed: set[str] = set()
+                job_changed = False
+                while item is not None:
+                    if isinstance(item, LogLine):
+                        yield item
+                    else:
+                        what = self._apply(item)
+                        if what == "job":
+                            job_changed = True
+                        elif what is not None:
+                            changed.add(what)
+                    try:
+                        item = self.queue.get_nowait()
+                    except queue.Empty:
+                        item = None
+                if len(self._synced) < len(self.watches):
+                    if deadline is not None and time.monotonic() >= deadline:
+                        break
+                    continue
+                if ALL_PODS in changed:
+                    changed = set(self.pods)
+                    job_changed = True
+                self._diagnose(changed)
+                dirty |= bool(changed)
+                now = time.monotonic()
+                # A report walks every pod: rebuilt when the job's object changes, and at most
+                # every REPORT_EVERY seconds for pod changes (a 1,000-pod job sends thousands).
+                if self.report is None or job_changed or (dirty and now - built >= REPORT_EVERY):
+                    self.report = self._report()
+                    built, dirty = now, False
+                    self._start_streams(set(self.pods))
+                else:
+                    self._start_streams(changed)
+                if self.report.terminal:
+                    if self.streams is None or not self.streams.open:
+                        break
+                    drain_until = drain_until or now + LOG_GRACE_SECONDS
+                    if now >= drain_until:
+                        break
+                elif deadline is not None and now >= deadline:
+                    break
+        finally:
+            for watch in self.watches:
+                watch.stop()
+            if self.streams is not None:
+                self.streams.stop()
+        if self.report is not None and self.report.terminal:
+            # The job's watch may have told of its end before the pods' watch told of theirs:
+            # one more list gives the pods as they ended.
+            pods = self.cluster.json(
+                "GET", self.pod_path, query={"labelSelector": self.label_selector}, doing="list pods"
+            )
+            self.pods = {str(p["metadata"]["name"]): p for p in pods.get("items") or []}
+            dirty = True
+        if self.report is None or dirty:
+            self.report = self._report()
+
+    def _apply(self, item: tuple[Any, ...]) -> str | None:
+        """Take one event in: "job", a pod's name, ALL_PODS, or None when nothing changed."""
+        key, kind, obj = item
+        if key == "log-end":
+            if self.streams is not None:
+                self.streams.ended(kind)
+            return None
+        if kind == "FAILED":
+            raise obj
+        self._synced.add(key)
+        if key == "job":
+            if kind == "SYNC":
+                self.top = obj[0] if obj else None
+            else:
+                self.top = None if kind == "DELETED" else obj
+            return "job"
+        if kind == "SYNC":
+            self.pods = {str(p["metadata"]["name"]): p for p in obj}
+            self._has_master = None
+            return ALL_PODS
+        pod_name = str((obj.get("metadata") or {}).get("name"))
+        if kind == "DELETED":
+            self.pods.pop(pod_name, None)
+        else:
+            if pod_name not in self.pods:
+                self._has_master = None
+            self.pods[pod_name] = obj
+        return pod_name
+
+    def _report(self) -> JobReport:
+        return build_report(
+            name=self.name,
+            namespace=self.namespace,
+            target=self.target,
+            context=self.cluster.context,
+            top=self.top,
+            pods=self.pods,
+        )
+
+    def _diagnose(self, names: set[str]) -> None:
+        """Fail fast on an image that cannot be pulled; on a pod unschedulable for too long."""
+        now = time.monotonic()
+        for name in names:
+            pod = self.pods.get(name)
+            if pod is None:
+                self._pending_since.pop(name, None)
+                continue
+            pulled = image_pull_error(pod)
+            if pulled:
+                image, reason, message = pulled
+                detail = f": {message}" if message else ""
+                raise EngineError(
+                    f"job {self.name}: pod {self._short(pod)} cannot pull image {image!r} "
+                    f"({reason}{detail}); fix the image and submit again with --replace"
+                )
+            stuck = unschedulable_message(pod)
+            if stuck is None:
+                self._pending_since.pop(name, None)
+                continue
+            self._pending_since.setdefault(name, now)
+            if name not in self._noted:
+                self._noted.add(name)
+                self.notify(f"pod {self._short(pod)} is Pending: Unschedulable: {stuck}")
+        for name, since in self._pending_since.items():  # still stuck, even without new events
+            if now - since >= self.pending_timeout:
+                pod = self.pods[name]
+                raise EngineError(
+                    f"job {self.name}: pod {self._short(pod)} is stuck Pending for {now - since:.0f}s; "
+                    f"the scheduler says: {unschedulable_message(pod)}"
+                )
+
+    def _short(self, pod: dict[str, Any]) -> str:
+        task, index = pod_identity(self.name, pod)
+        return f"{task}-{index}"
+
+    def _master(self) -> bool:
+        if self._has_master is None:
+            self._has_master = any(pod_identity(self.name, p)[0] == "master" for p in self.pods.values())
+        return self._has_master
+
+    def _start_streams(self, names: set[str]) -> None:
+        if self.streams is None:
+            return
+        ordinals = {name: i for i, name in enumerate(sorted(self.pods))}
+        for name in names:
+            pod = self.pods.get(name)
+            if pod is None:
+                continue
+            task, index = pod_identity(self.name, pod)
+            short = f"{task}-{index}"
+            if self.pod_filter is not None and not self.pod_filter(name, short):
+                continue
+            rank = pod_rank(pod, task, index, self._master())
+            main = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
+            several = len(main) > 1
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                container = str(status.get("name"))
+                if self.container is not None and container != self.container:
+                    continue
+                if container in main and streamable(status):
+                    prefix = prefix_for(short, rank, container if several else None)
+                    restarts = int(status.get("restartCount") or 0)
+                    self.streams.add(name, container, restarts, prefix, ordinals[name])

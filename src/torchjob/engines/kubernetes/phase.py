@@ -1,0 +1,316 @@
+"""A target's own status and the job's pods, read as the JobReport every engine returns.
+
+Volcano reports a phase (``status.state.phase``); PyTorchJob, JobSet and TrainJob report
+conditions, and the last two have no Running condition at all, so Running/Pending come from the
+pods. Pod diagnoses (an image that cannot be pulled, a pod the scheduler cannot place) are read
+here too, so ``status`` and a followed job tell the same story.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from typing import Any
+
+from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport
+from torchjob.records import record
+
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+
+# Labels (then annotations) the controllers put on pods: the task's name and the pod's index in it.
+_TASK_KEYS = (
+    "volcano.sh/task-spec",
+    "training.kubeflow.org/replica-type",
+    "jobset.sigs.k8s.io/replicatedjob-name",
+)
+_INDEX_KEYS = (
+    "volcano.sh/task-index",
+    "training.kubeflow.org/replica-index",
+    "batch.kubernetes.io/job-completion-index",
+)
+_TRAILING_INDEX = re.compile(r"(.+)-(\d+)\Z")
+
+
+def timestamp(value: Any) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _meta(obj: dict[str, Any], key: str) -> str | None:
+    metadata = obj.get("metadata") or {}
+    for where in ("labels", "annotations"):
+        value = (metadata.get(where) or {}).get(key)
+        if value is not None:
+            return str(value)
+    return None
+
+
+def pod_identity(job_name: str, pod: dict[str, Any]) -> tuple[str, int]:
+    """(task, index) of a pod: from its controller's labels, else from its name."""
+    task = next((v for k in _TASK_KEYS if (v := _meta(pod, k))), None)
+    index = next((v for k in _INDEX_KEYS if (v := _meta(pod, k))), None)
+    if task and index is not None and index.isdigit():
+        return task.lower(), int(index)
+    name = str((pod.get("metadata") or {}).get("name", ""))
+    rest = name[len(job_name) + 1 :] if name.startswith(f"{job_name}-") else name
+    match = _TRAILING_INDEX.match(rest)
+    if task:
+        return task.lower(), int(match.group(2)) if match else 0
+    return (match.group(1), int(match.group(2))) if match else (rest, 0)
+
+
+def pod_rank(pod: dict[str, Any], task: str, index: int, has_master: bool) -> int | None:
+    """The pod's RANK: its literal env value, else what the master-then-workers layout gives it."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    for env in (containers[0].get("env") or []) if containers else []:
+        if env.get("name") == "RANK" and str(env.get("value", "")).isdigit():
+            return int(env["value"])
+    if task == "master":
+        return index
+    if task == "worker":
+        return index + 1 if has_master else index
+    if task == "node":
+        return index
+    return None
+
+
+def prefix_for(short: str, rank: int | None, container: str | None = None) -> str:
+    """The log prefix the local engine prints too: ``worker-1 r2``, ``master-0/sidecar r0``."""
+    head = short if container is None else f"{short}/{container}"
+    return f"{head} r{rank}" if rank is not None else head
+
+
+def _container(status: dict[str, Any], init: bool) -> ContainerReport:
+    state = status.get("state") or {}
+    report = ContainerReport(
+        name=str(status.get("name", "")), init=init, restarts=status.get("restartCount", 0)
+    )
+    if "terminated" in state:
+        term = state["terminated"]
+        report.state, report.exit_code, report.reason = (
+            "terminated",
+            term.get("exitCode"),
+            term.get("reason", ""),
+        )
+    elif "running" in state:
+        report.state = "running"
+    else:
+        report.reason = str((state.get("waiting") or {}).get("reason", ""))
+    return report
+
+
+def pod_report(job_name: str, pod: dict[str, Any], has_master: bool) -> PodReport:
+    metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
+    task, index = pod_identity(job_name, pod)
+    rank = pod_rank(pod, task, index, has_master)
+    containers = [_container(s, True) for s in status.get("initContainerStatuses") or []]
+    containers += [_container(s, False) for s in status.get("containerStatuses") or []]
+    main = [c for c in containers if not c.init]
+    exit_code = next((c.exit_code for c in main if c.exit_code), None)
+    if exit_code is None and main and all(c.state == "terminated" for c in main):
+        exit_code = 0
+    finished = [
+        timestamp(((s.get("state") or {}).get("terminated") or {}).get("finishedAt"))
+        for s in status.get("containerStatuses") or []
+    ]
+    return PodReport(
+        name=str(metadata.get("name", "")),
+        short=f"{task}-{index}",
+        task=task,
+        index=index,
+        phase=str(status.get("phase") or "Pending"),
+        rank=rank,
+        reason=pod_problem(pod) or str(status.get("reason") or ""),
+        restarts=sum(c.restarts for c in main),
+        exit_code=exit_code,
+        started_at=timestamp(status.get("startTime")),
+        finished_at=max((f for f in finished if f), default=None),
+        address=str(status.get("podIP") or ""),
+        containers=containers,
+    )
+
+
+def pod_problem(pod: dict[str, Any]) -> str:
+    """What keeps a pod from running, in a few words: an image pull error, or unschedulable."""
+    pulled = image_pull_error(pod)
+    if pulled:
+        return f"{pulled[1]}: cannot pull image {pulled[0]}"
+    unschedulable = unschedulable_message(pod)
+    return f"Unschedulable: {unschedulable}" if unschedulable is not None else ""
+
+
+def image_pull_error(pod: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(image, reason, message) of the first container whose image cannot be pulled."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    images = {
+        c.get("name"): c.get("image", "")
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
+    }
+    for s in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (s.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_PULL_REASONS:
+            image = images.get(s.get("name")) or s.get("image", "")
+            return str(image), str(waiting["reason"]), str(waiting.get("message") or "")
+    return None
+
+
+def unschedulable_message(pod: dict[str, Any]) -> str | None:
+    """The scheduler's message when it cannot place a Pending pod; None when it is not stuck."""
+    status = pod.get("status") or {}
+    if status.get("phase", "Pending") != "Pending":
+        return None
+    for condition in status.get("conditions") or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == "Unschedulable"
+        ):
+            return " ".join(str(condition.get("message") or "no message").split())
+    return None
+
+
+def unschedulable_since(pod: dict[str, Any]) -> float | None:
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return timestamp(condition.get("lastTransitionTime"))
+    return None
+
+
+# ------------------------------------------------------------------ job phases
+
+
+def _conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        str(c.get("type")): c
+        for c in (obj.get("status") or {}).get("conditions") or []
+        if str(c.get("status")) == "True"
+    }
+
+
+def _reason(condition: dict[str, Any]) -> str:
+    return ": ".join(str(p) for p in (condition.get("reason"), condition.get("message")) if p)
+
+
+def _from_pods(pods: list[PodReport]) -> str:
+    if any(p.phase == "Running" for p in pods):
+        return "Running"
+    return "Pending"
+
+
+@record
+class Phase:
+    phase: str
+    reason: str = ""
+    finished_at: float | None = None
+
+
+def job_phase(target: str, top: dict[str, Any] | None, pods: list[PodReport]) -> Phase:
+    """The job's phase in Volcano's words, from the target's own status (and pods where it has none)."""
+    if target == "pods":
+        if any(p.phase == "Failed" for p in pods):
+            return Phase("Failed", "a pod failed")
+        if pods and all(p.phase == "Succeeded" for p in pods):
+            return Phase("Completed")
+        return Phase(_from_pods(pods))
+    if top is None:
+        return Phase("Unknown", "the job's object is gone")
+    status = top.get("status") or {}
+    if target == "volcano":
+        state = status.get("state") or {}
+        reason = ": ".join(str(p) for p in (state.get("reason"), state.get("message")) if p)
+        return Phase(str(state.get("phase") or "Pending"), reason, timestamp(state.get("lastTransitionTime")))
+    conditions = _conditions(top)
+    done = {
+        "kubeflow": ("Succeeded", "Failed"),
+        "jobset": ("Completed", "Failed"),
+        "trainjob": ("Complete", "Failed"),
+    }
+    success, failure = done.get(target, ("Completed", "Failed"))
+    if failure in conditions:
+        c = conditions[failure]
+        return Phase("Failed", _reason(c), timestamp(c.get("lastTransitionTime")))
+    if success in conditions:
+        c = conditions[success]
+        return Phase("Completed", _reason(c), timestamp(c.get("lastTransitionTime")))
+    if "Suspended" in conditions:
+        return Phase("Pending", _reason(conditions["Suspended"]) or "suspended")
+    if target == "kubeflow":
+        if "Restarting" in conditions:
+            return Phase("Restarting", _reason(conditions["Restarting"]))
+        if "Running" in conditions:
+            return Phase("Running", _reason(conditions["Running"]))
+    return Phase(_from_pods(pods))
+
+
+def first_failure(pods: list[PodReport], raw: dict[str, dict[str, Any]]) -> FailureReport | None:
+    """The pod whose main container failed first (by finish time), from current or last states."""
+    best: tuple[float, FailureReport] | None = None
+    for report in pods:
+        pod = raw.get(report.name) or {}
+        for s in (pod.get("status") or {}).get("containerStatuses") or []:
+            for state in (s.get("state") or {}, s.get("lastState") or {}):
+                term = state.get("terminated")
+                if not term or not term.get("exitCode"):
+                    continue
+                when = timestamp(term.get("finishedAt")) or float("inf")
+                if best is None or when < best[0]:
+                    failure = FailureReport(
+                        pod=report.name,
+                        short=report.short,
+                        exit_code=term.get("exitCode"),
+                        rank=report.rank,
+                        reason=str(term.get("reason") or ""),
+                        time=None if when == float("inf") else when,
+                    )
+                    best = (when, failure)
+    if best is None:
+        failed = next((p for p in pods if p.phase == "Failed"), None)
+        if failed is None:
+            return None
+        return FailureReport(pod=failed.name, short=failed.short, rank=failed.rank, reason=failed.reason)
+    return best[1]
+
+
+def build_report(
+    *,
+    name: str,
+    namespace: str,
+    target: str,
+    context: str,
+    top: dict[str, Any] | None,
+    pods: dict[str, dict[str, Any]],
+) -> JobReport:
+    has_master = any(pod_identity(name, p)[0] == "master" for p in pods.values())
+    reports = sorted(
+        (pod_report(name, p, has_master) for p in pods.values()),
+        key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.task, p.index),
+    )
+    phase = job_phase(target, top, reports)
+    top_meta = (top or {}).get("metadata") or {}
+    spec, status = (top or {}).get("spec") or {}, (top or {}).get("status") or {}
+    created = timestamp(top_meta.get("creationTimestamp"))
+    started = min((p.started_at for p in reports if p.started_at), default=created)
+    report = JobReport(
+        engine="kubernetes",
+        id=f"{namespace}/{name}",
+        name=name,
+        phase=phase.phase,
+        reason=phase.reason,
+        namespace=namespace,
+        target=target,
+        location=context,
+        retry_count=int(status.get("retryCount") or 0),
+        max_retry=int(spec.get("maxRetry") or 0),
+        started_at=started,
+        finished_at=phase.finished_at
+        if phase.phase in ("Completed", "Failed", "Aborted", "Terminated")
+        else None,
+        pods=reports,
+    )
+    if phase.phase in ("Failed", "Terminated", "Aborted"):
+        report.first_failure = first_failure(reports, pods)
+    return report

@@ -1,0 +1,110 @@
+"""Pod log streams: one ``follow=true`` request per container instance, read in its own thread.
+
+A stream ends by itself when its container exits, so following costs one request per container
+start, never a poll; a restarted container (a new restartCount) gets a new stream.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+from torchjob.engines.base import EngineError, LogLine
+from torchjob.engines.kubernetes.client import Cluster, interrupt, lines, namespaced_path
+
+
+def log_path(namespace: str, pod: str) -> str:
+    return namespaced_path("v1", "pods", namespace, pod) + "/log"
+
+
+def read_log(
+    cluster: Cluster,
+    namespace: str,
+    pod: str,
+    container: str | None,
+    *,
+    tail: int | None = None,
+    previous: bool = False,
+) -> list[str]:
+    """A container's log as it is now (``tail`` last lines); [] when it has none yet."""
+    query = {"container": container, "tailLines": tail, "previous": previous or None}
+    try:
+        response = cluster.open(
+            "GET", log_path(namespace, pod), query=query, doing=f"read the log of pod {pod}"
+        )
+    except EngineError as err:
+        if getattr(err, "status", None) in (400, 404):  # not started yet, or gone
+            return []
+        raise
+    try:
+        return list(lines(response))
+    finally:
+        response.release_conn()
+
+
+def streamable(status: dict[str, Any]) -> bool:
+    """A container has a log to follow once it ran: running, or terminated."""
+    state = status.get("state") or {}
+    return "running" in state or "terminated" in state
+
+
+class LogStreams:
+    """Follows containers' logs into ``out``: LogLine items, then ("log-end", key, None) as each ends."""
+
+    def __init__(self, cluster: Cluster, namespace: str, out: queue.Queue[Any]) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.out = out
+        self.started: set[tuple[str, str, int]] = set()
+        self.open: set[tuple[str, str, int]] = set()
+        self._responses: dict[tuple[str, str, int], Any] = {}
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def add(self, pod: str, container: str, restarts: int, prefix: str, ordinal: int) -> None:
+        key = (pod, container, restarts)
+        if key in self.started or self._stopped:
+            return
+        self.started.add(key)
+        self.open.add(key)
+        thread = threading.Thread(
+            target=self._run, args=(key, prefix, ordinal), name=f"torchjob-log-{pod}", daemon=True
+        )
+        thread.start()
+
+    def _run(self, key: tuple[str, str, int], prefix: str, ordinal: int) -> None:
+        pod, container, _ = key
+        try:
+            response = self.cluster.open(
+                "GET",
+                log_path(self.namespace, pod),
+                query={"container": container, "follow": True},
+                doing=f"follow the log of pod {pod}",
+                read_timeout=None,  # a quiet training step is not a dead stream
+            )
+            with self._lock:
+                self._responses[key] = response
+                if self._stopped:
+                    return
+            try:
+                for text in lines(response):
+                    self.out.put(LogLine(prefix=prefix, text=text, pod_ordinal=ordinal))
+            finally:
+                with self._lock:
+                    self._responses.pop(key, None)
+                response.release_conn()
+        except Exception:  # a pod deleted or stopped under us: its stream just ends
+            pass
+        finally:
+            self.out.put(("log-end", key, None))
+
+    def ended(self, key: tuple[str, str, int]) -> None:
+        self.open.discard(key)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            responses = list(self._responses.values())
+        for response in responses:
+            interrupt(response)

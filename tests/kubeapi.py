@@ -1,0 +1,569 @@
+"""A small Kubernetes API server for tests: real HTTP on 127.0.0.1, answering as kube-apiserver does.
+
+It knows discovery (/api, /apis, /apis/GROUP/VERSION), namespaced create/get/list/delete for core
+and custom resources (label and field selectors, limit, delete by collection), watch streams
+(chunked JSON lines with ADDED/MODIFIED/DELETED and resourceVersions, ended after timeoutSeconds),
+pod logs (tailLines, previous, follow) and Status bodies for 401/403/404/409/422. It runs no
+controller: tests play the controller through ``put``/``set_status``/``log``. Every request is
+recorded, so tests can count them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime
+import itertools
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+TOKEN = "torchjob-test-token"
+
+CORE_RESOURCES = {
+    "Pod": "pods",
+    "Service": "services",
+    "ConfigMap": "configmaps",
+    "Secret": "secrets",
+    "Event": "events",
+}
+GROUP_RESOURCES: dict[str, dict[str, str]] = {
+    "batch.volcano.sh/v1alpha1": {"Job": "jobs"},
+    "kubeflow.org/v1": {"PyTorchJob": "pytorchjobs"},
+    "trainer.kubeflow.org/v1alpha1": {"TrainJob": "trainjobs"},
+    "jobset.x-k8s.io/v1alpha2": {"JobSet": "jobsets"},
+    "networking.k8s.io/v1": {"NetworkPolicy": "networkpolicies"},
+    "scheduling.volcano.sh/v1beta1": {"PodGroup": "podgroups"},
+}
+
+
+def now_iso(offset: float = 0.0) -> str:
+    moment = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=offset)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def matches_labels(obj: dict[str, Any], selector: str) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key) != value:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def matches_fields(obj: dict[str, Any], selector: str) -> bool:
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if key == "metadata.name" and obj["metadata"]["name"] != value:
+            return False
+        if key == "metadata.namespace" and obj["metadata"].get("namespace") != value:
+            return False
+    return True
+
+
+class Refusal:
+    def __init__(self, method: str, plural: str, code: int, message: str, name: str | None = None) -> None:
+        self.method, self.plural, self.code, self.message, self.name = method, plural, code, message, name
+
+
+class FakeKubeAPI:
+    """The server's state and its helpers for tests (all thread-safe)."""
+
+    def __init__(self, groups: tuple[str, ...] = tuple(GROUP_RESOURCES)) -> None:
+        self.groups = set(groups)
+        self.lock = threading.Condition()
+        self.objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+        self.events: list[tuple[int, tuple[str, str, str, str], str, dict[str, Any]]] = []
+        self.version = itertools.count(100)
+        self.current = 100
+        self.logs: dict[tuple[str, str], list[str]] = {}
+        self.previous_logs: dict[tuple[str, str], list[str]] = {}
+        self.logs_closed: set[tuple[str, str]] = set()
+        self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
+        self.refusals: list[Refusal] = []
+        self.on_create: Callable[[dict[str, Any]], None] | None = None
+        self.watch_seconds_cap: float | None = None  # end watches sooner than asked (tests of resume)
+        self.stopping = False
+        self.compacted = 0  # watches from an older resourceVersion get 410 Gone
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> FakeKubeAPI:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self.lock.notify_all()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def kubeconfig(self, path: Path, namespace: str | None = None, token: str = TOKEN) -> Path:
+        context: dict[str, Any] = {"cluster": "fake", "user": "tester"}
+        if namespace:
+            context["namespace"] = namespace
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "tester", "user": {"token": token}}],
+            "contexts": [{"name": "fake-context", "context": context}],
+            "current-context": "fake-context",
+        }
+        path.write_text(json.dumps(config))
+        path.chmod(0o600)
+        return path
+
+    # ------------------------------------------------------------------ state for tests
+
+    def _bump(self) -> str:
+        self.current = next(self.version)
+        return str(self.current)
+
+    def _record(self, key: tuple[str, str, str, str], kind: str, obj: dict[str, Any]) -> None:
+        self.events.append((self.current, key, kind, copy.deepcopy(obj)))
+        self.lock.notify_all()
+
+    def put(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create or replace an object as a controller would (no refusals): ADDED or MODIFIED."""
+        obj = copy.deepcopy(obj)
+        api_version, kind = obj["apiVersion"], obj["kind"]
+        plural = self.plural(api_version, kind)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", "default")
+        key = (api_version, plural, meta["namespace"], meta["name"])
+        with self.lock:
+            old = self.objects.get(key)
+            meta.setdefault("uid", (old or {}).get("metadata", {}).get("uid") or str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", now_iso())
+            meta["resourceVersion"] = self._bump()
+            self.objects[key] = obj
+            self._record(key, "MODIFIED" if old else "ADDED", obj)
+        return obj
+
+    def get(
+        self, api_version: str, kind: str, name: str, namespace: str = "default"
+    ) -> dict[str, Any] | None:
+        with self.lock:
+            obj = self.objects.get((api_version, self.plural(api_version, kind), namespace, name))
+            return copy.deepcopy(obj) if obj else None
+
+    def set_status(
+        self, api_version: str, kind: str, name: str, status: dict[str, Any], namespace: str = "default"
+    ) -> None:
+        obj = self.get(api_version, kind, name, namespace)
+        assert obj is not None, f"no {kind} {name}"
+        obj["status"] = status
+        self.put(obj)
+
+    def put_many(self, objs: list[dict[str, Any]]) -> None:
+        for obj in objs:
+            self.put(obj)
+
+    def log(self, pod: str, container: str, *lines: str) -> None:
+        with self.lock:
+            self.logs.setdefault((pod, container), []).extend(lines)
+            self.lock.notify_all()
+
+    def end_log(self, pod: str, container: str) -> None:
+        with self.lock:
+            self.logs_closed.add((pod, container))
+            self.lock.notify_all()
+
+    def compact(self) -> None:
+        """What etcd compaction does to watchers: versions up to now can no longer be watched from."""
+        with self.lock:
+            self.compacted = self.current + 1
+
+    def refuse(self, method: str, plural: str, code: int, message: str, name: str | None = None) -> None:
+        self.refusals.append(Refusal(method, plural, code, message, name))
+
+    def plural(self, api_version: str, kind: str) -> str:
+        if api_version == "v1":
+            return CORE_RESOURCES[kind]
+        return GROUP_RESOURCES[api_version][kind]
+
+    def kind_of(self, api_version: str, plural: str) -> str | None:
+        table = CORE_RESOURCES if api_version == "v1" else GROUP_RESOURCES.get(api_version, {})
+        return next((k for k, p in table.items() if p == plural), None)
+
+    def count(self, method: str | None = None, contains: str = "") -> int:
+        with self.lock:
+            return sum(
+                1 for m, path, _ in self.requests if (method is None or m == method) and contains in path
+            )
+
+    def objects_of(self, api_version: str, kind: str, namespace: str = "default") -> list[dict[str, Any]]:
+        plural = self.plural(api_version, kind)
+        with self.lock:
+            return [
+                copy.deepcopy(o)
+                for (v, p, ns, _), o in self.objects.items()
+                if (v, p, ns) == (api_version, plural, namespace)
+            ]
+
+
+def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            pass
+
+        # -------------------------------------------------------------- plumbing
+
+        def _send_json(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _status(self, code: int, reason: str, message: str) -> None:
+            self._send_json(code, status_body(code, reason, message))
+
+        def _start_chunks(self, content_type: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def _end_chunks(self) -> None:
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+
+        def _body(self) -> Any:
+            return json.loads(self.payload) if self.payload else None
+
+        def _route(self, method: str) -> None:
+            # The body is read whatever the answer, or it would be taken for the next request.
+            self.payload = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            parts = urlsplit(self.path)
+            query = parse_qs(parts.query)
+            with api.lock:
+                api.requests.append((method, parts.path, query))
+            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                self._status(401, "Unauthorized", "Unauthorized")
+                return
+            segments = [s for s in parts.path.split("/") if s]
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client hung up
+                self._dispatch(method, segments, query)
+
+        def do_GET(self) -> None:
+            self._route("GET")
+
+        def do_POST(self) -> None:
+            self._route("POST")
+
+        def do_DELETE(self) -> None:
+            self._route("DELETE")
+
+        # -------------------------------------------------------------- routes
+
+        def _dispatch(self, method: str, seg: list[str], query: dict[str, list[str]]) -> None:
+            if seg == ["api"]:
+                self._send_json(200, {"kind": "APIVersions", "versions": ["v1"]})
+                return
+            if seg == ["apis"]:
+                groups = {}
+                for gv in sorted(api.groups):
+                    group, version = gv.split("/")
+                    groups.setdefault(group, []).append({"groupVersion": gv, "version": version})
+                items = [{"name": g, "versions": vs, "preferredVersion": vs[0]} for g, vs in groups.items()]
+                self._send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": items})
+                return
+            if seg == ["api", "v1"]:
+                self._discovery("v1", CORE_RESOURCES)
+                return
+            if len(seg) == 3 and seg[0] == "apis":
+                gv = f"{seg[1]}/{seg[2]}"
+                if gv not in api.groups:
+                    self._status(404, "NotFound", "the server could not find the requested resource")
+                    return
+                self._discovery(gv, GROUP_RESOURCES[gv])
+                return
+            if seg[:2] == ["api", "v1"] and len(seg) >= 5 and seg[2] == "namespaces":
+                api_version, rest = "v1", seg[3:]
+            elif seg[:1] == ["apis"] and len(seg) >= 6 and seg[3] == "namespaces":
+                api_version, rest = f"{seg[1]}/{seg[2]}", seg[4:]
+            else:
+                self._status(404, "NotFound", "the server could not find the requested resource")
+                return
+            if api_version != "v1" and api_version not in api.groups:
+                self._status(404, "NotFound", "the server could not find the requested resource")
+                return
+            namespace, plural, name = rest[0], rest[1], rest[2] if len(rest) > 2 else None
+            kind = api.kind_of(api_version, plural)
+            if kind is None:
+                self._status(404, "NotFound", "the server could not find the requested resource")
+                return
+            for refusal in api.refusals:
+                if refusal.method == method and refusal.plural == plural and refusal.name in (None, name):
+                    verb = {"GET": "get", "POST": "create", "DELETE": "delete"}[method]
+                    reason = {403: "Forbidden", 422: "Invalid"}.get(refusal.code, "BadRequest")
+                    self._status(refusal.code, reason, refusal.message.format(verb=verb))
+                    return
+            if len(rest) == 4 and rest[3] == "log" and plural == "pods" and method == "GET":
+                self._pod_log(namespace, rest[2], query)
+            elif method == "POST" and name is None:
+                self._create(api_version, plural, kind, namespace)
+            elif method == "GET" and name is None:
+                if query.get("watch", ["false"])[0] in ("true", "1", "True"):
+                    self._watch(api_version, plural, namespace, query)
+                else:
+                    self._list(api_version, plural, kind, namespace, query)
+            elif method == "GET":
+                obj = api.objects.get((api_version, plural, namespace, name))
+                if obj is None:
+                    self._status(404, "NotFound", f'{plural} "{name}" not found')
+                else:
+                    self._send_json(200, obj)
+            elif method == "DELETE" and name is not None:
+                self._delete(api_version, plural, namespace, name)
+            elif method == "DELETE":
+                self._delete_collection(api_version, plural, kind, namespace, query)
+            else:
+                self._status(405, "MethodNotAllowed", "method not allowed")
+
+        def _discovery(self, gv: str, table: dict[str, str]) -> None:
+            resources = [
+                {
+                    "name": plural,
+                    "singularName": "",
+                    "namespaced": True,
+                    "kind": kind,
+                    "verbs": ["create", "get", "list", "watch", "delete"],
+                }
+                for kind, plural in table.items()
+            ]
+            if gv == "v1":
+                resources.append({"name": "pods/log", "namespaced": True, "kind": "Pod", "verbs": ["get"]})
+            self._send_json(200, {"kind": "APIResourceList", "groupVersion": gv, "resources": resources})
+
+        def _create(self, api_version: str, plural: str, kind: str, namespace: str) -> None:
+            obj = self._body()
+            meta = obj.setdefault("metadata", {})
+            name = meta.get("name")
+            if obj.get("apiVersion") != api_version or obj.get("kind") != kind:
+                self._status(400, "BadRequest", f"the object is a {obj.get('apiVersion')} {obj.get('kind')}")
+                return
+            if meta.get("namespace", namespace) != namespace:
+                self._status(
+                    400,
+                    "BadRequest",
+                    "the namespace of the object does not match the namespace on the request",
+                )
+                return
+            key = (api_version, plural, namespace, name)
+            with api.lock:
+                if key in api.objects:
+                    self._status(
+                        409, "AlreadyExists", f'{plural}.{api_version.split("/")[0]} "{name}" already exists'
+                    )
+                    return
+                meta["namespace"] = namespace
+                meta["uid"] = str(uuid.uuid4())
+                meta["creationTimestamp"] = now_iso()
+                meta["resourceVersion"] = api._bump()
+                api.objects[key] = obj
+                api._record(key, "ADDED", obj)
+            self._send_json(201, obj)
+            if api.on_create is not None:
+                api.on_create(copy.deepcopy(obj))
+
+        def _select(
+            self, api_version: str, plural: str, namespace: str, query: dict[str, list[str]]
+        ) -> list[dict[str, Any]]:
+            labels = query.get("labelSelector", [""])[0]
+            fields = query.get("fieldSelector", [""])[0]
+            return [
+                o
+                for (v, p, ns, _), o in api.objects.items()
+                if (v, p, ns) == (api_version, plural, namespace)
+                and matches_labels(o, labels)
+                and matches_fields(o, fields)
+            ]
+
+        def _list(
+            self, api_version: str, plural: str, kind: str, namespace: str, query: dict[str, list[str]]
+        ) -> None:
+            with api.lock:
+                items = self._select(api_version, plural, namespace, query)
+                version = str(api.current)
+                limit = int(query.get("limit", ["0"])[0])
+                meta: dict[str, Any] = {"resourceVersion": version}
+                if limit and len(items) > limit:
+                    items, meta["continue"] = items[:limit], "more"
+                body = {"kind": f"{kind}List", "apiVersion": api_version, "metadata": meta, "items": items}
+                data = json.dumps(body)
+            payload = data.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def _watch(self, api_version: str, plural: str, namespace: str, query: dict[str, list[str]]) -> None:
+            since = int(query.get("resourceVersion", ["0"])[0] or 0)
+            seconds = float(query.get("timeoutSeconds", ["1800"])[0])
+            if api.watch_seconds_cap is not None:
+                seconds = min(seconds, api.watch_seconds_cap)
+            labels = query.get("labelSelector", [""])[0]
+            fields = query.get("fieldSelector", [""])[0]
+            end = time.monotonic() + seconds
+            self._start_chunks("application/json")
+            position = 0
+            with api.lock:
+                if since < api.compacted:
+                    gone = status_body(410, "Expired", "too old resource version")
+                    self._chunk(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+                    self._end_chunks()
+                    return
+            while True:
+                batch: list[bytes] = []
+                with api.lock:
+                    while position < len(api.events) and not api.stopping:
+                        version, key, kind, obj = api.events[position]
+                        position += 1
+                        if version <= since or key[:3] != (api_version, plural, namespace):
+                            continue
+                        if matches_labels(obj, labels) and matches_fields(obj, fields):
+                            batch.append(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                    remaining = end - time.monotonic()
+                    if not batch and remaining > 0 and not api.stopping:
+                        api.lock.wait(min(remaining, 0.5))
+                        continue
+                if batch:
+                    self._chunk(b"".join(batch))
+                if time.monotonic() >= end or api.stopping:
+                    self._end_chunks()
+                    return
+
+        def _pod_log(self, namespace: str, pod: str, query: dict[str, list[str]]) -> None:
+            obj = api.objects.get(("v1", "pods", namespace, pod))
+            if obj is None:
+                self._status(404, "NotFound", f'pods "{pod}" not found')
+                return
+            containers = [c["name"] for c in obj["spec"]["containers"]]
+            container = query.get("container", [containers[0]])[0]
+            key = (pod, container)
+            previous = query.get("previous", ["false"])[0] == "true"
+            source = api.previous_logs if previous else api.logs
+            with api.lock:
+                if key not in source:
+                    self._status(
+                        400,
+                        "BadRequest",
+                        f'container "{container}" in pod "{pod}" is waiting to start: ContainerCreating',
+                    )
+                    return
+            follow = query.get("follow", ["false"])[0] == "true"
+            tail = int(query.get("tailLines", ["-1"])[0])
+            self._start_chunks("text/plain")
+            with api.lock:
+                lines = list(source[key])
+            if tail >= 0:
+                lines = lines[len(lines) - tail :] if tail else []
+            if lines:
+                self._chunk("".join(f"{line}\n" for line in lines).encode())
+            position = len(source[key])
+            while follow and not previous:
+                with api.lock:
+                    while position == len(api.logs[key]) and key not in api.logs_closed and not api.stopping:
+                        api.lock.wait(0.5)
+                    new = api.logs[key][position:]
+                    position = len(api.logs[key])
+                    closed = key in api.logs_closed or api.stopping
+                if new:
+                    self._chunk("".join(f"{line}\n" for line in new).encode())
+                if closed and position == len(api.logs[key]):
+                    break
+            self._end_chunks()
+
+        def _delete(self, api_version: str, plural: str, namespace: str, name: str) -> None:
+            key = (api_version, plural, namespace, name)
+            with api.lock:
+                obj = api.objects.pop(key, None)
+                if obj is None:
+                    self._status(404, "NotFound", f'{plural} "{name}" not found')
+                    return
+                obj["metadata"]["resourceVersion"] = api._bump()
+                api._record(key, "DELETED", obj)
+                self._cascade(obj["metadata"]["uid"], namespace)
+            self._send_json(200, status_body(200, "", "") | {"status": "Success"})
+
+        def _cascade(self, uid: str, namespace: str) -> None:
+            """What the garbage collector does: objects owned by a deleted one go too."""
+            for key, obj in list(api.objects.items()):
+                owners = obj["metadata"].get("ownerReferences") or []
+                if key[2] == namespace and any(o.get("uid") == uid for o in owners):
+                    api.objects.pop(key)
+                    obj["metadata"]["resourceVersion"] = api._bump()
+                    api._record(key, "DELETED", obj)
+                    self._cascade(obj["metadata"]["uid"], namespace)
+
+        def _delete_collection(
+            self, api_version: str, plural: str, kind: str, namespace: str, query: dict[str, list[str]]
+        ) -> None:
+            with api.lock:
+                for obj in self._select(api_version, plural, namespace, query):
+                    key = (api_version, plural, namespace, obj["metadata"]["name"])
+                    api.objects.pop(key)
+                    obj["metadata"]["resourceVersion"] = api._bump()
+                    api._record(key, "DELETED", obj)
+            self._send_json(
+                200, {"kind": f"{kind}List", "apiVersion": api_version, "metadata": {}, "items": []}
+            )
+
+    return Handler
+
+
+@contextlib.contextmanager
+def running(groups: tuple[str, ...] = tuple(GROUP_RESOURCES)) -> Iterator[FakeKubeAPI]:
+    api = FakeKubeAPI(groups).start()
+    try:
+        yield api
+    finally:
+        api.stop()

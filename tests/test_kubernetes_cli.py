@@ -1,0 +1,229 @@
+"""``torchjob submit`` end to end: the real CLI and the real kubernetes client against the fake API server.
+
+The job is rendered by ``torchjob.targets`` when it is installed, else by the tests' stand-in
+(kube_fixtures.hand_render); what is checked here holds for both.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kubernetes")
+
+from kube_fixtures import (
+    TERMINAL_STATUS,
+    install_stand_in,
+    make_pod,
+    running,
+    terminated,
+    unschedulable,
+)
+from kubeapi import FakeKubeAPI
+from torchjob.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+JOB = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata:
+  name: demo
+spec:
+  minAvailable: 2
+  tasks:
+    - replicas: 1
+      name: master
+      template:
+        spec:
+          containers:
+            - {name: master, image: busybox:1.36, command: [sh, -c, "echo hi"]}
+          restartPolicy: Never
+    - replicas: 1
+      name: worker
+      template:
+        spec:
+          containers:
+            - {name: worker, image: busybox:1.36, command: [sh, -c, "echo hi"]}
+          restartPolicy: Never
+"""
+VOLCANO = "batch.volcano.sh/v1alpha1"
+
+
+@pytest.fixture(autouse=True)
+def renderer(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_stand_in(monkeypatch, only_if_missing=True)
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeAPI]:
+    server = FakeKubeAPI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def job_file(tmp_path: Path) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB)
+    return path
+
+
+@pytest.fixture
+def kubeconfig(api: FakeKubeAPI, tmp_path: Path) -> str:
+    return str(api.kubeconfig(tmp_path / "kubeconfig"))
+
+
+def play_controller(api: FakeKubeAPI, end: str, exit_code: int = 0) -> None:
+    """When the Volcano Job appears: its pods run, log, end with ``exit_code``; then the job ``end``s."""
+
+    def script(top: dict[str, Any]) -> None:
+        pods = [
+            make_pod("demo", "master", 0, owner=top, rank=0),
+            make_pod("demo", "worker", 0, owner=top, rank=1),
+        ]
+        for pod in pods:
+            api.put(running(pod))
+            api.log(pod["metadata"]["name"], pod["spec"]["containers"][0]["name"], "epoch 1", "epoch 2")
+        time.sleep(0.5)
+        for pod, code in zip(pods, (0, exit_code), strict=True):
+            api.end_log(pod["metadata"]["name"], pod["spec"]["containers"][0]["name"])
+            api.put(terminated(pod, code))
+        api.set_status(VOLCANO, "Job", "demo", TERMINAL_STATUS["volcano"][end])
+
+    def on_create(obj: dict[str, Any]) -> None:
+        if obj["kind"] == "Job":
+            threading.Thread(target=script, args=(obj,), daemon=True).start()
+
+    api.on_create = on_create
+
+
+def test_submit_prints_the_name_and_returns(
+    api: FakeKubeAPI, job_file: Path, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["submit", str(job_file), "--target", "volcano", "--kubeconfig", kubeconfig])
+    assert (code, capsys.readouterr().out) == (0, "demo\n")
+    job = api.get(VOLCANO, "Job", "demo")
+    assert job is not None and job["metadata"]["labels"]["torchjob.io/job-name"] == "demo"
+
+
+def test_submit_twice_needs_replace(
+    api: FakeKubeAPI, job_file: Path, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["submit", str(job_file), "--target", "volcano", "--kubeconfig", kubeconfig, "-n", "ml"]
+    assert main(args) == 0
+    first = api.get(VOLCANO, "Job", "demo", namespace="ml")
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "torchjob: job demo already exists in namespace ml (target volcano); "
+        "use --replace to delete it and submit again\n"
+    )
+    assert main([*args, "--replace"]) == 0
+    second = api.get(VOLCANO, "Job", "demo", namespace="ml")
+    assert first is not None and second is not None
+    assert first["metadata"]["uid"] != second["metadata"]["uid"]
+
+
+@pytest.mark.parametrize(
+    ("end", "expected"), [("Completed", 0), ("Failed", 1), ("Aborted", 1), ("Terminated", 1)]
+)
+def test_submit_wait_exits_by_the_final_phase(
+    api: FakeKubeAPI,
+    job_file: Path,
+    kubeconfig: str,
+    capsys: pytest.CaptureFixture[str],
+    end: str,
+    expected: int,
+) -> None:
+    play_controller(api, end, exit_code=0 if end == "Completed" else 7)
+    code = main(["submit", str(job_file), "--target", "volcano", "--wait", "--kubeconfig", kubeconfig])
+    out, err = capsys.readouterr()
+    assert (code, out) == (expected, "demo\n")
+    if end == "Completed":
+        assert err == "torchjob: job demo Completed: test Completed\n"
+    else:
+        first, *tail = err.splitlines()
+        assert (
+            first == f"torchjob: job demo {end}: first failure: worker-0 (rank 1) exited with code 7 (Error)"
+        )
+        assert tail == ["  worker-0 | epoch 1", "  worker-0 | epoch 2"]
+
+
+def test_submit_follow_streams_every_pod(
+    api: FakeKubeAPI, job_file: Path, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    play_controller(api, "Completed")
+    code = main(["submit", str(job_file), "--target", "volcano", "--follow", "--kubeconfig", kubeconfig])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert out[0] == "demo"
+    assert sorted(out[1:]) == [
+        "master-0 r0 | epoch 1",
+        "master-0 r0 | epoch 2",
+        "worker-0 r1 | epoch 1",
+        "worker-0 r1 | epoch 2",
+    ]
+
+
+def test_submit_to_a_cluster_without_the_crd_is_one_line(
+    job_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = FakeKubeAPI(groups=("jobset.x-k8s.io/v1alpha2",)).start()
+    try:
+        config = str(server.kubeconfig(tmp_path / "kc"))
+        assert main(["submit", str(job_file), "--target", "volcano", "--kubeconfig", config]) == 2
+        assert capsys.readouterr().err == (
+            "torchjob: this cluster has no batch.volcano.sh/v1alpha1 Job: "
+            "install Volcano or use --target jobset\n"
+        )
+    finally:
+        server.stop()
+
+
+def test_submit_without_a_kubeconfig_is_one_line(
+    job_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    missing = tmp_path / "nope"
+    assert main(["submit", str(job_file), "--kubeconfig", str(missing)]) == 2
+    assert capsys.readouterr().err == (
+        f"torchjob: no kubeconfig: {missing} does not exist; set KUBECONFIG or pass --kubeconfig FILE\n"
+    )
+
+
+def test_submit_of_a_bad_file_starts_nothing(
+    api: FakeKubeAPI, tmp_path: Path, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(JOB.replace("replicas: 1\n      name: worker", "replicas: -1\n      name: worker"))
+    assert main(["submit", str(bad), "--kubeconfig", kubeconfig]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{bad}:") and "spec.tasks[1].replicas" in err
+    assert api.requests == []
+
+
+def test_submit_wait_gives_up_on_a_pod_the_scheduler_cannot_place(
+    api: FakeKubeAPI, job_file: Path, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    message = "0/2 nodes are available: 2 node(s) had untolerated taint {gpu: true}."
+
+    def on_create(obj: dict[str, Any]) -> None:
+        if obj["kind"] == "Job":
+            api.put(unschedulable(make_pod("demo", "master", 0, owner=obj), message))
+
+    api.on_create = on_create
+    args = ["submit", str(job_file), "--target", "volcano", "--wait", "--pending-timeout", "0.5"]
+    assert main([*args, "--kubeconfig", kubeconfig]) == 2
+    out, err = capsys.readouterr()
+    assert out == "demo\n"
+    note, final = err.splitlines()
+    assert note == f"torchjob: pod master-0 is Pending: Unschedulable: {message}"
+    assert final.startswith("torchjob: job demo: pod master-0 is stuck Pending for ")
+    assert final.endswith(f"; the scheduler says: {message}")
