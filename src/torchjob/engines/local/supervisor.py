@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 from torchjob import logs
-from torchjob.engines.local import names, process
+from torchjob.engines.local import gpus, names, process
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
@@ -126,6 +126,7 @@ class Supervisor:
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
         self.hosts_mount: names.HostsMount | None = None  # set when pod names can resolve
         self.names = "addresses only"
+        self.gpu_env: dict[Key, gpus.PodEnv] = {}  # CUDA_VISIBLE_DEVICES shares, kept across restarts
 
     # ------------------------------------------------------------------ setup
 
@@ -140,6 +141,10 @@ class Supervisor:
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
         state = self.expansion(0, 0)
         self.dir.write_configmaps(configmaps_of(state))
+        pod_specs = {(p.task.name, p.index): p.manifest["spec"] for p in state.pods}
+        self.gpu_env, gpu_note = gpus.job_env(pod_specs)
+        if gpu_note:
+            self.note(gpu_note)
         for plan in state.pods:
             env = (plan.manifest["spec"].get("containers") or [{}])[0].get("env") or []
             rank = next((str(e.get("value")) for e in env if e.get("name") == "RANK" and "value" in e), None)
@@ -444,6 +449,7 @@ class Supervisor:
             pod_dir=pod_dir,
             base_env=self.base_env(plan, address, attempt, uid),
             extra_env=self.extra_env,
+            gpu_env=self.gpu_env.get(key, {}),
         )
         log_dir = self.dir.log_dir(plan.name, attempt)
         try:
