@@ -149,7 +149,9 @@ def test_types_enums_ranges_and_quantities() -> None:
         f"{T}.spec.hostNetwork": "expected true or false, got string 'yes'",
         f"{T}.spec.tolerations": "expected a list, got mapping",
         f"{T}.spec.containers[0].args[1]": "expected a string (quote it), got integer 3",
-        f"{T}.spec.containers[0].ports[0].protocol": "expected one of TCP, UDP, SCTP, got 'tcp'",
+        f"{T}.spec.containers[0].ports[0].protocol": (
+            "expected one of TCP, UDP, SCTP, got 'tcp'; did you mean 'TCP'?"
+        ),
         f"{T}.spec.containers[0].resources.limits.cpu": (
             "expected an integer or a string, got number 0.5; quote it: '0.5'"
         ),

@@ -106,7 +106,9 @@ class _Checker:
                 quote = " (quote it)" if isinstance(value, int | float | bool) else ""
                 self.add(path, f"expected a string{quote}, got {_shown(value)}")
             elif "enum" in schema and value not in schema["enum"]:
-                self.add(path, f"expected one of {', '.join(schema['enum'])}, got {value!r}")
+                close = [v for v in schema["enum"] if v.lower() == value.lower()]
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                self.add(path, f"expected one of {', '.join(schema['enum'])}, got {value!r}{hint}")
             elif "pattern" in schema and not _pattern(schema["pattern"]).search(value):
                 self.add(path, f"{value!r} does not match the pattern {schema['pattern']}")
         elif kind == "integer":

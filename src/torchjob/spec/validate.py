@@ -174,7 +174,7 @@ def validate_job(job: Job, broken: Broken | None = None) -> Issues:
             issues += _validate_partitions(task, tpath)
         issues += validate_policies(task.policies, f"{tpath}.policies", broken)
         issues += _validate_template(task.template.raw, f"{tpath}.template")
-        issues += check_template(task.template.raw, f"{tpath}.template", broken.has)
+        issues += check_template(task.template.raw, f"{tpath}.template", broken.has if broken.paths else None)
     total = job.total_replicas
     if counts_ok and total > MAX_PODS:
         issues.append(
