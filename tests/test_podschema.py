@@ -231,3 +231,41 @@ def test_the_shipped_schema_is_what_the_tool_makes_from_the_crd(tmp_path: Path) 
 
     subprocess.run([sys.executable, str(tool), str(CRD), "-o", str(out)], check=True, timeout=120)
     assert out.read_text() == podschema.SCHEMA_FILE.read_text()
+
+
+MUTATIONS = {
+    "comand": lambda t: t["spec"]["containers"][0].update(comand=["x"]),
+    "evn": lambda t: t["spec"]["containers"][0].update(evn=[{"name": "A", "value": "1"}]),
+    "limts": lambda t: t["spec"]["containers"][0]["resources"].update(limts={"cpu": "1"}),
+    "restartPolcy": lambda t: t["spec"].update(restartPolcy="Never"),
+    "container": lambda t: t["spec"].update(container=t["spec"].pop("containers")),
+    "label": lambda t: t["metadata"].update(label={"a": "b"}),
+    "probe typo": lambda t: t["spec"]["containers"][0]["livenessProbe"].update(periodSecond=3),
+    "tty string": lambda t: t["spec"]["containers"][0].update(tty="yes"),
+    "deadline string": lambda t: t["spec"].update(activeDeadlineSeconds="soon"),
+    "args integer": lambda t: t["spec"]["containers"][0].update(args=["--epochs", 3]),
+    "volume without name": lambda t: t["spec"]["volumes"][0].pop("name"),
+    "tolerations mapping": lambda t: t["spec"].update(tolerations={"key": "gpu"}),
+}
+
+
+@pytest.mark.parametrize("mutation", ["none", *MUTATIONS])
+def test_the_verdict_agrees_with_kubernetes_own_pod_schema(mutation: str) -> None:
+    """A template is refused exactly when Kubernetes' published Pod schema (strict) refuses it too.
+
+    Enums and CRD-only rules (``cpu: 0.5``) are left out: the Pod schema carries neither.
+    """
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is missing")
+    template = template_of(RICH)
+    if mutation != "none":
+        MUTATIONS[mutation](template)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", **template["metadata"]}}
+    pod["spec"] = template["spec"]
+    try:
+        kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
+        kubernetes_ok = True
+    except kubernetes_validate.ValidationError:
+        kubernetes_ok = False
+    found = check_template(template, T)
+    assert (found == []) == kubernetes_ok, found
+    assert kubernetes_ok == (mutation == "none")
