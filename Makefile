@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench bench-render bench-local bench-sdk clean
+.PHONY: demo test lint typecheck unit bench bench-render bench-local bench-sdk schema clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,8 @@ demo: $(STAMP)
 	$(BIN)/torchjob run examples/pytorch-job.yaml
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples tools
+	$(BIN)/ruff format --check src tests benchmarks examples tools
 	$(BIN)/lint-imports  # the layers and import rules in pyproject.toml [tool.importlinter]
 
 typecheck: $(STAMP)
@@ -39,6 +39,11 @@ bench-local: $(STAMP)
 
 bench-sdk: $(STAMP)
 	$(BIN)/python benchmarks/bench_sdk.py
+
+# The pod template schema torchjob ships, rebuilt from the Volcano Job CRD (CRD=path to override).
+CRD ?= ../shared/crds/batch.volcano.sh_jobs.yaml
+schema: $(STAMP)
+	$(BIN)/python tools/podtemplate_schema.py $(CRD)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -360,7 +360,7 @@ def test_what_validation_accepts_the_local_engine_can_start_or_refuse(data: st.D
     import tempfile
 
     from torchjob.engines.local import check_job
-    from torchjob.engines.local.containers import PodContext, make_empty_dirs, resolve_pod
+    from torchjob.engines.local.containers import PodSetup, make_empty_dirs, resolve_pod
 
     doc = json.loads(json.dumps(ENGINE_VALID))
     if data.draw(st.booleans(), label="without the NUL"):
@@ -383,7 +383,7 @@ def test_what_validation_accepts_the_local_engine_can_start_or_refuse(data: st.D
         grace = plan.task.template.spec.get("terminationGracePeriodSeconds")
         assert grace is None or 0 <= float(grace) < float("inf")
         with tempfile.TemporaryDirectory() as scratch:
-            ctx = PodContext(plan, "127.0.0.1", "uid", {}, Path(scratch) / "cm", Path(scratch) / "pod")
+            ctx = PodSetup(plan, "127.0.0.1", "uid", {}, Path(scratch) / "cm", Path(scratch) / "pod")
             make_empty_dirs(ctx)
             for run in [c for runs in resolve_pod(ctx) for c in runs]:
                 assert not any("\0" in text for text in [*run.argv, *run.env, *run.env.values()])

@@ -303,8 +303,8 @@ def test_the_pod_template_survives_untouched() -> None:
         "          containers:\n"
         "            - name: main\n"
         "              image: busybox:1.36.1\n"
-        "              resources: {limits: {cpu: 0.5, memory: 1Gi}}\n"
-        "              readinessProbe: {exec: {command: [true]}}\n"
+        "              resources: {limits: {cpu: '0.5', memory: 1Gi}}\n"
+        "              readinessProbe: {exec: {command: ['true']}}\n"
     )
     text = job_text().replace(
         "          containers:\n            - name: main\n              image: busybox:1.36.1\n", extra, 1
@@ -312,7 +312,7 @@ def test_the_pod_template_survives_untouched() -> None:
     spec: dict[str, Any] = expand(load_one(text)).pods[0].manifest["spec"]
     assert spec["nodeSelector"] == {"disk": "ssd"}
     assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
-    assert spec["containers"][0]["resources"] == {"limits": {"cpu": 0.5, "memory": "1Gi"}}
+    assert spec["containers"][0]["resources"] == {"limits": {"cpu": "0.5", "memory": "1Gi"}}
 
 
 def test_timestamps_stay_text() -> None:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from torchjob.spec import names, podfields
 from torchjob.spec.model import Job, Policy, Task, pod_name
+from torchjob.spec.podschema import check_template
 from torchjob.spec.source import child, parent
 from torchjob.spec.units import parse_duration
 
@@ -29,7 +30,6 @@ POLICY_ACTIONS = (
     "AbortJob", "RestartJob", "RestartTask", "RestartPod", "RestartPartition", "TerminateJob",
     "CompleteJob", "ResumeJob",
 )  # fmt: skip
-RESTART_POLICIES = ("Always", "OnFailure", "Never")
 # A container's exit status is one byte; a policy for any other code could never fire.
 EXIT_CODE_MAX = 255
 # Plugins that make a Service named after the job (Service names must start with a letter).
@@ -183,7 +183,12 @@ def validate_job(job: Job, broken: Broken | None = None) -> Issues:
             issues += _validate_partitions(task, tpath)
         issues += validate_policies(task.policies, f"{tpath}.policies", broken)
         issues += _validate_template(task.template.raw, f"{tpath}.template")
-        issues += podfields.check_template(task.template.raw, f"{tpath}.template")
+        engine_read = podfields.check_template(task.template.raw, f"{tpath}.template")
+        issues += engine_read
+        # The schema's verdict on a field the engine-read checks already refused would be a second line.
+        refused = {path for path, _ in engine_read}
+        schema = check_template(task.template.raw, f"{tpath}.template", broken.has if broken.paths else None)
+        issues += [(path, message) for path, message in schema if path not in refused]
     total = job.total_replicas
     if counts_ok and total > MAX_PODS:
         issues.append(
@@ -321,11 +326,7 @@ def _validate_template(template: dict[str, object], path: str) -> Issues:
     spec = template.get("spec")
     if not isinstance(spec, dict):
         return issues
-    restart = spec.get("restartPolicy")
-    if isinstance(restart, str) and restart not in RESTART_POLICIES:
-        issues.append(
-            (f"{path}.spec.restartPolicy", f"expected one of {', '.join(RESTART_POLICIES)}, got {restart!r}")
-        )
+    # Field names, types and value sets (restartPolicy, ...) are the schema's: podschema.check_template.
     for key in ("hostname", "subdomain"):
         value = spec.get(key)
         if isinstance(value, str) and value and not names.is_dns1123_label(value):

@@ -80,11 +80,12 @@ def _check_state(job: Job) -> DesiredState:
 
 def check_job(job: Job) -> list[tuple[str, str]]:
     """What stops ``job`` from running locally, as (field path, message); empty when it can run."""
+    from torchjob.engines.local import gpus
     from torchjob.engines.local.containers import check_pods
 
     if job.total_replicas == 0:  # Volcano keeps such a job Running for ever, with nothing to run
         return [("spec.tasks", "every task has 0 replicas: there is no pod to run")]
-    return check_pods(_check_state(job))
+    return check_pods(_check_state(job)) + gpus.check(job)
 
 
 def _raise_problems(job: Job) -> None:

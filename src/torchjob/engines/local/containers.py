@@ -59,6 +59,7 @@ class PodSetup:
     pod_dir: Path  # emptyDir volumes are <pod_dir>/volumes/<name>
     base_env: dict[str, str] = field(default_factory=dict)  # the engine's own variables
     extra_env: dict[str, str] = field(default_factory=dict)
+    gpu_env: dict[str, dict[str, str]] = field(default_factory=dict)  # per container name: gpus.py
 
 
 @record
@@ -271,7 +272,7 @@ def resolve_container(ctx: PodSetup, container: dict[str, Any], *, init: bool) -
             "run images locally, so add a 'command' (for example [python, train.py])",
         )
     mounts = mount_dirs(ctx, container)
-    defined: dict[str, str] = dict(ctx.base_env)
+    defined: dict[str, str] = {**ctx.base_env, **ctx.gpu_env.get(name, {})}
     _env_from(ctx, container, defined)
     for i, var in enumerate(container.get("env") or []):
         value = _env_value(ctx, container, var, defined, f"env[{i}]")

@@ -23,7 +23,7 @@ from typing import Any
 from torchjob import logs
 from torchjob.display import headline, pod_color, pod_rows, prefix_for, summary
 from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport, PortReport
-from torchjob.engines.local import podnames, process
+from torchjob.engines.local import gpus, podnames, process
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
@@ -122,6 +122,7 @@ class Supervisor:
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
         self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
         self.name_resolution = "addresses only"
+        self.gpu_env: dict[Key, gpus.PodEnv] = {}  # CUDA_VISIBLE_DEVICES shares, kept across restarts
 
     # ------------------------------------------------------------------ setup
 
@@ -136,6 +137,10 @@ class Supervisor:
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
         state = self.expansion(0, 0)
         self.dir.write_configmaps(configmaps_of(state))
+        pod_specs = {(p.task.name, p.index): p.manifest["spec"] for p in state.pods}
+        self.gpu_env, gpu_note = gpus.job_env(pod_specs)
+        if gpu_note:
+            self.note(gpu_note)
         plugins = build_plugins(self.job)
         for plan in state.pods:
             ranks = [plugin.rank(self.job, plan.task, plan.index) for plugin in plugins]
@@ -443,6 +448,7 @@ class Supervisor:
             pod_dir=pod_dir,
             base_env=self.base_env(plan, address, attempt, uid),
             extra_env=self.extra_env,
+            gpu_env=self.gpu_env.get(key, {}),
         )
         log_dir = self.dir.log_dir(plan.name, attempt)
         try:

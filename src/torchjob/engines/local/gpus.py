@@ -1,0 +1,251 @@
+"""GPUs for local pods: each container that asks for ``nvidia.com/gpu: N`` gets N of its own.
+
+What the NVIDIA device plugin does on a node, done with ``CUDA_VISIBLE_DEVICES``:
+
+* the machine's GPUs are those ``CUDA_VISIBLE_DEVICES`` already allows (when torchjob itself runs
+  under it), else those ``nvidia-smi -L`` lists, else those ``/proc/driver/nvidia/gpus/`` holds;
+  a GPU is named by its UUID when known, so the order CUDA enumerates them in does not matter;
+* a pod needs the GPUs of its containers together, or those of its largest init container if
+  that is more (init containers run before the others and hand their GPUs on), as Kubernetes
+  counts them; every pod of the job gets a distinct share, kept across restarts;
+* once any container asks for GPUs, every container of the job gets ``CUDA_VISIBLE_DEVICES``: its
+  share, or empty when it asked for none (a pod that asked for none sees no GPU, as on a node);
+* asking for more GPUs than the machine has is an error before anything starts; a machine with no
+  GPU at all runs the job without them, after a one-line note (code that picks ``cuda`` when it is
+  available then runs on CPU).
+
+A job that asks for no GPU is left alone: nothing is probed and ``CUDA_VISIBLE_DEVICES`` is not
+touched. :func:`allocate` is pure; :func:`inventory` is the only part that looks at the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchjob.records import record
+from torchjob.spec.source import child
+
+if TYPE_CHECKING:
+    from torchjob.spec.model import Job
+
+RESOURCE = "nvidia.com/gpu"
+PROC_GPUS = Path("/proc/driver/nvidia/gpus")
+_SMI_LINE = re.compile(r"^GPU (\d+):.*?(?:\(UUID: (\S+)\))?\s*$")
+_PROC_UUID = re.compile(r"^GPU UUID:\s*(\S+)", re.MULTILINE)
+_SMI_TIMEOUT = 10.0
+
+Issues = list[tuple[str, str]]
+
+
+@record(frozen=True)
+class Inventory:
+    """The GPUs this machine offers, as ``CUDA_VISIBLE_DEVICES`` entries, and where that came from."""
+
+    devices: tuple[str, ...]
+    source: str
+    by_index: bool = False  # entries are PCI-ordered indexes: CUDA must count in that order too
+
+
+@record(frozen=True)
+class ContainerNeed:
+    name: str
+    gpus: int
+    init: bool = False
+
+
+class NotEnoughGPUs(Exception):
+    def __init__(self, wanted: int, available: int) -> None:
+        super().__init__(f"{wanted} GPUs wanted, {available} available")
+        self.wanted = wanted
+        self.available = available
+
+
+def requested(container: Mapping[str, Any]) -> int:
+    """The whole number of GPUs a container's ``resources.limits`` ask for; ValueError if not one."""
+    limits = (container.get("resources") or {}).get("limits") or {}
+    value = limits.get(RESOURCE)
+    if value is None:
+        return 0
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit():
+        raise ValueError(f"expected a whole number of GPUs, got {value!r}")
+    return int(text)
+
+
+def pod_gpus(needs: Sequence[ContainerNeed]) -> int:
+    """GPUs a pod holds: its containers' together, or its largest init container's if more."""
+    mains = sum(n.gpus for n in needs if not n.init)
+    return max([mains, *(n.gpus for n in needs if n.init)])
+
+
+def allocate(
+    pods: Mapping[Any, Sequence[ContainerNeed]], devices: Sequence[str]
+) -> dict[Any, dict[str, list[str]]]:
+    """Give every pod its own devices and split them among its containers (init ones reuse them).
+
+    Pods are served in the order given; raises :class:`NotEnoughGPUs` if they need more than
+    ``devices`` holds. A container that asked for none gets an empty list.
+    """
+    wanted = sum(pod_gpus(needs) for needs in pods.values())
+    if wanted > len(devices):
+        raise NotEnoughGPUs(wanted, len(devices))
+    shares: dict[Any, dict[str, list[str]]] = {}
+    cursor = 0
+    for key, needs in pods.items():
+        share = list(devices[cursor : cursor + pod_gpus(needs)])
+        cursor += len(share)
+        given: dict[str, list[str]] = {}
+        offset = 0
+        for need in needs:
+            if need.init:
+                given[need.name] = share[: need.gpus]
+            else:
+                given[need.name] = share[offset : offset + need.gpus]
+                offset += need.gpus
+        shares[key] = given
+    return shares
+
+
+def container_env(devices: Sequence[str], inventory: Inventory) -> dict[str, str]:
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(devices)}
+    if inventory.by_index:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return env
+
+
+def inventory(environ: Mapping[str, str] | None = None, proc: Path = PROC_GPUS) -> Inventory:
+    """This machine's GPUs (see the module's docstring for where they are looked for)."""
+    environ = os.environ if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = tuple(e.strip() for e in visible.split(",") if e.strip())
+        return Inventory(entries, "CUDA_VISIBLE_DEVICES")
+    found = _from_nvidia_smi(environ)
+    if found is not None:
+        return found
+    return _from_proc(proc)
+
+
+def _from_nvidia_smi(environ: Mapping[str, str]) -> Inventory | None:
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "-L"], capture_output=True, text=True, timeout=_SMI_TIMEOUT, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_nvidia_smi(out)
+
+
+def parse_nvidia_smi(text: str) -> Inventory:
+    """``nvidia-smi -L`` lines (``GPU 0: NVIDIA A100 (UUID: GPU-...)``) -> UUIDs (indexes if none)."""
+    found = [m for m in (_SMI_LINE.match(line.strip()) for line in text.splitlines()) if m]
+    if all(m.group(2) for m in found):
+        return Inventory(tuple(m.group(2) for m in found), "nvidia-smi -L")
+    return Inventory(tuple(m.group(1) for m in found), "nvidia-smi -L", by_index=True)
+
+
+def _from_proc(proc: Path) -> Inventory:
+    try:
+        buses = sorted(p for p in proc.iterdir() if p.is_dir())  # PCI bus ids: nvidia-smi's order
+    except OSError:
+        return Inventory((), str(proc))
+    uuids = []
+    for bus in buses:
+        try:
+            match = _PROC_UUID.search((bus / "information").read_text(errors="replace"))
+        except OSError:
+            match = None
+        uuids.append(match.group(1) if match and match.group(1).startswith("GPU-") else "")
+    if all(uuids):
+        return Inventory(tuple(uuids), str(proc))
+    return Inventory(tuple(str(i) for i in range(len(buses))), str(proc), by_index=True)
+
+
+def needs_of(spec: Mapping[str, Any]) -> list[ContainerNeed]:
+    """What each container of a pod spec asks for (bad quantities count as 0: :func:`check` says)."""
+    out = []
+    for kind in ("initContainers", "containers"):
+        for container in spec.get(kind) or []:
+            try:
+                gpus = requested(container)
+            except ValueError:
+                gpus = 0
+            out.append(ContainerNeed(str(container.get("name", "")), gpus, init=kind == "initContainers"))
+    return out
+
+
+def check(job: Job, found: Inventory | None = None) -> Issues:
+    """Problems of a job's GPU requests: quantities that are not whole numbers, more GPUs than exist.
+
+    ``found`` is the machine's inventory, or None to look it up (only when something asks for GPUs).
+    Works per task, not per pod: replicas share their template.
+    """
+    issues: Issues = []
+    wanted = 0
+    for t, task in enumerate(job.spec.tasks):
+        spec = task.template.spec
+        for kind in ("initContainers", "containers"):
+            for i, container in enumerate(spec.get(kind) or []):
+                try:
+                    requested(container)
+                except ValueError as err:
+                    path = f"spec.tasks[{t}].template.spec.{kind}[{i}].resources.limits"
+                    issues.append((child(path, RESOURCE), str(err)))
+        wanted += pod_gpus(needs_of(spec)) * task.replicas
+    if issues or wanted == 0:
+        return issues
+    found = found if found is not None else inventory()
+    if found.devices and wanted > len(found.devices):
+        return [
+            (
+                "spec.tasks",
+                f"the pods ask for {wanted} GPUs ({RESOURCE} limits) in all; this machine has "
+                f"{len(found.devices)} ({found.source}): lower the limits or the replicas",
+            )
+        ]
+    return []
+
+
+PodEnv = dict[str, dict[str, str]]  # container name -> the variables its GPU share sets
+
+
+def job_env(
+    pods: Mapping[Any, Mapping[str, Any]], found: Inventory | None = None
+) -> tuple[dict[Any, PodEnv], str]:
+    """Per pod key, per container, the GPU variables; and a note for the user ('' when none is due).
+
+    ``pods`` maps a pod key to its pod spec, in the order pods should be served.
+    """
+    needs = {key: needs_of(spec) for key, spec in pods.items()}
+    wanted = sum(pod_gpus(n) for n in needs.values())
+    if wanted == 0:
+        return {}, ""
+    found = found if found is not None else inventory()
+    if not found.devices:
+        return {}, (
+            f"no GPU on this machine ({found.source}): the {wanted} GPUs the pods ask for are ignored "
+            "and they run without CUDA"
+        )
+    try:
+        shares = allocate(needs, found.devices)
+    except NotEnoughGPUs as err:  # the GPUs went away since the job was checked: hide them all
+        shares = {key: {n.name: [] for n in pod} for key, pod in needs.items()}
+        return _env(shares, found), f"only {err.available} GPUs left for {err.wanted}: the pods get none"
+    return _env(shares, found), ""
+
+
+def _env(shares: Mapping[Any, Mapping[str, list[str]]], found: Inventory) -> dict[Any, PodEnv]:
+    return {
+        key: {name: container_env(devices, found) for name, devices in given.items()}
+        for key, given in shares.items()
+    }
