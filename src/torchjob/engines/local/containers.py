@@ -218,34 +218,74 @@ def _env_value(
 
 
 def mount_dirs(ctx: PodContext, container: dict[str, Any]) -> dict[str, str]:
-    """mountPath -> local directory for each volume of the container that has one here."""
+    """mountPath -> local directory for each volume of the container that has one here.
+
+    A ConfigMap or emptyDir volume, with its ``subPath``, must stay inside the engine's directory
+    for it: a name such as ``../x`` is refused (ResolveError), never followed.
+    """
     volumes = {str(v.get("name")): v for v in ctx.plan.manifest["spec"].get("volumes") or []}
     mounts: dict[str, str] = {}
-    for mount in container.get("volumeMounts") or []:
+    for i, mount in enumerate(container.get("volumeMounts") or []):
         volume = volumes.get(str(mount.get("name")))
         target = str(mount.get("mountPath", "")).rstrip("/")
         if volume is None or not target:
             continue
         local: Path | None = None
+        base: Path | None = None
         if "configMap" in volume:
-            local = ctx.configmap_dir / str((volume["configMap"] or {}).get("name", ""))
+            base = ctx.configmap_dir
+            local = base / str((volume["configMap"] or {}).get("name", ""))
         elif "emptyDir" in volume:
-            local = ctx.pod_dir / "volumes" / str(volume["name"])  # created when the pod starts
+            base = ctx.pod_dir / "volumes"
+            local = base / str(volume["name"])  # created when the pod starts
         elif "hostPath" in volume:
             local = Path(str((volume["hostPath"] or {}).get("path", "")))
         if local is None:
             continue
-        if mount.get("subPath"):
-            local = local / str(mount["subPath"])
+        sub_path = str(mount.get("subPath") or "")
+        if sub_path:
+            if sub_path.startswith("/") or ".." in Path(sub_path).parts:
+                raise ResolveError(
+                    f"volumeMounts[{i}].subPath",
+                    f"{sub_path!r} must be a relative path without '..' (as Kubernetes requires)",
+                )
+            local = local / sub_path
+        if base is not None and not inside(base, local):
+            raise ResolveError(
+                f"volumeMounts[{i}]",
+                f"volume {mount.get('name')!r} would be at {local}, outside the job's directory {base}",
+            )
         if str(local) != target:
             mounts[target] = str(local)
     return mounts
 
 
-def make_empty_dirs(ctx: PodContext) -> None:
+def inside(base: Path, path: Path) -> bool:
+    """``path`` lies below ``base`` once both are resolved (``..`` and symlinks followed)."""
+    root, resolved = base.resolve(), path.resolve()
+    return resolved != root and resolved.is_relative_to(root)
+
+
+def empty_dirs(ctx: PodContext) -> list[Path]:
+    """The pod attempt's emptyDir directories; ResolveError for a name that would lead outside."""
+    base = ctx.pod_dir / "volumes"
+    found = []
     for volume in ctx.plan.manifest["spec"].get("volumes") or []:
         if "emptyDir" in volume:
-            (ctx.pod_dir / "volumes" / str(volume["name"])).mkdir(parents=True, exist_ok=True)
+            path = base / str(volume["name"])
+            if not inside(base, path) or path.parent != base:
+                raise ResolveError(
+                    "volumes", f"emptyDir {volume['name']!r} would be at {path}, outside the pod's directory"
+                )
+            found.append(path)
+    return found
+
+
+def make_empty_dirs(ctx: PodContext) -> None:
+    from torchjob.engines.local.state import make_private_dirs
+
+    for path in empty_dirs(ctx):
+        make_private_dirs(path)
 
 
 def rewrite_paths(text: str, mounts: Mapping[str, str]) -> str:
@@ -310,6 +350,11 @@ def configmaps_of(state: DesiredState) -> dict[str, dict[str, str]]:
     }
 
 
+def _task_path(state: DesiredState, plan: PodPlan) -> str:
+    t = next(i for i, task in enumerate(state.job.spec.tasks) if task.name == plan.task.name)
+    return f"spec.tasks[{t}].template"
+
+
 def _template_path(state: DesiredState, plan: PodPlan, kind: str, name: str) -> str:
     """The field path of a container in the user's job (plugin-added ones point at the plugins)."""
     t = next(i for i, task in enumerate(state.job.spec.tasks) if task.name == plan.task.name)
@@ -330,6 +375,11 @@ def check_pods(state: DesiredState) -> Issues:
     scratch = _CHECK_ROOT
     configmaps = configmaps_of(state)
     seen: set[tuple[str, str, str]] = set()
+    for name, data in configmaps.items():  # made by plugins from validated names; checked all the same
+        for part in (name, *data):
+            if not inside(scratch, scratch / part) or (scratch / part).parent != scratch:
+                issues.append(("spec.plugins", f"ConfigMap {name!r}: {part!r} is not a plain file name"))
+    checked_pods: set[str] = set()
     for plan in state.pods:
         ctx = PodContext(
             plan=plan,
@@ -337,8 +387,16 @@ def check_pods(state: DesiredState) -> Issues:
             uid="check",
             configmaps=configmaps,
             configmap_dir=scratch,
-            pod_dir=scratch / "check",
+            pod_dir=scratch / "check" / plan.name,
         )
+        if not inside(scratch / "check", ctx.pod_dir) or ctx.pod_dir.parent != scratch / "check":
+            issues.append((_task_path(state, plan), f"pod name {plan.name!r} is not a plain name"))
+        if plan.task.name not in checked_pods:
+            checked_pods.add(plan.task.name)
+            try:
+                empty_dirs(ctx)
+            except ResolveError as err:
+                issues.append((f"{_task_path(state, plan)}.spec.{err.field}", err.message))
         for kind in ("initContainers", "containers"):
             for container in plan.manifest["spec"].get(kind) or []:
                 key = (plan.task.name, kind, str(container.get("name")))

@@ -42,7 +42,7 @@ from torchjob.engines.local.output import (
     summary,
 )
 from torchjob.engines.local.pod import FAILED, PENDING, RUNNING, SUCCEEDED, LocalPod
-from torchjob.engines.local.state import JobDir, job_manifest, write_atomic
+from torchjob.engines.local.state import JobDir, job_manifest, make_private_dirs, write_atomic
 from torchjob.engines.local.waiter import ExitWaiter
 from torchjob.engines.local.watchdog import Watchdog
 from torchjob.expand import DesiredState, PodPlan, expand
@@ -453,8 +453,8 @@ class Supervisor:
                 for run in [*inits, *mains]:
                     run.before_exec = self.hosts_mount.enter
         except (ResolveError, OSError) as err:  # checked before the job started; defensive only
-            log_dir.mkdir(parents=True, exist_ok=True)
-            (log_dir / "torchjob.log").write_text(f"torchjob: cannot run pod {plan.name}: {err}\n")
+            make_private_dirs(log_dir)
+            write_atomic(log_dir / "torchjob.log", f"torchjob: cannot run pod {plan.name}: {err}\n")
             inits, mains = [], []
         pod = LocalPod(
             name=plan.name,
