@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from test_local_support import container, make_job, sh, task, wait_until
+from test_local_support import container, leftovers, make_job, sh, task, wait_until
 from torchjob.engines.local import RunOptions, check_job, ports, run_job
+from torchjob.engines.local.process import marked_processes
 from torchjob.errors import SpecError
 from torchjob.spec.defaults import apply_defaults
 from torchjob.spec.model import Job
@@ -468,3 +469,168 @@ def test_the_configmap_files_stay_inside_the_job_directory(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="outside"):
         job_dir.write_configmaps({"../..": {"escaped": "x"}})
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "jobs" / "escaped").exists()
+
+
+# -------------------------------------------------------------- securityContext
+
+
+def _secured(pod: dict[str, Any], own: dict[str, Any], script: str, **extra: Any) -> dict[str, Any]:
+    return job_doc(
+        [
+            {
+                "name": "main",
+                "replicas": 2,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "securityContext": pod,
+                        "containers": [container("main", sh(script), securityContext=own, **extra)],
+                        **(
+                            {"volumes": [{"name": "scratch", "emptyDir": {}}]}
+                            if "volumeMounts" in extra
+                            else {}
+                        ),
+                    }
+                },
+            }
+        ]
+    )
+
+
+def _load(doc: dict[str, Any]) -> Job:
+    from torchjob.jobs import load_jobs_from_text
+
+    return load_jobs_from_text(json.dumps(doc), "job.json")[0].job
+
+
+def test_run_as_user_runs_the_process_as_that_user(other_user: pwd.struct_passwd, tmp_path: Path) -> None:
+    """And its emptyDir is its own: with the volume as working directory it can write there."""
+    doc = _secured(
+        {"runAsUser": other_user.pw_uid, "runAsGroup": other_user.pw_gid, "fsGroup": 4321},
+        {},
+        "echo uid=$(id -u) gid=$(id -g) groups=$(id -G); echo data > ./written && echo wrote",
+        workingDir="/scratch",
+        volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}],
+    )
+    result = run_job(_load(doc), RunOptions(state_dir=tmp_path / "jobs", quiet=True, timeout=30))
+    assert result.ok, (result.reason, (result.pods[0].log_dir / "main.log").read_text())
+    for pod in result.pods:
+        text = (pod.log_dir / "main.log").read_text()
+        assert f"uid={other_user.pw_uid} gid={other_user.pw_gid} " in text
+        assert "4321" in text.split("groups=")[1].split()
+        assert "wrote" in text
+    volume = result.job_dir / "pods" / result.pods[0].name / "attempt-0" / "volumes" / "scratch"
+    assert (volume / "written").stat().st_uid == other_user.pw_uid
+    assert (volume.stat().st_uid, volume.stat().st_gid) == (other_user.pw_uid, 4321)
+
+
+def test_a_container_run_as_user_overrides_the_pods(other_user: pwd.struct_passwd, tmp_path: Path) -> None:
+    doc = _secured({"runAsUser": 0}, {"runAsUser": other_user.pw_uid}, "id -u")
+    result = run_job(_load(doc), RunOptions(state_dir=tmp_path / "jobs", quiet=True, timeout=30))
+    assert result.ok, result.reason
+    assert (result.pods[0].log_dir / "main.log").read_text().split() == [str(other_user.pw_uid)]
+
+
+@pytest.mark.skipif(not ROOT, reason="runAsNonRoot can only be broken by a torchjob running as root")
+def test_run_as_non_root_is_refused_for_a_process_that_would_run_as_root(tmp_path: Path) -> None:
+    assert check_job(_load(_secured({"runAsNonRoot": True}, {}, "id -u"))) == [
+        (
+            "spec.tasks[0].template.spec.securityContext.runAsNonRoot",
+            "container 'main' would run as root (uid 0): set runAsUser to a non-zero uid, "
+            "or run torchjob as another user",
+        )
+    ]
+    problems = check_job(_load(_secured({}, {"runAsNonRoot": True, "runAsUser": 0}, "id -u")))
+    assert [p for p, _ in problems] == [
+        "spec.tasks[0].template.spec.containers[0].securityContext.runAsNonRoot"
+    ]
+    assert check_job(_load(_secured({"runAsNonRoot": True, "runAsUser": 1000}, {}, "id -u"))) == []
+    (tmp_path / "job.json").write_text(json.dumps(_secured({"runAsNonRoot": True}, {}, "id -u")))
+    result = torchjob(
+        "run", "--state-dir", str(tmp_path / "jobs"), "job.json", env=cli_env(tmp_path), cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("job.json:") and "would run as root" in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "jobs").exists()
+
+
+def test_fields_without_local_effect_are_warned_about_once_per_job(tmp_path: Path) -> None:
+    doc = _secured(
+        {"seccompProfile": {"type": "RuntimeDefault"}},
+        {"capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True, "privileged": False},
+        "echo ran",
+    )
+    (tmp_path / "job.json").write_text(json.dumps(doc))
+    result = torchjob(
+        "run",
+        "--state-dir",
+        str(tmp_path / "jobs"),
+        "job.json",
+        env=cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(tmp_path / "runtime")),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    warned = [line for line in result.stdout.splitlines() if "warning: " in line]
+    base = "spec.tasks[0].template.spec"
+    for path in (
+        f"{base}.securityContext.seccompProfile",
+        f"{base}.containers[0].securityContext.capabilities",
+        f"{base}.containers[0].securityContext.readOnlyRootFilesystem",
+        f"{base}.containers[0].securityContext.privileged",
+    ):
+        hits = [line for line in warned if f"warning: {path}: " in line]
+        assert len(hits) == 1, (path, result.stdout)  # two replicas, one warning
+        assert "not enforced here" in hits[0]
+    assert len(warned) == 4, result.stdout
+
+
+# ------------------------------------------------------------- reserved env
+
+
+def test_a_job_cannot_override_the_engines_own_variables(tmp_path: Path) -> None:
+    """A job setting TORCHJOB_JOB_ID still has every process listed and stopped (issue 8)."""
+    pid_file = tmp_path / "escaped.pid"
+    seen = tmp_path / "seen"
+    script = (
+        f"echo $TORCHJOB_JOB_ID $TORCHJOB_POD_UID $TORCHJOB_POD_NAME > {seen}; "
+        f"setsid sleep 300 & echo $! > {pid_file}; sleep 30"
+    )
+    env = [
+        {"name": name, "value": "not-the-job"}
+        for name in ("TORCHJOB_JOB_ID", "TORCHJOB_POD_UID", "TORCHJOB_POD_NAME", "TORCHJOB_PORT_1")
+    ]
+    job = make_job("reserved", [task("main", [container("main", sh(script), env=env)])])
+    options = RunOptions(
+        state_dir=tmp_path / "jobs", quiet=True, detach=True, extra_env={"TORCHJOB_JOB_ID": "x"}
+    )
+    started = run_job(job, options)
+    job_id = started.job_id
+    try:
+        assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip().isdigit(), 20)
+        escaped = int(pid_file.read_text())
+        words = seen.read_text().split()
+        assert words[0] == job_id and words[1] != "not-the-job" and words[2] == "reserved-main-0"
+        listed = {p.pid for p in marked_processes(job_id)}
+        assert escaped in listed, "the job's processes must carry the engine's marker"
+        status = json.loads((started.job_dir / "status.json").read_text())
+        messages = [e["message"] for e in status["events"]]
+        assert any("env[0].name: TORCHJOB_JOB_ID is set by torchjob" in m for m in messages), messages
+        assert any(m.startswith("warning: --env: TORCHJOB_JOB_ID") for m in messages), messages
+    finally:
+        delete = subprocess.run(
+            [sys.executable, "-m", "torchjob", "delete", "--state-dir", str(tmp_path / "jobs"), job_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert delete.returncode == 0, delete.stderr
+    assert wait_until(lambda: not _alive(escaped), 10), "the escaped process outlived its job"
+    assert leftovers(job_id) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from torchjob.engines.local import security
 from torchjob.expand import DesiredState, PodPlan
 from torchjob.records import field, record
 
@@ -76,6 +77,47 @@ class ContainerRun:
     env: dict[str, str]
     cwd: str | None
     before_exec: Callable[[], None] | None = None  # run in the child before the program
+
+
+# What the engine sets in every container for its bookkeeping (markers, directories, ports):
+# reserved, so that a job can neither hide its processes nor mislead the engine's records.
+ENGINE_VARIABLES = frozenset(
+    {
+        "TORCHJOB_JOB_ID", "TORCHJOB_POD_UID", "TORCHJOB_JOB_DIR", "TORCHJOB_POD_NAME", "TORCHJOB_POD_IP",
+        "TORCHJOB_ATTEMPT", "TORCHJOB_RETRY_COUNT", "TORCHJOB_WAIT_INTERVAL", "TORCHJOB_BIN",
+        "TORCHJOB_VOLCANO_DIR", "TORCHJOB_CONFIG_MOUNT",
+    }
+)  # fmt: skip
+ENGINE_PREFIXES = ("TORCHJOB_PORT_",)
+
+
+def is_engine_variable(name: str) -> bool:
+    return name in ENGINE_VARIABLES or name.startswith(ENGINE_PREFIXES)
+
+
+def engine_variable_warnings(state: DesiredState, extra_env: Mapping[str, str]) -> Issues:
+    """A job's (or ``--env``'s) entries for the engine's own variables, which are ignored."""
+    found: Issues = []
+    for t, task in enumerate(state.job.spec.tasks):
+        for kind in ("initContainers", "containers"):
+            for i, container in enumerate(task.template.spec.get(kind) or []):
+                if not isinstance(container, dict):
+                    continue
+                for j, var in enumerate(container.get("env") or []):
+                    name = var.get("name") if isinstance(var, dict) else None
+                    if isinstance(name, str) and is_engine_variable(name):
+                        found.append(
+                            (
+                                f"spec.tasks[{t}].template.spec.{kind}[{i}].env[{j}].name",
+                                f"{name} is set by torchjob for its own bookkeeping; this value is ignored",
+                            )
+                        )
+    for name in extra_env:
+        if is_engine_variable(name):
+            found.append(
+                ("--env", f"{name} is set by torchjob for its own bookkeeping; this value is ignored")
+            )
+    return found
 
 
 def expand_refs(text: str, env: Mapping[str, str]) -> str:
@@ -284,8 +326,28 @@ def empty_dirs(ctx: PodContext) -> list[Path]:
 def make_empty_dirs(ctx: PodContext) -> None:
     from torchjob.engines.local.state import make_private_dirs
 
+    owner = security.volume_owner(ctx.plan.manifest["spec"])
     for path in empty_dirs(ctx):
         make_private_dirs(path)
+        if owner is not None:  # the pod runs as another user: its volumes are its own
+            os.chown(path, owner[0], owner[1])
+            os.chmod(path, owner[2])
+
+
+def local_warnings(state: DesiredState, extra_env: Mapping[str, str]) -> Issues:
+    """What the job asks for that has no effect here, once per field path."""
+    found: Issues = []
+    for t, task in enumerate(state.job.spec.tasks):
+        spec = task.template.spec
+        for kind in ("initContainers", "containers"):
+            for i, container in enumerate(spec.get(kind) or []):
+                if not isinstance(container, dict):
+                    continue
+                for at_pod, key, message in security.unapplied(spec, container):
+                    level = "" if at_pod else f".{kind}[{i}]"
+                    found.append((f"spec.tasks[{t}].template.spec{level}.securityContext.{key}", message))
+    found += engine_variable_warnings(state, extra_env)
+    return list(dict.fromkeys(found))
 
 
 def rewrite_paths(text: str, mounts: Mapping[str, str]) -> str:
@@ -318,6 +380,9 @@ def resolve_container(ctx: PodContext, container: dict[str, Any], *, init: bool)
         if value is not None:
             defined[str(var.get("name"))] = rewrite_paths(value, mounts)
     defined.update(ctx.extra_env)
+    # The engine's own variables come last: a job's value for one of them (TORCHJOB_JOB_ID would
+    # hide its processes from the engine) is ignored; engine_variable_warnings says so.
+    defined.update({k: v for k, v in ctx.base_env.items() if is_engine_variable(k)})
     argv = [rewrite_paths(expand_refs(a, defined), mounts) for a in [*command, *args]]
     if _PYTHON.fullmatch(argv[0]):
         argv[0] = sys.executable
@@ -332,7 +397,16 @@ def resolve_container(ctx: PodContext, container: dict[str, Any], *, init: bool)
     cwd = None
     if container.get("workingDir"):
         cwd = rewrite_paths(str(container["workingDir"]), mounts)
-    return ContainerRun(name=name, image=image, init=init, argv=argv, env=env, cwd=cwd)
+    who = security.identity(ctx.plan.manifest["spec"], container)
+    return ContainerRun(
+        name=name,
+        image=image,
+        init=init,
+        argv=argv,
+        env=env,
+        cwd=cwd,
+        before_exec=who.enter if who.changes else None,
+    )
 
 
 def resolve_pod(ctx: PodContext) -> tuple[list[ContainerRun], list[ContainerRun]]:
@@ -404,6 +478,9 @@ def check_pods(state: DesiredState) -> Issues:
                     continue
                 seen.add(key)
                 where = _template_path(state, plan, kind, key[2])
+                for at_pod, name, message in security.problems(plan.manifest["spec"], container):
+                    level = f"{_task_path(state, plan)}.spec" if at_pod else where
+                    issues.append((f"{level}.securityContext.{name}", message))
                 try:
                     run = resolve_container(ctx, container, init=kind == "initContainers")
                 except ResolveError as err:
@@ -417,4 +494,4 @@ def check_pods(state: DesiredState) -> Issues:
                             f"container {key[2]!r}: working directory {run.cwd!r} does not exist here",
                         )
                     )
-    return issues
+    return list(dict.fromkeys(issues))  # a pod-level problem is found once per container

@@ -22,13 +22,14 @@ from types import FrameType
 from typing import Any
 
 from torchjob import logs
-from torchjob.engines.local import names, process
+from torchjob.engines.local import names, process, security
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
     PodContext,
     ResolveError,
     configmaps_of,
+    local_warnings,
     make_empty_dirs,
     resolve_pod,
 )
@@ -156,6 +157,8 @@ class Supervisor:
             machine = ""
         entries = LocalAddressing(self.job).hosts_entries(self.job)  # addresses only: no ports
         write_atomic(hosts, names.hosts_text(machine, entries))
+        if security.other_users([t.template.spec for t in self.job.spec.tasks]):
+            hosts.chmod(0o644)  # read as /etc/hosts by pods that run as another user; nothing secret
         mount = names.HostsMount.of(str(hosts))
         return mount, names.start_probe(mount)
 
@@ -212,6 +215,8 @@ class Supervisor:
                     "even after they succeed; set OnFailure or Never for a job that ends",
                     "33",
                 )
+        for path, message in local_warnings(self.expansion(0, 0), self.extra_env):
+            self.record(f"warning: {path}: {message}")
         self.set_condition()
         self.apply(Decision(self.status, None, True))
         self.write_records()
@@ -450,8 +455,8 @@ class Supervisor:
             make_empty_dirs(ctx)
             inits, mains = resolve_pod(ctx)
             if self.hosts_mount is not None:  # the job's /etc/hosts, so that pod names resolve
-                for run in [*inits, *mains]:
-                    run.before_exec = self.hosts_mount.enter
+                for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
+                    run.before_exec = security.then(self.hosts_mount.enter, run.before_exec)
         except (ResolveError, OSError) as err:  # checked before the job started; defensive only
             make_private_dirs(log_dir)
             write_atomic(log_dir / "torchjob.log", f"torchjob: cannot run pod {plan.name}: {err}\n")
