@@ -634,3 +634,11 @@ def _alive(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_no_privilege_escalation_sets_no_new_privs(tmp_path: Path) -> None:
+    """allowPrivilegeEscalation: false is applied for any user, root or not."""
+    doc = _secured({}, {"allowPrivilegeEscalation": False}, "grep NoNewPrivs /proc/self/status")
+    result = run_job(_load(doc), RunOptions(state_dir=tmp_path / "jobs", quiet=True, timeout=30))
+    assert result.ok, result.reason
+    assert (result.pods[0].log_dir / "main.log").read_text().split() == ["NoNewPrivs:", "1"]

@@ -106,7 +106,8 @@ def identity(pod_spec: dict[str, Any], container: dict[str, Any]) -> Identity:
     uid = _uid(own.get("runAsUser", pod.get("runAsUser")))
     gid = _uid(own.get("runAsGroup", pod.get("runAsGroup")))
     fs_group = _uid(pod.get("fsGroup"))
-    extra = [g for g in pod.get("supplementalGroups") or [] if _uid(g) is not None]
+    listed = pod.get("supplementalGroups")
+    extra = [g for g in listed if _uid(g) is not None] if isinstance(listed, list) else []
     if uid is None and gid is None and fs_group is None and not extra:
         return Identity(no_new_privs=no_new_privs)
     if gid is None:

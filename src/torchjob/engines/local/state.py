@@ -13,6 +13,9 @@ Layout of ``<root>/<job-id>/`` (root: ``RunOptions.state_dir``, else ``$TORCHJOB
     volumes/<configmap>/<key>        ConfigMap volumes, e.g. the svc plugin's host files
     pods/<pod>/attempt-<n>/volumes/  emptyDir volumes of one pod attempt
     logs/<pod>/attempt-<n>/<container>.log   output of every container, every attempt
+
+The root and every directory below it are 0700, every file 0600, whatever the umask: the job's
+env (``--env`` tokens) and output are its owner's alone.
 """
 
 from __future__ import annotations
