@@ -592,7 +592,7 @@ def test_a_job_cannot_override_the_engines_own_variables(tmp_path: Path) -> None
     pid_file = tmp_path / "escaped.pid"
     seen = tmp_path / "seen"
     script = (
-        f"echo $TORCHJOB_JOB_ID $TORCHJOB_POD_UID $TORCHJOB_POD_NAME > {seen}; "
+        f"echo $TORCHJOB_JOB_ID $TORCHJOB_POD_UID $TORCHJOB_POD_NAME ${{TORCHJOB_PORT_1:-unset}} > {seen}; "
         f"setsid sleep 300 & echo $! > {pid_file}; sleep 30"
     )
     env = [
@@ -609,7 +609,8 @@ def test_a_job_cannot_override_the_engines_own_variables(tmp_path: Path) -> None
         assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip().isdigit(), 20)
         escaped = int(pid_file.read_text())
         words = seen.read_text().split()
-        assert words[0] == job_id and words[1] != "not-the-job" and words[2] == "reserved-main-0"
+        assert words[0] == job_id and words[1] != "not-the-job" and words[2] == "reserved-main-0", words
+        assert words[3] == "unset", "no port 1 is mapped: the job's value is dropped, not passed on"
         listed = {p.pid for p in marked_processes(job_id)}
         assert escaped in listed, "the job's processes must carry the engine's marker"
         status = json.loads((started.job_dir / "status.json").read_text())
@@ -642,3 +643,23 @@ def test_no_privilege_escalation_sets_no_new_privs(tmp_path: Path) -> None:
     result = run_job(_load(doc), RunOptions(state_dir=tmp_path / "jobs", quiet=True, timeout=30))
     assert result.ok, result.reason
     assert (result.pods[0].log_dir / "main.log").read_text().split() == ["NoNewPrivs:", "1"]
+
+
+def test_the_default_state_root_is_tightened_and_a_given_one_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchjob.engines.local.state import new_job_dir, state_root
+
+    monkeypatch.setenv("TORCHJOB_HOME", str(tmp_path / "home"))
+    default = state_root()
+    default.mkdir(parents=True)
+    default.chmod(0o755)  # as an earlier torchjob made it under umask 022
+    made = new_job_dir(default, "job")
+    assert stat.S_IMODE(default.stat().st_mode) == 0o700
+    assert stat.S_IMODE(made.path.stat().st_mode) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # a --state-dir such as /tmp: not ours to change
+    made = new_job_dir(shared, "job")
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert stat.S_IMODE(made.path.stat().st_mode) == 0o700

@@ -260,8 +260,10 @@ def new_job_dir(root: Path, job_name: str) -> JobDir:
     """A fresh, uniquely named directory ``<job-name>-<6 hex>``, 0700 as is the root."""
     make_private_dirs(root)
     info = root.stat()
-    if info.st_uid == os.getuid() and info.st_mode & 0o077:
-        os.chmod(root, DIR_MODE)  # made looser by an earlier torchjob, or by hand
+    if root == state_root() and info.st_uid == os.getuid() and info.st_mode & 0o077:
+        # torchjob's own default root, made looser by an earlier torchjob; a --state-dir that
+        # already exists is the user's to set (it could be a shared directory such as /tmp).
+        os.chmod(root, DIR_MODE)
     for _ in range(100):
         path = root / f"{job_name}-{os.urandom(3).hex()}"  # secrets.token_hex, without hmac/OpenSSL
         try:
