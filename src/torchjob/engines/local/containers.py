@@ -382,8 +382,8 @@ def resolve_container(ctx: PodContext, container: dict[str, Any], *, init: bool)
     defined.update(ctx.extra_env)
     # The engine's own variables come last: a job's value for one of them (TORCHJOB_JOB_ID would
     # hide its processes from the engine) is ignored; engine_variable_warnings says so.
-    for name in [k for k in defined if is_engine_variable(k)]:
-        del defined[name]
+    for variable in [k for k in defined if is_engine_variable(k)]:
+        del defined[variable]
     defined.update({k: v for k, v in ctx.base_env.items() if is_engine_variable(k)})
     argv = [rewrite_paths(expand_refs(a, defined), mounts) for a in [*command, *args]]
     if _PYTHON.fullmatch(argv[0]):
