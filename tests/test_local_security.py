@@ -611,6 +611,7 @@ def test_a_job_cannot_override_the_engines_own_variables(tmp_path: Path) -> None
         words = seen.read_text().split()
         assert words[0] == job_id and words[1] != "not-the-job" and words[2] == "reserved-main-0", words
         assert words[3] == "unset", "no port 1 is mapped: the job's value is dropped, not passed on"
+        assert (started.job_dir / "logs/reserved-main-0/attempt-0/main.log").exists()
         listed = {p.pid for p in marked_processes(job_id)}
         assert escaped in listed, "the job's processes must carry the engine's marker"
         status = json.loads((started.job_dir / "status.json").read_text())
