@@ -133,7 +133,7 @@ def test_reservations_of_a_dead_supervisor_are_ignored(registry: Path) -> None:
     port = _free_port()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    registry.mkdir(parents=True, exist_ok=True)
+    registry.mkdir(mode=0o700, parents=True, exist_ok=True)  # as torchjob makes it: private
     (registry / "ports.json").write_text(
         json.dumps({str(port): {"pid": dead.pid, "created": 0, "job": "gone"}})
     )

@@ -15,12 +15,19 @@ _MAX_LINE = 1 << 16
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Replace ``path`` at once: a reader sees the old content or the new, never a part."""
+    """Replace ``path`` at once: a reader sees the old content or the new, never a part.
+
+    The file is private (0600 whatever the umask: job state holds tokens and output), and the
+    temporary file is always a new one, never a symlink someone planted in its place.
+    """
+    import contextlib
+
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # left by a process with this pid that died before the rename
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(tmp, flags, 0o600), "wb" if isinstance(data, bytes) else "w") as handle:
+        handle.write(data)
     os.replace(tmp, path)
 
 

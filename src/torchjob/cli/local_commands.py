@@ -156,7 +156,10 @@ def run_run(args: argparse.Namespace) -> int:
     try:
         report = engine.start(item.job, options)  # checks first what stops the job running there
     except SpecError as err:  # with the file's line numbers for the fields it names
-        raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
+        # Problems that already name their file (the port registry) keep it.
+        raise SpecError(
+            [p if p.file else item.document.problem(p.path, p.message) for p in err.problems]
+        ) from None
     if args.detach:
         print(report.id)
         return EXIT_OK

@@ -331,6 +331,7 @@ def _validate_template(template: dict[str, object], path: str) -> Issues:
         value = spec.get(key)
         if isinstance(value, str) and value and not names.is_dns1123_label(value):
             issues.append((f"{path}.spec.{key}", names.label_problem(value)))
+    issues += _validate_volume_names(spec, path)
     container_names: dict[str, str] = {}
     for key in ("initContainers", "containers"):
         containers = spec.get(key)
@@ -352,6 +353,11 @@ def _validate_template(template: dict[str, object], path: str) -> Issues:
             image = container.get("image")
             if isinstance(image, str) and not names.is_image_reference(image):
                 issues.append((f"{cpath}.image", names.image_problem(image)))
+            mounts = container.get("volumeMounts")
+            for j, mount in enumerate(mounts if isinstance(mounts, list) else []):
+                name = mount.get("name") if isinstance(mount, dict) else None
+                if isinstance(name, str) and not names.is_dns1123_label(name):
+                    issues.append((f"{cpath}.volumeMounts[{j}].name", names.label_problem(name)))
             env = container.get("env")
             if isinstance(env, list):
                 for j, var in enumerate(env):
@@ -366,6 +372,24 @@ def _validate_template(template: dict[str, object], path: str) -> Issues:
                                 f"{var['name']!r} is not a valid environment variable name",
                             )
                         )
+    return issues
+
+
+def _validate_volume_names(spec: dict[str, object], path: str) -> Issues:
+    """Volume names are DNS-1123 labels, unique in the pod: a name also becomes a directory locally."""
+    volumes = spec.get("volumes")
+    issues: Issues = []
+    seen: dict[str, str] = {}
+    for i, volume in enumerate(volumes if isinstance(volumes, list) else []):
+        name = volume.get("name") if isinstance(volume, dict) else None
+        if not isinstance(name, str):
+            continue  # parsing has reported it
+        vpath = f"{path}.spec.volumes[{i}].name"
+        if not names.is_dns1123_label(name):
+            issues.append((vpath, names.label_problem(name)))
+        elif name in seen:
+            issues.append((vpath, f"duplicate volume name {name!r} (also {seen[name]})"))
+        seen.setdefault(name, f"{path}.spec.volumes[{i}]")
     return issues
 
 

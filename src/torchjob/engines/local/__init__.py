@@ -96,6 +96,14 @@ def _raise_problems(job: Job) -> None:
         raise SpecError([Problem(path, message) for path, message in problems])
 
 
+def _check_registry(job: Job) -> None:
+    """An unsafe or stuck port registry is refused before the job directory is made."""
+    from torchjob.engines.local import ports
+
+    if ports.declared_ports(job):
+        ports.check_registry()
+
+
 def _result(job_dir: Path) -> RunResult:
     from torchjob.engines.local.state import JobDir
 
@@ -122,6 +130,7 @@ def run_job(job: Job, options: RunOptions | None = None) -> RunResult:
 
     options = options or RunOptions()
     _raise_problems(job)
+    _check_registry(job)
     job_dir = new_job_dir(state_root(options.state_dir), job.name)
     if options.detach:
         return _detach(job, job_dir.path, options)
@@ -204,7 +213,7 @@ def _become_daemon(path: Path) -> None:
 
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
-    log = os.open(JobDir(path).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(JobDir(path).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(devnull)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from torchjob.engines.local import security
 from torchjob.expand import DesiredState, PodPlan
 from torchjob.records import field, record
 from torchjob.spec.units import parse_quantity
@@ -73,6 +74,47 @@ class ContainerRun:
     env: dict[str, str]
     cwd: str | None
     before_exec: Callable[[], None] | None = None  # run in the child before the program
+
+
+# What the engine sets in every container for its bookkeeping (markers, directories, ports):
+# reserved, so that a job can neither hide its processes nor mislead the engine's records.
+ENGINE_VARIABLES = frozenset(
+    {
+        "TORCHJOB_JOB_ID", "TORCHJOB_POD_UID", "TORCHJOB_JOB_DIR", "TORCHJOB_POD_NAME", "TORCHJOB_POD_IP",
+        "TORCHJOB_ATTEMPT", "TORCHJOB_RETRY_COUNT", "TORCHJOB_WAIT_INTERVAL", "TORCHJOB_BIN",
+        "TORCHJOB_VOLCANO_DIR", "TORCHJOB_CONFIG_MOUNT",
+    }
+)  # fmt: skip
+ENGINE_PREFIXES = ("TORCHJOB_PORT_",)
+
+
+def is_engine_variable(name: str) -> bool:
+    return name in ENGINE_VARIABLES or name.startswith(ENGINE_PREFIXES)
+
+
+def engine_variable_warnings(state: DesiredState, extra_env: Mapping[str, str]) -> Issues:
+    """A job's (or ``--env``'s) entries for the engine's own variables, which are ignored."""
+    found: Issues = []
+    for t, task in enumerate(state.job.spec.tasks):
+        for kind in ("initContainers", "containers"):
+            for i, container in enumerate(task.template.spec.get(kind) or []):
+                if not isinstance(container, dict):
+                    continue
+                for j, var in enumerate(container.get("env") or []):
+                    name = var.get("name") if isinstance(var, dict) else None
+                    if isinstance(name, str) and is_engine_variable(name):
+                        found.append(
+                            (
+                                f"spec.tasks[{t}].template.spec.{kind}[{i}].env[{j}].name",
+                                f"{name} is set by torchjob for its own bookkeeping; this value is ignored",
+                            )
+                        )
+    for name in extra_env:
+        if is_engine_variable(name):
+            found.append(
+                ("--env", f"{name} is set by torchjob for its own bookkeeping; this value is ignored")
+            )
+    return found
 
 
 def expand_refs(text: str, env: Mapping[str, str]) -> str:
@@ -208,45 +250,108 @@ def _env_value(
 
 
 def mount_dirs(ctx: PodSetup, container: dict[str, Any]) -> dict[str, str]:
-    """mountPath -> local directory for each volume of the container that has one here."""
+    """mountPath -> local directory for each volume of the container that has one here.
+
+    A ConfigMap or emptyDir volume, with its ``subPath``, must stay inside the engine's directory
+    for it: a name such as ``../x`` is refused (ResolveError), never followed.
+    """
     volumes = {str(v.get("name")): v for v in ctx.plan.manifest["spec"].get("volumes") or []}
     mounts: dict[str, str] = {}
-    for mount in container.get("volumeMounts") or []:
+    for i, mount in enumerate(container.get("volumeMounts") or []):
         volume = volumes.get(str(mount.get("name")))
         target = str(mount.get("mountPath", "")).rstrip("/")
         if volume is None or not target:
             continue
         local: Path | None = None
+        base: Path | None = None
         if "configMap" in volume:
-            local = ctx.configmap_dir / str((volume["configMap"] or {}).get("name", ""))
+            base = ctx.configmap_dir
+            local = base / str((volume["configMap"] or {}).get("name", ""))
         elif "emptyDir" in volume:
-            local = ctx.pod_dir / "volumes" / str(volume["name"])  # created when the pod starts
+            base = ctx.pod_dir / "volumes"
+            local = base / str(volume["name"])  # created when the pod starts
         elif "hostPath" in volume:
             local = Path(str((volume["hostPath"] or {}).get("path", "")))
         if local is None:
             continue
-        if mount.get("subPath"):
-            local = local / str(mount["subPath"])
+        sub_path = str(mount.get("subPath") or "")
+        if sub_path:
+            if sub_path.startswith("/") or ".." in Path(sub_path).parts:
+                raise ResolveError(
+                    f"volumeMounts[{i}].subPath",
+                    f"{sub_path!r} must be a relative path without '..' (as Kubernetes requires)",
+                )
+            local = local / sub_path
+        if base is not None and not inside(base, local):
+            raise ResolveError(
+                f"volumeMounts[{i}]",
+                f"volume {mount.get('name')!r} would be at {local}, outside the job's directory {base}",
+            )
         if str(local) != target:
             mounts[target] = str(local)
     return mounts
 
 
+def inside(base: Path, path: Path) -> bool:
+    """``path`` lies below ``base`` once both are resolved (``..`` and symlinks followed)."""
+    root, resolved = base.resolve(), path.resolve()
+    return resolved != root and resolved.is_relative_to(root)
+
+
+def empty_dirs(ctx: PodSetup) -> list[Path]:
+    """The pod attempt's emptyDir directories; ResolveError for a name that would lead outside."""
+    base = ctx.pod_dir / "volumes"
+    found = []
+    for volume in ctx.plan.manifest["spec"].get("volumes") or []:
+        if "emptyDir" in volume:
+            path = base / str(volume["name"])
+            if not inside(base, path) or path.parent != base:
+                raise ResolveError(
+                    "volumes", f"emptyDir {volume['name']!r} would be at {path}, outside the pod's directory"
+                )
+            found.append(path)
+    return found
+
+
 def make_empty_dirs(ctx: PodSetup) -> None:
     """The pod's emptyDir volumes, and each working directory inside one (a runtime makes a missing
     working directory; only one in the pod's own volumes is made here, never a host path)."""
+    from torchjob.engines.local.state import make_private_dirs
+
     spec = ctx.plan.manifest["spec"]
+    owner = security.volume_owner(spec)
+    made = empty_dirs(ctx)
+    for path in made:
+        make_private_dirs(path)
     root = ctx.pod_dir / "volumes"
-    for volume in spec.get("volumes") or []:
-        if "emptyDir" in volume:
-            (root / str(volume["name"])).mkdir(parents=True, exist_ok=True)
     for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
         if container.get("workingDir"):
             cwd = rewrite_paths(str(container["workingDir"]), mount_dirs(ctx, container))
             local = Path(os.path.normpath(cwd))
             # Made before any container of this attempt runs, so no symlink of theirs is followed.
-            if local.is_relative_to(os.path.normpath(root)):
-                local.mkdir(parents=True, exist_ok=True)
+            if local.is_relative_to(os.path.normpath(root)) and not local.exists():
+                make_private_dirs(local)
+                made.append(local)
+    if owner is not None:  # the pod runs as another user: its volumes are its own
+        for path in made:
+            os.chown(path, owner[0], owner[1])
+            os.chmod(path, owner[2])
+
+
+def local_warnings(state: DesiredState, extra_env: Mapping[str, str]) -> Issues:
+    """What the job asks for that has no effect here, once per field path."""
+    found: Issues = []
+    for t, task in enumerate(state.job.spec.tasks):
+        spec = task.template.spec
+        for kind in ("initContainers", "containers"):
+            for i, container in enumerate(spec.get(kind) or []):
+                if not isinstance(container, dict):
+                    continue
+                for at_pod, key, message in security.unapplied(spec, container):
+                    level = "" if at_pod else f".{kind}[{i}]"
+                    found.append((f"spec.tasks[{t}].template.spec{level}.securityContext.{key}", message))
+    found += engine_variable_warnings(state, extra_env)
+    return list(dict.fromkeys(found))
 
 
 def rewrite_paths(text: str, mounts: Mapping[str, str]) -> str:
@@ -279,6 +384,11 @@ def resolve_container(ctx: PodSetup, container: dict[str, Any], *, init: bool) -
         if value is not None:
             defined[str(var.get("name"))] = rewrite_paths(value, mounts)
     defined.update(ctx.extra_env)
+    # The engine's own variables come last: a job's value for one of them (TORCHJOB_JOB_ID would
+    # hide its processes from the engine) is ignored; engine_variable_warnings says so.
+    for variable in [k for k in defined if is_engine_variable(k)]:
+        del defined[variable]
+    defined.update({k: v for k, v in ctx.base_env.items() if is_engine_variable(k)})
     argv = [rewrite_paths(expand_refs(a, defined), mounts) for a in [*command, *args]]
     if _PYTHON.fullmatch(argv[0]):
         argv[0] = sys.executable
@@ -293,7 +403,16 @@ def resolve_container(ctx: PodSetup, container: dict[str, Any], *, init: bool) -
     cwd = None
     if container.get("workingDir"):
         cwd = rewrite_paths(str(container["workingDir"]), mounts)
-    return ContainerRun(name=name, image=image, init=init, argv=argv, env=env, cwd=cwd)
+    who = security.identity(ctx.plan.manifest["spec"], container)
+    return ContainerRun(
+        name=name,
+        image=image,
+        init=init,
+        argv=argv,
+        env=env,
+        cwd=cwd,
+        before_exec=who.enter if who.changes else None,
+    )
 
 
 def resolve_pod(ctx: PodSetup) -> tuple[list[ContainerRun], list[ContainerRun]]:
@@ -309,6 +428,11 @@ def configmaps_of(state: DesiredState) -> dict[str, dict[str, str]]:
         for obj in state.objects
         if obj.get("kind") == "ConfigMap"
     }
+
+
+def _task_path(state: DesiredState, plan: PodPlan) -> str:
+    t = next(i for i, task in enumerate(state.job.spec.tasks) if task.name == plan.task.name)
+    return f"spec.tasks[{t}].template"
 
 
 def _template_path(state: DesiredState, plan: PodPlan, kind: str, name: str) -> str:
@@ -331,6 +455,11 @@ def check_pods(state: DesiredState) -> Issues:
     scratch = _CHECK_ROOT
     configmaps = configmaps_of(state)
     seen: set[tuple[str, str, str]] = set()
+    for name, data in configmaps.items():  # made by plugins from validated names; checked all the same
+        for part in (name, *data):
+            if not inside(scratch, scratch / part) or (scratch / part).parent != scratch:
+                issues.append(("spec.plugins", f"ConfigMap {name!r}: {part!r} is not a plain file name"))
+    checked_pods: set[str] = set()
     for plan in state.pods:
         ctx = PodSetup(
             plan=plan,
@@ -338,8 +467,16 @@ def check_pods(state: DesiredState) -> Issues:
             uid="check",
             configmaps=configmaps,
             configmap_dir=scratch,
-            pod_dir=scratch / "check",
+            pod_dir=scratch / "check" / plan.name,
         )
+        if not inside(scratch / "check", ctx.pod_dir) or ctx.pod_dir.parent != scratch / "check":
+            issues.append((_task_path(state, plan), f"pod name {plan.name!r} is not a plain name"))
+        if plan.task.name not in checked_pods:
+            checked_pods.add(plan.task.name)
+            try:
+                empty_dirs(ctx)
+            except ResolveError as err:
+                issues.append((f"{_task_path(state, plan)}.spec.{err.field}", err.message))
         for kind in ("initContainers", "containers"):
             for container in plan.manifest["spec"].get(kind) or []:
                 key = (plan.task.name, kind, str(container.get("name")))
@@ -347,6 +484,9 @@ def check_pods(state: DesiredState) -> Issues:
                     continue
                 seen.add(key)
                 where = _template_path(state, plan, kind, key[2])
+                for at_pod, name, message in security.problems(plan.manifest["spec"], container):
+                    level = f"{_task_path(state, plan)}.spec" if at_pod else where
+                    issues.append((f"{level}.securityContext.{name}", message))
                 try:
                     run = resolve_container(ctx, container, init=kind == "initContainers")
                 except ResolveError as err:
@@ -360,4 +500,4 @@ def check_pods(state: DesiredState) -> Issues:
                             f"container {key[2]!r}: working directory {run.cwd!r} does not exist here",
                         )
                     )
-    return issues
+    return list(dict.fromkeys(issues))  # a pod-level problem is found once per container

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
+from torchjob.engines.local.state import make_private_dirs
 from torchjob.records import field, record
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class LocalPod:
         self.restart_policy = restart_policy
         self.log_dir = log_dir
         self.on_group = on_group  # tells the watchdog about each process group (True) and its end
-        log_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(log_dir)
         self.inits = [RunningContainer(c, log_dir / f"{c.name}.log") for c in inits]
         self.mains = [RunningContainer(c, log_dir / f"{c.name}.log") for c in mains]
         self.phase = PENDING

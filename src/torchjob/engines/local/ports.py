@@ -16,13 +16,14 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from torchjob.engines.local.state import process_alive, start_time
-from torchjob.files import write_atomic
+from torchjob.errors import Problem, SpecError
 from torchjob.plugins import build_plugins
 from torchjob.spec.model import Job
 
@@ -42,11 +43,86 @@ def declared_ports(job: Job) -> list[int]:
     return list(dict.fromkeys(ports))
 
 
+class RegistryError(SpecError):
+    """The port registry cannot be used safely (or at all); one line, the registry's path first."""
+
+    def __init__(self, where: Path, message: str) -> None:
+        super().__init__([Problem("", message, str(where))])
+
+
 def registry_dir() -> Path:
-    """Per-user and independent of the job state directory, so every local job sees every other."""
-    base = Path(os.environ.get("TORCHJOB_RUNTIME_DIR") or Path(_temp_dir()) / f"torchjob-{os.getuid()}")
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Per-user and independent of the job state directory, so every local job sees every other.
+
+    ``$TORCHJOB_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/torchjob`` when that directory is this
+    user's own and private, else ``<tmp>/torchjob-<uid>``. Whichever it is, it must be a real
+    directory (not a symlink) owned by this user with mode 0700, or :class:`RegistryError` says so:
+    in a shared ``/tmp`` another user can create the directory first and plant symlinks in it.
+    """
+    explicit = os.environ.get("TORCHJOB_RUNTIME_DIR")
+    if explicit:
+        base = Path(explicit)
+    else:
+        runtime = os.environ.get("XDG_RUNTIME_DIR")
+        if runtime and _private(Path(runtime)):
+            base = Path(runtime) / "torchjob"
+        else:
+            base = Path(_temp_dir()) / f"torchjob-{os.getuid()}"
+    _make_private_dir(base)
     return base
+
+
+def _private(path: Path) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
+
+
+def _make_private_dir(path: Path) -> None:
+    """Create ``path`` 0700 (parents as needed), or check that the existing one is this user's alone."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)  # ours, just made: the umask must not loosen or tighten it
+        return
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise RegistryError(
+            path, f"cannot create the port registry directory: {err.strerror or err}"
+        ) from None
+    try:
+        info = os.lstat(path)
+    except OSError as err:
+        raise RegistryError(path, f"cannot use the port registry directory: {err.strerror or err}") from None
+    _refuse_unless_private(path, info)
+
+
+def _refuse_unless_private(path: Path, info: os.stat_result) -> None:
+    fix = "remove it (or set TORCHJOB_RUNTIME_DIR to a private directory)"
+    if stat.S_ISLNK(info.st_mode):
+        raise RegistryError(path, f"the port registry directory is a symlink; refusing to use it: {fix}")
+    if not stat.S_ISDIR(info.st_mode):
+        raise RegistryError(path, f"the port registry directory is not a directory: {fix}")
+    if info.st_uid != os.getuid():
+        raise RegistryError(
+            path,
+            f"the port registry directory belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); "
+            f"refusing to use it: {fix}",
+        )
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        raise RegistryError(
+            path,
+            f"the port registry directory has mode {stat.S_IMODE(info.st_mode):04o}, expected 0700; "
+            f"refusing to use it: {fix}",
+        )
+
+
+def check_registry() -> None:
+    """Raise :class:`RegistryError` now, before a job is created, if the registry is unusable."""
+    with _locked_registry(write=False):
+        pass
 
 
 def _temp_dir() -> str:
@@ -95,26 +171,77 @@ def _owner_alive(entry: dict[str, Any]) -> bool:
         return False
 
 
+_OPEN_FLAGS = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
 @contextlib.contextmanager
-def _locked_registry() -> Iterator[dict[str, Any]]:
+def _locked_registry(write: bool = True) -> Iterator[dict[str, Any]]:
     root = registry_dir()
-    with open(root / "ports.lock", "a+") as lock:
-        deadline = time.monotonic() + LOCK_TIMEOUT
-        while True:  # held for milliseconds by each job; never wait forever on a stuck holder
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise OSError(f"the port registry {root / 'ports.lock'} stays locked") from None
-                time.sleep(0.01)
-        path = root / "ports.json"
+    # Every file is opened relative to the checked directory and never through a symlink.
+    try:
+        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _OPEN_FLAGS)
+    except OSError as err:
+        raise RegistryError(root, f"cannot open the port registry directory: {err.strerror or err}") from None
+    try:
+        _refuse_unless_private(root, os.fstat(dir_fd))  # the directory opened is the one checked
+        lock = _open_in(dir_fd, root, "ports.lock", os.O_RDWR | os.O_CREAT)
         try:
-            data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-        except (OSError, ValueError):
-            data = {}
-        yield data
-        write_atomic(path, json.dumps(data, indent=1, sort_keys=True))
+            _lock(lock, root / "ports.lock")
+            data = _read_registry(dir_fd)
+            yield data
+            if write:
+                _write_registry(dir_fd, root, data)
+        finally:
+            os.close(lock)  # and with it the lock
+    finally:
+        os.close(dir_fd)
+
+
+def _open_in(dir_fd: int, root: Path, name: str, flags: int) -> int:
+    try:
+        return os.open(name, flags | _OPEN_FLAGS, 0o600, dir_fd=dir_fd)
+    except OSError as err:
+        raise RegistryError(root / name, f"cannot open the port registry: {err.strerror or err}") from None
+
+
+def _lock(fd: int, path: Path) -> None:
+    deadline = time.monotonic() + LOCK_TIMEOUT
+    while True:  # held for milliseconds by each job; never wait forever on a stuck holder
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise RegistryError(
+                    path,
+                    f"the port registry has been locked by another process for more than {LOCK_TIMEOUT:g}s; "
+                    "if no other torchjob is starting, find the holder with 'fuser' and stop it",
+                ) from None
+            time.sleep(0.01)
+
+
+def _read_registry(dir_fd: int) -> dict[str, Any]:
+    try:
+        fd = os.open("ports.json", os.O_RDONLY | _OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return {}  # none yet (or unreadable: start afresh, dead entries are dropped anyway)
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            data = json.loads(handle.read())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_registry(dir_fd: int, root: Path, data: dict[str, Any]) -> None:
+    """Write a fresh temporary file (O_EXCL: never an existing one) and rename it over ports.json."""
+    tmp = f"ports.json.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dir_fd)  # left by a process of ours that died with this pid
+    fd = _open_in(dir_fd, root, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, "ports.json", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 def _me() -> dict[str, Any]:
@@ -151,6 +278,8 @@ def reserve(job_id: str, ports: list[int]) -> dict[int, int]:
 
 
 def release(job_id: str) -> None:
-    with _locked_registry() as data:
+    """Drop the job's reservations; quietly nothing when the registry cannot be used (the job is
+    ending, and its entries die with its supervisor anyway)."""
+    with contextlib.suppress(RegistryError), _locked_registry() as data:
         for key in [k for k, v in data.items() if v.get("job") == job_id or not _owner_alive(v)]:
             del data[key]

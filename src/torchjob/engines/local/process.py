@@ -69,7 +69,9 @@ def spawn(
     preexec: Callable[[], None] | None = _die_with_parent if die else None
     if before_exec is not None:
         preexec = _then_die(before_exec) if die else before_exec
-    with open(log_path, "ab", buffering=0) as log:
+    # 0600 and never through a symlink: the log holds what the job printed (tokens, too).
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    with open(os.open(log_path, flags, 0o600), "ab", buffering=0) as log:
         try:
             return subprocess.Popen(
                 list(argv),

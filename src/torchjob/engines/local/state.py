@@ -13,6 +13,9 @@ Layout of ``<root>/<job-id>/`` (root: ``RunOptions.state_dir``, else ``$TORCHJOB
     volumes/<configmap>/<key>        ConfigMap volumes, e.g. the svc plugin's host files
     pods/<pod>/attempt-<n>/volumes/  emptyDir volumes of one pod attempt
     logs/<pod>/attempt-<n>/<container>.log   output of every container, every attempt
+
+The root and every directory below it are 0700, every file 0600, whatever the umask: the job's
+env (``--env`` tokens) and output are its owner's alone.
 """
 
 from __future__ import annotations
@@ -36,6 +39,33 @@ def state_root(explicit: Path | None = None) -> Path:
         return Path(explicit)
     home = os.environ.get("TORCHJOB_HOME")
     return (Path(home) if home else Path.home() / ".torchjob") / "jobs"
+
+
+# Job state holds whatever the job was given (tokens passed with --env, passwords in its env):
+# directories 0700 and files 0600 whatever the umask, so other local users cannot read any of it.
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def make_private_dirs(path: Path) -> Path:
+    """``mkdir -p`` where every directory made is 0700 (``Path.mkdir`` gives parents the umask's)."""
+    missing: list[Path] = []
+    current = path
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, DIR_MODE)
+        except FileExistsError:
+            continue  # made meanwhile by another process of the job
+        os.chmod(directory, DIR_MODE)  # a umask like 0o277 would have taken bits off
+    return path
+
+
+def open_private(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND) -> int:
+    """A file descriptor for ``path``, a new file being 0600; never through a symlink."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
 
 
 def _linux_stat(pid: int) -> tuple[str, float] | None:
@@ -113,10 +143,10 @@ class JobDir:
         return self.path / "bin"
 
     def log_dir(self, pod: str, attempt: int) -> Path:
-        return self.logs / pod / f"attempt-{attempt}"
+        return self.inside(self.logs / pod / f"attempt-{attempt}", f"the logs of pod {pod!r}")
 
     def pod_dir(self, pod: str, attempt: int) -> Path:
-        return self.path / "pods" / pod / f"attempt-{attempt}"
+        return self.inside(self.path / "pods" / pod / f"attempt-{attempt}", f"the directory of pod {pod!r}")
 
     def write_status(self, report: JobReport) -> None:
         write_atomic(self.status_file, json.dumps(report.to_dict(), indent=2) + "\n")
@@ -154,29 +184,46 @@ class JobDir:
 
     def write_shims(self, python: str) -> None:
         """``python`` and ``python3`` on PATH run torchjob's interpreter, also inside shell scripts."""
-        self.bin.mkdir(exist_ok=True)
+        make_private_dirs(self.bin)
         for name in ("python", "python3"):
             shim = self.bin / name
-            shim.write_text(f'#!/bin/sh\nexec "{python}" "$@"\n')
-            shim.chmod(0o755)
+            write_atomic(shim, f'#!/bin/sh\nexec "{python}" "$@"\n')
+            shim.chmod(0o700)
 
     def write_configmaps(self, configmaps: dict[str, dict[str, str]]) -> None:
         for name, data in configmaps.items():
-            target = self.volumes / name
-            target.mkdir(parents=True, exist_ok=True)
+            target = self.inside(self.volumes / name, f"ConfigMap {name!r}", self.volumes)
+            make_private_dirs(target)
             for key, value in data.items():
-                (target / key).write_text(value)
+                write_atomic(self.inside(target / key, f"key {key!r} of ConfigMap {name!r}", target), value)
+
+    def inside(self, path: Path, what: str, base: Path | None = None) -> Path:
+        """``path`` if, once resolved, it lies inside ``base`` (the job directory); else ValueError.
+
+        Names from the job (ConfigMaps and their keys, pods) become paths here: none may lead out.
+        """
+        root = (base or self.path).resolve()
+        resolved = path.resolve()
+        if resolved == root or not resolved.is_relative_to(root):
+            raise ValueError(f"{what} would be written at {path}, outside {base or self.path}")
+        return path
 
 
 def new_job_dir(root: Path, job_name: str) -> JobDir:
-    """A fresh, uniquely named directory ``<job-name>-<6 hex>``."""
-    root.mkdir(parents=True, exist_ok=True)
+    """A fresh, uniquely named directory ``<job-name>-<6 hex>``, 0700 as is the root."""
+    make_private_dirs(root)
+    info = root.stat()
+    if root == state_root() and info.st_uid == os.getuid() and info.st_mode & 0o077:
+        # torchjob's own default root, made looser by an earlier torchjob; a --state-dir that
+        # already exists is the user's to set (it could be a shared directory such as /tmp).
+        os.chmod(root, DIR_MODE)
     for _ in range(100):
         path = root / f"{job_name}-{os.urandom(3).hex()}"  # secrets.token_hex, without hmac/OpenSSL
         try:
-            path.mkdir()
+            os.mkdir(path, DIR_MODE)
         except FileExistsError:
             continue
+        os.chmod(path, DIR_MODE)
         return JobDir(path)
     raise OSError(f"cannot create a job directory in {root}")
 

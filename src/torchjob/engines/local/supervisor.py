@@ -23,19 +23,20 @@ from typing import Any
 from torchjob import logs
 from torchjob.display import headline, pod_color, pod_rows, prefix_for, summary
 from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport, PortReport
-from torchjob.engines.local import gpus, podnames, process
+from torchjob.engines.local import gpus, podnames, process, security
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
     PodSetup,
     ResolveError,
     configmaps_of,
+    local_warnings,
     make_empty_dirs,
     resolve_pod,
 )
 from torchjob.engines.local.output import Console, short_name
 from torchjob.engines.local.pod import FAILED, PENDING, RUNNING, SUCCEEDED, LocalPod
-from torchjob.engines.local.state import JobDir
+from torchjob.engines.local.state import JobDir, make_private_dirs
 from torchjob.engines.local.waiter import ExitWaiter
 from torchjob.engines.local.watchdog import Watchdog
 from torchjob.expand import DesiredState, PodPlan, expand
@@ -164,6 +165,8 @@ class Supervisor:
             machine = ""
         entries = LocalAddressing(self.job).hosts_entries(self.job)  # addresses only: no ports
         write_atomic(hosts, podnames.hosts_text(machine, entries))
+        if security.other_users([t.template.spec for t in self.job.spec.tasks]):
+            hosts.chmod(0o644)  # read as /etc/hosts by pods that run as another user; nothing secret
         mount = podnames.HostsMount.of(str(hosts))
         return mount, podnames.start_probe(mount)
 
@@ -218,6 +221,8 @@ class Supervisor:
                     "even after they succeed; set OnFailure or Never for a job that ends",
                     "33",
                 )
+        for path, message in local_warnings(self.expansion(0, 0), self.extra_env):
+            self.record(f"warning: {path}: {message}")
         self.apply(Decision(self.status, None, True))
         self.write_records()
 
@@ -455,11 +460,11 @@ class Supervisor:
             make_empty_dirs(ctx)
             inits, mains = resolve_pod(ctx)
             if self.hosts_mount is not None:  # the job's /etc/hosts, so that pod names resolve
-                for run in [*inits, *mains]:
-                    run.before_exec = self.hosts_mount.enter
+                for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
+                    run.before_exec = security.then(self.hosts_mount.enter, run.before_exec)
         except (ResolveError, OSError) as err:  # checked before the job started; defensive only
-            log_dir.mkdir(parents=True, exist_ok=True)
-            (log_dir / "torchjob.log").write_text(f"torchjob: cannot run pod {plan.name}: {err}\n")
+            make_private_dirs(log_dir)
+            write_atomic(log_dir / "torchjob.log", f"torchjob: cannot run pod {plan.name}: {err}\n")
             inits, mains = [], []
         pod = LocalPod(
             name=plan.name,

@@ -1,0 +1,666 @@
+"""The local engine on a shared machine: other users, planted symlinks, names that are paths.
+
+Tests that need a second user create one with ``useradd`` (root only) and remove it afterwards;
+without root they are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from test_local_support import container, leftovers, make_job, sh, task, wait_until
+from torchjob.engines.local import RunOptions, check_job, ports, run_job
+from torchjob.engines.local.process import marked_processes
+from torchjob.errors import SpecError
+from torchjob.spec.defaults import apply_defaults
+from torchjob.spec.model import Job
+from torchjob.spec.parse import parse_job
+
+pytestmark = pytest.mark.timeout(90)
+
+ROOT = os.geteuid() == 0
+
+
+# ------------------------------------------------------------------ helpers
+
+
+@pytest.fixture
+def other_user() -> Iterator[pwd.struct_passwd]:
+    """A fresh second user (and its group), removed after the test."""
+    if not ROOT:
+        pytest.skip("needs root to create a second user with useradd")
+    if shutil.which("useradd") is None or shutil.which("userdel") is None:
+        pytest.skip("useradd/userdel are not installed")
+    name = f"tjsec{os.getpid() % 100000}x{time.monotonic_ns() % 1000}"
+    for _ in range(50):  # /etc/passwd may be locked by another test adding its own user
+        made = subprocess.run(
+            ["useradd", "--no-create-home", "--user-group", "--shell", "/bin/sh", name],
+            capture_output=True,
+            text=True,
+        )
+        if made.returncode == 0:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.skip(f"useradd failed: {made.stderr.strip()}")
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        for _ in range(50):
+            if subprocess.run(["userdel", name], capture_output=True).returncode in (0, 6):
+                break
+            time.sleep(0.1)
+
+
+def as_user(user: pwd.struct_passwd, script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", "-c", script],
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd="/",
+    )
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory like /tmp (1777), that every user can write to; /tmp itself is left alone."""
+    path = Path(tempfile.mkdtemp(prefix="torchjob-security-", dir="/tmp"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHJOB_RUNTIME_DIR", "XDG_RUNTIME_DIR")}
+    env["TORCHJOB_HOME"] = str(tmp_path / "home")
+    env.update(extra)
+    return env
+
+
+def torchjob(*args: str, env: dict[str, str], cwd: Path, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=cwd,
+        **kwargs,
+    )
+
+
+JOB_WITH_PORT = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: ported}
+spec:
+  tasks:
+    - name: main
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+            - name: main
+              image: busybox:1.36
+              command: [sh, -c, "echo ran"]
+              ports: [{containerPort: 23999}]
+"""
+
+
+def unvalidated(doc: dict[str, Any]) -> Job:
+    """A job as parsing and defaulting make it, without validation: to reach the engine's own checks."""
+    job, issues = parse_job(doc)
+    assert job is not None and not issues, issues
+    apply_defaults(job)
+    return job
+
+
+def job_doc(tasks: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "sec"},
+        "spec": {**spec, "tasks": tasks},
+    }
+
+
+# ------------------------------------------------------------ port registry
+
+
+def test_a_registry_directory_made_by_another_user_is_refused(
+    other_user: pwd.struct_passwd, shared_tmp: Path, tmp_path: Path
+) -> None:
+    victim = tmp_path / "bashrc"
+    victim.write_text("export SAFE=1\n")
+    planted = shared_tmp / f"torchjob-{os.getuid()}"
+    attack = as_user(
+        other_user,
+        f"mkdir -m 0777 {planted} && chmod 0777 {planted} && ln -s {victim} {planted}/ports.json"
+        f" && ln -s {victim} {planted}/ports.lock",
+    )
+    assert attack.returncode == 0, attack.stderr
+    (tmp_path / "job.yaml").write_text(JOB_WITH_PORT)
+    result = torchjob("run", "job.yaml", env=cli_env(tmp_path, TMPDIR=str(shared_tmp)), cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{planted}: ")
+    assert f"belongs to uid {other_user.pw_uid}" in lines[0]
+    assert victim.read_text() == "export SAFE=1\n"
+    assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
+
+
+@pytest.fixture
+def registry_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The default location under a private TMPDIR of the test's own."""
+    monkeypatch.delenv("TORCHJOB_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    return tmp_path / f"torchjob-{os.getuid()}"
+
+
+def test_a_registry_directory_open_to_others_is_refused(registry_env: Path) -> None:
+    registry_env.mkdir(mode=0o755)
+    registry_env.chmod(0o755)
+    with pytest.raises(SpecError, match="has mode 0755, expected 0700"):
+        ports.reserve("job", [23999])
+    assert not (registry_env / "ports.json").exists()
+
+
+def test_a_registry_directory_that_is_a_symlink_is_refused(registry_env: Path, tmp_path: Path) -> None:
+    real = tmp_path / "elsewhere"
+    real.mkdir(mode=0o700)
+    registry_env.symlink_to(real)
+    with pytest.raises(SpecError, match="is a symlink"):
+        ports.reserve("job", [23999])
+    assert list(real.iterdir()) == []
+
+
+def test_a_symlink_planted_as_the_temporary_file_is_not_followed(registry_env: Path, tmp_path: Path) -> None:
+    registry_env.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    for name in (f"ports.json.{os.getpid()}.tmp", f"ports.{os.getpid()}.tmp"):  # now, and before
+        (registry_env / name).symlink_to(victim)
+    mapping = ports.reserve("job", [23999])
+    assert victim.read_text() == "precious\n"
+    assert json.loads((registry_env / "ports.json").read_text())[str(mapping[23999])]["job"] == "job"
+    assert not (registry_env / "ports.json").is_symlink()
+    ports.release("job")
+
+
+def test_a_private_xdg_runtime_dir_is_preferred(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHJOB_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    runtime.chmod(0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert ports.registry_dir() == runtime / "torchjob"
+    assert stat.S_IMODE((runtime / "torchjob").stat().st_mode) == 0o700
+    runtime.chmod(0o755)  # not private: not used
+    assert ports.registry_dir() == tmp_path / f"torchjob-{os.getuid()}"
+
+
+def test_a_registry_lock_held_too_long_is_one_clear_line(tmp_path: Path) -> None:
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({str(runtime / 'ports.lock')!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        (tmp_path / "job.yaml").write_text(JOB_WITH_PORT)
+        env = cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(runtime))
+        result = torchjob("run", "job.yaml", env=env, cwd=tmp_path)
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        f"{runtime / 'ports.lock'}: the port registry has been locked by another process for more than "
+        f"{ports.LOCK_TIMEOUT:g}s; if no other torchjob is starting, find the holder with 'fuser' and stop it"
+    ]
+    assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
+
+
+def test_the_lock_is_taken_through_no_symlink(registry_env: Path, tmp_path: Path) -> None:
+    registry_env.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (registry_env / "ports.lock").symlink_to(victim)
+    with pytest.raises(SpecError, match="cannot open the port registry"):
+        ports.reserve("job", [23999])
+    assert victim.read_text() == "precious\n"
+
+
+# --------------------------------------------------------------- privacy
+
+
+def _loose(path: Path) -> list[str]:
+    """Every directory and file at or below ``path`` with a group or other permission bit."""
+    found = []
+    for item in [path, *path.rglob("*")]:
+        info = item.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            continue
+        if info.st_mode & 0o077:
+            found.append(f"{item.relative_to(path.parent)} {stat.S_IMODE(info.st_mode):04o}")
+    return found
+
+
+PRIVATE_JOB = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: secret}
+spec:
+  plugins: {svc: []}
+  tasks:
+    - name: main
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+            - name: main
+              image: busybox:1.36
+              command: [sh, -c, "echo token=$TOKEN"]
+              volumeMounts: [{name: scratch, mountPath: /scratch}]
+          volumes: [{name: scratch, emptyDir: {}}]
+"""
+
+
+def test_job_state_is_private_whatever_the_umask(tmp_path: Path) -> None:
+    """Detached, so that supervisor.log is made too; umask 022 as on most machines."""
+    (tmp_path / "job.yaml").write_text(PRIVATE_JOB)
+    state = tmp_path / "state" / "jobs"
+    result = torchjob(
+        "run",
+        "--detach",
+        "--state-dir",
+        str(state),
+        "-e",
+        "TOKEN=hunter2",
+        "job.yaml",
+        env=cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(tmp_path / "runtime")),
+        cwd=tmp_path,
+        preexec_fn=lambda: os.umask(0o022),
+    )
+    assert result.returncode == 0, result.stderr
+    job_dir = state / result.stdout.strip()
+
+    def finished() -> bool:
+        try:
+            return json.loads((job_dir / "status.json").read_text())["phase"] == "Completed"
+        except (OSError, ValueError, KeyError):
+            return False
+
+    assert wait_until(finished, 30)
+    assert wait_until(lambda: not (job_dir / "supervisor.pid").exists() or _supervisor_gone(job_dir), 10)
+    names = {p.name for p in job_dir.iterdir()}
+    assert {"job.yaml", "status.json", "supervisor.log", "hosts", "bin", "volumes", "pods", "logs"} <= names
+    assert "token=hunter2" in (job_dir / "logs/secret-main-0/attempt-0/main.log").read_text()
+    assert _loose(state.parent) == []
+
+
+def _supervisor_gone(job_dir: Path) -> bool:
+    from torchjob.engines.local.state import JobDir
+
+    return not JobDir(job_dir).supervisor_alive()
+
+
+def test_another_user_cannot_read_a_jobs_log(
+    other_user: pwd.struct_passwd, shared_tmp: Path, tmp_path: Path
+) -> None:
+    """Even with the state directory in a place everyone can walk into."""
+    state = shared_tmp / "state"
+    old = os.umask(0o022)
+    try:
+        job = make_job("readable", [task("main", [container("main", sh("echo password=swordfish"))])])
+        result = run_job(job, RunOptions(state_dir=state, quiet=True, timeout=30))
+    finally:
+        os.umask(old)
+    assert result.ok, result.reason
+    log = result.pods[0].log_dir / "main.log"
+    assert "swordfish" in log.read_text()
+    for target in (log, result.job_dir / "job.yaml", result.job_dir / "status.json"):
+        attempt = as_user(other_user, f"cat {target}")
+        assert attempt.returncode != 0 and "swordfish" not in attempt.stdout, target
+    listing = as_user(other_user, f"ls {state}")
+    assert listing.returncode != 0
+
+
+# ------------------------------------------------------------- volume names
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs", "..", "a/../../b"])
+def test_an_empty_dir_named_as_a_path_is_refused_by_the_engine(name: str, tmp_path: Path) -> None:
+    """Validation refuses such names first; the engine's own check stands behind it."""
+    doc = job_doc(
+        [
+            {
+                "name": "main",
+                "replicas": 1,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            container(
+                                "main",
+                                sh("echo hi > /scratch/out"),
+                                volumeMounts=[{"name": name, "mountPath": "/scratch"}],
+                            )
+                        ],
+                        "volumes": [{"name": name, "emptyDir": {}}],
+                    }
+                },
+            }
+        ]
+    )
+    problems = check_job(unvalidated(doc))
+    assert problems, "a volume outside the pod's directory must be refused"
+    assert any("outside" in message for _path, message in problems), problems
+    assert problems[0][0].startswith("spec.tasks[0].template.spec.")
+
+
+def test_a_subpath_that_climbs_out_is_refused(tmp_path: Path) -> None:
+    doc = job_doc(
+        [
+            {
+                "name": "main",
+                "replicas": 1,
+                "template": {
+                    "spec": {
+                        "containers": [
+                            container(
+                                "main",
+                                ["true"],
+                                volumeMounts=[{"name": "v", "mountPath": "/v", "subPath": "../../../etc"}],
+                            )
+                        ],
+                        "volumes": [{"name": "v", "emptyDir": {}}],
+                    }
+                },
+            }
+        ]
+    )
+    problems = check_job(unvalidated(doc))
+    assert problems == [
+        (
+            "spec.tasks[0].template.spec.containers[0].volumeMounts[0].subPath",
+            "'../../../etc' must be a relative path without '..' (as Kubernetes requires)",
+        )
+    ]
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs"])
+def test_run_refuses_an_empty_dir_named_as_a_path_and_writes_nothing(name: str, tmp_path: Path) -> None:
+    if name == "/abs":  # an absolute path of the test's own, not one at the machine's root
+        name = str(tmp_path / "abs")
+    target = tmp_path / "x" if name == "../x" else Path(name)
+    doc = job_doc(
+        [
+            {
+                "name": "main",
+                "replicas": 1,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            container(
+                                "main",
+                                sh("echo hi > /scratch/out"),
+                                volumeMounts=[{"name": name, "mountPath": "/scratch"}],
+                            )
+                        ],
+                        "volumes": [{"name": name, "emptyDir": {}}],
+                    }
+                },
+            }
+        ]
+    )
+    (tmp_path / "job.json").write_text(json.dumps(doc))
+    result = torchjob(
+        "run", "--state-dir", str(tmp_path / "jobs"), "job.json", env=cli_env(tmp_path), cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert "spec.tasks[0].template.spec.volumes[0].name: " in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not target.exists()
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_the_configmap_files_stay_inside_the_job_directory(tmp_path: Path) -> None:
+    from torchjob.engines.local.state import JobDir, new_job_dir
+
+    job_dir: JobDir = new_job_dir(tmp_path / "jobs", "cm")
+    with pytest.raises(ValueError, match="outside"):
+        job_dir.write_configmaps({"ok": {"../../escaped": "x"}})
+    with pytest.raises(ValueError, match="outside"):
+        job_dir.write_configmaps({"../..": {"escaped": "x"}})
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "jobs" / "escaped").exists()
+
+
+# -------------------------------------------------------------- securityContext
+
+
+def _secured(pod: dict[str, Any], own: dict[str, Any], script: str, **extra: Any) -> dict[str, Any]:
+    return job_doc(
+        [
+            {
+                "name": "main",
+                "replicas": 2,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "securityContext": pod,
+                        "containers": [container("main", sh(script), securityContext=own, **extra)],
+                        **(
+                            {"volumes": [{"name": "scratch", "emptyDir": {}}]}
+                            if "volumeMounts" in extra
+                            else {}
+                        ),
+                    }
+                },
+            }
+        ]
+    )
+
+
+def _load(doc: dict[str, Any]) -> Job:
+    from torchjob.jobs import load_jobs_from_text
+
+    return load_jobs_from_text(json.dumps(doc), "job.json")[0].job
+
+
+def test_run_as_user_runs_the_process_as_that_user(other_user: pwd.struct_passwd, tmp_path: Path) -> None:
+    """And its emptyDir is its own: with the volume as working directory it can write there."""
+    doc = _secured(
+        {"runAsUser": other_user.pw_uid, "runAsGroup": other_user.pw_gid, "fsGroup": 4321},
+        {},
+        "echo uid=$(id -u) gid=$(id -g) groups=$(id -G); echo data > ./written && echo wrote",
+        workingDir="/scratch",
+        volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}],
+    )
+    result = run_job(_load(doc), RunOptions(state_dir=tmp_path / "jobs", quiet=True, timeout=30))
+    assert result.ok, (result.reason, (result.pods[0].log_dir / "main.log").read_text())
+    for pod in result.pods:
+        text = (pod.log_dir / "main.log").read_text()
+        assert f"uid={other_user.pw_uid} gid={other_user.pw_gid} " in text
+        assert "4321" in text.split("groups=")[1].split()
+        assert "wrote" in text
+    volume = result.job_dir / "pods" / result.pods[0].name / "attempt-0" / "volumes" / "scratch"
+    assert (volume / "written").stat().st_uid == other_user.pw_uid
+    assert (volume.stat().st_uid, volume.stat().st_gid) == (other_user.pw_uid, 4321)
+
+
+def test_a_container_run_as_user_overrides_the_pods(other_user: pwd.struct_passwd, tmp_path: Path) -> None:
+    doc = _secured({"runAsUser": 0}, {"runAsUser": other_user.pw_uid}, "id -u")
+    result = run_job(_load(doc), RunOptions(state_dir=tmp_path / "jobs", quiet=True, timeout=30))
+    assert result.ok, result.reason
+    assert (result.pods[0].log_dir / "main.log").read_text().split() == [str(other_user.pw_uid)]
+
+
+@pytest.mark.skipif(not ROOT, reason="runAsNonRoot can only be broken by a torchjob running as root")
+def test_run_as_non_root_is_refused_for_a_process_that_would_run_as_root(tmp_path: Path) -> None:
+    assert check_job(_load(_secured({"runAsNonRoot": True}, {}, "id -u"))) == [
+        (
+            "spec.tasks[0].template.spec.securityContext.runAsNonRoot",
+            "container 'main' would run as root (uid 0): set runAsUser to a non-zero uid, "
+            "or run torchjob as another user",
+        )
+    ]
+    problems = check_job(_load(_secured({}, {"runAsNonRoot": True, "runAsUser": 0}, "id -u")))
+    assert [p for p, _ in problems] == [
+        "spec.tasks[0].template.spec.containers[0].securityContext.runAsNonRoot"
+    ]
+    assert check_job(_load(_secured({"runAsNonRoot": True, "runAsUser": 1000}, {}, "id -u"))) == []
+    (tmp_path / "job.json").write_text(json.dumps(_secured({"runAsNonRoot": True}, {}, "id -u")))
+    result = torchjob(
+        "run", "--state-dir", str(tmp_path / "jobs"), "job.json", env=cli_env(tmp_path), cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("job.json:") and "would run as root" in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "jobs").exists()
+
+
+def test_fields_without_local_effect_are_warned_about_once_per_job(tmp_path: Path) -> None:
+    doc = _secured(
+        {"seccompProfile": {"type": "RuntimeDefault"}},
+        {"capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True, "privileged": False},
+        "echo ran",
+    )
+    (tmp_path / "job.json").write_text(json.dumps(doc))
+    result = torchjob(
+        "run",
+        "--state-dir",
+        str(tmp_path / "jobs"),
+        "job.json",
+        env=cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(tmp_path / "runtime")),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    warned = [line for line in result.stdout.splitlines() if "warning: " in line]
+    base = "spec.tasks[0].template.spec"
+    for path in (
+        f"{base}.securityContext.seccompProfile",
+        f"{base}.containers[0].securityContext.capabilities",
+        f"{base}.containers[0].securityContext.readOnlyRootFilesystem",
+        f"{base}.containers[0].securityContext.privileged",
+    ):
+        hits = [line for line in warned if f"warning: {path}: " in line]
+        assert len(hits) == 1, (path, result.stdout)  # two replicas, one warning
+        assert "not enforced here" in hits[0]
+    assert len(warned) == 4, result.stdout
+
+
+# ------------------------------------------------------------- reserved env
+
+
+def test_a_job_cannot_override_the_engines_own_variables(tmp_path: Path) -> None:
+    """A job setting TORCHJOB_JOB_ID still has every process listed and stopped (issue 8)."""
+    pid_file = tmp_path / "escaped.pid"
+    seen = tmp_path / "seen"
+    script = (
+        f"echo $TORCHJOB_JOB_ID $TORCHJOB_POD_UID $TORCHJOB_POD_NAME ${{TORCHJOB_PORT_1:-unset}} > {seen}; "
+        f"setsid sleep 300 & echo $! > {pid_file}; sleep 30"
+    )
+    env = [
+        {"name": name, "value": "not-the-job"}
+        for name in ("TORCHJOB_JOB_ID", "TORCHJOB_POD_UID", "TORCHJOB_POD_NAME", "TORCHJOB_PORT_1")
+    ]
+    job = make_job("reserved", [task("main", [container("main", sh(script), env=env)])])
+    options = RunOptions(
+        state_dir=tmp_path / "jobs", quiet=True, detach=True, extra_env={"TORCHJOB_JOB_ID": "x"}
+    )
+    started = run_job(job, options)
+    job_id = started.job_id
+    try:
+        assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip().isdigit(), 20)
+        escaped = int(pid_file.read_text())
+        words = seen.read_text().split()
+        assert words[0] == job_id and words[1] != "not-the-job" and words[2] == "reserved-main-0", words
+        assert words[3] == "unset", "no port 1 is mapped: the job's value is dropped, not passed on"
+        assert (started.job_dir / "logs/reserved-main-0/attempt-0/main.log").exists()
+        listed = {p.pid for p in marked_processes(job_id)}
+        assert escaped in listed, "the job's processes must carry the engine's marker"
+        status = json.loads((started.job_dir / "status.json").read_text())
+        messages = [e["message"] for e in status["events"]]
+        assert any("env[0].name: TORCHJOB_JOB_ID is set by torchjob" in m for m in messages), messages
+        assert any(m.startswith("warning: --env: TORCHJOB_JOB_ID") for m in messages), messages
+    finally:
+        delete = subprocess.run(
+            [sys.executable, "-m", "torchjob", "delete", "--state-dir", str(tmp_path / "jobs"), job_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert delete.returncode == 0, delete.stderr
+    assert wait_until(lambda: not _alive(escaped), 10), "the escaped process outlived its job"
+    assert leftovers(job_id) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_no_privilege_escalation_sets_no_new_privs(tmp_path: Path) -> None:
+    """allowPrivilegeEscalation: false is applied for any user, root or not."""
+    doc = _secured({}, {"allowPrivilegeEscalation": False}, "grep NoNewPrivs /proc/self/status")
+    result = run_job(_load(doc), RunOptions(state_dir=tmp_path / "jobs", quiet=True, timeout=30))
+    assert result.ok, result.reason
+    assert (result.pods[0].log_dir / "main.log").read_text().split() == ["NoNewPrivs:", "1"]
+
+
+def test_the_default_state_root_is_tightened_and_a_given_one_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchjob.engines.local.state import new_job_dir, state_root
+
+    monkeypatch.setenv("TORCHJOB_HOME", str(tmp_path / "home"))
+    default = state_root()
+    default.mkdir(parents=True)
+    default.chmod(0o755)  # as an earlier torchjob made it under umask 022
+    made = new_job_dir(default, "job")
+    assert stat.S_IMODE(default.stat().st_mode) == 0o700
+    assert stat.S_IMODE(made.path.stat().st_mode) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # a --state-dir such as /tmp: not ours to change
+    made = new_job_dir(shared, "job")
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+    assert stat.S_IMODE(made.path.stat().st_mode) == 0o700
