@@ -28,13 +28,15 @@ if TYPE_CHECKING:
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 
 BACKOFF_BASE = 0.1  # seconds before the first restart of a container; doubles each time
-BACKOFF_CAP = 5.0
+BACKOFF_CAP = 300.0  # Kubernetes caps its crash-loop back-off at 5 minutes
+_BACKOFF_DOUBLINGS = 12  # 0.1 * 2**12 > 300: more doublings change nothing (and 2**1024 overflows)
 BACKOFF_RESET = 10.0  # a container that ran this long starts its back-off again from the base
 
 
 def backoff(failures: int) -> float:
     """Delay before restart number ``failures`` (1-based) of one container."""
-    return float(min(BACKOFF_CAP, BACKOFF_BASE * 2 ** max(0, failures - 1)))
+    doublings = min(max(0, failures - 1), _BACKOFF_DOUBLINGS)  # a crash loop can run for days
+    return min(BACKOFF_CAP, BACKOFF_BASE * 2.0**doublings)
 
 
 def exit_code_of(returncode: int) -> int:
