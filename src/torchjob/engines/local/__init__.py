@@ -133,7 +133,8 @@ def _supervise(
     from torchjob.engines.local.state import JobDir
     from torchjob.engines.local.supervisor import Supervisor
 
-    console = Console(stream) if stream is not None else None  # type: ignore[arg-type]
+    # Never blocking on the reader: a stalled pipe or terminal must not stop timeouts and signals.
+    console = Console(stream, never_block=True) if stream is not None else None  # type: ignore[arg-type]
     supervisor = Supervisor(
         job,
         JobDir(path),

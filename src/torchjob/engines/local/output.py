@@ -8,10 +8,12 @@ that are easy to grep and to read in CI logs.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -31,6 +33,8 @@ _PHASE_COLORS = {
 }
 _READ_CHUNK = 1 << 16
 _MAX_LINE = 1 << 16
+MAX_BACKLOG = 1 << 20  # bytes written but not yet taken by the reader before log reading pauses
+_WRITE_CHUNK = 1 << 16
 
 
 def use_color(stream: TextIO) -> bool:
@@ -59,6 +63,7 @@ class _Followed:
     offset: int = 0
     partial: bytes = b""
     closing: bool = False
+    end: int | None = None  # read no further (see LogFollower.seal)
 
 
 @record
@@ -78,13 +83,24 @@ class LogFollower:
         if path in self.files:
             self.files[path].closing = True
 
+    def seal(self) -> None:
+        """Every file is closed at its present size: what a process that survived the end of its
+        job still writes is not waited for."""
+        for item in self.files.values():
+            item.closing = True
+            try:
+                item.end = item.path.stat().st_size
+            except OSError:
+                item.end = item.offset
+
     def read(self) -> list[tuple[_Followed, str]]:
         out: list[tuple[_Followed, str]] = []
         for path, item in list(self.files.items()):
+            size = _READ_CHUNK * 16 if item.end is None else min(_READ_CHUNK * 16, item.end - item.offset)
             try:
                 with open(path, "rb") as handle:
                     handle.seek(item.offset)
-                    data = handle.read(_READ_CHUNK * 16)
+                    data = handle.read(size) if size > 0 else b""
             except OSError:
                 data = b""
             item.offset += len(data)
@@ -96,11 +112,31 @@ class LogFollower:
             out.extend((item, _text(line)) for line in lines)
             if item.closing:
                 more = path.exists() and path.stat().st_size > item.offset
-                if not more:
+                if not more or (item.end is not None and item.offset >= item.end):
                     if item.partial:
                         out.append((item, _text(item.partial)))
                     del self.files[path]
         return out
+
+    def skip(self) -> int:
+        """Forget every followed file; returns how many lines were left unread in them."""
+        count = 0
+        for path, item in list(self.files.items()):
+            rest = item.partial
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(item.offset)
+                    left = item.end - item.offset if item.end is not None else None
+                    while (left is None or left > 0) and (chunk := handle.read(_READ_CHUNK * 16)):
+                        if left is not None:
+                            chunk, left = chunk[:left], left - len(chunk)
+                        count += chunk.count(b"\n")
+                        rest = chunk.rpartition(b"\n")[2] if b"\n" in chunk else rest + chunk
+            except OSError:
+                pass
+            count += 1 if rest else 0  # an unterminated last line
+            del self.files[path]
+        return count
 
 
 def _text(line: bytes) -> str:
@@ -116,8 +152,12 @@ class _SafeStream:
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.broken = False
+        self.backlog = 0  # written at once (a file, a string buffer or a blocking pipe)
 
-    def write(self, text: str) -> None:
+    def wait(self, timeout: float) -> None:
+        return
+
+    def write(self, text: str, counted: bool = False) -> None:
         if self.broken:
             return
         try:
@@ -134,14 +174,127 @@ class _SafeStream:
             self.broken = True
 
 
-class Console:
-    """Log lines above, a live status table below (terminal only)."""
+class _Outlet:
+    """Writes to a pipe, terminal or socket that never block: a stalled reader (``| less`` not
+    scrolled, Ctrl-S, ``| sleep 30``) must not stop the loop that runs the job. What the reader
+    has not taken yet waits here; the caller stops reading log files while ``backlog`` is large
+    (the files hold everything), so memory stays bounded and nothing is lost unless given up on.
 
-    def __init__(self, stream: TextIO | None = None, *, live: bool | None = None) -> None:
+    The descriptor is reopened with O_NONBLOCK where Linux allows it (a pipe or terminal through
+    /proc/self/fd): setting the flag on the inherited descriptor would change it for every process
+    that shares it, the shell and our own stderr included. Otherwise the original is written only
+    when poll says it is writable, at most PIPE_BUF bytes at a time (a pipe then takes them whole).
+    """
+
+    def __init__(self, fd: int) -> None:
+        import collections
+        import select
+
+        self._select = select
+        self.pending: collections.deque[tuple[bytes, bool]] = collections.deque()  # (text, a log line)
+        self.backlog = 0  # bytes in pending
+        self._head = 0  # bytes of pending[0] already written
+        self.broken = False
+        try:
+            self.fd = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+            self.own = True
+        except OSError:  # not Linux, a socket, or a pipe we may not reopen
+            self.fd, self.own = fd, False
+
+    def write(self, text: str, counted: bool = False) -> None:
+        """Queue ``text``; ``counted`` marks a container's line (see :meth:`discard`)."""
+        # Log lines wait for room (Console.room); this bounds the rest (notes) if nothing is read.
+        if not self.broken and self.backlog < 4 * MAX_BACKLOG:
+            data = text.encode(errors="replace")
+            self.pending.append((data, counted))
+            self.backlog += len(data)
+
+    def discard(self) -> int:
+        """Drop what the reader has not started to take; returns how many log lines that was."""
+        keep = [self.pending.popleft()] if self.pending and self._head else []
+        dropped = sum(1 for _data, counted in self.pending if counted)
+        self.pending.clear()
+        self.pending.extend(keep)
+        self.backlog = sum(len(data) for data, _counted in keep) - self._head
+        return dropped
+
+    def flush(self) -> None:
+        """Write what the reader takes now, without waiting."""
+        limit = _WRITE_CHUNK if self.own else self._select.PIPE_BUF
+        while self.pending and not self.broken:
+            if not self.own and not self._writable(0.0):
+                return
+            chunk, size = [], 0
+            for i, (data, _counted) in enumerate(self.pending):
+                piece = data[self._head :] if i == 0 else data
+                chunk.append(piece)
+                size += len(piece)
+                if size >= limit:
+                    break
+            try:
+                written = os.write(self.fd, b"".join(chunk)[:limit])
+            except BlockingIOError:
+                return
+            except InterruptedError:
+                continue
+            except OSError:  # the reader went away
+                self.broken = True
+                self.discard()
+                return
+            self.backlog -= written
+            written += self._head
+            while self.pending and written >= len(self.pending[0][0]):
+                written -= len(self.pending.popleft()[0])
+            self._head = written
+
+    def wait(self, timeout: float) -> None:
+        """Until the reader can take more or ``timeout`` seconds passed."""
+        if self.pending and not self.broken:
+            self._writable(timeout)
+
+    def _writable(self, timeout: float) -> bool:
+        poller = self._select.poll()
+        poller.register(self.fd, self._select.POLLOUT)
+        return bool(poller.poll(int(timeout * 1000)))
+
+    def close(self) -> None:
+        if self.own:
+            self.own = False
+            os.close(self.fd)
+
+
+def _outlet(stream: TextIO) -> _Outlet | None:
+    """A non-blocking writer for ``stream`` when it is a pipe, terminal or socket; None for files."""
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (OSError, ValueError, AttributeError):  # a string buffer: it never blocks
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISBLK(mode):
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        stream.flush()  # what was printed before comes first
+    return _Outlet(fd)
+
+
+class Console:
+    """Log lines above, a live status table below (terminal only).
+
+    With ``never_block`` (the supervisor's console) writing never waits for the reader: ``room``
+    says whether more log lines may be given now, and lines that could not be shown at all are
+    counted in ``unshown`` (see :meth:`drain` and :meth:`give_up`).
+    """
+
+    def __init__(
+        self, stream: TextIO | None = None, *, live: bool | None = None, never_block: bool = False
+    ) -> None:
         raw = stream or sys.stdout
-        self.stream = _SafeStream(raw)
+        outlet = _outlet(raw) if never_block else None
+        self.stream: _SafeStream | _Outlet = outlet or _SafeStream(raw)
         self.color = use_color(raw)
         self.live = self.color if live is None else live
+        self.unshown = 0  # container lines never written, for the summary to say so
+        self.gave_up = False
         self._table: list[str] = []
         self._drawn = 0
         self._last_draw = 0.0
@@ -165,16 +318,62 @@ class Console:
         self._drawn = len(rows)
         self._last_draw = time.monotonic()
 
+    def room(self) -> bool:
+        """Whether more log lines may be given now: the reader has taken most of what was written."""
+        return not self.gave_up and not self.stream.broken and self.stream.backlog < MAX_BACKLOG
+
+    def drain(self, stall: float, stop: Callable[[], bool]) -> bool:
+        """Wait until there is ``room``; give up (False) after ``stall`` s of a reader taking
+        nothing, or when ``stop`` says so (a signal). Used on the way out only."""
+        last, progress = self.stream.backlog, time.monotonic()
+        while not self.room():
+            if self.gave_up or self.stream.broken or stop():
+                self.give_up()
+                return False
+            self.stream.wait(0.05)
+            self.stream.flush()
+            if self.stream.backlog < last:
+                last, progress = self.stream.backlog, time.monotonic()
+            elif time.monotonic() - progress > stall:
+                self.give_up()
+                return False
+        return True
+
+    def give_up(self) -> None:
+        """No more container lines are written, only counted (those not yet taken too)."""
+        self.gave_up = True
+        if isinstance(self.stream, _Outlet):
+            self.unshown += self.stream.discard()
+
+    def finish(self, stall: float, stop: Callable[[], bool]) -> None:
+        """Write out what is pending (the summary), waiting at most ``stall`` s for a stalled reader."""
+        deadline = time.monotonic() + stall
+        self.stream.flush()
+        while self.stream.backlog and not self.stream.broken and not stop() and time.monotonic() < deadline:
+            before = self.stream.backlog
+            self.stream.wait(0.05)
+            self.stream.flush()
+            if self.stream.backlog < before:
+                deadline = time.monotonic() + stall
+        if isinstance(self.stream, _Outlet):
+            self.stream.close()
+
     def lines(self, items: Iterable[tuple[str, str, str]]) -> None:
         """(prefix, color code, text) lines of container output."""
         batch = list(items)
         if not batch:
             return
+        if self.gave_up or self.stream.broken:
+            self.unshown += len(batch)
+            return
         self._prefix_width = max(self._prefix_width, *(len(p) for p, _, _ in batch))
         self._erase()
-        for prefix, code, text in batch:
+        for shown, (prefix, code, text) in enumerate(batch):
+            if self.stream.broken:  # the reader went away (``| head``)
+                self.unshown += len(batch) - shown
+                break
             label = paint(prefix.ljust(self._prefix_width), code, self.color)
-            self.stream.write(f"{label} | {text}\n")
+            self.stream.write(f"{label} | {text}\n", True)
         self._draw()
         self.stream.flush()
 
@@ -186,7 +385,7 @@ class Console:
         self.stream.flush()
 
     def table(self, rows: list[str], *, force: bool = False) -> None:
-        if not self.live:
+        if not self.live or self.stream.backlog >= MAX_BACKLOG:  # redrawn once the reader catches up
             return
         changed = rows != self._table
         self._table = rows  # drawn now, or with the next log lines
@@ -286,13 +485,18 @@ def headline(status: dict[str, Any], color: bool = False) -> str:
     return text
 
 
-def summary(status: dict[str, Any], color: bool = False) -> list[str]:
+def summary(status: dict[str, Any], color: bool = False, unshown: int = 0) -> list[str]:
+    """The closing lines; ``unshown`` counts container lines that were not printed above."""
     phase = str(status.get("phase", ""))
     lines = [headline(status, color)]
     lines += ["  " + row for row in pod_rows(status, color)]
     reason = status.get("reason") or ""
     lines.append(f"{paint(phase, _PHASE_COLORS.get(phase, ''), color)}: {reason}".rstrip(": "))
-    lines.append(f"logs: {status.get('jobDir', '')}/logs  (torchjob logs {status.get('id', '')})")
+    logs = f"{status.get('jobDir', '')}/logs"
+    if unshown:
+        text = f"{unshown} line{'s' if unshown != 1 else ''} of container output not shown above"
+        lines.append(paint(f"{text} (the output was not read in time); every line is in {logs}", "33", color))
+    lines.append(f"logs: {logs}  (torchjob logs {status.get('id', '')})")
     return lines
 
 

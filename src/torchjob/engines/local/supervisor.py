@@ -72,6 +72,7 @@ DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no term
 WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
 STUCK_AFTER_KILL = 5.0  # a process that outlives SIGKILL this long is given up on (D state)
 STOPPED = "Stopped"  # reported phase of a pod the engine stopped before it ended by itself
+OUTPUT_STALL = 2.0  # at the end, seconds a reader may take nothing before the rest is only counted
 
 Key = tuple[str, int]
 
@@ -582,14 +583,29 @@ class Supervisor:
     def print_logs(self) -> None:
         if not self.echo_logs or self.console is None:
             return
-        lines = self.follower.read()
+        # A slow reader is not fed more than it takes: the log files keep the rest until it has room.
+        lines = self.follower.read() if self.console.room() else []
         if lines:
             self.console.lines((item.prefix, item.color, text) for item, text in lines)
+        else:
+            self.console.stream.flush()
         if self.console.live:
             status = self.status_dict()
             from torchjob.engines.local.output import headline
 
             self.console.table([headline(status, True), *pod_rows(status, True, limit=20)])
+
+    def drain_logs(self) -> None:
+        """Print every line still in the log files, or count what a stalled reader never took."""
+        for pod in self.latest.values():
+            self.close_logs(pod)
+        if not self.echo_logs or self.console is None:
+            return
+        self.follower.seal()  # every process of the job is gone: nothing is waited for beyond this
+        interrupted = lambda: bool(self.signals)  # noqa: E731 - Ctrl-C stops the printing, not the count
+        while self.follower.files and self.console.drain(OUTPUT_STALL, interrupted):
+            self.print_logs()
+        self.console.unshown += self.follower.skip()
 
     def ports_text(self) -> str:
         return ", ".join(f"{d}->{h}" for d, h in self.ports.items()) or "none"
@@ -687,10 +703,7 @@ class Supervisor:
             self.waiter.close()
             with contextlib.suppress(OSError):
                 port_registry.release(self.id)
-            for pod in self.latest.values():
-                self.close_logs(pod)
-            if self.echo_logs:
-                self.print_logs()
+            self.drain_logs()
             if not self.status.phase.final:
                 self.status = JobStatus(
                     JobPhase.TERMINATED,
@@ -703,8 +716,9 @@ class Supervisor:
             self.write_status()
             if self.console is not None:
                 self.console.end_live()
-                for line in summary(self.status_dict(), self.console.color):
+                for line in summary(self.status_dict(), self.console.color, self.console.unshown):
                     self.console.print(line)
+                self.console.finish(OUTPUT_STALL, lambda: bool(self.signals))
         finally:
             if self.watchdog is not None:  # it died while the above was done
                 self.watchdog.reap()
