@@ -30,6 +30,7 @@ PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed
 BACKOFF_BASE = 0.1  # seconds before the first restart of a container; doubles each time
 BACKOFF_CAP = 300.0  # Kubernetes caps its crash-loop back-off at 5 minutes
 _BACKOFF_DOUBLINGS = 12  # 0.1 * 2**12 > 300: more doublings change nothing (and 2**1024 overflows)
+RESTART_WAIT = 5.0  # seconds past a restart's time to wait for the previous run's processes to die
 BACKOFF_RESET = 10.0  # a container that ran this long starts its back-off again from the base
 
 
@@ -78,12 +79,14 @@ class LocalPod:
         log_dir: Path,
         grace: float,
         on_group: Callable[[int, bool], None] = lambda pgid, started: None,
+        adopt: Callable[[], list[int]] = list,
     ) -> None:
         self.name, self.task, self.index, self.attempt = name, task, index, attempt
         self.restart_policy = restart_policy
         self.log_dir = log_dir
         self.grace = grace
         self.on_group = on_group  # tells the watchdog about each process group (True) and its end
+        self.adopt = adopt  # job processes the supervisor adopted (orphans of ended main processes)
         log_dir.mkdir(parents=True, exist_ok=True)
         self.inits = [Container(c, log_dir / f"{c.name}.log") for c in inits]
         self.mains = [Container(c, log_dir / f"{c.name}.log") for c in mains]
@@ -221,11 +224,34 @@ class LocalPod:
         if code is None:
             return False
         c.exit_code = exit_code_of(code)
+        # Its orphans (a main process adopts those of its tree) went to the supervisor as it ended:
+        # they are this container's, or of another that ended as well; either way they end now.
+        orphans = [pid for pid in self.adopt() if pid not in c.tracked]
+        if orphans:
+            import psutil
+
+            for pid in orphans:
+                with contextlib.suppress(psutil.Error):
+                    c.tracked[pid] = psutil.Process(pid)
         # The container's main process is gone: its other processes go with it.
         process.signal_group(c.proc.pid, signal.SIGKILL)
         process.signal_processes(process.alive(c.tracked.values()), signal.SIGKILL)
         self.on_group(c.proc.pid, False)
         return True
+
+    def _due(self, c: Container, now: float) -> bool:
+        """A restart is due, and nothing of the container's previous run is left to hold its
+        ports or files (killed when it ended; a process stuck in the kernel is not waited for long)."""
+        if c.next_start is None or now < c.next_start:
+            return False
+        process.reap_adopted(c.tracked)  # the killed ones the supervisor adopted: zombies otherwise
+        left = process.alive(c.tracked.values())
+        if c.proc is not None and process.group_alive(c.proc.pid):
+            process.signal_group(c.proc.pid, signal.SIGKILL)
+        elif not left:
+            return True
+        process.signal_processes(left, signal.SIGKILL)
+        return now > c.next_start + RESTART_WAIT
 
     def _ended(self, c: Container) -> bool:
         """The container has an exit code (its process ended or could not start)."""
@@ -248,7 +274,7 @@ class LocalPod:
         if c is None:
             return
         if c.next_start is not None:
-            if now >= c.next_start:
+            if self._due(c, now):
                 self._start(c, now)
             return
         self._reap(c)
@@ -276,7 +302,7 @@ class LocalPod:
             if c.done:
                 continue
             if c.next_start is not None:
-                if now >= c.next_start:
+                if self._due(c, now):
                     self._start(c, now)
                 continue
             self._reap(c)

@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 from torchjob import logs
-from torchjob.engines.local import names, process
+from torchjob.engines.local import names, process, procfs
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
@@ -124,6 +124,8 @@ class Supervisor:
         self.interrupted: int | None = None
         self.created: list[PodChange] = []
         self.job_pids: set[int] = set()  # descendants seen, to reap once they are adopted
+        self.foreign: set[int] = set()  # this process's children from before the job: not the job's
+        self.told: set[tuple[int, int]] = set()  # (pid, start) of processes the watchdog knows of
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
         self.hosts_mount: names.HostsMount | None = None  # set when pod names can resolve
         self.names = "addresses only"
@@ -203,6 +205,7 @@ class Supervisor:
 
     def start(self) -> None:
         self.prepare()
+        self.foreign = set(process.children_of_self())  # a library caller's own processes
         process.set_child_subreaper(True)
         self.watchdog = Watchdog(self.id)
         self.note(f"job {self.id} started; ports {self.ports_text()}; job directory {self.dir.path}")
@@ -256,8 +259,38 @@ class Supervisor:
         for pod in self.pods.values():
             pod.track(tree)
         self.job_pids.update(p.pid for pod in self.pods.values() for p in pod.tracked())
+        self.job_pids.update(process.adopted(tree, self.known_children(), self.id))
+        self.tell_watchdog()
         process.reap_adopted(self.job_pids)
         self.job_pids = {pid for pid in self.job_pids if process.pid_exists(pid)}
+
+    def known_children(self) -> set[int]:
+        """This process's children that are not adopted orphans: container main processes not yet
+        reaped, the watchdog, the caller's own."""
+        known = set(self.foreign)
+        for pod in [*self.pods.values(), *self.latest.values()]:
+            known.update(c.proc.pid for c in pod.containers if c.proc is not None and c.running)
+        if self.watchdog is not None:
+            known.add(self.watchdog.pid)
+        return known
+
+    def adopt(self) -> list[int]:
+        """Job processes this process adopted (orphans of container main processes that ended)."""
+        found = process.adopted(process.children_map(), self.known_children(), self.id)
+        self.job_pids.update(found)
+        return found
+
+    def tell_watchdog(self) -> None:
+        """The watchdog learns every job process seen, to stop also those without the job's marker."""
+        if self.watchdog is None:
+            return
+        current = set()
+        for pid in self.job_pids:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                current.add((pid, procfs.start_ticks(pid)))
+        for pid, started in current - self.told:
+            self.watchdog.watch_pid(pid, started)
+        self.told = current
 
     def deadline_passed(self) -> bool:
         if self.timeout is None or self.status.phase.final or self.status.phase is JobPhase.TERMINATING:
@@ -300,6 +333,7 @@ class Supervisor:
         if gone:
             # A pod is gone only with all of its processes, also those that escaped its groups.
             left = process.sweep(process.POD_MARKER, [pod.uid for pod in gone])
+            process.reap_adopted(self.job_pids)  # the killed orphans: no zombie is left of the pods
             if left:
                 self.note(f"processes {[p.pid for p in left]} of stopped pods survive SIGKILL", "31")
         for key, pod in list(self.pods.items()):
@@ -468,6 +502,7 @@ class Supervisor:
             log_dir=log_dir,
             grace=DEFAULT_GRACE,
             on_group=self.on_group,
+            adopt=self.adopt,
         )
         pod.address = address
         pod.uid = uid
@@ -692,6 +727,7 @@ class Supervisor:
             self.print_logs()
             self.waiter.wait(TICK)
         tracked = [p for pod in self.latest.values() for c in pod.containers for p in c.tracked.values()]
+        tracked += _processes(self.adopt())  # orphans without the job's marker, adopted as subreaper
         killed = process.kill_now(self.id, [], tracked, 1.0)
         # Reap what was adopted (subreaper); waiting on our own children reaps them.
         process.wait_gone(process.alive(killed), timeout=1.0)
@@ -722,6 +758,18 @@ class Supervisor:
         finally:
             if self.watchdog is not None:  # it died while the above was done
                 self.watchdog.reap()
+
+
+def _processes(pids: list[int]) -> list[Any]:
+    if not pids:
+        return []
+    import psutil
+
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found.append(psutil.Process(pid))
+    return found
 
 
 def _phase(value: str) -> PodPhase:
