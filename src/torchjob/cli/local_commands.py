@@ -127,6 +127,9 @@ def run_run(args: argparse.Namespace) -> int:
     except SpecError as err:  # with the file's line numbers for the fields it names
         raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
     if args.detach:
+        if not result.started:  # no job id to print: there is no job to follow
+            print(f"torchjob: job {result.job_id} did not start: {result.reason}", file=sys.stderr)
+            return EXIT_FAILED
         print(result.job_id)
         return EXIT_OK
     if args.quiet:

@@ -40,6 +40,12 @@ def backoff(failures: int) -> float:
     return min(BACKOFF_CAP, BACKOFF_BASE * 2.0**doublings)
 
 
+def _log(c: Container, text: str) -> None:
+    """torchjob's own line in a container's log; lost, not fatal, when the disk is full."""
+    with contextlib.suppress(OSError), open(c.log, "a") as log:
+        log.write(text)
+
+
 def exit_code_of(returncode: int) -> int:
     """A signal death (-N from Popen) becomes 128+N, as a container runtime reports it."""
     return 128 - returncode if returncode < 0 else returncode
@@ -87,7 +93,8 @@ class LocalPod:
         self.grace = grace
         self.on_group = on_group  # tells the watchdog about each process group (True) and its end
         self.adopt = adopt  # job processes the supervisor adopted (orphans of ended main processes)
-        log_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a full disk: its containers then fail to start, and say why
+            log_dir.mkdir(parents=True, exist_ok=True)
         self.inits = [Container(c, log_dir / f"{c.name}.log") for c in inits]
         self.mains = [Container(c, log_dir / f"{c.name}.log") for c in mains]
         self.phase = PENDING
@@ -204,11 +211,10 @@ class LocalPod:
         try:
             c.proc = process.spawn(c.run.argv, c.run.env, c.run.cwd, c.log, c.run.before_exec)
         except OSError as err:
-            with open(c.log, "a") as log:
-                log.write(
-                    f"torchjob: cannot start container {c.run.name!r}: {c.run.argv[0]}: "
-                    f"{err.strerror or err}\n"
-                )
+            _log(
+                c,
+                f"torchjob: cannot start container {c.run.name!r}: {c.run.argv[0]}: {err.strerror or err}\n",
+            )
             c.proc = None
             c.started = now
             c.exit_code = 127 if err.errno == errno.ENOENT else 126
@@ -263,11 +269,11 @@ class LocalPod:
         delay = backoff(c.failures)
         c.restarts += 1
         c.next_start = now + delay
-        with open(c.log, "a") as log:
-            log.write(
-                f"--- torchjob: container {c.run.name!r} exited with code {c.exit_code}; "
-                f"restart {c.restarts} in {delay:.1f}s (restartPolicy {self.restart_policy}) ---\n"
-            )
+        _log(
+            c,
+            f"--- torchjob: container {c.run.name!r} exited with code {c.exit_code}; "
+            f"restart {c.restarts} in {delay:.1f}s (restartPolicy {self.restart_policy}) ---\n",
+        )
 
     def _poll_init(self, now: float) -> None:
         c = self.inits[self._init_index] if self._init_index < len(self.inits) else None

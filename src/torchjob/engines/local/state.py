@@ -27,6 +27,8 @@ from torchjob.engines.local import procfs
 from torchjob.records import record
 from torchjob.spec.model import Job, Policy
 
+STATUS_RESERVE = 8192  # bytes status.json keeps on disk at least (see JobDir.write_status)
+
 
 def state_root(explicit: Path | None = None) -> Path:
     if explicit is not None:
@@ -90,8 +92,27 @@ def job_manifest(job: Job) -> dict[str, Any]:
 
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+        raise
+
+
+def _overwrite(path: Path, text: str) -> None:
+    """Rewrite an existing file in place: on a full disk it may still fit the blocks it has
+    (padded with spaces to its old size, so that none of them is given up)."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        data = text.encode()
+        data += b" " * (os.fstat(fd).st_size - len(data))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
 def _linux_stat(pid: int) -> tuple[str, float] | None:
@@ -171,7 +192,16 @@ class JobDir:
         return self.path / "pods" / pod / f"attempt-{attempt}"
 
     def write_status(self, status: dict[str, Any]) -> None:
-        write_atomic(self.status_file, json.dumps(status, indent=2) + "\n")
+        # Padded with spaces (JSON allows them) to hold its disk blocks for a full disk, where the
+        # new file of an atomic write cannot be made but the old one can be rewritten in place.
+        text = json.dumps(status, indent=2) + "\n"
+        text += " " * (STATUS_RESERVE - len(text))
+        try:
+            write_atomic(self.status_file, text)
+        except OSError:
+            if not self.status_file.exists():
+                raise
+            _overwrite(self.status_file, text)  # not atomic: a reader may see it half-written
 
     def read_status(self) -> dict[str, Any]:
         try:

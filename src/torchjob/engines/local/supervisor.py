@@ -18,6 +18,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -126,6 +127,8 @@ class Supervisor:
         self.job_pids: set[int] = set()  # descendants seen, to reap once they are adopted
         self.foreign: set[int] = set()  # this process's children from before the job: not the job's
         self.told: set[tuple[int, int]] = set()  # (pid, start) of processes the watchdog knows of
+        self.running = False  # the job started (its pods were created)
+        self.status_error = ""  # why status.json could not be written, once said
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
         self.hosts_mount: names.HostsMount | None = None  # set when pod names can resolve
         self.names = "addresses only"
@@ -134,6 +137,7 @@ class Supervisor:
 
     def prepare(self) -> DesiredState:
         self.dir.write_pid()
+        self.write_status(must=True)  # before any pod: a job whose status cannot be written never starts
         probe = self.start_names_probe()  # runs in a child while the ports are reserved
         try:
             self.ports = port_registry.reserve(self.id, port_registry.declared_ports(self.job))
@@ -196,12 +200,26 @@ class Supervisor:
 
     # -------------------------------------------------------------- the loop
 
-    def run(self) -> None:
+    def run(self, on_started: Callable[[], None] | None = None) -> None:
+        """Run the job to its end; ``on_started`` is called once its pods have been started."""
         try:
             self.start()
+            self.running = True
+            if on_started is not None:
+                on_started()
             self.loop()
+        except OSError as err:  # the job directory cannot be written (a full disk): end, say why
+            self.stop_for(err)
         finally:
             self.shutdown()  # whatever happened above, nothing of the job outlives this
+
+    def stop_for(self, err: OSError) -> None:
+        where = err.filename or self.dir.path
+        reason = f"torchjob stopped the job: cannot write {where}: {err.strerror or err}"
+        self.note(reason, "31")
+        if not self.status.phase.final:
+            self.status = JobStatus(JobPhase.FAILED, self.status.retry_count, self.status.version, reason)
+            self.set_condition()
 
     def start(self) -> None:
         self.prepare()
@@ -630,6 +648,12 @@ class Supervisor:
 
             self.console.table([headline(status, True), *pod_rows(status, True, limit=20)])
 
+    def remove_job_dir(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.dir.path, ignore_errors=True)
+        self.note(f"job {self.id} removed: its directory could not be written")
+
     def drain_logs(self) -> None:
         """Print every line still in the log files, or count what a stalled reader never took."""
         for pod in self.latest.values():
@@ -705,9 +729,19 @@ class Supervisor:
             "events": self.events,
         }
 
-    def write_status(self) -> None:
+    def write_status(self, must: bool = False) -> None:
+        """Write status.json; a failure (a full disk) is said once and retried on the next pass."""
+        try:
+            self.dir.write_status(self.status_dict())
+        except OSError as err:
+            if must:
+                raise
+            if str(err) != self.status_error:
+                self.status_error = str(err)
+                self.note(f"cannot write {self.dir.status_file}: {err.strerror or err}", "31")
+            return
         self.dirty = False
-        self.dir.write_status(self.status_dict())
+        self.status_error = ""
 
     # ------------------------------------------------------------ the end
 
@@ -750,6 +784,8 @@ class Supervisor:
                 self.set_condition()
             self.finished = time.time()
             self.write_status()
+            if not self.dir.status_file.exists():  # never written: no command could see the job
+                self.remove_job_dir()
             if self.console is not None:
                 self.console.end_live()
                 for line in summary(self.status_dict(), self.console.color, self.console.unshown):
