@@ -251,10 +251,9 @@ class LocalPod:
         if c.next_start is None or now < c.next_start:
             return False
         process.reap_adopted(c.tracked)  # the killed ones the supervisor adopted: zombies otherwise
+        # (Its process group got SIGKILL when it ended; the group id may belong to others by now.)
         left = process.alive(c.tracked.values())
-        if c.proc is not None and process.group_alive(c.proc.pid):
-            process.signal_group(c.proc.pid, signal.SIGKILL)
-        elif not left:
+        if not left:
             return True
         process.signal_processes(left, signal.SIGKILL)
         return now > c.next_start + RESTART_WAIT
