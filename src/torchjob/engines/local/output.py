@@ -9,6 +9,7 @@ that are easy to grep and to read in CI logs.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import stat
 import sys
@@ -264,7 +265,10 @@ class _Outlet:
 
 
 def _outlet(stream: TextIO) -> _Outlet | None:
-    """A non-blocking writer for ``stream`` when it is a pipe, terminal or socket; None for files."""
+    """A non-blocking writer for ``stream`` when it is a pipe, terminal or socket; None for files
+    and for streams that are not plain files of this process (a notebook's output, say)."""
+    if not isinstance(stream, io.TextIOWrapper):
+        return None
     try:
         fd = stream.fileno()
         mode = os.fstat(fd).st_mode

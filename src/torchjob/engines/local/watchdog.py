@@ -2,15 +2,16 @@
 
 The supervisor starts one watchdog per job in its own session and keeps the write end of a pipe
 to it. A SIGKILLed supervisor cannot clean up, but the kernel closes its pipe: the watchdog reads
-end-of-file and kills every process group the supervisor told it about and every process that
-carries the job's marker, SIGTERM first, SIGKILL at most 0.75 s later. A supervisor that ends
+end-of-file and kills every process group and process the supervisor told it about, their
+descendants, and every process that carries the job's marker, SIGTERM first, SIGKILL at most
+0.75 s later. A supervisor that ends
 normally writes ``done`` first and the watchdog just exits.
 
 On Linux a single-threaded supervisor forks its watchdog: the copy has the kill code loaded
 already and costs about a millisecond, where a new interpreter importing it cost some 40 ms of
 CPU, taken from the job's first processes. Otherwise (threads, other systems) the watchdog runs
 as ``python -m torchjob.engines.local.watchdog JOB_ID``. Either way it reads ``pgid N`` /
-``forget N`` / ``done`` lines on its standard input.
+``forget N`` / ``pid N START`` / ``done`` lines on its standard input.
 """
 
 from __future__ import annotations
