@@ -162,3 +162,52 @@ def test_lines_a_stalled_reader_never_took_are_counted_in_the_summary(tmp_path: 
     assert len(shown) + int(found.group(1)) == lines
     assert found.group(2) == f"{job_dir}/logs"
     assert proc.returncode == 0
+
+
+def test_a_terminal_nobody_reads_does_not_stop_the_timeout(tmp_path: Path) -> None:
+    """Ctrl-S or a terminal that does not keep up: the same as a pipe, through the terminal device."""
+    import pty
+
+    master, terminal = pty.openpty()
+    env = {**_env(tmp_path), "TERM": "xterm"}
+    env.pop("NO_COLOR", None)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchjob",
+            "run",
+            "--timeout",
+            "3",
+            _job_file(tmp_path, 100_000, "time.sleep(300)"),
+        ],
+        env=env,
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        start_new_session=True,
+    )
+    os.close(terminal)
+    try:
+        assert _exit_within(proc, 20 - (time.monotonic() - started)) == 1
+        assert _phase(_job_dir(tmp_path)) == "Terminated"
+    finally:
+        os.close(master)
+
+
+def test_the_log_follower_counts_the_lines_it_skips_up_to_where_it_was_sealed(tmp_path: Path) -> None:
+    from torchjob.engines.local.output import LogFollower
+
+    log = tmp_path / "app.log"
+    log.write_bytes(b"one\ntwo\nthr")
+    follower = LogFollower()
+    follower.follow(log, "p")
+    assert [text for _item, text in follower.read()] == ["one", "two"]
+    with open(log, "ab") as handle:
+        handle.write(b"ee\nfour\nfive")  # "three", "four" and the unterminated "five"
+    follower.seal()
+    with open(log, "ab") as handle:
+        handle.write(b"\nwritten after the seal\n")
+    assert follower.skip() == 3
+    assert follower.files == {}
