@@ -126,7 +126,7 @@ class Supervisor:
         self.created: list[PodChange] = []
         self.job_pids: set[int] = set()  # descendants seen, to reap once they are adopted
         self.foreign: set[int] = set()  # this process's children from before the job: not the job's
-        self.told: set[tuple[int, int]] = set()  # (pid, start) of processes the watchdog knows of
+        self.told: set[int] = set()  # job processes the watchdog knows of
         self.running = False  # the job started (its pods were created)
         self.status_error = ""  # why status.json could not be written, once said
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
@@ -302,13 +302,10 @@ class Supervisor:
         """The watchdog learns every job process seen, to stop also those without the job's marker."""
         if self.watchdog is None:
             return
-        current = set()
-        for pid in self.job_pids:
+        for pid in self.job_pids - self.told:
             with contextlib.suppress(OSError, ValueError, IndexError):
-                current.add((pid, procfs.start_ticks(pid)))
-        for pid, started in current - self.told:
-            self.watchdog.watch_pid(pid, started)
-        self.told = current
+                self.watchdog.watch_pid(pid, procfs.start_ticks(pid))
+        self.told = set(self.job_pids)
 
     def deadline_passed(self) -> bool:
         if self.timeout is None or self.status.phase.final or self.status.phase is JobPhase.TERMINATING:
