@@ -13,6 +13,7 @@ ends.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -209,14 +210,17 @@ class Supervisor:
                 on_started()
             self.loop()
         except OSError as err:  # the job directory cannot be written (a full disk): end, say why
+            # (A bug raising OSError ends the job the same way, with its reason, not a traceback.)
             self.stop_for(err)
         finally:
             self.shutdown()  # whatever happened above, nothing of the job outlives this
 
     def stop_for(self, err: OSError) -> None:
-        where = err.filename or self.dir.path
-        reason = f"torchjob stopped the job: cannot write {where}: {err.strerror or err}"
-        self.note(reason, "31")
+        where = f" ({err.filename})" if err.filename else ""
+        if not where and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" (writing to {self.dir.path})"
+        reason = f"torchjob stopped the job: {err.strerror or err}{where}"
+        self.note(f"{err.strerror or err}{where}: stopping the job", "31")
         if not self.status.phase.final:
             self.status = JobStatus(JobPhase.FAILED, self.status.retry_count, self.status.version, reason)
             self.set_condition()
