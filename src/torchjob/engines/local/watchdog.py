@@ -55,9 +55,8 @@ def watch(job_id: str, stream: IO[bytes]) -> int:
             pgids.add(int(value))
         elif word == "forget" and value.isdigit():
             pgids.discard(int(value))
-        elif word == "pid" and value.replace(" ", "").isdigit():
-            pid, _, started = value.partition(" ")
-            pids[int(pid)] = int(started)
+        elif word == "pid" and len(numbers := value.split()) == 2 and all(n.isdigit() for n in numbers):
+            pids[int(numbers[0])] = int(numbers[1])
         elif word == "done":
             return 0
     kill_now(job_id, pgids, _job_processes(pgids, pids), GRACE)
@@ -73,7 +72,11 @@ def _job_processes(pgids: set[int], pids: dict[int, int]) -> list[psutil.Process
     from torchjob.engines.local import procfs
     from torchjob.engines.local.process import children_map, descendants_in
 
-    roots = set(pgids)
+    roots = set()
+    for pgid in pgids:  # still leading its group: not a reused pid
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(procfs.stat_fields(pgid)[2]) == pgid:
+                roots.add(pgid)
     for pid, started in pids.items():
         with contextlib.suppress(OSError, ValueError, IndexError):
             if procfs.start_ticks(pid) == started:
