@@ -326,3 +326,18 @@ def test_a_container_restart_stops_the_detached_processes_of_its_previous_run(
         assert _gone(holder)
     finally:
         _kill(holder)
+
+
+def test_a_library_callers_own_children_are_not_taken_for_the_jobs(tmp_path: Path) -> None:
+    """In-process, the supervisor is the caller's process: its own children (also in sessions of
+    their own, as the job's orphans are) are not adopted orphans and outlive the job."""
+    own = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        job = make_job("caller", [task("main", [container("app", _escaper(tmp_path, "new-session", ""))])])
+        result = run(job, tmp_path)
+        assert result.ok, result.reason
+        assert _gone(_daemon(tmp_path))  # the job's own escaped child is stopped
+        assert own.poll() is None, "the caller's own child was stopped with the job"
+    finally:
+        own.kill()
+        own.wait(timeout=5)
