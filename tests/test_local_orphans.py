@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from test_local_support import container, leftovers, make_job, run, sh, task, wait_until
+from test_local_support import container, leftovers, log_text, make_job, run, sh, task, wait_until
 from torchjob.spec.manifest import job_manifest
 
 pytestmark = pytest.mark.timeout(60)
@@ -170,3 +171,173 @@ def test_a_restart_leaves_nothing_of_the_previous_attempt(tmp_path: Path) -> Non
     result = run(job, tmp_path)
     assert result.ok, result.reason
     assert result.pods[0].log_dir.name == "attempt-1"
+
+
+# Ways a program leaves its job's process group, session and marker behind. Each writes the
+# daemon's pid to the file named by argv[1]; the daemon is a sleep whose environment is empty
+# or holds only PATH, so the job's marker cannot find it.
+ESCAPES = {
+    # the issue's idiom: a child in a session of its own with an environment of its own
+    "new-session": """
+import os, subprocess, sys
+daemon = subprocess.Popen(["sleep", "300"], env={"PATH": os.environ["PATH"]}, start_new_session=True)
+open(sys.argv[1], "w").write(str(daemon.pid))
+""",
+    # a classic daemon: fork, setsid, fork again, the middle process gone, the environment cleared
+    "double-fork": """
+import os, shutil, sys
+sleep = shutil.which("sleep")
+read, write = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    pid = os.fork()
+    if pid == 0:
+        os.execve(sleep, ["sleep", "300"], {})
+    os.write(write, str(pid).encode())
+    os._exit(0)
+os.close(write)
+open(sys.argv[1], "w").write(os.read(read, 64).decode())
+""",
+}
+
+
+def _escaper(tmp_path: Path, how: str, then: str) -> list[str]:
+    program = tmp_path / "escape.py"
+    program.write_text(ESCAPES[how] + then)
+    return ["python", str(program), str(tmp_path / "daemon.pid")]
+
+
+def _daemon(tmp_path: Path) -> int:
+    pid_file = tmp_path / "daemon.pid"
+    assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20), "no daemon started"
+    return int(pid_file.read_text())
+
+
+def _gone(pid: int) -> bool:
+    """Not running (a zombie is not running, but the supervisor must not leave one either)."""
+    try:
+        return not psutil.Process(pid).is_running()
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _kill(pid: int) -> None:
+    if not _gone(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", sorted(ESCAPES))
+@pytest.mark.parametrize("end", ["exits at once", "runs until the timeout"])
+def test_a_process_that_left_the_session_and_dropped_the_marker_dies_with_the_job(
+    tmp_path: Path, how: str, end: str
+) -> None:
+    then = "" if end == "exits at once" else "import time; time.sleep(300)\n"
+    job = make_job("escape", [task("main", [container("app", _escaper(tmp_path, how, then))])])
+    result = run(job, tmp_path, timeout=30 if end == "exits at once" else 2)
+    daemon = _daemon(tmp_path)
+    try:
+        assert result.phase == ("Completed" if end == "exits at once" else "Terminated"), result.reason
+        assert _gone(daemon), f"the daemon (pid {daemon}) outlived its job"
+    finally:
+        _kill(daemon)
+
+
+@pytest.mark.parametrize("how", sorted(ESCAPES))
+@pytest.mark.parametrize("seen", [False, True], ids=["at-once", "after-a-scan"])
+def test_the_watchdog_stops_an_escaped_daemon_when_the_supervisor_is_killed(
+    tmp_path: Path, how: str, seen: bool
+) -> None:
+    job = make_job(
+        "watched",
+        [task("main", [container("app", _escaper(tmp_path, how, "import time; time.sleep(300)\n"))])],
+    )
+    (tmp_path / "job.json").write_text(json.dumps(job_manifest(job)))
+    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", str(tmp_path / "job.json")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    daemon = _daemon(tmp_path)
+    try:
+        if seen:
+            time.sleep(1.0)  # the supervisor's scans have recorded the daemon and told the watchdog
+        proc.kill()
+        proc.wait(timeout=5)
+        # Not a zombie either: the watchdog's kill makes init its parent, which reaps it.
+        assert wait_until(lambda: _gone(daemon), 3.0), f"the daemon (pid {daemon}) outlived its supervisor"
+    finally:
+        _kill(daemon)
+
+
+HOLDER = """
+import socket, sys, time
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", int(sys.argv[1])))
+server.listen()
+print("bound", flush=True)
+time.sleep(300)
+"""
+
+RESTARTED = """
+import os, socket, subprocess, sys
+port, first = sys.argv[1], sys.argv[2]
+if not os.path.exists(first):  # the first run: a detached child takes the port, the run fails
+    open(first, "w").close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", sys.argv[3], port],
+        env={"PATH": os.environ["PATH"]},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+    )
+    assert holder.stdout.readline() == b"bound\\n"
+    open(first, "w").write(str(holder.pid))
+    sys.exit(1)
+server = socket.socket()  # the restart: the port must be free again
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", int(port)))
+print("bound again")
+"""
+
+
+@pytest.mark.parametrize("policy", ["OnFailure", "Always"])
+def test_a_container_restart_stops_the_detached_processes_of_its_previous_run(
+    tmp_path: Path, policy: str
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (tmp_path / "restarted.py").write_text(RESTARTED)
+    first = tmp_path / "first-run"
+    command = ["python", str(tmp_path / "restarted.py"), str(port), str(first), HOLDER]
+    # Under Always the second run succeeds and is restarted again: the job ends by its timeout.
+    job = make_job("restart", [task("main", [container("app", command)], restart=policy)])
+    result = run(job, tmp_path, timeout=30 if policy == "OnFailure" else 4)
+    holder = int(first.read_text())
+    try:
+        log = log_text(result, "main-0", "app")
+        assert "bound again" in log, log
+        assert "Address already in use" not in log, log
+        if policy == "OnFailure":
+            assert result.ok, result.reason
+            assert result.pods[0].restarts == 1
+        assert _gone(holder)
+    finally:
+        _kill(holder)
+
+
+def test_a_library_callers_own_children_are_not_taken_for_the_jobs(tmp_path: Path) -> None:
+    """In-process, the supervisor is the caller's process: its own children (also in sessions of
+    their own, as the job's orphans are) are not adopted orphans and outlive the job."""
+    own = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        job = make_job("caller", [task("main", [container("app", _escaper(tmp_path, "new-session", ""))])])
+        result = run(job, tmp_path)
+        assert result.ok, result.reason
+        assert _gone(_daemon(tmp_path))  # the job's own escaped child is stopped
+        assert own.poll() is None, "the caller's own child was stopped with the job"
+    finally:
+        own.kill()
+        own.wait(timeout=5)

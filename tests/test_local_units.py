@@ -311,3 +311,14 @@ def test_only_a_whole_python_command_name_becomes_this_interpreter(command: str,
     resolved = resolve_container(ctx, plan.manifest["spec"]["containers"][0], init=False)
     assert (resolved.argv[0] == sys.executable) is replaced
     assert resolved.argv[1:] == ["x.py"]
+
+
+@pytest.mark.parametrize(
+    ("failures", "delay"), [(0, 0.1), (1, 0.1), (2, 0.2), (10, 51.2), (1024, 300.0), (10**6, 300.0)]
+)
+def test_the_restart_back_off_doubles_up_to_five_minutes_and_never_overflows(
+    failures: int, delay: float
+) -> None:
+    from torchjob.engines.local.pod import backoff
+
+    assert backoff(failures) == pytest.approx(delay)

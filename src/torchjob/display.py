@@ -103,10 +103,15 @@ def headline(report: JobReport, color: bool = False) -> str:
     )
 
 
-def summary(report: JobReport, color: bool = False) -> list[str]:
+def summary(report: JobReport, color: bool = False, unshown: int = 0) -> list[str]:
+    """The closing lines; ``unshown`` counts container lines that were not printed above."""
     lines = [headline(report, color)]
     lines += ["  " + row for row in pod_rows(report, color)]
     phase = paint(report.phase, PHASE_COLORS.get(report.phase, ""), color)
     lines.append(f"{phase}: {report.reason}".rstrip(": "))
-    lines.append(f"logs: {report.location}/logs  (torchjob logs {report.id})")
+    logs = f"{report.location}/logs"
+    if unshown:
+        text = f"{unshown} line{'s' if unshown != 1 else ''} of container output not shown above"
+        lines.append(paint(f"{text} (the output was not read in time); every line is in {logs}", "33", color))
+    lines.append(f"logs: {logs}  (torchjob logs {report.id})")
     return lines

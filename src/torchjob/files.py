@@ -26,9 +26,13 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()  # left by a process with this pid that died before the rename
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    with os.fdopen(os.open(tmp, flags, 0o600), "wb" if isinstance(data, bytes) else "w") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(os.open(tmp, flags, 0o600), "wb" if isinstance(data, bytes) else "w") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+        raise
 
 
 @record
@@ -39,6 +43,7 @@ class _Followed:
     offset: int = 0
     partial: bytes = b""
     closing: bool = False
+    end: int | None = None  # read no further (see LogFollower.seal)
 
 
 @record
@@ -48,22 +53,32 @@ class LogFollower:
     files: dict[Path, _Followed] = field(default_factory=dict)
 
     def follow(self, path: Path, prefix: str, color: str = "") -> None:
-        if path in self.files:
-            return
-        self.files[path] = _Followed(path, prefix, color)
+        if path not in self.files:
+            self.files[path] = _Followed(path, prefix, color)
 
     def close(self, path: Path) -> None:
         """No more output will come: the next read also returns an unterminated last line."""
         if path in self.files:
             self.files[path].closing = True
 
+    def seal(self) -> None:
+        """Every file is closed at its present size: what a process that survived the end of its
+        job still writes is not waited for."""
+        for item in self.files.values():
+            item.closing = True
+            try:
+                item.end = item.path.stat().st_size
+            except OSError:
+                item.end = item.offset
+
     def read(self) -> list[tuple[_Followed, str]]:
         out: list[tuple[_Followed, str]] = []
         for path, item in list(self.files.items()):
+            size = _READ_CHUNK * 16 if item.end is None else min(_READ_CHUNK * 16, item.end - item.offset)
             try:
                 with open(path, "rb") as handle:
                     handle.seek(item.offset)
-                    data = handle.read(_READ_CHUNK * 16)
+                    data = handle.read(size) if size > 0 else b""
             except OSError:
                 data = b""
             item.offset += len(data)
@@ -75,11 +90,31 @@ class LogFollower:
             out.extend((item, _text(line)) for line in lines)
             if item.closing:
                 more = path.exists() and path.stat().st_size > item.offset
-                if not more:
+                if not more or (item.end is not None and item.offset >= item.end):
                     if item.partial:
                         out.append((item, _text(item.partial)))
                     del self.files[path]
         return out
+
+    def skip(self) -> int:
+        """Forget every followed file; returns how many lines were left unread in them."""
+        count = 0
+        for path, item in list(self.files.items()):
+            rest = item.partial
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(item.offset)
+                    left = item.end - item.offset if item.end is not None else None
+                    while (left is None or left > 0) and (chunk := handle.read(_READ_CHUNK * 16)):
+                        if left is not None:
+                            chunk, left = chunk[:left], left - len(chunk)
+                        count += chunk.count(b"\n")
+                        rest = chunk.rpartition(b"\n")[2] if b"\n" in chunk else rest + chunk
+            except OSError:
+                pass
+            count += 1 if rest else 0  # an unterminated last line
+            del self.files[path]
+        return count
 
 
 def _text(line: bytes) -> str:

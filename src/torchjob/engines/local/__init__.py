@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 from torchjob.records import field, record
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torchjob.expand import DesiredState
     from torchjob.spec.model import Job
 
@@ -61,6 +63,7 @@ class RunResult:
     reason: str
     job_dir: Path
     pods: list[PodResult]
+    started: bool = True  # False: the job never ran a pod (its directory could not be written)
 
     @property
     def ok(self) -> bool:
@@ -138,13 +141,20 @@ def run_job(job: Job, options: RunOptions | None = None) -> RunResult:
 
 
 def _supervise(
-    job: Job, path: Path, options: RunOptions, *, stream: object, echo_logs: bool = True
+    job: Job,
+    path: Path,
+    options: RunOptions,
+    *,
+    stream: object,
+    echo_logs: bool = True,
+    on_started: Callable[[], None] | None = None,
 ) -> RunResult:
     from torchjob.engines.local.output import Console
     from torchjob.engines.local.state import JobDir
     from torchjob.engines.local.supervisor import Supervisor
 
-    console = Console(stream) if stream is not None else None  # type: ignore[arg-type]
+    # Never blocking on the reader: a stalled pipe or terminal must not stop timeouts and signals.
+    console = Console(stream, never_block=True) if stream is not None else None  # type: ignore[arg-type]
     supervisor = Supervisor(
         job,
         JobDir(path),
@@ -155,7 +165,7 @@ def _supervise(
     )
     previous = supervisor.install_signals()
     try:
-        supervisor.run()
+        supervisor.run(on_started)
     finally:
         import signal
 
@@ -163,11 +173,17 @@ def _supervise(
             signal.signal(signum, handler)
     if supervisor.interrupted is not None and supervisor.interrupted == 2:  # SIGINT
         raise KeyboardInterrupt
-    return _result(path)
+    if not (path / "status.json").exists():  # it could not be written (a full disk)
+        status = supervisor.status
+        return RunResult(status.phase.value, status.reason, path, [], started=supervisor.running)
+    result = _result(path)
+    result.started = supervisor.running
+    return result
 
 
 def _detach(job: Job, path: Path, options: RunOptions) -> RunResult:
-    """Double fork: the grandchild, in its own session, supervises; the caller returns at once."""
+    """Double fork: the grandchild, in its own session, supervises; the caller returns once the
+    job's pods have started, or with ``started=False`` and the reason when they never did."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # first child
@@ -177,16 +193,24 @@ def _detach(job: Job, path: Path, options: RunOptions) -> RunResult:
             if os.fork() != 0:
                 os._exit(0)
             _become_daemon(path)
-            os.write(write_end, b"started\n")
-            os.close(write_end)
             code = 0
             try:
-                result = _supervise(job, path, options, stream=sys.stdout, echo_logs=False)
+                result = _supervise(
+                    job,
+                    path,
+                    options,
+                    stream=sys.stdout,
+                    echo_logs=False,
+                    on_started=lambda: _tell(write_end, "started"),
+                )
                 code = 0 if result.ok else 1
-            except BaseException:
+                if not result.started:
+                    _tell(write_end, f"failed {result.reason}")
+            except BaseException as err:
                 import traceback
 
                 traceback.print_exc()
+                _tell(write_end, f"failed the supervisor crashed: {err!r} (see supervisor.log)")
                 code = 1
             sys.stdout.flush()
             sys.stderr.flush()
@@ -196,7 +220,16 @@ def _detach(job: Job, path: Path, options: RunOptions) -> RunResult:
     os.close(write_end)
     os.waitpid(pid, 0)  # the first child exits as soon as it has forked
     with os.fdopen(read_end, "rb") as pipe:
-        select.select([pipe], [], [], 10.0)  # until the daemon has started (or died)
+        # Until the pods have started, or the daemon says why not (or dies: end of file).
+        ready, _, _ = select.select([pipe], [], [], 30.0)
+        answer = pipe.readline().decode(errors="replace").strip() if ready else "failed no answer in 30 s"
+    if answer != "started":
+        reason = answer.removeprefix("failed ").strip() or "the supervisor ended before the job started"
+        if ready and not (path / "status.json").exists():  # the daemon is done: nothing could see it
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+        return RunResult("Failed", reason, path, [], started=False)
     deadline = time.monotonic() + 10
     from torchjob.engines.local.state import JobDir
 
@@ -206,6 +239,14 @@ def _detach(job: Job, path: Path, options: RunOptions) -> RunResult:
     result = _result(path)
     result.phase = result.phase if status.exists() else "Pending"
     return result
+
+
+def _tell(fd: int, line: str) -> None:
+    """One line to the process waiting for a detached job to start; it may be gone already."""
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        os.write(fd, line.encode(errors="replace").replace(b"\n", b" ") + b"\n")
 
 
 def _become_daemon(path: Path) -> None:

@@ -63,6 +63,8 @@ class LocalEngine:
                 detach=options.detach,
             ),
         )
+        if options.detach and not result.started:  # no job id to give: there is no job to follow
+            raise EngineError(f"job {result.job_id} did not start: {result.reason}", exit_code=1)
         where = JobDir(result.job_dir)
         if not where.status_file.exists():  # detached, and its supervisor has not written yet
             return JobReport(self.name, where.id, job.name, "Pending", location=str(where.path))

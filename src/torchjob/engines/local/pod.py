@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
-from torchjob.engines.local.state import make_private_dirs
+from torchjob.engines.local.state import make_private_dirs, open_private
 from torchjob.records import field, record
 
 if TYPE_CHECKING:
@@ -30,13 +30,22 @@ if TYPE_CHECKING:
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 
 BACKOFF_BASE = 0.1  # seconds before the first restart of a container; doubles each time
-BACKOFF_CAP = 5.0
+BACKOFF_CAP = 300.0  # Kubernetes caps its crash-loop back-off at 5 minutes
+_BACKOFF_DOUBLINGS = 12  # 0.1 * 2**12 > 300: more doublings change nothing (and 2**1024 overflows)
+RESTART_WAIT = 5.0  # seconds past a restart's time to wait for the previous run's processes to die
 BACKOFF_RESET = 10.0  # a container that ran this long starts its back-off again from the base
 
 
 def backoff(failures: int) -> float:
     """Delay before restart number ``failures`` (1-based) of one container."""
-    return float(min(BACKOFF_CAP, BACKOFF_BASE * 2 ** max(0, failures - 1)))
+    doublings = min(max(0, failures - 1), _BACKOFF_DOUBLINGS)  # a crash loop can run for days
+    return min(BACKOFF_CAP, BACKOFF_BASE * 2.0**doublings)
+
+
+def _log(c: RunningContainer, text: str) -> None:
+    """torchjob's own line in a container's log; lost, not fatal, when the disk is full."""
+    with contextlib.suppress(OSError), os.fdopen(open_private(c.log), "a") as log:
+        log.write(text)
 
 
 def exit_code_of(returncode: int) -> int:
@@ -77,12 +86,15 @@ class LocalPod:
         restart_policy: str,
         log_dir: Path,
         on_group: Callable[[int, bool], None] = lambda pgid, started: None,
+        adopt: Callable[[], list[int]] = list,
     ) -> None:
         self.name, self.task, self.index, self.attempt = name, task, index, attempt
         self.restart_policy = restart_policy
         self.log_dir = log_dir
         self.on_group = on_group  # tells the watchdog about each process group (True) and its end
-        make_private_dirs(log_dir)
+        self.adopt = adopt  # job processes the supervisor adopted (orphans of ended main processes)
+        with contextlib.suppress(OSError):  # a full disk: its containers then fail to start, and say why
+            make_private_dirs(log_dir)
         self.inits = [RunningContainer(c, log_dir / f"{c.name}.log") for c in inits]
         self.mains = [RunningContainer(c, log_dir / f"{c.name}.log") for c in mains]
         self.phase = PENDING
@@ -200,8 +212,7 @@ class LocalPod:
             what = f"{c.run.argv[0]}: {err.strerror or err}"
             if c.run.cwd and not os.path.isdir(c.run.cwd):  # the OSError would blame the program
                 what = f"its working directory {c.run.cwd} does not exist"
-            with open(c.log, "a") as log:
-                log.write(f"torchjob: cannot start container {c.run.name!r}: {what}\n")
+            _log(c, f"torchjob: cannot start container {c.run.name!r}: {what}\n")
             c.proc = None
             c.started = now
             c.exit_code = 127 if err.errno == errno.ENOENT else 126
@@ -217,11 +228,33 @@ class LocalPod:
         if code is None:
             return False
         c.exit_code = exit_code_of(code)
+        # Its orphans (a main process adopts those of its tree) went to the supervisor as it ended:
+        # they are this container's, or of another that ended as well; either way they end now.
+        orphans = [pid for pid in self.adopt() if pid not in c.tracked]
+        if orphans:
+            import psutil
+
+            for pid in orphans:
+                with contextlib.suppress(psutil.Error):
+                    c.tracked[pid] = psutil.Process(pid)
         # The container's main process is gone: its other processes go with it.
         process.signal_group(c.proc.pid, signal.SIGKILL)
         process.signal_processes(process.alive(c.tracked.values()), signal.SIGKILL)
         self.on_group(c.proc.pid, False)
         return True
+
+    def _due(self, c: RunningContainer, now: float) -> bool:
+        """A restart is due, and nothing of the container's previous run is left to hold its
+        ports or files (killed when it ended; a process stuck in the kernel is not waited for long)."""
+        if c.next_start is None or now < c.next_start:
+            return False
+        process.reap_adopted(c.tracked)  # the killed ones the supervisor adopted: zombies otherwise
+        # (Its process group got SIGKILL when it ended; the group id may belong to others by now.)
+        left = process.alive(c.tracked.values())
+        if not left:
+            return True
+        process.signal_processes(left, signal.SIGKILL)
+        return now > c.next_start + RESTART_WAIT
 
     def _ended(self, c: RunningContainer) -> bool:
         """The container has an exit code (its process ended or could not start)."""
@@ -233,18 +266,18 @@ class LocalPod:
         delay = backoff(c.failures)
         c.restarts += 1
         c.next_start = now + delay
-        with open(c.log, "a") as log:
-            log.write(
-                f"--- torchjob: container {c.run.name!r} exited with code {c.exit_code}; "
-                f"restart {c.restarts} in {delay:.1f}s (restartPolicy {self.restart_policy}) ---\n"
-            )
+        _log(
+            c,
+            f"--- torchjob: container {c.run.name!r} exited with code {c.exit_code}; "
+            f"restart {c.restarts} in {delay:.1f}s (restartPolicy {self.restart_policy}) ---\n",
+        )
 
     def _poll_init(self, now: float) -> None:
         c = self.inits[self._init_index] if self._init_index < len(self.inits) else None
         if c is None:
             return
         if c.next_start is not None:
-            if now >= c.next_start:
+            if self._due(c, now):
                 self._start(c, now)
             return
         self._reap(c)
@@ -272,7 +305,7 @@ class LocalPod:
             if c.done:
                 continue
             if c.next_start is not None:
-                if now >= c.next_start:
+                if self._due(c, now):
                     self._start(c, now)
                 continue
             self._reap(c)

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,7 +27,6 @@ if TYPE_CHECKING:  # imported where used: 5 ms that would delay the job's first 
 MARKER = "TORCHJOB_JOB_ID"
 POD_MARKER = "TORCHJOB_POD_UID"  # one value per pod attempt
 
-_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _LINUX = sys.platform.startswith("linux")
 
@@ -47,9 +45,14 @@ def set_child_subreaper(on: bool = True) -> bool:
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1 if on else 0)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the forked child
-    # The child gets SIGKILL when the thread that started it dies; the watchdog covers the rest.
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _keep_orphans() -> None:  # pragma: no cover - runs in the forked child
+    # A container's main process adopts the orphans of its own tree, as a container's PID 1 does
+    # (the flag survives exec): a daemon that double-forks, calls setsid and clears its env stays
+    # its descendant, found by the supervisor's scans and, should the supervisor be killed, by the
+    # watchdog's. It reaches the supervisor only when the main process ends, which is when the
+    # supervisor stops the orphans it adopted. (No PR_SET_PDEATHSIG: a main process killed with
+    # the supervisor would hand its tree to init before the watchdog could see it.)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
 def spawn(
@@ -64,11 +67,7 @@ def spawn(
     ``before_exec`` runs in the child before the program (the job's /etc/hosts, see names.py).
     Raises OSError when the program cannot be started (not found, not executable, bad cwd).
     """
-    # PDEATHSIG is tied to the creating thread; only the main thread outlives its children.
-    die = threading.current_thread() is threading.main_thread()
-    preexec: Callable[[], None] | None = _die_with_parent if die else None
-    if before_exec is not None:
-        preexec = _then_die(before_exec) if die else before_exec
+    preexec = _keep_orphans if before_exec is None else _then(before_exec, _keep_orphans)
     # 0600 and never through a symlink: the log holds what the job printed (tokens, too).
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
     with open(os.open(log_path, flags, 0o600), "ab", buffering=0) as log:
@@ -88,10 +87,10 @@ def spawn(
             raise OSError(f"cannot prepare the process: {err}") from None
 
 
-def _then_die(first: Callable[[], None]) -> Callable[[], None]:
+def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
     def both() -> None:  # pragma: no cover - runs in the forked child
         first()
-        _die_with_parent()
+        second()
 
     return both
 
@@ -304,6 +303,40 @@ def children_map() -> dict[int, list[int]]:
     except psutil.Error:
         pass
     return tree
+
+
+def adopted(tree: Mapping[int, list[int]], known: Iterable[int], job_id: str) -> list[int]:
+    """Processes of the job that this process adopted as subreaper, with their descendants.
+
+    A child this process did not start itself (not in ``known``: container processes, the
+    watchdog, the caller's own children from before the job) and that lives in another session
+    came from a container: containers run in sessions of their own, and no process can join ours
+    from there. One that still carries another job's marker belongs to that job.
+    """
+    ours = os.getsid(0)
+    skip = set(known)
+    other = f"\0{MARKER}=".encode()
+    mine = f"\0{MARKER}={job_id}\0".encode()
+    found: list[int] = []
+    for pid in tree.get(os.getpid(), []):
+        if pid in skip:
+            continue
+        try:
+            if int(procfs.stat_fields(pid)[3]) == ours:  # field 3: the session
+                continue
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        environ = _environ(pid)
+        if other in environ and mine not in environ:
+            continue
+        found.append(pid)
+        found.extend(descendants_in(tree, pid))
+    return found
+
+
+def children_of_self() -> list[int]:
+    """This process's children, for the record of what is not the job's."""
+    return children_map().get(os.getpid(), [])
 
 
 def descendants_in(tree: Mapping[int, list[int]], root: int) -> list[int]:

@@ -33,6 +33,8 @@ from torchjob.records import record
 if TYPE_CHECKING:
     from torchjob.engines.base import JobReport
 
+STATUS_RESERVE = 8192  # bytes status.json keeps on disk at least (see JobDir.write_status)
+
 
 def state_root(explicit: Path | None = None) -> Path:
     if explicit is not None:
@@ -66,6 +68,21 @@ def make_private_dirs(path: Path) -> Path:
 def open_private(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND) -> int:
     """A file descriptor for ``path``, a new file being 0600; never through a symlink."""
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+
+
+def _overwrite(path: Path, text: str) -> None:
+    """Rewrite an existing file in place: on a full disk it may still fit the blocks it has
+    (padded with spaces to its old size, so that none of them is given up)."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        data = text.encode()
+        data += b" " * (os.fstat(fd).st_size - len(data))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
 def _linux_stat(pid: int) -> tuple[str, float] | None:
@@ -149,7 +166,16 @@ class JobDir:
         return self.inside(self.path / "pods" / pod / f"attempt-{attempt}", f"the directory of pod {pod!r}")
 
     def write_status(self, report: JobReport) -> None:
-        write_atomic(self.status_file, json.dumps(report.to_dict(), indent=2) + "\n")
+        # Padded with spaces (JSON allows them) to hold its disk blocks for a full disk, where the
+        # new file of an atomic write cannot be made but the old one can be rewritten in place.
+        text = json.dumps(report.to_dict(), indent=2) + "\n"
+        text += " " * (STATUS_RESERVE - len(text))
+        try:
+            write_atomic(self.status_file, text)
+        except OSError:
+            if not self.status_file.exists():
+                raise
+            _overwrite(self.status_file, text)  # not atomic: a reader may see it half-written
 
     def read_status(self) -> JobReport:
         """The stored report; a missing or damaged status.json is phase Unknown with the reason."""

@@ -13,17 +13,19 @@ ends.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
 from torchjob import logs
 from torchjob.display import headline, pod_color, pod_rows, prefix_for, summary
 from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport, PortReport
-from torchjob.engines.local import gpus, podnames, process, security
+from torchjob.engines.local import gpus, podnames, process, procfs, security
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
@@ -69,6 +71,7 @@ WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after
 STUCK_AFTER_KILL = 5.0  # a process that outlives SIGKILL this long is given up on (D state)
 STOPPED = "Stopped"  # reported phase of a pod the engine stopped before it ended by itself
 VOLCANO_MOUNT = "/etc/volcano"  # where Volcano's svc plugin mounts its host files
+OUTPUT_STALL = 2.0  # at the end, seconds a reader may take nothing before the rest is only counted
 
 Key = tuple[str, int]
 
@@ -120,6 +123,10 @@ class Supervisor:
         self.interrupted: int | None = None
         self.created: list[PodChange] = []
         self.job_pids: set[int] = set()  # descendants seen, to reap once they are adopted
+        self.foreign: set[int] = set()  # this process's children from before the job: not the job's
+        self.told: set[int] = set()  # job processes the watchdog knows of
+        self.running = False  # the job started (its pods were created)
+        self.status_error = ""  # why status.json could not be written, once said
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
         self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
         self.name_resolution = "addresses only"
@@ -129,6 +136,7 @@ class Supervisor:
 
     def prepare(self) -> DesiredState:
         self.dir.write_pid()
+        self.write_status(must=True)  # before any pod: a job whose status cannot be written never starts
         probe = self.start_names_probe()  # runs in a child while the ports are reserved
         try:
             self.ports = port_registry.reserve(self.id, port_registry.declared_ports(self.job))
@@ -202,15 +210,33 @@ class Supervisor:
 
     # -------------------------------------------------------------- the loop
 
-    def run(self) -> None:
+    def run(self, on_started: Callable[[], None] | None = None) -> None:
+        """Run the job to its end; ``on_started`` is called once its pods have been started."""
         try:
             self.start()
+            self.running = True
+            if on_started is not None:
+                on_started()
             self.loop()
+        except OSError as err:  # the job directory cannot be written (a full disk): end, say why
+            # (A bug raising OSError ends the job the same way, with its reason, not a traceback.)
+            self.stop_for(err)
         finally:
             self.shutdown()  # whatever happened above, nothing of the job outlives this
 
+    def stop_for(self, err: OSError) -> None:
+        where = f" ({err.filename})" if err.filename else ""
+        if not where and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" (writing to {self.dir.path})"
+        reason = f"torchjob stopped the job: {err.strerror or err}{where}"
+        self.note(f"{err.strerror or err}{where}: stopping the job", "31")
+        if not self.status.phase.final:
+            self.status = JobStatus(JobPhase.FAILED, self.status.retry_count, self.status.version, reason)
+            self.dirty = True
+
     def start(self) -> None:
         self.prepare()
+        self.foreign = set(process.children_of_self())  # a library caller's own processes
         process.set_child_subreaper(True)
         self.watchdog = Watchdog(self.id)
         self.note(f"job {self.id} started; ports {self.ports_text()}; job directory {self.dir.path}")
@@ -265,8 +291,35 @@ class Supervisor:
         for pod in self.pods.values():
             pod.track(tree)
         self.job_pids.update(p.pid for pod in self.pods.values() for p in pod.tracked())
+        self.job_pids.update(process.adopted(tree, self.known_children(), self.id))
+        self.tell_watchdog()
         process.reap_adopted(self.job_pids)
         self.job_pids = {pid for pid in self.job_pids if process.pid_exists(pid)}
+
+    def known_children(self) -> set[int]:
+        """This process's children that are not adopted orphans: container main processes not yet
+        reaped, the watchdog, the caller's own."""
+        known = set(self.foreign)
+        for pod in [*self.pods.values(), *self.latest.values()]:
+            known.update(c.proc.pid for c in pod.containers if c.proc is not None and c.running)
+        if self.watchdog is not None:
+            known.add(self.watchdog.pid)
+        return known
+
+    def adopt(self) -> list[int]:
+        """Job processes this process adopted (orphans of container main processes that ended)."""
+        found = process.adopted(process.children_map(), self.known_children(), self.id)
+        self.job_pids.update(found)
+        return found
+
+    def tell_watchdog(self) -> None:
+        """The watchdog learns every job process seen, to stop also those without the job's marker."""
+        if self.watchdog is None:
+            return
+        for pid in self.job_pids - self.told:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                self.watchdog.watch_pid(pid, procfs.start_ticks(pid))
+        self.told = set(self.job_pids)
 
     def deadline_passed(self) -> bool:
         if self.timeout is None or self.status.phase.final or self.status.phase is JobPhase.TERMINATING:
@@ -309,6 +362,7 @@ class Supervisor:
         if gone:
             # A pod is gone only with all of its processes, also those that escaped its groups.
             left = process.sweep(process.POD_MARKER, [pod.uid for pod in gone])
+            process.reap_adopted(self.job_pids)  # the killed orphans: no zombie is left of the pods
             if left:
                 self.note(f"processes {[p.pid for p in left]} of stopped pods survive SIGKILL", "31")
         for key, pod in list(self.pods.items()):
@@ -476,6 +530,7 @@ class Supervisor:
             restart_policy=plan.task.template.restart_policy,
             log_dir=log_dir,
             on_group=self.on_group,
+            adopt=self.adopt,
         )
         pod.address = address
         pod.uid = uid
@@ -584,12 +639,33 @@ class Supervisor:
     def print_logs(self) -> None:
         if not self.echo_logs or self.console is None:
             return
-        lines = self.follower.read()
+        # A slow reader is not fed more than it takes: the log files keep the rest until it has room.
+        lines = self.follower.read() if self.console.room() else []
         if lines:
             self.console.lines((item.prefix, item.color, text) for item, text in lines)
+        else:
+            self.console.stream.flush()
         if self.console.live:
             report = self.report()
             self.console.table([headline(report, True), *pod_rows(report, True, limit=20)])
+
+    def remove_job_dir(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.dir.path, ignore_errors=True)
+        self.note(f"job {self.id} removed: its directory could not be written")
+
+    def drain_logs(self) -> None:
+        """Print every line still in the log files, or count what a stalled reader never took."""
+        for pod in self.latest.values():
+            self.close_logs(pod)
+        if not self.echo_logs or self.console is None:
+            return
+        self.follower.seal()  # every process of the job is gone: nothing is waited for beyond this
+        interrupted = lambda: bool(self.signals)  # noqa: E731 - Ctrl-C stops the printing, not the count
+        while self.follower.files and self.console.drain(OUTPUT_STALL, interrupted):
+            self.print_logs()
+        self.console.unshown += self.follower.skip()
 
     def ports_text(self) -> str:
         return ", ".join(f"{d}->{h}" for d, h in self.ports.items()) or "none"
@@ -652,9 +728,19 @@ class Supervisor:
             name_resolution=self.name_resolution,
         )
 
-    def write_status(self) -> None:
+    def write_status(self, must: bool = False) -> None:
+        """Write status.json; a failure (a full disk) is said once and retried on the next pass."""
+        try:
+            self.dir.write_status(self.report())
+        except OSError as err:
+            if must:
+                raise
+            if str(err) != self.status_error:
+                self.status_error = str(err)
+                self.note(f"cannot write {self.dir.status_file}: {err.strerror or err}", "31")
+            return
         self.dirty = False
-        self.dir.write_status(self.report())
+        self.status_error = ""
 
     # ------------------------------------------------------------ the end
 
@@ -674,6 +760,7 @@ class Supervisor:
             self.print_logs()
             self.waiter.wait(TICK)
         tracked = [p for pod in self.latest.values() for c in pod.containers for p in c.tracked.values()]
+        tracked += _processes(self.adopt())  # orphans without the job's marker, adopted as subreaper
         killed = process.kill_now(self.id, [], tracked, 1.0)
         # Reap what was adopted (subreaper); waiting on our own children reaps them.
         process.wait_gone(process.alive(killed), timeout=1.0)
@@ -685,10 +772,7 @@ class Supervisor:
             self.waiter.close()
             with contextlib.suppress(OSError):
                 port_registry.release(self.id)
-            for pod in self.latest.values():
-                self.close_logs(pod)
-            if self.echo_logs:
-                self.print_logs()
+            self.drain_logs()
             if not self.status.phase.final:
                 self.status = JobStatus(
                     JobPhase.TERMINATED,
@@ -698,13 +782,28 @@ class Supervisor:
                 )
             self.finished = time.time()
             self.write_status()
+            if not self.dir.status_file.exists():  # never written: no command could see the job
+                self.remove_job_dir()
             if self.console is not None:
                 self.console.end_live()
-                for line in summary(self.report(), self.console.color):
+                for line in summary(self.report(), self.console.color, self.console.unshown):
                     self.console.print(line)
+                self.console.finish(OUTPUT_STALL, lambda: bool(self.signals))
         finally:
             if self.watchdog is not None:  # it died while the above was done
                 self.watchdog.reap()
+
+
+def _processes(pids: list[int]) -> list[Any]:
+    if not pids:
+        return []
+    import psutil
+
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found.append(psutil.Process(pid))
+    return found
 
 
 def _phase(value: str) -> PodPhase:

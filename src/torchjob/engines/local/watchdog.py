@@ -2,15 +2,16 @@
 
 The supervisor starts one watchdog per job in its own session and keeps the write end of a pipe
 to it. A SIGKILLed supervisor cannot clean up, but the kernel closes its pipe: the watchdog reads
-end-of-file and kills every process group the supervisor told it about and every process that
-carries the job's marker, SIGTERM first, SIGKILL at most 0.75 s later. A supervisor that ends
+end-of-file and kills every process group and process the supervisor told it about, their
+descendants, and every process that carries the job's marker, SIGTERM first, SIGKILL at most
+0.75 s later. A supervisor that ends
 normally writes ``done`` first and the watchdog just exits.
 
 On Linux a single-threaded supervisor forks its watchdog: the copy has the kill code loaded
 already and costs about a millisecond, where a new interpreter importing it cost some 40 ms of
 CPU, taken from the job's first processes. Otherwise (threads, other systems) the watchdog runs
 as ``python -m torchjob.engines.local.watchdog JOB_ID``. Either way it reads ``pgid N`` /
-``forget N`` / ``done`` lines on its standard input.
+``forget N`` / ``pid N START`` / ``done`` lines on its standard input.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psutil
 
 GRACE = 0.75  # seconds between SIGTERM and SIGKILL once the supervisor is gone
 CLOSE_TIMEOUT = 5.0  # seconds to wait for a killed watchdog to be reaped
@@ -41,6 +45,7 @@ def watch(job_id: str, stream: IO[bytes]) -> int:
     from torchjob.engines.local.process import kill_now
 
     pgids: set[int] = set()
+    pids: dict[int, int] = {}  # pid -> its start time, so that a reused pid is left alone
     while True:
         line = stream.readline()
         if not line:
@@ -50,10 +55,38 @@ def watch(job_id: str, stream: IO[bytes]) -> int:
             pgids.add(int(value))
         elif word == "forget" and value.isdigit():
             pgids.discard(int(value))
+        elif word == "pid" and len(numbers := value.split()) == 2 and all(n.isdigit() for n in numbers):
+            pids[int(numbers[0])] = int(numbers[1])
         elif word == "done":
             return 0
-    kill_now(job_id, pgids, (), GRACE)
+    kill_now(job_id, pgids, _job_processes(pgids, pids), GRACE)
     return 0
+
+
+def _job_processes(pgids: set[int], pids: dict[int, int]) -> list[psutil.Process]:
+    """The processes the supervisor told of, and every descendant of them and of the groups'
+    leaders (the containers' main processes, which adopt their tree's orphans): also those that
+    left the session and dropped the job's marker."""
+    import psutil
+
+    from torchjob.engines.local import procfs
+    from torchjob.engines.local.process import children_map, descendants_in
+
+    roots = set()
+    for pgid in pgids:  # still leading its group: not a reused pid
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(procfs.stat_fields(pgid)[2]) == pgid:
+                roots.add(pgid)
+    for pid, started in pids.items():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if procfs.start_ticks(pid) == started:
+                roots.add(pid)
+    tree = children_map()
+    found: list[psutil.Process] = []
+    for pid in roots | {d for root in roots for d in descendants_in(tree, root)}:
+        with contextlib.suppress(psutil.Error):
+            found.append(psutil.Process(pid))
+    return found
 
 
 def _can_fork() -> bool:
@@ -120,6 +153,10 @@ class Watchdog:
 
     def watch(self, pgid: int) -> None:
         self._send(f"pgid {pgid}")
+
+    def watch_pid(self, pid: int, started: int) -> None:
+        """A process of the job (``started``: its start time in clock ticks since boot)."""
+        self._send(f"pid {pid} {started}")
 
     def forget(self, pgid: int) -> None:
         self._send(f"forget {pgid}")

@@ -1,0 +1,117 @@
+"""A full disk under the job directory: one clear error, a final status, a job that can be deleted.
+
+Each test mounts a 1 MB tmpfs as ``$TORCHJOB_HOME`` (root only) and fills it, from the job's
+own program or before the run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from test_local_support import container, leftovers, make_job, sh, task
+from torchjob.spec.manifest import job_manifest
+
+pytestmark = [
+    pytest.mark.timeout(90),
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root"),
+]
+
+FINAL = ("Completed", "Failed", "Aborted", "Terminated")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)], check=False
+    )
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+        if os.path.ismount(mount):
+            subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TORCHJOB_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def _job_file(tmp_path: Path, script: str) -> str:
+    job = make_job("full", [task("main", [container("app", sh(script))])])
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(job_manifest(job)))
+    return str(path)
+
+
+def _fill(disk: Path) -> None:
+    """Leave no free block on ``disk``."""
+    with open(disk / "filler", "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+
+
+def _every_job_dir_is_visible(home: Path) -> None:
+    """No directory that `status` cannot see, so that `delete` cannot remove."""
+    jobs = home / "jobs"
+    hidden = [p.name for p in jobs.iterdir() if not (p / "status.json").exists()] if jobs.is_dir() else []
+    assert hidden == []
+
+
+def test_a_job_that_fills_the_disk_gets_a_final_status_and_can_be_deleted(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    home = small_disk / "home"
+    # 3 MB of output into a 1 MB disk: the log fills it and the status can no longer grow.
+    run = _cli(
+        home, "run", _job_file(tmp_path, "yes 0123456789012345678901234567890123456789 | head -c 3000000")
+    )
+    assert "Traceback" not in run.stdout + run.stderr, run.stderr
+    assert run.returncode == 1
+    listed = _cli(home, "status", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    (job,) = json.loads(listed.stdout)["items"]
+    assert job["phase"] in FINAL, job
+    assert leftovers(job["id"]) == []
+    deleted = _cli(home, "delete", job["id"])
+    assert deleted.returncode == 0, deleted.stderr
+    assert not (home / "jobs" / job["id"]).exists()
+
+
+@pytest.mark.parametrize("detach", [False, True], ids=["run", "run-detach"])
+def test_a_job_on_a_full_disk_is_refused_in_one_line_and_leaves_nothing_unseen(
+    tmp_path: Path, small_disk: Path, detach: bool
+) -> None:
+    home = small_disk / "home"
+    (home / "jobs").mkdir(parents=True)
+    _fill(small_disk)
+    run = _cli(home, "run", *(["--detach"] if detach else []), _job_file(tmp_path, "echo hello"))
+    assert run.returncode == 1, run.stdout + run.stderr  # not 0: no job started
+    assert "Traceback" not in run.stdout + run.stderr
+    said = run.stderr if detach else run.stdout
+    assert "No space left on device" in said, said
+    if detach:
+        assert run.stdout == ""  # no job id for a job that does not exist
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    _every_job_dir_is_visible(home)
+    listed = json.loads(_cli(home, "status", "-o", "json").stdout)["items"]
+    for job in listed:  # a job that could record why it never ran is there to read and delete
+        assert job["phase"] == "Failed" and "No space left on device" in job["reason"]
+        assert _cli(home, "delete", job["id"]).returncode == 0
