@@ -1,0 +1,27 @@
+"""Settings every test shares."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_port_registry() -> Iterator[None]:
+    """A port registry of this test run alone: jobs of another run (or of the user) that hold the
+    declared ports would otherwise move ours, and a test of what a job start loads sees the
+    taken-port path. Set in os.environ so that every torchjob the tests start inherits it."""
+    old = os.environ.get("TORCHJOB_RUNTIME_DIR")
+    with tempfile.TemporaryDirectory(prefix="torchjob-test-registry-") as root:
+        os.chmod(root, 0o700)
+        os.environ["TORCHJOB_RUNTIME_DIR"] = root
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("TORCHJOB_RUNTIME_DIR", None)
+            else:
+                os.environ["TORCHJOB_RUNTIME_DIR"] = old
