@@ -178,7 +178,8 @@ USER_SPEC: dict[str, Any] = {
             "env": [{"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
             "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
             "readinessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 5},
-            "futureContainerField": {"nested": [1, 2, {"deep": None}]},
+            # Fields torchjob never reads, nested deep: they pass through as written.
+            "lifecycle": {"preStop": {"exec": {"command": ["sleep", "1"]}}},
         }
     ],
     "nodeSelector": {"gpu": "a100"},
@@ -188,7 +189,7 @@ USER_SPEC: dict[str, Any] = {
     "affinity": {"nodeAffinity": {}},
     "terminationGracePeriodSeconds": 5,
     "restartPolicy": "OnFailure",
-    "futurePodField": {"enabled": True, "ratio": 0.5},
+    "dnsConfig": {"options": [{"name": "ndots", "value": "2"}], "searches": ["svc.local"]},
 }
 
 

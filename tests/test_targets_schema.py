@@ -28,6 +28,7 @@ from torchjob import (
     Worker,
     task,
 )
+from torchjob.cli.sources import load_ref
 from torchjob.errors import SpecError
 from torchjob.jobs import load_jobs, load_jobs_from_text
 from torchjob.spec.model import Job
@@ -190,7 +191,7 @@ SDK_EXAMPLES = ("allreduce.py:allreduce", "failing_rank.py:check_shard")
 
 def _job(path: Path | None, name: str | None) -> Job:
     if path is not None:
-        return load_jobs(str(path))[0].job
+        return load_ref(str(path))[0].job
     assert name is not None
     if name.startswith("seed:"):
         if not SEEDS.is_dir():

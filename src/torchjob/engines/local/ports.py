@@ -263,9 +263,8 @@ def reserve(job_id: str, ports: list[int]) -> dict[int, int]:
             chosen = port if port not in taken and port_is_free(port) else None
             tries = 0
             while chosen is None:
-                import random  # only when a declared port is taken
-
-                candidate = random.randint(low, high)
+                # os.urandom rather than the random module, whose import a job start would pay
+                candidate = low + int.from_bytes(os.urandom(4), "big") % (high - low + 1)
                 tries += 1
                 if candidate not in taken and candidate not in ports and port_is_free(candidate):
                     chosen = candidate
