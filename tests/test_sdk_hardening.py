@@ -181,7 +181,9 @@ CTRL_C_SCRIPT = textwrap.dedent(
 )
 
 
-def test_ctrl_c_in_single_node_elastic_is_keyboard_interrupt(tmp_path: Path) -> None:
+@pytest.mark.parametrize("to_group", [False, True], ids=["script", "terminal-group"])
+def test_ctrl_c_in_single_node_elastic_is_keyboard_interrupt(tmp_path: Path, to_group: bool) -> None:
+    """SIGINT to the script alone, or to its whole process group as a terminal's Ctrl-C does."""
     script = tmp_path / "ctrl_c.py"
     script.write_text(CTRL_C_SCRIPT)
     proc = subprocess.Popen(
@@ -190,6 +192,7 @@ def test_ctrl_c_in_single_node_elastic_is_keyboard_interrupt(tmp_path: Path) -> 
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
+        start_new_session=True,  # its own process group, like a job in a terminal
     )
     try:
         pids = [tmp_path / "rank-0.pid", tmp_path / "rank-1.pid"]
@@ -199,7 +202,10 @@ def test_ctrl_c_in_single_node_elastic_is_keyboard_interrupt(tmp_path: Path) -> 
             time.sleep(0.1)
         everything = psutil.Process(proc.pid).children(recursive=True)
         ranks = [psutil.Process(int(p.read_text())) for p in pids]
-        proc.send_signal(signal.SIGINT)
+        if to_group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
