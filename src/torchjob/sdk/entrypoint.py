@@ -134,8 +134,8 @@ def _run_once(payload: bytes, results: str, rank: int) -> int:
     except BaseException as err:
         write_error(results, rank, err)
         traceback.print_exc()
-        if isinstance(err, SystemExit) and isinstance(err.code, int):
-            return err.code
+        if isinstance(err, SystemExit) and isinstance(err.code, int) and 0 < err.code < 256:
+            return err.code  # a failing exit code of the task's own: keep it for the pod
         return EXIT_FAILED
     return 0
 
