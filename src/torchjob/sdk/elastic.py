@@ -75,7 +75,8 @@ def elastic_child(payload: bytes, results: str) -> bytes | None:
         raise
     # torch's wrapper hands the value to the launcher and waits until it has been read; the
     # worker process then exits normally. Registered last, this runs first at exit and ends the
-    # process before the interpreter finalizes (see torchjob.sdk.quick_exit).
+    # process before the interpreter finalizes (see torchjob.sdk.quick_exit). Code 0 is right:
+    # the task has succeeded, and all that is left is torch passing on bytes already pickled.
     atexit.register(exit_now, 0)
     return data
 
