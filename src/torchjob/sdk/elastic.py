@@ -7,10 +7,13 @@ which records its own exception for the caller before the launcher tears the gro
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
 import logging
 import os
 import pickle
+import signal
 import sys
 import threading
 from base64 import b64decode
@@ -23,7 +26,8 @@ from typing import Any
 import cloudpickle
 
 from torchjob.logs import get_logger
-from torchjob.sdk.results import PROGRESS_FILE, load_call, write_error, write_failure
+from torchjob.sdk.quick_exit import exit_now
+from torchjob.sdk.results import PROGRESS_FILE, is_clean_exit, load_call, write_error, write_failure
 
 logger = get_logger()
 
@@ -33,6 +37,10 @@ _NULL_SENTINEL = b"Y2FuaW1hZGFt"
 
 class LaunchFailed(Exception):
     """One or more worker processes failed; their records are in the results directory."""
+
+
+class DeadlinePassed(Exception):
+    """The launch ran longer than its deadline; the launcher stopped every worker."""
 
 
 @dataclass
@@ -46,6 +54,7 @@ class LaunchSettings:
     max_restarts: int = 0
     monitor_interval: float = 0.1
     start_method: str = "spawn"
+    deadline: float | None = None  # seconds for the whole launch (RunPolicy.active_deadline_seconds)
 
 
 def elastic_child(payload: bytes, results: str) -> bytes | None:
@@ -53,12 +62,23 @@ def elastic_child(payload: bytes, results: str) -> bytes | None:
     rank = int(os.environ.get("RANK", "0"))
     try:  # loading, running and pickling the value: any failure is this rank's error
         call = load_call(payload)
-        value = call.function(*call.args, **call.kwargs)
+        try:
+            value = call.function(*call.args, **call.kwargs)
+        except SystemExit as err:
+            if not is_clean_exit(err):
+                raise
+            value = None  # sys.exit(0): the rank succeeded without a value, as in a pod
         # Only rank 0's value is returned to the caller; the others are not worth pickling.
-        return cloudpickle.dumps(value) if rank == 0 else None
+        data = cloudpickle.dumps(value) if rank == 0 else None
     except BaseException as err:
         write_error(results, rank, err)
         raise
+    # torch's wrapper hands the value to the launcher and waits until it has been read; the
+    # worker process then exits normally. Registered last, this runs first at exit and ends the
+    # process before the interpreter finalizes (see torchjob.sdk.quick_exit). Code 0 is right:
+    # the task has succeeded, and all that is left is torch passing on bytes already pickled.
+    atexit.register(exit_now, 0)
+    return data
 
 
 @contextlib.contextmanager
@@ -100,9 +120,83 @@ def _main_not_reimported() -> Iterator[None]:
         main.__dict__.update(saved)
 
 
+@contextlib.contextmanager
+def _deadline(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`DeadlinePassed` in this thread after ``seconds``, wherever it is then.
+
+    The launcher runs in the caller's thread and has no timeout of its own. An exception raised
+    into its monitoring loop takes the same way out as any other error: the agent stops every
+    worker in its ``finally``. (A signal would reach only the main thread, and would be the
+    caller's.) The lock makes sure nothing is raised once the launch has returned.
+    """
+    if seconds is None:
+        yield
+        return
+    target = threading.get_ident()
+    lock = threading.Lock()
+    finished = False
+
+    def expire() -> None:
+        with lock:
+            if not finished:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(target), ctypes.py_object(DeadlinePassed)
+                )
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with lock:
+            finished = True
+        timer.cancel()
+
+
+# The signals torch's launcher takes over while its workers run (LaunchConfig.signals_to_handle).
+_LAUNCHER_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[dict[signal.Signals, Any]]:
+    """Give the caller's signal handlers back after the launch (torch never restores them).
+
+    Without this, Ctrl-C anywhere in the caller's program after an elastic call would raise
+    torch's ``SignalException`` instead of ``KeyboardInterrupt``.
+    """
+    saved: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in _LAUNCHER_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                saved[sig] = signal.getsignal(sig)
+    try:
+        yield saved
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(sig, handler)
+
+
+def _answer_signal(sigval: signal.Signals, saved: dict[signal.Signals, Any]) -> None:
+    """Handle a signal the launcher caught as this process would have without it.
+
+    The workers are stopped by now. Ctrl-C with Python's own handler becomes KeyboardInterrupt;
+    otherwise the signal is raised again under the caller's handler (SIGTERM's default ends the
+    process, as it would have).
+    """
+    handler = saved.get(sigval, signal.default_int_handler if sigval == signal.SIGINT else None)
+    if sigval == signal.SIGINT and handler is signal.default_int_handler:
+        raise KeyboardInterrupt
+    if handler is not None:
+        signal.signal(sigval, handler)
+        signal.raise_signal(sigval)
+
+
 def launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool, Any]:
     """Run the call on this node's ``nproc_per_node`` workers; (True, value) if rank 0 is here."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -129,8 +223,16 @@ def launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool
         settings.run_id, settings.max_restarts, settings.start_method,
     )  # fmt: skip
     try:
-        with _quiet_torch(), _main_not_reimported():
-            out = elastic_launch(config, elastic_child)(payload, results)
+        with _quiet_torch(), _main_not_reimported(), _own_signal_handlers() as handlers:
+            stopped_by: signal.Signals | None = None
+            try:
+                with _deadline(settings.deadline):
+                    out = elastic_launch(config, elastic_child)(payload, results)
+            except SignalException as err:
+                stopped_by = err.sigval
+            if stopped_by is not None:  # outside the except: torch's exception is no context of ours
+                _answer_signal(stopped_by, handlers)
+                raise LaunchFailed(f"the launch was stopped by {stopped_by.name}")
     except ChildFailedError as err:
         for rank, failure in err.failures.items():
             # Ranks killed before they could write their own record (signals, os._exit).

@@ -18,16 +18,27 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from torchjob.errors import SpecError
 from torchjob.logs import configure, get_logger
-from torchjob.sdk.results import dump_call, load_call, read_value, write_error, write_value
+from torchjob.sdk.quick_exit import exit_now
+from torchjob.sdk.results import (
+    dump_call,
+    is_clean_exit,
+    load_call,
+    read_value,
+    write_error,
+    write_value,
+)
 
 logger = get_logger()
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -112,12 +123,20 @@ def _run_elastic(args: argparse.Namespace, payload: bytes, results: str) -> int:
 def _run_once(payload: bytes, results: str, rank: int) -> int:
     try:  # loading, running and pickling the value: any failure is this rank's error
         call = load_call(payload)
-        value = call.function(*call.args, **call.kwargs)
+        try:
+            value = call.function(*call.args, **call.kwargs)
+        except SystemExit as err:
+            if not is_clean_exit(err):
+                raise
+            value = None  # sys.exit(0): the rank succeeded without a value
         if rank == 0:
             write_value(results, value)
     except BaseException as err:
         write_error(results, rank, err)
-        raise
+        traceback.print_exc()
+        if isinstance(err, SystemExit) and isinstance(err.code, int) and 0 < err.code < 256:
+            return err.code  # a failing exit code of the task's own: keep it for the pod
+        return EXIT_FAILED
     return 0
 
 
@@ -149,5 +168,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
 
 
+def run_and_exit(run: Callable[[], int]) -> NoReturn:
+    """Run ``run`` and end the process with its code, without the interpreter's finalization."""
+    code = EXIT_FAILED
+    try:
+        code = run()
+    except SystemExit as err:  # argparse's exits, and any sys.exit outside the task
+        if isinstance(err.code, int) or err.code is None:
+            code = err.code or 0
+        else:
+            print(err.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        exit_now(code)  # see torchjob.sdk.quick_exit: torch may abort a finalizing interpreter
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit(main)

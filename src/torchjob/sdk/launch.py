@@ -59,8 +59,10 @@ def run_task(task: Task[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) 
 def _run_single_node(
     task: Task[Any, Any], config: Elastic, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    from torchjob.sdk.elastic import LaunchFailed, LaunchSettings, launch
+    from torchjob.sdk.elastic import DeadlinePassed, LaunchFailed, LaunchSettings, launch
 
+    policy = config.run_policy
+    deadline = float(policy.active_deadline_seconds) if policy and policy.active_deadline_seconds else None
     results = tempfile.mkdtemp(prefix="torchjob-sdk-")
     try:
         settings = LaunchSettings(
@@ -73,9 +75,14 @@ def _run_single_node(
             max_restarts=config.max_restarts,
             monitor_interval=float(config.monitor_interval),
             start_method=config.start_method,
+            deadline=deadline,
         )
         try:
             _, value = launch(dump_call(task.function, args, kwargs), results, settings)
+        except DeadlinePassed:
+            raise TaskFailed(
+                f"task {task.name}: active deadline of {deadline:g}s passed; every process was stopped"
+            ) from None
         except LaunchFailed as err:
             error = first_error(results)
             if error is None:
@@ -102,7 +109,10 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         # A random part makes the job's name unique, so the watcher can follow it by name.
         name = f"{job_name(task.name)[:33].rstrip('-')}-{secrets.token_hex(3)}"
         request = task.job_request(
-            target=["--payload", str(payload), "--results", str(results)], python=sys.executable, name=name
+            target=["--payload", str(payload), "--results", str(results)],
+            python=sys.executable,
+            name=name,
+            complete_with_master=False,  # return only once every rank has ended
         )
         job, _ = build_job(request)
         # Pods share this machine's cores: one OpenMP thread each unless the caller or task says

@@ -121,6 +121,36 @@ class TaskFailed(RuntimeError):
     """The task's job failed without any rank reporting an exception (e.g. a pod was killed)."""
 
 
+def is_clean_exit(error: BaseException) -> bool:
+    """``sys.exit()``, ``sys.exit(0)`` or ``sys.exit(None)``: the rank ended well, without a value.
+
+    A task that exits with code 0 has succeeded, as it would under torchrun or in a pod; any other
+    code (or a message) is a failure and is reported like an exception.
+    """
+    return isinstance(error, SystemExit) and error.code in (None, 0)
+
+
+def _message(error: BaseException) -> str:
+    """The exception's text; never raises, since losing the record would lose the whole error."""
+    if isinstance(error, SystemExit):
+        return f"the rank called sys.exit({error.code!r})"
+    try:
+        return str(error)
+    except Exception as err:  # a broken __str__ must not hide the exception it belongs to
+        try:
+            detail = f"{type(err).__name__}: {err}"
+        except Exception:
+            detail = type(err).__name__
+        return f"<str() of the {type(error).__name__} failed with {detail}>"
+
+
+def _traceback(error: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(type(error), error, _user_frames(error.__traceback__)))
+    except Exception:  # the traceback module copes with most broken exceptions, but not all
+        return "".join(traceback.format_tb(_user_frames(error.__traceback__)))
+
+
 def error_record(rank: int, error: BaseException) -> dict[str, Any]:
     kind = type(error)
     name = (
@@ -135,8 +165,8 @@ def error_record(rank: int, error: BaseException) -> dict[str, Any]:
     return {
         "rank": rank,
         "type": name,
-        "message": str(error),
-        "traceback": "".join(traceback.format_exception(kind, error, _user_frames(error.__traceback__))),
+        "message": _message(error),
+        "traceback": _traceback(error),
         "time": time.time(),
         "original": original,
     }

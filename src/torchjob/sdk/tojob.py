@@ -11,7 +11,8 @@ Mapping choices (Kubeflow/Flyte semantics on a Volcano job):
 - ``Elastic``: ``max_nodes`` pods in total (master x1 + worker x(max-1)); the rendezvous endpoint
   is the master pod's address and port; the job may start once ``min_nodes`` pods are scheduled.
 - The job completes when the master task completes (Kubeflow ends a job on the master's success);
-  a failed pod terminates the job, or restarts it up to ``backoff_limit`` times.
+  a failed pod terminates the job, or restarts it up to ``backoff_limit`` times. A task called
+  from Python locally waits for every pod instead, so that no rank's exception is lost.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class JobRequest:
     target: list[str]
     python: str = "python"
     run_id: str | None = None
+    # Kubeflow's rule: the job completes when the master does. A local caller sets it False: its
+    # call must wait for every rank, or a worker's exception is lost when the master ends first.
+    complete_with_master: bool = True
 
 
 def job_name(function_name: str) -> str:
@@ -142,14 +146,14 @@ def job_document(request: JobRequest) -> dict[str, Any]:
         command += elastic_args(config, run_id)
     shm = bool(config.increase_shared_mem) if config is not None else False
     master, worker, workers = _replicas(request)
-    tasks: list[dict[str, Any]] = [
-        {
-            "name": MASTER,
-            "replicas": 1,
-            "policies": [{"event": "TaskCompleted", "action": "CompleteJob"}],
-            "template": _template(request, master, command, shm),
-        }
-    ]
+    master_task: dict[str, Any] = {
+        "name": MASTER,
+        "replicas": 1,
+        "template": _template(request, master, command, shm),
+    }
+    if request.complete_with_master:
+        master_task["policies"] = [{"event": "TaskCompleted", "action": "CompleteJob"}]
+    tasks: list[dict[str, Any]] = [master_task]
     if workers > 0:
         worker_task: dict[str, Any] = {
             "name": WORKER,
