@@ -10,7 +10,9 @@ Each run is ``torchjob run`` of the same job (1 master + 1 worker whose containe
 time it started), with ``PYTHONPATH`` pointing at one checkout's ``src``. The two versions are run
 alternately, the order flipping every round, so load from other work on the machine falls on both
 alike. Per run it records: launch to the first container process starting, the whole run's wall
-time, and its CPU time (user + system of torchjob and everything it waited for: pods, watchdog).
+time, and its CPU time (user + system of torchjob and everything it waited for: pods, watchdog);
+then the CPU time of ``torchjob validate`` of the same file (start-up, imports, loading and checking
+the job, no engine), which splits the run's CPU into the common front part and the engine's own.
 Both trees are compiled to bytecode first, as an installed wheel is.
 """
 
@@ -70,7 +72,16 @@ def one_run(src: Path, work: Path) -> dict[str, float]:
     firsts = [float(p.read_text()) for p in marks.iterdir() if p.name != "job.yaml"]
     if len(firsts) != 2:
         raise SystemExit(f"expected 2 container marks with {src}, found {len(firsts)}")
-    return {"first_start": min(firsts) - launched, "wall": wall, "cpu": usage.ru_utime + usage.ru_stime}
+    # The same file through `torchjob validate`: interpreter, imports, load and checks, no job;
+    # what is left of the run's CPU is the engine's own.
+    check = subprocess.Popen([str(TORCHJOB), "validate", str(job)], env=env, stdout=subprocess.DEVNULL)
+    _, _, checked = os.wait4(check.pid, 0)
+    return {
+        "first_start": min(firsts) - launched,
+        "wall": wall,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "validate_cpu": checked.ru_utime + checked.ru_stime,
+    }
 
 
 def summary(runs: list[dict[str, float]], key: str) -> tuple[float, float, float]:
@@ -100,13 +111,14 @@ def main() -> int:
             for name in order:
                 runs[name].append(one_run(versions[name], work))
     print(f"{args.runs} runs each, interleaved; seconds: median / mean / min")
-    print(f"{'':5} {'launch -> first container':>28} {'whole run (wall)':>24} {'CPU':>24}")
+    keys = ("first_start", "wall", "cpu", "validate_cpu")
+    print(
+        f"{'':5} {'launch -> first container':>28} {'whole run (wall)':>24} {'CPU':>24} {'validate CPU':>24}"
+    )
     for name in versions:
-        cells = [
-            " / ".join(f"{v:.3f}" for v in summary(runs[name], k)) for k in ("first_start", "wall", "cpu")
-        ]
-        print(f"{name:5} {cells[0]:>28} {cells[1]:>24} {cells[2]:>24}")
-    for key in ("first_start", "wall", "cpu"):
+        cells = [" / ".join(f"{v:.3f}" for v in summary(runs[name], k)) for k in keys]
+        print(f"{name:5} {cells[0]:>28} {cells[1]:>24} {cells[2]:>24} {cells[3]:>24}")
+    for key in keys:
         old, new = summary(runs["old"], key)[0], summary(runs["new"], key)[0]
         print(f"median {key}: new - old = {new - old:+.4f} s ({(new / old - 1) * 100:+.1f} %)")
     if args.json:

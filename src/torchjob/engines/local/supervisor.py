@@ -324,14 +324,18 @@ class Supervisor:
 
     def create_missing(self, now: float) -> None:
         state = self.factory.expansion(self.status.version, self.status.retry_count)
+        # Pods created in this pass are Pending, which no dependsOn counts: one view of the pods
+        # serves the whole pass, and a job without dependsOn needs none (no per-pod rescans).
+        gated = any(t.depends_on is not None and t.depends_on.names for t in self.job.spec.tasks)
+        pods = self.pod_statuses() if gated else []
         for plan in state.pods:
             key = (plan.task.name, plan.index)
-            if key not in self.pods and self.may_start(plan.task.name):
+            if key not in self.pods and self.may_start(plan.task.name, pods):
                 self.create(plan, now)
 
-    def may_start(self, task: str) -> bool:
+    def may_start(self, task: str, pods: list[PodStatus]) -> bool:
         """The dependsOn gate (lifecycle.gates), saying once when a task starts to wait."""
-        met = dependencies_ready(self.job, task, self.pod_statuses())
+        met = dependencies_ready(self.job, task, pods)
         if not met and task not in self.waiting:
             self.waiting.add(task)
             spec = self.job.task(task)
