@@ -275,7 +275,7 @@ def test_random_task_names_and_dependencies(names: list[str], data: st.DataObjec
     exercise(as_text(doc, "yaml"))
 
 
-# Every pod-template field the local engine reads (engines/local/containers.py, pod.py, supervisor.py).
+# Every pod-template field the local engine reads (engines/local/: containers, pod, creation, cleanup).
 ENGINE_VALID: dict[str, Any] = {
     "apiVersion": "batch.volcano.sh/v1alpha1",
     "kind": "Job",

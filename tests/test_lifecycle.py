@@ -23,8 +23,11 @@ from torchjob.lifecycle import (
     PodChange,
     PodPhase,
     PodStatus,
+    active_deadline,
     apply_kill,
     cancels_delay,
+    deadline_passed,
+    dependencies_ready,
     events_for,
     initial_status,
     reactions,
@@ -33,10 +36,11 @@ from torchjob.lifecycle import (
     restarts_allowed,
     step,
     task_max_retry,
+    task_ready,
 )
 from torchjob.records import replace
 from torchjob.spec.defaults import apply_defaults
-from torchjob.spec.model import Job, JobSpec, Metadata, PodTemplate, Policy, Task
+from torchjob.spec.model import DependsOn, Job, JobRunPolicy, JobSpec, Metadata, PodTemplate, Policy, Task
 from torchjob.spec.units import parse_duration
 
 P, R, S, F = PodPhase.PENDING, PodPhase.RUNNING, PodPhase.SUCCEEDED, PodPhase.FAILED
@@ -1170,3 +1174,112 @@ def test_events_for_properties(change: PodChange, given_pods: list[PodStatus], m
         assert events == [Event.OUT_OF_SYNC]
     for event in events:  # whatever the events, resolution never fails
         resolve(job, event, change.task, change.exit_code)
+
+
+# ------------------------------------------------------------------ gates: dependsOn, deadline
+
+
+def gated_job(iteration: str = "any", names: Sequence[str] = ("master", "ps")) -> Job:
+    """master (2 pods, minAvailable 1), ps (1 pod), worker (dependsOn master/ps), solo (none)."""
+    return make_job(
+        [
+            task("master", 2, min_available=1),
+            task("ps", 1),
+            task("worker", 2, depends_on=DependsOn(list(names), iteration)),
+            task("solo", 1),
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "ready"),
+    [
+        ("", False),
+        ("master-0:P master-1:P", False),
+        ("master-0:R", True),  # minAvailable 1 of 2
+        ("master-0:S", True),  # succeeded counts like running
+        ("master-0:F master-1:F", False),
+        ("master-0:R* master-1:P", False),  # a pod being stopped does not count
+        ("master-0:S* master-1:R", True),
+        ("worker-0:R worker-1:R ps-0:R", False),  # other tasks' pods do not count
+    ],
+)
+def test_task_ready_counts_running_and_succeeded_pods_up_to_min_available(state: str, ready: bool) -> None:
+    assert task_ready(gated_job(), "master", pods(state)) is ready
+
+
+def test_task_ready_without_min_available_needs_every_replica() -> None:
+    job = Job(Metadata("demo"), JobSpec(tasks=[task("ps", 2)]))  # not defaulted: minAvailable unset
+    assert not task_ready(job, "ps", pods("ps-0:R ps-1:P"))
+    assert task_ready(job, "ps", pods("ps-0:R ps-1:S"))
+
+
+def test_task_ready_of_an_unknown_task_or_no_replicas() -> None:
+    assert task_ready(gated_job(), "nosuch", [])
+    assert task_ready(make_job([task("empty", 0)]), "empty", [])
+
+
+@pytest.mark.parametrize(
+    ("iteration", "state", "ready"),
+    [
+        ("any", "", False),
+        ("any", "master-0:R", True),
+        ("any", "ps-0:R", True),
+        ("any", "master-0:R ps-0:R", True),
+        ("any", "master-0:F ps-0:P", False),
+        ("all", "master-0:R", False),
+        ("all", "ps-0:R", False),
+        ("all", "master-0:R ps-0:R", True),
+        ("all", "master-0:R ps-0:R*", False),
+        ("all", "master-0:S ps-0:S", True),
+    ],
+)
+def test_dependencies_ready_any_or_all(iteration: str, state: str, ready: bool) -> None:
+    assert dependencies_ready(gated_job(iteration), "worker", pods(state)) is ready
+
+
+def test_dependencies_ready_without_dependencies() -> None:
+    job = gated_job()
+    assert dependencies_ready(job, "solo", [])  # no dependsOn
+    assert dependencies_ready(job, "master", [])
+    assert dependencies_ready(job, "nosuch", [])  # unknown task: nothing to wait for
+    assert dependencies_ready(gated_job(names=()), "worker", [])  # dependsOn with no names
+
+
+def test_dependencies_on_an_unknown_task_are_met() -> None:
+    """A name no task has holds nothing up (validation refuses it before a job runs)."""
+    assert dependencies_ready(gated_job("all", names=("nosuch",)), "worker", [])
+    assert not dependencies_ready(gated_job("all", names=("nosuch", "ps")), "worker", [])
+
+
+@pytest.mark.parametrize(
+    ("timeout", "own", "expected"),
+    [
+        (None, None, None),
+        (0, None, None),  # 0 means no limit, as an unset field
+        (None, 0, None),
+        (30, None, 30.0),
+        (None, 20, 20.0),
+        (30, 20, 20.0),  # the shorter wins
+        (10, 20, 10.0),
+        (0.5, 0, 0.5),
+    ],
+)
+def test_active_deadline_is_the_shorter_limit(
+    timeout: float | None, own: int | None, expected: float | None
+) -> None:
+    job = make_job()
+    if own is not None:
+        job = replace(job, run_policy=JobRunPolicy(active_deadline_seconds=own))
+    assert active_deadline(job, timeout) == expected
+    if expected is not None:
+        assert isinstance(active_deadline(job, timeout), float)
+
+
+@pytest.mark.parametrize("phase", list(JobPhase))
+def test_deadline_passed_in_every_phase(phase: JobPhase) -> None:
+    ending = phase.final or phase is JobPhase.TERMINATING
+    assert deadline_passed(10.0, phase, 10.5) is not ending
+    assert not deadline_passed(10.0, phase, 10.0)  # only once it is over
+    assert not deadline_passed(10.0, phase, 3.0)
+    assert not deadline_passed(None, phase, 1e9)

@@ -12,7 +12,8 @@ and carries out what it is told. The loop an engine runs::
         if status.phase.final: stop what is left and finish
 
 Modules: :mod:`.types` (vocabulary), :mod:`.policy` (policy resolution), :mod:`.events` (pod
-changes to events), :mod:`.machine` (the state machine).
+changes to events), :mod:`.machine` (the state machine), :mod:`.gates` (``dependsOn`` and the
+active deadline).
 
 maxRetry, exactly
 -----------------
@@ -65,6 +66,7 @@ from torchjob.lifecycle.events import (
     task_max_retry,
     task_restarts,
 )
+from torchjob.lifecycle.gates import active_deadline, deadline_passed, dependencies_ready, task_ready
 from torchjob.lifecycle.machine import Counts, initial_status, restarts_allowed, step
 from torchjob.lifecycle.policy import Resolution, cancels_delay, resolve, resolve_action
 from torchjob.lifecycle.types import (
@@ -100,8 +102,11 @@ __all__ = [
     "PodStatus",
     "Reaction",
     "Resolution",
+    "active_deadline",
     "apply_kill",
     "cancels_delay",
+    "deadline_passed",
+    "dependencies_ready",
     "describe_event",
     "events_for",
     "initial_status",
@@ -114,5 +119,6 @@ __all__ = [
     "task_completed",
     "task_failed",
     "task_max_retry",
+    "task_ready",
     "task_restarts",
 ]

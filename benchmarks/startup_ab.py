@@ -1,0 +1,130 @@
+"""``torchjob run`` start-up, two checkouts side by side: did a change make the local engine slower?
+
+Run from the repository root with the project's virtualenv, after checking out the other version
+somewhere (``git worktree add /tmp/old COMMIT``)::
+
+    .venv/bin/python benchmarks/startup_ab.py --old /tmp/old/src --runs 15
+    .venv/bin/python benchmarks/startup_ab.py --old /tmp/old/src --new src --runs 21 --json ab.json
+
+Each run is ``torchjob run`` of the same job (1 master + 1 worker whose container only writes the
+time it started), with ``PYTHONPATH`` pointing at one checkout's ``src``. The two versions are run
+alternately, the order flipping every round, so load from other work on the machine falls on both
+alike. Per run it records: launch to the first container process starting, the whole run's wall
+time, and its CPU time (user + system of torchjob and everything it waited for: pods, watchdog);
+then the CPU time of ``torchjob validate`` of the same file (start-up, imports, loading and checking
+the job, no engine), which splits the run's CPU into the common front part and the engine's own.
+Both trees are compiled to bytecode first, as an installed wheel is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHJOB = Path(sys.executable).parent / "torchjob"
+
+
+def job_yaml(marks: Path) -> str:
+    # The container writes when it started; `date` is started the same way under both versions.
+    command = ["sh", "-c", f'date +%s.%N > "{marks}/$TORCHJOB_POD_NAME"']
+    tasks = []
+    for task in ("master", "worker"):
+        tasks += [
+            f"    - name: {task}",
+            "      replicas: 1",
+            "      template:",
+            "        spec:",
+            "          restartPolicy: Never",
+            "          containers:",
+            "            - name: main",
+            "              image: bench:local",
+            f"              command: {json.dumps(command)}",
+        ]
+    head = ["apiVersion: batch.volcano.sh/v1alpha1", "kind: Job", "metadata: {name: ab}", "spec:", "  tasks:"]
+    return "\n".join(head + tasks) + "\n"
+
+
+def one_run(src: Path, work: Path) -> dict[str, float]:
+    marks = Path(tempfile.mkdtemp(dir=work))
+    job = marks / "job.yaml"
+    job.write_text(job_yaml(marks))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHJOB_")}
+    env.update(PYTHONPATH=str(src), TORCHJOB_HOME=str(work / "state"))
+    launched = time.time()
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [str(TORCHJOB), "run", str(job)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"torchjob run with {src} failed: exit code {proc.returncode}")
+    firsts = [float(p.read_text()) for p in marks.iterdir() if p.name != "job.yaml"]
+    if len(firsts) != 2:
+        raise SystemExit(f"expected 2 container marks with {src}, found {len(firsts)}")
+    # The same file through `torchjob validate`: interpreter, imports, load and checks, no job;
+    # what is left of the run's CPU is the engine's own.
+    check = subprocess.Popen([str(TORCHJOB), "validate", str(job)], env=env, stdout=subprocess.DEVNULL)
+    _, _, checked = os.wait4(check.pid, 0)
+    return {
+        "first_start": min(firsts) - launched,
+        "wall": wall,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "validate_cpu": checked.ru_utime + checked.ru_stime,
+    }
+
+
+def summary(runs: list[dict[str, float]], key: str) -> tuple[float, float, float]:
+    values = [r[key] for r in runs]
+    return statistics.median(values), statistics.mean(values), min(values)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--old", type=Path, required=True, help="the other checkout's src directory")
+    parser.add_argument("--new", type=Path, default=ROOT / "src", help="this checkout's src (default)")
+    parser.add_argument("--runs", type=int, default=15, help="runs of each version (default 15)")
+    parser.add_argument("--json", type=Path, help="write every run here")
+    args = parser.parse_args()
+    versions = {"old": args.old.resolve(), "new": args.new.resolve()}
+    for src in versions.values():
+        compileall.compile_dir(str(src), quiet=1)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
+    with tempfile.TemporaryDirectory(prefix="torchjob-ab-") as tmp:
+        work = Path(tmp)
+        for src in versions.values():  # one unrecorded warm-up run each (page cache)
+            one_run(src, work)
+        for i in range(args.runs):
+            order = list(versions) if i % 2 == 0 else list(reversed(versions))
+            for name in order:
+                runs[name].append(one_run(versions[name], work))
+    print(f"{args.runs} runs each, interleaved; seconds: median / mean / min")
+    keys = ("first_start", "wall", "cpu", "validate_cpu")
+    print(
+        f"{'':5} {'launch -> first container':>28} {'whole run (wall)':>24} {'CPU':>24} {'validate CPU':>24}"
+    )
+    for name in versions:
+        cells = [" / ".join(f"{v:.3f}" for v in summary(runs[name], k)) for k in keys]
+        print(f"{name:5} {cells[0]:>28} {cells[1]:>24} {cells[2]:>24} {cells[3]:>24}")
+    for key in keys:
+        old, new = summary(runs["old"], key)[0], summary(runs["new"], key)[0]
+        print(f"median {key}: new - old = {new - old:+.4f} s ({(new / old - 1) * 100:+.1f} %)")
+    if args.json:
+        args.json.write_text(json.dumps({"versions": {k: str(v) for k, v in versions.items()}, "runs": runs}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""Leaving nothing behind: tracking every process of the job while it runs, and the shutdown.
+
+:class:`JobProcesses` records the job's processes as they appear (container descendants, orphans
+this process adopted as a subreaper) and tells the watchdog about them, so that whoever ends the
+job, the supervisor or the watchdog after a SIGKILL, can find them all. :func:`shutdown` runs once
+at the end, whatever happened: it stops the pods, kills and reaps what is left, and writes the
+final status and summary. Every wait in it is bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+from torchjob.display import summary
+from torchjob.engines.local import ports as port_registry
+from torchjob.engines.local import process, procfs
+from torchjob.engines.local.pod import LocalPod
+from torchjob.engines.local.watchdog import Watchdog
+from torchjob.lifecycle import JobPhase, JobStatus
+from torchjob.spec.model import Job
+
+if TYPE_CHECKING:
+    from torchjob.engines.local.supervisor import Supervisor
+
+DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no terminationGracePeriodSeconds
+STUCK_AFTER_KILL = 5.0  # a process that outlives SIGKILL this long is given up on (D state)
+TICK = 0.02  # seconds between polls while pods are being stopped (their strays cannot be waited on)
+OUTPUT_STALL = 2.0  # at the end, seconds a reader may take nothing before the rest is only counted
+
+Key = tuple[str, int]
+
+
+class JobProcesses:
+    """Every process of the job this process knows of, beyond the containers' main processes.
+
+    ``pods`` and ``latest`` are the supervisor's own dicts (pods that exist now, the newest attempt
+    of every pod), read each time: a container's main process is known, not an adopted orphan.
+    """
+
+    def __init__(self, job_id: str, pods: dict[Key, LocalPod], latest: dict[Key, LocalPod]) -> None:
+        self.job_id = job_id
+        self.pods = pods
+        self.latest = latest
+        self.job_pids: set[int] = set()  # descendants seen, to reap once they are adopted
+        self.foreign: set[int] = set()  # this process's children from before the job: not the job's
+        self.told: set[int] = set()  # job processes the watchdog knows of
+        self.watchdog: Watchdog | None = None
+
+    def start(self) -> None:
+        """Become the subreaper of the job's orphans and start the watchdog; before any pod."""
+        self.foreign = set(process.children_of_self())  # a library caller's own processes
+        process.set_child_subreaper(True)
+        self.watchdog = Watchdog(self.job_id)
+
+    def track(self) -> None:
+        """Record every container's descendants and reap the ones that were adopted and ended."""
+        tree = process.children_map()
+        for pod in self.pods.values():
+            pod.track(tree)
+        self.job_pids.update(p.pid for pod in self.pods.values() for p in pod.tracked())
+        self.job_pids.update(process.adopted(tree, self.known_children(), self.job_id))
+        self.tell_watchdog()
+        process.reap_adopted(self.job_pids)
+        self.job_pids = {pid for pid in self.job_pids if process.pid_exists(pid)}
+
+    def known_children(self) -> set[int]:
+        """This process's children that are not adopted orphans: container main processes not yet
+        reaped, the watchdog, the caller's own."""
+        known = set(self.foreign)
+        for pod in [*self.pods.values(), *self.latest.values()]:
+            known.update(c.proc.pid for c in pod.containers if c.proc is not None and c.running)
+        if self.watchdog is not None:
+            known.add(self.watchdog.pid)
+        return known
+
+    def adopt(self) -> list[int]:
+        """Job processes this process adopted (orphans of container main processes that ended)."""
+        found = process.adopted(process.children_map(), self.known_children(), self.job_id)
+        self.job_pids.update(found)
+        return found
+
+    def tell_watchdog(self) -> None:
+        """The watchdog learns every job process seen, to stop also those without the job's marker."""
+        if self.watchdog is None:
+            return
+        for pid in self.job_pids - self.told:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                self.watchdog.watch_pid(pid, procfs.start_ticks(pid))
+        self.told = set(self.job_pids)
+
+    def on_group(self, pgid: int, started: bool) -> None:
+        """A container's process group started or ended: the watchdog watches the live ones."""
+        if self.watchdog is None:
+            return
+        if started:
+            self.watchdog.watch(pgid)
+        else:
+            self.watchdog.forget(pgid)
+
+    def kill_the_rest(self) -> None:
+        """Kill every process of the job still alive (marked, tracked or adopted) and reap them."""
+        tracked = [p for pod in self.latest.values() for c in pod.containers for p in c.tracked.values()]
+        tracked += _processes(self.adopt())  # orphans without the job's marker, adopted as subreaper
+        killed = process.kill_now(self.job_id, [], tracked, 1.0)
+        # Reap what was adopted (subreaper); waiting on our own children reaps them.
+        process.wait_gone(process.alive(killed), timeout=1.0)
+        process.reap_adopted({p.pid for p in tracked} | {p.pid for p in killed} | self.job_pids)
+        process.set_child_subreaper(False)
+        if self.watchdog is not None:  # nothing of the job is left to watch; reaped at the end
+            self.watchdog.stop()
+
+
+def shutdown(sup: Supervisor) -> None:
+    """Stop everything left, whatever happened; bounded in time."""
+    _stop_pods(sup)
+    sup.processes.kill_the_rest()
+    try:
+        sup.waiter.close()
+        with contextlib.suppress(OSError):
+            port_registry.release(sup.id)
+        sup.drain_logs()
+        if not sup.status.phase.final:
+            sup.status = JobStatus(
+                JobPhase.TERMINATED,
+                sup.status.retry_count,
+                sup.status.version,
+                sup.status.reason or "the supervisor stopped",
+            )
+        sup.finished = time.time()
+        sup.write_status()
+        if not sup.dir.status_file.exists():  # never written: no command could see the job
+            sup.remove_job_dir()
+        if sup.console is not None:
+            sup.console.end_live()
+            for line in summary(sup.report(), sup.console.color, sup.console.unshown):
+                sup.console.print(line)
+            sup.console.finish(OUTPUT_STALL, lambda: bool(sup.signals))
+    finally:
+        if sup.processes.watchdog is not None:  # it died while the above was done
+            sup.processes.watchdog.reap()
+
+
+def _stop_pods(sup: Supervisor) -> None:
+    """Terminate the pods still there and wait, bounded, until they are gone. A job that did not
+    reach a final phase (an error, a crash) gives its pods at most 2 s of grace."""
+    now = time.monotonic()
+    for pod in sup.pods.values():
+        if not pod.gone:
+            grace = grace_of(sup.job, pod)
+            pod.terminate(now, min(grace, 2.0) if not sup.status.phase.final else grace)
+    deadline = time.monotonic() + DEFAULT_GRACE + STUCK_AFTER_KILL
+    while any(not p.gone for p in sup.pods.values() if p.terminating) and time.monotonic() < deadline:
+        sup.handle_signals()
+        for pod in sup.pods.values():
+            pod.poll(time.monotonic())
+        sup.print_logs()
+        sup.waiter.wait(TICK)
+
+
+def grace_of(job: Job, pod: LocalPod) -> float:
+    """The pod's terminationGracePeriodSeconds: seconds from SIGTERM to SIGKILL."""
+    task = job.task(pod.task)
+    value = task.template.spec.get("terminationGracePeriodSeconds") if task else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else DEFAULT_GRACE
+
+
+def _processes(pids: list[int]) -> list[Any]:
+    if not pids:
+        return []
+    import psutil
+
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found.append(psutil.Process(pid))
+    return found

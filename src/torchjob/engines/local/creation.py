@@ -1,0 +1,222 @@
+"""Making a job's pods: what is decided once per job (ports, names, ranks, GPU shares) and each pod.
+
+:class:`PodFactory` holds the per-job decisions taken before the first pod (``prepare``) and turns
+a pod plan into a :class:`LocalPod` ready to start (``make``): its directories, environment and
+resolved containers. Starting it, and everything after, is the supervisor's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from torchjob import logs
+from torchjob.engines.local import gpus, podnames, process, security
+from torchjob.engines.local import ports as port_registry
+from torchjob.engines.local.addressing import LocalAddressing
+from torchjob.engines.local.containers import (
+    PodSetup,
+    ResolveError,
+    configmaps_of,
+    make_empty_dirs,
+    resolve_pod,
+)
+from torchjob.engines.local.pod import LocalPod
+from torchjob.engines.local.state import JobDir, make_private_dirs
+from torchjob.expand import DesiredState, PodPlan, expand
+from torchjob.files import write_atomic
+from torchjob.lifecycle import JobStatus
+from torchjob.plugins import build_plugins
+from torchjob.spec.manifest import job_manifest
+from torchjob.spec.model import Job
+
+WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
+VOLCANO_MOUNT = "/etc/volcano"  # where Volcano's svc plugin mounts its host files
+
+Key = tuple[str, int]
+
+
+class PodFactory:
+    def __init__(self, job: Job, job_dir: JobDir, extra_env: dict[str, str]) -> None:
+        self.job = job
+        self.dir = job_dir
+        self.extra_env = dict(extra_env)
+        self.ports: dict[int, int] = {}  # declared port -> host port
+        self.addressing: LocalAddressing | None = None
+        self.expansions: dict[tuple[int, int], DesiredState] = {}
+        self.attempts: dict[Key, int] = {}
+        self.rank_of: dict[Key, str | None] = {}
+        self.volcano_env: dict[str, str] = {}  # where the /etc/volcano files are here, when mounted
+        self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
+        self.name_resolution = "addresses only"
+        self.gpu_env: dict[Key, gpus.PodEnv] = {}  # CUDA_VISIBLE_DEVICES shares, kept across restarts
+
+    def prepare(self, note: Callable[[str], None]) -> DesiredState:
+        """Reserve the ports, decide name resolution, write the ConfigMaps; once, before any pod."""
+        probe = self.start_names_probe()  # runs in a child while the ports are reserved
+        try:
+            self.ports = port_registry.reserve(self.dir.id, port_registry.declared_ports(self.job))
+            self.dir.write_shims(_python())  # not resolved: a venv's python is a symlink
+        finally:
+            names_resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
+        self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
+        state = self.expansion(0, 0)
+        self.dir.write_configmaps(configmaps_of(state))
+        pod_specs = {(p.task.name, p.index): p.manifest["spec"] for p in state.pods}
+        self.gpu_env, gpu_note = gpus.job_env(pod_specs)
+        if gpu_note:
+            note(gpu_note)
+        plugins = build_plugins(self.job)
+        for plan in state.pods:
+            ranks = [plugin.rank(self.job, plan.task, plan.index) for plugin in plugins]
+            rank = next((r for r in ranks if r is not None), None)
+            self.rank_of[(plan.task.name, plan.index)] = None if rank is None else str(rank)
+        for path, configmap in (m for plugin in plugins for m in plugin.config_mounts(self.job).items()):
+            if path == VOLCANO_MOUNT:  # programs that open /etc/volcano/... read this instead
+                self.volcano_env = {
+                    "TORCHJOB_VOLCANO_DIR": str(self.dir.volumes / configmap),
+                    "TORCHJOB_CONFIG_MOUNT": path,
+                }
+        return state
+
+    def start_names_probe(self) -> tuple[podnames.HostsMount, podnames.Probe]:
+        """Write the job's hosts file and start checking whether its processes can get it as /etc/hosts."""
+        hosts = self.dir.path / "hosts"
+        try:
+            with open(podnames.ETC_HOSTS) as handle:
+                machine = handle.read()
+        except OSError:
+            machine = ""
+        entries = LocalAddressing(self.job).hosts_entries(self.job)  # addresses only: no ports
+        write_atomic(hosts, podnames.hosts_text(machine, entries))
+        if security.other_users([t.template.spec for t in self.job.spec.tasks]):
+            hosts.chmod(0o644)  # read as /etc/hosts by pods that run as another user; nothing secret
+        mount = podnames.HostsMount.of(str(hosts))
+        return mount, podnames.start_probe(mount)
+
+    def finish_names_probe(self, probe: tuple[podnames.HostsMount, podnames.Probe]) -> bool:
+        """Decide, once per job, whether pod names resolve (the probe's answer)."""
+        mount, running = probe
+        why_not = running.result()
+        if why_not is None:
+            self.hosts_mount = mount
+            self.name_resolution = "resolved"
+            logs.debug("pod names resolve: every container's /etc/hosts is %s", mount.source.decode())
+        else:
+            self.name_resolution = f"addresses only ({why_not})"
+            logs.debug("pod names do not resolve, addresses are used instead: %s", why_not)
+        return why_not is None
+
+    def write_records(self) -> None:
+        """job.yaml and pods.yaml are for people and tools, not the pods: written once pods run."""
+        from torchjob.render import dump, list_of
+
+        state = self.expansion(0, 0)
+        write_atomic(self.dir.path / "job.yaml", dump(job_manifest(self.job), "yaml"))
+        items = [*state.objects, *(p.manifest for p in state.pods)]
+        write_atomic(self.dir.path / "pods.yaml", dump(list_of(items), "yaml"))
+
+    def expansion(self, version: int, retry_count: int) -> DesiredState:
+        """The desired pods of one attempt; only the newest is kept (a restart asks for a new one)."""
+        key = (version, retry_count)
+        if key not in self.expansions:
+            self.expansions = {
+                key: expand(self.job, self.addressing, version=version, retry_count=retry_count)
+            }
+        return self.expansions[key]
+
+    def make(
+        self,
+        plan: PodPlan,
+        status: JobStatus,
+        on_group: Callable[[int, bool], None],
+        adopt: Callable[[], list[int]],
+    ) -> LocalPod:
+        """The next attempt of a planned pod, not started. A pod that cannot run gets no main
+        container and a torchjob.log saying why (checked before the job started; defensive only)."""
+        assert self.addressing is not None
+        key = (plan.task.name, plan.index)
+        attempt = self.attempts.get(key, -1) + 1
+        self.attempts[key] = attempt
+        address = self.addressing.address_of(*key)
+        pod_dir = self.dir.pod_dir(plan.name, attempt)
+        uid = _uuid4()
+        ctx = PodSetup(
+            plan=plan,
+            address=address,
+            uid=uid,
+            configmaps=configmaps_of(self.expansion(status.version, status.retry_count)),
+            configmap_dir=self.dir.volumes,
+            pod_dir=pod_dir,
+            base_env=self.base_env(plan, address, attempt, uid, status.retry_count),
+            extra_env=self.extra_env,
+            gpu_env=self.gpu_env.get(key, {}),
+        )
+        log_dir = self.dir.log_dir(plan.name, attempt)
+        try:
+            make_empty_dirs(ctx)
+            inits, mains = resolve_pod(ctx)
+            if self.hosts_mount is not None:  # the job's /etc/hosts, so that pod names resolve
+                for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
+                    run.before_exec = security.then(self.hosts_mount.enter, run.before_exec)
+        except (ResolveError, OSError) as err:
+            make_private_dirs(log_dir)
+            write_atomic(log_dir / "torchjob.log", f"torchjob: cannot run pod {plan.name}: {err}\n")
+            inits, mains = [], []
+        pod = LocalPod(
+            name=plan.name,
+            task=plan.task.name,
+            index=plan.index,
+            attempt=attempt,
+            inits=inits,
+            mains=mains,
+            restart_policy=plan.task.template.restart_policy,
+            log_dir=log_dir,
+            on_group=on_group,
+            adopt=adopt,
+        )
+        pod.address = address
+        pod.uid = uid
+        pod.rank = self.rank_of.get(key)
+        return pod
+
+    def base_env(
+        self, plan: PodPlan, address: str, attempt: int, uid: str, retry_count: int
+    ) -> dict[str, str]:
+        """The engine's own variables for one pod: addresses, ports, attempt and the job's markers."""
+        spec = plan.manifest["spec"]
+        env = {
+            "HOSTNAME": str(spec.get("hostname") or plan.name),
+            "PYTHONUNBUFFERED": "1",
+            "TORCHJOB_JOB_DIR": str(self.dir.path),
+            "TORCHJOB_POD_NAME": plan.name,
+            "TORCHJOB_POD_IP": address,
+            "TORCHJOB_ATTEMPT": str(attempt),
+            "TORCHJOB_RETRY_COUNT": str(retry_count),
+            "TORCHJOB_WAIT_INTERVAL": WAIT_INTERVAL,
+            "TORCHJOB_BIN": str(self.dir.bin),
+            **self.volcano_env,
+        }
+        for declared, host in self.ports.items():
+            env[f"TORCHJOB_PORT_{declared}"] = str(host)
+        env[process.MARKER] = self.dir.id
+        env[process.POD_MARKER] = uid
+        return env
+
+    def ports_text(self) -> str:
+        return ", ".join(f"{d}->{h}" for d, h in self.ports.items()) or "none"
+
+
+def _uuid4() -> str:
+    """A random UUID as ``str(uuid.uuid4())`` gives, without importing uuid (it loads platform)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40  # version 4
+    raw[8] = raw[8] & 0x3F | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
