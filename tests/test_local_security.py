@@ -614,10 +614,18 @@ def test_a_job_cannot_override_the_engines_own_variables(tmp_path: Path) -> None
         assert (started.job_dir / "logs/reserved-main-0/attempt-0/main.log").exists()
         listed = {p.pid for p in marked_processes(job_id)}
         assert escaped in listed, "the job's processes must carry the engine's marker"
-        status = json.loads((started.job_dir / "status.json").read_text())
-        messages = [e["message"] for e in status["events"]]
-        assert any("env[0].name: TORCHJOB_JOB_ID is set by torchjob" in m for m in messages), messages
-        assert any(m.startswith("warning: --env: TORCHJOB_JOB_ID") for m in messages), messages
+
+        def messages() -> list[str]:  # status.json is rewritten by the loop: it may lag the pods
+            status = json.loads((started.job_dir / "status.json").read_text())
+            return [e["message"] for e in status["events"]]
+
+        def warned() -> bool:
+            found = messages()
+            return any("env[0].name: TORCHJOB_JOB_ID is set by torchjob" in m for m in found) and any(
+                m.startswith("warning: --env: TORCHJOB_JOB_ID") for m in found
+            )
+
+        assert wait_until(warned, 10), messages()
     finally:
         delete = subprocess.run(
             [sys.executable, "-m", "torchjob", "delete", "--state-dir", str(tmp_path / "jobs"), job_id],
