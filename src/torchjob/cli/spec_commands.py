@@ -21,6 +21,12 @@ def register(commands: Any) -> None:
     validate.add_argument(
         "files", nargs="+", metavar="FILE", help="job YAML/JSON, '-' for stdin, or FILE.py:TASK"
     )
+    validate.add_argument(
+        "--local",
+        action="store_true",
+        help="also check what `torchjob run` needs on this machine (commands, Secrets, "
+        "working directories, script files), all at once",
+    )
     validate.set_defaults(func=run_validate)
 
     render = commands.add_parser("render", help="print the Kubernetes objects a cluster would create")
@@ -67,12 +73,24 @@ def run_validate(args: argparse.Namespace) -> int:
             # Warnings need the plugins, not the pods: validating a huge job stays cheap.
             expansion = Expansion(job)
             _print_warnings(item.document, expansion.warnings())
+            if getattr(args, "local", False):
+                local = _local_problems(item)
+                if local:
+                    problems += local
+                    continue
             tasks = ", ".join(f"{t.name}x{t.replicas}" for t in job.spec.tasks)
             plugins = ", ".join(p.name for p in expansion.plugins) or "none"
             print(f"{file}: job {job.name}: valid; {job.total_replicas} pods ({tasks}); plugins: {plugins}")
     if problems:
         raise SpecError(problems)
     return 0
+
+
+def _local_problems(item: Any) -> list[Problem]:
+    """What the local engine's check finds (through the engine interface), with the file's lines."""
+    from torchjob.engines.registry import get_engine
+
+    return [item.document.problem(path, message) for path, message in get_engine("local").check(item.job)]
 
 
 def _render_workflow(args: argparse.Namespace) -> int | None:
