@@ -91,3 +91,115 @@ def test_a_script_that_exists_in_the_working_directory_passes(tmp_path: Path) ->
     proc = _cli(tmp_path, "run", "job.yaml")
     assert proc.returncode == 0, proc.stderr
     assert "trained" in proc.stdout
+
+
+SMALL = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: small}
+spec:
+  tasks:
+    - name: main
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+            - name: main
+              image: busybox
+              command: [sh, -c, 'echo "dir=$(pwd) token=$TOKEN args=$*"', sh]
+              env:
+                - name: TOKEN
+                  valueFrom: {secretKeyRef: {name: creds, key: token}}
+    - name: worker
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers: [{name: w, image: busybox, command: [sh, -c, 'echo worker $VC_TASK_INDEX']}]
+"""
+
+
+def test_run_overrides_replicas_workdir_secret_env_and_program_args(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(SMALL)
+    (tmp_path / "wd").mkdir()
+    proc = _cli(
+        tmp_path,
+        "run",
+        "job.yaml",
+        "--set",
+        "worker.replicas=3",
+        "--workdir",
+        "wd",
+        "-e",
+        "TOKEN=s3cret",
+        "--",
+        "--lr",
+        "$(TOKEN)",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"dir={tmp_path / 'wd'} token=s3cret args=--lr $(TOKEN)" in proc.stdout
+    workers = [line for line in proc.stdout.splitlines() if line.startswith("worker-") and "| worker" in line]
+    assert len(workers) == 3, proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("worker.replicas=many", "<command line>: spec.tasks[1].replicas: --set worker.replicas=many: expected"),
+        ("trainer.replicas=2", "<command line>: --set: the job has no task 'trainer' (tasks: main, worker)"),
+        ("worker.image=x", "<command line>: --set: 'image': the task fields that can be set are"),
+        ("replicas", "<command line>: --set: expected TASK.FIELD=VALUE or FIELD=VALUE"),
+    ],
+)
+def test_a_bad_set_names_the_option_and_starts_nothing(tmp_path: Path, option: str, message: str) -> None:
+    (tmp_path / "job.yaml").write_text(SMALL)
+    proc = _cli(tmp_path, "run", "job.yaml", "-e", "TOKEN=x", "--set", option)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(message), proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "home" / "jobs").exists()
+
+
+TRAIN = """\
+import os, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} local {os.environ['LOCAL_RANK']} "
+      f"sum {t.item():.0f} args {sys.argv[1:]}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_quick_mode_runs_a_script_on_nodes_times_processes_with_gloo(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(TRAIN)
+    proc = _cli(tmp_path, "run", "-j", "2x2", "train.py", "--", "--lr", "0.1", timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in range(4):
+        expected = f"rank {rank} of 4 local {rank % 2} sum 6 args ['--lr', '0.1']"
+        assert any(line.endswith(expected) for line in proc.stdout.splitlines()), proc.stdout
+
+
+def test_quick_mode_renders_and_refuses_bad_shapes_and_missing_scripts(tmp_path: Path) -> None:
+    (tmp_path / "train_gpt.py").write_text("print(1)\n")
+    proc = _cli(tmp_path, "render", "-o", "json", "-j", "3x4", "train_gpt.py", "--", "--lr", "0.1")
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    pods = [i for i in json.loads(proc.stdout)["items"] if i["kind"] == "Pod"]
+    assert [p["metadata"]["name"] for p in pods] == ["train-gpt-master-0", "train-gpt-worker-0", "train-gpt-worker-1"]
+    main = pods[2]["spec"]["containers"][0]
+    assert main["command"][:3] == ["python", "-m", "torch.distributed.run"]
+    assert "--nnodes=3" in main["command"] and "--nproc-per-node=4" in main["command"]
+    assert main["args"] == ["train_gpt.py", "--lr", "0.1"] and main["workingDir"] == str(tmp_path)
+    for args, message in (
+        (("-j", "2x", "train_gpt.py"), "<command line>: -j: expected NODESxPROCS_PER_NODE"),
+        (("-j", "0x2", "train_gpt.py"), "<command line>: -j: expected NODESxPROCS_PER_NODE"),
+        (("-j", "1x1", "nope.py"), "nope.py: no such script in"),
+    ):
+        for command in ("run", "render"):
+            proc = _cli(tmp_path, command, *args)
+            assert proc.returncode == 2 and proc.stderr.startswith(message), (command, args, proc.stderr)

@@ -587,4 +587,4 @@ def test_cli_refuses_options_and_arguments_that_do_not_apply(tmp_path: Path) -> 
     out = _cli("run", f"{task_file}:t", "--", "--x", "1", env={"TORCHJOB_HOME": str(tmp_path)})
     assert out.returncode == 2 and "arguments after -- are for a FILE.py:WORKFLOW" in out.stderr
     out = _cli("status", "--", "x")
-    assert out.returncode == 2 and "arguments after -- are a workflow's" in out.stderr
+    assert out.returncode == 2 and "arguments after -- are the program's" in out.stderr

@@ -41,6 +41,7 @@ def register(commands: Any) -> None:
     )
     run.add_argument("-q", "--quiet", action="store_true", help="print only the job id and the final phase")
     run.add_argument("--job", metavar="NAME", help="which job to run when FILE holds several")
+    _override_options(run)
     _engine_options(run)
     run.set_defaults(func=run_run)
 
@@ -68,6 +69,33 @@ def register(commands: Any) -> None:
     )
     _engine_options(delete)
     delete.set_defaults(func=run_delete)
+
+
+def _override_options(run: argparse.ArgumentParser) -> None:
+    """``run``'s changes to the job without editing its file (:mod:`torchjob.overrides`), and
+    the quick mode of a script without a file (:mod:`torchjob.quick`)."""
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="TASK.FIELD=VALUE",
+        help="set a task's replicas, minAvailable or maxRetry (worker.replicas=4), or the job's "
+        "minAvailable, maxRetry or queue (maxRetry=0); repeatable",
+    )
+    run.add_argument(
+        "--workdir", metavar="DIR", help="the working directory of every container that has none"
+    )
+    quick_option(run)
+
+
+def quick_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-j",
+        dest="quick",
+        metavar="NODESxPROCS",
+        help="no job file: FILE is a Python script, run by torchrun on NODES pods of PROCS "
+        "processes each (-j 2x4 train.py -- --lr 0.1)",
+    )
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
@@ -105,26 +133,51 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 def _run_workflow(args: argparse.Namespace) -> int | None:
     """``FILE.py:WORKFLOW [-- ARGS]``: call the workflow here; None for anything else."""
     path, _, name = args.file.rpartition(":")
-    if path.endswith(".py"):
+    if path.endswith(".py") and args.quick is None:
         from torchjob.sdk.workflow_cli import run_workflow
 
         given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
         given.update({"--job": args.job is not None, "--state-dir": args.state_dir is not None})
+        given.update({"--set": args.set, "--workdir": args.workdir is not None})
         code = run_workflow(
-            path, name, getattr(args, "workflow_args", []), [k for k, v in given.items() if v]
+            path, name, getattr(args, "program_args", []), [k for k, v in given.items() if v]
         )
         if code is not None:
             return code
-    if getattr(args, "workflow_args", []):
-        raise SpecError([Problem("", "arguments after -- are for a FILE.py:WORKFLOW", args.file)])
     return None
+
+
+def _load(args: argparse.Namespace, extra_env: dict[str, str]) -> list[Any]:
+    """The jobs FILE holds, or with ``-j`` the job of a script."""
+    if args.quick is not None:
+        from torchjob.quick import quick_job
+
+        return [quick_job(args.quick, args.file, list(args.program_args), args.workdir)]
+    from torchjob.cli.sources import load_ref
+
+    return load_ref(args.file)
+
+
+def _overridden(item: Any, args: argparse.Namespace, extra_env: dict[str, str]) -> Any:
+    """The job with ``--set``, ``--workdir``, ``-e`` and the program arguments applied."""
+    quick = args.quick is not None  # its arguments and working directory are in the job already
+    if not (args.set or extra_env or (not quick and (args.workdir is not None or args.program_args))):
+        return item  # nothing to change: the start-up path stays as short as it was
+    from torchjob.overrides import Overrides, apply
+
+    overrides = Overrides(
+        sets=list(args.set),
+        workdir=None if quick else args.workdir,
+        env=extra_env,
+        program_args=[] if quick else list(args.program_args),
+    )
+    return apply(item, overrides)
 
 
 def run_run(args: argparse.Namespace) -> int:
     workflow_code = _run_workflow(args)
     if workflow_code is not None:
         return workflow_code
-    from torchjob.cli.sources import load_ref
     from torchjob.engines.base import StartOptions
     from torchjob.expand import expand
 
@@ -132,7 +185,7 @@ def run_run(args: argparse.Namespace) -> int:
     if args.timeout is not None and not 0 < args.timeout < float("inf"):  # also refuses nan
         message = f"expected a positive, finite number of seconds, got {args.timeout}"
         raise SpecError([Problem("--timeout", message, "<command line>")])
-    loaded = load_ref(args.file)
+    loaded = _load(args, extra_env)
     if args.job:
         loaded = [item for item in loaded if item.job.name == args.job]
         if not loaded:
@@ -146,7 +199,7 @@ def run_run(args: argparse.Namespace) -> int:
                 )
             ]
         )
-    item = loaded[0]
+    item = _overridden(loaded[0], args, extra_env)
     for path, message in expand(item.job).warnings:
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
     options = StartOptions(

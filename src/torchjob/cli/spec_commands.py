@@ -48,6 +48,12 @@ def register(commands: Any) -> None:
         metavar="NAME",
         help="the ClusterTrainingRuntime of --target trainjob (torch-distributed)",
     )
+    render.add_argument(
+        "-j",
+        dest="quick",
+        metavar="NODESxPROCS",
+        help="no job file: FILE is a Python script; print the job `torchjob run -j` would run",
+    )
     render.set_defaults(func=run_render)
 
 
@@ -96,23 +102,37 @@ def _local_problems(item: Any) -> list[Problem]:
 def _render_workflow(args: argparse.Namespace) -> int | None:
     """``FILE.py:WORKFLOW [-- ARGS]``: one List per task call; None for anything else."""
     path, _, name = args.file.rpartition(":")
-    if path.endswith(".py"):
+    if path.endswith(".py") and getattr(args, "quick", None) is None:
         from torchjob.sdk.workflow_cli import render_workflow
 
-        code = render_workflow(path, name, getattr(args, "workflow_args", []), args.output, sys.stdout.write)
+        code = render_workflow(path, name, getattr(args, "program_args", []), args.output, sys.stdout.write)
         if code is not None:
             sys.stdout.flush()
             return code
-    if getattr(args, "workflow_args", []):
-        raise SpecError([Problem("", "arguments after -- are for a FILE.py:WORKFLOW", args.file)])
     return None
+
+
+def _load_for_render(args: argparse.Namespace) -> list[Any]:
+    """FILE's jobs with the program arguments after ``--``, or with ``-j`` the job of a script."""
+    program_args = list(getattr(args, "program_args", []))
+    if getattr(args, "quick", None) is not None:
+        from torchjob.quick import quick_job
+
+        return [quick_job(args.quick, args.file, program_args)]
+    from torchjob.cli.sources import load_ref
+
+    loaded = load_ref(args.file)
+    if not program_args:
+        return loaded
+    from torchjob.overrides import Overrides, apply
+
+    return [apply(item, Overrides(program_args=program_args)) for item in loaded]
 
 
 def run_render(args: argparse.Namespace) -> int:
     workflow_code = _render_workflow(args)
     if workflow_code is not None:
         return workflow_code
-    from torchjob.cli.sources import load_ref
     from torchjob.expand import Expansion
     from torchjob.render import write_list
 
@@ -124,7 +144,7 @@ def run_render(args: argparse.Namespace) -> int:
                 )
             ]
         )
-    loaded = load_ref(args.file)
+    loaded = _load_for_render(args)
     if args.target != "pods":
         return _render_target(loaded, args)
     expansions = [Expansion(item.job) for item in loaded]
