@@ -203,3 +203,53 @@ def test_quick_mode_renders_and_refuses_bad_shapes_and_missing_scripts(tmp_path:
         for command in ("run", "render"):
             proc = _cli(tmp_path, command, *args)
             assert proc.returncode == 2 and proc.stderr.startswith(message), (command, args, proc.stderr)
+
+
+TASK_FILE = """\
+from torchjob import task
+from torchjob.sdk.config import PyTorch
+
+
+@task(task_config=PyTorch(num_workers=1))
+def train(lr: float, epochs: int = 1, tag: str = "x") -> str:
+    import os
+    print(f"rank {os.environ['RANK']} lr={lr} epochs={epochs} tag={tag}", flush=True)
+    return "ok"
+
+"""
+
+
+def test_a_task_called_at_import_time_is_refused_and_starts_no_job(tmp_path: Path) -> None:
+    (tmp_path / "t.py").write_text(TASK_FILE + "train(0.1)\n")
+    for command in ("render", "validate", "run"):
+        proc = _cli(tmp_path, command, "t.py:train")
+        assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("t.py:11: the file calls task 'train' when it is imported"), proc.stderr
+        assert 'if __name__ == "__main__":' in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "home" / "jobs").exists()
+
+
+def test_run_passes_arguments_to_a_task_and_refuses_a_missing_one(tmp_path: Path) -> None:
+    (tmp_path / "t.py").write_text(TASK_FILE + 'if __name__ == "__main__":\n    train(0.1)\n')
+    proc = _cli(tmp_path, "run", "t.py:train")
+    assert proc.returncode == 2 and "t.py:train: --lr: missing (float)" in proc.stderr, proc.stderr
+    assert not (tmp_path / "home" / "jobs").exists()
+    proc = _cli(tmp_path, "run", "t.py:train", "--", "--lr", "0.5", "--tag", "$(HOME)")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} lr=0.5 epochs=1 tag=$(HOME)" in proc.stdout, proc.stdout
+    rendered = _cli(tmp_path, "render", "-o", "json", "t.py:train", "--", "--lr", "2")
+    assert rendered.returncode == 0, rendered.stderr
+    import json
+
+    pod = next(i for i in json.loads(rendered.stdout)["items"] if i["kind"] == "Pod")
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[command.index("--task-args") + 1] == '["--lr", "2"]', command
+
+
+def test_validate_a_workflow(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    ref = f"{root}/examples/sdk/adaptive_training.py:adaptive_training"
+    proc = _cli(tmp_path, "validate", ref)
+    assert proc.returncode == 0, proc.stderr
+    assert "workflow adaptive_training: valid; parameters: --use-single-node (bool)" in proc.stdout

@@ -153,24 +153,26 @@ def _load(args: argparse.Namespace, extra_env: dict[str, str]) -> list[Any]:
         from torchjob.quick import quick_job
 
         return [quick_job(args.quick, args.file, list(args.program_args), args.workdir)]
-    from torchjob.cli.sources import load_ref
+    from torchjob.cli.sources import is_task_ref, load_ref
 
+    if is_task_ref(args.file):  # the arguments after -- are the task's
+        return load_ref(args.file, list(args.program_args))
     return load_ref(args.file)
 
 
 def _overridden(item: Any, args: argparse.Namespace, extra_env: dict[str, str]) -> Any:
     """The job with ``--set``, ``--workdir``, ``-e`` and the program arguments applied."""
-    quick = args.quick is not None  # its arguments and working directory are in the job already
-    if not (args.set or extra_env or (not quick and (args.workdir is not None or args.program_args))):
+    from torchjob.cli.sources import is_task_ref
+
+    # -j's arguments and working directory are in its job already; a task's arguments are its own.
+    quick = args.quick is not None
+    program_args = [] if quick or is_task_ref(args.file) else list(args.program_args)
+    workdir = None if quick else args.workdir
+    if not (args.set or extra_env or workdir is not None or program_args):
         return item  # nothing to change: the start-up path stays as short as it was
     from torchjob.overrides import Overrides, apply
 
-    overrides = Overrides(
-        sets=list(args.set),
-        workdir=None if quick else args.workdir,
-        env=extra_env,
-        program_args=[] if quick else list(args.program_args),
-    )
+    overrides = Overrides(sets=list(args.set), workdir=workdir, env=extra_env, program_args=program_args)
     return apply(item, overrides)
 
 

@@ -70,6 +70,10 @@ def run_validate(args: argparse.Namespace) -> int:
     problems: list[Problem] = []
     for file in args.files:
         try:
+            workflow = _describe_workflow(file)
+            if workflow is not None:
+                print(f"{file}: {workflow}")
+                continue
             loaded = load_ref(file)
         except SpecError as err:
             problems += err.problems
@@ -90,6 +94,18 @@ def run_validate(args: argparse.Namespace) -> int:
     if problems:
         raise SpecError(problems)
     return 0
+
+
+def _describe_workflow(file: str) -> str | None:
+    """``FILE.py:WORKFLOW``'s summary; None for anything else."""
+    from torchjob.cli.sources import is_task_ref
+
+    if not is_task_ref(file):
+        return None
+    from torchjob.sdk.workflow_cli import describe_workflow
+
+    path, _, name = file.rpartition(":")
+    return describe_workflow(path, name)
 
 
 def _local_problems(item: Any) -> list[Problem]:
@@ -119,8 +135,10 @@ def _load_for_render(args: argparse.Namespace) -> list[Any]:
         from torchjob.quick import quick_job
 
         return [quick_job(args.quick, args.file, program_args)]
-    from torchjob.cli.sources import load_ref
+    from torchjob.cli.sources import is_task_ref, load_ref
 
+    if is_task_ref(args.file):  # the arguments after -- are the task's
+        return load_ref(args.file, program_args)
     loaded = load_ref(args.file)
     if not program_args:
         return loaded
