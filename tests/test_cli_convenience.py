@@ -253,3 +253,52 @@ def test_validate_a_workflow(tmp_path: Path) -> None:
     proc = _cli(tmp_path, "validate", ref)
     assert proc.returncode == 0, proc.stderr
     assert "workflow adaptive_training: valid; parameters: --use-single-node (bool)" in proc.stdout
+
+
+QUICK = SMALL.replace(
+    """              env:
+                - name: TOKEN
+                  valueFrom: {secretKeyRef: {name: creds, key: token}}
+""",
+    "",
+)
+
+
+def _jobs(tmp_path: Path) -> list[str]:
+    root = tmp_path / "home" / "jobs"
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+def test_run_rm_removes_the_job_once_it_has_ended(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(QUICK)
+    proc = _cli(tmp_path, "run", "--rm", "job.yaml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Completed" in proc.stdout and _jobs(tmp_path) == []
+    failing = QUICK.replace("echo worker $VC_TASK_INDEX", "exit 3")
+    (tmp_path / "fail.yaml").write_text(failing)
+    proc = _cli(tmp_path, "run", "-q", "--rm", "fail.yaml")
+    assert proc.returncode == 1 and "Failed" in proc.stdout, proc.stdout + proc.stderr
+    assert _jobs(tmp_path) == []
+    proc = _cli(tmp_path, "run", "-d", "--rm", "job.yaml")
+    assert proc.returncode == 2 and "--rm" in proc.stderr and _jobs(tmp_path) == []
+
+
+def test_prune_removes_finished_jobs_only_and_delete_all_removes_every_job(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(QUICK)
+    (tmp_path / "long.yaml").write_text(QUICK.replace("echo worker $VC_TASK_INDEX", "sleep 60"))
+    done = [_cli(tmp_path, "run", "-q", "job.yaml").stdout.split()[0] for _ in range(2)]
+    running = _cli(tmp_path, "run", "-d", "long.yaml")
+    assert running.returncode == 0, running.stderr
+    assert len(_jobs(tmp_path)) == 3
+    kept = _cli(tmp_path, "prune", "--older-than", "1h")
+    assert kept.returncode == 0 and "no finished jobs to remove" in kept.stdout and len(_jobs(tmp_path)) == 3
+    bad = _cli(tmp_path, "prune", "--older-than", "soon")
+    assert bad.returncode == 2 and "--older-than: expected a duration" in bad.stderr
+    pruned = _cli(tmp_path, "prune")
+    assert pruned.returncode == 0, pruned.stderr
+    assert sorted(pruned.stdout.split()[1::2]) == sorted(done)
+    assert _jobs(tmp_path) == [running.stdout.strip()]
+    assert _cli(tmp_path, "delete").returncode == 2
+    removed = _cli(tmp_path, "delete", "--all")
+    assert removed.returncode == 0 and removed.stdout.split() == ["deleted", running.stdout.strip()]
+    assert _jobs(tmp_path) == []

@@ -65,10 +65,27 @@ def register(commands: Any) -> None:
 
     delete = commands.add_parser("delete", help="stop a job if it runs, then remove it and its state")
     delete.add_argument(
-        "jobs", nargs="+", metavar="JOB", help="job id, id prefix of 4+ characters, or name (newest)"
+        "jobs", nargs="*", metavar="JOB", help="job id, id prefix of 4+ characters, or name (newest)"
     )
+    delete.add_argument("--all", action="store_true", help="every job of the engine, running or not")
     _engine_options(delete)
     delete.set_defaults(func=run_delete)
+    _housekeeping(commands, run)
+
+
+def _housekeeping(commands: Any, run: argparse.ArgumentParser) -> None:
+    """``torchjob prune`` and ``run --rm``: finished jobs do not pile up."""
+    run.add_argument(
+        "--rm", action="store_true", help="remove the job and its logs once it has ended (not with -d)"
+    )
+    prune = commands.add_parser("prune", help="remove finished jobs (Completed, Failed, Aborted, Terminated)")
+    prune.add_argument(
+        "--older-than",
+        metavar="DURATION",
+        help="only those that ended longer ago than this: 90s, 30m, 12h, 7d, 1h30m",
+    )
+    _engine_options(prune)
+    prune.set_defaults(func=run_prune)
 
 
 def _override_options(run: argparse.ArgumentParser) -> None:
@@ -207,6 +224,8 @@ def run_run(args: argparse.Namespace) -> int:
     options = StartOptions(
         detach=args.detach, quiet=args.quiet or args.detach, timeout=args.timeout, extra_env=extra_env
     )
+    if args.rm and args.detach:
+        raise SpecError([Problem("--rm", "a detached job is removed with `torchjob delete`", "<command line>")])
     engine = _engine(args)
     try:
         report = engine.start(item.job, options)  # checks first what stops the job running there
@@ -220,6 +239,8 @@ def run_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.quiet:
         print(f"{report.id} {report.phase}: {report.reason}")
+    if args.rm:  # its logs and state go with it: what was printed is all that is kept
+        engine.delete([report.id])
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -309,6 +330,40 @@ def run_logs(args: argparse.Namespace) -> int:
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    for job_id in _engine(args).delete(list(args.jobs)):
+    if args.all == bool(args.jobs):
+        message = "give the jobs to delete, or --all for every job" if not args.all else "--all takes no JOB"
+        raise SpecError([Problem("", message, "<command line>")])
+    engine = _engine(args)
+    refs = [r.id for r in engine.list_jobs()] if args.all else list(args.jobs)
+    for job_id in engine.delete(refs) if refs else []:
         print(f"deleted {job_id}")
+    return EXIT_OK
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``30m``, ``1h30m``, ``7d`` in seconds; SpecError naming --older-than otherwise."""
+    import re
+
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhdw])", text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        message = f"expected a duration such as 90s, 30m, 12h, 7d or 1h30m, got {text!r}"
+        raise SpecError([Problem("--older-than", message, "<command line>")])
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+
+
+def run_prune(args: argparse.Namespace) -> int:
+    """Finished jobs (a terminal phase), those that ended before ``--older-than`` ago."""
+    age = None if args.older_than is None else parse_duration(args.older_than)
+    engine = _engine(args)
+    now = time.time()
+    finished = [r for r in engine.list_jobs() if r.terminal]
+    if age is not None:
+        finished = [r for r in finished if now - (r.finished_at or r.started_at or now) > age]
+    for job_id in engine.delete([r.id for r in finished]) if finished else []:
+        print(f"deleted {job_id}")
+    if not finished:
+        print("no finished jobs to remove")
     return EXIT_OK
