@@ -302,3 +302,65 @@ def test_prune_removes_finished_jobs_only_and_delete_all_removes_every_job(tmp_p
     removed = _cli(tmp_path, "delete", "--all")
     assert removed.returncode == 0 and removed.stdout.split() == ["deleted", running.stdout.strip()]
     assert _jobs(tmp_path) == []
+
+
+PROGRESS = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: bar}
+spec:
+  tasks:
+    - name: main
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+            - name: main
+              image: busybox
+              command:
+                - python
+                - -c
+                - |
+                  import sys, time
+                  for step in (1, 2, 3):
+                      sys.stdout.write(f"\\rstep {step}/3 \\x1b[A")
+                      sys.stdout.flush()
+                      time.sleep(0.8)
+                  sys.stdout.write("\\rstep done\\n")
+"""
+
+
+def test_progress_bars_redrawn_with_carriage_returns_show_live_on_a_terminal(tmp_path: Path) -> None:
+    import pty
+
+    (tmp_path / "job.yaml").write_text(PROGRESS)
+    master, slave = pty.openpty()
+    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home"), "TERM": "xterm"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", "job.yaml"],
+        env=env,
+        cwd=tmp_path,
+        stdout=slave,
+        stderr=slave,
+        stdin=subprocess.DEVNULL,
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the terminal closed: the run is over
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    text = b"".join(chunks).decode(errors="replace")
+    # Each state while the line was unfinished, then the line as it ended, once, as a log line.
+    for step in (1, 2, 3):
+        assert f"| step {step}/3 " in text, text
+    assert text.count("| step done") == 1, text
+    assert "\x1b[A" not in text.replace("\x1b[A\x1b[J", ""), "a bar's cursor move reached the terminal"
