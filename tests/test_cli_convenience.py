@@ -146,7 +146,10 @@ def test_run_overrides_replicas_workdir_secret_env_and_program_args(tmp_path: Pa
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        ("worker.replicas=many", "<command line>: spec.tasks[1].replicas: --set worker.replicas=many: expected"),
+        (
+            "worker.replicas=many",
+            "<command line>: spec.tasks[1].replicas: --set worker.replicas=many: expected",
+        ),
         ("trainer.replicas=2", "<command line>: --set: the job has no task 'trainer' (tasks: main, worker)"),
         ("worker.image=x", "<command line>: --set: 'image': the task fields that can be set are"),
         ("replicas", "<command line>: --set: expected TASK.FIELD=VALUE or FIELD=VALUE"),
@@ -190,7 +193,11 @@ def test_quick_mode_renders_and_refuses_bad_shapes_and_missing_scripts(tmp_path:
     import json
 
     pods = [i for i in json.loads(proc.stdout)["items"] if i["kind"] == "Pod"]
-    assert [p["metadata"]["name"] for p in pods] == ["train-gpt-master-0", "train-gpt-worker-0", "train-gpt-worker-1"]
+    assert [p["metadata"]["name"] for p in pods] == [
+        "train-gpt-master-0",
+        "train-gpt-worker-0",
+        "train-gpt-worker-1",
+    ]
     main = pods[2]["spec"]["containers"][0]
     assert main["command"][:3] == ["python", "-m", "torch.distributed.run"]
     assert "--nnodes=3" in main["command"] and "--nproc-per-node=4" in main["command"]

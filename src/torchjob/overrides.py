@@ -119,7 +119,9 @@ def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
             literal = [arg.replace("$", "$$") for arg in overrides.program_args]
             container["args"] = [*(container.get("args") or []), *literal]
     before = loaded.document
-    document = Document(data=data, file=before.file, lines=before.lines, index=before.index, total=before.total)
+    document = Document(
+        data=data, file=before.file, lines=before.lines, index=before.index, total=before.total
+    )
     job, problems = check_document(document)
     if job is None:
         # A problem in a field a --set wrote is the option's, not the file's.

@@ -156,9 +156,7 @@ def _run_workflow(args: argparse.Namespace) -> int | None:
         given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
         given.update({"--job": args.job is not None, "--state-dir": args.state_dir is not None})
         given.update({"--set": args.set, "--workdir": args.workdir is not None})
-        code = run_workflow(
-            path, name, getattr(args, "program_args", []), [k for k, v in given.items() if v]
-        )
+        code = run_workflow(path, name, getattr(args, "program_args", []), [k for k, v in given.items() if v])
         if code is not None:
             return code
     return None
@@ -225,7 +223,9 @@ def run_run(args: argparse.Namespace) -> int:
         detach=args.detach, quiet=args.quiet or args.detach, timeout=args.timeout, extra_env=extra_env
     )
     if args.rm and args.detach:
-        raise SpecError([Problem("--rm", "a detached job is removed with `torchjob delete`", "<command line>")])
+        raise SpecError(
+            [Problem("--rm", "a detached job is removed with `torchjob delete`", "<command line>")]
+        )
     engine = _engine(args)
     try:
         report = engine.start(item.job, options)  # checks first what stops the job running there
