@@ -371,3 +371,34 @@ def test_progress_bars_redrawn_with_carriage_returns_show_live_on_a_terminal(tmp
         assert f"| step {step}/3 " in text, text
     assert text.count("| step done") == 1, text
     assert "\x1b[A" not in text.replace("\x1b[A\x1b[J", ""), "a bar's cursor move reached the terminal"
+
+
+def test_render_appends_program_arguments_and_validate_refuses_them(tmp_path: Path) -> None:
+    import json
+
+    (tmp_path / "job.yaml").write_text(SMALL)
+    proc = _cli(tmp_path, "render", "-o", "json", "job.yaml", "--", "--epochs", "3")
+    assert proc.returncode == 0, proc.stderr
+    pods = [i for i in json.loads(proc.stdout)["items"] if i["kind"] == "Pod"]
+    assert [p["spec"]["containers"][0].get("args") for p in pods] == [["--epochs", "3"], ["--epochs", "3"]]
+    proc = _cli(tmp_path, "validate", "job.yaml", "--", "--epochs", "3")
+    assert proc.returncode == 2 and "arguments after -- are the program's" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["python", "train.py", "--lr", "1"], (1, "train.py")),
+        (["python3", "-u", "-X", "dev", "-W", "ignore", "src/x.py"], (6, "src/x.py")),
+        (["python3.12", "--", "-odd.py"], (2, "-odd.py")),
+        (["python", "-m", "torch.distributed.run", "train.py"], None),
+        (["python", "-c", "print(1)"], None),
+        (["python", "-"], None),
+        (["python"], None),
+        (["sh", "-c", "python train.py"], None),
+    ],
+)
+def test_the_script_of_a_python_command(argv: list[str], expected: tuple[int, str] | None) -> None:
+    from torchjob.engines.local.containers import script_of
+
+    assert script_of(argv) == expected
