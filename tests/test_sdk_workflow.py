@@ -585,6 +585,6 @@ def test_cli_refuses_options_and_arguments_that_do_not_apply(tmp_path: Path) -> 
     task_file = tmp_path / "t.py"
     task_file.write_text("from torchjob import task\n@task\ndef t():\n    return 1\n")
     out = _cli("run", f"{task_file}:t", "--", "--x", "1", env={"TORCHJOB_HOME": str(tmp_path)})
-    assert out.returncode == 2 and "arguments after -- are for a FILE.py:WORKFLOW" in out.stderr
+    assert out.returncode == 2 and "--x: t has no such parameter (its parameters: none)" in out.stderr
     out = _cli("status", "--", "x")
-    assert out.returncode == 2 and "arguments after -- are a workflow's" in out.stderr
+    assert out.returncode == 2 and "arguments after -- are the program's" in out.stderr

@@ -482,3 +482,12 @@ def test_huge_integers_from_the_sdk_are_refused_without_printing_them() -> None:
         f"{base}.containers[0].args[0]": "expected a string (quote it), got integer <about 5000 digits>",
         f"{base}.containers[0].resources.limits.cpu": "quantity is too large; expected at most 9.22e+18",
     }
+
+
+def test_a_duplicate_key_is_reported_with_every_other_problem() -> None:
+    """The last value of a key written twice is read on, so the job's own mistakes show too."""
+    text = MERGE.replace("      replicas: 2\n", "      replicas: 2\n      replicas: 3\n")
+    text = text.replace("name: b", "name: B_bad")
+    found = formatted(text)
+    assert "job.yaml:15: spec.tasks[1].replicas: duplicate key 'replicas'" in found
+    assert any("spec.tasks[1].name" in line for line in found), found

@@ -44,6 +44,7 @@ class _Followed:
     partial: bytes = b""
     closing: bool = False
     end: int | None = None  # read no further (see LogFollower.seal)
+    shown: str = ""  # the state of an unfinished progress line last given by LogFollower.progress
 
 
 @record
@@ -88,12 +89,28 @@ class LogFollower:
                 lines.append(item.partial)
                 item.partial = b""
             out.extend((item, _text(line)) for line in lines)
+            if lines:
+                item.shown = ""
             if item.closing:
                 more = path.exists() and path.stat().st_size > item.offset
                 if not more or (item.end is not None and item.offset >= item.end):
                     if item.partial:
                         out.append((item, _text(item.partial)))
                     del self.files[path]
+        return out
+
+    def progress(self) -> list[tuple[_Followed, str]]:
+        """Unfinished lines redrawn with carriage returns (tqdm's progress bars): the present state
+        of each that changed since the last call, for a terminal to show before the line ends.
+        (:meth:`read` gives each line once it ends, with its last state.)"""
+        out: list[tuple[_Followed, str]] = []
+        for item in self.files.values():
+            if b"\r" not in item.partial:
+                continue
+            state = _text(item.partial)
+            if state and state != item.shown:
+                item.shown = state
+                out.append((item, state))
         return out
 
     def skip(self) -> int:

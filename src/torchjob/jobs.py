@@ -47,6 +47,9 @@ def check_document(document: Document) -> tuple[Job | None, list[Problem]]:
         tasks_ok = not broken.under("spec.tasks") and not any(_TASK_NAME.match(path) for path, _ in found)
         issues = issues + found + check_plugins(job, tasks_ok=tasks_ok)
     problems = [document.problem(path, message) for path, message in issues]
+    for duplicate in document.problems:  # a duplicate key: on the line of its second writing
+        found_at = document.problem(duplicate.path, duplicate.message)
+        problems.append(Problem(found_at.path, found_at.message, found_at.file, duplicate.line))
     problems.sort(key=lambda p: p.line or 0)  # in file order; sort is stable for equal lines
     return (job if not problems else None), problems
 

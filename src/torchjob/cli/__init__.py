@@ -69,8 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-def _split_workflow_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``run|render FILE.py:WORKFLOW -- --name value``: what follows ``--`` is the workflow's.
+def _split_program_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``run|render ... -- ARGS``: what follows ``--`` is the program's (a workflow's or a task's
+    arguments, or what every main container gets appended to its ``args``).
 
     Split off before argparse, which cannot take ``--`` after options that follow a positional.
     """
@@ -83,11 +84,11 @@ def _split_workflow_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    argv, workflow_args = _split_workflow_args(sys.argv[1:] if argv is None else argv)
+    argv, program_args = _split_program_args(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    if workflow_args and args.command not in ("run", "render"):
-        parser.error("arguments after -- are a workflow's: torchjob run|render FILE.py:WORKFLOW -- ARGS")
-    args.workflow_args = workflow_args
+    if program_args and args.command not in ("run", "render"):
+        parser.error("arguments after -- are the program's: torchjob run|render FILE -- ARGS")
+    args.program_args = program_args
     if args.verbose or os.environ.get("TORCHJOB_LOG"):
         from torchjob.logs import configure
 

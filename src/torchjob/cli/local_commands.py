@@ -41,6 +41,7 @@ def register(commands: Any) -> None:
     )
     run.add_argument("-q", "--quiet", action="store_true", help="print only the job id and the final phase")
     run.add_argument("--job", metavar="NAME", help="which job to run when FILE holds several")
+    _override_options(run)
     _engine_options(run)
     run.set_defaults(func=run_run)
 
@@ -64,10 +65,54 @@ def register(commands: Any) -> None:
 
     delete = commands.add_parser("delete", help="stop a job if it runs, then remove it and its state")
     delete.add_argument(
-        "jobs", nargs="+", metavar="JOB", help="job id, id prefix of 4+ characters, or name (newest)"
+        "jobs", nargs="*", metavar="JOB", help="job id, id prefix of 4+ characters, or name (newest)"
     )
+    delete.add_argument("--all", action="store_true", help="every job of the engine, running or not")
     _engine_options(delete)
     delete.set_defaults(func=run_delete)
+    _housekeeping(commands, run)
+
+
+def _housekeeping(commands: Any, run: argparse.ArgumentParser) -> None:
+    """``torchjob prune`` and ``run --rm``: finished jobs do not pile up."""
+    run.add_argument(
+        "--rm", action="store_true", help="remove the job and its logs once it has ended (not with -d)"
+    )
+    prune = commands.add_parser("prune", help="remove finished jobs (Completed, Failed, Aborted, Terminated)")
+    prune.add_argument(
+        "--older-than",
+        metavar="DURATION",
+        help="only those that ended longer ago than this: 90s, 30m, 12h, 7d, 1h30m",
+    )
+    _engine_options(prune)
+    prune.set_defaults(func=run_prune)
+
+
+def _override_options(run: argparse.ArgumentParser) -> None:
+    """``run``'s changes to the job without editing its file (:mod:`torchjob.overrides`), and
+    the quick mode of a script without a file (:mod:`torchjob.quick`)."""
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="TASK.FIELD=VALUE",
+        help="set a task's replicas, minAvailable or maxRetry (worker.replicas=4), or the job's "
+        "minAvailable, maxRetry or queue (maxRetry=0); repeatable",
+    )
+    run.add_argument(
+        "--workdir", metavar="DIR", help="the working directory of every container that has none"
+    )
+    quick_option(run)
+
+
+def quick_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-j",
+        dest="quick",
+        metavar="NODESxPROCS",
+        help="no job file: FILE is a Python script, run by torchrun on NODES pods of PROCS "
+        "processes each (-j 2x4 train.py -- --lr 0.1)",
+    )
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
@@ -105,26 +150,51 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 def _run_workflow(args: argparse.Namespace) -> int | None:
     """``FILE.py:WORKFLOW [-- ARGS]``: call the workflow here; None for anything else."""
     path, _, name = args.file.rpartition(":")
-    if path.endswith(".py"):
+    if path.endswith(".py") and args.quick is None:
         from torchjob.sdk.workflow_cli import run_workflow
 
         given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
         given.update({"--job": args.job is not None, "--state-dir": args.state_dir is not None})
-        code = run_workflow(
-            path, name, getattr(args, "workflow_args", []), [k for k, v in given.items() if v]
-        )
+        given.update({"--set": args.set, "--workdir": args.workdir is not None})
+        code = run_workflow(path, name, getattr(args, "program_args", []), [k for k, v in given.items() if v])
         if code is not None:
             return code
-    if getattr(args, "workflow_args", []):
-        raise SpecError([Problem("", "arguments after -- are for a FILE.py:WORKFLOW", args.file)])
     return None
+
+
+def _load(args: argparse.Namespace, extra_env: dict[str, str]) -> list[Any]:
+    """The jobs FILE holds, or with ``-j`` the job of a script."""
+    if args.quick is not None:
+        from torchjob.quick import quick_job
+
+        return [quick_job(args.quick, args.file, list(args.program_args), args.workdir)]
+    from torchjob.cli.sources import is_task_ref, load_ref
+
+    if is_task_ref(args.file):  # the arguments after -- are the task's
+        return load_ref(args.file, list(args.program_args))
+    return load_ref(args.file)
+
+
+def _overridden(item: Any, args: argparse.Namespace, extra_env: dict[str, str]) -> Any:
+    """The job with ``--set``, ``--workdir``, ``-e`` and the program arguments applied."""
+    from torchjob.cli.sources import is_task_ref
+
+    # -j's arguments and working directory are in its job already; a task's arguments are its own.
+    quick = args.quick is not None
+    program_args = [] if quick or is_task_ref(args.file) else list(args.program_args)
+    workdir = None if quick else args.workdir
+    if not (args.set or extra_env or workdir is not None or program_args):
+        return item  # nothing to change: the start-up path stays as short as it was
+    from torchjob.overrides import Overrides, apply
+
+    overrides = Overrides(sets=list(args.set), workdir=workdir, env=extra_env, program_args=program_args)
+    return apply(item, overrides)
 
 
 def run_run(args: argparse.Namespace) -> int:
     workflow_code = _run_workflow(args)
     if workflow_code is not None:
         return workflow_code
-    from torchjob.cli.sources import load_ref
     from torchjob.engines.base import StartOptions
     from torchjob.expand import expand
 
@@ -132,7 +202,7 @@ def run_run(args: argparse.Namespace) -> int:
     if args.timeout is not None and not 0 < args.timeout < float("inf"):  # also refuses nan
         message = f"expected a positive, finite number of seconds, got {args.timeout}"
         raise SpecError([Problem("--timeout", message, "<command line>")])
-    loaded = load_ref(args.file)
+    loaded = _load(args, extra_env)
     if args.job:
         loaded = [item for item in loaded if item.job.name == args.job]
         if not loaded:
@@ -146,12 +216,16 @@ def run_run(args: argparse.Namespace) -> int:
                 )
             ]
         )
-    item = loaded[0]
+    item = _overridden(loaded[0], args, extra_env)
     for path, message in expand(item.job).warnings:
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
     options = StartOptions(
         detach=args.detach, quiet=args.quiet or args.detach, timeout=args.timeout, extra_env=extra_env
     )
+    if args.rm and args.detach:
+        raise SpecError(
+            [Problem("--rm", "a detached job is removed with `torchjob delete`", "<command line>")]
+        )
     engine = _engine(args)
     try:
         report = engine.start(item.job, options)  # checks first what stops the job running there
@@ -165,6 +239,8 @@ def run_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.quiet:
         print(f"{report.id} {report.phase}: {report.reason}")
+    if args.rm:  # its logs and state go with it: what was printed is all that is kept
+        engine.delete([report.id])
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -254,6 +330,40 @@ def run_logs(args: argparse.Namespace) -> int:
 
 
 def run_delete(args: argparse.Namespace) -> int:
-    for job_id in _engine(args).delete(list(args.jobs)):
+    if args.all == bool(args.jobs):
+        message = "give the jobs to delete, or --all for every job" if not args.all else "--all takes no JOB"
+        raise SpecError([Problem("", message, "<command line>")])
+    engine = _engine(args)
+    refs = [r.id for r in engine.list_jobs()] if args.all else list(args.jobs)
+    for job_id in engine.delete(refs) if refs else []:
         print(f"deleted {job_id}")
+    return EXIT_OK
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``30m``, ``1h30m``, ``7d`` in seconds; SpecError naming --older-than otherwise."""
+    import re
+
+    parts = re.findall(r"(\d+(?:\.\d+)?)([smhdw])", text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        message = f"expected a duration such as 90s, 30m, 12h, 7d or 1h30m, got {text!r}"
+        raise SpecError([Problem("--older-than", message, "<command line>")])
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+
+
+def run_prune(args: argparse.Namespace) -> int:
+    """Finished jobs (a terminal phase), those that ended before ``--older-than`` ago."""
+    age = None if args.older_than is None else parse_duration(args.older_than)
+    engine = _engine(args)
+    now = time.time()
+    finished = [r for r in engine.list_jobs() if r.terminal]
+    if age is not None:
+        finished = [r for r in finished if now - (r.finished_at or r.started_at or now) > age]
+    for job_id in engine.delete([r.id for r in finished]) if finished else []:
+        print(f"deleted {job_id}")
+    if not finished:
+        print("no finished jobs to remove")
     return EXIT_OK

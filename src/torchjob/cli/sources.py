@@ -12,11 +12,16 @@ from torchjob.jobs import LoadedJob, load_jobs
 _SDK_REF = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
 
 
-def load_ref(ref: str) -> list[LoadedJob]:
-    """Every job in a YAML/JSON file (``-`` for stdin), or the job of an SDK task reference."""
+def is_task_ref(ref: str) -> bool:
+    return _SDK_REF.fullmatch(ref) is not None
+
+
+def load_ref(ref: str, task_args: list[str] | None = None) -> list[LoadedJob]:
+    """Every job in a YAML/JSON file (``-`` for stdin), or the job of an SDK task reference
+    (called with ``task_args``, ``--NAME VALUE`` tokens, when given: see ``load_task_job``)."""
     match = _SDK_REF.fullmatch(ref)
     if match:
         from torchjob.sdk.loader import load_task_job  # lazy: only SDK references need it
 
-        return [load_task_job(match["path"], match["name"])]
+        return [load_task_job(match["path"], match["name"], task_args)]
     return load_jobs(ref)

@@ -21,6 +21,12 @@ def register(commands: Any) -> None:
     validate.add_argument(
         "files", nargs="+", metavar="FILE", help="job YAML/JSON, '-' for stdin, or FILE.py:TASK"
     )
+    validate.add_argument(
+        "--local",
+        action="store_true",
+        help="also check what `torchjob run` needs on this machine (commands, Secrets, "
+        "working directories, script files), all at once",
+    )
     validate.set_defaults(func=run_validate)
 
     render = commands.add_parser("render", help="print the Kubernetes objects a cluster would create")
@@ -42,6 +48,12 @@ def register(commands: Any) -> None:
         metavar="NAME",
         help="the ClusterTrainingRuntime of --target trainjob (torch-distributed)",
     )
+    render.add_argument(
+        "-j",
+        dest="quick",
+        metavar="NODESxPROCS",
+        help="no job file: FILE is a Python script; print the job `torchjob run -j` would run",
+    )
     render.set_defaults(func=run_render)
 
 
@@ -58,6 +70,10 @@ def run_validate(args: argparse.Namespace) -> int:
     problems: list[Problem] = []
     for file in args.files:
         try:
+            workflow = _describe_workflow(file)
+            if workflow is not None:
+                print(f"{file}: {workflow}")
+                continue
             loaded = load_ref(file)
         except SpecError as err:
             problems += err.problems
@@ -67,6 +83,11 @@ def run_validate(args: argparse.Namespace) -> int:
             # Warnings need the plugins, not the pods: validating a huge job stays cheap.
             expansion = Expansion(job)
             _print_warnings(item.document, expansion.warnings())
+            if getattr(args, "local", False):
+                local = _local_problems(item)
+                if local:
+                    problems += local
+                    continue
             tasks = ", ".join(f"{t.name}x{t.replicas}" for t in job.spec.tasks)
             plugins = ", ".join(p.name for p in expansion.plugins) or "none"
             print(f"{file}: job {job.name}: valid; {job.total_replicas} pods ({tasks}); plugins: {plugins}")
@@ -75,26 +96,61 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe_workflow(file: str) -> str | None:
+    """``FILE.py:WORKFLOW``'s summary; None for anything else."""
+    from torchjob.cli.sources import is_task_ref
+
+    if not is_task_ref(file):
+        return None
+    from torchjob.sdk.workflow_cli import describe_workflow
+
+    path, _, name = file.rpartition(":")
+    return describe_workflow(path, name)
+
+
+def _local_problems(item: Any) -> list[Problem]:
+    """What the local engine's check finds (through the engine interface), with the file's lines."""
+    from torchjob.engines.registry import get_engine
+
+    return [item.document.problem(path, message) for path, message in get_engine("local").check(item.job)]
+
+
 def _render_workflow(args: argparse.Namespace) -> int | None:
     """``FILE.py:WORKFLOW [-- ARGS]``: one List per task call; None for anything else."""
     path, _, name = args.file.rpartition(":")
-    if path.endswith(".py"):
+    if path.endswith(".py") and getattr(args, "quick", None) is None:
         from torchjob.sdk.workflow_cli import render_workflow
 
-        code = render_workflow(path, name, getattr(args, "workflow_args", []), args.output, sys.stdout.write)
+        code = render_workflow(path, name, getattr(args, "program_args", []), args.output, sys.stdout.write)
         if code is not None:
             sys.stdout.flush()
             return code
-    if getattr(args, "workflow_args", []):
-        raise SpecError([Problem("", "arguments after -- are for a FILE.py:WORKFLOW", args.file)])
     return None
+
+
+def _load_for_render(args: argparse.Namespace) -> list[Any]:
+    """FILE's jobs with the program arguments after ``--``, or with ``-j`` the job of a script."""
+    program_args = list(getattr(args, "program_args", []))
+    if getattr(args, "quick", None) is not None:
+        from torchjob.quick import quick_job
+
+        return [quick_job(args.quick, args.file, program_args)]
+    from torchjob.cli.sources import is_task_ref, load_ref
+
+    if is_task_ref(args.file):  # the arguments after -- are the task's
+        return load_ref(args.file, program_args)
+    loaded = load_ref(args.file)
+    if not program_args:
+        return loaded
+    from torchjob.overrides import Overrides, apply
+
+    return [apply(item, Overrides(program_args=program_args)) for item in loaded]
 
 
 def run_render(args: argparse.Namespace) -> int:
     workflow_code = _render_workflow(args)
     if workflow_code is not None:
         return workflow_code
-    from torchjob.cli.sources import load_ref
     from torchjob.expand import Expansion
     from torchjob.render import write_list
 
@@ -106,7 +162,7 @@ def run_render(args: argparse.Namespace) -> int:
                 )
             ]
         )
-    loaded = load_ref(args.file)
+    loaded = _load_for_render(args)
     if args.target != "pods":
         return _render_target(loaded, args)
     expansions = [Expansion(item.job) for item in loaded]

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from torchjob.errors import SpecError
+from torchjob.errors import Problem, SpecError
 from torchjob.logs import configure, get_logger
 from torchjob.sdk.quick_exit import exit_now
 from torchjob.sdk.results import (
@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--task", metavar="REF", help="the task: package.module:name or file.py:name")
     source.add_argument("--payload", metavar="FILE", help="a cloudpickle payload written by a local caller")
+    parser.add_argument(
+        "--task-args",
+        metavar="JSON",
+        help="the --task's arguments as a JSON list of --NAME VALUE tokens, read from its signature",
+    )
     parser.add_argument("--results", metavar="DIR", help="where rank 0's value and rank errors are written")
     parser.add_argument("--elastic", action="store_true", help="run under torch's elastic launcher")
     parser.add_argument("--nnodes", default="1:1", help="MIN:MAX nodes")
@@ -66,7 +71,15 @@ def _payload(args: argparse.Namespace) -> bytes:
     from torchjob.sdk.loader import load_task
 
     task = load_task(args.task)
-    return dump_call(task.function, (), {})
+    if not args.task_args:
+        return dump_call(task.function, (), {})
+    from torchjob.sdk.workflow_cli import parse_arguments
+
+    tokens = json.loads(args.task_args)
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise SpecError([Problem("--task-args", "expected a JSON list of strings", args.task)])
+    positional, keywords = parse_arguments(task, tokens, args.task)
+    return dump_call(task.function, tuple(positional), keywords)
 
 
 def _endpoint(multi_node: bool) -> tuple[str, bool]:

@@ -21,6 +21,25 @@ from torchjob.sdk.task import Task
 
 MODULE_PREFIX = "torchjob_sdk_file_"
 
+# The files torchjob is importing now (to find their tasks): a task they call while being imported
+# is refused, or rendering a file whose last line is ``train()`` would run a real job (and every
+# pod, importing the file in turn, would start one more).
+_importing: list[str] = []
+
+
+class CalledWhileImporting(RuntimeError):
+    """A task called by a file's top-level code while torchjob imports the file."""
+
+    def __init__(self, task: str) -> None:
+        super().__init__(task)
+        self.task = task
+
+
+def refuse_call_while_importing(task: str) -> None:
+    """Called by every task call: raises CalledWhileImporting during :func:`import_file`."""
+    if _importing:
+        raise CalledWhileImporting(task)
+
 
 def _fail(file: str, path: str, message: str) -> SpecError:
     return SpecError([Problem(path, message, file)])
@@ -43,6 +62,7 @@ def import_file(path: str) -> ModuleType:
     if folder not in sys.path:
         sys.path.insert(0, folder)
     sys.modules[name] = module
+    _importing.append(full)
     try:
         spec.loader.exec_module(module)
     except KeyboardInterrupt:  # Ctrl-C during a slow import still stops torchjob (exit 130)
@@ -51,6 +71,8 @@ def import_file(path: str) -> ModuleType:
     except BaseException as err:  # the file's sys.exit() must not end torchjob
         sys.modules.pop(name, None)
         raise _import_failed(path, err) from None
+    finally:
+        _importing.pop()
     import cloudpickle
 
     cloudpickle.register_pickle_by_value(module)
@@ -59,6 +81,19 @@ def import_file(path: str) -> ModuleType:
 
 def _import_failed(file: str, err: BaseException) -> SpecError:
     """What went wrong importing ``file``, as one problem: other files' results are still reported."""
+    if isinstance(err, CalledWhileImporting):
+        return SpecError(
+            [
+                Problem(
+                    "",
+                    f"the file calls task {err.task!r} when it is imported; torchjob imports the file "
+                    "to find its tasks and must not start a job then, so call it under "
+                    "'if __name__ == \"__main__\":'",
+                    file,
+                    _line_in(file, err),
+                )
+            ]
+        )
     if isinstance(err, SyntaxError):
         return SpecError([Problem("", f"syntax error: {err.msg}", file, err.lineno)])
     if isinstance(err, SystemExit):
@@ -72,6 +107,15 @@ def _import_failed(file: str, err: BaseException) -> SpecError:
     if isinstance(err, ValueError):  # a bad task config raises at decoration time
         return _fail(file, "", f"invalid task: {_text(err)}")
     return _fail(file, "", f"importing the file raised {type(err).__name__}: {_text(err)}")
+
+
+def _line_in(file: str, err: BaseException) -> int | None:
+    """The line of ``file`` that the exception passed through last (the call in its top level)."""
+    import traceback
+
+    full = os.path.abspath(file)
+    lines = [f.lineno for f in traceback.extract_tb(err.__traceback__) if f.filename == full]
+    return lines[-1] if lines else None
 
 
 def _text(value: object) -> str:
@@ -112,11 +156,26 @@ def load_task(ref: str) -> Task[Any, Any]:
     return _task_from(module, name, where)
 
 
-def load_task_job(path: str, name: str) -> LoadedJob:
-    """The checked Job of task ``name`` in ``path``; the jobs layer calls this for ``FILE.py:TASK``."""
+def load_task_job(path: str, name: str, argv: list[str] | None = None) -> LoadedJob:
+    """The checked Job of task ``name`` in ``path``; the jobs layer calls this for ``FILE.py:TASK``.
+
+    With ``argv`` (``--NAME VALUE`` tokens: ``run FILE.py:TASK -- ARGS``), the task's arguments:
+    checked here against its signature, so a missing or mistyped one is refused before anything
+    starts, and read again the same way in each pod.
+    """
+    import json
+
     from torchjob.sdk.tojob import build_job
 
-    task = _task_from(import_file(path), name, path)
+    module = import_file(path)
+    task = _task_from(module, name, path)
     ref = f"{path}:{name}"
-    job, document = build_job(task.job_request(target=["--task", ref]), file=ref)
+    target = ["--task", ref]
+    if argv is not None:
+        from torchjob.sdk.workflow_cli import parse_arguments
+
+        parse_arguments(task, argv, ref)
+        if argv:  # Kubernetes expands $(VAR) in a command: the user's text is meant literally
+            target += ["--task-args", json.dumps(argv).replace("$", "$$")]
+    job, document = build_job(task.job_request(target=target), file=ref)
     return LoadedJob(job, document)

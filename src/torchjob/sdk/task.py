@@ -104,6 +104,9 @@ class Task(Generic[P, R]):
         return f"Task({self.ref}, task_config={self.task_config!r})"
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        from torchjob.sdk.loader import refuse_call_while_importing
+
+        refuse_call_while_importing(self.name)
         collector = scope.current()
         if collector is not None:  # inside a @workflow: a node that runs when its value is needed
             promise: R = collector.add(self, args, kwargs)

@@ -20,6 +20,7 @@ from typing import Any
 
 from torchjob.errors import Problem, SpecError
 from torchjob.sdk.promise import InvalidOverride, Node
+from torchjob.sdk.task import Task
 from torchjob.sdk.workflow import ValueNeeded, Workflow, trace
 
 _TRUE = ("true", "yes", "on", "1")
@@ -33,6 +34,28 @@ def find_workflow(path: str, name: str) -> Workflow[..., Any] | None:
 
     found = getattr(import_file(path), name, None)
     return found if isinstance(found, Workflow) else None
+
+
+def describe_workflow(path: str, name: str) -> str | None:
+    """``validate FILE.py:WORKFLOW``: its parameters and the file's tasks (each task's job is
+    built and checked when the file defines it); None if ``name`` is not a workflow."""
+    from torchjob.sdk.loader import import_file
+
+    flow = find_workflow(path, name)
+    if flow is None:
+        return None
+    hints = _hints(flow.function)
+    params = []
+    for param_name, param in inspect.signature(flow.function).parameters.items():
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        text = f"--{param_name.replace('_', '-')} ({_type_text(hints.get(param_name, param.annotation))})"
+        params.append(text if param.default is inspect.Parameter.empty else f"[{text}]")
+    tasks = sorted({t.name for t in vars(import_file(path)).values() if isinstance(t, Task)})
+    return (
+        f"workflow {flow.name}: valid; parameters: {' '.join(params) or 'none'}; "
+        f"tasks in the file: {', '.join(tasks) or 'none'}"
+    )
 
 
 _PLAIN = {"bool": bool, "int": int, "float": float, "str": str}
@@ -116,9 +139,9 @@ def _convert(text: str, hint: Any) -> Any:
 
 
 def parse_arguments(
-    flow: Workflow[..., Any], argv: Sequence[str], ref: str
+    flow: Workflow[..., Any] | Task[..., Any], argv: Sequence[str], ref: str
 ) -> tuple[list[Any], dict[str, Any]]:
-    """The positional and keyword arguments ``--name value`` tokens give the workflow."""
+    """The positional and keyword arguments ``--name value`` tokens give the workflow (or task)."""
     signature = inspect.signature(flow.function)
     params = {
         name: p

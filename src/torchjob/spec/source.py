@@ -87,6 +87,9 @@ class Document:
     index: int = 0
     # How many documents the file holds; with more than one, problems say which document they are in.
     total: int = 1
+    # Mistakes the document could still be read past (a key written twice: the last one counts),
+    # reported together with every problem of the job it holds.
+    problems: list[Problem] = field(default_factory=list)
 
     def line_of(self, path: str) -> int | None:
         """The line of ``path``, or of its nearest parent that has one."""
@@ -108,6 +111,7 @@ class _Builder:
         self.constructor = yaml.constructor.SafeConstructor()
         self.lines: dict[str, int] = {}
         self.problems: list[Problem] = []
+        self.duplicates: list[Problem] = []  # per document: reported with the job's own problems
         self.values = 0
         self.text = 0  # characters of every scalar built, aliases counted each time
         # Mapping nodes whose ``<<`` merge keys are flattened: how many leading pairs came from merges.
@@ -160,7 +164,8 @@ class _Builder:
             # merge key), but a key written twice here is a mistake.
             if index >= merged:
                 if key in written_keys:
-                    self.fail(key_path, f"duplicate key {key!r}", key_node)
+                    line = key_node.start_mark.line + 1
+                    self.duplicates.append(Problem(key_path, f"duplicate key {key!r}", self.file, line))
                 written_keys.add(key)
             self.lines.setdefault(key_path, key_node.start_mark.line + 1)
             result[key] = self.build(value_node, key_path, depth + 1)
@@ -251,6 +256,10 @@ def parse_documents(text: str, file: str) -> list[Document]:
         return _parse(text, file, yaml.SafeLoader, False)
 
 
+def _order(problem: Problem) -> int:
+    return problem.line or 0
+
+
 class _SurrogateEscape(Exception):
     pass
 
@@ -267,10 +276,13 @@ def _parse(text: str, file: str, loader: Any, in_bytes: bool) -> list[Document]:
             builder.lines = {}
             builder.values = 0  # the text is counted for the whole file: anchors are per document
             builder.merged = {}
+            builder.duplicates = []
             current = index + 1
             data = builder.build(node, "")
             current = index + 2
-            documents.append(Document(data=data, file=file, lines=builder.lines, index=index))
+            document = Document(data=data, file=file, lines=builder.lines, index=index)
+            document.problems = builder.duplicates
+            documents.append(document)
     except yaml.MarkedYAMLError as err:
         if loader is not yaml.SafeLoader and "Unicode character escape" in str(err.problem):
             raise _SurrogateEscape from None
@@ -301,8 +313,8 @@ def _parse(text: str, file: str, loader: Any, in_bytes: bool) -> list[Document]:
         raise SpecError([Problem("", err.message, file, err.line)]) from None
     except RecursionError:
         raise SpecError([Problem("", "document is nested too deeply", file)]) from None
-    if builder.problems:
-        raise SpecError(builder.problems)
+    if builder.problems:  # the documents cannot be read on: with the duplicates found so far
+        raise SpecError(sorted(builder.problems + [p for d in documents for p in d.problems], key=_order))
     if len(documents) > 1:
         for document in documents:
             document.total = len(documents)

@@ -365,22 +365,42 @@ def _constant(value: str) -> Callable[[re.Match[str]], str]:
     return lambda _match: value
 
 
-def resolve_container(ctx: PodSetup, container: dict[str, Any], *, init: bool) -> ContainerRun:
-    """The argv, env and cwd of one container of a pod; raises ResolveError."""
+def resolve_container(
+    ctx: PodSetup, container: dict[str, Any], *, init: bool, errors: list[ResolveError] | None = None
+) -> ContainerRun:
+    """The argv, env and cwd of one container of a pod; raises ResolveError.
+
+    With ``errors``, the problems of the command and of each env entry are collected there and
+    resolution goes on past them (the check reports every one at once).
+    """
+
+    def found(err: ResolveError) -> None:
+        if errors is None:
+            raise err
+        errors.append(err)
+
     name, image = str(container.get("name", "")), str(container.get("image", ""))
     command = [str(c) for c in container.get("command") or []]
     args = [str(a) for a in container.get("args") or []]
     if not command:
-        raise ResolveError(
-            "command",
+        message = (
             f"container {name!r} (image {image!r}) has no command; torchjob does not "
-            "run images locally, so add a 'command' (for example [python, train.py])",
+            "run images locally, so add a 'command' (for example [python, train.py])"
         )
+        found(ResolveError("command", message))
+        command = ["true"]  # only when collecting: what follows is still checked
     mounts = mount_dirs(ctx, container)
     defined: dict[str, str] = {**ctx.base_env, **ctx.gpu_env.get(name, {})}
-    _env_from(ctx, container, defined)
+    try:
+        _env_from(ctx, container, defined)
+    except ResolveError as err:
+        found(err)
     for i, var in enumerate(container.get("env") or []):
-        value = _env_value(ctx, container, var, defined, f"env[{i}]")
+        try:
+            value = _env_value(ctx, container, var, defined, f"env[{i}]")
+        except ResolveError as err:
+            found(err)
+            continue
         if value is not None:
             defined[str(var.get("name"))] = rewrite_paths(value, mounts)
     defined.update(ctx.extra_env)
@@ -444,6 +464,44 @@ def _template_path(state: DesiredState, plan: PodPlan, kind: str, name: str) -> 
     return "spec.plugins"
 
 
+# Options of python that take a value; -c and -m end the options without a script file.
+_PYTHON_VALUE_OPTIONS = frozenset({"-W", "-X", "-Q"})
+
+
+def script_of(argv: list[str]) -> tuple[int, str] | None:
+    """The index and path of the script ``python [options] SCRIPT ...`` runs; None for -c/-m/stdin."""
+    if not argv or not (_PYTHON.fullmatch(argv[0]) or argv[0] == sys.executable):
+        return None
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break
+        if arg.startswith(("-c", "-m")):
+            return None
+        i += 2 if arg in _PYTHON_VALUE_OPTIONS else 1
+    if i >= len(argv) or argv[i] == "-":
+        return None
+    return i, argv[i]
+
+
+def _check_script(container: dict[str, Any], run: ContainerRun, where: str) -> Issues:
+    """A relative script path of a python command that is not in the container's working directory."""
+    script = script_of(run.argv)
+    if script is None or os.path.isabs(script[1]):
+        return []
+    base = run.cwd or os.getcwd()
+    if os.path.exists(os.path.join(base, script[1])):
+        return []
+    commands = len(container.get("command") or [])
+    field = f"command[{script[0]}]" if script[0] < commands else f"args[{script[0] - commands}]"
+    in_dir = f"working directory {run.cwd!r}" if run.cwd else f"the current directory ({base})"
+    return [(f"{where}.{field}", f"python script {script[1]!r} does not exist in {in_dir}")]
+
+
 # Where the check pretends the engine's own directories (ConfigMap volumes, emptyDirs) are: they
 # are made when a pod starts, so a working directory inside them is not looked for on disk.
 _CHECK_ROOT = Path("/nonexistent/torchjob-check")
@@ -487,10 +545,14 @@ def check_pods(state: DesiredState) -> Issues:
                 for at_pod, name, message in security.problems(plan.manifest["spec"], container):
                     level = f"{_task_path(state, plan)}.spec" if at_pod else where
                     issues.append((f"{level}.securityContext.{name}", message))
+                errors: list[ResolveError] = []
                 try:
-                    run = resolve_container(ctx, container, init=kind == "initContainers")
+                    run = resolve_container(ctx, container, init=kind == "initContainers", errors=errors)
                 except ResolveError as err:
-                    issues.append((f"{where}.{err.field}", err.message))
+                    errors.append(err)
+                    run = None
+                issues += [(f"{where}.{err.field}", err.message) for err in errors]
+                if run is None:
                     continue
                 managed = run.cwd is not None and Path(run.cwd).is_relative_to(scratch)
                 if run.cwd and not managed and not os.path.isdir(run.cwd):
@@ -500,4 +562,6 @@ def check_pods(state: DesiredState) -> Issues:
                             f"container {key[2]!r}: working directory {run.cwd!r} does not exist here",
                         )
                     )
+                elif container.get("command") and not managed:
+                    issues += _check_script(container, run, where)
     return list(dict.fromkeys(issues))  # a pod-level problem is found once per container

@@ -245,7 +245,8 @@ def _attempts(where: JobDir, pod: str) -> list[int]:
 def _stop_supervisor(where: JobDir) -> None:
     """SIGTERM the supervisor (it stops the job's pods), then SIGKILL (its watchdog cleans up)."""
     found = where.supervisor()
-    if found is None or not where.supervisor_alive():
+    # This process supervised the job itself (``run --rm``, attached): the job has ended already.
+    if found is None or found[0] == os.getpid() or not where.supervisor_alive():
         return
     pid = found[0]
     with contextlib.suppress(OSError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import stat
 import sys
 import time
@@ -182,6 +183,7 @@ class Console:
         self.unshown = 0  # container lines never written, for the summary to say so
         self.gave_up = False
         self._table: list[str] = []
+        self._progress: dict[str, tuple[str, str]] = {}  # prefix -> (color, unfinished line's state)
         self._drawn = 0
         self._last_draw = 0.0
         self._prefix_width = 0
@@ -192,12 +194,16 @@ class Console:
             self._drawn = 0
 
     def _draw(self) -> None:
-        if not self.live or not self._table:
+        if not self.live or not (self._table or self._progress):
             return
         import shutil  # only on a terminal; with its compression modules it costs 2 ms
 
         width, height = shutil.get_terminal_size((100, 24))
-        rows = self._table[: max(1, height // 2)]
+        progress = [
+            f"{paint(prefix.ljust(self._prefix_width), code, self.color)} | {text}"
+            for prefix, (code, text) in self._progress.items()
+        ]
+        rows = (progress + self._table)[: max(1, height // 2)]
         for row in rows:
             self.stream.write(_clip(row, width - 1) + "\n")
         self._drawn = len(rows)
@@ -252,6 +258,8 @@ class Console:
             self.unshown += len(batch)
             return
         self._prefix_width = max(self._prefix_width, *(len(p) for p, _, _ in batch))
+        for prefix, _, _ in batch:  # its line ended: printed as a log line from now on
+            self._progress.pop(prefix, None)
         self._erase()
         for shown, (prefix, code, text) in enumerate(batch):
             if self.stream.broken:  # the reader went away (``| head``)
@@ -261,6 +269,22 @@ class Console:
             self.stream.write(f"{label} | {text}\n", True)
         self._draw()
         self.stream.flush()
+
+    def progress(self, items: Iterable[tuple[str, str, str]]) -> None:
+        """(prefix, color code, text): the present state of unfinished progress lines, shown live
+        below the log lines (terminal only) until their line ends."""
+        if not self.live or self.gave_up or self.stream.broken:
+            return
+        changed = False
+        for prefix, code, raw in items:
+            text = _CONTROL.sub("", raw)  # a bar's own cursor moves would break the redrawn region
+            self._prefix_width = max(self._prefix_width, len(prefix))
+            changed |= self._progress.get(prefix) != (code, text)
+            self._progress[prefix] = (code, text)
+        if changed and self.stream.backlog < MAX_BACKLOG:
+            self._erase()
+            self._draw()
+            self.stream.flush()
 
     def note(self, text: str, code: str = "2") -> None:
         """torchjob's own messages (phase changes, restarts)."""
@@ -290,7 +314,11 @@ class Console:
     def end_live(self) -> None:
         self._erase()
         self._table = []
+        self._progress = {}
         self.stream.flush()
+
+
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")
 
 
 def _clip(text: str, width: int) -> str:

@@ -434,6 +434,8 @@ class Supervisor:
             self.console.lines((item.prefix, item.color, text) for item, text in lines)
         else:
             self.console.stream.flush()
+        if self.console.live:  # progress bars (lines redrawn with \r) live, before they end
+            self.console.progress((item.prefix, item.color, text) for item, text in self.follower.progress())
         if self.console.live:
             report = self.report()
             self.console.table([headline(report, True), *pod_rows(report, True, limit=20)])
