@@ -171,7 +171,7 @@ def _load(args: argparse.Namespace, extra_env: dict[str, str]) -> list[Any]:
     from torchjob.cli.sources import is_task_ref, load_ref
 
     if is_task_ref(args.file):  # the arguments after -- are the task's
-        return load_ref(args.file, list(args.program_args))
+        return load_ref(args.file, list(args.program_args), every_rank=True)
     return load_ref(args.file)
 
 

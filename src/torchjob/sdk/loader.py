@@ -156,7 +156,9 @@ def load_task(ref: str) -> Task[Any, Any]:
     return _task_from(module, name, where)
 
 
-def load_task_job(path: str, name: str, argv: list[str] | None = None) -> LoadedJob:
+def load_task_job(
+    path: str, name: str, argv: list[str] | None = None, *, every_rank: bool = False
+) -> LoadedJob:
     """The checked Job of task ``name`` in ``path``; the jobs layer calls this for ``FILE.py:TASK``.
 
     With ``argv`` (``--NAME VALUE`` tokens: ``run FILE.py:TASK -- ARGS``), the task's arguments:
@@ -177,5 +179,7 @@ def load_task_job(path: str, name: str, argv: list[str] | None = None) -> Loaded
         parse_arguments(task, argv, ref)
         if argv:  # Kubernetes expands $(VAR) in a command: the user's text is meant literally
             target += ["--task-args", json.dumps(argv).replace("$", "$$")]
-    job, document = build_job(task.job_request(target=target), file=ref)
+    # every_rank: the job waits for every rank, as a task call does, instead of ending with the master
+    request = task.job_request(target=target, complete_with_master=not every_rank)
+    job, document = build_job(request, file=ref)
     return LoadedJob(job, document)
