@@ -38,6 +38,7 @@ from torchjob.engines.local.containers import (
 )
 from torchjob.engines.local.output import Console, short_name
 from torchjob.engines.local.pod import FAILED, PENDING, RUNNING, SUCCEEDED, LocalPod
+from torchjob.engines.local.prewarm import modules_of as prewarm_modules
 from torchjob.engines.local.state import JobDir, make_private_dirs
 from torchjob.engines.local.waiter import ExitWaiter
 from torchjob.engines.local.watchdog import Watchdog
@@ -92,6 +93,7 @@ class Supervisor:
         echo_logs: bool,
         timeout: float | None,
         extra_env: dict[str, str],
+        prewarm: bool = True,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -99,6 +101,7 @@ class Supervisor:
         self.console = console
         self.echo_logs = echo_logs and console is not None
         self.extra_env = dict(extra_env)
+        self.prewarm_modules = prewarm_modules(job) if prewarm else ()  # prewarm.py
         deadlines = [t for t in (timeout, job.run_policy and job.run_policy.active_deadline_seconds) if t]
         self.timeout: float | None = float(min(deadlines)) if deadlines else None
         self.status: JobStatus = initial_status()
@@ -301,7 +304,7 @@ class Supervisor:
         reaped, the watchdog, the caller's own."""
         known = set(self.foreign)
         for pod in [*self.pods.values(), *self.latest.values()]:
-            known.update(c.proc.pid for c in pod.containers if c.proc is not None and c.running)
+            known.update(pod.child_pids())
         if self.watchdog is not None:
             known.add(self.watchdog.pid)
         return known
@@ -531,6 +534,7 @@ class Supervisor:
             log_dir=log_dir,
             on_group=self.on_group,
             adopt=self.adopt,
+            prewarm_modules=self.prewarm_modules,
         )
         pod.address = address
         pod.uid = uid
