@@ -189,3 +189,55 @@ def test_a_noisy_import_falls_back_to_a_cold_start(tmp_path: Path) -> None:
     result = run(_load(path), tmp_path, timeout=60, prewarm=True)
     assert result.phase == "Completed"
     assert log_text(result, "main-0", "app") == "before False\nnoisy imported\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "warm"),
+    [
+        (["prog.py", "-i"], True),  # after the script, options are the program's
+        (["-u", "-B", "-O", "-W", "ignore", "-Xdev", "prog.py"], True),
+        (["-OO", "-m", "pkg.mod", "x"], True),
+        (["-c", "print(1)"], True),
+        (["-i", "prog.py"], False),
+        (["-I", "prog.py"], False),
+        (["-x", "prog.py"], False),
+        (["-", "x"], False),
+        (["--version"], False),
+        (["-u"], False),  # an interactive interpreter
+        (["-m"], False),
+    ],
+)
+def test_which_commands_are_started_warm(args: list[str], warm: bool) -> None:
+    from torchjob.engines.local import prewarm
+    from torchjob.engines.local.containers import ContainerRun
+
+    run = ContainerRun(name="c", image="x", init=False, argv=[sys.executable, *args], env={}, cwd=None)
+    argv = prewarm.warm_argv(run, 5, ("torch",), "/tmp")
+    assert (argv is not None) == warm
+    if argv is not None:  # the options go first, unchanged; the program's argv last, unchanged
+        i = argv.index("-c")
+        options, program = argv[1:i], argv[i + 7 :]  # -c BOOT RUNNER fd timeout modules cwd
+        assert options + program == args
+        assert argv[i + 3 : i + 7] == ["5", f"{prewarm.MAX_WAIT + 60:g}", "torch", "/tmp"]
+    other = ContainerRun(name="c", image="x", init=False, argv=["sh", "-c", "python x.py"], env={}, cwd=None)
+    assert prewarm.warm_argv(other, 5, ("torch",), "/tmp") is None
+
+
+def test_a_restarted_init_container_keeps_the_warm_process_and_the_program_runs_once(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    flag = tmp_path / "failed-once"
+    init = sh(f"[ -e {flag} ] && exit 0; touch {flag}; exit 1")  # fails once, then succeeds
+    program = [
+        "python",
+        "-c",
+        f"import sys; open({str(runs)!r}, 'a').write(str('torch' in sys.modules) + '\\n')",
+    ]
+    job = make_job(
+        "again",
+        [task("main", [container("app", program)], restart="OnFailure", init=[container("init", init)])],
+    )
+    result = run(job, tmp_path, timeout=60, prewarm=True)
+    assert result.ok, result.reason
+    assert result.pods[0].restarts == 1  # the init container's
+    assert runs.read_text() == "True\n"
+    assert leftovers(result.job_id) == []

@@ -36,13 +36,16 @@ DEFAULT_MODULES = ("torch",)
 MAX_WAIT = 600.0  # seconds a warm process may wait for its init containers; then it is discarded
 RUNNER = str(Path(__file__).with_name("warmstart.py"))
 # Loads the runner into a namespace of its own, so that __main__ can be handed to the program clean.
+# Should that fail (a runAsUser that cannot read torchjob's files), it ends without a word in the
+# container's log; the engine then starts the container cold.
 BOOT = (
     "import os,sys\n"
-    "f=os.open(sys.argv[1],os.O_RDONLY)\n"
-    "s=os.read(f,1<<20)\n"
-    "os.close(f)\n"
-    "n={'__name__':'torchjob_prewarm','__builtins__':__builtins__}\n"
-    "exec(compile(s,sys.argv[1],'exec'),n)\n"
+    "try:\n"
+    " f=os.open(sys.argv[1],os.O_RDONLY);s=os.read(f,1<<20);os.close(f)\n"
+    " n={'__name__':'torchjob_prewarm','__builtins__':__builtins__}\n"
+    " exec(compile(s,sys.argv[1],'exec'),n)\n"
+    "except BaseException:\n"
+    " os._exit(0)\n"
     "n['main']()\n"
 )
 _FLAGS = frozenset("uOBsEbq")  # interpreter options passed on unchanged: sys.flags stay the same
