@@ -48,6 +48,7 @@ BOOT = (
     " os._exit(0)\n"
     "n['main']()\n"
 )
+_LINUX = sys.platform.startswith("linux")
 _FLAGS = frozenset("uOBsEbq")  # interpreter options passed on unchanged: sys.flags stay the same
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
@@ -81,8 +82,8 @@ def warm_argv(run: ContainerRun, fd: int, modules: tuple[str, ...], cwd: str) ->
     """The command of the container's warm process, or None when a cold start is the only sure way
     (not torchjob's python, or an interpreter option or form whose effect could not be the same)."""
     argv = run.argv
-    if argv[0] != sys.executable or run.env.get("PYTHONINSPECT"):
-        return None
+    if not _LINUX or argv[0] != sys.executable or run.env.get("PYTHONINSPECT"):
+        return None  # (the runner sets output aside in a memfd, which only Linux has)
     options: list[str] = []
     i = 1
     while i < len(argv):

@@ -39,10 +39,14 @@ def main() -> None:
     # its options and the tail.
     cold = sys.orig_argv[: len(sys.orig_argv) - len(sys.argv) - 1] + tail
     mode, target, args = _parse(tail)
-    sys.argv[:] = [target if mode == "script" else f"-{mode}", *args]
-    sys.path[0] = _path0(mode, target)
-    warm = _warm([m for m in modules_text.split(",") if m])
-    if not _wait(fd, float(timeout_text)):
+    try:
+        sys.argv[:] = [target if mode == "script" else f"-{mode}", *args]
+        sys.path[0] = _path0(mode, target)
+        warm = _warm([m for m in modules_text.split(",") if m])
+        go = _wait(fd, float(timeout_text))
+    except Exception:  # not a word in the container's log: the engine starts it cold instead
+        os._exit(0)
+    if not go:
         os._exit(0)  # discarded: the program never runs
     os.close(fd)
     try:
