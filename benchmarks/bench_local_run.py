@@ -10,7 +10,8 @@ check the sum) for N ranks in three ways, interleaved so that load from other wo
 hits all of them alike:
 
 * ``torchjob``: ``torchjob run`` of a job with 1 master and N-1 workers (pytorch plugin);
-  ``torchjob+wait`` is the same job with ``--wait-master-enabled=true``;
+  ``torchjob+wait`` is the same job with ``--wait-master-enabled=true`` (the workers' interpreters
+  pre-warmed while they wait, the default), ``torchjob+wait-cold`` the same with ``--no-prewarm``;
 * ``torchrun``: ``torchrun --nproc-per-node=N`` with a static rendezvous;
 * ``shell``: ``sh`` starting N processes with MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE set by hand,
   each in its own session like torchjob's containers: the floor for any launcher.
@@ -150,11 +151,11 @@ def job_yaml(
     return "\n".join(lines) + "\n"
 
 
-def torchjob_argv(work: Path, ranks: int, *, wait: bool) -> list[str]:
+def torchjob_argv(work: Path, ranks: int, *, wait: bool, prewarm: bool = True) -> list[str]:
     name = f"bench-{ranks}-{uuid.uuid4().hex[:8]}"
     path = work / f"{name}.yaml"
     path.write_text(job_yaml(name, ranks, free_port(), ["python", str(PROGRAM)], wait=wait))
-    return [str(BIN / "torchjob"), "run", str(path)]
+    return [str(BIN / "torchjob"), "run", *([] if prewarm else ["--no-prewarm"]), str(path)]
 
 
 def torchrun_argv(_work: Path, ranks: int) -> list[str]:
@@ -186,6 +187,7 @@ def shell_argv(_work: Path, ranks: int) -> list[str]:
 METHODS: dict[str, Callable[[Path, int], list[str]]] = {
     "torchjob": lambda work, n: torchjob_argv(work, n, wait=False),
     "torchjob+wait": lambda work, n: torchjob_argv(work, n, wait=True),
+    "torchjob+wait-cold": lambda work, n: torchjob_argv(work, n, wait=True, prewarm=False),
     "torchrun": torchrun_argv,
     "shell": shell_argv,
 }
@@ -465,6 +467,25 @@ def verdicts(summaries: list[Summary]) -> list[str]:
                 f"; torchjob {job.median('wall'):.2f} s vs torchrun {run.median('wall'):.2f} s "
                 f"(target faster: {'met' if faster else 'MISSED'})"
             )
+        lines.append(line)
+    for ranks in sorted({s.ranks for s in summaries}):
+        # Issue 13: the job with wait-for-master (workers pre-warmed) against the floor without any wait.
+        waited, floor, cold = (
+            by_key.get((m, ranks)) for m in ("torchjob+wait", "shell", "torchjob+wait-cold")
+        )
+        if waited is None or floor is None:
+            continue
+        target = 1.15 if ranks <= 2 else 1.10
+        ratio = waited.median("wall") / floor.median("wall")
+        pairs = list(zip(waited.runs, floor.runs, strict=False))
+        paired = statistics.median(a.wall / b.wall for a, b in pairs)
+        verdict = "met" if max(ratio, paired) <= target else "MISSED"
+        line = (
+            f"- {ranks} ranks with wait-for-master: torchjob+wait/shell = {ratio:.3f} (medians), "
+            f"{paired:.3f} (median of pairs) (target ≤ {target:.2f} by both: {verdict})"
+        )
+        if cold is not None:
+            line += f"; without pre-warming {cold.median('wall') / floor.median('wall'):.3f} (medians)"
         lines.append(line)
     return lines
 

@@ -3,6 +3,9 @@
 Each job has a container that starts a grandchild ``sleep`` in a new session (it leaves the
 container's process group) and one that ignores SIGTERM, so the grace period and the SIGKILL
 after it are exercised too. Every check looks for processes that carry the job's marker.
+
+The main tests run in both start modes (issue 13): ``cold`` and ``prewarm``, where the spawner's
+pod has an init container, so its interpreter is started (and imports torch) before it runs.
 """
 
 from __future__ import annotations
@@ -25,20 +28,28 @@ from torchjob.spec.manifest import job_manifest
 pytestmark = pytest.mark.timeout(60)
 
 SPAWNER = """
-import subprocess, time
+import subprocess, sys, time
 subprocess.Popen(["sleep", "300"], start_new_session=True)  # leaves the container's group
 subprocess.Popen(["sleep", "301"])  # stays in it
-print("spawned", flush=True)
+print("spawned", "warm" if "torch" in sys.modules else "cold", flush=True)
 time.sleep(300)
 """
 
 
-def _job(tmp_path: Path, name: str) -> Path:
+MODES = ["cold", "prewarm"]
+
+
+def _init(mode: str) -> list[dict[str, object]] | None:
+    return [container("init", sh("sleep 0.2"))] if mode == "prewarm" else None
+
+
+def _job(tmp_path: Path, name: str, mode: str) -> Path:
     (tmp_path / "spawner.py").write_text(SPAWNER)
+    spawner = container("spawner", ["python", str(tmp_path / "spawner.py")])
     job = make_job(
         name,
         [
-            task("master", [container("spawner", ["python", str(tmp_path / "spawner.py")])]),
+            task("master", [spawner], init=_init(mode)),
             task("worker", [container("stubborn", sh("trap '' TERM; echo stubborn; sleep 300"))]),
         ],
     )
@@ -47,12 +58,13 @@ def _job(tmp_path: Path, name: str) -> Path:
     return path
 
 
-def _start(tmp_path: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:
+def _start(tmp_path: Path, name: str, mode: str) -> tuple[subprocess.Popen[bytes], str]:
     home = tmp_path / "home"
     env = {**os.environ, "TORCHJOB_HOME": str(home)}
     out = open(tmp_path / "out.txt", "wb")  # noqa: SIM115 - closed by the test's end
+    flags = ["--no-prewarm"] if mode == "cold" else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torchjob", "run", str(_job(tmp_path, name))],
+        [sys.executable, "-m", "torchjob", "run", *flags, str(_job(tmp_path, name, mode))],
         env=env,
         stdout=out,
         stderr=subprocess.STDOUT,
@@ -67,7 +79,7 @@ def _start(tmp_path: Path, name: str) -> tuple[subprocess.Popen[bytes], str]:
         stubborn = list(logs.glob("*worker-0/attempt-0/stubborn.log"))
         return bool(
             spawned
-            and "spawned" in spawned[0].read_text()
+            and f"spawned {'warm' if mode == 'prewarm' else 'cold'}" in spawned[0].read_text()
             and stubborn
             and "stubborn" in stubborn[0].read_text()
         )
@@ -83,8 +95,9 @@ def _exit_code(proc: subprocess.Popen[bytes]) -> int:
     return proc.wait(timeout=20)
 
 
-def test_ctrl_c_stops_every_process_and_exits_130(tmp_path: Path) -> None:
-    proc, job_id = _start(tmp_path, "sigint")
+@pytest.mark.parametrize("mode", MODES)
+def test_ctrl_c_stops_every_process_and_exits_130(tmp_path: Path, mode: str) -> None:
+    proc, job_id = _start(tmp_path, "sigint", mode)
     proc.send_signal(signal.SIGINT)
     assert _exit_code(proc) == 130
     assert leftovers(job_id) == []
@@ -92,15 +105,17 @@ def test_ctrl_c_stops_every_process_and_exits_130(tmp_path: Path) -> None:
     assert status["phase"] == "Terminated" and "SIGINT" in status["reason"]
 
 
-def test_sigterm_stops_every_process_and_exits_1(tmp_path: Path) -> None:
-    proc, job_id = _start(tmp_path, "sigterm")
+@pytest.mark.parametrize("mode", MODES)
+def test_sigterm_stops_every_process_and_exits_1(tmp_path: Path, mode: str) -> None:
+    proc, job_id = _start(tmp_path, "sigterm", mode)
     proc.send_signal(signal.SIGTERM)
     assert _exit_code(proc) == 1
     assert leftovers(job_id) == []
 
 
-def test_a_sigkilled_supervisor_leaves_nothing_after_two_seconds(tmp_path: Path) -> None:
-    proc, job_id = _start(tmp_path, "sigkill")
+@pytest.mark.parametrize("mode", MODES)
+def test_a_sigkilled_supervisor_leaves_nothing_after_two_seconds(tmp_path: Path, mode: str) -> None:
+    proc, job_id = _start(tmp_path, "sigkill", mode)
     victims = leftovers(job_id)
     proc.kill()
     killed_at = time.monotonic()
@@ -119,19 +134,63 @@ def test_a_sigkilled_supervisor_leaves_nothing_after_two_seconds(tmp_path: Path)
     assert not victims_alive()
 
 
-def test_the_end_of_a_job_stops_grandchildren_that_left_the_group(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_the_end_of_a_job_stops_grandchildren_that_left_the_group(tmp_path: Path, mode: str) -> None:
     (tmp_path / "spawner.py").write_text(SPAWNER)
     job = make_job(
         "ending",
         [
-            task("master", [container("spawner", ["python", str(tmp_path / "spawner.py")])]),
-            task("worker", [container("quick", sh("sleep 0.5; exit 3"))]),
+            task(
+                "master",
+                [container("spawner", ["python", str(tmp_path / "spawner.py")])],
+                init=_init(mode),
+            ),
+            # Long enough for the warm spawner to import torch and run, on a busy machine.
+            task("worker", [container("quick", sh("sleep 4; exit 3"))]),
         ],
         policies=[{"event": "PodFailed", "action": "AbortJob"}],
     )
-    result = run(job, tmp_path)
+    result = run(job, tmp_path, prewarm=mode == "prewarm")
     assert result.phase == "Aborted"
+    assert "spawned" in log_text(result, "master-0", "spawner")
     assert leftovers(result.job_id) == []
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_warm_process_waiting_for_its_init_containers_dies_with_the_supervisor(
+    tmp_path: Path, how: str
+) -> None:
+    """Stopped while the init container still runs: the warm process is found and killed (or
+    ends by itself on its pipe's end of file) and the program never runs."""
+    ran = tmp_path / "ran"
+    program = ["python", "-c", f"open({str(ran)!r}, 'w').write('ran')"]
+    job = make_job(
+        "waiting", [task("main", [container("app", program)], init=[container("init", sh("sleep 300"))])]
+    )
+    (tmp_path / "job.json").write_text(json.dumps(job_manifest(job)))
+    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", str(tmp_path / "job.json")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    jobs = tmp_path / "home" / "jobs"
+    assert wait_until(lambda: jobs.is_dir() and any(jobs.iterdir()), 15), "the job never started"
+    job_id = next(jobs.iterdir()).name
+
+    def warm() -> list[psutil.Process]:
+        return [p for p in leftovers(job_id) if "torchjob_prewarm" in " ".join(p.cmdline())]
+
+    assert wait_until(lambda: warm() and len(leftovers(job_id)) >= 2, 15), "no warm process"
+    victims = leftovers(job_id)
+    proc.send_signal(getattr(signal, how))
+    proc.wait(timeout=15)
+    assert wait_until(
+        lambda: not any(v.is_running() and v.status() != psutil.STATUS_ZOMBIE for v in victims), 3.0
+    )
+    assert leftovers(job_id) == []
+    assert not ran.exists()
 
 
 def test_a_timeout_kills_a_container_that_ignores_sigterm(tmp_path: Path) -> None:

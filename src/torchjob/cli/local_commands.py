@@ -42,6 +42,12 @@ def register(commands: Any) -> None:
     run.add_argument("-q", "--quiet", action="store_true", help="print only the job id and the final phase")
     run.add_argument("--job", metavar="NAME", help="which job to run when FILE holds several")
     _override_options(run)
+    run.add_argument(
+        "--no-prewarm",
+        dest="prewarm",
+        action="store_false",
+        help="start no container's interpreter before its pod's init containers have succeeded",
+    )
     _engine_options(run)
     run.set_defaults(func=run_run)
 
@@ -220,7 +226,11 @@ def run_run(args: argparse.Namespace) -> int:
     for path, message in expand(item.job).warnings:
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
     options = StartOptions(
-        detach=args.detach, quiet=args.quiet or args.detach, timeout=args.timeout, extra_env=extra_env
+        detach=args.detach,
+        quiet=args.quiet or args.detach,
+        timeout=args.timeout,
+        extra_env=extra_env,
+        prewarm=args.prewarm,
     )
     if args.rm and args.detach:
         raise SpecError(

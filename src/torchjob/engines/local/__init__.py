@@ -44,6 +44,7 @@ class RunOptions:
     timeout: float | None = None  # whole-job deadline in seconds; then the job is Terminated
     extra_env: dict[str, str] = field(default_factory=dict)  # added to every container's env, last
     detach: bool = False  # run in a background process; run_job returns once it has started
+    prewarm: bool = True  # start main containers' interpreters while init containers run (prewarm.py)
 
 
 @record
@@ -88,7 +89,9 @@ def check_job(job: Job) -> list[tuple[str, str]]:
 
     if job.total_replicas == 0:  # Volcano keeps such a job Running for ever, with nothing to run
         return [("spec.tasks", "every task has 0 replicas: there is no pod to run")]
-    return check_pods(_check_state(job)) + gpus.check(job)
+    from torchjob.engines.local import prewarm
+
+    return check_pods(_check_state(job)) + gpus.check(job) + prewarm.check(job)
 
 
 def _raise_problems(job: Job) -> None:
@@ -162,6 +165,7 @@ def _supervise(
         echo_logs=echo_logs,
         timeout=options.timeout,
         extra_env=options.extra_env,
+        prewarm=options.prewarm,
     )
     previous = supervisor.install_signals()
     try:

@@ -70,7 +70,7 @@ class JobProcesses:
         reaped, the watchdog, the caller's own."""
         known = set(self.foreign)
         for pod in [*self.pods.values(), *self.latest.values()]:
-            known.update(c.proc.pid for c in pod.containers if c.proc is not None and c.running)
+            known.update(pod.child_pids())
         if self.watchdog is not None:
             known.add(self.watchdog.pid)
         return known

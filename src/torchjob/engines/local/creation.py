@@ -37,10 +37,13 @@ Key = tuple[str, int]
 
 
 class PodFactory:
-    def __init__(self, job: Job, job_dir: JobDir, extra_env: dict[str, str]) -> None:
+    def __init__(
+        self, job: Job, job_dir: JobDir, extra_env: dict[str, str], prewarm_modules: tuple[str, ...] = ()
+    ) -> None:
         self.job = job
         self.dir = job_dir
         self.extra_env = dict(extra_env)
+        self.prewarm_modules = prewarm_modules  # what main containers import while inits run (prewarm.py)
         self.ports: dict[int, int] = {}  # declared port -> host port
         self.addressing: LocalAddressing | None = None
         self.expansions: dict[tuple[int, int], DesiredState] = {}
@@ -174,6 +177,7 @@ class PodFactory:
             log_dir=log_dir,
             on_group=on_group,
             adopt=adopt,
+            prewarm_modules=self.prewarm_modules,
         )
         pod.address = address
         pod.uid = uid

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torchjob.engines.local import process
+from torchjob.engines.local import prewarm, process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.state import make_private_dirs, open_private
 from torchjob.records import field, record
@@ -65,6 +65,7 @@ class RunningContainer:
     next_start: float | None = None
     done: bool = False
     tracked: dict[int, psutil.Process] = field(default_factory=dict)
+    warm: prewarm.Warm | None = None  # its interpreter, started while the init containers run
 
     @property
     def running(self) -> bool:
@@ -87,12 +88,14 @@ class LocalPod:
         log_dir: Path,
         on_group: Callable[[int, bool], None] = lambda pgid, started: None,
         adopt: Callable[[], list[int]] = list,
+        prewarm_modules: tuple[str, ...] = (),
     ) -> None:
         self.name, self.task, self.index, self.attempt = name, task, index, attempt
         self.restart_policy = restart_policy
         self.log_dir = log_dir
         self.on_group = on_group  # tells the watchdog about each process group (True) and its end
         self.adopt = adopt  # job processes the supervisor adopted (orphans of ended main processes)
+        self.prewarm_modules = prewarm_modules  # empty: no warm processes (prewarm.py)
         with contextlib.suppress(OSError):  # a full disk: its containers then fail to start, and say why
             make_private_dirs(log_dir)
         self.inits = [RunningContainer(c, log_dir / f"{c.name}.log") for c in inits]
@@ -124,12 +127,15 @@ class LocalPod:
         self.started_at = time.time()
         if self.inits:
             self._start(self.inits[0], now)
+            if self.prewarm_modules:
+                self._start_warm(now)
         else:
             self._start_mains(now)
 
     def poll(self, now: float) -> None:
         if self.gone:
             return
+        self._poll_warm(now)
         if self.terminating:
             self._poll_terminating(now)
             return
@@ -149,6 +155,8 @@ class LocalPod:
         self.track(tree)
         for c in self.containers:
             c.next_start = None
+            if c.warm is not None:
+                prewarm.discard(c.warm)
             if c.running and c.proc is not None:
                 process.signal_group(c.proc.pid, signal.SIGTERM)
             process.signal_processes(c.tracked.values(), signal.SIGTERM)
@@ -161,6 +169,8 @@ class LocalPod:
             self._killed = True
             self._kill_deadline = min(self._kill_deadline or time.monotonic(), time.monotonic())
         for c in self.containers:
+            if c.warm is not None:
+                prewarm.discard(c.warm)
             if c.proc is not None and c.proc.returncode is None:
                 process.signal_group(c.proc.pid, signal.SIGKILL)
             process.signal_processes(process.alive(c.tracked.values()), signal.SIGKILL)
@@ -171,8 +181,13 @@ class LocalPod:
         self._finish(FAILED, exit_code)
 
     def live_pids(self) -> list[int]:
-        pids = [c.proc.pid for c in self.containers if c.running and c.proc is not None]
+        pids = self.child_pids()
         return pids + [p.pid for c in self.containers for p in process.alive(c.tracked.values())]
+
+    def child_pids(self) -> list[int]:
+        """The pod's processes that the engine started itself (running and warm containers)."""
+        pids = [c.proc.pid for c in self.containers if c.running and c.proc is not None]
+        return pids + [c.warm.proc.pid for c in self.mains if c.warm is not None]
 
     def stuck(self, now: float, after: float) -> bool:
         """SIGKILL was sent ``after`` seconds ago and something still has not died."""
@@ -294,8 +309,34 @@ class LocalPod:
         else:  # Kubernetes restarts failed init containers under Always and OnFailure
             self._schedule_restart(c, now)
 
+    def _start_warm(self, now: float) -> None:
+        for c in self.mains:
+            c.warm = prewarm.start(c.run, c.log, self.prewarm_modules, now)
+            if c.warm is not None:
+                self.on_group(c.warm.proc.pid, True)  # the watchdog stops it if the supervisor dies
+
+    def _poll_warm(self, now: float) -> None:
+        """Reap warm processes that ended (discarded, or killed by someone), discard stale ones."""
+        for c in self.mains:
+            if c.warm is None:
+                continue
+            if now - c.warm.since > prewarm.MAX_WAIT:
+                prewarm.discard(c.warm)
+            if prewarm.reaped(c.warm):
+                self.on_group(c.warm.proc.pid, False)
+                c.warm = None
+
     def _start_mains(self, now: float) -> None:
         for c in self.mains:
+            warm, c.warm = c.warm, None
+            if warm is not None and prewarm.release(warm, c.run.cwd):
+                c.proc, c.started, c.exit_code, c.next_start = warm.proc, now, None, None
+                continue
+            if warm is not None:  # it ended meanwhile: reaped here, the container starts cold
+                prewarm.discard(warm)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    warm.proc.wait(1.0)
+                self.on_group(warm.proc.pid, False)
             self._start(c, now)
         self.phase = RUNNING
         self._poll_mains(now)
@@ -320,6 +361,9 @@ class LocalPod:
             self._finish(FAILED if failed else SUCCEEDED, failed[0] if failed else 0)
 
     def _finish(self, phase: str, exit_code: int | None) -> None:
+        for c in self.mains:  # an init container failed: the program never runs
+            if c.warm is not None:
+                prewarm.discard(c.warm)
         self.phase = phase
         self.exit_code = exit_code
         self.finished_at = time.time()
@@ -328,7 +372,7 @@ class LocalPod:
         for c in self.containers:
             if self._reap(c) and c.exit_code is not None and self.exit_code is None and c.exit_code != 0:
                 self.exit_code = c.exit_code
-        busy = any(c.running for c in self.containers)
+        busy = any(c.running or c.warm is not None for c in self.containers)
         strays = [p for c in self.containers for p in process.alive(c.tracked.values())]
         if not busy and not strays:
             self.gone = True

@@ -61,10 +61,12 @@ def spawn(
     cwd: str | None,
     log_path: Path,
     before_exec: Callable[[], None] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a new session with stdout and stderr appended to ``log_path``.
 
-    ``before_exec`` runs in the child before the program (the job's /etc/hosts, see names.py).
+    ``before_exec`` runs in the child before the program (the job's /etc/hosts, see names.py);
+    ``pass_fds`` stay open in it (a warm process's pipe, see prewarm.py).
     Raises OSError when the program cannot be started (not found, not executable, bad cwd).
     """
     preexec = _keep_orphans if before_exec is None else _then(before_exec, _keep_orphans)
@@ -81,6 +83,7 @@ def spawn(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=tuple(pass_fds),
                 preexec_fn=preexec,
             )
         except subprocess.SubprocessError as err:  # before_exec failed in the child

@@ -41,6 +41,7 @@ from torchjob.engines.local.containers import local_warnings
 from torchjob.engines.local.creation import PodFactory
 from torchjob.engines.local.output import Console, short_name
 from torchjob.engines.local.pod import FAILED, PENDING, RUNNING, SUCCEEDED, LocalPod
+from torchjob.engines.local.prewarm import modules_of as prewarm_modules
 from torchjob.engines.local.report import job_report
 from torchjob.engines.local.state import JobDir
 from torchjob.engines.local.waiter import ExitWaiter
@@ -89,6 +90,7 @@ class Supervisor:
         echo_logs: bool,
         timeout: float | None,
         extra_env: dict[str, str],
+        prewarm: bool = True,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -106,7 +108,7 @@ class Supervisor:
         self.signals: list[int] = []
         self.started = time.time()
         self.finished: float | None = None
-        self.factory = PodFactory(job, job_dir, extra_env)
+        self.factory = PodFactory(job, job_dir, extra_env, prewarm_modules(job) if prewarm else ())
         self.processes = JobProcesses(self.id, self.pods, self.latest)
         self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
         self.dirty = True

@@ -1,0 +1,170 @@
+"""Pre-warmed containers: a main container's interpreter imports torch while the init containers run.
+
+A pod whose workers wait for the master (the pytorch plugin's wait-for-master init container)
+would otherwise start each worker's interpreter, and import torch, only once the master listens:
+about a second of CPU in series. Here a main container whose command is torchjob's ``python`` is
+started at once as ``warmstart.py`` (see there): it imports the modules and blocks on a pipe. When
+the init containers have succeeded the engine writes ``go`` and the same process runs the program
+as a cold start would; when they fail, or the pod is stopped, it is killed and the program never
+runs. Until then it is a process of the container like any other: its own session, the job's and
+the pod's markers in its environment, its group told to the watchdog.
+
+On by default; ``--no-prewarm`` turns it off for a run, the job annotation ``torchjob.io/prewarm:
+"false"`` for a job, and ``"torch,numpy"`` names what to import instead of ``torch``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torchjob.engines.local import process
+from torchjob.engines.local.containers import ContainerRun
+from torchjob.records import record
+
+if TYPE_CHECKING:
+    from torchjob.spec.model import Job
+
+ANNOTATION = "torchjob.io/prewarm"
+DEFAULT_MODULES = ("torch",)
+MAX_WAIT = 600.0  # seconds a warm process may wait for its init containers; then it is discarded
+RUNNER = str(Path(__file__).with_name("warmstart.py"))
+# Loads the runner into a namespace of its own, so that __main__ can be handed to the program clean.
+# Should that fail (a runAsUser that cannot read torchjob's files), it ends without a word in the
+# container's log; the engine then starts the container cold.
+BOOT = (
+    "import os,sys\n"
+    "try:\n"
+    " f=os.open(sys.argv[1],os.O_RDONLY);s=os.read(f,1<<20);os.close(f)\n"
+    " n={'__name__':'torchjob_prewarm','__builtins__':__builtins__}\n"
+    " exec(compile(s,sys.argv[1],'exec'),n)\n"
+    "except BaseException:\n"
+    " os._exit(0)\n"
+    "n['main']()\n"
+)
+_LINUX = sys.platform.startswith("linux")
+_FLAGS = frozenset("uOBsEbq")  # interpreter options passed on unchanged: sys.flags stay the same
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def modules_of(job: Job) -> tuple[str, ...]:
+    """What a job's warm processes import; empty when the job turned pre-warming off."""
+    value = job.metadata.annotations.get(ANNOTATION)
+    if value is None or value.strip().lower() == "true":
+        return DEFAULT_MODULES
+    if value.strip().lower() == "false":
+        return ()
+    return tuple(m.strip() for m in value.split(","))
+
+
+def check(job: Job) -> list[tuple[str, str]]:
+    value = job.metadata.annotations.get(ANNOTATION)
+    if value is None or value.strip().lower() in ("true", "false"):
+        return []
+    names = [m.strip() for m in value.split(",")]
+    if all(_MODULE.fullmatch(m) for m in names):
+        return []
+    return [
+        (
+            f"metadata.annotations['{ANNOTATION}']",
+            f"expected 'true', 'false' or module names separated by commas (torch,numpy), got {value!r}",
+        )
+    ]
+
+
+def warm_argv(run: ContainerRun, fd: int, modules: tuple[str, ...], cwd: str) -> list[str] | None:
+    """The command of the container's warm process, or None when a cold start is the only sure way
+    (not torchjob's python, or an interpreter option or form whose effect could not be the same)."""
+    argv = run.argv
+    if not _LINUX or argv[0] != sys.executable or run.env.get("PYTHONINSPECT"):
+        return None  # (the runner sets output aside in a memfd, which only Linux has)
+    options: list[str] = []
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-c", "-m"):
+            if i + 1 >= len(argv):
+                return None
+            break
+        if not arg.startswith("-"):
+            break  # the script
+        if arg in ("-W", "-X") and i + 1 < len(argv):
+            options += argv[i : i + 2]
+            i += 2
+            continue
+        if arg.startswith(("-W", "-X")) and len(arg) > 2:
+            options.append(arg)
+        elif arg.startswith("--") or not arg[1:] or not set(arg[1:]) <= _FLAGS:
+            return None  # -i, -I, -P, -x, -d, -, --help: not reproduced; cold
+        else:
+            options.append(arg)
+        i += 1
+    if i >= len(argv):
+        return None  # an interactive interpreter
+    timeout = f"{MAX_WAIT + 60:g}"  # the engine discards it first; this only covers the engine vanishing
+    return [argv[0], *options, "-c", BOOT, RUNNER, str(fd), timeout, ",".join(modules), cwd, *argv[i:]]
+
+
+@record
+class Warm:
+    """A container's interpreter waiting for the word to run the program."""
+
+    proc: subprocess.Popen[bytes]
+    go: int  # the pipe's write end
+    since: float
+
+
+def start(run: ContainerRun, log: Path, modules: tuple[str, ...], now: float) -> Warm | None:
+    """Start ``run``'s warm process, or None (then the container starts cold, as without it)."""
+    cwd = run.cwd or os.getcwd()
+    read_end, write_end = os.pipe()
+    try:
+        argv = warm_argv(run, read_end, modules, cwd)
+        if argv is None:
+            os.close(write_end)
+            return None
+        proc = process.spawn(argv, run.env, run.cwd, log, run.before_exec, pass_fds=(read_end,))
+    except OSError:  # reported by the cold start, in the container's log, as usual
+        os.close(write_end)
+        return None
+    finally:
+        os.close(read_end)
+    return Warm(proc, write_end, now)
+
+
+def release(warm: Warm, cwd: str | None) -> bool:
+    """Tell the warm process to run the program; False when it cannot (it ended, or its working
+    directory went away): the caller discards it and starts the container cold."""
+    try:
+        if warm.proc.poll() is not None or (cwd is not None and not os.path.isdir(cwd)):
+            return False
+        os.write(warm.go, b"go")
+        return True
+    except OSError:
+        return False
+    finally:
+        _close(warm)
+
+
+def discard(warm: Warm) -> None:
+    """Kill the warm process before it runs anything (it is reaped by :func:`reaped`)."""
+    _close(warm)  # end of file: it would end by itself
+    process.signal_group(warm.proc.pid, signal.SIGKILL)
+
+
+def _close(warm: Warm) -> None:
+    if warm.go >= 0:  # once only: the number may belong to another file afterwards
+        with contextlib.suppress(OSError):
+            os.close(warm.go)
+        warm.go = -1
+
+
+def reaped(warm: Warm) -> bool:
+    """The warm process has ended (and is reaped)."""
+    return warm.proc.poll() is not None
