@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchjob.cli.cluster_commands import TARGETS, add_cluster_options, cluster_settings, finish
 from torchjob.engines.registry import DEFAULT_ENGINE, engine_names, get_engine
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 
@@ -41,7 +42,7 @@ def register(commands: Any) -> None:
     )
     run.add_argument("-q", "--quiet", action="store_true", help="print only the job id and the final phase")
     run.add_argument("--job", metavar="NAME", help="which job to run when FILE holds several")
-    _engine_options(run)
+    _engine_options(run, starts_jobs=True)
     run.set_defaults(func=run_run)
 
     status = commands.add_parser("status", help="show the jobs, or one job's pods")
@@ -70,23 +71,55 @@ def register(commands: Any) -> None:
     delete.set_defaults(func=run_delete)
 
 
-def _engine_options(parser: argparse.ArgumentParser) -> None:
+def _engine_options(parser: argparse.ArgumentParser, starts_jobs: bool = False) -> None:
     parser.add_argument(
         "--engine",
         choices=engine_names(),
         default=DEFAULT_ENGINE,
-        help=f"where jobs run (default: {DEFAULT_ENGINE})",
+        help=f"where jobs run (default: {DEFAULT_ENGINE}; kubernetes: a cluster, see docs/kubernetes.md)",
     )
     parser.add_argument(
         "--state-dir",
         type=Path,
         metavar="DIR",
-        help="where local job directories live (default: $TORCHJOB_HOME/jobs or ~/.torchjob/jobs)",
+        help="local: where job directories live (default: $TORCHJOB_HOME/jobs or ~/.torchjob/jobs)",
     )
+    add_cluster_options(parser)
+    if starts_jobs:
+        parser.add_argument(
+            "--target", choices=TARGETS, help="kubernetes: how the cluster runs the job (as for submit)"
+        )
+        parser.add_argument(
+            "--runtime", metavar="NAME", help="kubernetes: the Trainer runtime for --target trainjob"
+        )
+        parser.add_argument(
+            "--replace", action="store_true", help="kubernetes: delete a job of the same name first"
+        )
+
+
+# Flags that mean something to one engine only: (flag, argparse attribute, engine).
+_ENGINE_FLAGS = (
+    ("--state-dir", "state_dir", "local"),
+    ("--kubeconfig", "kubeconfig", "kubernetes"),
+    ("--context", "context", "kubernetes"),
+    ("--namespace", "namespace", "kubernetes"),
+    ("--target", "target", "kubernetes"),
+    ("--runtime", "runtime", "kubernetes"),
+    ("--replace", "replace", "kubernetes"),
+)
+
+
+def _check_engine_flags(args: argparse.Namespace) -> None:
+    """A flag given for another engine than the chosen one is a mistake, not something to ignore."""
+    for flag, attribute, engine in _ENGINE_FLAGS:
+        if getattr(args, attribute, None) not in (None, False) and args.engine != engine:
+            message = f"applies only to --engine {engine}, not to --engine {args.engine}"
+            raise SpecError([Problem(flag, message, "<command line>")])
 
 
 def _engine(args: argparse.Namespace) -> Engine:
-    return get_engine(args.engine, state_dir=args.state_dir)
+    _check_engine_flags(args)
+    return get_engine(args.engine, state_dir=args.state_dir, **cluster_settings(args))
 
 
 # ------------------------------------------------------------------------ run
@@ -110,6 +143,7 @@ def _run_workflow(args: argparse.Namespace) -> int | None:
 
         given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
         given.update({"--job": args.job is not None, "--state-dir": args.state_dir is not None})
+        given[f"--engine {args.engine}"] = args.engine != DEFAULT_ENGINE
         code = run_workflow(
             path, name, getattr(args, "workflow_args", []), [k for k, v in given.items() if v]
         )
@@ -121,6 +155,7 @@ def _run_workflow(args: argparse.Namespace) -> int | None:
 
 
 def run_run(args: argparse.Namespace) -> int:
+    _check_engine_flags(args)
     workflow_code = _run_workflow(args)
     if workflow_code is not None:
         return workflow_code
@@ -150,7 +185,13 @@ def run_run(args: argparse.Namespace) -> int:
     for path, message in expand(item.job).warnings:
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
     options = StartOptions(
-        detach=args.detach, quiet=args.quiet or args.detach, timeout=args.timeout, extra_env=extra_env
+        detach=args.detach,
+        quiet=args.quiet or args.detach,
+        timeout=args.timeout,
+        extra_env=extra_env,
+        target=args.target,
+        runtime=args.runtime,
+        replace=args.replace,
     )
     engine = _engine(args)
     try:
@@ -165,6 +206,8 @@ def run_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.quiet:
         print(f"{report.id} {report.phase}: {report.reason}")
+    elif engine.name != "local":  # the local engine prints its own summary; a cluster job ends in one line
+        return finish(report)
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
@@ -181,7 +224,8 @@ def run_status(args: argparse.Namespace) -> int:
             _dump({"items": [r.to_dict() for r in reports]}, args.output)
             return EXIT_OK
         if not reports:
-            where = f" in {args.state_dir}" if args.state_dir else ""
+            place = args.state_dir or (f"namespace {args.namespace}" if args.namespace else "")
+            where = f" in {place}" if place else ""
             print(f"no {engine.name} jobs{where}")
             return EXIT_OK
         rows: list[tuple[str, ...]] = [("JOB", "PHASE", "SUCCEEDED", "RETRIES", "PORTS", "STARTED")]
@@ -208,7 +252,7 @@ def run_status(args: argparse.Namespace) -> int:
         when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0)))
         print(f"  {when} {event.get('message', '')}")
     if report.location:
-        print(f"job directory: {report.location}")
+        print(f"{'job directory' if report.engine == 'local' else 'context'}: {report.location}")
     return EXIT_OK
 
 
