@@ -429,3 +429,92 @@ def test_a_quiet_log_stream_is_not_cut_off(
     engine = get_engine("kubernetes", kubeconfig=kubeconfig)
     texts = [line.text for line in engine.logs("demo", LogQuery(pod="worker-0", follow=True))]
     assert texts == ["epoch 1", "after a quiet while"]
+
+
+# ---------------------------------------------------------------------- pods of the real targets
+
+
+def test_jobset_pods_get_their_index_and_rank_from_what_the_target_rendered(
+    api: FakeKubeAPI, job_file: Path, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Workers read RANK from JobSet's global index (a fieldRef): status resolves it on each pod."""
+    assert main(k8s("run", "-d", str(job_file), "--target", "jobset", kubeconfig=kubeconfig)) == 0
+    jobset = api.get("jobset.x-k8s.io/v1alpha2", "JobSet", "demo")
+    assert jobset is not None
+    global_index = 0
+    for replicated in jobset["spec"]["replicatedJobs"]:  # as JobSet's controller makes the pods
+        for i in range(replicated["replicas"]):
+            template = replicated["template"]["spec"]["template"]
+            meta = template["metadata"]
+            labels = {
+                **meta["labels"],
+                "jobset.sigs.k8s.io/replicatedjob-name": replicated["name"],
+                "jobset.sigs.k8s.io/job-index": str(i),
+                "batch.kubernetes.io/job-completion-index": "0",
+            }
+            annotations = {
+                "jobset.sigs.k8s.io/job-index": str(i),
+                "jobset.sigs.k8s.io/job-global-index": str(global_index),
+            }
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"demo-{replicated['name']}-{i}-0-x{global_index}abc",
+                    "labels": labels,
+                    "annotations": annotations,
+                },
+                "spec": template["spec"],
+            }
+            api.put(running(pod))
+            global_index += 1
+    capsys.readouterr()
+    assert main(k8s("status", "demo", "-o", "json", kubeconfig=kubeconfig)) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["target"] == "jobset"
+    assert [(p["short"], p["rank"]) for p in data["pods"]] == [
+        ("master-0", 0),
+        ("worker-0", 1),
+        ("worker-1", 2),
+    ]
+
+
+def test_trainjob_node_pods_are_found_by_the_label_the_runtime_patch_gives_them(
+    api: FakeKubeAPI, job_file: Path, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(k8s("run", "-d", str(job_file), "--target", "trainjob", kubeconfig=kubeconfig)) == 0
+    train = api.get("trainer.kubeflow.org/v1alpha1", "TrainJob", "demo")
+    assert train is not None
+    patch = train["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+    labels = patch["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["labels"]
+    for i in range(train["spec"]["trainer"]["numNodes"]):  # as the runtime's JobSet makes them
+        env = [
+            {"name": "PET_NPROC_PER_NODE", "value": "1"},
+            {
+                "name": "PET_NODE_RANK",
+                "valueFrom": {
+                    "fieldRef": {
+                        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                    }
+                },
+            },
+        ]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"demo-node-0-{i}-abcde",
+                "labels": {
+                    **labels,
+                    "jobset.sigs.k8s.io/replicatedjob-name": "node",
+                    "jobset.sigs.k8s.io/job-index": "0",
+                    "batch.kubernetes.io/job-completion-index": str(i),
+                },
+            },
+            "spec": {"containers": [{"name": "node", "image": "busybox:1.36", "env": env}]},
+        }
+        api.put(running(pod))
+    capsys.readouterr()
+    assert main(k8s("status", "demo", "-o", "json", kubeconfig=kubeconfig)) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [(p["short"], p["rank"]) for p in data["pods"]] == [("node-0", 0), ("node-1", 1), ("node-2", 2)]
