@@ -171,7 +171,10 @@ def test_run_target_and_runtime_reach_the_trainjob(
         "run", "-d", str(job_file), "--target", "trainjob", "--runtime", "my-rt", kubeconfig=kubeconfig
     )
     assert main([*args, "-n", "ml"]) == 0
-    assert capsys.readouterr().out == "ml/demo\n"
+    out, err = capsys.readouterr()
+    assert out == "ml/demo\n"
+    # Detached, what the target drops is still said.
+    assert "torchjob: warning: spec.tasks[0].template.spec.restartPolicy: restartPolicy is dropped" in err
     train = api.get("trainer.kubeflow.org/v1alpha1", "TrainJob", "demo", namespace="ml")
     assert train is not None
     assert train["spec"]["runtimeRef"]["name"] == "my-rt"

@@ -24,7 +24,9 @@ REF_HELP = "job id, unique id prefix, or name (newest)"
 
 
 def register(commands: Any) -> None:
-    run = commands.add_parser("run", help="run a job on this machine, every pod as local processes")
+    run = commands.add_parser(
+        "run", help="run a job on this machine, every pod as local processes (or --engine kubernetes)"
+    )
     run.add_argument(
         "file",
         metavar="FILE",
@@ -186,7 +188,8 @@ def run_run(args: argparse.Namespace) -> int:
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
     options = StartOptions(
         detach=args.detach,
-        quiet=args.quiet or args.detach,
+        # A detached local job's own output goes nowhere; a cluster's warnings are printed here.
+        quiet=args.quiet or (args.detach and args.engine == "local"),
         timeout=args.timeout,
         extra_env=extra_env,
         target=args.target,
