@@ -521,3 +521,13 @@ def test_trainjob_node_pods_are_found_by_the_label_the_runtime_patch_gives_them(
     assert main(k8s("status", "demo", "-o", "json", kubeconfig=kubeconfig)) == 0
     data = json.loads(capsys.readouterr().out)
     assert [(p["short"], p["rank"]) for p in data["pods"]] == [("node-0", 0), ("node-1", 1), ("node-2", 2)]
+
+
+def test_a_workflow_runs_here_so_the_cluster_engine_is_refused_for_it(
+    api: FakeKubeAPI, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "sdk" / "adaptive_training.py"
+    assert main(k8s("run", f"{example}:adaptive_training", kubeconfig=kubeconfig)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--engine kubernetes: not for a workflow" in err, err
+    assert api.requests == []
