@@ -131,7 +131,9 @@ def install_stand_in(monkeypatch: Any, *, only_if_missing: bool = False) -> None
 POD_TASK_LABELS = {
     "volcano": ("volcano.sh/task-spec", "volcano.sh/task-index"),
     "kubeflow": ("training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index"),
-    "jobset": ("jobset.sigs.k8s.io/replicatedjob-name", "batch.kubernetes.io/job-completion-index"),
+    # The jobset target: one one-pod Job per replica, so the pod's index is its Job's index.
+    "jobset": ("jobset.sigs.k8s.io/replicatedjob-name", "jobset.sigs.k8s.io/job-index"),
+    # A TrainJob's runtime: one Indexed Job of numNodes pods.
     "trainjob": ("jobset.sigs.k8s.io/replicatedjob-name", "batch.kubernetes.io/job-completion-index"),
 }
 
@@ -149,6 +151,8 @@ def make_pod(
 ) -> dict[str, Any]:
     task_key, index_key = POD_TASK_LABELS[target]
     labels = {JOB_LABEL: job, task_key: task, index_key: str(index)}
+    if target == "jobset":
+        labels["batch.kubernetes.io/job-completion-index"] = "0"
     container = _container(task, image)
     if rank is not None:
         container["env"] = [{"name": "RANK", "value": str(rank)}]

@@ -1,7 +1,6 @@
 """``torchjob submit`` end to end: the real CLI and the real kubernetes client against the fake API server.
 
-The job is rendered by ``torchjob.targets`` when it is installed, else by the tests' stand-in
-(kube_fixtures.hand_render); what is checked here holds for both.
+The job is rendered by the real ``torchjob.targets``.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ pytest.importorskip("kubernetes")
 
 from kube_fixtures import (
     TERMINAL_STATUS,
-    install_stand_in,
     make_pod,
     running,
     terminated,
@@ -53,11 +51,6 @@ spec:
           restartPolicy: Never
 """
 VOLCANO = "batch.volcano.sh/v1alpha1"
-
-
-@pytest.fixture(autouse=True)
-def renderer(monkeypatch: pytest.MonkeyPatch) -> None:
-    install_stand_in(monkeypatch, only_if_missing=True)
 
 
 @pytest.fixture

@@ -9,12 +9,11 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from torchjob.errors import Problem, SpecError
+from torchjob.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Problem, SpecError
 
 if TYPE_CHECKING:
-    from torchjob.engines.base import Engine, JobReport
+    from torchjob.engines.base import JobReport
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 TARGETS = ("volcano", "kubeflow", "jobset", "trainjob", "pods")
 
 
@@ -88,18 +87,26 @@ def run_submit(args: argparse.Namespace) -> int:
         print(report.name, flush=True)
         if not (args.wait or args.follow):
             return EXIT_OK
-        if args.follow:
-            for line in engine.logs(report.id, LogQuery(follow=True)):
-                sys.stdout.write(f"{line.prefix} | {line.text}\n")
-                sys.stdout.flush()
-        final = engine.wait(report.id, timeout=args.timeout)
+        try:
+            if args.follow:
+                for line in engine.logs(report.id, LogQuery(follow=True)):
+                    sys.stdout.write(f"{line.prefix} | {line.text}\n")
+                    sys.stdout.flush()
+            final = engine.wait(report.id, timeout=args.timeout)
+        except KeyboardInterrupt:  # Ctrl-C stops the watching, not the job (docs/kubernetes.md)
+            print(
+                f"torchjob: stopped following; job {report.id} keeps running on the cluster "
+                f"(delete it with: torchjob delete {report.id} --engine kubernetes)",
+                file=sys.stderr,
+            )
+            return EXIT_INTERRUPTED
     except EngineError as err:
         print(f"torchjob: {err}", file=sys.stderr)
         return err.exit_code
-    return _finish(engine, final)
+    return finish(final)
 
 
-def _finish(engine: Engine, report: JobReport) -> int:
+def finish(report: JobReport) -> int:
     """One line for how the job ended; a failed pod's last log lines under it."""
     if not report.terminal:
         print(f"torchjob: job {report.name} is still {report.phase} (timed out waiting)", file=sys.stderr)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchjob.cli.cluster_commands import TARGETS, add_cluster_options, cluster_settings, finish
 from torchjob.engines.registry import DEFAULT_ENGINE, engine_names, get_engine
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 
@@ -23,7 +24,9 @@ REF_HELP = "job id, unique id prefix, or name (newest)"
 
 
 def register(commands: Any) -> None:
-    run = commands.add_parser("run", help="run a job on this machine, every pod as local processes")
+    run = commands.add_parser(
+        "run", help="run a job on this machine, every pod as local processes (or --engine kubernetes)"
+    )
     run.add_argument(
         "file",
         metavar="FILE",
@@ -48,7 +51,7 @@ def register(commands: Any) -> None:
         action="store_false",
         help="start no container's interpreter before its pod's init containers have succeeded",
     )
-    _engine_options(run)
+    _engine_options(run, starts_jobs=True)
     run.set_defaults(func=run_run)
 
     status = commands.add_parser("status", help="show the jobs, or one job's pods")
@@ -121,23 +124,55 @@ def quick_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _engine_options(parser: argparse.ArgumentParser) -> None:
+def _engine_options(parser: argparse.ArgumentParser, starts_jobs: bool = False) -> None:
     parser.add_argument(
         "--engine",
         choices=engine_names(),
         default=DEFAULT_ENGINE,
-        help=f"where jobs run (default: {DEFAULT_ENGINE})",
+        help=f"where jobs run (default: {DEFAULT_ENGINE}; kubernetes: a cluster, see docs/kubernetes.md)",
     )
     parser.add_argument(
         "--state-dir",
         type=Path,
         metavar="DIR",
-        help="where local job directories live (default: $TORCHJOB_HOME/jobs or ~/.torchjob/jobs)",
+        help="local: where job directories live (default: $TORCHJOB_HOME/jobs or ~/.torchjob/jobs)",
     )
+    add_cluster_options(parser)
+    if starts_jobs:
+        parser.add_argument(
+            "--target", choices=TARGETS, help="kubernetes: how the cluster runs the job (as for submit)"
+        )
+        parser.add_argument(
+            "--runtime", metavar="NAME", help="kubernetes: the Trainer runtime for --target trainjob"
+        )
+        parser.add_argument(
+            "--replace", action="store_true", help="kubernetes: delete a job of the same name first"
+        )
+
+
+# Flags that mean something to one engine only: (flag, argparse attribute, engine).
+_ENGINE_FLAGS = (
+    ("--state-dir", "state_dir", "local"),
+    ("--kubeconfig", "kubeconfig", "kubernetes"),
+    ("--context", "context", "kubernetes"),
+    ("--namespace", "namespace", "kubernetes"),
+    ("--target", "target", "kubernetes"),
+    ("--runtime", "runtime", "kubernetes"),
+    ("--replace", "replace", "kubernetes"),
+)
+
+
+def _check_engine_flags(args: argparse.Namespace) -> None:
+    """A flag given for another engine than the chosen one is a mistake, not something to ignore."""
+    for flag, attribute, engine in _ENGINE_FLAGS:
+        if getattr(args, attribute, None) not in (None, False) and args.engine != engine:
+            message = f"applies only to --engine {engine}, not to --engine {args.engine}"
+            raise SpecError([Problem(flag, message, "<command line>")])
 
 
 def _engine(args: argparse.Namespace) -> Engine:
-    return get_engine(args.engine, state_dir=args.state_dir)
+    _check_engine_flags(args)
+    return get_engine(args.engine, state_dir=args.state_dir, **cluster_settings(args))
 
 
 # ------------------------------------------------------------------------ run
@@ -162,6 +197,7 @@ def _run_workflow(args: argparse.Namespace) -> int | None:
         given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
         given.update({"--job": args.job is not None, "--state-dir": args.state_dir is not None})
         given.update({"--set": args.set, "--workdir": args.workdir is not None})
+        given[f"--engine {args.engine}"] = args.engine != DEFAULT_ENGINE
         code = run_workflow(path, name, getattr(args, "program_args", []), [k for k, v in given.items() if v])
         if code is not None:
             return code
@@ -198,6 +234,7 @@ def _overridden(item: Any, args: argparse.Namespace, extra_env: dict[str, str]) 
 
 
 def run_run(args: argparse.Namespace) -> int:
+    _check_engine_flags(args)
     workflow_code = _run_workflow(args)
     if workflow_code is not None:
         return workflow_code
@@ -227,9 +264,13 @@ def run_run(args: argparse.Namespace) -> int:
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
     options = StartOptions(
         detach=args.detach,
-        quiet=args.quiet or args.detach,
+        # A detached local job's own output goes nowhere; a cluster's warnings are printed here.
+        quiet=args.quiet or (args.detach and args.engine == "local"),
         timeout=args.timeout,
         extra_env=extra_env,
+        target=args.target,
+        runtime=args.runtime,
+        replace=args.replace,
         prewarm=args.prewarm,
     )
     if args.rm and args.detach:
@@ -249,6 +290,11 @@ def run_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.quiet:
         print(f"{report.id} {report.phase}: {report.reason}")
+    elif engine.name != "local":  # the local engine prints its own summary; a cluster job ends in one line
+        code = finish(report)
+        if args.rm:
+            engine.delete([report.id])
+        return code
     if args.rm:  # its logs and state go with it: what was printed is all that is kept
         engine.delete([report.id])
     return EXIT_OK if report.ok else EXIT_FAILED
@@ -267,7 +313,8 @@ def run_status(args: argparse.Namespace) -> int:
             _dump({"items": [r.to_dict() for r in reports]}, args.output)
             return EXIT_OK
         if not reports:
-            where = f" in {args.state_dir}" if args.state_dir else ""
+            place = args.state_dir or (f"namespace {args.namespace}" if args.namespace else "")
+            where = f" in {place}" if place else ""
             print(f"no {engine.name} jobs{where}")
             return EXIT_OK
         rows: list[tuple[str, ...]] = [("JOB", "PHASE", "SUCCEEDED", "RETRIES", "PORTS", "STARTED")]
@@ -294,7 +341,7 @@ def run_status(args: argparse.Namespace) -> int:
         when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0)))
         print(f"  {when} {event.get('message', '')}")
     if report.location:
-        print(f"job directory: {report.location}")
+        print(f"{'job directory' if report.engine == 'local' else 'context'}: {report.location}")
     return EXIT_OK
 
 

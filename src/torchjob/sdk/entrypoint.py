@@ -6,8 +6,8 @@ from ``RANK``) or hands it to torch's elastic launcher (``--elastic``). Rank 0's
 any rank's exception go to ``--results`` so the caller can return or re-raise them.
 
 The rendezvous endpoint of a multi-node launch is ``PET_RDZV_ENDPOINT`` when set (as Kubeflow
-does), else the master pod's ``MASTER_ADDR:MASTER_PORT`` from the pytorch plugin; the master pod
-hosts the c10d store.
+does; the pod that endpoint names hosts the c10d store, as torch tells by host name), else the
+master pod's ``MASTER_ADDR:MASTER_PORT`` from the pytorch plugin, and the master pod hosts it.
 """
 
 from __future__ import annotations
@@ -82,10 +82,12 @@ def _payload(args: argparse.Namespace) -> bytes:
     return dump_call(task.function, tuple(positional), keywords)
 
 
-def _endpoint(multi_node: bool) -> tuple[str, bool]:
-    """The rendezvous endpoint and whether this pod hosts its store."""
+def _endpoint(multi_node: bool) -> tuple[str, bool | None]:
+    """The rendezvous endpoint and whether this pod hosts its store (None: torch tells by host name)."""
     if os.environ.get("PET_RDZV_ENDPOINT"):
-        return os.environ["PET_RDZV_ENDPOINT"], False
+        # Kubeflow points every pod at the first worker (<job>-worker-0:29400); torch's c10d
+        # backend hosts the store on the pod whose host name or address that is.
+        return os.environ["PET_RDZV_ENDPOINT"], None
     if multi_node and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
         return f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", os.environ.get("RANK") == "0"
     # One node: port 0 lets the store bind a free port itself, so there is no race for it.
@@ -102,7 +104,7 @@ def _run_elastic(args: argparse.Namespace, payload: bytes, results: str) -> int:
         logger.debug("single node, one process: calling the function without a launcher")
         return _run_once(payload, results, rank=0)
     endpoint, is_host = _endpoint(max_nodes > 1)
-    if max_nodes > 1:
+    if max_nodes > 1 and is_host is not None:
         rdzv_configs.setdefault("is_host", is_host)
     settings = LaunchSettings(
         min_nodes=min_nodes,

@@ -102,7 +102,9 @@ class Cluster:
         """The raw urllib3 response of a 2xx answer (the caller reads or streams it); ApiError else."""
         params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
-        timeout = (CONNECT_TIMEOUT, read_timeout) if read_timeout else CONNECT_TIMEOUT
+        # Always a (connect, read) pair: the client takes a lone number as the limit of every
+        # read too, which would end a log stream whose container is quiet for CONNECT_TIMEOUT.
+        timeout = (CONNECT_TIMEOUT, read_timeout)
         try:
             if self._new_style:
                 request = self.api.param_serialize(

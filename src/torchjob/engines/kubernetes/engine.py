@@ -81,7 +81,7 @@ class KubernetesEngine:
 
     def start(self, job: Job, options: StartOptions) -> JobReport:
         # The targets layer renders; this engine only sends.
-        from torchjob.targets import render_target  # type: ignore[import-not-found, unused-ignore]
+        from torchjob.targets import render_target
 
         namespace = self._namespace(job)
         target = self.discovery.choose_target(options.target)
@@ -108,9 +108,19 @@ class KubernetesEngine:
         if options.detach:
             return self._report(found, pods={}, top=_top_object(objects, found.kind))
         follower = self._follower(found, logs=options.follow and not options.quiet, options=options)
-        for line in follower.run(options.timeout):
-            sys.stdout.write(f"{line.prefix} | {line.text}\n")
-            sys.stdout.flush()
+        try:
+            for line in follower.run(options.timeout):
+                sys.stdout.write(f"{line.prefix} | {line.text}\n")
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            # Ctrl-C stops the watching, not the job: a cluster job may hold hours of work, and
+            # the user's terminal is not its lifeline (docs/kubernetes.md). Said even when quiet.
+            ref = f"{found.namespace}/{found.name}"
+            self._note(
+                f"stopped following; job {ref} keeps running on the cluster "
+                f"(delete it with: torchjob delete {ref} --engine kubernetes)"
+            )
+            raise
         report = self._finish(follower)
         if not report.terminal and options.timeout is not None:
             self._delete(found)

@@ -305,12 +305,14 @@ class Follower:
                 )
 
     def _short(self, pod: dict[str, Any]) -> str:
-        task, index = pod_identity(self.name, pod)
+        task, index = pod_identity(self.name, pod, self.target)
         return f"{task}-{index}"
 
     def _master(self) -> bool:
         if self._has_master is None:
-            self._has_master = any(pod_identity(self.name, p)[0] == "master" for p in self.pods.values())
+            self._has_master = any(
+                pod_identity(self.name, p, self.target)[0] == "master" for p in self.pods.values()
+            )
         return self._has_master
 
     def _start_streams(self, names: set[str]) -> None:
@@ -321,7 +323,7 @@ class Follower:
             pod = self.pods.get(name)
             if pod is None:
                 continue
-            task, index = pod_identity(self.name, pod)
+            task, index = pod_identity(self.name, pod, self.target)
             short = f"{task}-{index}"
             if self.pod_filter is not None and not self.pod_filter(name, short):
                 continue

@@ -8,9 +8,9 @@ from torchjob.engines.base import EngineError
 from torchjob.engines.kubernetes.client import Cluster
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.records import record
+from torchjob.targets import JOB_LABEL  # on every object and pod template the targets render
 
-# The label the targets put on every object and pod template they render.
-JOB_LABEL = "torchjob.io/job-name"
+__all__ = ["JOB_LABEL", "PREFERENCE", "SIDE_KINDS", "TOP_KINDS", "Discovery", "Kind"]
 
 
 @record(frozen=True)

@@ -28,7 +28,11 @@ _INDEX_KEYS = (
     "training.kubeflow.org/replica-index",
     "batch.kubernetes.io/job-completion-index",
 )
+# The jobset target runs each task as `replicas` one-pod Jobs: a pod's index is its Job's index
+# (its completion index is always 0). A TrainJob's runtime runs one Indexed Job of numNodes pods.
+_JOBSET_INDEX_KEYS = ("jobset.sigs.k8s.io/job-index", *_INDEX_KEYS)
 _TRAILING_INDEX = re.compile(r"(.+)-(\d+)\Z")
+_FIELD_PATH = re.compile(r"metadata\.(labels|annotations)\['([^']+)'\]\Z")
 
 
 def timestamp(value: Any) -> float | None:
@@ -49,10 +53,11 @@ def _meta(obj: dict[str, Any], key: str) -> str | None:
     return None
 
 
-def pod_identity(job_name: str, pod: dict[str, Any]) -> tuple[str, int]:
+def pod_identity(job_name: str, pod: dict[str, Any], target: str = "") -> tuple[str, int]:
     """(task, index) of a pod: from its controller's labels, else from its name."""
     task = next((v for k in _TASK_KEYS if (v := _meta(pod, k))), None)
-    index = next((v for k in _INDEX_KEYS if (v := _meta(pod, k))), None)
+    keys = _JOBSET_INDEX_KEYS if target == "jobset" else _INDEX_KEYS
+    index = next((v for k in keys if (v := _meta(pod, k))), None)
     if task and index is not None and index.isdigit():
         return task.lower(), int(index)
     name = str((pod.get("metadata") or {}).get("name", ""))
@@ -63,18 +68,42 @@ def pod_identity(job_name: str, pod: dict[str, Any]) -> tuple[str, int]:
     return (match.group(1), int(match.group(2))) if match else (rest, 0)
 
 
-def pod_rank(pod: dict[str, Any], task: str, index: int, has_master: bool) -> int | None:
-    """The pod's RANK: its literal env value, else what the master-then-workers layout gives it."""
+def env_value(pod: dict[str, Any], name: str) -> str | None:
+    """What variable ``name`` of the pod's first container is: a literal value, or the pod label or
+    annotation its ``fieldRef`` reads (as the kubelet resolves it); None when neither."""
     containers = (pod.get("spec") or {}).get("containers") or []
     for env in (containers[0].get("env") or []) if containers else []:
-        if env.get("name") == "RANK" and str(env.get("value", "")).isdigit():
-            return int(env["value"])
+        if env.get("name") != name:
+            continue
+        if "value" in env:
+            return str(env["value"])
+        path = str(((env.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath", ""))
+        found = _FIELD_PATH.match(path)
+        if found:
+            value = ((pod.get("metadata") or {}).get(found.group(1)) or {}).get(found.group(2))
+            return None if value is None else str(value)
+    return None
+
+
+def pod_rank(pod: dict[str, Any], task: str, index: int, has_master: bool) -> int | None:
+    """The pod's RANK as its process sees it, else what the target's layout gives it.
+
+    Volcano's pytorch plugin, the training operator and the pods target write a literal ``RANK``
+    into each pod; the jobset target's workers read theirs from JobSet's global job index (a
+    ``fieldRef``, resolved here from the pod's own annotations). A TrainJob's pods have no
+    ``RANK`` (torchrun sets it): node ``i`` of one process per node is rank ``i``, and a node
+    running several processes has no single rank.
+    """
+    rank = env_value(pod, "RANK")
+    if rank is not None and rank.isdigit():
+        return int(rank)
     if task == "master":
         return index
     if task == "worker":
         return index + 1 if has_master else index
     if task == "node":
-        return index
+        nproc = env_value(pod, "PET_NPROC_PER_NODE") or "1"
+        return index if nproc == "1" else None
     return None
 
 
@@ -103,9 +132,9 @@ def _container(status: dict[str, Any], init: bool) -> ContainerReport:
     return report
 
 
-def pod_report(job_name: str, pod: dict[str, Any], has_master: bool) -> PodReport:
+def pod_report(job_name: str, pod: dict[str, Any], has_master: bool, target: str = "") -> PodReport:
     metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
-    task, index = pod_identity(job_name, pod)
+    task, index = pod_identity(job_name, pod, target)
     rank = pod_rank(pod, task, index, has_master)
     containers = [_container(s, True) for s in status.get("initContainerStatuses") or []]
     containers += [_container(s, False) for s in status.get("containerStatuses") or []]
@@ -284,9 +313,9 @@ def build_report(
     top: dict[str, Any] | None,
     pods: dict[str, dict[str, Any]],
 ) -> JobReport:
-    has_master = any(pod_identity(name, p)[0] == "master" for p in pods.values())
+    has_master = any(pod_identity(name, p, target)[0] == "master" for p in pods.values())
     reports = sorted(
-        (pod_report(name, p, has_master) for p in pods.values()),
+        (pod_report(name, p, has_master, target) for p in pods.values()),
         key=lambda p: (p.rank if p.rank is not None else 1 << 30, p.task, p.index),
     )
     phase = job_phase(target, top, reports)
