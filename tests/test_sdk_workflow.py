@@ -588,3 +588,35 @@ def test_cli_refuses_options_and_arguments_that_do_not_apply(tmp_path: Path) -> 
     assert out.returncode == 2 and "--x: t has no such parameter (its parameters: none)" in out.stderr
     out = _cli("status", "--", "x")
     assert out.returncode == 2 and "arguments after -- are the program's" in out.stderr
+
+
+FAILING_FLOW = """
+from torchjob import PyTorch, Worker, task, workflow
+
+@task(task_config=PyTorch(worker=Worker(replicas=1)))
+def picky(limit: int) -> int:
+    import os
+    rank = int(os.environ["RANK"])
+    if rank == 1:
+        raise ValueError(f"rank {rank} refuses {limit}")
+    return limit
+
+@workflow
+def flow(limit: int) -> int:
+    return picky(limit=limit) + 1
+"""
+
+
+@pytest.mark.torch
+def test_cli_run_of_a_workflow_whose_rank_fails_exits_1_and_names_the_rank(tmp_path: Path) -> None:
+    """`torchjob run FILE.py:WORKFLOW` of a failing call: exit 1, the rank's error in one place."""
+    pytest.importorskip("torch")
+    script = tmp_path / "failing_flow.py"
+    script.write_text(FAILING_FLOW)
+    out = _cli(
+        "run", f"{script}:flow", "--", "--limit", "3", env={"TORCHJOB_HOME": str(tmp_path)}, cwd=tmp_path
+    )
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "torchjob: workflow flow failed:" in out.stderr
+    assert "rank 1" in out.stderr and "ValueError" in out.stderr and "refuses 3" in out.stderr, out.stderr
+    assert "workflow flow returned" not in out.stdout
