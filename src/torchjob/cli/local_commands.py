@@ -17,7 +17,7 @@ from torchjob.engines.registry import DEFAULT_ENGINE, engine_names, get_engine
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 
 if TYPE_CHECKING:
-    from torchjob.engines.base import Engine
+    from torchjob.engines.base import Engine, JobReport
 
 REF_HELP = "job id, unique id prefix, or name (newest)"
 
@@ -172,7 +172,7 @@ def run_run(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from torchjob.display import headline, pod_rows, ports_text, use_color
+    from torchjob.display import ports_text
 
     engine = _engine(args)
     if args.job is None:
@@ -184,11 +184,10 @@ def run_status(args: argparse.Namespace) -> int:
             where = f" in {args.state_dir}" if args.state_dir else ""
             print(f"no {engine.name} jobs{where}")
             return EXIT_OK
-        rows: list[tuple[str, ...]] = [("JOB", "PHASE", "SUCCEEDED", "RETRIES", "PORTS", "STARTED")]
+        rows: list[tuple[str, ...]] = [("JOB", "PHASE", "PODS", "RETRIES", "PORTS", "STARTED")]
         for r in reports:
-            done = sum(1 for p in r.pods if p.phase == "Succeeded")
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at or 0))
-            rows.append((r.id, r.phase, f"{done}/{len(r.pods)}", str(r.retry_count), ports_text(r), started))
+            rows.append((r.id, r.phase, _pod_counts(r), str(r.retry_count), ports_text(r), started))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for row in rows:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
@@ -197,19 +196,36 @@ def run_status(args: argparse.Namespace) -> int:
     if args.output:
         _dump(report.to_dict(), args.output)
         return EXIT_OK
+    print("\n".join(_status_lines(report)))
+    return EXIT_OK
+
+
+def _pod_counts(report: JobReport) -> str:
+    """``3 pods: 2 succeeded, 1 stopped``: every pod counted once, by its phase."""
+    from torchjob.display import plural
+
+    counts: dict[str, int] = {}
+    for pod in report.pods:
+        counts[pod.phase.lower()] = counts.get(pod.phase.lower(), 0) + 1
+    parts = ", ".join(f"{n} {phase}" for phase, n in counts.items())
+    return plural(len(report.pods), "pod") + (f": {parts}" if parts else "")
+
+
+def _status_lines(report: JobReport) -> list[str]:
+    from torchjob.display import headline, pod_rows, root_cause, use_color
+
     color = use_color(sys.stdout)
-    print(headline(report, color))
-    for line in pod_rows(report, color):
-        print("  " + line)
-    print(f"reason: {report.reason}")
+    lines = [headline(report, color), *("  " + line for line in pod_rows(report, color))]
+    lines.append(f"reason: {report.reason}")
+    lines += root_cause(report, color)
     if report.name_resolution:
-        print(f"names: {report.name_resolution}")
+        lines.append(f"names: {report.name_resolution}")
     for event in report.events[-5:]:
         when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0)))
-        print(f"  {when} {event.get('message', '')}")
+        lines.append(f"  {when} {event.get('message', '')}")
     if report.location:
-        print(f"job directory: {report.location}")
-    return EXIT_OK
+        lines.append(f"job directory: {report.location}")
+    return lines
 
 
 def _dump(data: Any, fmt: str) -> None:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from torchjob.display import first_failed_first
 from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, StartOptions
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
@@ -163,7 +164,7 @@ class KubernetesEngine:
             yield from follower.run()
             return
         report = self.status(ref)
-        pods = [p for p in report.pods if wanted(p.name, p.short)]
+        pods = first_failed_first(report, [p for p in report.pods if wanted(p.name, p.short)])
         if query.pod is not None and not pods:
             raise EngineError(f"job {found.name} has no pod {query.pod!r}")
         for ordinal, pod in enumerate(pods):

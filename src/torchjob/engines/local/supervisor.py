@@ -315,7 +315,8 @@ class Supervisor:
             color = {"Completed": "32", "Failed": "31", "Aborted": "31", "Terminated": "31"}.get(
                 self.status.phase.value, "36"
             )
-            self.note(f"job {self.status.phase.value}: {self.status.reason}", color)
+            if not self.status.phase.final or self.console is None:  # else the summary says it
+                self.note(f"job {self.status.phase.value}: {self.status.reason}", color)
             self.dirty = True
         if decision.resync and depth < 8:
             # The phase changed because of ``cause``; the follow-up sync keeps it in the reason.
@@ -400,9 +401,11 @@ class Supervisor:
     # ------------------------------------------------------------- output
 
     def note(self, text: str, color: str = "2") -> None:
-        logs.info(text)
+        # Printed once: on the console when there is one, else as a log record (-v, detached).
         if self.console is not None:
             self.console.note(text, color)
+        else:
+            logs.info(text)
 
     def record(self, text: str) -> None:
         self.events.append({"time": time.time(), "message": text})

@@ -1,0 +1,86 @@
+"""What a failed job tells its user: the root cause (the first pod to fail), crash loops, waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from test_local_support import container, make_job, sh, task
+from torchjob.spec.manifest import job_manifest
+
+pytestmark = pytest.mark.timeout(180)
+
+# Rank 2 raises at once; the other ranks fail later, in a collective, with gloo's
+# "Connection closed by peer": the log of master-0 is the long one, and it ends last.
+GLOO_PROGRAM = textwrap.dedent(
+    """
+    import time
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if rank == 2:
+        raise RuntimeError("rank 2 found a bad batch")
+    time.sleep(1.0 + 0.5 * (2 - rank))
+    dist.all_reduce(torch.ones(1))
+    """
+)
+
+
+def _cli(tmp_path: Path, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")}
+    env.pop("NO_COLOR", None)
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _write(tmp_path: Path, job: object, name: str = "job.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(job_manifest(job)))  # type: ignore[arg-type]
+    return str(path)
+
+
+def test_a_failed_job_names_the_first_pod_to_fail_with_its_rank_exit_code_and_log(tmp_path: Path) -> None:
+    program = tmp_path / "train.py"
+    program.write_text(GLOO_PROGRAM)
+    command = [sys.executable, str(program)]
+    job = make_job(
+        "rootcause",
+        [
+            task("master", [container("m", command)]),
+            task("worker", [container("w", command)], replicas=2),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker"]},
+    )
+    run = _cli(tmp_path, "run", _write(tmp_path, job))
+    assert run.returncode == 1, run.stdout + run.stderr
+    out = run.stdout
+    # every rank failed, rank 2 first: the others' gloo errors came later
+    assert out.count("Connection closed by peer") >= 2, out
+    summary = out[out.index("\njob rootcause-") + 1 :]
+    assert "root cause (first pod to fail): worker-1 (rank 2), exit code 1" in summary, summary
+    assert "    [rank2]: RuntimeError: rank 2 found a bad batch" in summary.splitlines(), summary
+    job_id = summary.split(":")[0].removeprefix("job ")
+
+    status = _cli(tmp_path, "status", job_id)
+    assert "root cause (first pod to fail): worker-1 (rank 2), exit code 1" in status.stdout, status.stdout
+    assert "rank 2 found a bad batch" in status.stdout
+    data = json.loads(_cli(tmp_path, "status", job_id, "-o", "json").stdout)
+    failure = data["firstFailure"]
+    assert (failure["short"], failure["rank"], failure["exitCode"]) == ("worker-1", 2, 1)
+    assert failure["logTail"][-1] == "[rank2]: RuntimeError: rank 2 found a bad batch"
+    assert len(failure["logTail"]) <= 20
+
+    logs = _cli(tmp_path, "logs", job_id).stdout.splitlines()
+    assert logs[0].startswith("worker-1 r2"), logs[:3]
+    assert [line.split(" ")[0] for line in logs].index("master-0") > max(
+        i for i, line in enumerate(logs) if line.startswith("worker-1")
+    )
