@@ -84,3 +84,32 @@ def test_a_failed_job_names_the_first_pod_to_fail_with_its_rank_exit_code_and_lo
     assert [line.split(" ")[0] for line in logs].index("master-0") > max(
         i for i, line in enumerate(logs) if line.startswith("worker-1")
     )
+
+
+def test_wait_status_watch_and_logs_follow_report_how_a_detached_job_ended(tmp_path: Path) -> None:
+    failing = make_job("waitfail", [task("main", [container("app", sh("sleep 1; echo broken; exit 3"))])])
+    job_id = _cli(tmp_path, "run", "-d", _write(tmp_path, failing, "fail.json")).stdout.strip()
+    timed_out = _cli(tmp_path, "wait", job_id, "--timeout", "0.2")
+    assert timed_out.returncode == 124, timed_out.stdout + timed_out.stderr
+    assert "timed out" in timed_out.stderr and "still Running" in timed_out.stderr
+    waited = _cli(tmp_path, "wait", job_id, "--timeout", "60")
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert waited.stdout.startswith(f"{job_id} Failed:")
+    assert "root cause (first pod to fail): main-0, exit code 3" in waited.stdout
+    assert "    broken" in waited.stdout.splitlines()
+    follow = _cli(tmp_path, "logs", "-f", job_id)
+    assert (follow.returncode, follow.stdout) == (1, "main-0 | broken\n")
+    watch = _cli(tmp_path, "status", "--watch", job_id)
+    assert watch.returncode == 1 and "Failed" in watch.stdout
+
+    ok = make_job("waitok", [task("main", [container("app", sh("sleep 0.5; echo fine"))])])
+    ok_id = _cli(tmp_path, "run", "-d", _write(tmp_path, ok, "ok.json")).stdout.strip()
+    watch = _cli(tmp_path, "status", "-w", ok_id)
+    assert watch.returncode == 0, watch.stdout + watch.stderr
+    assert watch.stdout.count(f"job {ok_id}: ") >= 2  # printed again when it changed, until it ended
+    assert f"job {ok_id}: Completed" in watch.stdout
+    assert _cli(tmp_path, "wait", ok_id).returncode == 0
+    assert _cli(tmp_path, "logs", "--follow", ok_id).returncode == 0
+    missing = _cli(tmp_path, "wait", "nosuchjob")
+    assert missing.returncode == 2 and "no local job 'nosuchjob'" in missing.stderr
+    assert _cli(tmp_path, "status", "--watch").returncode == 2

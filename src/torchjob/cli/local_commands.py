@@ -47,6 +47,12 @@ def register(commands: Any) -> None:
     status = commands.add_parser("status", help="show the jobs, or one job's pods")
     status.add_argument("job", nargs="?", metavar="JOB", help=REF_HELP)
     status.add_argument("-o", "--output", choices=("yaml", "json"), help="print the full status")
+    status.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="redraw JOB's status until it ends; exit as wait does (0 completed, 1 failed)",
+    )
     _engine_options(status)
     status.set_defaults(func=run_status)
 
@@ -61,6 +67,8 @@ def register(commands: Any) -> None:
     logs.add_argument("--all-attempts", action="store_true", help="every attempt of each pod, oldest first")
     _engine_options(logs)
     logs.set_defaults(func=run_logs)
+
+    _register_wait(commands)
 
     delete = commands.add_parser("delete", help="stop a job if it runs, then remove it and its state")
     delete.add_argument(
@@ -175,6 +183,13 @@ def run_status(args: argparse.Namespace) -> int:
     from torchjob.display import ports_text
 
     engine = _engine(args)
+    if args.watch:
+        if args.job is None or args.output:
+            message = (
+                "expected one JOB to watch, and no --output" if args.output else "expected a JOB to watch"
+            )
+            raise SpecError([Problem("--watch", message, "<command line>")])
+        return _watch(engine, args.job)
     if args.job is None:
         reports = list(reversed(engine.list_jobs()))  # oldest first, the newest next to the prompt
         if args.output:
@@ -198,6 +213,27 @@ def run_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     print("\n".join(_status_lines(report)))
     return EXIT_OK
+
+
+WATCH_EVERY = 1.0  # seconds between redraws of status --watch
+
+
+def _watch(engine: Engine, ref: str) -> int:
+    """Redraw the job's status (on a terminal; else print it when it changes) until it ends."""
+    terminal = sys.stdout.isatty()
+    shown: list[str] = []
+    while True:
+        report = engine.status(ref)
+        lines = _status_lines(report)
+        if terminal:  # elapsed times tick: redraw every time, in place
+            sys.stdout.write("\x1b[H\x1b[J" + "\n".join(lines) + "\n")
+            sys.stdout.flush()
+        elif lines != shown:
+            print("\n".join(lines), flush=True)
+        shown = lines
+        if report.terminal or report.phase == "Unknown":
+            return _ended_code(report)
+        time.sleep(WATCH_EVERY)
 
 
 def _pod_counts(report: JobReport) -> str:
@@ -263,7 +299,55 @@ def run_logs(args: argparse.Namespace) -> int:
         if args.follow:
             sys.stdout.flush()
     sys.stdout.flush()
+    if args.follow:  # a script following a job learns how it ended
+        return _ended_code(_engine(args).status(args.job))
     return EXIT_OK
+
+
+# ----------------------------------------------------------------------- wait
+
+EXIT_WAIT_TIMEOUT = 124  # as GNU timeout(1): the job had not ended when --timeout passed
+
+
+def _register_wait(commands: Any) -> None:
+    wait = commands.add_parser(
+        "wait",
+        help="wait until a job ends: exit 0 if it completed, 1 if it failed",
+        description=(
+            "Wait until JOB ends. Exit 0 if it completed, 1 if it failed (or was aborted or "
+            f"terminated, or its supervisor died), 2 if JOB names no job, {EXIT_WAIT_TIMEOUT} if "
+            "--timeout passed first (the job goes on)."
+        ),
+    )
+    wait.add_argument("job", metavar="JOB", help=REF_HELP)
+    wait.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long")
+    _engine_options(wait)
+    wait.set_defaults(func=run_wait)
+
+
+def run_wait(args: argparse.Namespace) -> int:
+    from torchjob.display import root_cause
+
+    if args.timeout is not None and not 0 <= args.timeout < float("inf"):  # also refuses nan
+        message = f"expected a non-negative, finite number of seconds, got {args.timeout}"
+        raise SpecError([Problem("--timeout", message, "<command line>")])
+    report = _engine(args).wait(args.job, args.timeout)
+    if not (report.terminal or report.phase == "Unknown"):
+        print(
+            f"torchjob: job {report.id} is still {report.phase} after {args.timeout:g}s (timed out)",
+            file=sys.stderr,
+        )
+        return EXIT_WAIT_TIMEOUT
+    print(f"{report.id} {report.phase}: {report.reason}".rstrip(": "))
+    if not report.ok:
+        for line in root_cause(report):
+            print(line)
+    return _ended_code(report)
+
+
+def _ended_code(report: JobReport) -> int:
+    """0 for a job that completed; 1 for one that ended otherwise or that nobody runs any more."""
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 # --------------------------------------------------------------------- delete
