@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,58 @@ def test_wait_status_watch_and_logs_follow_report_how_a_detached_job_ended(tmp_p
     missing = _cli(tmp_path, "wait", "nosuchjob")
     assert missing.returncode == 2 and "no local job 'nosuchjob'" in missing.stderr
     assert _cli(tmp_path, "status", "--watch").returncode == 2
+
+
+def _crash_loop_job(tmp_path: Path) -> str:
+    job = make_job(
+        "loop",
+        [task("master", [container("m", sh("echo cannot open train.py; exit 2"))], restart="OnFailure")],
+    )
+    return _write(tmp_path, job)
+
+
+def test_a_crash_loop_is_told_once_and_suggests_max_restarts(tmp_path: Path) -> None:
+    run = _cli(tmp_path, "run", "--timeout", "3", _crash_loop_job(tmp_path))
+    assert run.returncode == 1, run.stdout + run.stderr
+    notices = [line for line in run.stdout.splitlines() if "CrashLoopBackOff" in line and "torchjob:" in line]
+    assert len(notices) == 1, run.stdout
+    assert (
+        "pod master-0 is in CrashLoopBackOff: container m ended 3 times in a row (last exit code 2)"
+        in notices[0]
+    )
+    assert "torchjob run --max-restarts N" in notices[0]
+    # each restart is one line: the one torchjob writes in the container's log
+    restarts = [line for line in run.stdout.splitlines() if "restart 2 " in line]
+    assert len(restarts) == 1, restarts
+
+
+def test_max_restarts_fails_a_crash_looping_job_and_names_it(tmp_path: Path) -> None:
+    run = _cli(tmp_path, "run", "--max-restarts", "2", _crash_loop_job(tmp_path))
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "Failed: pod master-0 restarted 3 times, more than --max-restarts 2" in run.stdout
+    assert "root cause (first pod to fail): master-0, exit code 2 (CrashLoopBackOff)" in run.stdout
+    assert "    cannot open train.py" in run.stdout.splitlines()
+    assert "master-0  -     127.0.1.1  Stopped (job failed)" in run.stdout
+    bad = _cli(tmp_path, "run", "--max-restarts", "-1", _crash_loop_job(tmp_path))
+    assert bad.returncode == 2 and "--max-restarts" in bad.stderr and "loop-" not in bad.stdout
+
+
+def test_status_shows_a_crash_looping_pod_in_crash_loop_back_off(tmp_path: Path) -> None:
+    job_id = _cli(tmp_path, "run", "-d", _crash_loop_job(tmp_path)).stdout.strip()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            status = _cli(tmp_path, "status", job_id)
+            if "CrashLoopBackOff" in status.stdout:
+                break
+            time.sleep(0.2)
+        assert "Running (CrashLoopBackOff)" in status.stdout, status.stdout
+        row = next(line for line in status.stdout.splitlines() if "CrashLoopBackOff)" in line)
+        assert row.split()[-3] == "2", row  # EXIT: the last run's exit code, not "-"
+        assert "master-0: container m in CrashLoopBackOff, last exit code 2 (Error)" in status.stdout
+        data = json.loads(_cli(tmp_path, "status", job_id, "-o", "json").stdout)
+        pod = data["pods"][0]
+        assert pod["reason"] == "CrashLoopBackOff"
+        assert (pod["containers"][0]["state"], pod["containers"][0]["exitCode"]) == ("waiting", 2)
+    finally:
+        _cli(tmp_path, "delete", job_id)

@@ -122,6 +122,20 @@ def root_cause(report: JobReport, color: bool = False) -> list[str]:
     return lines
 
 
+def crash_loops(report: JobReport) -> list[str]:
+    """A line for each container in CrashLoopBackOff: its last exit code and restarts."""
+    lines = []
+    for pod in report.pods:
+        for c in pod.containers:
+            if c.reason == "CrashLoopBackOff":
+                code = "-" if c.exit_code is None else str(c.exit_code)
+                lines.append(
+                    f"{pod.short or pod.name}: container {c.name} in CrashLoopBackOff, last exit code {code}"
+                    f" ({'Completed' if c.exit_code == 0 else 'Error'}), {plural(c.restarts, 'restart')}"
+                )
+    return lines
+
+
 def first_failed_first(report: JobReport, pods: list[PodReport]) -> list[PodReport]:
     """``pods`` with the root cause's pod first (``torchjob logs`` prints its log before the others')."""
     failure = report.first_failure

@@ -39,6 +39,13 @@ def register(commands: Any) -> None:
         metavar="NAME=VALUE",
         help="add an environment variable to every container (repeatable)",
     )
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="fail the job once a pod's containers restarted more than N times (local engine; "
+        "Kubernetes restarts without limit)",
+    )
     run.add_argument("-q", "--quiet", action="store_true", help="print only the job id and the final phase")
     run.add_argument("--job", metavar="NAME", help="which job to run when FILE holds several")
     _engine_options(run)
@@ -140,6 +147,13 @@ def run_run(args: argparse.Namespace) -> int:
     if args.timeout is not None and not 0 < args.timeout < float("inf"):  # also refuses nan
         message = f"expected a positive, finite number of seconds, got {args.timeout}"
         raise SpecError([Problem("--timeout", message, "<command line>")])
+    if args.max_restarts is not None and (args.max_restarts < 0 or args.engine != "local"):
+        message = (
+            f"expected a number of restarts of 0 or more, got {args.max_restarts}"
+            if args.max_restarts < 0
+            else f"a limit of the local engine only; engine {args.engine} restarts as its cluster does"
+        )
+        raise SpecError([Problem("--max-restarts", message, "<command line>")])
     loaded = load_ref(args.file)
     if args.job:
         loaded = [item for item in loaded if item.job.name == args.job]
@@ -158,7 +172,11 @@ def run_run(args: argparse.Namespace) -> int:
     for path, message in expand(item.job).warnings:
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
     options = StartOptions(
-        detach=args.detach, quiet=args.quiet or args.detach, timeout=args.timeout, extra_env=extra_env
+        detach=args.detach,
+        quiet=args.quiet or args.detach,
+        timeout=args.timeout,
+        extra_env=extra_env,
+        max_restarts=args.max_restarts,
     )
     engine = _engine(args)
     try:
@@ -248,12 +266,14 @@ def _pod_counts(report: JobReport) -> str:
 
 
 def _status_lines(report: JobReport) -> list[str]:
-    from torchjob.display import headline, pod_rows, root_cause, use_color
+    from torchjob.display import crash_loops, headline, pod_rows, root_cause, use_color
 
     color = use_color(sys.stdout)
     lines = [headline(report, color), *("  " + line for line in pod_rows(report, color))]
     lines.append(f"reason: {report.reason}")
-    lines += root_cause(report, color)
+    if not report.ok:
+        lines += root_cause(report, color)
+    lines += crash_loops(report)
     if report.name_resolution:
         lines.append(f"names: {report.name_resolution}")
     for event in report.events[-5:]:

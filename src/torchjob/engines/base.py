@@ -111,6 +111,7 @@ class StartOptions:
     replace: bool = False  # an existing job of the same name is deleted first (cluster engines)
     target: str | None = None  # how a cluster engine expresses the job (volcano, kubeflow, ...)
     runtime: str | None = None  # the Trainer runtime for target trainjob
+    max_restarts: int | None = None  # local engine: fail the job once a pod restarted more often
 
 
 @record

@@ -44,6 +44,7 @@ class RunOptions:
     timeout: float | None = None  # whole-job deadline in seconds; then the job is Terminated
     extra_env: dict[str, str] = field(default_factory=dict)  # added to every container's env, last
     detach: bool = False  # run in a background process; run_job returns once it has started
+    max_restarts: int | None = None  # fail the job when a pod's containers restarted more often
 
 
 @record
@@ -162,6 +163,7 @@ def _supervise(
         echo_logs=echo_logs,
         timeout=options.timeout,
         extra_env=options.extra_env,
+        max_restarts=options.max_restarts,
     )
     previous = supervisor.install_signals()
     try:

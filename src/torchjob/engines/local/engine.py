@@ -61,6 +61,7 @@ class LocalEngine:
                 timeout=options.timeout,
                 extra_env=dict(options.extra_env),
                 detach=options.detach,
+                max_restarts=options.max_restarts,
             ),
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow

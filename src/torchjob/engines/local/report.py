@@ -9,27 +9,20 @@ from typing import Any
 
 from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport, PortReport
 from torchjob.engines.local.output import short_name
-from torchjob.engines.local.pod import FAILED, SUCCEEDED, LocalPod
+from torchjob.engines.local.pod import FAILED, SUCCEEDED, LocalPod, RunningContainer
 from torchjob.lifecycle import JobStatus
 from torchjob.spec.model import Job
 
 STOPPED = "Stopped"  # reported phase of a pod the engine stopped before it ended by itself
+CRASH_LOOP = "CrashLoopBackOff"  # Kubernetes' reason for a container waiting to be restarted again
 LOG_TAIL_LINES = 20  # lines of the first failed pod's log in its report (torchrun's root cause)
 _TAIL_BYTES = 16384  # read from the end of that log: enough for 20 lines of a traceback
 
 
 def pod_report(job: Job, pod: LocalPod, *, current: bool) -> PodReport:
     """One pod's report; ``current`` is False for an attempt the engine has already deleted."""
-    containers = [
-        ContainerReport(
-            name=c.run.name,
-            init=c.run.init,
-            state="running" if c.running else ("terminated" if c.exit_code is not None else "waiting"),
-            exit_code=c.exit_code,
-            restarts=c.restarts,
-        )
-        for c in pod.containers
-    ]
+    containers = [container_report(c, pod.terminating) for c in pod.containers]
+    looping = any(c.reason == CRASH_LOOP for c in containers)
     return PodReport(
         name=pod.name,
         short=short_name(job.name, pod.name),
@@ -37,6 +30,7 @@ def pod_report(job: Job, pod: LocalPod, *, current: bool) -> PodReport:
         index=pod.index,
         phase=pod.phase if current else _ended_phase(pod),
         rank=int(pod.rank) if pod.rank is not None and pod.rank.isdigit() else None,
+        reason=CRASH_LOOP if looping and current else "",
         attempt=pod.attempt,
         restarts=pod.restarts,
         exit_code=pod.exit_code,
@@ -45,6 +39,27 @@ def pod_report(job: Job, pod: LocalPod, *, current: bool) -> PodReport:
         address=pod.address,
         containers=containers,
         terminating=pod.terminating and not pod.gone,
+    )
+
+
+def container_report(c: RunningContainer, terminating: bool) -> ContainerReport:
+    """A container waiting out its restart back-off is in CrashLoopBackOff, as Kubernetes says;
+    its exit code is then the last run's."""
+    if c.running:
+        state, reason = "running", ""
+    elif c.next_start is not None and not terminating:
+        state, reason = "waiting", CRASH_LOOP
+    elif c.exit_code is not None:
+        state, reason = "terminated", exit_reason(c.exit_code) or "Completed"
+    else:
+        state, reason = "waiting", ""
+    return ContainerReport(
+        name=c.run.name,
+        init=c.run.init,
+        state=state,
+        exit_code=c.exit_code,
+        reason=reason,
+        restarts=c.restarts,
     )
 
 
@@ -67,7 +82,7 @@ def job_report(
     for report in reports:
         if report.phase == STOPPED:  # why, so that a pod CompleteJob stopped does not look failed
             report.reason = _stopped_because(status)
-    first = first_failure(job, [pod for pod, _ in pods])
+    first = first_failure(job, [pod for pod, _ in pods], crash_loops=status.phase.value == "Failed")
     return JobReport(
         engine="local",
         id=id,
@@ -100,16 +115,22 @@ def _stopped_because(status: JobStatus) -> str:
     return f"job {phase.lower()}"
 
 
-def first_failure(job: Job, pods: list[LocalPod]) -> FailureReport | None:
+def first_failure(job: Job, pods: list[LocalPod], *, crash_loops: bool = False) -> FailureReport | None:
     """The pod that failed first, by the time it ended: the root cause, as torchrun names it.
 
     Ranks that lose a peer fail later with their own errors (gloo's "connection closed"); the
     earliest failure is the one to read. Its log tail is read only once a pod has failed.
     """
     failed = [p for p in pods if p.phase == FAILED]
-    if not failed:
+    if failed:
+        pod = min(failed, key=lambda p: p.finished_at or 0.0)
+    elif crash_loops:  # the job failed with no pod ended: one kept failing (--max-restarts)
+        looping = [p for p in pods if p.restarts and any(c.exit_code not in (None, 0) for c in p.containers)]
+        if not looping:
+            return None
+        pod = max(looping, key=lambda p: p.restarts)
+    else:
         return None
-    pod = min(failed, key=lambda p: p.finished_at or 0.0)
     # The container that failed: an init container that never let the pod run, else a main one.
     bad = [c for c in pod.containers if c.exit_code not in (None, 0)]
     candidates = bad or pod.mains or pod.inits
@@ -117,9 +138,9 @@ def first_failure(job: Job, pods: list[LocalPod]) -> FailureReport | None:
     return FailureReport(
         pod=pod.name,
         short=short_name(job.name, pod.name),
-        exit_code=pod.exit_code,
+        exit_code=pod.exit_code if failed else container.exit_code if container else None,
         rank=int(pod.rank) if pod.rank is not None and pod.rank.isdigit() else None,
-        reason=exit_reason(pod.exit_code),
+        reason=exit_reason(pod.exit_code) if failed else CRASH_LOOP,
         time=pod.finished_at,
         log_tail=[] if container is None else log_tail(container.log),
     )
