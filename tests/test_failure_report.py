@@ -169,3 +169,61 @@ def test_status_shows_a_crash_looping_pod_in_crash_loop_back_off(tmp_path: Path)
         assert (pod["containers"][0]["state"], pod["containers"][0]["exitCode"]) == ("waiting", 2)
     finally:
         _cli(tmp_path, "delete", job_id)
+
+
+def test_bench_local_exits_non_zero_when_a_target_is_missed(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_local_run.py"
+    spec = importlib.util.spec_from_file_location("bench_local_run", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look themselves up there
+    try:
+        spec.loader.exec_module(bench)
+
+        def summaries(torchjob_wall: float) -> list[object]:
+            job = bench.Summary("torchjob", 2, [bench.Run("torchjob", 2, torchjob_wall, 0.1, 0.2, 0.5, 0.05)])
+            shell = bench.Summary("shell", 2, [bench.Run("shell", 2, 1.0, 0.1, 0.2, 0.5, 0.05)])
+            return [job, shell]
+
+        assert bench.exit_code(bench.verdicts(summaries(1.05))) == 0
+        missed = bench.verdicts(summaries(1.5))
+        assert bench.exit_code(missed) == 1
+        assert "target missed: 2 ranks: torchjob/shell = 1.500" in capsys.readouterr().err
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def test_run_output_polish_verbose_after_the_command_quiet_id_and_stopped_pods(tmp_path: Path) -> None:
+    job = make_job(
+        "polish",
+        [
+            task(
+                "master",
+                [container("m", sh("echo done"))],
+                policies=[{"event": "TaskCompleted", "action": "CompleteJob"}],
+            ),
+            task("worker", [container("w", sh("sleep 30"))]),
+        ],
+    )
+    file = _write(tmp_path, job)
+    run = _cli(tmp_path, "run", file, "-v")  # -v after the command
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "torchjob DEBUG: pod names" in run.stderr
+    both = run.stdout + run.stderr
+    assert both.count(" started; ports none; job directory ") == 1, both  # each notice once
+    assert both.count("task master policy TaskCompleted -> CompleteJob\n") == 1, both
+    assert both.count("all pods stopped") == 1, both  # the final reason once: in the summary
+    assert "worker-0  -     127.0.1.2  Stopped (job completed)  0         143" in run.stdout, run.stdout
+    job_id = run.stdout.split("torchjob: job ", 1)[1].split(" ", 1)[0]
+    listing = _cli(tmp_path, "status").stdout
+    assert f"{job_id}  Completed  2 pods: 1 succeeded, 1 stopped" in listing, listing
+
+    one = make_job("single", [task("main", [container("app", sh("echo hi"))])])
+    quiet = _cli(tmp_path, "run", "-q", _write(tmp_path, one, "one.json"))
+    lines = quiet.stdout.splitlines()
+    assert quiet.returncode == 0 and len(lines) == 2, quiet.stdout
+    assert lines[0].startswith("single-") and lines[1].startswith(f"{lines[0]} Completed: ")
+    assert "1 pods" not in quiet.stdout
+    assert "1 pod: 1 succeeded" in _cli(tmp_path, "status").stdout

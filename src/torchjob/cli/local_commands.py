@@ -177,6 +177,7 @@ def run_run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         extra_env=extra_env,
         max_restarts=args.max_restarts,
+        on_start=_print_id if args.quiet and not args.detach else None,
     )
     engine = _engine(args)
     try:
@@ -190,8 +191,13 @@ def run_run(args: argparse.Namespace) -> int:
         print(report.id)
         return EXIT_OK
     if args.quiet:
-        print(f"{report.id} {report.phase}: {report.reason}")
+        print(f"{report.id} {report.phase}: {report.reason}".rstrip(": "))
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _print_id(job_id: str) -> None:
+    """-q: the job's id as it starts, for a script or a second terminal to follow it."""
+    print(job_id, flush=True)
 
 
 # --------------------------------------------------------------------- status

@@ -106,6 +106,8 @@ class KubernetesEngine:
             self._wait_gone(existing)
         create_all(self.cluster, self.discovery, objects, namespace)
         found = Found(job.name, namespace, target, TOP_KINDS.get(target))
+        if options.on_start is not None and not options.detach:
+            options.on_start(f"{namespace}/{job.name}")
         if options.detach:
             return self._report(found, pods={}, top=_top_object(objects, found.kind))
         follower = self._follower(found, logs=options.follow and not options.quiet, options=options)

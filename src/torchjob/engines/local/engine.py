@@ -62,6 +62,7 @@ class LocalEngine:
                 extra_env=dict(options.extra_env),
                 detach=options.detach,
                 max_restarts=options.max_restarts,
+                on_start=options.on_start,
             ),
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow
