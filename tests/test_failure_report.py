@@ -227,3 +227,32 @@ def test_run_output_polish_verbose_after_the_command_quiet_id_and_stopped_pods(t
     assert lines[0].startswith("single-") and lines[1].startswith(f"{lines[0]} Completed: ")
     assert "1 pods" not in quiet.stdout
     assert "1 pod: 1 succeeded" in _cli(tmp_path, "status").stdout
+
+
+def test_rendering_an_sdk_task_on_the_default_image_warns_once_and_says_how_to_set_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "tasks.py"
+    path.write_text(
+        textwrap.dedent(
+            """
+            from torchjob import PyTorch, task
+
+            @task(task_config=PyTorch(num_workers=1))
+            def plain() -> int:
+                return 1
+
+            @task(task_config=PyTorch(num_workers=1), image="repo/train:1")
+            def imaged() -> int:
+                return 2
+            """
+        )
+    )
+    plain = _cli(tmp_path, "render", f"{path}:plain")
+    assert plain.returncode == 0, plain.stderr
+    warnings = [line for line in plain.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, plain.stderr
+    assert "default image pytorch/pytorch:latest" in warnings[0] and "@task(image=...)" in warnings[0]
+    assert "pytorch/pytorch:latest" in plain.stdout  # the output itself is unchanged
+    imaged = _cli(tmp_path, "render", "--target", "volcano", f"{path}:imaged")
+    assert imaged.returncode == 0 and "warning" not in imaged.stderr, imaged.stderr
