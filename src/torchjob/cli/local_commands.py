@@ -125,6 +125,7 @@ def _run_workflow(args: argparse.Namespace) -> int | None:
 
         given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
         given.update({"--job": args.job is not None, "--state-dir": args.state_dir is not None})
+        given["--max-restarts"] = args.max_restarts is not None
         code = run_workflow(
             path, name, getattr(args, "workflow_args", []), [k for k, v in given.items() if v]
         )
