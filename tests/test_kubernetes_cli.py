@@ -220,3 +220,25 @@ def test_submit_wait_gives_up_on_a_pod_the_scheduler_cannot_place(
     assert note == f"torchjob: pod master-0 is Pending: Unschedulable: {message}"
     assert final.startswith("torchjob: job demo: pod master-0 is stuck Pending for ")
     assert final.endswith(f"; the scheduler says: {message}")
+
+
+@pytest.mark.parametrize(("end", "expected"), [("Completed", 0), ("Failed", 1)])
+def test_wait_for_a_cluster_job_exits_by_its_final_phase(
+    api: FakeKubeAPI,
+    job_file: Path,
+    kubeconfig: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    end: str,
+    expected: int,
+) -> None:
+    play_controller(api, end, exit_code=0 if end == "Completed" else 7)
+    assert main(["submit", str(job_file), "--target", "volcano", "--kubeconfig", kubeconfig]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("KUBECONFIG", kubeconfig)  # `wait` finds the cluster as kubectl does
+    code = main(["wait", "demo", "--engine", "kubernetes", "--timeout", "60"])
+    out = capsys.readouterr().out
+    assert code == expected, out
+    assert out.startswith(f"default/demo {end}") or out.startswith(f"demo {end}"), out
+    if end == "Failed":
+        assert "root cause (first pod to fail): worker-0 (rank 1), exit code 7" in out, out

@@ -61,9 +61,10 @@ def test_decisions_are_logged_on_stderr_with_v_or_torchjob_log_and_not_otherwise
     verbose = _cli(tmp_path, "-v", "run", file)
     assert verbose.returncode == 0, verbose.stderr
     assert "torchjob DEBUG: pod names" in verbose.stderr
-    assert "torchjob INFO: job Completed" in verbose.stderr
+    # the notices are printed once, on the console, not logged a second time
+    assert "torchjob: job Running" in verbose.stdout and "torchjob INFO" not in verbose.stderr
     monkeypatch.setenv("TORCHJOB_LOG", "info")
-    by_env = _cli(tmp_path, "run", file)
+    by_env = _cli(tmp_path, "run", "-q", file)  # no console: the notices are log records
     assert "torchjob INFO: job Completed" in by_env.stderr
     assert "torchjob DEBUG" not in by_env.stderr
 

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
-    from torchjob.engines.base import JobReport
+    from torchjob.engines.base import JobReport, PodReport
 
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92", "94")
 PHASE_COLORS = {
@@ -24,6 +24,7 @@ PHASE_COLORS = {
     "Running": "36",
     "Pending": "33",
     "Restarting": "33",
+    "CrashLoopBackOff": "31",
 }
 
 
@@ -66,7 +67,11 @@ def pod_rows(report: JobReport, color: bool = False, limit: int | None = None) -
     header = ("POD", "RANK", "ADDRESS", "PHASE", "RESTARTS", "EXIT", "ATTEMPT", "ELAPSED")
     rows: list[tuple[str, ...]] = []
     for pod in report.pods:
-        phase = pod.phase + (" (stopping)" if pod.terminating else "")
+        phase = pod.phase + (f" ({pod.reason})" if pod.reason else "")
+        phase += " (stopping)" if pod.terminating else ""
+        exit_code = pod.exit_code
+        if exit_code is None:  # still running: a crash-looping container's last exit code
+            exit_code = next((c.exit_code for c in pod.containers if c.reason == "CrashLoopBackOff"), None)
         rows.append(
             (
                 pod.short or pod.name,
@@ -74,7 +79,7 @@ def pod_rows(report: JobReport, color: bool = False, limit: int | None = None) -
                 pod.address,
                 phase,
                 str(pod.restarts),
-                "-" if pod.exit_code is None else str(pod.exit_code),
+                "-" if exit_code is None else str(exit_code),
                 str(pod.attempt),
                 elapsed(pod.started_at, pod.finished_at),
             )
@@ -90,8 +95,53 @@ def pod_rows(report: JobReport, color: bool = False, limit: int | None = None) -
         cells[3] = paint(cells[3], PHASE_COLORS.get(base, ""), color)
         out.append("  ".join(cells).rstrip())
     if hidden:
-        out.append(f"... and {hidden} more pods")
+        out.append(f"... and {plural(hidden, 'more pod')}")
     return out
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 pod``, ``2 pods``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def root_cause(report: JobReport, color: bool = False) -> list[str]:
+    """The first pod that failed and the end of its log, as torchrun's "Root Cause" ([] if none)."""
+    failure = report.first_failure
+    if failure is None:
+        return []
+    who = failure.short or failure.pod
+    if failure.rank is not None:
+        who += f" (rank {failure.rank})"
+    code = "-" if failure.exit_code is None else str(failure.exit_code)
+    when = "" if failure.time is None else time.strftime(" at %H:%M:%S", time.localtime(failure.time))
+    reason = f" ({failure.reason})" if failure.reason else ""
+    lines = [paint(f"root cause (first pod to fail): {who}, exit code {code}{reason}{when}", "31", color)]
+    if failure.log_tail:
+        lines.append(f"  last {plural(len(failure.log_tail), 'line')} of its log:")
+        lines += [f"    {line}" for line in failure.log_tail]
+    return lines
+
+
+def crash_loops(report: JobReport) -> list[str]:
+    """A line for each container in CrashLoopBackOff: its last exit code and restarts."""
+    lines = []
+    for pod in report.pods:
+        for c in pod.containers:
+            if c.reason == "CrashLoopBackOff":
+                code = "-" if c.exit_code is None else str(c.exit_code)
+                lines.append(
+                    f"{pod.short or pod.name}: container {c.name} in CrashLoopBackOff, last exit code {code}"
+                    f" ({'Completed' if c.exit_code == 0 else 'Error'}), {plural(c.restarts, 'restart')}"
+                )
+    return lines
+
+
+def first_failed_first(report: JobReport, pods: list[PodReport]) -> list[PodReport]:
+    """``pods`` with the root cause's pod first (``torchjob logs`` prints its log before the others')."""
+    failure = report.first_failure
+    if failure is None:
+        return list(pods)
+    return sorted(pods, key=lambda p: p.name != failure.pod)
 
 
 def headline(report: JobReport, color: bool = False) -> str:
@@ -109,6 +159,8 @@ def summary(report: JobReport, color: bool = False, unshown: int = 0) -> list[st
     lines += ["  " + row for row in pod_rows(report, color)]
     phase = paint(report.phase, PHASE_COLORS.get(report.phase, ""), color)
     lines.append(f"{phase}: {report.reason}".rstrip(": "))
+    if not report.ok:
+        lines += root_cause(report, color)
     logs = f"{report.location}/logs"
     if unshown:
         text = f"{unshown} line{'s' if unshown != 1 else ''} of container output not shown above"

@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     spec_commands.register(commands)
     local_commands.register(commands)
     cluster_commands.register(commands)
+    for sub in commands.choices.values():  # also after the command: torchjob run job.yaml -v
+        # SUPPRESS: an -v given before the command is kept when it is not repeated after it
+        sub.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
     return parser
 
 

@@ -18,7 +18,7 @@ from torchjob.engines.registry import DEFAULT_ENGINE, engine_names, get_engine
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 
 if TYPE_CHECKING:
-    from torchjob.engines.base import Engine
+    from torchjob.engines.base import Engine, JobReport
 
 REF_HELP = "job id, unique id prefix, or name (newest)"
 
@@ -42,6 +42,13 @@ def register(commands: Any) -> None:
         metavar="NAME=VALUE",
         help="add an environment variable to every container (repeatable)",
     )
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="fail the job once a pod's containers restarted more than N times (local engine; "
+        "Kubernetes restarts without limit)",
+    )
     run.add_argument("-q", "--quiet", action="store_true", help="print only the job id and the final phase")
     run.add_argument("--job", metavar="NAME", help="which job to run when FILE holds several")
     _override_options(run)
@@ -57,6 +64,12 @@ def register(commands: Any) -> None:
     status = commands.add_parser("status", help="show the jobs, or one job's pods")
     status.add_argument("job", nargs="?", metavar="JOB", help=REF_HELP)
     status.add_argument("-o", "--output", choices=("yaml", "json"), help="print the full status")
+    status.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="redraw JOB's status until it ends; exit as wait does (0 completed, 1 failed)",
+    )
     _engine_options(status)
     status.set_defaults(func=run_status)
 
@@ -71,6 +84,8 @@ def register(commands: Any) -> None:
     logs.add_argument("--all-attempts", action="store_true", help="every attempt of each pod, oldest first")
     _engine_options(logs)
     logs.set_defaults(func=run_logs)
+
+    _register_wait(commands)
 
     delete = commands.add_parser("delete", help="stop a job if it runs, then remove it and its state")
     delete.add_argument(
@@ -197,6 +212,7 @@ def _run_workflow(args: argparse.Namespace) -> int | None:
         given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
         given.update({"--job": args.job is not None, "--state-dir": args.state_dir is not None})
         given.update({"--set": args.set, "--workdir": args.workdir is not None})
+        given["--max-restarts"] = args.max_restarts is not None
         given[f"--engine {args.engine}"] = args.engine != DEFAULT_ENGINE
         code = run_workflow(path, name, getattr(args, "program_args", []), [k for k, v in given.items() if v])
         if code is not None:
@@ -245,6 +261,13 @@ def run_run(args: argparse.Namespace) -> int:
     if args.timeout is not None and not 0 < args.timeout < float("inf"):  # also refuses nan
         message = f"expected a positive, finite number of seconds, got {args.timeout}"
         raise SpecError([Problem("--timeout", message, "<command line>")])
+    if args.max_restarts is not None and (args.max_restarts < 0 or args.engine != "local"):
+        message = (
+            f"expected a number of restarts of 0 or more, got {args.max_restarts}"
+            if args.max_restarts < 0
+            else f"a limit of the local engine only; engine {args.engine} restarts as its cluster does"
+        )
+        raise SpecError([Problem("--max-restarts", message, "<command line>")])
     loaded = _load(args, extra_env)
     if args.job:
         loaded = [item for item in loaded if item.job.name == args.job]
@@ -272,6 +295,8 @@ def run_run(args: argparse.Namespace) -> int:
         runtime=args.runtime,
         replace=args.replace,
         prewarm=args.prewarm,
+        max_restarts=args.max_restarts,
+        on_start=_print_id if args.quiet and not args.detach else None,
     )
     if args.rm and args.detach:
         raise SpecError(
@@ -289,7 +314,7 @@ def run_run(args: argparse.Namespace) -> int:
         print(report.id)
         return EXIT_OK
     if args.quiet:
-        print(f"{report.id} {report.phase}: {report.reason}")
+        print(f"{report.id} {report.phase}: {report.reason}".rstrip(": "))
     elif engine.name != "local":  # the local engine prints its own summary; a cluster job ends in one line
         code = finish(report)
         if args.rm:
@@ -300,13 +325,25 @@ def run_run(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
+def _print_id(job_id: str) -> None:
+    """-q: the job's id as it starts, for a script or a second terminal to follow it."""
+    print(job_id, flush=True)
+
+
 # --------------------------------------------------------------------- status
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from torchjob.display import headline, pod_rows, ports_text, use_color
+    from torchjob.display import ports_text
 
     engine = _engine(args)
+    if args.watch:
+        if args.job is None or args.output:
+            message = (
+                "expected one JOB to watch, and no --output" if args.output else "expected a JOB to watch"
+            )
+            raise SpecError([Problem("--watch", message, "<command line>")])
+        return _watch(engine, args.job)
     if args.job is None:
         reports = list(reversed(engine.list_jobs()))  # oldest first, the newest next to the prompt
         if args.output:
@@ -317,11 +354,10 @@ def run_status(args: argparse.Namespace) -> int:
             where = f" in {place}" if place else ""
             print(f"no {engine.name} jobs{where}")
             return EXIT_OK
-        rows: list[tuple[str, ...]] = [("JOB", "PHASE", "SUCCEEDED", "RETRIES", "PORTS", "STARTED")]
+        rows: list[tuple[str, ...]] = [("JOB", "PHASE", "PODS", "RETRIES", "PORTS", "STARTED")]
         for r in reports:
-            done = sum(1 for p in r.pods if p.phase == "Succeeded")
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at or 0))
-            rows.append((r.id, r.phase, f"{done}/{len(r.pods)}", str(r.retry_count), ports_text(r), started))
+            rows.append((r.id, r.phase, _pod_counts(r), str(r.retry_count), ports_text(r), started))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for row in rows:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
@@ -330,19 +366,59 @@ def run_status(args: argparse.Namespace) -> int:
     if args.output:
         _dump(report.to_dict(), args.output)
         return EXIT_OK
+    print("\n".join(_status_lines(report)))
+    return EXIT_OK
+
+
+WATCH_EVERY = 1.0  # seconds between redraws of status --watch
+
+
+def _watch(engine: Engine, ref: str) -> int:
+    """Redraw the job's status (on a terminal; else print it when it changes) until it ends."""
+    terminal = sys.stdout.isatty()
+    shown: list[str] = []
+    while True:
+        report = engine.status(ref)
+        lines = _status_lines(report)
+        if terminal:  # elapsed times tick: redraw every time, in place
+            sys.stdout.write("\x1b[H\x1b[J" + "\n".join(lines) + "\n")
+            sys.stdout.flush()
+        elif lines != shown:
+            print("\n".join(lines), flush=True)
+        shown = lines
+        if report.terminal or report.phase == "Unknown":
+            return _ended_code(report)
+        time.sleep(WATCH_EVERY)
+
+
+def _pod_counts(report: JobReport) -> str:
+    """``3 pods: 2 succeeded, 1 stopped``: every pod counted once, by its phase."""
+    from torchjob.display import plural
+
+    counts: dict[str, int] = {}
+    for pod in report.pods:
+        counts[pod.phase.lower()] = counts.get(pod.phase.lower(), 0) + 1
+    parts = ", ".join(f"{n} {phase}" for phase, n in counts.items())
+    return plural(len(report.pods), "pod") + (f": {parts}" if parts else "")
+
+
+def _status_lines(report: JobReport) -> list[str]:
+    from torchjob.display import crash_loops, headline, pod_rows, root_cause, use_color
+
     color = use_color(sys.stdout)
-    print(headline(report, color))
-    for line in pod_rows(report, color):
-        print("  " + line)
-    print(f"reason: {report.reason}")
+    lines = [headline(report, color), *("  " + line for line in pod_rows(report, color))]
+    lines.append(f"reason: {report.reason}")
+    if not report.ok:
+        lines += root_cause(report, color)
+    lines += crash_loops(report)
     if report.name_resolution:
-        print(f"names: {report.name_resolution}")
+        lines.append(f"names: {report.name_resolution}")
     for event in report.events[-5:]:
         when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0)))
-        print(f"  {when} {event.get('message', '')}")
+        lines.append(f"  {when} {event.get('message', '')}")
     if report.location:
-        print(f"{'job directory' if report.engine == 'local' else 'context'}: {report.location}")
-    return EXIT_OK
+        lines.append(f"{'job directory' if report.engine == 'local' else 'context'}: {report.location}")
+    return lines
 
 
 def _dump(data: Any, fmt: str) -> None:
@@ -380,7 +456,55 @@ def run_logs(args: argparse.Namespace) -> int:
         if args.follow:
             sys.stdout.flush()
     sys.stdout.flush()
+    if args.follow:  # a script following a job learns how it ended
+        return _ended_code(_engine(args).status(args.job))
     return EXIT_OK
+
+
+# ----------------------------------------------------------------------- wait
+
+EXIT_WAIT_TIMEOUT = 124  # as GNU timeout(1): the job had not ended when --timeout passed
+
+
+def _register_wait(commands: Any) -> None:
+    wait = commands.add_parser(
+        "wait",
+        help="wait until a job ends: exit 0 if it completed, 1 if it failed",
+        description=(
+            "Wait until JOB ends. Exit 0 if it completed, 1 if it failed (or was aborted or "
+            f"terminated, or its supervisor died), 2 if JOB names no job, {EXIT_WAIT_TIMEOUT} if "
+            "--timeout passed first (the job goes on)."
+        ),
+    )
+    wait.add_argument("job", metavar="JOB", help=REF_HELP)
+    wait.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long")
+    _engine_options(wait)
+    wait.set_defaults(func=run_wait)
+
+
+def run_wait(args: argparse.Namespace) -> int:
+    from torchjob.display import root_cause
+
+    if args.timeout is not None and not 0 <= args.timeout < float("inf"):  # also refuses nan
+        message = f"expected a non-negative, finite number of seconds, got {args.timeout}"
+        raise SpecError([Problem("--timeout", message, "<command line>")])
+    report = _engine(args).wait(args.job, args.timeout)
+    if not (report.terminal or report.phase == "Unknown"):
+        print(
+            f"torchjob: job {report.id} is still {report.phase} after {args.timeout:g}s (timed out)",
+            file=sys.stderr,
+        )
+        return EXIT_WAIT_TIMEOUT
+    print(f"{report.id} {report.phase}: {report.reason}".rstrip(": "))
+    if not report.ok:
+        for line in root_cause(report):
+            print(line)
+    return _ended_code(report)
+
+
+def _ended_code(report: JobReport) -> int:
+    """0 for a job that completed; 1 for one that ended otherwise or that nobody runs any more."""
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 # --------------------------------------------------------------------- delete

@@ -29,3 +29,28 @@ def load_ref(ref: str, task_args: list[str] | None = None, *, every_rank: bool =
 
         return [load_task_job(match["path"], match["name"], task_args, every_rank=every_rank)]
     return load_jobs(ref)
+
+
+def default_image_warning(ref: str, loaded: list[LoadedJob]) -> str | None:
+    """For ``render FILE.py:TASK``: a pod left on the SDK's default image, which holds neither the
+    user's code nor torchjob, cannot run on a cluster; say so and how to choose the image."""
+    if not _SDK_REF.fullmatch(ref):
+        return None
+    from torchjob.sdk.tojob import DEFAULT_IMAGE
+
+    tasks = [
+        task.name
+        for item in loaded
+        for task in item.job.spec.tasks
+        if any(
+            isinstance(c, dict) and c.get("image") == DEFAULT_IMAGE
+            for c in task.template.spec.get("containers") or []
+        )
+    ]
+    if not tasks:
+        return None
+    return (
+        f"{ref}: warning: task(s) {', '.join(tasks)} use the default image {DEFAULT_IMAGE}, which holds "
+        "neither your code nor torchjob; on a cluster set an image that does: @task(image=...), or "
+        "PyTorch(master=Master(image=...), worker=Worker(image=...))"
+    )

@@ -151,6 +151,7 @@ def run_render(args: argparse.Namespace) -> int:
     workflow_code = _render_workflow(args)
     if workflow_code is not None:
         return workflow_code
+    from torchjob.cli.sources import default_image_warning
     from torchjob.expand import Expansion
     from torchjob.render import write_list
 
@@ -163,6 +164,9 @@ def run_render(args: argparse.Namespace) -> int:
             ]
         )
     loaded = _load_for_render(args)
+    note = default_image_warning(args.file, loaded)
+    if note:
+        print(note, file=sys.stderr)
     if args.target != "pods":
         return _render_target(loaded, args)
     expansions = [Expansion(item.job) for item in loaded]

@@ -11,7 +11,7 @@ the same for every engine: ``torchjob status -o json`` prints it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from torchjob.records import field, record
@@ -112,6 +112,8 @@ class StartOptions:
     target: str | None = None  # how a cluster engine expresses the job (volcano, kubeflow, ...)
     runtime: str | None = None  # the Trainer runtime for target trainjob
     prewarm: bool = True  # local: main containers' interpreters import torch while init containers run
+    max_restarts: int | None = None  # local engine: fail the job once a pod restarted more often
+    on_start: Callable[[str], None] | None = None  # attached: told the job's id once it is submitted
 
 
 @record

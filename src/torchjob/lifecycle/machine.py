@@ -227,7 +227,11 @@ class _Step:
         if spec.min_success is not None and ok >= spec.min_success:
             return JobPhase.COMPLETED, f"{_pods(ok)} succeeded, minSuccess {spec.min_success} reached"
         if ok + bad == total:
-            done = f"all {total} pods finished, {ok} succeeded"
+            done = (
+                f"all {total} pods finished, {ok} succeeded"
+                if total != 1
+                else f"the pod finished, {ok} succeeded"
+            )
             task_min_total = sum(
                 t.replicas if t.min_available is None else t.min_available for t in spec.tasks
             )

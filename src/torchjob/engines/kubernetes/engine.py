@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from torchjob.display import first_failed_first
 from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, StartOptions
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
@@ -105,6 +106,8 @@ class KubernetesEngine:
             self._wait_gone(existing)
         create_all(self.cluster, self.discovery, objects, namespace)
         found = Found(job.name, namespace, target, TOP_KINDS.get(target))
+        if options.on_start is not None and not options.detach:
+            options.on_start(f"{namespace}/{job.name}")
         if options.detach:
             return self._report(found, pods={}, top=_top_object(objects, found.kind))
         follower = self._follower(found, logs=options.follow and not options.quiet, options=options)
@@ -173,7 +176,7 @@ class KubernetesEngine:
             yield from follower.run()
             return
         report = self.status(ref)
-        pods = [p for p in report.pods if wanted(p.name, p.short)]
+        pods = first_failed_first(report, [p for p in report.pods if wanted(p.name, p.short)])
         if query.pod is not None and not pods:
             raise EngineError(f"job {found.name} has no pod {query.pod!r}")
         for ordinal, pod in enumerate(pods):

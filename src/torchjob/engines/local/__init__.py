@@ -45,6 +45,8 @@ class RunOptions:
     extra_env: dict[str, str] = field(default_factory=dict)  # added to every container's env, last
     detach: bool = False  # run in a background process; run_job returns once it has started
     prewarm: bool = True  # start main containers' interpreters while init containers run (prewarm.py)
+    max_restarts: int | None = None  # fail the job when a pod's containers restarted more often
+    on_start: Callable[[str], None] | None = None  # attached: told the job id before its pods start
 
 
 @record
@@ -140,6 +142,8 @@ def run_job(job: Job, options: RunOptions | None = None) -> RunResult:
     job_dir = new_job_dir(state_root(options.state_dir), job.name)
     if options.detach:
         return _detach(job, job_dir.path, options)
+    if options.on_start is not None:
+        options.on_start(job_dir.id)
     return _supervise(job, job_dir.path, options, stream=None if options.quiet else sys.stdout)
 
 
@@ -166,6 +170,7 @@ def _supervise(
         timeout=options.timeout,
         extra_env=options.extra_env,
         prewarm=options.prewarm,
+        max_restarts=options.max_restarts,
     )
     previous = supervisor.install_signals()
     try:

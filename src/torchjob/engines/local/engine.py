@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchjob.display import prefix_for
+from torchjob.display import first_failed_first, prefix_for
 from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, PodReport, StartOptions
 from torchjob.engines.local.state import JobDir, list_jobs, state_root
 from torchjob.records import record
@@ -62,6 +62,8 @@ class LocalEngine:
                 extra_env=dict(options.extra_env),
                 detach=options.detach,
                 prewarm=options.prewarm,
+                max_restarts=options.max_restarts,
+                on_start=options.on_start,
             ),
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow
@@ -162,7 +164,7 @@ class LocalEngine:
 
     def _log_files(self, where: JobDir, report: JobReport, query: LogQuery, *, check: bool) -> list[_LogFile]:
         """Every log file the query asks for, oldest attempt first."""
-        pods = _select_pods(report.pods, query.pod)
+        pods = first_failed_first(report, _select_pods(report.pods, query.pod))
         if check and query.pod is not None and not pods:
             names = ", ".join(p.short for p in report.pods) or "none yet"
             raise EngineError(f"job {where.id} has no pod {query.pod!r} (pods: {names})")

@@ -40,7 +40,7 @@ from torchjob.engines.local.cleanup import (
 from torchjob.engines.local.containers import local_warnings
 from torchjob.engines.local.creation import PodFactory
 from torchjob.engines.local.output import Console, short_name
-from torchjob.engines.local.pod import FAILED, PENDING, RUNNING, SUCCEEDED, LocalPod
+from torchjob.engines.local.pod import BACKOFF_CAP, FAILED, PENDING, RUNNING, SUCCEEDED, LocalPod
 from torchjob.engines.local.prewarm import modules_of as prewarm_modules
 from torchjob.engines.local.report import job_report
 from torchjob.engines.local.state import JobDir
@@ -70,6 +70,7 @@ from torchjob.spec.model import Job
 IDLE_WAIT = 0.1  # longest sleep of the loop; exits and signals wake it at once
 LOG_EVERY = 0.05  # seconds between reads of the followed log files when they are printed
 TRACK_EVERY = 0.5  # seconds between scans for container descendants
+CRASH_LOOP_AFTER = 3  # consecutive quick failures of a container after which its crash loop is told
 
 Key = tuple[str, int]
 
@@ -91,6 +92,7 @@ class Supervisor:
         timeout: float | None,
         extra_env: dict[str, str],
         prewarm: bool = True,
+        max_restarts: int | None = None,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -117,6 +119,8 @@ class Supervisor:
         self.running = False  # the job started (its pods were created)
         self.status_error = ""  # why status.json could not be written, once said
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
+        self.max_restarts = max_restarts  # a local limit (run --max-restarts): Kubernetes has none
+        self.looping: set[Key] = set()  # pods whose crash loop has been told
 
     # ------------------------------------------------------------------ setup
 
@@ -257,15 +261,55 @@ class Supervisor:
             if pod.phase in (SUCCEEDED, FAILED):
                 self.close_logs(pod)
             if old is not None and old[1] != current[1]:
-                self.note(
-                    f"pod {short_name(self.job.name, pod.name)}: container restart {pod.restarts} "
-                    f"(restartPolicy {pod.restart_policy})",
-                    "33",
-                )
+                self.on_restart(key, pod)
             change = PodChange(
                 key[0], key[1], PodPhase(old[0]) if old else None, PodPhase(pod.phase), pod.exit_code
             )
             self.on_change(change)
+
+    def on_restart(self, key: Key, pod: LocalPod) -> None:
+        """One line a restart; one notice when the pod starts to crash-loop; --max-restarts."""
+        short = short_name(self.job.name, pod.name)
+        waiting = [c for c in pod.containers if c.next_start is not None]
+        last = waiting[0] if waiting else None
+        code = f"exit code {last.exit_code}" if last is not None else "exit"
+        delay = f" in {max(0.0, last.next_start - time.monotonic()):.1f}s" if last and last.next_start else ""
+        if not self.echo_logs:  # else the line torchjob writes in the container's log says it
+            self.note(
+                f"pod {short}: {code}; restart {pod.restarts}{delay} (restartPolicy {pod.restart_policy})",
+                "33",
+            )
+        if self.max_restarts is not None and pod.restarts > self.max_restarts:
+            self.fail_job(
+                f"pod {short} restarted {pod.restarts} times, more than --max-restarts {self.max_restarts}"
+            )
+            return
+        if last is not None and last.failures >= CRASH_LOOP_AFTER and key not in self.looping:
+            self.looping.add(key)
+            limit = (
+                ""
+                if self.max_restarts is not None
+                else "; torchjob run --max-restarts N fails the job instead"
+            )
+            self.note(
+                f"pod {short} is in CrashLoopBackOff: container {last.run.name} ended "
+                f"{last.failures} times in a row (last {code}); it is restarted with a growing "
+                f"back-off, up to {BACKOFF_CAP:g}s, for as long as the job runs{limit}",
+                "31",
+            )
+
+    def fail_job(self, reason: str) -> None:
+        """End the job as Failed for a reason of torchjob's own (no Volcano policy says so)."""
+        if self.status.phase.final:
+            return
+        self.status = JobStatus(JobPhase.FAILED, self.status.retry_count, self.status.version, reason)
+        self.note(f"job Failed: {reason}" if self.console is None else f"failing the job: {reason}", "31")
+        now = time.monotonic()
+        tree = process.children_map() if self.pods else None
+        for pod in self.pods.values():
+            pod.terminate(now, grace_of(self.job, pod), tree)
+        self.delayed = []
+        self.dirty = True
 
     def on_change(self, change: PodChange) -> None:
         self.dirty = True
@@ -317,7 +361,8 @@ class Supervisor:
             color = {"Completed": "32", "Failed": "31", "Aborted": "31", "Terminated": "31"}.get(
                 self.status.phase.value, "36"
             )
-            self.note(f"job {self.status.phase.value}: {self.status.reason}", color)
+            if not self.status.phase.final or self.console is None:  # else the summary says it
+                self.note(f"job {self.status.phase.value}: {self.status.reason}", color)
             self.dirty = True
         if decision.resync and depth < 8:
             # The phase changed because of ``cause``; the follow-up sync keeps it in the reason.
@@ -402,9 +447,11 @@ class Supervisor:
     # ------------------------------------------------------------- output
 
     def note(self, text: str, color: str = "2") -> None:
-        logs.info(text)
+        # Printed once: on the console when there is one, else as a log record (-v, detached).
         if self.console is not None:
             self.console.note(text, color)
+        else:
+            logs.info(text)
 
     def record(self, text: str) -> None:
         self.events.append({"time": time.time(), "message": text})
@@ -468,7 +515,8 @@ class Supervisor:
             id=self.id,
             location=str(self.dir.path),
             status=self.status,
-            pods=[(p, self.pods.get((p.task, p.index)) is p) for p in self.latest.values()],
+            # A pod that went in this pass (stopped while in back-off) is not current either.
+            pods=[(p, self.pods.get((p.task, p.index)) is p and not p.gone) for p in self.latest.values()],
             ports=self.factory.ports,
             started=self.started,
             finished=self.finished,
