@@ -294,8 +294,9 @@ def test_status_without_a_name_lists_torchjobs_jobs_in_the_namespace(
     capsys.readouterr()
     assert main(k8s("status", kubeconfig=kubeconfig)) == 0
     header, *rows = capsys.readouterr().out.splitlines()
-    assert header.split() == ["JOB", "PHASE", "SUCCEEDED", "RETRIES", "PORTS", "STARTED"]
-    assert [row.split()[:3] for row in rows] == [["default/demo", "Completed", "3/3"]]
+    assert header.split() == ["JOB", "PHASE", "PODS", "RETRIES", "PORTS", "STARTED"]
+    assert [row.split()[:2] for row in rows] == [["default/demo", "Completed"]]
+    assert "3 pods: 3 succeeded" in rows[0]
     assert main(k8s("status", "-o", "json", kubeconfig=kubeconfig)) == 0
     assert [i["name"] for i in json.loads(capsys.readouterr().out)["items"]] == ["demo"]
 
