@@ -97,8 +97,7 @@ def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[],
 
 def _environ(pid: int) -> bytes:
     try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return b"\0" + handle.read()  # so that every entry, the first too, follows a NUL
+        return b"\0" + procfs.read(f"/proc/{pid}/environ")  # every entry, the first too, after a NUL
     except OSError:
         return b""
 
