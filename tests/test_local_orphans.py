@@ -400,3 +400,97 @@ def test_a_library_callers_own_children_are_not_taken_for_the_jobs(tmp_path: Pat
     finally:
         own.kill()
         own.wait(timeout=5)
+
+
+# Each replica leaves a classic daemon (double fork, setsid, empty environment), waits for the
+# keeper's signal and exits: the replicas' main processes end together, which is when one scan
+# for orphans may serve them all (cleanup.JobProcesses.adopt).
+TOGETHER = """
+import os, shutil, sys, time
+where, me = sys.argv[1], os.environ["TORCHJOB_POD_NAME"]
+read, write = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    pid = os.fork()
+    if pid == 0:
+        os.execve(shutil.which("sleep"), ["sleep", "300"], {})
+    os.write(write, str(pid).encode())
+    os._exit(0)
+os.close(write)
+with open(f"{where}/.{me}", "w") as out:
+    out.write(os.read(read, 64).decode())
+os.rename(f"{where}/.{me}", f"{where}/daemon-{me}")
+while not os.path.exists(f"{where}/go"):
+    time.sleep(0.002)
+"""
+
+# Lets the replicas go once both daemons run, then waits (bounded) until both are gone: the job
+# succeeds only if the daemons died with their containers, while the job still ran.
+KEEPER = """
+import glob, os, sys, time
+where = sys.argv[1]
+deadline = time.monotonic() + 20
+while len(glob.glob(f"{where}/daemon-*")) < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+pids = [int(open(path).read()) for path in glob.glob(f"{where}/daemon-*")]
+open(f"{where}/go", "w").close()
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+while any(alive(p) for p in pids) and time.monotonic() < deadline:
+    time.sleep(0.02)
+left = [p for p in pids if alive(p)]
+print("daemons", pids, "left", left, flush=True)
+sys.exit(1 if left or len(pids) < 2 else 0)
+"""
+
+
+def test_daemons_of_containers_that_end_together_die_with_them(tmp_path: Path) -> None:
+    (tmp_path / "together.py").write_text(TOGETHER)
+    (tmp_path / "keeper.py").write_text(KEEPER)
+    job = make_job(
+        "together",
+        [
+            task(
+                "app",
+                [container("app", ["python", str(tmp_path / "together.py"), str(tmp_path)])],
+                replicas=2,
+            ),
+            task("keeper", [container("keeper", ["python", str(tmp_path / "keeper.py"), str(tmp_path)])]),
+        ],
+    )
+    result = run(job, tmp_path)
+    daemons = [int(p.read_text()) for p in tmp_path.glob("daemon-*")]
+    try:
+        assert len(daemons) == 2, log_text(result, "keeper-0", "keeper")
+        assert result.ok, f"{result.reason}: {log_text(result, 'keeper-0', 'keeper')}"
+    finally:
+        for pid in daemons:
+            _kill(pid)
+
+
+CHILDREN = """
+import subprocess, sys, time
+from torchjob.engines.local import process
+assert not process.has_children() and process.children_of_self() == []
+child = subprocess.Popen(["sh", "-c", "exit 7"])
+assert process.has_children()
+while not process.exited(child.pid):
+    time.sleep(0.01)
+assert process.children_of_self() == [child.pid]  # ended, not reaped: still a child
+assert child.wait(timeout=5) == 7  # asking did not reap it: its exit code is still there
+assert not process.has_children() and not process.exited(child.pid)
+print("ok")
+"""
+
+
+def test_the_checks_for_children_ask_without_reaping() -> None:
+    """has_children (no scan for a caller's children when there are none) and exited (which main
+    processes had ended before an orphan scan) must leave the exit status to its owner."""
+    out = subprocess.run([sys.executable, "-c", CHILDREN], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "ok", out.stderr

@@ -47,6 +47,8 @@ class JobProcesses:
         self.foreign: set[int] = set()  # this process's children from before the job: not the job's
         self.told: set[int] = set()  # job processes the watchdog knows of
         self.watchdog: Watchdog | None = None
+        # The last orphan scan: when, the children known and those already ended then, the tree.
+        self._scan: tuple[float, set[int], set[int], dict[int, list[int]]] | None = None
 
     def start(self) -> None:
         """Become the subreaper of the job's orphans and start the watchdog; before any pod."""
@@ -75,11 +77,35 @@ class JobProcesses:
             known.add(self.watchdog.pid)
         return known
 
-    def adopt(self) -> list[int]:
-        """Job processes this process adopted (orphans of container main processes that ended)."""
-        found = process.adopted(process.children_map(), self.known_children(), self.job_id)
+    def adopt(self, fresh: bool = False) -> list[int]:
+        """Job processes this process adopted (orphans of container main processes that ended).
+
+        Called as each main process is reaped. When several end together, one scan of the
+        process table serves them all (``_shared_tree``); ``fresh`` always scans anew.
+        """
+        known = self.known_children()
+        tree = None if fresh else self._shared_tree(known)
+        ended: set[int] = self._scan[2] if tree is not None and self._scan is not None else set()
+        if tree is None:
+            # Which main processes have ended is asked before the scan: their orphans were
+            # handed to this process as they ended, so the scan sees every one of them.
+            ended = {pid for pid in known if process.exited(pid)}
+            tree = process.children_map()
+            self._scan = (time.monotonic(), known, ended, tree)
+        found = process.adopted(tree, known | ended, self.job_id)
         self.job_pids.update(found)
         return found
+
+    def _shared_tree(self, known: set[int]) -> dict[int, list[int]] | None:
+        """The last scan's process tree, if it holds every orphan there can be now: it is at most
+        one tick old, no container started since, and every main process reaped since had
+        already ended when it was taken. Otherwise None (scan again)."""
+        if self._scan is None:
+            return None
+        taken, known_then, ended_then, tree = self._scan
+        if time.monotonic() - taken > TICK or not known <= known_then:
+            return None
+        return tree if known_then - known <= ended_then else None
 
     def tell_watchdog(self) -> None:
         """The watchdog learns every job process seen, to stop also those without the job's marker."""
@@ -92,6 +118,8 @@ class JobProcesses:
 
     def on_group(self, pgid: int, started: bool) -> None:
         """A container's process group started or ended: the watchdog watches the live ones."""
+        if started:
+            self._scan = None  # the last scan knows nothing of this main process's orphans
         if self.watchdog is None:
             return
         if started:
@@ -102,7 +130,8 @@ class JobProcesses:
     def kill_the_rest(self) -> None:
         """Kill every process of the job still alive (marked, tracked or adopted) and reap them."""
         tracked = [p for pod in self.latest.values() for c in pod.containers for p in c.tracked.values()]
-        tracked += _processes(self.adopt())  # orphans without the job's marker, adopted as subreaper
+        # Orphans without the job's marker, adopted as subreaper: a scan of its own, the last one.
+        tracked += _processes(self.adopt(fresh=True))
         killed = process.kill_now(self.job_id, [], tracked, 1.0)
         # Reap what was adopted (subreaper); waiting on our own children reaps them.
         process.wait_gone(process.alive(killed), timeout=1.0)

@@ -100,8 +100,7 @@ def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[],
 
 def _environ(pid: int) -> bytes:
     try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            return b"\0" + handle.read()  # so that every entry, the first too, follows a NUL
+        return b"\0" + procfs.read(f"/proc/{pid}/environ")  # every entry, the first too, after a NUL
     except OSError:
         return b""
 
@@ -339,7 +338,30 @@ def adopted(tree: Mapping[int, list[int]], known: Iterable[int], job_id: str) ->
 
 def children_of_self() -> list[int]:
     """This process's children, for the record of what is not the job's."""
+    if not has_children():  # the CLI: no scan of the whole process table
+        return []
     return children_map().get(os.getpid(), [])
+
+
+def has_children() -> bool:
+    """Whether this process has any child at all, running or ended (one system call)."""
+    if not hasattr(os, "waitid"):  # macOS: assume there are
+        return True
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def exited(pid: int) -> bool:
+    """Whether our child ``pid`` has ended and waits to be reaped (it is not reaped here)."""
+    if not hasattr(os, "waitid"):
+        return False
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return False  # not (or no longer) our child: not known to have ended
 
 
 def descendants_in(tree: Mapping[int, list[int]], root: int) -> list[int]:
