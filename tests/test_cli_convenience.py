@@ -174,7 +174,7 @@ dist.all_reduce(t)
 # One write per line: two ranks of a pod share its stdout, and print() under PYTHONUNBUFFERED=1
 # writes the text and its newline separately, so lines of two processes could interleave.
 sys.stdout.write(f"rank {dist.get_rank()} of {dist.get_world_size()} local {os.environ['LOCAL_RANK']} "
-                 f"sum {t.item():.0f} args {sys.argv[1:]}\n")
+                 f"sum {t.item():.0f} args {sys.argv[1:]}\\n")
 dist.destroy_process_group()
 """
 
