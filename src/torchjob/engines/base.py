@@ -112,6 +112,7 @@ class StartOptions:
     target: str | None = None  # how a cluster engine expresses the job (volcano, kubeflow, ...)
     runtime: str | None = None  # the Trainer runtime for target trainjob
     prewarm: bool = True  # local: main containers' interpreters import torch while init containers run
+    preload: tuple[str, ...] = ()  # local: main containers forked from a server that imported these
 
 
 @record

@@ -45,6 +45,7 @@ class RunOptions:
     extra_env: dict[str, str] = field(default_factory=dict)  # added to every container's env, last
     detach: bool = False  # run in a background process; run_job returns once it has started
     prewarm: bool = True  # start main containers' interpreters while init containers run (prewarm.py)
+    preload: tuple[str, ...] = ()  # modules a fork server imports once for all main containers (preload.py)
 
 
 @record
@@ -166,6 +167,7 @@ def _supervise(
         timeout=options.timeout,
         extra_env=options.extra_env,
         prewarm=options.prewarm,
+        preload=options.preload,
     )
     previous = supervisor.install_signals()
     try:

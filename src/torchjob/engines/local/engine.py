@@ -62,6 +62,7 @@ class LocalEngine:
                 extra_env=dict(options.extra_env),
                 detach=options.detach,
                 prewarm=options.prewarm,
+                preload=options.preload,
             ),
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow

@@ -91,6 +91,7 @@ class Supervisor:
         timeout: float | None,
         extra_env: dict[str, str],
         prewarm: bool = True,
+        preload: tuple[str, ...] = (),
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -108,7 +109,8 @@ class Supervisor:
         self.signals: list[int] = []
         self.started = time.time()
         self.finished: float | None = None
-        self.factory = PodFactory(job, job_dir, extra_env, prewarm_modules(job) if prewarm else ())
+        warm = prewarm_modules(job) if prewarm and not preload else ()  # forking from the server is faster
+        self.factory = PodFactory(job, job_dir, extra_env, warm, preload)
         self.processes = JobProcesses(self.id, self.pods, self.latest)
         self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
         self.dirty = True
