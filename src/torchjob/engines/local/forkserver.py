@@ -44,6 +44,7 @@ def main() -> None:
     runner = _load(runner_path)
     sys.path[0] = path0  # where the containers' programs import from (the same for all of them)
     why = _preload(runner, [m for m in modules_text.split(",") if m])
+    _write(1, f"imported {modules_text}: {why or 'ready'}\n".encode())  # preload.log (fd 1)
     _write(replies, b"ready\n" if not why else f"cold {why}\n".encode())
     if why:
         os._exit(0)
@@ -129,7 +130,10 @@ def _fork(request: list[bytes], requests: int, replies: int) -> list[bytes] | No
     os.waitpid(middle, 0)  # reparenting is done once the intermediate has ended
     answer = _read_exactly(report_r, 8)  # its pid, once it is set up; nothing when it failed
     os.close(report_r)
-    _write(replies, b"pid " + answer + b"\n" if answer else b"fail\n")
+    line = b"pid " + answer + b"\n" if answer else b"fail\n"
+    what = b"forked " + answer if answer else b"could not set up the container"
+    _write(1, what + b" for " + request[1] + b"\n")  # preload.log
+    _write(replies, line)
     return None
 
 

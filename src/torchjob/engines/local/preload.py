@@ -33,6 +33,7 @@ from pathlib import Path
 
 from torchjob.engines.local import prewarm, process, procfs
 from torchjob.engines.local.containers import ContainerRun
+from torchjob.engines.local.state import open_private
 
 SERVER = str(Path(__file__).with_name("forkserver.py"))
 READY_TIMEOUT = 300.0  # seconds for the server's import (torch on a loaded 2-core machine takes a few)
@@ -99,7 +100,8 @@ def _key(run: ContainerRun) -> Key | None:
     env = sorted(
         (k, v) for k, v in run.env.items() if k.startswith("PYTHON") or k.startswith(IMPORT_TIME_PREFIXES)
     )
-    return (tuple(options), cwd, _path0(tail, cwd), tuple(env))
+    # Where the imports resolve: sys.path[0], whose '' (for -c) is the working directory.
+    return (tuple(options), cwd, _path0(tail, cwd) or cwd, tuple(env))
 
 
 def _rlimits() -> list[tuple[int, int]]:
@@ -252,6 +254,11 @@ class Preloader:
     def _off(self, why: str) -> None:
         if self.state != "off":
             self.state, self.why_off = "off", why
+            with (
+                contextlib.suppress(OSError),
+                os.fdopen(open_private(self.job_dir / "preload.log"), "a") as log,
+            ):
+                log.write(f"server off: {why}\n")
         for fd in (self._requests, self._replies):
             if fd >= 0:
                 with contextlib.suppress(OSError):
