@@ -178,6 +178,9 @@ def _run(
     sys.argv[:] = [target if mode == "script" else f"-{mode}", *args]
     sys.path[0] = runner["_path0"](mode, target)
     sys.orig_argv[:] = cold
+    numpy_random = sys.modules.get("numpy.random")  # (random reseeds itself in a forked child)
+    if numpy_random is not None:
+        numpy_random.seed()  # from the OS's entropy, as at a cold import: not the server's state
     _watch_environ(watched)
     runner["_run"](mode, target, cold, files, boot)
 

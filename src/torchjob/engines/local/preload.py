@@ -16,7 +16,8 @@ its request pipe closes; the end-of-job sweep kills it with the rest.
 
 A container starts cold when the server cannot serve it: not torchjob's python, other interpreter
 options, another working directory or script directory, other ``PYTHON*`` variables or variables
-that torch reads at import (``IMPORT_TIME_PREFIXES``), a ``runAsUser``/``runAsGroup``
+that torch reads at import (``IMPORT_TIME_PREFIXES``) or the interpreter at start (locale, ``TZ``,
+``HOME``), a ``runAsUser``/``runAsGroup``
 (the identity is set by the engine's own hook), changed resource limits, or a server that failed
 to import the modules silently on one thread.
 """
@@ -39,6 +40,10 @@ SERVER = str(Path(__file__).with_name("forkserver.py"))
 READY_TIMEOUT = 300.0  # seconds for the server's import (torch on a loaded 2-core machine takes a few)
 REPLY_TIMEOUT = 10.0  # seconds for one fork; the server is then given up on
 IMPORT_TIME_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_", "CUDA_")
+
+# Read by the interpreter as it starts (stdio encoding, user site, time zone): the same as the server's
+STARTUP_PREFIXES = ("PYTHON", "LC_", *IMPORT_TIME_PREFIXES)
+STARTUP_NAMES = frozenset({"LANG", "LANGUAGE", "TZ", "HOME"})
 
 Key = tuple[object, ...]
 
@@ -97,9 +102,7 @@ def _key(run: ContainerRun) -> Key | None:
         return None
     options, tail = found
     cwd = run.cwd or os.getcwd()
-    env = sorted(
-        (k, v) for k, v in run.env.items() if k.startswith("PYTHON") or k.startswith(IMPORT_TIME_PREFIXES)
-    )
+    env = sorted((k, v) for k, v in run.env.items() if k.startswith(STARTUP_PREFIXES) or k in STARTUP_NAMES)
     # Where the imports resolve: sys.path[0], whose '' (for -c) is the working directory.
     return (tuple(options), cwd, _path0(tail, cwd) or cwd, tuple(env))
 
