@@ -62,6 +62,7 @@ def test_the_server_has_one_thread_and_no_cuda_when_it_forks(tmp_path: Path) -> 
     (work / "prog.py").write_text(
         "import os, sys, threading\n"
         "tasks = len(os.listdir('/proc/self/task'))\n"
+        "print(sorted(os.listdir('/proc/self/fd'), key=int)[:-1])\n"  # the last: listdir's own
         "print(sys.argv, 'torch' in sys.modules, threading.active_count(), tasks)\n"
         "import torch\n"
         "print(torch.cuda.is_initialized(), torch.distributed.is_initialized())\n"
@@ -78,7 +79,7 @@ def test_the_server_has_one_thread_and_no_cuda_when_it_forks(tmp_path: Path) -> 
         assert len(server_threads) == 1  # no intra-op pool, no OpenBLAS pool, nothing left running
         assert child.wait(60) == 5
         lines = (tmp_path / "app.log").read_text().splitlines()
-        assert lines == ["['prog.py', 'x'] True 1 1", "False False", "True"]
+        assert lines == ["['0', '1', '2']", "['prog.py', 'x'] True 1 1", "False False", "True"]
         again = preloader.fork(run_, tmp_path / "again.log")  # a restart forks again
         assert again is not None and again.wait(60) == 5 and again.pid != child.pid
     finally:

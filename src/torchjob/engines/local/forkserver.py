@@ -160,7 +160,7 @@ def _become_container(request: list[bytes], report: int) -> list[bytes]:
     os.environb.update(environ)
     _write(report, b"%08d" % os.getpid())
     os.close(report)
-    return [a for a in request[3 : 3 + argc]]
+    return request[3 : 3 + argc]
 
 
 def _run(
