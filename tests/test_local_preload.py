@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from test_local_prewarm import _equivalence_job, _load
-from test_local_support import container, leftovers, log_text, make_job, run, sh, task
+from test_local_support import container, leftovers, log_text, make_job, run, sh, task, wait_until
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.preload import Preloader
+from torchjob.spec.manifest import job_manifest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -203,4 +206,33 @@ def test_the_example_job_runs_preloaded(tmp_path: Path) -> None:
         if log.name in ("master.log", "worker.log"):
             assert "sendrecv:" in log.read_text()
     job_id = job_dir.name
+    assert leftovers(job_id) == []
+
+
+def test_ctrl_c_while_the_server_imports_stops_the_job_at_once(tmp_path: Path) -> None:
+    """The supervisor waits for the server's import when it forks the first container; a signal
+    ends that wait (an import that hangs would otherwise hold the job for minutes)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "slow.py").write_text("import time\ntime.sleep(60)\n")
+    (work / "prog.py").write_text("print('ran')\n")
+    job = make_job("slow", [task("main", [container("app", ["python", "prog.py"], workingDir=str(work))])])
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(job_manifest(job)))
+    home = tmp_path / "home"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", "-q", "--preload", "slow", str(path)],
+        env={**os.environ, "TORCHJOB_HOME": str(home)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    jobs = home / "jobs"
+    assert wait_until(lambda: any(jobs.glob("*/preload.log")), 30)
+    job_id = next(jobs.iterdir()).name
+    assert wait_until(lambda: len(leftovers(job_id)) >= 1, 10)  # the server, importing
+    time.sleep(0.5)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=20) == 130
+    assert time.monotonic() - started < 10  # not the import's 60 s
     assert leftovers(job_id) == []

@@ -39,6 +39,7 @@ from torchjob.engines.local.state import open_private
 SERVER = str(Path(__file__).with_name("forkserver.py"))
 READY_TIMEOUT = 300.0  # seconds for the server's import (torch on a loaded 2-core machine takes a few)
 REPLY_TIMEOUT = 10.0  # seconds for one fork; the server is then given up on
+SIGNAL_CHECK = 0.05  # seconds between looks at the supervisor's signals while waiting for the server
 IMPORT_TIME_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_", "CUDA_")
 
 # Read by the interpreter as it starts (stdio encoding, user site, time zone): the same as the server's
@@ -131,6 +132,7 @@ class Preloader:
         self.modules = modules
         self.job_dir = job_dir
         self.before_exec: Callable[[], None] | None = None  # the job's /etc/hosts, for every container
+        self.interrupted: Callable[[], bool] = lambda: False  # a signal came: stop waiting for the server
         self.proc: subprocess.Popen[bytes] | None = None
         self.key: Key | None = None
         self.state = "none"  # none | starting | ready | off
@@ -226,23 +228,25 @@ class Preloader:
 
     def _ready(self) -> bool:
         if self.state == "starting":
-            line = self._readline(READY_TIMEOUT)
+            line = self._readline(READY_TIMEOUT, interruptible=True)
+            if line is None and self.interrupted():
+                return False  # still importing; the job is being stopped (this container starts cold)
             if line == b"ready":
                 self.state = "ready"
             else:
                 self._off((line or b"no answer").decode(errors="replace"))
         return self.state == "ready"
 
-    def _readline(self, timeout: float) -> bytes | None:
+    def _readline(self, timeout: float, interruptible: bool = False) -> bytes | None:
         import select
 
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
-            if left <= 0 or self._replies < 0:
+            if left <= 0 or self._replies < 0 or (interruptible and self.interrupted()):
                 return None
             try:
-                ready, _, _ = select.select([self._replies], [], [], left)
+                ready, _, _ = select.select([self._replies], [], [], min(left, SIGNAL_CHECK))
                 if not ready:
                     continue
                 chunk = os.read(self._replies, 4096)
