@@ -236,3 +236,32 @@ def test_ctrl_c_while_the_server_imports_stops_the_job_at_once(tmp_path: Path) -
     assert proc.wait(timeout=20) == 130
     assert time.monotonic() - started < 10  # not the import's 60 s
     assert leftovers(job_id) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "same"),
+    [
+        (["-u", "-c", "print(1)"], {}, True),  # -c imports from the working directory, as the script's
+        (["-u", "-m", "pkg.mod"], {}, True),
+        (["-u", "other.py"], {"RANK": "3", "MASTER_ADDR": "x"}, True),  # per-pod variables are the program's
+        (["prog.py"], {}, False),  # other interpreter options: other sys.flags
+        (["-u", "prog.py"], {"OMP_NUM_THREADS": "2"}, False),  # read by torch's OpenMP at import
+        (["-u", "prog.py"], {"PYTHONHASHSEED": "0"}, False),  # read by the interpreter at start
+        (["-u", "prog.py"], {"LC_ALL": "C"}, False),
+        (["-u", "sub/prog.py"], {}, False),  # another script directory: another sys.path[0]
+        (["-i", "prog.py"], {}, None),  # never forked: pre-warming's rules
+    ],
+)
+def test_which_containers_share_the_server(
+    tmp_path: Path, argv: list[str], env: dict[str, str], same: bool | None
+) -> None:
+    from torchjob.engines.local.preload import _key
+
+    base = {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    first = ContainerRun("a", "x", False, [sys.executable, "-u", "prog.py"], base, str(tmp_path))
+    other = ContainerRun("b", "x", False, [sys.executable, *argv], {**base, **env}, str(tmp_path))
+    key = _key(other)
+    if same is None:
+        assert key is None
+    else:
+        assert (key == _key(first)) == same

@@ -17,9 +17,8 @@ its request pipe closes; the end-of-job sweep kills it with the rest.
 A container starts cold when the server cannot serve it: not torchjob's python, other interpreter
 options, another working directory or script directory, other ``PYTHON*`` variables or variables
 that torch reads at import (``IMPORT_TIME_PREFIXES``) or the interpreter at start (locale, ``TZ``,
-``HOME``), a ``runAsUser``/``runAsGroup``
-(the identity is set by the engine's own hook), changed resource limits, or a server that failed
-to import the modules silently on one thread.
+``HOME``), a ``runAsUser``/``runAsGroup`` (the identity is set by the engine's own hook), changed
+resource limits, or a server that failed to import the modules silently on one thread.
 """
 
 from __future__ import annotations
@@ -40,6 +39,8 @@ SERVER = str(Path(__file__).with_name("forkserver.py"))
 READY_TIMEOUT = 300.0  # seconds for the server's import (torch on a loaded 2-core machine takes a few)
 REPLY_TIMEOUT = 10.0  # seconds for one fork; the server is then given up on
 SIGNAL_CHECK = 0.05  # seconds between looks at the supervisor's signals while waiting for the server
+# Environment that torch and the native libraries it loads (OpenMP, MKL, OpenBLAS, CUDA) may read
+# when imported or first initialised: a forked program gets what the server had (docs/local-engine.md).
 IMPORT_TIME_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_", "CUDA_")
 
 # Read by the interpreter as it starts (stdio encoding, user site, time zone): the same as the server's
