@@ -12,6 +12,8 @@ hits all of them alike:
 * ``torchjob``: ``torchjob run`` of a job with 1 master and N-1 workers (pytorch plugin);
   ``torchjob+wait`` is the same job with ``--wait-master-enabled=true`` (the workers' interpreters
   pre-warmed while they wait, the default), ``torchjob+wait-cold`` the same with ``--no-prewarm``;
+  ``torchjob+preload`` and ``torchjob+wait+preload`` the same jobs with ``--preload torch`` (every
+  rank forked from one process that imported torch once);
 * ``torchrun``: ``torchrun --nproc-per-node=N`` with a static rendezvous;
 * ``shell``: ``sh`` starting N processes with MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE set by hand,
   each in its own session like torchjob's containers: the floor for any launcher.
@@ -151,11 +153,14 @@ def job_yaml(
     return "\n".join(lines) + "\n"
 
 
-def torchjob_argv(work: Path, ranks: int, *, wait: bool, prewarm: bool = True) -> list[str]:
+def torchjob_argv(
+    work: Path, ranks: int, *, wait: bool, prewarm: bool = True, preload: bool = False
+) -> list[str]:
     name = f"bench-{ranks}-{uuid.uuid4().hex[:8]}"
     path = work / f"{name}.yaml"
     path.write_text(job_yaml(name, ranks, free_port(), ["python", str(PROGRAM)], wait=wait))
-    return [str(BIN / "torchjob"), "run", *([] if prewarm else ["--no-prewarm"]), str(path)]
+    flags = ([] if prewarm else ["--no-prewarm"]) + (["--preload", "torch"] if preload else [])
+    return [str(BIN / "torchjob"), "run", *flags, str(path)]
 
 
 def torchrun_argv(_work: Path, ranks: int) -> list[str]:
@@ -188,6 +193,8 @@ METHODS: dict[str, Callable[[Path, int], list[str]]] = {
     "torchjob": lambda work, n: torchjob_argv(work, n, wait=False),
     "torchjob+wait": lambda work, n: torchjob_argv(work, n, wait=True),
     "torchjob+wait-cold": lambda work, n: torchjob_argv(work, n, wait=True, prewarm=False),
+    "torchjob+preload": lambda work, n: torchjob_argv(work, n, wait=False, preload=True),
+    "torchjob+wait+preload": lambda work, n: torchjob_argv(work, n, wait=True, preload=True),
     "torchrun": torchrun_argv,
     "shell": shell_argv,
 }
@@ -487,6 +494,23 @@ def verdicts(summaries: list[Summary]) -> list[str]:
         if cold is not None:
             line += f"; without pre-warming {cold.median('wall') / floor.median('wall'):.3f} (medians)"
         lines.append(line)
+    for ranks in sorted({s.ranks for s in summaries}):
+        # Issue 13, part 2: the preloaded job (with and without wait-for-master) against the floor.
+        floor = by_key.get(("shell", ranks))
+        target = {2: 0.9, 4: 0.6, 8: 0.5}.get(ranks)
+        for method in ("torchjob+preload", "torchjob+wait+preload"):
+            preloaded = by_key.get((method, ranks))
+            if preloaded is None or floor is None:
+                continue
+            ratio = preloaded.median("wall") / floor.median("wall")
+            pairs = list(zip(preloaded.runs, floor.runs, strict=False))
+            paired = statistics.median(a.wall / b.wall for a, b in pairs)
+            line = f"- {ranks} ranks: {method}/shell = {ratio:.3f} (medians), {paired:.3f} (median of pairs)"
+            if target is not None:
+                line += (
+                    f" (target ≤ {target:.2f} by both: {'met' if max(ratio, paired) <= target else 'MISSED'})"
+                )
+            lines.append(line)
     return lines
 
 

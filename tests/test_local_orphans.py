@@ -4,8 +4,9 @@ Each job has a container that starts a grandchild ``sleep`` in a new session (it
 container's process group) and one that ignores SIGTERM, so the grace period and the SIGKILL
 after it are exercised too. Every check looks for processes that carry the job's marker.
 
-The main tests run in both start modes (issue 13): ``cold`` and ``prewarm``, where the spawner's
-pod has an init container, so its interpreter is started (and imports torch) before it runs.
+The main tests run in the three start modes (issue 13): ``cold``; ``prewarm``, where the spawner's
+pod has an init container, so its interpreter is started (and imports torch) before it runs; and
+``preload``, where the spawner is forked from the job's fork server (``--preload torch``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ time.sleep(300)
 """
 
 
-MODES = ["cold", "prewarm"]
+MODES = ["cold", "prewarm", "preload"]
 
 
 def _init(mode: str) -> list[dict[str, object]] | None:
@@ -62,7 +63,7 @@ def _start(tmp_path: Path, name: str, mode: str) -> tuple[subprocess.Popen[bytes
     home = tmp_path / "home"
     env = {**os.environ, "TORCHJOB_HOME": str(home)}
     out = open(tmp_path / "out.txt", "wb")  # noqa: SIM115 - closed by the test's end
-    flags = ["--no-prewarm"] if mode == "cold" else []
+    flags = {"cold": ["--no-prewarm"], "prewarm": [], "preload": ["--preload", "torch"]}[mode]
     proc = subprocess.Popen(
         [sys.executable, "-m", "torchjob", "run", *flags, str(_job(tmp_path, name, mode))],
         env=env,
@@ -79,7 +80,7 @@ def _start(tmp_path: Path, name: str, mode: str) -> tuple[subprocess.Popen[bytes
         stubborn = list(logs.glob("*worker-0/attempt-0/stubborn.log"))
         return bool(
             spawned
-            and f"spawned {'warm' if mode == 'prewarm' else 'cold'}" in spawned[0].read_text()
+            and f"spawned {'cold' if mode == 'cold' else 'warm'}" in spawned[0].read_text()
             and stubborn
             and "stubborn" in stubborn[0].read_text()
         )
@@ -150,9 +151,10 @@ def test_the_end_of_a_job_stops_grandchildren_that_left_the_group(tmp_path: Path
         ],
         policies=[{"event": "PodFailed", "action": "AbortJob"}],
     )
-    result = run(job, tmp_path, prewarm=mode == "prewarm")
+    preload = ("torch",) if mode == "preload" else ()
+    result = run(job, tmp_path, prewarm=mode == "prewarm", preload=preload)
     assert result.phase == "Aborted"
-    assert "spawned" in log_text(result, "master-0", "spawner")
+    assert ("spawned warm" if mode == "preload" else "spawned") in log_text(result, "master-0", "spawner")
     assert leftovers(result.job_id) == []
 
 

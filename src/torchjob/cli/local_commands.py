@@ -58,6 +58,11 @@ def register(commands: Any) -> None:
         action="store_false",
         help="start no container's interpreter before its pod's init containers have succeeded",
     )
+    run.add_argument(
+        "--preload",
+        metavar="MODULE[,MODULE]",
+        help="import these modules once (e.g. torch) and fork every python container from that process",
+    )
     _engine_options(run, starts_jobs=True)
     run.set_defaults(func=run_run)
 
@@ -203,6 +208,18 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+def _preload_modules(text: str | None) -> tuple[str, ...]:
+    if text is None:
+        return ()
+    import re
+
+    names = tuple(m.strip() for m in text.split(","))
+    if not all(re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", m, re.ASCII) for m in names):
+        message = f"expected module names separated by commas (torch,numpy), got {text!r}"
+        raise SpecError([Problem("--preload", message, "<command line>")])
+    return names
+
+
 def _run_workflow(args: argparse.Namespace) -> int | None:
     """``FILE.py:WORKFLOW [-- ARGS]``: call the workflow here; None for anything else."""
     path, _, name = args.file.rpartition(":")
@@ -297,6 +314,7 @@ def run_run(args: argparse.Namespace) -> int:
         prewarm=args.prewarm,
         max_restarts=args.max_restarts,
         on_start=_print_id if args.quiet and not args.detach else None,
+        preload=_preload_modules(args.preload),
     )
     if args.rm and args.detach:
         raise SpecError(

@@ -114,6 +114,7 @@ class StartOptions:
     prewarm: bool = True  # local: main containers' interpreters import torch while init containers run
     max_restarts: int | None = None  # local engine: fail the job once a pod restarted more often
     on_start: Callable[[str], None] | None = None  # attached: told the job's id once it is submitted
+    preload: tuple[str, ...] = ()  # local: main containers forked from a server that imported these
 
 
 @record

@@ -47,6 +47,7 @@ class RunOptions:
     prewarm: bool = True  # start main containers' interpreters while init containers run (prewarm.py)
     max_restarts: int | None = None  # fail the job when a pod's containers restarted more often
     on_start: Callable[[str], None] | None = None  # attached: told the job id before its pods start
+    preload: tuple[str, ...] = ()  # modules a fork server imports once for all main containers (preload.py)
 
 
 @record
@@ -171,6 +172,7 @@ def _supervise(
         extra_env=options.extra_env,
         prewarm=options.prewarm,
         max_restarts=options.max_restarts,
+        preload=options.preload,
     )
     previous = supervisor.install_signals()
     try:

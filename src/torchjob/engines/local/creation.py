@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 from torchjob import logs
 from torchjob.engines.local import gpus, podnames, process, security
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
+    ContainerRun,
     PodSetup,
     ResolveError,
     configmaps_of,
@@ -22,6 +24,7 @@ from torchjob.engines.local.containers import (
     resolve_pod,
 )
 from torchjob.engines.local.pod import LocalPod
+from torchjob.engines.local.preload import Forked, Preloader
 from torchjob.engines.local.state import JobDir, make_private_dirs
 from torchjob.expand import DesiredState, PodPlan, expand
 from torchjob.files import write_atomic
@@ -38,12 +41,19 @@ Key = tuple[str, int]
 
 class PodFactory:
     def __init__(
-        self, job: Job, job_dir: JobDir, extra_env: dict[str, str], prewarm_modules: tuple[str, ...] = ()
+        self,
+        job: Job,
+        job_dir: JobDir,
+        extra_env: dict[str, str],
+        prewarm_modules: tuple[str, ...] = (),
+        preload_modules: tuple[str, ...] = (),
     ) -> None:
         self.job = job
         self.dir = job_dir
         self.extra_env = dict(extra_env)
         self.prewarm_modules = prewarm_modules  # what main containers import while inits run (prewarm.py)
+        # --preload: the job's fork server (preload.py), started for the first container it can serve
+        self.preloader = Preloader(preload_modules, job_dir.path) if preload_modules else None
         self.ports: dict[int, int] = {}  # declared port -> host port
         self.addressing: LocalAddressing | None = None
         self.expansions: dict[tuple[int, int], DesiredState] = {}
@@ -159,13 +169,14 @@ class PodFactory:
         try:
             make_empty_dirs(ctx)
             inits, mains = resolve_pod(ctx)
+            forkers = self.forkers(mains)  # before the hosts hook: a container's own hook rules it out
             if self.hosts_mount is not None:  # the job's /etc/hosts, so that pod names resolve
                 for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
                     run.before_exec = security.then(self.hosts_mount.enter, run.before_exec)
         except (ResolveError, OSError) as err:
             make_private_dirs(log_dir)
             write_atomic(log_dir / "torchjob.log", f"torchjob: cannot run pod {plan.name}: {err}\n")
-            inits, mains = [], []
+            inits, mains, forkers = [], [], {}
         pod = LocalPod(
             name=plan.name,
             task=plan.task.name,
@@ -178,11 +189,19 @@ class PodFactory:
             on_group=on_group,
             adopt=adopt,
             prewarm_modules=self.prewarm_modules,
+            forkers=forkers,
         )
         pod.address = address
         pod.uid = uid
         pod.rank = self.rank_of.get(key)
         return pod
+
+    def forkers(self, mains: list[ContainerRun]) -> dict[str, Callable[[ContainerRun, Path], Forked | None]]:
+        """The main containers to fork from the preloading server (none without --preload)."""
+        if self.preloader is None:
+            return {}
+        self.preloader.before_exec = self.hosts_mount.enter if self.hosts_mount is not None else None
+        return {run.name: self.preloader.fork for run in mains if self.preloader.accepts(run)}
 
     def base_env(
         self, plan: PodPlan, address: str, attempt: int, uid: str, retry_count: int

@@ -64,6 +64,7 @@ class LocalEngine:
                 prewarm=options.prewarm,
                 max_restarts=options.max_restarts,
                 on_start=options.on_start,
+                preload=options.preload,
             ),
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow

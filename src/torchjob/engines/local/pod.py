@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from torchjob.engines.local import prewarm, process
 from torchjob.engines.local.containers import ContainerRun
+from torchjob.engines.local.preload import Forked
 from torchjob.engines.local.state import make_private_dirs, open_private
 from torchjob.records import field, record
 
@@ -57,7 +58,7 @@ def exit_code_of(returncode: int) -> int:
 class RunningContainer:
     run: ContainerRun
     log: Path
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | Forked | None = None  # Forked: from the preloading server
     started: float | None = None
     exit_code: int | None = None
     restarts: int = 0
@@ -89,6 +90,7 @@ class LocalPod:
         on_group: Callable[[int, bool], None] = lambda pgid, started: None,
         adopt: Callable[[], list[int]] = list,
         prewarm_modules: tuple[str, ...] = (),
+        forkers: Mapping[str, Callable[[ContainerRun, Path], Forked | None]] | None = None,
     ) -> None:
         self.name, self.task, self.index, self.attempt = name, task, index, attempt
         self.restart_policy = restart_policy
@@ -96,6 +98,7 @@ class LocalPod:
         self.on_group = on_group  # tells the watchdog about each process group (True) and its end
         self.adopt = adopt  # job processes the supervisor adopted (orphans of ended main processes)
         self.prewarm_modules = prewarm_modules  # empty: no warm processes (prewarm.py)
+        self.forkers = forkers or {}  # main containers forked from the preloading server (preload.py)
         with contextlib.suppress(OSError):  # a full disk: its containers then fail to start, and say why
             make_private_dirs(log_dir)
         self.inits = [RunningContainer(c, log_dir / f"{c.name}.log") for c in inits]
@@ -221,8 +224,11 @@ class LocalPod:
     def _start(self, c: RunningContainer, now: float) -> None:
         c.next_start = None
         c.exit_code = None
+        fork = None if c.run.init else self.forkers.get(c.run.name)
         try:
-            c.proc = process.spawn(c.run.argv, c.run.env, c.run.cwd, c.log, c.run.before_exec)
+            c.proc = (fork and fork(c.run, c.log)) or process.spawn(
+                c.run.argv, c.run.env, c.run.cwd, c.log, c.run.before_exec
+            )
         except OSError as err:
             what = f"{c.run.argv[0]}: {err.strerror or err}"
             if c.run.cwd and not os.path.isdir(c.run.cwd):  # the OSError would blame the program

@@ -93,6 +93,7 @@ class Supervisor:
         extra_env: dict[str, str],
         prewarm: bool = True,
         max_restarts: int | None = None,
+        preload: tuple[str, ...] = (),
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -110,7 +111,10 @@ class Supervisor:
         self.signals: list[int] = []
         self.started = time.time()
         self.finished: float | None = None
-        self.factory = PodFactory(job, job_dir, extra_env, prewarm_modules(job) if prewarm else ())
+        warm = prewarm_modules(job) if prewarm and not preload else ()  # forking from the server is faster
+        self.factory = PodFactory(job, job_dir, extra_env, warm, preload)
+        if self.factory.preloader is not None:  # Ctrl-C ends a wait for the fork server's import
+            self.factory.preloader.interrupted = lambda: bool(self.signals)
         self.processes = JobProcesses(self.id, self.pods, self.latest)
         self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
         self.dirty = True

@@ -1,0 +1,203 @@
+"""The preloading fork server: import torch once, then fork each container's program from it.
+
+This file is not imported by torchjob. With ``torchjob run --preload torch`` the engine starts
+``python [options] -c BOOT <this file> <warmstart.py> <requests fd> <replies fd> <modules> <path0>
+<watched env prefixes>``
+(see ``preload.py``). ``BOOT`` loads this file into a private namespace and calls :func:`main`,
+which loads ``warmstart.py`` the same way (its runner is reused: the program runs as a cold start
+would run it), and then
+
+1. imports the modules with stdout and stderr set aside; replies ``ready`` when that was silent
+   and left the process with one thread (no thread pool, no CUDA, no process group), else
+   ``cold <why>`` and ends: the engine then starts every container cold;
+2. for each request (a container's argv, env, working directory and log file) forks twice, so
+   that the container's process is reparented to the engine (a child subreaper) and can be waited
+   for by it as if it had been spawned. The process starts a session of its own, adopts its
+   orphans, takes the log as stdout and stderr, /dev/null as stdin, the container's environment
+   and working directory, then tells the server its pid (which the server replies to the engine)
+   and runs the program;
+3. ends at end of file on the requests pipe (the engine is gone).
+
+Only what the interpreter loaded anyway (os, sys) and what the preloaded modules imported
+(ctypes, threading: torch imports both) is used, so that ``sys.modules`` is what a cold start
+with the modules imported has.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+PR_SET_CHILD_SUBREAPER = 36
+WARNING = (
+    "torchjob: warning: the program sets {name} after torch was imported (torchjob run --preload); "
+    "it may have no effect\n"
+)
+
+
+def main() -> None:
+    boot = sys._getframe(1).f_code
+    here, runner_path, requests_text, replies_text, modules_text, path0, prefixes = sys.argv[1:8]
+    requests, replies = int(requests_text), int(replies_text)
+    prefix = sys.orig_argv[: len(sys.orig_argv) - len(sys.argv) - 1]  # python and its options
+    runner = _load(runner_path)
+    sys.path[0] = path0  # where the containers' programs import from (the same for all of them)
+    why = _preload(runner, [m for m in modules_text.split(",") if m])
+    _write(1, f"imported {modules_text}: {why or 'ready'}\n".encode())  # preload.log (fd 1)
+    _write(replies, b"ready\n" if not why else f"cold {why}\n".encode())
+    if why:
+        os._exit(0)
+    files = {here, runner_path}
+    while True:
+        request = _read_request(requests)
+        if request is None:
+            os._exit(0)  # the engine is gone or done
+        child = _fork(request, requests, replies)
+        if child is not None:  # in the container's process: the server's loop is left behind
+            _run(runner, prefix, child, files, boot, tuple(prefixes.split(",")))
+            raise SystemExit(0)
+
+
+def _load(path: str) -> dict[str, Any]:
+    with open(path, "rb") as handle:
+        source = handle.read()
+    namespace: dict[str, Any] = {"__name__": "torchjob_preload_runner", "__builtins__": __builtins__}
+    exec(compile(source, path, "exec"), namespace)
+    return namespace
+
+
+def _preload(runner: dict[str, Any], modules: list[str]) -> str:
+    """Import the modules; why the server cannot be used, or '' when it can."""
+    if not runner["_warm"](modules):
+        return "the import failed or printed something"
+    # numpy's OpenBLAS starts a thread pool when imported (a cold start has it too); it stops it
+    # before every fork and starts it anew when next needed. Any thread still there after a fork
+    # would be missing in the forked programs, with its locks possibly held: refuse.
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        return f"the import started {threads - 1} thread(s) that a fork does not stop"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "the import initialised CUDA"
+    if "ctypes" not in sys.modules:  # needed for the subreaper flag; not imported for the program
+        return "ctypes was not imported"
+    return ""
+
+
+def _write(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _read_request(fd: int) -> list[bytes] | None:
+    """[cwd, log, argc, *tail, *env entries] as sent by ``preload.encode`` (tail: the container's
+    argv after python and its options, which are the server's)."""
+    head = _read_exactly(fd, 8)
+    if head is None:
+        return None
+    body = _read_exactly(fd, int(head))
+    return None if body is None else body.split(b"\0")
+
+
+def _fork(request: list[bytes], requests: int, replies: int) -> list[bytes] | None:
+    """In the server: fork the container's process and reply its pid (or ``fail``); returns None.
+    In the container's process, set up: returns the request."""
+    report_r, report_w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the intermediate: its child goes to the engine when it ends
+        os.close(report_r)
+        if os.fork() == 0:
+            os.close(requests)
+            os.close(replies)
+            return _become_container(request, report_w)
+        os._exit(0)
+    os.close(report_w)
+    os.waitpid(middle, 0)  # reparenting is done once the intermediate has ended
+    answer = _read_exactly(report_r, 8)  # its pid, once it is set up; nothing when it failed
+    os.close(report_r)
+    line = b"pid " + answer + b"\n" if answer else b"fail\n"
+    what = b"forked " + answer if answer else b"could not set up the container"
+    _write(1, what + b" for " + request[1] + b"\n")  # preload.log
+    _write(replies, line)
+    return None
+
+
+def _become_container(request: list[bytes], report: int) -> list[bytes]:
+    try:
+        os.setsid()
+        import ctypes  # imported by torch already (checked): nothing new in sys.modules
+
+        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # adopts its orphans, as a cold start
+        cwd, log, argc = request[0], request[1], int(request[2])
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+        out = os.open(log, flags, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.chdir(cwd)
+    except BaseException:
+        os._exit(127)  # no pid reported: the engine starts the container cold and says why
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(null)
+    os.close(out)
+    environ = dict(entry.split(b"=", 1) for entry in request[3 + argc :] if entry)
+    os.environb.clear()
+    os.environb.update(environ)
+    _write(report, b"%08d" % os.getpid())
+    os.close(report)
+    return request[3 : 3 + argc]
+
+
+def _run(
+    runner: dict[str, Any],
+    prefix: list[str],
+    tail_bytes: list[bytes],
+    files: set[str],
+    boot: Any,
+    watched: tuple[str, ...],
+) -> None:
+    """Run the program as ``python [options] <tail>`` started now would (warmstart's runner)."""
+    tail = [os.fsdecode(a) for a in tail_bytes]  # the container's argv after python and its options
+    cold = [*prefix, *tail]
+    mode, target, args = runner["_parse"](tail)
+    sys.argv[:] = [target if mode == "script" else f"-{mode}", *args]
+    sys.path[0] = runner["_path0"](mode, target)
+    sys.orig_argv[:] = cold
+    numpy_random = sys.modules.get("numpy.random")  # (random reseeds itself in a forked child)
+    if numpy_random is not None:
+        numpy_random.seed()  # from the OS's entropy, as at a cold import: not the server's state
+    _watch_environ(watched)
+    runner["_run"](mode, target, cold, files, boot)
+
+
+def _watch_environ(watched: tuple[str, ...]) -> None:
+    """Say once when the program sets, in os.environ, what torch and the native libraries it loads
+    (OpenMP, MKL, OpenBLAS) read when the server imported them (preload.IMPORT_TIME_PREFIXES)."""
+    base = type(os.environ)
+    said: list[str] = []
+
+    class _Environ(base):  # type: ignore[valid-type,misc]
+        def __setitem__(self, key: str, value: str) -> None:
+            if not said and key.startswith(watched) and self.get(key) != value:
+                said.append(key)
+                sys.stderr.write(WARNING.format(name=key))
+                sys.stderr.flush()
+            base.__setitem__(self, key, value)
+
+    _Environ.__module__, _Environ.__qualname__ = base.__module__, base.__qualname__
+    os.environ.__class__ = _Environ

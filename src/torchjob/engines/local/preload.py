@@ -1,0 +1,280 @@
+"""Preloading fork server (opt-in, ``torchjob run --preload torch``): one import, forked per container.
+
+Every rank of a local job importing torch is most of its start: on a small machine N ranks spend
+N times a second of CPU on the same import. With ``--preload MODULE[,MODULE]`` the engine starts
+one server process per job (``forkserver.py`` runs in it) that imports the modules once; each main
+container whose command is torchjob's ``python`` (the same rules as pre-warming, see
+``prewarm.warm_argv``) is then forked from it, copy-on-write, and runs its program through the
+pre-warmed runner (``warmstart.py``), so that it sees the argv, ``__main__``, ``sys.path``, env,
+working directory, stdio, session and exit status of a cold start.
+
+The forked process is reparented to the supervisor (a child subreaper: the server forks twice and
+the middle process ends), which waits for it as for a process it spawned: exit codes, pidfds,
+signals to its group and restarts work unchanged (:class:`Forked`). The server itself lives in the
+supervisor's session, in a group of its own, carries the job's marker (not a pod's), and ends when
+its request pipe closes; the end-of-job sweep kills it with the rest.
+
+A container starts cold when the server cannot serve it: not torchjob's python, other interpreter
+options, another working directory or script directory, other ``PYTHON*`` variables or variables
+that torch reads at import (``IMPORT_TIME_PREFIXES``) or the interpreter at start (locale, ``TZ``,
+``HOME``), a ``runAsUser``/``runAsGroup`` (the identity is set by the engine's own hook), changed
+resource limits, or a server that failed to import the modules silently on one thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from torchjob.engines.local import prewarm, process, procfs
+from torchjob.engines.local.containers import ContainerRun
+from torchjob.engines.local.state import open_private
+
+SERVER = str(Path(__file__).with_name("forkserver.py"))
+READY_TIMEOUT = 300.0  # seconds for the server's import (torch on a loaded 2-core machine takes a few)
+REPLY_TIMEOUT = 10.0  # seconds for one fork; the server is then given up on
+SIGNAL_CHECK = 0.05  # seconds between looks at the supervisor's signals while waiting for the server
+# Environment that torch and the native libraries it loads (OpenMP, MKL, OpenBLAS, CUDA) may read
+# when imported or first initialised: a forked program gets what the server had (docs/local-engine.md).
+IMPORT_TIME_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_", "CUDA_")
+
+# Read by the interpreter as it starts (stdio encoding, user site, time zone): the same as the server's
+STARTUP_PREFIXES = ("PYTHON", "LC_", *IMPORT_TIME_PREFIXES)
+STARTUP_NAMES = frozenset({"LANG", "LANGUAGE", "TZ", "HOME"})
+
+Key = tuple[object, ...]
+
+
+class Forked:
+    """A container's process forked by the server and reparented to this process: waited for as a
+    ``subprocess.Popen`` child is (``pid``, ``returncode``, ``poll``, ``wait``)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else: its status is lost
+                self.returncode = 255
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0.0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+
+def _options_and_tail(run: ContainerRun) -> tuple[list[str], list[str]] | None:
+    """The interpreter's options and what follows them, when a warm start could run the container."""
+    cwd = run.cwd or os.getcwd()
+    warm = prewarm.warm_argv(run, 0, (), cwd)
+    if warm is None:
+        return None
+    options = warm[1 : warm.index(prewarm.BOOT) - 1]
+    return options, run.argv[1 + len(options) :]
+
+
+def _path0(tail: list[str], cwd: str) -> str:
+    if tail[0] == "-c":
+        return ""
+    if tail[0] == "-m":
+        return cwd
+    return os.path.dirname(os.path.realpath(os.path.join(cwd, tail[0])))
+
+
+def _key(run: ContainerRun) -> Key | None:
+    """What must be the same for a container to be forked from a server: None when it cannot be."""
+    found = _options_and_tail(run)
+    if found is None:
+        return None
+    options, tail = found
+    cwd = run.cwd or os.getcwd()
+    env = sorted((k, v) for k, v in run.env.items() if k.startswith(STARTUP_PREFIXES) or k in STARTUP_NAMES)
+    # Where the imports resolve: sys.path[0], whose '' (for -c) is the working directory.
+    return (tuple(options), cwd, _path0(tail, cwd) or cwd, tuple(env))
+
+
+def _rlimits() -> list[tuple[int, int]]:
+    import resource
+
+    names = sorted(n for n in dir(resource) if n.startswith("RLIMIT_"))
+    return [resource.getrlimit(getattr(resource, n)) for n in names]
+
+
+def encode(cwd: str, log: Path, tail: list[str], env: dict[str, str]) -> bytes:
+    fields = [os.fsencode(cwd), os.fsencode(log), str(len(tail)).encode()]
+    fields += [os.fsencode(a) for a in tail]
+    fields += [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
+    body = b"\0".join(fields)
+    if any(b"\0" in f for f in fields[3:]) or len(body) > 99_999_999:
+        raise ValueError("not representable")
+    return b"%08d" % len(body) + body
+
+
+class Preloader:
+    """The job's fork server, started for the first container it can serve."""
+
+    def __init__(self, modules: tuple[str, ...], job_dir: Path) -> None:
+        self.modules = modules
+        self.job_dir = job_dir
+        self.before_exec: Callable[[], None] | None = None  # the job's /etc/hosts, for every container
+        self.interrupted: Callable[[], bool] = lambda: False  # a signal came: stop waiting for the server
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.key: Key | None = None
+        self.state = "none"  # none | starting | ready | off
+        self.why_off = ""
+        self.rlimits: list[tuple[int, int]] = []
+        self._requests = -1
+        self._replies = -1
+        self._buffer = b""
+
+    def accepts(self, run: ContainerRun) -> bool:
+        """Whether ``run`` will be forked from the server (started now for the first one)."""
+        if self.state == "off" or run.before_exec is not None:  # runAsUser: the engine's hook, not ours
+            return False
+        key = _key(run)
+        if key is None:
+            return False
+        if self.state == "none":
+            self._start(run, key)
+        return self.state != "off" and key == self.key
+
+    def fork(self, run: ContainerRun, log: Path) -> Forked | None:
+        """Fork ``run``'s process from the server; None: start it cold (the server cannot now)."""
+        if not self._ready() or _key(run) != self.key or _rlimits() != self.rlimits:
+            return None
+        found = _options_and_tail(run)
+        assert found is not None
+        try:
+            os.write(self._requests, encode(run.cwd or os.getcwd(), log, found[1], run.env))
+            line = self._readline(REPLY_TIMEOUT)
+        except (OSError, ValueError):
+            line = None
+        if line is None:
+            self._off("it did not answer")
+            return None
+        if not line.startswith(b"pid "):
+            return None  # it could not set the container up (a working directory missing): cold
+        pid = int(line[4:])
+        try:
+            ours = procfs.ppid(pid) == os.getpid()
+        except (OSError, ValueError, IndexError):
+            ours = False
+        if not ours:  # not reparented to us (no subreaper): it could not be waited for
+            process.signal_group(pid, signal.SIGKILL)
+            self._off("its processes are not reparented to the supervisor")
+            return None
+        return Forked(pid)
+
+    def close(self) -> None:
+        self._off("the job ended")
+
+    # ---------------------------------------------------------------- private
+
+    def _start(self, run: ContainerRun, key: Key) -> None:
+        found = _options_and_tail(run)
+        assert found is not None
+        options, tail = found
+        cwd = run.cwd or os.getcwd()
+        requests_r, self._requests = os.pipe()
+        self._replies, replies_w = os.pipe()
+        os.set_inheritable(requests_r, True)
+        os.set_inheritable(replies_w, True)
+        # Not a pod's process: without the pod's marker, which a pod's end sweeps.
+        env = {k: v for k, v in run.env.items() if k != process.POD_MARKER}
+        argv = [run.argv[0], *options, "-c", prewarm.BOOT, SERVER, prewarm.RUNNER]
+        argv += [str(requests_r), str(replies_w), ",".join(self.modules), _path0(tail, cwd)]
+        argv.append(",".join(IMPORT_TIME_PREFIXES))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            with open(os.open(self.job_dir / "preload.log", flags, 0o600), "ab", buffering=0) as log:
+                self.proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    close_fds=True,
+                    pass_fds=(requests_r, replies_w),
+                    preexec_fn=self._before_exec,
+                )
+        except (OSError, subprocess.SubprocessError) as err:
+            self._off(f"it could not start: {err}")
+        else:
+            self.key, self.state, self.rlimits = key, "starting", _rlimits()
+        finally:
+            os.close(requests_r)
+            os.close(replies_w)
+
+    def _before_exec(self) -> None:  # pragma: no cover - runs in the forked child
+        os.setpgid(0, 0)  # a group of its own: a terminal's Ctrl-C is the supervisor's to handle
+        if self.before_exec is not None:
+            self.before_exec()
+
+    def _ready(self) -> bool:
+        if self.state == "starting":
+            line = self._readline(READY_TIMEOUT, interruptible=True)
+            if line is None and self.interrupted():
+                return False  # still importing; the job is being stopped (this container starts cold)
+            if line == b"ready":
+                self.state = "ready"
+            else:
+                self._off((line or b"no answer").decode(errors="replace"))
+        return self.state == "ready"
+
+    def _readline(self, timeout: float, interruptible: bool = False) -> bytes | None:
+        import select
+
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._replies < 0 or (interruptible and self.interrupted()):
+                return None
+            try:
+                ready, _, _ = select.select([self._replies], [], [], min(left, SIGNAL_CHECK))
+                if not ready:
+                    continue
+                chunk = os.read(self._replies, 4096)
+            except InterruptedError:
+                continue
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def _off(self, why: str) -> None:
+        if self.state != "off":
+            self.state, self.why_off = "off", why
+            with (
+                contextlib.suppress(OSError),
+                os.fdopen(open_private(self.job_dir / "preload.log"), "a") as log,
+            ):
+                log.write(f"server off: {why}\n")
+        for fd in (self._requests, self._replies):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._requests = self._replies = -1
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(1.0)
+            self.proc = None

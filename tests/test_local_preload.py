@@ -1,0 +1,267 @@
+"""The preloading fork server (issue 13, ``--preload torch``): a program forked from the server
+cannot tell it from a cold start except that torch is imported already; the server holds one
+thread when it forks; restarts fork again; an init container's failure never runs the program;
+containers it cannot serve start cold. (No orphans: tests/test_local_orphans.py runs in this mode.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_local_prewarm import _equivalence_job, _load
+from test_local_support import container, leftovers, log_text, make_job, run, sh, task, wait_until
+from torchjob.engines.local import process
+from torchjob.engines.local.containers import ContainerRun
+from torchjob.engines.local.preload import Preloader
+from torchjob.spec.manifest import job_manifest
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "pytorch-job.yaml"
+TORCH = ("torch",)
+
+
+def test_a_program_cannot_tell_a_preloaded_start_from_a_cold_one(tmp_path: Path) -> None:
+    job = _load(_equivalence_job(tmp_path, "same"))
+    cold = run(job, tmp_path / "cold", timeout=90, prewarm=False)
+    forked = run(job, tmp_path / "forked", timeout=90, preload=TORCH)
+    assert {p.name: p.exit_code for p in cold.pods} == {p.name: p.exit_code for p in forked.pods}
+    for form in ("script", "module", "code"):
+        before, after = log_text(cold, "main-0", form), log_text(forked, "main-0", form)
+        assert "torch imported False" in before, before
+        assert "torch imported True" in after, after  # forked: pre-warming is off with --preload
+        assert before.replace("torch imported False", "") == after.replace("torch imported True", ""), form
+    script, module, code = (log_text(forked, "main-0", f) for f in ("script", "module", "code"))
+    assert "SIGTERM handled" in script
+    assert "ValueError: from the program" in module and "forkserver" not in module
+    assert "warmstart" not in module
+    assert 'File "<string>"' in code and "KeyboardInterrupt" in code
+    status = json.loads((forked.job_dir / "status.json").read_text())
+    exits = {c["name"]: c["exitCode"] for c in status["pods"][0]["containers"]}
+    assert exits == {"init": 0, "script": 7, "module": 1, "code": 130}
+    assert leftovers(forked.job_id) == [] and leftovers(cold.job_id) == []
+
+
+def _preloader(tmp_path: Path, modules: tuple[str, ...], work: Path) -> tuple[Preloader, ContainerRun]:
+    process.set_child_subreaper(True)  # as the supervisor is: the forked process is reparented here
+    env = {**os.environ, process.MARKER: f"preload-test-{os.getpid()}", "PYTHONUNBUFFERED": "1"}
+    run_ = ContainerRun("app", "x", False, [sys.executable, "-u", "prog.py", "x"], env, str(work))
+    preloader = Preloader(modules, tmp_path)
+    return preloader, run_
+
+
+def test_the_server_has_one_thread_and_no_cuda_when_it_forks(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "prog.py").write_text(
+        "import os, sys, threading\n"
+        "tasks = len(os.listdir('/proc/self/task'))\n"
+        "print(sorted(os.listdir('/proc/self/fd'), key=int)[:-1])\n"  # the last: listdir's own
+        "print(sys.argv, 'torch' in sys.modules, threading.active_count(), tasks)\n"
+        "import torch\n"
+        "print(torch.cuda.is_initialized(), torch.distributed.is_initialized())\n"
+        "x = torch.ones(300, 300); x @ x; print(torch.get_num_threads() >= 1)\n"
+        "raise SystemExit(5)\n"
+    )
+    preloader, run_ = _preloader(tmp_path, TORCH, work)
+    try:
+        assert preloader.accepts(run_)
+        child = preloader.fork(run_, tmp_path / "app.log")
+        assert child is not None, preloader.why_off
+        assert preloader.proc is not None
+        server_threads = os.listdir(f"/proc/{preloader.proc.pid}/task")
+        assert len(server_threads) == 1  # no intra-op pool, no OpenBLAS pool, nothing left running
+        assert child.wait(60) == 5
+        lines = (tmp_path / "app.log").read_text().splitlines()
+        assert lines == ["['0', '1', '2']", "['prog.py', 'x'] True 1 1", "False False", "True"]
+        again = preloader.fork(run_, tmp_path / "again.log")  # a restart forks again
+        assert again is not None and again.wait(60) == 5 and again.pid != child.pid
+    finally:
+        preloader.close()
+        process.set_child_subreaper(False)
+
+
+def test_a_module_that_starts_a_thread_makes_every_container_start_cold(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "threader.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
+    )
+    (work / "prog.py").write_text("import sys\nprint('threader' in sys.modules)\n")
+    preloader, run_ = _preloader(tmp_path, ("threader",), work)
+    try:
+        assert preloader.accepts(run_)
+        assert preloader.fork(run_, tmp_path / "app.log") is None
+        assert preloader.state == "off" and "thread" in preloader.why_off
+    finally:
+        preloader.close()
+        process.set_child_subreaper(False)
+
+
+def test_restarts_fork_again_and_an_init_failure_never_runs_the_program(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    flag = tmp_path / "failed-once"
+    program = [
+        "python",
+        "-c",
+        f"import os, sys; open({str(runs)!r}, 'a').write(str('torch' in sys.modules) + '\\n')\n"
+        f"if not os.path.exists({str(flag)!r}): open({str(flag)!r}, 'w'); sys.exit(3)",
+    ]
+    ran = tmp_path / "ran"
+    never = ["python", "-c", f"open({str(ran)!r}, 'w').write('ran')"]
+    job = make_job(
+        "again",
+        [
+            task("main", [container("app", program)], restart="OnFailure"),
+            task("blocked", [container("app", never)], init=[container("init", sh("exit 4"))]),
+        ],
+    )
+    result = run(job, tmp_path, timeout=60, preload=TORCH)
+    pods = {p.name.split("-", 1)[1]: p for p in result.pods}
+    assert pods["main-0"].restarts == 1 and pods["main-0"].exit_code == 0
+    assert runs.read_text() == "True\nTrue\n"  # both runs forked from the server
+    assert pods["blocked-0"].exit_code == 4 and not ran.exists()
+    blocked = next(p for p in result.pods if p.name.endswith("blocked-0"))
+    assert not (blocked.log_dir / "app.log").exists() or log_text(result, "blocked-0", "app") == ""
+    assert leftovers(result.job_id) == []
+
+
+def test_env_that_torch_reads_at_import(tmp_path: Path) -> None:
+    """A container whose spec sets such a variable differently from the server's starts cold; a
+    program that sets one itself is warned, in one line."""
+    setter = "import os, sys\nos.environ['OMP_NUM_THREADS'] = '1'\nos.environ['MKL_NUM_THREADS'] = '1'\n"
+    setter += "print('torch' in sys.modules, os.environ['OMP_NUM_THREADS'])\n"
+    probe = "import sys\nprint('torch' in sys.modules)\n"
+    job = make_job(
+        "envs",
+        [
+            task("a", [container("app", ["python", "-c", setter])]),
+            task(
+                "b",
+                [container("app", ["python", "-c", probe], env=[{"name": "OMP_NUM_THREADS", "value": "1"}])],
+            ),
+        ],
+    )
+    result = run(job, tmp_path, timeout=60, preload=TORCH)
+    first, second = log_text(result, "a-0", "app"), log_text(result, "b-0", "app")
+    warning = "torchjob: warning: the program sets OMP_NUM_THREADS after torch was imported"
+    assert first.startswith(warning) and first.count("torchjob: warning") == 1, first
+    assert first.endswith("True 1\n")
+    assert second == "False\n"  # started cold: the server imported torch without it
+
+
+def test_a_bad_preload_flag_is_a_usage_error(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchjob",
+            "run",
+            "--preload",
+            "torch;rm",
+            str(REPO / "examples" / "pytorch-job.yaml"),
+        ],
+        env={**os.environ, "TORCHJOB_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "--preload" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
+def test_the_example_job_runs_preloaded(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchjob",
+            "run",
+            "--preload",
+            "torch",
+            str(REPO / "examples" / "pytorch-job.yaml"),
+        ],
+        env={**os.environ, "TORCHJOB_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=110,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Completed" in proc.stdout
+    job_dir = next((tmp_path / "jobs").iterdir())
+    record = (job_dir / "preload.log").read_text()
+    assert record.count("forked") == 3, record  # the master and 2 workers, those after their init containers
+    for log in job_dir.glob("logs/*/attempt-0/*.log"):
+        if log.name in ("master.log", "worker.log"):
+            assert "sendrecv:" in log.read_text()
+    job_id = job_dir.name
+    assert leftovers(job_id) == []
+
+
+def test_ctrl_c_while_the_server_imports_stops_the_job_at_once(tmp_path: Path) -> None:
+    """The supervisor waits for the server's import when it forks the first container; a signal
+    ends that wait (an import that hangs would otherwise hold the job for minutes)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "slow.py").write_text("import time\ntime.sleep(60)\n")
+    (work / "prog.py").write_text("print('ran')\n")
+    job = make_job("slow", [task("main", [container("app", ["python", "prog.py"], workingDir=str(work))])])
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(job_manifest(job)))
+    home = tmp_path / "home"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", "-q", "--preload", "slow", str(path)],
+        env={**os.environ, "TORCHJOB_HOME": str(home)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    jobs = home / "jobs"
+    assert wait_until(lambda: any(jobs.glob("*/preload.log")), 30)
+    job_id = next(jobs.iterdir()).name
+    assert wait_until(lambda: len(leftovers(job_id)) >= 1, 10)  # the server, importing
+    time.sleep(0.5)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=20) == 130
+    assert time.monotonic() - started < 10  # not the import's 60 s
+    assert leftovers(job_id) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "same"),
+    [
+        (["-u", "-c", "print(1)"], {}, True),  # -c imports from the working directory, as the script's
+        (["-u", "-m", "pkg.mod"], {}, True),
+        (["-u", "other.py"], {"RANK": "3", "MASTER_ADDR": "x"}, True),  # per-pod variables are the program's
+        (["prog.py"], {}, False),  # other interpreter options: other sys.flags
+        (["-u", "prog.py"], {"OMP_NUM_THREADS": "2"}, False),  # read by torch's OpenMP at import
+        (["-u", "prog.py"], {"PYTHONHASHSEED": "0"}, False),  # read by the interpreter at start
+        (["-u", "prog.py"], {"LC_ALL": "C"}, False),
+        (["-u", "sub/prog.py"], {}, False),  # another script directory: another sys.path[0]
+        (["-i", "prog.py"], {}, None),  # never forked: pre-warming's rules
+    ],
+)
+def test_which_containers_share_the_server(
+    tmp_path: Path, argv: list[str], env: dict[str, str], same: bool | None
+) -> None:
+    from torchjob.engines.local.preload import _key
+
+    base = {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    first = ContainerRun("a", "x", False, [sys.executable, "-u", "prog.py"], base, str(tmp_path))
+    other = ContainerRun("b", "x", False, [sys.executable, *argv], {**base, **env}, str(tmp_path))
+    key = _key(other)
+    if same is None:
+        assert key is None
+    else:
+        assert (key == _key(first)) == same
