@@ -367,9 +367,11 @@ def _read_until(process: subprocess.Popen[str], wanted: str, timeout: float) -> 
             pytest.fail(f"no {wanted!r} in {seen!r}; stderr: {err}")
         ready, _, _ = select.select([process.stdout], [], [], left)
         if ready:
-            line = process.stdout.readline()
-            assert line, f"the CLI ended before printing {wanted!r}: {seen!r}"
-            seen += line
+            # os.read, not readline(): readline() buffers every line the pipe holds, and select()
+            # then waits for more on the pipe while the wanted line sits in that buffer.
+            data = os.read(process.stdout.fileno(), 65536)
+            assert data, f"the CLI ended before printing {wanted!r}: {seen!r}"
+            seen += data.decode(errors="replace")
     return seen
 
 
