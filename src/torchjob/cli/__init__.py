@@ -35,9 +35,12 @@ def _terminal_columns() -> int:
 
 class _Formatter(argparse.HelpFormatter):
     # argparse sizes every formatter (one per argument added) with shutil, whose import with its
-    # compression modules costs every torchjob command about 2 ms.
+    # compression modules costs every torchjob command about 2 ms. argparse also makes a formatter
+    # for every argument added (to check its metavar): the width is read once per build_parser().
+    columns = 80
+
     def __init__(self, prog: str) -> None:
-        super().__init__(prog, width=_terminal_columns() - 2)
+        super().__init__(prog, width=self.columns - 2)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,6 +50,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    _Formatter.columns = _terminal_columns()
     parser = _Parser(  # its subcommands' parsers are _Parser too
         prog="torchjob",
         description="Run Volcano-style PyTorch jobs on this machine, or render them for a cluster.",
