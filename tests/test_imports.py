@@ -183,6 +183,7 @@ NOT_BEFORE_FIRST_POD = (
     "torchjob.plugins.waitmaster",  # the pytorch plugin's wait-for-master script (workers only)
     "shlex",  # quoting in that script
     "torchjob.render",  # job.yaml and pods.yaml, written once the pods run
+    "torchjob.spec.manifest",  # the same job.yaml
 )
 
 
