@@ -158,15 +158,16 @@ def test_run_of_a_short_job_loads_only_what_starting_pods_needs(tmp_path: Path) 
     assert report["heavy"] == []
 
 
-# Runs `torchjob run` in-process and reports the modules loaded when the first container process
-# is started (the engine starts every container with subprocess.Popen).
+# Runs `torchjob run` in-process and reports the modules it loaded by the time the first container
+# process is started (the engine starts every container with subprocess.Popen).
 FIRST_POD_PROBE = """
 import json, subprocess, sys
+at_start = set(sys.modules)  # the interpreter's own (a site's .pth files may import anything)
 at_first_pod = []
 start = subprocess.Popen._execute_child
 def spy(self, *args, **kwargs):
     if not at_first_pod:
-        at_first_pod.append(sorted(sys.modules))
+        at_first_pod.append(sorted(set(sys.modules) - at_start))
     return start(self, *args, **kwargs)
 subprocess.Popen._execute_child = spy
 from torchjob.cli import main
@@ -184,6 +185,7 @@ NOT_BEFORE_FIRST_POD = (
     "shlex",  # quoting in that script
     "torchjob.render",  # job.yaml and pods.yaml, written once the pods run
     "torchjob.spec.manifest",  # the same job.yaml
+    "importlib",  # the engine registry imports an engine's module with __import__
 )
 
 
