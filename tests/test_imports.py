@@ -158,6 +158,61 @@ def test_run_of_a_short_job_loads_only_what_starting_pods_needs(tmp_path: Path) 
     assert report["heavy"] == []
 
 
+# Runs `torchjob run` in-process and reports the modules it loaded by the time the first container
+# process is started (the engine starts every container with subprocess.Popen).
+FIRST_POD_PROBE = """
+import json, subprocess, sys
+at_start = set(sys.modules)  # the interpreter's own (a site's .pth files may import anything)
+at_first_pod = []
+start = subprocess.Popen._execute_child
+def spy(self, *args, **kwargs):
+    if not at_first_pod:
+        at_first_pod.append(sorted(set(sys.modules) - at_start))
+    return start(self, *args, **kwargs)
+subprocess.Popen._execute_child = spy
+from torchjob.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code
+print(json.dumps({"code": code, "modules": at_first_pod[0] if at_first_pod else None}), file=sys.stderr)
+"""
+
+# Loaded by some runs only, or by every run only once its pods run: none of it is needed to start
+# the first pod of a plain job (no plugin, no GPU, no progress bar).
+NOT_BEFORE_FIRST_POD = (
+    "torchjob.plugins.waitmaster",  # the pytorch plugin's wait-for-master script (workers only)
+    "shlex",  # quoting in that script
+    "torchjob.render",  # job.yaml and pods.yaml, written once the pods run
+    "torchjob.spec.manifest",  # the same job.yaml
+    "importlib",  # the engine registry imports an engine's module with __import__
+)
+
+
+def test_a_plain_job_starts_its_first_pod_without_what_it_does_not_use(tmp_path: Path) -> None:
+    job = tmp_path / "plain.yaml"
+    job.write_text(
+        "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: plain}\nspec:\n  tasks:\n"
+        + "".join(
+            f"    - name: {name}\n      replicas: 1\n      template:\n        spec:\n"
+            "          restartPolicy: Never\n          containers:\n"
+            "            - {name: main, image: x, command: [sh, -c, 'true']}\n"
+            for name in ("master", "worker")
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", FIRST_POD_PROBE, "run", "-q", "--state-dir", str(tmp_path), str(job)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = json.loads(result.stderr.strip().splitlines()[-1])
+    assert report["code"] == 0, result.stdout + result.stderr
+    assert report["modules"], "no container was started through subprocess.Popen"
+    assert "torchjob.engines.local.supervisor" in report["modules"]  # the probe sees the engine's imports
+    assert sorted(set(report["modules"]) & set(NOT_BEFORE_FIRST_POD)) == []
+
+
 def test_the_import_contracts_hold() -> None:
     """The layers and import rules of pyproject.toml ([tool.importlinter]), as `make lint` checks them."""
     pytest.importorskip("importlinter", reason="import-linter (the dev extra) is not installed")

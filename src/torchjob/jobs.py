@@ -18,7 +18,7 @@ from torchjob.spec.parse import parse_job
 from torchjob.spec.source import Document, load_documents, parse_documents
 from torchjob.spec.validate import Broken, validate_job
 
-_TASK_NAME = re.compile(r"spec\.tasks\[\d+\]\.name")
+_TASK_NAME = r"spec\.tasks\[\d+\]\.name"  # compiled only when a job has problems
 
 
 @record
@@ -44,7 +44,7 @@ def check_document(document: Document) -> tuple[Job | None, list[Problem]]:
         found = validate_job(job, broken)
         # Plugin checks read the tasks (names, replicas, containers); they wait until the tasks parse
         # and their names are valid, or a bad name would also show up as "no such task".
-        tasks_ok = not broken.under("spec.tasks") and not any(_TASK_NAME.match(path) for path, _ in found)
+        tasks_ok = not broken.under("spec.tasks") and not any(re.match(_TASK_NAME, path) for path, _ in found)
         issues = issues + found + check_plugins(job, tasks_ok=tasks_ok)
     problems = [document.problem(path, message) for path, message in issues]
     for duplicate in document.problems:  # a duplicate key: on the line of its second writing

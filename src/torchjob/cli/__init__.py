@@ -12,7 +12,7 @@ import contextlib
 import gc
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchjob import __version__
@@ -35,9 +35,12 @@ def _terminal_columns() -> int:
 
 class _Formatter(argparse.HelpFormatter):
     # argparse sizes every formatter (one per argument added) with shutil, whose import with its
-    # compression modules costs every torchjob command about 2 ms.
+    # compression modules costs every torchjob command about 2 ms. argparse also makes a formatter
+    # for every argument added (to check its metavar): the width is read once per build_parser().
+    columns = 80
+
     def __init__(self, prog: str) -> None:
-        super().__init__(prog, width=_terminal_columns() - 2)
+        super().__init__(prog, width=self.columns - 2)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,7 +49,41 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Skipped:
+    """Takes a command's arguments and keeps none: the stand-in for a command that is not run."""
+
+    def __getattr__(self, name: str) -> Callable[..., _Skipped]:
+        return lambda *args, **kwargs: self
+
+
+class _OnlyCommand:
+    """The subcommands, narrowed to the one being run: argparse spends about 8 us on each argument
+    added, and the commands ``torchjob run`` does not run have some 70 of them."""
+
+    def __init__(self, commands: Any, command: str) -> None:
+        self.commands = commands
+        self.command = command
+        self.found = False
+
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        if name != self.command and self.command not in kwargs.get("aliases", ()):
+            return _Skipped()
+        self.found = True
+        return self.commands.add_parser(name, **kwargs)
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` runs when nothing but -v comes before it (so no --help shows the list of
+    commands, which a narrowed parser lacks); else None."""
+    for arg in argv:
+        if arg not in ("-v", "--verbose"):
+            return None if arg.startswith("-") else arg
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``command``, only that command's arguments (if it is one)."""
+    _Formatter.columns = _terminal_columns()
     parser = _Parser(  # its subcommands' parsers are _Parser too
         prog="torchjob",
         description="Run Volcano-style PyTorch jobs on this machine, or render them for a cluster.",
@@ -55,9 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log torchjob's decisions (debug level)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
-    spec_commands.register(commands)
-    local_commands.register(commands)
-    cluster_commands.register(commands)
+    registry = commands if command is None else _OnlyCommand(commands, command)
+    spec_commands.register(registry)
+    local_commands.register(registry)
+    cluster_commands.register(registry)
+    if isinstance(registry, _OnlyCommand) and not registry.found:  # not a command: argparse says so
+        return build_parser()
     for sub in commands.choices.values():  # also after the command: torchjob run job.yaml -v
         # SUPPRESS: an -v given before the command is kept when it is not repeated after it
         sub.add_argument(
@@ -88,8 +128,8 @@ def _split_program_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
     argv, program_args = _split_program_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     if program_args and args.command not in ("run", "render"):
         parser.error("arguments after -- are the program's: torchjob run|render FILE -- ARGS")

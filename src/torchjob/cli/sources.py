@@ -9,11 +9,16 @@ import re
 
 from torchjob.jobs import LoadedJob, load_jobs
 
-_SDK_REF = re.compile(r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$")
+_SDK_REF = r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$"
+
+
+def _sdk_ref(ref: str) -> re.Match[str] | None:
+    # A job file's name skips the pattern (compiled, and cached by re, on first use).
+    return re.fullmatch(_SDK_REF, ref) if ".py:" in ref else None
 
 
 def is_task_ref(ref: str) -> bool:
-    return _SDK_REF.fullmatch(ref) is not None
+    return _sdk_ref(ref) is not None
 
 
 def load_ref(ref: str, task_args: list[str] | None = None, *, every_rank: bool = False) -> list[LoadedJob]:
@@ -23,7 +28,7 @@ def load_ref(ref: str, task_args: list[str] | None = None, *, every_rank: bool =
     ``every_rank``: a task's job ends when every rank has ended, not when the master completes
     (Kubeflow's rule, which ``render`` shows): what ``torchjob run`` of a task waits for.
     """
-    match = _SDK_REF.fullmatch(ref)
+    match = _sdk_ref(ref)
     if match:
         from torchjob.sdk.loader import load_task_job  # lazy: only SDK references need it
 
@@ -34,7 +39,7 @@ def load_ref(ref: str, task_args: list[str] | None = None, *, every_rank: bool =
 def default_image_warning(ref: str, loaded: list[LoadedJob]) -> str | None:
     """For ``render FILE.py:TASK``: a pod left on the SDK's default image, which holds neither the
     user's code nor torchjob, cannot run on a cluster; say so and how to choose the image."""
-    if not _SDK_REF.fullmatch(ref):
+    if not _sdk_ref(ref):
         return None
     from torchjob.sdk.tojob import DEFAULT_IMAGE
 

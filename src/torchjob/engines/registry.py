@@ -6,7 +6,7 @@ and one line in ``_ENGINES`` below.
 
 from __future__ import annotations
 
-import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ def get_engine(name: str = DEFAULT_ENGINE, **settings: Any) -> Engine:
     except KeyError:
         raise EngineError(f"no engine {name!r} (engines: {', '.join(engine_names())})") from None
     module_name, _, factory = where.partition(":")
-    module = importlib.import_module(module_name)
+    __import__(module_name)  # not importlib.import_module: the importlib package alone is 0.1 ms
+    module = sys.modules[module_name]
     engine: Engine = getattr(module, factory)(**settings)
     return engine

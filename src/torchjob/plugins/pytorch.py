@@ -11,7 +11,6 @@ from typing import Any
 from torchjob.addressing import Addressing
 from torchjob.plugins.base import Issues, Plugin, PodContext
 from torchjob.plugins.flags import Flag, non_negative, port_range
-from torchjob.plugins.waitmaster import wait_for_master_script
 from torchjob.spec import names
 from torchjob.spec.model import Job, Task
 
@@ -128,6 +127,9 @@ class PyTorchPlugin(Plugin):
         """The wait-for-master script; one string shared by every worker pod (strings are immutable)."""
         key = (master_addr, master_port)
         if self._script_for != key:
+            # Imported here: it (and shlex) is needed only by a job with workers to wait.
+            from torchjob.plugins.waitmaster import wait_for_master_script
+
             timeout = int(self.values["wait-master-timeout"])
             self._script_text = wait_for_master_script(master_addr, master_port, timeout)
             self._script_for = key

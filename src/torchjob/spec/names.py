@@ -6,10 +6,11 @@ import re
 
 DNS1123_LABEL_MAX = 63
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# Compiled (and cached by re) on first use: a plain job needs neither of these three.
+_DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_LABEL_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 # The Docker distribution reference grammar: [registry[:port]/]path[:tag][@digest].
 _PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _IMAGE = re.compile(
@@ -26,7 +27,7 @@ def is_dns1123_label(value: str) -> bool:
 
 
 def is_dns1035_label(value: str) -> bool:
-    return len(value) <= DNS1123_LABEL_MAX and bool(_DNS1035_LABEL.fullmatch(value))
+    return len(value) <= DNS1123_LABEL_MAX and bool(re.fullmatch(_DNS1035_LABEL, value))
 
 
 def is_dns1123_subdomain(value: str) -> bool:
@@ -35,7 +36,7 @@ def is_dns1123_subdomain(value: str) -> bool:
 
 def is_label_value(value: str) -> bool:
     """A Kubernetes label value: empty, or up to 63 of ``[-A-Za-z0-9_.]`` starting and ending alphanumeric."""
-    return value == "" or (len(value) <= DNS1123_LABEL_MAX and bool(_LABEL_NAME.fullmatch(value)))
+    return value == "" or (len(value) <= DNS1123_LABEL_MAX and bool(re.fullmatch(_LABEL_NAME, value)))
 
 
 def is_qualified_name(value: str) -> bool:
@@ -43,11 +44,11 @@ def is_qualified_name(value: str) -> bool:
     prefix, slash, name = value.rpartition("/")
     if slash and not is_dns1123_subdomain(prefix):
         return False
-    return 0 < len(name) <= DNS1123_LABEL_MAX and bool(_LABEL_NAME.fullmatch(name))
+    return 0 < len(name) <= DNS1123_LABEL_MAX and bool(re.fullmatch(_LABEL_NAME, name))
 
 
 def is_env_name(value: str) -> bool:
-    return bool(_ENV_NAME.fullmatch(value))
+    return bool(re.fullmatch(_ENV_NAME, value))
 
 
 def is_image_reference(value: str) -> bool:

@@ -30,7 +30,7 @@ SCHEMA_FILE = Path(__file__).with_name("schemas") / "podtemplate.json"
 _RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 # Fields listed in an "unknown field" message when nothing is close; longer lists point at kubectl.
 _LIST_AT_MOST = 12
-_INDEX = re.compile(r"\[\d+\]")
+_INDEX = r"\[\d+\]"  # compiled only for a message
 
 
 @cache
@@ -70,7 +70,7 @@ def _shown(value: Any) -> str:
 def _explain(path: str) -> str:
     """``spec.tasks[0].template.spec.containers[0]`` -> ``pod.spec.containers`` (kubectl explain)."""
     _, _, inner = path.partition(".template")
-    return "pod" + _INDEX.sub("", inner)
+    return "pod" + re.sub(_INDEX, "", inner)
 
 
 class _Checker:

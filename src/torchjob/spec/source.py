@@ -190,7 +190,7 @@ class _Builder:
         if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
             self.fail(path, f"integer {node.value} is too large; {_INT64_RANGE}", node)
             return None
-        if isinstance(value, str) and _SURROGATE.search(value):
+        if isinstance(value, str) and not value.isascii() and re.search(_SURROGATE, value):
             return self.surrogates(value, path, node)
         return value
 
@@ -204,7 +204,7 @@ class _Builder:
 
 
 _INT64_RANGE = "expected a 64-bit integer, as Kubernetes has"
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_SURROGATE = r"[\ud800-\udfff]"  # compiled (and cached by re) only for non-ASCII text
 
 
 class _Stop(Exception):

@@ -30,7 +30,6 @@ from torchjob.expand import DesiredState, PodPlan, expand
 from torchjob.files import write_atomic
 from torchjob.lifecycle import JobStatus
 from torchjob.plugins import build_plugins
-from torchjob.spec.manifest import job_manifest
 from torchjob.spec.model import Job
 
 WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
@@ -123,6 +122,7 @@ class PodFactory:
     def write_records(self) -> None:
         """job.yaml and pods.yaml are for people and tools, not the pods: written once pods run."""
         from torchjob.render import dump, list_of
+        from torchjob.spec.manifest import job_manifest
 
         state = self.expansion(0, 0)
         write_atomic(self.dir.path / "job.yaml", dump(job_manifest(self.job), "yaml"))

@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 
 RESOURCE = "nvidia.com/gpu"
 PROC_GPUS = Path("/proc/driver/nvidia/gpus")
-_SMI_LINE = re.compile(r"^GPU (\d+):.*?(?:\(UUID: (\S+)\))?\s*$")
-_PROC_UUID = re.compile(r"^GPU UUID:\s*(\S+)", re.MULTILINE)
+# Compiled (and cached by re) only on a machine whose GPUs are looked for.
+_SMI_LINE = r"^GPU (\d+):.*?(?:\(UUID: (\S+)\))?\s*$"
+_PROC_UUID = r"(?m)^GPU UUID:\s*(\S+)"
 _SMI_TIMEOUT = 10.0
 
 Issues = list[tuple[str, str]]
@@ -148,7 +149,7 @@ def _from_nvidia_smi(environ: Mapping[str, str]) -> Inventory | None:
 
 def parse_nvidia_smi(text: str) -> Inventory:
     """``nvidia-smi -L`` lines (``GPU 0: NVIDIA A100 (UUID: GPU-...)``) -> UUIDs (indexes if none)."""
-    found = [m for m in (_SMI_LINE.match(line.strip()) for line in text.splitlines()) if m]
+    found = [m for m in (re.match(_SMI_LINE, line.strip()) for line in text.splitlines()) if m]
     if all(m.group(2) for m in found):
         return Inventory(tuple(m.group(2) for m in found), "nvidia-smi -L")
     return Inventory(tuple(m.group(1) for m in found), "nvidia-smi -L", by_index=True)
@@ -162,7 +163,7 @@ def _from_proc(proc: Path) -> Inventory:
     uuids = []
     for bus in buses:
         try:
-            match = _PROC_UUID.search((bus / "information").read_text(errors="replace"))
+            match = re.search(_PROC_UUID, (bus / "information").read_text(errors="replace"))
         except OSError:
             match = None
         uuids.append(match.group(1) if match and match.group(1).startswith("GPU-") else "")

@@ -277,7 +277,7 @@ class Console:
             return
         changed = False
         for prefix, code, raw in items:
-            text = _CONTROL.sub("", raw)  # a bar's own cursor moves would break the redrawn region
+            text = re.sub(_CONTROL, "", raw)  # a bar's own cursor moves would break the redrawn region
             self._prefix_width = max(self._prefix_width, len(prefix))
             changed |= self._progress.get(prefix) != (code, text)
             self._progress[prefix] = (code, text)
@@ -318,7 +318,7 @@ class Console:
         self.stream.flush()
 
 
-_CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x1f\x7f]")
+_CONTROL = r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x1f\x7f]"  # compiled only once a progress bar is drawn
 
 
 def _clip(text: str, width: int) -> str:

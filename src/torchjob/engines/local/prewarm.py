@@ -50,7 +50,7 @@ BOOT = (
 )
 _LINUX = sys.platform.startswith("linux")
 _FLAGS = frozenset("uOBsEbq")  # interpreter options passed on unchanged: sys.flags stay the same
-_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_MODULE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"  # compiled only for an annotation
 
 
 def modules_of(job: Job) -> tuple[str, ...]:
@@ -68,7 +68,7 @@ def check(job: Job) -> list[tuple[str, str]]:
     if value is None or value.strip().lower() in ("true", "false"):
         return []
     names = [m.strip() for m in value.split(",")]
-    if all(_MODULE.fullmatch(m) for m in names):
+    if all(re.fullmatch(_MODULE, m) for m in names):
         return []
     return [
         (
