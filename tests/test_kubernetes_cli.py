@@ -242,3 +242,17 @@ def test_wait_for_a_cluster_job_exits_by_its_final_phase(
     assert out.startswith(f"default/demo {end}") or out.startswith(f"demo {end}"), out
     if end == "Failed":
         assert "root cause (first pod to fail): worker-0 (rank 1), exit code 7" in out, out
+
+
+def test_submit_takes_an_sdk_task_as_kubeflow_does(
+    api: FakeKubeAPI, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`submit FILE.py:TASK` as `run` and `render` take it: the task's PyTorchJob, labelled."""
+    task = Path(__file__).resolve().parent.parent / "examples" / "sdk" / "allreduce.py"
+    code = main(["submit", f"{task}:allreduce", "--target", "kubeflow", "--kubeconfig", kubeconfig])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    name = out.out.strip()
+    job = api.get("kubeflow.org/v1", "PyTorchJob", name)
+    assert job is not None and job["metadata"]["labels"]["torchjob.io/job-name"] == name
+    assert set(job["spec"]["pytorchReplicaSpecs"]) <= {"Master", "Worker"}

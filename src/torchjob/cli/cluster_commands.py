@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from torchjob.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Problem, SpecError
+from torchjob.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, SpecError
 
 if TYPE_CHECKING:
     from torchjob.engines.base import JobReport
@@ -63,20 +63,11 @@ def register(commands: Any) -> None:
 
 
 def run_submit(args: argparse.Namespace) -> int:
+    from torchjob.cli.sources import choose_job, load_ref
     from torchjob.engines.base import EngineError, LogQuery, StartOptions
     from torchjob.engines.registry import get_engine
-    from torchjob.jobs import load_jobs
 
-    loaded = load_jobs(args.file)
-    if args.job:
-        loaded = [item for item in loaded if item.job.name == args.job]
-        if not loaded:
-            raise SpecError([Problem("metadata.name", f"no job named {args.job!r} in this file", args.file)])
-    if len(loaded) > 1:
-        names = ", ".join(item.job.name for item in loaded)
-        message = f"the file holds {len(loaded)} jobs ({names}); choose one with --job NAME"
-        raise SpecError([Problem("", message, args.file)])
-    item = loaded[0]
+    item = choose_job(load_ref(args.file), args.job, args.file)
     options = StartOptions(detach=True, replace=args.replace, target=args.target, runtime=args.runtime)
     try:
         engine = get_engine("kubernetes", pending_timeout=args.pending_timeout, **cluster_settings(args))

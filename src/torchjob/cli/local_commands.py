@@ -285,21 +285,10 @@ def run_run(args: argparse.Namespace) -> int:
             else f"a limit of the local engine only; engine {args.engine} restarts as its cluster does"
         )
         raise SpecError([Problem("--max-restarts", message, "<command line>")])
-    loaded = _load(args, extra_env)
-    if args.job:
-        loaded = [item for item in loaded if item.job.name == args.job]
-        if not loaded:
-            raise SpecError([Problem("metadata.name", f"no job named {args.job!r} in this file", args.file)])
-    if len(loaded) > 1:
-        names = ", ".join(item.job.name for item in loaded)
-        raise SpecError(
-            [
-                Problem(
-                    "", f"the file holds {len(loaded)} jobs ({names}); choose one with --job NAME", args.file
-                )
-            ]
-        )
-    item = _overridden(loaded[0], args, extra_env)
+    from torchjob.cli.sources import choose_job
+
+    chosen = choose_job(_load(args, extra_env), args.job, args.file)
+    item = _overridden(chosen, args, extra_env)
     for path, message in expand(item.job).warnings:
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
     options = StartOptions(

@@ -59,3 +59,18 @@ def default_image_warning(ref: str, loaded: list[LoadedJob]) -> str | None:
         "neither your code nor torchjob; on a cluster set an image that does: @task(image=...), or "
         "PyTorch(master=Master(image=...), worker=Worker(image=...))"
     )
+
+
+def choose_job(loaded: list[LoadedJob], name: str | None, file: str) -> LoadedJob:
+    """The one job a command starts: the one called ``name`` (``--job``), else the file's only one."""
+    from torchjob.errors import Problem, SpecError
+
+    if name:
+        loaded = [item for item in loaded if item.job.name == name]
+        if not loaded:
+            raise SpecError([Problem("metadata.name", f"no job named {name!r} in this file", file)])
+    if len(loaded) > 1:
+        names = ", ".join(item.job.name for item in loaded)
+        message = f"the file holds {len(loaded)} jobs ({names}); choose one with --job NAME"
+        raise SpecError([Problem("", message, file)])
+    return loaded[0]

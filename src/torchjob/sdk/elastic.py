@@ -27,7 +27,7 @@ import cloudpickle
 
 from torchjob.logs import get_logger
 from torchjob.sdk.quick_exit import exit_now
-from torchjob.sdk.results import PROGRESS_FILE, is_clean_exit, load_call, write_error, write_failure
+from torchjob.sdk.results import PROGRESS_FILE, run_call, write_error, write_failure
 
 logger = get_logger()
 
@@ -61,13 +61,7 @@ def elastic_child(payload: bytes, results: str) -> bytes | None:
     """The body of every worker process: run the call, report rank 0's value or this rank's error."""
     rank = int(os.environ.get("RANK", "0"))
     try:  # loading, running and pickling the value: any failure is this rank's error
-        call = load_call(payload)
-        try:
-            value = call.function(*call.args, **call.kwargs)
-        except SystemExit as err:
-            if not is_clean_exit(err):
-                raise
-            value = None  # sys.exit(0): the rank succeeded without a value, as in a pod
+        value = run_call(payload)
         # Only rank 0's value is returned to the caller; the others are not worth pickling.
         data = cloudpickle.dumps(value) if rank == 0 else None
     except BaseException as err:

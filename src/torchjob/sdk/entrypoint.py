@@ -25,14 +25,7 @@ from typing import NoReturn
 from torchjob.errors import Problem, SpecError
 from torchjob.logs import configure, get_logger
 from torchjob.sdk.quick_exit import exit_now
-from torchjob.sdk.results import (
-    dump_call,
-    is_clean_exit,
-    load_call,
-    read_value,
-    write_error,
-    write_value,
-)
+from torchjob.sdk.results import dump_call, read_value, run_call, write_error, write_value
 
 logger = get_logger()
 
@@ -137,13 +130,7 @@ def _run_elastic(args: argparse.Namespace, payload: bytes, results: str) -> int:
 
 def _run_once(payload: bytes, results: str, rank: int) -> int:
     try:  # loading, running and pickling the value: any failure is this rank's error
-        call = load_call(payload)
-        try:
-            value = call.function(*call.args, **call.kwargs)
-        except SystemExit as err:
-            if not is_clean_exit(err):
-                raise
-            value = None  # sys.exit(0): the rank succeeded without a value
+        value = run_call(payload)
         if rank == 0:
             write_value(results, value)
     except BaseException as err:

@@ -130,6 +130,18 @@ def is_clean_exit(error: BaseException) -> bool:
     return isinstance(error, SystemExit) and error.code in (None, 0)
 
 
+def run_call(payload: bytes) -> Any:
+    """Load a rank's call and run it: its value, ``None`` after a clean ``sys.exit`` (see
+    :func:`is_clean_exit`); any other exception, or a failing exit, propagates."""
+    call = load_call(payload)
+    try:
+        return call.function(*call.args, **call.kwargs)
+    except SystemExit as err:
+        if not is_clean_exit(err):
+            raise
+        return None  # sys.exit(0): the rank succeeded without a value, as in a pod
+
+
 def _message(error: BaseException) -> str:
     """The exception's text; never raises, since losing the record would lose the whole error."""
     if isinstance(error, SystemExit):
