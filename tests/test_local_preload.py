@@ -265,3 +265,27 @@ def test_which_containers_share_the_server(
         assert key is None
     else:
         assert (key == _key(first)) == same
+
+
+@pytest.mark.torch
+def test_an_sdk_task_returns_the_same_value_cold_and_preloaded(tmp_path: Path) -> None:
+    """`torchjob run FILE.py:TASK`: the ranks of an SDK task forked from the server give what cold
+    ranks give (the elastic example: 2 processes in one pod, a real gloo all-reduce)."""
+    results: dict[str, list[str]] = {}
+    ref = f"{REPO / 'examples' / 'sdk' / 'allreduce.py'}:allreduce"
+    for mode, flags in (("cold", ["--no-prewarm"]), ("preload", ["--preload", "torch"])):
+        home = tmp_path / mode
+        proc = subprocess.run(
+            [sys.executable, "-m", "torchjob", "run", *flags, ref, "--", "--scale", "2"],
+            env={**os.environ, "TORCHJOB_HOME": str(home)},
+            capture_output=True, text=True, timeout=200, cwd=REPO,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        results[mode] = [line.split("| ", 1)[1] for line in proc.stdout.splitlines() if "returned" in line]
+        job_dir = next((home / "jobs").iterdir())
+        forked = (job_dir / "preload.log").read_text().count("forked") if mode == "preload" else 0
+        assert forked == (1 if mode == "preload" else 0), mode
+        assert leftovers(job_dir.name) == []
+    assert (
+        results["cold"] == results["preload"] == ["torchjob: rank 0 returned {'world_size': 2.0, 'sum': 6.0}"]
+    )

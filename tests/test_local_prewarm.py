@@ -19,6 +19,7 @@ import pytest
 from test_local_support import container, leftovers, log_text, make_job, run, sh, task
 from torchjob.engines.local import check_job
 from torchjob.spec.manifest import job_manifest
+from torchjob.spec.model import Job
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -241,3 +242,24 @@ def test_a_restarted_init_container_keeps_the_warm_process_and_the_program_runs_
     assert result.pods[0].restarts == 1  # the init container's
     assert runs.read_text() == "True\n"
     assert leftovers(result.job_id) == []
+
+
+def test_by_default_no_more_pods_wait_warm_than_there_are_cpus() -> None:
+    """More warm interpreters than CPUs slow the master's own start (8 ranks on 2 cores: 1.22x the
+    floor warm, 1.03x cold): by default such a job starts cold; the annotation still forces it."""
+    from torchjob.engines.local.prewarm import DEFAULT_MODULES, modules_of
+
+    cpus = os.cpu_count() or 1
+    init = [container("init", sh("true"))]
+
+    def job(waiting: int, annotations: dict[str, str] | None = None) -> Job:
+        made = make_job("warm", [task("main", [container("main", ["python", "-c", "pass"])], init=init,
+                                      replicas=waiting)])  # fmt: skip
+        if annotations:
+            made.metadata.annotations.update(annotations)
+        return made
+
+    assert modules_of(job(cpus)) == DEFAULT_MODULES
+    assert modules_of(job(cpus + 1)) == ()
+    assert modules_of(job(cpus + 1, {"torchjob.io/prewarm": "true"})) == DEFAULT_MODULES
+    assert modules_of(job(1, {"torchjob.io/prewarm": "false"})) == ()
