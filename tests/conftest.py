@@ -5,8 +5,13 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from kubeapi import FakeKubeAPI
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -25,3 +30,19 @@ def private_port_registry() -> Iterator[None]:
                 os.environ.pop("TORCHJOB_RUNTIME_DIR", None)
             else:
                 os.environ["TORCHJOB_RUNTIME_DIR"] = old
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeAPI]:
+    """A fake Kubernetes API server on 127.0.0.1 (tests/kubeapi.py), stopped after the test."""
+    from kubeapi import FakeKubeAPI
+
+    server = FakeKubeAPI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kubeconfig(api: FakeKubeAPI, tmp_path: Path) -> str:
+    """A kubeconfig file whose current context is ``api``."""
+    return str(api.kubeconfig(tmp_path / "kubeconfig"))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,22 +53,10 @@ VOLCANO = "batch.volcano.sh/v1alpha1"
 
 
 @pytest.fixture
-def api() -> Iterator[FakeKubeAPI]:
-    server = FakeKubeAPI().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def job_file(tmp_path: Path) -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(JOB)
     return path
-
-
-@pytest.fixture
-def kubeconfig(api: FakeKubeAPI, tmp_path: Path) -> str:
-    return str(api.kubeconfig(tmp_path / "kubeconfig"))
 
 
 def play_controller(api: FakeKubeAPI, end: str, exit_code: int = 0) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +63,6 @@ spec:
 def a_job(name: str = "demo", workers: int = 2) -> Any:
     text = JOB_YAML.format(name=name, workers=workers, total=workers + 1)
     return load_jobs_from_text(text, "job.yaml")[0].job
-
-
-@pytest.fixture
-def api() -> Iterator[FakeKubeAPI]:
-    server = FakeKubeAPI().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(autouse=True)
