@@ -115,12 +115,6 @@ def pytorch_roles(job: Job, target: str) -> Roles:
     return Roles(master, worker, plugin.port, bool(plugin.values["wait-master-enabled"]))
 
 
-def main_container(template: dict[str, Any]) -> dict[str, Any]:
-    """The container that runs the training (the first, as Flyte and the operators take it)."""
-    containers: list[dict[str, Any]] = template["spec"]["containers"]
-    return containers[0]
-
-
 SDK_LABEL = "torchjob.dev/sdk"
 FAILURE_EVENTS = ("PodFailed", "PodEvicted", "*")
 

@@ -202,13 +202,6 @@ def unschedulable_message(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def unschedulable_since(pod: dict[str, Any]) -> float | None:
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            return timestamp(condition.get("lastTransitionTime"))
-    return None
-
-
 # ------------------------------------------------------------------ job phases
 
 
