@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from torchjob.cli import _command_of, build_parser
+from torchjob.cli.app import _command_of, build_parser
 
 COMMANDS = sorted(
     next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices

@@ -213,6 +213,32 @@ def test_a_plain_job_starts_its_first_pod_without_what_it_does_not_use(tmp_path:
     assert sorted(set(report["modules"]) & set(NOT_BEFORE_FIRST_POD)) == []
 
 
+GC_PROBE = """
+import gc, json, sys
+from torchjob.cli import main
+default = gc.get_threshold()
+file = sys.argv[1]
+as_library = main(["validate", file]), gc.get_threshold()
+sys.argv = ["torchjob", "validate", file]
+as_program = main(), gc.get_threshold()
+print(json.dumps([default, as_library, as_program]))
+"""
+
+
+def test_only_the_program_collects_garbage_less_often(tmp_path: Path) -> None:
+    """`torchjob` makes about 25,000 lasting objects while it starts: it sets the collector's first
+    threshold to 50,000 new objects; a Python program calling ``main`` keeps its own setting."""
+    job = seed_job(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", GC_PROBE, str(job)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    default, as_library, as_program = json.loads(result.stdout.strip().splitlines()[-1])
+    assert default == [700, 10, 10]
+    assert as_library == [0, [700, 10, 10]]
+    assert as_program == [0, [50000, 10, 10]]
+
+
 def test_the_import_contracts_hold() -> None:
     """The layers and import rules of pyproject.toml ([tool.importlinter]), as `make lint` checks them."""
     pytest.importorskip("importlinter", reason="import-linter (the dev extra) is not installed")

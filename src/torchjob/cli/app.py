@@ -1,0 +1,156 @@
+"""The ``torchjob`` commands, in kubectl's habits: the parser and the dispatch to each command.
+
+Thin on purpose: each command module parses its arguments and calls the layers below. Heavy
+modules (torch, kubernetes) are imported only inside the commands that need them.
+Exit codes: 0 success, 1 the job failed, 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torchjob import __version__
+from torchjob.cli import cluster_commands, local_commands, spec_commands
+from torchjob.engines.base import EngineError
+from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, SpecError
+
+
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size's width: $COLUMNS, else the terminal's, else 80."""
+    with contextlib.suppress(ValueError):
+        if int(os.environ.get("COLUMNS", "0")) > 0:
+            return int(os.environ["COLUMNS"])
+    stdout = sys.__stdout__
+    try:
+        return (os.get_terminal_size(stdout.fileno()).columns if stdout else 0) or 80
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    # argparse sizes every formatter (one per argument added) with shutil, whose import with its
+    # compression modules costs every torchjob command about 2 ms. argparse also makes a formatter
+    # for every argument added (to check its metavar): the width is read once per build_parser().
+    columns = 80
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=self.columns - 2)
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+
+class _Skipped:
+    """Takes a command's arguments and keeps none: the stand-in for a command that is not run."""
+
+    def __getattr__(self, name: str) -> Callable[..., _Skipped]:
+        return lambda *args, **kwargs: self
+
+
+class _OnlyCommand:
+    """The subcommands, narrowed to the one being run: argparse spends about 8 us on each argument
+    added, and the commands ``torchjob run`` does not run have some 70 of them."""
+
+    def __init__(self, commands: Any, command: str) -> None:
+        self.commands = commands
+        self.command = command
+        self.found = False
+
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        if name != self.command and self.command not in kwargs.get("aliases", ()):
+            return _Skipped()
+        self.found = True
+        return self.commands.add_parser(name, **kwargs)
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` runs when nothing but -v comes before it (so no --help shows the list of
+    commands, which a narrowed parser lacks); else None."""
+    for arg in argv:
+        if arg not in ("-v", "--verbose"):
+            return None if arg.startswith("-") else arg
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``command``, only that command's arguments (if it is one)."""
+    _Formatter.columns = _terminal_columns()
+    parser = _Parser(  # its subcommands' parsers are _Parser too
+        prog="torchjob",
+        description="Run Volcano-style PyTorch jobs on this machine, or render them for a cluster.",
+    )
+    parser.add_argument("--version", action="version", version=f"torchjob {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log torchjob's decisions (debug level)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+    registry = commands if command is None else _OnlyCommand(commands, command)
+    spec_commands.register(registry)
+    local_commands.register(registry)
+    cluster_commands.register(registry)
+    if isinstance(registry, _OnlyCommand) and not registry.found:  # not a command: argparse says so
+        return build_parser()
+    for sub in commands.choices.values():  # also after the command: torchjob run job.yaml -v
+        # SUPPRESS: an -v given before the command is kept when it is not repeated after it
+        sub.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
+    return parser
+
+
+def dispatch(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (the program's arguments when None), run the command, give its exit code."""
+    code = _main(argv)
+    if argv is None:  # the torchjob program itself, about to exit
+        # Its final garbage collection would only walk objects the exit frees anyway: 8 ms.
+        gc.freeze()
+    return code
+
+
+def _split_program_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``run|render ... -- ARGS``: what follows ``--`` is the program's (a workflow's or a task's
+    arguments, or what every main container gets appended to its ``args``).
+
+    Split off before argparse, which cannot take ``--`` after options that follow a positional.
+    """
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    at = argv.index("--")
+    return argv[:at], argv[at + 1 :]
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    argv, program_args = _split_program_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_of(argv))
+    args = parser.parse_args(argv)
+    if program_args and args.command not in ("run", "render"):
+        parser.error("arguments after -- are the program's: torchjob run|render FILE -- ARGS")
+    args.program_args = program_args
+    if args.verbose or os.environ.get("TORCHJOB_LOG"):
+        from torchjob.logs import configure
+
+        configure("debug" if args.verbose else None)
+    try:
+        code: int = args.func(args)
+        return code
+    except SpecError as err:
+        for problem in err.problems:
+            print(problem.format(), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except EngineError as err:
+        print(f"torchjob: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `torchjob render ... | head` is not an error
+        return EXIT_OK
