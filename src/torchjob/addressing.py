@@ -8,19 +8,24 @@ so one plugin serves every engine.
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from torchjob.spec.model import Job, Task, pod_name
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Protocol
 
 
-class Addressing(Protocol):
-    def host(self, job: Job, task: Task, index: int) -> str:
-        """The address other pods use to reach pod ``index`` of ``task``."""
-        ...
+# For the type checker only: an engine's addressing matches it by shape.
+if TYPE_CHECKING:
 
-    def port(self, job: Job, port: int) -> int:
-        """The port number processes use for a port the job declares for its pods."""
-        ...
+    class Addressing(Protocol):
+        def host(self, job: Job, task: Task, index: int) -> str:
+            """The address other pods use to reach pod ``index`` of ``task``."""
+            ...
+
+        def port(self, job: Job, port: int) -> int:
+            """The port number processes use for a port the job declares for its pods."""
+            ...
 
 
 class ClusterAddressing:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, TextIO
+
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import TextIO
+
     from torchjob.engines.base import JobReport, PodReport
 
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92", "94")

@@ -10,12 +10,17 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
-from torchjob.addressing import Addressing, ClusterAddressing
+from torchjob.addressing import ClusterAddressing
 from torchjob.plugins import PodContext, build_plugins
 from torchjob.records import field, record
 from torchjob.spec.model import Job, Task, pod_name
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from torchjob.addressing import Addressing
 
 TASK_INDEX = "volcano.sh/task-index"
 TASK_SPEC = "volcano.sh/task-spec"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import logging

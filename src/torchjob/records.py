@@ -16,10 +16,16 @@ methods, which read the class's field list. The SDK's public configs stay datacl
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any, TypeVar, overload
+
     from typing_extensions import dataclass_transform
+
+    T = TypeVar("T")
+    C = TypeVar("C", bound=type)
 else:
 
     def dataclass_transform(**_options: object) -> Callable[[Any], Any]:
@@ -27,9 +33,6 @@ else:
 
 
 __all__ = ["FrozenRecordError", "field", "record", "replace"]
-
-T = TypeVar("T")
-C = TypeVar("C", bound=type)
 
 
 class _Missing:
@@ -53,10 +56,14 @@ class _Field:
         self.factory = factory
 
 
-@overload
-def field(*, default: T) -> T: ...
-@overload
-def field(*, default_factory: Callable[[], T]) -> T: ...
+if TYPE_CHECKING:
+
+    @overload
+    def field(*, default: T) -> T: ...
+    @overload
+    def field(*, default_factory: Callable[[], T]) -> T: ...
+
+
 def field(*, default: Any = _MISSING, default_factory: Callable[[], Any] | None = None) -> Any:
     """A field's default, or a function making a fresh default for each record (``list``, ``dict``)."""
     if default is not _MISSING and default_factory is not None:
@@ -157,10 +164,14 @@ def _frozen_delattr(self: Any, name: str) -> None:
     raise FrozenRecordError(f"cannot delete field {name!r} of a frozen {type(self).__qualname__}")
 
 
-@overload
-def record(cls: C, /) -> C: ...
-@overload
-def record(*, frozen: bool = False) -> Callable[[C], C]: ...
+if TYPE_CHECKING:
+
+    @overload
+    def record(cls: C, /) -> C: ...
+    @overload
+    def record(*, frozen: bool = False) -> Callable[[C], C]: ...
+
+
 @dataclass_transform(field_specifiers=(field,))
 def record(cls: Any = None, /, *, frozen: bool = False) -> Any:
     """Make ``cls`` a record (see the module's docstring); ``@record`` or ``@record(frozen=True)``."""

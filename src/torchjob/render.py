@@ -14,11 +14,14 @@ import functools
 import json
 import re
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import yaml
 
 from torchjob.expand import DesiredState, paused_gc
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 FORMATS = ("yaml", "json")
 

@@ -13,12 +13,15 @@ import gc
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from torchjob import __version__
 from torchjob.cli import cluster_commands, local_commands, spec_commands
 from torchjob.engines.base import EngineError
 from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, SpecError
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def _terminal_columns() -> int:

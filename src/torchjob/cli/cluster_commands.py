@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
 
 from torchjob.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, SpecError
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from torchjob.engines.base import JobReport
 
 TARGETS = ("volcano", "kubeflow", "jobset", "trainjob", "pods")

@@ -11,13 +11,15 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from torchjob.cli.cluster_commands import TARGETS, add_cluster_options, cluster_settings, finish
 from torchjob.engines.registry import DEFAULT_ENGINE, engine_names, get_engine
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from torchjob.engines.base import Engine, JobReport
 
 REF_HELP = "job id, unique id prefix, or name (newest)"

@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
 
 from torchjob.errors import Problem, SpecError
+from torchjob.typecheck import TYPE_CHECKING
 
 # The names only: the targets package itself is imported by the command that renders.
 TARGETS = ("pods", "volcano", "kubeflow", "trainjob", "jobset")
 
 if TYPE_CHECKING:  # the real imports are lazy, inside the commands
+    from typing import Any
+
     from torchjob.spec.source import Document
 
 

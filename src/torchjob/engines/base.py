@@ -12,17 +12,18 @@ the same for every engine: ``torchjob status -o json`` prints it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
 
 from torchjob.records import field, record
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any, Protocol
+
     from torchjob.spec.model import Job
 
 __all__ = [
     "TERMINAL_PHASES",
     "ContainerReport",
-    "Engine",
     "EngineError",
     "FailureReport",
     "JobReport",
@@ -366,35 +367,39 @@ class LogLine:
     pod: str = ""  # the pod's short name (<task>-<index>), without rank or container
 
 
-class Engine(Protocol):
-    """What the CLI and the SDK may ask of an engine. ``ref`` is a job id, a unique prefix or a name."""
+# The interface is for the type checker: engines implement it by shape, not by subclassing, and
+# the CLI and the SDK import it under TYPE_CHECKING, so no command pays for importing typing.
+if TYPE_CHECKING:
 
-    name: str
+    class Engine(Protocol):
+        """What the CLI and the SDK may ask of an engine. ``ref`` is a job id, a unique prefix or a name."""
 
-    def check(self, job: Job) -> list[tuple[str, str]]:
-        """What stops ``job`` from running on this engine, as (field path, message); [] when it can."""
-        ...
+        name: str
 
-    def start(self, job: Job, options: StartOptions) -> JobReport:
-        """Run ``job``: attached, until it ends (its final report); detached, return once started."""
-        ...
+        def check(self, job: Job) -> list[tuple[str, str]]:
+            """What stops ``job`` from running on this engine, as (field path, message); [] when it can."""
+            ...
 
-    def list_jobs(self) -> list[JobReport]:
-        """Every job this engine knows of, newest first (a damaged one as phase Unknown with the reason)."""
-        ...
+        def start(self, job: Job, options: StartOptions) -> JobReport:
+            """Run ``job``: attached, until it ends (its final report); detached, return once started."""
+            ...
 
-    def status(self, ref: str) -> JobReport:
-        """One job's report; EngineError when ``ref`` names no job or more than one."""
-        ...
+        def list_jobs(self) -> list[JobReport]:
+            """Every job this engine knows of, newest first (a damaged one: phase Unknown, with why)."""
+            ...
 
-    def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
-        """The job's log lines, oldest first; with ``follow``, until the job ends."""
-        ...
+        def status(self, ref: str) -> JobReport:
+            """One job's report; EngineError when ``ref`` names no job or more than one."""
+            ...
 
-    def wait(self, ref: str, timeout: float | None = None) -> JobReport:
-        """Block until the job reaches a terminal phase (or ``timeout`` passes): its latest report."""
-        ...
+        def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
+            """The job's log lines, oldest first; with ``follow``, until the job ends."""
+            ...
 
-    def delete(self, refs: list[str]) -> list[str]:
-        """Stop and remove these jobs; every ref is resolved before anything is deleted. Their ids."""
-        ...
+        def wait(self, ref: str, timeout: float | None = None) -> JobReport:
+            """Block until the job reaches a terminal phase (or ``timeout`` passes): its latest report."""
+            ...
+
+        def delete(self, refs: list[str]) -> list[str]:
+            """Stop and remove these jobs; every ref is resolved before anything is deleted. Their ids."""
+            ...

@@ -7,9 +7,12 @@ and one line in ``_ENGINES`` below.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from torchjob.engines.base import Engine
 
 # name -> "module:factory"; the factory takes keyword settings (state_dir, kubeconfig, ...).

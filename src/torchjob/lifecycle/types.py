@@ -6,9 +6,12 @@ Enum values are Volcano's strings, so a status written by torchjob reads like a 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
 
 from torchjob.records import record, replace
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Literal
 
 
 class JobPhase(str, Enum):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
-
-from torchjob.addressing import Addressing
 from torchjob.plugins.flags import Flag, parse_flags
 from torchjob.records import record
-from torchjob.spec.model import Job, Task
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any, ClassVar
+
+    from torchjob.addressing import Addressing
+    from torchjob.spec.model import Job, Task
 
 Issues = list[tuple[str, str]]
 

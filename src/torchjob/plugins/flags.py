@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
 
 from torchjob.records import record
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 # strconv.ParseBool's spellings, which Volcano's flags accept.
 _TRUE = {"1", "t", "T", "true", "TRUE", "True"}

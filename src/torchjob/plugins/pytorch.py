@@ -6,13 +6,16 @@ something wrong (every master pod gets ``RANK=0``), torchjob reports an error in
 
 from __future__ import annotations
 
-from typing import Any
-
-from torchjob.addressing import Addressing
 from torchjob.plugins.base import Issues, Plugin, PodContext
 from torchjob.plugins.flags import Flag, non_negative, port_range
 from torchjob.spec import names
-from torchjob.spec.model import Job, Task
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from torchjob.addressing import Addressing
+    from torchjob.spec.model import Job, Task
 
 DEFAULT_PORT = 23456
 DEFAULT_WAIT_TIMEOUT = 300

@@ -11,12 +11,15 @@ warning says so; the host file still holds the full list.
 
 from __future__ import annotations
 
-from typing import Any
-
-from torchjob.addressing import Addressing
 from torchjob.plugins.base import Issues, Plugin, PodContext
 from torchjob.plugins.flags import Flag
-from torchjob.spec.model import Job, Task
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from torchjob.addressing import Addressing
+    from torchjob.spec.model import Job, Task
 
 CONFIG_MOUNT_PATH = "/etc/volcano"
 # Linux's MAX_ARG_STRLEN: one "NAME=value\0" string passed to execve may be at most 32 pages.

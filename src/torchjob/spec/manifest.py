@@ -4,9 +4,12 @@ job.yaml and what the ``volcano`` cluster target submits (which adds its label t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from torchjob.spec.model import API_VERSION, KIND, Job, Policy
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def _plain(value: Any) -> Any:

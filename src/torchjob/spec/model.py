@@ -7,9 +7,11 @@ accessors of :class:`PodTemplate` and :class:`Container`.
 
 from __future__ import annotations
 
-from typing import Any
-
 from torchjob.records import field, record
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 API_VERSION = "batch.volcano.sh/v1alpha1"
 KIND = "Job"

@@ -11,8 +11,6 @@ follow-on errors on top of them.
 
 from __future__ import annotations
 
-from typing import Any
-
 from torchjob.spec import names
 from torchjob.spec.model import (
     API_VERSION,
@@ -26,6 +24,10 @@ from torchjob.spec.model import (
     Task,
 )
 from torchjob.spec.source import child
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 Issues = list[tuple[str, str]]  # (field path, message)
 

@@ -10,11 +10,13 @@ mappings); these checks skip a value of the wrong shape rather than report it tw
 
 from __future__ import annotations
 
-from typing import Any
-
 from torchjob.spec.parse import number_text, type_name
 from torchjob.spec.source import INT64_MAX, child
 from torchjob.spec.units import parse_quantity
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 Issues = list[tuple[str, str]]
 

@@ -19,12 +19,16 @@ import re
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 from torchjob.spec.source import child
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    Schema = dict[str, Any]
 
 Issues = list[tuple[str, str]]
-Schema = dict[str, Any]
 
 SCHEMA_FILE = Path(__file__).with_name("schemas") / "podtemplate.json"
 _RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}

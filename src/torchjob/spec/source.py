@@ -15,12 +15,15 @@ import json
 import math
 import re
 import sys
-from typing import Any
 
 import yaml
 
 from torchjob.errors import Problem, SpecError
 from torchjob.records import field, record
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 try:  # the C composer is many times faster on large inputs
     from yaml import CSafeLoader as _Loader

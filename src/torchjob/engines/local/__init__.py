@@ -24,9 +24,9 @@ import select
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torchjob.records import field, record
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
 
 from torchjob.display import summary
 from torchjob.engines.local import ports as port_registry
@@ -20,8 +19,11 @@ from torchjob.engines.local.pod import LocalPod
 from torchjob.engines.local.watchdog import Watchdog
 from torchjob.lifecycle import JobPhase, JobStatus
 from torchjob.spec.model import Job
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from torchjob.engines.local.supervisor import Supervisor
 
 DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no terminationGracePeriodSeconds

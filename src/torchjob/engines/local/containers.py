@@ -25,12 +25,15 @@ import socket
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from torchjob.engines.local import security
 from torchjob.expand import DesiredState, PodPlan
 from torchjob.records import field, record
 from torchjob.spec.units import parse_quantity
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 Issues = list[tuple[str, str]]
 

@@ -13,14 +13,16 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from torchjob.display import first_failed_first, prefix_for
 from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, PodReport, StartOptions
 from torchjob.engines.local.state import JobDir, list_jobs, state_root
 from torchjob.records import record
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from torchjob.spec.model import Job
 
 MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by

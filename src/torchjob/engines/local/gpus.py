@@ -24,12 +24,14 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from torchjob.records import record
 from torchjob.spec.source import child
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from torchjob.spec.model import Job
 
 RESOURCE = "nvidia.com/gpu"

@@ -16,9 +16,12 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import TextIO
 
 from torchjob.display import paint, use_color
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import TextIO
 
 MAX_BACKLOG = 1 << 20  # bytes written but not yet taken by the reader before log reading pauses
 _WRITE_CHUNK = 1 << 16

@@ -17,13 +17,13 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torchjob.engines.local import prewarm, process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.preload import Forked
 from torchjob.engines.local.state import make_private_dirs, open_private
 from torchjob.records import field, record
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import psutil

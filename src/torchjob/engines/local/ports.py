@@ -20,12 +20,15 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from torchjob.engines.local.state import process_alive, start_time
 from torchjob.errors import Problem, SpecError
 from torchjob.plugins import build_plugins
 from torchjob.spec.model import Job
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 _FALLBACK_RANGE = (20000, 32767)
 LOCK_TIMEOUT = 10.0

@@ -22,11 +22,11 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.records import record
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torchjob.spec.model import Job

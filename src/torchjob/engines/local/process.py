@@ -16,10 +16,10 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torchjob.engines.local import procfs
 from torchjob.engines.local.libc import LIBC
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: 5 ms that would delay the job's first process
     import psutil

@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport, PortReport
 from torchjob.engines.local.output import short_name
 from torchjob.engines.local.pod import FAILED, SUCCEEDED, LocalPod, RunningContainer
 from torchjob.lifecycle import JobStatus
 from torchjob.spec.model import Job
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 STOPPED = "Stopped"  # reported phase of a pod the engine stopped before it ended by itself
 CRASH_LOOP = "CrashLoopBackOff"  # Kubernetes' reason for a container waiting to be restarted again

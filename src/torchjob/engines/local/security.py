@@ -19,9 +19,12 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable
-from typing import Any
 
 from torchjob.records import record
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 Issues = list[tuple[str, str]]
 

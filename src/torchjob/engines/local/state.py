@@ -24,11 +24,11 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torchjob.engines.local import procfs
 from torchjob.files import write_atomic
 from torchjob.records import record
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torchjob.engines.base import JobReport

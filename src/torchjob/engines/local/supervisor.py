@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
 
 from torchjob import logs
 from torchjob.display import headline, pod_color, pod_rows, prefix_for
@@ -66,6 +65,10 @@ from torchjob.lifecycle import (
 )
 from torchjob.records import record
 from torchjob.spec.model import Job
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 IDLE_WAIT = 0.1  # longest sleep of the loop; exits and signals wake it at once
 LOG_EVERY = 0.05  # seconds between reads of the followed log files when they are printed

@@ -24,9 +24,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, TYPE_CHECKING
+
+from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import IO
+
     import psutil
 
 GRACE = 0.75  # seconds between SIGTERM and SIGKILL once the supervisor is gone
