@@ -19,11 +19,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
 from test_local_support import container, leftovers, log_text, make_job, run, sh, task, wait_until
+from torchjob.engines.local.cleanup import JobProcesses
 from torchjob.spec.manifest import job_manifest
 
 pytestmark = pytest.mark.timeout(60)
@@ -496,3 +498,40 @@ def test_the_checks_for_children_ask_without_reaping() -> None:
     processes had ended before an orphan scan) must leave the exit status to its owner."""
     out = subprocess.run([sys.executable, "-c", CHILDREN], capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+class _CountingProcesses(JobProcesses):
+    """JobProcesses whose fresh scans are counted, not made."""
+
+    def __init__(self) -> None:
+        super().__init__("job", {}, {})
+        self.watchdog = SimpleNamespace(pid=99, watch=lambda pgid: None)  # type: ignore[assignment]
+        self.scans = 0
+
+    def adopt(self, fresh: bool = False) -> list[int]:
+        self.scans += fresh
+        return []
+
+
+@pytest.mark.parametrize(
+    ("known", "ended", "found", "scans"),
+    [
+        ({10, 11, 99}, {10, 11}, False, 0),  # every container had ended, nothing found: no scan
+        ({10, 11, 99}, {10}, False, 1),  # container 11 still ran then: it may have forked since
+        ({10, 11, 99}, {10, 11}, True, 1),  # orphans were found: they may have forked since
+    ],
+)
+def test_the_final_sweep_scans_again_unless_the_last_scan_rules_orphans_out(
+    known: set[int], ended: set[int], found: bool, scans: int
+) -> None:
+    processes = _CountingProcesses()
+    assert processes.last_orphans() == [] and processes.scans == 1  # no scan yet: one is made
+    processes.scans = 0
+    processes._scan = (0.0, known, ended, {})
+    processes._scan_found = found
+    assert processes.last_orphans() == []
+    assert processes.scans == scans
+    processes.on_group(12, started=True)  # a container started since: the old scan says nothing
+    processes.scans = 0
+    processes.last_orphans()
+    assert processes.scans == 1

@@ -254,6 +254,45 @@ def test_a_registry_lock_held_too_long_is_one_clear_line(tmp_path: Path) -> None
     assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
 
 
+def test_a_job_without_ports_never_touches_the_port_registry(tmp_path: Path) -> None:
+    """Not to reserve, nor to release at the end: a held lock costs it nothing (it used to wait
+    up to the lock timeout as it ended), and the registry directory is not even made."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({str(runtime / 'ports.lock')!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        (tmp_path / "job.yaml").write_text(
+            JOB_WITH_PORT.replace("              ports: [{containerPort: 23999}]\n", "")
+        )
+        started = time.monotonic()
+        result = torchjob(
+            "run", "job.yaml", env=cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(runtime)), cwd=tmp_path
+        )
+        took = time.monotonic() - started
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert took < ports.LOCK_TIMEOUT / 2, f"the run waited for the registry's lock: {took:.1f}s"
+    unused = tmp_path / "unused-runtime"
+    result = torchjob(
+        "run", "job.yaml", env=cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(unused)), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not unused.exists()
+
+
 def test_the_lock_is_taken_through_no_symlink(registry_env: Path, tmp_path: Path) -> None:
     registry_env.mkdir(mode=0o700)
     victim = tmp_path / "victim"

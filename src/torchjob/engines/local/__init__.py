@@ -31,6 +31,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from torchjob.engines.base import JobReport
     from torchjob.expand import DesiredState
     from torchjob.spec.model import Job
 
@@ -68,6 +69,7 @@ class RunResult:
     job_dir: Path
     pods: list[PodResult]
     started: bool = True  # False: the job never ran a pod (its directory could not be written)
+    report: JobReport | None = None  # the status this result was read from, when there is one
 
     @property
     def ok(self) -> bool:
@@ -130,7 +132,7 @@ def _result(job_dir: Path) -> RunResult:
         )
         for p in report.pods
     ]
-    return RunResult(report.phase, report.reason, job_dir, pods)
+    return RunResult(report.phase, report.reason, job_dir, pods, report=report)
 
 
 def run_job(job: Job, options: RunOptions | None = None) -> RunResult:

@@ -51,6 +51,7 @@ class JobProcesses:
         self.watchdog: Watchdog | None = None
         # The last orphan scan: when, the children known and those already ended then, the tree.
         self._scan: tuple[float, set[int], set[int], dict[int, list[int]]] | None = None
+        self._scan_found = False  # whether that scan found any orphan
 
     def start(self) -> None:
         """Become the subreaper of the job's orphans and start the watchdog; before any pod."""
@@ -94,9 +95,24 @@ class JobProcesses:
             ended = {pid for pid in known if process.exited(pid)}
             tree = process.children_map()
             self._scan = (time.monotonic(), known, ended, tree)
+            self._scan_found = False
         found = process.adopted(tree, known | ended, self.job_id)
+        self._scan_found = self._scan_found or bool(found)
         self.job_pids.update(found)
         return found
+
+    def last_orphans(self) -> list[int]:
+        """For the final sweep: the job's orphans, from a scan of their own, unless the last scan
+        shows that none can exist: it found none, every container had ended when it was taken,
+        and none started since (nothing of the job was left to start another process)."""
+        if self._scan is not None and not self._scan_found:
+            _, known_then, ended_then, _ = self._scan
+            not_containers = set(self.foreign)
+            if self.watchdog is not None:
+                not_containers.add(self.watchdog.pid)
+            if known_then - ended_then <= not_containers:
+                return []
+        return self.adopt(fresh=True)
 
     def _shared_tree(self, known: set[int]) -> dict[int, list[int]] | None:
         """The last scan's process tree, if it holds every orphan there can be now: it is at most
@@ -132,8 +148,8 @@ class JobProcesses:
     def kill_the_rest(self) -> None:
         """Kill every process of the job still alive (marked, tracked or adopted) and reap them."""
         tracked = [p for pod in self.latest.values() for c in pod.containers for p in c.tracked.values()]
-        # Orphans without the job's marker, adopted as subreaper: a scan of its own, the last one.
-        tracked += _processes(self.adopt(fresh=True))
+        # Orphans without the job's marker, adopted as subreaper.
+        tracked += _processes(self.last_orphans())
         killed = process.kill_now(self.job_id, [], tracked, 1.0)
         # Reap what was adopted (subreaper); waiting on our own children reaps them.
         process.wait_gone(process.alive(killed), timeout=1.0)
@@ -149,8 +165,9 @@ def shutdown(sup: Supervisor) -> None:
     sup.processes.kill_the_rest()
     try:
         sup.waiter.close()
-        with contextlib.suppress(OSError):
-            port_registry.release(sup.id)
+        if sup.factory.ports:  # a job without ports reserved none: the registry is not touched
+            with contextlib.suppress(OSError):
+                port_registry.release(sup.id)
         sup.drain_logs()
         if not sup.status.phase.final:
             sup.status = JobStatus(

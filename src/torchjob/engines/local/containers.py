@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import socket
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -169,7 +168,7 @@ def _field_value(ctx: PodSetup, field_path: str, path: str) -> str:
         "metadata.name": meta["name"],
         "metadata.namespace": meta["namespace"],
         "metadata.uid": ctx.uid,
-        "spec.nodeName": socket.gethostname(),
+        "spec.nodeName": os.uname().nodename,  # gethostname(), without importing socket
         "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
         "status.podIP": ctx.address,
         "status.podIPs": ctx.address,

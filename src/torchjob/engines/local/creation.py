@@ -24,13 +24,16 @@ from torchjob.engines.local.containers import (
     resolve_pod,
 )
 from torchjob.engines.local.pod import LocalPod
-from torchjob.engines.local.preload import Forked, Preloader
 from torchjob.engines.local.state import JobDir, make_private_dirs
 from torchjob.expand import DesiredState, PodPlan, expand
 from torchjob.files import write_atomic
 from torchjob.lifecycle import JobStatus
 from torchjob.plugins import build_plugins
 from torchjob.spec.model import Job
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchjob.engines.local.preload import Forked, Preloader
 
 WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
 VOLCANO_MOUNT = "/etc/volcano"  # where Volcano's svc plugin mounts its host files
@@ -52,7 +55,11 @@ class PodFactory:
         self.extra_env = dict(extra_env)
         self.prewarm_modules = prewarm_modules  # what main containers import while inits run (prewarm.py)
         # --preload: the job's fork server (preload.py), started for the first container it can serve
-        self.preloader = Preloader(preload_modules, job_dir.path) if preload_modules else None
+        self.preloader: Preloader | None = None
+        if preload_modules:
+            from torchjob.engines.local.preload import Preloader
+
+            self.preloader = Preloader(preload_modules, job_dir.path)
         self.ports: dict[int, int] = {}  # declared port -> host port
         self.addressing: LocalAddressing | None = None
         self.expansions: dict[tuple[int, int], DesiredState] = {}

@@ -71,6 +71,8 @@ class LocalEngine:
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow
             raise EngineError(f"job {result.job_id} did not start: {result.reason}", exit_code=1)
+        if not options.detach and result.report is not None:  # the final status, just read
+            return result.report
         where = JobDir(result.job_dir)
         if not where.status_file.exists():  # detached, and its supervisor has not written yet
             return JobReport(self.name, where.id, job.name, "Pending", location=str(where.path))

@@ -20,13 +20,14 @@ from pathlib import Path
 
 from torchjob.engines.local import prewarm, process
 from torchjob.engines.local.containers import ContainerRun
-from torchjob.engines.local.preload import Forked
 from torchjob.engines.local.state import make_private_dirs, open_private
 from torchjob.records import field, record
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import psutil
+
+    from torchjob.engines.local.preload import Forked
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 

@@ -15,7 +15,6 @@ import errno
 import fcntl
 import json
 import os
-import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -139,6 +138,8 @@ def _temp_dir() -> str:
 
 def port_is_free(port: int) -> bool:
     """True when nothing listens on ``port`` on any local address (TCP, IPv4 and IPv6)."""
+    import socket  # 1.2 ms that a job without ports does not pay
+
     for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)

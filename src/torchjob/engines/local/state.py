@@ -20,6 +20,7 @@ env (``--env`` tokens) and output are its owner's alone.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -228,11 +229,17 @@ class JobDir:
 
         Names from the job (ConfigMaps and their keys, pods) become paths here: none may lead out.
         """
-        root = (base or self.path).resolve()
+        root = _real(base or self.path)
         resolved = path.resolve()
         if resolved == root or not resolved.is_relative_to(root):
             raise ValueError(f"{what} would be written at {path}, outside {base or self.path}")
         return path
+
+
+@functools.lru_cache(maxsize=64)
+def _real(path: Path) -> Path:
+    """``path`` resolved, once per job directory: it is private to this user and stays put."""
+    return path.resolve()
 
 
 def new_job_dir(root: Path, job_name: str) -> JobDir:
