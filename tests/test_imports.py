@@ -215,14 +215,15 @@ def test_a_plain_job_starts_its_first_pod_without_what_it_does_not_use(tmp_path:
 
 
 GC_PROBE = """
-import gc, json, sys
+import atexit, gc, json, sys
 from torchjob.cli import main
 default = gc.get_threshold()
 file = sys.argv[1]
 as_library = main(["validate", file]), gc.get_threshold()
+# The program's main() does not return: it leaves once the exit handlers ran.
+atexit.register(lambda: print(json.dumps([default, as_library, gc.get_threshold()])))
 sys.argv = ["torchjob", "validate", file]
-as_program = main(), gc.get_threshold()
-print(json.dumps([default, as_library, as_program]))
+main()
 """
 
 
@@ -237,7 +238,7 @@ def test_only_the_program_collects_garbage_less_often(tmp_path: Path) -> None:
     default, as_library, as_program = json.loads(result.stdout.strip().splitlines()[-1])
     assert default == [700, 10, 10]
     assert as_library == [0, [700, 10, 10]]
-    assert as_program == [0, [50000, 10, 10]]
+    assert as_program == [50000, 10, 10]
 
 
 def test_the_import_contracts_hold() -> None:

@@ -1,6 +1,6 @@
 """Engines by name, imported only when asked for: importing this module imports no engine.
 
-Adding an engine is one module with a class that implements :class:`torchjob.engines.base.Engine`
+Adding an engine is one module with a class that implements ``torchjob.engines.base.Engine``
 and one line in ``_ENGINES`` below.
 """
 

@@ -20,6 +20,7 @@ from torchjob.engines.kubernetes.submit import create_all, delete_object
 from torchjob.records import record, replace
 
 if TYPE_CHECKING:
+    from torchjob.engines.base import Engine
     from torchjob.spec.model import Job
 
 LOG_TAIL_LINES = 20
@@ -371,3 +372,7 @@ def _add_env(obj: dict[str, Any], env: dict[str, str]) -> None:
                 walk(value)
 
     walk(obj)
+
+
+if TYPE_CHECKING:  # mypy checks here that the class implements the engine interface
+    _implements: type[Engine] = KubernetesEngine

@@ -23,6 +23,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
+    from torchjob.engines.base import Engine
     from torchjob.spec.model import Job
 
 MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by
@@ -266,3 +267,7 @@ def _stop_supervisor(where: JobDir) -> None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
         time.sleep(WATCHDOG_GRACE)
+
+
+if TYPE_CHECKING:  # mypy checks here that the class implements the engine interface
+    _implements: type[Engine] = LocalEngine
