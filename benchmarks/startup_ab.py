@@ -121,6 +121,14 @@ def main() -> int:
     for key in keys:
         old, new = summary(runs["old"], key)[0], summary(runs["new"], key)[0]
         print(f"median {key}: new - old = {new - old:+.4f} s ({(new / old - 1) * 100:+.1f} %)")
+    # Each round ran both versions back to back: its difference is the least disturbed by load.
+    for key in keys:
+        diffs = [n[key] - o[key] for o, n in zip(runs["old"], runs["new"], strict=True)]
+        lower = sum(d < 0 for d in diffs)
+        print(
+            f"paired {key}: median of new - old = {statistics.median(diffs) * 1000:+.2f} ms, "
+            f"new lower in {lower} of {len(diffs)} rounds"
+        )
     if args.json:
         args.json.write_text(json.dumps({"versions": {k: str(v) for k, v in versions.items()}, "runs": runs}))
     return 0

@@ -1,0 +1,135 @@
+"""Where ``torchjob run``'s own CPU goes, phase by phase, in two checkouts side by side.
+
+Run from the repository root with the project's virtualenv::
+
+    .venv/bin/python benchmarks/startup_phases.py --old /tmp/old/src --runs 15
+
+Each run is ``torchjob run`` of the job of ``startup_ab.py`` (1 master + 1 worker that only write
+the time), in a Python that wraps the local supervisor's ``start``, ``loop`` and ``shutdown`` to
+note the process's CPU time (``time.process_time``) as each begins and ends, and once more in an
+exit handler. The versions alternate, the order flipping every round. Only this process's CPU is
+counted, not its pods' or its watchdog's (``startup_ab.py`` measures the whole).
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from startup_ab import ROOT, job_yaml
+
+# The wrapper: the program's own entry point (cli.main) with the supervisor's phases timed.
+WRAPPER = r"""
+import atexit, json, os, sys, time
+marks = {"begin": time.process_time()}
+import gc
+gc.set_threshold(*json.loads(os.environ["AB_GC"]))  # what each version's main() would have set
+from torchjob.engines.local import supervisor as where
+
+def timed(owner, name, key):
+    inner = getattr(owner, name)
+    def wrapper(*args, **kwargs):
+        marks[key + ".begin"] = time.process_time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            marks[key + ".end"] = time.process_time()
+    setattr(owner, name, wrapper)
+
+timed(where.Supervisor, "start", "start")
+timed(where.Supervisor, "loop", "loop")
+if hasattr(where.Supervisor, "shutdown"):  # older versions: a method
+    timed(where.Supervisor, "shutdown", "shutdown")
+else:
+    timed(where, "shutdown", "shutdown")
+
+def report():
+    marks["exit"] = time.process_time()
+    with open(os.environ["AB_OUT"], "w") as out:
+        json.dump(marks, out)
+
+atexit.register(report)
+sys.argv = ["torchjob", "run", sys.argv[1]]
+from torchjob.cli import main
+sys.exit(main())
+"""
+
+PHASES = (
+    ("begin", "start.begin", "imports, loading and checking the job, its directory"),
+    ("start.begin", "start.end", "preparing and starting the pods"),
+    ("start.end", "loop.end", "the loop, until the pods end"),
+    ("shutdown.begin", "shutdown.end", "shutdown and summary"),
+    ("shutdown.end", "exit", "after the shutdown, to the exit handlers"),
+    ("begin", "exit", "in all"),
+)
+
+
+def gc_threshold(src: Path) -> list[int]:
+    """The collector threshold the version's program sets in main() (Python's default if none)."""
+    text = (src / "torchjob" / "cli" / "__init__.py").read_text()
+    if "PROGRAM_GC_THRESHOLD = " in text:
+        value = text.split("PROGRAM_GC_THRESHOLD = ", 1)[1].split()[0].replace("_", "")
+        return [int(value), 10, 10]
+    return [700, 10, 10]
+
+
+def one_run(src: Path, work: Path) -> dict[str, float]:
+    marks = Path(tempfile.mkdtemp(dir=work))
+    job = marks / "job.yaml"
+    job.write_text(job_yaml(marks))
+    out = marks / "phases.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHJOB_")}
+    env.update(
+        PYTHONPATH=str(src),
+        TORCHJOB_HOME=str(work / "state"),
+        AB_OUT=str(out),
+        AB_GC=json.dumps(gc_threshold(src)),
+    )
+    subprocess.run(
+        [sys.executable, "-c", WRAPPER, str(job)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+        timeout=60,
+    )
+    marks_read: dict[str, float] = json.loads(out.read_text())
+    return marks_read
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--old", type=Path, required=True, help="the other checkout's src directory")
+    parser.add_argument("--new", type=Path, default=ROOT / "src", help="this checkout's src (default)")
+    parser.add_argument("--runs", type=int, default=15, help="runs of each version (default 15)")
+    args = parser.parse_args()
+    versions = {"old": args.old.resolve(), "new": args.new.resolve()}
+    for src in versions.values():
+        compileall.compile_dir(str(src), quiet=1)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
+    with tempfile.TemporaryDirectory(prefix="torchjob-phases-") as tmp:
+        work = Path(tmp)
+        for src in versions.values():  # one unrecorded warm-up run each
+            one_run(src, work)
+        for i in range(args.runs):
+            for name in list(versions) if i % 2 == 0 else list(reversed(versions)):
+                runs[name].append(one_run(versions[name], work))
+    print(f"{args.runs} runs each, interleaved; the torchjob process's own CPU, ms, median")
+    print(f"{'phase':58} {'old':>7} {'new':>7} {'new - old':>10}")
+    for begin, end, label in PHASES:
+        old, new = (statistics.median(r[end] - r[begin] for r in runs[n]) * 1000 for n in ("old", "new"))
+        print(f"{label:58} {old:7.2f} {new:7.2f} {new - old:+10.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
