@@ -11,7 +11,8 @@ import gc
 import os
 import sys
 
-TYPE_CHECKING = False
+from torchjob.typecheck import TYPE_CHECKING
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
