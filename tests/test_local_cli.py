@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,59 @@ def test_run_refuses_a_timeout_that_is_not_a_positive_number(tmp_path: Path, val
         f"<command line>: --timeout: expected a positive, finite number of seconds, got {shown}\n"
     )
     assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
+
+
+def _ttl_job(tmp_path: Path, name: str, ttl: int | None, script: str = "echo ran") -> str:
+    lines = ["apiVersion: batch.volcano.sh/v1alpha1", "kind: Job", f"metadata: {{name: {name}}}", "spec:"]
+    if ttl is not None:
+        lines.append(f"  ttlSecondsAfterFinished: {ttl}")
+    lines += [
+        "  tasks:",
+        "    - name: main",
+        "      replicas: 1",
+        "      template:",
+        "        spec:",
+        "          restartPolicy: Never",
+        f"          containers: [{{name: main, image: x, command: [sh, -c, {json.dumps(script)}]}}]",
+    ]
+    path = tmp_path / f"{name}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_ttl_seconds_after_finished_removes_a_finished_job_at_the_first_command_after_it(
+    tmp_path: Path,
+) -> None:
+    """As Volcano's garbage collector does on a cluster: Completed or Failed, the job and its logs
+    go once its TTL has passed; a job without one, or whose TTL has not passed, stays."""
+    jobs = tmp_path / "home" / "jobs"
+    gone = _cli(tmp_path, "run", _ttl_job(tmp_path, "gone", 0))
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    assert "ttlSecondsAfterFinished 0: the first torchjob command from 0s after" in gone.stdout
+    failed = _cli(tmp_path, "run", _ttl_job(tmp_path, "failed", 0, "exit 3"))
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    before = time.time()
+    kept = _cli(tmp_path, "run", _ttl_job(tmp_path, "kept", 3600))
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert _cli(tmp_path, "run", _ttl_job(tmp_path, "plain", None)).returncode == 0
+    (kept_dir,) = jobs.glob("kept-*")
+    assert before + 3600 <= float((kept_dir / "expires").read_text()) <= before + 3660
+    assert len(list(jobs.iterdir())) == 4  # nothing is removed before a command looks
+    listing = json.loads(_cli(tmp_path, "status", "-o", "json").stdout)
+    assert sorted(item["name"] for item in listing["items"]) == ["kept", "plain"]
+    assert sorted(p.name.rsplit("-", 1)[0] for p in jobs.iterdir()) == ["kept", "plain"]
+    missing = _cli(tmp_path, "logs", "gone")
+    assert missing.returncode == 2 and "gone" in missing.stderr
+
+
+def test_a_running_job_is_not_removed_before_its_ttl_counts(tmp_path: Path) -> None:
+    job = _ttl_job(tmp_path, "slow", 0, "echo up; sleep 1")
+    started = _cli(tmp_path, "run", "-d", job)
+    assert started.returncode == 0, started.stderr
+    job_id = started.stdout.strip()
+    running = json.loads(_cli(tmp_path, "status", job_id, "-o", "json").stdout)
+    assert running["phase"] in ("Pending", "Running")
+    waited = _cli(tmp_path, "wait", job_id, "--timeout", "20", timeout=30)
+    assert waited.returncode == 0, waited.stdout + waited.stderr  # it completed
+    assert wait_until(lambda: _cli(tmp_path, "status", job_id).returncode == 2, 10)
+    assert not (tmp_path / "home" / "jobs" / job_id).exists()

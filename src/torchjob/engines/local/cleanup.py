@@ -180,10 +180,21 @@ def shutdown(sup: Supervisor) -> None:
         sup.write_status()
         if not sup.dir.status_file.exists():  # never written: no command could see the job
             sup.remove_job_dir()
+        ttl = sup.job.spec.ttl_seconds_after_finished
+        kept_until = ""
+        if ttl is not None and sup.status.phase.final and sup.dir.status_file.exists():
+            with contextlib.suppress(OSError):  # then kept, as a job without a TTL is
+                sup.dir.write_expiry(sup.finished + ttl)
+                kept_until = (
+                    f"ttlSecondsAfterFinished {ttl}: the first torchjob command from {ttl}s after "
+                    "the end removes the job and its logs"
+                )
         if sup.console is not None:
             sup.console.end_live()
             for line in summary(sup.report(), sup.console.color, sup.console.unshown):
                 sup.console.print(line)
+            if kept_until:
+                sup.console.print(kept_until)
             sup.console.finish(OUTPUT_STALL, lambda: bool(sup.signals))
     finally:
         if sup.processes.watchdog is not None:  # it died while the above was done

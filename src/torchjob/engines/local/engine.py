@@ -16,7 +16,7 @@ from pathlib import Path
 
 from torchjob.display import first_failed_first, prefix_for
 from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, PodReport, StartOptions
-from torchjob.engines.local.state import JobDir, list_jobs, state_root
+from torchjob.engines.local.state import JobDir, collect_expired, list_jobs, state_root
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -82,7 +82,12 @@ class LocalEngine:
     # ------------------------------------------------------------ reading
 
     def list_jobs(self) -> list[JobReport]:
-        return [self._live(d) for d in reversed(list_jobs(self.root))]
+        return [self._live(d) for d in reversed(self._jobs())]
+
+    def _jobs(self) -> list[JobDir]:
+        """The jobs kept, oldest first; those past their ttlSecondsAfterFinished are removed first."""
+        collect_expired(self.root, time.time())
+        return list_jobs(self.root)
 
     def status(self, ref: str) -> JobReport:
         return self._live(self._find(ref))
@@ -113,7 +118,7 @@ class LocalEngine:
         """A job by id, by name (the newest of that name) or by an id prefix that only one job has."""
         if not ref:
             raise EngineError("a job reference cannot be empty: give a job id, an id prefix or a name")
-        jobs = list_jobs(self.root)
+        jobs = self._jobs()
         for where in jobs:
             if where.id == ref:
                 return where

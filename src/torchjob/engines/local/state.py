@@ -194,6 +194,22 @@ class JobDir:
             engine="local", id=self.id, name=name, phase="Unknown", reason=reason, location=str(self.path)
         )
 
+    @property
+    def expiry_file(self) -> Path:
+        return self.path / "expires"
+
+    def write_expiry(self, at: float) -> None:
+        """The job may be removed from ``at`` (seconds since the epoch): its ttlSecondsAfterFinished."""
+        write_atomic(self.expiry_file, f"{at!r}\n")
+
+    def expired(self, now: float) -> bool:
+        """Whether the job's ttlSecondsAfterFinished has passed and its supervisor is gone."""
+        try:
+            at = float(self.expiry_file.read_text())
+        except (OSError, ValueError):
+            return False  # no TTL (or a damaged file): kept until deleted
+        return at <= now and not self.supervisor_alive()
+
     def write_pid(self) -> None:
         pid = os.getpid()
         write_atomic(self.path / "supervisor.pid", json.dumps({"pid": pid, "created": start_time(pid)}))
@@ -259,6 +275,23 @@ def new_job_dir(root: Path, job_name: str) -> JobDir:
         os.chmod(path, DIR_MODE)
         return JobDir(path)
     raise OSError(f"cannot create a job directory in {root}")
+
+
+def collect_expired(root: Path, now: float) -> list[str]:
+    """Remove the finished jobs whose ttlSecondsAfterFinished has passed, as Volcano's garbage
+    collector deletes them from a cluster; their ids. Each job's supervisor wrote when that is
+    (``expires``) as its very last step, so nothing of the job runs any more."""
+    import shutil
+
+    if not root.is_dir():
+        return []
+    removed = []
+    for path in root.iterdir():
+        where = JobDir(path)
+        if where.expiry_file.exists() and where.expired(now):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(where.id)
+    return removed
 
 
 def list_jobs(root: Path) -> list[JobDir]:
