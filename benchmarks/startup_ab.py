@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,27 +90,40 @@ def summary(runs: list[dict[str, float]], key: str) -> tuple[float, float, float
     return statistics.median(values), statistics.mean(values), min(values)
 
 
-def main() -> int:
+def two_versions(description: str) -> tuple[argparse.Namespace, dict[str, Path]]:
+    """The command line of a side-by-side comparison: the two checkouts' ``src`` and ``--runs``."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--old", type=Path, required=True, help="the other checkout's src directory")
     parser.add_argument("--new", type=Path, default=ROOT / "src", help="this checkout's src (default)")
     parser.add_argument("--runs", type=int, default=15, help="runs of each version (default 15)")
     parser.add_argument("--json", type=Path, help="write every run here")
     args = parser.parse_args()
-    versions = {"old": args.old.resolve(), "new": args.new.resolve()}
+    return args, {"old": args.old.resolve(), "new": args.new.resolve()}
+
+
+def interleaved(
+    versions: dict[str, Path], runs: int, one: Callable[[Path, Path], dict[str, float]]
+) -> dict[str, list[dict[str, float]]]:
+    """``runs`` runs of ``one(src, work)`` per version, alternating, the order flipped every round,
+    after compiling both trees and one unrecorded warm-up run each (page cache)."""
     for src in versions.values():
         compileall.compile_dir(str(src), quiet=1)
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
+    found: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
     with tempfile.TemporaryDirectory(prefix="torchjob-ab-") as tmp:
         work = Path(tmp)
-        for src in versions.values():  # one unrecorded warm-up run each (page cache)
-            one_run(src, work)
-        for i in range(args.runs):
-            order = list(versions) if i % 2 == 0 else list(reversed(versions))
-            for name in order:
-                runs[name].append(one_run(versions[name], work))
+        for src in versions.values():
+            one(src, work)
+        for i in range(runs):
+            for name in list(versions) if i % 2 == 0 else list(reversed(versions)):
+                found[name].append(one(versions[name], work))
+    return found
+
+
+def main() -> int:
+    args, versions = two_versions(__doc__ or "")
+    runs = interleaved(versions, args.runs, one_run)
     print(f"{args.runs} runs each, interleaved; seconds: median / mean / min")
     keys = ("first_start", "wall", "cpu", "validate_cpu")
     print(

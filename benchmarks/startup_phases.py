@@ -13,8 +13,6 @@ counted, not its pods' or its watchdog's (``startup_ab.py`` measures the whole).
 
 from __future__ import annotations
 
-import argparse
-import compileall
 import json
 import os
 import statistics
@@ -23,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from startup_ab import ROOT, job_yaml
+from startup_ab import interleaved, job_yaml, two_versions
 
 # The wrapper: the program's own entry point (cli.main) with the supervisor's phases timed.
 WRAPPER = r"""
@@ -105,24 +103,8 @@ def one_run(src: Path, work: Path) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--old", type=Path, required=True, help="the other checkout's src directory")
-    parser.add_argument("--new", type=Path, default=ROOT / "src", help="this checkout's src (default)")
-    parser.add_argument("--runs", type=int, default=15, help="runs of each version (default 15)")
-    args = parser.parse_args()
-    versions = {"old": args.old.resolve(), "new": args.new.resolve()}
-    for src in versions.values():
-        compileall.compile_dir(str(src), quiet=1)
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in versions}
-    with tempfile.TemporaryDirectory(prefix="torchjob-phases-") as tmp:
-        work = Path(tmp)
-        for src in versions.values():  # one unrecorded warm-up run each
-            one_run(src, work)
-        for i in range(args.runs):
-            for name in list(versions) if i % 2 == 0 else list(reversed(versions)):
-                runs[name].append(one_run(versions[name], work))
+    args, versions = two_versions(__doc__ or "")
+    runs = interleaved(versions, args.runs, one_run)
     print(f"{args.runs} runs each, interleaved; the torchjob process's own CPU, ms, median")
     print(f"{'phase':58} {'old':>7} {'new':>7} {'new - old':>10}")
     for begin, end, label in PHASES:

@@ -6,6 +6,7 @@ without root they are skipped with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -223,8 +224,9 @@ def test_a_private_xdg_runtime_dir_is_preferred(tmp_path: Path, monkeypatch: pyt
     assert ports.registry_dir() == tmp_path / f"torchjob-{os.getuid()}"
 
 
-def test_a_registry_lock_held_too_long_is_one_clear_line(tmp_path: Path) -> None:
-    runtime = tmp_path / "runtime"
+@contextlib.contextmanager
+def registry_locked_by_another_process(runtime: Path) -> Iterator[None]:
+    """``runtime`` (a private registry directory) with its lock held by another process."""
     runtime.mkdir(mode=0o700)
     holder = subprocess.Popen(
         [
@@ -239,12 +241,18 @@ def test_a_registry_lock_held_too_long_is_one_clear_line(tmp_path: Path) -> None
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
-        (tmp_path / "job.yaml").write_text(JOB_WITH_PORT)
-        env = cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(runtime))
-        result = torchjob("run", "job.yaml", env=env, cwd=tmp_path)
+        yield
     finally:
         holder.kill()
         holder.wait(10)
+
+
+def test_a_registry_lock_held_too_long_is_one_clear_line(tmp_path: Path) -> None:
+    runtime = tmp_path / "runtime"
+    with registry_locked_by_another_process(runtime):
+        (tmp_path / "job.yaml").write_text(JOB_WITH_PORT)
+        env = cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(runtime))
+        result = torchjob("run", "job.yaml", env=env, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
@@ -258,20 +266,7 @@ def test_a_job_without_ports_never_touches_the_port_registry(tmp_path: Path) -> 
     """Not to reserve, nor to release at the end: a held lock costs it nothing (it used to wait
     up to the lock timeout as it ended), and the registry directory is not even made."""
     runtime = tmp_path / "runtime"
-    runtime.mkdir(mode=0o700)
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, sys, time\n"
-            f"fd = os.open({str(runtime / 'ports.lock')!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+    with registry_locked_by_another_process(runtime):
         (tmp_path / "job.yaml").write_text(
             JOB_WITH_PORT.replace("              ports: [{containerPort: 23999}]\n", "")
         )
@@ -280,9 +275,6 @@ def test_a_job_without_ports_never_touches_the_port_registry(tmp_path: Path) -> 
             "run", "job.yaml", env=cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(runtime)), cwd=tmp_path
         )
         took = time.monotonic() - started
-    finally:
-        holder.kill()
-        holder.wait(10)
     assert result.returncode == 0, result.stdout + result.stderr
     assert took < ports.LOCK_TIMEOUT / 2, f"the run waited for the registry's lock: {took:.1f}s"
     unused = tmp_path / "unused-runtime"
