@@ -6,6 +6,7 @@ leaves; it keeps the usual exit while another thread runs or when the SDK loaded
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,19 +15,21 @@ import pytest
 
 pytestmark = pytest.mark.timeout(120)
 
-JOB = """\
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata: {name: tiny}
-spec:
-  tasks:
-    - name: main
-      replicas: 1
-      template:
-        spec:
-          restartPolicy: Never
-          containers: [{name: main, image: x, command: ["true"]}]
-"""
+JOB = {
+    "apiVersion": "batch.volcano.sh/v1alpha1",
+    "kind": "Job",
+    "metadata": {"name": "tiny"},
+    "spec": {
+        "tasks": [
+            {
+                "name": "main",
+                "replicas": 1,
+                "template": {"spec": {"containers": [{"name": "main", "image": "x", "command": ["true"]}]}},
+            }
+        ]
+    },
+}
+
 
 # The program as its console script runs it, with an exit handler, a buffered write and, if asked,
 # a thread that writes after main() returns.
@@ -49,20 +52,20 @@ def program(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_exit_handlers_run_and_output_is_flushed_with_the_commands_exit_code(tmp_path: Path) -> None:
-    (tmp_path / "job.yaml").write_text(JOB)
-    ok = program(tmp_path, "plain", "job.yaml")
+    (tmp_path / "job.json").write_text(json.dumps(JOB))
+    ok = program(tmp_path, "plain", "job.json")
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.startswith("buffered before main; job.yaml: job tiny: valid")
+    assert ok.stdout.startswith("buffered before main; job.json: job tiny: valid")
     assert ok.stdout.endswith("exit handler ran\n")
-    bad = program(tmp_path, "plain", "missing.yaml")
+    bad = program(tmp_path, "plain", "missing.json")
     assert bad.returncode == 2
-    assert bad.stderr.strip() == "missing.yaml: cannot read file: No such file or directory"
+    assert bad.stderr.strip() == "missing.json: cannot read file: No such file or directory"
     assert bad.stdout == "buffered before main; exit handler ran\n"
 
 
 def test_a_thread_still_running_keeps_the_usual_exit(tmp_path: Path) -> None:
-    (tmp_path / "job.yaml").write_text(JOB)
-    result = program(tmp_path, "thread", "job.yaml")
+    (tmp_path / "job.json").write_text(json.dumps(JOB))
+    result = program(tmp_path, "thread", "job.json")
     assert result.returncode == 0, result.stderr
     assert "thread finished" in result.stdout  # the exit waited for it
     assert result.stdout.endswith("exit handler ran\n")

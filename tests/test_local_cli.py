@@ -196,21 +196,10 @@ def test_run_refuses_a_timeout_that_is_not_a_positive_number(tmp_path: Path, val
 
 
 def _ttl_job(tmp_path: Path, name: str, ttl: int | None, script: str = "echo ran") -> str:
-    lines = ["apiVersion: batch.volcano.sh/v1alpha1", "kind: Job", f"metadata: {{name: {name}}}", "spec:"]
-    if ttl is not None:
-        lines.append(f"  ttlSecondsAfterFinished: {ttl}")
-    lines += [
-        "  tasks:",
-        "    - name: main",
-        "      replicas: 1",
-        "      template:",
-        "        spec:",
-        "          restartPolicy: Never",
-        f"          containers: [{{name: main, image: x, command: [sh, -c, {json.dumps(script)}]}}]",
-    ]
-    path = tmp_path / f"{name}.yaml"
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
+    spec = {} if ttl is None else {"ttlSecondsAfterFinished": ttl}
+    return _write(
+        tmp_path, make_job(name, [task("main", [container("main", sh(script))])], **spec), f"{name}.json"
+    )
 
 
 def test_ttl_seconds_after_finished_removes_a_finished_job_at_the_first_command_after_it(
