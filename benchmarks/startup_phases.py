@@ -28,7 +28,12 @@ WRAPPER = r"""
 import atexit, json, os, sys, time
 marks = {"begin": time.process_time()}
 import gc
-gc.set_threshold(*json.loads(os.environ["AB_GC"]))  # what each version's main() would have set
+# The threshold the version's main() would set (newer versions): set here, as the supervisor is
+# imported below before main() runs. Importing torchjob.cli is what the program does first anyway.
+import torchjob.cli
+threshold = getattr(torchjob.cli, "PROGRAM_GC_THRESHOLD", None)
+if threshold is not None:
+    gc.set_threshold(threshold, *gc.get_threshold()[1:])
 from torchjob.engines.local import supervisor as where
 
 def timed(owner, name, key):
@@ -69,15 +74,6 @@ PHASES = (
 )
 
 
-def gc_threshold(src: Path) -> list[int]:
-    """The collector threshold the version's program sets in main() (Python's default if none)."""
-    text = (src / "torchjob" / "cli" / "__init__.py").read_text()
-    if "PROGRAM_GC_THRESHOLD = " in text:
-        value = text.split("PROGRAM_GC_THRESHOLD = ", 1)[1].split()[0].replace("_", "")
-        return [int(value), 10, 10]
-    return [700, 10, 10]
-
-
 def one_run(src: Path, work: Path) -> dict[str, float]:
     marks = Path(tempfile.mkdtemp(dir=work))
     job = marks / "job.yaml"
@@ -88,7 +84,6 @@ def one_run(src: Path, work: Path) -> dict[str, float]:
         PYTHONPATH=str(src),
         TORCHJOB_HOME=str(work / "state"),
         AB_OUT=str(out),
-        AB_GC=json.dumps(gc_threshold(src)),
     )
     subprocess.run(
         [sys.executable, "-c", WRAPPER, str(job)],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_local_support import container, make_job, sh, task
-from torchjob.spec.manifest import job_manifest
+from test_local_support import cli, container, make_job, sh, task, write_job
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -36,17 +34,7 @@ GLOO_PROGRAM = textwrap.dedent(
 
 
 def _cli(tmp_path: Path, *args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")}
-    env.pop("NO_COLOR", None)
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _write(tmp_path: Path, job: object, name: str = "job.json") -> str:
-    path = tmp_path / name
-    path.write_text(json.dumps(job_manifest(job)))  # type: ignore[arg-type]
-    return str(path)
+    return cli(tmp_path, *args, timeout=timeout)  # these jobs run real ranks: a longer bound
 
 
 def test_a_failed_job_names_the_first_pod_to_fail_with_its_rank_exit_code_and_log(tmp_path: Path) -> None:
@@ -61,7 +49,7 @@ def test_a_failed_job_names_the_first_pod_to_fail_with_its_rank_exit_code_and_lo
         ],
         plugins={"pytorch": ["--master=master", "--worker=worker"]},
     )
-    run = _cli(tmp_path, "run", _write(tmp_path, job))
+    run = _cli(tmp_path, "run", write_job(tmp_path, job))
     assert run.returncode == 1, run.stdout + run.stderr
     out = run.stdout
     # every rank failed, rank 2 first: the others' gloo errors came later
@@ -89,7 +77,7 @@ def test_a_failed_job_names_the_first_pod_to_fail_with_its_rank_exit_code_and_lo
 
 def test_wait_status_watch_and_logs_follow_report_how_a_detached_job_ended(tmp_path: Path) -> None:
     failing = make_job("waitfail", [task("main", [container("app", sh("sleep 1; echo broken; exit 3"))])])
-    job_id = _cli(tmp_path, "run", "-d", _write(tmp_path, failing, "fail.json")).stdout.strip()
+    job_id = _cli(tmp_path, "run", "-d", write_job(tmp_path, failing, "fail.json")).stdout.strip()
     timed_out = _cli(tmp_path, "wait", job_id, "--timeout", "0.2")
     assert timed_out.returncode == 124, timed_out.stdout + timed_out.stderr
     assert "timed out" in timed_out.stderr and "still Running" in timed_out.stderr
@@ -104,7 +92,7 @@ def test_wait_status_watch_and_logs_follow_report_how_a_detached_job_ended(tmp_p
     assert watch.returncode == 1 and "Failed" in watch.stdout
 
     ok = make_job("waitok", [task("main", [container("app", sh("sleep 0.5; echo fine"))])])
-    ok_id = _cli(tmp_path, "run", "-d", _write(tmp_path, ok, "ok.json")).stdout.strip()
+    ok_id = _cli(tmp_path, "run", "-d", write_job(tmp_path, ok, "ok.json")).stdout.strip()
     watch = _cli(tmp_path, "status", "-w", ok_id)
     assert watch.returncode == 0, watch.stdout + watch.stderr
     assert watch.stdout.count(f"job {ok_id}: ") >= 2  # printed again when it changed, until it ended
@@ -121,7 +109,7 @@ def _crash_loop_job(tmp_path: Path) -> str:
         "loop",
         [task("master", [container("m", sh("echo cannot open train.py; exit 2"))], restart="OnFailure")],
     )
-    return _write(tmp_path, job)
+    return write_job(tmp_path, job)
 
 
 def test_a_crash_loop_is_told_once_and_suggests_max_restarts(tmp_path: Path) -> None:
@@ -207,7 +195,7 @@ def test_run_output_polish_verbose_after_the_command_quiet_id_and_stopped_pods(t
             task("worker", [container("w", sh("sleep 30"))]),
         ],
     )
-    file = _write(tmp_path, job)
+    file = write_job(tmp_path, job)
     run = _cli(tmp_path, "run", file, "-v")  # -v after the command
     assert run.returncode == 0, run.stdout + run.stderr
     assert "torchjob DEBUG: pod names" in run.stderr
@@ -221,7 +209,7 @@ def test_run_output_polish_verbose_after_the_command_quiet_id_and_stopped_pods(t
     assert f"{job_id}  Completed  2 pods: 1 succeeded, 1 stopped" in listing, listing
 
     one = make_job("single", [task("main", [container("app", sh("echo hi"))])])
-    quiet = _cli(tmp_path, "run", "-q", _write(tmp_path, one, "one.json"))
+    quiet = _cli(tmp_path, "run", "-q", write_job(tmp_path, one, "one.json"))
     lines = quiet.stdout.splitlines()
     assert quiet.returncode == 0 and len(lines) == 2, quiet.stdout
     assert lines[0].startswith("single-") and lines[1].startswith(f"{lines[0]} Completed: ")

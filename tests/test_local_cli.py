@@ -11,24 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from test_local_support import container, leftovers, make_job, sh, task, wait_until
-from torchjob.spec.manifest import job_manifest
+from test_local_support import cli, container, leftovers, make_job, sh, task, wait_until, write_job
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _cli(tmp_path: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")}
-    env.pop("NO_COLOR", None)
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _write(tmp_path: Path, job: object, name: str = "job.json") -> str:
-    path = tmp_path / name
-    path.write_text(json.dumps(job_manifest(job)))  # type: ignore[arg-type]
-    return str(path)
 
 
 def _two_ranks(tmp_path: Path, script: str = "echo hello from $RANK; sleep 0.2") -> str:
@@ -40,11 +25,11 @@ def _two_ranks(tmp_path: Path, script: str = "echo hello from $RANK; sleep 0.2")
         ],
         plugins={"pytorch": ["--master=master", "--worker=worker"]},
     )
-    return _write(tmp_path, job)
+    return write_job(tmp_path, job)
 
 
 def test_run_prints_prefixed_lines_and_a_summary(tmp_path: Path) -> None:
-    proc = _cli(tmp_path, "run", _two_ranks(tmp_path))
+    proc = cli(tmp_path, "run", _two_ranks(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     for prefix, rank in (("master-0 r0", 0), ("worker-0 r1", 1), ("worker-1 r2", 2)):
@@ -57,70 +42,70 @@ def test_decisions_are_logged_on_stderr_with_v_or_torchjob_log_and_not_otherwise
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     file = _two_ranks(tmp_path, "true")
-    quiet = _cli(tmp_path, "run", file)
+    quiet = cli(tmp_path, "run", file)
     assert quiet.returncode == 0 and "torchjob INFO" not in quiet.stderr, quiet.stderr
-    verbose = _cli(tmp_path, "-v", "run", file)
+    verbose = cli(tmp_path, "-v", "run", file)
     assert verbose.returncode == 0, verbose.stderr
     assert "torchjob DEBUG: pod names" in verbose.stderr
     # the notices are printed once, on the console, not logged a second time
     assert "torchjob: job Running" in verbose.stdout and "torchjob INFO" not in verbose.stderr
     monkeypatch.setenv("TORCHJOB_LOG", "info")
-    by_env = _cli(tmp_path, "run", "-q", file)  # no console: the notices are log records
+    by_env = cli(tmp_path, "run", "-q", file)  # no console: the notices are log records
     assert "torchjob INFO: job Completed" in by_env.stderr
     assert "torchjob DEBUG" not in by_env.stderr
 
 
 def test_run_exits_1_when_the_job_fails(tmp_path: Path) -> None:
     job = make_job("failing", [task("main", [container("app", sh("echo bad; exit 9"))])])
-    proc = _cli(tmp_path, "run", _write(tmp_path, job))
+    proc = cli(tmp_path, "run", write_job(tmp_path, job))
     assert proc.returncode == 1
     assert "Failed:" in proc.stdout and "exit code 9" in proc.stdout
 
 
 def test_detach_status_logs_and_delete(tmp_path: Path) -> None:
-    proc = _cli(
+    proc = cli(
         tmp_path, "run", "--detach", _two_ranks(tmp_path, "echo hello from $RANK; sleep 1.5; echo done")
     )
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip()
     assert job_id.startswith("cli-")
-    status = _cli(tmp_path, "status", job_id)
+    status = cli(tmp_path, "status", job_id)
     assert status.returncode == 0 and ("Running" in status.stdout or "Pending" in status.stdout)
-    follow = _cli(tmp_path, "logs", job_id, "-f")
+    follow = cli(tmp_path, "logs", job_id, "-f")
     assert follow.returncode == 0
     assert sorted(line for line in follow.stdout.splitlines() if line.endswith("| done")) == [
         "master-0 r0 | done",
         "worker-0 r1 | done",
         "worker-1 r2 | done",
     ]
-    final = json.loads(_cli(tmp_path, "status", job_id, "-o", "json").stdout)
+    final = json.loads(cli(tmp_path, "status", job_id, "-o", "json").stdout)
     assert final["phase"] == "Completed"
-    one = _cli(tmp_path, "logs", "cli", "worker-1")  # by job name and short pod name
+    one = cli(tmp_path, "logs", "cli", "worker-1")  # by job name and short pod name
     assert one.stdout.splitlines() == ["worker-1 r2 | hello from 2", "worker-1 r2 | done"]
-    listing = _cli(tmp_path, "status")
+    listing = cli(tmp_path, "status")
     assert job_id in listing.stdout and "Completed" in listing.stdout
-    deleted = _cli(tmp_path, "delete", job_id)
+    deleted = cli(tmp_path, "delete", job_id)
     assert deleted.returncode == 0
     assert not (tmp_path / "home" / "jobs" / job_id).exists()
 
 
 def test_delete_stops_a_running_job(tmp_path: Path) -> None:
     job = make_job("longrun", [task("main", [container("app", sh("echo up; sleep 300"))])])
-    proc = _cli(tmp_path, "run", "-d", _write(tmp_path, job))
+    proc = cli(tmp_path, "run", "-d", write_job(tmp_path, job))
     job_id = proc.stdout.strip()
     assert wait_until(lambda: len(leftovers(job_id)) >= 2, 10)
-    deleted = _cli(tmp_path, "delete", job_id)
+    deleted = cli(tmp_path, "delete", job_id)
     assert deleted.returncode == 0, deleted.stderr
     assert leftovers(job_id) == []
     assert not (tmp_path / "home" / "jobs" / job_id).exists()
 
 
 def test_unknown_job_or_pod_is_bad_input(tmp_path: Path) -> None:
-    assert _cli(tmp_path, "status", "nope").returncode == 2
-    assert _cli(tmp_path, "logs", "nope").returncode == 2
+    assert cli(tmp_path, "status", "nope").returncode == 2
+    assert cli(tmp_path, "logs", "nope").returncode == 2
     job = make_job("known", [task("main", [container("app", sh("true"))])])
-    assert _cli(tmp_path, "run", "-q", _write(tmp_path, job)).returncode == 0
-    missing = _cli(tmp_path, "logs", "known", "worker-7")
+    assert cli(tmp_path, "run", "-q", write_job(tmp_path, job)).returncode == 0
+    missing = cli(tmp_path, "logs", "known", "worker-7")
     assert missing.returncode == 2 and "main-0" in missing.stderr
 
 
@@ -172,7 +157,7 @@ def test_run_refuses_a_container_without_a_command_with_its_line_and_starts_noth
         "            - name: app\n"
         "              image: busybox:1.36\n"
     )
-    proc = _cli(tmp_path, "run", str(path))
+    proc = cli(tmp_path, "run", str(path))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
@@ -184,8 +169,8 @@ def test_run_refuses_a_container_without_a_command_with_its_line_and_starts_noth
 
 @pytest.mark.parametrize("value", ["nan", "0", "-5", "inf", "-inf"])
 def test_run_refuses_a_timeout_that_is_not_a_positive_number(tmp_path: Path, value: str) -> None:
-    job = _write(tmp_path, make_job("timeout", [task("main", [container("app", ["true"])])]))
-    proc = _cli(tmp_path, "run", f"--timeout={value}", job)
+    job = write_job(tmp_path, make_job("timeout", [task("main", [container("app", ["true"])])]))
+    proc = cli(tmp_path, "run", f"--timeout={value}", job)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stdout == ""
     shown = str(float(value))
@@ -197,7 +182,7 @@ def test_run_refuses_a_timeout_that_is_not_a_positive_number(tmp_path: Path, val
 
 def _ttl_job(tmp_path: Path, name: str, ttl: int | None, script: str = "echo ran") -> str:
     spec = {} if ttl is None else {"ttlSecondsAfterFinished": ttl}
-    return _write(
+    return write_job(
         tmp_path, make_job(name, [task("main", [container("main", sh(script))])], **spec), f"{name}.json"
     )
 
@@ -208,33 +193,33 @@ def test_ttl_seconds_after_finished_removes_a_finished_job_at_the_first_command_
     """As Volcano's garbage collector does on a cluster: Completed or Failed, the job and its logs
     go once its TTL has passed; a job without one, or whose TTL has not passed, stays."""
     jobs = tmp_path / "home" / "jobs"
-    gone = _cli(tmp_path, "run", _ttl_job(tmp_path, "gone", 0))
+    gone = cli(tmp_path, "run", _ttl_job(tmp_path, "gone", 0))
     assert gone.returncode == 0, gone.stdout + gone.stderr
     assert "ttlSecondsAfterFinished 0: the first torchjob command from 0s after" in gone.stdout
-    failed = _cli(tmp_path, "run", _ttl_job(tmp_path, "failed", 0, "exit 3"))
+    failed = cli(tmp_path, "run", _ttl_job(tmp_path, "failed", 0, "exit 3"))
     assert failed.returncode == 1, failed.stdout + failed.stderr
     before = time.time()
-    kept = _cli(tmp_path, "run", _ttl_job(tmp_path, "kept", 3600))
+    kept = cli(tmp_path, "run", _ttl_job(tmp_path, "kept", 3600))
     assert kept.returncode == 0, kept.stdout + kept.stderr
-    assert _cli(tmp_path, "run", _ttl_job(tmp_path, "plain", None)).returncode == 0
+    assert cli(tmp_path, "run", _ttl_job(tmp_path, "plain", None)).returncode == 0
     (kept_dir,) = jobs.glob("kept-*")
     assert before + 3600 <= float((kept_dir / "expires").read_text()) <= before + 3660
     assert len(list(jobs.iterdir())) == 4  # nothing is removed before a command looks
-    listing = json.loads(_cli(tmp_path, "status", "-o", "json").stdout)
+    listing = json.loads(cli(tmp_path, "status", "-o", "json").stdout)
     assert sorted(item["name"] for item in listing["items"]) == ["kept", "plain"]
     assert sorted(p.name.rsplit("-", 1)[0] for p in jobs.iterdir()) == ["kept", "plain"]
-    missing = _cli(tmp_path, "logs", "gone")
+    missing = cli(tmp_path, "logs", "gone")
     assert missing.returncode == 2 and "gone" in missing.stderr
 
 
 def test_a_running_job_is_not_removed_before_its_ttl_counts(tmp_path: Path) -> None:
     job = _ttl_job(tmp_path, "slow", 0, "echo up; sleep 1")
-    started = _cli(tmp_path, "run", "-d", job)
+    started = cli(tmp_path, "run", "-d", job)
     assert started.returncode == 0, started.stderr
     job_id = started.stdout.strip()
-    running = json.loads(_cli(tmp_path, "status", job_id, "-o", "json").stdout)
+    running = json.loads(cli(tmp_path, "status", job_id, "-o", "json").stdout)
     assert running["phase"] in ("Pending", "Running")
-    waited = _cli(tmp_path, "wait", job_id, "--timeout", "20", timeout=30)
+    waited = cli(tmp_path, "wait", job_id, "--timeout", "20", timeout=30)
     assert waited.returncode == 0, waited.stdout + waited.stderr  # it completed
-    assert wait_until(lambda: _cli(tmp_path, "status", job_id).returncode == 2, 10)
+    assert wait_until(lambda: cli(tmp_path, "status", job_id).returncode == 2, 10)
     assert not (tmp_path / "home" / "jobs" / job_id).exists()

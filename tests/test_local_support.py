@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ import psutil
 from torchjob.engines.local import RunOptions, RunResult, run_job
 from torchjob.engines.local.process import marked_processes
 from torchjob.jobs import load_jobs_from_text
+from torchjob.spec.manifest import job_manifest
 from torchjob.spec.model import Job
 
 
@@ -86,3 +90,19 @@ def leftovers(job_id: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return alive
+
+
+def cli(tmp_path: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """``torchjob ARGS`` as a user runs it, with its state under ``tmp_path/home``, colors allowed."""
+    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")}
+    env.pop("NO_COLOR", None)
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def write_job(tmp_path: Path, job: Job, name: str = "job.json") -> str:
+    """``job`` written back as its manifest (JSON) in ``tmp_path``; the file's path."""
+    path = tmp_path / name
+    path.write_text(json.dumps(job_manifest(job)))
+    return str(path)

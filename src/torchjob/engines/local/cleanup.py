@@ -73,12 +73,17 @@ class JobProcesses:
     def known_children(self) -> set[int]:
         """This process's children that are not adopted orphans: container main processes not yet
         reaped, the watchdog, the caller's own."""
-        known = set(self.foreign)
+        known = self._not_containers()
         for pod in [*self.pods.values(), *self.latest.values()]:
             known.update(pod.child_pids())
-        if self.watchdog is not None:
-            known.add(self.watchdog.pid)
         return known
+
+    def _not_containers(self) -> set[int]:
+        """This process's children that are no container's: the watchdog, the caller's own."""
+        own = set(self.foreign)
+        if self.watchdog is not None:
+            own.add(self.watchdog.pid)
+        return own
 
     def adopt(self, fresh: bool = False) -> list[int]:
         """Job processes this process adopted (orphans of container main processes that ended).
@@ -107,10 +112,7 @@ class JobProcesses:
         and none started since (nothing of the job was left to start another process)."""
         if self._scan is not None and not self._scan_found:
             _, known_then, ended_then, _ = self._scan
-            not_containers = set(self.foreign)
-            if self.watchdog is not None:
-                not_containers.add(self.watchdog.pid)
-            if known_then - ended_then <= not_containers:
+            if known_then - ended_then <= self._not_containers():
                 return []
         return self.adopt(fresh=True)
 
@@ -178,11 +180,12 @@ def shutdown(sup: Supervisor) -> None:
             )
         sup.finished = time.time()
         sup.write_status()
-        if not sup.dir.status_file.exists():  # never written: no command could see the job
+        written = sup.dir.status_file.exists()
+        if not written:  # no command could see the job
             sup.remove_job_dir()
         ttl = sup.job.spec.ttl_seconds_after_finished
         kept_until = ""
-        if ttl is not None and sup.status.phase.final and sup.dir.status_file.exists():
+        if ttl is not None and sup.status.phase.final and written:
             with contextlib.suppress(OSError):  # then kept, as a job without a TTL is
                 sup.dir.write_expiry(sup.finished + ttl)
                 kept_until = (

@@ -279,8 +279,9 @@ def new_job_dir(root: Path, job_name: str) -> JobDir:
 
 def collect_expired(root: Path, now: float) -> list[str]:
     """Remove the finished jobs whose ttlSecondsAfterFinished has passed, as Volcano's garbage
-    collector deletes them from a cluster; their ids. Each job's supervisor wrote when that is
-    (``expires``) as its very last step, so nothing of the job runs any more."""
+    collector deletes them from a cluster; their ids. A job's supervisor writes when that is
+    (``expires``) once its processes are gone, and a job is removed only once the supervisor is
+    gone too."""
     import shutil
 
     if not root.is_dir():
@@ -288,7 +289,7 @@ def collect_expired(root: Path, now: float) -> list[str]:
     removed = []
     for path in root.iterdir():
         where = JobDir(path)
-        if where.expiry_file.exists() and where.expired(now):
+        if where.expired(now):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(where.id)
     return removed
