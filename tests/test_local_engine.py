@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from test_local_cli import _cli, _write
-from test_local_support import container, leftovers, make_job, sh, task, wait_until
+from test_local_support import cli, container, leftovers, make_job, sh, task, wait_until, write_job
 from torchjob.engines.base import JobReport, ReportError, StartOptions
 from torchjob.engines.local.state import JobDir
 from torchjob.engines.registry import get_engine
@@ -21,7 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def _run(tmp_path: Path, name: str, script: str = "echo hi from $HOSTNAME") -> str:
     job = make_job(name, [task("main", [container("app", sh(script))])])
-    proc = _cli(tmp_path, "run", "-q", _write(tmp_path, job, f"{name}.json"))
+    proc = cli(tmp_path, "run", "-q", write_job(tmp_path, job, f"{name}.json"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.split()[0]
 
@@ -60,22 +59,22 @@ def test_a_damaged_status_is_that_job_unknown_and_nothing_else_breaks(tmp_path: 
     path = _status_file(tmp_path, broken)
     path.write_text(_damage(path.read_text(), how))
 
-    listing = _cli(tmp_path, "status")
+    listing = cli(tmp_path, "status")
     assert listing.returncode == 0, listing.stderr
     rows = {line.split()[0]: line.split()[1] for line in listing.stdout.splitlines()[1:]}
     assert rows == {good: "Completed", broken: "Unknown"}
 
-    one = _cli(tmp_path, "status", broken)
+    one = cli(tmp_path, "status", broken)
     assert one.returncode == 0, one.stderr
     assert "Unknown" in one.stdout and "status.json is damaged" in one.stdout
 
-    dumped = json.loads(_cli(tmp_path, "status", "-o", "json").stdout)
+    dumped = json.loads(cli(tmp_path, "status", "-o", "json").stdout)
     assert sorted(item["phase"] for item in dumped["items"]) == ["Completed", "Unknown"]
 
-    logs = _cli(tmp_path, "logs", good)
+    logs = cli(tmp_path, "logs", good)
     assert logs.returncode == 0 and logs.stdout == "main-0 | hi from good-main-0\n", logs.stderr
-    assert _cli(tmp_path, "logs", broken).returncode == 0  # no pods known: nothing to print
-    assert _cli(tmp_path, "delete", broken).returncode == 0
+    assert cli(tmp_path, "logs", broken).returncode == 0  # no pods known: nothing to print
+    assert cli(tmp_path, "delete", broken).returncode == 0
     assert not _status_file(tmp_path, broken).exists()
 
 
@@ -102,34 +101,34 @@ def test_report_round_trips_and_names_the_bad_field() -> None:
 def test_delete_needs_an_exact_name_id_or_a_4_character_prefix(tmp_path: Path) -> None:
     job_id = _run(tmp_path, "delme")
     for ref in ("", "d", "del"):
-        proc = _cli(tmp_path, "delete", ref)
+        proc = cli(tmp_path, "delete", ref)
         assert proc.returncode == 2, (ref, proc.stdout)
         assert proc.stdout == "" and _status_file(tmp_path, job_id).exists()
-    assert "too short a prefix" in _cli(tmp_path, "delete", "d").stderr
-    assert "cannot be empty" in _cli(tmp_path, "delete", "").stderr
-    proc = _cli(tmp_path, "delete", "delm")
+    assert "too short a prefix" in cli(tmp_path, "delete", "d").stderr
+    assert "cannot be empty" in cli(tmp_path, "delete", "").stderr
+    proc = cli(tmp_path, "delete", "delm")
     assert proc.returncode == 0 and proc.stdout == f"deleted {job_id}\n", proc.stderr
 
 
 def test_delete_of_several_deletes_nothing_when_one_is_bad(tmp_path: Path) -> None:
     first = _run(tmp_path, "first")
-    proc = _cli(tmp_path, "delete", first, "nosuchjob")
+    proc = cli(tmp_path, "delete", first, "nosuchjob")
     assert proc.returncode == 2
     assert "no local job 'nosuchjob'" in proc.stderr and "nothing was deleted" in proc.stderr
     assert _status_file(tmp_path, first).exists()
-    both = _cli(tmp_path, "delete", first, "first")  # the same job twice: deleted once
+    both = cli(tmp_path, "delete", first, "first")  # the same job twice: deleted once
     assert both.returncode == 0 and both.stdout == f"deleted {first}\n"
 
 
 def test_logs_of_an_attempt_or_container_that_does_not_exist_say_what_exists(tmp_path: Path) -> None:
     job_id = _run(tmp_path, "logsy")
-    attempt = _cli(tmp_path, "logs", job_id, "--attempt", "99")
+    attempt = cli(tmp_path, "logs", job_id, "--attempt", "99")
     assert attempt.returncode == 2 and attempt.stdout == ""
     assert "no attempt 99 (attempts: main-0: 0)" in attempt.stderr
-    container = _cli(tmp_path, "logs", job_id, "-c", "nosuch")
+    container = cli(tmp_path, "logs", job_id, "-c", "nosuch")
     assert container.returncode == 2 and container.stdout == ""
     assert "no container 'nosuch' (containers: app)" in container.stderr
-    good = _cli(tmp_path, "logs", job_id, "-c", "app", "--attempt", "0")
+    good = cli(tmp_path, "logs", job_id, "-c", "app", "--attempt", "0")
     assert good.returncode == 0 and good.stdout == "main-0 | hi from logsy-main-0\n"
 
 
