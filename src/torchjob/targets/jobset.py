@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchjob.errors import Problem, SpecError
+from torchjob.errors import SpecError
 from torchjob.plugins.pytorch import PORT_NAME
 from torchjob.spec.model import Job, Task
 from torchjob.targets import JOB_LABEL, TargetRender
 from torchjob.targets.common import (
     cannot,
     claim_objects,
+    copy,
     labelled,
     metadata,
     mount_job_volumes,
@@ -38,9 +39,6 @@ API_VERSION = "jobset.x-k8s.io/v1alpha2"
 KIND = "JobSet"
 GLOBAL_INDEX = "metadata.annotations['jobset.sigs.k8s.io/job-global-index']"
 JOB_INDEX = "metadata.annotations['jobset.sigs.k8s.io/job-index']"
-MAX_POD_NAME = 63
-# JobSet's webhook checks the longest pod name with a 5-character random suffix.
-POD_SUFFIX = "-abcde"
 
 
 def pod_host(job: Job, task: Task, index: int) -> str:
@@ -64,22 +62,6 @@ def _ordered(job: Job) -> tuple[list[Task], Task | None, Task | None, int]:
     return first + [t for t in job.spec.tasks if t not in first], master, worker, plugin.port
 
 
-def _check_names(job: Job) -> None:
-    problems = []
-    for task in job.spec.tasks:
-        longest = f"{job.name}-{task.name}-{max(task.replicas - 1, 0)}-0{POD_SUFFIX}"
-        if len(longest) > MAX_POD_NAME:
-            problems.append(
-                Problem(
-                    f"{task_path(job, task)}.name",
-                    f"JobSet would name this task's pods like {longest!r} ({len(longest)} characters, "
-                    f"more than {MAX_POD_NAME}); shorten the job or task name for --target jobset",
-                )
-            )
-    if problems:
-        raise SpecError(problems)
-
-
 def render(job: Job) -> TargetRender:
     if job.elastic is not None and job.elastic.min_nodes != job.elastic.max_nodes:
         e = job.elastic
@@ -94,7 +76,6 @@ def render(job: Job) -> TargetRender:
                 )
             ]
         )
-    _check_names(job)
     tasks, master, worker, port = _ordered(job)
     warnings = [w for w in volcano_warnings(job, "jobset", master) if w[0] != "spec.plugins.env"]
     restart = restarts_on_failure(job)
@@ -123,26 +104,29 @@ def render(job: Job) -> TargetRender:
                     (f"{path}.{key}", f"JobSet names and addresses the pods itself; {key} is dropped")
                 )
         mount_job_volumes(job, spec)
+        # Volcano's env plugin: the pod's index within its task, in every container and init container.
+        index_env = [{"name": n, "valueFrom": _field(JOB_INDEX)} for n in ("VK_TASK_INDEX", "VC_TASK_INDEX")]
         env_extra: list[dict[str, Any]] = []
-        if "env" in job.spec.plugins:  # Volcano's env plugin: the pod's index within its task
-            env_extra += [
-                {"name": n, "valueFrom": _field(JOB_INDEX)} for n in ("VK_TASK_INDEX", "VC_TASK_INDEX")
-            ]
-        if master is not None and task in (master, worker):
-            rank: dict[str, Any] = {"value": "0"} if task is master else {"valueFrom": _field(GLOBAL_INDEX)}
+        if master is not None:  # the pytorch plugin wires every task's pods; only RANK is for master/worker
             env_extra += [
                 {"name": "MASTER_ADDR", "value": pod_host(job, master, 0)},
                 {"name": "MASTER_PORT", "value": str(port)},
                 {"name": "WORLD_SIZE", "value": world},
-                {"name": "RANK", **rank},
             ]
+            if task is master:
+                env_extra.append({"name": "RANK", "value": "0"})
+            elif task is worker:
+                env_extra.append({"name": "RANK", "valueFrom": _field(GLOBAL_INDEX)})
         for container in spec.get("containers", []):
-            if master is not None and task in (master, worker):
+            if master is not None:
                 ports = container.setdefault("ports", [])
                 if not any(p.get("containerPort") == port for p in ports):
                     ports.append({"name": PORT_NAME, "containerPort": port})
             if env_extra:
-                container.setdefault("env", []).extend(dict(e) for e in env_extra)
+                container.setdefault("env", []).extend(copy(env_extra))
+        if "env" in job.spec.plugins:
+            for container in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+                container.setdefault("env", []).extend(copy(index_env))
         job_spec: dict[str, Any] = {
             "completionMode": "Indexed",
             "completions": 1,
