@@ -193,7 +193,7 @@ def test_kubeflow_master_only_and_elastic_jobs() -> None:
 def test_kubeflow_yaml_jobs_keep_volcano_meaning() -> None:
     rendered = render_target(example("restart-on-failure.yaml"), "kubeflow")
     spec = rendered.objects[-1]["spec"]
-    assert spec["runPolicy"] == {"backoffLimit": 2}
+    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 2}
     assert spec["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] == "OnFailure"
     assert ("spec.tasks[1].template.spec.restartPolicy", rendered.warnings[1][1]) in rendered.warnings
     assert "Never becomes OnFailure" in rendered.warnings[1][1]
@@ -208,6 +208,65 @@ def test_kubeflow_refuses_jobs_it_cannot_express() -> None:
     plain = yaml_job(one_task("a", 2), plugins="env: []")
     with pytest.raises(SpecError, match=r"spec.plugins: a job without the pytorch plugin"):
         render_target(plain, "kubeflow")
+
+
+def test_kubeflow_keeps_one_process_per_pod() -> None:
+    # Unset, the operator defaults nprocPerNode to "auto": torchrun would start one process per GPU/CPU.
+    for job in (example("pytorch-job.yaml"), sdk(PyTorch(worker=Worker(replicas=2)))):
+        assert main_object(job, "kubeflow")["spec"]["nprocPerNode"] == "1"
+    # An elastic task asks for its own count, in the field Flyte sets (the webhook refuses both).
+    elastic = main_object(sdk(Elastic(nnodes=2, nproc_per_node=3)), "kubeflow")["spec"]
+    assert elastic["elasticPolicy"]["nProcPerNode"] == 3
+    assert "nprocPerNode" not in elastic
+
+
+def test_kubeflow_yaml_jobs_clean_up_running_pods_as_volcano_does() -> None:
+    # Volcano deletes the pods still running when the job ends and keeps finished ones: "Running".
+    for name in ("pytorch-job.yaml", "ddp-train.yaml", "restart-on-failure.yaml"):
+        assert main_object(example(name), "kubeflow")["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    # SDK tasks keep Flyte's mapping: no run policy, no cleanPodPolicy (the operator's None).
+    assert main_object(sdk(PyTorch(worker=Worker(replicas=1))), "kubeflow")["spec"]["runPolicy"] == {}
+
+
+def _named(name: str, tasks: str) -> Job:
+    text = f"apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n"
+    text += "  plugins: {pytorch: [--master=m, --worker=w]}\n  tasks:\n"
+    return load_jobs_from_text(text + textwrap.indent(tasks, "    "))[0].job
+
+
+@pytest.mark.parametrize(
+    ("target", "fits", "generated"),
+    [
+        ("kubeflow", 54, "-master-0"),  # the operator's pods and Services <job>-master-0, <job>-worker-<i>
+        ("jobset", 51, "-m-0-0-abcde"),  # JobSet's pod <job>-<rjob>-<i>-<pod>-<suffix>
+        ("trainjob", 48, "-node-0-2-abcde"),  # the runtime's pod <job>-node-0-<i>-<suffix>
+    ],
+)
+def test_every_target_refuses_names_its_controller_could_not_create(
+    target: str, fits: int, generated: str
+) -> None:
+    tasks = one_task("m", 1) + one_task("w", 2)
+    too_long = _named("k" * (fits + 1), tasks)
+    render_target(too_long, "volcano")  # Volcano's own <job>-w-1 fits
+    with pytest.raises(SpecError) as caught:
+        render_target(too_long, target)
+    (problem,) = caught.value.problems
+    assert problem.path == "metadata.name"
+    assert f"{'k' * (fits + 1)}{generated}" in problem.message
+    assert "more than 63" in problem.message
+    assert f"the longest job name that fits is {fits} characters" in problem.message
+    render_target(_named("k" * fits, tasks), target)
+
+
+def test_jobset_refuses_a_job_name_its_service_could_not_have() -> None:
+    # Without svc, Volcano needs no Service: a name starting with a digit is valid there.
+    text = "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: 1job}\nspec:\n  tasks:\n"
+    job = load_jobs_from_text(text + textwrap.indent(one_task("a", 2), "    "))[0].job
+    render_target(job, "volcano")
+    with pytest.raises(
+        SpecError, match=r"metadata.name: --target jobset needs a job name that starts with a letter"
+    ):
+        render_target(job, "jobset")
 
 
 # -------------------------------------------------------------------------------------------- trainjob
@@ -432,11 +491,40 @@ def test_jobset_maps_the_env_plugin_and_kubeflow_drops_hostnames() -> None:
     ]
 
 
+def test_jobset_wires_every_task_as_volcanos_pytorch_and_env_plugins_do() -> None:
+    evaluator = "{name: c, image: i, command: [x]}, {name: side, image: i}"
+    job = yaml_job(
+        one_task("master", 1)
+        + one_task("worker", 2)
+        + one_task("eval", 1, evaluator).replace(
+            "{spec: {", "{spec: {initContainers: [{name: init, image: i}], "
+        ),
+        plugins="pytorch: [--port=2345], env: []",
+    )
+    rjobs = {r["name"]: r for r in main_object(job, "jobset")["spec"]["replicatedJobs"]}
+    pod = rjobs["eval"]["template"]["spec"]["template"]["spec"]
+    for container in pod["containers"]:  # every container of the other task reaches the master, no RANK
+        env = env_of(container)
+        assert env["MASTER_ADDR"] == "j-master-0-0.j"
+        assert env["MASTER_PORT"] == "2345"
+        assert env["WORLD_SIZE"] == "3"
+        assert "RANK" not in env
+        assert {"name": "pytorchjob-port", "containerPort": 2345} in container["ports"]
+        assert "VK_TASK_INDEX" in env
+    init_env = env_of(pod["initContainers"][0])
+    assert set(init_env) == {"VK_TASK_INDEX", "VC_TASK_INDEX"}  # the env plugin reaches init containers
+    worker = env_of(rjobs["worker"]["template"]["spec"]["template"]["spec"]["containers"][0])
+    assert worker["RANK"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['jobset.sigs.k8s.io/job-global-index']"}
+    }
+
+
 def test_trainjob_refuses_a_name_its_jobset_pods_could_not_have() -> None:
     text = (EXAMPLES / "ddp-train.yaml").read_text().replace("name: ddp-train", "name: " + "d" * 50)
     job = load_jobs_from_text(text, "long.yaml")[0].job
     with pytest.raises(
-        SpecError, match=r"metadata.name: the runtime's JobSet would name pods like .*-node-0-2-abcde"
+        SpecError,
+        match=r"metadata.name: --target trainjob: the controller would name a pod .*-node-0-2-abcde",
     ):
         render_target(job, "trainjob")
     render_target(job, "kubeflow")  # the name itself is fine elsewhere

@@ -22,6 +22,7 @@ from torchjob.plugins.pytorch import PORT_NAME
 from torchjob.spec.model import Job, Task
 from torchjob.targets import TargetRender
 from torchjob.targets.common import (
+    SDK_LABEL,
     claim_objects,
     labelled,
     metadata,
@@ -75,7 +76,9 @@ def _run_policy(job: Job, restart: bool) -> dict[str, Any]:
         if sdk.ttl_seconds_after_finished:
             out["ttlSecondsAfterFinished"] = sdk.ttl_seconds_after_finished
         return out
-    out = {}
+    # Volcano kills the pods still running or pending when a job ends and keeps the finished ones;
+    # an SDK task without a run policy keeps Flyte's mapping (none: the operator's "None").
+    out = {} if job.metadata.labels.get(SDK_LABEL) == "true" else {"cleanPodPolicy": "Running"}
     if job.spec.ttl_seconds_after_finished is not None:
         out["ttlSecondsAfterFinished"] = job.spec.ttl_seconds_after_finished
     if restart:  # Volcano fails the job on the restart that reaches maxRetry
@@ -115,7 +118,11 @@ def render(job: Job) -> TargetRender:
                 )
             replicas[kind] = {"replicas": count, "restartPolicy": policy, "template": template}
     spec: dict[str, Any] = {"pytorchReplicaSpecs": replicas, "runPolicy": _run_policy(job, restart)}
-    if elastic is not None:
+    if elastic is None:
+        # Unset, the operator defaults it to "auto": a command running torchrun would then start one
+        # process per GPU (or per host CPU), not the one rank per pod every other target gives.
+        spec["nprocPerNode"] = "1"
+    else:
         spec["elasticPolicy"] = {
             "minReplicas": elastic.min_nodes,
             "maxReplicas": elastic.max_nodes,

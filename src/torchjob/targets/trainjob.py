@@ -16,7 +16,6 @@ selection, service account, labels); anything else in the pod template is refuse
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from torchjob.errors import Problem, SpecError
@@ -42,7 +41,6 @@ NODE = "node"  # the runtime's trainer job and container
 MANAGER = "torchjob.io/render"
 RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 TORCHRUN = ("torchrun", "--no-python")
-_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
 # Pod spec fields a runtime patch may set; the rest of a pod template has no place in a TrainJob.
 PATCHED_POD_FIELDS = (
     "volumes",
@@ -91,24 +89,6 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
     target = "trainjob"
     roles = pytorch_roles(job, target)
     problems: list[Problem] = []
-    if not _NAME.match(job.name) or len(job.name) > 63:
-        problems.append(
-            Problem(
-                "metadata.name",
-                f"a TrainJob name must start with a letter and be a DNS label "
-                f"of at most 63 characters, got {job.name!r}",
-            )
-        )
-    nodes = roles.master.replicas + (roles.worker.replicas if roles.worker is not None else 0)
-    longest = f"{job.name}-{NODE}-0-{nodes - 1}-abcde"  # JobSet's webhook checks this pod name
-    if len(longest) > 63:
-        problems.append(
-            Problem(
-                "metadata.name",
-                f"the runtime's JobSet would name pods like {longest!r} "
-                f"({len(longest)} characters, more than 63); shorten the job name",
-            )
-        )
     elastic = job.elastic
     if elastic is not None and elastic.min_nodes != elastic.max_nodes:
         problems.append(
