@@ -193,7 +193,9 @@ def test_kubeflow_master_only_and_elastic_jobs() -> None:
 def test_kubeflow_yaml_jobs_keep_volcano_meaning() -> None:
     rendered = render_target(example("restart-on-failure.yaml"), "kubeflow")
     spec = rendered.objects[-1]["spec"]
-    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 2}
+    # maxRetry 3: the operator fails the job when the summed container restarts reach 3, i.e. on the
+    # third failure, as Volcano does (two restarts).
+    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 3}
     assert spec["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] == "OnFailure"
     assert ("spec.tasks[1].template.spec.restartPolicy", rendered.warnings[1][1]) in rendered.warnings
     assert "Never becomes OnFailure" in rendered.warnings[1][1]
@@ -267,6 +269,66 @@ def test_jobset_refuses_a_job_name_its_service_could_not_have() -> None:
         SpecError, match=r"metadata.name: --target jobset needs a job name that starts with a letter"
     ):
         render_target(job, "jobset")
+
+
+def _restarts(job: Job) -> dict[str, Any]:
+    """What each target writes for the restart count of one job."""
+    out: dict[str, Any] = {"volcano": main_object(job, "volcano")["spec"]["maxRetry"]}
+    js = main_object(job, "jobset")["spec"]
+    out["jobset"] = js["failurePolicy"]["maxRestarts"]
+    out["jobset-child"] = {r["name"]: r["template"]["spec"]["backoffLimit"] for r in js["replicatedJobs"]}
+    out["kubeflow"] = main_object(job, "kubeflow")["spec"]["runPolicy"].get("backoffLimit")
+    return out
+
+
+def test_one_restart_rule_for_yaml_and_sdk_jobs() -> None:
+    # YAML maxRetry 3 with PodFailed -> RestartJob: two restarts everywhere (Volcano fails on the
+    # restart that reaches maxRetry; the operator when summed restarts reach backoffLimit).
+    assert _restarts(example("restart-on-failure.yaml")) == {
+        "volcano": 3,
+        "jobset": 2,
+        "jobset-child": {"master": 0, "worker": 0},  # Never: a failed pod fails its Job at once
+        "kubeflow": 3,
+    }
+    # SDK backoff_limit=2 means two restarts (docs/sdk.md): maxRetry 3 for Volcano and the local engine.
+    job = sdk(PyTorch(worker=Worker(replicas=1), run_policy=RunPolicy(backoff_limit=2)))
+    assert job.spec.max_retry == 3
+    assert _restarts(job) == {
+        "volcano": 3,
+        "jobset": 2,
+        "jobset-child": {"master": 0, "worker": 0},
+        "kubeflow": 2,  # Flyte's mapping, kept and warned about: its Never pods never restart
+    }
+    warnings = dict(render_target(job, "kubeflow").warnings)
+    assert "no restart here" in warnings["run_policy.backoff_limit"]
+    on_failure = sdk(
+        PyTorch(
+            worker=Worker(replicas=1, restart_policy=RestartPolicy.FAILURE),
+            master=Master(restart_policy=RestartPolicy.FAILURE),
+            run_policy=RunPolicy(backoff_limit=2),
+        )
+    )
+    (message,) = [
+        m for p, m in render_target(on_failure, "kubeflow").warnings if p == "run_policy.backoff_limit"
+    ]
+    assert "reach backoffLimit 2 (1 restarts)" in message
+
+
+def test_jobset_restarts_on_failure_pods_in_place_without_limit_as_volcano_does() -> None:
+    # Under Volcano an OnFailure pod restarts in place and never fails: no child Job may stop it
+    # at batch/v1's default backoffLimit of 6.
+    job = example("pytorch-job.yaml")
+    assert {t.template.restart_policy for t in job.spec.tasks} == {"OnFailure"}
+    assert _restarts(job)["jobset-child"] == {"master": 2**31 - 1, "worker": 2**31 - 1}
+
+
+def test_trainjob_says_how_its_runtime_restarts_differ_from_the_job() -> None:
+    warnings = dict(render_target(example("restart-on-failure.yaml"), "trainjob").warnings)
+    message = warnings["spec.maxRetry"]
+    assert "6 failures summed over the nodes" in message
+    assert "asks for 2 restarts of the whole job after a failed pod (maxRetry 3)" in message
+    custom = dict(render_target(example("ddp-train.yaml"), "trainjob", runtime="mine").warnings)
+    assert "see runtime 'mine'" in custom["spec.maxRetry"]
 
 
 # -------------------------------------------------------------------------------------------- trainjob

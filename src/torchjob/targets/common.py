@@ -126,6 +126,28 @@ def restarts_on_failure(job: Job) -> bool:
     )
 
 
+INT32_MAX = 2**31 - 1
+
+
+def job_restarts(job: Job) -> int:
+    """How often a failed pod restarts the whole job under Volcano (and the local engine).
+
+    Volcano counts runs, not restarts: it fails the job on the restart that reaches ``maxRetry``,
+    so ``maxRetry: M`` allows ``M - 1`` restarts. The SDK writes ``maxRetry = backoff_limit + 1``.
+    """
+    return max(job.spec.max_retry - 1, 0) if restarts_on_failure(job) else 0
+
+
+def restart_rule(job: Job) -> str:
+    """What the job asks for on a failure, in words, for a warning where a target differs."""
+    if restarts_on_failure(job):
+        n, m = job_restarts(job), job.spec.max_retry
+        return f"{n} restart{'s' if n != 1 else ''} of the whole job after a failed pod (maxRetry {m})"
+    if any(t.template.restart_policy != "Never" for t in job.spec.tasks if t.replicas):
+        return "containers restarted in place without limit (restartPolicy OnFailure/Always)"
+    return "no restart"
+
+
 def policy_warnings(job: Job, target: str, master: Task | None) -> list[tuple[str, str]]:
     """Lifecycle policies ``target`` has no place for, each named with what becomes of it.
 

@@ -11,7 +11,8 @@ worker ``i`` is ``i + 1``; ``RANK`` reads it from the pod annotation
 - Success: when the master completes if the master task ends the job (``TaskCompleted ->
   CompleteJob``, as the SDK writes), else when every Job completes (Volcano's default).
 - Failure: ``failurePolicy.maxRestarts`` is ``maxRetry - 1`` when a failed pod restarts the job
-  (Volcano fails the job on the restart that reaches ``maxRetry``), else 0.
+  (Volcano fails the job on the restart that reaches ``maxRetry``), else 0. Child Jobs of
+  ``Never`` pods have ``backoffLimit: 0``; of ``OnFailure`` pods no limit, as under Volcano.
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ from torchjob.plugins.pytorch import PORT_NAME
 from torchjob.spec.model import Job, Task
 from torchjob.targets import JOB_LABEL, TargetRender
 from torchjob.targets.common import (
+    INT32_MAX,
     cannot,
     claim_objects,
     copy,
+    job_restarts,
     labelled,
     metadata,
     mount_job_volumes,
     queue_warnings,
-    restarts_on_failure,
     task_path,
     volcano_warnings,
 )
@@ -78,7 +80,6 @@ def render(job: Job) -> TargetRender:
         )
     tasks, master, worker, port = _ordered(job)
     warnings = [w for w in volcano_warnings(job, "jobset", master) if w[0] != "spec.plugins.env"]
-    restart = restarts_on_failure(job)
     warnings += queue_warnings(job, "jobset")
     sdk = job.run_policy
     world = str(sum(t.replicas for t in (master, worker) if t is not None))
@@ -133,8 +134,10 @@ def render(job: Job) -> TargetRender:
             "parallelism": 1,
             "template": template,
         }
-        if spec["restartPolicy"] == "Never":
-            job_spec["backoffLimit"] = 0  # a failed pod fails its Job; the JobSet's failure policy decides
+        # Never: a failed pod fails its Job and the JobSet's failure policy decides, as Volcano's
+        # policies do. OnFailure: the container restarts in place; under Volcano such a pod never
+        # fails, so no limit here either (batch/v1's default of 6 would fail the set on the 7th crash).
+        job_spec["backoffLimit"] = 0 if spec["restartPolicy"] == "Never" else INT32_MAX
         if sdk is not None and sdk.active_deadline_seconds:
             job_spec["activeDeadlineSeconds"] = sdk.active_deadline_seconds
         replicated.append(
@@ -144,10 +147,7 @@ def render(job: Job) -> TargetRender:
                 "template": {"metadata": {"labels": {JOB_LABEL: job.name}}, "spec": job_spec},
             }
         )
-    if sdk is not None:
-        max_restarts = sdk.backoff_limit or 0
-    else:
-        max_restarts = max(job.spec.max_retry - 1, 0) if restart else 0
+    max_restarts = job_restarts(job)  # the SDK's backoff_limit B is maxRetry B + 1: B restarts
     spec_out: dict[str, Any] = {
         "network": {"enableDNSHostnames": True, "subdomain": job.name, "publishNotReadyAddresses": True},
         "replicatedJobs": replicated,

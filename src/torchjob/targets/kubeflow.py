@@ -3,13 +3,15 @@
 - ``Master`` (exactly one replica) from the pytorch master task, ``Worker`` from the worker task
   (left out when there are no workers); the training container is renamed ``pytorch`` and given
   the ``pytorchjob-port`` port, which the operator reads for ``MASTER_PORT``.
+- ``nprocPerNode: "1"`` unless elastic: one process per pod, not the operator's ``auto``.
 - Each replica's ``restartPolicy`` is its pod template's (Kubernetes' ``Always`` when unset; the
   SDK writes ``Never`` for an unset policy, as Flyte does).
 - Elastic SDK tasks: no Master, ``Worker`` x max nodes, ``elasticPolicy`` with min/max replicas,
   ``c10d``, ``nProcPerNode`` and ``maxRestarts`` (Flyte sets the deprecated ``nProcPerNode``
   field, not ``spec.nprocPerNode``, and so does this).
-- ``runPolicy``: the SDK's run policy as Flyte parses it; for YAML jobs the TTL, and a backoff
-  limit of ``maxRetry - 1`` when a failed pod restarts the job. The operator's own env
+- ``runPolicy``: the SDK's run policy as Flyte parses it (warned where its backoff limit gives
+  other than ``backoff_limit`` restarts); for YAML jobs ``cleanPodPolicy: Running``, the TTL, and a
+  backoff limit of ``maxRetry`` when a failed pod restarts the job. The operator's own env
   (``MASTER_ADDR=<job>-master-0``, ``RANK``, ``WORLD_SIZE``) and init container replace the
   pytorch plugin's.
 """
@@ -81,13 +83,47 @@ def _run_policy(job: Job, restart: bool) -> dict[str, Any]:
     out = {} if job.metadata.labels.get(SDK_LABEL) == "true" else {"cleanPodPolicy": "Running"}
     if job.spec.ttl_seconds_after_finished is not None:
         out["ttlSecondsAfterFinished"] = job.spec.ttl_seconds_after_finished
-    if restart:  # Volcano fails the job on the restart that reaches maxRetry
-        out["backoffLimit"] = max(job.spec.max_retry - 1, 0)
+    if restart:
+        # The operator fails the job once its pods' container restarts, summed, reach backoffLimit,
+        # that is on the M-th failure: as Volcano does with maxRetry M (M - 1 restarts).
+        out["backoffLimit"] = job.spec.max_retry
     if job.spec.queue != "default" or job.spec.priority_class_name:
         scheduling: dict[str, Any] = {"minAvailable": job.spec.min_available, "queue": job.spec.queue}
         if job.spec.priority_class_name:
             scheduling["priorityClass"] = job.spec.priority_class_name
         out["schedulingPolicy"] = scheduling
+    return out
+
+
+def _backoff_warnings(job: Job, replicas: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where Flyte's ``backoffLimit: B`` (kept for SDK tasks) gives other than B restarts."""
+    limit = job.run_policy.backoff_limit if job.run_policy is not None else None
+    if not limit:
+        return []
+    policies = {kind: r["restartPolicy"] for kind, r in replicas.items()}
+    elsewhere = f"the local engine, volcano and jobset restart the whole job {limit} times"
+    out = []
+    never = [kind for kind, p in policies.items() if p == "Never"]
+    if never:
+        out.append(
+            (
+                "run_policy.backoff_limit",
+                f"the operator fails the job at the first failed pod of a Never replica ({', '.join(never)}) "
+                f"whatever backoffLimit says: no restart here, where {elsewhere} (Flyte's mapping is kept; "
+                "RestartPolicy.FAILURE restarts pods in place)",
+            )
+        )
+    others = [kind for kind in policies if kind not in never]
+    if others:
+        out.append(
+            (
+                "run_policy.backoff_limit",
+                f"the operator fails the job when the in-place container restarts of {', '.join(others)}, "
+                f"summed over its pods, reach backoffLimit {limit} ({limit - 1} restarts), where the "
+                "local engine, volcano and jobset restart such pods in place without limit "
+                "(Flyte's mapping is kept)",
+            )
+        )
     return out
 
 
@@ -117,6 +153,7 @@ def render(job: Job) -> TargetRender:
                     )
                 )
             replicas[kind] = {"replicas": count, "restartPolicy": policy, "template": template}
+    warnings += _backoff_warnings(job, replicas)
     spec: dict[str, Any] = {"pytorchReplicaSpecs": replicas, "runPolicy": _run_policy(job, restart)}
     if elastic is None:
         # Unset, the operator defaults it to "auto": a command running torchrun would then start one

@@ -29,7 +29,7 @@ from torchjob.targets.common import (
     mount_job_volumes,
     pytorch_roles,
     queue_warnings,
-    restarts_on_failure,
+    restart_rule,
     task_path,
     volcano_warnings,
 )
@@ -248,14 +248,20 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
     sdk = job.run_policy
     if sdk is not None and sdk.active_deadline_seconds:
         out["activeDeadlineSeconds"] = sdk.active_deadline_seconds
-    if restarts_on_failure(job) or (sdk is not None and sdk.backoff_limit):
-        warnings.append(
-            (
-                "spec.maxRetry",
-                "a TrainJob has no restart limit of its own; the runtime's JobSet "
-                "failure policy decides whether a failed node restarts the job",
-            )
+    # A TrainJob has no restart setting at all; what the runtime does always differs from the job.
+    default = (
+        f"{DEFAULT_RUNTIME}: a failed node's container restarts in place until 6 failures summed over "
+        "the nodes (batch/v1's default backoffLimit) fail the job"
+        if runtime in (None, DEFAULT_RUNTIME)
+        else f"see runtime {runtime!r}"
+    )
+    warnings.append(
+        (
+            "spec.maxRetry",
+            f"a TrainJob has no restart settings; its runtime's JobSet decides ({default}), "
+            f"where this job asks for {restart_rule(job)}",
         )
+    )
     if job.spec.ttl_seconds_after_finished is not None:
         warnings.append(
             (
