@@ -331,6 +331,45 @@ def test_trainjob_says_how_its_runtime_restarts_differ_from_the_job() -> None:
     assert "see runtime 'mine'" in custom["spec.maxRetry"]
 
 
+def test_job_level_scheduling_is_kept_or_warned_on_every_target() -> None:
+    extra = "  priorityClassName: high\n  schedulerName: my-sched\n  minAvailable: 2\n"
+    tasks = one_task("master", 1) + one_task("worker", 2).replace(
+        "replicas: 2\n", "replicas: 2\n  maxRetry: 5\n"
+    )
+    plugins = "pytorch: [--wait-master-enabled, --wait-master-timeout=30]"
+    job = yaml_job(tasks, plugins=plugins, extra=extra)
+    # Volcano copies them into every pod that names none; so do the PyTorchJob and the JobSet.
+    kf = render_target(job, "kubeflow")
+    spec = kf.objects[-1]["spec"]
+    for replica in spec["pytorchReplicaSpecs"].values():
+        pod = replica["template"]["spec"]
+        assert (pod["priorityClassName"], pod["schedulerName"]) == ("high", "my-sched")
+    # The operator's gang scheduling reads minAvailable even without a queue.
+    assert spec["runPolicy"]["schedulingPolicy"] == {"minAvailable": 2, "priorityClass": "high"}
+    kf_warnings = dict(kf.warnings)
+    assert "--wait-master-timeout is dropped" in kf_warnings["spec.plugins.pytorch"]
+    assert "maxRetry 5 is dropped" in kf_warnings["spec.tasks[1].maxRetry"]
+    js = render_target(job, "jobset")
+    for rjob in js.objects[-1]["spec"]["replicatedJobs"]:
+        pod = rjob["template"]["spec"]["template"]["spec"]
+        assert (pod["priorityClassName"], pod["schedulerName"]) == ("high", "my-sched")
+    js_warnings = dict(js.warnings)
+    assert "minAvailable 2 of 3" in js_warnings["spec.minAvailable"]
+    assert "--wait-master-timeout is dropped" in js_warnings["spec.plugins.pytorch"]
+    assert "spec.tasks[1].maxRetry" in js_warnings
+    tj_warnings = dict(render_target(job, "trainjob").warnings)
+    for path in (
+        "spec.priorityClassName",
+        "spec.schedulerName",
+        "spec.minAvailable",
+        "spec.tasks[1].maxRetry",
+    ):
+        assert path in tj_warnings, path
+    # Volcano's own default scheduler is not carried to clusters that have no Volcano.
+    plain = main_object(example("pytorch-job.yaml"), "jobset")["spec"]["replicatedJobs"][0]
+    assert "schedulerName" not in plain["template"]["spec"]["template"]["spec"]
+
+
 # -------------------------------------------------------------------------------------------- trainjob
 
 

@@ -28,13 +28,16 @@ from torchjob.targets.common import (
     cannot,
     claim_objects,
     copy,
+    gang_warnings,
     job_restarts,
     labelled,
     metadata,
     mount_job_volumes,
+    pod_scheduling,
     queue_warnings,
     task_path,
     volcano_warnings,
+    wait_master_flags,
 )
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -80,7 +83,15 @@ def render(job: Job) -> TargetRender:
         )
     tasks, master, worker, port = _ordered(job)
     warnings = [w for w in volcano_warnings(job, "jobset", master) if w[0] != "spec.plugins.env"]
-    warnings += queue_warnings(job, "jobset")
+    warnings += queue_warnings(job, "jobset") + gang_warnings(job, "jobset")
+    for flag in wait_master_flags(job) if master is not None else []:
+        warnings.append(
+            (
+                "spec.plugins.pytorch",
+                f"startupPolicy InOrder creates the workers once the master's Job is ready, with no "
+                f"time limit; {flag} is dropped",
+            )
+        )
     sdk = job.run_policy
     world = str(sum(t.replicas for t in (master, worker) if t is not None))
     replicated = []
@@ -105,6 +116,7 @@ def render(job: Job) -> TargetRender:
                     (f"{path}.{key}", f"JobSet names and addresses the pods itself; {key} is dropped")
                 )
         mount_job_volumes(job, spec)
+        pod_scheduling(job, spec)
         # Volcano's env plugin: the pod's index within its task, in every container and init container.
         index_env = [{"name": n, "valueFrom": _field(JOB_INDEX)} for n in ("VK_TASK_INDEX", "VC_TASK_INDEX")]
         env_extra: list[dict[str, Any]] = []

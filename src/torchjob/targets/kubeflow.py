@@ -29,10 +29,13 @@ from torchjob.targets.common import (
     labelled,
     metadata,
     mount_job_volumes,
+    pod_scheduling,
     pytorch_roles,
     restarts_on_failure,
     task_path,
+    total_pods,
     volcano_warnings,
+    wait_master_flags,
 )
 
 API_VERSION = "kubeflow.org/v1"
@@ -64,6 +67,7 @@ def _template(job: Job, task: Task, port: int, warnings: list[tuple[str, str]]) 
         else:
             ports.append({"name": PORT_NAME, "containerPort": port})
     mount_job_volumes(job, spec)
+    pod_scheduling(job, spec)
     return template, policy
 
 
@@ -87,8 +91,12 @@ def _run_policy(job: Job, restart: bool) -> dict[str, Any]:
         # The operator fails the job once its pods' container restarts, summed, reach backoffLimit,
         # that is on the M-th failure: as Volcano does with maxRetry M (M - 1 restarts).
         out["backoffLimit"] = job.spec.max_retry
-    if job.spec.queue != "default" or job.spec.priority_class_name:
-        scheduling: dict[str, Any] = {"minAvailable": job.spec.min_available, "queue": job.spec.queue}
+    # Read by the operator's gang scheduling (Volcano or scheduler-plugins) for its PodGroup.
+    gang = job.elastic is None and job.spec.min_available < total_pods(job)
+    if job.spec.queue != "default" or job.spec.priority_class_name or gang:
+        scheduling: dict[str, Any] = {"minAvailable": job.spec.min_available}
+        if job.spec.queue != "default":
+            scheduling["queue"] = job.spec.queue
         if job.spec.priority_class_name:
             scheduling["priorityClass"] = job.spec.priority_class_name
         out["schedulingPolicy"] = scheduling
@@ -154,6 +162,15 @@ def render(job: Job) -> TargetRender:
                 )
             replicas[kind] = {"replicas": count, "restartPolicy": policy, "template": template}
     warnings += _backoff_warnings(job, replicas)
+    for flag in wait_master_flags(job):
+        warnings.append(
+            (
+                "spec.plugins.pytorch",
+                f"the operator adds its own wait-for-master init container to workers (it resolves "
+                f"the master's name, 100 tries 2 s apart unless the operator is configured otherwise); "
+                f"{flag} is dropped",
+            )
+        )
     spec: dict[str, Any] = {"pytorchReplicaSpecs": replicas, "runPolicy": _run_policy(job, restart)}
     if elastic is None:
         # Unset, the operator defaults it to "auto": a command running torchrun would then start one

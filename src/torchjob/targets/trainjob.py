@@ -25,6 +25,7 @@ from torchjob.targets.common import (
     cannot,
     claim_objects,
     copy,
+    gang_warnings,
     metadata,
     mount_job_volumes,
     pytorch_roles,
@@ -116,7 +117,22 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
     mount_job_volumes(job, spec)
     path = f"{task_path(job, master)}.template.spec"
     warnings = volcano_warnings(job, target, master)
-    warnings += queue_warnings(job, target)
+    warnings += queue_warnings(job, target) + gang_warnings(job, target)
+    if job.spec.priority_class_name:
+        warnings.append(
+            (
+                "spec.priorityClassName",
+                f"a TrainJob's runtime patches cannot set a priority class; "
+                f"{job.spec.priority_class_name!r} is dropped",
+            )
+        )
+    if job.spec.scheduler_name not in ("", "volcano"):
+        warnings.append(
+            (
+                "spec.schedulerName",
+                f"the runtime decides the scheduler; {job.spec.scheduler_name!r} is dropped",
+            )
+        )
     for key in spec:
         if key in DROPPED_POD_FIELDS:
             warnings.append((f"{path}.{key}", f"{key} is dropped: {DROPPED_POD_FIELDS[key]}"))
