@@ -16,7 +16,17 @@ from typing import Any
 
 import pytest
 
-from torchjob import CleanPodPolicy, Elastic, Master, PyTorch, RestartPolicy, RunPolicy, Worker, task
+from torchjob import (
+    CleanPodPolicy,
+    Elastic,
+    Master,
+    PyTorch,
+    Resources,
+    RestartPolicy,
+    RunPolicy,
+    Worker,
+    task,
+)
 from torchjob.errors import SpecError
 from torchjob.jobs import load_jobs, load_jobs_from_text
 from torchjob.spec.model import Job
@@ -368,6 +378,24 @@ def test_job_level_scheduling_is_kept_or_warned_on_every_target() -> None:
     # Volcano's own default scheduler is not carried to clusters that have no Volcano.
     plain = main_object(example("pytorch-job.yaml"), "jobset")["spec"]["replicatedJobs"][0]
     assert "schedulerName" not in plain["template"]["spec"]["template"]["spec"]
+
+
+def test_kubeflow_completes_sdk_resources_as_flyte_does() -> None:
+    config = PyTorch(
+        master=Master(limits=Resources(cpu="2", mem="4Gi")),  # limits only: Guaranteed under Flyte
+        worker=Worker(replicas=1, requests=Resources(cpu="1", gpu=1), limits=Resources(mem="2Gi")),
+    )
+    replicas = main_object(sdk(config), "kubeflow")["spec"]["pytorchReplicaSpecs"]
+    master = replicas["Master"]["template"]["spec"]["containers"][0]["resources"]
+    assert master == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]["resources"]
+    assert worker["requests"] == worker["limits"] == {"cpu": "1", "nvidia.com/gpu": "1", "memory": "2Gi"}
+    # A YAML job's resources are the user's own: Volcano and the operator take them as written.
+    yaml_pod = main_object(example("pytorch-job.yaml"), "kubeflow")["spec"]["pytorchReplicaSpecs"]["Master"]
+    volcano_pod = main_object(example("pytorch-job.yaml"), "volcano")["spec"]["tasks"][0]["template"]
+    assert yaml_pod["template"]["spec"]["containers"][0].get("resources") == volcano_pod["spec"][
+        "containers"
+    ][0].get("resources")
 
 
 # -------------------------------------------------------------------------------------------- trainjob

@@ -66,9 +66,41 @@ def _template(job: Job, task: Task, port: int, warnings: list[tuple[str, str]]) 
             same["name"] = PORT_NAME
         else:
             ports.append({"name": PORT_NAME, "containerPort": port})
+    if job.metadata.labels.get(SDK_LABEL) == "true" and main.get("resources"):
+        main["resources"] = flyte_resources(main["resources"])
     mount_job_volumes(job, spec)
     pod_scheduling(job, spec)
     return template, policy
+
+
+def flyte_resources(resources: dict[str, Any]) -> dict[str, Any]:
+    """Requests and limits as Flyte's backend completes them (``container_helper.go``).
+
+    For each resource the task names, a missing (or zero) request is the limit, a missing limit is
+    the request, and a request above its limit is lowered to it: a task giving only limits runs
+    Guaranteed, as under Flyte, not Burstable. (Flyte's platform defaults for a resource the task
+    does not name at all are the cluster's own, and are not guessed here.)
+    """
+    from torchjob.spec.units import parse_quantity
+
+    requests = dict(resources.get("requests") or {})
+    limits = dict(resources.get("limits") or {})
+
+    def zero(value: Any) -> bool:
+        return value is None or parse_quantity(value) == 0
+
+    for key in [*requests, *(k for k in limits if k not in requests)]:
+        request, limit = requests.get(key), limits.get(key)
+        if zero(request):
+            request = limit
+        if zero(limit):
+            limit = request
+        if not zero(limit) and parse_quantity(request) > parse_quantity(limit):
+            request = limit
+        requests[key], limits[key] = request, limit
+    out = dict(resources)
+    out["requests"], out["limits"] = requests, limits
+    return out
 
 
 def _run_policy(job: Job, restart: bool) -> dict[str, Any]:
