@@ -398,6 +398,12 @@ def test_kubeflow_completes_sdk_resources_as_flyte_does() -> None:
     ][0].get("resources")
 
 
+def test_pods_target_says_no_controller_restarts_the_job() -> None:
+    warnings = dict(render_target(example("restart-on-failure.yaml"), "pods").warnings)
+    assert "a failed pod fails the job, where the job asks for 2 restarts" in warnings["spec.maxRetry"]
+    assert "spec.maxRetry" not in dict(render_target(example("ddp-train.yaml"), "pods").warnings)
+
+
 # -------------------------------------------------------------------------------------------- trainjob
 
 

@@ -50,8 +50,11 @@ def render_target(job: Job, target: str, *, runtime: str | None = None) -> Targe
     # Each target module is imported only when asked for.
     if target == "pods":
         from torchjob.targets import pods
+        from torchjob.targets.common import uncontrolled_warnings
 
-        return pods.render(job)
+        rendered = pods.render(job)
+        rendered.warnings += uncontrolled_warnings(job)
+        return rendered
     if target == "volcano":
         from torchjob.targets import volcano
 

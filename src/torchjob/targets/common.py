@@ -149,6 +149,19 @@ def restart_rule(job: Job) -> str:
     return "no restart"
 
 
+def uncontrolled_warnings(job: Job) -> list[tuple[str, str]]:
+    """Restarts that bare pods (``--target pods``) cannot give: no controller acts on a failed pod."""
+    if not restarts_on_failure(job):
+        return []
+    return [
+        (
+            "spec.maxRetry",
+            "target 'pods' creates the pods without a controller: a failed pod fails the job, "
+            f"where the job asks for {restart_rule(job)}; use --target volcano or jobset to keep it",
+        )
+    ]
+
+
 def policy_warnings(job: Job, target: str, master: Task | None) -> list[tuple[str, str]]:
     """Lifecycle policies ``target`` has no place for, each named with what becomes of it.
 
