@@ -324,6 +324,13 @@ def test_one_restart_rule_for_yaml_and_sdk_jobs() -> None:
     assert "reach backoffLimit 2 (1 restarts)" in message
 
 
+def test_kubeflow_sets_no_backoff_limit_for_pods_that_restart_in_place() -> None:
+    # RestartJob never fires for OnFailure pods under Volcano: they restart in place without limit.
+    text = (EXAMPLES / "restart-on-failure.yaml").read_text()
+    job = load_jobs_from_text(text.replace("restartPolicy: Never", "restartPolicy: OnFailure"))[0].job
+    assert "backoffLimit" not in main_object(job, "kubeflow")["spec"]["runPolicy"]
+
+
 def test_jobset_restarts_on_failure_pods_in_place_without_limit_as_volcano_does() -> None:
     # Under Volcano an OnFailure pod restarts in place and never fails: no child Job may stop it
     # at batch/v1's default backoffLimit of 6.
@@ -373,6 +380,7 @@ def test_job_level_scheduling_is_kept_or_warned_on_every_target() -> None:
         "spec.schedulerName",
         "spec.minAvailable",
         "spec.tasks[1].maxRetry",
+        "spec.plugins.pytorch",
     ):
         assert path in tj_warnings, path
     # Volcano's own default scheduler is not carried to clusters that have no Volcano.

@@ -193,6 +193,11 @@ def render(job: Job) -> TargetRender:
                     )
                 )
             replicas[kind] = {"replicas": count, "restartPolicy": policy, "template": template}
+    # backoffLimit only counts the failures Volcano would restart the job for: those of Never pods.
+    # Pods already OnFailure/Always restart in place without limit, under Volcano as here.
+    restart = restart and any(
+        t.template.restart_policy == "Never" for t in (roles.master, roles.worker) if t is not None
+    )
     warnings += _backoff_warnings(job, replicas)
     for flag in wait_master_flags(job):
         warnings.append(

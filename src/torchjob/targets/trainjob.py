@@ -33,6 +33,7 @@ from torchjob.targets.common import (
     restart_rule,
     task_path,
     volcano_warnings,
+    wait_master_flags,
 )
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -118,6 +119,13 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
     path = f"{task_path(job, master)}.template.spec"
     warnings = volcano_warnings(job, target, master)
     warnings += queue_warnings(job, target) + gang_warnings(job, target)
+    for flag in wait_master_flags(job):
+        warnings.append(
+            (
+                "spec.plugins.pytorch",
+                f"torchrun waits for node 0 itself, up to its rendezvous timeout; {flag} is dropped",
+            )
+        )
     if job.spec.priority_class_name:
         warnings.append(
             (
