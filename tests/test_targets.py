@@ -591,6 +591,21 @@ def test_cli_render_target_errors_exit_2_with_one_line_each(tmp_path: Path) -> N
     assert wrong.returncode == 2 and "--runtime applies to --target trainjob only" in wrong.stderr
 
 
+def test_cli_validate_target_refuses_names_the_controller_could_not_create(tmp_path: Path) -> None:
+    # The case: 56 characters with tasks m/w: <job>-w-0 fits, <job>-master-0 does not.
+    job = tmp_path / "job.yaml"
+    text = "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: " + "d" * 56 + "}\nspec:\n"
+    text += "  plugins: {pytorch: [--master=m, --worker=w]}\n  tasks:\n"
+    job.write_text(text + textwrap.indent(one_task("m", 1) + one_task("w", 1), "    "))
+    assert run("validate", str(job)).returncode == 0  # Volcano's own names fit
+    result = run("validate", str(job), "--target", "kubeflow")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"{job}:") and "metadata.name: --target kubeflow:" in line
+    assert "'" + "d" * 56 + "-master-0' (65 characters, more than 63)" in line
+    assert "the longest job name that fits is 54 characters" in line
+
+
 def test_cli_default_target_output_is_unchanged() -> None:
     path = str(EXAMPLES / "pytorch-job.yaml")
     assert run("render", path).stdout == run("render", path, "--target", "pods").stdout
