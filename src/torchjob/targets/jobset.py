@@ -6,6 +6,8 @@ as ``<job>-<task>-<i>-0.<job>`` through the JobSet's headless service (``network
 The pytorch master comes first, so JobSet's global job index is the rank: the master is 0 and
 worker ``i`` is ``i + 1``; ``RANK`` reads it from the pod annotation
 ``jobset.sigs.k8s.io/job-global-index``, whatever command or entrypoint the container has.
+Every other task gets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and the port but no
+``RANK``, as Volcano's pytorch plugin gives them.
 
 - Start-up: ``startupPolicy: InOrder`` creates the workers once the master's Job is ready.
 - Success: when the master completes if the master task ends the job (``TaskCompleted ->
