@@ -96,7 +96,7 @@ def test_pytorch_replica_settings_and_run_policy() -> None:
     assert (job.run_policy.active_deadline_seconds, job.run_policy.backoff_limit) == (600, 2)
     # Volcano's side: a failed pod restarts the job up to backoff_limit times; TTL is carried over.
     assert [(p.events, p.action) for p in job.spec.policies] == [(["PodFailed"], "RestartJob")]
-    assert job.spec.max_retry == 2 and job.spec.ttl_seconds_after_finished == 60
+    assert job.spec.max_retry == 3 and job.spec.ttl_seconds_after_finished == 60  # 2 restarts, 3 runs
 
 
 def test_pytorch_with_zero_workers_is_master_only() -> None:

@@ -382,3 +382,17 @@ def test_active_deadline_stops_a_local_run() -> None:
         sleeps_past_deadline()
     assert time.monotonic() - started < 60
     _assert_no_children()
+
+
+@task(task_config=PyTorch(worker=Worker(replicas=1), run_policy=RunPolicy(backoff_limit=1)))
+def fails_on_the_first_attempt() -> str:
+    if os.environ.get("TORCHJOB_RETRY_COUNT") == "0":
+        os._exit(3)  # the pod dies: the job's failure policy decides
+    return os.environ["TORCHJOB_RETRY_COUNT"]
+
+
+@needs_engine
+def test_backoff_limit_is_the_number_of_restarts() -> None:
+    # backoff_limit=1 allows one restart (docs/sdk.md), so the second attempt runs and succeeds.
+    assert fails_on_the_first_attempt() == "1"
+    _assert_no_children()

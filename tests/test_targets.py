@@ -16,7 +16,17 @@ from typing import Any
 
 import pytest
 
-from torchjob import CleanPodPolicy, Elastic, Master, PyTorch, RestartPolicy, RunPolicy, Worker, task
+from torchjob import (
+    CleanPodPolicy,
+    Elastic,
+    Master,
+    PyTorch,
+    Resources,
+    RestartPolicy,
+    RunPolicy,
+    Worker,
+    task,
+)
 from torchjob.errors import SpecError
 from torchjob.jobs import load_jobs, load_jobs_from_text
 from torchjob.spec.model import Job
@@ -193,7 +203,9 @@ def test_kubeflow_master_only_and_elastic_jobs() -> None:
 def test_kubeflow_yaml_jobs_keep_volcano_meaning() -> None:
     rendered = render_target(example("restart-on-failure.yaml"), "kubeflow")
     spec = rendered.objects[-1]["spec"]
-    assert spec["runPolicy"] == {"backoffLimit": 2}
+    # maxRetry 3: the operator fails the job when the summed container restarts reach 3, i.e. on the
+    # third failure, as Volcano does (two restarts).
+    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 3}
     assert spec["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] == "OnFailure"
     assert ("spec.tasks[1].template.spec.restartPolicy", rendered.warnings[1][1]) in rendered.warnings
     assert "Never becomes OnFailure" in rendered.warnings[1][1]
@@ -208,6 +220,196 @@ def test_kubeflow_refuses_jobs_it_cannot_express() -> None:
     plain = yaml_job(one_task("a", 2), plugins="env: []")
     with pytest.raises(SpecError, match=r"spec.plugins: a job without the pytorch plugin"):
         render_target(plain, "kubeflow")
+
+
+def test_kubeflow_keeps_one_process_per_pod() -> None:
+    # Unset, the operator defaults nprocPerNode to "auto": torchrun would start one process per GPU/CPU.
+    for job in (example("pytorch-job.yaml"), sdk(PyTorch(worker=Worker(replicas=2)))):
+        assert main_object(job, "kubeflow")["spec"]["nprocPerNode"] == "1"
+    # An elastic task asks for its own count, in the field Flyte sets (the webhook refuses both).
+    elastic = main_object(sdk(Elastic(nnodes=2, nproc_per_node=3)), "kubeflow")["spec"]
+    assert elastic["elasticPolicy"]["nProcPerNode"] == 3
+    assert "nprocPerNode" not in elastic
+
+
+def test_kubeflow_yaml_jobs_clean_up_running_pods_as_volcano_does() -> None:
+    # Volcano deletes the pods still running when the job ends and keeps finished ones: "Running".
+    for name in ("pytorch-job.yaml", "ddp-train.yaml", "restart-on-failure.yaml"):
+        assert main_object(example(name), "kubeflow")["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    # SDK tasks keep Flyte's mapping: no run policy, no cleanPodPolicy (the operator's None).
+    assert main_object(sdk(PyTorch(worker=Worker(replicas=1))), "kubeflow")["spec"]["runPolicy"] == {}
+
+
+def _named(name: str, tasks: str) -> Job:
+    text = f"apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n"
+    text += "  plugins: {pytorch: [--master=m, --worker=w]}\n  tasks:\n"
+    return load_jobs_from_text(text + textwrap.indent(tasks, "    "))[0].job
+
+
+@pytest.mark.parametrize(
+    ("target", "fits", "generated"),
+    [
+        ("kubeflow", 54, "-master-0"),  # the operator's pods and Services <job>-master-0, <job>-worker-<i>
+        ("jobset", 51, "-m-0-0-abcde"),  # JobSet's pod <job>-<rjob>-<i>-<pod>-<suffix>
+        ("trainjob", 48, "-node-0-2-abcde"),  # the runtime's pod <job>-node-0-<i>-<suffix>
+    ],
+)
+def test_every_target_refuses_names_its_controller_could_not_create(
+    target: str, fits: int, generated: str
+) -> None:
+    tasks = one_task("m", 1) + one_task("w", 2)
+    too_long = _named("k" * (fits + 1), tasks)
+    render_target(too_long, "volcano")  # Volcano's own <job>-w-1 fits
+    with pytest.raises(SpecError) as caught:
+        render_target(too_long, target)
+    (problem,) = caught.value.problems
+    assert problem.path == "metadata.name"
+    assert f"{'k' * (fits + 1)}{generated}" in problem.message
+    assert "more than 63" in problem.message
+    assert f"the longest job name that fits is {fits} characters" in problem.message
+    render_target(_named("k" * fits, tasks), target)
+
+
+def test_jobset_refuses_a_job_name_its_service_could_not_have() -> None:
+    # Without svc, Volcano needs no Service: a name starting with a digit is valid there.
+    text = "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: 1job}\nspec:\n  tasks:\n"
+    job = load_jobs_from_text(text + textwrap.indent(one_task("a", 2), "    "))[0].job
+    render_target(job, "volcano")
+    with pytest.raises(
+        SpecError, match=r"metadata.name: --target jobset needs a job name that starts with a letter"
+    ):
+        render_target(job, "jobset")
+
+
+def _restarts(job: Job) -> dict[str, Any]:
+    """What each target writes for the restart count of one job."""
+    out: dict[str, Any] = {"volcano": main_object(job, "volcano")["spec"]["maxRetry"]}
+    js = main_object(job, "jobset")["spec"]
+    out["jobset"] = js["failurePolicy"]["maxRestarts"]
+    out["jobset-child"] = {r["name"]: r["template"]["spec"]["backoffLimit"] for r in js["replicatedJobs"]}
+    out["kubeflow"] = main_object(job, "kubeflow")["spec"]["runPolicy"].get("backoffLimit")
+    return out
+
+
+def test_one_restart_rule_for_yaml_and_sdk_jobs() -> None:
+    # YAML maxRetry 3 with PodFailed -> RestartJob: two restarts everywhere (Volcano fails on the
+    # restart that reaches maxRetry; the operator when summed restarts reach backoffLimit).
+    assert _restarts(example("restart-on-failure.yaml")) == {
+        "volcano": 3,
+        "jobset": 2,
+        "jobset-child": {"master": 0, "worker": 0},  # Never: a failed pod fails its Job at once
+        "kubeflow": 3,
+    }
+    # SDK backoff_limit=2 means two restarts (docs/sdk.md): maxRetry 3 for Volcano and the local engine.
+    job = sdk(PyTorch(worker=Worker(replicas=1), run_policy=RunPolicy(backoff_limit=2)))
+    assert job.spec.max_retry == 3
+    assert _restarts(job) == {
+        "volcano": 3,
+        "jobset": 2,
+        "jobset-child": {"master": 0, "worker": 0},
+        "kubeflow": 2,  # Flyte's mapping, kept and warned about: its Never pods never restart
+    }
+    warnings = dict(render_target(job, "kubeflow").warnings)
+    assert "no restart here" in warnings["run_policy.backoff_limit"]
+    on_failure = sdk(
+        PyTorch(
+            worker=Worker(replicas=1, restart_policy=RestartPolicy.FAILURE),
+            master=Master(restart_policy=RestartPolicy.FAILURE),
+            run_policy=RunPolicy(backoff_limit=2),
+        )
+    )
+    (message,) = [
+        m for p, m in render_target(on_failure, "kubeflow").warnings if p == "run_policy.backoff_limit"
+    ]
+    assert "reach backoffLimit 2 (1 restarts)" in message
+
+
+def test_kubeflow_sets_no_backoff_limit_for_pods_that_restart_in_place() -> None:
+    # RestartJob never fires for OnFailure pods under Volcano: they restart in place without limit.
+    text = (EXAMPLES / "restart-on-failure.yaml").read_text()
+    job = load_jobs_from_text(text.replace("restartPolicy: Never", "restartPolicy: OnFailure"))[0].job
+    assert "backoffLimit" not in main_object(job, "kubeflow")["spec"]["runPolicy"]
+
+
+def test_jobset_restarts_on_failure_pods_in_place_without_limit_as_volcano_does() -> None:
+    # Under Volcano an OnFailure pod restarts in place and never fails: no child Job may stop it
+    # at batch/v1's default backoffLimit of 6.
+    job = example("pytorch-job.yaml")
+    assert {t.template.restart_policy for t in job.spec.tasks} == {"OnFailure"}
+    assert _restarts(job)["jobset-child"] == {"master": 2**31 - 1, "worker": 2**31 - 1}
+
+
+def test_trainjob_says_how_its_runtime_restarts_differ_from_the_job() -> None:
+    warnings = dict(render_target(example("restart-on-failure.yaml"), "trainjob").warnings)
+    message = warnings["spec.maxRetry"]
+    assert "6 failures summed over the nodes" in message
+    assert "asks for 2 restarts of the whole job after a failed pod (maxRetry 3)" in message
+    custom = dict(render_target(example("ddp-train.yaml"), "trainjob", runtime="mine").warnings)
+    assert "see runtime 'mine'" in custom["spec.maxRetry"]
+
+
+def test_job_level_scheduling_is_kept_or_warned_on_every_target() -> None:
+    extra = "  priorityClassName: high\n  schedulerName: my-sched\n  minAvailable: 2\n"
+    tasks = one_task("master", 1) + one_task("worker", 2).replace(
+        "replicas: 2\n", "replicas: 2\n  maxRetry: 5\n"
+    )
+    plugins = "pytorch: [--wait-master-enabled, --wait-master-timeout=30]"
+    job = yaml_job(tasks, plugins=plugins, extra=extra)
+    # Volcano copies them into every pod that names none; so do the PyTorchJob and the JobSet.
+    kf = render_target(job, "kubeflow")
+    spec = kf.objects[-1]["spec"]
+    for replica in spec["pytorchReplicaSpecs"].values():
+        pod = replica["template"]["spec"]
+        assert (pod["priorityClassName"], pod["schedulerName"]) == ("high", "my-sched")
+    # The operator's gang scheduling reads minAvailable even without a queue.
+    assert spec["runPolicy"]["schedulingPolicy"] == {"minAvailable": 2, "priorityClass": "high"}
+    kf_warnings = dict(kf.warnings)
+    assert "--wait-master-timeout is dropped" in kf_warnings["spec.plugins.pytorch"]
+    assert "maxRetry 5 is dropped" in kf_warnings["spec.tasks[1].maxRetry"]
+    js = render_target(job, "jobset")
+    for rjob in js.objects[-1]["spec"]["replicatedJobs"]:
+        pod = rjob["template"]["spec"]["template"]["spec"]
+        assert (pod["priorityClassName"], pod["schedulerName"]) == ("high", "my-sched")
+    js_warnings = dict(js.warnings)
+    assert "minAvailable 2 of 3" in js_warnings["spec.minAvailable"]
+    assert "--wait-master-timeout is dropped" in js_warnings["spec.plugins.pytorch"]
+    assert "spec.tasks[1].maxRetry" in js_warnings
+    tj_warnings = dict(render_target(job, "trainjob").warnings)
+    for path in (
+        "spec.priorityClassName",
+        "spec.schedulerName",
+        "spec.minAvailable",
+        "spec.tasks[1].maxRetry",
+        "spec.plugins.pytorch",
+    ):
+        assert path in tj_warnings, path
+    # Volcano's own default scheduler is not carried to clusters that have no Volcano.
+    plain = main_object(example("pytorch-job.yaml"), "jobset")["spec"]["replicatedJobs"][0]
+    assert "schedulerName" not in plain["template"]["spec"]["template"]["spec"]
+
+
+def test_kubeflow_completes_sdk_resources_as_flyte_does() -> None:
+    config = PyTorch(
+        master=Master(limits=Resources(cpu="2", mem="4Gi")),  # limits only: Guaranteed under Flyte
+        worker=Worker(replicas=1, requests=Resources(cpu="1", gpu=1), limits=Resources(mem="2Gi")),
+    )
+    replicas = main_object(sdk(config), "kubeflow")["spec"]["pytorchReplicaSpecs"]
+    master = replicas["Master"]["template"]["spec"]["containers"][0]["resources"]
+    assert master == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]["resources"]
+    assert worker["requests"] == worker["limits"] == {"cpu": "1", "nvidia.com/gpu": "1", "memory": "2Gi"}
+    # A YAML job's resources are the user's own: Volcano and the operator take them as written.
+    yaml_pod = main_object(example("pytorch-job.yaml"), "kubeflow")["spec"]["pytorchReplicaSpecs"]["Master"]
+    volcano_pod = main_object(example("pytorch-job.yaml"), "volcano")["spec"]["tasks"][0]["template"]
+    assert yaml_pod["template"]["spec"]["containers"][0].get("resources") == volcano_pod["spec"][
+        "containers"
+    ][0].get("resources")
+
+
+def test_pods_target_says_no_controller_restarts_the_job() -> None:
+    warnings = dict(render_target(example("restart-on-failure.yaml"), "pods").warnings)
+    assert "a failed pod fails the job, where the job asks for 2 restarts" in warnings["spec.maxRetry"]
+    assert "spec.maxRetry" not in dict(render_target(example("ddp-train.yaml"), "pods").warnings)
 
 
 # -------------------------------------------------------------------------------------------- trainjob
@@ -389,6 +591,21 @@ def test_cli_render_target_errors_exit_2_with_one_line_each(tmp_path: Path) -> N
     assert wrong.returncode == 2 and "--runtime applies to --target trainjob only" in wrong.stderr
 
 
+def test_cli_validate_target_refuses_names_the_controller_could_not_create(tmp_path: Path) -> None:
+    # The issue's case: 56 characters with tasks m/w: <job>-w-0 fits, <job>-master-0 does not.
+    job = tmp_path / "job.yaml"
+    text = "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: " + "d" * 56 + "}\nspec:\n"
+    text += "  plugins: {pytorch: [--master=m, --worker=w]}\n  tasks:\n"
+    job.write_text(text + textwrap.indent(one_task("m", 1) + one_task("w", 1), "    "))
+    assert run("validate", str(job)).returncode == 0  # Volcano's own names fit
+    result = run("validate", str(job), "--target", "kubeflow")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"{job}:") and "metadata.name: --target kubeflow:" in line
+    assert "'" + "d" * 56 + "-master-0' (65 characters, more than 63)" in line
+    assert "the longest job name that fits is 54 characters" in line
+
+
 def test_cli_default_target_output_is_unchanged() -> None:
     path = str(EXAMPLES / "pytorch-job.yaml")
     assert run("render", path).stdout == run("render", path, "--target", "pods").stdout
@@ -432,11 +649,40 @@ def test_jobset_maps_the_env_plugin_and_kubeflow_drops_hostnames() -> None:
     ]
 
 
+def test_jobset_wires_every_task_as_volcanos_pytorch_and_env_plugins_do() -> None:
+    evaluator = "{name: c, image: i, command: [x]}, {name: side, image: i}"
+    job = yaml_job(
+        one_task("master", 1)
+        + one_task("worker", 2)
+        + one_task("eval", 1, evaluator).replace(
+            "{spec: {", "{spec: {initContainers: [{name: init, image: i}], "
+        ),
+        plugins="pytorch: [--port=2345], env: []",
+    )
+    rjobs = {r["name"]: r for r in main_object(job, "jobset")["spec"]["replicatedJobs"]}
+    pod = rjobs["eval"]["template"]["spec"]["template"]["spec"]
+    for container in pod["containers"]:  # every container of the other task reaches the master, no RANK
+        env = env_of(container)
+        assert env["MASTER_ADDR"] == "j-master-0-0.j"
+        assert env["MASTER_PORT"] == "2345"
+        assert env["WORLD_SIZE"] == "3"
+        assert "RANK" not in env
+        assert {"name": "pytorchjob-port", "containerPort": 2345} in container["ports"]
+        assert "VK_TASK_INDEX" in env
+    init_env = env_of(pod["initContainers"][0])
+    assert set(init_env) == {"VK_TASK_INDEX", "VC_TASK_INDEX"}  # the env plugin reaches init containers
+    worker = env_of(rjobs["worker"]["template"]["spec"]["template"]["spec"]["containers"][0])
+    assert worker["RANK"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['jobset.sigs.k8s.io/job-global-index']"}
+    }
+
+
 def test_trainjob_refuses_a_name_its_jobset_pods_could_not_have() -> None:
     text = (EXAMPLES / "ddp-train.yaml").read_text().replace("name: ddp-train", "name: " + "d" * 50)
     job = load_jobs_from_text(text, "long.yaml")[0].job
     with pytest.raises(
-        SpecError, match=r"metadata.name: the runtime's JobSet would name pods like .*-node-0-2-abcde"
+        SpecError,
+        match=r"metadata.name: --target trainjob: the controller would name a pod .*-node-0-2-abcde",
     ):
         render_target(job, "trainjob")
     render_target(job, "kubeflow")  # the name itself is fine elsewhere

@@ -95,7 +95,7 @@ REFUSED = {
 
 
 # One job using what each target maps beyond the basics: job volumes (a new claim), pod settings a
-# TrainJob patches into its runtime, labels, a TTL and a restart policy.
+# TrainJob patches into its runtime, labels, a TTL, a restart policy and job-level scheduling.
 RICH = """\
 apiVersion: batch.volcano.sh/v1alpha1
 kind: Job
@@ -104,6 +104,9 @@ spec:
   maxRetry: 4
   ttlSecondsAfterFinished: 600
   queue: gpu
+  priorityClassName: high
+  schedulerName: my-scheduler
+  minAvailable: 2
   volumes:
     - mountPath: /ckpt
       volumeClaim: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}

@@ -29,6 +29,12 @@ def register(commands: Any) -> None:
         help="also check what `torchjob run` needs on this machine (commands, Secrets, "
         "working directories, script files), all at once",
     )
+    validate.add_argument(
+        "--target",
+        choices=TARGETS,
+        help="also check what that target needs (names its controller makes, features it cannot express)",
+    )
+    validate.add_argument("--runtime", metavar="NAME", help="the ClusterTrainingRuntime of --target trainjob")
     validate.set_defaults(func=run_validate)
 
     render = commands.add_parser("render", help="print the Kubernetes objects a cluster would create")
@@ -90,12 +96,29 @@ def run_validate(args: argparse.Namespace) -> int:
                 if local:
                     problems += local
                     continue
+            if getattr(args, "target", None):
+                target = _target_problems(item, args.target, getattr(args, "runtime", None))
+                if target:
+                    problems += target
+                    continue
             tasks = ", ".join(f"{t.name}x{t.replicas}" for t in job.spec.tasks)
             plugins = ", ".join(p.name for p in expansion.plugins) or "none"
             print(f"{file}: job {job.name}: valid; {job.total_replicas} pods ({tasks}); plugins: {plugins}")
     if problems:
         raise SpecError(problems)
     return 0
+
+
+def _target_problems(item: Any, target: str, runtime: str | None) -> list[Problem]:
+    """What ``render --target`` would refuse, with the file's lines; its warnings are printed."""
+    from torchjob.targets import render_target
+
+    try:
+        rendered = render_target(item.job, target, runtime=runtime)
+    except SpecError as err:
+        return [item.document.problem(p.path, p.message) for p in err.problems]
+    _print_warnings(item.document, rendered.warnings)
+    return []
 
 
 def _describe_workflow(file: str) -> str | None:

@@ -11,7 +11,8 @@ Mapping choices (Kubeflow/Flyte semantics on a Volcano job):
 - ``Elastic``: ``max_nodes`` pods in total (master x1 + worker x(max-1)); the rendezvous endpoint
   is the master pod's address and port; the job may start once ``min_nodes`` pods are scheduled.
 - The job completes when the master task completes (Kubeflow ends a job on the master's success);
-  a failed pod terminates the job, or restarts it up to ``backoff_limit`` times. A task called
+  a failed pod terminates the job, or restarts it up to ``backoff_limit`` times (``maxRetry`` is
+  ``backoff_limit + 1``: Volcano's maxRetry counts the runs, the first one included). A task called
   from Python locally waits for every pod instead, so that no rank's exception is lost.
 """
 
@@ -26,6 +27,8 @@ from torchjob.errors import SpecError
 from torchjob.logs import get_logger
 from torchjob.sdk.config import Elastic, PyTorch, Resources, RestartPolicy
 from torchjob.spec import model
+
+INT32_MAX = 2**31 - 1  # maxRetry is an int32
 
 logger = get_logger()
 
@@ -176,8 +179,10 @@ def job_document(request: JobRequest) -> dict[str, Any]:
     run_policy = config.run_policy if config is not None else None
     backoff = run_policy.backoff_limit if run_policy is not None else None
     if backoff:
+        # backoff_limit counts restarts (as a Kubernetes Job's does); Volcano's maxRetry counts runs:
+        # it fails the job on the restart that reaches it, so B restarts need maxRetry B + 1.
         spec["policies"] = [{"event": "PodFailed", "action": "RestartJob"}]
-        spec["maxRetry"] = backoff
+        spec["maxRetry"] = min(backoff + 1, INT32_MAX)
     else:
         spec["policies"] = [{"event": "PodFailed", "action": "TerminateJob"}]
     if run_policy is not None and run_policy.ttl_seconds_after_finished is not None:

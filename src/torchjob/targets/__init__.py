@@ -43,11 +43,18 @@ def render_target(job: Job, target: str, *, runtime: str | None = None) -> Targe
 
     if runtime is not None and target != "trainjob":
         raise unknown_target(f"--runtime only applies to --target trainjob, not {target!r}")
+    if target in TARGETS:
+        from torchjob.targets.names import check
+
+        check(job, target)  # names the controller makes from the job's must fit their limits
     # Each target module is imported only when asked for.
     if target == "pods":
         from torchjob.targets import pods
+        from torchjob.targets.common import uncontrolled_warnings
 
-        return pods.render(job)
+        rendered = pods.render(job)
+        rendered.warnings += uncontrolled_warnings(job)
+        return rendered
     if target == "volcano":
         from torchjob.targets import volcano
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from torchjob.errors import Problem, SpecError
 from torchjob.records import record
+from torchjob.spec.defaults import DEFAULT_MAX_RETRY, DEFAULT_SCHEDULER
 from torchjob.spec.model import Job, Task
 from torchjob.targets import JOB_LABEL, TARGETS
 
@@ -126,6 +127,41 @@ def restarts_on_failure(job: Job) -> bool:
     )
 
 
+INT32_MAX = 2**31 - 1
+
+
+def job_restarts(job: Job) -> int:
+    """How often a failed pod restarts the whole job under Volcano (and the local engine).
+
+    Volcano counts runs, not restarts: it fails the job on the restart that reaches ``maxRetry``,
+    so ``maxRetry: M`` allows ``M - 1`` restarts. The SDK writes ``maxRetry = backoff_limit + 1``.
+    """
+    return max(job.spec.max_retry - 1, 0) if restarts_on_failure(job) else 0
+
+
+def restart_rule(job: Job) -> str:
+    """What the job asks for on a failure, in words, for a warning where a target differs."""
+    if restarts_on_failure(job):
+        n, m = job_restarts(job), job.spec.max_retry
+        return f"{n} restart{'s' if n != 1 else ''} of the whole job after a failed pod (maxRetry {m})"
+    if any(t.template.restart_policy != "Never" for t in job.spec.tasks if t.replicas):
+        return "containers restarted in place without limit (restartPolicy OnFailure/Always)"
+    return "no restart"
+
+
+def uncontrolled_warnings(job: Job) -> list[tuple[str, str]]:
+    """Restarts that bare pods (``--target pods``) cannot give: no controller acts on a failed pod."""
+    if not restarts_on_failure(job):
+        return []
+    return [
+        (
+            "spec.maxRetry",
+            "target 'pods' creates the pods without a controller: a failed pod fails the job, "
+            f"where the job asks for {restart_rule(job)}; use --target volcano or jobset to keep it",
+        )
+    ]
+
+
 def policy_warnings(job: Job, target: str, master: Task | None) -> list[tuple[str, str]]:
     """Lifecycle policies ``target`` has no place for, each named with what becomes of it.
 
@@ -224,7 +260,55 @@ def volcano_warnings(job: Job, target: str, master: Task | None) -> list[tuple[s
     for t, task in enumerate(job.spec.tasks):
         for key in task.extra:
             warnings.append((f"spec.tasks[{t}].{key}", f"target {target!r} has no {key}; it is dropped"))
+        if task.max_retry != DEFAULT_MAX_RETRY:
+            warnings.append(
+                (
+                    f"spec.tasks[{t}].maxRetry",
+                    f"target {target!r} has no task maxRetry (Volcano's container-restart threshold "
+                    f"for TaskFailed); maxRetry {task.max_retry} is dropped",
+                )
+            )
     return warnings
+
+
+def pod_scheduling(job: Job, spec: dict[str, Any]) -> None:
+    """The job-level scheduler and priority class on a pod spec that names none, as Volcano does.
+
+    ``volcano`` (the scheduler Volcano's webhook fills in) is not copied: these targets run on
+    clusters without Volcano, where the default scheduler places the pods.
+    """
+    if job.spec.priority_class_name and not spec.get("priorityClassName"):
+        spec["priorityClassName"] = job.spec.priority_class_name
+    if job.spec.scheduler_name not in ("", DEFAULT_SCHEDULER) and not spec.get("schedulerName"):
+        spec["schedulerName"] = job.spec.scheduler_name
+
+
+def total_pods(job: Job) -> int:
+    return sum(t.replicas for t in job.spec.tasks)
+
+
+def gang_warnings(job: Job, target: str) -> list[tuple[str, str]]:
+    """Volcano's gang size where ``target`` starts pods one by one (no PodGroup)."""
+    total = total_pods(job)
+    if job.elastic is not None or job.spec.min_available >= total:
+        return []
+    return [
+        (
+            "spec.minAvailable",
+            f"target {target!r} has no gang scheduling: every pod is started, none waits for "
+            f"minAvailable {job.spec.min_available} of {total}; it is dropped",
+        )
+    ]
+
+
+def wait_master_flags(job: Job) -> list[str]:
+    """The pytorch plugin's wait-for-master timeout and image flags the job writes itself."""
+    given = []
+    for arg in job.spec.plugins.get("pytorch", []):
+        name = arg.lstrip("-").split("=", 1)[0]
+        if name in ("wait-master-timeout", "wait-master-image") and f"--{name}" not in given:
+            given.append(f"--{name}")
+    return given
 
 
 def queue_warnings(job: Job, target: str) -> list[tuple[str, str]]:

@@ -6,41 +6,46 @@ as ``<job>-<task>-<i>-0.<job>`` through the JobSet's headless service (``network
 The pytorch master comes first, so JobSet's global job index is the rank: the master is 0 and
 worker ``i`` is ``i + 1``; ``RANK`` reads it from the pod annotation
 ``jobset.sigs.k8s.io/job-global-index``, whatever command or entrypoint the container has.
+Every other task gets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and the port but no
+``RANK``, as Volcano's pytorch plugin gives them.
 
 - Start-up: ``startupPolicy: InOrder`` creates the workers once the master's Job is ready.
 - Success: when the master completes if the master task ends the job (``TaskCompleted ->
   CompleteJob``, as the SDK writes), else when every Job completes (Volcano's default).
 - Failure: ``failurePolicy.maxRestarts`` is ``maxRetry - 1`` when a failed pod restarts the job
-  (Volcano fails the job on the restart that reaches ``maxRetry``), else 0.
+  (Volcano fails the job on the restart that reaches ``maxRetry``), else 0. Child Jobs of
+  ``Never`` pods have ``backoffLimit: 0``; of ``OnFailure`` pods no limit, as under Volcano.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torchjob.errors import Problem, SpecError
+from torchjob.errors import SpecError
 from torchjob.plugins.pytorch import PORT_NAME
 from torchjob.spec.model import Job, Task
 from torchjob.targets import JOB_LABEL, TargetRender
 from torchjob.targets.common import (
+    INT32_MAX,
     cannot,
     claim_objects,
+    copy,
+    gang_warnings,
+    job_restarts,
     labelled,
     metadata,
     mount_job_volumes,
+    pod_scheduling,
     queue_warnings,
-    restarts_on_failure,
     task_path,
     volcano_warnings,
+    wait_master_flags,
 )
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 KIND = "JobSet"
 GLOBAL_INDEX = "metadata.annotations['jobset.sigs.k8s.io/job-global-index']"
 JOB_INDEX = "metadata.annotations['jobset.sigs.k8s.io/job-index']"
-MAX_POD_NAME = 63
-# JobSet's webhook checks the longest pod name with a 5-character random suffix.
-POD_SUFFIX = "-abcde"
 
 
 def pod_host(job: Job, task: Task, index: int) -> str:
@@ -64,22 +69,6 @@ def _ordered(job: Job) -> tuple[list[Task], Task | None, Task | None, int]:
     return first + [t for t in job.spec.tasks if t not in first], master, worker, plugin.port
 
 
-def _check_names(job: Job) -> None:
-    problems = []
-    for task in job.spec.tasks:
-        longest = f"{job.name}-{task.name}-{max(task.replicas - 1, 0)}-0{POD_SUFFIX}"
-        if len(longest) > MAX_POD_NAME:
-            problems.append(
-                Problem(
-                    f"{task_path(job, task)}.name",
-                    f"JobSet would name this task's pods like {longest!r} ({len(longest)} characters, "
-                    f"more than {MAX_POD_NAME}); shorten the job or task name for --target jobset",
-                )
-            )
-    if problems:
-        raise SpecError(problems)
-
-
 def render(job: Job) -> TargetRender:
     if job.elastic is not None and job.elastic.min_nodes != job.elastic.max_nodes:
         e = job.elastic
@@ -94,11 +83,17 @@ def render(job: Job) -> TargetRender:
                 )
             ]
         )
-    _check_names(job)
     tasks, master, worker, port = _ordered(job)
     warnings = [w for w in volcano_warnings(job, "jobset", master) if w[0] != "spec.plugins.env"]
-    restart = restarts_on_failure(job)
-    warnings += queue_warnings(job, "jobset")
+    warnings += queue_warnings(job, "jobset") + gang_warnings(job, "jobset")
+    for flag in wait_master_flags(job) if master is not None else []:
+        warnings.append(
+            (
+                "spec.plugins.pytorch",
+                f"startupPolicy InOrder creates the workers once the master's Job is ready, with no "
+                f"time limit; {flag} is dropped",
+            )
+        )
     sdk = job.run_policy
     world = str(sum(t.replicas for t in (master, worker) if t is not None))
     replicated = []
@@ -123,34 +118,40 @@ def render(job: Job) -> TargetRender:
                     (f"{path}.{key}", f"JobSet names and addresses the pods itself; {key} is dropped")
                 )
         mount_job_volumes(job, spec)
+        pod_scheduling(job, spec)
+        # Volcano's env plugin: the pod's index within its task, in every container and init container.
+        index_env = [{"name": n, "valueFrom": _field(JOB_INDEX)} for n in ("VK_TASK_INDEX", "VC_TASK_INDEX")]
         env_extra: list[dict[str, Any]] = []
-        if "env" in job.spec.plugins:  # Volcano's env plugin: the pod's index within its task
-            env_extra += [
-                {"name": n, "valueFrom": _field(JOB_INDEX)} for n in ("VK_TASK_INDEX", "VC_TASK_INDEX")
-            ]
-        if master is not None and task in (master, worker):
-            rank: dict[str, Any] = {"value": "0"} if task is master else {"valueFrom": _field(GLOBAL_INDEX)}
+        if master is not None:  # the pytorch plugin wires every task's pods; only RANK is for master/worker
             env_extra += [
                 {"name": "MASTER_ADDR", "value": pod_host(job, master, 0)},
                 {"name": "MASTER_PORT", "value": str(port)},
                 {"name": "WORLD_SIZE", "value": world},
-                {"name": "RANK", **rank},
             ]
+            if task is master:
+                env_extra.append({"name": "RANK", "value": "0"})
+            elif task is worker:
+                env_extra.append({"name": "RANK", "valueFrom": _field(GLOBAL_INDEX)})
         for container in spec.get("containers", []):
-            if master is not None and task in (master, worker):
+            if master is not None:
                 ports = container.setdefault("ports", [])
                 if not any(p.get("containerPort") == port for p in ports):
                     ports.append({"name": PORT_NAME, "containerPort": port})
             if env_extra:
-                container.setdefault("env", []).extend(dict(e) for e in env_extra)
+                container.setdefault("env", []).extend(copy(env_extra))
+        if "env" in job.spec.plugins:
+            for container in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+                container.setdefault("env", []).extend(copy(index_env))
         job_spec: dict[str, Any] = {
             "completionMode": "Indexed",
             "completions": 1,
             "parallelism": 1,
             "template": template,
         }
-        if spec["restartPolicy"] == "Never":
-            job_spec["backoffLimit"] = 0  # a failed pod fails its Job; the JobSet's failure policy decides
+        # Never: a failed pod fails its Job and the JobSet's failure policy decides, as Volcano's
+        # policies do. OnFailure: the container restarts in place; under Volcano such a pod never
+        # fails, so no limit here either (batch/v1's default of 6 would fail the set on the 7th crash).
+        job_spec["backoffLimit"] = 0 if spec["restartPolicy"] == "Never" else INT32_MAX
         if sdk is not None and sdk.active_deadline_seconds:
             job_spec["activeDeadlineSeconds"] = sdk.active_deadline_seconds
         replicated.append(
@@ -160,10 +161,7 @@ def render(job: Job) -> TargetRender:
                 "template": {"metadata": {"labels": {JOB_LABEL: job.name}}, "spec": job_spec},
             }
         )
-    if sdk is not None:
-        max_restarts = sdk.backoff_limit or 0
-    else:
-        max_restarts = max(job.spec.max_retry - 1, 0) if restart else 0
+    max_restarts = job_restarts(job)  # the SDK's backoff_limit B is maxRetry B + 1: B restarts
     spec_out: dict[str, Any] = {
         "network": {"enableDNSHostnames": True, "subdomain": job.name, "publishNotReadyAddresses": True},
         "replicatedJobs": replicated,

@@ -3,13 +3,15 @@
 - ``Master`` (exactly one replica) from the pytorch master task, ``Worker`` from the worker task
   (left out when there are no workers); the training container is renamed ``pytorch`` and given
   the ``pytorchjob-port`` port, which the operator reads for ``MASTER_PORT``.
+- ``nprocPerNode: "1"`` unless elastic: one process per pod, not the operator's ``auto``.
 - Each replica's ``restartPolicy`` is its pod template's (Kubernetes' ``Always`` when unset; the
   SDK writes ``Never`` for an unset policy, as Flyte does).
 - Elastic SDK tasks: no Master, ``Worker`` x max nodes, ``elasticPolicy`` with min/max replicas,
   ``c10d``, ``nProcPerNode`` and ``maxRestarts`` (Flyte sets the deprecated ``nProcPerNode``
   field, not ``spec.nprocPerNode``, and so does this).
-- ``runPolicy``: the SDK's run policy as Flyte parses it; for YAML jobs the TTL, and a backoff
-  limit of ``maxRetry - 1`` when a failed pod restarts the job. The operator's own env
+- ``runPolicy``: the SDK's run policy as Flyte parses it (warned where its backoff limit gives
+  other than ``backoff_limit`` restarts); for YAML jobs ``cleanPodPolicy: Running``, the TTL, and a
+  backoff limit of ``maxRetry`` when a failed pod restarts the job. The operator's own env
   (``MASTER_ADDR=<job>-master-0``, ``RANK``, ``WORLD_SIZE``) and init container replace the
   pytorch plugin's.
 """
@@ -22,14 +24,18 @@ from torchjob.plugins.pytorch import PORT_NAME
 from torchjob.spec.model import Job, Task
 from torchjob.targets import TargetRender
 from torchjob.targets.common import (
+    SDK_LABEL,
     claim_objects,
     labelled,
     metadata,
     mount_job_volumes,
+    pod_scheduling,
     pytorch_roles,
     restarts_on_failure,
     task_path,
+    total_pods,
     volcano_warnings,
+    wait_master_flags,
 )
 
 API_VERSION = "kubeflow.org/v1"
@@ -60,8 +66,41 @@ def _template(job: Job, task: Task, port: int, warnings: list[tuple[str, str]]) 
             same["name"] = PORT_NAME
         else:
             ports.append({"name": PORT_NAME, "containerPort": port})
+    if job.metadata.labels.get(SDK_LABEL) == "true" and main.get("resources"):
+        main["resources"] = flyte_resources(main["resources"])
     mount_job_volumes(job, spec)
+    pod_scheduling(job, spec)
     return template, policy
+
+
+def flyte_resources(resources: dict[str, Any]) -> dict[str, Any]:
+    """Requests and limits as Flyte's backend completes them (``container_helper.go``).
+
+    For each resource the task names, a missing (or zero) request is the limit, a missing limit is
+    the request, and a request above its limit is lowered to it: a task giving only limits runs
+    Guaranteed, as under Flyte, not Burstable. (Flyte's platform defaults for a resource the task
+    does not name at all are the cluster's own, and are not guessed here.)
+    """
+    from torchjob.spec.units import parse_quantity
+
+    requests = dict(resources.get("requests") or {})
+    limits = dict(resources.get("limits") or {})
+
+    def zero(value: Any) -> bool:
+        return value is None or parse_quantity(value) == 0
+
+    for key in [*requests, *(k for k in limits if k not in requests)]:
+        request, limit = requests.get(key), limits.get(key)
+        if zero(request):
+            request = limit
+        if zero(limit):
+            limit = request
+        if not zero(limit) and parse_quantity(request) > parse_quantity(limit):
+            request = limit
+        requests[key], limits[key] = request, limit
+    out = dict(resources)
+    out["requests"], out["limits"] = requests, limits
+    return out
 
 
 def _run_policy(job: Job, restart: bool) -> dict[str, Any]:
@@ -75,16 +114,56 @@ def _run_policy(job: Job, restart: bool) -> dict[str, Any]:
         if sdk.ttl_seconds_after_finished:
             out["ttlSecondsAfterFinished"] = sdk.ttl_seconds_after_finished
         return out
-    out = {}
+    # Volcano kills the pods still running or pending when a job ends and keeps the finished ones;
+    # an SDK task without a run policy keeps Flyte's mapping (none: the operator's "None").
+    out = {} if job.metadata.labels.get(SDK_LABEL) == "true" else {"cleanPodPolicy": "Running"}
     if job.spec.ttl_seconds_after_finished is not None:
         out["ttlSecondsAfterFinished"] = job.spec.ttl_seconds_after_finished
-    if restart:  # Volcano fails the job on the restart that reaches maxRetry
-        out["backoffLimit"] = max(job.spec.max_retry - 1, 0)
-    if job.spec.queue != "default" or job.spec.priority_class_name:
-        scheduling: dict[str, Any] = {"minAvailable": job.spec.min_available, "queue": job.spec.queue}
+    if restart:
+        # The operator fails the job once its pods' container restarts, summed, reach backoffLimit,
+        # that is on the M-th failure: as Volcano does with maxRetry M (M - 1 restarts).
+        out["backoffLimit"] = job.spec.max_retry
+    # Read by the operator's gang scheduling (Volcano or scheduler-plugins) for its PodGroup.
+    gang = job.elastic is None and job.spec.min_available < total_pods(job)
+    if job.spec.queue != "default" or job.spec.priority_class_name or gang:
+        scheduling: dict[str, Any] = {"minAvailable": job.spec.min_available}
+        if job.spec.queue != "default":
+            scheduling["queue"] = job.spec.queue
         if job.spec.priority_class_name:
             scheduling["priorityClass"] = job.spec.priority_class_name
         out["schedulingPolicy"] = scheduling
+    return out
+
+
+def _backoff_warnings(job: Job, replicas: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where Flyte's ``backoffLimit: B`` (kept for SDK tasks) gives other than B restarts."""
+    limit = job.run_policy.backoff_limit if job.run_policy is not None else None
+    if not limit:
+        return []
+    policies = {kind: r["restartPolicy"] for kind, r in replicas.items()}
+    elsewhere = f"the local engine, volcano and jobset restart the whole job {limit} times"
+    out = []
+    never = [kind for kind, p in policies.items() if p == "Never"]
+    if never:
+        out.append(
+            (
+                "run_policy.backoff_limit",
+                f"the operator fails the job at the first failed pod of a Never replica ({', '.join(never)}) "
+                f"whatever backoffLimit says: no restart here, where {elsewhere} (Flyte's mapping is kept; "
+                "RestartPolicy.FAILURE restarts pods in place)",
+            )
+        )
+    others = [kind for kind in policies if kind not in never]
+    if others:
+        out.append(
+            (
+                "run_policy.backoff_limit",
+                f"the operator fails the job when the in-place container restarts of {', '.join(others)}, "
+                f"summed over its pods, reach backoffLimit {limit} ({limit - 1} restarts), where the "
+                "local engine, volcano and jobset restart such pods in place without limit "
+                "(Flyte's mapping is kept)",
+            )
+        )
     return out
 
 
@@ -114,8 +193,27 @@ def render(job: Job) -> TargetRender:
                     )
                 )
             replicas[kind] = {"replicas": count, "restartPolicy": policy, "template": template}
+    # backoffLimit only counts the failures Volcano would restart the job for: those of Never pods.
+    # Pods already OnFailure/Always restart in place without limit, under Volcano as here.
+    restart = restart and any(
+        t.template.restart_policy == "Never" for t in (roles.master, roles.worker) if t is not None
+    )
+    warnings += _backoff_warnings(job, replicas)
+    for flag in wait_master_flags(job):
+        warnings.append(
+            (
+                "spec.plugins.pytorch",
+                f"the operator adds its own wait-for-master init container to workers (it resolves "
+                f"the master's name, 100 tries 2 s apart unless the operator is configured otherwise); "
+                f"{flag} is dropped",
+            )
+        )
     spec: dict[str, Any] = {"pytorchReplicaSpecs": replicas, "runPolicy": _run_policy(job, restart)}
-    if elastic is not None:
+    if elastic is None:
+        # Unset, the operator defaults it to "auto": a command running torchrun would then start one
+        # process per GPU (or per host CPU), not the one rank per pod every other target gives.
+        spec["nprocPerNode"] = "1"
+    else:
         spec["elasticPolicy"] = {
             "minReplicas": elastic.min_nodes,
             "maxReplicas": elastic.max_nodes,

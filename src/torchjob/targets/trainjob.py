@@ -16,7 +16,6 @@ selection, service account, labels); anything else in the pod template is refuse
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from torchjob.errors import Problem, SpecError
@@ -26,13 +25,15 @@ from torchjob.targets.common import (
     cannot,
     claim_objects,
     copy,
+    gang_warnings,
     metadata,
     mount_job_volumes,
     pytorch_roles,
     queue_warnings,
-    restarts_on_failure,
+    restart_rule,
     task_path,
     volcano_warnings,
+    wait_master_flags,
 )
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -42,7 +43,6 @@ NODE = "node"  # the runtime's trainer job and container
 MANAGER = "torchjob.io/render"
 RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 TORCHRUN = ("torchrun", "--no-python")
-_NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
 # Pod spec fields a runtime patch may set; the rest of a pod template has no place in a TrainJob.
 PATCHED_POD_FIELDS = (
     "volumes",
@@ -91,24 +91,6 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
     target = "trainjob"
     roles = pytorch_roles(job, target)
     problems: list[Problem] = []
-    if not _NAME.match(job.name) or len(job.name) > 63:
-        problems.append(
-            Problem(
-                "metadata.name",
-                f"a TrainJob name must start with a letter and be a DNS label "
-                f"of at most 63 characters, got {job.name!r}",
-            )
-        )
-    nodes = roles.master.replicas + (roles.worker.replicas if roles.worker is not None else 0)
-    longest = f"{job.name}-{NODE}-0-{nodes - 1}-abcde"  # JobSet's webhook checks this pod name
-    if len(longest) > 63:
-        problems.append(
-            Problem(
-                "metadata.name",
-                f"the runtime's JobSet would name pods like {longest!r} "
-                f"({len(longest)} characters, more than 63); shorten the job name",
-            )
-        )
     elastic = job.elastic
     if elastic is not None and elastic.min_nodes != elastic.max_nodes:
         problems.append(
@@ -136,7 +118,29 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
     mount_job_volumes(job, spec)
     path = f"{task_path(job, master)}.template.spec"
     warnings = volcano_warnings(job, target, master)
-    warnings += queue_warnings(job, target)
+    warnings += queue_warnings(job, target) + gang_warnings(job, target)
+    for flag in wait_master_flags(job):
+        warnings.append(
+            (
+                "spec.plugins.pytorch",
+                f"torchrun waits for node 0 itself, up to its rendezvous timeout; {flag} is dropped",
+            )
+        )
+    if job.spec.priority_class_name:
+        warnings.append(
+            (
+                "spec.priorityClassName",
+                f"a TrainJob's runtime patches cannot set a priority class; "
+                f"{job.spec.priority_class_name!r} is dropped",
+            )
+        )
+    if job.spec.scheduler_name not in ("", "volcano"):
+        warnings.append(
+            (
+                "spec.schedulerName",
+                f"the runtime decides the scheduler; {job.spec.scheduler_name!r} is dropped",
+            )
+        )
     for key in spec:
         if key in DROPPED_POD_FIELDS:
             warnings.append((f"{path}.{key}", f"{key} is dropped: {DROPPED_POD_FIELDS[key]}"))
@@ -268,14 +272,20 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
     sdk = job.run_policy
     if sdk is not None and sdk.active_deadline_seconds:
         out["activeDeadlineSeconds"] = sdk.active_deadline_seconds
-    if restarts_on_failure(job) or (sdk is not None and sdk.backoff_limit):
-        warnings.append(
-            (
-                "spec.maxRetry",
-                "a TrainJob has no restart limit of its own; the runtime's JobSet "
-                "failure policy decides whether a failed node restarts the job",
-            )
+    # A TrainJob has no restart setting at all; what the runtime does always differs from the job.
+    default = (
+        f"{DEFAULT_RUNTIME}: a failed node's container restarts in place until 6 failures summed over "
+        "the nodes (batch/v1's default backoffLimit) fail the job"
+        if runtime in (None, DEFAULT_RUNTIME)
+        else f"see runtime {runtime!r}"
+    )
+    warnings.append(
+        (
+            "spec.maxRetry",
+            f"a TrainJob has no restart settings; its runtime's JobSet decides ({default}), "
+            f"where this job asks for {restart_rule(job)}",
         )
+    )
     if job.spec.ttl_seconds_after_finished is not None:
         warnings.append(
             (
