@@ -135,10 +135,9 @@ def cold_argv(run: ContainerRun) -> list[str] | None:
 
 def guard_shim(python: str) -> str:
     """The script torchrun starts each rank with (``$PYTHON_EXEC``): warmstart.py's guard."""
-    import shlex
-
     words = [python, "-I", "-S", "-c", BOOT, RUNNER, GUARD, "0", "", "."]
-    return "#!/bin/sh\nexec " + " ".join(shlex.quote(w) for w in words) + ' "$@"\n'
+    quoted = ("'" + w.replace("'", "'\\''") + "'" for w in words)  # shlex.quote, without importing re
+    return "#!/bin/sh\nexec " + " ".join(quoted) + ' "$@"\n'
 
 
 @record
