@@ -54,7 +54,13 @@ def register(commands: Any) -> None:
         "-j",
         dest="quick",
         metavar="NODESxPROCS",
-        help="no job file: FILE is a Python script; print the job `torchjob run -j` would run",
+        help="no job file: FILE is a Python script; print the job `torchjob run -j` would run "
+        "(a FILE.py without -j is 1x1)",
+    )
+    render.add_argument(
+        "--image",
+        metavar="IMAGE",
+        help="quick mode: the image a cluster runs the script in (it must hold the script and torch)",
     )
     render.set_defaults(func=run_render)
 
@@ -66,7 +72,6 @@ def _print_warnings(document: Document, warnings: list[tuple[str, str]]) -> None
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from torchjob.cli.sources import load_ref
     from torchjob.expand import Expansion
 
     problems: list[Problem] = []
@@ -76,7 +81,7 @@ def run_validate(args: argparse.Namespace) -> int:
             if workflow is not None:
                 print(f"{file}: {workflow}")
                 continue
-            loaded = load_ref(file)
+            loaded = _load_validated(file)
         except SpecError as err:
             problems += err.problems
             continue
@@ -96,6 +101,14 @@ def run_validate(args: argparse.Namespace) -> int:
     if problems:
         raise SpecError(problems)
     return 0
+
+
+def _load_validated(file: str) -> list[Any]:
+    """FILE's jobs, or a script's job (quick mode, 1x1, as `torchjob run FILE` runs it)."""
+    from torchjob.cli.sources import load_ref, load_script
+
+    script, _ = load_script(file, None, [], local=True)
+    return [script] if script is not None else load_ref(file)
 
 
 def _describe_workflow(file: str) -> str | None:
@@ -120,7 +133,7 @@ def _local_problems(item: Any) -> list[Problem]:
 def _render_workflow(args: argparse.Namespace) -> int | None:
     """``FILE.py:WORKFLOW [-- ARGS]``: one List per task call; None for anything else."""
     path, _, name = args.file.rpartition(":")
-    if path.endswith(".py") and getattr(args, "quick", None) is None:
+    if path.endswith(".py") and getattr(args, "quick", None) is None and getattr(args, "image", None) is None:
         from torchjob.sdk.workflow_cli import render_workflow
 
         code = render_workflow(path, name, getattr(args, "program_args", []), args.output, sys.stdout.write)
@@ -133,11 +146,17 @@ def _render_workflow(args: argparse.Namespace) -> int | None:
 def _load_for_render(args: argparse.Namespace) -> list[Any]:
     """FILE's jobs with the program arguments after ``--``, or with ``-j`` the job of a script."""
     program_args = list(getattr(args, "program_args", []))
-    if getattr(args, "quick", None) is not None:
-        from torchjob.quick import quick_job
+    from torchjob.cli.sources import is_task_ref, load_ref, load_script
 
-        return [quick_job(args.quick, args.file, program_args)]
-    from torchjob.cli.sources import is_task_ref, load_ref
+    # What a cluster would run: no working directory of this machine, the --image given.
+    script, _ = load_script(args.file, args.quick, program_args, local=False, image=args.image)
+    if script is not None:
+        from torchjob.quick import default_image_warning
+
+        note = default_image_warning(args.file, args.image)
+        if note:
+            print(note, file=sys.stderr)
+        return [script]
 
     if is_task_ref(args.file):  # the arguments after -- are the task's
         return load_ref(args.file, program_args)
