@@ -66,13 +66,29 @@ spec:
 NOTE = "the program finished (exit code 0), then the interpreter aborted (SIGABRT) while shutting down"
 
 
-@pytest.mark.parametrize("args", [[], ["exit0"]])
+WARM = """\
+          initContainers:
+            - {name: init, image: x, command: [sh, -c, "sleep 0.3"]}
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [([], "cold"), (["exit0"], "cold"), ([], "prewarmed"), (["exit0"], "preloaded")],
+)
 def test_a_yaml_pod_that_finished_then_aborted_in_teardown_succeeds_with_a_note(
-    tmp_path: Path, args: list[str]
+    tmp_path: Path, args: list[str], start: str
 ) -> None:
     (tmp_path / "fin.py").write_text(FINISHES_THEN_ABORTS)
-    (tmp_path / "job.yaml").write_text(ONE_POD.format(script="fin.py", args=json.dumps(args)))
-    proc = _cli(tmp_path, "run", "job.yaml")
+    job = ONE_POD.format(script="fin.py", args=json.dumps(args))
+    if start == "prewarmed":  # the container's interpreter waits for its init container
+        job = job.replace(
+            "metadata: {name: teardown}",
+            "metadata: {name: teardown, annotations: {torchjob.io/prewarm: 'true'}}",
+        )
+        job = job.replace("          containers:\n", WARM + "          containers:\n")
+    (tmp_path / "job.yaml").write_text(job)
+    proc = _cli(tmp_path, "run", *(["--preload", "torch"] if start == "preloaded" else []), "job.yaml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "main-0 | work done" in proc.stdout
     assert proc.stdout.count(NOTE) == 1, proc.stdout

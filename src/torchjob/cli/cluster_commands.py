@@ -41,7 +41,11 @@ def register(commands: Any) -> None:
     submit = commands.add_parser(
         "submit", help="create a job on a Kubernetes cluster, print its name and return"
     )
-    submit.add_argument("file", metavar="FILE", help="job YAML/JSON, '-' for stdin, or FILE.py:TASK")
+    submit.add_argument(
+        "file",
+        metavar="FILE",
+        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, or a script (SCRIPT.py ARGS...)",
+    )
     submit.add_argument(
         "--target",
         choices=TARGETS,

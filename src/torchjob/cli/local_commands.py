@@ -32,7 +32,8 @@ def register(commands: Any) -> None:
     run.add_argument(
         "file",
         metavar="FILE",
-        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, or FILE.py:WORKFLOW [-- --ARG VALUE ...]",
+        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, FILE.py:WORKFLOW [-- --ARG VALUE ...], "
+        "or a script run as torchrun would (SCRIPT.py ARGS...: what follows the script is its own)",
     )
     run.add_argument("-d", "--detach", action="store_true", help="run in the background and print the job id")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="terminate the job after this long")

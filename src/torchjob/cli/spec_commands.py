@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the real imports are lazy, inside the commands
 def register(commands: Any) -> None:
     validate = commands.add_parser("validate", help="check job files and print a summary of each job")
     validate.add_argument(
-        "files", nargs="+", metavar="FILE", help="job YAML/JSON, '-' for stdin, or FILE.py:TASK"
+        "files", nargs="+", metavar="FILE", help="job YAML/JSON, '-' for stdin, FILE.py:TASK, or SCRIPT.py"
     )
     validate.add_argument(
         "--local",
@@ -35,7 +35,8 @@ def register(commands: Any) -> None:
     render.add_argument(
         "file",
         metavar="FILE",
-        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, or FILE.py:WORKFLOW [-- --ARG VALUE ...]",
+        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, FILE.py:WORKFLOW [-- --ARG VALUE ...], "
+        "or a script run as torchrun would (SCRIPT.py ARGS...: what follows the script is its own)",
     )
     render.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
     render.add_argument(
