@@ -204,6 +204,12 @@ def test_set_worker_replicas_gives_torchrun_the_new_node_count(tmp_path: Path) -
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in range(4):
         assert f"rank {rank} sum 4" in proc.stdout, proc.stdout
+    for value in ("abc", "-1"):
+        proc = _cli(tmp_path, "run", "-j", "2x2", "--set", f"worker.replicas={value}", "dist.py")
+        assert proc.returncode == 2 and proc.stderr == (
+            f"<command line>: --set: worker.replicas={value}: expected a number of worker nodes (0 or more), "
+            f"got '{value}'\n"
+        ), proc.stderr
 
 
 # ------------------------------------------------------------ quick mode for a cluster

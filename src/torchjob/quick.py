@@ -84,7 +84,12 @@ def nodes_from_sets(sets: list[str]) -> tuple[int | None, list[str]]:
     nodes, rest = None, []
     for assignment in sets:
         target, _, value = assignment.partition("=")
-        if target.strip() == "worker.replicas" and value.strip().isdigit():
+        if target.strip() == "worker.replicas":
+            if not value.strip().isdigit():
+                message = (
+                    f"{assignment}: expected a number of worker nodes (0 or more), got {value.strip()!r}"
+                )
+                raise SpecError([Problem("--set", message, COMMAND_LINE)])
             nodes = int(value.strip()) + 1
         else:
             rest.append(assignment)
