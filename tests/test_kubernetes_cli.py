@@ -243,3 +243,25 @@ def test_submit_takes_an_sdk_task_as_kubeflow_does(
     job = api.get("kubeflow.org/v1", "PyTorchJob", name)
     assert job is not None and job["metadata"]["labels"]["torchjob.io/job-name"] == name
     assert set(job["spec"]["pytorchReplicaSpecs"]) <= {"Master", "Worker"}
+
+
+def test_submit_takes_a_script_in_quick_mode_with_its_image_and_arguments(
+    api: FakeKubeAPI,
+    kubeconfig: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`submit -j 2x2 --image IMG train.py ARGS`: the job a cluster runs, nothing of this machine's."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    args = ["submit", "--target", "volcano", "--kubeconfig", kubeconfig, "-j", "2x2", "--image", "reg.io/t:1"]
+    code = main([*args, "train.py", "--steps", "5"])
+    out = capsys.readouterr()
+    assert (code, out.out) == (0, "train\n"), out.err
+    assert "warning" not in out.err
+    job = api.get(VOLCANO, "Job", "train")
+    assert job is not None
+    containers = [t["template"]["spec"]["containers"][0] for t in job["spec"]["tasks"]]
+    assert [c["image"] for c in containers] == ["reg.io/t:1", "reg.io/t:1"]
+    assert all(c["args"] == ["train.py", "--steps", "5"] and "workingDir" not in c for c in containers)

@@ -5,22 +5,33 @@ with the ``pytorch`` plugin giving every pod ``MASTER_ADDR``, ``MASTER_PORT`` an
 ``RANK``. Each pod runs PyTorch's own launcher, ``python -m torch.distributed.run`` (torchrun),
 with a static rendezvous at the master pod: it starts M processes and gives each the usual
 ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` (N*M) and ``MASTER_ADDR``/``MASTER_PORT``. The script
-therefore runs as it would under ``torchrun`` on N machines. Containers run in the directory the
-script is given relative to (``--workdir``, else the current directory).
+therefore runs as it would under ``torchrun`` on N machines. Locally, containers run in the
+directory the script is given relative to (``--workdir``, else the current directory); for a
+cluster the job has no working directory (the image's own, which holds the script) and its image is
+``--image`` (a warning names the default, which does not hold the script).
+
+``torchjob run train.py`` without ``-j`` is ``-j 1x1``: a FILE that :func:`is_script` is a script.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any
 
 from torchjob.errors import Problem, SpecError
 from torchjob.jobs import LoadedJob, check_document
 from torchjob.spec.source import Document
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 COMMAND_LINE = "<command line>"
 DEFAULT_IMAGE = "pytorch/pytorch:latest"
+DEFAULT_SHAPE = "1x1"  # a script given without -j: one pod, one process, as `python train.py`
+JOB_SUFFIXES = (".yaml", ".yml", ".json")
+LAUNCHER = ("python", "-m", "torch.distributed.run")
+_READ_LIMIT = 1 << 20  # bytes of a FILE without a known suffix read to tell a script from a job
 _SHAPE = re.compile(r"(\d+)x(\d+)")
 MAX_NODES = 1000
 MAX_PROCS = 1024
@@ -39,6 +50,68 @@ def parse_shape(shape: str) -> tuple[int, int]:
     return nodes, procs
 
 
+def is_script(path: str) -> bool:
+    """Whether FILE is a Python script rather than a job file: a name ending in ``.py``, else a file
+    that holds no YAML/JSON mapping or list (a job) and compiles as Python (``train`` with no suffix)."""
+    if path == "-" or path.lower().endswith(JOB_SUFFIXES):
+        return False
+    if path.endswith(".py"):
+        return True
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_READ_LIMIT)
+    except OSError:
+        return False
+    if data.startswith(b"#!") and b"python" in data.split(b"\n", 1)[0]:
+        return True
+    import yaml  # only for a FILE whose name does not say what it is
+
+    try:
+        if any(isinstance(doc, (dict, list)) for doc in yaml.safe_load_all(data)):
+            return False
+    except yaml.YAMLError:
+        pass
+    try:
+        compile(data, path, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def nodes_from_sets(sets: list[str]) -> tuple[int | None, list[str]]:
+    """``--set worker.replicas=K`` in quick mode: K+1 nodes (torchrun must be told its node count,
+    not only the job), and the other ``--set`` assignments; (None, sets) without one."""
+    nodes, rest = None, []
+    for assignment in sets:
+        target, _, value = assignment.partition("=")
+        if target.strip() == "worker.replicas":
+            if not value.strip().isdigit():
+                message = (
+                    f"{assignment}: expected a number of worker nodes (0 or more), got {value.strip()!r}"
+                )
+                raise SpecError([Problem("--set", message, COMMAND_LINE)])
+            nodes = int(value.strip()) + 1
+        else:
+            rest.append(assignment)
+    return nodes, rest
+
+
+def unwrap_launcher(command: list[str], args: list[str]) -> tuple[list[str], int] | None:
+    """The command without quick mode's torchrun (``python SCRIPT ARGS``) and its processes per
+    node, for a target whose runtime starts torchrun itself (trainjob); None for other commands."""
+    if tuple(command[: len(LAUNCHER)]) != LAUNCHER or not args:
+        return None
+    flags = dict(f[2:].split("=", 1) for f in command[len(LAUNCHER) :] if f.startswith("--") and "=" in f)
+    expected = {"nnodes", "nproc-per-node", "node-rank", "master-addr", "master-port"}
+    if (
+        set(flags) != expected
+        or len(flags) != len(command) - len(LAUNCHER)
+        or not flags["nproc-per-node"].isdigit()
+    ):
+        return None
+    return ["python", *args], int(flags["nproc-per-node"])
+
+
 def job_name(script: str) -> str:
     """A DNS-1123 job name from the script's file name (``train_gpt.py`` -> ``train-gpt``)."""
     stem = os.path.splitext(os.path.basename(script))[0].lower()
@@ -52,12 +125,15 @@ def _escape(arg: str) -> str:
 
 
 def quick_manifest(
-    script: str, nodes: int, procs: int, program_args: list[str], workdir: str
+    script: str,
+    nodes: int,
+    procs: int,
+    program_args: list[str],
+    workdir: str | None,
+    image: str = DEFAULT_IMAGE,
 ) -> dict[str, Any]:
     launcher = [
-        "python",
-        "-m",
-        "torch.distributed.run",
+        *LAUNCHER,
         f"--nnodes={nodes}",
         f"--nproc-per-node={procs}",
         "--node-rank=$(RANK)",
@@ -66,15 +142,15 @@ def quick_manifest(
     ]
 
     def task(name: str, replicas: int) -> dict[str, Any]:
-        container = {
-            "name": "main",
-            "image": DEFAULT_IMAGE,
-            "workingDir": workdir,
+        container: dict[str, Any] = {"name": "main", "image": image}
+        if workdir is not None:
+            container["workingDir"] = workdir
+        container.update(
             # What torchrun sets anyway, saying so in a banner on every pod when it is not set.
-            "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-            "command": launcher,
-            "args": [_escape(script), *map(_escape, program_args)],
-        }
+            env=[{"name": "OMP_NUM_THREADS", "value": "1"}],
+            command=launcher,
+            args=[_escape(script), *map(_escape, program_args)],
+        )
         return {
             "name": name,
             "replicas": replicas,
@@ -98,16 +174,52 @@ def quick_manifest(
     }
 
 
-def quick_job(shape: str, script: str, program_args: list[str], workdir: str | None = None) -> LoadedJob:
-    """The job ``-j SHAPE SCRIPT -- ARGS`` stands for, checked like a file; SpecError if it cannot be."""
-    nodes, procs = parse_shape(shape)
-    base = os.path.abspath(workdir if workdir is not None else os.curdir)
-    if workdir is not None and not os.path.isdir(base):
+def quick_job(
+    shape: str | None,
+    script: str,
+    program_args: list[str],
+    workdir: str | None = None,
+    *,
+    local: bool = True,
+    image: str | None = None,
+    nodes: int | None = None,
+) -> LoadedJob:
+    """The job ``-j SHAPE SCRIPT ARGS`` stands for, checked like a file; SpecError if it cannot be.
+
+    ``local``: for this machine (the containers run in ``workdir`` or here); else for a cluster
+    (``workdir`` as given, else none: the image's). ``nodes`` replaces the shape's node count
+    (:func:`nodes_from_sets`).
+    """
+    given, procs = parse_shape(shape or DEFAULT_SHAPE)
+    nodes = given if nodes is None else nodes
+    if not 1 <= nodes <= MAX_NODES:
+        message = f"expected 0-{MAX_NODES - 1} workers (quick mode has a master and NODES-1 workers)"
+        raise SpecError([Problem("worker.replicas", message, COMMAND_LINE)])
+    base = os.path.abspath(workdir if workdir is not None and local else os.curdir)
+    if local and workdir is not None and not os.path.isdir(base):
         raise SpecError([Problem("--workdir", f"{workdir!r} is not a directory", COMMAND_LINE)])
-    if not os.path.isfile(os.path.join(base, script)):
+    path = os.path.join(base, script)
+    if not os.path.isfile(path):
         raise SpecError([Problem("", f"no such script in {base}", script)])
-    document = Document(data=quick_manifest(script, nodes, procs, program_args, base), file=script)
+    if not is_script(path):
+        message = "-j runs a Python script as torchrun does; this is a job file: run it without -j"
+        raise SpecError([Problem("", message, script)])
+    if image is not None and not image.strip():
+        raise SpecError([Problem("--image", "expected an image reference, got ''", COMMAND_LINE)])
+    where = base if local else workdir
+    manifest = quick_manifest(script, nodes, procs, program_args, where, image or DEFAULT_IMAGE)
+    document = Document(data=manifest, file=script)
     job, problems = check_document(document)
     if job is None:
         raise SpecError(problems)
     return LoadedJob(job, document)
+
+
+def default_image_warning(script: str, image: str | None) -> str | None:
+    """A job for a cluster left on the default image, which does not hold the script: say so."""
+    if image is not None:
+        return None
+    return (
+        f"{script}: warning: the job uses the default image {DEFAULT_IMAGE}, which holds neither "
+        "your script nor its files; on a cluster give an image that does: --image REGISTRY/NAME:TAG"
+    )

@@ -113,24 +113,65 @@ def dispatch(argv: Sequence[str] | None = None) -> int:
     return _main(argv)
 
 
-def _split_program_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+def _split_program_args(
+    argv: Sequence[str], parser: argparse.ArgumentParser | None = None
+) -> tuple[list[str], list[str]]:
     """``run|render ... -- ARGS``: what follows ``--`` is the program's (a workflow's or a task's
-    arguments, or what every main container gets appended to its ``args``).
+    arguments, or what every main container gets appended to its ``args``). For a script (quick
+    mode) everything after it is the script's, as for ``torchrun train.py --steps 20``.
 
     Split off before argparse, which cannot take ``--`` after options that follow a positional.
     """
     argv = list(argv)
+    at = _script_at(argv, parser) if parser is not None else None
+    if at is not None:
+        rest = argv[at + 1 :]
+        return argv[: at + 1], rest[1:] if rest[:1] == ["--"] else rest
     if "--" not in argv:
         return argv, []
     at = argv.index("--")
     return argv[:at], argv[at + 1 :]
 
 
+def _script_at(argv: list[str], parser: argparse.ArgumentParser) -> int | None:
+    """The index of FILE in ``run|render|submit [OPTIONS] FILE ...`` when it is a script; else None.
+
+    torchjob's options before it are skipped with their values (``-j 2x2``, ``--set=x``, ``-j2x2``).
+    """
+    command = _command_of(argv)
+    sub = getattr(parser, "_subparsers", None)
+    if command not in SCRIPT_COMMANDS or sub is None:
+        return None
+    options = sub._group_actions[0].choices[command]._option_string_actions
+    i, quick = argv.index(command) + 1, None
+    while i < len(argv) and argv[i] != "--":
+        arg = argv[i]
+        if not arg.startswith("-") or arg == "-":
+            from torchjob.cli.sources import is_script_ref
+
+            return i if is_script_ref(arg, quick) else None
+        name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
+        if name not in options and arg.startswith("--"):  # argparse takes unique prefixes too
+            found = [o for o in options if o.startswith(name)]
+            name = found[0] if len(found) == 1 else name
+        action = options.get(name)
+        attached = "=" in arg if arg.startswith("--") else len(arg) > 2
+        takes = action is not None and action.nargs != 0 and not attached
+        if action is not None and action.dest == "quick":
+            quick = (argv[i + 1] if takes and i + 1 < len(argv) else arg[2:]).lstrip("=")
+        i += 2 if takes else 1
+    return None
+
+
+SCRIPT_COMMANDS = ("run", "render", "submit")  # a script's arguments follow it
+
+
 def _main(argv: Sequence[str] | None) -> int:
-    argv, program_args = _split_program_args(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_of(argv))
+    argv, program_args = _split_program_args(argv, parser)
     args = parser.parse_args(argv)
-    if program_args and args.command not in ("run", "render"):
+    if program_args and args.command not in SCRIPT_COMMANDS:
         parser.error("arguments after -- are the program's: torchjob run|render FILE -- ARGS")
     args.program_args = program_args
     if args.verbose or os.environ.get("TORCHJOB_LOG"):

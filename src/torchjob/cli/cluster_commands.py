@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from torchjob.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, SpecError
+from torchjob.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,7 +41,11 @@ def register(commands: Any) -> None:
     submit = commands.add_parser(
         "submit", help="create a job on a Kubernetes cluster, print its name and return"
     )
-    submit.add_argument("file", metavar="FILE", help="job YAML/JSON, '-' for stdin, or FILE.py:TASK")
+    submit.add_argument(
+        "file",
+        metavar="FILE",
+        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, or a script (SCRIPT.py ARGS...)",
+    )
     submit.add_argument(
         "--target",
         choices=TARGETS,
@@ -60,16 +64,32 @@ def register(commands: Any) -> None:
         help="with --wait/--follow: fail when a pod stays unschedulable this long (default 300)",
     )
     submit.add_argument("--job", metavar="NAME", help="which job to submit when FILE holds several")
+    submit.add_argument(
+        "-j", dest="quick", metavar="NODESxPROCS", help="FILE is a Python script run by torchrun (as run -j)"
+    )
+    submit.add_argument(
+        "--image", metavar="IMAGE", help="quick mode: the image that holds the script and torch"
+    )
     add_cluster_options(submit)
     submit.set_defaults(func=run_submit)
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    from torchjob.cli.sources import choose_job, load_ref
+    from torchjob.cli.sources import choose_job, load_ref, load_script
     from torchjob.engines.base import EngineError, LogQuery, StartOptions
     from torchjob.engines.registry import get_engine
 
-    item = choose_job(load_ref(args.file), args.job, args.file)
+    program_args = list(getattr(args, "program_args", []))
+    script, _ = load_script(args.file, args.quick, program_args, local=False, image=args.image)
+    if script is None and program_args:
+        raise SpecError([Problem("", "arguments after FILE are a script's (quick mode)", args.file)])
+    if script is not None:
+        from torchjob.quick import default_image_warning
+
+        note = default_image_warning(args.file, args.image)
+        if note:
+            print(note, file=sys.stderr)
+    item = script or choose_job(load_ref(args.file), args.job, args.file)
     options = StartOptions(detach=True, replace=args.replace, target=args.target, runtime=args.runtime)
     try:
         engine = get_engine("kubernetes", pending_timeout=args.pending_timeout, **cluster_settings(args))

@@ -32,7 +32,8 @@ def register(commands: Any) -> None:
     run.add_argument(
         "file",
         metavar="FILE",
-        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, or FILE.py:WORKFLOW [-- --ARG VALUE ...]",
+        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, FILE.py:WORKFLOW [-- --ARG VALUE ...], "
+        "or a script run as torchrun would (SCRIPT.py ARGS...: what follows the script is its own)",
     )
     run.add_argument("-d", "--detach", action="store_true", help="run in the background and print the job id")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="terminate the job after this long")
@@ -142,7 +143,12 @@ def quick_option(parser: argparse.ArgumentParser) -> None:
         dest="quick",
         metavar="NODESxPROCS",
         help="no job file: FILE is a Python script, run by torchrun on NODES pods of PROCS "
-        "processes each (-j 2x4 train.py -- --lr 0.1)",
+        "processes each (-j 2x4 train.py --lr 0.1); a FILE.py without -j is 1x1",
+    )
+    parser.add_argument(
+        "--image",
+        metavar="IMAGE",
+        help="quick mode: the image a cluster runs the script in (it must hold the script and torch)",
     )
 
 
@@ -240,12 +246,28 @@ def _run_workflow(args: argparse.Namespace) -> int | None:
 
 
 def _load(args: argparse.Namespace, extra_env: dict[str, str]) -> list[Any]:
-    """The jobs FILE holds, or with ``-j`` the job of a script."""
-    if args.quick is not None:
-        from torchjob.quick import quick_job
+    """The jobs FILE holds, or the job of a script (quick mode, with ``-j`` or for a FILE.py)."""
+    from torchjob.cli.sources import is_task_ref, load_ref, load_script
 
-        return [quick_job(args.quick, args.file, list(args.program_args), args.workdir)]
-    from torchjob.cli.sources import is_task_ref, load_ref
+    local = args.engine == "local"
+    program_args = list(args.program_args)
+    script, args.set = load_script(
+        args.file,
+        args.quick,
+        program_args,
+        local=local,
+        workdir=args.workdir,
+        image=args.image,
+        sets=args.set,
+    )
+    if script is not None:
+        args.quick = args.quick or "1x1"  # the job's arguments and working directory are in it
+        from torchjob.quick import default_image_warning
+
+        note = None if local else default_image_warning(args.file, args.image)
+        if note:
+            print(note, file=sys.stderr)
+        return [script]
 
     if is_task_ref(args.file):  # the arguments after -- are the task's
         return load_ref(args.file, list(args.program_args), every_rank=True)

@@ -21,6 +21,46 @@ def is_task_ref(ref: str) -> bool:
     return _sdk_ref(ref) is not None
 
 
+def is_script_ref(ref: str, quick: str | None = None) -> bool:
+    """FILE runs in quick mode: ``-j`` was given, or FILE is a Python script (``torchjob run
+    train.py``, torchrun's habit) and not an SDK task reference."""
+    if is_task_ref(ref):
+        return False
+    if quick is not None:
+        return True
+    if ref == "-" or ref.lower().endswith((".yaml", ".yml", ".json")):
+        return False  # the usual case, without importing quick mode
+    from torchjob.quick import is_script
+
+    return is_script(ref)
+
+
+def load_script(
+    ref: str,
+    quick: str | None,
+    program_args: list[str],
+    *,
+    local: bool,
+    workdir: str | None = None,
+    image: str | None = None,
+    sets: list[str] | None = None,
+) -> tuple[LoadedJob | None, list[str]]:
+    """The quick-mode job of a script (None when FILE is not one) and the ``--set`` assignments
+    left to apply to it; ``--image`` given for anything else is an error."""
+    from torchjob.errors import Problem, SpecError
+
+    if not is_script_ref(ref, quick):
+        if image is not None:
+            message = "sets the image of a script's job (quick mode); a job file names its own images"
+            raise SpecError([Problem("--image", message, "<command line>")])
+        return None, list(sets or [])
+    from torchjob.quick import nodes_from_sets, quick_job
+
+    nodes, rest = nodes_from_sets(list(sets or []))
+    job = quick_job(quick, ref, program_args, workdir, local=local, image=image, nodes=nodes)
+    return job, rest
+
+
 def load_ref(ref: str, task_args: list[str] | None = None, *, every_rank: bool = False) -> list[LoadedJob]:
     """Every job in a YAML/JSON file (``-`` for stdin), or the job of an SDK task reference
     (called with ``task_args``, ``--NAME VALUE`` tokens, when given: see ``load_task_job``).

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the real imports are lazy, inside the commands
 def register(commands: Any) -> None:
     validate = commands.add_parser("validate", help="check job files and print a summary of each job")
     validate.add_argument(
-        "files", nargs="+", metavar="FILE", help="job YAML/JSON, '-' for stdin, or FILE.py:TASK"
+        "files", nargs="+", metavar="FILE", help="job YAML/JSON, '-' for stdin, FILE.py:TASK, or SCRIPT.py"
     )
     validate.add_argument(
         "--local",
@@ -41,7 +41,8 @@ def register(commands: Any) -> None:
     render.add_argument(
         "file",
         metavar="FILE",
-        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, or FILE.py:WORKFLOW [-- --ARG VALUE ...]",
+        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, FILE.py:WORKFLOW [-- --ARG VALUE ...], "
+        "or a script run as torchrun would (SCRIPT.py ARGS...: what follows the script is its own)",
     )
     render.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
     render.add_argument(
@@ -60,7 +61,13 @@ def register(commands: Any) -> None:
         "-j",
         dest="quick",
         metavar="NODESxPROCS",
-        help="no job file: FILE is a Python script; print the job `torchjob run -j` would run",
+        help="no job file: FILE is a Python script; print the job `torchjob run -j` would run "
+        "(a FILE.py without -j is 1x1)",
+    )
+    render.add_argument(
+        "--image",
+        metavar="IMAGE",
+        help="quick mode: the image a cluster runs the script in (it must hold the script and torch)",
     )
     render.set_defaults(func=run_render)
 
@@ -72,7 +79,6 @@ def _print_warnings(document: Document, warnings: list[tuple[str, str]]) -> None
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from torchjob.cli.sources import load_ref
     from torchjob.expand import Expansion
 
     problems: list[Problem] = []
@@ -82,7 +88,7 @@ def run_validate(args: argparse.Namespace) -> int:
             if workflow is not None:
                 print(f"{file}: {workflow}")
                 continue
-            loaded = load_ref(file)
+            loaded = _load_validated(file)
         except SpecError as err:
             problems += err.problems
             continue
@@ -121,6 +127,14 @@ def _target_problems(item: Any, target: str, runtime: str | None) -> list[Proble
     return []
 
 
+def _load_validated(file: str) -> list[Any]:
+    """FILE's jobs, or a script's job (quick mode, 1x1, as `torchjob run FILE` runs it)."""
+    from torchjob.cli.sources import load_ref, load_script
+
+    script, _ = load_script(file, None, [], local=True)
+    return [script] if script is not None else load_ref(file)
+
+
 def _describe_workflow(file: str) -> str | None:
     """``FILE.py:WORKFLOW``'s summary; None for anything else."""
     from torchjob.cli.sources import is_task_ref
@@ -143,7 +157,7 @@ def _local_problems(item: Any) -> list[Problem]:
 def _render_workflow(args: argparse.Namespace) -> int | None:
     """``FILE.py:WORKFLOW [-- ARGS]``: one List per task call; None for anything else."""
     path, _, name = args.file.rpartition(":")
-    if path.endswith(".py") and getattr(args, "quick", None) is None:
+    if path.endswith(".py") and getattr(args, "quick", None) is None and getattr(args, "image", None) is None:
         from torchjob.sdk.workflow_cli import render_workflow
 
         code = render_workflow(path, name, getattr(args, "program_args", []), args.output, sys.stdout.write)
@@ -156,11 +170,17 @@ def _render_workflow(args: argparse.Namespace) -> int | None:
 def _load_for_render(args: argparse.Namespace) -> list[Any]:
     """FILE's jobs with the program arguments after ``--``, or with ``-j`` the job of a script."""
     program_args = list(getattr(args, "program_args", []))
-    if getattr(args, "quick", None) is not None:
-        from torchjob.quick import quick_job
+    from torchjob.cli.sources import is_task_ref, load_ref, load_script
 
-        return [quick_job(args.quick, args.file, program_args)]
-    from torchjob.cli.sources import is_task_ref, load_ref
+    # What a cluster would run: no working directory of this machine, the --image given.
+    script, _ = load_script(args.file, args.quick, program_args, local=False, image=args.image)
+    if script is not None:
+        from torchjob.quick import default_image_warning
+
+        note = default_image_warning(args.file, args.image)
+        if note:
+            print(note, file=sys.stderr)
+        return [script]
 
     if is_task_ref(args.file):  # the arguments after -- are the task's
         return load_ref(args.file, program_args)

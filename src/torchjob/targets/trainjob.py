@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchjob.errors import Problem, SpecError
+from torchjob.quick import unwrap_launcher
 from torchjob.spec.model import Job
 from torchjob.targets import JOB_LABEL, TargetRender
 from torchjob.targets.common import (
@@ -215,14 +216,19 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
         raise SpecError(problems)
 
     command, stripped = _sdk_command(command)
+    args = [str(a) for a in main.get("args") or []]
     nproc = 1
+    quick = unwrap_launcher(command, args)
+    if quick is not None:  # quick mode's torchrun: the runtime's torchrun takes its place
+        command, nproc = quick
+        args = []
     if elastic is not None:
         nproc = elastic.nproc_per_node
         if stripped and elastic.max_restarts:
             env.append({"name": "PET_MAX_RESTARTS", "value": str(elastic.max_restarts)})
     trainer: dict[str, Any] = {
         "image": main["image"],
-        "command": [*TORCHRUN, *command, *(str(a) for a in main.get("args") or [])],
+        "command": [*TORCHRUN, *command, *args],
         "numNodes": master.replicas + (worker.replicas if worker is not None else 0),
         "numProcPerNode": nproc,
     }

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from torchjob import logs
-from torchjob.engines.local import gpus, podnames, process, security
+from torchjob.engines.local import gpus, podnames, prewarm, process, security
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
@@ -75,7 +75,8 @@ class PodFactory:
         probe = self.start_names_probe()  # runs in a child while the ports are reserved
         try:
             self.ports = port_registry.reserve(self.dir.id, port_registry.declared_ports(self.job))
-            self.dir.write_shims(_python())  # not resolved: a venv's python is a symlink
+            python = _python()  # not resolved: a venv's python is a symlink
+            self.dir.write_shims(python, {prewarm.RANK_SHIM: prewarm.guard_shim(python)})
         finally:
             names_resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
@@ -225,6 +226,9 @@ class PodFactory:
             "TORCHJOB_RETRY_COUNT": str(retry_count),
             "TORCHJOB_WAIT_INTERVAL": WAIT_INTERVAL,
             "TORCHJOB_BIN": str(self.dir.bin),
+            # torchrun starts its ranks with this interpreter: the guard (warmstart.py) that tells
+            # an abort in the interpreter's teardown after the program finished from a crash.
+            "PYTHON_EXEC": str(self.dir.bin / prewarm.RANK_SHIM),
             **self.volcano_env,
         }
         for declared, host in self.ports.items():

@@ -50,6 +50,33 @@ def _log(c: RunningContainer, text: str) -> None:
         log.write(text)
 
 
+TEARDOWN_ABORT = 128 + signal.SIGABRT
+TEARDOWN_NOTE = (
+    "the program finished (exit code 0), then the interpreter aborted (SIGABRT) while shutting "
+    "down, as torch 2.13 can at exit; counted as success"
+)
+
+
+def _finished(c: RunningContainer) -> bool:
+    """The runner recorded that the container's program ended with code 0 (warmstart.py)."""
+    marker = c.run.env.get(prewarm.FINISHED)
+    if c.run.init or not marker:
+        return False
+    try:
+        with open(marker, "rb") as handle:
+            return handle.read(1) == b"0"
+    except OSError:
+        return False
+
+
+def _forget_finished(c: RunningContainer) -> None:
+    """A new run of the container: the previous run's marker does not speak for it."""
+    marker = c.run.env.get(prewarm.FINISHED)
+    if marker and not c.run.init:
+        with contextlib.suppress(OSError):
+            os.unlink(marker)
+
+
 def exit_code_of(returncode: int) -> int:
     """A signal death (-N from Popen) becomes 128+N, as a container runtime reports it."""
     return 128 - returncode if returncode < 0 else returncode
@@ -104,6 +131,8 @@ class LocalPod:
             make_private_dirs(log_dir)
         self.inits = [RunningContainer(c, log_dir / f"{c.name}.log") for c in inits]
         self.mains = [RunningContainer(c, log_dir / f"{c.name}.log") for c in mains]
+        for c in self.mains:  # where the runner records that the program finished (warmstart.py)
+            c.run.env[prewarm.FINISHED] = str(log_dir / f"{c.run.name}.finished")
         self.phase = PENDING
         self.exit_code: int | None = None
         self.terminating = False
@@ -226,9 +255,11 @@ class LocalPod:
         c.next_start = None
         c.exit_code = None
         fork = None if c.run.init else self.forkers.get(c.run.name)
+        argv = c.run.argv if c.run.init else prewarm.cold_argv(c.run) or c.run.argv
+        _forget_finished(c)
         try:
             c.proc = (fork and fork(c.run, c.log)) or process.spawn(
-                c.run.argv, c.run.env, c.run.cwd, c.log, c.run.before_exec
+                argv, c.run.env, c.run.cwd, c.log, c.run.before_exec
             )
         except OSError as err:
             what = f"{c.run.argv[0]}: {err.strerror or err}"
@@ -250,6 +281,9 @@ class LocalPod:
         if code is None:
             return False
         c.exit_code = exit_code_of(code)
+        if c.exit_code == TEARDOWN_ABORT and _finished(c):
+            c.exit_code = 0
+            _log(c, f"torchjob: {TEARDOWN_NOTE}\n")
         # Its orphans (a main process adopts those of its tree) went to the supervisor as it ended:
         # they are this container's, or of another that ended as well; either way they end now.
         orphans = [pid for pid in self.adopt() if pid not in c.tracked]
@@ -336,6 +370,7 @@ class LocalPod:
     def _start_mains(self, now: float) -> None:
         for c in self.mains:
             warm, c.warm = c.warm, None
+            _forget_finished(c)
             if warm is not None and prewarm.release(warm, c.run.cwd):
                 c.proc, c.started, c.exit_code, c.next_start = warm.proc, now, None, None
                 continue

@@ -35,6 +35,9 @@ ANNOTATION = "torchjob.io/prewarm"
 DEFAULT_MODULES = ("torch",)
 MAX_WAIT = 600.0  # seconds a warm process may wait for its init containers; then it is discarded
 RUNNER = str(Path(__file__).with_name("warmstart.py"))
+FINISHED = "TORCHJOB_FINISHED"  # warmstart.py's marker of a program that ended with code 0
+NO_WAIT, GUARD = "-", "guard"  # warmstart.py's fd argument: run at once; be a torchrun rank's guard
+RANK_SHIM = "torchjob-rank"  # in the job's bin: $PYTHON_EXEC, the interpreter torchrun starts ranks with
 # Loads the runner into a namespace of its own, so that __main__ can be handed to the program clean.
 # Should that fail (a runAsUser that cannot read torchjob's files), it ends without a word in the
 # container's log; the engine then starts the container cold.
@@ -90,9 +93,10 @@ def check(job: Job) -> list[tuple[str, str]]:
     ]
 
 
-def warm_argv(run: ContainerRun, fd: int, modules: tuple[str, ...], cwd: str) -> list[str] | None:
+def warm_argv(run: ContainerRun, fd: int | str, modules: tuple[str, ...], cwd: str) -> list[str] | None:
     """The command of the container's warm process, or None when a cold start is the only sure way
-    (not torchjob's python, or an interpreter option or form whose effect could not be the same)."""
+    (not torchjob's python, or an interpreter option or form whose effect could not be the same).
+    ``fd`` ``"-"``: no wait, the program runs at once (:func:`cold_argv`)."""
     argv = run.argv
     if not _LINUX or argv[0] != sys.executable or run.env.get("PYTHONINSPECT"):
         return None  # (the runner sets output aside in a memfd, which only Linux has)
@@ -121,6 +125,19 @@ def warm_argv(run: ContainerRun, fd: int, modules: tuple[str, ...], cwd: str) ->
         return None  # an interactive interpreter
     timeout = f"{MAX_WAIT + 60:g}"  # the engine discards it first; this only covers the engine vanishing
     return [argv[0], *options, "-c", BOOT, RUNNER, str(fd), timeout, ",".join(modules), cwd, *argv[i:]]
+
+
+def cold_argv(run: ContainerRun) -> list[str] | None:
+    """A python container started now through the runner, which records how its program ended
+    (warmstart.py's marker); None when the runner could not start it as python would."""
+    return warm_argv(run, NO_WAIT, (), run.cwd or os.getcwd())
+
+
+def guard_shim(python: str) -> str:
+    """The script torchrun starts each rank with (``$PYTHON_EXEC``): warmstart.py's guard."""
+    words = [python, "-I", "-S", "-c", BOOT, RUNNER, GUARD, "0", "", "."]
+    quoted = ("'" + w.replace("'", "'\\''") + "'" for w in words)  # shlex.quote, without importing re
+    return "#!/bin/sh\nexec " + " ".join(quoted) + ' "$@"\n'
 
 
 @record

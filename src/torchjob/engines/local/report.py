@@ -138,7 +138,7 @@ def first_failure(job: Job, pods: list[LocalPod], *, crash_loops: bool = False) 
     bad = [c for c in pod.containers if c.exit_code not in (None, 0)]
     candidates = bad or pod.mains or pod.inits
     container = candidates[0] if candidates else None
-    return FailureReport(
+    failure = FailureReport(
         pod=pod.name,
         short=short_name(job.name, pod.name),
         exit_code=pod.exit_code if failed else container.exit_code if container else None,
@@ -147,6 +147,48 @@ def first_failure(job: Job, pods: list[LocalPod], *, crash_loops: bool = False) 
         time=pod.finished_at,
         log_tail=[] if container is None else log_tail(container.log),
     )
+    if container is not None and failed and any(line.strip() == ROOT_CAUSE for line in failure.log_tail):
+        found = torchrun_root_cause(log_tail(container.log, None, _TORCHRUN_BYTES))
+        if found is not None:  # the rank that failed under the pod's torchrun, not the node
+            failure.rank, failure.exit_code, failure.log_tail = found
+            failure.reason = exit_reason(failure.exit_code)
+    return failure
+
+
+ROOT_CAUSE = "Root Cause (first observed failure):"  # in torchrun's report of a failed rank
+_TORCHRUN_BYTES = 65536  # read for torchrun's report and the rank's lines before it
+# torchrun's own log lines: "E1126 16:19:13.695000 9050 torch/distributed/elastic/...] ..."
+_TORCHRUN_LOG = r"[DIWEF]\d{4} [\d:.]+ \d+ torch/distributed/"
+
+
+def torchrun_root_cause(lines: list[str]) -> tuple[int, int | None, list[str]] | None:
+    """From the log of a pod whose torchrun reported a failed rank: that rank (global), its exit
+    code (a signal as 128+N, as for a pod) and its own last lines instead of torchrun's report:
+    those torch prefixes with ``[rankN]:`` (a traceback after init_process_group), else the
+    lines before torchrun's report without torchrun's own log lines; None without a report."""
+    import re
+
+    starts = [i for i, line in enumerate(lines) if line.strip() == ROOT_CAUSE]
+    if not starts:
+        return None
+    fields: dict[str, int] = {}
+    for line in lines[starts[-1] + 1 : starts[-1] + 10]:
+        key, _, value = line.partition(":")
+        match = re.match(r"\s*(-?\d+)", value)
+        if match:
+            fields.setdefault(key.strip(), int(match[1]))
+    if "rank" not in fields:
+        return None
+    rank, code = fields["rank"], fields.get("exitcode")
+    prefix = f"[rank{rank}]:"
+    own = [line[len(prefix) :].removeprefix(" ") for line in lines if line.startswith(prefix)]
+    if not own:
+        log = re.compile(_TORCHRUN_LOG)
+        ends = [i for i, line in enumerate(lines) if log.match(line) and "failed (exitcode" in line]
+        own = [line for line in lines[: ends[0] if ends else starts[-1]] if not log.match(line)]
+        while own and not own[-1].strip():
+            own.pop()
+    return rank, (None if code is None else 128 - code if code < 0 else code), own[-LOG_TAIL_LINES:]
 
 
 def exit_reason(code: int | None) -> str:
@@ -163,16 +205,17 @@ def exit_reason(code: int | None) -> str:
     return "Error"
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
-    """The last ``lines`` lines of a log file ([] when it cannot be read)."""
+def log_tail(path: Path, lines: int | None = LOG_TAIL_LINES, nbytes: int = _TAIL_BYTES) -> list[str]:
+    """The last ``lines`` lines (None: all) of the last ``nbytes`` of a log file ([] when it
+    cannot be read)."""
     try:
         with open(path, "rb") as log:
             size = log.seek(0, os.SEEK_END)
-            log.seek(max(0, size - _TAIL_BYTES))
-            data = log.read(_TAIL_BYTES)
+            log.seek(max(0, size - nbytes))
+            data = log.read(nbytes)
     except OSError:
         return []
     text = data.decode(errors="replace").splitlines()
-    if len(data) == _TAIL_BYTES and size > _TAIL_BYTES:
+    if len(data) == nbytes and size > nbytes:
         text = text[1:]  # the first line read may be cut
-    return text[-lines:]
+    return text if lines is None else text[-lines:]

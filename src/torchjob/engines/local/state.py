@@ -225,12 +225,14 @@ class JobDir:
         found = self.supervisor()
         return found is not None and process_alive(*found)
 
-    def write_shims(self, python: str) -> None:
-        """``python`` and ``python3`` on PATH run torchjob's interpreter, also inside shell scripts."""
+    def write_shims(self, python: str, extra: dict[str, str] | None = None) -> None:
+        """``python`` and ``python3`` on PATH run torchjob's interpreter, also inside shell scripts;
+        ``extra``: more scripts by name (the rank guard of prewarm.guard_shim)."""
         make_private_dirs(self.bin)
-        for name in ("python", "python3"):
+        scripts = {name: f'#!/bin/sh\nexec "{python}" "$@"\n' for name in ("python", "python3")}
+        for name, text in {**scripts, **(extra or {})}.items():
             shim = self.bin / name
-            write_atomic(shim, f'#!/bin/sh\nexec "{python}" "$@"\n')
+            write_atomic(shim, text)
             shim.chmod(0o700)
 
     def write_configmaps(self, configmaps: dict[str, dict[str, str]]) -> None:

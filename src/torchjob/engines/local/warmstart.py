@@ -16,6 +16,17 @@ loads this file into a private namespace and calls :func:`main`, which
    exit status as ``python ...`` started then; an uncaught exception's traceback shows no frame of
    this file.
 
+``fd`` ``-`` runs the program at once (a cold start through this runner, so that the marker below
+is written); ``fd`` ``guard`` makes this process a rank's guard (:func:`_guard`).
+
+The program's end is recorded before the interpreter's teardown: when it returned or called
+``sys.exit(0)``, ``0`` is written to ``$TORCHJOB_FINISHED`` (a file, or ``fd:N``), a variable taken
+out of the environment before the program starts. torch 2.13 can abort (SIGABRT, "terminate called
+without an active exception") in that teardown, after all the work is done; whoever waits for the
+process (the engine for a pod, the guard for a torchrun rank) then counts it as a success, with a
+note, because the marker says the program itself had finished. An abort without the marker (during
+the program, or after a failure) stays a failure.
+
 Standard library only, and only what the interpreter has loaded anyway (os, sys) before the program
 runs: the modules a program finds in ``sys.modules`` are those a cold start has, plus the warmed ones.
 """
@@ -28,13 +39,18 @@ from types import CodeType, TracebackType
 from typing import Any, NoReturn
 
 GO = b"go"
+FINISHED = "TORCHJOB_FINISHED"  # where the program's successful end is recorded (see above)
+NO_WAIT = "-"  # the fd argument of a cold start through the runner
+GUARD = "guard"  # the fd argument of a rank's guard
 
 
 def main() -> None:
     boot = sys._getframe(1).f_code
     here, fd_text, timeout_text, modules_text, cwd = sys.argv[1:6]
     tail = sys.argv[6:]  # the container's argv after the interpreter and its options
-    fd = int(fd_text)
+    if fd_text == GUARD:
+        _guard(tail)
+    fd = -1 if fd_text == NO_WAIT else int(fd_text)
     # orig_argv is [python, *options, "-c", BOOT, *sys.argv[1:]]: the cold command is python,
     # its options and the tail.
     cold = sys.orig_argv[: len(sys.orig_argv) - len(sys.argv) - 1] + tail
@@ -43,12 +59,13 @@ def main() -> None:
         sys.argv[:] = [target if mode == "script" else f"-{mode}", *args]
         sys.path[0] = _path0(mode, target)
         warm = _warm([m for m in modules_text.split(",") if m])
-        go = _wait(fd, float(timeout_text))
+        go = fd < 0 or _wait(fd, float(timeout_text))
     except Exception:  # not a word in the container's log: the engine starts it cold instead
         os._exit(0)
     if not go:
         os._exit(0)  # discarded: the program never runs
-    os.close(fd)
+    if fd >= 0:
+        os.close(fd)
     try:
         os.chdir(cwd)  # the same directory, or one an init container made anew at that path
     except OSError:
@@ -146,6 +163,12 @@ def _fresh_main(extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run(mode: str, target: str, cold: list[str], files: set[str], boot: CodeType) -> None:
+    marker = os.environ.pop(FINISHED, None)  # the program's own children do not inherit it
+    if marker and marker.startswith("fd:") and marker[3:].isdigit():
+        try:
+            os.set_inheritable(int(marker[3:]), False)  # nor that pipe, through exec
+        except OSError:
+            marker = None
     if mode == "m":
         import runpy
 
@@ -180,10 +203,108 @@ def _run(mode: str, target: str, cold: list[str], files: set[str], boot: CodeTyp
             run_module_as_main(target, alter_argv=True)
         else:
             exec(code, main)
-    except SystemExit:
+    except SystemExit as err:
+        if err.code is None or (isinstance(err.code, int) and err.code == 0):
+            _finished(marker)
         raise
     except BaseException as err:
         _report(err, files, boot)
+    else:
+        _finished(marker)
+
+
+def _finished(marker: str | None) -> None:
+    """Record that the program ended with code 0, before the interpreter's teardown."""
+    if not marker:
+        return
+    try:
+        if marker.startswith("fd:"):
+            fd = int(marker[3:])
+        else:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(marker, flags, 0o600)
+        os.write(fd, b"0")
+        os.close(fd)
+    except (OSError, ValueError):
+        pass  # no marker: an abort in the teardown then counts as the failure it looks like
+
+
+_FLAGS = frozenset("uOBsEbq")  # interpreter options a guard passes on to its rank unchanged
+
+
+def _split_options(tail: list[str]) -> tuple[list[str], list[str]] | None:
+    """``[options..., script or -m/-c ..., args...]`` as (options, rest); None for a form the
+    runner does not reproduce."""
+    i = 0
+    while i < len(tail) and tail[i].startswith("-") and tail[i] not in ("-c", "-m"):
+        arg = tail[i]
+        if arg in ("-W", "-X") and i + 1 < len(tail):
+            i += 2
+            continue
+        if not (arg.startswith(("-W", "-X")) and len(arg) > 2) and (
+            arg.startswith("--") or not arg[1:] or not set(arg[1:]) <= _FLAGS
+        ):
+            return None
+        i += 1
+    rest = tail[i:]
+    if not rest or (rest[0] in ("-c", "-m") and len(rest) < 2):
+        return None
+    return tail[:i], rest
+
+
+def _guard(tail: list[str]) -> NoReturn:
+    """A torchrun rank's process, as ``$PYTHON_EXEC [options] SCRIPT ARGS`` (torchrun starts its
+    ranks with the interpreter that variable names): runs the rank through this runner as a child
+    and ends as it ended, except that a rank whose program finished (the marker) and then aborted
+    in the interpreter's teardown ends with 0 and one note. torchrun would otherwise count that
+    rank as failed, stop the node's other ranks and fail the whole job after the work was done.
+
+    Signals: torchrun stops a rank by signalling its process group, which holds both; the guard
+    waits for the rank and then dies of the same signal, so torchrun sees what it would have seen.
+    """
+    import signal
+
+    python = sys.orig_argv[0]
+    split = _split_options(tail)
+    if split is None:
+        os.execv(python, [python, *tail])  # not a form the runner reproduces: the rank unguarded
+    options, rest = split
+    boot = sys.orig_argv[len(sys.orig_argv) - len(sys.argv)]  # [python, *opts, -c, BOOT, *argv[1:]]
+    argv = [python, *options, "-c", boot, sys.argv[1], NO_WAIT, "0", "", os.getcwd(), *rest]
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)
+    env = dict(os.environ)
+    env[FINISHED] = f"fd:{write_end}"
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            os.execve(python, argv, env)
+        finally:
+            os._exit(127)
+    os.close(write_end)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)  # the rank has them; it ends first
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    os.set_blocking(read_end, False)  # a child of the rank may hold the pipe open still
+    try:
+        finished = os.read(read_end, 1) == b"0"
+    except OSError:
+        finished = False
+    if code == -signal.SIGABRT and finished:
+        rank = os.environ.get("RANK", "?")
+        sys.stderr.write(
+            f"torchjob: rank {rank}: the program finished (exit code 0), then the interpreter "
+            "aborted (SIGABRT) while shutting down, as torch 2.13 can at exit; counted as success\n"
+        )
+        sys.stderr.flush()
+        os._exit(0)
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        os._exit(128 - code)
+    os._exit(code)
 
 
 def _report(err: BaseException, files: set[str], boot: CodeType) -> NoReturn:

@@ -1,0 +1,243 @@
+"""Issue 19: the torchrun habit (`torchjob run train.py`), quick mode as solid as a YAML job
+(an abort in the interpreter's teardown, the failing rank and its traceback), quick mode on a cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def _cli(
+    tmp_path: Path, *args: str, timeout: float = 60, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")}
+    env.pop("NO_COLOR", None)
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or tmp_path,
+    )
+
+
+# ------------------------------------------------------------ teardown aborts
+
+# The program's last line runs, then the process aborts as torch 2.13 can in the interpreter's
+# teardown: an atexit handler (registered first, so it runs after every other) calls abort().
+FINISHES_THEN_ABORTS = """\
+import atexit, os, sys
+atexit.register(os.abort)
+print("work done", flush=True)
+if sys.argv[1:] == ["exit0"]:
+    sys.exit(0)
+"""
+ABORTS_MIDWAY = """\
+import os
+print("about to crash", flush=True)
+os.abort()
+print("never")
+"""
+ONE_POD = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {{name: teardown}}
+spec:
+  tasks:
+    - name: main
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+            - name: main
+              image: x
+              command: [python, {script}]
+              args: {args}
+"""
+NOTE = "the program finished (exit code 0), then the interpreter aborted (SIGABRT) while shutting down"
+
+
+WARM = """\
+          initContainers:
+            - {name: init, image: x, command: [sh, -c, "sleep 0.3"]}
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [([], "cold"), (["exit0"], "cold"), ([], "prewarmed"), (["exit0"], "preloaded")],
+)
+def test_a_yaml_pod_that_finished_then_aborted_in_teardown_succeeds_with_a_note(
+    tmp_path: Path, args: list[str], start: str
+) -> None:
+    (tmp_path / "fin.py").write_text(FINISHES_THEN_ABORTS)
+    job = ONE_POD.format(script="fin.py", args=json.dumps(args))
+    if start == "prewarmed":  # the container's interpreter waits for its init container
+        job = job.replace(
+            "metadata: {name: teardown}",
+            "metadata: {name: teardown, annotations: {torchjob.io/prewarm: 'true'}}",
+        )
+        job = job.replace("          containers:\n", WARM + "          containers:\n")
+    (tmp_path / "job.yaml").write_text(job)
+    proc = _cli(tmp_path, "run", *(["--preload", "torch"] if start == "preloaded" else []), "job.yaml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "main-0 | work done" in proc.stdout
+    assert proc.stdout.count(NOTE) == 1, proc.stdout
+
+
+def test_a_yaml_pod_that_aborts_midway_fails(tmp_path: Path) -> None:
+    (tmp_path / "mid.py").write_text(ABORTS_MIDWAY)
+    (tmp_path / "job.yaml").write_text(ONE_POD.format(script="mid.py", args="[]"))
+    proc = _cli(tmp_path, "run", "job.yaml")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "exit code 134" in proc.stdout and NOTE not in proc.stdout
+
+
+# A real gloo job; rank 1 leaves by the way the test asks once the collective is done.
+DIST = """\
+import atexit, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+rank = dist.get_rank()
+dist.destroy_process_group()
+how = sys.argv[1]
+if rank == 1 and how == "abort-after":
+    atexit.register(os.abort)
+if rank == 1 and how == "abort-midway":
+    os.abort()
+if rank == 1 and how == "raise":
+    raise RuntimeError("rank one broke")
+print(f"rank {rank} sum {t.item():.0f}", flush=True)
+"""
+
+
+def test_a_torchrun_rank_that_finished_then_aborted_in_teardown_succeeds_with_a_note(tmp_path: Path) -> None:
+    (tmp_path / "dist.py").write_text(DIST)
+    proc = _cli(tmp_path, "run", "-j", "1x2", "dist.py", "--", "abort-after", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0 sum 2" in proc.stdout and "rank 1 sum 2" in proc.stdout
+    assert proc.stdout.count(f"torchjob: rank 1: {NOTE}") == 1, proc.stdout
+
+
+def test_a_torchrun_rank_that_aborts_midway_fails_the_job(tmp_path: Path) -> None:
+    (tmp_path / "dist.py").write_text(DIST)
+    proc = _cli(tmp_path, "run", "-j", "1x2", "dist.py", "--", "abort-midway", timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert NOTE not in proc.stdout
+    # the rank that failed, as a YAML job names its pod's: not the node (master-0 is rank 0)
+    assert "root cause (first pod to fail): master-0 (rank 1), exit code 134 (Error (killed by SIGABRT))" in (
+        proc.stdout
+    )
+
+
+def test_a_failed_torchrun_rank_is_named_with_its_own_traceback(tmp_path: Path) -> None:
+    (tmp_path / "dist.py").write_text(DIST)
+    proc = _cli(tmp_path, "run", "-j", "1x2", "dist.py", "raise", timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    summary = proc.stdout[proc.stdout.index("root cause (first pod to fail)") :]
+    assert summary.startswith("root cause (first pod to fail): master-0 (rank 1), exit code 1"), summary
+    tail = summary.splitlines()[1:-1]
+    assert tail[0].strip().startswith("last ") and "Traceback (most recent call last):" in tail[1]
+    assert tail[-1].strip() == "RuntimeError: rank one broke", summary
+    assert "ChildFailedError" not in summary and "[rank1]" not in summary, summary
+    # torchjob status says the same
+    status = _cli(tmp_path, "status", "dist")
+    assert "master-0 (rank 1), exit code 1" in status.stdout, status.stdout
+
+
+# ------------------------------------------------------------ the torchrun habit
+
+ECHO = """\
+import os, sys
+print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} A={os.environ.get('A')} args {sys.argv[1:]}")
+"""
+
+
+def test_run_a_script_without_j_runs_it_once_with_the_arguments_after_it(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(ECHO)
+    # torchjob's options before the script (with their values); everything after it is the script's
+    proc = _cli(
+        tmp_path, "run", "--timeout", "60", "-e", "A=1", "train.py", "--steps", "20", "--timeout", "5"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0 of 1 A=1 args ['--steps', '20', '--timeout', '5']" in proc.stdout
+    # the older spelling with -- still works; a script with no suffix that compiles is a script too
+    (tmp_path / "trainer").write_text(ECHO)
+    proc = _cli(tmp_path, "run", "-e=A=2", "trainer", "--", "--lr", "0.1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0 of 1 A=2 args ['--lr', '0.1']" in proc.stdout
+
+
+def test_validate_and_render_take_a_script_and_j_refuses_a_job_file(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(ECHO)
+    (tmp_path / "job.yaml").write_text(ONE_POD.format(script="train.py", args="[]"))
+    proc = _cli(tmp_path, "validate", "train.py", "job.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("train.py: job train: valid; 1 pods"), proc.stdout
+    proc = _cli(tmp_path, "render", "-o", "json", "train.py", "--steps", "20")
+    assert proc.returncode == 0, proc.stderr
+    pods = [i for i in json.loads(proc.stdout)["items"] if i["kind"] == "Pod"]
+    assert [p["spec"]["containers"][0]["args"] for p in pods] == [["train.py", "--steps", "20"]]
+    for command in ("run", "render"):
+        proc = _cli(tmp_path, command, "-j", "2x2", "job.yaml")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.splitlines() == [
+            "job.yaml: -j runs a Python script as torchrun does; this is a job file: run it without -j"
+        ]
+    assert not (tmp_path / "home").exists()  # nothing started
+
+
+def test_set_worker_replicas_gives_torchrun_the_new_node_count(tmp_path: Path) -> None:
+    (tmp_path / "dist.py").write_text(DIST)
+    proc = _cli(tmp_path, "run", "-j", "1x2", "--set", "worker.replicas=1", "dist.py", "ok", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in range(4):
+        assert f"rank {rank} sum 4" in proc.stdout, proc.stdout
+    for value in ("abc", "-1"):
+        proc = _cli(tmp_path, "run", "-j", "2x2", "--set", f"worker.replicas={value}", "dist.py")
+        assert proc.returncode == 2 and proc.stderr == (
+            f"<command line>: --set: worker.replicas={value}: expected a number of worker nodes (0 or more), "
+            f"got '{value}'\n"
+        ), proc.stderr
+
+
+# ------------------------------------------------------------ quick mode for a cluster
+
+
+@pytest.mark.parametrize("target", ["pods", "volcano", "kubeflow", "trainjob", "jobset"])
+def test_quick_mode_renders_for_every_target_without_this_machines_directory(
+    tmp_path: Path, target: str
+) -> None:
+    (tmp_path / "train.py").write_text(ECHO)
+    proc = _cli(tmp_path, "render", "-o", "json", "-j", "2x3", "--target", target, "train.py")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: the job uses the default image pytorch/pytorch:latest" in proc.stderr
+    assert str(tmp_path) not in proc.stdout and "workingDir" not in proc.stdout
+    proc = _cli(
+        tmp_path, "render", "-o", "json", "-j", "2x3", "--image", "reg.io/t:1", "--target", target, "train.py"
+    )
+    assert proc.returncode == 0 and "warning: the job uses" not in proc.stderr, proc.stderr
+    assert "reg.io/t:1" in proc.stdout and "pytorch/pytorch" not in proc.stdout
+    if target == "trainjob":
+        trainer = json.loads(proc.stdout)["items"][0]["spec"]["trainer"]
+        assert trainer["command"] == ["torchrun", "--no-python", "python", "train.py"]
+        assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 3)
+
+
+def test_image_is_refused_for_a_job_file(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(ONE_POD.format(script="train.py", args="[]"))
+    proc = _cli(tmp_path, "render", "--image", "x:1", "job.yaml")
+    assert proc.returncode == 2 and proc.stderr.startswith("<command line>: --image: sets the image"), (
+        proc.stderr
+    )
