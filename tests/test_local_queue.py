@@ -35,7 +35,8 @@ from torchjob.errors import SpecError
 pytestmark = pytest.mark.timeout(120)
 
 TRACE_POD = (
-    'echo "hello from $TORCHJOB_POD_NAME"; echo "start $(date +%s.%N) $TORCHJOB_POD_NAME [$CUDA_VISIBLE_DEVICES]" >> {trace}; {wait}; '
+    'echo "hello from $TORCHJOB_POD_NAME"; '
+    'echo "start $(date +%s.%N) $TORCHJOB_POD_NAME [$CUDA_VISIBLE_DEVICES]" >> {trace}; {wait}; '
     'echo "end $(date +%s.%N) $TORCHJOB_POD_NAME [$CUDA_VISIBLE_DEVICES]" >> {trace}'
 )
 
@@ -468,6 +469,6 @@ def test_a_state_file_in_a_directory_open_to_others_is_refused(queue_env: Path) 
     assert state.stat().st_mode & 0o777 == 0o600
     (runtime / "admission.json").unlink()
     (runtime / "admission.json").symlink_to(runtime / "elsewhere")
-    with locked_state() as data:  # never read or written through a symlink
-        assert data == {}
-    assert not (runtime / "elsewhere").exists()
+    with pytest.raises(RegistryError, match=r"admission\.json"), locked_state() as data:
+        assert data == {}  # never read through a symlink
+    assert not (runtime / "elsewhere").exists()  # nor written

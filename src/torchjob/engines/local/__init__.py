@@ -162,6 +162,16 @@ def run_job(job: Job, options: RunOptions | None = None) -> RunResult:
 
 def _admission_plan(job: Job) -> Plan | None:
     """What the local queue needs of the job; None when it asks for nothing (then it never waits)."""
+    if not any(
+        (c.get("resources") or {}).get(kind)
+        for task in job.spec.tasks
+        for c in [
+            *(task.template.spec.get("initContainers") or []),
+            *(task.template.spec.get("containers") or []),
+        ]
+        for kind in ("requests", "limits")
+    ):
+        return None  # most jobs: nothing to count, nothing to load
     from torchjob.engines.local.admission import plan_for
 
     plan = plan_for(job)

@@ -190,7 +190,7 @@ class Supervisor:
 
     def grow(self, now: float) -> None:
         """Pods beyond the gang start once the queue grants them."""
-        if self.ticket is None or self.ticket.complete or now < self.next_grow or self.status.phase.final:
+        if self.ticket is None or now < self.next_grow or self.status.phase.final:
             return
         from torchjob.engines.local.admission import GROW_EVERY
 
