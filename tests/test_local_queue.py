@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from test_local_support import container, make_job, sh, task, write_job
+from test_local_support import container, make_job, sh, task, wait_until, write_job
 from torchjob.engines.local.admission import (
     Capacity,
     Settings,
@@ -61,13 +61,16 @@ def gpu_job(
     replicas: int = 1,
     sleep: float = 0.5,
     gate: bool = False,
+    cpu: int = 0,
     **spec: Any,
 ) -> str:
     """A job file: ``replicas`` pods of ``gpus`` GPUs each, tracing their start and end; with
     ``gate``, the pods end only once the file ``open`` exists (see :func:`release`)."""
     wait = f"while [ ! -e {tmp_path / 'open'} ]; do sleep 0.05; done" if gate else f"sleep {sleep}"
     script = TRACE_POD.format(trace=tmp_path / "trace", wait=wait)
-    limits = {"resources": {"limits": {"nvidia.com/gpu": gpus}}} if gpus else {}
+    limits: dict[str, Any] = {"resources": {"limits": {"nvidia.com/gpu": gpus}}} if gpus else {}
+    if cpu:
+        limits = {"resources": {"requests": {"cpu": cpu}}}
     min_available = spec.pop("task_min_available", None)
     extra = {"minAvailable": min_available} if min_available is not None else {}
     job = make_job(
@@ -207,7 +210,11 @@ def test_pods_beyond_min_available_start_when_they_fit(
     tmp_path = queue_env
     monkeypatch.setenv("TORCHJOB_CAPACITY", "nvidia.com/gpu=3")
     blocker = submit(tmp_path, gpu_job(tmp_path, "blocker", sleep=1.5))
-    elastic = submit(tmp_path, gpu_job(tmp_path, "elastic", replicas=3, sleep=0.3, task_min_available=2))
+    elastic = submit(tmp_path, gpu_job(tmp_path, "elastic", replicas=3, gate=True, task_min_available=2))
+    assert wait_until(
+        lambda: "start" in (tmp_path / "trace").read_text().split("elastic-main-2")[0][-40:], 30
+    )
+    release(tmp_path)
     wait_all(tmp_path, [blocker, elastic])
     spans = intervals(tmp_path)
     _, blocker_end, _ = spans["blocker-main-0"]
@@ -217,6 +224,18 @@ def test_pods_beyond_min_available_start_when_they_fit(
     assert spans["elastic-main-2"][0] >= blocker_end  # the third once its GPU was free
     check_no_gpu_shared(tmp_path, limit=3)
     assert status(tmp_path, elastic)["phase"] == "Completed"
+
+
+def test_a_pod_that_ended_frees_its_share_for_the_pods_beyond_the_gang(queue_env: Path) -> None:
+    """4 CPUs; 3 pods of 2 CPUs with minAvailable 2: the third starts once one of the gang ends."""
+    tmp_path = queue_env
+    job = submit(
+        tmp_path, gpu_job(tmp_path, "cpus", gpus=0, cpu=2, replicas=3, sleep=0.5, task_min_available=2)
+    )
+    wait_all(tmp_path, [job])
+    spans = intervals(tmp_path)
+    assert spans["cpus-main-2"][0] >= min(spans["cpus-main-0"][1], spans["cpus-main-1"][1])
+    assert status(tmp_path, job)["phase"] == "Completed"
 
 
 def test_a_sigkilled_supervisor_gives_its_gpus_to_the_next_job(queue_env: Path) -> None:

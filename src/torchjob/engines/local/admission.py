@@ -620,14 +620,14 @@ class _Scene:
         self.jobs = jobs
         self.capacity = capacity
         self.settings = settings
-        held = [_held(e) for e in jobs.values() if e.get("granted")]
+        held = [_held(e) for e in jobs.values() if e.get("admitted")]
         self.used: Amounts = {}
         for amounts in held:
             self.used = _plus(self.used, amounts)
         self.free = _minus(capacity.amounts, self.used)
         self.queue_used: dict[str, Amounts] = {}
         for e in jobs.values():
-            if e.get("granted"):
+            if e.get("admitted"):
                 q = str(e.get("queue"))
                 self.queue_used[q] = _plus(self.queue_used.get(q, {}), _held(e))
         taken = _devices_held(jobs)
@@ -648,7 +648,7 @@ class _Scene:
 
     def waiting(self) -> list[dict[str, Any]]:
         over = {q: self.overused(q) for q in {str(e.get("queue")) for e in self.jobs.values()}}
-        found = [e for e in self.jobs.values() if not e.get("granted")]
+        found = [e for e in self.jobs.values() if not e.get("admitted")]
         return sorted(
             found, key=lambda e: (-int(e.get("priority", 0)), over[str(e.get("queue"))], int(e.get("seq", 0)))
         )
@@ -736,10 +736,14 @@ def _give(entry: Mapping[str, Any], keys: list[str], devices: list[str]) -> dict
 
 
 def grow(
-    jobs: dict[str, dict[str, Any]], me: str, capacity: Capacity, settings: Settings
+    jobs: dict[str, dict[str, Any]],
+    me: str,
+    capacity: Capacity,
+    settings: Settings,
+    finished: set[str] | frozenset[str] = frozenset(),
 ) -> dict[str, list[str]]:
-    """Pods of a running job beyond what it holds that fit now: after every waiting gang, which
-    comes first (a gang waits whole, an extra pod may start alone)."""
+    """Pods of a running job beyond what it holds that fit now (``finished`` pods need nothing):
+    after every waiting gang, which comes first (a gang waits whole, an extra pod may start alone)."""
     scene = _Scene(jobs, capacity, settings)
     mine = jobs[me]
     free = dict(scene.free)
@@ -750,7 +754,7 @@ def grow(
     out: dict[str, list[str]] = {}
     devices = list(scene.devices)
     for key, request in mine["pods"].items():
-        if key in (mine.get("granted") or {}):
+        if key in (mine.get("granted") or {}) or key in finished:
             continue
         if _short(request, free) or any(request.get(k, 0.0) > cap_left[k] + 1e-9 for k in cap_left):
             break  # in pod order: index 3 does not start before index 2
@@ -828,27 +832,30 @@ class Ticket:
             mine["order"] = order
             return True
 
-    def grow(self) -> dict[str, list[str]]:
-        """More pods granted (beyond the gang) when they fit now; those newly granted. A job that
-        holds all it asked for only checks, every few seconds, that its entry is still there."""
-        if self.complete:
+    def grow(self, finished: set[str] | frozenset[str] = frozenset()) -> dict[str, list[str]]:
+        """Give back what ``finished`` pods held, and grant pods beyond the gang that fit now;
+        those newly granted. A job with nothing to change only checks, every few seconds, that its
+        entry is still there (someone may have removed the file)."""
+        done = [k for k in self.granted if k in finished]
+        wanted = [k for k in self.plan.demand.pods if k not in self.granted and k not in finished]
+        if not done and not wanted:
             if time.monotonic() < self.next_check:
                 return {}
             self.next_check = time.monotonic() + CHECK_EVERY
         with locked_state() as data:
             jobs = live_jobs(data)
             mine = self._entry(data, jobs)
-            if self.complete:
+            for key in done:  # a pod that ended frees what it held, as on a node
+                self.granted.pop(key, None)
+            mine["granted"] = dict(self.granted)
+            mine.setdefault("admitted", time.time())
+            if not wanted:
                 return {}
-            more = grow(jobs, self.id, self.plan.capacity, self.plan.settings)
+            more = grow(jobs, self.id, self.plan.capacity, self.plan.settings, finished)
             if more:
-                mine["granted"] = {**mine["granted"], **more}
-                self.granted = dict(mine["granted"])
+                self.granted.update(more)
+                mine["granted"] = dict(self.granted)
             return more
-
-    @property
-    def complete(self) -> bool:
-        return len(self.granted) == len(self.plan.demand.pods)
 
     def release(self) -> None:
         """Give everything back; quietly nothing when the state cannot be used (entries of a dead
@@ -894,7 +901,7 @@ def queue_listing(settings: Settings | None = None) -> QueueListing:
         capacity = machine_capacity(settings, wants_gpus)
         scene = _Scene(jobs, capacity, settings)
         waiting = scene.waiting()
-    running = sorted((e for e in jobs.values() if e.get("granted")), key=lambda e: int(e.get("order", 0)))
+    running = sorted((e for e in jobs.values() if e.get("admitted")), key=lambda e: int(e.get("order", 0)))
     rows = []
     for entry, state in [*((e, "Running") for e in running), *((e, "Waiting") for e in waiting)]:
         pods = entry.get("pods") or {}

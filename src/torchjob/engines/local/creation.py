@@ -107,10 +107,15 @@ class PodFactory:
                 }
         return state
 
-    def regrant(self) -> None:
-        """The queue granted more pods: their GPU shares (those of pods already made stay)."""
+    def regrant(self, keys: list[str]) -> None:
+        """The queue granted (again) these pods ("task/index"): their GPU shares, the GPUs now given."""
         if self.gpu_shares is not None:
-            self.gpu_env = {**self.gpu_shares(self.pod_specs), **self.gpu_env}
+            shares = self.gpu_shares(self.pod_specs)
+            for name in keys:
+                task, _, index = name.rpartition("/")
+                key = (task, int(index))
+                if key in shares:
+                    self.gpu_env[key] = shares[key]
 
     def start_names_probe(self) -> tuple[podnames.HostsMount, podnames.Probe]:
         """Write the job's hosts file and start checking whether its processes can get it as /etc/hosts."""

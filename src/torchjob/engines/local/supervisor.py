@@ -179,8 +179,7 @@ class Supervisor:
             self.waiter.wait(wait)
         if shown:
             self.record(f"admitted to queue {ticket.plan.queue} after {time.time() - self.started:.1f}s")
-        self.status = initial_status()
-        self.started = time.time()  # the deadline and the job's age count from its start, as on a cluster
+        self.status = initial_status()  # the deadline counts on from the submission, waiting included
         return True
 
     def end_waiting(self, reason: str) -> bool:
@@ -195,8 +194,11 @@ class Supervisor:
         from torchjob.engines.local.admission import GROW_EVERY
 
         self.next_grow = now + GROW_EVERY
-        if self.ticket.grow():
-            self.factory.regrant()
+        # Pods that ended (and are not being restarted) hold nothing any more.
+        finished = {f"{t}/{i}" for (t, i), p in self.pods.items() if p.phase in (SUCCEEDED, FAILED)}
+        more = self.ticket.grow(finished)
+        if more:
+            self.factory.regrant(list(more))
             if self.status.phase in (JobPhase.PENDING, JobPhase.RUNNING):
                 self.create_missing(now)
 
