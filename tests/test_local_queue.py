@@ -471,6 +471,26 @@ def test_higher_priority_goes_first_and_gets_the_gpus() -> None:
     assert decide(jobs, "urgent", FOUR, Settings(backfill=0)).granted == {"m/0": ["3"]}
 
 
+def test_a_gang_pod_wanted_again_comes_back_only_with_the_whole_missing_gang() -> None:
+    """A restarted job whose succeeded gang pods gave their GPUs away waits for them together."""
+    from torchjob.engines.local.admission import Demand, Plan, Ticket, grow
+
+    mine = entry("mine", 1, 1, pods=3, granted={"m/0": ["0"]}, admitted=1.0)
+    others = entry("other", 2, 3, granted={"m/0": ["1", "2", "3"]}, admitted=1.0)
+    jobs = {"mine": mine, "other": others}
+    assert grow(jobs, "mine", FOUR, Settings()) == {}  # m/1 and m/2 (the gang) need 2, none is free
+    others["granted"] = {"m/0": ["1", "2"]}
+    others["pods"]["m/0"] = {"nvidia.com/gpu": 2.0}
+    assert grow(jobs, "mine", FOUR, Settings()) == {}  # 1 free: still not both
+    others["granted"] = {}
+    assert grow(jobs, "mine", FOUR, Settings()) == {"m/1": ["1"], "m/2": ["2"]}
+    ticket = Ticket(Plan(Demand(mine["pods"], mine["gang"]), "default", 0, Settings(), FOUR), "mine", "mine")
+    ticket.granted = {"m/0": ["0"]}
+    assert not ticket.admits("m", 0)  # not even the pod it still holds, while its gang is short
+    ticket.finished = {"m/1", "m/2"}  # they succeeded: nothing is missing
+    assert ticket.admits("m", 0)
+
+
 def test_a_state_file_in_a_directory_open_to_others_is_refused(queue_env: Path) -> None:
     from torchjob.engines.local.admission import locked_state
     from torchjob.engines.local.ports import RegistryError

@@ -753,8 +753,16 @@ def grow(
     cap_left = scene.queue_free(queue)
     out: dict[str, list[str]] = {}
     devices = list(scene.devices)
+    granted = mine.get("granted") or {}
+    # A gang pod that gave its share back (it had ended) and is wanted again (the job restarts):
+    # the gang's missing pods come back together or not at all, before any pod beyond the gang.
+    missing = [k for k in mine["gang"] if k not in granted and k not in finished]
+    if missing:
+        need = total(mine["pods"], missing)
+        if _short(need, free) or any(need.get(k, 0.0) > cap_left[k] + 1e-9 for k in cap_left):
+            return {}
     for key, request in mine["pods"].items():
-        if key in (mine.get("granted") or {}) or key in finished:
+        if key in granted or key in finished:
             continue
         if _short(request, free) or any(request.get(k, 0.0) > cap_left[k] + 1e-9 for k in cap_left):
             break  # in pod order: index 3 does not start before index 2
@@ -781,6 +789,7 @@ class Ticket:
         self.seq = 0
         self.at = 0.0
         self.next_check = 0.0
+        self.finished: set[str] = set()  # pods that succeeded and gave their share back
 
     def _entry(self, data: dict[str, Any], jobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """This job's entry, added (first look) or added again (the file was removed meanwhile)."""
@@ -836,6 +845,7 @@ class Ticket:
         """Give back what ``finished`` pods held, and grant pods beyond the gang that fit now;
         those newly granted. A job with nothing to change only checks, every few seconds, that its
         entry is still there (someone may have removed the file)."""
+        self.finished = set(finished)
         done = [k for k in self.granted if k in finished]
         wanted = [k for k in self.plan.demand.pods if k not in self.granted and k not in finished]
         if not done and not wanted:
@@ -884,6 +894,11 @@ class Ticket:
         return out
 
     def admits(self, task: str, index: int) -> bool:
+        """Whether the pod may be created now: it is granted, and so is every gang pod that has not
+        succeeded (a job is never started again below its gang)."""
+        gang = self.plan.demand.gang
+        if any(k not in self.granted and k not in self.finished for k in gang):
+            return False
         return f"{task}/{index}" in self.granted
 
 

@@ -194,8 +194,11 @@ class Supervisor:
         from torchjob.engines.local.admission import GROW_EVERY
 
         self.next_grow = now + GROW_EVERY
-        # Pods that ended (and are not being restarted) hold nothing any more.
-        finished = {f"{t}/{i}" for (t, i), p in self.pods.items() if p.phase in (SUCCEEDED, FAILED)}
+        # A pod that succeeded holds nothing any more (a failed one keeps its share: the job may
+        # well be restarted by a policy, and must not then start below its gang).
+        finished = {
+            f"{t}/{i}" for (t, i), p in self.pods.items() if p.phase == SUCCEEDED and not p.terminating
+        }
         more = self.ticket.grow(finished)
         if more:
             self.factory.regrant(list(more))
