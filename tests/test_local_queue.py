@@ -332,25 +332,45 @@ def test_a_job_that_can_never_fit_or_names_an_unknown_queue_is_refused_at_once(q
     tmp_path = queue_env
     big = torchjob(tmp_path, "run", gpu_job(tmp_path, "big", replicas=3))
     assert big.returncode == 2 and "this machine has 2 (TORCHJOB_CAPACITY)" in big.stderr
-    cpu = make_job(
-        "cpu", [task("main", [container("main", ["true"], resources={"requests": {"cpu": 3}})], replicas=2)]
-    )
-    hungry = torchjob(tmp_path, "run", write_job(tmp_path, cpu, "cpu.json"))
-    assert hungry.returncode == 2 and len(hungry.stderr.splitlines()) == 1, hungry.stderr
+    (tmp_path / "queues.yaml").write_text("queues:\n  small: {capability: {nvidia.com/gpu: 1}}\n")
+    capped = torchjob(tmp_path, "run", gpu_job(tmp_path, "capped", replicas=2, queue="small"))
+    assert capped.returncode == 2 and len(capped.stderr.splitlines()) == 1, capped.stderr
     assert (
-        "spec.tasks: the job's gang (2 pods) needs 6 cpu; this machine has 4 (TORCHJOB_CAPACITY)"
-        in hungry.stderr
+        "spec.tasks: the job's gang (2 pods) needs 2 nvidia.com/gpu; queue small's capability has 1"
+        in capped.stderr
     )
-    memory = torchjob(tmp_path, "run", gpu_job(tmp_path, "lost", queue="nightly"))
-    assert (
-        memory.returncode == 2
-        and "spec.queue" in memory.stderr
-        and "no local queue 'nightly'" in memory.stderr
-    )
+    lost = torchjob(tmp_path, "run", gpu_job(tmp_path, "lost", queue="nightly"))
+    assert lost.returncode == 2 and "spec.queue" in lost.stderr and "no local queue 'nightly'" in lost.stderr
     vip = torchjob(tmp_path, "run", gpu_job(tmp_path, "vip", priorityClassName="vip"))
     assert vip.returncode == 2 and "no priority class 'vip'" in vip.stderr
     assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
     assert not (tmp_path / "trace").exists()
+
+
+def test_a_job_asking_more_cpus_than_the_machine_has_runs_alone(queue_env: Path) -> None:
+    """CPUs can be oversubscribed: 2 pods of 3 CPUs on 4 wait until no other job holds a CPU."""
+    tmp_path = queue_env
+    small = submit(tmp_path, gpu_job(tmp_path, "small", gpus=0, cpu=1, gate=True))
+    big = gpu_job(tmp_path, "big", gpus=0, cpu=3, replicas=2, sleep=0)
+    attached = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", big],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")},
+    )
+    time.sleep(1.0)
+    assert "big-main" not in (tmp_path / "trace").read_text()  # it waits for the small job
+    release(tmp_path)
+    out, _ = attached.communicate(timeout=30)
+    assert attached.returncode == 0, out
+    assert (
+        "the job asks for 6 cpu; this machine has 4 (TORCHJOB_CAPACITY): it is counted as taking all" in out
+    )
+    assert "waiting for 4 cpu, 3 free" in out
+    spans = intervals(tmp_path)
+    assert spans["big-main-0"][0] >= spans["small-main-0"][1]
+    wait_all(tmp_path, [small])
 
 
 def test_a_queue_capability_caps_what_its_jobs_hold(queue_env: Path) -> None:

@@ -390,6 +390,7 @@ class Plan:
     priority: int
     settings: Settings
     capacity: Capacity
+    notes: list[str] = field(default_factory=list)  # said once the job is under way
 
 
 def plan_for(job: Job) -> Plan | None:
@@ -433,25 +434,40 @@ def plan_for(job: Job) -> Plan | None:
     cap = settings.queue(queue).capability
     for resource, amount in cap.items():
         limits[resource] = min(limits.get(resource, 0.0), amount)
-    gang = total(demand.pods, demand.gang)
-    for resource, amount in gang.items():
-        if amount > limits.get(resource, 0.0) + 1e-9:
-            where = (
-                f"queue {queue}'s capability"
-                if amount <= capacity.amounts.get(resource, 0.0)
-                else "this machine"
-            )
+    notes = []
+    for resource in RESOURCES:
+        gang = total(demand.pods, demand.gang).get(resource, 0.0)
+        largest = max((p.get(resource, 0.0) for p in demand.pods.values()), default=0.0)
+        most = max(gang, largest)
+        limit = limits.get(resource, 0.0)
+        if most <= limit + 1e-9:
+            continue
+        where = (
+            f"queue {queue}'s capability" if most <= capacity.amounts.get(resource, 0.0) else "this machine"
+        )
+        has = f"{where} has {fmt(resource, limit)} ({capacity.source})"
+        if resource == GPU:  # a GPU cannot be shared: such a job could never start
             problems.append(
                 Problem(
                     "spec.tasks",
-                    f"the job's gang ({len(demand.gang)} pods) needs {fmt(resource, amount)} {resource}; "
-                    f"{where} has {fmt(resource, limits.get(resource, 0.0))} ({capacity.source}): it could "
-                    "never start; lower the requests or minAvailable, or run with --no-queue",
+                    f"the job's gang ({len(demand.gang)} pods) needs {fmt(resource, gang)} {resource}; "
+                    f"{has}: it could never start; lower the limits or minAvailable, or run with --no-queue",
                 )
             )
+            continue
+        # CPUs and memory can be oversubscribed (a cluster would leave the job Pending for ever,
+        # which is of no use on one machine): the job counts as taking all there is, and runs alone.
+        scale = limit / most
+        for request in demand.pods.values():
+            if resource in request:
+                request[resource] *= scale
+        notes.append(
+            f"the job asks for {fmt(resource, most)} {resource}; {has}: it is counted as taking all of "
+            f"it, so it starts once nothing else holds {resource}"
+        )
     if problems:
         raise SpecError(problems)
-    return Plan(demand, queue, priority, settings, capacity)
+    return Plan(demand, queue, priority, settings, capacity, notes)
 
 
 def fmt(resource: str, amount: float) -> str:

@@ -154,6 +154,8 @@ class Supervisor:
         ticket = self.ticket
         if ticket is None:
             return True
+        for note in ticket.plan.notes:
+            self.record(note)
         shown = ""
         while not ticket.poll():
             if ticket.reason != shown:  # in status.json and on the console, once per change
@@ -202,8 +204,12 @@ class Supervisor:
         more = self.ticket.grow(finished)
         if more:
             self.factory.regrant(list(more))
-            if self.status.phase in (JobPhase.PENDING, JobPhase.RUNNING):
-                self.create_missing(now)
+        # As Volcano's sync creates the pods that do not exist: those the queue lets start now.
+        if (
+            self.status.phase in (JobPhase.PENDING, JobPhase.RUNNING)
+            and len(self.pods) < self.job.total_replicas
+        ):
+            self.create_missing(now)
 
     # -------------------------------------------------------------- the loop
 
