@@ -194,6 +194,7 @@ def test_a_gang_of_three_waits_whole_while_two_gpus_are_free(
     time.sleep(1.0)  # and it stays so: no pod started, none made
     report = status(tmp_path, gang)
     assert (report["phase"], report["pods"]) == ("Pending", [])
+    assert "nameResolution" not in report  # not decided before its pods are prepared
     assert not (tmp_path / "home" / "jobs" / gang / "logs").exists()
     wait_all(tmp_path, [blocker, gang])
     spans = intervals(tmp_path)

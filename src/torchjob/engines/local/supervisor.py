@@ -610,7 +610,8 @@ class Supervisor:
             started=self.started,
             finished=self.finished,
             events=self.events,
-            name_resolution=self.factory.name_resolution,
+            # Not decided before the pods are prepared (a job waiting in the queue): not said.
+            name_resolution=self.factory.name_resolution if self.factory.addressing is not None else "",
         )
 
     def write_status(self, must: bool = False) -> None:
