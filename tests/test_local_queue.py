@@ -284,6 +284,14 @@ def test_jobs_without_requests_and_no_queue_jobs_never_wait(queue_env: Path) -> 
     assert eager.returncode == 0, eager.stdout + eager.stderr
     assert "waiting for" not in eager.stdout + eager.stderr
     assert intervals(tmp_path)["eager-main-0"][2] == "0"  # the capacity's GPUs, not reserved
+    setting = subprocess.run(
+        [sys.executable, "-m", "torchjob", "run", gpu_job(tmp_path, "unqueued", sleep=0)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TORCHJOB_HOME": str(tmp_path / "home"), "TORCHJOB_QUEUE": "off"},
+    )
+    assert setting.returncode == 0 and "waiting for" not in setting.stdout + setting.stderr
     torchjob(tmp_path, "delete", hog)
 
 
@@ -490,6 +498,23 @@ def test_higher_priority_goes_first_and_gets_the_gpus() -> None:
     }
     assert decide(jobs, "early", FOUR, Settings(backfill=0)).granted is None
     assert decide(jobs, "urgent", FOUR, Settings(backfill=0)).granted == {"m/0": ["3"]}
+
+
+def test_a_queue_over_its_weights_share_yields_to_the_others() -> None:
+    from torchjob.engines.local.admission import QueueSettings
+
+    settings = Settings(queues={"a": QueueSettings(1.0), "b": QueueSettings(1.0)})
+    jobs = {
+        "run": entry(
+            "run", 1, 3, granted={"m/0": ["0", "1", "2"]}, admitted=1.0, queue="a"
+        ),  # 3 of 4: over half
+        "a2": entry("a2", 2, 1, queue="a"),
+        "b1": entry("b1", 3, 1, queue="b"),  # submitted later, in the queue under its share
+    }
+    assert decide(jobs, "a2", FOUR, settings).granted is None
+    assert decide(jobs, "b1", FOUR, settings).granted == {"m/0": ["3"]}
+    settings.queues["b"] = QueueSettings(1.0, {"nvidia.com/gpu": 0.0})  # unless b's capability forbids it
+    assert decide(jobs, "a2", FOUR, settings).granted == {"m/0": ["3"]}
 
 
 def test_a_gang_pod_wanted_again_comes_back_only_with_the_whole_missing_gang() -> None:
