@@ -15,7 +15,8 @@ as a gang.
   that want what it is short of, but only after it was passed ``backfill`` times (3 by default):
   small jobs may fill the gaps, yet a large job's turn comes after a bounded number of them.
 * **No daemon**: the state is one JSON file beside the port registry (same directory, same
-  protections), locked with ``flock``. Each waiting supervisor polls it and decides for itself;
+  protections), locked with ``flock``. Each waiting supervisor polls it (every 0.2 s, slowing to 1 s
+  after the first seconds) and decides for itself;
   entries of dead supervisors (pid and start time) are dropped, so a killed supervisor never
   keeps its reservation.
 
@@ -50,7 +51,8 @@ RESOURCES = ("cpu", "memory", GPU)
 STATE_FILE = "admission.json"
 LOCK_FILE = "admission.lock"
 LOCK_TIMEOUT = 10.0
-POLL = 0.2  # seconds between a waiting supervisor's looks at the queue
+POLL = 0.2  # seconds between a waiting supervisor's looks at the queue, at first
+POLL_MAX = 1.0  # ... growing to this after a while: fifty waiting jobs cost a few % of a core
 GROW_EVERY = 0.5  # seconds between tries to grant a running job's pods beyond its gang
 CHECK_EVERY = 5.0  # seconds between checks that a running job's entry is still in the state file
 DEFAULT_BACKFILL = 3
@@ -501,7 +503,8 @@ def _refuse(root: Path, message: str) -> SpecError:
 def locked_state(write: bool = True) -> Iterator[dict[str, Any]]:
     """The admission state, read and (with ``write``) written back under its lock. Beside the
     port registry and with its protections: a private directory, files opened relative to it and
-    never through a symlink, temporary files always new."""
+    never through a symlink. Written only when something changed (most looks of a waiting job
+    change nothing)."""
     root = _state_dir()
     try:
         dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _OPEN_FLAGS)
@@ -519,10 +522,13 @@ def locked_state(write: bool = True) -> Iterator[dict[str, Any]]:
             ) from None
         try:
             _lock(lock, root / LOCK_FILE)
-            data = _read(dir_fd)
+            raw = _read(dir_fd)
+            data = _parse(raw)
             yield data
             if write:
-                _write(dir_fd, root, data)
+                text = json.dumps(data, separators=(",", ":")).encode()
+                if text != raw.rstrip(b" "):
+                    _write(dir_fd, root, text)
         finally:
             os.close(lock)
     finally:
@@ -544,25 +550,31 @@ def _lock(fd: int, path: Path) -> None:
             time.sleep(0.002)
 
 
-def _read(dir_fd: int) -> dict[str, Any]:
+def _read(dir_fd: int) -> bytes:
     try:
         fd = os.open(STATE_FILE, os.O_RDONLY | _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError:
-        return {}
+        return b""
     try:
         with os.fdopen(fd, "rb") as handle:
-            data = json.loads(handle.read())
-    except (OSError, ValueError):
+            return handle.read()
+    except OSError:
+        return b""
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw) if raw.strip() else {}
+    except ValueError:
         return {}  # damaged: start afresh (the live supervisors register again on their next look)
     return data if isinstance(data, dict) else {}
 
 
-def _write(dir_fd: int, root: Path, data: dict[str, Any]) -> None:
+def _write(dir_fd: int, root: Path, text: bytes) -> None:
     """Rewrite the file in place, under the lock every reader takes too. A rename over it (as the
     port registry does) costs about 3 ms on ext4, a third of the budget of a job's admission; in
     place, the new text is first padded with spaces to the old size (JSON allows them) and written
     in one call, then the file is cut: whenever a writer is killed, the file holds valid JSON."""
-    text = json.dumps(data, separators=(",", ":")).encode()
     try:
         fd = os.open(STATE_FILE, os.O_RDWR | os.O_CREAT | _OPEN_FLAGS, 0o600, dir_fd=dir_fd)
     except OSError as err:  # ELOOP: a symlink planted in its place

@@ -149,7 +149,7 @@ class Supervisor:
     def admit(self, on_waiting: Callable[[], None] | None) -> bool:
         """Wait for the job's turn in the local queue (no ticket: at once); False when it ended
         while waiting (a signal, its deadline). ``on_waiting`` is told once if it has to wait."""
-        from torchjob.engines.local.admission import POLL
+        from torchjob.engines.local.admission import POLL, POLL_MAX
 
         ticket = self.ticket
         if ticket is None:
@@ -177,7 +177,8 @@ class Supervisor:
                 return self.end_waiting(
                     f"the job's deadline of {self.timeout:g}s passed while it waited in the queue"
                 )
-            wait = POLL if self.timeout is None else min(POLL, self.timeout - elapsed)
+            every = min(POLL_MAX, POLL + elapsed / 20)  # 0.2 s at first, 1 s after 16 s of waiting
+            wait = every if self.timeout is None else min(every, self.timeout - elapsed)
             self.waiter.wait(wait)
         if shown:
             self.record(f"admitted to queue {ticket.plan.queue} after {time.time() - self.started:.1f}s")
