@@ -18,9 +18,10 @@ from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
-    from torchjob.engines.base import Engine, JobReport
+    from torchjob.engines.base import Engine, JobReport, QueueListing
 
 REF_HELP = "job id, unique id prefix, or name (newest)"
 
@@ -66,6 +67,12 @@ def register(commands: Any) -> None:
         metavar="MODULE[,MODULE]",
         help="import these modules once (e.g. torch) and fork every python container from that process",
     )
+    run.add_argument(
+        "--no-queue",
+        dest="queue",
+        action="store_false",
+        help="local: start at once, without waiting in the machine's queue for CPUs, memory and GPUs",
+    )
     _engine_options(run, starts_jobs=True)
     run.set_defaults(func=run_run)
 
@@ -103,6 +110,7 @@ def register(commands: Any) -> None:
     _engine_options(delete)
     delete.set_defaults(func=run_delete)
     _housekeeping(commands, run)
+    _register_queue(commands)
 
 
 def _housekeeping(commands: Any, run: argparse.ArgumentParser) -> None:
@@ -328,6 +336,7 @@ def run_run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         on_start=_print_id if args.quiet and not args.detach else None,
         preload=_preload_modules(args.preload),
+        queue=args.queue,
     )
     if args.rm and args.detach:
         raise SpecError(
@@ -490,6 +499,56 @@ def run_logs(args: argparse.Namespace) -> int:
     if args.follow:  # a script following a job learns how it ended
         return _ended_code(_engine(args).status(args.job))
     return EXIT_OK
+
+
+# ---------------------------------------------------------------------- queue
+
+
+def _register_queue(commands: Any) -> None:
+    queue = commands.add_parser(
+        "queue", help="the machine's queue: capacity, queues, the jobs that run and those that wait, and why"
+    )
+    queue.add_argument("-o", "--output", choices=("yaml", "json"), help="print it all as data")
+    _engine_options(queue)
+    queue.set_defaults(func=run_queue)
+
+
+def run_queue(args: argparse.Namespace) -> int:
+    from torchjob.engines.base import EngineError
+
+    engine = _engine(args)
+    listing: Callable[[], QueueListing] | None = getattr(engine, "queues", None)
+    if listing is None:
+        raise EngineError(f"engine {engine.name} keeps no queue of its own; its cluster's scheduler does")
+    found = listing()
+    if args.output:
+        _dump(found.to_dict(), args.output)
+        return EXIT_OK
+    print(f"capacity: {_amounts(found.capacity)} ({found.source})")
+    print(f"free:     {_amounts(found.free)}")
+    rows: list[tuple[str, ...]] = [("QUEUE", "WEIGHT", "CAPABILITY", "RUNNING", "WAITING")]
+    for q in found.queues:
+        rows.append((q.name, f"{q.weight:g}", _amounts(q.capability) or "-", str(q.running), str(q.waiting)))
+    _table(rows)
+    if not found.jobs:
+        print("no job holds or waits for resources")
+        return EXIT_OK
+    print()
+    rows = [("JOB", "QUEUE", "PRIORITY", "STATE", "RESOURCES", "REASON")]
+    for j in found.jobs:
+        rows.append((j.id, j.queue, str(j.priority), j.state, _amounts(j.requests), j.reason))
+    _table(rows)
+    return EXIT_OK
+
+
+def _amounts(given: dict[str, str]) -> str:
+    return ", ".join(f"{v} {k}" for k, v in given.items())
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 # ----------------------------------------------------------------------- wait

@@ -31,6 +31,7 @@ __all__ = [
     "LogQuery",
     "PodReport",
     "PortReport",
+    "QueueListing",
     "ReportError",
     "StartOptions",
 ]
@@ -116,6 +117,7 @@ class StartOptions:
     max_restarts: int | None = None  # local engine: fail the job once a pod restarted more often
     on_start: Callable[[str], None] | None = None  # attached: told the job's id once it is submitted
     preload: tuple[str, ...] = ()  # local: main containers forked from a server that imported these
+    queue: bool = True  # local: wait in the machine's queue for CPUs, memory and GPUs; False: start at once
 
 
 @record
@@ -351,6 +353,70 @@ class JobReport:
 
 
 @record
+class QueuedJob:
+    """A job in a queue of an engine's own (the local engine's admission)."""
+
+    id: str
+    name: str
+    queue: str
+    priority: int
+    state: str  # Running | Waiting
+    requests: dict[str, str]  # what it holds (Running) or what its gang waits for (Waiting)
+    reason: str = ""  # why it waits
+    since: float | None = None  # when it was submitted (seconds since the epoch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "queue": self.queue,
+            "priority": self.priority,
+            "state": self.state,
+            "requests": dict(self.requests),
+            "reason": self.reason,
+            "since": self.since,
+        }
+
+
+@record
+class QueueInfo:
+    name: str
+    weight: float = 1.0
+    capability: dict[str, str] = field(default_factory=dict)  # caps on what its jobs hold together
+    running: int = 0
+    waiting: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "weight": self.weight,
+            "capability": dict(self.capability),
+            "running": self.running,
+            "waiting": self.waiting,
+        }
+
+
+@record
+class QueueListing:
+    """``torchjob queue``: what the engine can give, its queues, what runs and what waits."""
+
+    capacity: dict[str, str]
+    free: dict[str, str]
+    source: str  # where the capacity came from
+    queues: list[QueueInfo] = field(default_factory=list)
+    jobs: list[QueuedJob] = field(default_factory=list)  # running first, then waiting in order
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "capacity": dict(self.capacity),
+            "free": dict(self.free),
+            "source": self.source,
+            "queues": [q.to_dict() for q in self.queues],
+            "jobs": [j.to_dict() for j in self.jobs],
+        }
+
+
+@record
 class LogQuery:
     pod: str | None = None  # a pod name, short name (worker-1) or task name; None for every pod
     container: str | None = None
@@ -402,4 +468,11 @@ if TYPE_CHECKING:
 
         def delete(self, refs: list[str]) -> list[str]:
             """Stop and remove these jobs; every ref is resolved before anything is deleted. Their ids."""
+            ...
+
+    class QueueingEngine(Engine, Protocol):
+        """An engine that queues jobs itself (optional: the CLI looks for ``queues``)."""
+
+        def queues(self) -> QueueListing:
+            """Its capacity, its queues, the jobs that hold resources and those that wait, in order."""
             ...

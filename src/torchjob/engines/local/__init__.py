@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from torchjob.engines.base import JobReport
+    from torchjob.engines.local.admission import Plan
     from torchjob.expand import DesiredState
     from torchjob.spec.model import Job
 
@@ -49,6 +50,9 @@ class RunOptions:
     max_restarts: int | None = None  # fail the job when a pod's containers restarted more often
     on_start: Callable[[str], None] | None = None  # attached: told the job id before its pods start
     preload: tuple[str, ...] = ()  # modules a fork server imports once for all main containers (preload.py)
+    queue: bool = (
+        True  # wait for CPUs, memory and GPUs in the local queue (admission.py); False: start at once
+    )
 
 
 @record
@@ -96,7 +100,12 @@ def check_job(job: Job) -> list[tuple[str, str]]:
         return [("spec.tasks", "every task has 0 replicas: there is no pod to run")]
     from torchjob.engines.local import prewarm
 
-    return check_pods(_check_state(job)) + gpus.check(job) + prewarm.check(job)
+    found = None
+    if "TORCHJOB_CAPACITY" in os.environ:  # it replaces the machine's GPUs
+        from torchjob.engines.local.admission import gpu_override
+
+        found = gpu_override()
+    return check_pods(_check_state(job)) + gpus.check(job, found) + prewarm.check(job)
 
 
 def _raise_problems(job: Job) -> None:
@@ -141,13 +150,41 @@ def run_job(job: Job, options: RunOptions | None = None) -> RunResult:
 
     options = options or RunOptions()
     _raise_problems(job)
+    plan = _admission_plan(job) if options.queue else None
     _check_registry(job)
     job_dir = new_job_dir(state_root(options.state_dir), job.name)
     if options.detach:
-        return _detach(job, job_dir.path, options)
+        return _detach(job, job_dir.path, options, plan)
     if options.on_start is not None:
         options.on_start(job_dir.id)
-    return _supervise(job, job_dir.path, options, stream=None if options.quiet else sys.stdout)
+    return _supervise(job, job_dir.path, options, stream=None if options.quiet else sys.stdout, plan=plan)
+
+
+def _admission_plan(job: Job) -> Plan | None:
+    """What the local queue needs of the job; None when it asks for nothing (then it never waits)."""
+    if not any(
+        (c.get("resources") or {}).get(kind)
+        for task in job.spec.tasks
+        for c in [
+            *(task.template.spec.get("initContainers") or []),
+            *(task.template.spec.get("containers") or []),
+        ]
+        for kind in ("requests", "limits")
+    ):
+        return None  # most jobs: nothing to count, nothing to load
+    from torchjob.engines.local.admission import plan_for
+
+    plan = plan_for(job)
+    if plan is not None:  # the state file's directory must be usable before the job is made
+        _check_registry_dir()
+    return plan
+
+
+def _check_registry_dir() -> None:
+    from torchjob.engines.local.admission import locked_state
+
+    with locked_state(write=False):
+        pass
 
 
 def _supervise(
@@ -158,6 +195,7 @@ def _supervise(
     stream: object,
     echo_logs: bool = True,
     on_started: Callable[[], None] | None = None,
+    plan: Plan | None = None,
 ) -> RunResult:
     from torchjob.engines.local.output import Console
     from torchjob.engines.local.state import JobDir
@@ -175,6 +213,7 @@ def _supervise(
         prewarm=options.prewarm,
         max_restarts=options.max_restarts,
         preload=options.preload,
+        admission=plan,
     )
     previous = supervisor.install_signals()
     try:
@@ -194,7 +233,7 @@ def _supervise(
     return result
 
 
-def _detach(job: Job, path: Path, options: RunOptions) -> RunResult:
+def _detach(job: Job, path: Path, options: RunOptions, plan: Plan | None = None) -> RunResult:
     """Double fork: the grandchild, in its own session, supervises; the caller returns once the
     job's pods have started, or with ``started=False`` and the reason when they never did."""
     read_end, write_end = os.pipe()
@@ -215,6 +254,7 @@ def _detach(job: Job, path: Path, options: RunOptions) -> RunResult:
                     stream=sys.stdout,
                     echo_logs=False,
                     on_started=lambda: _tell(write_end, "started"),
+                    plan=plan,
                 )
                 code = 0 if result.ok else 1
                 if not result.started:

@@ -165,6 +165,8 @@ def shutdown(sup: Supervisor) -> None:
     """Stop everything left, whatever happened; bounded in time."""
     _stop_pods(sup)
     sup.processes.kill_the_rest()
+    if sup.ticket is not None:  # the job's CPUs, memory and GPUs go to the next job in the queue
+        sup.ticket.release()
     try:
         sup.waiter.close()
         if sup.factory.ports:  # a job without ports reserved none: the registry is not touched

@@ -33,6 +33,8 @@ from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from torchjob.engines.local.preload import Forked, Preloader
 
 WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
@@ -69,6 +71,10 @@ class PodFactory:
         self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
         self.name_resolution = "addresses only"
         self.gpu_env: dict[Key, gpus.PodEnv] = {}  # CUDA_VISIBLE_DEVICES shares, kept across restarts
+        # The local queue's grant (admission.Ticket.gpu_env): the GPUs this job was given; None:
+        # the machine's whole inventory, shared out among the job's pods only (run --no-queue).
+        self.gpu_shares: Callable[[dict[Key, Any]], dict[Key, gpus.PodEnv]] | None = None
+        self.pod_specs: dict[Key, Any] = {}
 
     def prepare(self, note: Callable[[str], None]) -> DesiredState:
         """Reserve the ports, decide name resolution, write the ConfigMaps; once, before any pod."""
@@ -82,10 +88,13 @@ class PodFactory:
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
         state = self.expansion(0, 0)
         self.dir.write_configmaps(configmaps_of(state))
-        pod_specs = {(p.task.name, p.index): p.manifest["spec"] for p in state.pods}
-        self.gpu_env, gpu_note = gpus.job_env(pod_specs)
-        if gpu_note:
-            note(gpu_note)
+        self.pod_specs = {(p.task.name, p.index): p.manifest["spec"] for p in state.pods}
+        if self.gpu_shares is not None:
+            self.gpu_env = self.gpu_shares(self.pod_specs)
+        else:
+            self.gpu_env, gpu_note = gpus.job_env(self.pod_specs, _capacity_gpus())
+            if gpu_note:
+                note(gpu_note)
         plugins = build_plugins(self.job)
         for plan in state.pods:
             ranks = [plugin.rank(self.job, plan.task, plan.index) for plugin in plugins]
@@ -98,6 +107,16 @@ class PodFactory:
                     "TORCHJOB_CONFIG_MOUNT": path,
                 }
         return state
+
+    def regrant(self, keys: list[str]) -> None:
+        """The queue granted (again) these pods ("task/index"): their GPU shares, the GPUs now given."""
+        if self.gpu_shares is not None:
+            shares = self.gpu_shares(self.pod_specs)
+            for name in keys:
+                task, _, index = name.rpartition("/")
+                key = (task, int(index))
+                if key in shares:
+                    self.gpu_env[key] = shares[key]
 
     def start_names_probe(self) -> tuple[podnames.HostsMount, podnames.Probe]:
         """Write the job's hosts file and start checking whether its processes can get it as /etc/hosts."""
@@ -239,6 +258,15 @@ class PodFactory:
 
     def ports_text(self) -> str:
         return ", ".join(f"{d}->{h}" for d, h in self.ports.items()) or "none"
+
+
+def _capacity_gpus() -> gpus.Inventory | None:
+    """The GPUs ``TORCHJOB_CAPACITY`` names, which replace the machine's; None when it is not set."""
+    if "TORCHJOB_CAPACITY" not in os.environ:
+        return None
+    from torchjob.engines.local.admission import gpu_override
+
+    return gpu_override()
 
 
 def _uuid4() -> str:

@@ -15,7 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from torchjob.display import first_failed_first, prefix_for
-from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, PodReport, StartOptions
+from torchjob.engines.base import (
+    EngineError,
+    JobReport,
+    LogLine,
+    LogQuery,
+    PodReport,
+    QueueListing,
+    StartOptions,
+)
 from torchjob.engines.local.state import JobDir, collect_expired, list_jobs, state_root
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
@@ -23,7 +31,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-    from torchjob.engines.base import Engine
+    from torchjob.engines.base import Engine, QueueingEngine
     from torchjob.spec.model import Job
 
 MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by
@@ -68,6 +76,7 @@ class LocalEngine:
                 max_restarts=options.max_restarts,
                 on_start=options.on_start,
                 preload=options.preload,
+                queue=options.queue,
             ),
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow
@@ -214,6 +223,14 @@ class LocalEngine:
                     files.append(_LogFile(path, prefix, ordinal, pod.short or pod.name))
         return files
 
+    # -------------------------------------------------------------- queue
+
+    def queues(self) -> QueueListing:
+        """The machine's queue (admission.py): every job of this user, whatever its state directory."""
+        from torchjob.engines.local.admission import queue_listing
+
+        return queue_listing()
+
     # ------------------------------------------------------------- delete
 
     def delete(self, refs: list[str]) -> list[str]:
@@ -276,3 +293,4 @@ def _stop_supervisor(where: JobDir) -> None:
 
 if TYPE_CHECKING:  # mypy checks here that the class implements the engine interface
     _implements: type[Engine] = LocalEngine
+    _queues: type[QueueingEngine] = LocalEngine

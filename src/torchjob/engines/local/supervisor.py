@@ -70,6 +70,8 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
+    from torchjob.engines.local.admission import Plan, Ticket
+
 IDLE_WAIT = 0.1  # longest sleep of the loop; exits and signals wake it at once
 LOG_EVERY = 0.05  # seconds between reads of the followed log files when they are printed
 TRACK_EVERY = 0.5  # seconds between scans for container descendants
@@ -97,6 +99,7 @@ class Supervisor:
         prewarm: bool = True,
         max_restarts: int | None = None,
         preload: tuple[str, ...] = (),
+        admission: Plan | None = None,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -128,22 +131,99 @@ class Supervisor:
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
         self.max_restarts = max_restarts  # a local limit (run --max-restarts): Kubernetes has none
         self.looping: set[Key] = set()  # pods whose crash loop has been told
+        self.ticket: Ticket | None = None  # the job's place in the local queue (admission.py)
+        if admission is not None:
+            from torchjob.engines.local.admission import Ticket
+
+            self.ticket = Ticket(admission, self.id, job.name)
+        self.next_grow = 0.0  # when to try again to grant pods beyond the gang
+        self.told_waiting = False  # a detached job's caller was let go while the job waits its turn
 
     # ------------------------------------------------------------------ setup
 
     def prepare(self) -> DesiredState:
-        self.dir.write_pid()
-        self.write_status(must=True)  # before any pod: a job whose status cannot be written never starts
+        if self.ticket is not None:
+            self.factory.gpu_shares = self.ticket.gpu_env
         return self.factory.prepare(self.note)
+
+    def admit(self, on_waiting: Callable[[], None] | None) -> bool:
+        """Wait for the job's turn in the local queue (no ticket: at once); False when it ended
+        while waiting (a signal, its deadline). ``on_waiting`` is told once if it has to wait."""
+        from torchjob.engines.local.admission import POLL, POLL_MAX
+
+        ticket = self.ticket
+        if ticket is None:
+            return True
+        for note in ticket.plan.notes:
+            self.record(note)
+        shown = ""
+        while not ticket.poll():
+            if ticket.reason != shown:  # in status.json and on the console, once per change
+                shown = ticket.reason
+                self.status = JobStatus(JobPhase.PENDING, 0, 0, shown)
+                self.note(f"job {self.id} is {shown}", "33")
+                self.write_status()
+                if on_waiting is not None and not self.told_waiting:
+                    on_waiting()
+                    self.told_waiting = True
+            if self.signals:
+                name = signal.Signals(self.signals[-1]).name
+                self.interrupted = self.signals[-1]
+                return self.end_waiting(
+                    f"torchjob received {name} while the job waited in queue {ticket.plan.queue}"
+                )
+            elapsed = time.time() - self.started
+            if self.timeout is not None and elapsed >= self.timeout:
+                return self.end_waiting(
+                    f"the job's deadline of {self.timeout:g}s passed while it waited in the queue"
+                )
+            every = min(POLL_MAX, POLL + elapsed / 20)  # 0.2 s at first, 1 s after 16 s of waiting
+            wait = every if self.timeout is None else min(every, self.timeout - elapsed)
+            self.waiter.wait(wait)
+        if shown:
+            self.record(f"admitted to queue {ticket.plan.queue} after {time.time() - self.started:.1f}s")
+        self.status = initial_status()  # the deadline counts on from the submission, waiting included
+        return True
+
+    def end_waiting(self, reason: str) -> bool:
+        self.status = JobStatus(JobPhase.TERMINATED, 0, 0, reason)
+        self.dirty = True
+        return False
+
+    def grow(self, now: float) -> None:
+        """Pods beyond the gang start once the queue grants them."""
+        if self.ticket is None or now < self.next_grow or self.status.phase.final:
+            return
+        from torchjob.engines.local.admission import GROW_EVERY
+
+        self.next_grow = now + GROW_EVERY
+        # A pod that succeeded holds nothing any more (a failed one keeps its share: the job may
+        # well be restarted by a policy, and must not then start below its gang).
+        finished = {
+            f"{t}/{i}" for (t, i), p in self.pods.items() if p.phase == SUCCEEDED and not p.terminating
+        }
+        more = self.ticket.grow(finished)
+        if more:
+            self.factory.regrant(list(more))
+        # As Volcano's sync creates the pods that do not exist: those the queue lets start now.
+        if (
+            self.status.phase in (JobPhase.PENDING, JobPhase.RUNNING)
+            and len(self.pods) < self.job.total_replicas
+        ):
+            self.create_missing(now)
 
     # -------------------------------------------------------------- the loop
 
     def run(self, on_started: Callable[[], None] | None = None) -> None:
         """Run the job to its end; ``on_started`` is called once its pods have been started."""
         try:
+            self.dir.write_pid()
+            self.write_status(must=True)  # before any pod: a job whose status cannot be written never starts
+            if not self.admit(on_started):
+                return
             self.start()
             self.running = True
-            if on_started is not None:
+            if on_started is not None and not self.told_waiting:
                 on_started()
             self.loop()
         except OSError as err:  # the job directory cannot be written (a full disk): end, say why
@@ -189,6 +269,7 @@ class Supervisor:
                 self.processes.track()
                 last_track = now
             self.poll_pods(now)
+            self.grow(now)
             self.fire_delayed(now)
             self.print_logs()
             if self.dirty:
@@ -384,6 +465,8 @@ class Supervisor:
         pods = self.pod_statuses() if gated else []
         for plan in state.pods:
             key = (plan.task.name, plan.index)
+            if self.ticket is not None and not self.ticket.admits(*key):
+                continue  # beyond the gang, not granted yet: grow() creates it once it is
             if key not in self.pods and self.may_start(plan.task.name, pods):
                 self.create(plan, now)
 
@@ -528,7 +611,8 @@ class Supervisor:
             started=self.started,
             finished=self.finished,
             events=self.events,
-            name_resolution=self.factory.name_resolution,
+            # Not decided before the pods are prepared (a job waiting in the queue): not said.
+            name_resolution=self.factory.name_resolution if self.factory.addressing is not None else "",
         )
 
     def write_status(self, must: bool = False) -> None:
