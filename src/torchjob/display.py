@@ -156,8 +156,9 @@ def headline(report: JobReport, color: bool = False) -> str:
     )
 
 
-def summary(report: JobReport, color: bool = False, unshown: int = 0) -> list[str]:
-    """The closing lines; ``unshown`` counts container lines that were not printed above."""
+def summary(report: JobReport, color: bool = False, unshown: int = 0, remove: bool = False) -> list[str]:
+    """The closing lines; ``unshown`` counts container lines that were not printed above;
+    ``remove`` (run --rm): a job that completed is about to be removed, a failed one is kept."""
     lines = [headline(report, color)]
     lines += ["  " + row for row in pod_rows(report, color)]
     phase = paint(report.phase, PHASE_COLORS.get(report.phase, ""), color)
@@ -168,5 +169,10 @@ def summary(report: JobReport, color: bool = False, unshown: int = 0) -> list[st
     if unshown:
         text = f"{unshown} line{'s' if unshown != 1 else ''} of container output not shown above"
         lines.append(paint(f"{text} (the output was not read in time); every line is in {logs}", "33", color))
+    if remove and report.ok:  # its logs go with it: no path to a file that is about to vanish
+        lines.append(f"job {report.id} and its logs are removed (--rm)")
+        return lines
     lines.append(f"logs: {logs}  (torchjob logs {report.id})")
+    if remove:
+        lines.append(f"kept for its logs: --rm removes only a completed job (torchjob delete {report.id})")
     return lines

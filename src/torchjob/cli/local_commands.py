@@ -107,7 +107,9 @@ def register(commands: Any) -> None:
 def _housekeeping(commands: Any, run: argparse.ArgumentParser) -> None:
     """``torchjob prune`` and ``run --rm``: finished jobs do not pile up."""
     run.add_argument(
-        "--rm", action="store_true", help="remove the job and its logs once it has ended (not with -d)"
+        "--rm",
+        action="store_true",
+        help="remove the job and its logs once it has completed; a failed job is kept for its logs (not with -d)",
     )
     prune = commands.add_parser("prune", help="remove finished jobs (Completed, Failed, Aborted, Terminated)")
     prune.add_argument(
@@ -306,6 +308,7 @@ def run_run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         on_start=_print_id if args.quiet and not args.detach else None,
         preload=_preload_modules(args.preload),
+        remove=args.rm,
     )
     if args.rm and args.detach:
         raise SpecError(
@@ -324,14 +327,14 @@ def run_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.quiet:
         print(f"{report.id} {report.phase}: {report.reason}".rstrip(": "))
-    elif engine.name != "local":  # the local engine prints its own summary; a cluster job ends in one line
-        code = finish(report)
-        if args.rm:
-            engine.delete([report.id])
-        return code
-    if args.rm:  # its logs and state go with it: what was printed is all that is kept
+    code = EXIT_OK if report.ok else EXIT_FAILED
+    if engine.name != "local" and not args.quiet:  # the local engine prints its own summary
+        code = finish(report)  # a cluster job ends in one line
+    if args.rm and report.ok:  # its logs and state go with it: what was printed is all that is kept
         engine.delete([report.id])
-    return EXIT_OK if report.ok else EXIT_FAILED
+    elif args.rm and (args.quiet or engine.name != "local"):  # the local summary says it otherwise
+        print(f"kept {report.id} for its logs: --rm removes only a completed job (torchjob delete {report.id})")
+    return code
 
 
 def _print_id(job_id: str) -> None:

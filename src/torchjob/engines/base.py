@@ -116,6 +116,7 @@ class StartOptions:
     max_restarts: int | None = None  # local engine: fail the job once a pod restarted more often
     on_start: Callable[[str], None] | None = None  # attached: told the job's id once it is submitted
     preload: tuple[str, ...] = ()  # local: main containers forked from a server that imported these
+    remove: bool = False  # run --rm: a job that completed is removed once it ended (a failed one is kept)
 
 
 @record

@@ -49,6 +49,7 @@ class RunOptions:
     max_restarts: int | None = None  # fail the job when a pod's containers restarted more often
     on_start: Callable[[str], None] | None = None  # attached: told the job id before its pods start
     preload: tuple[str, ...] = ()  # modules a fork server imports once for all main containers (preload.py)
+    remove: bool = False  # run --rm: the summary says a completed job is removed, not where its logs are
 
 
 @record
@@ -175,6 +176,7 @@ def _supervise(
         prewarm=options.prewarm,
         max_restarts=options.max_restarts,
         preload=options.preload,
+        remove=options.remove,
     )
     previous = supervisor.install_signals()
     try:

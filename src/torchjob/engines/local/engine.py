@@ -68,6 +68,7 @@ class LocalEngine:
                 max_restarts=options.max_restarts,
                 on_start=options.on_start,
                 preload=options.preload,
+                remove=options.remove,
             ),
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow

@@ -97,6 +97,7 @@ class Supervisor:
         prewarm: bool = True,
         max_restarts: int | None = None,
         preload: tuple[str, ...] = (),
+        remove: bool = False,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -128,6 +129,7 @@ class Supervisor:
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
         self.max_restarts = max_restarts  # a local limit (run --max-restarts): Kubernetes has none
         self.looping: set[Key] = set()  # pods whose crash loop has been told
+        self.remove = remove  # run --rm: the caller removes the job if it completed
 
     # ------------------------------------------------------------------ setup
 
