@@ -125,6 +125,14 @@ def root_cause(report: JobReport, color: bool = False) -> list[str]:
     return lines
 
 
+def outcome(report: JobReport, color: bool = False) -> list[str]:
+    """How the job ended, the root cause first: the phase's reason may name a pod that failed later
+    (the one whose failure a policy acted on), which would otherwise be read as the culprit."""
+    phase = paint(report.phase, PHASE_COLORS.get(report.phase, ""), color)
+    cause = [] if report.ok else root_cause(report, color)
+    return [*cause, f"{phase}: {report.reason}".rstrip(": ")]
+
+
 def crash_loops(report: JobReport) -> list[str]:
     """A line for each container in CrashLoopBackOff: its last exit code and restarts."""
     lines = []
@@ -161,10 +169,7 @@ def summary(report: JobReport, color: bool = False, unshown: int = 0, remove: bo
     ``remove`` (run --rm): a job that completed is about to be removed, a failed one is kept."""
     lines = [headline(report, color)]
     lines += ["  " + row for row in pod_rows(report, color)]
-    phase = paint(report.phase, PHASE_COLORS.get(report.phase, ""), color)
-    lines.append(f"{phase}: {report.reason}".rstrip(": "))
-    if not report.ok:
-        lines += root_cause(report, color)
+    lines += outcome(report, color)
     logs = f"{report.location}/logs"
     if unshown:
         text = f"{unshown} line{'s' if unshown != 1 else ''} of container output not shown above"

@@ -419,9 +419,9 @@ def _status_lines(report: JobReport) -> list[str]:
 
     color = use_color(sys.stdout)
     lines = [headline(report, color), *("  " + line for line in pod_rows(report, color))]
-    lines.append(f"reason: {report.reason}")
-    if not report.ok:
+    if not report.ok:  # the root cause first: the reason may name a pod that failed after it
         lines += root_cause(report, color)
+    lines.append(f"reason: {report.reason}")
     lines += crash_loops(report)
     if report.name_resolution:
         lines.append(f"names: {report.name_resolution}")
@@ -507,7 +507,7 @@ def run_wait(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_WAIT_TIMEOUT
-    print(f"{report.id} {report.phase}: {report.reason}".rstrip(": "))
+    print(f"{report.id} {report.phase}: {report.reason}".rstrip(": "))  # first: a script reads it
     if not report.ok:
         for line in root_cause(report):
             print(line)

@@ -130,6 +130,7 @@ class Supervisor:
         self.max_restarts = max_restarts  # a local limit (run --max-restarts): Kubernetes has none
         self.looping: set[Key] = set()  # pods whose crash loop has been told
         self.remove = remove  # run --rm: the caller removes the job if it completed
+        self.told = ""  # the last event printed, which a phase change it causes does not repeat
 
     # ------------------------------------------------------------------ setup
 
@@ -252,7 +253,9 @@ class Supervisor:
             process.reap_adopted(self.processes.job_pids)  # the killed orphans: no zombie is left
             if left:
                 self.note(f"processes {[p.pid for p in left]} of stopped pods survive SIGKILL", "31")
-        for key, pod in list(self.pods.items()):
+        # Pods that ended in the same pass are reported in the order they ended: the first failure
+        # is the one a policy acts on and the job's reason names, as it is the root cause.
+        for key, pod in sorted(self.pods.items(), key=lambda item: item[1].finished_at or float("inf")):
             old = self.seen.get(key)
             if pod.gone:
                 del self.pods[key]
@@ -371,7 +374,10 @@ class Supervisor:
                 self.status.phase.value, "36"
             )
             if not self.status.phase.final or self.console is None:  # else the summary says it
-                self.note(f"job {self.status.phase.value}: {self.status.reason}", color)
+                reason = self.status.reason
+                if cause and cause == self.told and reason.startswith(cause):  # just printed: not again
+                    reason = reason[len(cause) :].lstrip("; ") or reason
+                self.note(f"job {self.status.phase.value}: {reason}", color)
             self.dirty = True
         if decision.resync and depth < 8:
             # The phase changed because of ``cause``; the follow-up sync keeps it in the reason.
@@ -466,6 +472,7 @@ class Supervisor:
         self.events.append({"time": time.time(), "message": text})
         self.events = self.events[-50:]
         self.note(text, "33")
+        self.told = text
 
     def follow_logs(self, pod: LocalPod) -> None:
         if not self.echo_logs:
