@@ -295,6 +295,11 @@ def run_run(args: argparse.Namespace) -> int:
     item = _overridden(chosen, args, extra_env)
     for path, message in expand(item.job).warnings:
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
+    preload = _preload_modules(args.preload)
+    if preload and args.engine == "local":  # a misspelt module is refused here, not ignored later
+        from torchjob.cli.preload import check_preload
+
+        check_preload(preload, item.job, extra_env)
     options = StartOptions(
         detach=args.detach,
         # A detached local job's own output goes nowhere; a cluster's warnings are printed here.
@@ -307,7 +312,7 @@ def run_run(args: argparse.Namespace) -> int:
         prewarm=args.prewarm,
         max_restarts=args.max_restarts,
         on_start=_print_id if args.quiet and not args.detach else None,
-        preload=_preload_modules(args.preload),
+        preload=preload,
         remove=args.rm,
     )
     if args.rm and args.detach:
