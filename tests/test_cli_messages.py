@@ -50,3 +50,68 @@ def test_a_misspelt_preload_module_is_refused_before_the_job_starts(tmp_path: Pa
         assert proc.stdout == "" and _jobs(tmp_path) == []  # nothing started, nothing written
     proc = _cli(tmp_path, "run", "-q", "--preload", "json,mylib,os.path", file)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+ENV_JOB = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: envjob}
+spec:
+  plugins:
+    pytorch: ["--master=master", "--worker=worker"]
+  tasks:
+    - name: master
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+            - name: master
+              image: busybox:1.36
+              command: ["sh", "-c", "echo port $MASTER_PORT"]
+              env:
+                - {name: MASTER_PORT, value: "29500"}
+                - {name: OTHER, value: "1"}
+    - name: worker
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+            - name: worker
+              image: busybox:1.36
+              command: ["sh", "-c", "true"]
+              env:
+                - {name: MASTER_ADDR, value: localhost}
+                - {name: RANK, value: "1"}
+    - name: extra
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+            - name: extra
+              image: busybox:1.36
+              command: ["sh", "-c", "true"]
+              env:
+                - {name: RANK, value: "7"}
+"""
+
+
+def test_env_the_pytorch_plugin_overrides_is_warned_of_by_validate_render_and_run(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(ENV_JOB)
+    expected = [
+        "job.yaml:18: spec.tasks[0].template.spec.containers[0].env[0]: warning: the pytorch plugin sets "
+        "MASTER_PORT to its --port (23456) after this entry, which is ignored; remove it, or set the port "
+        "with --port=N in spec.plugins.pytorch",
+        "job.yaml:30: spec.tasks[1].template.spec.containers[0].env[0]: warning: the pytorch plugin sets "
+        "MASTER_ADDR to the master pod's address after this entry, which is ignored; remove it",
+        "job.yaml:31: spec.tasks[1].template.spec.containers[0].env[1]: warning: the pytorch plugin sets "
+        "RANK to each pod's rank (master 0, workers 1 to N) after this entry, which is ignored; remove it",
+    ]  # the extra task's RANK is its own: the plugin gives a task that is neither master nor worker none
+    for command in (["validate"], ["render"], ["run", "-q"]):
+        proc = _cli(tmp_path, *command, "job.yaml")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stderr.splitlines() == expected, proc.stderr
+    log = next((tmp_path / "home" / "jobs").glob("envjob-*/logs/envjob-master-0/attempt-0/master.log"))
+    assert log.read_text() == "port 23456\n"  # what the warning says: the plugin's value wins
