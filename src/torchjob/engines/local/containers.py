@@ -561,7 +561,8 @@ def check_pods(state: DesiredState) -> Issues:
                     issues.append(
                         (
                             f"{where}.workingDir",
-                            f"container {key[2]!r}: working directory {run.cwd!r} does not exist here",
+                            f"container {key[2]!r}: working directory {run.cwd!r} does not exist here; "
+                            f"--workdir {container.get('workingDir')}=DIR runs it in a local DIR instead",
                         )
                     )
                 elif container.get("command") and not managed:
