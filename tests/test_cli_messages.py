@@ -114,7 +114,9 @@ def test_env_the_pytorch_plugin_overrides_is_warned_of_by_validate_render_and_ru
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert proc.stderr.splitlines() == expected, proc.stderr
     log = next((tmp_path / "home" / "jobs").glob("envjob-*/logs/envjob-master-0/attempt-0/master.log"))
-    assert log.read_text() != "port 29500\n"  # what the warning says: the plugin's value wins (maybe remapped)
+    assert (
+        log.read_text() != "port 29500\n"
+    )  # what the warning says: the plugin's value wins (maybe remapped)
 
 
 WORKSPACE_JOB = """\
@@ -164,3 +166,193 @@ def test_workdir_maps_a_jobs_own_working_directory_and_the_error_says_how(tmp_pa
         missing.returncode == 2
         and missing.stderr == "<command line>: --workdir: 'nowhere' is not a directory\n"
     )
+
+
+def test_an_sdk_config_typo_names_the_file_line_and_the_field_meant(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(
+        "from torchjob import PyTorch, Worker, task\n\n\n"
+        "@task(task_config=PyTorch(worker=Worker(replica=3)))\n"
+        "def train() -> None:\n"
+        "    pass\n"
+    )
+    for command in ("validate", "run", "render"):
+        proc = _cli(tmp_path, command, "train.py:train")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert (
+            proc.stderr
+            == "train.py:4: invalid task: Worker: unknown field 'replica'; did you mean 'replicas'?\n"
+        )
+
+
+def _kubeconfig(tmp_path: Path, server: str, insecure: bool = False) -> Path:
+    skip = ", insecure-skip-tls-verify: true" if insecure else ""
+    path = tmp_path / "kubeconfig.yaml"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f'clusters: [{{name: c, cluster: {{server: "{server}"{skip}}}}}]\n'
+        "users: [{name: u, user: {token: abc}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n"
+    )
+    return path
+
+
+class _WebServer:
+    """A web server that is not a Kubernetes API (nginx's welcome page, a proxy's login): real HTTP,
+    in a thread; over TLS with a self-signed certificate when ``cert`` is given."""
+
+    def __init__(self, cert: tuple[Path, Path] | None = None) -> None:
+        import http.server
+        import threading
+
+        page = b"<!DOCTYPE html>\n<html>\n<body>\n<h1>Not found</h1>\n</body>\n</html>\n"
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(404)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        scheme = "http"
+        if cert is not None:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(cert[0]), str(cert[1]))
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=10)
+
+
+def test_kubeconfig_and_api_server_mistakes_are_one_line_each(tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes")
+    proc = _cli(tmp_path, "status", "--engine", "kubernetes", "--kubeconfig", "missing.yaml")
+    # The file was given: "pass --kubeconfig" would be no help.
+    assert (proc.returncode, proc.stderr) == (2, "torchjob: no kubeconfig: missing.yaml does not exist\n")
+    html = "an HTML page, not a Kubernetes API answer: is the kubeconfig's server right?"
+    web = _WebServer()
+    try:
+        config = _kubeconfig(tmp_path, web.url)
+        proc = _cli(tmp_path, "status", "--engine", "kubernetes", "--kubeconfig", str(config))
+    finally:
+        web.close()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == f"torchjob: cannot list /api/v1/namespaces/default/pods: not found ({html})\n"
+
+
+def test_an_unverified_certificate_is_told_once_in_one_line_not_by_urllib3(tmp_path: Path) -> None:
+    pytest.importorskip("kubernetes")
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl to make a self-signed certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)]
+        + ["-days", "1", "-subj", "/CN=localhost"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    web = _WebServer((cert, key))
+    try:
+        config = _kubeconfig(tmp_path, web.url, insecure=True)
+        proc = _cli(tmp_path, "status", "--engine", "kubernetes", "--kubeconfig", str(config))
+    finally:
+        web.close()
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 2, proc.stderr
+    assert (
+        lines[0]
+        == f"torchjob: warning: the certificate of {web.url} is not verified (insecure-skip-tls-verify)"
+    )
+    assert "InsecureRequestWarning" not in proc.stderr and "an HTML page" in lines[1]
+
+
+SECRET_JOB = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: secret}
+spec:
+  minAvailable: 3
+  tasks:
+    - name: master
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+            - name: master
+              image: busybox:1.36
+              command: ["sh", "-c", "echo token=$TOKEN"]
+              env:
+                - name: TOKEN
+                  valueFrom: {secretKeyRef: {name: creds, key: token}}
+    - name: worker
+      replicas: 2
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+            - {name: worker, image: "busybox:1.36", command: ["true"]}
+"""
+
+
+def test_the_secret_and_min_available_errors_say_which_option_fixes_them(tmp_path: Path) -> None:
+    (tmp_path / "job.yaml").write_text(SECRET_JOB)
+    proc = _cli(tmp_path, "run", "job.yaml")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == (
+        "job.yaml:18: spec.tasks[0].template.spec.containers[0].env[0].valueFrom.secretKeyRef: Secrets are "
+        "not available to local jobs; run -e TOKEN=VALUE stands in for it (or mark it optional)\n"
+    )
+    proc = _cli(tmp_path, "run", "-e", "TOKEN=x", "--set", "worker.replicas=1", "job.yaml")
+    assert proc.returncode == 2 and _jobs(tmp_path) == [], proc.stdout + proc.stderr
+    assert proc.stderr == (
+        "job.yaml:5: spec.minAvailable: expected at most the total replicas of all tasks (2), got 3; "
+        "with --set worker.replicas=1, add --set minAvailable=2 (or lower)\n"
+    )
+    proc = _cli(
+        tmp_path,
+        "run",
+        "-q",
+        "-e",
+        "TOKEN=x",
+        "--set",
+        "worker.replicas=1",
+        "--set",
+        "minAvailable=2",
+        "job.yaml",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_docs_install_commands_work_from_a_checkout() -> None:
+    """Every ``pip install`` in the README and docs installs this checkout (torchjob is not on an
+    index), with extras that pyproject.toml defines."""
+    import re
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = Path(__file__).resolve().parent.parent
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    commands = []
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        commands += re.findall(r"pip install [^`\n#]*", doc.read_text())
+    assert commands
+    for command in commands:
+        assert "torchjob[" not in command, command
+        for wanted in re.findall(r"-e '\.\[([\w,]+)\]'", command):
+            assert set(wanted.split(",")) <= set(extras), command

@@ -125,6 +125,25 @@ def _apply_env(spec: dict[str, Any], env: dict[str, str]) -> None:
                 container["env"][i] = {"name": var["name"], "value": env[str(var["name"])]}
 
 
+def _min_available_hint(problem: Problem, written: dict[str, str], spec: dict[str, Any]) -> Problem:
+    """A file's ``minAvailable`` that a ``--set ...replicas`` made too large: the ``--set`` that fixes it."""
+    import re
+
+    lowered = [option for path, option in written.items() if path.endswith(".replicas")]
+    found = re.fullmatch(r"spec(?:\.tasks\[(\d+)\])?\.minAvailable", problem.path)
+    if problem.path in written or not lowered or found is None:
+        return problem
+    tasks = [t if isinstance(t, dict) else {} for t in spec.get("tasks") or []]
+    counts = [t.get("replicas") for t in tasks]
+    if found.group(1) is None:
+        option, value = "minAvailable", sum(c for c in counts if isinstance(c, int))
+    else:
+        index = int(found.group(1))
+        option, value = f"{tasks[index].get('name')}.minAvailable", counts[index]
+    hint = f"; with {', '.join(lowered)}, add --set {option}={value} (or lower)"
+    return Problem(problem.path, problem.message + hint, problem.file, problem.line)
+
+
 def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
     """``loaded`` with the overrides made and checked again; SpecError naming the option at fault."""
     if not overrides:
@@ -149,6 +168,7 @@ def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
     )
     job, problems = check_document(document)
     if job is None:
+        problems = [_min_available_hint(p, written, spec) for p in problems]
         # A problem in a field a --set wrote is the option's, not the file's.
         raise SpecError(
             Problem(p.path, f"{written[p.path]}: {p.message}", COMMAND_LINE) if p.path in written else p
