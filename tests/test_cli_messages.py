@@ -356,3 +356,28 @@ def test_the_docs_install_commands_work_from_a_checkout() -> None:
         assert "torchjob[" not in command, command
         for wanted in re.findall(r"-e '\.\[([\w,]+)\]'", command):
             assert set(wanted.split(",")) <= set(extras), command
+
+
+def test_a_python_container_without_torch_gets_one_line_naming_the_interpreter(tmp_path: Path) -> None:
+    # -S: this interpreter without its site-packages, so `import torch` fails as it does where
+    # torch was never installed; two pods crash-loop, the line is printed once.
+    command = ["python", "-S", "-c", "import torch"]
+    job = make_job("notorch", [task("main", [container("train", command)], replicas=2, restart="OnFailure")])
+    proc = _cli(tmp_path, "run", "--timeout", "3", write_job(tmp_path, job))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = (
+        f"container train: {sys.executable} (the interpreter torchjob runs a container's python with) cannot "
+        f"import torch; install it there ({sys.executable} -m pip install torch), or run torchjob from the "
+        "environment that has torch"
+    )
+    assert proc.stdout.count(line) == 1, proc.stdout
+    job_id = proc.stdout.split("torchjob: job ", 1)[1].split(" ", 1)[0]
+    assert line in _cli(tmp_path, "status", job_id).stdout  # an event: there for a detached job too
+    # Another module missing, or another interpreter: no such line.
+    for other in (
+        ["python", "-c", "import nosuchmodule"],
+        ["sh", "-c", "echo \"ModuleNotFoundError: No module named 'torch'\"; exit 1"],
+    ):
+        job = make_job("other", [task("main", [container("train", other)])])
+        proc = _cli(tmp_path, "run", write_job(tmp_path, job, "other.json"))
+        assert proc.returncode == 1 and "cannot import torch" not in proc.stdout, proc.stdout

@@ -27,7 +27,7 @@ from types import FrameType
 from torchjob import logs
 from torchjob.display import headline, pod_color, pod_rows, prefix_for
 from torchjob.engines.base import JobReport
-from torchjob.engines.local import process
+from torchjob.engines.local import hints, process
 from torchjob.engines.local.cleanup import (
     OUTPUT_STALL,
     STUCK_AFTER_KILL,
@@ -131,6 +131,8 @@ class Supervisor:
         self.looping: set[Key] = set()  # pods whose crash loop has been told
         self.remove = remove  # run --rm: the caller removes the job if it completed
         self.told = ""  # the last event printed, which a phase change it causes does not repeat
+        self.explained: set[tuple[Key, str]] = set()  # containers whose first failure was looked at
+        self.told_no_torch = False  # hints.missing_torch: one line a job
 
     # ------------------------------------------------------------------ setup
 
@@ -272,12 +274,24 @@ class Supervisor:
             self.seen[key] = current
             if pod.phase in (SUCCEEDED, FAILED):
                 self.close_logs(pod)
+            self.explain_failure(key, pod)
             if old is not None and old[1] != current[1]:
                 self.on_restart(key, pod)
             change = PodChange(
                 key[0], key[1], PodPhase(old[0]) if old else None, PodPhase(pod.phase), pod.exit_code
             )
             self.on_change(change)
+
+    def explain_failure(self, key: Key, pod: LocalPod) -> None:
+        """A container's first failure whose fix is outside the job (no torch here): said once."""
+        for c in pod.containers:
+            if c.exit_code in (None, 0) or (key, c.run.name) in self.explained:
+                continue
+            self.explained.add((key, c.run.name))  # only its first failure: a crash loop repeats it
+            hint = hints.missing_torch(c) if not self.told_no_torch else None
+            if hint is not None:
+                self.told_no_torch = True
+                self.record(f"pod {short_name(self.job.name, pod.name)}: {hint}")
 
     def on_restart(self, key: Key, pod: LocalPod) -> None:
         """One line a restart; one notice when the pod starts to crash-loop; --max-restarts."""
