@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -381,3 +382,49 @@ def test_a_python_container_without_torch_gets_one_line_naming_the_interpreter(t
         job = make_job("other", [task("main", [container("train", other)])])
         proc = _cli(tmp_path, "run", write_job(tmp_path, job, "other.json"))
         assert proc.returncode == 1 and "cannot import torch" not in proc.stdout, proc.stdout
+
+
+def test_a_silent_job_gets_one_notice_and_status_shows_each_pods_last_output(tmp_path: Path) -> None:
+    quiet = make_job("quiet", [task("main", [container("app", sh("echo start; sleep 30"))], replicas=2)])
+    file = write_job(tmp_path, quiet)
+    proc = _cli(tmp_path, "run", "--hang-notice", "1", "--timeout", "4", file)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    notices = [line for line in proc.stdout.splitlines() if "no pod has written any output for" in line]
+    assert len(notices) == 1, proc.stdout  # once for one silence, not once a second
+    assert "--hang-notice SECONDS sets when this is said" in notices[0]
+    # 0 turns it off; the default (300 s) is not reached by a short job
+    for option in (["--hang-notice", "0"], []):
+        proc = _cli(tmp_path, "run", *option, "--timeout", "2.5", file)
+        assert "no pod has written" not in proc.stdout, proc.stdout
+    for bad in (
+        ["--hang-notice", "-1"],
+        ["--hang-notice", "nan"],
+        ["--hang-notice", "5", "--engine", "kubernetes"],
+    ):
+        proc = _cli(tmp_path, "run", *bad, file)
+        assert proc.returncode == 2 and proc.stderr.startswith("<command line>: --hang-notice: "), proc.stderr
+
+    talking = make_job(
+        "talking",
+        [
+            task("talk", [container("app", sh("while true; do echo tick; sleep 0.2; done"))]),
+            task("mute", [container("app", sh("echo once; sleep 30"))]),
+        ],
+    )
+    job_id = _cli(tmp_path, "run", "-d", write_job(tmp_path, talking, "talking.json")).stdout.strip()
+    ages: dict[str, float] = {}
+    try:
+        deadline = time.monotonic() + 30  # a busy machine may start the pods late: ask until mute is silent
+        while time.monotonic() < deadline and ages.get("mute-0", 0.0) <= 2.0:
+            time.sleep(0.5)
+            out = _cli(tmp_path, "status", job_id).stdout
+            rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+            assert "LAST OUTPUT" in rows["POD"], out
+            ages = {
+                pod: float(rows[pod].split()[-2].rstrip("s"))
+                for pod in ("talk-0", "mute-0")
+                if rows[pod].split()[-1] == "ago"
+            }
+    finally:
+        _cli(tmp_path, "delete", job_id)
+    assert ages["talk-0"] < 1.5 < 2.0 < ages["mute-0"], out  # the silent pod stands out

@@ -67,7 +67,11 @@ def ports_text(report: JobReport) -> str:
 
 def pod_rows(report: JobReport, color: bool = False, limit: int | None = None) -> list[str]:
     """The pod table: one row a pod (``limit`` rows at most, then a count of the rest)."""
-    header = ("POD", "RANK", "ADDRESS", "PHASE", "RESTARTS", "EXIT", "ATTEMPT", "ELAPSED")
+    header: tuple[str, ...] = ("POD", "RANK", "ADDRESS", "PHASE", "RESTARTS", "EXIT", "ATTEMPT", "ELAPSED")
+    # How long a running pod has been silent (a hang shows as a growing age), where the engine knows.
+    output = any(pod.last_output_at is not None for pod in report.pods)
+    if output:
+        header += ("LAST OUTPUT",)
     rows: list[tuple[str, ...]] = []
     for pod in report.pods:
         phase = pod.phase + (f" ({pod.reason})" if pod.reason else "")
@@ -87,6 +91,9 @@ def pod_rows(report: JobReport, color: bool = False, limit: int | None = None) -
                 elapsed(pod.started_at, pod.finished_at),
             )
         )
+        if output:
+            silent = pod.phase == "Running" and pod.last_output_at is not None
+            rows[-1] += (f"{elapsed(pod.last_output_at, None)} ago" if silent else "-",)
     hidden = 0
     if limit is not None and len(rows) > limit:
         hidden, rows = len(rows) - limit, rows[:limit]

@@ -52,6 +52,13 @@ def register(commands: Any) -> None:
         "Kubernetes restarts without limit)",
     )
     run.add_argument("-q", "--quiet", action="store_true", help="print only the job id and the final phase")
+    run.add_argument(
+        "--hang-notice",
+        type=float,
+        metavar="SECONDS",
+        help="local: say once when every pod of the running job has printed nothing for this long "
+        "(default 300; 0: never)",
+    )
     run.add_argument("--job", metavar="NAME", help="which job to run when FILE holds several")
     _override_options(run)
     run.add_argument(
@@ -180,6 +187,7 @@ def _engine_options(parser: argparse.ArgumentParser, starts_jobs: bool = False) 
 # Flags that mean something to one engine only: (flag, argparse attribute, engine).
 _ENGINE_FLAGS = (
     ("--state-dir", "state_dir", "local"),
+    ("--hang-notice", "hang_notice", "local"),
     ("--kubeconfig", "kubeconfig", "kubernetes"),
     ("--context", "context", "kubernetes"),
     ("--namespace", "namespace", "kubernetes"),
@@ -285,6 +293,9 @@ def run_run(args: argparse.Namespace) -> int:
     if args.timeout is not None and not 0 < args.timeout < float("inf"):  # also refuses nan
         message = f"expected a positive, finite number of seconds, got {args.timeout}"
         raise SpecError([Problem("--timeout", message, "<command line>")])
+    if args.hang_notice is not None and not 0 <= args.hang_notice < float("inf"):  # also refuses nan
+        message = f"expected a non-negative, finite number of seconds, got {args.hang_notice}"
+        raise SpecError([Problem("--hang-notice", message, "<command line>")])
     if args.max_restarts is not None and (args.max_restarts < 0 or args.engine != "local"):
         message = (
             f"expected a number of restarts of 0 or more, got {args.max_restarts}"
@@ -317,6 +328,7 @@ def run_run(args: argparse.Namespace) -> int:
         on_start=_print_id if args.quiet and not args.detach else None,
         preload=preload,
         remove=args.rm,
+        **({} if args.hang_notice is None else {"hang_notice": args.hang_notice}),
     )
     if args.rm and args.detach:
         raise SpecError(

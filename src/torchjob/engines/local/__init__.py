@@ -50,6 +50,7 @@ class RunOptions:
     on_start: Callable[[str], None] | None = None  # attached: told the job id before its pods start
     preload: tuple[str, ...] = ()  # modules a fork server imports once for all main containers (preload.py)
     remove: bool = False  # run --rm: the summary says a completed job is removed, not where its logs are
+    hang_notice: float = 300.0  # one notice once every running pod has written nothing this long (0: never)
 
 
 @record
@@ -177,6 +178,7 @@ def _supervise(
         max_restarts=options.max_restarts,
         preload=options.preload,
         remove=options.remove,
+        hang_notice=options.hang_notice,
     )
     previous = supervisor.install_signals()
     try:

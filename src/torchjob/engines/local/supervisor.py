@@ -17,6 +17,7 @@ in :mod:`torchjob.lifecycle.gates`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import signal
 import threading
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from torchjob import logs
-from torchjob.display import headline, pod_color, pod_rows, prefix_for
+from torchjob.display import elapsed, headline, pod_color, pod_rows, prefix_for
 from torchjob.engines.base import JobReport
 from torchjob.engines.local import hints, process
 from torchjob.engines.local.cleanup import (
@@ -78,6 +79,15 @@ CRASH_LOOP_AFTER = 3  # consecutive quick failures of a container after which it
 Key = tuple[str, int]
 
 
+def _last_output(pod: LocalPod) -> float:
+    """When the pod last wrote to any of its logs (its start, if it never did)."""
+    times = [pod.started_at or 0.0]
+    for c in pod.containers:
+        with contextlib.suppress(OSError):
+            times.append(c.log.stat().st_mtime)
+    return max(times)
+
+
 @record
 class _Delayed:
     due: float
@@ -98,6 +108,7 @@ class Supervisor:
         max_restarts: int | None = None,
         preload: tuple[str, ...] = (),
         remove: bool = False,
+        hang_notice: float = 0.0,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -133,6 +144,9 @@ class Supervisor:
         self.told = ""  # the last event printed, which a phase change it causes does not repeat
         self.explained: set[tuple[Key, str]] = set()  # containers whose first failure was looked at
         self.told_no_torch = False  # hints.missing_torch: one line a job
+        self.hang_notice = hang_notice  # seconds of silence from every pod before one notice; 0: never
+        self.silence_checked = 0.0  # monotonic time of the last look at the pods' logs
+        self.silence_told = False  # said for this silence; output from any pod re-arms it
 
     # ------------------------------------------------------------------ setup
 
@@ -195,6 +209,7 @@ class Supervisor:
                 last_track = now
             self.poll_pods(now)
             self.fire_delayed(now)
+            self.check_silence(now)
             self.print_logs()
             if self.dirty:
                 self.write_status()
@@ -281,6 +296,32 @@ class Supervisor:
                 key[0], key[1], PodPhase(old[0]) if old else None, PodPhase(pod.phase), pod.exit_code
             )
             self.on_change(change)
+
+    def check_silence(self, now: float) -> None:
+        """One notice once every pod of the running job has written nothing for ``hang_notice``
+        seconds: a hang (a rank waiting for a peer that never comes) is otherwise silent until a
+        timeout. Looked at once a second, by the modification times of the pods' log files."""
+        if (
+            not self.hang_notice
+            or self.status.phase is not JobPhase.RUNNING
+            or now < self.silence_checked + 1
+        ):
+            return
+        self.silence_checked = now
+        pods = [p for p in self.pods.values() if not p.gone and not p.terminating]
+        if not pods or any(p.phase != RUNNING for p in pods):
+            return
+        last = max(_last_output(p) for p in pods)
+        silent = time.time() - last
+        if silent < self.hang_notice:
+            self.silence_told = False
+        elif not self.silence_told:
+            self.silence_told = True
+            self.record(
+                f"no pod has written any output for {elapsed(last, None)}; if the job hangs, "
+                f"torchjob status {self.id} shows each pod's last output (run --hang-notice SECONDS "
+                "sets when this is said, 0 never)"
+            )
 
     def explain_failure(self, key: Key, pod: LocalPod) -> None:
         """A container's first failure whose fix is outside the job (no torch here): said once."""
