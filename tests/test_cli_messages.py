@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -261,12 +261,20 @@ def test_an_unverified_certificate_is_told_once_in_one_line_not_by_urllib3(tmp_p
     if shutil.which("openssl") is None:
         pytest.skip("needs openssl to make a self-signed certificate")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    make = [
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=localhost",
+    ]
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)]
-        + ["-days", "1", "-subj", "/CN=localhost"],
-        check=True,
-        capture_output=True,
-        timeout=60,
+        [*make, "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60
     )
     web = _WebServer((cert, key))
     try:

@@ -135,6 +135,7 @@ def _min_available_hint(problem: Problem, written: dict[str, str], spec: dict[st
         return problem
     tasks = [t if isinstance(t, dict) else {} for t in spec.get("tasks") or []]
     counts = [t.get("replicas") for t in tasks]
+    value: object
     if found.group(1) is None:
         option, value = "minAvailable", sum(c for c in counts if isinstance(c, int))
     else:

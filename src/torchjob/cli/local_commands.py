@@ -116,7 +116,8 @@ def _housekeeping(commands: Any, run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--rm",
         action="store_true",
-        help="remove the job and its logs once it has completed; a failed job is kept for its logs (not with -d)",
+        help="remove the job and its logs once it has completed; a failed job is kept for its logs "
+        "(not with -d)",
     )
     prune = commands.add_parser("prune", help="remove finished jobs (Completed, Failed, Aborted, Terminated)")
     prune.add_argument(
@@ -353,7 +354,8 @@ def run_run(args: argparse.Namespace) -> int:
     if args.rm and report.ok:  # its logs and state go with it: what was printed is all that is kept
         engine.delete([report.id])
     elif args.rm and (args.quiet or engine.name != "local"):  # the local summary says it otherwise
-        print(f"kept {report.id} for its logs: --rm removes only a completed job (torchjob delete {report.id})")
+        kept = f"kept {report.id} for its logs: --rm removes only a completed job"
+        print(f"{kept} (torchjob delete {report.id})")
     return code
 
 

@@ -163,7 +163,8 @@ class PyTorchPlugin(Plugin):
                     name = var.get("name")
                     if name in why and (name != "RANK" or ranked):
                         value, fix = why[name]
-                        message = f"the pytorch plugin sets {name} to {value} after this entry, which is ignored; {fix}"
+                        sets = f"the pytorch plugin sets {name} to {value}"
+                        message = f"{sets} after this entry, which is ignored; {fix}"
                         issues.append((f"spec.tasks[{i}].template.spec.containers[{j}].env[{k}]", message))
         return issues
 

@@ -115,7 +115,8 @@ class _Reader:
 
                 # The same words as a pod template's unknown field (spec/podschema.py).
                 close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(sorted(allowed))}"
+                listed = f"expected one of {', '.join(sorted(allowed))}"
+                hint = f"did you mean {close[0]!r}?" if close else listed
                 self.add(child(path, key), f"unknown field {key!r}; {hint}")
 
     def integer(
