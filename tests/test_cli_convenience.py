@@ -284,13 +284,21 @@ def test_run_rm_removes_the_job_once_it_has_ended(tmp_path: Path) -> None:
     proc = _cli(tmp_path, "run", "--rm", "job.yaml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Completed" in proc.stdout and _jobs(tmp_path) == []
+    # No path to the logs it has just removed; it says they are gone instead.
+    assert "logs:" not in proc.stdout and "its logs are removed (--rm)" in proc.stdout, proc.stdout
     failing = QUICK.replace("echo worker $VC_TASK_INDEX", "exit 3")
     (tmp_path / "fail.yaml").write_text(failing)
-    proc = _cli(tmp_path, "run", "-q", "--rm", "fail.yaml")
-    assert proc.returncode == 1 and "Failed" in proc.stdout, proc.stdout + proc.stderr
-    assert _jobs(tmp_path) == []
+    # A failed job is kept for its logs, and the output says so (with -q and without).
+    for quiet in (["-q"], []):
+        before = set(_jobs(tmp_path))
+        proc = _cli(tmp_path, "run", *quiet, "--rm", "fail.yaml")
+        assert proc.returncode == 1 and "Failed" in proc.stdout, proc.stdout + proc.stderr
+        (job,) = set(_jobs(tmp_path)) - before
+        assert f"kept {job} for its logs" in proc.stdout or "kept for its logs" in proc.stdout, proc.stdout
+        assert f"torchjob delete {job}" in proc.stdout
+    assert len(_jobs(tmp_path)) == 2
     proc = _cli(tmp_path, "run", "-d", "--rm", "job.yaml")
-    assert proc.returncode == 2 and "--rm" in proc.stderr and _jobs(tmp_path) == []
+    assert proc.returncode == 2 and "--rm" in proc.stderr and len(_jobs(tmp_path)) == 2
 
 
 def test_prune_removes_finished_jobs_only_and_delete_all_removes_every_job(tmp_path: Path) -> None:

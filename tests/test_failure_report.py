@@ -149,7 +149,8 @@ def test_status_shows_a_crash_looping_pod_in_crash_loop_back_off(tmp_path: Path)
             time.sleep(0.2)
         assert "Running (CrashLoopBackOff)" in status.stdout, status.stdout
         row = next(line for line in status.stdout.splitlines() if "CrashLoopBackOff)" in line)
-        assert row.split()[-3] == "2", row  # EXIT: the last run's exit code, not "-"
+        header = next(line for line in status.stdout.splitlines() if line.lstrip().startswith("POD "))
+        assert row[header.index("EXIT") :].split()[0] == "2", row  # the last run's exit code, not "-"
         assert "master-0: container m in CrashLoopBackOff, last exit code 2 (Error)" in status.stdout
         data = json.loads(_cli(tmp_path, "status", job_id, "-o", "json").stdout)
         pod = data["pods"][0]
@@ -244,3 +245,56 @@ def test_rendering_an_sdk_task_on_the_default_image_warns_once_and_says_how_to_s
     assert "pytorch/pytorch:latest" in plain.stdout  # the output itself is unchanged
     imaged = _cli(tmp_path, "render", "--target", "volcano", f"{path}:imaged")
     assert imaged.returncode == 0 and "warning" not in imaged.stderr, imaged.stderr
+
+
+def _pod_columns(out: str) -> dict[str, list[str]]:
+    """The summary's pod table: short name -> its cells."""
+    return {
+        line.split()[0]: line.split()
+        for line in out.splitlines()
+        if line.startswith("  ") and "127.0." in line
+    }
+
+
+def test_the_summary_leads_with_the_root_cause_and_tells_the_reason_once(tmp_path: Path) -> None:
+    job = make_job(
+        "leads",
+        [task("master", [container("m", sh("sleep 30"))]), task("worker", [container("w", sh("exit 4"))])],
+        policies=[{"event": "PodFailed", "action": "AbortJob"}],
+    )
+    run = _cli(tmp_path, "run", write_job(tmp_path, job))
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    cause = next(
+        i for i, line in enumerate(lines) if line.startswith("root cause (first pod to fail): worker-0")
+    )
+    ended = next(i for i, line in enumerate(lines) if line.startswith("Aborted: "))
+    assert cause < ended, run.stdout  # the first thing said after the table is the culprit
+    # The policy's cause: once as it happens, once in the summary; not again in "job Aborting".
+    assert run.stdout.count("pod worker-0 failed with exit code 4") == 2, run.stdout
+    assert "torchjob: job Aborting: AbortJob: stopping the job's pods" in run.stdout, run.stdout
+    job_id = lines[ended + 1].split("torchjob logs ")[1].rstrip(")")
+    out = _cli(tmp_path, "status", job_id).stdout
+    assert out.index("root cause (first pod to fail)") < out.index("pod worker-0 failed"), out
+
+
+def test_exit_shows_the_last_known_exit_code_of_pods_a_timeout_stopped(tmp_path: Path) -> None:
+    job = make_job(
+        "lastexit",
+        [
+            task("quiet", [container("q", sh("trap 'exit 0' TERM; sleep 30 & wait"))]),
+            task("killed", [container("k", sh("sleep 30"))]),
+            task("looping", [container("l", sh("exit 3"))], restart="OnFailure"),
+        ],
+    )
+    run = _cli(tmp_path, "run", "--timeout", "3", write_job(tmp_path, job))
+    assert run.returncode == 1, run.stdout + run.stderr
+    rows = _pod_columns(run.stdout[run.stdout.index("\njob lastexit-") :])
+    codes = {name: cells[-3] for name, cells in rows.items()}  # ... EXIT ATTEMPT ELAPSED
+    assert codes == {"quiet-0": "0", "killed-0": "143", "looping-0": "3"}, run.stdout
+
+
+def test_validate_says_1_pod(tmp_path: Path) -> None:
+    one = make_job("single", [task("main", [container("app", sh("echo hi"))])])
+    out = _cli(tmp_path, "validate", write_job(tmp_path, one)).stdout
+    assert ": job single: valid; 1 pod (mainx1)" in out, out

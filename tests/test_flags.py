@@ -125,6 +125,7 @@ def test_svc_flags() -> None:
         (["--wait-master-timeout=2147483648"], "flag --wait-master-timeout: expected an integer from 0"),
         (["--wait-master-timeout=5m"], "flag --wait-master-timeout: expected an integer, got '5m'"),
         (["--masterport=1"], "unknown flag --masterport; known flags are --master, --worker, --port"),
+        (["--workers=worker"], "unknown flag --workers; did you mean --worker?"),
         (["-h"], "unknown flag --h"),
         (["--help"], "unknown flag --help"),
         (["--wait-master-enabled", "true"], "'true'; to set a boolean flag write --wait-master-enabled=true"),

@@ -116,7 +116,7 @@ def test_a_typo_gets_a_did_you_mean(where: str, typo: str, meant: str) -> None:
         node = node[int(part)] if part.isdigit() else node[part]
     node[typo] = "x"
     path = f"{T}.spec." + (f"{where}." if where else "") + typo
-    assert check_template(template, T) == [(path, f"unknown field; did you mean {meant!r}?")]
+    assert check_template(template, T) == [(path, f"unknown field {typo!r}; did you mean {meant!r}?")]
 
 
 def test_an_unknown_field_with_nothing_close_says_where_to_look() -> None:
@@ -125,9 +125,9 @@ def test_an_unknown_field_with_nothing_close_says_where_to_look() -> None:
     template["spec"]["volumes"][0]["emptyDir"]["zzz"] = 1
     assert dict(check_template(template, T)) == {
         f"{T}.spec.containers[0].frobnicate": (
-            "unknown field; 'kubectl explain pod.spec.containers' lists the fields"
+            "unknown field 'frobnicate'; 'kubectl explain pod.spec.containers' lists the fields"
         ),
-        f"{T}.spec.volumes[0].emptyDir.zzz": "unknown field; expected one of medium, sizeLimit",
+        f"{T}.spec.volumes[0].emptyDir.zzz": "unknown field 'zzz'; expected one of medium, sizeLimit",
     }
 
 

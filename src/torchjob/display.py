@@ -67,7 +67,11 @@ def ports_text(report: JobReport) -> str:
 
 def pod_rows(report: JobReport, color: bool = False, limit: int | None = None) -> list[str]:
     """The pod table: one row a pod (``limit`` rows at most, then a count of the rest)."""
-    header = ("POD", "RANK", "ADDRESS", "PHASE", "RESTARTS", "EXIT", "ATTEMPT", "ELAPSED")
+    header: tuple[str, ...] = ("POD", "RANK", "ADDRESS", "PHASE", "RESTARTS", "EXIT", "ATTEMPT", "ELAPSED")
+    # How long a running pod has been silent (a hang shows as a growing age), where the engine knows.
+    output = any(pod.last_output_at is not None for pod in report.pods)
+    if output:
+        header += ("LAST OUTPUT",)
     rows: list[tuple[str, ...]] = []
     for pod in report.pods:
         phase = pod.phase + (f" ({pod.reason})" if pod.reason else "")
@@ -87,6 +91,9 @@ def pod_rows(report: JobReport, color: bool = False, limit: int | None = None) -
                 elapsed(pod.started_at, pod.finished_at),
             )
         )
+        if output:
+            silent = pod.phase == "Running" and pod.last_output_at is not None
+            rows[-1] += (f"{elapsed(pod.last_output_at, None)} ago" if silent else "-",)
     hidden = 0
     if limit is not None and len(rows) > limit:
         hidden, rows = len(rows) - limit, rows[:limit]
@@ -125,6 +132,14 @@ def root_cause(report: JobReport, color: bool = False) -> list[str]:
     return lines
 
 
+def outcome(report: JobReport, color: bool = False) -> list[str]:
+    """How the job ended, the root cause first: the phase's reason may name a pod that failed later
+    (the one whose failure a policy acted on), which would otherwise be read as the culprit."""
+    phase = paint(report.phase, PHASE_COLORS.get(report.phase, ""), color)
+    cause = [] if report.ok else root_cause(report, color)
+    return [*cause, f"{phase}: {report.reason}".rstrip(": ")]
+
+
 def crash_loops(report: JobReport) -> list[str]:
     """A line for each container in CrashLoopBackOff: its last exit code and restarts."""
     lines = []
@@ -156,17 +171,20 @@ def headline(report: JobReport, color: bool = False) -> str:
     )
 
 
-def summary(report: JobReport, color: bool = False, unshown: int = 0) -> list[str]:
-    """The closing lines; ``unshown`` counts container lines that were not printed above."""
+def summary(report: JobReport, color: bool = False, unshown: int = 0, remove: bool = False) -> list[str]:
+    """The closing lines; ``unshown`` counts container lines that were not printed above;
+    ``remove`` (run --rm): a job that completed is about to be removed, a failed one is kept."""
     lines = [headline(report, color)]
     lines += ["  " + row for row in pod_rows(report, color)]
-    phase = paint(report.phase, PHASE_COLORS.get(report.phase, ""), color)
-    lines.append(f"{phase}: {report.reason}".rstrip(": "))
-    if not report.ok:
-        lines += root_cause(report, color)
+    lines += outcome(report, color)
     logs = f"{report.location}/logs"
     if unshown:
         text = f"{unshown} line{'s' if unshown != 1 else ''} of container output not shown above"
         lines.append(paint(f"{text} (the output was not read in time); every line is in {logs}", "33", color))
+    if remove and report.ok:  # its logs go with it: no path to a file that is about to vanish
+        lines.append(f"job {report.id} and its logs are removed (--rm)")
+        return lines
     lines.append(f"logs: {logs}  (torchjob logs {report.id})")
+    if remove:
+        lines.append(f"kept for its logs: --rm removes only a completed job (torchjob delete {report.id})")
     return lines

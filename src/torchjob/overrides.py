@@ -4,6 +4,9 @@
   ``maxRetry``, or the job's ``minAvailable``, ``maxRetry`` or ``queue``. Values are read as YAML
   scalars (``4`` is a number) and the job is then checked like any file.
 * ``--workdir DIR``: the working directory of every container that has none.
+* ``--workdir CONTAINER_DIR=DIR`` (CONTAINER_DIR absolute): as if DIR were mounted there; a
+  ``workingDir`` at or below CONTAINER_DIR, and each ``command``/``args`` item that names a path
+  there, are read in DIR instead (``--workdir /workspace=.`` for a cluster job's ``/workspace``).
 * ``-e NAME=VALUE``: also replaces an env entry ``NAME`` that reads a Secret or a ConfigMap
   (``secretKeyRef``/``configMapKeyRef``), which the local engine cannot read.
 * program arguments (after ``--``): appended to every main container's ``args``.
@@ -86,6 +89,32 @@ def _apply_set(spec: dict[str, Any], assignment: str) -> tuple[str, str]:
     raise _bad("--set", f"the job has no task {task_name!r} (tasks: {names})")
 
 
+def _apply_workdir(spec: dict[str, Any], text: str) -> None:
+    inside, sep, local = text.partition("=")
+    mapped = bool(sep) and inside.startswith("/")
+    workdir = os.path.abspath(local if mapped else text)
+    if not os.path.isdir(workdir):
+        raise _bad("--workdir", f"{local if mapped else text!r} is not a directory")
+    containers = _containers(spec, ("initContainers", "containers"))
+    if not mapped:
+        for container in containers:
+            container.setdefault("workingDir", workdir)
+        return
+    inside = os.path.normpath(inside)
+
+    def moved(path: str) -> str:
+        if path == inside or path.startswith(inside.rstrip("/") + "/"):
+            return workdir + path[len(inside) :] if inside != "/" else os.path.join(workdir, path[1:])
+        return path
+
+    for container in containers:
+        if isinstance(container.get("workingDir"), str):
+            container["workingDir"] = moved(os.path.normpath(container["workingDir"]))
+        for key in ("command", "args"):
+            if isinstance(container.get(key), list):
+                container[key] = [moved(item) if isinstance(item, str) else item for item in container[key]]
+
+
 def _apply_env(spec: dict[str, Any], env: dict[str, str]) -> None:
     for container in _containers(spec, ("initContainers", "containers")):
         for i, var in enumerate(container.get("env") or []):
@@ -94,6 +123,26 @@ def _apply_env(spec: dict[str, Any], env: dict[str, str]) -> None:
             source = var.get("valueFrom")
             if isinstance(source, dict) and ("secretKeyRef" in source or "configMapKeyRef" in source):
                 container["env"][i] = {"name": var["name"], "value": env[str(var["name"])]}
+
+
+def _min_available_hint(problem: Problem, written: dict[str, str], spec: dict[str, Any]) -> Problem:
+    """A file's ``minAvailable`` that a ``--set ...replicas`` made too large: the ``--set`` that fixes it."""
+    import re
+
+    lowered = [option for path, option in written.items() if path.endswith(".replicas")]
+    found = re.fullmatch(r"spec(?:\.tasks\[(\d+)\])?\.minAvailable", problem.path)
+    if problem.path in written or not lowered or found is None:
+        return problem
+    tasks = [t if isinstance(t, dict) else {} for t in spec.get("tasks") or []]
+    counts = [t.get("replicas") for t in tasks]
+    value: object
+    if found.group(1) is None:
+        option, value = "minAvailable", sum(c for c in counts if isinstance(c, int))
+    else:
+        index = int(found.group(1))
+        option, value = f"{tasks[index].get('name')}.minAvailable", counts[index]
+    hint = f"; with {', '.join(lowered)}, add --set {option}={value} (or lower)"
+    return Problem(problem.path, problem.message + hint, problem.file, problem.line)
 
 
 def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
@@ -107,11 +156,7 @@ def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
         path, option = _apply_set(spec, assignment)
         written[path] = option
     if overrides.workdir is not None:
-        workdir = os.path.abspath(overrides.workdir)
-        if not os.path.isdir(workdir):
-            raise _bad("--workdir", f"{overrides.workdir!r} is not a directory")
-        for container in _containers(spec, ("initContainers", "containers")):
-            container.setdefault("workingDir", workdir)
+        _apply_workdir(spec, overrides.workdir)
     _apply_env(spec, overrides.env)
     if overrides.program_args:
         for container in _containers(spec, ("containers",)):
@@ -124,6 +169,7 @@ def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
     )
     job, problems = check_document(document)
     if job is None:
+        problems = [_min_available_hint(p, written, spec) for p in problems]
         # A problem in a field a --set wrote is the option's, not the file's.
         raise SpecError(
             Problem(p.path, f"{written[p.path]}: {p.message}", COMMAND_LINE) if p.path in written else p

@@ -54,6 +54,13 @@ def register(commands: Any) -> None:
         "Kubernetes restarts without limit)",
     )
     run.add_argument("-q", "--quiet", action="store_true", help="print only the job id and the final phase")
+    run.add_argument(
+        "--hang-notice",
+        type=float,
+        metavar="SECONDS",
+        help="local: say once when every pod of the running job has printed nothing for this long "
+        "(default 300; 0: never)",
+    )
     run.add_argument("--job", metavar="NAME", help="which job to run when FILE holds several")
     _override_options(run)
     run.add_argument(
@@ -116,7 +123,10 @@ def register(commands: Any) -> None:
 def _housekeeping(commands: Any, run: argparse.ArgumentParser) -> None:
     """``torchjob prune`` and ``run --rm``: finished jobs do not pile up."""
     run.add_argument(
-        "--rm", action="store_true", help="remove the job and its logs once it has ended (not with -d)"
+        "--rm",
+        action="store_true",
+        help="remove the job and its logs once it has completed; a failed job is kept for its logs "
+        "(not with -d)",
     )
     prune = commands.add_parser("prune", help="remove finished jobs (Completed, Failed, Aborted, Terminated)")
     prune.add_argument(
@@ -140,7 +150,10 @@ def _override_options(run: argparse.ArgumentParser) -> None:
         "minAvailable, maxRetry or queue (maxRetry=0); repeatable",
     )
     run.add_argument(
-        "--workdir", metavar="DIR", help="the working directory of every container that has none"
+        "--workdir",
+        metavar="DIR",
+        help="the working directory of every container that has none; /workspace=DIR: a job's own "
+        "workingDir /workspace (and paths below it in command and args) read in the local DIR",
     )
     quick_option(run)
 
@@ -189,6 +202,7 @@ def _engine_options(parser: argparse.ArgumentParser, starts_jobs: bool = False) 
 # Flags that mean something to one engine only: (flag, argparse attribute, engine).
 _ENGINE_FLAGS = (
     ("--state-dir", "state_dir", "local"),
+    ("--hang-notice", "hang_notice", "local"),
     ("--kubeconfig", "kubeconfig", "kubernetes"),
     ("--context", "context", "kubernetes"),
     ("--namespace", "namespace", "kubernetes"),
@@ -310,6 +324,9 @@ def run_run(args: argparse.Namespace) -> int:
     if args.timeout is not None and not 0 < args.timeout < float("inf"):  # also refuses nan
         message = f"expected a positive, finite number of seconds, got {args.timeout}"
         raise SpecError([Problem("--timeout", message, "<command line>")])
+    if args.hang_notice is not None and not 0 <= args.hang_notice < float("inf"):  # also refuses nan
+        message = f"expected a non-negative, finite number of seconds, got {args.hang_notice}"
+        raise SpecError([Problem("--hang-notice", message, "<command line>")])
     if args.max_restarts is not None and (args.max_restarts < 0 or args.engine != "local"):
         message = (
             f"expected a number of restarts of 0 or more, got {args.max_restarts}"
@@ -323,6 +340,11 @@ def run_run(args: argparse.Namespace) -> int:
     item = _overridden(chosen, args, extra_env)
     for path, message in expand(item.job).warnings:
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
+    preload = _preload_modules(args.preload)
+    if preload and args.engine == "local":  # a misspelt module is refused here, not ignored later
+        from torchjob.cli.preload import check_preload
+
+        check_preload(preload, item.job, extra_env)
     options = StartOptions(
         detach=args.detach,
         # A detached local job's own output goes nowhere; a cluster's warnings are printed here.
@@ -335,7 +357,9 @@ def run_run(args: argparse.Namespace) -> int:
         prewarm=args.prewarm,
         max_restarts=args.max_restarts,
         on_start=_print_id if args.quiet and not args.detach else None,
-        preload=_preload_modules(args.preload),
+        preload=preload,
+        remove=args.rm,
+        **({} if args.hang_notice is None else {"hang_notice": args.hang_notice}),
         queue=args.queue,
     )
     if args.rm and args.detach:
@@ -355,14 +379,15 @@ def run_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.quiet:
         print(f"{report.id} {report.phase}: {report.reason}".rstrip(": "))
-    elif engine.name != "local":  # the local engine prints its own summary; a cluster job ends in one line
-        code = finish(report)
-        if args.rm:
-            engine.delete([report.id])
-        return code
-    if args.rm:  # its logs and state go with it: what was printed is all that is kept
+    code = EXIT_OK if report.ok else EXIT_FAILED
+    if engine.name != "local" and not args.quiet:  # the local engine prints its own summary
+        code = finish(report)  # a cluster job ends in one line
+    if args.rm and report.ok:  # its logs and state go with it: what was printed is all that is kept
         engine.delete([report.id])
-    return EXIT_OK if report.ok else EXIT_FAILED
+    elif args.rm and (args.quiet or engine.name != "local"):  # the local summary says it otherwise
+        kept = f"kept {report.id} for its logs: --rm removes only a completed job"
+        print(f"{kept} (torchjob delete {report.id})")
+    return code
 
 
 def _print_id(job_id: str) -> None:
@@ -447,9 +472,9 @@ def _status_lines(report: JobReport) -> list[str]:
 
     color = use_color(sys.stdout)
     lines = [headline(report, color), *("  " + line for line in pod_rows(report, color))]
-    lines.append(f"reason: {report.reason}")
-    if not report.ok:
+    if not report.ok:  # the root cause first: the reason may name a pod that failed after it
         lines += root_cause(report, color)
+    lines.append(f"reason: {report.reason}")
     lines += crash_loops(report)
     if report.name_resolution:
         lines.append(f"names: {report.name_resolution}")
@@ -585,7 +610,7 @@ def run_wait(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_WAIT_TIMEOUT
-    print(f"{report.id} {report.phase}: {report.reason}".rstrip(": "))
+    print(f"{report.id} {report.phase}: {report.reason}".rstrip(": "))  # first: a script reads it
     if not report.ok:
         for line in root_cause(report):
             print(line)

@@ -79,6 +79,7 @@ def _print_warnings(document: Document, warnings: list[tuple[str, str]]) -> None
 
 
 def run_validate(args: argparse.Namespace) -> int:
+    from torchjob.display import plural
     from torchjob.expand import Expansion
 
     problems: list[Problem] = []
@@ -109,7 +110,8 @@ def run_validate(args: argparse.Namespace) -> int:
                     continue
             tasks = ", ".join(f"{t.name}x{t.replicas}" for t in job.spec.tasks)
             plugins = ", ".join(p.name for p in expansion.plugins) or "none"
-            print(f"{file}: job {job.name}: valid; {job.total_replicas} pods ({tasks}); plugins: {plugins}")
+            pods = plural(job.total_replicas, "pod")
+            print(f"{file}: job {job.name}: valid; {pods} ({tasks}); plugins: {plugins}")
     if problems:
         raise SpecError(problems)
     return 0

@@ -118,6 +118,8 @@ class StartOptions:
     on_start: Callable[[str], None] | None = None  # attached: told the job's id once it is submitted
     preload: tuple[str, ...] = ()  # local: main containers forked from a server that imported these
     queue: bool = True  # local: wait in the machine's queue for CPUs, memory and GPUs; False: start at once
+    remove: bool = False  # run --rm: a job that completed is removed once it ended (a failed one is kept)
+    hang_notice: float = 300.0  # local: one notice once every pod has been silent this long (0: never)
 
 
 @record
@@ -169,6 +171,7 @@ class PodReport:
     address: str = ""
     containers: list[ContainerReport] = field(default_factory=list)
     terminating: bool = False  # being stopped: its processes have been signalled
+    last_output_at: float | None = None  # when its containers last wrote output (engines that know)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -186,6 +189,7 @@ class PodReport:
             "finishedAt": self.finished_at,
             "address": self.address,
             "terminating": self.terminating,
+            "lastOutputAt": self.last_output_at,
             "containers": [c.to_dict() for c in self.containers],
         }
 
@@ -207,6 +211,7 @@ class PodReport:
             finished_at=r.number("finishedAt"),
             address=r.text("address"),
             terminating=r.flag("terminating"),
+            last_output_at=r.number("lastOutputAt"),
             containers=[
                 ContainerReport.from_dict(c, r.at("containers", i))
                 for i, c in enumerate(r.items("containers"))

@@ -81,7 +81,11 @@ def parse_flags(plugin: str, flags: tuple[Flag, ...], args: list[str]) -> tuple[
         flag = by_name.get(name)
         if flag is None:
             if flags:
-                errors.append(f"plugin {plugin}: unknown flag --{name}; known flags are {known}")
+                import difflib  # only for a mistake
+
+                close = difflib.get_close_matches(name, list(by_name), n=1, cutoff=0.8)
+                hint = f"did you mean --{close[0]}?" if close else f"known flags are {known}"
+                errors.append(f"plugin {plugin}: unknown flag --{name}; {hint}")
             else:
                 errors.append(f"plugin {plugin}: unknown flag --{name}; this plugin takes no flags")
             continue

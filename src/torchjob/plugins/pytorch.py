@@ -141,6 +141,33 @@ class PyTorchPlugin(Plugin):
     def ports(self, job: Job) -> list[int]:
         return [self.port]
 
+    def warnings(self, job: Job, addressing: Addressing) -> Issues:
+        """A container's own MASTER_ADDR, MASTER_PORT, WORLD_SIZE or RANK: the plugin appends its
+        values after it, and the last entry of a name wins, so the written one is silently lost."""
+        if job.task(self.master) is None:  # no wiring at all (an error of check())
+            return []
+        why = {
+            "MASTER_ADDR": ("the master pod's address", "remove it"),
+            "MASTER_PORT": (
+                f"its --port ({self.port})",
+                "remove it, or set the port with --port=N in spec.plugins.pytorch",
+            ),
+            "WORLD_SIZE": ("the number of master and worker pods", "remove it; the tasks' replicas set it"),
+            "RANK": ("each pod's rank (master 0, workers 1 to N)", "remove it"),
+        }
+        issues: Issues = []
+        for i, task in enumerate(job.spec.tasks):
+            ranked = self.rank(job, task, 0) is not None
+            for j, container in enumerate(task.template.containers):
+                for k, var in enumerate(container.env):
+                    name = var.get("name")
+                    if name in why and (name != "RANK" or ranked):
+                        value, fix = why[name]
+                        sets = f"the pytorch plugin sets {name} to {value}"
+                        message = f"{sets} after this entry, which is ignored; {fix}"
+                        issues.append((f"spec.tasks[{i}].template.spec.containers[{j}].env[{k}]", message))
+        return issues
+
     def rank(self, job: Job, task: Task, index: int) -> int | None:
         if job.task(self.master) is None:  # no master task: no wiring at all (see on_pod_create)
             return None

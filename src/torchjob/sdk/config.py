@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 START_METHODS = ("spawn", "fork", "forkserver")
 _NNODES = re.compile(r"^\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
@@ -25,6 +25,33 @@ def _is_quantity(text: str) -> bool:
         return parse_quantity(text) >= 0 and not text.lstrip().startswith(("+", "-"))
     except ValueError:
         return False
+
+
+_Config = TypeVar("_Config", bound=type)
+
+
+def _known_fields(cls: _Config) -> _Config:
+    """A keyword that is not a field (``Worker(replica=3)``) is a ValueError naming the field and
+    the nearest one, like every other bad config, rather than Python's bare TypeError."""
+    from dataclasses import fields
+    from functools import wraps
+
+    init = vars(cls)["__init__"]  # the dataclass's own
+    names = [f.name for f in fields(cls)]
+
+    @wraps(init)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> None:
+        for key in kwargs:
+            if key not in names:
+                import difflib
+
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(names)}"
+                raise ValueError(f"{cls.__name__}: unknown field {key!r}; {hint}")
+        init(self, *args, **kwargs)
+
+    setattr(cls, "__init__", checked)  # noqa: B010 - assigned on the class, not an instance
+    return cls
 
 
 class RestartPolicy(Enum):
@@ -58,6 +85,7 @@ def _enum(owner: str, name: str, value: Any, kind: type[Enum]) -> None:
         raise ValueError(f"{owner}.{name} must be one of {choices}, got {value!r}")
 
 
+@_known_fields
 @dataclass
 class Resources:
     """Compute resources of a replica, in Kubernetes quantities (``cpu="2"``, ``mem="4Gi"``)."""
@@ -99,6 +127,7 @@ def _resources(owner: str, name: str, value: Any) -> None:
         raise ValueError(f"{owner}.{name} must be a torchjob.Resources, got {type(value).__name__}")
 
 
+@_known_fields
 @dataclass
 class RunPolicy:
     """Job-level policy: pod clean-up, TTL, active deadline and back-off limit."""
@@ -115,6 +144,7 @@ class RunPolicy:
         _optional_int("RunPolicy", "backoff_limit", self.backoff_limit, 0)
 
 
+@_known_fields
 @dataclass
 class Worker:
     image: str | None = None
@@ -128,6 +158,7 @@ class Worker:
         _replica_checks("Worker", self.image, self.requests, self.limits, self.restart_policy)
 
 
+@_known_fields
 @dataclass
 class Master:
     """The rank-0 replica; there is always exactly one, so it has no ``replicas``."""
@@ -154,6 +185,7 @@ def _run_policy(owner: str, value: Any) -> None:
         raise ValueError(f"{owner}.run_policy must be a torchjob.RunPolicy, got {type(value).__name__}")
 
 
+@_known_fields
 @dataclass
 class PyTorch:
     """One master (rank 0) and ``worker.replicas`` workers, each running the function once."""
@@ -217,6 +249,7 @@ def _default_rdzv_configs() -> dict[str, Any]:
     return {"timeout": 900, "join_timeout": 900}
 
 
+@_known_fields
 @dataclass
 class Elastic:
     """A torch elastic launch: ``nnodes`` nodes (or a ``"MIN:MAX"`` range) of ``nproc_per_node`` processes."""

@@ -104,8 +104,8 @@ def _import_failed(file: str, err: BaseException) -> SpecError:
             f"importing the file called sys.exit({code}); torchjob imports it to find its tasks, "
             "so put what the file does as a script under 'if __name__ == \"__main__\":'",
         )
-    if isinstance(err, ValueError):  # a bad task config raises at decoration time
-        return _fail(file, "", f"invalid task: {_text(err)}")
+    if isinstance(err, ValueError):  # a bad task config raises at decoration time: say where
+        return SpecError([Problem("", f"invalid task: {_text(err)}", file, _line_in(file, err))])
     return _fail(file, "", f"importing the file raised {type(err).__name__}: {_text(err)}")
 
 

@@ -113,10 +113,11 @@ class _Reader:
             if key not in allowed:
                 import difflib  # only for a mistake: not on every start-up
 
+                # The same words as a pod template's unknown field (spec/podschema.py).
                 close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                fields = ", ".join(sorted(allowed))
-                self.add(child(path, key), f"unknown field {key!r}{hint}; expected one of {fields}")
+                listed = f"expected one of {', '.join(sorted(allowed))}"
+                hint = f"did you mean {close[0]!r}?" if close else listed
+                self.add(child(path, key), f"unknown field {key!r}; {hint}")
 
     def integer(
         self, data: dict[str, Any], key: str, path: str, *, minimum: int | None = 0, required: bool = False

@@ -165,8 +165,9 @@ def _unknown(key: str, fields: list[str], path: str) -> str:
 
     lowered = {name.lower(): name for name in fields}
     close = [lowered[key.lower()]] if key.lower() in lowered else difflib.get_close_matches(key, fields, 1)
+    # The same words as a job's unknown field (spec/parse.py): the key, then the way out.
     if close:
-        return f"unknown field; did you mean {close[0]!r}?"
+        return f"unknown field {key!r}; did you mean {close[0]!r}?"
     if len(fields) <= _LIST_AT_MOST:
-        return f"unknown field; expected one of {', '.join(fields)}"
-    return f"unknown field; 'kubectl explain {_explain(path)}' lists the fields"
+        return f"unknown field {key!r}; expected one of {', '.join(fields)}"
+    return f"unknown field {key!r}; 'kubectl explain {_explain(path)}' lists the fields"

@@ -4,5 +4,5 @@ Modules, one job each: ``client`` (kubeconfig and raw JSON requests), ``errors``
 server said, as one line), ``kinds`` (the targets' top-level kinds and API discovery), ``submit``
 (creating the rendered objects), ``phase`` (a target's status and its pods as a JobReport),
 ``follow`` (one watch per resource type), ``podlogs`` (log streams) and ``engine`` (the Engine).
-The official ``kubernetes`` client is imported here only: ``pip install torchjob[kubernetes]``.
+The official ``kubernetes`` client is imported here only: ``pip install -e '.[kubernetes]'`` in a checkout.
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ def _import_client() -> Any:
         import kubernetes
     except ImportError:
         raise EngineError(
-            "the kubernetes engine needs the kubernetes client: pip install 'torchjob[kubernetes]'"
+            "the kubernetes engine needs the kubernetes client: in the torchjob checkout, "
+            "pip install -e '.[kubernetes]'"
         ) from None
     return kubernetes
 
@@ -39,6 +41,25 @@ def _config_files(kubeconfig: str | None) -> list[Path]:
     if env:
         return [Path(p).expanduser() for p in env.split(os.pathsep) if p]
     return [Path("~/.kube/config").expanduser()]
+
+
+_TOLD_INSECURE: set[str] = set()
+
+
+def _insecure(host: str) -> None:
+    """One line of torchjob's, once a host, instead of urllib3's warning with its source line on
+    every request to a server whose certificate is not checked (insecure-skip-tls-verify)."""
+    import warnings
+
+    import urllib3
+
+    warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+    if host not in _TOLD_INSECURE:
+        _TOLD_INSECURE.add(host)
+        print(
+            f"torchjob: warning: the certificate of {host} is not verified (insecure-skip-tls-verify)",
+            file=sys.stderr,
+        )
 
 
 class Cluster:
@@ -60,9 +81,8 @@ class Cluster:
         else:
             if not found:
                 where = ", ".join(str(f) for f in files)
-                raise EngineError(
-                    f"no kubeconfig: {where} does not exist; set KUBECONFIG or pass --kubeconfig FILE"
-                )
+                hint = "" if kubeconfig else "; set KUBECONFIG or pass --kubeconfig FILE"
+                raise EngineError(f"no kubeconfig: {where} does not exist{hint}")
             config_file = os.pathsep.join(str(f) for f in found)
             try:
                 contexts, current = kubernetes.config.list_kube_config_contexts(config_file)
@@ -81,6 +101,8 @@ class Cluster:
             context_namespace = ((chosen or {}).get("context") or {}).get("namespace")
         self.namespace: str = namespace or context_namespace or "default"
         self.host: str = configuration.host
+        if not configuration.verify_ssl:
+            _insecure(self.host)
         configuration.retries = 1  # urllib3 would try an unreachable server 4 times, 10 s each
         # Log streams of big jobs each hold a connection: let the pool keep them.
         configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, 64)

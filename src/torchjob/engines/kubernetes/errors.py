@@ -27,9 +27,11 @@ def decode_body(raw: bytes | str | None) -> dict[str, Any]:
         return {}
     try:
         body = json.loads(raw)
-    except ValueError:
+    except ValueError:  # not the API server's Status: one line of it, never a page
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-        return {"message": text.strip()[:500]}
+        if text.lstrip()[:1] == "<":
+            return {"message": "an HTML page, not a Kubernetes API answer: is the kubeconfig's server right?"}
+        return {"message": " ".join(text.split())[:200]}
     return body if isinstance(body, dict) else {}
 
 

@@ -53,6 +53,8 @@ class RunOptions:
     queue: bool = (
         True  # wait for CPUs, memory and GPUs in the local queue (admission.py); False: start at once
     )
+    remove: bool = False  # run --rm: the summary says a completed job is removed, not where its logs are
+    hang_notice: float = 300.0  # one notice once every running pod has written nothing this long (0: never)
 
 
 @record
@@ -214,6 +216,8 @@ def _supervise(
         max_restarts=options.max_restarts,
         preload=options.preload,
         admission=plan,
+        remove=options.remove,
+        hang_notice=options.hang_notice,
     )
     previous = supervisor.install_signals()
     try:

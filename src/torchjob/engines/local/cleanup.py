@@ -196,9 +196,9 @@ def shutdown(sup: Supervisor) -> None:
                 )
         if sup.console is not None:
             sup.console.end_live()
-            for line in summary(sup.report(), sup.console.color, sup.console.unshown):
+            for line in summary(sup.report(), sup.console.color, sup.console.unshown, sup.remove):
                 sup.console.print(line)
-            if kept_until:
+            if kept_until and not (sup.remove and sup.status.phase is JobPhase.COMPLETED):
                 sup.console.print(kept_until)
             sup.console.finish(OUTPUT_STALL, lambda: bool(sup.signals))
     finally:

@@ -220,7 +220,7 @@ def _env_from(ctx: PodSetup, container: dict[str, Any], env: dict[str, str]) -> 
             raise ResolveError(
                 path,
                 "Secrets are not available to local jobs; mark the secretRef optional "
-                "or pass values with the environment",
+                "and give its variables with run -e NAME=VALUE",
             )
 
 
@@ -246,7 +246,8 @@ def _env_value(
             return None
         raise ResolveError(
             f"{path}.valueFrom.secretKeyRef",
-            "Secrets are not available to local jobs; mark it optional or set the value directly",
+            f"Secrets are not available to local jobs; run -e {var.get('name')}=VALUE stands in for it "
+            "(or mark it optional)",
         )
     raise ResolveError(f"{path}.valueFrom", "unsupported valueFrom source")
 
@@ -561,7 +562,8 @@ def check_pods(state: DesiredState) -> Issues:
                     issues.append(
                         (
                             f"{where}.workingDir",
-                            f"container {key[2]!r}: working directory {run.cwd!r} does not exist here",
+                            f"container {key[2]!r}: working directory {run.cwd!r} does not exist here; "
+                            f"--workdir {container.get('workingDir')}=DIR runs it in a local DIR instead",
                         )
                     )
                 elif container.get("command") and not managed:

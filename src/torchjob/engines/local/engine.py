@@ -77,6 +77,8 @@ class LocalEngine:
                 on_start=options.on_start,
                 preload=options.preload,
                 queue=options.queue,
+                remove=options.remove,
+                hang_notice=options.hang_notice,
             ),
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow
@@ -99,7 +101,12 @@ class LocalEngine:
         return list_jobs(self.root)
 
     def status(self, ref: str) -> JobReport:
-        return self._live(self._find(ref))
+        where = self._find(ref)
+        report = self._live(where)
+        for pod in report.pods:  # read here, not kept in status.json: output comes between its writes
+            with contextlib.suppress(ValueError):  # a pod name that is not a plain name has none
+                pod.last_output_at = last_output(where.log_dir(pod.name, pod.attempt))
+        return report
 
     def wait(self, ref: str, timeout: float | None = None) -> JobReport:
         where = self._find(ref)
@@ -256,6 +263,15 @@ class LocalEngine:
             kill_now(where.id, [], [], 1.0)  # whatever of the job is left (a killed supervisor's)
             shutil.rmtree(where.path, ignore_errors=True)
         return list(found)
+
+
+def last_output(log_dir: Path) -> float | None:
+    """When the newest log file of a pod attempt was last written (None: no logs yet)."""
+    times = []
+    for log in log_dir.glob("*.log"):
+        with contextlib.suppress(OSError):
+            times.append(log.stat().st_mtime)
+    return max(times, default=None)
 
 
 def _select_pods(pods: list[PodReport], wanted: str | None) -> list[PodReport]:

@@ -36,13 +36,24 @@ def pod_report(job: Job, pod: LocalPod, *, current: bool) -> PodReport:
         reason=CRASH_LOOP if looping and current else "",
         attempt=pod.attempt,
         restarts=pod.restarts,
-        exit_code=pod.exit_code,
+        exit_code=last_exit_code(pod),
         started_at=pod.started_at,
         finished_at=pod.finished_at,
         address=pod.address,
         containers=containers,
         terminating=pod.terminating and not pod.gone,
     )
+
+
+def last_exit_code(pod: LocalPod) -> int | None:
+    """The pod's exit code; for a pod that has none (stopped by the job, or waiting to restart) the
+    last one a container of it ended with: a main container's first, then a failed init container's."""
+    if pod.exit_code is not None:
+        return pod.exit_code
+    mains = [c.exit_code for c in pod.mains if c.exit_code is not None]
+    failed = sorted(mains, key=lambda code: code == 0)  # a failure says more than a success
+    inits = [c.exit_code for c in pod.inits if c.exit_code not in (None, 0)]
+    return next(iter(failed + inits), None)
 
 
 def container_report(c: RunningContainer, terminating: bool) -> ContainerReport:

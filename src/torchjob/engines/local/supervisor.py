@@ -17,6 +17,7 @@ in :mod:`torchjob.lifecycle.gates`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import signal
 import threading
@@ -25,9 +26,9 @@ from collections.abc import Callable
 from types import FrameType
 
 from torchjob import logs
-from torchjob.display import headline, pod_color, pod_rows, prefix_for
+from torchjob.display import elapsed, headline, pod_color, pod_rows, prefix_for
 from torchjob.engines.base import JobReport
-from torchjob.engines.local import process
+from torchjob.engines.local import hints, process
 from torchjob.engines.local.cleanup import (
     OUTPUT_STALL,
     STUCK_AFTER_KILL,
@@ -80,6 +81,15 @@ CRASH_LOOP_AFTER = 3  # consecutive quick failures of a container after which it
 Key = tuple[str, int]
 
 
+def _last_output(pod: LocalPod) -> float:
+    """When the pod last wrote to any of its logs (its start, if it never did)."""
+    times = [pod.started_at or 0.0]
+    for c in pod.containers:
+        with contextlib.suppress(OSError):
+            times.append(c.log.stat().st_mtime)
+    return max(times)
+
+
 @record
 class _Delayed:
     due: float
@@ -100,6 +110,8 @@ class Supervisor:
         max_restarts: int | None = None,
         preload: tuple[str, ...] = (),
         admission: Plan | None = None,
+        remove: bool = False,
+        hang_notice: float = 0.0,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -138,6 +150,13 @@ class Supervisor:
             self.ticket = Ticket(admission, self.id, job.name)
         self.next_grow = 0.0  # when to try again to grant pods beyond the gang
         self.told_waiting = False  # a detached job's caller was let go while the job waits its turn
+        self.remove = remove  # run --rm: the caller removes the job if it completed
+        self.told = ""  # the last event printed, which a phase change it causes does not repeat
+        self.explained: set[tuple[Key, str]] = set()  # containers whose first failure was looked at
+        self.told_no_torch = False  # hints.missing_torch: one line a job
+        self.hang_notice = hang_notice  # seconds of silence from every pod before one notice; 0: never
+        self.silence_checked = 0.0  # monotonic time of the last look at the pods' logs
+        self.silence_told = False  # said for this silence; output from any pod re-arms it
 
     # ------------------------------------------------------------------ setup
 
@@ -271,6 +290,7 @@ class Supervisor:
             self.poll_pods(now)
             self.grow(now)
             self.fire_delayed(now)
+            self.check_silence(now)
             self.print_logs()
             if self.dirty:
                 self.write_status()
@@ -331,7 +351,9 @@ class Supervisor:
             process.reap_adopted(self.processes.job_pids)  # the killed orphans: no zombie is left
             if left:
                 self.note(f"processes {[p.pid for p in left]} of stopped pods survive SIGKILL", "31")
-        for key, pod in list(self.pods.items()):
+        # Pods that ended in the same pass are reported in the order they ended: the first failure
+        # is the one a policy acts on and the job's reason names, as it is the root cause.
+        for key, pod in sorted(self.pods.items(), key=lambda item: item[1].finished_at or float("inf")):
             old = self.seen.get(key)
             if pod.gone:
                 del self.pods[key]
@@ -348,12 +370,50 @@ class Supervisor:
             self.seen[key] = current
             if pod.phase in (SUCCEEDED, FAILED):
                 self.close_logs(pod)
+            self.explain_failure(key, pod)
             if old is not None and old[1] != current[1]:
                 self.on_restart(key, pod)
             change = PodChange(
                 key[0], key[1], PodPhase(old[0]) if old else None, PodPhase(pod.phase), pod.exit_code
             )
             self.on_change(change)
+
+    def check_silence(self, now: float) -> None:
+        """One notice once every pod of the running job has written nothing for ``hang_notice``
+        seconds: a hang (a rank waiting for a peer that never comes) is otherwise silent until a
+        timeout. Looked at once a second, by the modification times of the pods' log files."""
+        if (
+            not self.hang_notice
+            or self.status.phase is not JobPhase.RUNNING
+            or now < self.silence_checked + 1
+        ):
+            return
+        self.silence_checked = now
+        pods = [p for p in self.pods.values() if not p.gone and not p.terminating]
+        if not pods or any(p.phase != RUNNING for p in pods):
+            return
+        last = max(_last_output(p) for p in pods)
+        silent = time.time() - last
+        if silent < self.hang_notice:
+            self.silence_told = False
+        elif not self.silence_told:
+            self.silence_told = True
+            self.record(
+                f"no pod has written any output for {elapsed(last, None)}; if the job hangs, "
+                f"torchjob status {self.id} shows each pod's last output (run --hang-notice SECONDS "
+                "sets when this is said, 0 never)"
+            )
+
+    def explain_failure(self, key: Key, pod: LocalPod) -> None:
+        """A container's first failure whose fix is outside the job (no torch here): said once."""
+        for c in pod.containers:
+            if c.exit_code in (None, 0) or (key, c.run.name) in self.explained:
+                continue
+            self.explained.add((key, c.run.name))  # only its first failure: a crash loop repeats it
+            hint = hints.missing_torch(c) if not self.told_no_torch else None
+            if hint is not None:
+                self.told_no_torch = True
+                self.record(f"pod {short_name(self.job.name, pod.name)}: {hint}")
 
     def on_restart(self, key: Key, pod: LocalPod) -> None:
         """One line a restart; one notice when the pod starts to crash-loop; --max-restarts."""
@@ -450,7 +510,10 @@ class Supervisor:
                 self.status.phase.value, "36"
             )
             if not self.status.phase.final or self.console is None:  # else the summary says it
-                self.note(f"job {self.status.phase.value}: {self.status.reason}", color)
+                reason = self.status.reason
+                if cause and cause == self.told and reason.startswith(cause):  # just printed: not again
+                    reason = reason[len(cause) :].lstrip("; ") or reason
+                self.note(f"job {self.status.phase.value}: {reason}", color)
             self.dirty = True
         if decision.resync and depth < 8:
             # The phase changed because of ``cause``; the follow-up sync keeps it in the reason.
@@ -547,6 +610,7 @@ class Supervisor:
         self.events.append({"time": time.time(), "message": text})
         self.events = self.events[-50:]
         self.note(text, "33")
+        self.told = text
 
     def follow_logs(self, pod: LocalPod) -> None:
         if not self.echo_logs:
