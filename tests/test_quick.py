@@ -147,7 +147,9 @@ def test_a_failed_torchrun_rank_is_named_with_its_own_traceback(tmp_path: Path) 
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = proc.stdout[proc.stdout.index("root cause (first pod to fail)") :]
     assert summary.startswith("root cause (first pod to fail): master-0 (rank 1), exit code 1"), summary
-    tail = summary.splitlines()[1:-1]
+    # the root cause and its log tail come first, then the job's phase line (display.py)
+    lines = summary.splitlines()
+    tail = lines[1 : next(i for i, line in enumerate(lines) if line.lstrip().startswith("Failed:"))]
     assert tail[0].strip().startswith("last ") and "Traceback (most recent call last):" in tail[1]
     assert tail[-1].strip() == "RuntimeError: rank one broke", summary
     assert "ChildFailedError" not in summary and "[rank1]" not in summary, summary
