@@ -703,3 +703,99 @@ def test_the_default_state_root_is_tightened_and_a_given_one_left_alone(
     made = new_job_dir(shared, "job")
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
     assert stat.S_IMODE(made.path.stat().st_mode) == 0o700
+
+
+# ------------------------------------------------- what a state directory holds
+
+
+def _project(root: Path) -> dict[Path, str]:
+    """A user's project directory, given by mistake as --state-dir: files named like torchjob's."""
+    files = {
+        root / "cache-a" / "expires": "0\n",  # a TTL long past, were it a job's
+        root / "src" / "status.json": '{"phase": "Completed"}\n',
+        root / "src" / "train.py": "print('the user's code')\n",
+        root / "notes-abcdef" / "status.json": "not json\n",  # the job-id pattern, but no job of ours
+        root / "notes-abcdef" / "expires": "0\n",
+    }
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return files
+
+
+@pytest.mark.parametrize("command", [["status", "cache"], ["status"], ["prune"], ["delete", "--all"]])
+def test_a_state_dir_that_is_a_project_loses_nothing(command: list[str], tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    files = _project(proj)
+    result = torchjob(*command, "--state-dir", str(proj), env=cli_env(tmp_path), cwd=tmp_path)
+    assert all(path.read_text() == text for path, text in files.items()), result
+    if command[0] in ("delete", "prune"):  # the commands that delete refuse such a root outright
+        assert result.returncode == 2, result
+        assert "is not a torchjob state directory" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    else:  # no job at all: "status cache" finds none, "status" lists none
+        assert "cache-a" not in result.stdout and "src" not in result.stdout, result.stdout
+        assert result.returncode == (2 if len(command) > 1 else 0), result
+
+
+def test_in_a_state_dir_of_torchjobs_only_its_own_jobs_are_touched(tmp_path: Path) -> None:
+    """After a run the root is torchjob's; the user's directories in it are still not jobs."""
+    proj = tmp_path / "proj"
+    env = cli_env(tmp_path)
+    (tmp_path / "job.yaml").write_text(JOB_WITH_PORT.replace("ports: [{containerPort: 23999}]", ""))
+    ran = torchjob("run", "-q", "--state-dir", str(proj), "job.yaml", env=env, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    files = _project(proj)
+    listed = torchjob("status", "--state-dir", str(proj), env=env, cwd=tmp_path)
+    assert listed.returncode == 0 and "ported-" in listed.stdout, listed
+    assert "notes" not in listed.stdout and "src" not in listed.stdout
+    deleted = torchjob("delete", "--all", "--state-dir", str(proj), env=env, cwd=tmp_path)
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout.count("deleted ") == 1, deleted.stdout
+    assert all(path.read_text() == text for path, text in files.items())
+    assert sorted(p.name for p in proj.iterdir()) == [".torchjob-state", "cache-a", "notes-abcdef", "src"]
+
+
+def test_a_job_dir_of_another_user_or_through_a_symlink_is_not_a_job(tmp_path: Path) -> None:
+    from torchjob.engines.base import JobReport
+    from torchjob.engines.local.state import is_job_dir, new_job_dir
+
+    made = new_job_dir(tmp_path / "jobs", "job")
+    os.close(made.write_pid())
+    made.write_status(JobReport(engine="local", id=made.id, name="job", phase="Running"))
+    assert is_job_dir(made.path)
+    link = tmp_path / "jobs" / "link-abcdef"
+    link.symlink_to(made.path)
+    assert not is_job_dir(link)
+    if ROOT:  # the same directory, owned by someone else, is not this user's job
+        os.chown(made.path, 12345, 12345)
+        assert not is_job_dir(made.path)
+
+
+# ------------------------------------------------------- who the supervisor is
+
+
+def test_a_forged_supervisor_pid_does_not_make_delete_kill_that_process(tmp_path: Path) -> None:
+    """supervisor.pid names a live process of this user with the right start time, but not the
+    job's supervisor: status says nobody supervises the job, delete removes it and kills nothing."""
+    from torchjob.engines.base import JobReport
+    from torchjob.engines.local.state import new_job_dir, start_time
+
+    root = tmp_path / "jobs"
+    made = new_job_dir(root, "forged")
+    os.close(made.write_pid())
+    made.write_status(JobReport(engine="local", id=made.id, name="forged", phase="Running"))
+    bystander = subprocess.Popen(["sleep", "300"])
+    try:
+        forged = {"pid": bystander.pid, "created": start_time(bystander.pid)}
+        (made.path / "supervisor.pid").write_text(json.dumps(forged))
+        env = cli_env(tmp_path)
+        status = torchjob("status", "--state-dir", str(root), made.id, env=env, cwd=tmp_path)
+        assert "Unknown" in status.stdout and "supervisor" in status.stdout, status
+        deleted = torchjob("delete", "--state-dir", str(root), made.id, env=env, cwd=tmp_path)
+        assert deleted.returncode == 0, deleted.stderr
+        assert not made.path.exists()
+        assert bystander.poll() is None, "delete killed a process that was not the job's supervisor"
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -16,7 +16,14 @@ from pathlib import Path
 
 from torchjob.display import first_failed_first, prefix_for
 from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, PodReport, StartOptions
-from torchjob.engines.local.state import JobDir, collect_expired, list_jobs, state_root
+from torchjob.engines.local.state import (
+    ROOT_MARKER,
+    JobDir,
+    collect_expired,
+    is_state_root,
+    list_jobs,
+    state_root,
+)
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -218,7 +225,13 @@ class LocalEngine:
 
     def delete(self, refs: list[str]) -> list[str]:
         """Every ref must name a job (exact id, exact name, or an id prefix of 4 characters or
-        more) before any job is touched: a mistyped second ref deletes nothing."""
+        more) before any job is touched: a mistyped second ref deletes nothing. A root torchjob
+        did not mark as its own (a project directory given as --state-dir) is refused outright."""
+        if self.root.exists() and not is_state_root(self.root):
+            raise EngineError(
+                f"{self.root} is not a torchjob state directory (torchjob writes {ROOT_MARKER} into "
+                "each one it keeps jobs in); refusing to delete anything there"
+            )
         found: dict[str, JobDir] = {}
         problems = []
         for ref in refs:

@@ -128,11 +128,12 @@ class Supervisor:
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
         self.max_restarts = max_restarts  # a local limit (run --max-restarts): Kubernetes has none
         self.looping: set[Key] = set()  # pods whose crash loop has been told
+        self.pid_fd = -1  # supervisor.pid, open while this process supervises (state.JobDir.write_pid)
 
     # ------------------------------------------------------------------ setup
 
     def prepare(self) -> DesiredState:
-        self.dir.write_pid()
+        self.pid_fd = self.dir.write_pid()  # held open while this process supervises the job
         self.write_status(must=True)  # before any pod: a job whose status cannot be written never starts
         return self.factory.prepare(self.note)
 
