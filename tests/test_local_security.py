@@ -799,3 +799,115 @@ def test_a_forged_supervisor_pid_does_not_make_delete_kill_that_process(tmp_path
     finally:
         bystander.kill()
         bystander.wait()
+
+
+# ------------------------------------------------------------- ports of a job
+
+
+def test_a_rendezvous_port_is_random_and_a_container_port_kept(registry_env: Path) -> None:
+    """Another user's job asks for the same declared 23456: a random host port is nobody's guess."""
+    with contextlib.ExitStack() as stack:
+        free = []
+        for _ in range(2):
+            sock = stack.enter_context(__import__("socket").socket())
+            sock.bind(("127.0.0.1", 0))
+            free.append(sock.getsockname()[1])
+    rendezvous, service = free
+    mapping = ports.reserve("job-a", [rendezvous, service], unpredictable=[rendezvous])
+    assert mapping[rendezvous] != rendezvous and mapping[service] == service
+    ports.release("job-a")
+
+
+ATTACKER = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(8)
+open(sys.argv[2], "w").close()
+s.settimeout(12)
+try:
+    s.accept()
+    print("accepted a connection")
+except OSError:
+    print("nobody connected")
+"""
+
+MASTER = """
+import os, socket, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("0.0.0.0", int(os.environ["MASTER_PORT"])))
+except OSError:
+    time.sleep(2)  # time enough for a worker to connect to whoever listens there
+    raise
+s.listen(8)
+c, _ = s.accept()
+c.sendall(b"secret for the worker")
+"""
+
+
+def test_another_users_listener_on_the_master_port_is_neither_served_nor_silent(
+    other_user: pwd.struct_passwd, shared_tmp: Path, tmp_path: Path
+) -> None:
+    """Between the reservation and the master's bind another user listens on MASTER_PORT: the
+    worker's wait-for-master does not connect to it, and the job's reason names the port and the
+    process that took it, not only the master's 'Address already in use'."""
+    python = "/usr/bin/python3"  # one the other user may run (not this venv's, under /root)
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"{python} is needed to listen as the other user")
+    (tmp_path / "master.py").write_text(MASTER)
+    (shared_tmp / "attacker.py").write_text(ATTACKER)
+    (shared_tmp / "attacker.py").chmod(0o644)
+    port_file, go = tmp_path / "port", tmp_path / "go"
+    hold = f"echo $MASTER_PORT > {port_file}; while [ ! -e {go} ]; do sleep 0.05; done; "
+    job = make_job(
+        "stolen",
+        [
+            task("master", [container("m", sh(hold + f"exec python {tmp_path / 'master.py'}"))]),
+            task("worker", [container("w", sh("python -c 'import os; print(os.environ[\"MASTER_PORT\"])'"))]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker", "--wait-master-enabled"]},
+        policies=[{"event": "PodFailed", "action": "AbortJob"}],
+    )
+    from test_local_support import write_job
+
+    job_file = write_job(tmp_path, job)
+    env = cli_env(tmp_path)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", "--timeout", "40", job_file],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    attacker = None
+    try:
+        assert wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 20), "no master"
+        port = int(port_file.read_text())
+        listening = shared_tmp / "listening"
+        attacker = subprocess.Popen(
+            [python, str(shared_tmp / "attacker.py"), str(port), str(listening)],
+            user=other_user.pw_uid,
+            group=other_user.pw_gid,
+            extra_groups=[],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd="/",
+        )
+        assert wait_until(listening.exists, 10), "the other user could not listen"
+        go.touch()
+        out, _ = run.communicate(timeout=60)
+        attacker_out, _ = attacker.communicate(timeout=20)
+    finally:
+        for proc in (run, attacker):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert run.returncode == 1, out
+    assert attacker_out.strip() == "nobody connected", "the worker connected to the other user's listener"
+    assert f"port {port} (declared 23456) was taken by another process" in out, out
+    assert f"pid {attacker.pid} ({python} {shared_tmp / 'attacker.py'}" in out, out
+    assert f"uid {other_user.pw_uid}" in out
+    assert f"port {port} is held by a process of uid {other_user.pw_uid}, not by this job" in out, out

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
 VOLCANO_MOUNT = "/etc/volcano"  # where Volcano's svc plugin mounts its host files
+UIDS_ENV = "TORCHJOB_JOB_UIDS"  # plugins.waitmaster.UIDS_ENV, not imported: a job start need not load it
 
 Key = tuple[str, int]
 
@@ -69,12 +70,15 @@ class PodFactory:
         self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
         self.name_resolution = "addresses only"
         self.gpu_env: dict[Key, gpus.PodEnv] = {}  # CUDA_VISIBLE_DEVICES shares, kept across restarts
+        self.uids = job_uids(job)  # whose listener wait-for-master may take for the master
 
     def prepare(self, note: Callable[[str], None]) -> DesiredState:
         """Reserve the ports, decide name resolution, write the ConfigMaps; once, before any pod."""
         probe = self.start_names_probe()  # runs in a child while the ports are reserved
         try:
-            self.ports = port_registry.reserve(self.dir.id, port_registry.declared_ports(self.job))
+            declared = port_registry.declared_ports(self.job)
+            hidden = port_registry.rendezvous_ports(self.job)  # a random host port: nobody else's guess
+            self.ports = port_registry.reserve(self.dir.id, declared, hidden)
             self.dir.write_shims(_python())  # not resolved: a venv's python is a symlink
         finally:
             names_resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
@@ -225,6 +229,7 @@ class PodFactory:
             "TORCHJOB_RETRY_COUNT": str(retry_count),
             "TORCHJOB_WAIT_INTERVAL": WAIT_INTERVAL,
             "TORCHJOB_BIN": str(self.dir.bin),
+            UIDS_ENV: self.uids,
             **self.volcano_env,
         }
         for declared, host in self.ports.items():
@@ -235,6 +240,21 @@ class PodFactory:
 
     def ports_text(self) -> str:
         return ", ".join(f"{d}->{h}" for d, h in self.ports.items()) or "none"
+
+
+def job_uids(job: Job) -> str:
+    """The uids the job's processes run as (torchjob's own, then every runAsUser applied), as
+    ``TORCHJOB_JOB_UIDS`` gives them: on a machine whose ports every user shares, a listener of
+    another uid on the master's port is not the job's master (see plugins/waitmaster.py)."""
+    uids = [os.geteuid()]
+    for task in job.spec.tasks:
+        spec = task.template.spec
+        for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+            if isinstance(container, dict):
+                uid = security.identity(spec, container).uid
+                if uid is not None:
+                    uids.append(uid)
+    return " ".join(str(uid) for uid in dict.fromkeys(uids))
 
 
 def _uuid4() -> str:

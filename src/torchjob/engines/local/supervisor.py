@@ -76,6 +76,7 @@ TRACK_EVERY = 0.5  # seconds between scans for container descendants
 CRASH_LOOP_AFTER = 3  # consecutive quick failures of a container after which its crash loop is told
 
 Key = tuple[str, int]
+_BAD_PHASES = ("Restarting", "Aborting", "Aborted", "Terminating", "Terminated", "Failed")
 
 
 @record
@@ -129,6 +130,7 @@ class Supervisor:
         self.max_restarts = max_restarts  # a local limit (run --max-restarts): Kubernetes has none
         self.looping: set[Key] = set()  # pods whose crash loop has been told
         self.pid_fd = -1  # supervisor.pid, open while this process supervises (state.JobDir.write_pid)
+        self.port_lost: str | None = None  # what took a port of the job, once a container failed
 
     # ------------------------------------------------------------------ setup
 
@@ -268,6 +270,8 @@ class Supervisor:
             self.seen[key] = current
             if pod.phase in (SUCCEEDED, FAILED):
                 self.close_logs(pod)
+            if pod.exit_code not in (None, 0):  # before the policy ends the job: its reason tells
+                self.check_ports()
             if old is not None and old[1] != current[1]:
                 self.on_restart(key, pod)
             change = PodChange(
@@ -305,6 +309,19 @@ class Supervisor:
                 f"back-off, up to {BACKOFF_CAP:g}s, for as long as the job runs{limit}",
                 "31",
             )
+
+    def check_ports(self) -> None:
+        """Once, at the job's first failed container: did a process outside the job take one of its
+        ports after the reservation? Then say so (the port, the process): the failure is most
+        likely that (the master's ``Address already in use``), not the program's own error."""
+        if self.port_lost is not None or not self.factory.ports:
+            return
+        from torchjob.engines.local.listeners import taken_ports
+
+        uids = {int(uid) for uid in self.factory.uids.split()}
+        self.port_lost = "; ".join(taken_ports(self.factory.ports, self.id, uids))
+        if self.port_lost:
+            self.record(self.port_lost)
 
     def fail_job(self, reason: str) -> None:
         """End the job as Failed for a reason of torchjob's own (no Volcano policy says so)."""
@@ -356,6 +373,18 @@ class Supervisor:
     def apply(self, decision: Decision, cause: str = "", depth: int = 0) -> None:
         old = self.status
         self.status = decision.status
+        if (
+            self.port_lost
+            and self.status.phase.value in _BAD_PHASES
+            and self.port_lost not in self.status.reason
+        ):
+            # Whatever the policy made of the failure, a taken port is the likelier cause: say it.
+            self.status = JobStatus(
+                self.status.phase,
+                self.status.retry_count,
+                self.status.version,
+                f"{self.status.reason}; {self.port_lost}".lstrip("; "),
+            )
         now = time.monotonic()
         if decision.kill is not None:
             selected = [self.pods[(s.task, s.index)] for s in self.pod_statuses() if decision.kill.selects(s)]
