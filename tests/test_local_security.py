@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from test_local_support import container, leftovers, make_job, sh, task, wait_until
+from test_local_support import container, leftovers, log_text, make_job, run, sh, status_of, task, wait_until
 from torchjob.engines.local import RunOptions, check_job, ports, run_job
 from torchjob.engines.local.process import marked_processes
 from torchjob.errors import SpecError
@@ -911,3 +911,70 @@ def test_another_users_listener_on_the_master_port_is_neither_served_nor_silent(
     assert f"pid {attacker.pid} ({python} {shared_tmp / 'attacker.py'}" in out, out
     assert f"uid {other_user.pw_uid}" in out
     assert f"port {port} is held by a process of uid {other_user.pw_uid}, not by this job" in out, out
+
+
+# ------------------------------------------------------------- /etc/hosts
+
+
+def _names_resolve(result: Any) -> None:
+    if not status_of(result).get("nameResolution", "").startswith("resolved"):
+        pytest.skip(f"pod names do not resolve here: {status_of(result).get('nameResolution')}")
+
+
+def test_each_pod_has_its_own_hosts_file(tmp_path: Path) -> None:
+    """What one pod writes into its /etc/hosts no other pod of the job sees."""
+    script = (
+        'echo "10.9.9.9 scribbled-by-$TORCHJOB_POD_NAME" >> /etc/hosts; '
+        f"touch {tmp_path}/$TORCHJOB_POD_NAME; "
+        f'while [ "$(ls {tmp_path} | grep -c sec-main)" -lt 2 ]; do sleep 0.02; done; cat /etc/hosts'
+    )
+    job = make_job("sec", [task("main", [container("main", sh(script))], replicas=2)])
+    result = run(job, tmp_path, timeout=30)
+    assert result.ok, result.reason
+    _names_resolve(result)
+    for me, other in (("main-0", "main-1"), ("main-1", "main-0")):
+        text = log_text(result, me, "main")
+        assert f"scribbled-by-sec-{me}" in text and f"scribbled-by-sec-{other}" not in text, text
+    assert "scribbled" not in (result.job_dir / "hosts").read_text()
+    assert "scribbled" not in Path("/etc/hosts").read_text()
+
+
+def test_host_aliases_are_appended_to_the_pods_hosts_file(tmp_path: Path) -> None:
+    aliases = [{"ip": "10.1.2.3", "hostnames": ["foo.local", "bar"]}, {"ip": "fd00::7", "hostnames": ["six"]}]
+    lookup = "import socket; print(socket.gethostbyname('foo.local'), socket.gethostbyname('bar'))"
+    job = make_job(
+        "sec",
+        [
+            task("aliased", [container("main", ["python", "-c", lookup])]),
+            task("plain", [container("main", sh("cat /etc/hosts"))]),
+        ],
+    )
+    job.spec.tasks[0].template.spec["hostAliases"] = aliases
+    result = run(job, tmp_path, timeout=30)
+    assert result.ok, result.reason
+    _names_resolve(result)
+    assert log_text(result, "aliased-0", "main").split() == ["10.1.2.3", "10.1.2.3"]
+    assert "foo.local" not in log_text(result, "plain-0", "main")  # another pod's aliases are its own
+    (pod_dir,) = (result.job_dir / "pods").glob("sec-aliased-0/attempt-0")
+    tail = (pod_dir / "hosts").read_text().splitlines()[-3:]
+    assert tail == ["# Entries added by HostAliases.", "10.1.2.3\tfoo.local\tbar", "fd00::7\tsix"]
+
+
+def test_host_aliases_that_are_not_names_or_addresses_are_refused(tmp_path: Path) -> None:
+    spec = {
+        "restartPolicy": "Never",
+        "hostAliases": [
+            {"ip": "1.2.3.4", "hostnames": ["ok.example", "a\n6.6.6.6 github.com"]},
+            {"ip": "x y"},
+        ],
+        "containers": [{"name": "main", "image": "busybox", "command": ["true"]}],
+    }
+    doc = job_doc([{"name": "main", "replicas": 1, "template": {"spec": spec}}])
+    (tmp_path / "job.json").write_text(json.dumps(doc))
+    result = torchjob("validate", "job.json", env=cli_env(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert (
+        "spec.tasks[0].template.spec.hostAliases[0].hostnames[1]: 'a\\n6.6.6.6 github.com' is not a DNS"
+        in (result.stderr)
+    )
+    assert "spec.tasks[0].template.spec.hostAliases[1].ip: 'x y' is not an IP address" in result.stderr

@@ -68,6 +68,7 @@ class PodFactory:
         self.rank_of: dict[Key, str | None] = {}
         self.volcano_env: dict[str, str] = {}  # where the /etc/volcano files are here, when mounted
         self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
+        self.hosts_text = ""  # the job's hosts file; each pod attempt gets a copy (pod_hosts)
         self.name_resolution = "addresses only"
         self.gpu_env: dict[Key, gpus.PodEnv] = {}  # CUDA_VISIBLE_DEVICES shares, kept across restarts
         self.uids = job_uids(job)  # whose listener wait-for-master may take for the master
@@ -83,6 +84,11 @@ class PodFactory:
         finally:
             names_resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
+        if not names_resolve and any(t.template.spec.get("hostAliases") for t in self.job.spec.tasks):
+            note(
+                "hostAliases have no effect: pods have no /etc/hosts of their own here "
+                f"({self.name_resolution})"
+            )
         state = self.expansion(0, 0)
         self.dir.write_configmaps(configmaps_of(state))
         pod_specs = {(p.task.name, p.index): p.manifest["spec"] for p in state.pods}
@@ -111,7 +117,8 @@ class PodFactory:
         except OSError:
             machine = ""
         entries = LocalAddressing(self.job).hosts_entries(self.job)  # addresses only: no ports
-        write_atomic(hosts, podnames.hosts_text(machine, entries))
+        self.hosts_text = podnames.hosts_text(machine, entries)
+        write_atomic(hosts, self.hosts_text)
         if security.other_users([t.template.spec for t in self.job.spec.tasks]):
             hosts.chmod(0o644)  # read as /etc/hosts by pods that run as another user; nothing secret
         mount = podnames.HostsMount.of(str(hosts))
@@ -180,10 +187,14 @@ class PodFactory:
         try:
             make_empty_dirs(ctx)
             inits, mains = resolve_pod(ctx)
-            forkers = self.forkers(mains)  # before the hosts hook: a container's own hook rules it out
-            if self.hosts_mount is not None:  # the job's /etc/hosts, so that pod names resolve
+            aliases = plan.manifest["spec"].get("hostAliases")
+            # Before the hosts hook: a container's own hook rules it out. A fork server's children
+            # share its /etc/hosts, the job's: a pod with hostAliases of its own is not forked.
+            forkers = {} if aliases else self.forkers(mains)
+            if self.hosts_mount is not None:  # the pod's own /etc/hosts, so that pod names resolve
+                mount = self.pod_hosts(pod_dir, aliases)
                 for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
-                    run.before_exec = security.then(self.hosts_mount.enter, run.before_exec)
+                    run.before_exec = security.then(mount.enter, run.before_exec)
         except (ResolveError, OSError) as err:
             make_private_dirs(log_dir)
             write_atomic(log_dir / "torchjob.log", f"torchjob: cannot run pod {plan.name}: {err}\n")
@@ -206,6 +217,17 @@ class PodFactory:
         pod.uid = uid
         pod.rank = self.rank_of.get(key)
         return pod
+
+    def pod_hosts(self, pod_dir: Path, aliases: object) -> podnames.HostsMount:
+        """The pod attempt's own hosts file (the job's, then its hostAliases) and how to mount it:
+        no pod sees what another writes into its /etc/hosts."""
+        assert self.hosts_mount is not None
+        make_private_dirs(pod_dir)
+        path = pod_dir / "hosts"
+        write_atomic(path, podnames.with_aliases(self.hosts_text, aliases))
+        if security.other_users([t.template.spec for t in self.job.spec.tasks]):
+            path.chmod(0o644)  # as the job's: read by pods that run as another user
+        return podnames.HostsMount.of(str(path))
 
     def forkers(self, mains: list[ContainerRun]) -> dict[str, Callable[[ContainerRun, Path], Forked | None]]:
         """The main containers to fork from the preloading server (none without --preload)."""

@@ -1,8 +1,10 @@
-"""Pod names that resolve locally: every container process sees the job's own ``/etc/hosts``.
+"""Pod names that resolve locally: every container process sees its pod's own ``/etc/hosts``.
 
 On a cluster ``<hostname>.<subdomain>`` is a DNS name. Here each container process is started in
-a mount namespace of its own (Linux), where ``/etc/hosts`` is a bind mount of the job's hosts file:
-the machine's ``/etc/hosts`` followed by one line per pod. Without root the mount namespace comes
+a mount namespace of its own (Linux), where ``/etc/hosts`` is a bind mount of its pod's hosts file:
+the machine's ``/etc/hosts``, one line per pod of the job, then the pod's ``hostAliases``. Each pod
+attempt has a file of its own, as each pod on a cluster has, so what one pod writes there no other
+pod sees. Without root the mount namespace comes
 with a user namespace that maps the user's uid and gid to themselves, so ids, file access and
 signals stay as they were. Namespaces and mounts belong to the processes and vanish with them.
 
@@ -48,6 +50,21 @@ def hosts_text(machine: str, entries: Iterable[tuple[str, Sequence[str]]]) -> st
         if fresh:
             lines.append(" ".join([address, *fresh]))
     return "\n".join(lines) + "\n"
+
+
+def with_aliases(text: str, aliases: object) -> str:
+    """A pod's hosts file: the job's, then its ``hostAliases`` as the kubelet appends them (validated
+    before: IP addresses and DNS names only, so no entry can add a line of its own)."""
+    lines = []
+    for alias in aliases if isinstance(aliases, list) else []:
+        if not isinstance(alias, dict) or not isinstance(alias.get("ip"), str):
+            continue
+        hostnames = [n for n in alias.get("hostnames") or [] if isinstance(n, str)]
+        if hostnames:
+            lines.append("\t".join([alias["ip"], *hostnames]))
+    if not lines:
+        return text
+    return text + "\n# Entries added by HostAliases.\n" + "\n".join(lines) + "\n"
 
 
 def _libc() -> ctypes.CDLL | None:

@@ -8,7 +8,8 @@ Layout of ``<root>/<job-id>/`` (root: ``RunOptions.state_dir``, else ``$TORCHJOB
     status.json                      phase, reason, ports, pods; rewritten on every change
     supervisor.pid                   pid of the process running the job
     supervisor.log                   the supervisor's own output when run with --detach
-    hosts                            the containers' /etc/hosts: the machine's, then a line per pod
+    hosts                            the job's hosts file: the machine's, then a line per pod
+    pods/<pod>/attempt-<n>/hosts     that pod's /etc/hosts: the job's, then its hostAliases
     bin/                             python/python3 shims, first on every container's PATH
     volumes/<configmap>/<key>        ConfigMap volumes, e.g. the svc plugin's host files
     pods/<pod>/attempt-<n>/volumes/  emptyDir volumes of one pod attempt
