@@ -978,3 +978,73 @@ def test_host_aliases_that_are_not_names_or_addresses_are_refused(tmp_path: Path
         in (result.stderr)
     )
     assert "spec.tasks[0].template.spec.hostAliases[1].ip: 'x y' is not an IP address" in result.stderr
+
+
+SQUATTER = """
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(8)
+open(sys.argv[2], "w").close()
+time.sleep(60)
+"""
+
+FALLBACK_MASTER = """
+import os, socket, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("0.0.0.0", int(os.environ["MASTER_PORT"])))
+except OSError:  # as torchrun's c10d rendezvous does: be a client of whoever holds the port
+    socket.create_connection(("127.0.0.1", int(os.environ["MASTER_PORT"])))
+    time.sleep(120)  # and wait there for a world that never forms
+"""
+
+
+def test_a_rendezvous_port_served_by_another_process_ends_the_job_at_once(tmp_path: Path) -> None:
+    """Another process of this very user (another copy of the test suite, say) listens on the job's
+    rendezvous port: the job's ranks, all Running, would wait there for minutes. The job ends in
+    seconds instead, naming the port and the process."""
+    (tmp_path / "master.py").write_text(FALLBACK_MASTER)
+    port_file, go = tmp_path / "port", tmp_path / "go"
+    hold = f"echo $MASTER_PORT > {port_file}; while [ ! -e {go} ]; do sleep 0.05; done; "
+    job = make_job(
+        "hijacked",
+        [
+            task("master", [container("m", sh(hold + f"exec python {tmp_path / 'master.py'}"))]),
+            task("worker", [container("w", ["sleep", "120"])]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker"]},
+    )
+    from test_local_support import write_job
+
+    env = cli_env(tmp_path)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", "--timeout", "100", write_job(tmp_path, job)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    other = None
+    try:
+        assert wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 20), "no master"
+        port = int(port_file.read_text())
+        other = subprocess.Popen(
+            [sys.executable, "-c", SQUATTER, str(port), str(tmp_path / "listening")], stdout=subprocess.PIPE
+        )
+        assert wait_until((tmp_path / "listening").exists, 10)
+        go.touch()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        for each in (proc, other):
+            if each is not None and each.poll() is None:
+                each.kill()
+                each.wait()
+    assert time.monotonic() - started < 40, out
+    assert proc.returncode == 1, out
+    assert f"port {port} (declared 23456) was taken by another process" in out, out
+    assert f"pid {other.pid} ({sys.executable} -c" in out, out
+    assert "the job's ranks would rendezvous with it" in out

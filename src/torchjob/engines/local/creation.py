@@ -62,6 +62,7 @@ class PodFactory:
 
             self.preloader = Preloader(preload_modules, job_dir.path)
         self.ports: dict[int, int] = {}  # declared port -> host port
+        self.rendezvous: dict[int, int] = {}  # the same, for the plugins' ports (MASTER_PORT) alone
         self.addressing: LocalAddressing | None = None
         self.expansions: dict[tuple[int, int], DesiredState] = {}
         self.attempts: dict[Key, int] = {}
@@ -80,6 +81,7 @@ class PodFactory:
             declared = port_registry.declared_ports(self.job)
             hidden = port_registry.rendezvous_ports(self.job)  # a random host port: nobody else's guess
             self.ports = port_registry.reserve(self.dir.id, declared, hidden)
+            self.rendezvous = {port: self.ports[port] for port in hidden}
             self.dir.write_shims(_python())  # not resolved: a venv's python is a symlink
         finally:
             names_resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened

@@ -30,12 +30,15 @@ class Listener:
 def listening(ports: Collection[int]) -> list[Listener]:
     """The listening TCP sockets (IPv4 and IPv6) on any of ``ports``; [] where /proc cannot tell."""
     found: list[Listener] = []
+    needles = [f":{port:04X} ".encode() for port in ports]  # as a local (or remote) address ends
     for table in _TABLES:
         try:
-            lines = procfs.read(table).decode(errors="replace").splitlines()[1:]
+            data = procfs.read(table)
         except OSError:
             continue
-        for line in lines:
+        if not any(needle in data for needle in needles):
+            continue  # the common case, read often while a job runs: nothing to parse
+        for line in data.decode(errors="replace").splitlines()[1:]:
             fields = line.split()
             if len(fields) < 10 or fields[3] != _LISTEN:
                 continue
@@ -46,20 +49,20 @@ def listening(ports: Collection[int]) -> list[Listener]:
     return found
 
 
-def owner(inode: int) -> int | None:
-    """The pid of a process holding socket ``inode`` open, if one this process may look into does."""
+def owner(inode: int, first: Collection[int] = ()) -> int | None:
+    """The pid of a process holding socket ``inode`` open, if one this process may look into does;
+    the pids ``first`` (the job's own) are looked at before the whole process table."""
     link = f"socket:[{inode}]"
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+    rest = (int(name) for name in os.listdir("/proc") if name.isdigit())
+    for pid in (*first, *rest):
         try:
-            fds = os.listdir(f"/proc/{name}/fd")
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue  # gone, or another user's
         for fd in fds:
             with contextlib.suppress(OSError):
-                if os.readlink(f"/proc/{name}/fd/{fd}") == link:
-                    return int(name)
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
+                    return pid
     return None
 
 
@@ -78,27 +81,45 @@ def _command(pid: int) -> str:
         argv = procfs.read(f"/proc/{pid}/cmdline").split(b"\0")
     except OSError:
         return "?"
-    text = " ".join(a.decode(errors="replace") for a in argv if a)
+    text = " ".join(" ".join(a.decode(errors="replace").split()) for a in argv if a)  # one line
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def taken_ports(ports: Mapping[int, int], job_id: str, job_uids: Collection[int]) -> list[str]:
-    """For each of the job's host ports (``ports``: declared -> host) on which something that is not
-    the job listens, one sentence naming the port and, when it can be seen, the process."""
-    by_host = {host: declared for declared, host in ports.items()}
-    found: list[str] = []
-    for sock in listening(by_host):
-        pid = owner(sock.inode)
-        if pid is not None and _marked(pid, job_id):
-            continue  # a process of this job: the port is where it belongs
-        if pid is None and sock.uid in job_uids:
-            continue  # this user's and not visible: most likely the job's own (it may have ended)
-        declared = by_host[sock.port]
+class PortWatch:
+    """The listeners on a job's host ports (``ports``: declared -> host), each judged once by its
+    socket: a process of the job, or another one (named where /proc shows it)."""
+
+    def __init__(self, ports: Mapping[int, int], job_id: str, job_uids: Collection[int]) -> None:
+        self.by_host = {host: declared for declared, host in ports.items()}
+        self.job_id = job_id
+        self.job_uids = set(job_uids)
+        self._judged: dict[int, str] = {}  # socket inode -> "" (the job's) or what took the port
+
+    def taken(self, job_pids: Collection[int] = ()) -> list[str]:
+        """One sentence per port on which something that is not the job listens now."""
+        found: list[str] = []
+        for sock in listening(self.by_host):
+            if sock.inode not in self._judged:
+                self._judged[sock.inode] = self._judge(sock, job_pids)
+            if self._judged[sock.inode]:
+                found.append(self._judged[sock.inode])
+        return list(dict.fromkeys(found))
+
+    def _judge(self, sock: Listener, job_pids: Collection[int]) -> str:
+        pid = owner(sock.inode, job_pids)
+        if pid is not None and (pid in job_pids or _marked(pid, self.job_id)):
+            return ""  # a process of this job: the port is where it belongs
+        if pid is None and sock.uid in self.job_uids:
+            return ""  # this user's and not visible: most likely the job's own (it may have ended)
+        declared = self.by_host[sock.port]
         port = f"port {sock.port}" + (f" (declared {declared})" if declared != sock.port else "")
-        who = (
-            f"pid {pid} ({_command(pid)}), uid {sock.uid}"
-            if pid is not None
-            else f"a process of uid {sock.uid}"
-        )
-        found.append(f"{port} was taken by another process after torchjob reserved it for this job: {who}")
-    return list(dict.fromkeys(found))
+        who = f"a process of uid {sock.uid}"
+        if pid is not None:
+            who = f"pid {pid} ({_command(pid)}), uid {sock.uid}"
+        return f"{port} was taken by another process after torchjob reserved it for this job: {who}"
+
+
+def taken_ports(ports: Mapping[int, int], job_id: str, job_uids: Collection[int]) -> list[str]:
+    """For each of the job's host ports on which something that is not the job listens, one
+    sentence naming the port and, when it can be seen, the process."""
+    return PortWatch(ports, job_id, job_uids).taken()

@@ -70,6 +70,8 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
+    from torchjob.engines.local.listeners import PortWatch
+
 IDLE_WAIT = 0.1  # longest sleep of the loop; exits and signals wake it at once
 LOG_EVERY = 0.05  # seconds between reads of the followed log files when they are printed
 TRACK_EVERY = 0.5  # seconds between scans for container descendants
@@ -131,6 +133,7 @@ class Supervisor:
         self.looping: set[Key] = set()  # pods whose crash loop has been told
         self.pid_fd = -1  # supervisor.pid, open while this process supervises (state.JobDir.write_pid)
         self.port_lost: str | None = None  # what took a port of the job, once a container failed
+        self.port_watch: PortWatch | None = None  # the rendezvous port's listeners, while the job runs
 
     # ------------------------------------------------------------------ setup
 
@@ -190,6 +193,7 @@ class Supervisor:
                 self.act(Action.TERMINATE_JOB, None, None, f"the job's deadline of {self.timeout:g}s passed")
             if now - last_track > TRACK_EVERY:
                 self.processes.track()
+                self.watch_rendezvous()
                 last_track = now
             self.poll_pods(now)
             self.fire_delayed(now)
@@ -308,6 +312,29 @@ class Supervisor:
                 f"{last.failures} times in a row (last {code}); it is restarted with a growing "
                 f"back-off, up to {BACKOFF_CAP:g}s, for as long as the job runs{limit}",
                 "31",
+            )
+
+    def watch_rendezvous(self) -> None:
+        """A process outside the job that listens on the job's rendezvous port (MASTER_PORT) ends
+        the job at once, with that as its reason: its ranks would otherwise wait for a master
+        that cannot listen, or join that process's rendezvous (torchrun's c10d backend becomes a
+        client of whatever holds the port) and hang there until a timeout of many minutes."""
+        if not self.factory.rendezvous or self.status.phase.final:
+            return
+        if self.port_watch is None:
+            from torchjob.engines.local.listeners import PortWatch
+
+            uids = {int(uid) for uid in self.factory.uids.split()}
+            self.port_watch = PortWatch(self.factory.rendezvous, self.id, uids)
+        mine = set(self.processes.job_pids)
+        for pod in self.pods.values():
+            mine.update(pod.child_pids())
+        taken = self.port_watch.taken(mine)
+        if taken:
+            self.port_lost = "; ".join(taken)
+            self.fail_job(
+                f"{self.port_lost}; the job's ranks would rendezvous with it, or wait for a master "
+                "that cannot listen"
             )
 
     def check_ports(self) -> None:
