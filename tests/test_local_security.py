@@ -1048,3 +1048,63 @@ def test_a_rendezvous_port_served_by_another_process_ends_the_job_at_once(tmp_pa
     assert f"port {port} (declared 23456) was taken by another process" in out, out
     assert f"pid {other.pid} ({sys.executable} -c" in out, out
     assert "the job's ranks would rendezvous with it" in out
+
+
+SERVER = """
+import os, socket, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(os.environ["MASTER_PORT"])))
+s.listen(8)
+s.settimeout(0.2)
+end = time.monotonic() + 3  # both jobs hold their ports at the same time
+while time.monotonic() < end:  # wait-for-master's probes connect too: answer every connection
+    try:
+        c, _ = s.accept()
+        c.sendall(os.environ["TORCHJOB_JOB_DIR"].encode())
+        c.close()
+    except (TimeoutError, OSError):
+        pass
+"""
+
+CLIENT = """
+import os, socket
+c = socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
+served_by = c.recv(1000).decode()
+assert served_by == os.environ["TORCHJOB_JOB_DIR"], f"served by another job: {served_by}"
+print("served by my own master")
+"""
+
+
+def test_two_jobs_with_registries_of_their_own_do_not_share_a_rendezvous_port(tmp_path: Path) -> None:
+    """As two copies of the test suite (or a user's job and the suite) once did: neither registry
+    sees the other's reservation, and both jobs declare --port=23456."""
+    (tmp_path / "server.py").write_text(SERVER)
+    (tmp_path / "client.py").write_text(CLIENT)
+    job = make_job(
+        "twin",
+        [
+            task("master", [container("m", ["python", str(tmp_path / "server.py")])]),
+            task("worker", [container("w", ["python", str(tmp_path / "client.py")])]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker", "--port=23456", "--wait-master-enabled"]},
+    )
+    from test_local_support import write_job
+
+    job_file = write_job(tmp_path, job)
+    procs = []
+    for copy in ("a", "b"):
+        runtime = tmp_path / f"runtime-{copy}"
+        env = cli_env(tmp_path / copy, TORCHJOB_RUNTIME_DIR=str(runtime))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "torchjob", "run", "--timeout", "60", job_file],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outs = [proc.communicate(timeout=90)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outs
+    assert all("served by my own master" in out for out in outs), outs
