@@ -960,9 +960,11 @@ def test_host_aliases_are_appended_to_the_pods_hosts_file(tmp_path: Path) -> Non
     assert tail == ["# Entries added by HostAliases.", "10.1.2.3\tfoo.local\tbar", "fd00::7\tsix"]
 
 
-def test_host_aliases_that_are_not_names_or_addresses_are_refused(tmp_path: Path) -> None:
+def test_hostnames_and_host_aliases_that_are_not_names_or_addresses_are_refused(tmp_path: Path) -> None:
     spec = {
         "restartPolicy": "Never",
+        "hostname": "w0\n10.0.0.1 github.com",
+        "subdomain": "sub\n",
         "hostAliases": [
             {"ip": "1.2.3.4", "hostnames": ["ok.example", "a\n6.6.6.6 github.com"]},
             {"ip": "x y"},
@@ -978,6 +980,11 @@ def test_host_aliases_that_are_not_names_or_addresses_are_refused(tmp_path: Path
         in (result.stderr)
     )
     assert "spec.tasks[0].template.spec.hostAliases[1].ip: 'x y' is not an IP address" in result.stderr
+    assert "spec.tasks[0].template.spec.hostname: 'w0\\n10.0.0.1 github.com' is not a DNS-1123 label" in (
+        result.stderr
+    )
+    assert "spec.tasks[0].template.spec.subdomain: 'sub\\n' is not a DNS-1123 label" in result.stderr
+    assert result.stdout == ""
 
 
 SQUATTER = """
@@ -1108,3 +1115,30 @@ def test_two_jobs_with_registries_of_their_own_do_not_share_a_rendezvous_port(tm
     outs = [proc.communicate(timeout=90)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outs
     assert all("served by my own master" in out for out in outs), outs
+
+
+WRITE_HOSTS = """
+import os
+try:
+    with open("/etc/hosts", "a") as hosts:
+        hosts.write("10.9.9.9 scribbled\\n")
+    print("written")
+except OSError as err:
+    print("refused:", err.strerror)
+"""
+
+
+def test_pods_forked_from_one_preload_server_cannot_change_their_shared_hosts(tmp_path: Path) -> None:
+    (tmp_path / "write.py").write_text(WRITE_HOSTS)
+    job = make_job(
+        "sec", [task("main", [container("main", ["python", str(tmp_path / "write.py")])], replicas=2)]
+    )
+    result = run(job, tmp_path, timeout=60, preload=("ctypes",))  # a light import; the server needs it
+    assert result.ok, result.reason
+    _names_resolve(result)
+    forked = (result.job_dir / "preload.log").read_text()
+    if forked.count("forked") < 2:
+        pytest.skip(f"the pods were not forked from the preload server: {forked}")
+    for pod in ("main-0", "main-1"):
+        assert log_text(result, pod, "main").strip() == "refused: Read-only file system"
+    assert "scribbled" not in (result.job_dir / "hosts").read_text()

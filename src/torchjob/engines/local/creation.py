@@ -235,7 +235,11 @@ class PodFactory:
         """The main containers to fork from the preloading server (none without --preload)."""
         if self.preloader is None:
             return {}
-        self.preloader.before_exec = self.hosts_mount.enter if self.hosts_mount is not None else None
+        # The fork server's /etc/hosts is the job's file, seen by every pod forked from it: read-only.
+        shared = (
+            None if self.hosts_mount is None else podnames.HostsMount.of(str(self.dir.path / "hosts"), True)
+        )
+        self.preloader.before_exec = shared.enter if shared is not None else None
         return {run.name: self.preloader.fork for run in mains if self.preloader.accepts(run)}
 
     def base_env(
