@@ -230,7 +230,8 @@ class LocalEngine:
         if self.root.exists() and not is_state_root(self.root):
             raise EngineError(
                 f"{self.root} is not a torchjob state directory (torchjob writes {ROOT_MARKER} into "
-                "each one it keeps jobs in); refusing to delete anything there"
+                "each one it keeps jobs in); refusing to delete anything there (if it holds jobs of "
+                f"an older torchjob, create {self.root / ROOT_MARKER})"
             )
         found: dict[str, JobDir] = {}
         problems = []
