@@ -332,6 +332,7 @@ class Supervisor:
         taken = self.port_watch.taken(mine)
         if taken:
             self.port_lost = "; ".join(taken)
+            self.record(self.port_lost)
             self.fail_job(
                 f"{self.port_lost}; the job's ranks would rendezvous with it, or wait for a master "
                 "that cannot listen"
