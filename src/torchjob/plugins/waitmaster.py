@@ -62,9 +62,9 @@ owner() {{
   for table in /proc/net/tcp /proc/net/tcp6; do
     [ -r "$table" ] || continue
     readable=1
-    while read -r _ local _ st _ _ _ uid _; do
+    while read -r sl laddr raddr st queues timer retr uid rest; do
       [ "$st" = 0A ] || continue
-      case $local in *:"$hexport") ;; *) continue ;; esac
+      case $laddr in *:"$hexport") ;; *) continue ;; esac
       case " $uids " in
       *" $uid "*) [ "$state" = 2 ] || state=0 ;;
       *) state=2 foreign=$uid ;;
