@@ -1,9 +1,13 @@
-"""Settings every test shares."""
+"""Settings every test shares.
+
+The tests' jobs use the user's real port registry, as every other torchjob of this user does: a
+registry of the test run alone could not see the ports that another copy of the suite, or the
+user's own jobs, have reserved but not yet bound. Tests of the registry itself point
+TORCHJOB_RUNTIME_DIR at a directory of their own.
+"""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,24 +16,6 @@ import pytest
 
 if TYPE_CHECKING:
     from kubeapi import FakeKubeAPI
-
-
-@pytest.fixture(scope="session", autouse=True)
-def private_port_registry() -> Iterator[None]:
-    """A port registry of this test run alone: jobs of another run (or of the user) that hold the
-    declared ports would otherwise move ours, and a test of what a job start loads sees the
-    taken-port path. Set in os.environ so that every torchjob the tests start inherits it."""
-    old = os.environ.get("TORCHJOB_RUNTIME_DIR")
-    with tempfile.TemporaryDirectory(prefix="torchjob-test-registry-") as root:
-        os.chmod(root, 0o700)
-        os.environ["TORCHJOB_RUNTIME_DIR"] = root
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop("TORCHJOB_RUNTIME_DIR", None)
-            else:
-                os.environ["TORCHJOB_RUNTIME_DIR"] = old
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from test_local_support import container, leftovers, make_job, sh, task, wait_until
+from test_local_support import container, leftovers, log_text, make_job, run, sh, status_of, task, wait_until
 from torchjob.engines.local import RunOptions, check_job, ports, run_job
 from torchjob.engines.local.process import marked_processes
 from torchjob.errors import SpecError
@@ -703,3 +703,442 @@ def test_the_default_state_root_is_tightened_and_a_given_one_left_alone(
     made = new_job_dir(shared, "job")
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
     assert stat.S_IMODE(made.path.stat().st_mode) == 0o700
+
+
+# ------------------------------------------------- what a state directory holds
+
+
+def _project(root: Path) -> dict[Path, str]:
+    """A user's project directory, given by mistake as --state-dir: files named like torchjob's."""
+    files = {
+        root / "cache-a" / "expires": "0\n",  # a TTL long past, were it a job's
+        root / "src" / "status.json": '{"phase": "Completed"}\n',
+        root / "src" / "train.py": "print('the user's code')\n",
+        root / "notes-abcdef" / "status.json": "not json\n",  # the job-id pattern, but no job of ours
+        root / "notes-abcdef" / "expires": "0\n",
+    }
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return files
+
+
+@pytest.mark.parametrize("command", [["status", "cache"], ["status"], ["prune"], ["delete", "--all"]])
+def test_a_state_dir_that_is_a_project_loses_nothing(command: list[str], tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    files = _project(proj)
+    result = torchjob(*command, "--state-dir", str(proj), env=cli_env(tmp_path), cwd=tmp_path)
+    assert all(path.read_text() == text for path, text in files.items()), result
+    if command[0] in ("delete", "prune"):  # the commands that delete refuse such a root outright
+        assert result.returncode == 2, result
+        assert "is not a torchjob state directory" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    else:  # no job at all: "status cache" finds none, "status" lists none
+        assert "cache-a" not in result.stdout and "src" not in result.stdout, result.stdout
+        assert result.returncode == (2 if len(command) > 1 else 0), result
+
+
+def test_in_a_state_dir_of_torchjobs_only_its_own_jobs_are_touched(tmp_path: Path) -> None:
+    """After a run the root is torchjob's; the user's directories in it are still not jobs."""
+    proj = tmp_path / "proj"
+    env = cli_env(tmp_path)
+    (tmp_path / "job.yaml").write_text(JOB_WITH_PORT.replace("ports: [{containerPort: 23999}]", ""))
+    ran = torchjob("run", "-q", "--state-dir", str(proj), "job.yaml", env=env, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    files = _project(proj)
+    listed = torchjob("status", "--state-dir", str(proj), env=env, cwd=tmp_path)
+    assert listed.returncode == 0 and "ported-" in listed.stdout, listed
+    assert "notes" not in listed.stdout and "src" not in listed.stdout
+    deleted = torchjob("delete", "--all", "--state-dir", str(proj), env=env, cwd=tmp_path)
+    assert deleted.returncode == 0, deleted.stderr
+    assert deleted.stdout.count("deleted ") == 1, deleted.stdout
+    assert all(path.read_text() == text for path, text in files.items())
+    assert sorted(p.name for p in proj.iterdir()) == [".torchjob-state", "cache-a", "notes-abcdef", "src"]
+
+
+def test_a_job_dir_of_another_user_or_through_a_symlink_is_not_a_job(tmp_path: Path) -> None:
+    from torchjob.engines.base import JobReport
+    from torchjob.engines.local.state import is_job_dir, new_job_dir
+
+    made = new_job_dir(tmp_path / "jobs", "job")
+    os.close(made.write_pid())
+    made.write_status(JobReport(engine="local", id=made.id, name="job", phase="Running"))
+    assert is_job_dir(made.path)
+    link = tmp_path / "jobs" / "link-abcdef"
+    link.symlink_to(made.path)
+    assert not is_job_dir(link)
+    if ROOT:  # the same directory, owned by someone else, is not this user's job
+        os.chown(made.path, 12345, 12345)
+        assert not is_job_dir(made.path)
+
+
+# ------------------------------------------------------- who the supervisor is
+
+
+def test_a_forged_supervisor_pid_does_not_make_delete_kill_that_process(tmp_path: Path) -> None:
+    """supervisor.pid names a live process of this user with the right start time, but not the
+    job's supervisor: status says nobody supervises the job, delete removes it and kills nothing."""
+    from torchjob.engines.base import JobReport
+    from torchjob.engines.local.state import new_job_dir, start_time
+
+    root = tmp_path / "jobs"
+    made = new_job_dir(root, "forged")
+    os.close(made.write_pid())
+    made.write_status(JobReport(engine="local", id=made.id, name="forged", phase="Running"))
+    bystander = subprocess.Popen(["sleep", "300"])
+    try:
+        forged = {"pid": bystander.pid, "created": start_time(bystander.pid)}
+        (made.path / "supervisor.pid").write_text(json.dumps(forged))
+        env = cli_env(tmp_path)
+        status = torchjob("status", "--state-dir", str(root), made.id, env=env, cwd=tmp_path)
+        assert "Unknown" in status.stdout and "supervisor" in status.stdout, status
+        deleted = torchjob("delete", "--state-dir", str(root), made.id, env=env, cwd=tmp_path)
+        assert deleted.returncode == 0, deleted.stderr
+        assert not made.path.exists()
+        assert bystander.poll() is None, "delete killed a process that was not the job's supervisor"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+# ------------------------------------------------------------- ports of a job
+
+
+def test_a_rendezvous_port_is_random_and_a_container_port_kept(registry_env: Path) -> None:
+    """Another user's job asks for the same declared 23456: a random host port is nobody's guess."""
+    with contextlib.ExitStack() as stack:
+        free = []
+        for _ in range(2):
+            sock = stack.enter_context(__import__("socket").socket())
+            sock.bind(("127.0.0.1", 0))
+            free.append(sock.getsockname()[1])
+    rendezvous, service = free
+    mapping = ports.reserve("job-a", [rendezvous, service], unpredictable=[rendezvous])
+    assert mapping[rendezvous] != rendezvous and mapping[service] == service
+    ports.release("job-a")
+
+
+ATTACKER = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(8)
+open(sys.argv[2], "w").close()
+s.settimeout(12)
+try:
+    s.accept()
+    print("accepted a connection")
+except OSError:
+    print("nobody connected")
+"""
+
+MASTER = """
+import os, socket, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("0.0.0.0", int(os.environ["MASTER_PORT"])))
+except OSError:
+    time.sleep(2)  # time enough for a worker to connect to whoever listens there
+    raise
+s.listen(8)
+c, _ = s.accept()
+c.sendall(b"secret for the worker")
+"""
+
+
+def test_another_users_listener_on_the_master_port_is_neither_served_nor_silent(
+    other_user: pwd.struct_passwd, shared_tmp: Path, tmp_path: Path
+) -> None:
+    """Between the reservation and the master's bind another user listens on MASTER_PORT: the
+    worker's wait-for-master does not connect to it, and the job's reason names the port and the
+    process that took it, not only the master's 'Address already in use'."""
+    python = "/usr/bin/python3"  # one the other user may run (not this venv's, under /root)
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"{python} is needed to listen as the other user")
+    (tmp_path / "master.py").write_text(MASTER)
+    (shared_tmp / "attacker.py").write_text(ATTACKER)
+    (shared_tmp / "attacker.py").chmod(0o644)
+    port_file, go = tmp_path / "port", tmp_path / "go"
+    hold = f"echo $MASTER_PORT > {port_file}; while [ ! -e {go} ]; do sleep 0.05; done; "
+    job = make_job(
+        "stolen",
+        [
+            task("master", [container("m", sh(hold + f"exec python {tmp_path / 'master.py'}"))]),
+            task("worker", [container("w", sh("python -c 'import os; print(os.environ[\"MASTER_PORT\"])'"))]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker", "--wait-master-enabled"]},
+        policies=[{"event": "PodFailed", "action": "AbortJob"}],
+    )
+    from test_local_support import write_job
+
+    job_file = write_job(tmp_path, job)
+    env = cli_env(tmp_path)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", "--timeout", "40", job_file],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    attacker = None
+    try:
+        assert wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 20), "no master"
+        port = int(port_file.read_text())
+        listening = shared_tmp / "listening"
+        attacker = subprocess.Popen(
+            [python, str(shared_tmp / "attacker.py"), str(port), str(listening)],
+            user=other_user.pw_uid,
+            group=other_user.pw_gid,
+            extra_groups=[],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd="/",
+        )
+        assert wait_until(listening.exists, 10), "the other user could not listen"
+        go.touch()
+        out, _ = run.communicate(timeout=60)
+        attacker_out, _ = attacker.communicate(timeout=20)
+    finally:
+        for proc in (run, attacker):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert run.returncode == 1, out
+    assert attacker_out.strip() == "nobody connected", "the worker connected to the other user's listener"
+    assert f"port {port} (declared 23456) was taken by another process" in out, out
+    assert f"pid {attacker.pid} ({python} {shared_tmp / 'attacker.py'}" in out, out
+    assert f"uid {other_user.pw_uid}" in out
+    assert f"port {port} is held by a process of uid {other_user.pw_uid}, not by this job" in out, out
+
+
+# ------------------------------------------------------------- /etc/hosts
+
+
+def _names_resolve(result: Any) -> None:
+    if not status_of(result).get("nameResolution", "").startswith("resolved"):
+        pytest.skip(f"pod names do not resolve here: {status_of(result).get('nameResolution')}")
+
+
+def test_each_pod_has_its_own_hosts_file(tmp_path: Path) -> None:
+    """What one pod writes into its /etc/hosts no other pod of the job sees."""
+    script = (
+        'echo "10.9.9.9 scribbled-by-$TORCHJOB_POD_NAME" >> /etc/hosts; '
+        f"touch {tmp_path}/$TORCHJOB_POD_NAME; "
+        f'while [ "$(ls {tmp_path} | grep -c sec-main)" -lt 2 ]; do sleep 0.02; done; cat /etc/hosts'
+    )
+    job = make_job("sec", [task("main", [container("main", sh(script))], replicas=2)])
+    result = run(job, tmp_path, timeout=30)
+    assert result.ok, result.reason
+    _names_resolve(result)
+    for me, other in (("main-0", "main-1"), ("main-1", "main-0")):
+        text = log_text(result, me, "main")
+        assert f"scribbled-by-sec-{me}" in text and f"scribbled-by-sec-{other}" not in text, text
+    assert "scribbled" not in (result.job_dir / "hosts").read_text()
+    assert "scribbled" not in Path("/etc/hosts").read_text()
+
+
+def test_host_aliases_are_appended_to_the_pods_hosts_file(tmp_path: Path) -> None:
+    aliases = [{"ip": "10.1.2.3", "hostnames": ["foo.local", "bar"]}, {"ip": "fd00::7", "hostnames": ["six"]}]
+    lookup = "import socket; print(socket.gethostbyname('foo.local'), socket.gethostbyname('bar'))"
+    job = make_job(
+        "sec",
+        [
+            task("aliased", [container("main", ["python", "-c", lookup])]),
+            task("plain", [container("main", sh("cat /etc/hosts"))]),
+        ],
+    )
+    job.spec.tasks[0].template.spec["hostAliases"] = aliases
+    result = run(job, tmp_path, timeout=30)
+    assert result.ok, result.reason
+    _names_resolve(result)
+    assert log_text(result, "aliased-0", "main").split() == ["10.1.2.3", "10.1.2.3"]
+    assert "foo.local" not in log_text(result, "plain-0", "main")  # another pod's aliases are its own
+    (pod_dir,) = (result.job_dir / "pods").glob("sec-aliased-0/attempt-0")
+    tail = (pod_dir / "hosts").read_text().splitlines()[-3:]
+    assert tail == ["# Entries added by HostAliases.", "10.1.2.3\tfoo.local\tbar", "fd00::7\tsix"]
+
+
+def test_hostnames_and_host_aliases_that_are_not_names_or_addresses_are_refused(tmp_path: Path) -> None:
+    spec = {
+        "restartPolicy": "Never",
+        "hostname": "w0\n10.0.0.1 github.com",
+        "subdomain": "sub\n",
+        "hostAliases": [
+            {"ip": "1.2.3.4", "hostnames": ["ok.example", "a\n6.6.6.6 github.com"]},
+            {"ip": "x y"},
+        ],
+        "containers": [{"name": "main", "image": "busybox", "command": ["true"]}],
+    }
+    doc = job_doc([{"name": "main", "replicas": 1, "template": {"spec": spec}}])
+    (tmp_path / "job.json").write_text(json.dumps(doc))
+    result = torchjob("validate", "job.json", env=cli_env(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert (
+        "spec.tasks[0].template.spec.hostAliases[0].hostnames[1]: 'a\\n6.6.6.6 github.com' is not a DNS"
+        in (result.stderr)
+    )
+    assert "spec.tasks[0].template.spec.hostAliases[1].ip: 'x y' is not an IP address" in result.stderr
+    assert "spec.tasks[0].template.spec.hostname: 'w0\\n10.0.0.1 github.com' is not a DNS-1123 label" in (
+        result.stderr
+    )
+    assert "spec.tasks[0].template.spec.subdomain: 'sub\\n' is not a DNS-1123 label" in result.stderr
+    assert result.stdout == ""
+
+
+SQUATTER = """
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(8)
+open(sys.argv[2], "w").close()
+time.sleep(60)
+"""
+
+FALLBACK_MASTER = """
+import os, socket, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("0.0.0.0", int(os.environ["MASTER_PORT"])))
+except OSError:  # as torchrun's c10d rendezvous does: be a client of whoever holds the port
+    socket.create_connection(("127.0.0.1", int(os.environ["MASTER_PORT"])))
+    time.sleep(120)  # and wait there for a world that never forms
+"""
+
+
+def test_a_rendezvous_port_served_by_another_process_ends_the_job_at_once(tmp_path: Path) -> None:
+    """Another process of this very user (another copy of the test suite, say) listens on the job's
+    rendezvous port: the job's ranks, all Running, would wait there for minutes. The job ends in
+    seconds instead, naming the port and the process."""
+    (tmp_path / "master.py").write_text(FALLBACK_MASTER)
+    port_file, go = tmp_path / "port", tmp_path / "go"
+    hold = f"echo $MASTER_PORT > {port_file}; while [ ! -e {go} ]; do sleep 0.05; done; "
+    job = make_job(
+        "hijacked",
+        [
+            task("master", [container("m", sh(hold + f"exec python {tmp_path / 'master.py'}"))]),
+            task("worker", [container("w", ["sleep", "120"])]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker"]},
+    )
+    from test_local_support import write_job
+
+    env = cli_env(tmp_path)
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", "--timeout", "100", write_job(tmp_path, job)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    other = None
+    try:
+        assert wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 20), "no master"
+        port = int(port_file.read_text())
+        other = subprocess.Popen(
+            [sys.executable, "-c", SQUATTER, str(port), str(tmp_path / "listening")], stdout=subprocess.PIPE
+        )
+        assert wait_until((tmp_path / "listening").exists, 10)
+        go.touch()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        for each in (proc, other):
+            if each is not None and each.poll() is None:
+                each.kill()
+                each.wait()
+    assert time.monotonic() - started < 40, out
+    assert proc.returncode == 1, out
+    assert f"port {port} (declared 23456) was taken by another process" in out, out
+    assert f"pid {other.pid} ({sys.executable} -c" in out, out
+    assert "the job's ranks would rendezvous with it" in out
+
+
+SERVER = """
+import os, socket, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(os.environ["MASTER_PORT"])))
+s.listen(8)
+s.settimeout(0.2)
+end = time.monotonic() + 3  # both jobs hold their ports at the same time
+while time.monotonic() < end:  # wait-for-master's probes connect too: answer every connection
+    try:
+        c, _ = s.accept()
+        c.sendall(os.environ["TORCHJOB_JOB_DIR"].encode())
+        c.close()
+    except (TimeoutError, OSError):
+        pass
+"""
+
+CLIENT = """
+import os, socket
+c = socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
+served_by = c.recv(1000).decode()
+assert served_by == os.environ["TORCHJOB_JOB_DIR"], f"served by another job: {served_by}"
+print("served by my own master")
+"""
+
+
+def test_two_jobs_with_registries_of_their_own_do_not_share_a_rendezvous_port(tmp_path: Path) -> None:
+    """As two copies of the test suite (or a user's job and the suite) once did: neither registry
+    sees the other's reservation, and both jobs declare --port=23456."""
+    (tmp_path / "server.py").write_text(SERVER)
+    (tmp_path / "client.py").write_text(CLIENT)
+    job = make_job(
+        "twin",
+        [
+            task("master", [container("m", ["python", str(tmp_path / "server.py")])]),
+            task("worker", [container("w", ["python", str(tmp_path / "client.py")])]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker", "--port=23456", "--wait-master-enabled"]},
+    )
+    from test_local_support import write_job
+
+    job_file = write_job(tmp_path, job)
+    procs = []
+    for copy in ("a", "b"):
+        runtime = tmp_path / f"runtime-{copy}"
+        env = cli_env(tmp_path / copy, TORCHJOB_RUNTIME_DIR=str(runtime))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "torchjob", "run", "--timeout", "60", job_file],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outs = [proc.communicate(timeout=90)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outs
+    assert all("served by my own master" in out for out in outs), outs
+
+
+WRITE_HOSTS = """
+import os
+try:
+    with open("/etc/hosts", "a") as hosts:
+        hosts.write("10.9.9.9 scribbled\\n")
+    print("written")
+except OSError as err:
+    print("refused:", err.strerror)
+"""
+
+
+def test_pods_forked_from_one_preload_server_cannot_change_their_shared_hosts(tmp_path: Path) -> None:
+    (tmp_path / "write.py").write_text(WRITE_HOSTS)
+    job = make_job(
+        "sec", [task("main", [container("main", ["python", str(tmp_path / "write.py")])], replicas=2)]
+    )
+    result = run(job, tmp_path, timeout=60, preload=("ctypes",))  # a light import; the server needs it
+    assert result.ok, result.reason
+    _names_resolve(result)
+    forked = (result.job_dir / "preload.log").read_text()
+    if forked.count("forked") < 2:
+        pytest.skip(f"the pods were not forked from the preload server: {forked}")
+    for pod in ("main-0", "main-1"):
+        assert log_text(result, pod, "main").strip() == "refused: Read-only file system"
+    assert "scribbled" not in (result.job_dir / "hosts").read_text()

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from torchjob.plugins import waitmaster
-from torchjob.plugins.waitmaster import INTERVAL_ENV, wait_for_master_script
+from torchjob.plugins.waitmaster import INTERVAL_ENV, UIDS_ENV, wait_for_master_script
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -162,6 +162,9 @@ def make_shell(kind: str, root: Path) -> Shell:
     if kind == "dash-openbsd-nc":  # Debian-like: dash as sh, OpenBSD nc with -z
         tools = {"nc": _openbsd_nc(), **_system("dash", "sleep", "date", "timeout")}
         return Shell(tools["dash"], _toolbox(root / "dash-nc", tools), "nc")
+    if kind == "dash-bash":  # dash runs the script, bash's /dev/tcp probes
+        tools = _system("dash", "bash", "sleep", "date", "timeout")
+        return Shell(tools["dash"], _toolbox(root / "dash-bash", tools), "bash")
     if kind == "dash-bare":  # no nc, no bash: nothing can probe
         tools = _system("dash", "sleep", "date", "timeout")
         return Shell(tools["dash"], _toolbox(root / "dash", tools), "none")
@@ -198,10 +201,12 @@ def _group_members(pgid: int) -> list[psutil.Process]:
     return members
 
 
-def run_script(shell: Shell, script: str, interval: str = FAST, limit: float = RUN_LIMIT) -> Run:
+def run_script(
+    shell: Shell, script: str, interval: str = FAST, limit: float = RUN_LIMIT, **extra: str
+) -> Run:
     """Run ``sh -c SCRIPT`` as an init container would; fail if it outlives ``limit`` or leaves
     processes behind (the local engine runs these scripts too)."""
-    env = {"PATH": str(shell.path), INTERVAL_ENV: interval}
+    env = {"PATH": str(shell.path), INTERVAL_ENV: interval, **extra}
     start = time.monotonic()
     proc = subprocess.Popen(
         [shell.sh, "-c", script],
@@ -295,6 +300,47 @@ def test_open_port_succeeds(shell: Shell, open_port: int) -> None:
     assert run.code == 0, run.stderr
     assert f"(probe: {shell.method})" in run.stdout
     assert f"127.0.0.1:{open_port} is ready" in run.stdout
+
+
+OWNERSHIP = ["busybox", "bash", "dash-bash", "dash-openbsd-nc"]  # each shell parses /proc/net/tcp
+
+
+@pytest.mark.parametrize("kind", OWNERSHIP)
+def test_a_listener_of_the_jobs_own_uid_is_the_master(kind: str, tmp_path: Path, open_port: int) -> None:
+    shell = make_shell(kind, tmp_path)
+    env = {UIDS_ENV: f"4242 {os.getuid()}"}
+    run = run_script(shell, wait_for_master_script("127.0.0.1", open_port, 10), **env)
+    assert run.code == 0, run.stderr
+    assert f"127.0.0.1:{open_port} is ready" in run.stdout
+
+
+@pytest.mark.parametrize("kind", OWNERSHIP)
+def test_a_listener_of_another_uid_is_not_the_master(kind: str, tmp_path: Path, open_port: int) -> None:
+    """The engine names the job's uids; this test's own listener is then "someone else's"."""
+    shell = make_shell(kind, tmp_path)
+    env = {UIDS_ENV: "4242"}
+    run = run_script(shell, wait_for_master_script("127.0.0.1", open_port, 1), **env)
+    assert run.code == 1, run.stdout
+    assert f"port {open_port} is held by a process of uid {os.getuid()}, not by this job" in run.stderr
+    assert "is ready" not in run.stdout
+
+
+@pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6])
+def test_another_uid_listening_beside_the_master_is_refused(
+    family: socket.AddressFamily, tmp_path: Path, open_port: int
+) -> None:
+    """Were the job's master listening too (uid 4242 here), another uid's socket on the port
+    still means the connection may reach it: not the master's alone."""
+    shell = make_shell("dash-bash", tmp_path)
+    with socket.socket(family) as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            other.bind(("::1" if family == socket.AF_INET6 else "127.0.0.2", open_port))
+        except OSError as err:
+            pytest.skip(f"cannot listen beside the first socket here: {err}")
+        other.listen(1)
+        run = run_script(shell, wait_for_master_script("127.0.0.1", open_port, 1), **{UIDS_ENV: "4242"})
+    assert run.code == 1 and "not by this job" in run.stderr, run
 
 
 def test_closed_port_times_out_with_a_clear_message(shell: Shell, closed_port: int) -> None:

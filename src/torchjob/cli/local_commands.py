@@ -631,7 +631,7 @@ def run_delete(args: argparse.Namespace) -> int:
         raise SpecError([Problem("", message, "<command line>")])
     engine = _engine(args)
     refs = [r.id for r in engine.list_jobs()] if args.all else list(args.jobs)
-    for job_id in engine.delete(refs) if refs else []:
+    for job_id in engine.delete(refs):  # also with none: a root that is not torchjob's is refused
         print(f"deleted {job_id}")
     return EXIT_OK
 
@@ -658,7 +658,7 @@ def run_prune(args: argparse.Namespace) -> int:
     finished = [r for r in engine.list_jobs() if r.terminal]
     if age is not None:
         finished = [r for r in finished if now - (r.finished_at or r.started_at or now) > age]
-    for job_id in engine.delete([r.id for r in finished]) if finished else []:
+    for job_id in engine.delete([r.id for r in finished]):  # [] still checks the root
         print(f"deleted {job_id}")
     if not finished:
         print("no finished jobs to remove")

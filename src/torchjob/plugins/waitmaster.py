@@ -18,6 +18,7 @@ import re
 import shlex
 
 INTERVAL_ENV = "TORCHJOB_WAIT_INTERVAL"
+UIDS_ENV = "TORCHJOB_JOB_UIDS"  # set by the local engine: the uids whose listener may be the master
 DEFAULT_INTERVAL = 0.5
 PROBE_LIMIT = 2  # seconds one probe may take before it is killed
 REPORT_EVERY = 5  # seconds between "not ready yet" lines
@@ -49,6 +50,30 @@ fi
 for tool in sleep date; do
   command -v "$tool" >/dev/null 2>&1 || fail "cannot wait for $host:$port: the image has no '$tool' command"
 done
+
+# Where the engine names the job's uids (the local engine: every job shares this machine's ports),
+# a listener on the port counts only if it is one of the job's: another user who listens there
+# first is not the master. /proc/net/tcp and tcp6 give each listening socket's uid (field 8).
+uids="${{{uids_env}:-}}"
+hexport={hexport}
+owner() {{
+  [ -n "$uids" ] || return 0
+  state=1 readable=
+  for table in /proc/net/tcp /proc/net/tcp6; do
+    [ -r "$table" ] || continue
+    readable=1
+    while read -r sl laddr raddr st queues timer retr uid rest; do
+      [ "$st" = 0A ] || continue
+      case $laddr in *:"$hexport") ;; *) continue ;; esac
+      case " $uids " in
+      *" $uid "*) [ "$state" = 2 ] || state=0 ;;
+      *) state=2 foreign=$uid ;;
+      esac
+    done <"$table"
+  done
+  [ -n "$readable" ] || return 0  # no /proc to read (not Linux, or hidden): cannot tell
+  return "$state"
+}}
 
 # Run "$@" for at most $limit seconds. `timeout` does it where it works (some old busybox builds
 # want `timeout -t N`, so try it once); otherwise a background watchdog kills the probe.
@@ -88,17 +113,33 @@ probe() {{
   esac
 }}
 
+ready() {{
+  owner
+  owned=$?
+  [ "$owned" = 0 ] && probe
+}}
+
 say "waiting up to ${{timeout}}s for $host:$port to accept TCP connections (probe: $method)"
 start=$(date +%s)
 next_report=$start
-until probe; do
+until ready; do
   now=$(date +%s)
   # Whole seconds only: giving up once more than $timeout have passed waits at least $timeout.
   if [ "$timeout" -eq 0 ] || [ $((now - start)) -gt "$timeout" ]; then
+    [ "$owned" != 2 ] || fail "timed out: port $port is held by a process of uid $foreign," \
+      "not by this job (uids $uids), so it is not the master; the master cannot listen there either"
     fail "timed out: nothing accepted a TCP connection on $host:$port within ${{timeout}}s (probe: $method)"
   fi
+  if [ "$owned" = 2 ] && [ -z "${{told:-}}" ]; then
+    next_report=$now told=1  # said at once, the first time
+  fi
   if [ "$now" -ge "$next_report" ]; then
-    say "$host:$port not ready yet ($((now - start))s of ${{timeout}}s)"
+    if [ "$owned" = 2 ]; then
+      say "port $port is held by a process of uid $foreign, not by this job (uids $uids):" \
+        "not the master, not connecting ($((now - start))s of ${{timeout}}s)"
+    else
+      say "$host:$port not ready yet ($((now - start))s of ${{timeout}}s)"
+    fi
     next_report=$((now + {report_every}))
   fi
   # A sleep without fractions (or a bad interval) still polls every second.
@@ -127,8 +168,10 @@ def wait_for_master_script(host: str, port: int, timeout: int, interval: float =
     """The init container script that waits until ``host:port`` accepts a TCP connection.
 
     It gives up with exit code 1 once more than ``timeout`` seconds have passed (``0``: after one
-    probe). It polls every ``interval`` seconds unless the environment variable
-    ``TORCHJOB_WAIT_INTERVAL`` says otherwise (the local engine sets it lower).
+    probe). Where ``TORCHJOB_JOB_UIDS`` is set (the local engine sets it) and /proc can be read,
+    only a listener owned by one of those uids counts: it does not connect to anyone else's. It
+    polls every ``interval`` seconds unless the environment variable ``TORCHJOB_WAIT_INTERVAL``
+    says otherwise (the local engine sets it lower).
     """
     if not valid_host(host):
         raise ValueError(f"host must be a DNS name or an IP address, got {host!r}")
@@ -144,6 +187,8 @@ def wait_for_master_script(host: str, port: int, timeout: int, interval: float =
         port=port,
         timeout=timeout,
         interval_env=INTERVAL_ENV,
+        uids_env=UIDS_ENV,
+        hexport=f"{port:04X}",  # as /proc/net/tcp writes a local port
         interval=f"{interval:.2f}".rstrip("0").rstrip("."),  # digits and a dot only
         limit=PROBE_LIMIT,
         report_every=REPORT_EVERY,

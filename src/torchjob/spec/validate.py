@@ -311,6 +311,35 @@ def _validate_task_name(job: Job, i: int, check_length: bool, seen: dict[str, st
     return []
 
 
+def _validate_host_aliases(aliases: object, path: str) -> Issues:
+    """Kubernetes' rules: each ``ip`` an IP address, each hostname a DNS-1123 subdomain (lines of
+    the pod's hosts file are made of them: no space or newline may slip in)."""
+    if not isinstance(aliases, list) or not aliases:
+        return []
+    import ipaddress  # here: only a template with hostAliases needs it
+
+    issues: Issues = []
+    for i, alias in enumerate(aliases):
+        if not isinstance(alias, dict):
+            continue  # the schema says what it should be
+        ip = alias.get("ip")
+        if isinstance(ip, str):
+            try:
+                ipaddress.ip_address(ip)
+            except ValueError:
+                issues.append((f"{path}[{i}].ip", f"{ip!r} is not an IP address"))
+        hostnames = alias.get("hostnames")
+        for j, name in enumerate(hostnames if isinstance(hostnames, list) else []):
+            if isinstance(name, str) and not names.is_dns1123_subdomain(name):
+                issues.append(
+                    (
+                        f"{path}[{i}].hostnames[{j}]",
+                        f"{name!r} is not a DNS-1123 subdomain: lower-case letters, digits, '-' and '.'",
+                    )
+                )
+    return issues
+
+
 def _validate_template(template: dict[str, object], path: str) -> Issues:
     issues: Issues = []
     meta = template.get("metadata")
@@ -331,6 +360,7 @@ def _validate_template(template: dict[str, object], path: str) -> Issues:
         value = spec.get(key)
         if isinstance(value, str) and value and not names.is_dns1123_label(value):
             issues.append((f"{path}.spec.{key}", names.label_problem(value)))
+    issues += _validate_host_aliases(spec.get("hostAliases"), f"{path}.spec.hostAliases")
     issues += _validate_volume_names(spec, path)
     container_names: dict[str, str] = {}
     for key in ("initContainers", "containers"):

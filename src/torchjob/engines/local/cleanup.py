@@ -10,6 +10,7 @@ final status and summary. Every wait in it is bounded.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 from torchjob.display import summary
@@ -204,6 +205,10 @@ def shutdown(sup: Supervisor) -> None:
     finally:
         if sup.processes.watchdog is not None:  # it died while the above was done
             sup.processes.watchdog.reap()
+        if sup.pid_fd >= 0:  # this process supervises the job no more (an SDK caller goes on)
+            with contextlib.suppress(OSError):
+                os.close(sup.pid_fd)
+            sup.pid_fd = -1
 
 
 def _stop_pods(sup: Supervisor) -> None:

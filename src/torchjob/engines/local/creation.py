@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
 VOLCANO_MOUNT = "/etc/volcano"  # where Volcano's svc plugin mounts its host files
+UIDS_ENV = "TORCHJOB_JOB_UIDS"  # plugins.waitmaster.UIDS_ENV, not imported: a job start need not load it
 
 Key = tuple[str, int]
 
@@ -63,29 +64,40 @@ class PodFactory:
 
             self.preloader = Preloader(preload_modules, job_dir.path)
         self.ports: dict[int, int] = {}  # declared port -> host port
+        self.rendezvous: dict[int, int] = {}  # the same, for the plugins' ports (MASTER_PORT) alone
         self.addressing: LocalAddressing | None = None
         self.expansions: dict[tuple[int, int], DesiredState] = {}
         self.attempts: dict[Key, int] = {}
         self.rank_of: dict[Key, str | None] = {}
         self.volcano_env: dict[str, str] = {}  # where the /etc/volcano files are here, when mounted
         self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
+        self.hosts_text = ""  # the job's hosts file; each pod attempt gets a copy (pod_hosts)
         self.name_resolution = "addresses only"
         self.gpu_env: dict[Key, gpus.PodEnv] = {}  # CUDA_VISIBLE_DEVICES shares, kept across restarts
         # The local queue's grant (admission.Ticket.gpu_env): the GPUs this job was given; None:
         # the machine's whole inventory, shared out among the job's pods only (run --no-queue).
         self.gpu_shares: Callable[[dict[Key, Any]], dict[Key, gpus.PodEnv]] | None = None
         self.pod_specs: dict[Key, Any] = {}
+        self.uids = job_uids(job)  # whose listener wait-for-master may take for the master
 
     def prepare(self, note: Callable[[str], None]) -> DesiredState:
         """Reserve the ports, decide name resolution, write the ConfigMaps; once, before any pod."""
         probe = self.start_names_probe()  # runs in a child while the ports are reserved
         try:
-            self.ports = port_registry.reserve(self.dir.id, port_registry.declared_ports(self.job))
+            declared = port_registry.declared_ports(self.job)
+            hidden = port_registry.rendezvous_ports(self.job)  # a random host port: nobody else's guess
+            self.ports = port_registry.reserve(self.dir.id, declared, hidden)
+            self.rendezvous = {port: self.ports[port] for port in hidden}
             python = _python()  # not resolved: a venv's python is a symlink
             self.dir.write_shims(python, {prewarm.RANK_SHIM: prewarm.guard_shim(python)})
         finally:
             names_resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
+        if not names_resolve and any(t.template.spec.get("hostAliases") for t in self.job.spec.tasks):
+            note(
+                "hostAliases have no effect: pods have no /etc/hosts of their own here "
+                f"({self.name_resolution})"
+            )
         state = self.expansion(0, 0)
         self.dir.write_configmaps(configmaps_of(state))
         self.pod_specs = {(p.task.name, p.index): p.manifest["spec"] for p in state.pods}
@@ -127,7 +139,8 @@ class PodFactory:
         except OSError:
             machine = ""
         entries = LocalAddressing(self.job).hosts_entries(self.job)  # addresses only: no ports
-        write_atomic(hosts, podnames.hosts_text(machine, entries))
+        self.hosts_text = podnames.hosts_text(machine, entries)
+        write_atomic(hosts, self.hosts_text)
         if security.other_users([t.template.spec for t in self.job.spec.tasks]):
             hosts.chmod(0o644)  # read as /etc/hosts by pods that run as another user; nothing secret
         mount = podnames.HostsMount.of(str(hosts))
@@ -196,10 +209,14 @@ class PodFactory:
         try:
             make_empty_dirs(ctx)
             inits, mains = resolve_pod(ctx)
-            forkers = self.forkers(mains)  # before the hosts hook: a container's own hook rules it out
-            if self.hosts_mount is not None:  # the job's /etc/hosts, so that pod names resolve
+            aliases = plan.manifest["spec"].get("hostAliases")
+            # Before the hosts hook: a container's own hook rules it out. A fork server's children
+            # share its /etc/hosts, the job's: a pod with hostAliases of its own is not forked.
+            forkers = {} if aliases else self.forkers(mains)
+            if self.hosts_mount is not None:  # the pod's own /etc/hosts, so that pod names resolve
+                mount = self.pod_hosts(pod_dir, aliases)
                 for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
-                    run.before_exec = security.then(self.hosts_mount.enter, run.before_exec)
+                    run.before_exec = security.then(mount.enter, run.before_exec)
         except (ResolveError, OSError) as err:
             make_private_dirs(log_dir)
             write_atomic(log_dir / "torchjob.log", f"torchjob: cannot run pod {plan.name}: {err}\n")
@@ -223,11 +240,26 @@ class PodFactory:
         pod.rank = self.rank_of.get(key)
         return pod
 
+    def pod_hosts(self, pod_dir: Path, aliases: object) -> podnames.HostsMount:
+        """The pod attempt's own hosts file (the job's, then its hostAliases) and how to mount it:
+        no pod sees what another writes into its /etc/hosts."""
+        assert self.hosts_mount is not None
+        make_private_dirs(pod_dir)
+        path = pod_dir / "hosts"
+        write_atomic(path, podnames.with_aliases(self.hosts_text, aliases))
+        if security.other_users([t.template.spec for t in self.job.spec.tasks]):
+            path.chmod(0o644)  # as the job's: read by pods that run as another user
+        return podnames.HostsMount.of(str(path))
+
     def forkers(self, mains: list[ContainerRun]) -> dict[str, Callable[[ContainerRun, Path], Forked | None]]:
         """The main containers to fork from the preloading server (none without --preload)."""
         if self.preloader is None:
             return {}
-        self.preloader.before_exec = self.hosts_mount.enter if self.hosts_mount is not None else None
+        # The fork server's /etc/hosts is the job's file, seen by every pod forked from it: read-only.
+        shared = (
+            None if self.hosts_mount is None else podnames.HostsMount.of(str(self.dir.path / "hosts"), True)
+        )
+        self.preloader.before_exec = shared.enter if shared is not None else None
         return {run.name: self.preloader.fork for run in mains if self.preloader.accepts(run)}
 
     def base_env(
@@ -248,6 +280,7 @@ class PodFactory:
             # torchrun starts its ranks with this interpreter: the guard (warmstart.py) that tells
             # an abort in the interpreter's teardown after the program finished from a crash.
             "PYTHON_EXEC": str(self.dir.bin / prewarm.RANK_SHIM),
+            UIDS_ENV: self.uids,
             **self.volcano_env,
         }
         for declared, host in self.ports.items():
@@ -267,6 +300,21 @@ def _capacity_gpus() -> gpus.Inventory | None:
     from torchjob.engines.local.admission import gpu_override
 
     return gpu_override()
+
+
+def job_uids(job: Job) -> str:
+    """The uids the job's processes run as (torchjob's own, then every runAsUser applied), as
+    ``TORCHJOB_JOB_UIDS`` gives them: on a machine whose ports every user shares, a listener of
+    another uid on the master's port is not the job's master (see plugins/waitmaster.py)."""
+    uids = [os.geteuid()]
+    for task in job.spec.tasks:
+        spec = task.template.spec
+        for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+            if isinstance(container, dict):
+                uid = security.identity(spec, container).uid
+                if uid is not None:
+                    uids.append(uid)
+    return " ".join(str(uid) for uid in dict.fromkeys(uids))
 
 
 def _uuid4() -> str:

@@ -24,7 +24,14 @@ from torchjob.engines.base import (
     QueueListing,
     StartOptions,
 )
-from torchjob.engines.local.state import JobDir, collect_expired, list_jobs, state_root
+from torchjob.engines.local.state import (
+    ROOT_MARKER,
+    JobDir,
+    collect_expired,
+    is_state_root,
+    list_jobs,
+    state_root,
+)
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -242,7 +249,14 @@ class LocalEngine:
 
     def delete(self, refs: list[str]) -> list[str]:
         """Every ref must name a job (exact id, exact name, or an id prefix of 4 characters or
-        more) before any job is touched: a mistyped second ref deletes nothing."""
+        more) before any job is touched: a mistyped second ref deletes nothing. A root torchjob
+        did not mark as its own (a project directory given as --state-dir) is refused outright."""
+        if self.root.exists() and not is_state_root(self.root):
+            raise EngineError(
+                f"{self.root} is not a torchjob state directory (torchjob writes {ROOT_MARKER} into "
+                "each one it keeps jobs in); refusing to delete anything there (if it holds jobs of "
+                f"an older torchjob, create {self.root / ROOT_MARKER})"
+            )
         found: dict[str, JobDir] = {}
         problems = []
         for ref in refs:

@@ -1,8 +1,10 @@
-"""Pod names that resolve locally: every container process sees the job's own ``/etc/hosts``.
+"""Pod names that resolve locally: every container process sees its pod's own ``/etc/hosts``.
 
 On a cluster ``<hostname>.<subdomain>`` is a DNS name. Here each container process is started in
-a mount namespace of its own (Linux), where ``/etc/hosts`` is a bind mount of the job's hosts file:
-the machine's ``/etc/hosts`` followed by one line per pod. Without root the mount namespace comes
+a mount namespace of its own (Linux), where ``/etc/hosts`` is a bind mount of its pod's hosts file:
+the machine's ``/etc/hosts``, one line per pod of the job, then the pod's ``hostAliases``. Each pod
+attempt has a file of its own, as each pod on a cluster has, so what one pod writes there no other
+pod sees. Without root the mount namespace comes
 with a user namespace that maps the user's uid and gid to themselves, so ids, file access and
 signals stay as they were. Namespaces and mounts belong to the processes and vanish with them.
 
@@ -35,6 +37,10 @@ _MS_BIND = 0x1000
 _MS_REC = 0x4000
 _MS_PRIVATE = 0x40000
 _PR_SET_DUMPABLE = 4
+_MS_RDONLY = 0x1
+_MS_REMOUNT = 0x20
+# statvfs's f_flag bit -> the mount flag that keeps it (most have the same value; relatime not)
+_KEPT_FLAGS = ((0x2, 0x2), (0x4, 0x4), (0x8, 0x8), (0x400, 0x400), (0x800, 0x800), (0x1000, 0x200000))
 
 
 def hosts_text(machine: str, entries: Iterable[tuple[str, Sequence[str]]]) -> str:
@@ -48,6 +54,21 @@ def hosts_text(machine: str, entries: Iterable[tuple[str, Sequence[str]]]) -> st
         if fresh:
             lines.append(" ".join([address, *fresh]))
     return "\n".join(lines) + "\n"
+
+
+def with_aliases(text: str, aliases: object) -> str:
+    """A pod's hosts file: the job's, then its ``hostAliases`` as the kubelet appends them (validated
+    before: IP addresses and DNS names only, so no entry can add a line of its own)."""
+    lines = []
+    for alias in aliases if isinstance(aliases, list) else []:
+        if not isinstance(alias, dict) or not isinstance(alias.get("ip"), str):
+            continue
+        hostnames = [n for n in alias.get("hostnames") or [] if isinstance(n, str)]
+        if hostnames:
+            lines.append("\t".join([alias["ip"], *hostnames]))
+    if not lines:
+        return text
+    return text + "\n# Entries added by HostAliases.\n" + "\n".join(lines) + "\n"
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -70,15 +91,17 @@ class HostsMount:
     uid_map: bytes
     gid_map: bytes
     root: bool
+    read_only: int = 0  # mount flags to remount the bind mount read-only with; 0: left writable
 
     @classmethod
-    def of(cls, source: str) -> HostsMount:
+    def of(cls, source: str, read_only: bool = False) -> HostsMount:
         uid, gid = os.geteuid(), os.getegid()
         return cls(
             os.fsencode(os.path.abspath(source)),
             f"{uid} {uid} 1".encode(),
             f"{gid} {gid} 1".encode(),
             uid == 0,
+            _read_only_flags(source) if read_only else 0,
         )
 
     def enter(self) -> None:
@@ -104,6 +127,23 @@ class HostsMount:
             _raise("mount --make-rprivate /")
         if libc.mount(self.source, ETC_HOSTS.encode(), None, _MS_BIND, None) != 0:
             _raise("mount --bind /etc/hosts")
+        if self.read_only:  # a view several pods share: none of them may change it for the others
+            # A failure leaves it writable, as a pod's own view is; the job still runs.
+            libc.mount(None, ETC_HOSTS.encode(), None, self.read_only, None)
+
+
+def _read_only_flags(source: str) -> int:
+    """``MS_REMOUNT | MS_BIND | MS_RDONLY`` plus the flags of the file system holding ``source``:
+    inside a user namespace a remount must keep them (nosuid, nodev, ... are locked)."""
+    try:
+        have = os.statvfs(source).f_flag
+    except OSError:
+        have = 0
+    flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
+    for st_flag, ms_flag in _KEPT_FLAGS:
+        if have & st_flag:
+            flags |= ms_flag
+    return flags
 
 
 _LIBC = _libc()

@@ -1,11 +1,14 @@
 """Host ports for a job's declared ports, reserved so that concurrent local jobs never share one.
 
 On a cluster a port belongs to a pod; here every pod shares the host, so each declared port (the
-pytorch plugin's ``--port``, every ``containerPort``) gets a host port: the declared one when it is
-free, else another free one. Reservations live in a per-user registry guarded by ``flock``, so
-two jobs starting at the same moment cannot pick the same port; an entry whose supervisor died
-is ignored. New ports are picked below the kernel's ephemeral range, where outgoing connections
-do not take them.
+pytorch plugin's ``--port``, every ``containerPort``) gets a host port. A plugin's rendezvous port
+(``MASTER_PORT``) always gets a random free one: the declared 23456 is what every other job on the
+machine asks for too, and a port nobody can predict is one nobody takes between its reservation
+and the master's ``bind`` by accident (or on purpose: wait-for-master also checks the listener's
+uid). A ``containerPort`` keeps its declared number when it is free, else gets another free one.
+Reservations live in a per-user registry guarded by ``flock``, so two jobs starting at the same
+moment cannot pick the same port; an entry whose supervisor died is ignored. New ports are picked
+below the kernel's ephemeral range, where outgoing connections do not take them.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from torchjob.engines.local.state import process_alive, start_time
@@ -33,9 +36,14 @@ _FALLBACK_RANGE = (20000, 32767)
 LOCK_TIMEOUT = 10.0
 
 
+def rendezvous_ports(job: Job) -> list[int]:
+    """The plugins' ports (the pytorch plugin's ``--port``): the job's own, never reached from outside."""
+    return [port for plugin in build_plugins(job) for port in plugin.ports(job)]
+
+
 def declared_ports(job: Job) -> list[int]:
     """The ports the job's pods use, in a stable order: the plugins' ports, then container ports."""
-    ports: list[int] = [port for plugin in build_plugins(job) for port in plugin.ports(job)]
+    ports: list[int] = rendezvous_ports(job)
     for task in job.spec.tasks:
         for container in [*task.template.init_containers, *task.template.containers]:
             for entry in container.ports:
@@ -252,8 +260,9 @@ def _me() -> dict[str, Any]:
     return {"pid": os.getpid(), "created": start_time(os.getpid())}
 
 
-def reserve(job_id: str, ports: list[int]) -> dict[int, int]:
-    """Map each declared port to a host port that is free and not reserved by a live job."""
+def reserve(job_id: str, ports: list[int], unpredictable: Collection[int] = ()) -> dict[int, int]:
+    """Map each declared port to a host port that is free and not reserved by a live job; those in
+    ``unpredictable`` to a random one, never their declared number."""
     mapping: dict[int, int] = {}
     if not ports:
         return mapping
@@ -264,7 +273,8 @@ def reserve(job_id: str, ports: list[int]) -> dict[int, int]:
         taken = {int(k) for k in data}
         low, high = _pick_range()
         for port in ports:
-            chosen = port if port not in taken and port_is_free(port) else None
+            keep = port not in unpredictable and port not in taken
+            chosen = port if keep and port_is_free(port) else None
             tries = 0
             while chosen is None:
                 # os.urandom rather than the random module, whose import a job start would pay

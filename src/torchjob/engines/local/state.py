@@ -1,14 +1,15 @@
 """The job directory: everything a local job leaves on disk, and how commands find it again.
 
 Layout of ``<root>/<job-id>/`` (root: ``RunOptions.state_dir``, else ``$TORCHJOB_HOME/jobs``, else
-``~/.torchjob/jobs``)::
+``~/.torchjob/jobs``; torchjob marks any other root it uses with ``<root>/.torchjob-state``)::
 
     job.yaml                         the job as submitted (a Volcano Job)
     pods.yaml                        the pods and objects as expanded with local addressing
     status.json                      phase, reason, ports, pods; rewritten on every change
     supervisor.pid                   pid of the process running the job
     supervisor.log                   the supervisor's own output when run with --detach
-    hosts                            the containers' /etc/hosts: the machine's, then a line per pod
+    hosts                            the job's hosts file: the machine's, then a line per pod
+    pods/<pod>/attempt-<n>/hosts     that pod's /etc/hosts: the job's, then its hostAliases
     bin/                             python/python3 shims, first on every container's PATH
     volumes/<configmap>/<key>        ConfigMap volumes, e.g. the svc plugin's host files
     pods/<pod>/attempt-<n>/volumes/  emptyDir volumes of one pod attempt
@@ -16,6 +17,10 @@ Layout of ``<root>/<job-id>/`` (root: ``RunOptions.state_dir``, else ``$TORCHJOB
 
 The root and every directory below it are 0700, every file 0600, whatever the umask: the job's
 env (``--env`` tokens) and output are its owner's alone.
+
+A root may be any directory the user names (``--state-dir``), so only what torchjob made counts as
+a job (:func:`is_job_dir`: the ``<name>-<6 hex>`` pattern, this user's, a ``status.json`` of its
+own), and nothing is removed from a root without torchjob's marker (:func:`is_state_root`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
+import stat
 import sys
 from pathlib import Path
 
@@ -210,9 +217,14 @@ class JobDir:
             return False  # no TTL (or a damaged file): kept until deleted
         return at <= now and not self.supervisor_alive()
 
-    def write_pid(self) -> None:
+    def write_pid(self) -> int:
+        """Name this process as the job's supervisor; a descriptor of the pid file that it keeps open
+        as long as it supervises (closed by its caller at the end): what shows that the pid written
+        there is really this job's supervisor, not any live process the file may come to name."""
         pid = os.getpid()
-        write_atomic(self.path / "supervisor.pid", json.dumps({"pid": pid, "created": start_time(pid)}))
+        path = self.path / "supervisor.pid"
+        write_atomic(path, json.dumps({"pid": pid, "created": start_time(pid)}))
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
     def supervisor(self) -> tuple[int, float | None] | None:
         try:
@@ -222,8 +234,11 @@ class JobDir:
             return None
 
     def supervisor_alive(self) -> bool:
+        """Whether the process supervisor.pid names runs and is this job's supervisor: started then,
+        this user's, and holding this very pid file open (see write_pid). A pid file that names an
+        unrelated process (forged, or copied from another job) names no supervisor."""
         found = self.supervisor()
-        return found is not None and process_alive(*found)
+        return found is not None and process_alive(*found) and _holds(found[0], self.path / "supervisor.pid")
 
     def write_shims(self, python: str, extra: dict[str, str] | None = None) -> None:
         """``python`` and ``python3`` on PATH run torchjob's interpreter, also inside shell scripts;
@@ -254,6 +269,27 @@ class JobDir:
         return path
 
 
+def _holds(pid: int, path: Path) -> bool:
+    """Whether ``pid`` is this user's and has ``path`` open (Linux; elsewhere this cannot be told)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    try:
+        wanted = os.stat(path)
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return False
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            info = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile, or a socket of another namespace
+        if info.st_ino == wanted.st_ino and info.st_dev == wanted.st_dev:
+            return True
+    return False
+
+
 @functools.lru_cache(maxsize=64)
 def _real(path: Path) -> Path:
     """``path`` resolved, once per job directory: it is private to this user and stays put."""
@@ -263,6 +299,8 @@ def _real(path: Path) -> Path:
 def new_job_dir(root: Path, job_name: str) -> JobDir:
     """A fresh, uniquely named directory ``<job-name>-<6 hex>``, 0700 as is the root."""
     make_private_dirs(root)
+    if root != state_root():  # the default root is torchjob's own, marked or not
+        mark_root(root)
     info = root.stat()
     if root == state_root() and info.st_uid == os.getuid() and info.st_mode & 0o077:
         # torchjob's own default root, made looser by an earlier torchjob; a --state-dir that
@@ -279,19 +317,71 @@ def new_job_dir(root: Path, job_name: str) -> JobDir:
     raise OSError(f"cannot create a job directory in {root}")
 
 
+ROOT_MARKER = ".torchjob-state"  # written into every root torchjob keeps jobs in
+_MARKER_TEXT = "torchjob state directory: job directories live here; do not put other files in it\n"
+# <job name (a DNS-1123 label)>-<6 hex digits>: the only names new_job_dir gives
+_JOB_ID = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?-[0-9a-f]{6}")
+
+
+def mark_root(root: Path) -> None:
+    """Say in ``root`` that torchjob keeps jobs there; an existing marker is left as it is."""
+    try:
+        fd = os.open(root / ROOT_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+    except FileExistsError:
+        return
+    try:
+        os.write(fd, _MARKER_TEXT.encode())
+    finally:
+        os.close(fd)
+
+
+def is_state_root(root: Path) -> bool:
+    """Whether torchjob may remove jobs from ``root``: its default root, or one holding its marker
+    (a regular file of this user's)."""
+    if root == state_root():
+        return True
+    try:
+        info = os.lstat(root / ROOT_MARKER)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid()
+
+
+def _own(path: Path, kind: int) -> bool:
+    """``path`` is, without following a symlink, of this ``kind`` (S_IFDIR, S_IFREG) and this user's."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_IFMT(info.st_mode) == kind and info.st_uid == os.getuid()
+
+
+def is_job_dir(path: Path) -> bool:
+    """Whether ``path`` is a job directory torchjob made: named ``<name>-<6 hex>``, a real directory of
+    this user's holding the two files every job's supervisor writes first (``supervisor.pid``, then
+    ``status.json``), both regular files of this user's. A user's own directory that happens to
+    hold a ``status.json`` or an ``expires`` is not a job: never listed, never removed."""
+    return (
+        _JOB_ID.fullmatch(path.name) is not None
+        and _own(path, stat.S_IFDIR)
+        and _own(path / "supervisor.pid", stat.S_IFREG)
+        and _own(path / "status.json", stat.S_IFREG)
+    )
+
+
 def collect_expired(root: Path, now: float) -> list[str]:
     """Remove the finished jobs whose ttlSecondsAfterFinished has passed, as Volcano's garbage
     collector deletes them from a cluster; their ids. A job's supervisor writes when that is
     (``expires``) once its processes are gone, and a job is removed only once the supervisor is
-    gone too."""
+    gone too. Nothing is removed from a root without torchjob's marker, nor anything but a job."""
     import shutil
 
-    if not root.is_dir():
+    if not root.is_dir() or not is_state_root(root):
         return []
     removed = []
     for path in root.iterdir():
         where = JobDir(path)
-        if where.expired(now):
+        if is_job_dir(path) and _own(where.expiry_file, stat.S_IFREG) and where.expired(now):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(where.id)
     return removed
@@ -301,5 +391,5 @@ def list_jobs(root: Path) -> list[JobDir]:
     """Job directories, oldest first."""
     if not root.is_dir():
         return []
-    dirs = [JobDir(p) for p in root.iterdir() if p.is_dir() and (p / "status.json").exists()]
+    dirs = [JobDir(p) for p in root.iterdir() if is_job_dir(p)]
     return sorted(dirs, key=lambda d: (d.status_file.stat().st_mtime if d.status_file.exists() else 0, d.id))

@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from torchjob.engines.local.admission import Plan, Ticket
+    from torchjob.engines.local.listeners import PortWatch
 
 IDLE_WAIT = 0.1  # longest sleep of the loop; exits and signals wake it at once
 LOG_EVERY = 0.05  # seconds between reads of the followed log files when they are printed
@@ -79,6 +80,7 @@ TRACK_EVERY = 0.5  # seconds between scans for container descendants
 CRASH_LOOP_AFTER = 3  # consecutive quick failures of a container after which its crash loop is told
 
 Key = tuple[str, int]
+_BAD_PHASES = ("Restarting", "Aborting", "Aborted", "Terminating", "Terminated", "Failed")
 
 
 def _last_output(pod: LocalPod) -> float:
@@ -157,6 +159,9 @@ class Supervisor:
         self.hang_notice = hang_notice  # seconds of silence from every pod before one notice; 0: never
         self.silence_checked = 0.0  # monotonic time of the last look at the pods' logs
         self.silence_told = False  # said for this silence; output from any pod re-arms it
+        self.pid_fd = -1  # supervisor.pid, open while this process supervises (state.JobDir.write_pid)
+        self.port_lost: str | None = None  # what took a port of the job, once a container failed
+        self.port_watch: PortWatch | None = None  # the rendezvous port's listeners, while the job runs
 
     # ------------------------------------------------------------------ setup
 
@@ -236,7 +241,7 @@ class Supervisor:
     def run(self, on_started: Callable[[], None] | None = None) -> None:
         """Run the job to its end; ``on_started`` is called once its pods have been started."""
         try:
-            self.dir.write_pid()
+            self.pid_fd = self.dir.write_pid()  # held open while this process supervises the job
             self.write_status(must=True)  # before any pod: a job whose status cannot be written never starts
             if not self.admit(on_started):
                 return
@@ -286,6 +291,7 @@ class Supervisor:
                 self.act(Action.TERMINATE_JOB, None, None, f"the job's deadline of {self.timeout:g}s passed")
             if now - last_track > TRACK_EVERY:
                 self.processes.track()
+                self.watch_rendezvous()
                 last_track = now
             self.poll_pods(now)
             self.grow(now)
@@ -371,6 +377,8 @@ class Supervisor:
             if pod.phase in (SUCCEEDED, FAILED):
                 self.close_logs(pod)
             self.explain_failure(key, pod)
+            if pod.exit_code not in (None, 0):  # before the policy ends the job: its reason tells
+                self.check_ports()
             if old is not None and old[1] != current[1]:
                 self.on_restart(key, pod)
             change = PodChange(
@@ -446,6 +454,43 @@ class Supervisor:
                 "31",
             )
 
+    def watch_rendezvous(self) -> None:
+        """A process outside the job that listens on the job's rendezvous port (MASTER_PORT) ends
+        the job at once, with that as its reason: its ranks would otherwise wait for a master
+        that cannot listen, or join that process's rendezvous (torchrun's c10d backend becomes a
+        client of whatever holds the port) and hang there until a timeout of many minutes."""
+        if not self.factory.rendezvous or self.status.phase.final:
+            return
+        if self.port_watch is None:
+            from torchjob.engines.local.listeners import PortWatch
+
+            uids = {int(uid) for uid in self.factory.uids.split()}
+            self.port_watch = PortWatch(self.factory.rendezvous, self.id, uids)
+        mine = set(self.processes.job_pids)
+        for pod in self.pods.values():
+            mine.update(pod.child_pids())
+        taken = self.port_watch.taken(mine)
+        if taken:
+            self.port_lost = "; ".join(taken)
+            self.record(self.port_lost)
+            self.fail_job(
+                f"{self.port_lost}; the job's ranks would rendezvous with it, or wait for a master "
+                "that cannot listen"
+            )
+
+    def check_ports(self) -> None:
+        """Once, at the job's first failed container: did a process outside the job take one of its
+        ports after the reservation? Then say so (the port, the process): the failure is most
+        likely that (the master's ``Address already in use``), not the program's own error."""
+        if self.port_lost is not None or not self.factory.ports:
+            return
+        from torchjob.engines.local.listeners import taken_ports
+
+        uids = {int(uid) for uid in self.factory.uids.split()}
+        self.port_lost = "; ".join(taken_ports(self.factory.ports, self.id, uids))
+        if self.port_lost:
+            self.record(self.port_lost)
+
     def fail_job(self, reason: str) -> None:
         """End the job as Failed for a reason of torchjob's own (no Volcano policy says so)."""
         if self.status.phase.final:
@@ -496,6 +541,18 @@ class Supervisor:
     def apply(self, decision: Decision, cause: str = "", depth: int = 0) -> None:
         old = self.status
         self.status = decision.status
+        if (
+            self.port_lost
+            and self.status.phase.value in _BAD_PHASES
+            and self.port_lost not in self.status.reason
+        ):
+            # Whatever the policy made of the failure, a taken port is the likelier cause: say it.
+            self.status = JobStatus(
+                self.status.phase,
+                self.status.retry_count,
+                self.status.version,
+                f"{self.status.reason}; {self.port_lost}".lstrip("; "),
+            )
         now = time.monotonic()
         if decision.kill is not None:
             selected = [self.pods[(s.task, s.index)] for s in self.pod_statuses() if decision.kill.selects(s)]

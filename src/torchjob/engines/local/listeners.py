@@ -1,0 +1,125 @@
+"""Who listens on a port: read from Linux's /proc/net/tcp and tcp6, for telling a job's failure
+caused by a port another process took after torchjob reserved it apart from a program's own error.
+
+Every local job shares the machine's ports with every other process, another user's too; torchjob
+reserves a port for a job, but nothing stops a process outside the job from listening there
+before the job's master does. When a pod fails, the supervisor asks here once whether that is
+what happened, and names the port and, where /proc lets it see, the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Collection, Mapping
+
+from torchjob.engines.local import procfs
+from torchjob.records import record
+
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's "st" column
+_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+
+
+@record(frozen=True)
+class Listener:
+    port: int
+    uid: int
+    inode: int
+
+
+def listening(ports: Collection[int]) -> list[Listener]:
+    """The listening TCP sockets (IPv4 and IPv6) on any of ``ports``; [] where /proc cannot tell."""
+    found: list[Listener] = []
+    needles = [f":{port:04X} ".encode() for port in ports]  # as a local (or remote) address ends
+    for table in _TABLES:
+        try:
+            data = procfs.read(table)
+        except OSError:
+            continue
+        if not any(needle in data for needle in needles):
+            continue  # the common case, read often while a job runs: nothing to parse
+        for line in data.decode(errors="replace").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) < 10 or fields[3] != _LISTEN:
+                continue
+            with contextlib.suppress(ValueError):
+                port = int(fields[1].rpartition(":")[2], 16)
+                if port in ports:
+                    found.append(Listener(port, int(fields[7]), int(fields[9])))
+    return found
+
+
+def owner(inode: int, first: Collection[int] = ()) -> int | None:
+    """The pid of a process holding socket ``inode`` open, if one this process may look into does;
+    the pids ``first`` (the job's own) are looked at before the whole process table."""
+    link = f"socket:[{inode}]"
+    rest = (int(name) for name in os.listdir("/proc") if name.isdigit())
+    for pid in (*first, *rest):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # gone, or another user's
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == link:
+                    return pid
+    return None
+
+
+def _marked(pid: int, job_id: str) -> bool:
+    from torchjob.engines.local.process import MARKER
+
+    try:
+        environ = procfs.read(f"/proc/{pid}/environ")
+    except OSError:
+        return False
+    return f"{MARKER}={job_id}".encode() in environ.split(b"\0")
+
+
+def _command(pid: int) -> str:
+    try:
+        argv = procfs.read(f"/proc/{pid}/cmdline").split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(" ".join(a.decode(errors="replace").split()) for a in argv if a)  # one line
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class PortWatch:
+    """The listeners on a job's host ports (``ports``: declared -> host), each judged once by its
+    socket: a process of the job, or another one (named where /proc shows it)."""
+
+    def __init__(self, ports: Mapping[int, int], job_id: str, job_uids: Collection[int]) -> None:
+        self.by_host = {host: declared for declared, host in ports.items()}
+        self.job_id = job_id
+        self.job_uids = set(job_uids)
+        self._judged: dict[int, str] = {}  # socket inode -> "" (the job's) or what took the port
+
+    def taken(self, job_pids: Collection[int] = ()) -> list[str]:
+        """One sentence per port on which something that is not the job listens now."""
+        found: list[str] = []
+        for sock in listening(self.by_host):
+            if sock.inode not in self._judged:
+                self._judged[sock.inode] = self._judge(sock, job_pids)
+            if self._judged[sock.inode]:
+                found.append(self._judged[sock.inode])
+        return list(dict.fromkeys(found))
+
+    def _judge(self, sock: Listener, job_pids: Collection[int]) -> str:
+        pid = owner(sock.inode, job_pids)
+        if pid is not None and (pid in job_pids or _marked(pid, self.job_id)):
+            return ""  # a process of this job: the port is where it belongs
+        if pid is None and sock.uid in self.job_uids:
+            return ""  # this user's and not visible: most likely the job's own (it may have ended)
+        declared = self.by_host[sock.port]
+        port = f"port {sock.port}" + (f" (declared {declared})" if declared != sock.port else "")
+        who = f"a process of uid {sock.uid}"
+        if pid is not None:
+            who = f"pid {pid} ({_command(pid)}), uid {sock.uid}"
+        return f"{port} was taken by another process after torchjob reserved it for this job: {who}"
+
+
+def taken_ports(ports: Mapping[int, int], job_id: str, job_uids: Collection[int]) -> list[str]:
+    """For each of the job's host ports on which something that is not the job listens, one
+    sentence naming the port and, when it can be seen, the process."""
+    return PortWatch(ports, job_id, job_uids).taken()
