@@ -81,9 +81,7 @@ def config_text(directory: Path, host: str, ctld_port: int, d_port: int, cpus: i
         "SlurmdUser=root",
         "ReturnToService=2",
         "SlurmdParameters=config_overrides",
-        "KillWait=3",
-        "SlurmctldDebug=debug2",
-        "DebugFlags=Backfill",  # seconds between SIGTERM and SIGKILL on cancel and time limit
+        "KillWait=3",  # seconds between SIGTERM and SIGKILL on cancel and time limit
         "InactiveLimit=0",
         "MessageTimeout=20",
         "JobCompType=jobcomp/filetxt",
