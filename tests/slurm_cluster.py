@@ -105,19 +105,30 @@ class SlurmCluster:
         self.partition = PARTITION
         self.pids: dict[str, int] = {}
 
-    def start(self) -> SlurmCluster:
+    def start(self, attempts: int = 3) -> SlurmCluster:
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
         for sub in ("spool", "state"):
             (self.dir / sub).mkdir(mode=0o700, exist_ok=True)
         self._start_munge()
-        ctld_port, d_port = free_port(), free_port()
-        text = config_text(self.dir, self.host, ctld_port, d_port, self.cpus, self.memory)
-        self.conf.write_text(text)
-        self.conf.chmod(0o644)
-        self._daemon("slurmctld", [_which("slurmctld"), "-f", str(self.conf)], self.dir / "ctld.pid")
-        self._daemon("slurmd", [_which("slurmd"), "-f", str(self.conf)], self.dir / "d.pid")
-        self.wait_idle(START_TIMEOUT)
+        for attempt in range(attempts):
+            # Free ports are picked, then bound by the daemons: another run may take one between.
+            ctld_port, d_port = free_port(), free_port()
+            text = config_text(self.dir, self.host, ctld_port, d_port, self.cpus, self.memory)
+            self.conf.write_text(text)
+            self.conf.chmod(0o644)
+            try:
+                self._daemon("slurmctld", [_which("slurmctld"), "-f", str(self.conf)], self.dir / "ctld.pid")
+                self._daemon("slurmd", [_which("slurmd"), "-f", str(self.conf)], self.dir / "d.pid")
+                self.wait_idle(START_TIMEOUT)
+                return self
+            except RuntimeError:
+                for name in ("slurmd", "slurmctld"):
+                    pid = self.pids.pop(name, None)
+                    if pid is not None:
+                        _stop_pid(pid)
+                if attempt == attempts - 1:
+                    raise
         return self
 
     def _start_munge(self) -> None:
@@ -138,6 +149,7 @@ class SlurmCluster:
 
     def _daemon(self, name: str, argv: list[str], pid_file: Path) -> None:
         """Start a daemon that forks into the background and wait (bounded) for its pid file."""
+        pid_file.unlink(missing_ok=True)  # a pid file left by an earlier attempt is not this one's
         done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{name} did not start: {(done.stderr or done.stdout).strip()}")
@@ -170,6 +182,9 @@ class SlurmCluster:
         state = ""
         resumed = False
         while time.monotonic() < deadline:
+            for name in ("slurmctld", "slurmd"):
+                if name in self.pids and not alive(self.pids[name]):
+                    raise RuntimeError(f"{name} exited; its log: {self._log_tail(name)}")
             state = self.run("sinfo", "-h", "-o", "%t", timeout=10).stdout.strip()
             if state == "idle":
                 return

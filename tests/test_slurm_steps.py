@@ -161,6 +161,8 @@ def test_a_refused_sbatch_is_one_line_with_slurms_reason(slurm: SlurmCluster, tm
     assert "\n" not in message
     assert message == "sbatch failed: Batch job submission failed: Invalid partition name specified"
     assert slurm.jobs() == []
+    assert steps.show_job("999999", slurm.env) is None  # a job the controller does not know
+    assert steps.queue("999999", slurm.env) == []
 
 
 def test_no_sbatch_on_path_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -210,3 +212,31 @@ def test_a_time_limit_reached_reports_timeout(slurm: SlurmCluster, tmp_path: Pat
     state = wait_state(slurm, job_id, {"TIMEOUT", "COMPLETED", "FAILED", "CANCELLED"}, timeout=200)
     assert state.state == "TIMEOUT"
     assert state.reason == "TimeLimit"
+
+
+def test_two_private_clusters_do_not_meet_and_stop_leaves_nothing(tmp_path: Path) -> None:
+    import slurm_cluster
+
+    reason = slurm_cluster.why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    clusters = [SlurmCluster(tmp_path / name) for name in ("a", "b")]
+    try:
+        for cluster in clusters:
+            cluster.start()
+        a, b = clusters
+        job_a = submit(make_plan(tmp_path / "a", a), a)
+        wait_state(a, job_a, {"RUNNING"})
+        assert a.jobs() == [job_a]
+        assert b.jobs() == []  # b's controller knows nothing of a's job
+        step = start_step(a, job_a, "pod-0", "import time; time.sleep(300)", tmp_path / "a.log")
+        assert step.find_step_id() is not None
+        pids = [pid for cluster in clusters for pid in cluster.pids.values()]
+        assert len(pids) == 6 and all(alive(pid) for pid in pids)
+        assert a.step_daemons()
+    finally:
+        for cluster in clusters:
+            cluster.stop()
+    assert not any(alive(pid) for pid in pids)
+    assert a.step_daemons() == [] and b.step_daemons() == []
+    assert step.wait(30) is not None

@@ -155,9 +155,19 @@ def show_job(job_id: str, env: Mapping[str, str] | None = None) -> list[JobState
     return states
 
 
+def _forgotten_is_empty(argv: list[str], env: Mapping[str, str] | None) -> str:
+    """squeue's output; nothing for a job slurmctld no longer knows (it refuses the id)."""
+    try:
+        return run(argv, env)
+    except SlurmError as err:
+        if "Invalid job id" in str(err):
+            return ""
+        raise
+
+
 def queue(job_id: str, env: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
     """``squeue`` for one job: (job id, state, reason) per component; empty once it left the queue."""
-    out = run(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%r"], env)
+    out = _forgotten_is_empty(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%r"], env)
     rows = []
     for line in out.splitlines():
         parts = line.strip().split("|")
@@ -168,7 +178,7 @@ def queue(job_id: str, env: Mapping[str, str] | None = None) -> list[tuple[str, 
 
 def steps(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The job's running steps: step id (``12.3``) -> step name (batch and extern included)."""
-    out = run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], env)
+    out = _forgotten_is_empty(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], env)
     found = {}
     for line in out.splitlines():
         step, _, name = line.strip().partition("|")
