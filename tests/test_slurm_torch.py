@@ -146,3 +146,60 @@ def test_a_steps_arguments_reach_the_program_unchanged(slurm: SlurmCluster, tmp_
     assert step.wait(60) == 0
     assert (tmp_path / "echo.log").read_text() == evil
     assert not (tmp_path / "MARK").exists()
+
+
+# What the controller will do on the batch host, reduced to starting every pod and waiting.
+LAUNCHER = """
+import os, sys
+from pathlib import Path
+from torchjob.engines.slurm import steps
+from torchjob.engines.slurm.plan import launches, place, plan_job
+from torchjob.engines.slurm.settings import SlurmSettings
+from torchjob.jobs import load_jobs_from_text
+
+job_dir = Path(sys.argv[1])
+job = load_jobs_from_text((job_dir / "job.yaml").read_text())[0].job
+plan = plan_job(job, SlurmSettings(), str(job_dir), ["true"])
+layout = steps.layout_from_env(os.environ, steps.hostnames)
+running = []
+for pod in launches(plan, place(plan, layout)):
+    resources = plan.components[pod.placement.component].resources
+    running.append(steps.Step.start(os.environ["SLURM_JOB_ID"], pod.pod, pod.argv, host=pod.placement.host,
+                                    resources=resources, env={**os.environ, **pod.env},
+                                    log=job_dir / (pod.pod + ".log"), working_dir=str(job_dir)))
+codes = [step.wait(120) for step in running]
+print("codes", codes, flush=True)
+sys.exit(max(99 if code is None else code for code in codes))
+"""
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_pods_started_from_the_batch_host(slurm: SlurmCluster, tmp_path: Path, fail: bool) -> None:
+    pytest.importorskip("torch")
+    marker = uuid.uuid4().hex
+    text = job_yaml(free_port(), marker, 1)
+    if fail:  # before joining, rank 1 ends with 3 and the master with 0
+        exits = "import json, os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)"
+        text = text.replace("import json, os, sys", exits)
+    (tmp_path / "job.yaml").write_text(text)
+    job = load_jobs_from_text(text)[0].job
+    assert job is not None
+    plan = plan_job(job, SlurmSettings(), str(tmp_path), [sys.executable, "-c", LAUNCHER, str(tmp_path)])
+    script = tmp_path / "batch.sh"
+    script.write_text(plan.script)
+    job_id = steps.submit(plan.sbatch_args, script, slurm.env)
+    state = wait_state(slurm, job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=150)
+    output = (tmp_path / f"slurm-{job_id}.out").read_text()
+    if fail:
+        assert (state.state, state.exit_code) == ("FAILED", 3), output
+        assert "codes [0, 3]" in output
+    else:
+        assert (state.state, state.exit_code) == ("COMPLETED", 0), output
+        results = [
+            json.loads((tmp_path / f"allreduce-{pod}.log").read_text().splitlines()[-1])
+            for pod in ("master-0", "worker-0")
+        ]
+        assert {r["sum"] for r in results} == {3.0}
+        assert {r["master"] for r in results} == {slurm.host}
+    assert "codes" in output
+    assert processes_with(marker) == []
