@@ -31,6 +31,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from slurm_cluster import SlurmCluster
+    from torchjob.engines.slurm.plan import SlurmPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -63,7 +68,7 @@ def job_yaml(ranks: int, port: int, marks: Path) -> str:
     return str(yaml.safe_dump(doc))
 
 
-def load_plan(job_dir: Path, controller: list[str]):  # type: ignore[no-untyped-def]
+def load_plan(job_dir: Path, controller: list[str]) -> SlurmPlan:
     from torchjob.engines.slurm.plan import plan_job
     from torchjob.engines.slurm.settings import SlurmSettings
     from torchjob.jobs import load_jobs_from_text
@@ -116,7 +121,7 @@ def bare_script(ranks: int, port: int) -> str:
     )
 
 
-def one_run(cluster, mode: str, ranks: int, base: Path) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def one_run(cluster: SlurmCluster, mode: str, ranks: int, base: Path) -> dict[str, float]:
     from slurm_cluster import free_port
     from torchjob.engines.slurm import steps
 
