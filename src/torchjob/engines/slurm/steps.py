@@ -6,8 +6,8 @@ partition name specified``), or a client that did not answer in time.
 
 A pod attempt is one ``srun`` process on the controller's host: ``srun --jobid=J --nodelist=NODE
 --ntasks=1 --exact ...`` creates a step of one task on the pod's node inside the allocation,
-sized like the pod (``--exact``: a step gets only what it asks for, so the pods of one node run
-side by side). ``srun`` relays the step's output and exits with its exit code, so polling the
+sized like the pod (``--exact``: a step gets only what it asks for, not every CPU the allocation
+has on that node). ``srun`` relays the step's output and exits with its exit code, so polling the
 process is polling the step. Terminating asks Slurm to signal the step (``scancel --signal=TERM
 J.S``), and after the grace period kills it (``scancel J.S``), then the ``srun`` itself.
 """
