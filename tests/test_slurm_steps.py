@@ -53,7 +53,7 @@ def submit(plan: SlurmPlan, cluster: SlurmCluster) -> str:
     return steps.submit(plan.sbatch_args, script, cluster.env)
 
 
-def wait_state(cluster: SlurmCluster, job_id: str, wanted: set[str], timeout: float = 30) -> steps.JobState:
+def wait_state(cluster: SlurmCluster, job_id: str, wanted: set[str], timeout: float = 60) -> steps.JobState:
     deadline = time.monotonic() + timeout
     state = None
     while time.monotonic() < deadline:
@@ -76,6 +76,14 @@ def start_step(cluster: SlurmCluster, job_id: str, name: str, code: str, log: Pa
         env=cluster.env,
         log=log,
     )
+
+
+def no_process_left(marker: str, timeout: float = 15) -> list[int]:
+    """The processes with ``marker`` on their command line still alive after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return processes_with(marker)
 
 
 def processes_with(marker: str) -> list[int]:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from slurm_cluster import SlurmCluster, free_port
-from test_slurm_steps import processes_with, wait_state
+from test_slurm_steps import no_process_left, wait_state
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.plan import launches, place, plan_job
 from torchjob.engines.slurm.settings import SlurmSettings
@@ -87,6 +87,7 @@ def test_a_gloo_all_reduce_across_steps_of_one_allocation(
     deadline = time.monotonic() + 30
     while not env_file.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert env_file.exists(), (job_dir / f"slurm-{job_id}.out").read_text()
     allocation = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
     layout = steps.layout_from_env(allocation, lambda nodes: steps.hostnames(nodes, slurm.env))
     assert layout == {0: [(slurm.host, 1 + workers)]}
@@ -121,7 +122,7 @@ def test_a_gloo_all_reduce_across_steps_of_one_allocation(
     assert len({r["own_port"] for r in results}) == world
     steps.cancel(job_id, slurm.env)
     wait_state(slurm, job_id, {"CANCELLED"})
-    assert processes_with(marker) == []
+    assert no_process_left(marker) == []
 
 
 def test_a_steps_arguments_reach_the_program_unchanged(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -202,4 +203,4 @@ def test_pods_started_from_the_batch_host(slurm: SlurmCluster, tmp_path: Path, f
         assert {r["sum"] for r in results} == {3.0}
         assert {r["master"] for r in results} == {slurm.host}
     assert "codes" in output
-    assert processes_with(marker) == []
+    assert no_process_left(marker) == []
