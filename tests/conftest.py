@@ -16,6 +16,7 @@ import pytest
 
 if TYPE_CHECKING:
     from kubeapi import FakeKubeAPI
+    from slurm_cluster import SlurmCluster
 
 
 @pytest.fixture
@@ -32,3 +33,19 @@ def api() -> Iterator[FakeKubeAPI]:
 def kubeconfig(api: FakeKubeAPI, tmp_path: Path) -> str:
     """A kubeconfig file whose current context is ``api``."""
     return str(api.kubeconfig(tmp_path / "kubeconfig"))
+
+
+@pytest.fixture
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A private Slurm cluster (tests/slurm_cluster.py), stopped by pid after the test; skips
+    where Slurm is not installed or the tests do not run as root."""
+    import slurm_cluster
+
+    reason = slurm_cluster.why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    cluster = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()

@@ -186,7 +186,7 @@ def test_validate_and_render_take_a_script_and_j_refuses_a_job_file(tmp_path: Pa
     (tmp_path / "job.yaml").write_text(ONE_POD.format(script="train.py", args="[]"))
     proc = _cli(tmp_path, "validate", "train.py", "job.yaml")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("train.py: job train: valid; 1 pods"), proc.stdout
+    assert proc.stdout.startswith("train.py: job train: valid; 1 pod ("), proc.stdout
     proc = _cli(tmp_path, "render", "-o", "json", "train.py", "--steps", "20")
     assert proc.returncode == 0, proc.stderr
     pods = [i for i in json.loads(proc.stdout)["items"] if i["kind"] == "Pod"]

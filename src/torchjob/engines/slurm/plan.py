@@ -1,0 +1,525 @@
+"""A job as a Slurm plan: one allocation, its components, and each pod as a job step (pure).
+
+``plan_job`` decides what is known before submission: the components of the allocation (tasks
+whose pods need the same resources share one; tasks that differ become heterogeneous
+components), the ``sbatch`` arguments and the batch script, and which component each pod's step
+runs in. Which node a pod lands on is Slurm's choice, known once the allocation runs:
+``place`` takes each component's nodes (``SLURM_JOB_NODELIST_HET_GROUP_<k>`` and
+``SLURM_TASKS_PER_NODE_HET_GROUP_<k>``, or the same without the suffix) and gives each pod its
+node and its slot on that node; ``launches`` then expands the job with those addresses into each
+pod's argv and environment, as Volcano's plugins set it.
+
+Nothing a user wrote reaches a shell unquoted: ``sbatch`` and ``srun`` are run with argument
+lists, and the batch script quotes every value with ``shlex.quote``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+
+from torchjob.engines.slurm.settings import SlurmSettings
+from torchjob.expand import DesiredState, expand
+from torchjob.plugins import build_plugins
+from torchjob.records import field, record
+from torchjob.spec.model import Job, Task, pod_name
+from torchjob.spec.units import parse_quantity
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+GPU = "nvidia.com/gpu"
+MIB = 2.0**20
+Key = tuple[str, int]  # (task name, index)
+
+
+class PlanError(Exception):
+    """What cannot be planned, as (field path, message)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
+
+
+@record(frozen=True)
+class Resources:
+    """What one pod of a task asks Slurm for, per Slurm task."""
+
+    cpus: int = 1
+    memory_mib: int | None = None
+    gpus: int = 0
+    image: str | None = None  # the pod's image, when pyxis runs it
+
+    def step_args(self) -> list[str]:
+        """Per-task options, the same for the allocation's component and for a pod's step."""
+        args = [f"--cpus-per-task={self.cpus}"]
+        if self.memory_mib is not None:
+            # Per CPU, not --mem: --mem is per node, and a node may hold several pods of the job.
+            args.append(f"--mem-per-cpu={math.ceil(self.memory_mib / self.cpus)}M")
+        if self.gpus:
+            args.append(f"--gpus-per-task={self.gpus}")
+        return args
+
+
+@record
+class Component:
+    """One component of the allocation: ``ntasks`` Slurm tasks, one per pod of its tasks."""
+
+    index: int
+    tasks: list[str]
+    ntasks: int
+    resources: Resources
+
+    def sbatch_args(self) -> list[str]:
+        return [f"--ntasks={self.ntasks}", *self.resources.step_args()]
+
+
+@record(frozen=True)
+class PodSlot:
+    """Where a pod runs, as far as known before submission."""
+
+    task: str
+    index: int
+    name: str
+    component: int
+    ordinal: int  # its number among the component's Slurm tasks (which node it gets)
+
+
+@record(frozen=True)
+class Placement:
+    """Where a pod runs once the allocation is known: its node and its slot on that node."""
+
+    component: int
+    host: str
+    slot: int  # 0, 1, ... among the job's pods on this host; the master pod has 0
+    port_offset: int
+
+
+@record
+class PodLaunch:
+    """One container of a pod as a step: what to run, with which environment, on which node."""
+
+    pod: str
+    task: str
+    index: int
+    container: str
+    init: bool
+    argv: list[str]
+    env: dict[str, str]
+    working_dir: str | None
+    placement: Placement
+
+
+@record
+class SlurmPlan:
+    job: Job
+    settings: SlurmSettings
+    job_dir: str
+    components: list[Component]
+    pods: list[PodSlot]
+    ports: list[int]  # the ports the job declares for its pods
+    master: Key | None  # the pod of rank 0, whose node is MASTER_ADDR
+    sbatch_args: list[str] = field(default_factory=list)  # without "sbatch" and the script
+    script: str = ""
+
+    @property
+    def heterogeneous(self) -> bool:
+        return len(self.components) > 1
+
+    def sbatch_argv(self, script_path: str, sbatch: str = "sbatch") -> list[str]:
+        return [sbatch, *self.sbatch_args, script_path]
+
+    def command_line(self, script_path: str) -> str:
+        """The submission as a person would type it (for ``--dry-run``)."""
+        return shlex.join(self.sbatch_argv(script_path))
+
+    def component_of(self, task: str) -> Component:
+        return next(c for c in self.components if task in c.tasks)
+
+
+def _quantity(value: object, path: str) -> float:
+    try:
+        return parse_quantity(value)
+    except ValueError as err:
+        raise PlanError(path, str(err)) from None
+
+
+def _container_amount(container: dict[str, Any], resource: str, path: str) -> float:
+    """A container's limit for a resource, else its request; 0 when it gives neither."""
+    resources = container.get("resources") or {}
+    for kind in ("limits", "requests"):
+        values = resources.get(kind) or {}
+        if resource in values:
+            return _quantity(values[resource], f"{path}.resources.{kind}.{resource}")
+    return 0.0
+
+
+def _pod_amount(spec: dict[str, Any], resource: str, path: str) -> float:
+    """What a pod needs, as Kubernetes counts it: the sum of its containers, or its largest init
+    container if that is more (init containers run one at a time, before the others)."""
+    mains = sum(
+        _container_amount(c, resource, f"{path}.containers[{i}]")
+        for i, c in enumerate(spec.get("containers") or [])
+    )
+    inits = [
+        _container_amount(c, resource, f"{path}.initContainers[{i}]")
+        for i, c in enumerate(spec.get("initContainers") or [])
+    ]
+    return max([mains, *inits])
+
+
+def task_resources(task: Task, position: int, settings: SlurmSettings) -> Resources:
+    """A task's per-pod request: CPUs rounded up (at least 1), memory in MiB, whole GPUs."""
+    path = f"spec.tasks[{position}].template.spec"
+    spec = task.template.spec
+    cpus = max(1, math.ceil(_pod_amount(spec, "cpu", path) - 1e-9))
+    memory = _pod_amount(spec, "memory", path)
+    gpus = _pod_amount(spec, GPU, path)
+    if gpus != int(gpus):
+        raise PlanError(f"{path}.containers", f"{GPU} must be a whole number, got {gpus:g}")
+    image = None
+    if settings.container_images:
+        images = {c.image for c in task.template.containers if c.image}
+        if len(images) > 1:
+            listed = ", ".join(sorted(images))
+            raise PlanError(f"{path}.containers", f"pyxis runs a pod in one image; this pod has {listed}")
+        image = next(iter(images), None)
+    return Resources(
+        cpus=cpus,
+        memory_mib=math.ceil(memory / MIB) if memory else None,
+        gpus=int(gpus),
+        image=image,
+    )
+
+
+def components_of(job: Job, settings: SlurmSettings) -> list[Component]:
+    """Tasks with the same per-pod resources share a component, in the order they first appear.
+
+    With ``settings.single_component`` every task shares one component sized for the largest
+    pod: Slurm places heterogeneous components on distinct nodes, so a cluster of one node (or a
+    job that must fit on fewer nodes than it has kinds of task) needs that.
+    """
+    components: list[Component] = []
+    by_resources: dict[Resources, Component] = {}
+    wanted = [(task, task_resources(task, i, settings)) for i, task in enumerate(job.spec.tasks)]
+    if settings.single_component and wanted:
+        largest = Resources(
+            cpus=max(r.cpus for _, r in wanted),
+            memory_mib=max((r.memory_mib or 0 for _, r in wanted), default=0) or None,
+            gpus=max(r.gpus for _, r in wanted),
+            image=wanted[0][1].image,
+        )
+        if len({r.image for _, r in wanted}) > 1:
+            raise PlanError("spec.tasks", "one component runs one image; the tasks' images differ")
+        wanted = [(task, largest) for task, _ in wanted]
+    for task, resources in wanted:
+        if task.replicas == 0:
+            continue
+        component = by_resources.get(resources)
+        if component is None:
+            component = Component(index=len(components), tasks=[], ntasks=0, resources=resources)
+            components.append(component)
+            by_resources[resources] = component
+        component.tasks.append(task.name)
+        component.ntasks += task.replicas
+    return components
+
+
+def master_pod(job: Job) -> Key | None:
+    """The pod a plugin ranks 0 (the pytorch master), whose node other pods connect to."""
+    plugins = build_plugins(job)
+    for task in job.spec.tasks:
+        for index in range(min(task.replicas, 1)):
+            if any(plugin.rank(job, task, index) == 0 for plugin in plugins):
+                return (task.name, index)
+    return None
+
+
+def declared_ports(job: Job) -> list[int]:
+    ports = {int(port) for plugin in build_plugins(job) for port in plugin.ports(job)}
+    for task in job.spec.tasks:
+        for container in task.template.containers:
+            for entry in container.ports:
+                number = entry.get("containerPort")
+                if isinstance(number, int):
+                    ports.add(number)
+    return sorted(ports)
+
+
+def plan_job(job: Job, settings: SlurmSettings, job_dir: str, controller: list[str]) -> SlurmPlan:
+    """The allocation for ``job`` and the batch script that runs ``controller`` in it."""
+    components = components_of(job, settings)
+    if not components:
+        raise PlanError("spec.tasks", "the job has no pods to run (every task has 0 replicas)")
+    pods: list[PodSlot] = []
+    for component in components:
+        ordinal = 0
+        for task in job.spec.tasks:
+            if task.name not in component.tasks:
+                continue
+            for index in range(task.replicas):
+                pods.append(
+                    PodSlot(task.name, index, pod_name(job.name, task.name, index), component.index, ordinal)
+                )
+                ordinal += 1
+    plan = SlurmPlan(
+        job=job,
+        settings=settings,
+        job_dir=job_dir,
+        components=components,
+        pods=pods,
+        ports=declared_ports(job),
+        master=master_pod(job),
+    )
+    plan.sbatch_args = sbatch_args(plan)
+    plan.script = batch_script(plan, controller)
+    return plan
+
+
+def sbatch_args(plan: SlurmPlan) -> list[str]:
+    """Job-wide options, then each component's (Slurm carries the job-wide ones into the rest)."""
+    settings = plan.settings
+    common = [
+        "--parsable",
+        f"--job-name={plan.job.name}",
+        f"--output={plan.job_dir}/slurm-%j.out",
+        f"--chdir={plan.job_dir}",
+        "--no-requeue",  # retries are the controller's (maxRetry), not Slurm's
+    ]
+    for option, value in (
+        ("--partition", settings.partition),
+        ("--account", settings.account),
+        ("--qos", settings.qos),
+        ("--time", settings.time_limit),
+    ):
+        if value:
+            common.append(f"{option}={value}")
+    common.extend(settings.sbatch_args)
+    args: list[str] = []
+    for component in plan.components:
+        if component.index:
+            args.append(":")
+        args.extend(common if component.index == 0 else [])
+        args.extend(component.sbatch_args())
+    return args
+
+
+def batch_script(plan: SlurmPlan, controller: list[str]) -> str:
+    """The batch script: the job's markers as variables, then the controller in its place.
+
+    It holds no ``#SBATCH`` lines: the options travel as ``sbatch`` arguments, so no value is
+    parsed twice, and a value with a newline cannot end a comment and become a command.
+    """
+    if not controller:
+        raise ValueError("the batch script needs a controller command")
+    lines = [
+        "#!/bin/sh",
+        "# torchjob: runs the job's controller on the batch host; pods run as job steps.",
+        f"TORCHJOB_JOB_DIR={shlex.quote(plan.job_dir)}",
+        f"TORCHJOB_JOB_NAME={shlex.quote(plan.job.name)}",
+        "export TORCHJOB_JOB_DIR TORCHJOB_JOB_NAME",
+        f"exec {shlex.join(controller)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# -- once the allocation runs ---------------------------------------------------------------
+
+_TASKS_PER_NODE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def tasks_per_node(text: str) -> list[int]:
+    """Slurm's ``SLURM_TASKS_PER_NODE`` (``2(x3),1``) as a count per node: ``[2, 2, 2, 1]``."""
+    counts: list[int] = []
+    for part in text.split(","):
+        match = _TASKS_PER_NODE.match(part.strip())
+        if match is None:
+            raise ValueError(f"not a tasks-per-node list: {text!r}")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def place(plan: SlurmPlan, layouts: Mapping[int, list[tuple[str, int]]]) -> dict[Key, Placement]:
+    """Each pod's node and slot, from each component's nodes and tasks per node (in order).
+
+    Slurm gives a component's tasks to its nodes in order (block distribution), so a pod's
+    ordinal picks its node. Pods on the same node get distinct slots, the master first, and each
+    slot its own range of ports: ``port + slot * stride`` never meets another pod's.
+    """
+    hosts: dict[Key, tuple[int, str]] = {}
+    for slot in plan.pods:
+        layout = layouts.get(slot.component)
+        if layout is None:
+            raise ValueError(f"no nodes given for component {slot.component}")
+        remaining = slot.ordinal
+        for host, count in layout:
+            if remaining < count:
+                hosts[(slot.task, slot.index)] = (slot.component, host)
+                break
+            remaining -= count
+        else:
+            raise ValueError(f"component {slot.component} has fewer tasks than its pods")
+    order = list(hosts)
+    if plan.master is not None and plan.master in hosts:
+        order.remove(plan.master)
+        order.insert(0, plan.master)
+    stride = port_stride(plan.ports)
+    taken: dict[str, int] = {}
+    placements: dict[Key, Placement] = {}
+    for key in order:
+        component, host = hosts[key]
+        slot_number = taken.get(host, 0)
+        taken[host] = slot_number + 1
+        placements[key] = Placement(component, host, slot_number, slot_number * stride)
+    return placements
+
+
+def port_stride(ports: list[int]) -> int:
+    """The distance between two slots' ports: the span of the job's declared ports."""
+    return (max(ports) - min(ports) + 1) if ports else 1
+
+
+class SlurmAddressing:
+    """Implements :class:`torchjob.addressing.Addressing`: a pod is reached at its node's name.
+
+    Ports are the master's: the only port a plugin hands to other pods is the master's
+    (``MASTER_PORT``); each pod's own ports are in ``TORCHJOB_PORT_<declared>``.
+    """
+
+    def __init__(self, placements: Mapping[Key, Placement], master: Key | None) -> None:
+        self.placements = placements
+        self.master = master
+
+    def host(self, job: Job, task: Task, index: int) -> str:
+        if task.template.hostname:  # one name for the whole task on a cluster: pod 0 stands for it
+            index = 0
+        return self.placements[(task.name, index)].host
+
+    def port(self, job: Job, port: int) -> int:
+        if self.master is None or self.master not in self.placements:
+            return port
+        return port + self.placements[self.master].port_offset
+
+
+def launches(plan: SlurmPlan, placements: Mapping[Key, Placement]) -> list[PodLaunch]:
+    """Every container of every pod as a step to start: init containers first, in order."""
+    addressing = SlurmAddressing(placements, plan.master)
+    state = expand(plan.job, addressing)
+    configmaps = configmaps_of(state)
+    result: list[PodLaunch] = []
+    for pod in state.pods:
+        key = (pod.task.name, pod.index)
+        placement = placements[key]
+        spec = pod.manifest["spec"]
+        engine_env = {
+            "TORCHJOB_JOB_DIR": plan.job_dir,
+            "TORCHJOB_POD_NAME": pod.name,
+            "TORCHJOB_POD_IP": placement.host,
+            "TORCHJOB_PORT_OFFSET": str(placement.port_offset),
+            "PYTHONUNBUFFERED": "1",
+            **{f"TORCHJOB_PORT_{p}": str(p + placement.port_offset) for p in plan.ports},
+        }
+        for kind, init in (("initContainers", True), ("containers", False)):
+            for i, container in enumerate(spec.get(kind) or []):
+                where = f"{pod.name}.{kind}[{i}]"
+                env = container_env(container, pod.manifest, placement.host, configmaps, engine_env, where)
+                argv = [
+                    expand_refs(a, env)
+                    for a in [*(container.get("command") or []), *(container.get("args") or [])]
+                ]
+                if not argv:
+                    raise PlanError(
+                        where, "a container needs a command on Slurm (there is no image entrypoint)"
+                    )
+                result.append(
+                    PodLaunch(
+                        pod=pod.name,
+                        task=pod.task.name,
+                        index=pod.index,
+                        container=str(container.get("name") or ""),
+                        init=init,
+                        argv=argv,
+                        env=env,
+                        working_dir=container.get("workingDir") or None,
+                        placement=placement,
+                    )
+                )
+    return result
+
+
+def configmaps_of(state: DesiredState) -> dict[str, dict[str, str]]:
+    return {
+        str(obj["metadata"]["name"]): {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
+        for obj in state.objects
+        if obj.get("kind") == "ConfigMap"
+    }
+
+
+_VAR_REF = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))")
+_FIELD_INDEX = re.compile(r"^metadata\.(labels|annotations)\['([^']*)'\]$")
+
+
+def expand_refs(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion: defined names are replaced, ``$$`` is a literal ``$``."""
+
+    def sub(match: re.Match[str]) -> str:
+        if match.group(1) == "$":
+            return "$"
+        name = match.group(2)
+        return env[name] if name in env else match.group(0)
+
+    return _VAR_REF.sub(sub, str(text))
+
+
+def container_env(
+    container: dict[str, Any],
+    manifest: dict[str, Any],
+    host: str,
+    configmaps: Mapping[str, Mapping[str, str]],
+    engine_env: Mapping[str, str],
+    where: str,
+) -> dict[str, str]:
+    """A container's environment: the engine's variables, then its ``env`` in order, each value
+    with ``$(VAR)`` expanded against what came before, as a kubelet does."""
+    env = dict(engine_env)
+    meta = manifest["metadata"]
+    fields = {
+        "metadata.name": str(meta.get("name", "")),
+        "metadata.namespace": str(meta.get("namespace", "default")),
+        "spec.nodeName": host,
+        "status.podIP": host,
+        "status.hostIP": host,
+    }
+    for i, entry in enumerate(container.get("env") or []):
+        name = str(entry.get("name", ""))
+        path = f"{where}.env[{i}]"
+        if "value" in entry or "valueFrom" not in entry:
+            env[name] = expand_refs(str(entry.get("value", "")), env)
+            continue
+        source = entry["valueFrom"] or {}
+        if "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"] or {}
+            data = configmaps.get(str(ref.get("name", ""))) or {}
+            key = str(ref.get("key", ""))
+            if key in data:
+                env[name] = data[key]
+            elif not ref.get("optional"):
+                raise PlanError(
+                    path, f"ConfigMap key {ref.get('name')!r}/{key!r} is not one of the job's own"
+                )
+        elif "fieldRef" in source:
+            field_path = str((source["fieldRef"] or {}).get("fieldPath", ""))
+            match = _FIELD_INDEX.match(field_path)
+            if field_path in fields:
+                env[name] = fields[field_path]
+            elif match:
+                env[name] = str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
+            else:
+                raise PlanError(path, f"fieldRef {field_path!r} is not supported on Slurm")
+        else:
+            raise PlanError(path, f"valueFrom {', '.join(source) or '(empty)'} is not supported on Slurm")
+    return env

@@ -1,0 +1,324 @@
+"""The Slurm plan: a job as one allocation, its batch script, and each pod's node, ports and env."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from torchjob.engines.slurm.plan import (
+    PlanError,
+    Resources,
+    launches,
+    place,
+    plan_job,
+    tasks_per_node,
+)
+from torchjob.engines.slurm.settings import SlurmSettings, job_root
+from torchjob.engines.slurm.steps import layout_from_env
+from torchjob.jobs import load_jobs_from_text
+from torchjob.spec.model import Job
+
+pytestmark = pytest.mark.timeout(60)
+
+EVIL = 'it\'s "quoted" $(touch MARK) `touch MARK` ;touch MARK\nnext line $HOME'
+
+
+def container(
+    name: str = "main",
+    command: list[str] | None = None,
+    env: list[dict[str, Any]] | None = None,
+    ports: list[dict[str, Any]] | None = None,
+    **resources: Any,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": name,
+        "image": "python:3.11",
+        "command": command or ["python", "train.py"],
+    }
+    if env:
+        body["env"] = env
+    if ports:
+        body["ports"] = ports
+    if resources:
+        body["resources"] = resources
+    return body
+
+
+def load(tasks: list[dict[str, Any]], plugins: dict[str, list[str]] | None = None) -> Job:
+    doc = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "train"},
+        "spec": {"plugins": plugins or {}, "tasks": tasks},
+    }
+    loaded = load_jobs_from_text(yaml.safe_dump(doc))[0]
+    assert loaded.job is not None, loaded.problems
+    return loaded.job
+
+
+def task(name: str, replicas: int, *containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "replicas": replicas,
+        "template": {"spec": {"containers": list(containers), **spec}},
+    }
+
+
+PYTORCH = {"pytorch": ["--master=master", "--worker=worker", "--port=29500"], "env": [], "svc": []}
+
+
+def pytorch_job(workers: int = 2, **resources: Any) -> Job:
+    return load(
+        [task("master", 1, container(**resources)), task("worker", workers, container(**resources))], PYTORCH
+    )
+
+
+def test_resources_come_from_the_pod_template() -> None:
+    job = load(
+        [
+            task(
+                "worker",
+                2,
+                container(limits={"cpu": "2500m", "memory": "3Gi", "nvidia.com/gpu": 2}),
+                container("side", requests={"cpu": "500m", "memory": "512Mi"}),
+                initContainers=[container("init", limits={"cpu": "8"})],
+            )
+        ]
+    )
+    plan = plan_job(job, SlurmSettings(), "/jobs/train", ["ctl"])
+    (component,) = plan.components
+    # main containers add up (2.5 + 0.5 = 3 CPUs); the init container runs alone, and wants 8
+    assert component.resources == Resources(cpus=8, memory_mib=3584, gpus=2)
+    assert component.sbatch_args() == [
+        "--ntasks=2",
+        "--cpus-per-task=8",
+        "--mem-per-cpu=448M",
+        "--gpus-per-task=2",
+    ]
+
+
+def test_a_pod_without_resources_gets_one_cpu_and_slurms_default_memory() -> None:
+    plan = plan_job(load([task("worker", 3, container())]), SlurmSettings(), "/j", ["ctl"])
+    assert plan.components[0].sbatch_args() == ["--ntasks=3", "--cpus-per-task=1"]
+    assert not plan.heterogeneous
+
+
+def test_a_fraction_of_a_gpu_is_refused_with_its_path() -> None:
+    job = load([task("worker", 1, container(limits={"nvidia.com/gpu": "500m"}))])
+    with pytest.raises(PlanError) as caught:
+        plan_job(job, SlurmSettings(), "/j", ["ctl"])
+    assert caught.value.path == "spec.tasks[0].template.spec.containers"
+    assert "whole number" in caught.value.message
+
+
+def test_tasks_that_differ_become_heterogeneous_components() -> None:
+    job = load(
+        [
+            task("master", 1, container(limits={"cpu": "1"})),
+            task("worker", 3, container(limits={"cpu": "4", "nvidia.com/gpu": "1"})),
+            task("evaluator", 1, container(limits={"cpu": "1"})),  # same as master: same component
+        ]
+    )
+    settings = SlurmSettings(
+        partition="gpu", account="proj", qos="high", time_limit="2:00:00", sbatch_args=("--exclusive",)
+    )
+    plan = plan_job(job, settings, "/jobs/train", ["ctl"])
+    assert plan.heterogeneous
+    assert [(c.tasks, c.ntasks) for c in plan.components] == [(["master", "evaluator"], 2), (["worker"], 3)]
+    assert [(p.name, p.component, p.ordinal) for p in plan.pods] == [
+        ("train-master-0", 0, 0),
+        ("train-evaluator-0", 0, 1),
+        ("train-worker-0", 1, 0),
+        ("train-worker-1", 1, 1),
+        ("train-worker-2", 1, 2),
+    ]
+    # job-wide options once, before the first component: Slurm carries them into the others
+    assert plan.sbatch_args == [
+        "--parsable",
+        "--job-name=train",
+        "--output=/jobs/train/slurm-%j.out",
+        "--chdir=/jobs/train",
+        "--no-requeue",
+        "--partition=gpu",
+        "--account=proj",
+        "--qos=high",
+        "--time=2:00:00",
+        "--exclusive",
+        "--ntasks=2",
+        "--cpus-per-task=1",
+        ":",
+        "--ntasks=3",
+        "--cpus-per-task=4",
+        "--gpus-per-task=1",
+    ]
+
+
+def test_single_component_sizes_every_pod_for_the_largest() -> None:
+    job = load(
+        [
+            task("master", 1, container(limits={"cpu": "1", "memory": "1Gi"})),
+            task("worker", 2, container(limits={"cpu": "2"})),
+        ]
+    )
+    plan = plan_job(job, SlurmSettings(single_component=True), "/j", ["ctl"])
+    assert [(c.tasks, c.ntasks, c.resources) for c in plan.components] == [
+        (["master", "worker"], 3, Resources(cpus=2, memory_mib=1024))
+    ]
+
+
+def test_pyxis_images_are_opt_in() -> None:
+    job = pytorch_job()
+    assert plan_job(job, SlurmSettings(), "/j", ["ctl"]).components[0].resources.image is None
+    plan = plan_job(job, SlurmSettings(container_images=True), "/j", ["ctl"])
+    assert plan.components[0].resources.image == "python:3.11"
+
+
+def test_the_batch_script_and_command_line_never_give_a_user_value_to_a_shell(tmp_path: Path) -> None:
+    job_dir = tmp_path / EVIL
+    job_dir.mkdir()
+    settings = SlurmSettings(partition=EVIL, sbatch_args=(EVIL,))
+    program = "import os, sys; print(repr((os.environ['TORCHJOB_JOB_DIR'], sys.argv[1:])))"
+    plan = plan_job(pytorch_job(), settings, str(job_dir), [sys.executable, "-c", program, EVIL])
+    script = tmp_path / "batch.sh"
+    script.write_text(plan.script)
+    for shell in ("sh", "bash", "dash"):
+        done = subprocess.run([shell, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == repr((str(job_dir), [EVIL])) + "\n"
+    assert not (tmp_path / "MARK").exists()
+    assert "#SBATCH" not in plan.script
+    # what --dry-run prints splits back into exactly the arguments sbatch gets
+    assert shlex.split(plan.command_line("/j/batch.sh")) == ["sbatch", *plan.sbatch_args, "/j/batch.sh"]
+    assert f"--partition={EVIL}" in plan.sbatch_args and EVIL in plan.sbatch_args
+
+
+def test_a_pods_command_reaches_its_step_as_arguments_not_shell_text() -> None:
+    job = load(
+        [
+            task(
+                "worker",
+                1,
+                container(
+                    command=["python", "-c", "print(1)", EVIL, "$(X)"], env=[{"name": "X", "value": EVIL}]
+                ),
+            )
+        ]
+    )
+    plan = plan_job(job, SlurmSettings(), "/j", ["ctl"])
+    (launch,) = launches(plan, place(plan, {0: [("n1", 1)]}))
+    assert launch.argv == ["python", "-c", "print(1)", EVIL, EVIL]  # $(X) expanded as a kubelet does
+    assert launch.env["X"] == EVIL
+
+
+def test_tasks_per_node_reads_slurms_compressed_counts() -> None:
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert tasks_per_node("4") == [4]
+    with pytest.raises(ValueError):
+        tasks_per_node("2(x)")
+
+
+def test_pods_get_their_nodes_and_two_pods_on_one_node_never_share_a_port() -> None:
+    job = load(
+        [
+            task("master", 1, container(ports=[{"containerPort": 8080}])),
+            task("worker", 3, container()),
+        ],
+        PYTORCH,
+    )
+    plan = plan_job(job, SlurmSettings(), "/j", ["ctl"])
+    assert plan.master == ("master", 0)
+    assert plan.ports == [8080, 29500]
+    # Slurm put two tasks on n1 and two on n2: master and worker-0 share n1
+    placements = place(plan, {0: [("n1", 2), ("n2", 2)]})
+    assert [(k, p.host, p.slot) for k, p in placements.items()] == [
+        (("master", 0), "n1", 0),
+        (("worker", 0), "n1", 1),
+        (("worker", 1), "n2", 0),
+        (("worker", 2), "n2", 1),
+    ]
+    runs = {launch.pod: launch for launch in launches(plan, placements)}
+    master, worker0 = runs["train-master-0"].env, runs["train-worker-0"].env
+    assert master["TORCHJOB_PORT_29500"] == "29500"
+    assert worker0["TORCHJOB_PORT_29500"] == str(29500 + 21421)  # one stride: 29500 - 8080 + 1
+    assert master["TORCHJOB_PORT_8080"] != worker0["TORCHJOB_PORT_8080"]
+    ports_by_host: dict[str, set[str]] = {}
+    for run in runs.values():
+        mine = {
+            v for k, v in run.env.items() if k.startswith("TORCHJOB_PORT_") and k != "TORCHJOB_PORT_OFFSET"
+        }
+        assert not (ports_by_host.setdefault(run.placement.host, set()) & mine)
+        ports_by_host[run.placement.host] |= mine
+
+
+def test_the_env_is_volcanos_with_the_masters_node_as_master_addr() -> None:
+    plan = plan_job(pytorch_job(workers=2), SlurmSettings(), "/j", ["ctl"])
+    # the master is not first on its node in Slurm's order: it still gets slot 0 and the port as declared
+    placements = place(plan, {0: [("n1", 1), ("n2", 2)]})
+    runs = {launch.pod: launch.env for launch in launches(plan, placements)}
+    for pod, rank, index in (
+        ("train-master-0", "0", "0"),
+        ("train-worker-0", "1", "0"),
+        ("train-worker-1", "2", "1"),
+    ):
+        env = runs[pod]
+        assert env["MASTER_ADDR"] == "n1"
+        assert env["MASTER_PORT"] == "29500"
+        assert env["WORLD_SIZE"] == "3"
+        assert env["RANK"] == rank
+        assert env["VK_TASK_INDEX"] == env["VC_TASK_INDEX"] == index
+        assert env["VC_MASTER_HOSTS"] == "n1" and env["VC_MASTER_NUM"] == "1"
+        assert env["VC_WORKER_HOSTS"] == "n2,n2" and env["VC_WORKER_NUM"] == "2"
+        assert env["TORCHJOB_POD_NAME"] == pod
+
+
+def test_the_master_gets_slot_zero_even_when_slurm_lists_another_pod_first() -> None:
+    job = load([task("worker", 2, container()), task("master", 1, container())], PYTORCH)
+    plan = plan_job(job, SlurmSettings(), "/j", ["ctl"])
+    placements = place(plan, {0: [("n1", 3)]})
+    assert placements[("master", 0)].slot == 0
+    assert sorted(p.slot for p in placements.values()) == [0, 1, 2]
+    env = next(launch.env for launch in launches(plan, placements) if launch.pod == "train-worker-0")
+    assert env["MASTER_PORT"] == "29500"
+
+
+def test_unsupported_env_sources_are_named() -> None:
+    job = load(
+        [
+            task(
+                "worker",
+                1,
+                container(env=[{"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]),
+            )
+        ]
+    )
+    plan = plan_job(job, SlurmSettings(), "/j", ["ctl"])
+    with pytest.raises(PlanError) as caught:
+        launches(plan, place(plan, {0: [("n1", 1)]}))
+    assert caught.value.path == "train-worker-0.containers[0].env[0]"
+    assert "secretKeyRef" in caught.value.message
+
+
+def test_the_layout_comes_from_slurms_variables() -> None:
+    expand = {"n[1-2]": ["n1", "n2"], "g1": ["g1"]}.__getitem__
+    plain = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    assert layout_from_env(plain, expand) == {0: [("n1", 2), ("n2", 2)]}
+    het = {
+        "SLURM_HET_SIZE": "2",
+        "SLURM_JOB_NODELIST_HET_GROUP_0": "g1",
+        "SLURM_TASKS_PER_NODE_HET_GROUP_0": "1",
+        "SLURM_JOB_NODELIST_HET_GROUP_1": "n[1-2]",
+        "SLURM_TASKS_PER_NODE_HET_GROUP_1": "3,1",
+    }
+    assert layout_from_env(het, expand) == {0: [("g1", 1)], 1: [("n1", 3), ("n2", 1)]}
+
+
+def test_the_job_root_defaults_under_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert job_root(SlurmSettings()) == tmp_path / ".torchjob" / "slurm"
+    assert job_root(SlurmSettings(job_root="/shared/jobs")) == Path("/shared/jobs")
