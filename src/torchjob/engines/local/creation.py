@@ -35,6 +35,8 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from torchjob.engines.local.preload import Forked, Preloader
 
+    Forker = Callable[[ContainerRun, Path], Forked | str | None]
+
 WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
 VOLCANO_MOUNT = "/etc/volcano"  # where Volcano's svc plugin mounts its host files
 
@@ -203,7 +205,7 @@ class PodFactory:
         pod.rank = self.rank_of.get(key)
         return pod
 
-    def forkers(self, mains: list[ContainerRun]) -> dict[str, Callable[[ContainerRun, Path], Forked | None]]:
+    def forkers(self, mains: list[ContainerRun]) -> dict[str, Forker]:
         """The main containers to fork from the preloading server (none without --preload)."""
         if self.preloader is None:
             return {}

@@ -116,8 +116,8 @@ class Supervisor:
         self.finished: float | None = None
         warm = prewarm_modules(job) if prewarm and not preload else ()  # forking from the server is faster
         self.factory = PodFactory(job, job_dir, extra_env, warm, preload)
-        if self.factory.preloader is not None:  # Ctrl-C ends a wait for the fork server's import
-            self.factory.preloader.interrupted = lambda: bool(self.signals)
+        if self.factory.preloader is not None:  # a fork server that cannot be used is said once
+            self.factory.preloader.note = lambda text: self.note(text, "33")
         self.processes = JobProcesses(self.id, self.pods, self.latest)
         self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
         self.dirty = True
