@@ -177,6 +177,25 @@ def test_directory_is_not_a_file() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_an_endless_file_under_a_memory_limit_is_one_line() -> None:
+    """`validate /dev/zero` under `ulimit -v`: read no more than a job file can be, not until memory ends."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (600 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "torchjob", "validate", "/dev/zero"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=HERE,
+        preexec_fn=limit,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "/dev/zero: it is larger than 16 MiB; expected a job file\n"
+
+
 def test_all_problems_are_reported_at_once() -> None:
     result = run("validate", "bad_inputs/several_problems.yaml")
     assert result.returncode == 2
@@ -242,3 +261,93 @@ def test_importing_a_task_file_never_ends_torchjob_or_hides_other_files(
     assert len(lines) == 2, result.stderr
     assert lines[0].startswith("x.py: ") and message in lines[0], lines[0]
     assert lines[1].startswith("bad.yaml:") and "spec.tasks[1].replicas" in lines[1], lines[1]
+
+
+# --- local state that cannot be used: one line naming it, exit 2, never a traceback
+
+TINY_JOB = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: tiny}
+spec:
+  tasks:
+    - name: main
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers: [{name: main, image: x, command: [sh, -c, "echo hi"]}]
+"""
+
+
+def _as_an_ordinary_user() -> None:
+    """Run as root without the capabilities that read and write past file modes (root ignores them)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH: out of the bounding set
+        libc.prctl(24, capability, 0, 0, 0)  # PR_CAPBSET_DROP; harmless when not root
+
+
+def local(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=HERE,
+        env={**os.environ, "TORCHJOB_HOME": str(home)},
+        preexec_fn=_as_an_ordinary_user,
+    )
+
+
+def test_an_unreadable_job_directory_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yaml").write_text(TINY_JOB)
+    home = tmp_path / "home"
+    started = local(home, "run", "-q", str(tmp_path / "tiny.yaml"))
+    assert started.returncode == 0, started.stderr
+    [job_dir] = (home / "jobs").iterdir()
+    job_dir.chmod(0)
+    try:
+        for command in (
+            ["status"],
+            ["status", job_dir.name],
+            ["logs", job_dir.name],
+            ["delete", job_dir.name],
+        ):
+            result = local(home, *command)
+            assert result.returncode == 2, (command, result.stderr)
+            assert "Traceback" not in result.stderr
+            [line] = result.stderr.splitlines()
+            assert line.startswith(f"torchjob: cannot read {job_dir}/status.json: Permission denied"), line
+        assert job_dir.exists()  # nothing was deleted
+    finally:
+        job_dir.chmod(0o700)
+
+
+def test_torchjob_home_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yaml").write_text(TINY_JOB)
+    home = tmp_path / "file"
+    home.write_text("not a directory")
+    for command in (["status"], ["run", str(tmp_path / "tiny.yaml")]):
+        result = local(home, *command)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == f"torchjob: TORCHJOB_HOME={home}: {home} is not a directory\n"
+    assert home.read_text() == "not a directory"
+
+
+def test_another_users_torchjob_home_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    (tmp_path / "tiny.yaml").write_text(TINY_JOB)
+    home = tmp_path / "theirs"
+    (home / "jobs").mkdir(parents=True)
+    os.chown(home / "jobs", 4242, 4242)
+    for command in (["status"], ["run", str(tmp_path / "tiny.yaml")]):
+        result = local(home, *command)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == (
+            f"torchjob: TORCHJOB_HOME={home}: {home / 'jobs'} belongs to uid 4242, not to you (uid 0): "
+            "torchjob keeps job state only in a directory of your own\n"
+        )
+    assert list((home / "jobs").iterdir()) == []
