@@ -29,6 +29,7 @@ from torchjob.display import headline, pod_color, pod_rows, prefix_for
 from torchjob.engines.base import JobReport
 from torchjob.engines.local import process
 from torchjob.engines.local.cleanup import (
+    INTERRUPTED_STALL,
     OUTPUT_STALL,
     STUCK_AFTER_KILL,
     TICK,
@@ -510,7 +511,9 @@ class Supervisor:
             return
         self.follower.seal()  # every process of the job is gone: nothing is waited for beyond this
         interrupted = lambda: bool(self.signals)  # noqa: E731 - Ctrl-C stops the printing, not the count
-        while self.follower.files and self.console.drain(OUTPUT_STALL, interrupted):
+        # A job stopped by a signal ends promptly: what a stalled reader does not take is only counted.
+        stall = INTERRUPTED_STALL if self.interrupted is not None else OUTPUT_STALL
+        while self.follower.files and self.console.drain(stall, interrupted):
             self.print_logs()
         self.console.unshown += self.follower.skip()
 
