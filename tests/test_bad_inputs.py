@@ -234,13 +234,15 @@ def test_validate_reports_every_file() -> None:
         ("import sys\nsys.exit(0)\n", "importing the file called sys.exit(0); torchjob imports it"),
         ("raise SystemExit('bye')\n", "importing the file called sys.exit('bye')"),
         ("import sys\nsys.exit()\n", "importing the file called sys.exit();"),
+        ("import os\nos._exit(0)\n", "importing the file called os._exit(0); torchjob imports it"),
+        ("import os\ntry:\n    os._exit(3)\nexcept Exception:\n    pass\n", "called os._exit(3)"),
         ("class Stop(BaseException): pass\nraise Stop('x')\n", "importing the file raised Stop: x"),
         (
             "class E(Exception):\n    def __str__(self): raise RuntimeError\nraise E()\n",
             "importing the file raised E: <E that cannot be shown>",
         ),
     ],
-    ids=["exit-0", "exit-text", "exit-none", "base-exception", "unprintable"],
+    ids=["exit-0", "exit-text", "exit-none", "os-exit-0", "os-exit-caught", "base-exception", "unprintable"],
 )
 def test_importing_a_task_file_never_ends_torchjob_or_hides_other_files(
     tmp_path: Path, body: str, message: str
@@ -261,6 +263,43 @@ def test_importing_a_task_file_never_ends_torchjob_or_hides_other_files(
     assert len(lines) == 2, result.stderr
     assert lines[0].startswith("x.py: ") and message in lines[0], lines[0]
     assert lines[1].startswith("bad.yaml:") and "spec.tasks[1].replicas" in lines[1], lines[1]
+
+
+def test_run_refuses_a_task_file_that_calls_os_exit_at_import(tmp_path: Path) -> None:
+    """It ended torchjob at once: nothing printed, exit 0, nothing run."""
+    (tmp_path / "x.py").write_text("import os\nos._exit(0)\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "torchjob", "run", "--state-dir", str(tmp_path / "jobs"), "x.py:t"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("x.py: importing the file called os._exit(0)"), result.stderr
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
+def test_a_process_the_task_file_forks_at_import_still_exits() -> None:
+    """Only this process's os._exit is refused: a child the file forks meanwhile ends as it means to."""
+    body = (
+        "import os\npid = os.fork()\nif pid == 0:\n    os._exit(7)\n"
+        "assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7\n"
+        "from torchjob import task\n@task\ndef t() -> int:\n    return 1\n"
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "y.py").write_text(body)
+        result = subprocess.run(
+            [sys.executable, "-m", "torchjob", "validate", "y.py:t"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=folder,
+        )
+    assert result.returncode == 0, result.stderr
+    assert "valid" in result.stdout
 
 
 # --- local state that cannot be used: one line naming it, exit 2, never a traceback
