@@ -390,3 +390,40 @@ def test_another_users_torchjob_home_is_refused(tmp_path: Path) -> None:
             "torchjob keeps job state only in a directory of your own\n"
         )
     assert list((home / "jobs").iterdir()) == []
+
+
+# --- the command line's own mistakes are blamed on it; validate --local warns as run does
+
+
+def test_an_env_option_with_a_bad_name_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yaml").write_text(TINY_JOB)
+    result = local(tmp_path / "home", "run", "--env", "MY VAR=1", str(tmp_path / "tiny.yaml"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr == "<command line>: --env: 'MY VAR' is not a valid environment variable name\n"
+    assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
+
+
+def test_a_set_that_conflicts_with_the_file_names_the_set(tmp_path: Path) -> None:
+    """The file was valid; the --set made its task's minAvailable too large: say which option did."""
+    (tmp_path / "tiny.yaml").write_text(
+        TINY_JOB.replace("      replicas: 1\n", "      replicas: 2\n      minAvailable: 2\n")
+    )
+    result = local(tmp_path / "home", "run", "--set", "main.replicas=1", str(tmp_path / "tiny.yaml"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.endswith(
+        "spec.tasks[0].minAvailable: expected at most replicas (1), got 2 (after --set main.replicas=1)"
+    ), line
+
+
+def test_validate_local_prints_the_warnings_run_prints(tmp_path: Path) -> None:
+    job = TINY_JOB.replace(
+        '"echo hi"]}]', '"echo hi"], securityContext: {capabilities: {add: [NET_ADMIN]}}}]'
+    )
+    (tmp_path / "sec.yaml").write_text(job)
+    validated = local(tmp_path / "home", "validate", "--local", str(tmp_path / "sec.yaml"))
+    assert validated.returncode == 0, validated.stderr
+    path = "spec.tasks[0].template.spec.containers[0].securityContext.capabilities"
+    assert f"sec.yaml:11: {path}: warning: has no effect on local processes" in validated.stderr
+    ran = local(tmp_path / "home", "run", str(tmp_path / "sec.yaml"))
+    assert f"torchjob: warning: {path}: has no effect on local processes" in ran.stdout + ran.stderr

@@ -164,6 +164,8 @@ def summary(report: JobReport, color: bool = False, unshown: int = 0) -> list[st
     lines.append(f"{phase}: {report.reason}".rstrip(": "))
     if not report.ok:
         lines += root_cause(report, color)
+    if not report.location:  # nothing kept (the job directory could not be written): no logs to name
+        return lines
     logs = f"{report.location}/logs"
     if unshown:
         text = f"{unshown} line{'s' if unshown != 1 else ''} of container output not shown above"

@@ -124,9 +124,14 @@ def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
     )
     job, problems = check_document(document)
     if job is None:
-        # A problem in a field a --set wrote is the option's, not the file's.
+        # The file was valid before: every problem is the options' doing. One in a field a --set
+        # wrote is the option's; another (a task's minAvailable above the replicas set) says which.
+        options = ", ".join(written.values()) or "the command line's changes"
+        after = f" (after {options})"
         raise SpecError(
-            Problem(p.path, f"{written[p.path]}: {p.message}", COMMAND_LINE) if p.path in written else p
+            Problem(p.path, f"{written[p.path]}: {p.message}", COMMAND_LINE)
+            if p.path in written
+            else Problem(p.path, p.message + after, p.file, p.line)
             for p in problems
         )
     return LoadedJob(job, document)

@@ -21,7 +21,7 @@ from torchjob.spec.source import Document
 
 COMMAND_LINE = "<command line>"
 DEFAULT_IMAGE = "pytorch/pytorch:latest"
-_SHAPE = re.compile(r"(\d+)x(\d+)")
+_SHAPE = re.compile(r"([0-9]+)x([0-9]+)")  # ASCII digits: \d would take '２x２' as 2x2
 MAX_NODES = 1000
 MAX_PROCS = 1024
 

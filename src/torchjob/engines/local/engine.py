@@ -63,6 +63,11 @@ class LocalEngine:
 
         return check_job(job)
 
+    def warnings(self, job: Job) -> list[tuple[str, str]]:
+        from torchjob.engines.local import job_warnings
+
+        return job_warnings(job)
+
     def start(self, job: Job, options: StartOptions) -> JobReport:
         from torchjob.engines.local import RunOptions, run_job
 

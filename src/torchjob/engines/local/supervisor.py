@@ -129,6 +129,7 @@ class Supervisor:
         self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
         self.max_restarts = max_restarts  # a local limit (run --max-restarts): Kubernetes has none
         self.looping: set[Key] = set()  # pods whose crash loop has been told
+        self.dir_removed = False  # a full disk: nothing of the job could be kept
 
     # ------------------------------------------------------------------ setup
 
@@ -501,6 +502,7 @@ class Supervisor:
         import shutil
 
         shutil.rmtree(self.dir.path, ignore_errors=True)
+        self.dir_removed = True
         self.note(f"job {self.id} removed: its directory could not be written")
 
     def drain_logs(self) -> None:
@@ -523,7 +525,7 @@ class Supervisor:
         return job_report(
             self.job,
             id=self.id,
-            location=str(self.dir.path),
+            location="" if self.dir_removed else str(self.dir.path),  # no logs to point at
             status=self.status,
             # A pod that went in this pass (stopped while in back-off) is not current either.
             pods=[(p, self.pods.get((p.task, p.index)) is p and not p.gone) for p in self.latest.values()],
