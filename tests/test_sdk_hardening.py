@@ -217,6 +217,38 @@ def test_ctrl_c_in_single_node_elastic_is_keyboard_interrupt(tmp_path: Path, to_
     _assert_gone(ranks + everything)
 
 
+def test_ctrl_c_that_only_the_ranks_saw_is_keyboard_interrupt(tmp_path: Path) -> None:
+    """SIGINT to the ranks alone (the caller missed it, or the user signalled their group): the call
+    raises KeyboardInterrupt, not the ranks' RemoteError."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        pids = [tmp_path / "rank-0.pid", tmp_path / "rank-1.pid"]
+        deadline = time.monotonic() + 120
+        while not all(p.exists() and p.read_text() for p in pids):
+            assert proc.poll() is None and time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.1)
+        ranks = [psutil.Process(int(p.read_text())) for p in pids]
+        for rank in ranks:
+            rank.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "raised builtins KeyboardInterrupt" in out, out + err[-3000:]
+    assert proc.returncode == -signal.SIGINT
+    _assert_gone(ranks)
+
+
 HELD_SCRIPT = textwrap.dedent(
     """
     import signal, sys

@@ -66,6 +66,10 @@ def elastic_child(payload: bytes, results: str) -> bytes | None:
         data = cloudpickle.dumps(value) if rank == 0 else None
     except BaseException as err:
         write_error(results, rank, err)
+        if isinstance(err, KeyboardInterrupt):
+            # torch's process wrapper takes a KeyboardInterrupt for its parent's doing and ends the
+            # process with code 0 and no value, which its launcher then waits for without end.
+            exit_now(130)
         raise
     # torch's wrapper hands the value to the launcher and waits until it has been read; the
     # worker process then exits normally. Registered last, this runs first at exit and ends the
