@@ -404,3 +404,21 @@ def test_a_preload_that_cannot_be_used_is_said_once_on_the_console(tmp_path: Pat
         in said[0]
     )
     assert output.count("ran") == 2
+
+
+def test_a_preload_no_container_can_use_is_said_once(tmp_path: Path) -> None:
+    job = make_job("shonly", [task("main", [container("app", sh("echo ran"))], replicas=2)])
+    path = tmp_path / "shonly.json"
+    path.write_text(json.dumps(job_manifest(job)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchjob", "run", "--preload", "json", str(path)],
+        env={**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    said = [line for line in output.splitlines() if "--preload json" in line]
+    assert len(said) == 1, output
+    assert "no container runs torchjob's python in a form the fork server can serve" in said[0]

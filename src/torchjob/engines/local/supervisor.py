@@ -178,6 +178,13 @@ class Supervisor:
         for path, message in local_warnings(self.factory.expansion(0, 0), self.factory.extra_env):
             self.record(f"warning: {path}: {message}")
         self.apply(Decision(self.status, None, True))
+        preloader = self.factory.preloader
+        if preloader is not None and preloader.state == "none" and not self.waiting:  # every pod is made
+            self.note(
+                f"--preload {','.join(preloader.modules)}: no container runs torchjob's python in a form "
+                "the fork server can serve (python [options] SCRIPT|-m MODULE|-c CODE); they start cold",
+                "33",
+            )
         self.factory.write_records()
 
     def loop(self) -> None:
