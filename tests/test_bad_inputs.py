@@ -347,6 +347,10 @@ def test_an_unreadable_job_directory_is_one_line(tmp_path: Path) -> None:
     assert started.returncode == 0, started.stderr
     [job_dir] = (home / "jobs").iterdir()
     job_dir.chmod(0)
+    probe = subprocess.run(["ls", str(job_dir)], preexec_fn=_as_an_ordinary_user, capture_output=True)
+    if probe.returncode == 0:  # root that cannot give up reading past modes (no CAP_SETPCAP)
+        job_dir.chmod(0o700)
+        pytest.skip("file modes do not stop this user")
     try:
         for command in (
             ["status"],
