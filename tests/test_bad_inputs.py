@@ -394,6 +394,14 @@ def test_another_users_torchjob_home_is_refused(tmp_path: Path) -> None:
             "torchjob keeps job state only in a directory of your own\n"
         )
     assert list((home / "jobs").iterdir()) == []
+    (home / "jobs").rmdir()  # no job directory yet: it would be made in their directory
+    os.chown(home, 4242, 4242)
+    result = local(home, "run", str(tmp_path / "tiny.yaml"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"torchjob: TORCHJOB_HOME={home}: {home} belongs to uid 4242"), (
+        result.stderr
+    )
+    assert list(home.iterdir()) == []
 
 
 # --- the command line's own mistakes are blamed on it; validate --local warns as run does

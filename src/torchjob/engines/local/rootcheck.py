@@ -39,13 +39,15 @@ def root_problem(root: Path) -> str | None:
         break
     if not stat.S_ISDIR(info.st_mode):
         return f"{probe} is not a directory"
-    if probe != root:
-        return None  # made by torchjob on first use, as this user's
-    if info.st_uid != os.geteuid():
+    # The root itself, or the directory it would be made in: this user's (or one like /tmp, where
+    # everyone makes their own).
+    shared = probe != root and info.st_mode & stat.S_ISVTX and info.st_mode & stat.S_IWOTH
+    if info.st_uid != os.geteuid() and not shared:
         return (
-            f"{root} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}): torchjob keeps "
+            f"{probe} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}): torchjob keeps "
             "job state only in a directory of your own"
         )
-    if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
-        return f"{root} cannot be read and written by you (mode {stat.S_IMODE(info.st_mode):03o})"
+    wanted = os.R_OK | os.W_OK | os.X_OK if probe == root else os.W_OK | os.X_OK
+    if not os.access(probe, wanted):
+        return f"{probe} cannot be read and written by you (mode {stat.S_IMODE(info.st_mode):03o})"
     return None
