@@ -21,7 +21,8 @@ from torchjob.spec.source import Document
 
 COMMAND_LINE = "<command line>"
 DEFAULT_IMAGE = "pytorch/pytorch:latest"
-_SHAPE = re.compile(r"([0-9]+)x([0-9]+)")  # ASCII digits: \d would take '２x２' as 2x2
+# ASCII digits (\d would take '２x２' as 2x2), few enough for int() (it refuses 4,300 and more)
+_SHAPE = re.compile(r"([0-9]{1,9})x([0-9]{1,9})")
 MAX_NODES = 1000
 MAX_PROCS = 1024
 
