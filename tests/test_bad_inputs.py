@@ -177,6 +177,25 @@ def test_directory_is_not_a_file() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_an_endless_file_under_a_memory_limit_is_one_line() -> None:
+    """`validate /dev/zero` under `ulimit -v`: read no more than a job file can be, not until memory ends."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (600 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "torchjob", "validate", "/dev/zero"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=HERE,
+        preexec_fn=limit,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "/dev/zero: it is larger than 16 MiB; expected a job file\n"
+
+
 def test_all_problems_are_reported_at_once() -> None:
     result = run("validate", "bad_inputs/several_problems.yaml")
     assert result.returncode == 2
@@ -215,13 +234,15 @@ def test_validate_reports_every_file() -> None:
         ("import sys\nsys.exit(0)\n", "importing the file called sys.exit(0); torchjob imports it"),
         ("raise SystemExit('bye')\n", "importing the file called sys.exit('bye')"),
         ("import sys\nsys.exit()\n", "importing the file called sys.exit();"),
+        ("import os\nos._exit(0)\n", "importing the file called os._exit(0); torchjob imports it"),
+        ("import os\ntry:\n    os._exit(3)\nexcept Exception:\n    pass\n", "called os._exit(3)"),
         ("class Stop(BaseException): pass\nraise Stop('x')\n", "importing the file raised Stop: x"),
         (
             "class E(Exception):\n    def __str__(self): raise RuntimeError\nraise E()\n",
             "importing the file raised E: <E that cannot be shown>",
         ),
     ],
-    ids=["exit-0", "exit-text", "exit-none", "base-exception", "unprintable"],
+    ids=["exit-0", "exit-text", "exit-none", "os-exit-0", "os-exit-caught", "base-exception", "unprintable"],
 )
 def test_importing_a_task_file_never_ends_torchjob_or_hides_other_files(
     tmp_path: Path, body: str, message: str
@@ -242,3 +263,179 @@ def test_importing_a_task_file_never_ends_torchjob_or_hides_other_files(
     assert len(lines) == 2, result.stderr
     assert lines[0].startswith("x.py: ") and message in lines[0], lines[0]
     assert lines[1].startswith("bad.yaml:") and "spec.tasks[1].replicas" in lines[1], lines[1]
+
+
+def test_run_refuses_a_task_file_that_calls_os_exit_at_import(tmp_path: Path) -> None:
+    """It ended torchjob at once: nothing printed, exit 0, nothing run."""
+    (tmp_path / "x.py").write_text("import os\nos._exit(0)\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "torchjob", "run", "--state-dir", str(tmp_path / "jobs"), "x.py:t"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("x.py: importing the file called os._exit(0)"), result.stderr
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
+def test_a_process_the_task_file_forks_at_import_still_exits() -> None:
+    """Only this process's os._exit is refused: a child the file forks meanwhile ends as it means to."""
+    body = (
+        "import os\npid = os.fork()\nif pid == 0:\n    os._exit(7)\n"
+        "assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 7\n"
+        "from torchjob import task\n@task\ndef t() -> int:\n    return 1\n"
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "y.py").write_text(body)
+        result = subprocess.run(
+            [sys.executable, "-m", "torchjob", "validate", "y.py:t"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=folder,
+        )
+    assert result.returncode == 0, result.stderr
+    assert "valid" in result.stdout
+
+
+# --- local state that cannot be used: one line naming it, exit 2, never a traceback
+
+TINY_JOB = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: tiny}
+spec:
+  tasks:
+    - name: main
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers: [{name: main, image: x, command: [sh, -c, "echo hi"]}]
+"""
+
+
+def _as_an_ordinary_user() -> None:
+    """Run as root without the capabilities that read and write past file modes (root ignores them)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH: out of the bounding set
+        libc.prctl(24, capability, 0, 0, 0)  # PR_CAPBSET_DROP; harmless when not root
+
+
+def local(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=HERE,
+        env={**os.environ, "TORCHJOB_HOME": str(home)},
+        preexec_fn=_as_an_ordinary_user,
+    )
+
+
+def test_an_unreadable_job_directory_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yaml").write_text(TINY_JOB)
+    home = tmp_path / "home"
+    started = local(home, "run", "-q", str(tmp_path / "tiny.yaml"))
+    assert started.returncode == 0, started.stderr
+    [job_dir] = (home / "jobs").iterdir()
+    job_dir.chmod(0)
+    probe = subprocess.run(["ls", str(job_dir)], preexec_fn=_as_an_ordinary_user, capture_output=True)
+    if probe.returncode == 0:  # root that cannot give up reading past modes (no CAP_SETPCAP)
+        job_dir.chmod(0o700)
+        pytest.skip("file modes do not stop this user")
+    try:
+        for command in (
+            ["status"],
+            ["status", job_dir.name],
+            ["logs", job_dir.name],
+            ["delete", job_dir.name],
+        ):
+            result = local(home, *command)
+            assert result.returncode == 2, (command, result.stderr)
+            assert "Traceback" not in result.stderr
+            [line] = result.stderr.splitlines()
+            assert line.startswith(f"torchjob: cannot read {job_dir}/status.json: Permission denied"), line
+        assert job_dir.exists()  # nothing was deleted
+    finally:
+        job_dir.chmod(0o700)
+
+
+def test_torchjob_home_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yaml").write_text(TINY_JOB)
+    home = tmp_path / "file"
+    home.write_text("not a directory")
+    for command in (["status"], ["run", str(tmp_path / "tiny.yaml")]):
+        result = local(home, *command)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == f"torchjob: TORCHJOB_HOME={home}: {home} is not a directory\n"
+    assert home.read_text() == "not a directory"
+
+
+def test_another_users_torchjob_home_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    (tmp_path / "tiny.yaml").write_text(TINY_JOB)
+    home = tmp_path / "theirs"
+    (home / "jobs").mkdir(parents=True)
+    os.chown(home / "jobs", 4242, 4242)
+    for command in (["status"], ["run", str(tmp_path / "tiny.yaml")]):
+        result = local(home, *command)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == (
+            f"torchjob: TORCHJOB_HOME={home}: {home / 'jobs'} belongs to uid 4242, not to you (uid 0): "
+            "torchjob keeps job state only in a directory of your own\n"
+        )
+    assert list((home / "jobs").iterdir()) == []
+    (home / "jobs").rmdir()  # no job directory yet: it would be made in their directory
+    os.chown(home, 4242, 4242)
+    result = local(home, "run", str(tmp_path / "tiny.yaml"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"torchjob: TORCHJOB_HOME={home}: {home} belongs to uid 4242"), (
+        result.stderr
+    )
+    assert list(home.iterdir()) == []
+
+
+# --- the command line's own mistakes are blamed on it; validate --local warns as run does
+
+
+def test_an_env_option_with_a_bad_name_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yaml").write_text(TINY_JOB)
+    result = local(tmp_path / "home", "run", "--env", "MY VAR=1", str(tmp_path / "tiny.yaml"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr == "<command line>: --env: 'MY VAR' is not a valid environment variable name\n"
+    assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
+
+
+def test_a_set_that_conflicts_with_the_file_names_the_set(tmp_path: Path) -> None:
+    """The file was valid; the --set made its task's minAvailable too large: say which option did."""
+    (tmp_path / "tiny.yaml").write_text(
+        TINY_JOB.replace("      replicas: 1\n", "      replicas: 2\n      minAvailable: 2\n")
+    )
+    result = local(tmp_path / "home", "run", "--set", "main.replicas=1", str(tmp_path / "tiny.yaml"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.endswith(
+        "spec.tasks[0].minAvailable: expected at most replicas (1), got 2 (after --set main.replicas=1)"
+    ), line
+
+
+def test_validate_local_prints_the_warnings_run_prints(tmp_path: Path) -> None:
+    job = TINY_JOB.replace(
+        '"echo hi"]}]', '"echo hi"], securityContext: {capabilities: {add: [NET_ADMIN]}}}]'
+    )
+    (tmp_path / "sec.yaml").write_text(job)
+    validated = local(tmp_path / "home", "validate", "--local", str(tmp_path / "sec.yaml"))
+    assert validated.returncode == 0, validated.stderr
+    path = "spec.tasks[0].template.spec.containers[0].securityContext.capabilities"
+    assert f"sec.yaml:11: {path}: warning: has no effect on local processes" in validated.stderr
+    ran = local(tmp_path / "home", "run", str(tmp_path / "sec.yaml"))
+    assert f"torchjob: warning: {path}: has no effect on local processes" in ran.stdout + ran.stderr

@@ -208,6 +208,8 @@ def test_quick_mode_renders_and_refuses_bad_shapes_and_missing_scripts(tmp_path:
     for args, message in (
         (("-j", "2x", "train_gpt.py"), "<command line>: -j: expected NODESxPROCS_PER_NODE"),
         (("-j", "0x2", "train_gpt.py"), "<command line>: -j: expected NODESxPROCS_PER_NODE"),
+        (("-j", "２x２", "train_gpt.py"), "<command line>: -j: expected NODESxPROCS_PER_NODE"),  # ASCII only
+        (("-j", "9" * 5000 + "x2", "train_gpt.py"), "<command line>: -j: expected NODESxPROCS_PER_NODE"),
         (("-j", "1x1", "nope.py"), "nope.py: no such script in"),
     ):
         for command in ("run", "render"):

@@ -35,6 +35,9 @@ class MemoryEngine:
     def check(self, job: Job) -> list[tuple[str, str]]:
         return []
 
+    def warnings(self, job: Job) -> list[tuple[str, str]]:
+        return []
+
     def start(self, job: Job, options: StartOptions) -> JobReport:
         report = JobReport(self.name, f"{job.name}-{len(JOBS)}", job.name, "Completed")
         JOBS[report.id] = report

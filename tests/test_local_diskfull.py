@@ -111,6 +111,10 @@ def test_a_job_on_a_full_disk_is_refused_in_one_line_and_leaves_nothing_unseen(
         assert run.stdout == ""  # no job id for a job that does not exist
         assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     _every_job_dir_is_visible(home)
+    kept = [p.name for p in (home / "jobs").iterdir() if p.name != "filler"]
+    for line in (run.stdout + run.stderr).splitlines():  # no path to logs that are not there
+        if "logs" in line and str(home / "jobs") in line:
+            assert any(job in line for job in kept), line
     listed = json.loads(_cli(home, "status", "-o", "json").stdout)["items"]
     for job in listed:  # a job that could record why it never ran is there to read and delete
         assert job["phase"] == "Failed" and "No space left on device" in job["reason"]

@@ -25,6 +25,7 @@ from torchjob.engines.local.gpus import (
     inventory,
     job_env,
     parse_nvidia_smi,
+    parse_visible,
     pod_gpus,
     requested,
 )
@@ -109,11 +110,70 @@ def test_inventory_prefers_cuda_visible_devices_then_nvidia_smi_then_proc(tmp_pa
     assert inventory(empty_path, tmp_path / "no-driver").devices == ()
 
 
-def fake_smi(bin_dir: Path, output: str) -> None:
+def fake_smi(bin_dir: Path, output: str, script: str = "") -> None:
     bin_dir.mkdir(parents=True, exist_ok=True)
     smi = bin_dir / "nvidia-smi"
-    smi.write_text(f"#!/bin/sh\n[ \"$1\" = -L ] || exit 9\ncat <<'EOF'\n{output}EOF\n")
+    body = script or f"cat <<'EOF'\n{output}EOF\n"
+    smi.write_text(f'#!/bin/sh\n[ "$1" = -L ] || exit 9\n{body}')
     smi.chmod(0o755)
+
+
+def test_cuda_visible_devices_is_read_as_cuda_reads_it() -> None:
+    assert parse_visible("0,0").devices == ("0",)  # one GPU named twice is one GPU
+    assert parse_visible("GPU-aaaa,1,GPU-aaaa").devices == ("GPU-aaaa", "1")
+    for none in ("-1", "NoDevFiles", "-1,0"):  # CUDA stops at the first entry that is no device
+        found = parse_visible(none)
+        assert found.devices == ()
+        assert found.source == f"CUDA_VISIBLE_DEVICES={none}"
+    assert parse_visible("1,-1,2").devices == ("1",)
+    assert parse_visible("２").devices == ()  # fullwidth digits are no index to CUDA
+    assert inventory({"CUDA_VISIBLE_DEVICES": "3,3"}).devices == ("3",)
+
+
+def test_a_gpu_named_twice_is_not_given_to_two_pods() -> None:
+    job = gpu_job("twice", 1, 1, 1)
+    [(path, message)] = check(job, inventory({"CUDA_VISIBLE_DEVICES": "0,0"}))
+    assert path == "spec.tasks"
+    assert "ask for 2 GPUs" in message and "this machine has 1 " in message
+
+
+def test_a_failing_nvidia_smi_says_why(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    fake_smi(
+        bin_dir, "", script="echo 'Failed to initialize NVML: Driver/library version mismatch' >&2\nexit 9\n"
+    )
+    found = inventory({"PATH": str(bin_dir)}, tmp_path / "no-driver")
+    assert found.devices == ()
+    assert (
+        found.problem
+        == "nvidia-smi -L failed (exit 9): Failed to initialize NVML: Driver/library version mismatch"
+    )
+    pods = {("a", 0): {"containers": [{"name": "m", "resources": gpu(1)}]}}
+    _, note = job_env(pods, found)
+    assert "no GPU on this machine" in note
+    assert "Driver/library version mismatch" in note
+
+
+def test_a_hanging_nvidia_smi_is_given_up_on_quickly(tmp_path: Path) -> None:
+    import time
+
+    bin_dir = tmp_path / "bin"
+    fake_smi(bin_dir, "", script="sleep 60 &\nsleep 60\n")  # its child holds the pipe too
+    started = time.monotonic()
+    found = inventory({"PATH": str(bin_dir)}, tmp_path / "no-driver")
+    took = time.monotonic() - started
+    assert found.devices == ()
+    assert "did not answer" in found.problem
+    assert took < 8, took
+    started = time.monotonic()  # asked once per process: a second look costs nothing
+    assert inventory({"PATH": str(bin_dir)}, tmp_path / "no-driver") == found
+    assert time.monotonic() - started < 1
+
+
+def test_nvidia_smi_output_that_is_not_utf8_is_read(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    fake_smi(bin_dir, "", script="printf 'GPU 0: Caf\\351 GPU (UUID: GPU-aaaa)\\n'\n")
+    assert inventory({"PATH": str(bin_dir)}).devices == ("GPU-aaaa",)
 
 
 def gpu_job(name: str, master: int, workers: int, per_worker: int, script: str = "true") -> Any:

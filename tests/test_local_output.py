@@ -93,13 +93,15 @@ def test_a_burst_of_output_is_shown_whole_before_the_summary(tmp_path: Path, lin
     assert "not shown" not in out
 
 
-def _stalled_run(tmp_path: Path, *args: str, lines: int = 100_000) -> tuple[subprocess.Popen[bytes], Path]:
+def _stalled_run(
+    tmp_path: Path, *args: str, lines: int = 100_000, stderr: int = subprocess.DEVNULL
+) -> tuple[subprocess.Popen[bytes], Path]:
     """`torchjob run` into a pipe nobody reads, once its program has written every line."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "torchjob", "run", *args, _job_file(tmp_path, lines, "time.sleep(300)")],
         env=_env(tmp_path),
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
     )
     job_dir = _job_dir(tmp_path)
     assert wait_until(lambda: _logged(job_dir) == lines, 30), "the program did not write its lines"
@@ -135,6 +137,20 @@ def test_signals_stop_the_job_while_nobody_reads_its_output(tmp_path: Path, sig:
         time.sleep(0.5)  # the supervisor has filled the pipe and its own buffer by now
         proc.send_signal(sig)
         assert _exit_within(proc, 12) == code
+        assert _phase(job_dir) == "Terminated"
+    finally:
+        proc.stdout.close()  # type: ignore[union-attr]
+
+
+def test_ctrl_c_ends_promptly_with_stderr_in_the_stalled_pipe_too(tmp_path: Path) -> None:
+    """`torchjob run ... 2>&1 | less`, not scrolled: the last words on stderr must not hold the exit."""
+    proc, job_dir = _stalled_run(tmp_path, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        assert _exit_within(proc, 12) == 130
+        assert time.monotonic() - started < 5
         assert _phase(job_dir) == "Terminated"
     finally:
         proc.stdout.close()  # type: ignore[union-attr]

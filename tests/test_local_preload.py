@@ -20,7 +20,8 @@ from test_local_prewarm import _equivalence_job, _load
 from test_local_support import container, leftovers, log_text, make_job, run, sh, task, wait_until
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
-from torchjob.engines.local.preload import Preloader
+from torchjob.engines.local.pod import FORK_LATER
+from torchjob.engines.local.preload import Forked, Preloader
 from torchjob.spec.manifest import job_manifest
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,7 +32,7 @@ TORCH = ("torch",)
 
 
 def test_a_program_cannot_tell_a_preloaded_start_from_a_cold_one(tmp_path: Path) -> None:
-    job = _load(_equivalence_job(tmp_path, "same"))
+    job = _load(_equivalence_job(tmp_path, "same", same_env=True))
     cold = run(job, tmp_path / "cold", timeout=90, prewarm=False)
     forked = run(job, tmp_path / "forked", timeout=90, preload=TORCH)
     assert {p.name: p.exit_code for p in cold.pods} == {p.name: p.exit_code for p in forked.pods}
@@ -59,6 +60,16 @@ def _preloader(tmp_path: Path, modules: tuple[str, ...], work: Path) -> tuple[Pr
     return preloader, run_
 
 
+def _fork(preloader: Preloader, run_: ContainerRun, log: Path) -> Forked | None:
+    """Ask as the supervisor does, on its turns, until the server has imported (or is given up)."""
+    deadline = time.monotonic() + 90
+    while (answer := preloader.fork(run_, log)) == FORK_LATER:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not isinstance(answer, str)
+    return answer
+
+
 def test_the_server_has_one_thread_and_no_cuda_when_it_forks(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
@@ -75,7 +86,7 @@ def test_the_server_has_one_thread_and_no_cuda_when_it_forks(tmp_path: Path) -> 
     preloader, run_ = _preloader(tmp_path, TORCH, work)
     try:
         assert preloader.accepts(run_)
-        child = preloader.fork(run_, tmp_path / "app.log")
+        child = _fork(preloader, run_, tmp_path / "app.log")
         assert child is not None, preloader.why_off
         assert preloader.proc is not None
         server_threads = os.listdir(f"/proc/{preloader.proc.pid}/task")
@@ -100,7 +111,7 @@ def test_a_module_that_starts_a_thread_makes_every_container_start_cold(tmp_path
     preloader, run_ = _preloader(tmp_path, ("threader",), work)
     try:
         assert preloader.accepts(run_)
-        assert preloader.fork(run_, tmp_path / "app.log") is None
+        assert _fork(preloader, run_, tmp_path / "app.log") is None
         assert preloader.state == "off" and "thread" in preloader.why_off
     finally:
         preloader.close()
@@ -244,6 +255,9 @@ def test_ctrl_c_while_the_server_imports_stops_the_job_at_once(tmp_path: Path) -
         (["-u", "-c", "print(1)"], {}, True),  # -c imports from the working directory, as the script's
         (["-u", "-m", "pkg.mod"], {}, True),
         (["-u", "other.py"], {"RANK": "3", "MASTER_ADDR": "x"}, True),  # per-pod variables are the program's
+        (["-u", "prog.py"], {"TORCHJOB_POD_NAME": "p-1", "HOSTNAME": "p-1", "VC_TASK_INDEX": "1"}, True),
+        (["-u", "prog.py"], {"TORCHDYNAMO_VERBOSE": "1"}, False),  # any other variable may be read at import
+        (["-u", "prog.py"], {"MY_SETTING": "x"}, False),
         (["prog.py"], {}, False),  # other interpreter options: other sys.flags
         (["-u", "prog.py"], {"OMP_NUM_THREADS": "2"}, False),  # read by torch's OpenMP at import
         (["-u", "prog.py"], {"PYTHONHASHSEED": "0"}, False),  # read by the interpreter at start
@@ -289,3 +303,122 @@ def test_an_sdk_task_returns_the_same_value_cold_and_preloaded(tmp_path: Path) -
     assert (
         results["cold"] == results["preload"] == ["torchjob: rank 0 returned {'world_size': 2.0, 'sum': 6.0}"]
     )
+
+
+def test_the_server_imports_with_no_pods_variables_and_forks_only_an_equal_environment(
+    tmp_path: Path,
+) -> None:
+    """A preloaded module sees no pod's name; a pod whose environment differs in any variable (here
+    TORCHDYNAMO_VERBOSE, which no list of prefixes named) starts cold, so that what its imports
+    read is its own."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "seen.py").write_text(
+        "import ctypes, os  # as torch does: the server needs ctypes\n"
+        "POD = os.environ.get('TORCHJOB_POD_NAME')\nDYN = os.environ.get('TORCHDYNAMO_VERBOSE')\n"
+    )
+    (work / "prog.py").write_text(
+        "import os, seen\n"
+        "print('import', seen.POD, seen.DYN)\n"
+        "print('run', os.environ['TORCHJOB_POD_NAME'], os.environ.get('TORCHDYNAMO_VERBOSE'))\n"
+    )
+    app = container("app", ["python", "prog.py"], workingDir=str(work))
+    dynamo = container(
+        "app",
+        ["python", "prog.py"],
+        workingDir=str(work),
+        env=[{"name": "TORCHDYNAMO_VERBOSE", "value": "1"}],
+    )
+    job = make_job("podenv", [task("a", [app], replicas=2), task("b", [dynamo])])
+    result = run(job, tmp_path, timeout=60, preload=("seen",))
+    assert result.ok, result.reason
+    for pod in ("a-0", "a-1", "b-0"):
+        lines = dict(line.split(" ", 1) for line in log_text(result, pod, "app").splitlines())
+        run_pod, run_dyn = lines["run"].split()
+        import_pod, import_dyn = lines["import"].split()
+        assert import_dyn == run_dyn, (pod, lines)  # what the import read is the pod's own
+        assert import_pod in ("None", run_pod), (pod, lines)  # never another pod's name
+    record = (result.job_dir / "preload.log").read_text()
+    assert record.count("forked") == 2, record  # a-0 and a-1; b-0 cold
+    assert log_text(result, "a-1", "app").startswith("import None None\n")
+    assert leftovers(result.job_id) == []
+
+
+def _slow_preload_job(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "slow.py").write_text("import time\ntime.sleep(60)\n")
+    (work / "prog.py").write_text("print('ran')\n")
+    job = make_job("slow", [task("main", [container("app", ["python", "prog.py"], workingDir=str(work))])])
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(job_manifest(job)))
+    return path
+
+
+def test_the_deadline_holds_while_the_server_imports(tmp_path: Path) -> None:
+    """The supervisor never waits for the server's import: --timeout, policies and status go on."""
+    home = tmp_path / "home"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchjob",
+            "run",
+            "--timeout",
+            "3",
+            "--preload",
+            "slow",
+            str(_slow_preload_job(tmp_path)),
+        ],
+        env={**os.environ, "TORCHJOB_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "deadline of 3s passed" in proc.stdout + proc.stderr
+    assert took < 20, took  # not the import's 60 s
+    job_id = next((home / "jobs").iterdir()).name
+    assert leftovers(job_id) == []
+
+
+def test_a_preload_that_cannot_be_used_is_said_once_on_the_console(tmp_path: Path) -> None:
+    job = make_job("nopre", [task("main", [container("app", ["python", "-c", "print('ran')"])], replicas=2)])
+    path = tmp_path / "nopre.json"
+    path.write_text(json.dumps(job_manifest(job)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchjob", "run", "--preload", "no_such_module_here", str(path)],
+        env={**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    said = [line for line in output.splitlines() if "--preload no_such_module_here" in line]
+    assert len(said) == 1, output
+    assert (
+        "the fork server cannot be used (the import failed or printed something); containers start cold"
+        in said[0]
+    )
+    assert output.count("ran") == 2
+
+
+def test_a_preload_no_container_can_use_is_said_once(tmp_path: Path) -> None:
+    job = make_job("shonly", [task("main", [container("app", sh("echo ran"))], replicas=2)])
+    path = tmp_path / "shonly.json"
+    path.write_text(json.dumps(job_manifest(job)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchjob", "run", "--preload", "json", str(path)],
+        env={**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    said = [line for line in output.splitlines() if "--preload json" in line]
+    assert len(said) == 1, output
+    assert "no container runs torchjob's python in a form the fork server can serve" in said[0]

@@ -35,7 +35,7 @@ print("flags", sys.flags.optimize, sys.flags.dont_write_bytecode, sys.flags.no_u
 print("signals", [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE)])
 print("stdin", sys.stdin.read(), "main", sys.modules["__main__"].__dict__ is globals())
 print("torch imported", "torch" in sys.modules, flush=True)
-ending = os.environ["ENDING"]
+ending = os.environ.get("ENDING") or {"b c": "sigterm", "x": "raise", "y": "interrupt"}[sys.argv[-1]]
 if ending == "sigterm":
     def on_term(signum, frame):
         print("SIGTERM handled", flush=True)
@@ -52,7 +52,9 @@ elif ending == "interrupt":
 """
 
 
-def _equivalence_job(tmp_path: Path, name: str, **metadata: object) -> Path:
+def _equivalence_job(tmp_path: Path, name: str, same_env: bool = False, **metadata: object) -> Path:
+    """``same_env``: the containers' environments are alike (each ending follows from its argv),
+    as forking them all from one preloading server needs."""
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     (work / "prog.py").write_text(BODY)
@@ -68,7 +70,10 @@ def _equivalence_job(tmp_path: Path, name: str, **metadata: object) -> Path:
             form,
             argv,
             workingDir=str(work),
-            env=[{"name": "FOO", "value": "bar"}, {"name": "ENDING", "value": ending}],
+            env=[
+                {"name": "FOO", "value": "bar"},
+                *([] if same_env else [{"name": "ENDING", "value": ending}]),
+            ],
         )
         for form, (argv, ending) in forms.items()
     ]

@@ -217,6 +217,76 @@ def test_ctrl_c_in_single_node_elastic_is_keyboard_interrupt(tmp_path: Path, to_
     _assert_gone(ranks + everything)
 
 
+def test_ctrl_c_that_only_the_ranks_saw_is_keyboard_interrupt(tmp_path: Path) -> None:
+    """SIGINT to the ranks alone (the caller missed it, or the user signalled their group): the call
+    raises KeyboardInterrupt, not the ranks' RemoteError."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    try:
+        pids = [tmp_path / "rank-0.pid", tmp_path / "rank-1.pid"]
+        deadline = time.monotonic() + 120
+        while not all(p.exists() and p.read_text() for p in pids):
+            assert proc.poll() is None and time.monotonic() < deadline, "the ranks never started"
+            time.sleep(0.1)
+        ranks = [psutil.Process(int(p.read_text())) for p in pids]
+        for rank in ranks:
+            rank.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "raised builtins KeyboardInterrupt" in out, out + err[-3000:]
+    assert proc.returncode == -signal.SIGINT
+    _assert_gone(ranks)
+
+
+HELD_SCRIPT = textwrap.dedent(
+    """
+    import signal, sys
+    from torchjob import Elastic, task
+
+    masks = []
+
+    def hook(event, args):
+        if event == "import" and args[0] == "torch._C":
+            masks.append(signal.pthread_sigmask(signal.SIG_BLOCK, set()))
+
+    @task(task_config=Elastic(nproc_per_node=2))
+    def one():
+        return 1
+
+    if __name__ == "__main__":
+        assert "torch" not in sys.modules
+        sys.addaudithook(hook)
+        assert one() == 1
+        print("held", [sorted(s.name for s in mask) for mask in masks[:1]])
+        print("after", sorted(s.name for s in signal.pthread_sigmask(signal.SIG_BLOCK, set())))
+    """
+)
+
+
+def test_a_ctrl_c_during_torchs_import_is_held_not_lost(tmp_path: Path) -> None:
+    """A Ctrl-C while the caller imported torch for the launcher was sometimes lost (the call went
+    on): the launcher's signals are held for the import and handled once it is done."""
+    script = tmp_path / "held.py"
+    script.write_text(HELD_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "held [['SIGHUP', 'SIGINT', 'SIGQUIT', 'SIGTERM']]" in proc.stdout, proc.stdout
+    assert "after []" in proc.stdout
+
+
 @task(task_config=Elastic(nproc_per_node=2))
 def two_ranks() -> int:
     return int(os.environ["WORLD_SIZE"])

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from torchjob import Elastic, RemoteError, Resources, task, workflow
+from torchjob.errors import SpecError
 from torchjob.sdk import Promise, WorkflowError
 from torchjob.sdk.workflow import ValueNeeded, trace
 from torchjob.sdk.workflow_cli import parse_arguments
@@ -457,6 +458,26 @@ def test_arguments_from_the_signature() -> None:
         "quiet": False,
     }
     assert parse_arguments(flow, ["--flag", "false", "--n", "1"], "f.py:flow")[1] == {"flag": False, "n": 1}
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (["--n", "٣"], "expected an integer, got '٣'"),  # Arabic-Indic three: int() would take it
+        (["--n", "３"], "expected an integer, got '３'"),  # fullwidth
+        (["--n", "1", "--rate", "٠.٥"], "expected a number, got '٠.٥'"),
+    ],
+)
+def test_numbers_in_workflow_arguments_are_ascii(given: list[str], expected: str) -> None:
+    """As a shell, torchrun or Kubernetes read numbers: Python's int() alone takes any script's digits."""
+
+    @workflow
+    def flow(n: int, rate: float = 0.1) -> None:
+        return None
+
+    with pytest.raises(SpecError) as caught:
+        parse_arguments(flow, given, "f.py:flow")
+    assert expected in str(caught.value)
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:

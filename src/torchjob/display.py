@@ -177,6 +177,8 @@ def summary(report: JobReport, color: bool = False, unshown: int = 0, remove: bo
     lines = [headline(report, color)]
     lines += ["  " + row for row in pod_rows(report, color)]
     lines += outcome(report, color)
+    if not report.location:  # nothing kept (the job directory could not be written): no logs to name
+        return lines
     logs = f"{report.location}/logs"
     if unshown:
         text = f"{unshown} line{'s' if unshown != 1 else ''} of container output not shown above"

@@ -145,6 +145,15 @@ def _min_available_hint(problem: Problem, written: dict[str, str], spec: dict[st
     return Problem(problem.path, problem.message + hint, problem.file, problem.line)
 
 
+def _blame(problem: Problem, written: dict[str, str], spec: dict[str, Any], options: str) -> Problem:
+    if problem.path in written:
+        return Problem(problem.path, f"{written[problem.path]}: {problem.message}", COMMAND_LINE)
+    hinted = _min_available_hint(problem, written, spec)
+    if hinted is not problem:
+        return hinted
+    return Problem(problem.path, f"{problem.message} (after {options})", problem.file, problem.line)
+
+
 def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
     """``loaded`` with the overrides made and checked again; SpecError naming the option at fault."""
     if not overrides:
@@ -169,10 +178,9 @@ def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
     )
     job, problems = check_document(document)
     if job is None:
-        problems = [_min_available_hint(p, written, spec) for p in problems]
-        # A problem in a field a --set wrote is the option's, not the file's.
-        raise SpecError(
-            Problem(p.path, f"{written[p.path]}: {p.message}", COMMAND_LINE) if p.path in written else p
-            for p in problems
-        )
+        # The file was valid before: every problem is the options' doing. One in a field a --set
+        # wrote is the option's; a minAvailable that a --set ...replicas broke names the --set that
+        # fixes it; any other says which options it follows.
+        options = ", ".join(written.values()) or "the command line's changes"
+        raise SpecError(_blame(p, written, spec, options) for p in problems)
     return LoadedJob(job, document)

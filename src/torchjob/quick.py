@@ -32,7 +32,8 @@ DEFAULT_SHAPE = "1x1"  # a script given without -j: one pod, one process, as `py
 JOB_SUFFIXES = (".yaml", ".yml", ".json")
 LAUNCHER = ("python", "-m", "torch.distributed.run")
 _READ_LIMIT = 1 << 20  # bytes of a FILE without a known suffix read to tell a script from a job
-_SHAPE = re.compile(r"(\d+)x(\d+)")
+# ASCII digits (\d would take '２x２' as 2x2), few enough for int() (it refuses 4,300 and more)
+_SHAPE = re.compile(r"([0-9]{1,9})x([0-9]{1,9})")
 MAX_NODES = 1000
 MAX_PROCS = 1024
 

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 from torchjob import __version__
@@ -166,6 +167,36 @@ def _script_at(argv: list[str], parser: argparse.ArgumentParser) -> int | None:
 SCRIPT_COMMANDS = ("run", "render", "submit")  # a script's arguments follow it
 
 
+LAST_WORDS_WAIT = 0.5  # seconds a stalled stderr reader gets for torchjob's last lines
+
+
+def _last_words(lines: list[str]) -> None:
+    """Lines on stderr as torchjob ends: a reader that takes nothing (``2>&1 | less`` not scrolled,
+    a full pipe) gets them for a second, then they are dropped; the exit code is not held up."""
+    import select
+
+    data = "".join(f"{line}\n" for line in lines).encode(errors="replace")
+    try:
+        sys.stderr.flush()
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file of this process (a notebook's)
+        print("\n".join(lines), file=sys.stderr)
+        return
+    deadline = time.monotonic() + LAST_WORDS_WAIT
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    while data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(int(left * 1000) + 1):
+            return
+        try:  # writable: PIPE_BUF bytes at least go at once, without blocking
+            data = data[os.write(fd, data[: select.PIPE_BUF]) :]
+        except InterruptedError:
+            continue
+        except OSError:  # the reader went away
+            return
+
+
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_of(argv))
@@ -182,14 +213,13 @@ def _main(argv: Sequence[str] | None) -> int:
         code: int = args.func(args)
         return code
     except SpecError as err:
-        for problem in err.problems:
-            print(problem.format(), file=sys.stderr)
+        _last_words([problem.format() for problem in err.problems])
         return EXIT_BAD_INPUT
     except EngineError as err:
-        print(f"torchjob: {err}", file=sys.stderr)
+        _last_words([f"torchjob: {err}"])
         return err.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _last_words(["interrupted"])
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `torchjob render ... | head` is not an error
         return EXIT_OK

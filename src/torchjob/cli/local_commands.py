@@ -229,11 +229,16 @@ def _engine(args: argparse.Namespace) -> Engine:
 
 
 def _parse_env(pairs: list[str]) -> dict[str, str]:
+    from torchjob.spec.names import is_env_name
+
     env: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name:
             raise SpecError([Problem("--env", f"expected NAME=VALUE, got {pair!r}", "<command line>")])
+        if not is_env_name(name):  # as a container's env entries are checked
+            message = f"{name!r} is not a valid environment variable name"
+            raise SpecError([Problem("--env", message, "<command line>")])
         env[name] = value
     return env
 

@@ -99,6 +99,7 @@ def run_validate(args: argparse.Namespace) -> int:
             expansion = Expansion(job)
             _print_warnings(item.document, expansion.warnings())
             if getattr(args, "local", False):
+                _print_warnings(item.document, _local_warnings(item))  # those `run` prints
                 local = _local_problems(item)
                 if local:
                     problems += local
@@ -154,6 +155,12 @@ def _local_problems(item: Any) -> list[Problem]:
     from torchjob.engines.registry import get_engine
 
     return [item.document.problem(path, message) for path, message in get_engine("local").check(item.job)]
+
+
+def _local_warnings(item: Any) -> list[tuple[str, str]]:
+    from torchjob.engines.registry import get_engine
+
+    return get_engine("local").warnings(item.job)
 
 
 def _render_workflow(args: argparse.Namespace) -> int | None:

@@ -451,6 +451,10 @@ if TYPE_CHECKING:
             """What stops ``job`` from running on this engine, as (field path, message); [] when it can."""
             ...
 
+        def warnings(self, job: Job) -> list[tuple[str, str]]:
+            """What of ``job`` this engine does not do as a cluster would: (field path, message)."""
+            ...
+
         def start(self, job: Job, options: StartOptions) -> JobReport:
             """Run ``job``: attached, until it ends (its final report); detached, return once started."""
             ...

@@ -40,9 +40,13 @@ def parse_int(value: str) -> tuple[int | None, str]:
             None,
             f"{value!r} has a leading zero, which Go reads as octal; write it without the zero or as 0o...",
         )
-    number = int(value.replace("_", ""), 0)
+    digits = value.replace("_", "")
+    # A 64-bit integer has at most 67 characters (sign, 0b, 64 binary digits); a longer one is out
+    # of range without converting it (int() refuses more than 4300 digits with a ValueError).
+    number = int(digits, 0) if len(digits) <= 67 else INT64_MAX + 1
     if not -INT64_MAX - 1 <= number <= INT64_MAX:
-        return None, f"{value!r} is out of range for a 64-bit integer"
+        shown = value if len(value) <= 40 else f"{value[:20]}...({len(value)} characters)"
+        return None, f"{shown!r} is out of range for a 64-bit integer"
     return number, ""
 
 

@@ -85,12 +85,23 @@ def _run_single_node(
             ) from None
         except LaunchFailed as err:
             error = first_error(results)
+            if _interrupted(error):  # a Ctrl-C that the ranks saw first, or alone: the caller's too
+                raise KeyboardInterrupt from None
             if error is None:
                 raise TaskFailed(str(err)) from None
             raise error from error.original
         return value
     finally:
         shutil.rmtree(results, ignore_errors=True)
+
+
+def _interrupted(error: Exception | None) -> bool:
+    """The first rank to fail was stopped by a Ctrl-C (SIGINT): as the docs promise, the call
+    raises KeyboardInterrupt then, whether or not the signal reached this process too."""
+    if error is None:
+        return False
+    exc_type, message = getattr(error, "exc_type", ""), getattr(error, "message", "")
+    return bool(exc_type == "KeyboardInterrupt" or message.endswith("with signal SIGINT"))
 
 
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -7,13 +7,15 @@ value, since a pod cannot import a module that exists only under that private na
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 from torchjob.errors import Problem, SpecError
 from torchjob.jobs import LoadedJob
@@ -41,6 +43,35 @@ def refuse_call_while_importing(task: str) -> None:
         raise CalledWhileImporting(task)
 
 
+class _ExitCalled(BaseException):
+    """``os._exit`` called by a file's top-level code while torchjob imports it."""
+
+    def __init__(self, code: object) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@contextlib.contextmanager
+def _exits_refused() -> Iterator[None]:
+    """``os._exit`` raises :class:`_ExitCalled` in this process while a file is imported.
+
+    It would end torchjob on the spot, printing nothing, with the file's exit code (0: "valid",
+    and nothing ran). A process the file forks meanwhile still exits with it, as it means to.
+    """
+    real, me = os._exit, os.getpid()
+
+    def refuse(status: int) -> NoReturn:
+        if os.getpid() != me:
+            real(status)
+        raise _ExitCalled(status)
+
+    os._exit = refuse
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
 def _fail(file: str, path: str, message: str) -> SpecError:
     return SpecError([Problem(path, message, file)])
 
@@ -64,7 +95,8 @@ def import_file(path: str) -> ModuleType:
     sys.modules[name] = module
     _importing.append(full)
     try:
-        spec.loader.exec_module(module)
+        with _exits_refused():
+            spec.loader.exec_module(module)
     except KeyboardInterrupt:  # Ctrl-C during a slow import still stops torchjob (exit 130)
         sys.modules.pop(name, None)
         raise
@@ -102,6 +134,13 @@ def _import_failed(file: str, err: BaseException) -> SpecError:
             file,
             "",
             f"importing the file called sys.exit({code}); torchjob imports it to find its tasks, "
+            "so put what the file does as a script under 'if __name__ == \"__main__\":'",
+        )
+    if isinstance(err, _ExitCalled):
+        return _fail(
+            file,
+            "",
+            f"importing the file called os._exit({_text(err.code)}); torchjob imports it to find its tasks, "
             "so put what the file does as a script under 'if __name__ == \"__main__\":'",
         )
     if isinstance(err, ValueError):  # a bad task config raises at decoration time: say where
@@ -148,7 +187,8 @@ def load_task(ref: str) -> Task[Any, Any]:
     if where.endswith(".py"):
         return _task_from(import_file(where), name, where)
     try:
-        module = importlib.import_module(where)
+        with _exits_refused():
+            module = importlib.import_module(where)
     except KeyboardInterrupt:
         raise
     except BaseException as err:  # as for a file, above

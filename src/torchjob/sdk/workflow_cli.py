@@ -96,6 +96,8 @@ def _convert(text: str, hint: Any) -> Any:
         raise ValueError(f"expected true or false, got {text!r}")
     if hint in (int, float):
         try:
+            if not text.isascii():  # int() and float() take '٣' and '３' for 3; the pods' shells do not
+                raise ValueError
             return hint(text)
         except ValueError:
             raise ValueError(

@@ -10,6 +10,7 @@ mappings); these checks skip a value of the wrong shape rather than report it tw
 
 from __future__ import annotations
 
+from torchjob.spec.names import is_env_name
 from torchjob.spec.parse import number_text, type_name
 from torchjob.spec.source import INT64_MAX, child
 from torchjob.spec.units import parse_quantity
@@ -165,7 +166,17 @@ def _container(container: dict[str, Any], path: str) -> Issues:
             if isinstance(mount, dict):
                 mpath = child(child(path, "volumeMounts"), i)
                 issues += _string(mount, "subPath", mpath) + _boolean(mount, "readOnly", mpath)
+                issues += _sub_path(mount.get("subPath"), child(mpath, "subPath"))
     return issues
+
+
+def _sub_path(value: Any, path: str) -> Issues:
+    """Kubernetes refuses a subPath that is absolute or has a '..' part (it would leave the volume)."""
+    if not isinstance(value, str) or not value:
+        return []
+    if value.startswith("/") or ".." in value.split("/"):
+        return [(path, f"{value!r} must be a relative path without '..' (as Kubernetes requires)")]
+    return []
 
 
 def _exec_string(text: str, path: str, what: str) -> Issues:
@@ -274,6 +285,9 @@ def _env_from(value: Any, path: str) -> Issues:
             issues.append((spath, f"expected a mapping with configMapRef or secretRef, got {_kind(source)}"))
             continue
         issues += _string(source, "prefix", spath)
+        prefix = source.get("prefix")
+        if isinstance(prefix, str) and prefix and not is_env_name(prefix):  # Kubernetes checks it so
+            issues.append((child(spath, "prefix"), f"{prefix!r} is not a valid environment variable name"))
         given = [key for key in _ENV_FROM_SOURCES if key in source]
         if len(given) != 1:
             what = "only one" if given else "one"

@@ -237,13 +237,24 @@ class _Recursive(_Stop):
 def read_text(file: str) -> str:
     """The text of ``file`` (``-`` is standard input), or a SpecError naming it."""
     try:
-        if file == "-":  # strictly UTF-8, whatever the locale makes of sys.stdin
-            return sys.stdin.buffer.read().decode("utf-8")
-        with open(file, encoding="utf-8") as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError) as err:
+        # Read no more than a job file can be (/dev/zero, a stray log), and strictly UTF-8,
+        # whatever the locale makes of sys.stdin.
+        if file == "-":
+            data = sys.stdin.buffer.read(MAX_TEXT + 1)
+        else:
+            with open(file, "rb") as handle:
+                data = handle.read(MAX_TEXT + 1)
+        if len(data) > MAX_TEXT:
+            reason = f"it is larger than {MAX_TEXT // 2**20} MiB; expected a job file"
+            raise SpecError([Problem("", reason, file)])
+        text = data.decode("utf-8")
+        # A file's line ends as open() in text mode gives them (\r\n and \r read as \n).
+        return text if file == "-" or "\r" not in text else text.replace("\r\n", "\n").replace("\r", "\n")
+    except (OSError, UnicodeDecodeError, MemoryError) as err:
         if isinstance(err, UnicodeDecodeError):
             reason = f"not UTF-8 text ({err.reason} at byte {err.start})"
+        elif isinstance(err, MemoryError):
+            reason = "not enough memory to read it"
         else:
             reason = err.strerror or str(err)
         raise SpecError([Problem("", f"cannot read file: {reason}", file)]) from None

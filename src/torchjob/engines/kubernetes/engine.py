@@ -81,6 +81,9 @@ class KubernetesEngine:
     def check(self, job: Job) -> list[tuple[str, str]]:
         return []
 
+    def warnings(self, job: Job) -> list[tuple[str, str]]:
+        return []  # the cluster does it all; the targets' own warnings come with the rendering
+
     def start(self, job: Job, options: StartOptions) -> JobReport:
         # The targets layer renders; this engine only sends.
         from torchjob.targets import render_target

@@ -110,6 +110,14 @@ def check_job(job: Job) -> list[tuple[str, str]]:
     return check_pods(_check_state(job)) + gpus.check(job, found) + prewarm.check(job)
 
 
+def job_warnings(job: Job) -> list[tuple[str, str]]:
+    """What ``job`` asks for that has no effect here (a securityContext's capabilities, say): the
+    warnings a run prints as it starts, for ``validate --local``."""
+    from torchjob.engines.local.containers import local_warnings
+
+    return local_warnings(_check_state(job), {})
+
+
 def _raise_problems(job: Job) -> None:
     from torchjob.errors import Problem, SpecError
 

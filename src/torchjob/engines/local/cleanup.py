@@ -31,6 +31,7 @@ DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no term
 STUCK_AFTER_KILL = 5.0  # a process that outlives SIGKILL this long is given up on (D state)
 TICK = 0.02  # seconds between polls while pods are being stopped (their strays cannot be waited on)
 OUTPUT_STALL = 2.0  # at the end, seconds a reader may take nothing before the rest is only counted
+INTERRUPTED_STALL = 0.2  # the same after a Ctrl-C or SIGTERM: the user wants the prompt back
 
 Key = tuple[str, int]
 
@@ -201,7 +202,8 @@ def shutdown(sup: Supervisor) -> None:
                 sup.console.print(line)
             if kept_until and not (sup.remove and sup.status.phase is JobPhase.COMPLETED):
                 sup.console.print(kept_until)
-            sup.console.finish(OUTPUT_STALL, lambda: bool(sup.signals))
+            stall = INTERRUPTED_STALL if sup.interrupted is not None else OUTPUT_STALL
+            sup.console.finish(stall, lambda: bool(sup.signals))
     finally:
         if sup.processes.watchdog is not None:  # it died while the above was done
             sup.processes.watchdog.reap()

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
     from torchjob.engines.local.preload import Forked, Preloader
 
+    Forker = Callable[[ContainerRun, Path], Forked | str | None]
+
 WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
 VOLCANO_MOUNT = "/etc/volcano"  # where Volcano's svc plugin mounts its host files
 UIDS_ENV = "TORCHJOB_JOB_UIDS"  # plugins.waitmaster.UIDS_ENV, not imported: a job start need not load it
@@ -251,7 +253,7 @@ class PodFactory:
             path.chmod(0o644)  # as the job's: read by pods that run as another user
         return podnames.HostsMount.of(str(path))
 
-    def forkers(self, mains: list[ContainerRun]) -> dict[str, Callable[[ContainerRun, Path], Forked | None]]:
+    def forkers(self, mains: list[ContainerRun]) -> dict[str, Forker]:
         """The main containers to fork from the preloading server (none without --preload)."""
         if self.preloader is None:
             return {}

@@ -60,6 +60,16 @@ class LocalEngine:
 
     def __init__(self, state_dir: str | Path | None = None, **ignored: Any) -> None:
         self.root = state_root(Path(state_dir) if state_dir is not None else None)
+        self._chosen_by = Path(state_dir) if state_dir is not None else None
+
+    def _usable_root(self) -> Path:
+        """The root, once known to be this user's directory (or free to be made): else one line."""
+        from torchjob.engines.local.rootcheck import origin, root_problem
+
+        problem = root_problem(self.root)
+        if problem is not None:
+            raise EngineError(f"{origin(self._chosen_by)}: {problem}")
+        return self.root
 
     # ------------------------------------------------------------ running
 
@@ -68,13 +78,18 @@ class LocalEngine:
 
         return check_job(job)
 
+    def warnings(self, job: Job) -> list[tuple[str, str]]:
+        from torchjob.engines.local import job_warnings
+
+        return job_warnings(job)
+
     def start(self, job: Job, options: StartOptions) -> JobReport:
         from torchjob.engines.local import RunOptions, run_job
 
         result = run_job(
             job,
             RunOptions(
-                state_dir=self.root,
+                state_dir=self._usable_root(),
                 quiet=options.quiet or options.detach,
                 timeout=options.timeout,
                 extra_env=dict(options.extra_env),
@@ -104,8 +119,12 @@ class LocalEngine:
 
     def _jobs(self) -> list[JobDir]:
         """The jobs kept, oldest first; those past their ttlSecondsAfterFinished are removed first."""
-        collect_expired(self.root, time.time())
-        return list_jobs(self.root)
+        root = self._usable_root()
+        try:
+            collect_expired(root, time.time())
+            return list_jobs(root)
+        except OSError as err:  # a job directory made unreadable: say which
+            raise EngineError(_cannot_read(err)) from None
 
     def status(self, ref: str) -> JobReport:
         where = self._find(ref)
@@ -128,7 +147,10 @@ class LocalEngine:
 
     def _live(self, where: JobDir) -> JobReport:
         """The stored report, with phase Unknown when its supervisor died before the job ended."""
-        report = where.read_status()
+        try:
+            report = where.read_status()
+        except OSError as err:
+            raise EngineError(_cannot_read(err)) from None
         if report.terminal or report.phase == "Unknown" or where.supervisor_alive():
             return report
         report.reason = (
@@ -286,6 +308,10 @@ def last_output(log_dir: Path) -> float | None:
         with contextlib.suppress(OSError):
             times.append(log.stat().st_mtime)
     return max(times, default=None)
+
+
+def _cannot_read(err: OSError) -> str:
+    return f"cannot read {err.filename or 'the job directory'}: {err.strerror or err}"
 
 
 def _select_pods(pods: list[PodReport], wanted: str | None) -> list[PodReport]:

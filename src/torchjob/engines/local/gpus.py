@@ -5,6 +5,8 @@ What the NVIDIA device plugin does on a node, done with ``CUDA_VISIBLE_DEVICES``
 * the machine's GPUs are those ``CUDA_VISIBLE_DEVICES`` already allows (when torchjob itself runs
   under it), else those ``nvidia-smi -L`` lists, else those ``/proc/driver/nvidia/gpus/`` holds;
   a GPU is named by its UUID when known, so the order CUDA enumerates them in does not matter;
+  ``CUDA_VISIBLE_DEVICES`` is read as CUDA reads it: the list ends at the first entry that names no
+  device (``-1``, ``NoDevFiles``), and a device named twice is one device;
 * a pod needs the GPUs of its containers together, or those of its largest init container if
   that is more (init containers run before the others and hand their GPUs on), as Kubernetes
   counts them; every pod of the job gets a distinct share, kept across restarts;
@@ -20,12 +22,13 @@ touched. :func:`allocate` is pure; :func:`inventory` is the only part that looks
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from torchjob.records import record
+from torchjob.records import record, replace
 from torchjob.spec.source import child
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -39,7 +42,11 @@ PROC_GPUS = Path("/proc/driver/nvidia/gpus")
 # Compiled (and cached by re) only on a machine whose GPUs are looked for.
 _SMI_LINE = r"^GPU (\d+):.*?(?:\(UUID: (\S+)\))?\s*$"
 _PROC_UUID = r"(?m)^GPU UUID:\s*(\S+)"
-_SMI_TIMEOUT = 10.0
+_VISIBLE_ENTRY = r"[0-9]+|(?:GPU|MIG)-[0-9A-Za-z/-]+"
+# A healthy nvidia-smi -L answers in well under a second; one that hangs (a wedged driver) must not
+# hold a job's start for long: it is asked once per process (the supervisor is forked from the CLI).
+_SMI_TIMEOUT = 4.0
+_smi_seen: dict[tuple[str, int, int], tuple[Inventory | None, str]] = {}
 
 Issues = list[tuple[str, str]]
 
@@ -51,6 +58,10 @@ class Inventory:
     devices: tuple[str, ...]
     source: str
     by_index: bool = False  # entries are PCI-ordered indexes: CUDA must count in that order too
+    problem: str = ""  # why a source that should have answered did not (a failing nvidia-smi)
+
+    def where(self) -> str:
+        return f"{self.source}; {self.problem}" if self.problem else self.source
 
 
 @record(frozen=True)
@@ -125,28 +136,75 @@ def inventory(environ: Mapping[str, str] | None = None, proc: Path = PROC_GPUS) 
     environ = os.environ if environ is None else environ
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        entries = tuple(e.strip() for e in visible.split(",") if e.strip())
-        return Inventory(entries, "CUDA_VISIBLE_DEVICES")
-    found = _from_nvidia_smi(environ)
+        return parse_visible(visible)
+    found, problem = _from_nvidia_smi(environ)
     if found is not None:
         return found
-    return _from_proc(proc)
+    return replace(_from_proc(proc), problem=problem) if problem else _from_proc(proc)
 
 
-def _from_nvidia_smi(environ: Mapping[str, str]) -> Inventory | None:
+def parse_visible(value: str) -> Inventory:
+    """``CUDA_VISIBLE_DEVICES`` as CUDA reads it: up to the first entry that is no device, once each."""
+    entries: list[str] = []
+    for entry in (e.strip() for e in value.split(",")):
+        if not re.fullmatch(_VISIBLE_ENTRY, entry):
+            break  # CUDA ignores this entry and every one after it: "-1" and "NoDevFiles" hide all
+        if entry not in entries:
+            entries.append(entry)
+    return Inventory(
+        tuple(entries), f"CUDA_VISIBLE_DEVICES={value}" if value and not entries else "CUDA_VISIBLE_DEVICES"
+    )
+
+
+def _from_nvidia_smi(environ: Mapping[str, str]) -> tuple[Inventory | None, str]:
+    """What ``nvidia-smi -L`` lists, or None and why it said nothing useful ('' when it is absent)."""
     import shutil
-    import subprocess
 
     smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
     if smi is None:
-        return None
+        return None, ""
     try:
-        out = subprocess.run(
-            [smi, "-L"], capture_output=True, text=True, timeout=_SMI_TIMEOUT, check=False
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_nvidia_smi(out)
+        info = os.stat(smi)
+    except OSError as err:
+        return None, f"nvidia-smi: {err.strerror}"
+    key = (smi, info.st_ino, info.st_mtime_ns)
+    if key not in _smi_seen:
+        _smi_seen[key] = _ask_nvidia_smi(smi)
+    return _smi_seen[key]
+
+
+def _ask_nvidia_smi(smi: str) -> tuple[Inventory | None, str]:
+    import signal
+    import subprocess
+
+    try:
+        # Its own session, so that a hanging one is killed with anything it started that holds the pipes.
+        child = subprocess.Popen(
+            [smi, "-L"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as err:
+        return None, f"nvidia-smi -L could not start: {err.strerror}"
+    try:
+        out, err_out = child.communicate(timeout=_SMI_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(child.pid, signal.SIGKILL)
+        try:
+            child.communicate(timeout=1.0)
+        except subprocess.TimeoutExpired:  # something outside its group holds the pipes: leave them
+            child.kill()
+            child.wait()
+        return None, f"nvidia-smi -L did not answer in {_SMI_TIMEOUT:g} s"
+    text = out.decode("utf-8", errors="replace")  # a driver's message in another encoding is no crash
+    if child.returncode != 0:
+        said = (err_out.decode("utf-8", errors="replace") + text).strip().splitlines()
+        why = said[0].strip()[:200] if said else "no message"
+        return None, f"nvidia-smi -L failed (exit {child.returncode}): {why}"
+    return parse_nvidia_smi(text), ""
 
 
 def parse_nvidia_smi(text: str) -> Inventory:
@@ -236,7 +294,7 @@ def job_env(
     found = found if found is not None else inventory()
     if not found.devices:
         return {}, (
-            f"no GPU on this machine ({found.source}): the {wanted} GPUs the pods ask for are ignored "
+            f"no GPU on this machine ({found.where()}): the {wanted} GPUs the pods ask for are ignored "
             "and they run without CUDA"
         )
     try:

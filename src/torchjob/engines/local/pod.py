@@ -36,6 +36,8 @@ BACKOFF_CAP = 300.0  # Kubernetes caps its crash-loop back-off at 5 minutes
 _BACKOFF_DOUBLINGS = 12  # 0.1 * 2**12 > 300: more doublings change nothing (and 2**1024 overflows)
 RESTART_WAIT = 5.0  # seconds past a restart's time to wait for the previous run's processes to die
 BACKOFF_RESET = 10.0  # a container that ran this long starts its back-off again from the base
+FORK_LATER = "later"  # a forker's answer: the preloading server is not ready yet (preload.py)
+FORK_RETRY = 0.05  # seconds until such a container is tried again
 
 
 def backoff(failures: int) -> float:
@@ -118,7 +120,7 @@ class LocalPod:
         on_group: Callable[[int, bool], None] = lambda pgid, started: None,
         adopt: Callable[[], list[int]] = list,
         prewarm_modules: tuple[str, ...] = (),
-        forkers: Mapping[str, Callable[[ContainerRun, Path], Forked | None]] | None = None,
+        forkers: Mapping[str, Callable[[ContainerRun, Path], Forked | str | None]] | None = None,
     ) -> None:
         self.name, self.task, self.index, self.attempt = name, task, index, attempt
         self.restart_policy = restart_policy
@@ -258,9 +260,11 @@ class LocalPod:
         argv = c.run.argv if c.run.init else prewarm.cold_argv(c.run) or c.run.argv
         _forget_finished(c)
         try:
-            c.proc = (fork and fork(c.run, c.log)) or process.spawn(
-                argv, c.run.env, c.run.cwd, c.log, c.run.before_exec
-            )
+            forked = fork(c.run, c.log) if fork is not None else None
+            if isinstance(forked, str):  # FORK_LATER: the fork server still imports; nothing waits for it
+                c.proc, c.next_start = None, now + FORK_RETRY
+                return
+            c.proc = forked or process.spawn(argv, c.run.env, c.run.cwd, c.log, c.run.before_exec)
         except OSError as err:
             what = f"{c.run.argv[0]}: {err.strerror or err}"
             if c.run.cwd and not os.path.isdir(c.run.cwd):  # the OSError would blame the program

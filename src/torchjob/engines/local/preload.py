@@ -14,11 +14,17 @@ signals to its group and restarts work unchanged (:class:`Forked`). The server i
 supervisor's session, in a group of its own, carries the job's marker (not a pod's), and ends when
 its request pipe closes; the end-of-job sweep kills it with the rest.
 
-A container starts cold when the server cannot serve it: not torchjob's python, other interpreter
-options, another working directory or script directory, other ``PYTHON*`` variables or variables
-that torch reads at import (``IMPORT_TIME_PREFIXES``) or the interpreter at start (locale, ``TZ``,
-``HOME``), a ``runAsUser``/``runAsGroup`` (the identity is set by the engine's own hook), changed
-resource limits, or a server that failed to import the modules silently on one thread.
+The server starts with no pod's own variables (``POD_NAMES`` and the engine's ``TORCHJOB_*``): what
+its imports read is the same for every pod, and a preloaded module sees no pod's name. A container
+is forked only when its whole environment, apart from those variables, is the one the server
+started with; any other difference (a ``TORCHDYNAMO_*`` setting on one task, a locale) could have
+changed what the imports did, so that container starts cold. It starts cold as well when it is not
+torchjob's python, has other interpreter options, another working directory or script directory,
+a ``runAsUser``/``runAsGroup`` (the identity is set by the engine's own hook), changed resource
+limits, or when the server could not be used (said once on the console).
+
+The server's import is not waited for: a container to be forked while it imports is retried on
+the supervisor's next turns (``pod.FORK_LATER``), so that deadlines, policies and status go on.
 """
 
 from __future__ import annotations
@@ -32,22 +38,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 from torchjob.engines.local import prewarm, process, procfs
-from torchjob.engines.local.containers import ContainerRun
+from torchjob.engines.local.containers import ContainerRun, is_engine_variable
+from torchjob.engines.local.pod import FORK_LATER
 from torchjob.engines.local.state import open_private
 
 SERVER = str(Path(__file__).with_name("forkserver.py"))
 READY_TIMEOUT = 300.0  # seconds for the server's import (torch on a loaded 2-core machine takes a few)
 REPLY_TIMEOUT = 10.0  # seconds for one fork; the server is then given up on
-SIGNAL_CHECK = 0.05  # seconds between looks at the supervisor's signals while waiting for the server
-# Environment that torch and the native libraries it loads (OpenMP, MKL, OpenBLAS, CUDA) may read
-# when imported or first initialised: a forked program gets what the server had (docs/local-engine.md).
+# Environment that torch and the native libraries it loads (OpenMP, MKL, OpenBLAS, CUDA) read when
+# imported: a program that sets one of these itself is warned that the server's value was used.
 IMPORT_TIME_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_", "CUDA_")
-
-# Read by the interpreter as it starts (stdio encoding, user site, time zone): the same as the server's
-STARTUP_PREFIXES = ("PYTHON", "LC_", *IMPORT_TIME_PREFIXES)
-STARTUP_NAMES = frozenset({"LANG", "LANGUAGE", "TZ", "HOME"})
+# What the engine (besides its TORCHJOB_* variables) and the plugins set per pod, for programs to
+# read when they run (rendezvous, rank): not the server's, and free to differ between forked pods.
+POD_NAMES = frozenset(
+    {"HOSTNAME", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "VC_TASK_INDEX", "VK_TASK_INDEX"}
+)
 
 Key = tuple[object, ...]
+ENDED = "the job ended"
 
 
 class Forked:
@@ -97,6 +105,11 @@ def _path0(tail: list[str], cwd: str) -> str:
     return os.path.dirname(os.path.realpath(os.path.join(cwd, tail[0])))
 
 
+def shared_env(env: dict[str, str]) -> dict[str, str]:
+    """A container's environment without what is set per pod: what the server may import with."""
+    return {k: v for k, v in env.items() if k not in POD_NAMES and not is_engine_variable(k)}
+
+
 def _key(run: ContainerRun) -> Key | None:
     """What must be the same for a container to be forked from a server: None when it cannot be."""
     found = _options_and_tail(run)
@@ -104,7 +117,7 @@ def _key(run: ContainerRun) -> Key | None:
         return None
     options, tail = found
     cwd = run.cwd or os.getcwd()
-    env = sorted((k, v) for k, v in run.env.items() if k.startswith(STARTUP_PREFIXES) or k in STARTUP_NAMES)
+    env = sorted(shared_env(run.env).items())  # all of it: any variable may be read at import
     # Where the imports resolve: sys.path[0], whose '' (for -c) is the working directory.
     return (tuple(options), cwd, _path0(tail, cwd) or cwd, tuple(env))
 
@@ -133,11 +146,13 @@ class Preloader:
         self.modules = modules
         self.job_dir = job_dir
         self.before_exec: Callable[[], None] | None = None  # the job's /etc/hosts, for every container
-        self.interrupted: Callable[[], bool] = lambda: False  # a signal came: stop waiting for the server
+        self.note: Callable[[str], None] = lambda _text: None  # the console, when the server is given up
         self.proc: subprocess.Popen[bytes] | None = None
         self.key: Key | None = None
         self.state = "none"  # none | starting | ready | off
         self.why_off = ""
+        self.since = 0.0  # when the server started importing (monotonic)
+        self._eof = False  # the server closed its replies
         self.rlimits: list[tuple[int, int]] = []
         self._requests = -1
         self._replies = -1
@@ -154,9 +169,14 @@ class Preloader:
             self._start(run, key)
         return self.state != "off" and key == self.key
 
-    def fork(self, run: ContainerRun, log: Path) -> Forked | None:
-        """Fork ``run``'s process from the server; None: start it cold (the server cannot now)."""
-        if not self._ready() or _key(run) != self.key or _rlimits() != self.rlimits:
+    def fork(self, run: ContainerRun, log: Path) -> Forked | str | None:
+        """Fork ``run``'s process from the server; None: start it cold (the server cannot now);
+        ``FORK_LATER``: the server is still importing, ask again (nothing waits for it here)."""
+        if self.state == "starting":
+            self._poll_ready()
+            if self.state == "starting":
+                return FORK_LATER
+        if self.state != "ready" or _key(run) != self.key or _rlimits() != self.rlimits:
             return None
         found = _options_and_tail(run)
         assert found is not None
@@ -182,7 +202,7 @@ class Preloader:
         return Forked(pid)
 
     def close(self) -> None:
-        self._off("the job ended")
+        self._off(ENDED)
 
     # ---------------------------------------------------------------- private
 
@@ -195,8 +215,10 @@ class Preloader:
         self._replies, replies_w = os.pipe()
         os.set_inheritable(requests_r, True)
         os.set_inheritable(replies_w, True)
-        # Not a pod's process: without the pod's marker, which a pod's end sweeps.
-        env = {k: v for k, v in run.env.items() if k != process.POD_MARKER}
+        # No pod's variables (its marker, which a pod's end sweeps, among them); the job's marker.
+        env = shared_env(run.env)
+        if process.MARKER in run.env:
+            env[process.MARKER] = run.env[process.MARKER]
         argv = [run.argv[0], *options, "-c", prewarm.BOOT, SERVER, prewarm.RUNNER]
         argv += [str(requests_r), str(replies_w), ",".join(self.modules), _path0(tail, cwd)]
         argv.append(",".join(IMPORT_TIME_PREFIXES))
@@ -218,6 +240,7 @@ class Preloader:
             self._off(f"it could not start: {err}")
         else:
             self.key, self.state, self.rlimits = key, "starting", _rlimits()
+            self.since = time.monotonic()
         finally:
             os.close(requests_r)
             os.close(replies_w)
@@ -227,33 +250,37 @@ class Preloader:
         if self.before_exec is not None:
             self.before_exec()
 
-    def _ready(self) -> bool:
-        if self.state == "starting":
-            line = self._readline(READY_TIMEOUT, interruptible=True)
-            if line is None and self.interrupted():
-                return False  # still importing; the job is being stopped (this container starts cold)
-            if line == b"ready":
-                self.state = "ready"
-            else:
-                self._off((line or b"no answer").decode(errors="replace"))
-        return self.state == "ready"
+    def _poll_ready(self) -> None:
+        """Take the server's answer to its import if it has come, without waiting for it."""
+        line = self._readline(0.0)
+        if line == b"ready":
+            self.state = "ready"
+        elif line is not None:
+            self._off(line.decode(errors="replace").removeprefix("cold "))
+        elif self._eof or self._replies < 0:
+            self._off("it ended before it had imported the modules (see preload.log)")
+        elif time.monotonic() - self.since > READY_TIMEOUT:
+            self._off(f"its import took more than {READY_TIMEOUT:g} s")
 
-    def _readline(self, timeout: float, interruptible: bool = False) -> bytes | None:
+    def _readline(self, timeout: float) -> bytes | None:
+        """A line of the server's replies, or None after ``timeout`` (at once for 0) or at its end."""
         import select
 
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or self._replies < 0 or (interruptible and self.interrupted()):
+            if self._replies < 0 or self._eof:
                 return None
             try:
-                ready, _, _ = select.select([self._replies], [], [], min(left, SIGNAL_CHECK))
+                ready, _, _ = select.select([self._replies], [], [], max(0.0, deadline - time.monotonic()))
                 if not ready:
+                    if time.monotonic() >= deadline:
+                        return None
                     continue
                 chunk = os.read(self._replies, 4096)
             except InterruptedError:
                 continue
             if not chunk:
+                self._eof = True
                 return None
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
@@ -261,6 +288,9 @@ class Preloader:
 
     def _off(self, why: str) -> None:
         if self.state != "off":
+            if why != ENDED:  # said once, on the console whatever -v says
+                self.note(f"--preload {','.join(self.modules)}: the fork server cannot be used ({why}); "
+                          "containers start cold")  # fmt: skip
             self.state, self.why_off = "off", why
             with (
                 contextlib.suppress(OSError),

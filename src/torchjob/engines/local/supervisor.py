@@ -30,6 +30,7 @@ from torchjob.display import elapsed, headline, pod_color, pod_rows, prefix_for
 from torchjob.engines.base import JobReport
 from torchjob.engines.local import hints, process
 from torchjob.engines.local.cleanup import (
+    INTERRUPTED_STALL,
     OUTPUT_STALL,
     STUCK_AFTER_KILL,
     TICK,
@@ -133,8 +134,8 @@ class Supervisor:
         self.finished: float | None = None
         warm = prewarm_modules(job) if prewarm and not preload else ()  # forking from the server is faster
         self.factory = PodFactory(job, job_dir, extra_env, warm, preload)
-        if self.factory.preloader is not None:  # Ctrl-C ends a wait for the fork server's import
-            self.factory.preloader.interrupted = lambda: bool(self.signals)
+        if self.factory.preloader is not None:  # a fork server that cannot be used is said once
+            self.factory.preloader.note = lambda text: self.note(text, "33")
         self.processes = JobProcesses(self.id, self.pods, self.latest)
         self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
         self.dirty = True
@@ -162,6 +163,7 @@ class Supervisor:
         self.pid_fd = -1  # supervisor.pid, open while this process supervises (state.JobDir.write_pid)
         self.port_lost: str | None = None  # what took a port of the job, once a container failed
         self.port_watch: PortWatch | None = None  # the rendezvous port's listeners, while the job runs
+        self.dir_removed = False  # a full disk: nothing of the job could be kept
 
     # ------------------------------------------------------------------ setup
 
@@ -280,6 +282,13 @@ class Supervisor:
         for path, message in local_warnings(self.factory.expansion(0, 0), self.factory.extra_env):
             self.record(f"warning: {path}: {message}")
         self.apply(Decision(self.status, None, True))
+        preloader = self.factory.preloader
+        if preloader is not None and preloader.state == "none" and not self.waiting:  # every pod is made
+            self.note(
+                f"--preload {','.join(preloader.modules)}: no container runs torchjob's python in a form "
+                "the fork server can serve (python [options] SCRIPT|-m MODULE|-c CODE); they start cold",
+                "33",
+            )
         self.factory.write_records()
 
     def loop(self) -> None:
@@ -704,6 +713,7 @@ class Supervisor:
         import shutil
 
         shutil.rmtree(self.dir.path, ignore_errors=True)
+        self.dir_removed = True
         self.note(f"job {self.id} removed: its directory could not be written")
 
     def drain_logs(self) -> None:
@@ -714,7 +724,9 @@ class Supervisor:
             return
         self.follower.seal()  # every process of the job is gone: nothing is waited for beyond this
         interrupted = lambda: bool(self.signals)  # noqa: E731 - Ctrl-C stops the printing, not the count
-        while self.follower.files and self.console.drain(OUTPUT_STALL, interrupted):
+        # A job stopped by a signal ends promptly: what a stalled reader does not take is only counted.
+        stall = INTERRUPTED_STALL if self.interrupted is not None else OUTPUT_STALL
+        while self.follower.files and self.console.drain(stall, interrupted):
             self.print_logs()
         self.console.unshown += self.follower.skip()
 
@@ -724,7 +736,7 @@ class Supervisor:
         return job_report(
             self.job,
             id=self.id,
-            location=str(self.dir.path),
+            location="" if self.dir_removed else str(self.dir.path),  # no logs to point at
             status=self.status,
             # A pod that went in this pass (stopped while in back-off) is not current either.
             pods=[(p, self.pods.get((p.task, p.index)) is p and not p.gone) for p in self.latest.values()],
