@@ -29,6 +29,7 @@ __all__ = [
     "JobReport",
     "LogLine",
     "LogQuery",
+    "Plan",
     "PodReport",
     "PortReport",
     "QueueListing",
@@ -120,6 +121,21 @@ class StartOptions:
     queue: bool = True  # local: wait in the machine's queue for CPUs, memory and GPUs; False: start at once
     remove: bool = False  # run --rm: a job that completed is removed once it ended (a failed one is kept)
     hang_notice: float = 300.0  # local: one notice once every pod has been silent this long (0: never)
+
+
+@record
+class Plan:
+    """What an engine will do with one job, decided once: ``torchjob run --dry-run`` prints
+    ``text``; ``start`` carries out the same plan, so the job is expanded once per run.
+
+    ``detail`` is the engine's own (the local engine's pods, ranks, commands and ports to reserve;
+    a cluster engine's objects); only the engine that made the plan reads it."""
+
+    engine: str  # the engine's name
+    job: Any  # the Job (spec.model.Job) the plan was made for
+    options: StartOptions
+    text: str  # what the engine will do, for a person (run --dry-run)
+    detail: Any = None
 
 
 @record
@@ -453,6 +469,10 @@ if TYPE_CHECKING:
 
         def warnings(self, job: Job) -> list[tuple[str, str]]:
             """What of ``job`` this engine does not do as a cluster would: (field path, message)."""
+            ...
+
+        def plan(self, job: Job, options: StartOptions) -> Plan:
+            """Decide what running ``job`` means here, without starting anything (``run --dry-run``)."""
             ...
 
         def start(self, job: Job, options: StartOptions) -> JobReport:

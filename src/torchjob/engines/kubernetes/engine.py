@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torchjob.display import first_failed_first
-from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, StartOptions
+from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
@@ -83,6 +83,23 @@ class KubernetesEngine:
 
     def warnings(self, job: Job) -> list[tuple[str, str]]:
         return []  # the cluster does it all; the targets' own warnings come with the rendering
+
+    def plan(self, job: Job, options: StartOptions) -> Plan:
+        """The objects ``start`` would create, as a kubectl-ready List (run --dry-run)."""
+        from torchjob.render import dump_yaml, list_of
+        from torchjob.targets import render_target
+
+        namespace = self._namespace(job)
+        target = self.discovery.choose_target(options.target)
+        job = replace(job, metadata=replace(job.metadata, namespace=namespace))
+        rendered = render_target(job, target, runtime=options.runtime)
+        objects = [copy.deepcopy(obj) for obj in rendered.objects]
+        for obj in objects:
+            obj.setdefault("metadata", {})["namespace"] = namespace
+            if options.extra_env:
+                _add_env(obj, options.extra_env)
+        text = f"# target {target}, namespace {namespace}\n" + dump_yaml(list_of(objects))
+        return Plan(self.name, job, options, text, detail=(target, namespace, objects, rendered.warnings))
 
     def start(self, job: Job, options: StartOptions) -> JobReport:
         # The targets layer renders; this engine only sends.

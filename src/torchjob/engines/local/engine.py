@@ -20,6 +20,7 @@ from torchjob.engines.base import (
     JobReport,
     LogLine,
     LogQuery,
+    Plan,
     PodReport,
     QueueListing,
     StartOptions,
@@ -82,6 +83,26 @@ class LocalEngine:
         from torchjob.engines.local import job_warnings
 
         return job_warnings(job)
+
+    def plan(self, job: Job, options: StartOptions) -> Plan:
+        """The pods in creation order with their ranks and commands, and the ports to reserve."""
+        from torchjob.engines.local.ports import declared_ports
+        from torchjob.expand import Expansion
+
+        lines = [f"local job {job.name}: {job.total_replicas} pod(s) on this machine"]
+        ports = declared_ports(job)
+        if ports:
+            lines.append(f"ports to reserve: {', '.join(map(str, ports))} (each mapped to a free host port)")
+        for pod in Expansion(job).pods():
+            containers = pod.manifest["spec"]["containers"]
+            env = {e.get("name"): e.get("value") for c in containers for e in c.get("env") or []}
+            rank = f" (rank {env['RANK']})" if env.get("RANK") is not None else ""
+            lines.append(f"pod {pod.name}{rank}")
+            for container in pod.manifest["spec"].get("initContainers") or []:
+                lines.append(f"  init {container.get('name')}: {_command_text(container)}")
+            for container in pod.manifest["spec"]["containers"]:
+                lines.append(f"  {container.get('name')}: {_command_text(container)}")
+        return Plan(self.name, job, options, "\n".join(lines))
 
     def start(self, job: Job, options: StartOptions) -> JobReport:
         from torchjob.engines.local import RunOptions, run_job
@@ -308,6 +329,13 @@ def last_output(log_dir: Path) -> float | None:
         with contextlib.suppress(OSError):
             times.append(log.stat().st_mtime)
     return max(times, default=None)
+
+
+def _command_text(container: dict[str, Any]) -> str:
+    import shlex
+
+    words = [*(container.get("command") or []), *(container.get("args") or [])]
+    return shlex.join(str(w) for w in words) or "(the image's entrypoint)"
 
 
 def _cannot_read(err: OSError) -> str:
