@@ -385,7 +385,10 @@ def test_the_deadline_holds_while_the_server_imports(tmp_path: Path) -> None:
 
 
 def test_a_preload_that_cannot_be_used_is_said_once_on_the_console(tmp_path: Path) -> None:
-    job = make_job("nopre", [task("main", [container("app", ["python", "-c", "print('ran')"])], replicas=2)])
+    # A module that exists (a misspelt one is refused before start) but fails as it is imported.
+    (tmp_path / "no_such_module_here.py").write_text("raise RuntimeError('cannot be imported')\n")
+    app = container("app", ["python", "-c", "print('ran')"], workingDir=str(tmp_path))
+    job = make_job("nopre", [task("main", [app], replicas=2)])
     path = tmp_path / "nopre.json"
     path.write_text(json.dumps(job_manifest(job)))
     proc = subprocess.run(
