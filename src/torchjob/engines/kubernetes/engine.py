@@ -13,9 +13,10 @@ from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Sta
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
+from torchjob.engines.kubernetes.interrupts import sigterm_interrupts
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, SIDE_KINDS, TOP_KINDS, Discovery, Kind
 from torchjob.engines.kubernetes.phase import build_report, prefix_for
-from torchjob.engines.kubernetes.podlogs import read_log
+from torchjob.engines.kubernetes.podlogs import read_log, refused, stream_log
 from torchjob.engines.kubernetes.submit import create_all, delete_object
 from torchjob.records import record, replace
 
@@ -52,6 +53,7 @@ class KubernetesEngine:
         self._settings = (kubeconfig, context, namespace)
         self.pending_timeout = pending_timeout
         self._cluster: Cluster | None = None
+        self._logs_refused = False
         self._discovery: Discovery | None = None
 
     # ------------------------------------------------------------------ connection
@@ -82,6 +84,10 @@ class KubernetesEngine:
         return []
 
     def start(self, job: Job, options: StartOptions) -> JobReport:
+        with sigterm_interrupts():  # SIGTERM ends it as Ctrl-C does: nothing half-made, the note
+            return self._start(job, options)
+
+    def _start(self, job: Job, options: StartOptions) -> JobReport:
         # The targets layer renders; this engine only sends.
         from torchjob.targets import render_target
 
@@ -105,7 +111,7 @@ class KubernetesEngine:
                 )
             self._delete(existing)
             self._wait_gone(existing)
-        create_all(self.cluster, self.discovery, objects, namespace)
+        create_all(self.cluster, self.discovery, objects, namespace, say=lambda message: self._note(message))
         found = Found(job.name, namespace, target, TOP_KINDS.get(target))
         if options.on_start is not None and not options.detach:
             options.on_start(f"{namespace}/{job.name}")
@@ -174,7 +180,8 @@ class KubernetesEngine:
 
         if query.follow:
             follower = self._follower(found, logs=True, pod_filter=wanted, container=query.container)
-            yield from follower.run()
+            with sigterm_interrupts():
+                yield from follower.run()
             return
         report = self.status(ref)
         pods = first_failed_first(report, [p for p in report.pods if wanted(p.name, p.short)])
@@ -190,7 +197,7 @@ class KubernetesEngine:
                 elif query.attempt is not None and query.attempt < container.restarts:
                     previous = [True]
                 for prev in previous:
-                    for text in read_log(
+                    for text in stream_log(  # as it is read: a log may be endless
                         self.cluster, found.namespace, pod.name, container.name, previous=prev
                     ):
                         yield LogLine(prefix=prefix, text=text, pod_ordinal=ordinal)
@@ -198,8 +205,9 @@ class KubernetesEngine:
     def wait(self, ref: str, timeout: float | None = None) -> JobReport:
         found = self._resolve(ref)
         follower = self._follower(found, logs=False)
-        for _ in follower.run(timeout):
-            pass
+        with sigterm_interrupts():
+            for _ in follower.run(timeout):
+                pass
         return self._finish(follower)
 
     def delete(self, refs: list[str]) -> list[str]:
@@ -209,6 +217,12 @@ class KubernetesEngine:
         return [f"{found.namespace}/{found.name}" for found in jobs]
 
     # ------------------------------------------------------------------ helpers
+
+    def _log_refused(self, err: EngineError, options: StartOptions | None = None) -> None:
+        """No RBAC for pods/log: said once, and the job is followed and reported without logs."""
+        if not self._logs_refused:
+            self._logs_refused = True
+            self._note(f"warning: {err}; going on without logs", options)
 
     def _note(self, message: str, options: StartOptions | None = None) -> None:
         if options is None or not options.quiet:
@@ -282,6 +296,7 @@ class KubernetesEngine:
             logs=logs,
             pending_timeout=self.pending_timeout,
             notify=lambda message: self._note(message, options),
+            log_refused=lambda err: self._log_refused(err, options),
             **kwargs,
         )
 
@@ -300,9 +315,19 @@ class KubernetesEngine:
         if pod is None or container is None:
             return
         previous = container.state != "terminated" and container.restarts > 0
-        failure.log_tail = read_log(
-            self.cluster, report.namespace, pod.name, container.name, tail=LOG_TAIL_LINES, previous=previous
-        )
+        try:
+            failure.log_tail = read_log(
+                self.cluster,
+                report.namespace,
+                pod.name,
+                container.name,
+                tail=LOG_TAIL_LINES,
+                previous=previous,
+            )
+        except EngineError as err:
+            if not refused(err):
+                raise
+            self._log_refused(err)  # the job's outcome matters more than its log
 
     def _delete(self, found: Found) -> None:
         cluster, namespace, label = self.cluster, found.namespace, f"{JOB_LABEL}={found.name}"
