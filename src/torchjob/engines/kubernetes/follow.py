@@ -28,7 +28,7 @@ from torchjob.engines.kubernetes.phase import (
 from torchjob.engines.kubernetes.podlogs import LogStreams, streamable
 from torchjob.engines.kubernetes.watch import LostContact, ResourceWatch
 
-QUEUE_ITEMS = 1024  # events and log lines read ahead of the reader
+QUEUE_ITEMS = 256  # events and log lines read ahead of the reader
 LOG_GRACE_SECONDS = 10.0
 REPORT_EVERY = 0.5  # seconds between full reports while only pods change
 ALL_PODS = "\0all"  # after the job ends, how long its log streams get to drain

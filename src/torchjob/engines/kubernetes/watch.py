@@ -42,9 +42,11 @@ class Backoff:
     """Pauses that double from ``first`` up to ``cap``, each between half and one and a half of that."""
 
     def __init__(
-        self, first: float = BACKOFF_FIRST, cap: float = BACKOFF_MAX, rng: Callable[[], float] = random.random
+        self, first: float | None = None, cap: float | None = None, rng: Callable[[], float] = random.random
     ) -> None:
-        self.first, self.cap, self.rng = first, cap, rng
+        self.first = BACKOFF_FIRST if first is None else first
+        self.cap = BACKOFF_MAX if cap is None else cap
+        self.rng = rng
         self.tries = 0
 
     def reset(self) -> None:
