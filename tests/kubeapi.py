@@ -56,6 +56,21 @@ def now_iso(offset: float = 0.0) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def log_stamp(moment: float) -> str:
+    """A log line's timestamp as the kubelet writes it (RFC 3339 with nanoseconds, zeros trimmed)."""
+    seconds, nanos = divmod(round(moment * 1e9), 10**9)
+    whole = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    fraction = f"{nanos:09d}".rstrip("0")
+    return f"{whole}.{fraction}Z" if fraction else f"{whole}Z"
+
+
+def parse_stamp(text: str) -> float:
+    """``sinceTime``: RFC 3339, seconds or finer."""
+    head, _, rest = text.rstrip("Z").partition(".")
+    whole = datetime.datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    return whole.timestamp() + (float(f"0.{rest}") if rest else 0.0)
+
+
 def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
     return {
         "kind": "Status",
@@ -142,6 +157,7 @@ class FakeKubeAPI:
         self.version = itertools.count(100)
         self.current = 100
         self.logs: dict[tuple[str, str], list[str]] = {}
+        self.log_times: dict[tuple[str, str], list[float]] = {}  # when each line was written
         self.previous_logs: dict[tuple[str, str], list[str]] = {}
         self.logs_closed: set[tuple[str, str]] = set()
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
@@ -245,6 +261,9 @@ class FakeKubeAPI:
     def log(self, pod: str, container: str, *lines: str) -> None:
         with self.lock:
             self.logs.setdefault((pod, container), []).extend(lines)
+            times = self.log_times.setdefault((pod, container), [])
+            for _ in lines:  # the kubelet's timestamps, distinct and in order
+                times.append(max(time.time(), times[-1] + 1e-6 if times else 0.0))
             self.lock.notify_all()
 
     def end_log(self, pod: str, container: str) -> None:
@@ -621,9 +640,16 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                     return
             follow = query.get("follow", ["false"])[0] == "true"
             tail = int(query.get("tailLines", ["-1"])[0])
+            stamped = query.get("timestamps", ["false"])[0] == "true" and not previous
+            since = query.get("sinceTime", [None])[0]
             self._start_chunks("text/plain")
             with api.lock:
-                lines = list(source[key])
+                times = list(api.log_times.get(key, [])) if not previous else []
+                lines = [
+                    f"{log_stamp(times[i])} {line}" if stamped and i < len(times) else line
+                    for i, line in enumerate(source[key])
+                    if since is None or i >= len(times) or times[i] >= parse_stamp(since)
+                ]
             if tail >= 0:
                 lines = lines[len(lines) - tail :] if tail else []
             if lines:
@@ -645,6 +671,11 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                             return
                         api.lock.wait(0.5)
                     new = api.logs[key][position:]
+                    if stamped:
+                        new = [
+                            f"{log_stamp(t)} {line}"
+                            for t, line in zip(api.log_times[key][position:], new, strict=True)
+                        ]
                     position = len(api.logs[key])
                     closed = key in api.logs_closed or api.stopping
                 if new:

@@ -378,6 +378,38 @@ def test_following_goes_on_through_transient_api_errors(
     assert api.trouble is not None and api.trouble.left == 0
 
 
+def test_a_log_stream_cut_by_an_outage_is_followed_on_without_losing_or_repeating_lines(
+    api: FakeKubeAPI, kubeconfig: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchjob.engines.kubernetes import watch
+
+    monkeypatch.setattr(watch, "BACKOFF_FIRST", 0.05)
+    monkeypatch.setattr(watch, "BACKOFF_MAX", 0.2)
+    engine = submitted(api, kubeconfig)
+    got: list[str] = []
+
+    def later() -> None:
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+        api.log("demo-worker-0", "worker", "epoch 2")
+        time.sleep(0.3)
+        api.break_for("drop", seconds=1.0)  # every open stream is cut, and requests dropped, for 1 s
+        time.sleep(0.3)
+        api.log("demo-worker-0", "worker", "epoch 3")  # written while the stream is down
+        time.sleep(1.5)
+        api.log("demo-worker-0", "worker", "epoch 4")
+        time.sleep(0.3)
+        finish(api, "Completed")
+
+    threading.Thread(target=later, daemon=True).start()
+    for line in engine.logs("demo", LogQuery(pod="worker-0", follow=True)):
+        got.append(line.text)
+    assert got == ["epoch 1", "epoch 2", "epoch 3", "epoch 4"]
+    follows = [q for m, p, q in api.requests if p.endswith("/demo-worker-0/log")]
+    assert len(follows) >= 2 and "sinceTime" in follows[-1], follows
+
+
 def test_giving_up_after_the_patience_says_the_job_still_runs(
     api: FakeKubeAPI,
     kubeconfig: str,

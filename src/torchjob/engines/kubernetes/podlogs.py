@@ -9,15 +9,21 @@ an endless log, a line without a newline or a slow reader cost bounded memory.
 from __future__ import annotations
 
 import queue
+import re
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchjob.engines.base import EngineError, LogLine
+from torchjob.engines.kubernetes import watch
 from torchjob.engines.kubernetes.client import Cluster, interrupt, lines, namespaced_path
-from torchjob.engines.kubernetes.errors import ApiError
-from torchjob.engines.kubernetes.watch import post
+from torchjob.engines.kubernetes.errors import ApiError, transient
+from torchjob.engines.kubernetes.watch import Backoff, post
+
+# The kubelet's timestamp in front of each line (timestamps=true): RFC 3339, nanoseconds at most.
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z ")
 
 
 def log_path(namespace: str, pod: str) -> str:
@@ -61,6 +67,15 @@ def read_log(
 ) -> list[str]:
     """The last ``tail`` lines of a container's log."""
     return list(deque(stream_log(cluster, namespace, pod, container, tail=tail, previous=previous), tail))
+
+
+def split_stamp(raw: str) -> tuple[tuple[str, str] | None, str]:
+    """A line read with timestamps=true: its timestamp (seconds, nanoseconds as 9 digits), and its
+    text; a line (or a piece of a long one) without a timestamp is all text."""
+    match = _STAMP.match(raw)
+    if match is None:
+        return None, raw
+    return (match[1], (match[2] or "").ljust(9, "0")), raw[match.end() :]
 
 
 def refused(err: BaseException) -> bool:
@@ -107,31 +122,60 @@ class LogStreams:
         thread.start()
 
     def _run(self, key: tuple[str, str, int], prefix: str, ordinal: int) -> None:
+        """Follow one container's log until it ends; a stream cut by a transient error is opened
+        again from the last line's timestamp (lines up to it are skipped), for up to PATIENCE."""
         pod, container, _ = key
+        last: tuple[str, str] | None = None  # the timestamp of the last line passed on, parsed
+        backoff = Backoff()
+        trouble_since: float | None = None
         try:
-            response = self.cluster.open(
-                "GET",
-                log_path(self.namespace, pod),
-                query={"container": container, "follow": True},
-                doing=f"follow the log of pod {pod}",
-                read_timeout=None,  # a quiet training step is not a dead stream
-            )
-            with self._lock:
-                self._responses[key] = response
-                if self._stopped:
-                    return
-            try:
-                for text in lines(response):
-                    if not post(self.out, LogLine(prefix=prefix, text=text, pod_ordinal=ordinal), self._stop):
-                        break
-            finally:
-                with self._lock:
-                    self._responses.pop(key, None)
-                response.release_conn()
-        except Exception as err:  # a pod deleted or stopped under us: its stream just ends
-            if refused(err) and self.on_refused is not None:
-                assert isinstance(err, EngineError)
-                self.on_refused(err)
+            while not self._stop.is_set():
+                query: dict[str, Any] = {"container": container, "follow": True, "timestamps": True}
+                if last is not None:
+                    query["sinceTime"] = f"{last[0]}Z"  # the API takes whole seconds
+                try:
+                    response = self.cluster.open(
+                        "GET",
+                        log_path(self.namespace, pod),
+                        query=query,
+                        doing=f"follow the log of pod {pod}",
+                        read_timeout=None,  # a quiet training step is not a dead stream
+                    )
+                    with self._lock:
+                        self._responses[key] = response
+                        if self._stopped:
+                            return
+                    try:
+                        skipping = last is not None  # what was passed on before the stream broke
+                        for raw in lines(response):
+                            stamp, text = split_stamp(raw)
+                            if stamp is not None:
+                                if skipping and last is not None and stamp <= last:
+                                    continue
+                                skipping, last = False, stamp
+                            line = LogLine(prefix=prefix, text=text, pod_ordinal=ordinal)
+                            if not post(self.out, line, self._stop):
+                                return
+                            trouble_since = None
+                    finally:
+                        with self._lock:
+                            self._responses.pop(key, None)
+                        response.release_conn()
+                    return  # the stream ended: the container exited
+                except Exception as err:
+                    if self._stop.is_set():
+                        return
+                    if refused(err) and self.on_refused is not None:
+                        assert isinstance(err, EngineError)
+                        self.on_refused(err)
+                    gone = isinstance(err, ApiError) and err.status in (400, 404)  # not running, deleted
+                    if gone or not transient(err):
+                        return
+                    now = time.monotonic()
+                    trouble_since = now if trouble_since is None else trouble_since
+                    if now - trouble_since >= watch.PATIENCE:
+                        return
+                self._stop.wait(backoff.next())
         finally:
             post(self.out, ("log-end", key, None), self._stop)
 
