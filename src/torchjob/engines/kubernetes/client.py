@@ -221,7 +221,7 @@ class Cluster:
         except ValueError:
             decoded = None
         if not isinstance(decoded, dict):  # a proxy's HTML page, a captive portal, a truncated body
-            raise not_json(self.host, doing, response.headers.get("Content-Type"), data)
+            raise self.redacted(not_json(self.host, doing, response.headers.get("Content-Type"), data))
         return decoded
 
     def close(self) -> None:

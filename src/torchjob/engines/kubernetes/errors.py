@@ -89,6 +89,11 @@ def not_json(host: str, doing: str, content_type: str | None, data: bytes | str 
 
 def transient(err: BaseException) -> bool:
     """Whether following a job should try again after ``err`` (for a bounded time) or give up."""
+    import http.client
+
+    import urllib3
+
     if isinstance(err, (ApiError, Unreachable)):
         return bool(err.transient)
-    return not isinstance(err, EngineError)  # a stream that broke: reset, timed out, cut short
+    # A stream that broke: reset, timed out, cut short. Anything else is a bug: not retried.
+    return isinstance(err, (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError))

@@ -171,12 +171,15 @@ class ResourceWatch:
                 except ValueError:
                     event = None
                 if not isinstance(event, dict):
-                    raise not_json(self.cluster.host, doing, response.headers.get("Content-Type"), line)
+                    content_type = response.headers.get("Content-Type")
+                    raise self.cluster.redacted(not_json(self.cluster.host, doing, content_type, line))
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     if obj.get("code") == 410:  # our version is too old: list again
                         raise _Gone()
-                    raise api_error(int(obj.get("code") or 500), json.dumps(obj), doing)
+                    raise self.cluster.redacted(
+                        api_error(int(obj.get("code") or 500), json.dumps(obj), doing)
+                    )
                 seen = True
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if kind != "BOOKMARK":
