@@ -252,6 +252,31 @@ def test_a_failing_credential_plugin_is_one_clear_error(
     assert not any(m == "GET" and p != "/" for m, p, _ in api.requests)  # nothing sent without credentials
 
 
+def test_a_credential_plugin_that_fails_to_renew_an_expired_token_is_one_clear_error(
+    api: FakeKubeAPI, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Cloud tokens expire (EKS: 15 min): the client runs the plugin again before a request."""
+    runs = tmp_path / "runs"
+    script = f"""
+echo run >> {runs}
+if [ "$(wc -l < {runs})" -gt 1 ]; then echo 'session expired: run sso login' >&2; exit 4; fi
+soon=$(date -u -d @$(( $(date +%s) + 302 )) +%Y-%m-%dT%H:%M:%SZ)  # the client renews 5 min early
+printf '{{"apiVersion": "client.authentication.k8s.io/v1beta1", "kind": "ExecCredential",
+  "status": {{"token": "{TOKEN}", "expirationTimestamp": "%s"}}}}' "$soon"
+"""
+    config = plugin_kubeconfig(api, tmp_path, script)
+    engine = get_engine("kubernetes", kubeconfig=config)
+    assert engine.list_jobs() == []  # the first token works
+    time.sleep(2.5)
+    with pytest.raises(EngineError) as raised:
+        engine.list_jobs()
+    assert str(raised.value) == (
+        f"cannot use kubeconfig {config} to renew the token: its credential plugin "
+        f"({tmp_path / 'cred-plugin'}) failed: exec: process returned 4. session expired: run sso login"
+    )
+    assert "ERROR:root" not in capfd.readouterr().err
+
+
 def test_a_hanging_credential_plugin_times_out_and_is_killed(
     api: FakeKubeAPI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

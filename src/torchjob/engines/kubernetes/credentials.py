@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from torchjob.engines.base import EngineError
@@ -37,7 +38,41 @@ class _Captured(logging.Filter):
 
 
 def load_kubeconfig(kubernetes: Any, config_file: str, context: str | None, configuration: Any) -> None:
-    """``kubernetes.config.load_kube_config`` into ``configuration``; EngineError when it cannot."""
+    """``kubernetes.config.load_kube_config`` into ``configuration``; EngineError when it cannot.
+
+    A token the plugin says expires is renewed by the client before a request (its refresh
+    hook runs the plugin again): that renewal gets the same time limit and the same one error.
+    """
+    where = f"cannot use kubeconfig {config_file}"
+
+    def plugin() -> str:
+        return _plugin(kubernetes, config_file, context)
+
+    _bounded(
+        lambda: kubernetes.config.load_kube_config(
+            config_file=config_file, context=context, client_configuration=configuration
+        ),
+        where,
+        plugin,
+    )
+    refresh = getattr(configuration, "refresh_api_key_hook", None)
+    if refresh is None or _user(kubernetes, config_file, context).get("exec") is None:
+        return  # a static token: the hook only sets it again
+    lock = threading.Lock()  # several watch and log threads may find the token expired at once
+
+    def bounded_refresh(client_configuration: Any) -> None:
+        with lock:
+            try:
+                _bounded(lambda: refresh(client_configuration), f"{where} to renew the token", plugin)
+            finally:  # the client's hook sets itself again each time it runs: ours comes first
+                client_configuration.refresh_api_key_hook = bounded_refresh
+
+    configuration.refresh_api_key_hook = bounded_refresh
+
+
+def _bounded(call: Callable[[], Any], where: str, plugin: Callable[[], str]) -> None:
+    """Run ``call`` (which may run the credential plugin) with a time limit; what the client only
+    logs about the plugin, and what it raises, become one EngineError starting with ``where``."""
     root = logging.getLogger()
     captured = _Captured()
     quiet = logging.NullHandler()  # a handler on root: logging.error() will not add a stderr one
@@ -46,11 +81,9 @@ def load_kubeconfig(kubernetes: Any, config_file: str, context: str | None, conf
     outcome: list[BaseException | None] = []
     since = _ticks_now()
 
-    def load() -> None:
+    def run() -> None:
         try:
-            kubernetes.config.load_kube_config(
-                config_file=config_file, context=context, client_configuration=configuration
-            )
+            call()
             outcome.append(None)
         except BaseException as err:  # handed to the caller's thread
             outcome.append(err)
@@ -58,19 +91,15 @@ def load_kubeconfig(kubernetes: Any, config_file: str, context: str | None, conf
     try:
         interactive = hasattr(sys.stdout, "isatty") and sys.stdout.isatty()
         limit = EXEC_TIMEOUT_INTERACTIVE if interactive else EXEC_TIMEOUT
-        loader = threading.Thread(target=load, name="torchjob-kubeconfig", daemon=True)
+        loader = threading.Thread(target=run, name="torchjob-credentials", daemon=True)
         loader.start()
         loader.join(limit)
         if loader.is_alive():
-            for pid in _children_since(since):  # the plugin: a child started by this load
+            for pid in _children_since(since):  # the plugin: a child started by this call
                 with contextlib.suppress(OSError):  # it ended meanwhile
                     os.kill(pid, signal.SIGKILL)
             loader.join(5.0)
-            plugin = _plugin(kubernetes, config_file, context)
-            raise EngineError(
-                f"cannot use kubeconfig {config_file}: its credential plugin ({plugin}) "
-                f"did not answer within {limit:g}s"
-            )
+            raise EngineError(f"{where}: its credential plugin ({plugin()}) did not answer within {limit:g}s")
     finally:
         root.removeFilter(captured)
         root.removeHandler(quiet)
@@ -79,25 +108,27 @@ def load_kubeconfig(kubernetes: Any, config_file: str, context: str | None, conf
         raise err  # KeyboardInterrupt, SystemExit
     if captured.messages:
         message = "; ".join(m.strip() for m in captured.messages if m.strip()) or "no reason given"
-        raise EngineError(
-            f"cannot use kubeconfig {config_file}: its credential plugin "
-            f"({_plugin(kubernetes, config_file, context)}) failed: {message}"
-        )
+        raise EngineError(f"{where}: its credential plugin ({plugin()}) failed: {message}")
     if err is not None:  # the loader raises ConfigException, ValueError, yaml errors
-        raise EngineError(f"cannot use kubeconfig {config_file}: {err}") from None
+        raise EngineError(f"{where}: {err}") from None
+
+
+def _user(kubernetes: Any, config_file: str, context: str | None) -> dict[str, Any]:
+    """The ``user`` entry of the context's user ({} when it cannot be read)."""
+    try:
+        contexts, current = kubernetes.config.list_kube_config_contexts(config_file)
+        chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
+        name = ((chosen or {}).get("context") or {}).get("user")
+        merged = kubernetes.config.kube_config.KubeConfigMerger(config_file).config
+        user = merged["users"].get_with_name(name)["user"].value
+        return user if isinstance(user, dict) else {}
+    except Exception:  # the kubeconfig was read once already: this is for messages and choices
+        return {}
 
 
 def _plugin(kubernetes: Any, config_file: str, context: str | None) -> str:
     """The exec command of the context's user, for messages."""
-    try:
-        contexts, current = kubernetes.config.list_kube_config_contexts(config_file)
-        chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
-        user = ((chosen or {}).get("context") or {}).get("user")
-        merged = kubernetes.config.kube_config.KubeConfigMerger(config_file).config
-        return str(merged["users"].get_with_name(user)["user"]["exec"]["command"])
-    except Exception:  # only for the message: the kubeconfig was read once already
-        pass
-    return "exec"
+    return str((_user(kubernetes, config_file, context).get("exec") or {}).get("command") or "exec")
 
 
 def _ticks_now() -> int:

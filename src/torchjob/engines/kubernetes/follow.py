@@ -112,7 +112,8 @@ class Follower:
                     if deadline is not None and time.monotonic() >= deadline:
                         break
                     continue
-                if ALL_PODS in changed:
+                if ALL_PODS in changed or self.report is None:  # the first report: every pod
+                    # (pods listed in an earlier batch than the job's object were not looked at)
                     changed = set(self.pods)
                     job_changed = True
                 self._diagnose(changed)
