@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,7 @@ class KubernetesEngine:
         self.pending_timeout = pending_timeout
         self._cluster: Cluster | None = None
         self._logs_refused = False
+        self._logs_refused_lock = threading.Lock()
         self._discovery: Discovery | None = None
 
     # ------------------------------------------------------------------ connection
@@ -220,9 +222,11 @@ class KubernetesEngine:
 
     def _log_refused(self, err: EngineError, options: StartOptions | None = None) -> None:
         """No RBAC for pods/log: said once, and the job is followed and reported without logs."""
-        if not self._logs_refused:
+        with self._logs_refused_lock:  # log streams of many pods are refused at once
+            if self._logs_refused:
+                return
             self._logs_refused = True
-            self._note(f"warning: {err}; going on without logs", options)
+        self._note(f"warning: {err}; going on without logs", options)
 
     def _note(self, message: str, options: StartOptions | None = None) -> None:
         if options is None or not options.quiet:
