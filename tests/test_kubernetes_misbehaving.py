@@ -615,6 +615,24 @@ def test_an_interrupt_while_creating_deletes_what_was_created(
     assert code == 0, capsys.readouterr().err
 
 
+def test_what_an_interrupted_creation_left_is_found_by_status_delete_and_replace(
+    api: FakeKubeAPI, kubeconfig: str, job_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second Ctrl-C stopped the clean-up: the `pods` job's first objects, but no pod, remain."""
+    label = {"torchjob.io/job-name": "demo"}
+    api.put({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "demo-svc", "labels": label}})
+    api.put({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "demo", "labels": label}})
+    assert main(k8s("status", "demo", kubeconfig=kubeconfig)) == 0, capsys.readouterr().err
+    assert main(k8s("run", str(job_file), "-d", "--target", "pods", kubeconfig=kubeconfig)) == 2
+    assert "job demo already exists in namespace default (target pods)" in capsys.readouterr().err
+    assert main(k8s("delete", "demo", kubeconfig=kubeconfig)) == 0, capsys.readouterr().err
+    assert api.objects == {}
+    api.put({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "demo-svc", "labels": label}})
+    code = main(k8s("run", str(job_file), "-d", "--target", "pods", "--replace", kubeconfig=kubeconfig))
+    assert code == 0, capsys.readouterr().err
+    assert len(api.objects_of("v1", "Pod")) == 2
+
+
 def test_sigterm_while_following_leaves_the_job_running_with_the_note(
     api: FakeKubeAPI, kubeconfig: str, job_file: Path
 ) -> None:

@@ -260,6 +260,16 @@ class KubernetesEngine:
         )
         if listing.get("items"):
             return Found(name, namespace, "pods")
+        # A `pods` job whose creation was cut short before its pods (its ConfigMap comes first):
+        # found, so that `delete` and `--replace` can remove what is left of it.
+        listing = self.cluster.json(
+            "GET",
+            namespaced_path("v1", "configmaps", namespace),
+            query={"labelSelector": f"{JOB_LABEL}={name}", "limit": 1},
+            doing=f"list the config maps of job {name}",
+        )
+        if listing.get("items"):
+            return Found(name, namespace, "pods")
         return None
 
     def _resolve(self, ref: str) -> Found:
