@@ -6,6 +6,13 @@ and custom resources (label and field selectors, limit, delete by collection), w
 pod logs (tailLines, previous, follow) and Status bodies for 401/403/404/409/422. It runs no
 controller: tests play the controller through ``put``/``set_status``/``log``. Every request is
 recorded, so tests can count them.
+
+Misbehaviour, each off unless a test asks for it: ``not_json`` (a 2xx page that is not JSON),
+``break_for`` (503s, 429s with Retry-After, or connections dropped, for a number of requests or
+seconds), ``watch_gone`` (every watch answers 410 Gone), ``watch_seconds_cap = 0`` (watches that
+end at once), ``stall_watches`` (watches that send nothing and never end), ``endless_log`` (a log
+that never ends, optionally one line without a newline), ``create_delay`` (slow creates), and
+refusals of one subresource (``refuse(..., subresource="log")``: no RBAC for pods/log).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import copy
 import datetime
 import itertools
 import json
+import socket
 import threading
 import time
 import uuid
@@ -46,6 +54,21 @@ GROUP_RESOURCES: dict[str, dict[str, str]] = {
 def now_iso(offset: float = 0.0) -> str:
     moment = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=offset)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def log_stamp(moment: float) -> str:
+    """A log line's timestamp as the kubelet writes it (RFC 3339 with nanoseconds, zeros trimmed)."""
+    seconds, nanos = divmod(round(moment * 1e9), 10**9)
+    whole = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    fraction = f"{nanos:09d}".rstrip("0")
+    return f"{whole}.{fraction}Z" if fraction else f"{whole}Z"
+
+
+def parse_stamp(text: str) -> float:
+    """``sinceTime``: RFC 3339, seconds or finer."""
+    head, _, rest = text.rstrip("Z").partition(".")
+    whole = datetime.datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    return whole.timestamp() + (float(f"0.{rest}") if rest else 0.0)
 
 
 def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -90,8 +113,37 @@ def matches_fields(obj: dict[str, Any], selector: str) -> bool:
 
 
 class Refusal:
-    def __init__(self, method: str, plural: str, code: int, message: str, name: str | None = None) -> None:
+    def __init__(
+        self,
+        method: str,
+        plural: str,
+        code: int,
+        message: str,
+        name: str | None = None,
+        subresource: str | None = None,
+    ) -> None:
         self.method, self.plural, self.code, self.message, self.name = method, plural, code, message, name
+        self.subresource = subresource
+
+
+class Trouble:
+    """Requests answered badly: ``mode`` is "503", "429" or "drop" (the connection closed unanswered)."""
+
+    def __init__(
+        self, mode: str, requests: int | None, seconds: float | None, retry_after: int | None
+    ) -> None:
+        self.mode, self.left, self.retry_after = mode, requests, retry_after
+        self.until = None if seconds is None else time.monotonic() + seconds
+
+    def take(self) -> bool:
+        """Whether this request is one of the bad ones (counts it)."""
+        if self.until is not None and time.monotonic() >= self.until:
+            return False
+        if self.left is not None:
+            if self.left <= 0:
+                return False
+            self.left -= 1
+        return True
 
 
 class FakeKubeAPI:
@@ -105,6 +157,7 @@ class FakeKubeAPI:
         self.version = itertools.count(100)
         self.current = 100
         self.logs: dict[tuple[str, str], list[str]] = {}
+        self.log_times: dict[tuple[str, str], list[float]] = {}  # when each line was written
         self.previous_logs: dict[tuple[str, str], list[str]] = {}
         self.logs_closed: set[tuple[str, str]] = set()
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
@@ -113,6 +166,14 @@ class FakeKubeAPI:
         self.watch_seconds_cap: float | None = None  # end watches sooner than asked (tests of resume)
         self.stopping = False
         self.compacted = 0  # watches from an older resourceVersion get 410 Gone
+        # Misbehaviour knobs (module docstring), all off by default.
+        self.not_json: Callable[[str, str, dict[str, list[str]]], bool] | None = None
+        self.trouble: Trouble | None = None
+        self.watch_gone = False
+        self.stall_watches = False
+        self.endless: dict[tuple[str, str], bytes] = {}
+        self.log_bytes_sent = 0
+        self.create_delay = 0.0
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -200,6 +261,9 @@ class FakeKubeAPI:
     def log(self, pod: str, container: str, *lines: str) -> None:
         with self.lock:
             self.logs.setdefault((pod, container), []).extend(lines)
+            times = self.log_times.setdefault((pod, container), [])
+            for _ in lines:  # the kubelet's timestamps, distinct and in order
+                times.append(max(time.time(), times[-1] + 1e-6 if times else 0.0))
             self.lock.notify_all()
 
     def end_log(self, pod: str, container: str) -> None:
@@ -212,8 +276,36 @@ class FakeKubeAPI:
         with self.lock:
             self.compacted = self.current + 1
 
-    def refuse(self, method: str, plural: str, code: int, message: str, name: str | None = None) -> None:
-        self.refusals.append(Refusal(method, plural, code, message, name))
+    def refuse(
+        self,
+        method: str,
+        plural: str,
+        code: int,
+        message: str,
+        name: str | None = None,
+        subresource: str | None = None,
+    ) -> None:
+        """Answer ``code`` to these requests; with ``subresource`` ("log") only to that subresource."""
+        self.refusals.append(Refusal(method, plural, code, message, name, subresource))
+
+    def break_for(
+        self,
+        mode: str,
+        *,
+        requests: int | None = None,
+        seconds: float | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        """The next ``requests`` requests (or all for ``seconds``) get ``mode``: "503", "429", "drop"."""
+        with self.lock:
+            self.trouble = Trouble(mode, requests, seconds, retry_after)
+            self.lock.notify_all()  # open watches and log streams see it too
+
+    def endless_log(self, pod: str, container: str, line: bytes = b"x" * 99 + b"\n") -> None:
+        """The log of ``pod``/``container`` never ends: ``line`` sent again and again, as fast as read."""
+        with self.lock:
+            self.endless[(pod, container)] = line
+            self.logs.setdefault((pod, container), [])
 
     def plural(self, api_version: str, kind: str) -> str:
         if api_version == "v1":
@@ -284,12 +376,41 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             query = parse_qs(parts.query)
             with api.lock:
                 api.requests.append((method, parts.path, query))
+                trouble = api.trouble is not None and api.trouble.take()
+            if trouble:
+                self._misbehave()
+                return
             if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                 self._status(401, "Unauthorized", "Unauthorized")
                 return
             segments = [s for s in parts.path.split("/") if s]
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client hung up
                 self._dispatch(method, segments, query)
+
+        def _misbehave(self) -> None:
+            assert api.trouble is not None
+            if api.trouble.mode == "drop":
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            code = int(api.trouble.mode)
+            body = json.dumps(status_body(code, "TooManyRequests" if code == 429 else "", "try again later"))
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if api.trouble.retry_after is not None:
+                self.send_header("Retry-After", str(api.trouble.retry_after))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _troubled(self) -> bool:
+            """A stream already open ends, cut off, while the server is in trouble (lock held)."""
+            trouble = api.trouble
+            if trouble is None or (trouble.until is not None and time.monotonic() >= trouble.until):
+                return False
+            return trouble.until is not None or (trouble.left or 0) > 0
 
         def do_GET(self) -> None:
             self._route("GET")
@@ -303,6 +424,14 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
         # -------------------------------------------------------------- routes
 
         def _dispatch(self, method: str, seg: list[str], query: dict[str, list[str]]) -> None:
+            if api.not_json is not None and api.not_json(method, "/" + "/".join(seg), query):
+                page = b"<html><head><title>Sign in</title></head>\n<body>Please sign in</body></html>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+                return
             if seg == ["api"]:
                 self._send_json(200, {"kind": "APIVersions", "versions": ["v1"]})
                 return
@@ -339,7 +468,10 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             if kind is None:
                 self._status(404, "NotFound", "the server could not find the requested resource")
                 return
+            subresource = rest[3] if len(rest) > 3 else None
             for refusal in api.refusals:
+                if refusal.subresource not in (None, subresource):
+                    continue
                 if refusal.method == method and refusal.plural == plural and refusal.name in (None, name):
                     verb = {"GET": "get", "POST": "create", "DELETE": "delete"}[method]
                     reason = {403: "Forbidden", 422: "Invalid"}.get(refusal.code, "BadRequest")
@@ -409,6 +541,8 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 meta["resourceVersion"] = api._bump()
                 api.objects[key] = obj
                 api._record(key, "ADDED", obj)
+            if api.create_delay:  # made, but the answer is slow: a client interrupted now never hears of it
+                time.sleep(api.create_delay)
             self._send_json(201, obj)
             if api.on_create is not None:
                 api.on_create(copy.deepcopy(obj))
@@ -456,7 +590,9 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             self._start_chunks("application/json")
             position = 0
             with api.lock:
-                if since < api.compacted:
+                while api.stall_watches and not api.stopping:  # headers sent, then nothing
+                    api.lock.wait(0.5)
+                if since < api.compacted or api.watch_gone:
                     gone = status_body(410, "Expired", "too old resource version")
                     self._chunk(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
                     self._end_chunks()
@@ -471,6 +607,9 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                             continue
                         if matches_labels(obj, labels) and matches_fields(obj, fields):
                             batch.append(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                    if self._troubled():  # cut off, as a restarting server does
+                        self.close_connection = True
+                        return
                     remaining = end - time.monotonic()
                     if not batch and remaining > 0 and not api.stopping:
                         api.lock.wait(min(remaining, 0.5))
@@ -501,19 +640,42 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                     return
             follow = query.get("follow", ["false"])[0] == "true"
             tail = int(query.get("tailLines", ["-1"])[0])
+            stamped = query.get("timestamps", ["false"])[0] == "true" and not previous
+            since = query.get("sinceTime", [None])[0]
             self._start_chunks("text/plain")
             with api.lock:
-                lines = list(source[key])
+                times = list(api.log_times.get(key, [])) if not previous else []
+                lines = [
+                    f"{log_stamp(times[i])} {line}" if stamped and i < len(times) else line
+                    for i, line in enumerate(source[key])
+                    if since is None or i >= len(times) or times[i] >= parse_stamp(since)
+                ]
             if tail >= 0:
                 lines = lines[len(lines) - tail :] if tail else []
             if lines:
                 self._chunk("".join(f"{line}\n" for line in lines).encode())
+            endless = api.endless.get(key)
+            if endless is not None and not previous:  # with or without follow, it never ends
+                block = endless * max(1, 65536 // len(endless))
+                while not api.stopping:
+                    self._chunk(block)  # blocks while the reader does not read: TCP back-pressure
+                    with api.lock:
+                        api.log_bytes_sent += len(block)
+                return
             position = len(source[key])
             while follow and not previous:
                 with api.lock:
                     while position == len(api.logs[key]) and key not in api.logs_closed and not api.stopping:
+                        if self._troubled():
+                            self.close_connection = True
+                            return
                         api.lock.wait(0.5)
                     new = api.logs[key][position:]
+                    if stamped:
+                        new = [
+                            f"{log_stamp(t)} {line}"
+                            for t, line in zip(api.log_times[key][position:], new, strict=True)
+                        ]
                     position = len(api.logs[key])
                     closed = key in api.logs_closed or api.stopping
                 if new:

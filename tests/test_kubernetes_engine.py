@@ -588,7 +588,12 @@ def test_following_a_1000_pod_job_makes_as_many_requests_as_a_3_pod_job(tmp_path
     assert big <= 10
 
 
-def test_a_watch_the_server_ends_resumes_without_losing_events(api: FakeKubeAPI, kubeconfig: Path) -> None:
+def test_a_watch_the_server_ends_resumes_without_losing_events(
+    api: FakeKubeAPI, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchjob.engines.kubernetes import watch
+
+    monkeypatch.setattr(watch, "SHORT_WATCH", 0.1)  # a 0.3 s watch is a healthy one here
     api.watch_seconds_cap = 0.3  # the server closes every watch after 0.3 s
     engine = engine_for(kubeconfig)
     engine.start(a_job(), StartOptions(detach=True, target="volcano"))

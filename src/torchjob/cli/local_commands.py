@@ -426,7 +426,10 @@ def run_status(args: argparse.Namespace) -> int:
             return EXIT_OK
         rows: list[tuple[str, ...]] = [("JOB", "PHASE", "PODS", "RETRIES", "PORTS", "STARTED")]
         for r in reports:
-            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at or 0))
+            # A job none of whose pods started yet has no start time (not the epoch).
+            started = (
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.started_at)) if r.started_at else "-"
+            )
             rows.append((r.id, r.phase, _pod_counts(r), str(r.retry_count), ports_text(r), started))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for row in rows:

@@ -11,16 +11,24 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from torchjob.engines.base import EngineError
-from torchjob.engines.kubernetes.errors import api_error, unreachable
+from torchjob.engines.kubernetes.credentials import load_kubeconfig
+from torchjob.engines.kubernetes.errors import ApiError, api_error, not_json, unreachable
 
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 60.0
+# The server may ask for a request again later (429 Too Many Requests, or a 5xx, with
+# Retry-After), as client-go honours it: at most this many tries, waiting at most this long each.
+RETRY_TRIES = 5
+RETRY_AFTER_MAX = 30.0
+READ_CHUNK = 64 * 1024  # bytes read from a stream at a time
+MAX_LINE = 64 * 1024  # a longer log line is passed on in pieces of this many bytes
 
 
 def _import_client() -> Any:
@@ -69,6 +77,8 @@ class Cluster:
         self, kubeconfig: str | None = None, context: str | None = None, namespace: str | None = None
     ) -> None:
         kubernetes = _import_client()
+        import urllib3
+
         self._ApiException = kubernetes.client.exceptions.ApiException
         files = _config_files(kubeconfig)
         found = [f for f in files if f.is_file()]
@@ -90,20 +100,22 @@ class Cluster:
                 if context and chosen is None:
                     names = ", ".join(str(c.get("name")) for c in contexts) or "none"
                     raise EngineError(f"no context {context!r} in {config_file} (contexts: {names})")
-                kubernetes.config.load_kube_config(
-                    config_file=config_file, context=context, client_configuration=configuration
-                )
             except EngineError:
                 raise
             except Exception as err:  # the loader raises ConfigException, ValueError, yaml errors
                 raise EngineError(f"cannot use kubeconfig {config_file}: {err}") from None
+            load_kubeconfig(kubernetes, config_file, context, configuration)
             self.context = str((chosen or {}).get("name") or "")
             context_namespace = ((chosen or {}).get("context") or {}).get("namespace")
         self.namespace: str = namespace or context_namespace or "default"
-        self.host: str = configuration.host
+        # Shown in messages: without any user:password a server URL may carry (never printed).
+        self.host: str = safe_url(configuration.host)
+        self._configuration = configuration
         if not configuration.verify_ssl:
             _insecure(self.host)
-        configuration.retries = 1  # urllib3 would try an unreachable server 4 times, 10 s each
+        # urllib3 would try an unreachable server 4 times, 10 s each: once more only. A Retry-After
+        # is honoured by ``open`` alone, so that its bound (RETRY_TRIES) is the whole story.
+        configuration.retries = urllib3.util.Retry(total=1, respect_retry_after_header=False)
         # Log streams of big jobs each hold a connection: let the pool keep them.
         configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, 64)
         self.api = kubernetes.client.ApiClient(configuration)
@@ -121,7 +133,33 @@ class Cluster:
         doing: str,
         read_timeout: float | None = READ_TIMEOUT,
     ) -> Any:
-        """The raw urllib3 response of a 2xx answer (the caller reads or streams it); ApiError else."""
+        """The raw urllib3 response of a 2xx answer (the caller reads or streams it); ApiError else.
+
+        An answer that asks to be retried later (Retry-After on a 429 or 5xx) is retried, a bounded
+        number of times; every error's text is cleaned of the credentials this cluster uses.
+        """
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                return self._open_once(method, path, query, body, doing, read_timeout)
+            except ApiError as err:
+                wait = err.retry_after
+                if wait is None or tries >= RETRY_TRIES or wait > RETRY_AFTER_MAX:
+                    raise self.redacted(err) from None
+                time.sleep(wait)
+            except EngineError as err:
+                raise self.redacted(err) from None
+
+    def _open_once(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None,
+        body: Any,
+        doing: str,
+        read_timeout: float | None,
+    ) -> Any:
         params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
         headers = {"Accept": "application/json", "Content-Type": "application/json"}
         # Always a (connect, read) pair: the client takes a lone number as the limit of every
@@ -139,7 +177,12 @@ class Cluster:
                 )
                 response = self.api.call_api(*request, _request_timeout=timeout)
                 if not 200 <= response.status <= 299:
-                    raise api_error(response.status, response.read(), doing)
+                    raise api_error(
+                        response.status,
+                        response.read(),
+                        doing,
+                        _retry_after(response.status, response.headers),
+                    )
                 return response.response
             return self.api.call_api(
                 path,
@@ -153,13 +196,39 @@ class Cluster:
                 _request_timeout=timeout,
             )
         except self._ApiException as err:
-            raise api_error(int(err.status or 0), err.body, doing) from None
+            status = int(err.status or 0)
+            raise api_error(status, err.body, doing, _retry_after(status, err.headers)) from None
         except EngineError:
             raise
         except Exception as err:  # urllib3's MaxRetryError, ProtocolError, socket errors
             if _is_connection_error(err):
                 raise unreachable(self.host, err) from None
             raise
+
+    def redacted(self, err: EngineError) -> EngineError:
+        """``err`` with every secret of this connection (token, password) blanked out of its text."""
+        text = str(err)
+        clean = text
+        for secret in self._secrets():
+            clean = clean.replace(secret, "***")
+        if clean == text:
+            return err
+        err.args = (clean, *err.args[1:])
+        return err
+
+    def _secrets(self) -> list[str]:
+        config = self._configuration
+        found: list[str] = []
+        for value in list((getattr(config, "api_key", None) or {}).values()):
+            token = str(value).removeprefix("Bearer ").strip()
+            found += [str(value), token]
+        password = getattr(config, "password", None)
+        if password:
+            found.append(str(password))
+        userinfo = urlsplit(str(config.host or "")).netloc.rpartition("@")[0]
+        if userinfo:
+            found += [userinfo, *userinfo.split(":", 1)[1:]]
+        return sorted({s for s in found if len(s) >= 4}, key=len, reverse=True)
 
     def json(
         self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None, doing: str
@@ -169,23 +238,47 @@ class Cluster:
             data = response.data
         finally:
             response.release_conn()
-        decoded = json.loads(data) if data else {}
-        return decoded if isinstance(decoded, dict) else {}
+        try:
+            decoded = json.loads(data) if data else {}
+        except ValueError:
+            decoded = None
+        if not isinstance(decoded, dict):  # a proxy's HTML page, a captive portal, a truncated body
+            raise self.redacted(not_json(self.host, doing, response.headers.get("Content-Type"), data))
+        return decoded
 
     def close(self) -> None:
         self.api.close()
 
 
-def lines(response: Any) -> Iterator[str]:
-    """A streamed body (watch events, logs), line by line as the server sends them."""
-    pending = b""
-    for chunk in response.stream(amt=None, decode_content=True):
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        for line in complete:
-            yield line.decode("utf-8", "replace")
+def lines(response: Any, max_line: int = MAX_LINE) -> Iterator[str]:
+    """A streamed body (watch events, logs), line by line as the server sends them.
+
+    Read only as fast as the caller takes lines, and never more than ``max_line`` bytes of one
+    line held: a longer line comes in pieces of that size.
+    """
+    pending = bytearray()
+    for chunk in _chunks(response):
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            pending += chunk[start:end]
+            yield pending.decode("utf-8", "replace")
+            pending.clear()
+            start = end + 1
+        pending += chunk[start:]
+        while len(pending) >= max_line:
+            yield pending[:max_line].decode("utf-8", "replace")
+            del pending[:max_line]
     if pending:
         yield pending.decode("utf-8", "replace")
+
+
+def _chunks(response: Any) -> Iterator[bytes]:
+    """The body as it arrives, at most READ_CHUNK bytes at a time."""
+    if getattr(response, "chunked", False) or not hasattr(response, "read1"):
+        yield from response.stream(amt=READ_CHUNK, decode_content=True)
+        return
+    while data := response.read1(READ_CHUNK):  # what has arrived, without waiting for more
+        yield data
 
 
 def interrupt(response: Any) -> None:
@@ -201,6 +294,27 @@ def interrupt(response: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
     except (OSError, ValueError, RuntimeError):  # already closed, or back in the pool
         pass
+
+
+def safe_url(url: str) -> str:
+    """``url`` without a ``user:password@`` part."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def _retry_after(status: int, headers: Any) -> float | None:
+    """Seconds the server asked us to wait before trying again, when it asked (429 or 5xx)."""
+    if status != 429 and status < 500:
+        return None
+    value = (headers or {}).get("Retry-After") if hasattr(headers, "get") else None
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(str(value).strip()))
+    except ValueError:  # an HTTP date: not what the API server sends; a second will do
+        return 1.0
 
 
 def _query_value(value: Any) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -13,9 +14,10 @@ from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Pla
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
+from torchjob.engines.kubernetes.interrupts import sigterm_interrupts
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, SIDE_KINDS, TOP_KINDS, Discovery, Kind
 from torchjob.engines.kubernetes.phase import build_report, prefix_for
-from torchjob.engines.kubernetes.podlogs import read_log
+from torchjob.engines.kubernetes.podlogs import read_log, refused, stream_log
 from torchjob.engines.kubernetes.submit import create_all, delete_object
 from torchjob.records import record, replace
 
@@ -52,6 +54,8 @@ class KubernetesEngine:
         self._settings = (kubeconfig, context, namespace)
         self.pending_timeout = pending_timeout
         self._cluster: Cluster | None = None
+        self._logs_refused = False
+        self._logs_refused_lock = threading.Lock()
         self._discovery: Discovery | None = None
 
     # ------------------------------------------------------------------ connection
@@ -102,6 +106,10 @@ class KubernetesEngine:
         return Plan(self.name, job, options, text, detail=(target, namespace, objects, rendered.warnings))
 
     def start(self, job: Job, options: StartOptions) -> JobReport:
+        with sigterm_interrupts():  # SIGTERM ends it as Ctrl-C does: nothing half-made, the note
+            return self._start(job, options)
+
+    def _start(self, job: Job, options: StartOptions) -> JobReport:
         # The targets layer renders; this engine only sends.
         from torchjob.targets import render_target
 
@@ -125,7 +133,7 @@ class KubernetesEngine:
                 )
             self._delete(existing)
             self._wait_gone(existing)
-        create_all(self.cluster, self.discovery, objects, namespace)
+        create_all(self.cluster, self.discovery, objects, namespace, say=lambda message: self._note(message))
         found = Found(job.name, namespace, target, TOP_KINDS.get(target))
         if options.on_start is not None and not options.detach:
             options.on_start(f"{namespace}/{job.name}")
@@ -194,7 +202,8 @@ class KubernetesEngine:
 
         if query.follow:
             follower = self._follower(found, logs=True, pod_filter=wanted, container=query.container)
-            yield from follower.run()
+            with sigterm_interrupts():
+                yield from follower.run()
             return
         report = self.status(ref)
         pods = first_failed_first(report, [p for p in report.pods if wanted(p.name, p.short)])
@@ -210,7 +219,7 @@ class KubernetesEngine:
                 elif query.attempt is not None and query.attempt < container.restarts:
                     previous = [True]
                 for prev in previous:
-                    for text in read_log(
+                    for text in stream_log(  # as it is read: a log may be endless
                         self.cluster, found.namespace, pod.name, container.name, previous=prev
                     ):
                         yield LogLine(prefix=prefix, text=text, pod_ordinal=ordinal)
@@ -218,8 +227,9 @@ class KubernetesEngine:
     def wait(self, ref: str, timeout: float | None = None) -> JobReport:
         found = self._resolve(ref)
         follower = self._follower(found, logs=False)
-        for _ in follower.run(timeout):
-            pass
+        with sigterm_interrupts():
+            for _ in follower.run(timeout):
+                pass
         return self._finish(follower)
 
     def delete(self, refs: list[str]) -> list[str]:
@@ -229,6 +239,14 @@ class KubernetesEngine:
         return [f"{found.namespace}/{found.name}" for found in jobs]
 
     # ------------------------------------------------------------------ helpers
+
+    def _log_refused(self, err: EngineError, options: StartOptions | None = None) -> None:
+        """No RBAC for pods/log: said once, and the job is followed and reported without logs."""
+        with self._logs_refused_lock:  # log streams of many pods are refused at once
+            if self._logs_refused:
+                return
+            self._logs_refused = True
+        self._note(f"warning: {err}; going on without logs", options)
 
     def _note(self, message: str, options: StartOptions | None = None) -> None:
         if options is None or not options.quiet:
@@ -259,6 +277,16 @@ class KubernetesEngine:
             namespaced_path("v1", "pods", namespace),
             query={"labelSelector": f"{JOB_LABEL}={name}", "limit": 1},
             doing=f"list the pods of job {name}",
+        )
+        if listing.get("items"):
+            return Found(name, namespace, "pods")
+        # A `pods` job whose creation was cut short before its pods (its ConfigMap comes first):
+        # found, so that `delete` and `--replace` can remove what is left of it.
+        listing = self.cluster.json(
+            "GET",
+            namespaced_path("v1", "configmaps", namespace),
+            query={"labelSelector": f"{JOB_LABEL}={name}", "limit": 1},
+            doing=f"list the config maps of job {name}",
         )
         if listing.get("items"):
             return Found(name, namespace, "pods")
@@ -302,6 +330,7 @@ class KubernetesEngine:
             logs=logs,
             pending_timeout=self.pending_timeout,
             notify=lambda message: self._note(message, options),
+            log_refused=lambda err: self._log_refused(err, options),
             **kwargs,
         )
 
@@ -320,9 +349,19 @@ class KubernetesEngine:
         if pod is None or container is None:
             return
         previous = container.state != "terminated" and container.restarts > 0
-        failure.log_tail = read_log(
-            self.cluster, report.namespace, pod.name, container.name, tail=LOG_TAIL_LINES, previous=previous
-        )
+        try:
+            failure.log_tail = read_log(
+                self.cluster,
+                report.namespace,
+                pod.name,
+                container.name,
+                tail=LOG_TAIL_LINES,
+                previous=previous,
+            )
+        except EngineError as err:
+            if not refused(err):
+                raise
+            self._log_refused(err)  # the job's outcome matters more than its log
 
     def _delete(self, found: Found) -> None:
         cluster, namespace, label = self.cluster, found.namespace, f"{JOB_LABEL}={found.name}"

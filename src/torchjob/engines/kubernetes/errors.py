@@ -11,10 +11,28 @@ from torchjob.engines.base import EngineError
 class ApiError(EngineError):
     """A non-2xx answer: ``status`` is the HTTP code, ``body`` the decoded ``Status`` object (or {})."""
 
-    def __init__(self, message: str, status: int, body: dict[str, Any]) -> None:
+    def __init__(
+        self, message: str, status: int, body: dict[str, Any], retry_after: float | None = None
+    ) -> None:
         super().__init__(message, 2)
         self.status = status
         self.body = body
+        self.retry_after = retry_after  # seconds, when the server asked to be asked again later
+
+    @property
+    def transient(self) -> bool:
+        """Worth trying again: the server is overloaded, restarting, or a proxy timed out."""
+        return self.status in (0, 408, 429) or self.status >= 500
+
+
+class Unreachable(EngineError):
+    """No answer at all: refused, reset, timed out. Transient while a control plane restarts."""
+
+    transient = True
+
+
+class NotJson(EngineError):
+    """A 2xx answer that is not a Kubernetes object: something other than the API server answered."""
 
 
 def status_message(body: dict[str, Any], fallback: str) -> str:
@@ -35,7 +53,7 @@ def decode_body(raw: bytes | str | None) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-def api_error(status: int, raw: bytes | str | None, doing: str) -> ApiError:
+def api_error(status: int, raw: bytes | str | None, doing: str, retry_after: float | None = None) -> ApiError:
     """``doing`` says what torchjob asked for ("create batch.volcano.sh/v1alpha1 Job demo")."""
     body = decode_body(raw)
     message = status_message(body, f"HTTP {status}")
@@ -51,9 +69,33 @@ def api_error(status: int, raw: bytes | str | None, doing: str) -> ApiError:
         text = f"cannot {doing}: not found ({message})"
     else:
         text = f"cannot {doing}: HTTP {status}: {message}"
-    return ApiError(text, status, body)
+    return ApiError(text, status, body, retry_after)
 
 
-def unreachable(host: str, err: BaseException) -> EngineError:
+def unreachable(host: str, err: BaseException) -> Unreachable:
     reason = str(getattr(err, "reason", "") or err).strip() or type(err).__name__
-    return EngineError(f"cannot reach the Kubernetes API server at {host}: {reason}")
+    return Unreachable(f"cannot reach the Kubernetes API server at {host}: {reason}")
+
+
+def not_json(host: str, doing: str, content_type: str | None, data: bytes | str | None) -> NotJson:
+    """One line for an answer that is not JSON, with the start of what came back."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")
+    start = " ".join(text.split())[:80] or "an empty body"
+    kind = content_type.split(";")[0].strip() if content_type else ""
+    what = f"a {kind} body" if kind else "a body"
+    return NotJson(
+        f"the Kubernetes API server at {host} answered {doing!r} with {what} that is not a "
+        f"Kubernetes object: {start!r}; is a proxy or a login page in the way?"
+    )
+
+
+def transient(err: BaseException) -> bool:
+    """Whether following a job should try again after ``err`` (for a bounded time) or give up."""
+    import http.client
+
+    import urllib3
+
+    if isinstance(err, (ApiError, Unreachable)):
+        return bool(err.transient)
+    # A stream that broke: reset, timed out, cut short. Anything else is a bug: not retried.
+    return isinstance(err, (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError))

@@ -1,24 +1,22 @@
 """Following a job: one watch per resource type (the job's own object, its pods), never a poll per pod.
 
-Each watch lists once, then watches from the list's resourceVersion in its own thread; the server
-ends a watch after ``WATCH_SECONDS`` and it resumes from the last version seen (or lists again on
-410 Gone). Events, log lines and the end of log streams all arrive on one queue, so one loop reads
-them in order. The requests this makes do not grow with the number of pods, except one log stream
-per container when logs are followed.
+Each watch lists once, then watches from the list's resourceVersion in its own thread
+(``watch.ResourceWatch``: resumed when the server ends it, listed again with back-off on 410 Gone,
+a stall or an error). Events, log lines and the end of log streams all arrive on one bounded
+queue, so one loop reads them in order and a slow reader slows the streams, not memory. The
+requests this makes do not grow with the number of pods, except one log stream per container
+when logs are followed.
 """
 
 from __future__ import annotations
 
-import json
 import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchjob.engines.base import EngineError, JobReport, LogLine
-from torchjob.engines.kubernetes.client import Cluster, interrupt, lines
-from torchjob.engines.kubernetes.errors import api_error
+from torchjob.engines.kubernetes.client import Cluster
 from torchjob.engines.kubernetes.phase import (
     build_report,
     image_pull_error,
@@ -28,94 +26,12 @@ from torchjob.engines.kubernetes.phase import (
     unschedulable_message,
 )
 from torchjob.engines.kubernetes.podlogs import LogStreams, streamable
+from torchjob.engines.kubernetes.watch import LostContact, ResourceWatch
 
-WATCH_SECONDS = 300
+QUEUE_ITEMS = 256  # events and log lines read ahead of the reader
 LOG_GRACE_SECONDS = 10.0
 REPORT_EVERY = 0.5  # seconds between full reports while only pods change
 ALL_PODS = "\0all"  # after the job ends, how long its log streams get to drain
-
-
-class ResourceWatch:
-    """List, then watch, one resource type with a selector, posting (key, type, object) to ``out``."""
-
-    def __init__(
-        self, cluster: Cluster, key: str, path: str, selector: dict[str, str], out: queue.Queue[Any]
-    ) -> None:
-        self.cluster, self.key, self.path, self.selector, self.out = cluster, key, path, selector, out
-        self._stopped = threading.Event()
-        self._response: Any = None
-        self._thread = threading.Thread(target=self._run, name=f"torchjob-watch-{key}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._response is not None:
-            interrupt(self._response)
-
-    def _run(self) -> None:
-        version: str | None = None
-        failures = 0
-        while not self._stopped.is_set():
-            try:
-                if version is None:
-                    listing = self.cluster.json(
-                        "GET", self.path, query=self.selector, doing=f"list {self.key}"
-                    )
-                    version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
-                    self.out.put((self.key, "SYNC", listing.get("items") or []))
-                version = self._watch(version)
-                failures = 0
-            except EngineError as err:
-                failures += 1
-                if self._stopped.is_set():
-                    return
-                if failures > 3 or getattr(err, "status", None) in (401, 403, 404):
-                    self.out.put((self.key, "FAILED", err))
-                    return
-                time.sleep(min(2.0**failures, 10.0))
-            except Exception as err:  # the stream broke (connection reset, stopped under us)
-                if self._stopped.is_set():
-                    return
-                failures += 1
-                if failures > 3:
-                    self.out.put((self.key, "FAILED", EngineError(f"watching {self.key} failed: {err}")))
-                    return
-                time.sleep(min(2.0**failures, 10.0))
-
-    def _watch(self, version: str) -> str | None:
-        """Watch from ``version`` until the server ends the watch: the last version seen (None: relist)."""
-        query = {
-            **self.selector,
-            "watch": True,
-            "resourceVersion": version,
-            "allowWatchBookmarks": True,
-            "timeoutSeconds": WATCH_SECONDS,
-        }
-        response = self.cluster.open(
-            "GET", self.path, query=query, doing=f"watch {self.key}", read_timeout=WATCH_SECONDS + 30
-        )
-        self._response = response
-        try:
-            for line in lines(response):
-                if self._stopped.is_set():
-                    return version
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:  # our version is too old: list again
-                        return None
-                    raise api_error(int(obj.get("code") or 500), json.dumps(obj), f"watch {self.key}")
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if kind != "BOOKMARK":
-                    self.out.put((self.key, kind, obj))
-        finally:
-            self._response = None
-            response.release_conn()
-        return version
 
 
 class Follower:
@@ -136,9 +52,10 @@ class Follower:
         notify: Callable[[str], None] | None = None,
         pod_filter: Callable[[str, str], bool] | None = None,
         container: str | None = None,
+        log_refused: Callable[[EngineError], None] | None = None,
     ) -> None:
         self.cluster, self.name, self.namespace, self.target = cluster, name, namespace, target
-        self.queue: queue.Queue[Any] = queue.Queue()
+        self.queue: queue.Queue[Any] = queue.Queue(QUEUE_ITEMS)
         self.top: dict[str, Any] | None = None
         self.pods: dict[str, dict[str, Any]] = {}
         self.pending_timeout = pending_timeout
@@ -156,7 +73,7 @@ class Follower:
         if top_path is not None:
             selector = {"fieldSelector": f"metadata.name={name}"}
             self.watches.append(ResourceWatch(cluster, "job", top_path, selector, self.queue))
-        self.streams = LogStreams(cluster, namespace, self.queue) if logs else None
+        self.streams = LogStreams(cluster, namespace, self.queue, log_refused) if logs else None
         self.report: JobReport | None = None
 
     def run(self, timeout: float | None = None) -> Iterator[LogLine]:
@@ -195,7 +112,8 @@ class Follower:
                     if deadline is not None and time.monotonic() >= deadline:
                         break
                     continue
-                if ALL_PODS in changed:
+                if ALL_PODS in changed or self.report is None:  # the first report: every pod
+                    # (pods listed in an earlier batch than the job's object were not looked at)
                     changed = set(self.pods)
                     job_changed = True
                 self._diagnose(changed)
@@ -224,11 +142,15 @@ class Follower:
                 self.streams.stop()
         if self.report is not None and self.report.terminal:
             # The job's watch may have told of its end before the pods' watch told of theirs:
-            # one more list gives the pods as they ended.
-            pods = self.cluster.json(
-                "GET", self.pod_path, query={"labelSelector": self.label_selector}, doing="list pods"
-            )
-            self.pods = {str(p["metadata"]["name"]): p for p in pods.get("items") or []}
+            # one more list gives the pods as they ended (if it fails, the pods as last watched).
+            try:
+                pods = self.cluster.json(
+                    "GET", self.pod_path, query={"labelSelector": self.label_selector}, doing="list pods"
+                )
+            except EngineError:
+                pass
+            else:
+                self.pods = {str(p["metadata"]["name"]): p for p in pods.get("items") or []}
             dirty = True
         if self.report is None or dirty:
             self.report = self._report()
@@ -241,6 +163,8 @@ class Follower:
                 self.streams.ended(kind)
             return None
         if kind == "FAILED":
+            if isinstance(obj, LostContact):
+                raise self._lost(obj)
             raise obj
         self._synced.add(key)
         if key == "job":
@@ -261,6 +185,15 @@ class Follower:
                 self._has_master = None
             self.pods[pod_name] = obj
         return pod_name
+
+    def _lost(self, err: LostContact) -> LostContact:
+        """The job was not stopped by losing contact: say so, and how to follow it again."""
+        seen = f"was {self.report.phase} then" if self.report is not None else "had not been seen yet"
+        ref = f"{self.namespace}/{self.name}"
+        return LostContact(
+            f"{err}; job {ref} {seen} and is not stopped by this: "
+            f"follow it again with: torchjob logs {ref} -f --engine kubernetes"
+        )
 
     def _report(self) -> JobReport:
         return build_report(

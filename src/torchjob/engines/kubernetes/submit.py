@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from torchjob.engines.base import EngineError
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
-from torchjob.engines.kubernetes.kinds import Discovery
+from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery
 
 
 def object_path(discovery: Discovery, obj: dict[str, Any], namespace: str, name: str | None = None) -> str:
@@ -17,23 +17,54 @@ def object_path(discovery: Discovery, obj: dict[str, Any], namespace: str, name:
     return namespaced_path(api_version, plural, namespace, name)
 
 
-def create_all(cluster: Cluster, discovery: Discovery, objects: list[dict[str, Any]], namespace: str) -> None:
-    """Create ``objects`` in order; when one is refused, delete the ones already made and raise."""
+def create_all(
+    cluster: Cluster,
+    discovery: Discovery,
+    objects: list[dict[str, Any]],
+    namespace: str,
+    say: Callable[[str], None] | None = None,
+) -> None:
+    """Create ``objects`` in order; when one is refused, or Ctrl-C/SIGTERM comes (KeyboardInterrupt),
+    delete the ones already made and raise. ``say`` tells of an interrupt what it left behind."""
     paths = [object_path(discovery, obj, namespace) for obj in objects]  # every kind known first
     created: list[str] = []
     try:
         for obj, path in zip(objects, paths, strict=True):
             name = str(obj["metadata"]["name"])
             what = f"create {obj.get('apiVersion')} {obj.get('kind')} {name}"
-            cluster.json("POST", path, body=obj, doing=what)
+            # Counted before it is asked for: an interrupted or timed-out request may have made it.
             created.append(f"{path}/{name}")
-    except EngineError:
-        for path in reversed(created):
-            with contextlib.suppress(EngineError):
-                cluster.json(
-                    "DELETE", path, query={"propagationPolicy": "Background"}, doing=f"delete {path}"
+            cluster.json("POST", path, body=obj, doing=what)
+    except BaseException as err:
+        if isinstance(err, ApiError) and 400 <= err.status < 500:
+            created.pop()  # refused (409: someone else's object of that name): not ours to delete
+        left = _undo(cluster, created)
+        if say is not None and not isinstance(err, Exception):
+            if left:
+                say(
+                    "interrupted while creating the job's objects; not deleted (each carries the label "
+                    f"{JOB_LABEL}): {', '.join(left)}"
                 )
+            else:
+                say("interrupted while creating the job's objects; those already created were deleted")
         raise
+
+
+def _undo(cluster: Cluster, paths: list[str]) -> list[str]:
+    """Delete ``paths``, newest first: those that may remain (a delete failed, or a second Ctrl-C)."""
+    todo = list(reversed(paths))
+    left: list[str] = []
+    try:
+        while todo:
+            path = todo[0]
+            try:
+                delete_object(cluster, path, path)
+            except EngineError:
+                left.append(path)
+            todo.pop(0)
+    except KeyboardInterrupt:  # again: stop cleaning up
+        left += todo
+    return left
 
 
 def delete_object(cluster: Cluster, path: str, what: str) -> bool:
