@@ -16,16 +16,18 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torchjob.engines.base import EngineError, JobReport, LogLine
+from torchjob.engines.base import EngineError, FailureReport, JobReport, LogLine
 from torchjob.engines.kubernetes.client import Cluster, interrupt, lines
 from torchjob.engines.kubernetes.errors import api_error
 from torchjob.engines.kubernetes.phase import (
     PODGROUP_WAITING,
     build_report,
+    first_failure,
     image_pull_error,
     job_podgroup,
     pod_identity,
     pod_rank,
+    pod_report,
     podgroup_phase,
     podgroup_problem,
     prefix_for,
@@ -171,7 +173,7 @@ class Follower:
         # What is read besides the watches' mechanics: see _settle, _apply_lifecycle, _diagnose_waiting.
         self._final: JobReport | None = None  # the first terminal report: final
         self._deleted = False  # the job's object (or, for `pods`, every pod) went before it ended
-        self._seen = False
+        self._gone: dict[str, dict[str, Any]] = {}  # pods deleted while it ran, as last seen
         self._empty_since: float | None = time.monotonic()
         self._group_since: float | None = None
 
@@ -276,7 +278,7 @@ class Follower:
         pod_name = str((obj.get("metadata") or {}).get("name"))
         if kind == "DELETED":
             if self._final is None:  # after the end, a pod's last state is how it ended
-                self.pods.pop(pod_name, None)
+                self._gone[pod_name] = self.pods.pop(pod_name, obj)
         else:
             if pod_name not in self.pods:
                 self._has_master = None
@@ -299,24 +301,17 @@ class Follower:
 
     def _apply_lifecycle(self, key: str, kind: str, obj: Any) -> bool:
         """The job's object deleted (a TTL, a user): kept as it was last seen. True when handled."""
+        # A job is followed once it is known to exist: not listed any more means deleted.
         if key == "job":
-            if kind == "DELETED" or (kind == "SYNC" and not obj and self._seen):
+            if kind == "DELETED" or (kind == "SYNC" and not obj):
                 self._deleted = True
                 if kind == "DELETED":
                     self.top = obj  # its last state: a TTL deletes a job in its final phase
                 return True
-            self._seen = self._seen or bool(obj)
             return False
         if self.target == "pods":  # no object of its own: the job is gone once all its pods are
-            if kind == "SYNC":
-                if obj:
-                    self._seen = True
-                elif self._seen:
-                    self._deleted = True
-            elif kind == "DELETED" and self._seen and set(self.pods) <= {obj["metadata"]["name"]}:
-                self._deleted = True
-            else:
-                self._seen = True
+            last = kind == "DELETED" and set(self.pods) <= {obj["metadata"]["name"]}
+            self._deleted = self._deleted or last or (kind == "SYNC" and not obj)
         return False
 
     def _settle(self, report: JobReport) -> JobReport:
@@ -332,8 +327,18 @@ class Follower:
             report.reason = f"{what} deleted before it ended"
             report.finished_at = time.time()
         if report.terminal:
+            if report.first_failure is None and not report.ok:
+                report.first_failure = self._first_failure()
             self._final = report
         return report
+
+    def _first_failure(self) -> FailureReport | None:
+        """The first failure among every pod seen, those deleted before the end too (a Job past
+        its backoffLimit, a cleanPodPolicy, a TTL take its failed pods with them)."""
+        pods = {**self._gone, **self.pods}
+        has_master = any(pod_identity(self.name, p, self.target)[0] == "master" for p in pods.values())
+        reports = [pod_report(self.name, p, has_master, self.target) for p in pods.values()]
+        return first_failure(reports, pods)
 
     def _as_ended(self, items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """The pods listed after the end, and those deleted since (a TTL, cleanPodPolicy) as last seen."""
