@@ -289,6 +289,8 @@ def test_a_job_its_ttl_deletes_at_once_ends_with_its_final_phase(
     assert api.get(*TOP[target], "demo") is None, "the TTL did not delete the job"
     if fails:
         assert "torchjob: job demo Failed: first failure: worker-1 (rank 2) exited with code 3 (Error)" in err
+        # Its pod is gone with the job: the log tail is what was streamed from it.
+        assert err.splitlines()[-1] == f"  worker-1 | {failing} attempt 0: exit 3"
     else:
         assert err.splitlines()[-1].startswith("torchjob: job demo Completed")
 

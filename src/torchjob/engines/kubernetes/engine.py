@@ -309,6 +309,8 @@ class KubernetesEngine:
         report = follower.report
         assert report is not None
         self._add_log_tail(report)
+        if report.first_failure is not None and not report.first_failure.log_tail:
+            report.first_failure.log_tail = follower.tail(report.first_failure.short)
         return report
 
     def _add_log_tail(self, report: JobReport) -> None:

@@ -9,6 +9,7 @@ per container when logs are followed.
 
 from __future__ import annotations
 
+import collections
 import json
 import queue
 import threading
@@ -38,6 +39,7 @@ from torchjob.engines.kubernetes.podlogs import LogStreams, streamable
 
 WATCH_SECONDS = 300
 LOG_GRACE_SECONDS = 10.0
+TAIL_LINES = 20  # streamed lines kept per pod, for a failed pod deleted before its log is read
 REPORT_EVERY = 0.5  # seconds between full reports while only pods change
 ALL_PODS = "\0all"  # after the job ends, how long its log streams get to drain
 
@@ -174,6 +176,7 @@ class Follower:
         self._final: JobReport | None = None  # the first terminal report: final
         self._deleted = False  # the job's object (or, for `pods`, every pod) went before it ended
         self._gone: dict[str, dict[str, Any]] = {}  # pods deleted while it ran, as last seen
+        self._tails: dict[str, collections.deque[str]] = {}  # each pod's last streamed lines
         self._empty_since: float | None = time.monotonic()
         self._group_since: float | None = None
 
@@ -198,6 +201,7 @@ class Follower:
                 job_changed = False
                 while item is not None:
                     if isinstance(item, LogLine):
+                        self._keep_tail(item)
                         yield item
                     else:
                         what = self._apply(item)
@@ -331,6 +335,14 @@ class Follower:
                 report.first_failure = self._first_failure()
             self._final = report
         return report
+
+    def _keep_tail(self, line: LogLine) -> None:
+        short = line.prefix.split(" ")[0].split("/")[0]
+        self._tails.setdefault(short, collections.deque(maxlen=TAIL_LINES)).append(line.text)
+
+    def tail(self, short: str) -> list[str]:
+        """The last lines streamed from a pod: its log once the pod is deleted (a TTL, a clean-up)."""
+        return list(self._tails.get(short) or [])
 
     def _first_failure(self) -> FailureReport | None:
         """The first failure among every pod seen, those deleted before the end too (a Job past
