@@ -267,6 +267,20 @@ def test_a_pod_no_scheduler_binds_ends_the_wait_naming_the_scheduler(
     )
 
 
+@pytest.mark.parametrize("target", ["kubeflow", "jobset", "trainjob"])
+def test_a_job_whose_controller_makes_no_pod_ends_the_wait(
+    api: FakeKubeAPI, kubeconfig: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
+) -> None:
+    with ControlPlane(api, Scheduler(api), Kubelet(api)):  # the CRD is there, its controller is not
+        code = run(kubeconfig, job_file(tmp_path), target, "--pending-timeout", "1")
+    _, err = capsys.readouterr()
+    assert code == 2, err
+    assert err.splitlines()[-1] == (
+        f"torchjob: job demo: no pod was created in 1s; is the controller of --target {target} "
+        "running on this cluster?"
+    )
+
+
 # ---------------------------------------------------------------------- TTL and deletion
 
 

@@ -437,10 +437,13 @@ class Follower:
             return
         self._empty_since = self._empty_since or now
         if now - self._empty_since >= self.pending_timeout:
-            raise EngineError(
-                f"job {self.name}: no pod was created in {now - self._empty_since:.0f}s; "
-                f"is the controller of --target {self.target} running on this cluster?"
+            said = self.report.reason if self.report is not None else ""
+            why = (
+                f"its status says: {said}"
+                if said
+                else (f"is the controller of --target {self.target} running on this cluster?")
             )
+            raise EngineError(f"job {self.name}: no pod was created in {now - self._empty_since:.0f}s; {why}")
 
     def _short(self, pod: dict[str, Any]) -> str:
         task, index = pod_identity(self.name, pod, self.target)
