@@ -416,11 +416,12 @@ class Follower:
             problem = podgroup_problem(group)
             if self._group_since is None:
                 self._group_since = now
-            if problem and "podgroup" not in self._noted:
-                self._noted.add("podgroup")
+            if problem and "\0podgroup" not in self._noted:
+                self._noted.add("\0podgroup")
                 self.notify(f"PodGroup {group['metadata']['name']} is Pending: {problem}")
             waited = now - self._group_since
             if waited >= self.pending_timeout:
+                held = "no pod is bound" if self.pods else "no pod is created"
                 why = (
                     f"Volcano's scheduler says: {problem}"
                     if problem
@@ -428,7 +429,7 @@ class Follower:
                 )
                 raise EngineError(
                     f"job {self.name}: PodGroup {group['metadata']['name']} is stuck Pending for "
-                    f"{waited:.0f}s and no pod is created until it is admitted; {why}"
+                    f"{waited:.0f}s and {held} until it is admitted; {why}"
                 )
             return
         self._group_since = None
