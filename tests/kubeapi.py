@@ -46,6 +46,7 @@ GROUP_RESOURCES: dict[str, dict[str, str]] = {
     "kubeflow.org/v1": {"PyTorchJob": "pytorchjobs"},
     "trainer.kubeflow.org/v1alpha1": {"TrainJob": "trainjobs"},
     "jobset.x-k8s.io/v1alpha2": {"JobSet": "jobsets"},
+    "batch/v1": {"Job": "jobs"},  # JobSet's child Jobs
     "networking.k8s.io/v1": {"NetworkPolicy": "networkpolicies"},
     "scheduling.volcano.sh/v1beta1": {"PodGroup": "podgroups"},
 }
@@ -253,6 +254,45 @@ class FakeKubeAPI:
         assert obj is not None, f"no {kind} {name}"
         obj["status"] = status
         self.put(obj)
+
+    def delete(
+        self, api_version: str, kind: str, name: str, namespace: str = "default", *, foreground: bool = False
+    ) -> bool:
+        """Delete as a controller would, its dependents with it (``foreground``: they go first, as
+        with ``propagationPolicy: Foreground``); False when it was not there."""
+        key = (api_version, self.plural(api_version, kind), namespace, name)
+        with self.lock:
+            obj = self.objects.get(key)
+            if obj is None:
+                return False
+            if foreground:
+                obj["metadata"]["deletionTimestamp"] = now_iso()
+                obj["metadata"]["resourceVersion"] = self._bump()
+                self._record(key, "MODIFIED", obj)
+                self._delete_dependents(obj["metadata"]["uid"], namespace)
+            del self.objects[key]
+            obj["metadata"]["resourceVersion"] = self._bump()
+            self._record(key, "DELETED", obj)
+            if not foreground:
+                self._delete_dependents(obj["metadata"]["uid"], namespace)
+        return True
+
+    def _delete_dependents(self, uid: str, namespace: str) -> None:
+        for key, obj in list(self.objects.items()):
+            owners = obj["metadata"].get("ownerReferences") or []
+            if key[2] == namespace and key in self.objects and any(o.get("uid") == uid for o in owners):
+                kind = self.kind_of(key[0], key[1])
+                assert kind is not None
+                self.delete(key[0], kind, key[3], namespace)
+
+    def events_after(self, position: int, timeout: float) -> tuple[int, list[tuple[str, dict[str, Any]]]]:
+        """What an informer sees: (event type, object) recorded after ``position``, waiting up to
+        ``timeout`` for one; and the position to read from next."""
+        with self.lock:
+            if position >= len(self.events) and not self.stopping:
+                self.lock.wait(timeout)
+            new = [(kind, copy.deepcopy(obj)) for _, _, kind, obj in self.events[position:]]
+            return len(self.events), new
 
     def put_many(self, objs: list[dict[str, Any]]) -> None:
         for obj in objs:

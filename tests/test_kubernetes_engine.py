@@ -585,7 +585,7 @@ def test_following_a_1000_pod_job_makes_as_many_requests_as_a_3_pod_job(tmp_path
     assert report.phase == "Completed" and len(report.pods) == 1000
     assert all(p.phase == "Succeeded" for p in report.pods)
     assert big == small
-    assert big <= 10
+    assert big <= 12  # lists and watches of the job, its pods and its PodGroup, and a few gets
 
 
 def test_a_watch_the_server_ends_resumes_without_losing_events(

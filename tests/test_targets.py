@@ -613,18 +613,21 @@ def test_cli_default_target_output_is_unchanged() -> None:
 
 def test_volcano_target_reads_back_as_the_same_job() -> None:
     """The rendered Volcano Job is a job torchjob accepts, and it expands to the same pods."""
+    from torchjob.expand import Expansion
     from torchjob.render import dump
 
     for name in ("pytorch-job.yaml", "ddp-train.yaml", "restart-on-failure.yaml"):
         job = example(name)
         text = dump(main_object(job, "volcano"), "yaml")
         again = load_jobs_from_text(text, "rendered.yaml")[0].job
-        before = render_target(job, "pods").objects
-        after = render_target(again, "pods").objects
+        # Volcano's view (the expansion): the pods target sent to a cluster also drops a
+        # defaulted scheduler, which the rendered Job now names.
+        before = [*Expansion(job).objects(), *(p.manifest for p in Expansion(job).pods())]
+        after = [*Expansion(again).objects(), *(p.manifest for p in Expansion(again).pods())]
         for obj in after:  # the only difference: the label on the Job reaches its pod templates
-            obj["metadata"]["labels"].pop(JOB_LABEL, None)
+            obj["metadata"].get("labels", {}).pop(JOB_LABEL, None)
         for obj in before:
-            obj["metadata"]["labels"].pop(JOB_LABEL, None)
+            obj["metadata"].get("labels", {}).pop(JOB_LABEL, None)
         assert after == before
 
 

@@ -234,9 +234,35 @@ def crd_validator(api_version: str, kind: str) -> Any:
     return cls(schema)
 
 
+# The fields of Volcano's PodGroup the pods target writes, as its CRD types them
+# (volcano-sh/volcano config/crd/volcano/bases/scheduling.volcano.sh_podgroups.yaml; not in ../shared).
+PODGROUP_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "scheduling.volcano.sh/v1beta1"},
+        "kind": {"const": "PodGroup"},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "minMember": {"type": "integer", "minimum": 0},
+                "queue": {"type": "string"},
+                "priorityClassName": {"type": "string"},
+            },
+        },
+    },
+}
+
+
 def validate(obj: dict[str, Any]) -> None:
     key = (obj["apiVersion"], obj["kind"])
     where = f"{obj['kind']} {obj['metadata']['name']}"
+    if key == ("scheduling.volcano.sh/v1beta1", "PodGroup"):
+        jsonschema.validate(obj, PODGROUP_SCHEMA)
+        return
     if key in CRD_FILES:
         errors = sorted(crd_validator(*key).iter_errors(obj), key=lambda e: list(e.absolute_path))
         if errors:

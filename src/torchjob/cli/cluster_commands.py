@@ -61,7 +61,7 @@ def register(commands: Any) -> None:
         type=float,
         default=300.0,
         metavar="SECONDS",
-        help="with --wait/--follow: fail when a pod stays unschedulable this long (default 300)",
+        help="with --wait/--follow: fail when the job stays unscheduled this long (default 300)",
     )
     submit.add_argument("--job", metavar="NAME", help="which job to submit when FILE holds several")
     submit.add_argument(

@@ -197,6 +197,12 @@ def _engine_options(parser: argparse.ArgumentParser, starts_jobs: bool = False) 
         parser.add_argument(
             "--replace", action="store_true", help="kubernetes: delete a job of the same name first"
         )
+        parser.add_argument(
+            "--pending-timeout",
+            type=float,
+            metavar="SECONDS",
+            help="kubernetes: fail when the job stays unscheduled this long (default 300)",
+        )
 
 
 # Flags that mean something to one engine only: (flag, argparse attribute, engine).
@@ -209,6 +215,7 @@ _ENGINE_FLAGS = (
     ("--target", "target", "kubernetes"),
     ("--runtime", "runtime", "kubernetes"),
     ("--replace", "replace", "kubernetes"),
+    ("--pending-timeout", "pending_timeout", "kubernetes"),
 )
 
 
@@ -222,7 +229,10 @@ def _check_engine_flags(args: argparse.Namespace) -> None:
 
 def _engine(args: argparse.Namespace) -> Engine:
     _check_engine_flags(args)
-    return get_engine(args.engine, state_dir=args.state_dir, **cluster_settings(args))
+    settings = cluster_settings(args)
+    if getattr(args, "pending_timeout", None) is not None:
+        settings["pending_timeout"] = args.pending_timeout
+    return get_engine(args.engine, state_dir=args.state_dir, **settings)
 
 
 # ------------------------------------------------------------------------ run

@@ -23,6 +23,7 @@ def apply_defaults(job: Job) -> Job:
         spec.queue = DEFAULT_QUEUE
     if not spec.scheduler_name:
         spec.scheduler_name = DEFAULT_SCHEDULER
+        spec.scheduler_defaulted = True
     if spec.max_retry == 0:  # like the webhook, an explicit 0 also becomes 3
         spec.max_retry = DEFAULT_MAX_RETRY
     for index, task in enumerate(spec.tasks):

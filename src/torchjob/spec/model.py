@@ -175,6 +175,8 @@ class JobSpec:
     max_retry: int = 0
     queue: str = ""
     scheduler_name: str = ""
+    # True when scheduler_name is the webhook's default, not a scheduler the job itself names.
+    scheduler_defaulted: bool = False
     priority_class_name: str = ""
     ttl_seconds_after_finished: int | None = None
     policies: list[Policy] = field(default_factory=list)

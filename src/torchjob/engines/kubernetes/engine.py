@@ -16,7 +16,7 @@ from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
 from torchjob.engines.kubernetes.interrupts import sigterm_interrupts
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, SIDE_KINDS, TOP_KINDS, Discovery, Kind
-from torchjob.engines.kubernetes.phase import build_report, prefix_for
+from torchjob.engines.kubernetes.phase import PODGROUP_API, build_report, job_podgroup, prefix_for
 from torchjob.engines.kubernetes.podlogs import read_log, refused, stream_log
 from torchjob.engines.kubernetes.submit import create_all, delete_object
 from torchjob.records import record, replace
@@ -190,7 +190,7 @@ class KubernetesEngine:
             str(p["metadata"]["name"]): p
             for p in self._list(namespaced_path("v1", "pods", found.namespace), f"{JOB_LABEL}={found.name}")
         }
-        report = self._report(found, pods, found.top)
+        report = self._report(found, pods, found.top, podgroup=self._podgroup(found))
         self._add_log_tail(report)
         return report
 
@@ -303,7 +303,13 @@ class KubernetesEngine:
             raise EngineError(f"no job {name!r} in {where}")
         return found
 
-    def _report(self, found: Found, pods: dict[str, dict[str, Any]], top: dict[str, Any] | None) -> JobReport:
+    def _report(
+        self,
+        found: Found,
+        pods: dict[str, dict[str, Any]],
+        top: dict[str, Any] | None,
+        podgroup: dict[str, Any] | None = None,
+    ) -> JobReport:
         return build_report(
             name=found.name,
             namespace=found.namespace,
@@ -311,7 +317,20 @@ class KubernetesEngine:
             context=self.cluster.context,
             top=top,
             pods=pods,
+            podgroup=podgroup,
         )
+
+    def _group_path(self, found: Found) -> str | None:
+        """Where the job's Volcano PodGroup is, for the targets whose PodGroup carries its label."""
+        if found.target not in ("volcano", "pods") or not self.discovery.has_version(PODGROUP_API):
+            return None
+        return namespaced_path(PODGROUP_API, "podgroups", found.namespace)
+
+    def _podgroup(self, found: Found) -> dict[str, Any] | None:
+        path = self._group_path(found)
+        if path is None:
+            return None
+        return job_podgroup(self._list(path, f"{JOB_LABEL}={found.name}"), found.top)
 
     def _follower(
         self, found: Found, *, logs: bool, options: StartOptions | None = None, **kwargs: Any
@@ -326,6 +345,7 @@ class KubernetesEngine:
             if kind is None
             else namespaced_path(kind.api_version, kind.plural, found.namespace),
             pod_path=namespaced_path("v1", "pods", found.namespace),
+            group_path=self._group_path(found),
             label_selector=f"{JOB_LABEL}={found.name}",
             logs=logs,
             pending_timeout=self.pending_timeout,
@@ -338,6 +358,8 @@ class KubernetesEngine:
         report = follower.report
         assert report is not None
         self._add_log_tail(report)
+        if report.first_failure is not None and not report.first_failure.log_tail:
+            report.first_failure.log_tail = follower.tail(report.first_failure.short)
         return report
 
     def _add_log_tail(self, report: JobReport) -> None:

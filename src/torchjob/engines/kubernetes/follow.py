@@ -15,21 +15,29 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torchjob.engines.base import EngineError, JobReport, LogLine
+from torchjob.engines.base import EngineError, FailureReport, JobReport, LogLine
 from torchjob.engines.kubernetes.client import Cluster
 from torchjob.engines.kubernetes.phase import (
+    PODGROUP_WAITING,
     build_report,
+    first_failure,
     image_pull_error,
+    job_podgroup,
     pod_identity,
     pod_rank,
+    pod_report,
+    podgroup_phase,
+    podgroup_problem,
     prefix_for,
     unschedulable_message,
+    waiting_for_scheduler,
 )
 from torchjob.engines.kubernetes.podlogs import LogStreams, streamable
 from torchjob.engines.kubernetes.watch import LostContact, ResourceWatch
 
 QUEUE_ITEMS = 256  # events and log lines read ahead of the reader
 LOG_GRACE_SECONDS = 10.0
+TAIL_LINES = 20  # streamed lines kept per pod, for a failed pod deleted before its log is read
 REPORT_EVERY = 0.5  # seconds between full reports while only pods change
 ALL_PODS = "\0all"  # after the job ends, how long its log streams get to drain
 
@@ -53,6 +61,7 @@ class Follower:
         pod_filter: Callable[[str, str], bool] | None = None,
         container: str | None = None,
         log_refused: Callable[[EngineError], None] | None = None,
+        group_path: str | None = None,
     ) -> None:
         self.cluster, self.name, self.namespace, self.target = cluster, name, namespace, target
         self.queue: queue.Queue[Any] = queue.Queue(QUEUE_ITEMS)
@@ -73,8 +82,19 @@ class Follower:
         if top_path is not None:
             selector = {"fieldSelector": f"metadata.name={name}"}
             self.watches.append(ResourceWatch(cluster, "job", top_path, selector, self.queue))
+        if group_path is not None:  # Volcano's PodGroups carry the job's labels
+            selector = {"labelSelector": label_selector}
+            self.watches.append(ResourceWatch(cluster, "podgroups", group_path, selector, self.queue))
+        self.podgroups: dict[str, dict[str, Any]] = {}
         self.streams = LogStreams(cluster, namespace, self.queue, log_refused) if logs else None
         self.report: JobReport | None = None
+        # What is read besides the watches' mechanics: see _settle, _apply_lifecycle, _diagnose_waiting.
+        self._final: JobReport | None = None  # the first terminal report: final
+        self._deleted = False  # the job's object (or, for `pods`, every pod) went before it ended
+        self._gone: dict[str, dict[str, Any]] = {}  # pods deleted while it ran, as last seen
+        self._tails: dict[str, collections.deque[str]] = {}  # each pod's last streamed lines
+        self._empty_since: float | None = time.monotonic()
+        self._group_since: float | None = None
 
     def run(self, timeout: float | None = None) -> Iterator[LogLine]:
         """Log lines while the job runs (none without ``logs``); ``self.report`` is the last report."""
@@ -97,6 +117,7 @@ class Follower:
                 job_changed = False
                 while item is not None:
                     if isinstance(item, LogLine):
+                        self._keep_tail(item)
                         yield item
                     else:
                         what = self._apply(item)
@@ -150,7 +171,7 @@ class Follower:
             except EngineError:
                 pass
             else:
-                self.pods = {str(p["metadata"]["name"]): p for p in pods.get("items") or []}
+                self.pods = self._as_ended(pods.get("items") or [])
             dirty = True
         if self.report is None or dirty:
             self.report = self._report()
@@ -167,6 +188,10 @@ class Follower:
                 raise self._lost(obj)
             raise obj
         self._synced.add(key)
+        if key == "podgroups":
+            return self._apply_podgroup(kind, obj)
+        if self._apply_lifecycle(key, kind, obj):
+            return "job"
         if key == "job":
             if kind == "SYNC":
                 self.top = obj[0] if obj else None
@@ -179,7 +204,8 @@ class Follower:
             return ALL_PODS
         pod_name = str((obj.get("metadata") or {}).get("name"))
         if kind == "DELETED":
-            self.pods.pop(pod_name, None)
+            if self._final is None:  # after the end, a pod's last state is how it ended
+                self._gone[pod_name] = self.pods.pop(pod_name, obj)
         else:
             if pod_name not in self.pods:
                 self._has_master = None
@@ -196,14 +222,81 @@ class Follower:
         )
 
     def _report(self) -> JobReport:
-        return build_report(
+        report = build_report(
             name=self.name,
             namespace=self.namespace,
             target=self.target,
             context=self.cluster.context,
             top=self.top,
             pods=self.pods,
+            podgroup=job_podgroup(list(self.podgroups.values()), self.top),
         )
+        return self._settle(report)
+
+    # ------------------------------------------------------------------ the job's lifecycle
+
+    def _apply_lifecycle(self, key: str, kind: str, obj: Any) -> bool:
+        """The job's object deleted (a TTL, a user): kept as it was last seen. True when handled."""
+        # A job is followed once it is known to exist: not listed any more means deleted.
+        if key == "job":
+            if kind == "DELETED" or (kind == "SYNC" and not obj):
+                self._deleted = True
+                if kind == "DELETED":
+                    self.top = obj  # its last state: a TTL deletes a job in its final phase
+                return True
+            return False
+        if self.target == "pods":  # no object of its own: the job is gone once all its pods are
+            last = kind == "DELETED" and set(self.pods) <= {obj["metadata"]["name"]}
+            self._deleted = self._deleted or last or (kind == "SYNC" and not obj)
+        return False
+
+    def _settle(self, report: JobReport) -> JobReport:
+        """A terminal phase once seen is final; a job deleted before one ends as deleted, at once."""
+        if self._final is not None:
+            report.phase, report.reason = self._final.phase, self._final.reason
+            report.finished_at = self._final.finished_at
+            report.first_failure = report.first_failure or self._final.first_failure
+            return report
+        if not report.terminal and self._deleted:
+            report.phase = "Terminated"
+            what = "its pods were" if self.target == "pods" else "its object was"
+            report.reason = f"{what} deleted before it ended"
+            report.finished_at = time.time()
+        if report.terminal:
+            if report.first_failure is None and not report.ok:
+                report.first_failure = self._first_failure()
+            self._final = report
+        return report
+
+    def _keep_tail(self, line: LogLine) -> None:
+        short = line.prefix.split(" ")[0].split("/")[0]
+        self._tails.setdefault(short, collections.deque(maxlen=TAIL_LINES)).append(line.text)
+
+    def tail(self, short: str) -> list[str]:
+        """The last lines streamed from a pod: its log once the pod is deleted (a TTL, a clean-up)."""
+        return list(self._tails.get(short) or [])
+
+    def _first_failure(self) -> FailureReport | None:
+        """The first failure among every pod seen, those deleted before the end too (a Job past
+        its backoffLimit, a cleanPodPolicy, a TTL take its failed pods with them)."""
+        pods = {**self._gone, **self.pods}
+        has_master = any(pod_identity(self.name, p, self.target)[0] == "master" for p in pods.values())
+        reports = [pod_report(self.name, p, has_master, self.target) for p in pods.values()]
+        return first_failure(reports, pods)
+
+    def _as_ended(self, items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The pods listed after the end, and those deleted since (a TTL, cleanPodPolicy) as last seen."""
+        listed = {str(p["metadata"]["name"]): p for p in items}
+        return {**self.pods, **listed} if self._final is not None else listed
+
+    def _apply_podgroup(self, kind: str, obj: Any) -> str:
+        if kind == "SYNC":
+            self.podgroups = {str(g["metadata"]["name"]): g for g in obj}
+        elif kind == "DELETED":
+            self.podgroups.pop(str(obj["metadata"]["name"]), None)
+        else:
+            self.podgroups[str(obj["metadata"]["name"])] = obj
+        return "job"
 
     def _diagnose(self, names: set[str]) -> None:
         """Fail fast on an image that cannot be pulled; on a pod unschedulable for too long."""
@@ -222,20 +315,68 @@ class Follower:
                     f"({reason}{detail}); fix the image and submit again with --replace"
                 )
             stuck = unschedulable_message(pod)
-            if stuck is None:
+            if stuck is None and waiting_for_scheduler(pod) is None:
                 self._pending_since.pop(name, None)
                 continue
             self._pending_since.setdefault(name, now)
-            if name not in self._noted:
+            if stuck is not None and name not in self._noted:
                 self._noted.add(name)
                 self.notify(f"pod {self._short(pod)} is Pending: Unschedulable: {stuck}")
         for name, since in self._pending_since.items():  # still stuck, even without new events
             if now - since >= self.pending_timeout:
-                pod = self.pods[name]
-                raise EngineError(
-                    f"job {self.name}: pod {self._short(pod)} is stuck Pending for {now - since:.0f}s; "
-                    f"the scheduler says: {unschedulable_message(pod)}"
+                raise self._stuck_pod(self.pods[name], now - since)
+        self._diagnose_waiting(now)
+
+    def _stuck_pod(self, pod: dict[str, Any], waited: float) -> EngineError:
+        """A pod no scheduler placed: the scheduler's message, or the scheduler it waits for."""
+        head = f"job {self.name}: pod {self._short(pod)} is stuck Pending for {waited:.0f}s"
+        scheduler = waiting_for_scheduler(pod) or str((pod.get("spec") or {}).get("schedulerName") or "")
+        message = unschedulable_message(pod)
+        if message is not None:
+            return EngineError(f"{head} waiting for scheduler {scheduler!r}; the scheduler says: {message}")
+        return EngineError(
+            f"{head}: no scheduler has bound it to a node; it waits for scheduler {scheduler!r} "
+            "(is that scheduler running on this cluster?)"
+        )
+
+    def _diagnose_waiting(self, now: float) -> None:
+        """A job that has not started: its PodGroup not admitted, or no pod at all, for too long."""
+        if self.report is not None and self.report.terminal:
+            return
+        group = job_podgroup(list(self.podgroups.values()), self.top)
+        if group is not None and podgroup_phase(group) in PODGROUP_WAITING:
+            problem = podgroup_problem(group)
+            if self._group_since is None:
+                self._group_since = now
+            if problem and "\0podgroup" not in self._noted:
+                self._noted.add("\0podgroup")
+                self.notify(f"PodGroup {group['metadata']['name']} is Pending: {problem}")
+            waited = now - self._group_since
+            if waited >= self.pending_timeout:
+                held = "no pod is bound" if self.pods else "no pod is created"
+                why = (
+                    f"Volcano's scheduler says: {problem}"
+                    if problem
+                    else "no scheduler has admitted it (is Volcano's scheduler running?)"
                 )
+                raise EngineError(
+                    f"job {self.name}: PodGroup {group['metadata']['name']} is stuck Pending for "
+                    f"{waited:.0f}s and {held} until it is admitted; {why}"
+                )
+            return
+        self._group_since = None
+        if self.pods:
+            self._empty_since = None
+            return
+        self._empty_since = self._empty_since or now
+        if now - self._empty_since >= self.pending_timeout:
+            said = self.report.reason if self.report is not None else ""
+            why = (
+                f"its status says: {said}"
+                if said
+                else (f"is the controller of --target {self.target} running on this cluster?")
+            )
+            raise EngineError(f"job {self.name}: no pod was created in {now - self._empty_since:.0f}s; {why}")
 
     def _short(self, pod: dict[str, Any]) -> str:
         task, index = pod_identity(self.name, pod, self.target)

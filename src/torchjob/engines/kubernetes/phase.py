@@ -16,6 +16,7 @@ from torchjob.engines.base import ContainerReport, FailureReport, JobReport, Pod
 from torchjob.records import record
 
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+DEFAULT_SCHEDULER = "default-scheduler"  # what the API server puts in an empty schedulerName
 
 # Labels (then annotations) the controllers put on pods: the task's name and the pod's index in it.
 _TASK_KEYS = (
@@ -202,6 +203,70 @@ def unschedulable_message(pod: dict[str, Any]) -> str | None:
     return None
 
 
+def waiting_for_scheduler(pod: dict[str, Any]) -> str | None:
+    """The scheduler a Pending pod waits for while no node is bound to it; None once bound.
+
+    No scheduler writes anything on a pod whose ``schedulerName`` it does not serve, so a pod
+    that asks for a scheduler the cluster lacks stays like this, without any condition.
+    """
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    if spec.get("nodeName") or status.get("phase", "Pending") != "Pending":
+        return None
+    return str(spec.get("schedulerName") or DEFAULT_SCHEDULER)
+
+
+# ------------------------------------------------------------------ Volcano's PodGroup
+
+# Volcano's controller creates no pod while the job's PodGroup is Pending (job_controller_actions.go,
+# syncJob); its scheduler says why on the PodGroup, as an Unschedulable condition.
+PODGROUP_API = "scheduling.volcano.sh/v1beta1"
+PODGROUP_WAITING = frozenset({"", "Pending"})
+
+
+def podgroup_phase(group: dict[str, Any]) -> str:
+    return str((group.get("status") or {}).get("phase") or "Pending")
+
+
+def podgroup_problem(group: dict[str, Any]) -> str:
+    """The scheduler's latest reason a PodGroup cannot be placed ("" when it says none)."""
+    latest: dict[str, Any] | None = None
+    for condition in (group.get("status") or {}).get("conditions") or []:
+        if str(condition.get("status")) != "True":
+            continue
+        if latest is None or str(condition.get("lastTransitionTime") or "") >= str(
+            latest.get("lastTransitionTime") or ""
+        ):
+            latest = condition
+    if latest is None or latest.get("type") != "Unschedulable":
+        return ""
+    parts = (latest.get("reason"), " ".join(str(latest.get("message") or "").split()))
+    return ": ".join(str(p) for p in parts if p)
+
+
+def job_podgroup(groups: list[dict[str, Any]], top: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The job's PodGroup among those carrying its label: the one its object owns, else the newest."""
+    uid = ((top or {}).get("metadata") or {}).get("uid")
+    for group in groups:
+        owners = (group.get("metadata") or {}).get("ownerReferences") or []
+        if uid and any(o.get("uid") == uid for o in owners):
+            return group
+    newest = sorted(groups, key=lambda g: str((g.get("metadata") or {}).get("creationTimestamp") or ""))
+    return newest[-1] if newest else None
+
+
+def add_podgroup(report: JobReport, group: dict[str, Any] | None) -> JobReport:
+    """A job not yet running says where its PodGroup stands: ``PodGroup Pending: NotEnoughResources: ...``."""
+    if group is None or report.terminal or report.phase not in ("Pending", "Restarting"):
+        return report
+    phase = podgroup_phase(group)
+    if phase not in PODGROUP_WAITING and phase != "Inqueue":
+        return report
+    problem = podgroup_problem(group)
+    note = f"PodGroup {phase}" + (f": {problem}" if problem else "")
+    report.reason = f"{report.reason}; {note}" if report.reason else note
+    return report
+
+
 # ------------------------------------------------------------------ job phases
 
 
@@ -305,6 +370,7 @@ def build_report(
     context: str,
     top: dict[str, Any] | None,
     pods: dict[str, dict[str, Any]],
+    podgroup: dict[str, Any] | None = None,
 ) -> JobReport:
     has_master = any(pod_identity(name, p, target)[0] == "master" for p in pods.values())
     reports = sorted(
@@ -335,4 +401,4 @@ def build_report(
     )
     if phase.phase in ("Failed", "Terminated", "Aborted"):
         report.first_failure = first_failure(reports, pods)
-    return report
+    return add_podgroup(report, podgroup)
