@@ -1,0 +1,100 @@
+"""What an engine provides to the controller: pod attempts it can start, observe and stop.
+
+A pod slot (task, index) has at most one attempt at a time; a restart of the whole pod is a new
+attempt, in-place container restarts count in the attempt's ``restarts``. Nothing here blocks:
+starting an attempt may take time (a Slurm step waits for its node), so ``create`` returns an
+attempt that is still Pending and later polls say what happened. An exit code may arrive after
+the phase (a remote runtime learns it late); the controller reports each change it sees.
+"""
+
+from __future__ import annotations
+
+from torchjob.records import record
+from torchjob.spec.model import Job
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Protocol, TypeVar
+
+    from torchjob.expand import PodPlan
+    from torchjob.lifecycle import JobStatus
+
+DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no terminationGracePeriodSeconds
+
+
+@record(frozen=True)
+class Backoff:
+    """A container of an attempt that failed and waits to be started again in place."""
+
+    container: str
+    failures: int  # consecutive quick failures
+    exit_code: int | None
+    delay: float | None  # seconds until it starts again (None: not scheduled)
+
+
+def termination_grace(job: Job, task: str) -> float:
+    """The task's terminationGracePeriodSeconds: seconds from SIGTERM to SIGKILL."""
+    spec = job.task(task)
+    value = spec.template.spec.get("terminationGracePeriodSeconds") if spec else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else DEFAULT_GRACE
+
+
+if TYPE_CHECKING:
+
+    class Attempt(Protocol):
+        """One attempt of one pod, as its runtime last saw it."""
+
+        task: str
+        index: int
+        name: str
+        phase: str  # Pending, Running, Succeeded or Failed
+        exit_code: int | None
+        terminating: bool  # asked to stop
+        gone: bool  # stopped, with every process of it
+        finished_at: float | None  # when it reached Succeeded or Failed (orders same-pass ends)
+
+        @property
+        def restarts(self) -> int: ...
+
+    A = TypeVar("A", bound=Attempt)
+
+    class PodRuntime(Protocol[A]):
+        """The engine's side. Every method returns promptly; waits belong to the caller's loop."""
+
+        def create(self, plan: PodPlan, status: JobStatus) -> A:
+            """Make the next attempt of ``plan``'s pod and start it (it may stay Pending a while)."""
+            ...
+
+        def poll(self, attempts: Sequence[A]) -> None:
+            """Refresh what is known of ``attempts`` (phase, restarts, exit code, gone)."""
+            ...
+
+        def terminate(self, attempts: Sequence[tuple[A, float]]) -> None:
+            """Ask each attempt to stop (SIGTERM), killing it once its grace (seconds) is over."""
+            ...
+
+        def kill(self, attempts: Sequence[A]) -> None:
+            """Kill the attempts now."""
+            ...
+
+        def forget(self, attempts: Sequence[A]) -> None:
+            """The attempts are gone: release whatever the runtime kept for them."""
+            ...
+
+        def observed(self, attempt: A, restarted: bool) -> None:
+            """A change of ``attempt`` is about to be reported to the lifecycle (the runtime's
+            own notices: why a container failed, a restart's line)."""
+            ...
+
+        def backoff(self, attempt: A) -> Backoff | None:
+            """The container of ``attempt`` waiting to restart in place, if any."""
+            ...
+
+        def note(self, text: str, color: str) -> None:
+            """Tell the user (``color``: an ANSI code the console may use)."""
+            ...
+
+        def record(self, text: str) -> None:
+            """An event of the job: kept in its report and told."""
+            ...
