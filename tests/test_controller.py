@@ -104,7 +104,8 @@ def job_of(text: str) -> Job:
 
 def tasks_yaml(*tasks: str, spec: str = "") -> str:
     body = "".join(tasks)
-    return f"apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {{name: j}}\nspec:\n{spec}  tasks:\n{body}"
+    head = "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: j}\nspec:\n"
+    return f"{head}{spec}  tasks:\n{body}"
 
 
 def task_yaml(name: str, replicas: int, extra: str = "") -> str:
@@ -136,7 +137,7 @@ def set_all(runtime: FakeRuntime, phase: str, exit_code: int | None = None, task
 
 
 def test_every_pod_succeeds_and_the_job_completes() -> None:
-    ctl, runtime, clock = controller(job_of(tasks_yaml(task_yaml("master", 1), task_yaml("worker", 2))))
+    ctl, runtime, _clock = controller(job_of(tasks_yaml(task_yaml("master", 1), task_yaml("worker", 2))))
     ctl.begin()
     assert runtime.created == [(("master", 0), 0), (("worker", 0), 0), (("worker", 1), 0)]
     ctl.tick()
@@ -153,7 +154,7 @@ def test_every_pod_succeeds_and_the_job_completes() -> None:
 
 def test_a_failed_pod_restarts_the_job_until_max_retry_fails_it() -> None:
     extra = "  maxRetry: 2\n  policies: [{event: PodFailed, action: RestartJob}]\n"
-    ctl, runtime, clock = controller(job_of(tasks_yaml(task_yaml("worker", 2), spec=extra)))
+    ctl, runtime, _clock = controller(job_of(tasks_yaml(task_yaml("worker", 2), spec=extra)))
     ctl.begin()
     set_all(runtime, "Running")
     ctl.tick()
@@ -184,7 +185,7 @@ def test_depends_on_holds_a_task_until_its_dependency_runs() -> None:
     job = job_of(
         tasks_yaml(task_yaml("master", 1), task_yaml("worker", 2, "    dependsOn: {name: [master]}\n"))
     )
-    ctl, runtime, clock = controller(job)
+    ctl, runtime, _clock = controller(job)
     ctl.begin()
     ctl.tick()
     assert [k for k, _ in runtime.created] == [("master", 0)]
@@ -246,7 +247,7 @@ def test_a_policy_timeout_delays_its_action_and_a_later_event_cancels_it() -> No
 
 
 def test_max_restarts_fails_a_job_whose_pod_restarts_in_place_too_often() -> None:
-    ctl, runtime, clock = controller(job_of(tasks_yaml(task_yaml("worker", 1))), max_restarts=2)
+    ctl, runtime, _clock = controller(job_of(tasks_yaml(task_yaml("worker", 1))), max_restarts=2)
     ctl.begin()
     pod = runtime.live[("worker", 0)]
     pod.phase = "Running"
@@ -265,7 +266,7 @@ def test_max_restarts_fails_a_job_whose_pod_restarts_in_place_too_often() -> Non
 
 
 def test_a_crash_loop_is_told_once_without_max_restarts() -> None:
-    ctl, runtime, clock = controller(job_of(tasks_yaml(task_yaml("worker", 1))))
+    ctl, runtime, _clock = controller(job_of(tasks_yaml(task_yaml("worker", 1))))
     ctl.begin()
     pod = runtime.live[("worker", 0)]
     pod.phase = "Running"
@@ -282,7 +283,7 @@ def test_a_crash_loop_is_told_once_without_max_restarts() -> None:
 
 def test_complete_job_stops_the_other_pods() -> None:
     master = task_yaml("master", 1, "    policies: [{event: TaskCompleted, action: CompleteJob}]\n")
-    ctl, runtime, clock = controller(job_of(tasks_yaml(master, task_yaml("worker", 2))))
+    ctl, runtime, _clock = controller(job_of(tasks_yaml(master, task_yaml("worker", 2))))
     ctl.begin()
     set_all(runtime, "Running")
     ctl.tick()
@@ -299,7 +300,7 @@ def test_complete_job_stops_the_other_pods() -> None:
 
 def test_an_admission_gate_holds_pods_it_does_not_admit() -> None:
     granted = {("worker", 0)}
-    ctl, runtime, clock = controller(
+    ctl, runtime, _clock = controller(
         job_of(tasks_yaml(task_yaml("worker", 2))), admits=lambda task, index: (task, index) in granted
     )
     ctl.begin()
@@ -313,7 +314,7 @@ def test_a_grace_period_of_the_template_reaches_the_runtime() -> None:
     text = tasks_yaml(task_yaml("worker", 1)).replace(
         "restartPolicy: Never", "restartPolicy: Never\n        terminationGracePeriodSeconds: 12"
     )
-    ctl, runtime, clock = controller(job_of(text))
+    ctl, runtime, _clock = controller(job_of(text))
     ctl.begin()
     ctl.fail_job("stopped by the test")
     assert runtime.terminated == [(("worker", 0), 12.0)]
