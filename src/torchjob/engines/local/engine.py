@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from torchjob.engines.base import Engine, QueueingEngine
+    from torchjob.engines.local.planning import LocalPlan
     from torchjob.spec.model import Job
 
 MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by
@@ -62,6 +63,7 @@ class LocalEngine:
     def __init__(self, state_dir: str | Path | None = None, **ignored: Any) -> None:
         self.root = state_root(Path(state_dir) if state_dir is not None else None)
         self._chosen_by = Path(state_dir) if state_dir is not None else None
+        self._planned: tuple[Job, LocalPlan] | None = None  # the last plan made, for start
 
     def _usable_root(self) -> Path:
         """The root, once known to be this user's directory (or free to be made): else one line."""
@@ -85,28 +87,22 @@ class LocalEngine:
         return job_warnings(job)
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
-        """The pods in creation order with their ranks and commands, and the ports to reserve."""
-        from torchjob.engines.local.ports import declared_ports
-        from torchjob.expand import Expansion
+        """The pods in creation order with their ranks and resolved commands, and the ports to
+        reserve; ``detail`` is the expanded, checked job that ``start`` runs (planning.py)."""
+        from torchjob.engines.local.planning import plan_job, plan_text
 
-        lines = [f"local job {job.name}: {job.total_replicas} pod(s) on this machine"]
-        ports = declared_ports(job)
-        if ports:
-            lines.append(f"ports to reserve: {', '.join(map(str, ports))} (each mapped to a free host port)")
-        for pod in Expansion(job).pods():
-            containers = pod.manifest["spec"]["containers"]
-            env = {e.get("name"): e.get("value") for c in containers for e in c.get("env") or []}
-            rank = f" (rank {env['RANK']})" if env.get("RANK") is not None else ""
-            lines.append(f"pod {pod.name}{rank}")
-            for container in pod.manifest["spec"].get("initContainers") or []:
-                lines.append(f"  init {container.get('name')}: {_command_text(container)}")
-            for container in pod.manifest["spec"]["containers"]:
-                lines.append(f"  {container.get('name')}: {_command_text(container)}")
-        return Plan(self.name, job, options, "\n".join(lines))
+        local = plan_job(job)
+        self._planned = (job, local)  # what start runs, if it is given this job next
+        return Plan(self.name, job, options, plan_text(job, local), local)
 
     def start(self, job: Job, options: StartOptions) -> JobReport:
         from torchjob.engines.local import RunOptions, run_job
+        from torchjob.engines.local.planning import plan_job
 
+        # The plan made for this job, else one without its text: the job expanded and checked once.
+        made = self._planned
+        planned = made[1] if made is not None and made[0] is job else plan_job(job)
+        self._planned = None
         result = run_job(
             job,
             RunOptions(
@@ -123,6 +119,7 @@ class LocalEngine:
                 remove=options.remove,
                 hang_notice=options.hang_notice,
             ),
+            planned,
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow
             raise EngineError(f"job {result.job_id} did not start: {result.reason}", exit_code=1)
@@ -329,13 +326,6 @@ def last_output(log_dir: Path) -> float | None:
         with contextlib.suppress(OSError):
             times.append(log.stat().st_mtime)
     return max(times, default=None)
-
-
-def _command_text(container: dict[str, Any]) -> str:
-    import shlex
-
-    words = [*(container.get("command") or []), *(container.get("args") or [])]
-    return shlex.join(str(w) for w in words) or "(the image's entrypoint)"
 
 
 def _cannot_read(err: OSError) -> str:

@@ -93,6 +93,7 @@ class Supervisor:
         admission: Plan | None = None,
         remove: bool = False,
         hang_notice: float = 0.0,
+        planned: DesiredState | None = None,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -105,7 +106,7 @@ class Supervisor:
         self.started = time.time()
         self.finished: float | None = None
         warm = prewarm_modules(job) if prewarm and not preload else ()  # forking from the server is faster
-        self.factory = PodFactory(job, job_dir, extra_env, warm, preload)
+        self.factory = PodFactory(job, job_dir, extra_env, warm, preload, planned)
         if self.factory.preloader is not None:  # a fork server that cannot be used is said once
             self.factory.preloader.note = lambda text: self.note(text, "33")
         self.ticket: Ticket | None = None  # the job's place in the local queue (admission.py)
