@@ -64,6 +64,7 @@ def plan_text(job: Job, plan: LocalPlan) -> str:
     if plan.ports:
         ports = ", ".join(map(str, plan.ports))
         lines.append(f"ports to reserve: {ports} (each mapped to a free host port when the job starts)")
+    lines.append("addresses: each pod its own loopback address (pod names, where they resolve, name them)")
     for problem, message in plan.problems:
         lines.append(f"cannot run here: {problem}: {message}")
     for pod in plan.state.pods:
