@@ -13,7 +13,12 @@ It imports no engine; engines import it.
 
 from __future__ import annotations
 
-from torchjob.controller.driver import CRASH_LOOP_AFTER, Controller
-from torchjob.controller.runtime import DEFAULT_GRACE, Backoff, termination_grace
+from torchjob.controller.driver import (
+    CRASH_LOOP_AFTER,
+    DEFAULT_GRACE,
+    Backoff,
+    Controller,
+    termination_grace,
+)
 
 __all__ = ["CRASH_LOOP_AFTER", "DEFAULT_GRACE", "Backoff", "Controller", "termination_grace"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from torchjob.controller.runtime import termination_grace
 from torchjob.lifecycle import (
     Action,
     Decision,
@@ -62,6 +61,26 @@ _ACTIVE = (PodPhase.PENDING.value, PodPhase.RUNNING.value)
 
 Key = tuple[str, int]
 Seen = tuple[str, int, "int | None"]  # reported phase, restarts, exit code
+
+
+DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no terminationGracePeriodSeconds
+
+
+@record(frozen=True)
+class Backoff:
+    """A container of an attempt that failed and waits to be started again in place."""
+
+    container: str
+    failures: int  # consecutive quick failures
+    exit_code: int | None
+    delay: float | None  # seconds until it starts again (None: not scheduled)
+
+
+def termination_grace(job: Job, task: str) -> float:
+    """The task's terminationGracePeriodSeconds: seconds from SIGTERM to SIGKILL."""
+    spec = job.task(task)
+    value = spec.template.spec.get("terminationGracePeriodSeconds") if spec else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else DEFAULT_GRACE
 
 
 @record

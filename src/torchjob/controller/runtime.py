@@ -5,40 +5,22 @@ attempt, in-place container restarts count in the attempt's ``restarts``. Nothin
 starting an attempt may take time (a Slurm step waits for its node), so ``create`` returns an
 attempt that is still Pending and later polls say what happened. An exit code may arrive after
 the phase (a remote runtime learns it late); the controller reports each change it sees.
+
+For the type checker only: a runtime matches these protocols by shape (nothing imports this
+module at run time).
 """
 
 from __future__ import annotations
 
-from torchjob.records import record
-from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Protocol, TypeVar
 
+    from torchjob.controller.driver import Backoff
     from torchjob.expand import PodPlan
     from torchjob.lifecycle import JobStatus
-
-DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no terminationGracePeriodSeconds
-
-
-@record(frozen=True)
-class Backoff:
-    """A container of an attempt that failed and waits to be started again in place."""
-
-    container: str
-    failures: int  # consecutive quick failures
-    exit_code: int | None
-    delay: float | None  # seconds until it starts again (None: not scheduled)
-
-
-def termination_grace(job: Job, task: str) -> float:
-    """The task's terminationGracePeriodSeconds: seconds from SIGTERM to SIGKILL."""
-    spec = job.task(task)
-    value = spec.template.spec.get("terminationGracePeriodSeconds") if spec else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else DEFAULT_GRACE
-
 
 if TYPE_CHECKING:
 

@@ -9,7 +9,7 @@ whose names do not resolve runs this very expansion, others have their pods addr
 
 from __future__ import annotations
 
-from torchjob.records import field, record
+from torchjob.records import record
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -28,17 +28,15 @@ class LocalPlan:
 
     state: DesiredState  # the pods in creation order, addresses only
     problems: Issues  # what stops the job running here (empty: it can run)
-    ports: list[int] = field(default_factory=list)  # declared ports, each mapped to a free host port
 
 
 def plan_job(job: Job) -> LocalPlan:
     """Expand ``job`` once and check it; an empty job expands to nothing."""
     from torchjob.engines.local.addressing import LocalAddressing
-    from torchjob.engines.local.ports import declared_ports
     from torchjob.expand import expand
 
     state = expand(job, LocalAddressing(job))
-    return LocalPlan(state, check_job(job, state), declared_ports(job))
+    return LocalPlan(state, check_job(job, state))
 
 
 def check_job(job: Job, state: DesiredState) -> Issues:
@@ -60,9 +58,12 @@ def check_job(job: Job, state: DesiredState) -> Issues:
 
 def plan_text(job: Job, plan: LocalPlan) -> str:
     """The plan for a person: pods in creation order with their ranks and resolved commands."""
+    from torchjob.engines.local.ports import declared_ports
+
     lines = [f"local job {job.name}: {job.total_replicas} pod(s) on this machine"]
-    if plan.ports:
-        ports = ", ".join(map(str, plan.ports))
+    declared = declared_ports(job)
+    if declared:
+        ports = ", ".join(map(str, declared))
         lines.append(f"ports to reserve: {ports} (each mapped to a free host port when the job starts)")
     lines.append("addresses: each pod its own loopback address (pod names, where they resolve, name them)")
     for problem, message in plan.problems:
