@@ -292,11 +292,6 @@ class Controller(_Slots[A]):
         self.delayed = []
         self.dirty = True
 
-    def end(self, phase: JobPhase, reason: str) -> None:
-        """Set the job's phase from outside the lifecycle (it ended before its pods started)."""
-        self.status = JobStatus(phase, self.status.retry_count, self.status.version, reason)
-        self.dirty = True
-
     def on_change(self, change: PodChange) -> None:
         self.dirty = True
         for reaction in reactions(self.job, change, self.pod_statuses()):
