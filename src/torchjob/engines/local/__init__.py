@@ -224,7 +224,7 @@ def _supervise(
         admission=plan,
         remove=options.remove,
         hang_notice=options.hang_notice,
-        planned=planned.state if planned is not None else None,
+        planned=planned.take() if planned is not None else None,
     )
     previous = supervisor.install_signals()
     try:
