@@ -132,3 +132,48 @@ def test_a_cli_run_expands_the_job_twice_at_most(tmp_path: Path) -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["code"] == 0, out.stderr
     assert 1 <= result["expansions"] <= 2
+
+
+# ------------------------------------------------------------------ logs (LocalEngine._log_files)
+
+WITH_INIT = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: logged}
+spec:
+  tasks:
+  - name: worker
+    replicas: 2
+    template:
+      spec:
+        restartPolicy: Never
+        initContainers: [{name: setup, image: img, command: [sh, -c, 'echo setting up']}]
+        containers: [{name: main, image: img, command: [sh, -c, 'echo hello']}]
+"""
+
+
+def test_logs_by_pod_container_and_attempt_and_one_line_for_what_is_not_there(tmp_path: Path) -> None:
+    from torchjob.engines.base import EngineError, LogQuery
+
+    engine = LocalEngine(tmp_path / "state")
+    report = engine.start(load_jobs_from_text(WITH_INIT)[0].job, StartOptions(quiet=True, queue=False))
+    assert report.phase == "Completed"
+
+    def lines(**query: object) -> list[tuple[str, str]]:
+        return [(line.prefix, line.text) for line in engine.logs(report.id, LogQuery(**query))]  # type: ignore[arg-type]
+
+    assert lines(pod="worker-1") == [("worker-1/setup", "setting up"), ("worker-1", "hello")]
+    assert lines(container="main") == [("worker-0", "hello"), ("worker-1", "hello")]
+    assert lines(pod="worker-0", all_attempts=True) == [
+        ("worker-0/setup #0", "setting up"),
+        ("worker-0 #0", "hello"),
+    ]
+    assert lines(pod="worker-0", attempt=0, container="setup") == [("worker-0/setup", "setting up")]
+    for query, message in (
+        ({"pod": "nope"}, f"job {report.id} has no pod 'nope' (pods: worker-0, worker-1)"),
+        ({"container": "x"}, f"job {report.id} has no container 'x' (containers: main, setup)"),
+        ({"attempt": 3}, f"job {report.id} has no attempt 3 (attempts: worker-0: 0; worker-1: 0)"),
+    ):
+        with pytest.raises(EngineError) as err:
+            lines(**query)
+        assert str(err.value) == message

@@ -237,44 +237,17 @@ class LocalEngine:
                 files = self._log_files(where, report, query, check=False)
 
     def _log_files(self, where: JobDir, report: JobReport, query: LogQuery, *, check: bool) -> list[_LogFile]:
-        """Every log file the query asks for, oldest attempt first."""
+        """Every log file the query asks for, oldest attempt first; with ``check``, a pod,
+        container or attempt the job does not have is an EngineError naming those it has."""
         pods = first_failed_first(report, _select_pods(report.pods, query.pod))
-        if check and query.pod is not None and not pods:
-            names = ", ".join(p.short for p in report.pods) or "none yet"
-            raise EngineError(f"job {where.id} has no pod {query.pod!r} (pods: {names})")
-        if check and query.container is not None:
-            known = sorted({c.name for p in pods for c in p.containers})
-            if query.container not in known:
-                raise EngineError(
-                    f"job {where.id} has no container {query.container!r} "
-                    f"(containers: {', '.join(known) or 'none yet'})"
-                )
         attempts_of = {p.name: _attempts(where, p.name) for p in pods}
-        wanted = query.attempt
-        exists = any(wanted in found for found in attempts_of.values())
-        if check and wanted is not None and not query.all_attempts and not exists:
-            listed = "; ".join(
-                f"{p.short}: {', '.join(map(str, attempts_of[p.name])) or 'none'}" for p in pods
-            )
-            raise EngineError(f"job {where.id} has no attempt {wanted} (attempts: {listed})")
+        if check:
+            _check_pod(where, report, pods, query)
+            _check_container(where, pods, query)
+            _check_attempt(where, pods, query, attempts_of)
         files: list[_LogFile] = []
         for ordinal, pod in enumerate(pods):
-            if query.all_attempts:
-                attempts = attempts_of[pod.name]
-            else:
-                attempts = [query.attempt if query.attempt is not None else pod.attempt]
-            mains = [c.name for c in pod.containers if not c.init]
-            inits = [c.name for c in pod.containers if c.init]
-            for attempt in attempts:
-                for name in [*inits, *mains]:
-                    if query.container is not None and name != query.container:
-                        continue
-                    label = None if (name in mains and len(mains) == 1) else name
-                    prefix = prefix_for(pod.short or pod.name, pod.rank, label)
-                    if query.all_attempts:
-                        prefix += f" #{attempt}"
-                    path = where.log_dir(pod.name, attempt) / f"{name}.log"
-                    files.append(_LogFile(path, prefix, ordinal, pod.short or pod.name))
+            files += _pod_log_files(where, pod, ordinal, query, attempts_of[pod.name])
         return files
 
     # -------------------------------------------------------------- queue
@@ -340,6 +313,54 @@ def _select_pods(pods: list[PodReport], wanted: str | None) -> list[PodReport]:
         if hit:
             return hit
     return [p for p in pods if p.task == wanted]
+
+
+def _check_pod(where: JobDir, report: JobReport, pods: list[PodReport], query: LogQuery) -> None:
+    if query.pod is not None and not pods:
+        names = ", ".join(p.short for p in report.pods) or "none yet"
+        raise EngineError(f"job {where.id} has no pod {query.pod!r} (pods: {names})")
+
+
+def _check_container(where: JobDir, pods: list[PodReport], query: LogQuery) -> None:
+    if query.container is None:
+        return
+    known = sorted({c.name for p in pods for c in p.containers})
+    if query.container not in known:
+        raise EngineError(
+            f"job {where.id} has no container {query.container!r} "
+            f"(containers: {', '.join(known) or 'none yet'})"
+        )
+
+
+def _check_attempt(
+    where: JobDir, pods: list[PodReport], query: LogQuery, attempts_of: dict[str, list[int]]
+) -> None:
+    wanted = query.attempt
+    if wanted is None or query.all_attempts or any(wanted in found for found in attempts_of.values()):
+        return
+    listed = "; ".join(f"{p.short}: {', '.join(map(str, attempts_of[p.name])) or 'none'}" for p in pods)
+    raise EngineError(f"job {where.id} has no attempt {wanted} (attempts: {listed})")
+
+
+def _pod_log_files(
+    where: JobDir, pod: PodReport, ordinal: int, query: LogQuery, found: list[int]
+) -> list[_LogFile]:
+    """One pod's log files: init containers first, each attempt the query asks for."""
+    attempts = found if query.all_attempts else [query.attempt if query.attempt is not None else pod.attempt]
+    mains = [c.name for c in pod.containers if not c.init]
+    inits = [c.name for c in pod.containers if c.init]
+    files = []
+    for attempt in attempts:
+        for name in [*inits, *mains]:
+            if query.container is not None and name != query.container:
+                continue
+            label = None if (name in mains and len(mains) == 1) else name
+            prefix = prefix_for(pod.short or pod.name, pod.rank, label)
+            if query.all_attempts:
+                prefix += f" #{attempt}"
+            path = where.log_dir(pod.name, attempt) / f"{name}.log"
+            files.append(_LogFile(path, prefix, ordinal, pod.short or pod.name))
+    return files
 
 
 def _attempts(where: JobDir, pod: str) -> list[int]:
