@@ -90,9 +90,9 @@ class KubernetesEngine:
         from torchjob.targets import render_target
 
         namespace = self._namespace(job)
-        target = self.discovery.choose_target(options.target)
+        target = self.discovery.choose_target(options.setting("target"))
         job = replace(job, metadata=replace(job.metadata, namespace=namespace))
-        rendered = render_target(job, target, runtime=options.runtime)
+        rendered = render_target(job, target, runtime=options.setting("runtime"))
         objects = [copy.deepcopy(obj) for obj in rendered.objects]
         for obj in objects:
             obj.setdefault("metadata", {})["namespace"] = namespace
@@ -106,9 +106,9 @@ class KubernetesEngine:
         from torchjob.targets import render_target
 
         namespace = self._namespace(job)
-        target = self.discovery.choose_target(options.target)
+        target = self.discovery.choose_target(options.setting("target"))
         job = replace(job, metadata=replace(job.metadata, namespace=namespace))
-        rendered = render_target(job, target, runtime=options.runtime)
+        rendered = render_target(job, target, runtime=options.setting("runtime"))
         for path, message in rendered.warnings:
             self._note(f"warning: {path}: {message}", options)
         objects = [copy.deepcopy(obj) for obj in rendered.objects]
@@ -118,7 +118,7 @@ class KubernetesEngine:
                 _add_env(obj, options.extra_env)
         existing = self._find(job.name, namespace)
         if existing is not None:
-            if not options.replace:
+            if not options.setting("replace", False):
                 raise EngineError(
                     f"job {job.name} already exists in namespace {namespace} (target {existing.target}); "
                     "use --replace to delete it and submit again"

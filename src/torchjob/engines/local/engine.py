@@ -25,6 +25,7 @@ from torchjob.engines.base import (
     QueueListing,
     StartOptions,
 )
+from torchjob.engines.local.settings import ENGINE
 from torchjob.engines.local.state import (
     ROOT_MARKER,
     JobDir,
@@ -115,13 +116,13 @@ class LocalEngine:
                 timeout=options.timeout,
                 extra_env=dict(options.extra_env),
                 detach=options.detach,
-                prewarm=options.prewarm,
-                max_restarts=options.max_restarts,
+                prewarm=ENGINE.value(options, "prewarm"),
+                max_restarts=ENGINE.value(options, "max_restarts"),
                 on_start=options.on_start,
-                preload=options.preload,
-                queue=options.queue,
+                preload=tuple(ENGINE.value(options, "preload")),
+                queue=ENGINE.value(options, "queue"),
                 remove=options.remove,
-                hang_notice=options.hang_notice,
+                hang_notice=ENGINE.value(options, "hang_notice"),
             ),
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow
