@@ -148,3 +148,34 @@ def test_a_job_whose_supervisor_died_is_unknown_and_wait_returns(tmp_path: Path)
     assert engine.delete([started.id]) == [started.id]
     assert wait_until(lambda: leftovers(started.id) == [], 5)
     assert engine.list_jobs() == []
+
+
+class _Lines:
+    """A caller's sink that takes lines only (no stream of its own), as an SDK or a service has."""
+
+    stream = None
+
+    def __init__(self) -> None:
+        self.reports: list[str] = []
+
+    def log(self, line: object) -> None:
+        raise AssertionError("the local engine hands its console's lines as reports")
+
+    def notice(self, text: str) -> None:
+        self.reports.append(text)
+
+    def report(self, text: str) -> None:
+        self.reports.append(text)
+
+
+def test_an_attached_job_writes_to_the_callers_sink_not_to_stdout(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    engine = get_engine("local", state_dir=tmp_path / "jobs")
+    job = make_job("sunk", [task("main", [container("app", sh("echo hello from the pod"))])])
+    sink = _Lines()
+    report = engine.start(job, StartOptions(sink=sink))
+    assert report.phase == "Completed"
+    assert "main-0 | hello from the pod" in sink.reports, sink.reports
+    assert any(line.startswith("torchjob: job sunk-") for line in sink.reports), sink.reports
+    assert capfd.readouterr().out == ""

@@ -252,7 +252,7 @@ def run_run(args: argparse.Namespace) -> int:
     workflow_code = _run_workflow(args)
     if workflow_code is not None:
         return workflow_code
-    from torchjob.engines.base import StartOptions
+    from torchjob.engines.base import StartOptions, StreamSink
     from torchjob.expand import expand
 
     extra_env = _parse_env(args.env)
@@ -278,6 +278,7 @@ def run_run(args: argparse.Namespace) -> int:
         extra_env=extra_env,
         on_start=_print_id if args.quiet and not args.detach else None,
         remove=args.rm,
+        sink=StreamSink(),  # the engine's output, printed here: log lines, notes, its table
         settings=settings,
     )
     if args.rm and args.detach:
@@ -534,7 +535,9 @@ def run_wait(args: argparse.Namespace) -> int:
     if args.timeout is not None and not 0 <= args.timeout < float("inf"):  # also refuses nan
         message = f"expected a non-negative, finite number of seconds, got {args.timeout}"
         raise SpecError([Problem("--timeout", message, "<command line>")])
-    report = _engine(args).wait(args.job, args.timeout)
+    from torchjob.engines.base import StreamSink
+
+    report = _engine(args).wait(args.job, args.timeout, sink=StreamSink())
     if not (report.terminal or report.phase == "Unknown"):
         print(
             f"torchjob: job {report.id} is still {report.phase} after {args.timeout:g}s (timed out)",

@@ -11,13 +11,14 @@ the same for every engine: ``torchjob status -o json`` prints it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 
 from torchjob.records import field, record
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from typing import Any, Protocol
+    from typing import Any, Protocol, TextIO
 
     from torchjob.spec.model import Job
 
@@ -37,6 +38,7 @@ __all__ = [
     "ReportError",
     "Setting",
     "StartOptions",
+    "StreamSink",
 ]
 
 # Volcano's job phases that never change again; "Unknown" is not terminal (its engine lost track).
@@ -544,23 +546,51 @@ class LogLine:
     pod: str = ""  # the pod's short name (<task>-<index>), without rank or container
 
 
+class StreamSink:
+    """The output of a run as the command line shows it: log lines and reports on standard output,
+    notes on standard error. The streams are looked up at each write (a test may swap them).
+    What an engine writes to when its caller gave no sink (``StartOptions.sink``)."""
+
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self._out, self._err = out, err
+
+    @property
+    def stream(self) -> TextIO:
+        return self._out or sys.stdout
+
+    def log(self, line: LogLine) -> None:
+        self.stream.write(f"{line.prefix} | {line.text}\n")
+        self.stream.flush()
+
+    def notice(self, text: str) -> None:
+        print(f"torchjob: {text}", file=self._err or sys.stderr, flush=True)
+
+    def report(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+
 # The interface is for the type checker: engines implement it by shape, not by subclassing, and
 # the CLI and the SDK import it under TYPE_CHECKING, so no command pays for importing typing.
 if TYPE_CHECKING:
 
     class Sink(Protocol):
-        """Where an attached run's and a wait's output goes: the caller's, never the engine's console."""
+        """Where an attached run's and a wait's output goes: the caller's, never the engine's own.
 
-        def log(self, text: str) -> None:
-            """A pod's log line, prefixed (``worker-1 | ...``), without its newline."""
+        ``stream``, when the caller has one (a terminal, a file), takes an engine's live output
+        as it is (log lines, a status table redrawn in place); otherwise lines come one by one."""
+
+        stream: TextIO | None
+
+        def log(self, line: LogLine) -> None:
+            """A pod's log line."""
             ...
 
         def notice(self, text: str) -> None:
-            """A note about the job for the user (the CLI: stderr)."""
+            """A note about the job for the person (without the ``torchjob: `` it is shown with)."""
             ...
 
         def report(self, text: str) -> None:
-            """A table or summary, one or more lines without a final newline (the CLI: stdout)."""
+            """A line of a table or a summary."""
             ...
 
     class Engine(Protocol):
@@ -596,8 +626,9 @@ if TYPE_CHECKING:
             """The job's log lines, oldest first; with ``follow``, until the job ends."""
             ...
 
-        def wait(self, ref: str, timeout: float | None = None) -> JobReport:
-            """Block until the job reaches a terminal phase (or ``timeout`` passes): its latest report."""
+        def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
+            """Block until the job reaches a terminal phase (or ``timeout`` passes): its latest report.
+            What it has to say while waiting (a pod unschedulable) goes to ``sink``."""
             ...
 
         def delete(self, refs: list[str]) -> list[str]:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import copy
-import sys
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torchjob.display import first_failed_first
-from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions
+from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions, StreamSink
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
@@ -20,7 +19,7 @@ from torchjob.engines.kubernetes.submit import create_all, delete_object
 from torchjob.records import record, replace
 
 if TYPE_CHECKING:
-    from torchjob.engines.base import Engine
+    from torchjob.engines.base import Engine, Sink
     from torchjob.spec.model import Job
 
 LOG_TAIL_LINES = 20
@@ -133,9 +132,9 @@ class KubernetesEngine:
             return self._report(found, pods={}, top=_top_object(objects, found.kind))
         follower = self._follower(found, logs=options.follow and not options.quiet, options=options)
         try:
+            sink = options.sink or StreamSink()
             for line in follower.run(options.timeout):
-                sys.stdout.write(f"{line.prefix} | {line.text}\n")
-                sys.stdout.flush()
+                sink.log(line)
         except KeyboardInterrupt:
             # Ctrl-C stops the watching, not the job: a cluster job may hold hours of work, and
             # the user's terminal is not its lifeline (docs/kubernetes.md). Said even when quiet.
@@ -215,9 +214,9 @@ class KubernetesEngine:
                     ):
                         yield LogLine(prefix=prefix, text=text, pod_ordinal=ordinal)
 
-    def wait(self, ref: str, timeout: float | None = None) -> JobReport:
+    def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
         found = self._resolve(ref)
-        follower = self._follower(found, logs=False)
+        follower = self._follower(found, logs=False, sink=sink)
         for _ in follower.run(timeout):
             pass
         return self._finish(follower)
@@ -230,9 +229,10 @@ class KubernetesEngine:
 
     # ------------------------------------------------------------------ helpers
 
-    def _note(self, message: str, options: StartOptions | None = None) -> None:
+    def _note(self, message: str, options: StartOptions | None = None, sink: Sink | None = None) -> None:
+        """A note for the person, to the caller's sink (standard error when it gave none)."""
         if options is None or not options.quiet:
-            print(f"torchjob: {message}", file=sys.stderr)
+            (sink or (options.sink if options else None) or StreamSink()).notice(message)
 
     def _list(self, path: str, selector: str) -> list[dict[str, Any]]:
         listing = self.cluster.json("GET", path, query={"labelSelector": selector}, doing=f"list {path}")
@@ -286,7 +286,13 @@ class KubernetesEngine:
         )
 
     def _follower(
-        self, found: Found, *, logs: bool, options: StartOptions | None = None, **kwargs: Any
+        self,
+        found: Found,
+        *,
+        logs: bool,
+        options: StartOptions | None = None,
+        sink: Sink | None = None,
+        **kwargs: Any,
     ) -> Follower:
         kind = found.kind
         return Follower(
@@ -301,7 +307,7 @@ class KubernetesEngine:
             label_selector=f"{JOB_LABEL}={found.name}",
             logs=logs,
             pending_timeout=self.pending_timeout,
-            notify=lambda message: self._note(message, options),
+            notify=lambda message: self._note(message, options, sink),
             **kwargs,
         )
 

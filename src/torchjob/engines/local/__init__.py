@@ -154,8 +154,9 @@ def _result(job_dir: Path) -> RunResult:
     return RunResult(report.phase, report.reason, job_dir, pods, report=report)
 
 
-def run_job(job: Job, options: RunOptions | None = None) -> RunResult:
-    """Run ``job`` to its end (or start it in the background with ``detach``)."""
+def run_job(job: Job, options: RunOptions | None = None, output: object = None) -> RunResult:
+    """Run ``job`` to its end (or start it in the background with ``detach``); an attached job's
+    console writes to ``output`` (the caller's stream; standard output when None)."""
     from torchjob.engines.local.state import new_job_dir, state_root
 
     options = options or RunOptions()
@@ -167,7 +168,8 @@ def run_job(job: Job, options: RunOptions | None = None) -> RunResult:
         return _detach(job, job_dir.path, options, plan)
     if options.on_start is not None:
         options.on_start(job_dir.id)
-    return _supervise(job, job_dir.path, options, stream=None if options.quiet else sys.stdout, plan=plan)
+    stream = None if options.quiet else sys.stdout if output is None else output
+    return _supervise(job, job_dir.path, options, stream=stream, plan=plan)
 
 
 def _admission_plan(job: Job) -> Plan | None:

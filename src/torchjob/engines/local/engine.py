@@ -24,6 +24,7 @@ from torchjob.engines.base import (
     PodReport,
     QueueListing,
     StartOptions,
+    StreamSink,
 )
 from torchjob.engines.local.settings import ENGINE
 from torchjob.engines.local.state import (
@@ -38,9 +39,9 @@ from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TextIO
 
-    from torchjob.engines.base import Engine, QueueingEngine
+    from torchjob.engines.base import Engine, QueueingEngine, Sink
     from torchjob.spec.model import Job
 
 MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by
@@ -124,6 +125,7 @@ class LocalEngine:
                 remove=options.remove,
                 hang_notice=ENGINE.value(options, "hang_notice"),
             ),
+            output=_output(options.sink),
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow
             raise EngineError(f"job {result.job_id} did not start: {result.reason}", exit_code=1)
@@ -156,7 +158,8 @@ class LocalEngine:
                 pod.last_output_at = last_output(where.log_dir(pod.name, pod.attempt))
         return report
 
-    def wait(self, ref: str, timeout: float | None = None) -> JobReport:
+    def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
+        """Polls the job's status; it has nothing to say while waiting (``sink`` is unused)."""
         where = self._find(ref)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -330,6 +333,34 @@ def last_output(log_dir: Path) -> float | None:
         with contextlib.suppress(OSError):
             times.append(log.stat().st_mtime)
     return max(times, default=None)
+
+
+def _output(sink: Sink | None) -> TextIO | _Lines:
+    """Where the job's console writes: the caller's stream; for a sink that takes lines only, a
+    stream that hands it each finished line as a report (not a terminal: no colours, no table)."""
+    if sink is None:
+        return StreamSink().stream
+    return sink.stream if sink.stream is not None else _Lines(sink)
+
+
+class _Lines:
+    """A text stream that hands a sink each line written to it."""
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        *done, self.pending = (self.pending + text).split("\n")
+        for line in done:
+            self.sink.report(line)
+        return len(text)
+
+    def flush(self) -> None:
+        return
+
+    def isatty(self) -> bool:
+        return False
 
 
 def _command_text(container: dict[str, Any]) -> str:
