@@ -252,7 +252,9 @@ def test_an_engine_of_another_distribution_registers_by_entry_point(
     info = tmp_path / "memengine-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: memengine\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[torchjob.engines]\nwithsettings = memengine.settings:ENGINE\n")
+    (info / "entry_points.txt").write_text(
+        "[torchjob.engines]\nwithsettings = memengine.settings:ENGINE\nbroken = no_such_module:ENGINE\n"
+    )
     monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))  # what it reads is undone after
     monkeypatch.setattr(registry, "_entry_points_read", False)
     assert main(["status", "--engine", "local", "--state-dir", str(tmp_path / "state")]) == 0
@@ -261,6 +263,13 @@ def test_an_engine_of_another_distribution_registers_by_entry_point(
     assert _seen()[-1][1] == {"partition": "a100"}
     _drive_withsettings(memengine, capsys)
     assert "withsettings" in registry.engine_names()
+    capsys.readouterr()
+    assert main(["status", "--engine", "broken"]) == 2  # its flags missing from --help, not a traceback
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "torchjob: engine broken: cannot load no_such_module:ENGINE: No module named 'no_such_module'\n"
+    )
 
 
 def test_run_dry_run_prints_the_local_engines_plan_and_starts_nothing(

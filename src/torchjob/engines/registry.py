@@ -65,14 +65,27 @@ def engine_info(name: str) -> EngineInfo:
     except KeyError:
         raise EngineError(f"no engine {name!r} (engines: {', '.join(engine_names())})") from None
     if where not in _found:  # by where, not name: a test may point a name elsewhere
-        found = _object(where)
+        try:
+            found = _object(where)
+        except (ImportError, AttributeError) as err:  # another distribution's, say, broken
+            raise EngineError(f"engine {name}: cannot load {where}: {err}") from None
         _found[where] = found if isinstance(found, EngineInfo) else EngineInfo(where)
     return _found[where]
 
 
 def settings_of(command: str) -> list[tuple[str, Setting]]:
-    """Every known engine's settings that ``command`` takes, as (engine, setting), by engine name."""
-    return [(name, s) for name in engine_names() for s in engine_info(name).settings if command in s.commands]
+    """Every known engine's settings that ``command`` takes, as (engine, setting), by engine name.
+    An engine that cannot be loaded has none here; using it says why (get_engine)."""
+    from torchjob.engines.base import EngineError
+
+    found = []
+    for name in engine_names():
+        try:
+            settings = engine_info(name).settings
+        except EngineError:
+            continue
+        found += [(name, s) for s in settings if command in s.commands]
+    return found
 
 
 def engine_for(capability: str) -> str:
