@@ -579,7 +579,8 @@ if TYPE_CHECKING:
         ``stream``, when the caller has one (a terminal, a file), takes an engine's live output
         as it is (log lines, a status table redrawn in place); otherwise lines come one by one."""
 
-        stream: TextIO | None
+        @property
+        def stream(self) -> TextIO | None: ...
 
         def log(self, line: LogLine) -> None:
             """A pod's log line."""
