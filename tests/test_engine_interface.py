@@ -283,3 +283,6 @@ def test_run_dry_run_prints_the_local_engines_plan_and_starts_nothing(
     assert out.startswith("local job train: 1 pod(s) on this machine\npod train-master-0"), out
     assert "main: python -c" in out
     assert not state.exists()
+    example = Path(__file__).parent.parent / "examples" / "sdk" / "adaptive_training.py"
+    assert main(["run", "--dry-run", f"{example}:adaptive_training"]) == 2  # not run: refused
+    assert "--dry-run: not for a workflow" in capsys.readouterr().err

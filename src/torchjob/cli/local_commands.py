@@ -193,6 +193,7 @@ def _run_workflow(args: argparse.Namespace) -> int | None:
 
         given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
         given["--job"] = args.job is not None
+        given["--dry-run"] = args.dry_run  # a workflow's tasks are decided as it runs: no plan
         given.update(dict.fromkeys(given_flags(args, "run"), True))
         given.update({"--set": args.set, "--workdir": args.workdir is not None})
         given[f"--engine {args.engine}"] = args.engine != DEFAULT_ENGINE

@@ -89,10 +89,11 @@ def settings_of(command: str) -> list[tuple[str, Setting]]:
 
 
 def engine_for(capability: str) -> str:
-    """The first engine, by name, that declares ``capability`` (an EngineInfo flag such as ``submits``)."""
+    """The engine that declares ``capability`` (an EngineInfo flag such as ``submits``): the default
+    engine if it does, else the first by name."""
     from torchjob.engines.base import EngineError
 
-    for name in engine_names():
+    for name in [DEFAULT_ENGINE, *engine_names()]:
         if getattr(engine_info(name), capability):
             return name
     raise EngineError(f"no engine can {capability.rstrip('s')}")
