@@ -209,12 +209,16 @@ def _supervise(
     on_started: Callable[[], None] | None = None,
     plan: Plan | None = None,
 ) -> RunResult:
-    from torchjob.engines.local.output import Console
+    from torchjob.engines.local.output import Console, SinkConsole
     from torchjob.engines.local.state import JobDir
     from torchjob.engines.local.supervisor import Supervisor
 
     # Never blocking on the reader: a stalled pipe or terminal must not stop timeouts and signals.
-    console = Console(stream, never_block=True) if stream is not None else None  # type: ignore[arg-type]
+    console: Console | SinkConsole | None = None
+    if hasattr(stream, "log"):  # a caller's sink that takes lines (engines.base.Sink)
+        console = SinkConsole(stream)
+    elif stream is not None:
+        console = Console(stream, never_block=True)  # type: ignore[arg-type]
     supervisor = Supervisor(
         job,
         JobDir(path),

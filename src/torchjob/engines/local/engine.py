@@ -39,7 +39,7 @@ from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from typing import Any, TextIO
+    from typing import Any
 
     from torchjob.engines.base import Engine, QueueingEngine, Sink
     from torchjob.spec.model import Job
@@ -335,32 +335,11 @@ def last_output(log_dir: Path) -> float | None:
     return max(times, default=None)
 
 
-def _output(sink: Sink | None) -> TextIO | _Lines:
-    """Where the job's console writes: the caller's stream; for a sink that takes lines only, a
-    stream that hands it each finished line as a report (not a terminal: no colours, no table)."""
+def _output(sink: Sink | None) -> object:
+    """Where the job's console writes: the caller's stream, else (a sink of lines) the sink."""
     if sink is None:
         return StreamSink().stream
-    return sink.stream if sink.stream is not None else _Lines(sink)
-
-
-class _Lines:
-    """A text stream that hands a sink each line written to it."""
-
-    def __init__(self, sink: Sink) -> None:
-        self.sink = sink
-        self.pending = ""
-
-    def write(self, text: str) -> int:
-        *done, self.pending = (self.pending + text).split("\n")
-        for line in done:
-            self.sink.report(line)
-        return len(text)
-
-    def flush(self) -> None:
-        return
-
-    def isatty(self) -> bool:
-        return False
+    return sink.stream if sink.stream is not None else sink
 
 
 def _command_text(container: dict[str, Any]) -> str:
