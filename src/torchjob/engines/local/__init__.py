@@ -156,7 +156,8 @@ def _result(job_dir: Path) -> RunResult:
 
 def run_job(job: Job, options: RunOptions | None = None, output: object = None) -> RunResult:
     """Run ``job`` to its end (or start it in the background with ``detach``); an attached job's
-    console writes to ``output`` (the caller's stream; standard output when None)."""
+    console writes to ``output``: the caller's stream (standard output when None), or a
+    SinkConsole for a caller's sink of lines."""
     from torchjob.engines.local.state import new_job_dir, state_root
 
     options = options or RunOptions()
@@ -215,8 +216,8 @@ def _supervise(
 
     # Never blocking on the reader: a stalled pipe or terminal must not stop timeouts and signals.
     console: Console | SinkConsole | None = None
-    if hasattr(stream, "log"):  # a caller's sink that takes lines (engines.base.Sink)
-        console = SinkConsole(stream)
+    if isinstance(stream, SinkConsole):  # for a caller's sink that takes lines (engines.base.Sink)
+        console = stream
     elif stream is not None:
         console = Console(stream, never_block=True)  # type: ignore[arg-type]
     supervisor = Supervisor(

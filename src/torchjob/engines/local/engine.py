@@ -339,7 +339,11 @@ def _output(sink: Sink | None) -> object:
     """Where the job's console writes: the caller's stream, else (a sink of lines) the sink."""
     if sink is None:
         return StreamSink().stream
-    return sink.stream if sink.stream is not None else sink
+    if sink.stream is not None:
+        return sink.stream
+    from torchjob.engines.local.output import SinkConsole
+
+    return SinkConsole(sink)
 
 
 def _command_text(container: dict[str, Any]) -> str:
