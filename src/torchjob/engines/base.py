@@ -120,6 +120,7 @@ class StartOptions:
     preload: tuple[str, ...] = ()  # local: main containers forked from a server that imported these
     queue: bool = True  # local: wait in the machine's queue for CPUs, memory and GPUs; False: start at once
     remove: bool = False  # run --rm: a job that completed is removed once it ended (a failed one is kept)
+    warm: bool = False  # local: the preload server is kept for this process's next jobs (SDK warm calls)
     hang_notice: float = 300.0  # local: one notice once every pod has been silent this long (0: never)
 
 

@@ -104,6 +104,32 @@ def _interrupted(error: Exception | None) -> bool:
     return bool(exc_type == "KeyboardInterrupt" or message.endswith("with signal SIGINT"))
 
 
+WARM_ENV = "TORCHJOB_WARM"  # 0: every call starts its ranks cold
+
+
+def warm_wanted(task: Task[Any, Any]) -> bool:
+    """Whether calls may fork their ranks from this process's warm pool (docs/sdk.md)."""
+    if os.environ.get(WARM_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        logger.debug("task %s: warm pool off (%s=%s)", task.name, WARM_ENV, os.environ[WARM_ENV])
+        return False
+    if not task.warm:
+        logger.debug("task %s: warm pool off (@task(warm=False))", task.name)
+        return False
+    return True
+
+
+def warm_modules(task: Task[Any, Any]) -> tuple[str, ...]:
+    """What the warm pool's server imports for ``task``: torch, the ranks' entry point and the
+    task's own module (a function defined in __main__ or a notebook is pickled by value)."""
+    if not warm_wanted(task):
+        return ()
+    modules = ["torch", "torchjob.sdk.entrypoint"]
+    module = getattr(task.function, "__module__", None)
+    if module and module != "__main__" and not module.startswith("torchjob."):
+        modules.append(module)
+    return tuple(modules)
+
+
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     from torchjob.engines.base import StartOptions
     from torchjob.engines.registry import get_engine
@@ -146,8 +172,10 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         # the watcher copies the pods' output. The job stays for `torchjob logs <job>`.
         quiet = not logger.isEnabledFor(logging.DEBUG)
         engine = get_engine()
+        preload = warm_modules(task)
+        options = StartOptions(quiet=quiet, timeout=timeout, extra_env=env, preload=preload, warm=bool(preload))
         with JobWatcher(results / PROGRESS_FILE, name, engine if quiet else None, name):
-            report = engine.start(job, StartOptions(quiet=quiet, timeout=timeout, extra_env=env))
+            report = engine.start(job, options)
         logger.debug("task %s: job %s %s; logs: torchjob logs %s", task.name, name, report.phase, report.id)
         error = first_error(results)
         if error is not None:

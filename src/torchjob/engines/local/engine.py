@@ -119,6 +119,7 @@ class LocalEngine:
                 max_restarts=options.max_restarts,
                 on_start=options.on_start,
                 preload=options.preload,
+                warm=options.warm,
                 queue=options.queue,
                 remove=options.remove,
                 hang_notice=options.hang_notice,

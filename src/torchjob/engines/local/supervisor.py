@@ -115,6 +115,7 @@ class Supervisor:
         admission: Plan | None = None,
         remove: bool = False,
         hang_notice: float = 0.0,
+        warm: bool = False,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -132,8 +133,9 @@ class Supervisor:
         self.signals: list[int] = []
         self.started = time.time()
         self.finished: float | None = None
+        pooled = warm  # the SDK's warm pool (pool.py) rather than a server of this job's own
         warm = prewarm_modules(job) if prewarm and not preload else ()  # forking from the server is faster
-        self.factory = PodFactory(job, job_dir, extra_env, warm, preload)
+        self.factory = PodFactory(job, job_dir, extra_env, warm, preload, pooled)
         if self.factory.preloader is not None:  # a fork server that cannot be used is said once
             self.factory.preloader.note = lambda text: self.note(text, "33")
         self.processes = JobProcesses(self.id, self.pods, self.latest)
@@ -283,7 +285,7 @@ class Supervisor:
             self.record(f"warning: {path}: {message}")
         self.apply(Decision(self.status, None, True))
         preloader = self.factory.preloader
-        if preloader is not None and preloader.state == "none" and not self.waiting:  # every pod is made
+        if preloader is not None and preloader.state == "none" and not self.waiting and not preloader.pooled:
             self.note(
                 f"--preload {','.join(preloader.modules)}: no container runs torchjob's python in a form "
                 "the fork server can serve (python [options] SCRIPT|-m MODULE|-c CODE); they start cold",
