@@ -125,9 +125,30 @@ def warm_modules(task: Task[Any, Any]) -> tuple[str, ...]:
         return ()
     modules = ["torch", "torchjob.sdk.entrypoint"]
     module = getattr(task.function, "__module__", None)
-    if module and module != "__main__" and not module.startswith("torchjob."):
+    if module and module != "__main__" and not module.startswith("torchjob.") and _importable(module):
         modules.append(module)
     return tuple(modules)
+
+
+def _importable(module: str) -> bool:
+    """Whether a rank started cold would find ``module`` where this process did: under the working
+    directory (a rank's sys.path[0]) or in site-packages. Another module (found through a path
+    this process added) is imported by each rank, when the function is unpickled."""
+    import importlib.machinery
+    import sysconfig
+
+    found = sys.modules.get(module)
+    path = getattr(found, "__file__", None)
+    if not path:
+        return False
+    top = module.split(".")[0]
+    places = [os.getcwd(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    spec = importlib.machinery.PathFinder.find_spec(top, places)
+    origin = spec.origin if spec is not None else None
+    if origin is None or spec is None:
+        return False
+    root = os.path.dirname(origin) if spec.submodule_search_locations else origin
+    return os.path.realpath(path).startswith(os.path.realpath(root))
 
 
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from torchjob.engines.local.preload import Preloader
+from torchjob.engines.local.preload import ENDED, Preloader
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -73,9 +73,9 @@ def preloader(modules: tuple[str, ...]) -> Preloader:
     kept = _pools.get(modules)
     if kept is not None:
         then, server = kept
-        if then == sources and server.state != "off":
-            return server
-        server.close()  # edited (re-imported by a new server), or unusable
+        if then == sources and (server.state != "off" or server.why_off != ENDED):
+            return server  # an unusable one too: its import would fail again (calls start cold)
+        server.close()  # edited: a new server imports the new source
     server = Preloader(modules, _directory(), pooled=True)
     _pools[modules] = (sources, server)
     if len(_pools) == 1:

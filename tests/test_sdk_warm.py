@@ -1,0 +1,163 @@
+"""Warm calls (issue 23): a process's later calls of a task fork their ranks from its warm pool.
+
+Each test runs a real Python script calling real 2-rank gloo tasks on the local engine, so that the
+pool (one per process) and its end are those of that script alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed")
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
+
+TASK_MODULE = textwrap.dedent(
+    """
+    import os, sys
+    from torchjob import PyTorch, Worker, task
+
+    VERSION = 1
+
+    def body(x):
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.tensor([float(x)])
+        dist.all_reduce(t)
+        leaked = globals().get("LEAK")
+        globals()["LEAK"] = "set by an earlier call"
+        return {"sum": t.item(), "leaked": leaked, "version": VERSION, "env": dict(os.environ),
+                "pid": os.getpid()}
+
+    allreduce = task(task_config=PyTorch(worker=Worker(replicas=1)))(body)
+    cold = task(task_config=PyTorch(worker=Worker(replicas=1)), warm=False)(body)
+    """
+)
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import warmtask
+    from torchjob.engines.local import pool
+
+    def forks():
+        return (pool._home[0] / "preload.log").read_text().count("forked ") if pool._home else 0
+
+    out = {}
+    out["first"] = warmtask.allreduce(1)
+    out["forks_after_first"] = forks()
+    out["second"] = warmtask.allreduce(2)
+    out["forks_after_second"] = forks()
+    out["keyword"] = warmtask.cold(3)
+    out["forks_after_keyword"] = forks()
+    os.environ["TORCHJOB_WARM"] = "0"
+    out["env_off"] = warmtask.allreduce(4)
+    out["forks_after_env_off"] = forks()
+    del os.environ["TORCHJOB_WARM"]
+    source = open("warmtask.py").read().replace("VERSION = 1", "VERSION = 2")
+    with open("warmtask.py", "w") as f:
+        f.write(source)
+    later = time.time() + 5
+    os.utime("warmtask.py", (later, later))  # a new mtime even within the clock's resolution
+    out["edited"] = warmtask.allreduce(5)
+    out["servers"] = [s.proc.pid for _, s in pool._pools.values() if s.proc is not None]
+    print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+# Set per pod or per job, for programs to read: differ between any two calls, warm or cold.
+PER_CALL = ("TORCHJOB_", "VC_", "VK_")
+PER_CALL_NAMES = {"HOSTNAME", "MASTER_ADDR", "MASTER_PORT", "PATH", "PYTHON_EXEC"}
+
+
+def _comparable(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith(PER_CALL) and k not in PER_CALL_NAMES}
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "warmtask.py").write_text(TASK_MODULE)
+    script = tmp_path / "main.py"
+    script.write_text(body)
+    return script
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TORCHJOB_WARM"}
+    env["TORCHJOB_HOME"] = str(tmp_path / "home")
+    return env
+
+
+def test_later_calls_fork_fresh_ranks_with_a_cold_calls_environment(tmp_path: Path) -> None:
+    script = _script(tmp_path, SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line[len("RESULT ") :])
+    assert [out[k]["sum"] for k in ("first", "second", "keyword", "env_off", "edited")] == [2, 4, 6, 8, 10]
+    assert out["forks_after_second"] == out["forks_after_first"] + 2  # both ranks of the 2nd call forked
+    assert out["forks_after_keyword"] == out["forks_after_second"]  # @task(warm=False): cold
+    assert out["forks_after_env_off"] == out["forks_after_keyword"]  # TORCHJOB_WARM=0: cold
+    # Fresh processes: what one call set in its module's globals is not there in the next one.
+    assert out["first"]["leaked"] is None and out["second"]["leaked"] is None
+    assert out["first"]["pid"] != out["second"]["pid"]
+    # The environment of a forked rank is a cold rank's (bar what differs between any two calls).
+    assert _comparable(out["second"]["env"]) == _comparable(out["env_off"]["env"])
+    # An edit of the task's module takes effect in the next call (a new server imports it).
+    assert out["edited"]["version"] == 2
+    # The servers ended with the script (atexit).
+    for pid in out["servers"]:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, sys, time
+    import warmtask
+    from torchjob.engines.local import pool
+    warmtask.allreduce(1)
+    servers = [s.proc.pid for _, s in pool._pools.values() if s.proc is not None]
+    print("SERVERS " + " ".join(map(str, servers)), flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def test_a_killed_caller_leaves_no_server(tmp_path: Path) -> None:
+    script = _script(tmp_path, KILLED)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = ""
+        for line in proc.stdout:  # the ranks' output comes first
+            if line.startswith("SERVERS"):
+                break
+        servers = [int(p) for p in line.split()[1:]]
+        assert line.startswith("SERVERS") and servers, line
+        assert all(psutil.pid_exists(p) for p in servers)
+        proc.send_signal(signal.SIGKILL)  # as a notebook kernel killed: no atexit
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while any(psutil.pid_exists(p) for p in servers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(psutil.pid_exists(p) for p in servers)
+    finally:
+        proc.kill()
+        proc.wait(10)
