@@ -123,7 +123,8 @@ def warm_modules(task: Task[Any, Any]) -> tuple[str, ...]:
     task's own module (a function defined in __main__ or a notebook is pickled by value)."""
     if not warm_wanted(task):
         return ()
-    modules = ["torch", "torchjob.sdk.entrypoint"]
+    # The entry point's imports, not itself: `python -m` warns about a module already imported.
+    modules = ["torch", "torchjob.sdk.results", "torchjob.sdk.quick_exit", "torchjob.errors"]
     module = getattr(task.function, "__module__", None)
     if module and module != "__main__" and not module.startswith("torchjob.") and _importable(module):
         modules.append(module)

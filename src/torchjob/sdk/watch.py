@@ -60,8 +60,9 @@ class JobWatcher:
             try:
                 lines = self.engine.logs(self.job, LogQuery(follow=not done))
             except EngineError:  # not started yet
-                if done or self.stop.wait(INTERVAL):
+                if done:
                     return
+                self.stop.wait(INTERVAL)  # a job that ended meanwhile (a warm call) gets its last look
                 continue
             try:
                 for line in lines:
