@@ -45,7 +45,11 @@ def _live_children() -> list[psutil.Process]:
     for child in psutil.Process().children(recursive=True):
         try:
             line = " ".join(child.cmdline())
-            if "resource_tracker" in line or "forkserver.py" in line or child.status() == psutil.STATUS_ZOMBIE:
+            if (
+                "resource_tracker" in line
+                or "forkserver.py" in line
+                or child.status() == psutil.STATUS_ZOMBIE
+            ):
                 continue
         except psutil.NoSuchProcess:
             continue

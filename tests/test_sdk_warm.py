@@ -113,7 +113,10 @@ def test_later_calls_fork_fresh_ranks_with_a_cold_calls_environment(tmp_path: Pa
     assert [out[k]["sum"] for k in ("first", "second", "keyword", "env_off", "edited")] == [2, 4, 6, 8, 10]
     # Every call's rank output is echoed, a warm call's too (it ends before the logs are first read).
     for x in range(1, 6):
-        assert f"master-0 | rank 0 of call {x}" in done.stdout and f"worker-0 | rank 1 of call {x}" in done.stdout
+        assert (
+            f"master-0 | rank 0 of call {x}" in done.stdout
+            and f"worker-0 | rank 1 of call {x}" in done.stdout
+        )
     assert out["forks_after_second"] == out["forks_after_first"] + 2  # both ranks of the 2nd call forked
     assert out["forks_after_keyword"] == out["forks_after_second"]  # @task(warm=False): cold
     assert out["forks_after_env_off"] == out["forks_after_keyword"]  # TORCHJOB_WARM=0: cold

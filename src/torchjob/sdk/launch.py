@@ -89,10 +89,33 @@ def _run_single_node(
                 raise KeyboardInterrupt from None
             if error is None:
                 raise TaskFailed(str(err)) from None
-            raise error from error.original
+            raise _with_source(error) from error.original
         return value
     finally:
         shutil.rmtree(results, ignore_errors=True)
+
+
+def _with_source(error: Exception) -> Exception:
+    """Add the source lines a rank could not show: code defined in a notebook cell (or typed at a
+    prompt) is pickled by value, and its file exists only in this process's linecache."""
+    import linecache
+    import re
+
+    text = getattr(error, "remote_traceback", "")
+    if not text:
+        return error
+    lines = text.splitlines()
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        found = re.fullmatch(r'  File "(.+)", line (\d+), in .+', line)
+        has_source = i + 1 < len(lines) and lines[i + 1].startswith("    ")
+        if found and not has_source:
+            source = linecache.getline(found[1], int(found[2])).strip()
+            if source:
+                out.append(f"    {source}")
+    error.remote_traceback = "\n".join(out) + ("\n" if text.endswith("\n") else "")  # type: ignore[attr-defined]
+    return error
 
 
 def _interrupted(error: Exception | None) -> bool:
@@ -195,13 +218,15 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         quiet = not logger.isEnabledFor(logging.DEBUG)
         engine = get_engine()
         preload = warm_modules(task)
-        options = StartOptions(quiet=quiet, timeout=timeout, extra_env=env, preload=preload, warm=bool(preload))
+        options = StartOptions(
+            quiet=quiet, timeout=timeout, extra_env=env, preload=preload, warm=bool(preload)
+        )
         with JobWatcher(results / PROGRESS_FILE, name, engine if quiet else None, name):
             report = engine.start(job, options)
         logger.debug("task %s: job %s %s; logs: torchjob logs %s", task.name, name, report.phase, report.id)
         error = first_error(results)
         if error is not None:
-            raise error from error.original
+            raise _with_source(error) from error.original
         if not report.ok:
             pods = "; ".join(f"{p.name}: {p.phase} (exit code {p.exit_code})" for p in report.pods)
             raise TaskFailed(

@@ -273,7 +273,11 @@ class PodFactory:
                 return {}
             self.preloader.before_exec = enter
         else:
-            shared = None if self.hosts_mount is None else podnames.HostsMount.of(str(self.dir.path / "hosts"), True)
+            shared = (
+                None
+                if self.hosts_mount is None
+                else podnames.HostsMount.of(str(self.dir.path / "hosts"), True)
+            )
             self.preloader.before_exec = shared.enter if shared is not None else None
         chosen = {run.name: self.preloader.fork for run in mains if self.preloader.accepts(run)}
         if self.preloader.pooled:  # why a call is cold, under -v
