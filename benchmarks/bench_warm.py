@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -85,13 +86,15 @@ def main() -> None:
     args = parser.parse_args()
     results = [measure(r, args.calls) for r in args.ranks]
     picks = [i for i in (0, 1, args.calls - 1) if i < args.calls]
-    print(f"{'ranks':>5}  {'mode':<4}  " + "  ".join(f"call {i + 1:>2}" for i in picks) + "  load 1m")
+    header = "  ".join(f"call {i + 1:>2}" for i in picks)
+    print(f"{'ranks':>5}  {'mode':<4}  {header}  median 2+  load 1m")
     for result in results:
         load = "{:.1f}-{:.1f}".format(*result["load"])
         for mode in ("warm", "cold"):
             times = result["times"][mode]
             cells = "  ".join(f"{times[i]:6.2f} s" for i in picks)
-            print(f"{result['ranks']:>5}  {mode:<4}  {cells}  {load}")
+            later = statistics.median(times[1:]) if len(times) > 1 else times[0]
+            print(f"{result['ranks']:>5}  {mode:<4}  {cells}  {later:7.2f} s  {load}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

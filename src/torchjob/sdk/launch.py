@@ -172,7 +172,7 @@ def _importable(module: str) -> bool:
     if origin is None or spec is None:
         return False
     root = os.path.dirname(origin) if spec.submodule_search_locations else origin
-    return os.path.realpath(path).startswith(os.path.realpath(root))
+    return bool(os.path.realpath(path).startswith(os.path.realpath(root)))
 
 
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -224,7 +224,7 @@ def _supervise(
         prewarm=options.prewarm,
         max_restarts=options.max_restarts,
         preload=options.preload,
-        warm=options.warm,
+        pooled=options.warm,
         admission=plan,
         remove=options.remove,
         hang_notice=options.hang_notice,

@@ -267,8 +267,8 @@ class PodFactory:
         if self.preloader.pooled:
             from torchjob.engines.local import pool
 
-            enter = pool.hosts_view(self.preloader, self.hosts_text if self.hosts_mount is not None else None)
-            if enter is False:
+            usable, enter = pool.hosts_view(self.preloader, self.hosts_text if self.hosts_mount else None)
+            if not usable:
                 logs.debug("warm pool: not used: the server was started with another /etc/hosts setting")
                 return {}
             self.preloader.before_exec = enter
@@ -279,7 +279,9 @@ class PodFactory:
                 else podnames.HostsMount.of(str(self.dir.path / "hosts"), True)
             )
             self.preloader.before_exec = shared.enter if shared is not None else None
-        chosen = {run.name: self.preloader.fork for run in mains if self.preloader.accepts(run)}
+        chosen: dict[str, Forker] = {
+            run.name: self.preloader.fork for run in mains if self.preloader.accepts(run)
+        }
         if self.preloader.pooled:  # why a call is cold, under -v
             for run in mains:
                 if run.name not in chosen:

@@ -83,17 +83,17 @@ def preloader(modules: tuple[str, ...]) -> Preloader:
     return server
 
 
-def hosts_view(server: Preloader, text: str | None) -> Callable[[], None] | None | bool:
+def hosts_view(server: Preloader, text: str | None) -> tuple[bool, Callable[[], None] | None]:
     """The server's /etc/hosts set-up (``before_exec``) for a job whose pods see ``text`` as their
     /etc/hosts (None: the machine's). The pool's own file takes the job's entries, rewritten in
-    place so that a running server's bind mount shows them; False when the server was started
-    with the other setting (then the job starts cold)."""
+    place so that a running server's bind mount shows them. (False, None) when the server was
+    started with the other setting (then the job starts cold)."""
     from torchjob.engines.local import podnames
 
     if server.state != "none" and (server.before_exec is None) != (text is None):
-        return False
+        return False, None
     if text is None:
-        return None
+        return True, None
     path = _directory() / "hosts"
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, 0o600)
@@ -102,7 +102,9 @@ def hosts_view(server: Preloader, text: str | None) -> Callable[[], None] | None
         os.write(fd, text.encode())
     finally:
         os.close(fd)
-    return server.before_exec if server.state != "none" else podnames.HostsMount.of(str(path), True).enter
+    if server.state != "none":
+        return True, server.before_exec
+    return True, podnames.HostsMount.of(str(path), True).enter
 
 
 def close_all() -> None:

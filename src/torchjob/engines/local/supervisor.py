@@ -115,7 +115,7 @@ class Supervisor:
         admission: Plan | None = None,
         remove: bool = False,
         hang_notice: float = 0.0,
-        warm: bool = False,
+        pooled: bool = False,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -133,9 +133,10 @@ class Supervisor:
         self.signals: list[int] = []
         self.started = time.time()
         self.finished: float | None = None
-        pooled = warm  # the SDK's warm pool (pool.py) rather than a server of this job's own
         warm = prewarm_modules(job) if prewarm and not preload else ()  # forking from the server is faster
-        self.factory = PodFactory(job, job_dir, extra_env, warm, preload, pooled)
+        self.factory = PodFactory(
+            job, job_dir, extra_env, warm, preload, pooled
+        )  # pooled: the SDK's warm pool
         if self.factory.preloader is not None:  # a fork server that cannot be used is said once
             self.factory.preloader.note = lambda text: self.note(text, "33")
         self.processes = JobProcesses(self.id, self.pods, self.latest)
