@@ -58,6 +58,12 @@ SCRIPT = textwrap.dedent(
     out["forks_after_first"] = forks()
     out["second"] = warmtask.allreduce(2)
     out["forks_after_second"] = forks()
+    os.environ["SET_BY_THE_NOTEBOOK"] = "1"  # a new environment: a new server, warm again after
+    warmtask.allreduce(0)
+    out["forks_before_new_env"] = forks()
+    warmtask.allreduce(0)
+    out["forks_after_new_env"] = forks()
+    del os.environ["SET_BY_THE_NOTEBOOK"]
     out["keyword"] = warmtask.cold(3)
     out["forks_after_keyword"] = forks()
     os.environ["TORCHJOB_WARM"] = "0"
@@ -118,7 +124,9 @@ def test_later_calls_fork_fresh_ranks_with_a_cold_calls_environment(tmp_path: Pa
             and f"worker-0 | rank 1 of call {x}" in done.stdout
         )
     assert out["forks_after_second"] == out["forks_after_first"] + 2  # both ranks of the 2nd call forked
-    assert out["forks_after_keyword"] == out["forks_after_second"]  # @task(warm=False): cold
+    # A variable set between calls: the server is replaced, and the calls after are forked again.
+    assert out["forks_after_new_env"] == out["forks_before_new_env"] + 2
+    assert out["forks_after_keyword"] == out["forks_after_new_env"]  # @task(warm=False): cold
     assert out["forks_after_env_off"] == out["forks_after_keyword"]  # TORCHJOB_WARM=0: cold
     # Fresh processes: what one call set in its module's globals is not there in the next one.
     assert out["first"]["leaked"] is None and out["second"]["leaked"] is None

@@ -62,6 +62,7 @@ class PodFactory:
         self.prewarm_modules = prewarm_modules  # what main containers import while inits run (prewarm.py)
         # --preload: the job's fork server (preload.py), started for the first container it can serve
         self.preloader: Preloader | None = None
+        self.pool_checked = False  # the warm pool's server was matched to this job (pool.for_job)
         if preload_modules and pooled:  # the SDK's warm pool: this process's server, kept (pool.py)
             from torchjob.engines.local import pool
 
@@ -267,6 +268,9 @@ class PodFactory:
         if self.preloader.pooled:
             from torchjob.engines.local import pool
 
+            if not self.pool_checked and mains:  # once per job: this call's environment or directory
+                self.pool_checked = True
+                self.preloader = pool.for_job(self.preloader, mains[0])
             usable, enter = pool.hosts_view(self.preloader, self.hosts_text if self.hosts_mount else None)
             if not usable:
                 logs.debug("warm pool: not used: the server was started with another /etc/hosts setting")

@@ -23,11 +23,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from torchjob import logs
 from torchjob.engines.local.preload import ENDED, Preloader
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from torchjob.engines.local.containers import ContainerRun
 
 Sources = tuple[tuple[str, int, int], ...]
 
@@ -81,6 +84,18 @@ def preloader(modules: tuple[str, ...]) -> Preloader:
     if len(_pools) == 1:
         atexit.register(close_all)
     return server
+
+
+def for_job(server: Preloader, run: ContainerRun) -> Preloader:
+    """The server for a job whose first main container is ``run``: a running one whose environment
+    or directories differ from the job's (the caller set a variable, or changed directory, since
+    it started) is replaced, so that this call and the next are warm again."""
+    why = server.why_not(run) if server.state in ("starting", "ready") else ""
+    if not why.startswith(("its environment", "its interpreter")):
+        return server
+    logs.debug("warm pool: a new fork server: %s", why)
+    server.close()
+    return preloader(server.modules)
 
 
 def hosts_view(server: Preloader, text: str | None) -> tuple[bool, Callable[[], None] | None]:
