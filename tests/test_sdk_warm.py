@@ -176,3 +176,38 @@ def test_a_killed_caller_leaves_no_server(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait(10)
+
+
+FORKED = textwrap.dedent(
+    """
+    import os, sys
+    import warmtask
+    from torchjob.engines.local import pool
+    warmtask.allreduce(1)
+    server = next(iter(pool._pools.values()))[1]
+    pid = os.fork()
+    if pid == 0:  # a child of the caller (multiprocessing's fork) calls the task: its own pool
+        value = warmtask.allreduce(2)["sum"]
+        os._exit(0 if value == 4 else 3)
+    _, status = os.waitpid(pid, 0)
+    print("CHILD", os.waitstatus_to_exitcode(status), flush=True)
+    print("STATE", server.state, server.proc is not None and server.proc.poll() is None, flush=True)
+    print("AGAIN", warmtask.allreduce(3)["sum"], flush=True)
+    """
+)
+
+
+def test_a_forked_caller_does_not_use_or_end_its_parents_server(tmp_path: Path) -> None:
+    script = _script(tmp_path, FORKED)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "CHILD 0" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "STATE ready True" in done.stdout, done.stdout  # the parent's server is untouched
+    assert "AGAIN 6.0" in done.stdout, done.stdout

@@ -122,6 +122,23 @@ def hosts_view(server: Preloader, text: str | None) -> tuple[bool, Callable[[], 
     return True, podnames.HostsMount.of(str(path), True).enter
 
 
+def _forget_in_child() -> None:
+    """A fork of this process (multiprocessing, a user's os.fork) has no pool: the servers are its
+    parent's (their forks would be reparented to the parent), so the child drops them untouched."""
+    for _, server in _pools.values():
+        for fd in (server._requests, server._replies):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        server.proc = None  # never killed from here
+        server.state, server.why_off = "off", ENDED
+    _pools.clear()
+    _home.clear()  # the directory is the parent's too
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def close_all() -> None:
     """End every kept server (at exit, or when asked: ``torchjob.sdk.warm_pool_close``)."""
     for _, server in _pools.values():
