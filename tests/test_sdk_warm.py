@@ -211,3 +211,18 @@ def test_a_forked_caller_does_not_use_or_end_its_parents_server(tmp_path: Path) 
     assert "CHILD 0" in done.stdout, done.stdout + done.stderr[-2000:]
     assert "STATE ready True" in done.stdout, done.stdout  # the parent's server is untouched
     assert "AGAIN 6.0" in done.stdout, done.stdout
+
+
+def test_an_elastic_call_leaves_the_callers_environment_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's OMP_NUM_THREADS=1 is for its workers: it stayed in the caller's os.environ,
+    so every later call (and the warm pool's environment) differed from the first."""
+    from torchjob import Elastic, task
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    two = task(task_config=Elastic(nproc_per_node=2))(_omp)
+    assert two() == "1"  # the workers had it
+    assert "OMP_NUM_THREADS" not in os.environ
+
+
+def _omp() -> str | None:
+    return os.environ.get("OMP_NUM_THREADS")

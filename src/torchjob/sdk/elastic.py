@@ -214,6 +214,15 @@ def _signals_held() -> Iterator[None]:
 
 def launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool, Any]:
     """Run the call on this node's ``nproc_per_node`` workers; (True, value) if rank 0 is here."""
+    added = "OMP_NUM_THREADS" not in os.environ and settings.nproc_per_node > 1
+    try:
+        return _launch(payload, results, settings)
+    finally:
+        if added:  # for the workers only: the caller's environment is as it was (the next call's too)
+            os.environ.pop("OMP_NUM_THREADS", None)
+
+
+def _launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool, Any]:
     with _signals_held():  # a Ctrl-C during torch's import is not lost (see there)
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
