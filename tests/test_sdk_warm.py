@@ -64,6 +64,9 @@ SCRIPT = textwrap.dedent(
     warmtask.allreduce(0)
     out["forks_after_new_env"] = forks()
     del os.environ["SET_BY_THE_NOTEBOOK"]
+    warmtask.allreduce(0)  # the first environment again: its server was kept as the spare
+    out["forks_back"] = forks()
+    out["servers_started"] = (pool._home[0] / "preload.log").read_text().count("imported ")
     out["keyword"] = warmtask.cold(3)
     out["forks_after_keyword"] = forks()
     os.environ["TORCHJOB_WARM"] = "0"
@@ -76,7 +79,8 @@ SCRIPT = textwrap.dedent(
     later = time.time() + 5
     os.utime("warmtask.py", (later, later))  # a new mtime even within the clock's resolution
     out["edited"] = warmtask.allreduce(5)
-    out["servers"] = [s.proc.pid for _, s in pool._pools.values() if s.proc is not None]
+    kept = [s for _, s in pool._pools.values()] + list(pool._spares.values())
+    out["servers"] = [s.proc.pid for s in kept if s.proc is not None]
     print("RESULT " + json.dumps(out), flush=True)
     """
 )
@@ -126,7 +130,8 @@ def test_later_calls_fork_fresh_ranks_with_a_cold_calls_environment(tmp_path: Pa
     assert out["forks_after_second"] == out["forks_after_first"] + 2  # both ranks of the 2nd call forked
     # A variable set between calls: the server is replaced, and the calls after are forked again.
     assert out["forks_after_new_env"] == out["forks_before_new_env"] + 2
-    assert out["forks_after_keyword"] == out["forks_after_new_env"]  # @task(warm=False): cold
+    assert out["forks_back"] == out["forks_after_new_env"] + 2 and out["servers_started"] == 2
+    assert out["forks_after_keyword"] == out["forks_back"]  # @task(warm=False): cold
     assert out["forks_after_env_off"] == out["forks_after_keyword"]  # TORCHJOB_WARM=0: cold
     # Fresh processes: what one call set in its module's globals is not there in the next one.
     assert out["first"]["leaked"] is None and out["second"]["leaked"] is None

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 Sources = tuple[tuple[str, int, int], ...]
 
 _pools: dict[tuple[str, ...], tuple[Sources, Preloader]] = {}
+_spares: dict[tuple[str, ...], Preloader] = {}  # the server a for_job replaced, kept for a return
 _home: list[Path] = []  # the pool's private directory (its servers' preload.log), made once
 
 
@@ -79,6 +80,9 @@ def preloader(modules: tuple[str, ...]) -> Preloader:
         if then == sources and (server.state != "off" or server.why_off != ENDED):
             return server  # an unusable one too: its import would fail again (calls start cold)
         server.close()  # edited: a new server imports the new source
+        spare = _spares.pop(modules, None)
+        if spare is not None:
+            spare.close()
     server = Preloader(modules, _directory(), pooled=True)
     _pools[modules] = (sources, server)
     if len(_pools) == 1:
@@ -89,13 +93,27 @@ def preloader(modules: tuple[str, ...]) -> Preloader:
 def for_job(server: Preloader, run: ContainerRun) -> Preloader:
     """The server for a job whose first main container is ``run``: a running one whose environment
     or directories differ from the job's (the caller set a variable, or changed directory, since
-    it started) is replaced, so that this call and the next are warm again."""
+    it started) is replaced, so that this call and the next are warm again. The replaced one is
+    kept as a spare, taken back when a later job fits it: calls that alternate between two
+    environments (two tasks with different ``env``) do not start a server each time."""
     why = server.why_not(run) if server.state in ("starting", "ready") else ""
     if not why.startswith(("its environment", "its interpreter")):
         return server
+    modules = server.modules
+    sources = _pools[modules][0]
+    spare = _spares.pop(modules, None)
+    if spare is not None and spare.state in ("starting", "ready") and not spare.why_not(run):
+        logs.debug("warm pool: back to the spare fork server (%s)", why)
+        _spares[modules] = server
+        _pools[modules] = (sources, spare)
+        return spare
+    if spare is not None:
+        spare.close()
     logs.debug("warm pool: a new fork server: %s", why)
-    server.close()
-    return preloader(server.modules)
+    _spares[modules] = server
+    fresh = Preloader(modules, _directory(), pooled=True)
+    _pools[modules] = (sources, fresh)
+    return fresh
 
 
 def hosts_view(server: Preloader, text: str | None) -> tuple[bool, Callable[[], None] | None]:
@@ -125,7 +143,7 @@ def hosts_view(server: Preloader, text: str | None) -> tuple[bool, Callable[[], 
 def _forget_in_child() -> None:
     """A fork of this process (multiprocessing, a user's os.fork) has no pool: the servers are its
     parent's (their forks would be reparented to the parent), so the child drops them untouched."""
-    for _, server in _pools.values():
+    for server in [s for _, s in _pools.values()] + list(_spares.values()):
         for fd in (server._requests, server._replies):
             if fd >= 0:
                 with contextlib.suppress(OSError):
@@ -133,6 +151,7 @@ def _forget_in_child() -> None:
         server.proc = None  # never killed from here
         server.state, server.why_off = "off", ENDED
     _pools.clear()
+    _spares.clear()
     _home.clear()  # the directory is the parent's too
 
 
@@ -141,10 +160,11 @@ os.register_at_fork(after_in_child=_forget_in_child)
 
 def close_all() -> None:
     """End every kept server (at exit, or when asked: ``torchjob.sdk.warm_pool_close``)."""
-    for _, server in _pools.values():
+    for server in [s for _, s in _pools.values()] + list(_spares.values()):
         with contextlib.suppress(Exception):
             server.close()
     _pools.clear()
+    _spares.clear()
     for path in _home:
         shutil.rmtree(path, ignore_errors=True)
     _home.clear()
