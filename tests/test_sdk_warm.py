@@ -231,3 +231,44 @@ def test_an_elastic_call_leaves_the_callers_environment_as_it_was(monkeypatch: p
 
 def _omp() -> str | None:
     return os.environ.get("OMP_NUM_THREADS")
+
+
+ELASTIC = textwrap.dedent(
+    """
+    import json, os
+    import multiprocessing.forkserver as forkserver
+    from torchjob import Elastic, task
+
+    @task(task_config=Elastic(nproc_per_node=2))
+    def parent(x):
+        leaked = globals().get("LEAK")
+        globals()["LEAK"] = 1
+        return os.getppid(), leaked, os.environ.get("OMP_NUM_THREADS")
+
+    out = {"first": parent(1), "second": parent(2)}
+    out["server"] = forkserver._forkserver._forkserver_pid
+    os.environ["TORCHJOB_WARM"] = "0"
+    out["cold"] = parent(3)
+    out["caller"] = os.getpid()
+    print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+def test_single_node_elastic_workers_are_forked_from_a_server(tmp_path: Path) -> None:
+    script = tmp_path / "elastic_main.py"
+    script.write_text(ELASTIC)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+    assert out["server"] is not None and out["second"][0] == out["server"]  # forked from the server
+    assert out["first"][1] is None and out["second"][1] is None  # fresh workers every call
+    assert out["second"][2] == out["cold"][2] == "1"
+    assert out["cold"][0] != out["server"]  # TORCHJOB_WARM=0: spawned as before

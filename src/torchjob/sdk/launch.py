@@ -76,6 +76,7 @@ def _run_single_node(
             monitor_interval=float(config.monitor_interval),
             start_method=config.start_method,
             deadline=deadline,
+            warm=warm_wanted(task),
         )
         try:
             _, value = launch(dump_call(task.function, args, kwargs), results, settings)
