@@ -16,7 +16,12 @@ if TYPE_CHECKING:
 
     from torchjob.engines.base import JobReport
 
-TARGETS = ("volcano", "kubeflow", "jobset", "trainjob", "pods")
+
+def target_choices() -> tuple[str, ...]:
+    """Every target's name, from the targets' registry (no target module is imported)."""
+    from torchjob.targets import target_names
+
+    return target_names()
 
 
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +53,7 @@ def register(commands: Any) -> None:
     )
     submit.add_argument(
         "--target",
-        choices=TARGETS,
+        choices=target_choices(),
         help="how the cluster runs it (default: the first of volcano, kubeflow, jobset, trainjob it has)",
     )
     submit.add_argument("--runtime", metavar="NAME", help="the Trainer runtime for --target trainjob")

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from torchjob.cli.cluster_commands import TARGETS, add_cluster_options, cluster_settings, finish
+from torchjob.cli.cluster_commands import add_cluster_options, cluster_settings, finish, target_choices
 from torchjob.engines.registry import DEFAULT_ENGINE, engine_names, get_engine
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
@@ -189,7 +189,9 @@ def _engine_options(parser: argparse.ArgumentParser, starts_jobs: bool = False) 
     add_cluster_options(parser)
     if starts_jobs:
         parser.add_argument(
-            "--target", choices=TARGETS, help="kubernetes: how the cluster runs the job (as for submit)"
+            "--target",
+            choices=target_choices(),
+            help="kubernetes: how the cluster runs the job (as for submit)",
         )
         parser.add_argument(
             "--runtime", metavar="NAME", help="kubernetes: the Trainer runtime for --target trainjob"

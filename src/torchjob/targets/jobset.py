@@ -24,11 +24,12 @@ from typing import Any
 from torchjob.errors import SpecError
 from torchjob.plugins.pytorch import PORT_NAME
 from torchjob.spec.model import Job, Task
-from torchjob.targets import JOB_LABEL, TargetRender
+from torchjob.targets import JOB_LABEL, Status, Target, TargetRender, TopKind
 from torchjob.targets.common import (
     INT32_MAX,
     cannot,
     claim_objects,
+    condition_status,
     copy,
     gang_warnings,
     job_restarts,
@@ -189,3 +190,21 @@ def render(job: Job) -> TargetRender:
         )
     job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": spec_out}
     return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)
+
+
+def status(top: dict[str, Any]) -> Status:
+    """JobSet's conditions; it has no Running one, so a running job is told by its pods."""
+    return condition_status(top, "Completed")
+
+
+TARGET = Target(
+    name="jobset",
+    render=lambda job, runtime: render(job),
+    top=TopKind(API_VERSION, "JobSet", "jobsets", "install JobSet"),
+    preference=30,  # needs only JobSet's controller
+    can=frozenset({"any-tasks", "no-pytorch", "different-roles", "pod-field", "no-command"}),
+    status=status,
+    task_keys=("jobset.sigs.k8s.io/replicatedjob-name",),
+    # Each task runs as `replicas` one-pod Jobs: a pod's index is its Job's (its completion index is 0).
+    index_keys=("jobset.sigs.k8s.io/job-index", "batch.kubernetes.io/job-completion-index"),
+)

@@ -21,10 +21,12 @@ from typing import Any
 from torchjob.errors import Problem, SpecError
 from torchjob.quick import unwrap_launcher
 from torchjob.spec.model import Job
-from torchjob.targets import JOB_LABEL, TargetRender
+from torchjob.targets import JOB_LABEL, Status, Target, TargetRender, TopKind
 from torchjob.targets.common import (
+    add_env_to_containers,
     cannot,
     claim_objects,
+    condition_status,
     copy,
     gang_warnings,
     metadata,
@@ -309,3 +311,33 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
         )
     job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": out}
     return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)
+
+
+def status(top: dict[str, Any]) -> Status:
+    """Trainer's conditions; no Running one, so a running job is told by its pods."""
+    return condition_status(top, "Complete")
+
+
+def add_env(obj: dict[str, Any], env: dict[str, str]) -> None:
+    """--env: a TrainJob's pods come from its runtime, so the variables go in ``spec.trainer.env``."""
+    if obj.get("kind") != "TrainJob":
+        add_env_to_containers(obj, env)
+        return
+    trainer = obj.setdefault("spec", {}).setdefault("trainer", {})
+    trainer["env"] = [e for e in trainer.get("env") or [] if e["name"] not in env] + [
+        {"name": k, "value": v} for k, v in env.items()
+    ]
+
+
+TARGET = Target(
+    name="trainjob",
+    render=lambda job, runtime: render(job, runtime=runtime),
+    top=TopKind(API_VERSION, "TrainJob", "trainjobs", "install Kubeflow Trainer"),
+    preference=40,  # expresses the fewest jobs: one image and command for every node
+    status=status,
+    # The runtime's one replicated job "node" is one Indexed Job of numNodes pods.
+    task_keys=("jobset.sigs.k8s.io/replicatedjob-name",),
+    index_keys=("batch.kubernetes.io/job-completion-index",),
+    add_env=add_env,
+    runtime=True,
+)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import sys
 import threading
 import time
@@ -15,7 +14,7 @@ from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
 from torchjob.engines.kubernetes.interrupts import sigterm_interrupts
-from torchjob.engines.kubernetes.kinds import JOB_LABEL, SIDE_KINDS, TOP_KINDS, Discovery, Kind
+from torchjob.engines.kubernetes.kinds import JOB_LABEL, SIDE_KINDS, Discovery, Kind, top_kinds
 from torchjob.engines.kubernetes.phase import PODGROUP_API, build_report, job_podgroup, prefix_for
 from torchjob.engines.kubernetes.podlogs import read_log, refused, stream_log
 from torchjob.engines.kubernetes.submit import create_all, delete_object
@@ -24,6 +23,7 @@ from torchjob.records import record, replace
 if TYPE_CHECKING:
     from torchjob.engines.base import Engine
     from torchjob.spec.model import Job
+    from torchjob.targets import TargetRender
 
 LOG_TAIL_LINES = 20
 GONE_TIMEOUT = 120.0  # how long --replace waits for the old job's objects to go
@@ -91,42 +91,38 @@ class KubernetesEngine:
     def plan(self, job: Job, options: StartOptions) -> Plan:
         """The objects ``start`` would create, as a kubectl-ready List (run --dry-run)."""
         from torchjob.render import dump_yaml, list_of
-        from torchjob.targets import render_target
+
+        target, namespace, rendered = self._render(job, options)
+        text = f"# target {target}, namespace {namespace}\n" + dump_yaml(list_of(rendered.objects))
+        job = replace(job, metadata=replace(job.metadata, namespace=namespace))
+        detail = (target, namespace, rendered.objects, rendered.warnings)
+        return Plan(self.name, job, options, text, detail=detail)
+
+    def _render(self, job: Job, options: StartOptions) -> tuple[str, str, TargetRender]:
+        """The job as its target's objects, exactly as sent: rendered once, by the targets layer
+        (the same function ``torchjob render -n NS -e K=V`` prints)."""
+        from torchjob.targets import for_cluster
 
         namespace = self._namespace(job)
-        target = self.discovery.choose_target(options.target)
-        job = replace(job, metadata=replace(job.metadata, namespace=namespace))
-        rendered = render_target(job, target, runtime=options.runtime)
-        objects = [copy.deepcopy(obj) for obj in rendered.objects]
-        for obj in objects:
-            obj.setdefault("metadata", {})["namespace"] = namespace
-            if options.extra_env:
-                _add_env(obj, options.extra_env)
-        text = f"# target {target}, namespace {namespace}\n" + dump_yaml(list_of(objects))
-        return Plan(self.name, job, options, text, detail=(target, namespace, objects, rendered.warnings))
+        target = self.discovery.choose_target(_option(options, "target"))
+        rendered = for_cluster(
+            job, target, namespace, _option(options, "extra_env"), runtime=_option(options, "runtime")
+        )
+        return target, namespace, rendered
 
     def start(self, job: Job, options: StartOptions) -> JobReport:
         with sigterm_interrupts():  # SIGTERM ends it as Ctrl-C does: nothing half-made, the note
             return self._start(job, options)
 
     def _start(self, job: Job, options: StartOptions) -> JobReport:
-        # The targets layer renders; this engine only sends.
-        from torchjob.targets import render_target
-
-        namespace = self._namespace(job)
-        target = self.discovery.choose_target(options.target)
+        target, namespace, rendered = self._render(job, options)  # what plan() shows, without its text
         job = replace(job, metadata=replace(job.metadata, namespace=namespace))
-        rendered = render_target(job, target, runtime=options.runtime)
         for path, message in rendered.warnings:
             self._note(f"warning: {path}: {message}", options)
-        objects = [copy.deepcopy(obj) for obj in rendered.objects]
-        for obj in objects:
-            obj.setdefault("metadata", {})["namespace"] = namespace
-            if options.extra_env:
-                _add_env(obj, options.extra_env)
+        objects = rendered.objects
         existing = self._find(job.name, namespace)
         if existing is not None:
-            if not options.replace:
+            if not _option(options, "replace"):
                 raise EngineError(
                     f"job {job.name} already exists in namespace {namespace} (target {existing.target}); "
                     "use --replace to delete it and submit again"
@@ -134,7 +130,7 @@ class KubernetesEngine:
             self._delete(existing)
             self._wait_gone(existing)
         create_all(self.cluster, self.discovery, objects, namespace, say=lambda message: self._note(message))
-        found = Found(job.name, namespace, target, TOP_KINDS.get(target))
+        found = Found(job.name, namespace, target, top_kinds().get(target))
         if options.on_start is not None and not options.detach:
             options.on_start(f"{namespace}/{job.name}")
         if options.detach:
@@ -168,8 +164,9 @@ class KubernetesEngine:
             by_job.setdefault(label, {})[str(pod["metadata"]["name"])] = pod
         reports: list[JobReport] = []
         seen: set[str] = set()
+        kinds = top_kinds()
         for target in self.discovery.available_targets():
-            kind = TOP_KINDS[target]
+            kind = kinds[target]
             for top in self._list(namespaced_path(kind.api_version, kind.plural, namespace), JOB_LABEL):
                 if _owned(top):
                     continue
@@ -259,8 +256,9 @@ class KubernetesEngine:
     def _find(self, name: str, namespace: str) -> Found | None:
         """The job called ``name``: its top-level object of any target, else its bare pods."""
         candidates: list[Found] = []
+        kinds = top_kinds()
         for target in self.discovery.available_targets():
-            kind = TOP_KINDS[target]
+            kind = kinds[target]
             path = namespaced_path(kind.api_version, kind.plural, namespace, name)
             try:
                 top = self.cluster.json("GET", path, doing=f"get {kind.label} {name}")
@@ -432,27 +430,10 @@ def _top_object(objects: list[dict[str, Any]], kind: Kind | None) -> dict[str, A
     return next((o for o in objects if o.get("kind") == kind.kind), None)
 
 
-def _add_env(obj: dict[str, Any], env: dict[str, str]) -> None:
-    """--env on a cluster: appended to every main container of every pod template (TrainJob: trainer.env)."""
-    entries = [{"name": k, "value": v} for k, v in env.items()]
-    if obj.get("kind") == "TrainJob":
-        trainer = obj.setdefault("spec", {}).setdefault("trainer", {})
-        trainer["env"] = [e for e in trainer.get("env") or [] if e["name"] not in env] + entries
-        return
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            containers = node.get("containers")
-            if isinstance(containers, list) and all(isinstance(c, dict) and "image" in c for c in containers):
-                for c in containers:
-                    c["env"] = [e for e in c.get("env") or [] if e.get("name") not in env] + entries
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(obj)
+def _option(options: StartOptions, name: str) -> Any:
+    """One engine setting of the run (--target, --runtime, --replace, --env): read in one place,
+    so that where settings come from can change without touching the engine's logic."""
+    return getattr(options, name, None)
 
 
 if TYPE_CHECKING:  # mypy checks here that the class implements the engine interface
