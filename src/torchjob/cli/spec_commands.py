@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 
 from torchjob.errors import Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
@@ -55,6 +56,12 @@ def register(commands: Any) -> None:
         "--runtime",
         metavar="NAME",
         help="the ClusterTrainingRuntime of --target trainjob (torch-distributed)",
+    )
+    render.add_argument(
+        "--as-sent",
+        action="store_true",
+        help="with --target pods (the default): print exactly what `submit --target pods` sends (pods "
+        "labelled for torchjob, without Volcano's scheduler defaults); every other target always is",
     )
     render.add_argument(
         "-n",
@@ -219,6 +226,8 @@ def run_render(args: argparse.Namespace) -> int:
     if workflow_code is not None:
         return workflow_code
     from torchjob.cli.sources import default_image_warning
+    from torchjob.expand import Expansion
+    from torchjob.render import write_list
 
     if args.runtime is not None and args.target != "trainjob":
         raise SpecError(
@@ -237,7 +246,33 @@ def run_render(args: argparse.Namespace) -> int:
     note = default_image_warning(args.file, loaded)
     if note:
         print(note, file=sys.stderr)
-    return _render_target(loaded, args, env)
+    if args.target != "pods" or getattr(args, "as_sent", False):
+        return _render_target(loaded, args, env)
+    # The pods Volcano's controller would create from the Job (no cluster's changes: see --as-sent).
+    if getattr(args, "namespace", None):
+        from torchjob.records import replace
+
+        loaded = [_in_namespace(item, args.namespace, replace) for item in loaded]
+    expansions = [Expansion(item.job) for item in loaded]
+    for item, expansion in zip(loaded, expansions, strict=True):
+        _print_warnings(item.document, expansion.warnings())
+
+    def items() -> Iterator[dict[str, Any]]:
+        # Pods are built as they are written, so memory stays flat however large the job.
+        for expansion in expansions:
+            yield from expansion.objects()
+            for pod in expansion.pods():
+                yield pod.manifest
+
+    # Every input problem is found above, before the first byte goes out.
+    write_list(items(), args.output, sys.stdout.write)
+    sys.stdout.flush()
+    return 0
+
+
+def _in_namespace(item: Any, namespace: str, replace: Any) -> Any:
+    job = replace(item.job, metadata=replace(item.job.metadata, namespace=namespace))
+    return replace(item, job=job)
 
 
 def _render_env(args: argparse.Namespace) -> dict[str, str]:

@@ -20,10 +20,14 @@ from the records. Adding a target is one module and one line here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from torchjob.records import field, record
-from torchjob.spec.model import Job
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI reads target_names() while building its parser: nothing heavy here
+    from typing import Any
+
+    from torchjob.spec.model import Job
 
 # The one list of targets: module paths, in the order CLI choices and messages name them.
 MODULES = [
