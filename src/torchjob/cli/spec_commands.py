@@ -229,14 +229,13 @@ def run_render(args: argparse.Namespace) -> int:
     from torchjob.expand import Expansion
     from torchjob.render import write_list
 
-    if args.runtime is not None and args.target != "trainjob":
-        raise SpecError(
-            [
-                Problem(
-                    "", f"--runtime applies to --target trainjob only, not --target {args.target}", args.file
-                )
-            ]
-        )
+    if args.runtime is not None:
+        from torchjob.targets import all_targets
+
+        takes = [t.name for t in all_targets() if t.runtime]
+        if args.target not in takes:
+            message = f"--runtime applies to --target {' or '.join(takes)} only, not --target {args.target}"
+            raise SpecError([Problem("", message, args.file)])
     env = _render_env(args)
     loaded = _load_for_render(args)
     if env:  # as `run -e` changes the job before its engine adds the variables to what it sends

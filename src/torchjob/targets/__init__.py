@@ -101,6 +101,10 @@ class Target:
     index_keys: tuple[str, ...] = ()  # ...and its index in that task, tried in order
     add_env: Callable[[dict[str, Any], dict[str, str]], None] | None = None  # None: every container
     runtime: bool = False  # takes --runtime
+    # (field path, what, name): the longest name of each kind its controller derives from the job's
+    generated: Callable[[Job], list[tuple[str, str, str]]] | None = None
+    dns1035: bool = False  # the job's name must start with a letter (it names a Service)
+    podgroup: bool = False  # Volcano's PodGroup of the job carries the job's label
 
 
 def target_names() -> tuple[str, ...]:
@@ -130,13 +134,17 @@ def all_targets() -> list[Target]:
     return [get_target(name) for name in target_names()]
 
 
+def _runtime_targets() -> str:
+    return " or ".join(t.name for t in all_targets() if t.runtime)
+
+
 def render_target(job: Job, target: str, *, runtime: str | None = None) -> TargetRender:
     """The objects ``target`` needs for ``job`` (validated and defaulted)."""
     from torchjob.targets.common import unknown_target
 
     declared = get_target(target)
     if runtime is not None and not declared.runtime:
-        raise unknown_target(f"--runtime only applies to --target trainjob, not {target!r}")
+        raise unknown_target(f"--runtime only applies to --target {_runtime_targets()}, not {target!r}")
     from torchjob.targets.names import check
 
     check(job, target)  # names the controller makes from the job's must fit their limits

@@ -43,6 +43,7 @@ from torchjob.targets.common import (
     volcano_warnings,
     wait_master_flags,
 )
+from torchjob.targets.names import POD_SUFFIX
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 KIND = "JobSet"
@@ -250,8 +251,18 @@ def status(top: dict[str, Any]) -> Status:
     return condition_status(top, "Completed")
 
 
+def generated(job: Job) -> list[tuple[str, str, str]]:
+    """One replicated job per task, of `replicas` one-pod Jobs: Job <job>-<task>-<i>, pod <Job>-0-xxxxx."""
+    return [
+        (f"spec.tasks[{i}].name", "pod", f"{job.name}-{t.name}-{max(t.replicas - 1, 0)}-0{POD_SUFFIX}")
+        for i, t in enumerate(job.spec.tasks)
+    ]
+
+
 TARGET = Target(
     name="jobset",
+    generated=generated,
+    dns1035=True,  # the JobSet's headless Service is named after it
     render=lambda job, runtime: render(job),
     top=TopKind(API_VERSION, "JobSet", "jobsets", "install JobSet"),
     preference=30,  # needs only JobSet's controller

@@ -81,6 +81,7 @@ def _render(job: Job, runtime: str | None) -> TargetRender:
 # No controller: the pods are read back by their label, the job's phase from them alone.
 TARGET = Target(
     name="pods",
+    podgroup=True,
     render=_render,
     preference=1000,  # never chosen without --target
     can=frozenset(

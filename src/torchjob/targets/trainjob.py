@@ -38,6 +38,7 @@ from torchjob.targets.common import (
     volcano_warnings,
     wait_master_flags,
 )
+from torchjob.targets.names import POD_SUFFIX
 
 NAME = "trainjob"
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -376,8 +377,16 @@ def add_env(obj: dict[str, Any], env: dict[str, str]) -> None:
     ]
 
 
+def generated(job: Job) -> list[tuple[str, str, str]]:
+    """The runtime's one replicated job "node" holds one Job of numNodes pods."""
+    nodes = sum(t.replicas for t in job.spec.tasks)
+    return [("metadata.name", "pod", f"{job.name}-node-0-{max(nodes - 1, 0)}{POD_SUFFIX}")]
+
+
 TARGET = Target(
     name="trainjob",
+    generated=generated,
+    dns1035=True,  # Trainer's rule for a TrainJob's name
     render=lambda job, runtime: render(job, runtime=runtime),
     top=TopKind(API_VERSION, "TrainJob", "trainjobs", "install Kubeflow Trainer"),
     preference=40,  # expresses the fewest jobs: one image and command for every node

@@ -50,6 +50,7 @@ def status(top: dict[str, Any]) -> Status:
 
 TARGET = Target(
     name="volcano",
+    podgroup=True,
     render=lambda job, runtime: render(job),
     top=TopKind(API_VERSION, KIND, "jobs", "install Volcano"),
     preference=10,  # Volcano runs the job as written

@@ -320,7 +320,9 @@ class KubernetesEngine:
 
     def _group_path(self, found: Found) -> str | None:
         """Where the job's Volcano PodGroup is, for the targets whose PodGroup carries its label."""
-        if found.target not in ("volcano", "pods") or not self.discovery.has_version(PODGROUP_API):
+        from torchjob.targets import get_target
+
+        if not get_target(found.target).podgroup or not self.discovery.has_version(PODGROUP_API):
             return None
         return namespaced_path(PODGROUP_API, "podgroups", found.namespace)
 

@@ -92,6 +92,7 @@ class Follower:
         self.watches = [
             ResourceWatch(cluster, "pods", pod_path, {"labelSelector": label_selector}, self.queue)
         ]
+        self._bare = top_path is None  # a target without an object of its own (bare pods)
         if top_path is not None:
             selector = {"fieldSelector": f"metadata.name={name}"}
             self.watches.append(ResourceWatch(cluster, "job", top_path, selector, self.queue))
@@ -275,7 +276,7 @@ class Follower:
                     self.top = obj  # its last state: a TTL deletes a job in its final phase
                 return True
             return False
-        if self.target == "pods":  # no object of its own: the job is gone once all its pods are
+        if self._bare:  # no object of its own: the job is gone once all its pods are
             last = kind == "DELETED" and set(self.pods) <= {obj["metadata"]["name"]}
             self._deleted = self._deleted or last or (kind == "SYNC" and not obj)
         return False
@@ -289,7 +290,7 @@ class Follower:
             return report
         if not report.terminal and self._deleted:
             report.phase = "Terminated"
-            what = "its pods were" if self.target == "pods" else "its object was"
+            what = "its pods were" if self._bare else "its object was"
             report.reason = f"{what} deleted before it ended"
             report.finished_at = time.time()
         if report.terminal:
