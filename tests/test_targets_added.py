@@ -184,3 +184,35 @@ def test_the_engine_submits_and_follows_an_added_target(
     # Found again by name among the cluster's kinds (the Relay's among them), read by its rules.
     assert main(["status", "demo", "--engine", "kubernetes", "--kubeconfig", config]) == 0
     assert f"reason: {end}\n" in capsys.readouterr().out
+
+
+def test_start_sends_the_plan_it_was_given_rendering_once(
+    relay_api: FakeKubeAPI, job_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+
+    import torchjob.targets
+    from torchjob.engines.base import StartOptions
+    from torchjob.engines.registry import get_engine
+    from torchjob.jobs import load_jobs_from_text
+
+    renders: list[str] = []
+    real = torchjob.targets.render_target
+
+    def counted(job: Any, target: str, **kwargs: Any) -> Any:
+        renders.append(target)
+        return real(job, target, **kwargs)
+
+    monkeypatch.setattr(torchjob.targets, "render_target", counted)
+    job = load_jobs_from_text(JOB, "job.yaml")[0].job
+    engine = get_engine("kubernetes", kubeconfig=str(relay_api.kubeconfig(tmp_path / "kubeconfig")))
+    options = StartOptions(detach=True, quiet=True, target="kubeflow", extra_env={"SEED": "7"})
+    plan = engine.plan(job, options)
+    assert renders == ["kubeflow"]
+    assert engine.start_plan(plan).name == "demo"
+    assert renders == ["kubeflow"]  # the plan's objects were sent, not rendered again
+    shown = yaml.safe_load(plan.text.split("\n", 1)[1])["items"]
+    assert [sent(relay_api, item) for item in shown] == shown
+    engine.delete(["default/demo"])
+    assert engine.start(job, options).name == "demo"  # start alone: one plan, one rendering
+    assert renders == ["kubeflow", "kubeflow"]

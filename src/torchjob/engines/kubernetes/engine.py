@@ -23,7 +23,6 @@ from torchjob.records import record, replace
 if TYPE_CHECKING:
     from torchjob.engines.base import Engine
     from torchjob.spec.model import Job
-    from torchjob.targets import TargetRender
 
 LOG_TAIL_LINES = 20
 GONE_TIMEOUT = 120.0  # how long --replace waits for the old job's objects to go
@@ -38,6 +37,16 @@ class Found:
     target: str
     kind: Kind | None = None
     top: dict[str, Any] | None = None
+
+
+@record
+class Sending:
+    """A kubernetes plan's detail: the target chosen, the namespace, the objects to create in order."""
+
+    target: str
+    namespace: str
+    objects: list[dict[str, Any]]
+    warnings: list[tuple[str, str]]
 
 
 class KubernetesEngine:
@@ -90,17 +99,12 @@ class KubernetesEngine:
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
         """The objects ``start`` would create, as a kubectl-ready List (run --dry-run)."""
+        return self._plan(job, options, with_text=True)
+
+    def _plan(self, job: Job, options: StartOptions, *, with_text: bool) -> Plan:
+        """The job rendered once, by the targets layer, as exactly what is sent (the same function
+        ``torchjob render --as-sent -n NS -e K=V`` prints); the text only when it is to be shown."""
         from torchjob.render import dump_yaml, list_of
-
-        target, namespace, rendered = self._render(job, options)
-        text = f"# target {target}, namespace {namespace}\n" + dump_yaml(list_of(rendered.objects))
-        job = replace(job, metadata=replace(job.metadata, namespace=namespace))
-        detail = (target, namespace, rendered.objects, rendered.warnings)
-        return Plan(self.name, job, options, text, detail=detail)
-
-    def _render(self, job: Job, options: StartOptions) -> tuple[str, str, TargetRender]:
-        """The job as its target's objects, exactly as sent: rendered once, by the targets layer
-        (the same function ``torchjob render -n NS -e K=V`` prints)."""
         from torchjob.targets import for_cluster
 
         namespace = self._namespace(job)
@@ -108,18 +112,32 @@ class KubernetesEngine:
         rendered = for_cluster(
             job, target, namespace, _option(options, "extra_env"), runtime=_option(options, "runtime")
         )
-        return target, namespace, rendered
+        text = ""
+        if with_text:
+            text = f"# target {target}, namespace {namespace}\n" + dump_yaml(list_of(rendered.objects))
+        job = replace(job, metadata=replace(job.metadata, namespace=namespace))
+        detail = Sending(target, namespace, rendered.objects, rendered.warnings)
+        return Plan(self.name, job, options, text, detail=detail)
 
     def start(self, job: Job, options: StartOptions) -> JobReport:
         with sigterm_interrupts():  # SIGTERM ends it as Ctrl-C does: nothing half-made, the note
-            return self._start(job, options)
+            return self._start(self._plan(job, options, with_text=False))
 
-    def _start(self, job: Job, options: StartOptions) -> JobReport:
-        target, namespace, rendered = self._render(job, options)  # what plan() shows, without its text
-        job = replace(job, metadata=replace(job.metadata, namespace=namespace))
-        for path, message in rendered.warnings:
+    def start_plan(self, plan: Plan) -> JobReport:
+        """Carry out a plan this engine made: its objects are sent as they are, not rendered again."""
+        if not isinstance(plan.detail, Sending):
+            raise EngineError(
+                f"a plan of the {plan.engine} engine cannot be started by the kubernetes engine"
+            )
+        with sigterm_interrupts():
+            return self._start(plan)
+
+    def _start(self, plan: Plan) -> JobReport:
+        job, options, sending = plan.job, plan.options, plan.detail
+        target, namespace = sending.target, sending.namespace
+        for path, message in sending.warnings:
             self._note(f"warning: {path}: {message}", options)
-        objects = rendered.objects
+        objects = sending.objects
         existing = self._find(job.name, namespace)
         if existing is not None:
             if not _option(options, "replace"):
