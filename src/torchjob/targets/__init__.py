@@ -105,6 +105,9 @@ class Target:
     generated: Callable[[Job], list[tuple[str, str, str]]] | None = None
     dns1035: bool = False  # the job's name must start with a letter (it names a Service)
     podgroup: bool = False  # Volcano's PodGroup of the job carries the job's label
+    # Without a top object: the (api version, plural) of what it renders beside its pods, deleted
+    # with the job by its label (the pods themselves always are).
+    side_kinds: tuple[tuple[str, str], ...] = ()
 
 
 def target_names() -> tuple[str, ...]:

@@ -82,6 +82,12 @@ def _render(job: Job, runtime: str | None) -> TargetRender:
 TARGET = Target(
     name="pods",
     podgroup=True,
+    side_kinds=(
+        ("v1", "configmaps"),
+        ("v1", "services"),
+        ("networking.k8s.io/v1", "networkpolicies"),
+        (PODGROUP_API, "podgroups"),
+    ),
     render=_render,
     preference=1000,  # never chosen without --target
     can=frozenset(

@@ -14,7 +14,7 @@ from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
 from torchjob.engines.kubernetes.interrupts import sigterm_interrupts
-from torchjob.engines.kubernetes.kinds import JOB_LABEL, SIDE_KINDS, Discovery, Kind, top_kinds
+from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Kind, top_kinds
 from torchjob.engines.kubernetes.phase import PODGROUP_API, build_report, job_podgroup, prefix_for
 from torchjob.engines.kubernetes.podlogs import read_log, refused, stream_log
 from torchjob.engines.kubernetes.submit import create_all, delete_object
@@ -409,7 +409,9 @@ class KubernetesEngine:
             path = namespaced_path(found.kind.api_version, found.kind.plural, namespace, found.name)
             delete_object(cluster, path, f"{found.kind.label} {found.name}")
             return  # the controller's children go with it (owner references)
-        for api_version, plural in SIDE_KINDS:
+        from torchjob.targets import get_target
+
+        for api_version, plural in get_target(found.target).side_kinds:
             if not self.discovery.has_version(api_version):
                 continue
             try:

@@ -10,7 +10,7 @@ from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.records import record
 from torchjob.targets import JOB_LABEL, target_names  # JOB_LABEL: on every object the targets render
 
-__all__ = ["JOB_LABEL", "SIDE_KINDS", "Discovery", "Kind", "top_kinds"]
+__all__ = ["JOB_LABEL", "Discovery", "Kind", "top_kinds"]
 
 
 @record(frozen=True)
@@ -37,15 +37,6 @@ def top_kinds() -> dict[str, Kind]:
         for t in ordered
         if t.top is not None
     }
-
-
-# Objects the `pods` target renders beside its pods, deleted with the job.
-SIDE_KINDS = (
-    ("v1", "configmaps"),
-    ("v1", "services"),
-    ("networking.k8s.io/v1", "networkpolicies"),
-    ("scheduling.volcano.sh/v1beta1", "podgroups"),
-)
 
 
 class Discovery:
