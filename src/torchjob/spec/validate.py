@@ -136,89 +136,138 @@ def _is_duration(text: str) -> bool:
 
 
 def validate_job(job: Job, broken: Broken | None = None) -> Issues:
-    """Every cross-field problem of a defaulted job."""
+    """Every cross-field problem of a defaulted job, one rule per function, in document order."""
     broken = broken or Broken()
-    issues: Issues = []
-    spec = job.spec
-    name_ok = not broken.has("metadata.name")
-    if name_ok and not names.is_dns1123_label(job.name):
-        issues.append(("metadata.name", names.label_problem(job.name)))
-        name_ok = False
-    elif name_ok and any(p in spec.plugins for p in SERVICE_PLUGINS) and not names.is_dns1035_label(job.name):
-        issues.append(
-            (
-                "metadata.name",
-                f"{job.name!r} must start with a letter: the svc plugin names a Service after the job",
-            )
-        )
-    if not broken.has("metadata.namespace") and not names.is_dns1123_label(job.metadata.namespace):
-        issues.append(("metadata.namespace", names.label_problem(job.metadata.namespace)))
+    issues = _check_job_name(job, broken) + _check_namespace(job, broken)
     issues += _validate_metadata(job.metadata.labels, job.metadata.annotations, "metadata")
     issues += podfields.check_annotations(job.metadata.annotations, "metadata")
     issues += podfields.check_nul(job.metadata.annotations, "metadata.annotations")
     issues += _validate_job_names(job)
-    if not spec.tasks:
+    if not job.spec.tasks:
         return issues
     seen: dict[str, str] = {}
-    counts_ok = True  # every task's replicas is known
-    for i, task in enumerate(spec.tasks):
-        tpath = child("spec.tasks", i)
-        if broken.has(tpath):  # not a mapping at all
-            counts_ok = False
-            continue
-        task_name_ok = not broken.has(f"{tpath}.name")
-        replicas_ok = not broken.has(f"{tpath}.replicas")
-        counts_ok = counts_ok and replicas_ok
-        if task_name_ok:
-            issues += _validate_task_name(job, i, name_ok and replicas_ok, seen)
-        min_ok = replicas_ok and not broken.has(f"{tpath}.minAvailable")
-        if min_ok and task.min_available is not None and task.min_available > task.replicas:
-            issues.append(
-                (
-                    f"{tpath}.minAvailable",
-                    f"expected at most replicas ({task.replicas}), got {task.min_available}",
-                )
-            )
-        if replicas_ok and not broken.under(f"{tpath}.partitionPolicy"):
-            issues += _validate_partitions(task, tpath)
-        issues += validate_policies(task.policies, f"{tpath}.policies", broken)
-        issues += _validate_template(task.template.raw, f"{tpath}.template")
-        engine_read = podfields.check_template(task.template.raw, f"{tpath}.template")
-        issues += engine_read
-        # The schema's verdict on a field the engine-read checks already refused would be a second line.
-        refused = {path for path, _ in engine_read}
-        schema = check_template(task.template.raw, f"{tpath}.template", broken.has if broken.paths else None)
-        issues += [(path, message) for path, message in schema if path not in refused]
-    total = job.total_replicas
-    if counts_ok and total > MAX_PODS:
-        issues.append(
-            (
-                "spec.tasks",
-                f"the tasks have {total} replicas in all; expected at most {MAX_PODS}, "
-                "the most pods one Kubernetes cluster is built for",
-            )
-        )
-    # A task minAvailable over its replicas also inflates the job's defaulted sum: report it once.
-    derived = spec.min_available == sum(t.min_available or 0 for t in spec.tasks)
-    task_min_ok = not (derived and any(path.endswith(".minAvailable") for path, _ in issues))
-    if counts_ok and task_min_ok and not broken.has("spec.minAvailable") and spec.min_available > total:
-        issues.append(
-            (
-                "spec.minAvailable",
-                f"expected at most the total replicas of all tasks ({total}), got {spec.min_available}",
-            )
-        )
-    if counts_ok and spec.min_success is not None and spec.min_success > total:
-        issues.append(
-            (
-                "spec.minSuccess",
-                f"expected at most the total replicas of all tasks ({total}), got {spec.min_success}",
-            )
-        )
-    issues += validate_policies(spec.policies, "spec.policies", broken)
-    if not any(broken.has(f"spec.tasks[{i}].name") for i in range(len(spec.tasks))):
+    for i in range(len(job.spec.tasks)):
+        issues += _check_task(job, i, broken, seen)
+    counts_ok = _counts_known(job, broken)
+    issues += _check_total(job, counts_ok)
+    issues += _check_job_min_available(job, broken, counts_ok, issues)
+    issues += _check_min_success(job, counts_ok)
+    issues += validate_policies(job.spec.policies, "spec.policies", broken)
+    if not any(broken.has(f"spec.tasks[{i}].name") for i in range(len(job.spec.tasks))):
         issues += _validate_dependencies(job, broken)
     return issues
+
+
+def _name_ok(job: Job, broken: Broken) -> bool:
+    """The job's name is known and a DNS-1123 label: pod names can be derived from it."""
+    return not broken.has("metadata.name") and names.is_dns1123_label(job.name)
+
+
+def _check_job_name(job: Job, broken: Broken) -> Issues:
+    if broken.has("metadata.name"):
+        return []
+    if not names.is_dns1123_label(job.name):
+        return [("metadata.name", names.label_problem(job.name))]
+    if any(p in job.spec.plugins for p in SERVICE_PLUGINS) and not names.is_dns1035_label(job.name):
+        return [
+            (
+                "metadata.name",
+                f"{job.name!r} must start with a letter: the svc plugin names a Service after the job",
+            )
+        ]
+    return []
+
+
+def _check_namespace(job: Job, broken: Broken) -> Issues:
+    namespace = job.metadata.namespace
+    if broken.has("metadata.namespace") or names.is_dns1123_label(namespace):
+        return []
+    return [("metadata.namespace", names.label_problem(namespace))]
+
+
+def _counts_known(job: Job, broken: Broken) -> bool:
+    """Every task's replicas is known (parsing found nothing wrong with the task or its count)."""
+    return not any(
+        broken.has(tpath) or broken.has(f"{tpath}.replicas")
+        for tpath in (child("spec.tasks", i) for i in range(len(job.spec.tasks)))
+    )
+
+
+def _check_task(job: Job, i: int, broken: Broken, seen: dict[str, str]) -> Issues:
+    """One task's own rules; ``seen`` gathers task names for the duplicate check."""
+    task = job.spec.tasks[i]
+    tpath = child("spec.tasks", i)
+    if broken.has(tpath):  # not a mapping at all
+        return []
+    replicas_ok = not broken.has(f"{tpath}.replicas")
+    issues: Issues = []
+    if not broken.has(f"{tpath}.name"):
+        issues += _validate_task_name(job, i, _name_ok(job, broken) and replicas_ok, seen)
+    if replicas_ok and not broken.has(f"{tpath}.minAvailable"):
+        issues += _check_task_min_available(task, tpath)
+    if replicas_ok and not broken.under(f"{tpath}.partitionPolicy"):
+        issues += _validate_partitions(task, tpath)
+    issues += validate_policies(task.policies, f"{tpath}.policies", broken)
+    issues += _validate_template(task.template.raw, f"{tpath}.template")
+    issues += _check_template_fields(task, f"{tpath}.template", broken)
+    return issues
+
+
+def _check_task_min_available(task: Task, tpath: str) -> Issues:
+    if task.min_available is None or task.min_available <= task.replicas:
+        return []
+    return [
+        (f"{tpath}.minAvailable", f"expected at most replicas ({task.replicas}), got {task.min_available}")
+    ]
+
+
+def _check_template_fields(task: Task, path: str, broken: Broken) -> Issues:
+    """The fields the engines read, then the pod schema on what those checks did not refuse."""
+    engine_read = podfields.check_template(task.template.raw, path)
+    # The schema's verdict on a field the engine-read checks already refused would be a second line.
+    refused = {p for p, _ in engine_read}
+    schema = check_template(task.template.raw, path, broken.has if broken.paths else None)
+    return engine_read + [(p, message) for p, message in schema if p not in refused]
+
+
+def _check_total(job: Job, counts_ok: bool) -> Issues:
+    total = job.total_replicas
+    if not counts_ok or total <= MAX_PODS:
+        return []
+    return [
+        (
+            "spec.tasks",
+            f"the tasks have {total} replicas in all; expected at most {MAX_PODS}, "
+            "the most pods one Kubernetes cluster is built for",
+        )
+    ]
+
+
+def _check_job_min_available(job: Job, broken: Broken, counts_ok: bool, found: Issues) -> Issues:
+    spec = job.spec
+    total = job.total_replicas
+    # A task minAvailable over its replicas also inflates the job's defaulted sum: report it once.
+    derived = spec.min_available == sum(t.min_available or 0 for t in spec.tasks)
+    if derived and any(path.endswith(".minAvailable") for path, _ in found):
+        return []
+    if not counts_ok or broken.has("spec.minAvailable") or spec.min_available <= total:
+        return []
+    return [
+        (
+            "spec.minAvailable",
+            f"expected at most the total replicas of all tasks ({total}), got {spec.min_available}",
+        )
+    ]
+
+
+def _check_min_success(job: Job, counts_ok: bool) -> Issues:
+    total = job.total_replicas
+    min_success = job.spec.min_success
+    if not counts_ok or min_success is None or min_success <= total:
+        return []
+    return [
+        ("spec.minSuccess", f"expected at most the total replicas of all tasks ({total}), got {min_success}")
+    ]
 
 
 def _validate_metadata(labels: dict[str, str], annotations: dict[str, str], path: str) -> Issues:
