@@ -390,17 +390,7 @@ def _validate_host_aliases(aliases: object, path: str) -> Issues:
 
 
 def _validate_template(template: dict[str, object], path: str) -> Issues:
-    issues: Issues = []
-    meta = template.get("metadata")
-    if isinstance(meta, dict):
-        labels, annotations = meta.get("labels"), meta.get("annotations")
-        issues += _validate_metadata(
-            {k: v for k, v in labels.items() if isinstance(v, str)} if isinstance(labels, dict) else {},
-            {k: v for k, v in annotations.items() if isinstance(v, str)}
-            if isinstance(annotations, dict)
-            else {},
-            f"{path}.metadata",
-        )
+    issues = _check_template_metadata(template.get("metadata"), f"{path}.metadata")
     spec = template.get("spec")
     if not isinstance(spec, dict):
         return issues
@@ -414,43 +404,62 @@ def _validate_template(template: dict[str, object], path: str) -> Issues:
     container_names: dict[str, str] = {}
     for key in ("initContainers", "containers"):
         containers = spec.get(key)
-        if not isinstance(containers, list):
-            continue
-        for i, container in enumerate(containers):
-            if not isinstance(container, dict):
-                continue
-            cpath = f"{path}.spec.{key}[{i}]"
-            name = container.get("name")
-            if isinstance(name, str):
-                if not names.is_dns1123_label(name):
-                    issues.append((f"{cpath}.name", names.label_problem(name)))
-                elif name in container_names:
-                    issues.append(
-                        (f"{cpath}.name", f"duplicate container name {name!r} (also {container_names[name]})")
-                    )
-                container_names.setdefault(name, cpath)
-            image = container.get("image")
-            if isinstance(image, str) and not names.is_image_reference(image):
-                issues.append((f"{cpath}.image", names.image_problem(image)))
-            mounts = container.get("volumeMounts")
-            for j, mount in enumerate(mounts if isinstance(mounts, list) else []):
-                name = mount.get("name") if isinstance(mount, dict) else None
-                if isinstance(name, str) and not names.is_dns1123_label(name):
-                    issues.append((f"{cpath}.volumeMounts[{j}].name", names.label_problem(name)))
-            env = container.get("env")
-            if isinstance(env, list):
-                for j, var in enumerate(env):
-                    if (
-                        isinstance(var, dict)
-                        and isinstance(var.get("name"), str)
-                        and not names.is_env_name(var["name"])
-                    ):
-                        issues.append(
-                            (
-                                f"{cpath}.env[{j}].name",
-                                f"{var['name']!r} is not a valid environment variable name",
-                            )
-                        )
+        for i, container in enumerate(containers if isinstance(containers, list) else []):
+            if isinstance(container, dict):
+                issues += _check_container(container, f"{path}.spec.{key}[{i}]", container_names)
+    return issues
+
+
+def _check_template_metadata(meta: object, path: str) -> Issues:
+    if not isinstance(meta, dict):
+        return []
+    labels, annotations = meta.get("labels"), meta.get("annotations")
+    return _validate_metadata(_strings(labels), _strings(annotations), path)
+
+
+def _strings(mapping: object) -> dict[str, str]:
+    """The string values of a mapping (the schema reports the others)."""
+    return {k: v for k, v in mapping.items() if isinstance(v, str)} if isinstance(mapping, dict) else {}
+
+
+def _check_container(container: dict[str, object], cpath: str, seen: dict[str, str]) -> Issues:
+    """One container's names and image; ``seen`` gathers container names across the pod."""
+    issues = _check_container_name(container.get("name"), cpath, seen)
+    image = container.get("image")
+    if isinstance(image, str) and not names.is_image_reference(image):
+        issues.append((f"{cpath}.image", names.image_problem(image)))
+    issues += _check_mount_names(container.get("volumeMounts"), cpath)
+    issues += _check_env_names(container.get("env"), cpath)
+    return issues
+
+
+def _check_container_name(name: object, cpath: str, seen: dict[str, str]) -> Issues:
+    if not isinstance(name, str):
+        return []
+    issues: Issues = []
+    if not names.is_dns1123_label(name):
+        issues.append((f"{cpath}.name", names.label_problem(name)))
+    elif name in seen:
+        issues.append((f"{cpath}.name", f"duplicate container name {name!r} (also {seen[name]})"))
+    seen.setdefault(name, cpath)
+    return issues
+
+
+def _check_mount_names(mounts: object, cpath: str) -> Issues:
+    issues: Issues = []
+    for j, mount in enumerate(mounts if isinstance(mounts, list) else []):
+        name = mount.get("name") if isinstance(mount, dict) else None
+        if isinstance(name, str) and not names.is_dns1123_label(name):
+            issues.append((f"{cpath}.volumeMounts[{j}].name", names.label_problem(name)))
+    return issues
+
+
+def _check_env_names(env: object, cpath: str) -> Issues:
+    issues: Issues = []
+    for j, var in enumerate(env if isinstance(env, list) else []):
+        name = var.get("name") if isinstance(var, dict) else None
+        if isinstance(name, str) and not names.is_env_name(name):
+            issues.append((f"{cpath}.env[{j}].name", f"{name!r} is not a valid environment variable name"))
     return issues
 
 
