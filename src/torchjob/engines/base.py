@@ -20,6 +20,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any, Protocol, TextIO
 
+    from torchjob.errors import Issue
     from torchjob.spec.model import Job
 
 __all__ = [
@@ -599,12 +600,12 @@ if TYPE_CHECKING:
 
         name: str
 
-        def check(self, job: Job) -> list[tuple[str, str]]:
-            """What stops ``job`` from running on this engine, as (field path, message); [] when it can."""
+        def check(self, job: Job) -> list[Issue]:
+            """What stops ``job`` from running on this engine (errors); [] when it can."""
             ...
 
-        def warnings(self, job: Job) -> list[tuple[str, str]]:
-            """What of ``job`` this engine does not do as a cluster would: (field path, message)."""
+        def warnings(self, job: Job) -> list[Issue]:
+            """What of ``job`` this engine does not do as a cluster would (warnings)."""
             ...
 
         def plan(self, job: Job, options: StartOptions) -> Plan:

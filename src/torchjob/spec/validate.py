@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from torchjob.errors import Issue
 from torchjob.spec import names, podfields
 from torchjob.spec.model import Job, Policy, Task, pod_name
 from torchjob.spec.podschema import check_template
 from torchjob.spec.source import child, parent
 from torchjob.spec.units import parse_duration
 
-Issues = list[tuple[str, str]]
+Issues = list[Issue]
 
 # Events a policy may name (the webhook rejects the controller's internal events).
 POLICY_EVENTS = (
@@ -68,9 +69,9 @@ def validate_policies(policies: list[Policy], path: str, broken: Broken | None =
         if broken.under(p):
             continue
         if policy.events and policy.exit_code is not None:
-            issues.append((p, "give either event(s) or exitCode, not both"))
+            issues.append(Issue(p, "give either event(s) or exitCode, not both"))
         elif not policy.events and policy.exit_code is None:
-            issues.append((p, "expected an event, events or exitCode"))
+            issues.append(Issue(p, "expected an event, events or exitCode"))
         for k, event in enumerate(policy.events):
             key = (
                 policy.event_keys[k]
@@ -80,15 +81,17 @@ def validate_policies(policies: list[Policy], path: str, broken: Broken | None =
             epath = f"{p}.{key}"
             if event in INTERNAL_EVENTS:
                 issues.append(
-                    (
+                    Issue(
                         epath,
                         f"{event!r} is an event only the controller raises; valid events are {_VALID_EVENTS}",
                     )
                 )
             elif event not in POLICY_EVENTS:
-                issues.append((epath, f"invalid policy event {event!r}; valid events are {_VALID_EVENTS}"))
+                issues.append(
+                    Issue(epath, f"invalid policy event {event!r}; valid events are {_VALID_EVENTS}")
+                )
             elif event in seen_events:
-                issues.append((epath, f"event {event!r} already has a policy ({seen_events[event]})"))
+                issues.append(Issue(epath, f"event {event!r} already has a policy ({seen_events[event]})"))
             else:
                 seen_events[event] = p
             if event == "*":
@@ -96,12 +99,14 @@ def validate_policies(policies: list[Policy], path: str, broken: Broken | None =
         if policy.exit_code is not None:
             cpath = f"{p}.exitCode"
             if policy.exit_code == 0:
-                issues.append((cpath, "0 is not a failure exit code; expected an exit code from 1 to 255"))
+                issues.append(
+                    Issue(cpath, "0 is not a failure exit code; expected an exit code from 1 to 255")
+                )
             elif not 1 <= policy.exit_code <= EXIT_CODE_MAX:
-                issues.append((cpath, f"expected an exit code from 1 to 255, got {policy.exit_code}"))
+                issues.append(Issue(cpath, f"expected an exit code from 1 to 255, got {policy.exit_code}"))
             elif policy.exit_code in seen_codes:
                 issues.append(
-                    (
+                    Issue(
                         cpath,
                         f"exit code {policy.exit_code} already has a policy ({seen_codes[policy.exit_code]})",
                     )
@@ -110,20 +115,20 @@ def validate_policies(policies: list[Policy], path: str, broken: Broken | None =
                 seen_codes[policy.exit_code] = p
         if policy.action not in POLICY_ACTIONS:
             issues.append(
-                (
+                Issue(
                     f"{p}.action",
                     f"invalid policy action {policy.action!r}; valid actions are {', '.join(POLICY_ACTIONS)}",
                 )
             )
         if policy.timeout is not None and not _is_duration(policy.timeout):
             issues.append(
-                (
+                Issue(
                     f"{p}.timeout",
                     f"expected a duration such as '30s' or '5m' (at most 2562047h), got {policy.timeout!r}",
                 )
             )
     if star and len(policies) > 1:
-        issues.append((star, "a policy for event '*' must be the only policy in its list"))
+        issues.append(Issue(star, "a policy for event '*' must be the only policy in its list"))
     return issues
 
 
@@ -167,10 +172,10 @@ def _check_job_name(job: Job, broken: Broken) -> Issues:
     if broken.has("metadata.name"):
         return []
     if not names.is_dns1123_label(job.name):
-        return [("metadata.name", names.label_problem(job.name))]
+        return [Issue("metadata.name", names.label_problem(job.name))]
     if any(p in job.spec.plugins for p in SERVICE_PLUGINS) and not names.is_dns1035_label(job.name):
         return [
-            (
+            Issue(
                 "metadata.name",
                 f"{job.name!r} must start with a letter: the svc plugin names a Service after the job",
             )
@@ -182,7 +187,7 @@ def _check_namespace(job: Job, broken: Broken) -> Issues:
     namespace = job.metadata.namespace
     if broken.has("metadata.namespace") or names.is_dns1123_label(namespace):
         return []
-    return [("metadata.namespace", names.label_problem(namespace))]
+    return [Issue("metadata.namespace", names.label_problem(namespace))]
 
 
 def _counts_known(job: Job, broken: Broken) -> bool:
@@ -217,7 +222,9 @@ def _check_task_min_available(task: Task, tpath: str) -> Issues:
     if task.min_available is None or task.min_available <= task.replicas:
         return []
     return [
-        (f"{tpath}.minAvailable", f"expected at most replicas ({task.replicas}), got {task.min_available}")
+        Issue(
+            f"{tpath}.minAvailable", f"expected at most replicas ({task.replicas}), got {task.min_available}"
+        )
     ]
 
 
@@ -227,7 +234,7 @@ def _check_template_fields(task: Task, path: str, broken: Broken) -> Issues:
     # The schema's verdict on a field the engine-read checks already refused would be a second line.
     refused = {p for p, _ in engine_read}
     schema = check_template(task.template.raw, path, broken.has if broken.paths else None)
-    return engine_read + [(p, message) for p, message in schema if p not in refused]
+    return engine_read + [issue for issue in schema if issue.path not in refused]
 
 
 def _check_total(job: Job, counts_ok: bool) -> Issues:
@@ -235,7 +242,7 @@ def _check_total(job: Job, counts_ok: bool) -> Issues:
     if not counts_ok or total <= MAX_PODS:
         return []
     return [
-        (
+        Issue(
             "spec.tasks",
             f"the tasks have {total} replicas in all; expected at most {MAX_PODS}, "
             "the most pods one Kubernetes cluster is built for",
@@ -253,7 +260,7 @@ def _check_job_min_available(job: Job, broken: Broken, counts_ok: bool, found: I
     if not counts_ok or broken.has("spec.minAvailable") or spec.min_available <= total:
         return []
     return [
-        (
+        Issue(
             "spec.minAvailable",
             f"expected at most the total replicas of all tasks ({total}), got {spec.min_available}",
         )
@@ -266,7 +273,10 @@ def _check_min_success(job: Job, counts_ok: bool) -> Issues:
     if not counts_ok or min_success is None or min_success <= total:
         return []
     return [
-        ("spec.minSuccess", f"expected at most the total replicas of all tasks ({total}), got {min_success}")
+        Issue(
+            "spec.minSuccess",
+            f"expected at most the total replicas of all tasks ({total}), got {min_success}",
+        )
     ]
 
 
@@ -275,10 +285,10 @@ def _validate_metadata(labels: dict[str, str], annotations: dict[str, str], path
     issues: Issues = []
     for key, value in labels.items():
         if not names.is_qualified_name(key):
-            issues.append((child(child(path, "labels"), key), f"{key!r} is not a valid label key"))
+            issues.append(Issue(child(child(path, "labels"), key), f"{key!r} is not a valid label key"))
         elif not names.is_label_value(value):
             issues.append(
-                (
+                Issue(
                     child(child(path, "labels"), key),
                     f"{value!r} is not a valid label value: at most 63 of letters, digits, '-', '_' and '.', "
                     "starting and ending with a letter or digit",
@@ -286,7 +296,9 @@ def _validate_metadata(labels: dict[str, str], annotations: dict[str, str], path
             )
     for key in annotations:
         if not names.is_qualified_name(key):
-            issues.append((child(child(path, "annotations"), key), f"{key!r} is not a valid annotation key"))
+            issues.append(
+                Issue(child(child(path, "annotations"), key), f"{key!r} is not a valid annotation key")
+            )
     return issues
 
 
@@ -295,14 +307,17 @@ def _validate_job_names(job: Job) -> Issues:
     spec = job.spec
     issues: Issues = []
     if not names.is_dns1123_label(spec.queue):
-        issues.append(("spec.queue", names.label_problem(spec.queue)))
+        issues.append(Issue("spec.queue", names.label_problem(spec.queue)))
     for path, value in (
         ("spec.schedulerName", spec.scheduler_name),
         ("spec.priorityClassName", spec.priority_class_name),
     ):
         if value and not (len(value) <= names.DNS1123_LABEL_MAX and names.is_dns1123_subdomain(value)):
             issues.append(
-                (path, f"{value!r} is not a valid name: lower-case letters, digits, '-' and '.', at most 63")
+                Issue(
+                    path,
+                    f"{value!r} is not a valid name: lower-case letters, digits, '-' and '.', at most 63",
+                )
             )
     return issues
 
@@ -320,18 +335,18 @@ def _validate_partitions(task: Task, tpath: str) -> Issues:
     ppath = f"{tpath}.partitionPolicy"
     if task.replicas != total * size:
         issues.append(
-            (
+            Issue(
                 f"{tpath}.replicas",
                 f"expected totalPartitions x partitionSize = {total * size} replicas, got {task.replicas}",
             )
         )
     if minimum > total:
         issues.append(
-            (f"{ppath}.minPartitions", f"expected at most totalPartitions ({total}), got {minimum}")
+            Issue(f"{ppath}.minPartitions", f"expected at most totalPartitions ({total}), got {minimum}")
         )
     elif minimum > 0 and task.min_available is not None and task.min_available != minimum * size:
         issues.append(
-            (
+            Issue(
                 f"{tpath}.minAvailable",
                 f"expected minPartitions x partitionSize = {minimum * size}, got {task.min_available}",
             )
@@ -343,15 +358,15 @@ def _validate_task_name(job: Job, i: int, check_length: bool, seen: dict[str, st
     task = job.spec.tasks[i]
     tpath = child("spec.tasks", i)
     if task.name in seen:
-        return [(f"{tpath}.name", f"duplicate task name {task.name!r} (also {seen[task.name]})")]
+        return [Issue(f"{tpath}.name", f"duplicate task name {task.name!r} (also {seen[task.name]})")]
     seen[task.name] = tpath
     if not names.is_dns1123_label(task.name):
-        return [(f"{tpath}.name", names.label_problem(task.name))]
+        return [Issue(f"{tpath}.name", names.label_problem(task.name))]
     if check_length and task.replicas > 0 and not task.template.hostname:
         longest = pod_name(job.name, task.name, task.replicas - 1)
         if len(longest) > names.DNS1123_LABEL_MAX:
             return [
-                (
+                Issue(
                     f"{tpath}.name",
                     f"pod name {longest!r} is {len(longest)} characters; a pod's hostname allows at most "
                     f"{names.DNS1123_LABEL_MAX}: shorten the job or task name",
@@ -376,12 +391,12 @@ def _validate_host_aliases(aliases: object, path: str) -> Issues:
             try:
                 ipaddress.ip_address(ip)
             except ValueError:
-                issues.append((f"{path}[{i}].ip", f"{ip!r} is not an IP address"))
+                issues.append(Issue(f"{path}[{i}].ip", f"{ip!r} is not an IP address"))
         hostnames = alias.get("hostnames")
         for j, name in enumerate(hostnames if isinstance(hostnames, list) else []):
             if isinstance(name, str) and not names.is_dns1123_subdomain(name):
                 issues.append(
-                    (
+                    Issue(
                         f"{path}[{i}].hostnames[{j}]",
                         f"{name!r} is not a DNS-1123 subdomain: lower-case letters, digits, '-' and '.'",
                     )
@@ -398,7 +413,7 @@ def _validate_template(template: dict[str, object], path: str) -> Issues:
     for key in ("hostname", "subdomain"):
         value = spec.get(key)
         if isinstance(value, str) and value and not names.is_dns1123_label(value):
-            issues.append((f"{path}.spec.{key}", names.label_problem(value)))
+            issues.append(Issue(f"{path}.spec.{key}", names.label_problem(value)))
     issues += _validate_host_aliases(spec.get("hostAliases"), f"{path}.spec.hostAliases")
     issues += _validate_volume_names(spec, path)
     container_names: dict[str, str] = {}
@@ -427,7 +442,7 @@ def _check_container(container: dict[str, object], cpath: str, seen: dict[str, s
     issues = _check_container_name(container.get("name"), cpath, seen)
     image = container.get("image")
     if isinstance(image, str) and not names.is_image_reference(image):
-        issues.append((f"{cpath}.image", names.image_problem(image)))
+        issues.append(Issue(f"{cpath}.image", names.image_problem(image)))
     issues += _check_mount_names(container.get("volumeMounts"), cpath)
     issues += _check_env_names(container.get("env"), cpath)
     return issues
@@ -438,9 +453,9 @@ def _check_container_name(name: object, cpath: str, seen: dict[str, str]) -> Iss
         return []
     issues: Issues = []
     if not names.is_dns1123_label(name):
-        issues.append((f"{cpath}.name", names.label_problem(name)))
+        issues.append(Issue(f"{cpath}.name", names.label_problem(name)))
     elif name in seen:
-        issues.append((f"{cpath}.name", f"duplicate container name {name!r} (also {seen[name]})"))
+        issues.append(Issue(f"{cpath}.name", f"duplicate container name {name!r} (also {seen[name]})"))
     seen.setdefault(name, cpath)
     return issues
 
@@ -450,7 +465,7 @@ def _check_mount_names(mounts: object, cpath: str) -> Issues:
     for j, mount in enumerate(mounts if isinstance(mounts, list) else []):
         name = mount.get("name") if isinstance(mount, dict) else None
         if isinstance(name, str) and not names.is_dns1123_label(name):
-            issues.append((f"{cpath}.volumeMounts[{j}].name", names.label_problem(name)))
+            issues.append(Issue(f"{cpath}.volumeMounts[{j}].name", names.label_problem(name)))
     return issues
 
 
@@ -459,7 +474,9 @@ def _check_env_names(env: object, cpath: str) -> Issues:
     for j, var in enumerate(env if isinstance(env, list) else []):
         name = var.get("name") if isinstance(var, dict) else None
         if isinstance(name, str) and not names.is_env_name(name):
-            issues.append((f"{cpath}.env[{j}].name", f"{name!r} is not a valid environment variable name"))
+            issues.append(
+                Issue(f"{cpath}.env[{j}].name", f"{name!r} is not a valid environment variable name")
+            )
     return issues
 
 
@@ -474,9 +491,9 @@ def _validate_volume_names(spec: dict[str, object], path: str) -> Issues:
             continue  # parsing has reported it
         vpath = f"{path}.spec.volumes[{i}].name"
         if not names.is_dns1123_label(name):
-            issues.append((vpath, names.label_problem(name)))
+            issues.append(Issue(vpath, names.label_problem(name)))
         elif name in seen:
-            issues.append((vpath, f"duplicate volume name {name!r} (also {seen[name]})"))
+            issues.append(Issue(vpath, f"duplicate volume name {name!r} (also {seen[name]})"))
         seen.setdefault(name, f"{path}.spec.volumes[{i}]")
     return issues
 
@@ -491,13 +508,13 @@ def _validate_dependencies(job: Job, broken: Broken) -> Issues:
             continue
         for j, dep in enumerate(task.depends_on.names):
             if dep not in task_names:
-                issues.append((f"{dpath}.name[{j}]", f"no task named {dep!r} in this job"))
+                issues.append(Issue(f"{dpath}.name[{j}]", f"no task named {dep!r} in this job"))
         graph[task.name] = [d for d in task.depends_on.names if d in task_names]
     cycle = _find_cycle(graph)
     if cycle:
         index = next(i for i, t in enumerate(job.spec.tasks) if t.name == cycle[0])
         issues.append(
-            (
+            Issue(
                 f"spec.tasks[{index}].dependsOn",
                 f"dependsOn forms a cycle ({' -> '.join(cycle)}); expected a directed acyclic graph",
             )

@@ -67,4 +67,4 @@ def render(job: Job) -> TargetRender:
     expansion = Expansion(job)
     with paused_gc():
         items = list(objects(expansion))
-    return TargetRender(kind="Pod", api_version="v1", objects=items, warnings=expansion.warnings())
+    return TargetRender(kind="Pod", api_version="v1", objects=items, warnings=[*expansion.warnings()])

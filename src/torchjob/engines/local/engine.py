@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from torchjob.engines.base import Engine, QueueingEngine, Sink
     from torchjob.engines.local.planning import LocalPlan
+    from torchjob.errors import Issue
     from torchjob.spec.model import Job
 
 MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by
@@ -78,12 +79,12 @@ class LocalEngine:
 
     # ------------------------------------------------------------ running
 
-    def check(self, job: Job) -> list[tuple[str, str]]:
+    def check(self, job: Job) -> list[Issue]:
         from torchjob.engines.local import check_job
 
         return check_job(job)
 
-    def warnings(self, job: Job) -> list[tuple[str, str]]:
+    def warnings(self, job: Job) -> list[Issue]:
         from torchjob.engines.local import job_warnings
 
         return job_warnings(job)
