@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 
+from torchjob.phases import TERMINAL_JOB_PHASES, JobPhase
 from torchjob.records import field, record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -43,7 +44,8 @@ __all__ = [
 ]
 
 # Volcano's job phases that never change again; "Unknown" is not terminal (its engine lost track).
-TERMINAL_PHASES = frozenset({"Completed", "Failed", "Aborted", "Terminated"})
+# The one set, torchjob.phases', named here too for engines that read it from the interface.
+TERMINAL_PHASES = TERMINAL_JOB_PHASES
 
 
 class EngineError(Exception):
@@ -409,7 +411,7 @@ class JobReport:
 
     @property
     def ok(self) -> bool:
-        return self.phase == "Completed"
+        return self.phase == JobPhase.COMPLETED
 
     def to_dict(self) -> dict[str, Any]:
         """The stable JSON shape (camelCase keys; docs/architecture.md): ``status -o json`` prints it."""

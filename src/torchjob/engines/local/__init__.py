@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from torchjob.phases import JobPhase
 from torchjob.records import field, record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -82,7 +83,7 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return self.phase == "Completed"
+        return self.phase == JobPhase.COMPLETED
 
     @property
     def job_id(self) -> str:
