@@ -8,7 +8,14 @@ from torchjob import phases
 from torchjob.engines import base
 from torchjob.engines.base import JobReport
 from torchjob.lifecycle import types
-from torchjob.phases import TERMINAL_JOB_PHASES, UNSUCCESSFUL_JOB_PHASES, JobPhase, PodPhase, is_terminal
+from torchjob.phases import (
+    TERMINAL_JOB_PHASES,
+    UNKNOWN,
+    UNSUCCESSFUL_JOB_PHASES,
+    JobPhase,
+    PodPhase,
+    is_terminal,
+)
 
 
 def test_the_lifecycle_and_the_engine_interface_share_one_terminal_set() -> None:
@@ -21,7 +28,8 @@ def test_the_lifecycle_and_the_engine_interface_share_one_terminal_set() -> None
 
 def test_a_phase_string_read_back_tests_as_its_member() -> None:
     assert is_terminal("Failed") and is_terminal(JobPhase.ABORTED)
-    assert not is_terminal("Unknown") and not is_terminal("Completing")
+    assert not is_terminal(UNKNOWN) and not is_terminal("Completing")
+    assert UNKNOWN == "Unknown" and UNKNOWN not in set(JobPhase)  # the engine lost track: not Volcano's
     assert PodPhase.RUNNING == "Running" and f"{JobPhase.RESTARTING}" == "Restarting"
 
 

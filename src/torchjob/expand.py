@@ -286,7 +286,7 @@ class Expansion:
         return objects
 
     def warnings(self) -> list[Issue]:
-        """(field path, message) notes for the user; needs no pods."""
+        """Notes for the user (issues of severity ``warning``); needs no pods."""
         return [w for plugin in self.plugins for w in plugin.warnings(self.job, self.addressing)]
 
 

@@ -60,6 +60,11 @@ class PodPhase(str, Enum):
         return self.value
 
 
+# Not a Volcano phase: a report's phase when its engine lost track of the job (a supervisor that
+# died, a damaged status file, an object that is gone). Not terminal, yet nobody will change it.
+UNKNOWN = "Unknown"
+
+
 def is_terminal(phase: str) -> bool:
     """Whether a job phase, as an enum member or its string, means the job is over."""
     return phase in TERMINAL_JOB_PHASES

@@ -43,7 +43,7 @@ __all__ = [
     "StreamSink",
 ]
 
-# Volcano's job phases that never change again; "Unknown" is not terminal (its engine lost track).
+# Volcano's job phases that never change again; UNKNOWN is not terminal (its engine lost track).
 # The one set, torchjob.phases', named here too for engines that read it from the interface.
 TERMINAL_PHASES = TERMINAL_JOB_PHASES
 

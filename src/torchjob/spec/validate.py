@@ -1,6 +1,6 @@
 """Rules Volcano's validating webhook and CRD schema enforce, plus torchjob's stricter ones.
 
-Runs on a defaulted job and returns every problem at once as ``(field path, message)``. Plugin
+Runs on a defaulted job and returns every problem at once as :class:`~torchjob.errors.Issue` records. Plugin
 flags are checked by the plugins themselves (:func:`torchjob.plugins.check_plugins`).
 
 ``broken`` holds the paths parsing already complained about; a rule that would read such a field
@@ -59,76 +59,78 @@ class Broken:
 
 
 def validate_policies(policies: list[Policy], path: str, broken: Broken | None = None) -> Issues:
+    """A policy list's rules, one function each; ``seen`` gathers events and exit codes across it."""
     broken = broken or Broken()
     issues: Issues = []
-    seen_events: dict[str, str] = {}
-    seen_codes: dict[int, str] = {}
+    seen: dict[str | int, str] = {}
     star = ""
     for i, policy in enumerate(policies):
         p = child(path, i)
         if broken.under(p):
             continue
-        if policy.events and policy.exit_code is not None:
-            issues.append(Issue(p, "give either event(s) or exitCode, not both"))
-        elif not policy.events and policy.exit_code is None:
-            issues.append(Issue(p, "expected an event, events or exitCode"))
-        for k, event in enumerate(policy.events):
-            key = (
-                policy.event_keys[k]
-                if k < len(policy.event_keys)
-                else ("event" if k == 0 else f"events[{k}]")
-            )
-            epath = f"{p}.{key}"
-            if event in INTERNAL_EVENTS:
-                issues.append(
-                    Issue(
-                        epath,
-                        f"{event!r} is an event only the controller raises; valid events are {_VALID_EVENTS}",
-                    )
-                )
-            elif event not in POLICY_EVENTS:
-                issues.append(
-                    Issue(epath, f"invalid policy event {event!r}; valid events are {_VALID_EVENTS}")
-                )
-            elif event in seen_events:
-                issues.append(Issue(epath, f"event {event!r} already has a policy ({seen_events[event]})"))
-            else:
-                seen_events[event] = p
-            if event == "*":
-                star = star or p
-        if policy.exit_code is not None:
-            cpath = f"{p}.exitCode"
-            if policy.exit_code == 0:
-                issues.append(
-                    Issue(cpath, "0 is not a failure exit code; expected an exit code from 1 to 255")
-                )
-            elif not 1 <= policy.exit_code <= EXIT_CODE_MAX:
-                issues.append(Issue(cpath, f"expected an exit code from 1 to 255, got {policy.exit_code}"))
-            elif policy.exit_code in seen_codes:
-                issues.append(
-                    Issue(
-                        cpath,
-                        f"exit code {policy.exit_code} already has a policy ({seen_codes[policy.exit_code]})",
-                    )
-                )
-            else:
-                seen_codes[policy.exit_code] = p
-        if policy.action not in POLICY_ACTIONS:
-            issues.append(
-                Issue(
-                    f"{p}.action",
-                    f"invalid policy action {policy.action!r}; valid actions are {', '.join(POLICY_ACTIONS)}",
-                )
-            )
-        if policy.timeout is not None and not _is_duration(policy.timeout):
-            issues.append(
-                Issue(
-                    f"{p}.timeout",
-                    f"expected a duration such as '30s' or '5m' (at most 2562047h), got {policy.timeout!r}",
-                )
-            )
+        issues += _check_policy_trigger(policy, p)
+        issues += _check_policy_events(policy, p, seen)
+        issues += _check_policy_exit_code(policy.exit_code, f"{p}.exitCode", p, seen)
+        issues += _check_policy_action_and_timeout(policy, p)
+        if "*" in policy.events:
+            star = star or p
     if star and len(policies) > 1:
         issues.append(Issue(star, "a policy for event '*' must be the only policy in its list"))
+    return issues
+
+
+def _check_policy_trigger(policy: Policy, p: str) -> Issues:
+    if policy.events and policy.exit_code is not None:
+        return [Issue(p, "give either event(s) or exitCode, not both")]
+    if not policy.events and policy.exit_code is None:
+        return [Issue(p, "expected an event, events or exitCode")]
+    return []
+
+
+def _event_key(policy: Policy, k: int) -> str:
+    """How the user wrote the k-th event: ``event``, ``events[k]``."""
+    if k < len(policy.event_keys):
+        return policy.event_keys[k]
+    return "event" if k == 0 else f"events[{k}]"
+
+
+def _check_policy_events(policy: Policy, p: str, seen: dict[str | int, str]) -> Issues:
+    issues: Issues = []
+    for k, event in enumerate(policy.events):
+        epath = f"{p}.{_event_key(policy, k)}"
+        if event in INTERNAL_EVENTS:
+            message = f"{event!r} is an event only the controller raises; valid events are {_VALID_EVENTS}"
+            issues.append(Issue(epath, message))
+        elif event not in POLICY_EVENTS:
+            issues.append(Issue(epath, f"invalid policy event {event!r}; valid events are {_VALID_EVENTS}"))
+        elif event in seen:
+            issues.append(Issue(epath, f"event {event!r} already has a policy ({seen[event]})"))
+        else:
+            seen[event] = p
+    return issues
+
+
+def _check_policy_exit_code(code: int | None, cpath: str, p: str, seen: dict[str | int, str]) -> Issues:
+    if code is None:
+        return []
+    if code == 0:
+        return [Issue(cpath, "0 is not a failure exit code; expected an exit code from 1 to 255")]
+    if not 1 <= code <= EXIT_CODE_MAX:
+        return [Issue(cpath, f"expected an exit code from 1 to 255, got {code}")]
+    if code in seen:
+        return [Issue(cpath, f"exit code {code} already has a policy ({seen[code]})")]
+    seen[code] = p
+    return []
+
+
+def _check_policy_action_and_timeout(policy: Policy, p: str) -> Issues:
+    issues: Issues = []
+    if policy.action not in POLICY_ACTIONS:
+        message = f"invalid policy action {policy.action!r}; valid actions are {', '.join(POLICY_ACTIONS)}"
+        issues.append(Issue(f"{p}.action", message))
+    if policy.timeout is not None and not _is_duration(policy.timeout):
+        message = f"expected a duration such as '30s' or '5m' (at most 2562047h), got {policy.timeout!r}"
+        issues.append(Issue(f"{p}.timeout", message))
     return issues
 
 

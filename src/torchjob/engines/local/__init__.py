@@ -98,7 +98,7 @@ def _check_state(job: Job) -> DesiredState:
 
 
 def check_job(job: Job) -> list[Issue]:
-    """What stops ``job`` from running locally, as (field path, message); empty when it can run."""
+    """What stops ``job`` from running locally, as issues; empty when it can run."""
     from torchjob.engines.local.planning import plan_job
 
     return plan_job(job).problems

@@ -47,7 +47,7 @@ def plan_job(job: Job) -> LocalPlan:
 
 
 def check_job(job: Job, state: DesiredState) -> Issues:
-    """What stops ``job`` (expanded as ``state``) from running locally, as (field path, message)."""
+    """What stops ``job`` (expanded as ``state``) from running locally, as issues."""
     import os
 
     from torchjob.engines.local import gpus, prewarm
