@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 from torchjob.engines.local import check_job, job_warnings
@@ -50,6 +51,8 @@ def test_an_issue_has_named_fields_and_still_reads_as_a_pair() -> None:
     assert note != Issue("spec.queue", "dropped")
     assert list(dict.fromkeys([note, warning("spec.queue", "dropped")])) == [note]
     assert repr(note) == "Issue('spec.queue', 'dropped', 'warning')"
+    copied = pickle.loads(pickle.dumps(note))  # checks travel between processes as any record does
+    assert (copied, copied.severity) == (note, "warning")
 
 
 def test_a_problem_is_an_issue_with_its_file_and_line() -> None:

@@ -51,6 +51,9 @@ class Issue(tuple[str, str]):
     def is_error(self) -> bool:
         return self.severity == "error"
 
+    def __getnewargs__(self) -> tuple[str, str, Severity]:  # pickle and copy rebuild it from these
+        return (self[0], self[1], self.severity)
+
     def __repr__(self) -> str:
         return f"Issue({self[0]!r}, {self[1]!r}, {self.severity!r})"
 
