@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 
+from torchjob.phases import UNSUCCESSFUL_JOB_PHASES, JobPhase, PodPhase
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -17,17 +18,16 @@ if TYPE_CHECKING:
     from torchjob.engines.base import JobReport, PodReport
 
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92", "94")
-PHASE_COLORS = {
+# Keyed by plain strings: a member of JobPhase or PodPhase looks up as its value.
+PHASE_COLORS: dict[str, str] = {
     "Stopped": "33",
-    "Succeeded": "32",
-    "Completed": "32",
-    "Failed": "31",
-    "Aborted": "31",
-    "Terminated": "31",
-    "Running": "36",
-    "Pending": "33",
-    "Restarting": "33",
     "CrashLoopBackOff": "31",
+    PodPhase.SUCCEEDED: "32",
+    JobPhase.COMPLETED: "32",
+    **dict.fromkeys(UNSUCCESSFUL_JOB_PHASES, "31"),  # Failed, Aborted, Terminated
+    JobPhase.RUNNING: "36",
+    JobPhase.PENDING: "33",
+    JobPhase.RESTARTING: "33",
 }
 
 
@@ -92,7 +92,7 @@ def pod_rows(report: JobReport, color: bool = False, limit: int | None = None) -
             )
         )
         if output:
-            silent = pod.phase == "Running" and pod.last_output_at is not None
+            silent = pod.phase == PodPhase.RUNNING and pod.last_output_at is not None
             rows[-1] += (f"{elapsed(pod.last_output_at, None)} ago" if silent else "-",)
     hidden = 0
     if limit is not None and len(rows) > limit:

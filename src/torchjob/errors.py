@@ -1,7 +1,9 @@
 """Problems found in user input, with the field path they belong to.
 
-Every user mistake becomes a :class:`Problem`; a :class:`SpecError` carries all problems found at
-once so the CLI can print them as ``FILE:LINE: field.path: message`` and exit 2.
+The checks (validation, plugins, targets, engines) return :class:`Issue` records: a field path,
+a message and a severity. Where the file is known an issue becomes a :class:`Problem`, which adds
+the file and line; a :class:`SpecError` carries all problems found at once so the CLI can print
+them as ``FILE:LINE: field.path: message`` and exit 2.
 """
 
 from __future__ import annotations
@@ -9,12 +11,65 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from torchjob.records import record
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Literal
+
+    Severity = Literal["error", "warning"]
 
 # The exit codes of torchjob's programs (the CLI and the in-pod SDK runner).
 EXIT_OK = 0
 EXIT_FAILED = 1  # the job (or the task) failed
 EXIT_BAD_INPUT = 2  # a user mistake: nothing was started
 EXIT_INTERRUPTED = 130  # Ctrl-C
+
+
+class Issue(tuple[str, str]):
+    """One finding of a check: ``Issue(path, message, severity)``.
+
+    It is a ``(path, message)`` pair as well, so code that unpacks or compares pairs keeps working
+    while callers move to the named fields. Two issues are equal only if their severities are too.
+    """
+
+    severity: Severity
+
+    def __new__(cls, path: str, message: str, severity: Severity = "error") -> Issue:
+        issue = super().__new__(cls, (path, message))
+        issue.severity = severity
+        return issue
+
+    @property
+    def path(self) -> str:
+        return self[0]
+
+    @property
+    def message(self) -> str:
+        return self[1]
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == "error"
+
+    def __getnewargs__(self) -> tuple[str, str, Severity]:  # pickle and copy rebuild it from these
+        return (self[0], self[1], self.severity)
+
+    def __repr__(self) -> str:
+        return f"Issue({self[0]!r}, {self[1]!r}, {self.severity!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Issue) and other.severity != self.severity:
+            return False
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = tuple.__hash__  # equal issues are equal pairs: the pair's hash serves
+
+
+def warning(path: str, message: str) -> Issue:
+    return Issue(path, message, "warning")
 
 
 @record(frozen=True)
@@ -34,6 +89,11 @@ class Problem:
         # One line per problem, whatever the message holds.
         message = " ".join(self.message.split())
         return f"{where}:{field} {message}"
+
+    @classmethod
+    def of(cls, issue: Issue, file: str = "", line: int | None = None) -> Problem:
+        """The problem an issue is once its file (and line) are known."""
+        return cls(issue.path, issue.message, file, line)
 
 
 class SpecError(Exception):

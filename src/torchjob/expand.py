@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from torchjob.addressing import ClusterAddressing
+from torchjob.errors import Issue
 from torchjob.plugins import PodContext, build_plugins
 from torchjob.records import field, record
 from torchjob.spec.model import Job, Task, pod_name
@@ -61,8 +62,8 @@ class DesiredState:
     job: Job
     pods: list[PodPlan]
     objects: list[dict[str, Any]] = field(default_factory=list)
-    # (field path, message) notes the user should see; not errors.
-    warnings: list[tuple[str, str]] = field(default_factory=list)
+    # Notes the user should see (severity ``warning``); not errors.
+    warnings: list[Issue] = field(default_factory=list)
 
 
 def _copy(value: Any) -> Any:
@@ -284,8 +285,8 @@ class Expansion:
         objects += [obj for plugin in self.plugins for obj in plugin.job_objects(self.job, self.addressing)]
         return objects
 
-    def warnings(self) -> list[tuple[str, str]]:
-        """(field path, message) notes for the user; needs no pods."""
+    def warnings(self) -> list[Issue]:
+        """Notes for the user (issues of severity ``warning``); needs no pods."""
         return [w for plugin in self.plugins for w in plugin.warnings(self.job, self.addressing)]
 
 

@@ -39,14 +39,14 @@ def check_document(document: Document) -> tuple[Job | None, list[Problem]]:
     """
     job, issues = parse_job(document.data)
     if job is not None:
-        broken = Broken(path for path, _ in issues)
+        broken = Broken(issue.path for issue in issues)
         apply_defaults(job)
         found = validate_job(job, broken)
         # Plugin checks read the tasks (names, replicas, containers); they wait until the tasks parse
         # and their names are valid, or a bad name would also show up as "no such task".
         tasks_ok = not broken.under("spec.tasks") and not any(re.match(_TASK_NAME, path) for path, _ in found)
         issues = issues + found + check_plugins(job, tasks_ok=tasks_ok)
-    problems = [document.problem(path, message) for path, message in issues]
+    problems = [document.problem(issue.path, issue.message) for issue in issues]
     for duplicate in document.problems:  # a duplicate key: on the line of its second writing
         found_at = document.problem(duplicate.path, duplicate.message)
         problems.append(Problem(found_at.path, found_at.message, found_at.file, duplicate.line))

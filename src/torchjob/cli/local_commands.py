@@ -15,6 +15,7 @@ from torchjob.cli.cluster_commands import finish
 from torchjob.cli.settings import add_setting_options, given_flags, given_settings
 from torchjob.engines.registry import DEFAULT_ENGINE, engine_info, engine_names, get_engine
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
+from torchjob.phases import UNKNOWN
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -378,7 +379,7 @@ def _watch(engine: Engine, ref: str) -> int:
         elif lines != shown:
             print("\n".join(lines), flush=True)
         shown = lines
-        if report.terminal or report.phase == "Unknown":
+        if report.terminal or report.phase == UNKNOWN:
             return _ended_code(report)
         time.sleep(WATCH_EVERY)
 
@@ -542,7 +543,7 @@ def run_wait(args: argparse.Namespace) -> int:
     from torchjob.engines.base import StreamSink
 
     report = _engine(args).wait(args.job, args.timeout, sink=StreamSink())
-    if not (report.terminal or report.phase == "Unknown"):
+    if not (report.terminal or report.phase == UNKNOWN):
         print(
             f"torchjob: job {report.id} is still {report.phase} after {args.timeout:g}s (timed out)",
             file=sys.stderr,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from torchjob.errors import Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
@@ -92,7 +92,7 @@ def register(commands: Any) -> None:
     render.set_defaults(func=run_render)
 
 
-def _print_warnings(document: Document, warnings: list[tuple[str, str]]) -> None:
+def _print_warnings(document: Document, warnings: Sequence[tuple[str, str]]) -> None:
     """Allowed but worth knowing, as ``FILE:LINE: field.path: warning: ...`` on stderr."""
     for path, message in warnings:
         print(document.problem(path, f"warning: {message}").format(), file=sys.stderr)
@@ -180,7 +180,7 @@ def _local_problems(item: Any) -> list[Problem]:
     ]
 
 
-def _local_warnings(item: Any) -> list[tuple[str, str]]:
+def _local_warnings(item: Any) -> Sequence[tuple[str, str]]:
     from torchjob.engines.registry import engine_for, get_engine
 
     return get_engine(engine_for("runs_here")).warnings(item.job)

@@ -30,6 +30,7 @@ from torchjob.lifecycle import (
     reactions,
     step,
 )
+from torchjob.phases import UNSUCCESSFUL_JOB_PHASES
 from torchjob.records import record
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
@@ -55,7 +56,9 @@ else:  # no typing at run time (torchjob/typecheck.py): a plain base that takes 
 
 CRASH_LOOP_AFTER = 3  # consecutive quick failures of a container after which its crash loop is told
 BACKOFF_CAP = 300.0  # Kubernetes caps its crash-loop back-off at 5 minutes
-_BAD_PHASES = ("Restarting", "Aborting", "Aborted", "Terminating", "Terminated", "Failed")
+_PHASE_COLORS = {JobPhase.COMPLETED: "32", **dict.fromkeys(UNSUCCESSFUL_JOB_PHASES, "31")}
+# Phases a crash-looping pod may explain: the suspect is named in their reason.
+_BAD_PHASES = (JobPhase.RESTARTING, JobPhase.ABORTING, JobPhase.TERMINATING, *UNSUCCESSFUL_JOB_PHASES)
 _ENDED = (PodPhase.SUCCEEDED.value, PodPhase.FAILED.value)
 _ACTIVE = (PodPhase.PENDING.value, PodPhase.RUNNING.value)
 
@@ -331,7 +334,7 @@ class Controller(_Slots[A]):
         old = self.status
         self.status = decision.status
         suspect = self.suspect
-        if suspect and self.status.phase.value in _BAD_PHASES and suspect not in self.status.reason:
+        if suspect and self.status.phase in _BAD_PHASES and suspect not in self.status.reason:
             # Whatever the policy made of the failure, the suspect is the likelier cause: say it.
             self.status = JobStatus(
                 self.status.phase,
@@ -345,9 +348,7 @@ class Controller(_Slots[A]):
         if decision.create_pods and not self.status.phase.final:
             self.create_missing()
         if old.phase is not self.status.phase or old.retry_count != self.status.retry_count:
-            color = {"Completed": "32", "Failed": "31", "Aborted": "31", "Terminated": "31"}.get(
-                self.status.phase.value, "36"
-            )
+            color = _PHASE_COLORS.get(self.status.phase, "36")
             if not self.status.phase.final or not self.attached:  # else the summary says it
                 reason = self.status.reason
                 if cause and cause == self.told and reason.startswith(cause):  # just told: not again

@@ -14,12 +14,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 
+from torchjob.phases import TERMINAL_JOB_PHASES, JobPhase
 from torchjob.records import field, record
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any, Protocol, TextIO
 
+    from torchjob.errors import Issue
     from torchjob.spec.model import Job
 
 __all__ = [
@@ -41,8 +43,9 @@ __all__ = [
     "StreamSink",
 ]
 
-# Volcano's job phases that never change again; "Unknown" is not terminal (its engine lost track).
-TERMINAL_PHASES = frozenset({"Completed", "Failed", "Aborted", "Terminated"})
+# Volcano's job phases that never change again; UNKNOWN is not terminal (its engine lost track).
+# The one set, torchjob.phases', named here too for engines that read it from the interface.
+TERMINAL_PHASES = TERMINAL_JOB_PHASES
 
 
 class EngineError(Exception):
@@ -408,7 +411,7 @@ class JobReport:
 
     @property
     def ok(self) -> bool:
-        return self.phase == "Completed"
+        return self.phase == JobPhase.COMPLETED
 
     def to_dict(self) -> dict[str, Any]:
         """The stable JSON shape (camelCase keys; docs/architecture.md): ``status -o json`` prints it."""
@@ -599,12 +602,12 @@ if TYPE_CHECKING:
 
         name: str
 
-        def check(self, job: Job) -> list[tuple[str, str]]:
-            """What stops ``job`` from running on this engine, as (field path, message); [] when it can."""
+        def check(self, job: Job) -> list[Issue]:
+            """What stops ``job`` from running on this engine (errors); [] when it can."""
             ...
 
-        def warnings(self, job: Job) -> list[tuple[str, str]]:
-            """What of ``job`` this engine does not do as a cluster would: (field path, message)."""
+        def warnings(self, job: Job) -> list[Issue]:
+            """What of ``job`` this engine does not do as a cluster would (warnings)."""
             ...
 
         def plan(self, job: Job, options: StartOptions) -> Plan:

@@ -1,59 +1,20 @@
 """The vocabulary of the lifecycle: phases, events, actions and the plain records passed around.
 
 Enum values are Volcano's strings, so a status written by torchjob reads like a Volcano status.
+The phases themselves live in :mod:`torchjob.phases`, shared with the engines and the display.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
+from torchjob.phases import JobPhase as JobPhase  # re-exported: the lifecycle's vocabulary
+from torchjob.phases import PodPhase as PodPhase
 from torchjob.records import record, replace
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Literal
-
-
-class JobPhase(str, Enum):
-    """A job's phase (``status.state.phase``)."""
-
-    PENDING = "Pending"
-    ABORTING = "Aborting"
-    ABORTED = "Aborted"
-    RUNNING = "Running"
-    RESTARTING = "Restarting"
-    COMPLETING = "Completing"
-    COMPLETED = "Completed"
-    TERMINATING = "Terminating"
-    TERMINATED = "Terminated"
-    FAILED = "Failed"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def final(self) -> bool:
-        """The job is over: Completed, Failed, Terminated or Aborted."""
-        return self in _FINAL
-
-    @property
-    def transient(self) -> bool:
-        """A phase that waits for pods to stop before it moves on on its own."""
-        return self in _TRANSIENT
-
-
-_FINAL = frozenset({JobPhase.COMPLETED, JobPhase.FAILED, JobPhase.TERMINATED, JobPhase.ABORTED})
-_TRANSIENT = frozenset({JobPhase.RESTARTING, JobPhase.ABORTING, JobPhase.COMPLETING, JobPhase.TERMINATING})
-
-
-class PodPhase(str, Enum):
-    PENDING = "Pending"
-    RUNNING = "Running"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class Event(str, Enum):

@@ -14,6 +14,7 @@ So the ``wait-for-master`` container also gets the host list, the mount and the 
 
 from __future__ import annotations
 
+from torchjob.errors import Issue
 from torchjob.plugins.base import Issues, Plugin, PodContext
 from torchjob.plugins.env import EnvPlugin
 from torchjob.plugins.pytorch import PyTorchPlugin
@@ -41,13 +42,13 @@ def check_plugins(job: Job, *, tasks_ok: bool = True) -> Issues:
     for name in job.spec.plugins:
         if name not in PLUGINS:
             issues.append(
-                (
+                Issue(
                     f"spec.plugins.{name}",
                     f"unknown plugin {name!r}; torchjob supports {', '.join(sorted(PLUGINS))}",
                 )
             )
     for plugin in build_plugins(job):
-        issues += [(f"spec.plugins.{plugin.name}", err) for err in plugin.flag_errors]
+        issues += [Issue(f"spec.plugins.{plugin.name}", err) for err in plugin.flag_errors]
         if not plugin.flag_errors and tasks_ok:
             issues += plugin.check(job)
     return issues

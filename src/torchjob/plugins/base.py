@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from torchjob.errors import Issue
 from torchjob.plugins.flags import Flag, parse_flags
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
@@ -12,7 +13,7 @@ if TYPE_CHECKING:
     from torchjob.addressing import Addressing
     from torchjob.spec.model import Job, Task
 
-Issues = list[tuple[str, str]]
+Issues = list[Issue]
 
 
 @record
@@ -53,7 +54,7 @@ class Plugin:
         return []
 
     def warnings(self, job: Job, addressing: Addressing) -> Issues:
-        """Things that are allowed but the user should know, as (field path, message)."""
+        """Things that are allowed but the user should know: issues of severity ``warning``."""
         return []
 
     def on_pod_create(self, ctx: PodContext) -> None:

@@ -6,6 +6,7 @@ something wrong (every master pod gets ``RANK=0``), torchjob reports an error in
 
 from __future__ import annotations
 
+from torchjob.errors import Issue, warning
 from torchjob.plugins.base import Issues, Plugin, PodContext
 from torchjob.plugins.flags import Flag, non_negative, port_range
 from torchjob.spec import names
@@ -70,20 +71,22 @@ class PyTorchPlugin(Plugin):
         task_names = [t.name for t in job.spec.tasks]
         listed = ", ".join(task_names)
         if self.master == self.worker:
-            issues.append(("spec.plugins.pytorch", f"--master and --worker both name task {self.master!r}"))
+            issues.append(
+                Issue("spec.plugins.pytorch", f"--master and --worker both name task {self.master!r}")
+            )
         if self.master not in task_names:
             message = f"--master names task {self.master!r} but the job has no such task (tasks: {listed})"
-            issues.append(("spec.plugins.pytorch", message))
+            issues.append(Issue("spec.plugins.pytorch", message))
         else:
             index = task_names.index(self.master)
             replicas = job.spec.tasks[index].replicas
             if replicas != 1:
                 message = f"the pytorch master task must have exactly 1 replica (rank 0), got {replicas}"
-                issues.append((f"spec.tasks[{index}].replicas", message))
+                issues.append(Issue(f"spec.tasks[{index}].replicas", message))
         others = [n for n in task_names if n != self.master]
         if self.worker not in task_names and others:
             message = f"--worker names task {self.worker!r} but the job has no such task (tasks: {listed})"
-            issues.append(("spec.plugins.pytorch", message))
+            issues.append(Issue("spec.plugins.pytorch", message))
         return issues + self._port_name_clashes(job)
 
     def _port_name_clashes(self, job: Job) -> Issues:
@@ -106,7 +109,7 @@ class PyTorchPlugin(Plugin):
                             f"port {self.port}; rename it or use --port={number}"
                         )
                         issues.append(
-                            (f"spec.tasks[{i}].template.spec.containers[{j}].ports[{k}].name", message)
+                            Issue(f"spec.tasks[{i}].template.spec.containers[{j}].ports[{k}].name", message)
                         )
         return issues
 
@@ -165,7 +168,9 @@ class PyTorchPlugin(Plugin):
                         value, fix = why[name]
                         sets = f"the pytorch plugin sets {name} to {value}"
                         message = f"{sets} after this entry, which is ignored; {fix}"
-                        issues.append((f"spec.tasks[{i}].template.spec.containers[{j}].env[{k}]", message))
+                        issues.append(
+                            warning(f"spec.tasks[{i}].template.spec.containers[{j}].env[{k}]", message)
+                        )
         return issues
 
     def rank(self, job: Job, task: Task, index: int) -> int | None:

@@ -11,6 +11,7 @@ warning says so; the host file still holds the full list.
 
 from __future__ import annotations
 
+from torchjob.errors import warning
 from torchjob.plugins.base import Issues, Plugin, PodContext
 from torchjob.plugins.flags import Flag
 from torchjob.typecheck import TYPE_CHECKING
@@ -108,14 +109,14 @@ class SvcPlugin(Plugin):
                         "limit for one environment string, so it is left out of the env; read "
                         f"{CONFIG_MOUNT_PATH}/{host_file(task.name)} instead"
                     )
-                    issues.append((f"spec.tasks[{i}].replicas", message))
+                    issues.append(warning(f"spec.tasks[{i}].replicas", message))
         total = sum(len(k) + len(v.encode()) for k, v in data.items())
         if total > MAX_CONFIGMAP_BYTES:
             message = (
                 f"the {configmap_name(job)} ConfigMap would be {total} bytes; Kubernetes refuses "
                 "ConfigMaps over 1 MiB, so this job cannot run on a cluster with the svc plugin"
             )
-            issues.append(("spec.tasks", message))
+            issues.append(warning("spec.tasks", message))
         return issues
 
     def on_pod_create(self, ctx: PodContext) -> None:

@@ -11,6 +11,7 @@ follow-on errors on top of them.
 
 from __future__ import annotations
 
+from torchjob.errors import Issue
 from torchjob.spec import names
 from torchjob.spec.model import (
     API_VERSION,
@@ -29,7 +30,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-Issues = list[tuple[str, str]]  # (field path, message)
+Issues = list[Issue]
 
 _ROOT_FIELDS = {"apiVersion", "kind", "metadata", "spec", "status"}
 _SPEC_FIELDS = {
@@ -94,7 +95,7 @@ class _Reader:
         self.issues: Issues = []
 
     def add(self, path: str, message: str) -> None:
-        self.issues.append((path, message))
+        self.issues.append(Issue(path, message))
 
     def mapping(
         self, value: Any, path: str, *, required: bool = True, what: str = "a mapping"
@@ -393,7 +394,7 @@ def parse_job(data: Any) -> tuple[Job | None, Issues]:
     """Build a Job from one document; returns the Job (None if unusable) and the type problems."""
     r = _Reader()
     if not isinstance(data, dict):
-        return None, [("", f"expected a Job mapping, got {_shown(data)}")]
+        return None, [Issue("", f"expected a Job mapping, got {_shown(data)}")]
     root: dict[str, Any] = data
     r.exact(root, "apiVersion", API_VERSION)
     r.exact(root, "kind", KIND)

@@ -10,6 +10,7 @@ mappings); these checks skip a value of the wrong shape rather than report it tw
 
 from __future__ import annotations
 
+from torchjob.errors import Issue
 from torchjob.spec.names import is_env_name
 from torchjob.spec.parse import number_text, type_name
 from torchjob.spec.source import INT64_MAX, child
@@ -19,7 +20,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-Issues = list[tuple[str, str]]
+Issues = list[Issue]
 
 # Linux's MAX_ARG_STRLEN: execve refuses (E2BIG, a container exit 126) any argument or
 # ``NAME=value`` environment string longer than this, counting its final NUL byte.
@@ -49,7 +50,7 @@ def check_annotations(annotations: Any, path: str) -> Issues:
     size += sum(len(v.encode("utf-8", "replace")) for v in annotations.values() if isinstance(v, str))
     if size > MAX_ANNOTATIONS:
         return [
-            (
+            Issue(
                 child(path, "annotations"),
                 f"annotations take {size} bytes in all; Kubernetes allows at most {MAX_ANNOTATIONS}",
             )
@@ -66,16 +67,16 @@ def check_nul(value: Any, path: str) -> Issues:
         if isinstance(item, str):
             if "\0" in item:
                 issues.append(
-                    (
+                    Issue(
                         where,
                         "contains a NUL character, which no argument, environment variable or path can hold",
                     )
                 )
         elif isinstance(item, dict):
             for key, inner in item.items():
-                stack.append((child(where, str(key)), inner))
+                stack.append(Issue(child(where, str(key)), inner))
                 if isinstance(key, str) and "\0" in key:
-                    issues.append((child(where, key), "the key contains a NUL character"))
+                    issues.append(Issue(child(where, key), "the key contains a NUL character"))
         elif isinstance(item, list):
             stack.extend((child(where, i), inner) for i, inner in enumerate(item))
     issues.reverse()  # in the order they were written
@@ -116,10 +117,12 @@ def _grace_period(spec: dict[str, Any], path: str) -> Issues:
     if value is None:
         return []
     if isinstance(value, bool) or not isinstance(value, int):
-        return [(child(path, key), f"expected a whole number of seconds, got {_kind(value)}")]
+        return [Issue(child(path, key), f"expected a whole number of seconds, got {_kind(value)}")]
     if not 0 <= value <= INT64_MAX:
         return [
-            (child(path, key), f"expected a number of seconds from 0 to {INT64_MAX}, got {_shown(value)}")
+            Issue(
+                child(path, key), f"expected a number of seconds from 0 to {INT64_MAX}, got {_shown(value)}"
+            )
         ]
     return []
 
@@ -128,19 +131,19 @@ def _volume(volume: dict[str, Any], path: str) -> Issues:
     issues: Issues = []
     for key in ("configMap", "emptyDir", "hostPath"):
         if key in volume and volume[key] is not None and not isinstance(volume[key], dict):
-            issues.append((child(path, key), f"expected a mapping, got {_kind(volume[key])}"))
+            issues.append(Issue(child(path, key), f"expected a mapping, got {_kind(volume[key])}"))
     config_map = volume.get("configMap")
     if isinstance(config_map, dict):
         issues += _string(config_map, "name", child(path, "configMap"))
         issues += _boolean(config_map, "optional", child(path, "configMap"))
     host_path = volume.get("hostPath")
     if "hostPath" in volume and host_path is None:
-        issues.append((child(path, "hostPath"), "expected a mapping with a path, got null"))
+        issues.append(Issue(child(path, "hostPath"), "expected a mapping with a path, got null"))
     elif isinstance(host_path, dict):
         hpath = child(path, "hostPath")
         value = host_path.get("path")
         if not isinstance(value, str) or not value:
-            issues.append((child(hpath, "path"), f"expected a non-empty path, got {_kind(value)}"))
+            issues.append(Issue(child(hpath, "path"), f"expected a non-empty path, got {_kind(value)}"))
         issues += _string(host_path, "type", hpath)
     return issues
 
@@ -175,7 +178,7 @@ def _sub_path(value: Any, path: str) -> Issues:
     if not isinstance(value, str) or not value:
         return []
     if value.startswith("/") or ".." in value.split("/"):
-        return [(path, f"{value!r} must be a relative path without '..' (as Kubernetes requires)")]
+        return [Issue(path, f"{value!r} must be a relative path without '..' (as Kubernetes requires)")]
     return []
 
 
@@ -184,7 +187,7 @@ def _exec_string(text: str, path: str, what: str) -> Issues:
     if size <= MAX_EXEC_STRING:
         return []
     return [
-        (
+        Issue(
             path,
             f"{text[:20]!r}... is {size} bytes; Linux gives a process {what} of at most "
             f"{MAX_EXEC_STRING} bytes (128 KiB), so the container could not start",
@@ -205,26 +208,26 @@ def _env_var(var: dict[str, Any], path: str) -> Issues:
     if not isinstance(source, dict):
         return [
             *issues,
-            (vpath, f"expected a mapping with one of {', '.join(_VALUE_SOURCES)}, got {_kind(source)}"),
+            Issue(vpath, f"expected a mapping with one of {', '.join(_VALUE_SOURCES)}, got {_kind(source)}"),
         ]
     if value:
-        issues.append((vpath, "give either value or valueFrom, not both"))
+        issues.append(Issue(vpath, "give either value or valueFrom, not both"))
     given = [key for key in _VALUE_SOURCES if key in source]
     if len(given) != 1:
         what = "only one" if given else "one"
-        return [*issues, (vpath, f"expected {what} of {', '.join(_VALUE_SOURCES)}, got {_keys(source)}")]
+        return [*issues, Issue(vpath, f"expected {what} of {', '.join(_VALUE_SOURCES)}, got {_keys(source)}")]
     key = given[0]
     ref = source[key]
     rpath = child(vpath, key)
     if not isinstance(ref, dict):
-        return [*issues, (rpath, f"expected a mapping, got {_kind(ref)}")]
+        return [*issues, Issue(rpath, f"expected a mapping, got {_kind(ref)}")]
     if key == "fieldRef":
         return issues + _field_ref(ref, rpath)
     if key == "resourceFieldRef":
         return issues + _resource_ref(ref, rpath)
     issues += _string(ref, "name", rpath) + _boolean(ref, "optional", rpath)
     if not isinstance(ref.get("key"), str) or not ref["key"]:
-        issues.append((child(rpath, "key"), f"expected the key to read, got {_kind(ref.get('key'))}"))
+        issues.append(Issue(child(rpath, "key"), f"expected the key to read, got {_kind(ref.get('key'))}"))
     return issues
 
 
@@ -234,7 +237,7 @@ def _field_ref(ref: dict[str, Any], path: str) -> Issues:
     if not isinstance(field_path, str):
         return [
             *issues,
-            (
+            Issue(
                 child(path, "fieldPath"),
                 f"expected a field path such as 'metadata.name', got {_kind(field_path)}",
             ),
@@ -244,7 +247,7 @@ def _field_ref(ref: dict[str, Any], path: str) -> Issues:
     if field_path not in FIELD_PATHS and not keyed:
         supported = ", ".join([*FIELD_PATHS, "metadata.labels['KEY']", "metadata.annotations['KEY']"])
         issues.append(
-            (
+            Issue(
                 child(path, "fieldPath"),
                 f"{field_path!r} is not a field an env var can read; expected one of {supported}",
             )
@@ -259,17 +262,17 @@ def _resource_ref(ref: dict[str, Any], path: str) -> Issues:
     known = kind in ("limits", "requests") and (name in _RESOURCES or name.startswith("hugepages-"))
     if not known:
         choices = ", ".join(f"{k}.{r}" for k in ("limits", "requests") for r in _RESOURCES)
-        issues.append((child(path, "resource"), f"expected one of {choices}, got {_kind(resource)}"))
+        issues.append(Issue(child(path, "resource"), f"expected one of {choices}, got {_kind(resource)}"))
     if "divisor" not in ref or ref["divisor"] is None:
         return issues
     try:
         divisor = parse_quantity(ref["divisor"])
     except ValueError as err:
-        return [*issues, (child(path, "divisor"), str(err))]
+        return [*issues, Issue(child(path, "divisor"), str(err))]
     allowed = _CPU_DIVISORS if name == "cpu" else _SIZE_DIVISORS
     if known and not any(abs(divisor - d) <= d * 1e-9 for d in allowed):
         good = "1m or 1" if name == "cpu" else "1, 1k, 1M, 1G, 1T, 1P, 1E, 1Ki, 1Mi, 1Gi, 1Ti, 1Pi or 1Ei"
-        issues.append((child(path, "divisor"), f"expected {good} for {name}, got {ref['divisor']!r}"))
+        issues.append(Issue(child(path, "divisor"), f"expected {good} for {name}, got {ref['divisor']!r}"))
     return issues
 
 
@@ -277,26 +280,30 @@ def _env_from(value: Any, path: str) -> Issues:
     if value is None:
         return []
     if not isinstance(value, list):
-        return [(path, f"expected a list of sources (configMapRef or secretRef), got {_kind(value)}")]
+        return [Issue(path, f"expected a list of sources (configMapRef or secretRef), got {_kind(value)}")]
     issues: Issues = []
     for i, source in enumerate(value):
         spath = child(path, i)
         if not isinstance(source, dict):
-            issues.append((spath, f"expected a mapping with configMapRef or secretRef, got {_kind(source)}"))
+            issues.append(
+                Issue(spath, f"expected a mapping with configMapRef or secretRef, got {_kind(source)}")
+            )
             continue
         issues += _string(source, "prefix", spath)
         prefix = source.get("prefix")
         if isinstance(prefix, str) and prefix and not is_env_name(prefix):  # Kubernetes checks it so
-            issues.append((child(spath, "prefix"), f"{prefix!r} is not a valid environment variable name"))
+            issues.append(
+                Issue(child(spath, "prefix"), f"{prefix!r} is not a valid environment variable name")
+            )
         given = [key for key in _ENV_FROM_SOURCES if key in source]
         if len(given) != 1:
             what = "only one" if given else "one"
-            issues.append((spath, f"expected {what} of configMapRef, secretRef, got {_keys(source)}"))
+            issues.append(Issue(spath, f"expected {what} of configMapRef, secretRef, got {_keys(source)}"))
             continue
         ref = source[given[0]]
         rpath = child(spath, given[0])
         if not isinstance(ref, dict):
-            issues.append((rpath, f"expected a mapping with a name, got {_kind(ref)}"))
+            issues.append(Issue(rpath, f"expected a mapping with a name, got {_kind(ref)}"))
             continue
         issues += _string(ref, "name", rpath) + _boolean(ref, "optional", rpath)
     return issues
@@ -306,7 +313,7 @@ def _resources(value: Any, path: str) -> Issues:
     if value is None:
         return []
     if not isinstance(value, dict):
-        return [(path, f"expected a mapping of limits and requests, got {_kind(value)}")]
+        return [Issue(path, f"expected a mapping of limits and requests, got {_kind(value)}")]
     issues: Issues = []
     for key in ("limits", "requests"):
         amounts = value.get(key)
@@ -314,16 +321,18 @@ def _resources(value: Any, path: str) -> Issues:
         if amounts is None:
             continue
         if not isinstance(amounts, dict):
-            issues.append((kpath, f"expected a mapping of resource name to quantity, got {_kind(amounts)}"))
+            issues.append(
+                Issue(kpath, f"expected a mapping of resource name to quantity, got {_kind(amounts)}")
+            )
             continue
         for name, amount in amounts.items():
             try:
                 number = parse_quantity(amount)
             except ValueError as err:
-                issues.append((child(kpath, name), str(err)))
+                issues.append(Issue(child(kpath, name), str(err)))
                 continue
             if number < 0:
-                issues.append((child(kpath, name), f"expected a quantity of at least 0, got {amount!r}"))
+                issues.append(Issue(child(kpath, name), f"expected a quantity of at least 0, got {amount!r}"))
     return issues
 
 
@@ -331,14 +340,14 @@ def _string(data: dict[str, Any], key: str, path: str) -> Issues:
     value = data.get(key)
     if value is None or isinstance(value, str):
         return []
-    return [(child(path, key), f"expected a string, got {_kind(value)}")]
+    return [Issue(child(path, key), f"expected a string, got {_kind(value)}")]
 
 
 def _boolean(data: dict[str, Any], key: str, path: str) -> Issues:
     value = data.get(key)
     if value is None or isinstance(value, bool):
         return []
-    return [(child(path, key), f"expected true or false, got {_kind(value)}")]
+    return [Issue(child(path, key), f"expected true or false, got {_kind(value)}")]
 
 
 def _kind(value: Any) -> str:

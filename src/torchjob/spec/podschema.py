@@ -20,6 +20,7 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+from torchjob.errors import Issue
 from torchjob.spec.source import child
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
     Schema = dict[str, Any]
 
-Issues = list[tuple[str, str]]
+Issues = list[Issue]
 
 SCHEMA_FILE = Path(__file__).with_name("schemas") / "podtemplate.json"
 _RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
@@ -85,7 +86,7 @@ class _Checker:
 
     def add(self, path: str, message: str) -> None:
         if self.skip is None or not self.skip(path):
-            self.issues.append((path, message))
+            self.issues.append(Issue(path, message))
 
     def check(self, value: Any, schema: Schema, path: str) -> None:
         ref = schema.get("$ref")

@@ -103,6 +103,7 @@ class Document:
             path = parent(path)
 
     def problem(self, path: str, message: str) -> Problem:
+        """A problem at ``path`` of this document, with its line (an :class:`Issue` unpacks to both)."""
         if self.total > 1:
             message = f"{message} (in document {self.index + 1})"
         return Problem(path=path, message=message, file=self.file, line=self.line_of(path))

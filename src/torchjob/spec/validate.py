@@ -1,6 +1,6 @@
 """Rules Volcano's validating webhook and CRD schema enforce, plus torchjob's stricter ones.
 
-Runs on a defaulted job and returns every problem at once as ``(field path, message)``. Plugin
+Runs on a defaulted job and returns every problem at once as :class:`~torchjob.errors.Issue` records. Plugin
 flags are checked by the plugins themselves (:func:`torchjob.plugins.check_plugins`).
 
 ``broken`` holds the paths parsing already complained about; a rule that would read such a field
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from torchjob.errors import Issue
 from torchjob.spec import names, podfields
 from torchjob.spec.model import Job, Policy, Task, pod_name
 from torchjob.spec.podschema import check_template
 from torchjob.spec.source import child, parent
 from torchjob.spec.units import parse_duration
 
-Issues = list[tuple[str, str]]
+Issues = list[Issue]
 
 # Events a policy may name (the webhook rejects the controller's internal events).
 POLICY_EVENTS = (
@@ -58,72 +59,78 @@ class Broken:
 
 
 def validate_policies(policies: list[Policy], path: str, broken: Broken | None = None) -> Issues:
+    """A policy list's rules, one function each; ``seen`` gathers events and exit codes across it."""
     broken = broken or Broken()
     issues: Issues = []
-    seen_events: dict[str, str] = {}
-    seen_codes: dict[int, str] = {}
+    seen: dict[str | int, str] = {}
     star = ""
     for i, policy in enumerate(policies):
         p = child(path, i)
         if broken.under(p):
             continue
-        if policy.events and policy.exit_code is not None:
-            issues.append((p, "give either event(s) or exitCode, not both"))
-        elif not policy.events and policy.exit_code is None:
-            issues.append((p, "expected an event, events or exitCode"))
-        for k, event in enumerate(policy.events):
-            key = (
-                policy.event_keys[k]
-                if k < len(policy.event_keys)
-                else ("event" if k == 0 else f"events[{k}]")
-            )
-            epath = f"{p}.{key}"
-            if event in INTERNAL_EVENTS:
-                issues.append(
-                    (
-                        epath,
-                        f"{event!r} is an event only the controller raises; valid events are {_VALID_EVENTS}",
-                    )
-                )
-            elif event not in POLICY_EVENTS:
-                issues.append((epath, f"invalid policy event {event!r}; valid events are {_VALID_EVENTS}"))
-            elif event in seen_events:
-                issues.append((epath, f"event {event!r} already has a policy ({seen_events[event]})"))
-            else:
-                seen_events[event] = p
-            if event == "*":
-                star = star or p
-        if policy.exit_code is not None:
-            cpath = f"{p}.exitCode"
-            if policy.exit_code == 0:
-                issues.append((cpath, "0 is not a failure exit code; expected an exit code from 1 to 255"))
-            elif not 1 <= policy.exit_code <= EXIT_CODE_MAX:
-                issues.append((cpath, f"expected an exit code from 1 to 255, got {policy.exit_code}"))
-            elif policy.exit_code in seen_codes:
-                issues.append(
-                    (
-                        cpath,
-                        f"exit code {policy.exit_code} already has a policy ({seen_codes[policy.exit_code]})",
-                    )
-                )
-            else:
-                seen_codes[policy.exit_code] = p
-        if policy.action not in POLICY_ACTIONS:
-            issues.append(
-                (
-                    f"{p}.action",
-                    f"invalid policy action {policy.action!r}; valid actions are {', '.join(POLICY_ACTIONS)}",
-                )
-            )
-        if policy.timeout is not None and not _is_duration(policy.timeout):
-            issues.append(
-                (
-                    f"{p}.timeout",
-                    f"expected a duration such as '30s' or '5m' (at most 2562047h), got {policy.timeout!r}",
-                )
-            )
+        issues += _check_policy_trigger(policy, p)
+        issues += _check_policy_events(policy, p, seen)
+        issues += _check_policy_exit_code(policy.exit_code, f"{p}.exitCode", p, seen)
+        issues += _check_policy_action_and_timeout(policy, p)
+        if "*" in policy.events:
+            star = star or p
     if star and len(policies) > 1:
-        issues.append((star, "a policy for event '*' must be the only policy in its list"))
+        issues.append(Issue(star, "a policy for event '*' must be the only policy in its list"))
+    return issues
+
+
+def _check_policy_trigger(policy: Policy, p: str) -> Issues:
+    if policy.events and policy.exit_code is not None:
+        return [Issue(p, "give either event(s) or exitCode, not both")]
+    if not policy.events and policy.exit_code is None:
+        return [Issue(p, "expected an event, events or exitCode")]
+    return []
+
+
+def _event_key(policy: Policy, k: int) -> str:
+    """How the user wrote the k-th event: ``event``, ``events[k]``."""
+    if k < len(policy.event_keys):
+        return policy.event_keys[k]
+    return "event" if k == 0 else f"events[{k}]"
+
+
+def _check_policy_events(policy: Policy, p: str, seen: dict[str | int, str]) -> Issues:
+    issues: Issues = []
+    for k, event in enumerate(policy.events):
+        epath = f"{p}.{_event_key(policy, k)}"
+        if event in INTERNAL_EVENTS:
+            message = f"{event!r} is an event only the controller raises; valid events are {_VALID_EVENTS}"
+            issues.append(Issue(epath, message))
+        elif event not in POLICY_EVENTS:
+            issues.append(Issue(epath, f"invalid policy event {event!r}; valid events are {_VALID_EVENTS}"))
+        elif event in seen:
+            issues.append(Issue(epath, f"event {event!r} already has a policy ({seen[event]})"))
+        else:
+            seen[event] = p
+    return issues
+
+
+def _check_policy_exit_code(code: int | None, cpath: str, p: str, seen: dict[str | int, str]) -> Issues:
+    if code is None:
+        return []
+    if code == 0:
+        return [Issue(cpath, "0 is not a failure exit code; expected an exit code from 1 to 255")]
+    if not 1 <= code <= EXIT_CODE_MAX:
+        return [Issue(cpath, f"expected an exit code from 1 to 255, got {code}")]
+    if code in seen:
+        return [Issue(cpath, f"exit code {code} already has a policy ({seen[code]})")]
+    seen[code] = p
+    return []
+
+
+def _check_policy_action_and_timeout(policy: Policy, p: str) -> Issues:
+    issues: Issues = []
+    if policy.action not in POLICY_ACTIONS:
+        message = f"invalid policy action {policy.action!r}; valid actions are {', '.join(POLICY_ACTIONS)}"
+        issues.append(Issue(f"{p}.action", message))
+    if policy.timeout is not None and not _is_duration(policy.timeout):
+        message = f"expected a duration such as '30s' or '5m' (at most 2562047h), got {policy.timeout!r}"
+        issues.append(Issue(f"{p}.timeout", message))
     return issues
 
 
@@ -136,89 +143,143 @@ def _is_duration(text: str) -> bool:
 
 
 def validate_job(job: Job, broken: Broken | None = None) -> Issues:
-    """Every cross-field problem of a defaulted job."""
+    """Every cross-field problem of a defaulted job, one rule per function, in document order."""
     broken = broken or Broken()
-    issues: Issues = []
-    spec = job.spec
-    name_ok = not broken.has("metadata.name")
-    if name_ok and not names.is_dns1123_label(job.name):
-        issues.append(("metadata.name", names.label_problem(job.name)))
-        name_ok = False
-    elif name_ok and any(p in spec.plugins for p in SERVICE_PLUGINS) and not names.is_dns1035_label(job.name):
-        issues.append(
-            (
-                "metadata.name",
-                f"{job.name!r} must start with a letter: the svc plugin names a Service after the job",
-            )
-        )
-    if not broken.has("metadata.namespace") and not names.is_dns1123_label(job.metadata.namespace):
-        issues.append(("metadata.namespace", names.label_problem(job.metadata.namespace)))
+    issues = _check_job_name(job, broken) + _check_namespace(job, broken)
     issues += _validate_metadata(job.metadata.labels, job.metadata.annotations, "metadata")
     issues += podfields.check_annotations(job.metadata.annotations, "metadata")
     issues += podfields.check_nul(job.metadata.annotations, "metadata.annotations")
     issues += _validate_job_names(job)
-    if not spec.tasks:
+    if not job.spec.tasks:
         return issues
     seen: dict[str, str] = {}
-    counts_ok = True  # every task's replicas is known
-    for i, task in enumerate(spec.tasks):
-        tpath = child("spec.tasks", i)
-        if broken.has(tpath):  # not a mapping at all
-            counts_ok = False
-            continue
-        task_name_ok = not broken.has(f"{tpath}.name")
-        replicas_ok = not broken.has(f"{tpath}.replicas")
-        counts_ok = counts_ok and replicas_ok
-        if task_name_ok:
-            issues += _validate_task_name(job, i, name_ok and replicas_ok, seen)
-        min_ok = replicas_ok and not broken.has(f"{tpath}.minAvailable")
-        if min_ok and task.min_available is not None and task.min_available > task.replicas:
-            issues.append(
-                (
-                    f"{tpath}.minAvailable",
-                    f"expected at most replicas ({task.replicas}), got {task.min_available}",
-                )
-            )
-        if replicas_ok and not broken.under(f"{tpath}.partitionPolicy"):
-            issues += _validate_partitions(task, tpath)
-        issues += validate_policies(task.policies, f"{tpath}.policies", broken)
-        issues += _validate_template(task.template.raw, f"{tpath}.template")
-        engine_read = podfields.check_template(task.template.raw, f"{tpath}.template")
-        issues += engine_read
-        # The schema's verdict on a field the engine-read checks already refused would be a second line.
-        refused = {path for path, _ in engine_read}
-        schema = check_template(task.template.raw, f"{tpath}.template", broken.has if broken.paths else None)
-        issues += [(path, message) for path, message in schema if path not in refused]
-    total = job.total_replicas
-    if counts_ok and total > MAX_PODS:
-        issues.append(
-            (
-                "spec.tasks",
-                f"the tasks have {total} replicas in all; expected at most {MAX_PODS}, "
-                "the most pods one Kubernetes cluster is built for",
-            )
-        )
-    # A task minAvailable over its replicas also inflates the job's defaulted sum: report it once.
-    derived = spec.min_available == sum(t.min_available or 0 for t in spec.tasks)
-    task_min_ok = not (derived and any(path.endswith(".minAvailable") for path, _ in issues))
-    if counts_ok and task_min_ok and not broken.has("spec.minAvailable") and spec.min_available > total:
-        issues.append(
-            (
-                "spec.minAvailable",
-                f"expected at most the total replicas of all tasks ({total}), got {spec.min_available}",
-            )
-        )
-    if counts_ok and spec.min_success is not None and spec.min_success > total:
-        issues.append(
-            (
-                "spec.minSuccess",
-                f"expected at most the total replicas of all tasks ({total}), got {spec.min_success}",
-            )
-        )
-    issues += validate_policies(spec.policies, "spec.policies", broken)
-    if not any(broken.has(f"spec.tasks[{i}].name") for i in range(len(spec.tasks))):
+    for i in range(len(job.spec.tasks)):
+        issues += _check_task(job, i, broken, seen)
+    counts_ok = _counts_known(job, broken)
+    issues += _check_total(job, counts_ok)
+    issues += _check_job_min_available(job, broken, counts_ok, issues)
+    issues += _check_min_success(job, counts_ok)
+    issues += validate_policies(job.spec.policies, "spec.policies", broken)
+    if not any(broken.has(f"spec.tasks[{i}].name") for i in range(len(job.spec.tasks))):
         issues += _validate_dependencies(job, broken)
     return issues
+
+
+def _name_ok(job: Job, broken: Broken) -> bool:
+    """The job's name is known and a DNS-1123 label: pod names can be derived from it."""
+    return not broken.has("metadata.name") and names.is_dns1123_label(job.name)
+
+
+def _check_job_name(job: Job, broken: Broken) -> Issues:
+    if broken.has("metadata.name"):
+        return []
+    if not names.is_dns1123_label(job.name):
+        return [Issue("metadata.name", names.label_problem(job.name))]
+    if any(p in job.spec.plugins for p in SERVICE_PLUGINS) and not names.is_dns1035_label(job.name):
+        return [
+            Issue(
+                "metadata.name",
+                f"{job.name!r} must start with a letter: the svc plugin names a Service after the job",
+            )
+        ]
+    return []
+
+
+def _check_namespace(job: Job, broken: Broken) -> Issues:
+    namespace = job.metadata.namespace
+    if broken.has("metadata.namespace") or names.is_dns1123_label(namespace):
+        return []
+    return [Issue("metadata.namespace", names.label_problem(namespace))]
+
+
+def _counts_known(job: Job, broken: Broken) -> bool:
+    """Every task's replicas is known (parsing found nothing wrong with the task or its count)."""
+    return not any(
+        broken.has(tpath) or broken.has(f"{tpath}.replicas")
+        for tpath in (child("spec.tasks", i) for i in range(len(job.spec.tasks)))
+    )
+
+
+def _check_task(job: Job, i: int, broken: Broken, seen: dict[str, str]) -> Issues:
+    """One task's own rules; ``seen`` gathers task names for the duplicate check."""
+    task = job.spec.tasks[i]
+    tpath = child("spec.tasks", i)
+    if broken.has(tpath):  # not a mapping at all
+        return []
+    replicas_ok = not broken.has(f"{tpath}.replicas")
+    issues: Issues = []
+    if not broken.has(f"{tpath}.name"):
+        issues += _validate_task_name(job, i, _name_ok(job, broken) and replicas_ok, seen)
+    if replicas_ok and not broken.has(f"{tpath}.minAvailable"):
+        issues += _check_task_min_available(task, tpath)
+    if replicas_ok and not broken.under(f"{tpath}.partitionPolicy"):
+        issues += _validate_partitions(task, tpath)
+    issues += validate_policies(task.policies, f"{tpath}.policies", broken)
+    issues += _validate_template(task.template.raw, f"{tpath}.template")
+    issues += _check_template_fields(task, f"{tpath}.template", broken)
+    return issues
+
+
+def _check_task_min_available(task: Task, tpath: str) -> Issues:
+    if task.min_available is None or task.min_available <= task.replicas:
+        return []
+    return [
+        Issue(
+            f"{tpath}.minAvailable", f"expected at most replicas ({task.replicas}), got {task.min_available}"
+        )
+    ]
+
+
+def _check_template_fields(task: Task, path: str, broken: Broken) -> Issues:
+    """The fields the engines read, then the pod schema on what those checks did not refuse."""
+    engine_read = podfields.check_template(task.template.raw, path)
+    # The schema's verdict on a field the engine-read checks already refused would be a second line.
+    refused = {p for p, _ in engine_read}
+    schema = check_template(task.template.raw, path, broken.has if broken.paths else None)
+    return engine_read + [issue for issue in schema if issue.path not in refused]
+
+
+def _check_total(job: Job, counts_ok: bool) -> Issues:
+    total = job.total_replicas
+    if not counts_ok or total <= MAX_PODS:
+        return []
+    return [
+        Issue(
+            "spec.tasks",
+            f"the tasks have {total} replicas in all; expected at most {MAX_PODS}, "
+            "the most pods one Kubernetes cluster is built for",
+        )
+    ]
+
+
+def _check_job_min_available(job: Job, broken: Broken, counts_ok: bool, found: Issues) -> Issues:
+    spec = job.spec
+    total = job.total_replicas
+    # A task minAvailable over its replicas also inflates the job's defaulted sum: report it once.
+    derived = spec.min_available == sum(t.min_available or 0 for t in spec.tasks)
+    if derived and any(path.endswith(".minAvailable") for path, _ in found):
+        return []
+    if not counts_ok or broken.has("spec.minAvailable") or spec.min_available <= total:
+        return []
+    return [
+        Issue(
+            "spec.minAvailable",
+            f"expected at most the total replicas of all tasks ({total}), got {spec.min_available}",
+        )
+    ]
+
+
+def _check_min_success(job: Job, counts_ok: bool) -> Issues:
+    total = job.total_replicas
+    min_success = job.spec.min_success
+    if not counts_ok or min_success is None or min_success <= total:
+        return []
+    return [
+        Issue(
+            "spec.minSuccess",
+            f"expected at most the total replicas of all tasks ({total}), got {min_success}",
+        )
+    ]
 
 
 def _validate_metadata(labels: dict[str, str], annotations: dict[str, str], path: str) -> Issues:
@@ -226,10 +287,10 @@ def _validate_metadata(labels: dict[str, str], annotations: dict[str, str], path
     issues: Issues = []
     for key, value in labels.items():
         if not names.is_qualified_name(key):
-            issues.append((child(child(path, "labels"), key), f"{key!r} is not a valid label key"))
+            issues.append(Issue(child(child(path, "labels"), key), f"{key!r} is not a valid label key"))
         elif not names.is_label_value(value):
             issues.append(
-                (
+                Issue(
                     child(child(path, "labels"), key),
                     f"{value!r} is not a valid label value: at most 63 of letters, digits, '-', '_' and '.', "
                     "starting and ending with a letter or digit",
@@ -237,7 +298,9 @@ def _validate_metadata(labels: dict[str, str], annotations: dict[str, str], path
             )
     for key in annotations:
         if not names.is_qualified_name(key):
-            issues.append((child(child(path, "annotations"), key), f"{key!r} is not a valid annotation key"))
+            issues.append(
+                Issue(child(child(path, "annotations"), key), f"{key!r} is not a valid annotation key")
+            )
     return issues
 
 
@@ -246,14 +309,17 @@ def _validate_job_names(job: Job) -> Issues:
     spec = job.spec
     issues: Issues = []
     if not names.is_dns1123_label(spec.queue):
-        issues.append(("spec.queue", names.label_problem(spec.queue)))
+        issues.append(Issue("spec.queue", names.label_problem(spec.queue)))
     for path, value in (
         ("spec.schedulerName", spec.scheduler_name),
         ("spec.priorityClassName", spec.priority_class_name),
     ):
         if value and not (len(value) <= names.DNS1123_LABEL_MAX and names.is_dns1123_subdomain(value)):
             issues.append(
-                (path, f"{value!r} is not a valid name: lower-case letters, digits, '-' and '.', at most 63")
+                Issue(
+                    path,
+                    f"{value!r} is not a valid name: lower-case letters, digits, '-' and '.', at most 63",
+                )
             )
     return issues
 
@@ -271,18 +337,18 @@ def _validate_partitions(task: Task, tpath: str) -> Issues:
     ppath = f"{tpath}.partitionPolicy"
     if task.replicas != total * size:
         issues.append(
-            (
+            Issue(
                 f"{tpath}.replicas",
                 f"expected totalPartitions x partitionSize = {total * size} replicas, got {task.replicas}",
             )
         )
     if minimum > total:
         issues.append(
-            (f"{ppath}.minPartitions", f"expected at most totalPartitions ({total}), got {minimum}")
+            Issue(f"{ppath}.minPartitions", f"expected at most totalPartitions ({total}), got {minimum}")
         )
     elif minimum > 0 and task.min_available is not None and task.min_available != minimum * size:
         issues.append(
-            (
+            Issue(
                 f"{tpath}.minAvailable",
                 f"expected minPartitions x partitionSize = {minimum * size}, got {task.min_available}",
             )
@@ -294,15 +360,15 @@ def _validate_task_name(job: Job, i: int, check_length: bool, seen: dict[str, st
     task = job.spec.tasks[i]
     tpath = child("spec.tasks", i)
     if task.name in seen:
-        return [(f"{tpath}.name", f"duplicate task name {task.name!r} (also {seen[task.name]})")]
+        return [Issue(f"{tpath}.name", f"duplicate task name {task.name!r} (also {seen[task.name]})")]
     seen[task.name] = tpath
     if not names.is_dns1123_label(task.name):
-        return [(f"{tpath}.name", names.label_problem(task.name))]
+        return [Issue(f"{tpath}.name", names.label_problem(task.name))]
     if check_length and task.replicas > 0 and not task.template.hostname:
         longest = pod_name(job.name, task.name, task.replicas - 1)
         if len(longest) > names.DNS1123_LABEL_MAX:
             return [
-                (
+                Issue(
                     f"{tpath}.name",
                     f"pod name {longest!r} is {len(longest)} characters; a pod's hostname allows at most "
                     f"{names.DNS1123_LABEL_MAX}: shorten the job or task name",
@@ -327,12 +393,12 @@ def _validate_host_aliases(aliases: object, path: str) -> Issues:
             try:
                 ipaddress.ip_address(ip)
             except ValueError:
-                issues.append((f"{path}[{i}].ip", f"{ip!r} is not an IP address"))
+                issues.append(Issue(f"{path}[{i}].ip", f"{ip!r} is not an IP address"))
         hostnames = alias.get("hostnames")
         for j, name in enumerate(hostnames if isinstance(hostnames, list) else []):
             if isinstance(name, str) and not names.is_dns1123_subdomain(name):
                 issues.append(
-                    (
+                    Issue(
                         f"{path}[{i}].hostnames[{j}]",
                         f"{name!r} is not a DNS-1123 subdomain: lower-case letters, digits, '-' and '.'",
                     )
@@ -341,17 +407,7 @@ def _validate_host_aliases(aliases: object, path: str) -> Issues:
 
 
 def _validate_template(template: dict[str, object], path: str) -> Issues:
-    issues: Issues = []
-    meta = template.get("metadata")
-    if isinstance(meta, dict):
-        labels, annotations = meta.get("labels"), meta.get("annotations")
-        issues += _validate_metadata(
-            {k: v for k, v in labels.items() if isinstance(v, str)} if isinstance(labels, dict) else {},
-            {k: v for k, v in annotations.items() if isinstance(v, str)}
-            if isinstance(annotations, dict)
-            else {},
-            f"{path}.metadata",
-        )
+    issues = _check_template_metadata(template.get("metadata"), f"{path}.metadata")
     spec = template.get("spec")
     if not isinstance(spec, dict):
         return issues
@@ -359,49 +415,70 @@ def _validate_template(template: dict[str, object], path: str) -> Issues:
     for key in ("hostname", "subdomain"):
         value = spec.get(key)
         if isinstance(value, str) and value and not names.is_dns1123_label(value):
-            issues.append((f"{path}.spec.{key}", names.label_problem(value)))
+            issues.append(Issue(f"{path}.spec.{key}", names.label_problem(value)))
     issues += _validate_host_aliases(spec.get("hostAliases"), f"{path}.spec.hostAliases")
     issues += _validate_volume_names(spec, path)
     container_names: dict[str, str] = {}
     for key in ("initContainers", "containers"):
         containers = spec.get(key)
-        if not isinstance(containers, list):
-            continue
-        for i, container in enumerate(containers):
-            if not isinstance(container, dict):
-                continue
-            cpath = f"{path}.spec.{key}[{i}]"
-            name = container.get("name")
-            if isinstance(name, str):
-                if not names.is_dns1123_label(name):
-                    issues.append((f"{cpath}.name", names.label_problem(name)))
-                elif name in container_names:
-                    issues.append(
-                        (f"{cpath}.name", f"duplicate container name {name!r} (also {container_names[name]})")
-                    )
-                container_names.setdefault(name, cpath)
-            image = container.get("image")
-            if isinstance(image, str) and not names.is_image_reference(image):
-                issues.append((f"{cpath}.image", names.image_problem(image)))
-            mounts = container.get("volumeMounts")
-            for j, mount in enumerate(mounts if isinstance(mounts, list) else []):
-                name = mount.get("name") if isinstance(mount, dict) else None
-                if isinstance(name, str) and not names.is_dns1123_label(name):
-                    issues.append((f"{cpath}.volumeMounts[{j}].name", names.label_problem(name)))
-            env = container.get("env")
-            if isinstance(env, list):
-                for j, var in enumerate(env):
-                    if (
-                        isinstance(var, dict)
-                        and isinstance(var.get("name"), str)
-                        and not names.is_env_name(var["name"])
-                    ):
-                        issues.append(
-                            (
-                                f"{cpath}.env[{j}].name",
-                                f"{var['name']!r} is not a valid environment variable name",
-                            )
-                        )
+        for i, container in enumerate(containers if isinstance(containers, list) else []):
+            if isinstance(container, dict):
+                issues += _check_container(container, f"{path}.spec.{key}[{i}]", container_names)
+    return issues
+
+
+def _check_template_metadata(meta: object, path: str) -> Issues:
+    if not isinstance(meta, dict):
+        return []
+    labels, annotations = meta.get("labels"), meta.get("annotations")
+    return _validate_metadata(_strings(labels), _strings(annotations), path)
+
+
+def _strings(mapping: object) -> dict[str, str]:
+    """The string values of a mapping (the schema reports the others)."""
+    return {k: v for k, v in mapping.items() if isinstance(v, str)} if isinstance(mapping, dict) else {}
+
+
+def _check_container(container: dict[str, object], cpath: str, seen: dict[str, str]) -> Issues:
+    """One container's names and image; ``seen`` gathers container names across the pod."""
+    issues = _check_container_name(container.get("name"), cpath, seen)
+    image = container.get("image")
+    if isinstance(image, str) and not names.is_image_reference(image):
+        issues.append(Issue(f"{cpath}.image", names.image_problem(image)))
+    issues += _check_mount_names(container.get("volumeMounts"), cpath)
+    issues += _check_env_names(container.get("env"), cpath)
+    return issues
+
+
+def _check_container_name(name: object, cpath: str, seen: dict[str, str]) -> Issues:
+    if not isinstance(name, str):
+        return []
+    issues: Issues = []
+    if not names.is_dns1123_label(name):
+        issues.append(Issue(f"{cpath}.name", names.label_problem(name)))
+    elif name in seen:
+        issues.append(Issue(f"{cpath}.name", f"duplicate container name {name!r} (also {seen[name]})"))
+    seen.setdefault(name, cpath)
+    return issues
+
+
+def _check_mount_names(mounts: object, cpath: str) -> Issues:
+    issues: Issues = []
+    for j, mount in enumerate(mounts if isinstance(mounts, list) else []):
+        name = mount.get("name") if isinstance(mount, dict) else None
+        if isinstance(name, str) and not names.is_dns1123_label(name):
+            issues.append(Issue(f"{cpath}.volumeMounts[{j}].name", names.label_problem(name)))
+    return issues
+
+
+def _check_env_names(env: object, cpath: str) -> Issues:
+    issues: Issues = []
+    for j, var in enumerate(env if isinstance(env, list) else []):
+        name = var.get("name") if isinstance(var, dict) else None
+        if isinstance(name, str) and not names.is_env_name(name):
+            issues.append(
+                Issue(f"{cpath}.env[{j}].name", f"{name!r} is not a valid environment variable name")
+            )
     return issues
 
 
@@ -416,9 +493,9 @@ def _validate_volume_names(spec: dict[str, object], path: str) -> Issues:
             continue  # parsing has reported it
         vpath = f"{path}.spec.volumes[{i}].name"
         if not names.is_dns1123_label(name):
-            issues.append((vpath, names.label_problem(name)))
+            issues.append(Issue(vpath, names.label_problem(name)))
         elif name in seen:
-            issues.append((vpath, f"duplicate volume name {name!r} (also {seen[name]})"))
+            issues.append(Issue(vpath, f"duplicate volume name {name!r} (also {seen[name]})"))
         seen.setdefault(name, f"{path}.spec.volumes[{i}]")
     return issues
 
@@ -433,13 +510,13 @@ def _validate_dependencies(job: Job, broken: Broken) -> Issues:
             continue
         for j, dep in enumerate(task.depends_on.names):
             if dep not in task_names:
-                issues.append((f"{dpath}.name[{j}]", f"no task named {dep!r} in this job"))
+                issues.append(Issue(f"{dpath}.name[{j}]", f"no task named {dep!r} in this job"))
         graph[task.name] = [d for d in task.depends_on.names if d in task_names]
     cycle = _find_cycle(graph)
     if cycle:
         index = next(i for i, t in enumerate(job.spec.tasks) if t.name == cycle[0])
         issues.append(
-            (
+            Issue(
                 f"spec.tasks[{index}].dependsOn",
                 f"dependsOn forms a cycle ({' -> '.join(cycle)}); expected a directed acyclic graph",
             )

@@ -67,7 +67,7 @@ def render(job: Job) -> TargetRender:
     expansion = Expansion(job)
     with paused_gc():
         items = list(objects(expansion))
-    return TargetRender(kind="Pod", api_version="v1", objects=items, warnings=expansion.warnings())
+    return TargetRender(kind="Pod", api_version="v1", objects=items, warnings=[*expansion.warnings()])
 
 
 def _render(job: Job, runtime: str | None) -> TargetRender:

@@ -21,6 +21,7 @@ from torchjob.records import record, replace
 
 if TYPE_CHECKING:
     from torchjob.engines.base import Engine, Sink
+    from torchjob.errors import Issue
     from torchjob.spec.model import Job
 
 LOG_TAIL_LINES = 20
@@ -90,10 +91,10 @@ class KubernetesEngine:
 
     # ------------------------------------------------------------------ Engine
 
-    def check(self, job: Job) -> list[tuple[str, str]]:
+    def check(self, job: Job) -> list[Issue]:
         return []
 
-    def warnings(self, job: Job) -> list[tuple[str, str]]:
+    def warnings(self, job: Job) -> list[Issue]:
         return []  # the cluster does it all; the targets' own warnings come with the rendering
 
     def plan(self, job: Job, options: StartOptions) -> Plan:

@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport
+from torchjob.phases import TERMINAL_JOB_PHASES, UNSUCCESSFUL_JOB_PHASES
 from torchjob.records import record
 
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
@@ -367,11 +368,9 @@ def build_report(
         retry_count=int(status.get("retryCount") or 0),
         max_retry=int(spec.get("maxRetry") or 0),
         started_at=started,
-        finished_at=phase.finished_at
-        if phase.phase in ("Completed", "Failed", "Aborted", "Terminated")
-        else None,
+        finished_at=phase.finished_at if phase.phase in TERMINAL_JOB_PHASES else None,
         pods=reports,
     )
-    if phase.phase in ("Failed", "Terminated", "Aborted"):
+    if phase.phase in UNSUCCESSFUL_JOB_PHASES:
         report.first_failure = first_failure(reports, pods)
     return add_podgroup(report, podgroup)

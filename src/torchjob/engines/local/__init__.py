@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from torchjob.phases import JobPhase
 from torchjob.records import field, record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from torchjob.engines.base import JobReport
     from torchjob.engines.local.admission import Plan
     from torchjob.engines.local.planning import LocalPlan
+    from torchjob.errors import Issue
     from torchjob.expand import DesiredState
     from torchjob.spec.model import Job
 
@@ -81,7 +83,7 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        return self.phase == "Completed"
+        return self.phase == JobPhase.COMPLETED
 
     @property
     def job_id(self) -> str:
@@ -95,14 +97,14 @@ def _check_state(job: Job) -> DesiredState:
     return expand(job, LocalAddressing(job))
 
 
-def check_job(job: Job) -> list[tuple[str, str]]:
-    """What stops ``job`` from running locally, as (field path, message); empty when it can run."""
+def check_job(job: Job) -> list[Issue]:
+    """What stops ``job`` from running locally, as issues; empty when it can run."""
     from torchjob.engines.local.planning import plan_job
 
     return plan_job(job).problems
 
 
-def job_warnings(job: Job) -> list[tuple[str, str]]:
+def job_warnings(job: Job) -> list[Issue]:
     """What ``job`` asks for that has no effect here (a securityContext's capabilities, say): the
     warnings a run prints as it starts, for ``validate --local``."""
     from torchjob.engines.local.containers import local_warnings
@@ -115,7 +117,7 @@ def _raise_problems(job: Job, plan: LocalPlan | None) -> None:
 
     problems = check_job(job) if plan is None else plan.problems
     if problems:
-        raise SpecError([Problem(path, message) for path, message in problems])
+        raise SpecError([Problem.of(issue) for issue in problems])
 
 
 def _check_registry(job: Job) -> None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from torchjob.engines.local import security
+from torchjob.errors import Issue, warning
 from torchjob.expand import DesiredState, PodPlan
 from torchjob.records import field, record
 from torchjob.spec.units import parse_quantity
@@ -34,7 +35,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-Issues = list[tuple[str, str]]
+Issues = list[Issue]
 
 _PYTHON = re.compile(r"python(3(\.\d+)?)?")
 _VAR_REF = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))")
@@ -106,7 +107,7 @@ def engine_variable_warnings(state: DesiredState, extra_env: Mapping[str, str]) 
                     name = var.get("name") if isinstance(var, dict) else None
                     if isinstance(name, str) and is_engine_variable(name):
                         found.append(
-                            (
+                            warning(
                                 f"spec.tasks[{t}].template.spec.{kind}[{i}].env[{j}].name",
                                 f"{name} is set by torchjob for its own bookkeeping; this value is ignored",
                             )
@@ -114,7 +115,7 @@ def engine_variable_warnings(state: DesiredState, extra_env: Mapping[str, str]) 
     for name in extra_env:
         if is_engine_variable(name):
             found.append(
-                ("--env", f"{name} is set by torchjob for its own bookkeeping; this value is ignored")
+                warning("--env", f"{name} is set by torchjob for its own bookkeeping; this value is ignored")
             )
     return found
 
@@ -352,7 +353,9 @@ def local_warnings(state: DesiredState, extra_env: Mapping[str, str]) -> Issues:
                     continue
                 for at_pod, key, message in security.unapplied(spec, container):
                     level = "" if at_pod else f".{kind}[{i}]"
-                    found.append((f"spec.tasks[{t}].template.spec{level}.securityContext.{key}", message))
+                    found.append(
+                        warning(f"spec.tasks[{t}].template.spec{level}.securityContext.{key}", message)
+                    )
     found += engine_variable_warnings(state, extra_env)
     return list(dict.fromkeys(found))
 
@@ -502,7 +505,7 @@ def _check_script(container: dict[str, Any], run: ContainerRun, where: str) -> I
     commands = len(container.get("command") or [])
     field = f"command[{script[0]}]" if script[0] < commands else f"args[{script[0] - commands}]"
     in_dir = f"working directory {run.cwd!r}" if run.cwd else f"the current directory ({base})"
-    return [(f"{where}.{field}", f"python script {script[1]!r} does not exist in {in_dir}")]
+    return [Issue(f"{where}.{field}", f"python script {script[1]!r} does not exist in {in_dir}")]
 
 
 # Where the check pretends the engine's own directories (ConfigMap volumes, emptyDirs) are: they
@@ -519,7 +522,7 @@ def check_pods(state: DesiredState) -> Issues:
     for name, data in configmaps.items():  # made by plugins from validated names; checked all the same
         for part in (name, *data):
             if not inside(scratch, scratch / part) or (scratch / part).parent != scratch:
-                issues.append(("spec.plugins", f"ConfigMap {name!r}: {part!r} is not a plain file name"))
+                issues.append(Issue("spec.plugins", f"ConfigMap {name!r}: {part!r} is not a plain file name"))
     checked_pods: set[str] = set()
     for plan in state.pods:
         ctx = PodSetup(
@@ -531,13 +534,13 @@ def check_pods(state: DesiredState) -> Issues:
             pod_dir=scratch / "check" / plan.name,
         )
         if not inside(scratch / "check", ctx.pod_dir) or ctx.pod_dir.parent != scratch / "check":
-            issues.append((_task_path(state, plan), f"pod name {plan.name!r} is not a plain name"))
+            issues.append(Issue(_task_path(state, plan), f"pod name {plan.name!r} is not a plain name"))
         if plan.task.name not in checked_pods:
             checked_pods.add(plan.task.name)
             try:
                 empty_dirs(ctx)
             except ResolveError as err:
-                issues.append((f"{_task_path(state, plan)}.spec.{err.field}", err.message))
+                issues.append(Issue(f"{_task_path(state, plan)}.spec.{err.field}", err.message))
         for kind in ("initContainers", "containers"):
             for container in plan.manifest["spec"].get(kind) or []:
                 key = (plan.task.name, kind, str(container.get("name")))
@@ -547,20 +550,20 @@ def check_pods(state: DesiredState) -> Issues:
                 where = _template_path(state, plan, kind, key[2])
                 for at_pod, name, message in security.problems(plan.manifest["spec"], container):
                     level = f"{_task_path(state, plan)}.spec" if at_pod else where
-                    issues.append((f"{level}.securityContext.{name}", message))
+                    issues.append(Issue(f"{level}.securityContext.{name}", message))
                 errors: list[ResolveError] = []
                 try:
                     run = resolve_container(ctx, container, init=kind == "initContainers", errors=errors)
                 except ResolveError as err:
                     errors.append(err)
                     run = None
-                issues += [(f"{where}.{err.field}", err.message) for err in errors]
+                issues += [Issue(f"{where}.{err.field}", err.message) for err in errors]
                 if run is None:
                     continue
                 managed = run.cwd is not None and Path(run.cwd).is_relative_to(scratch)
                 if run.cwd and not managed and not os.path.isdir(run.cwd):
                     issues.append(
-                        (
+                        Issue(
                             f"{where}.workingDir",
                             f"container {key[2]!r}: working directory {run.cwd!r} does not exist here; "
                             f"--workdir {container.get('workingDir')}=DIR runs it in a local DIR instead",

@@ -35,6 +35,7 @@ from torchjob.engines.local.state import (
     list_jobs,
     state_root,
 )
+from torchjob.phases import UNKNOWN
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
     from torchjob.engines.base import Engine, QueueingEngine, Sink
     from torchjob.engines.local.planning import LocalPlan
+    from torchjob.errors import Issue
     from torchjob.spec.model import Job
 
 MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by
@@ -78,12 +80,12 @@ class LocalEngine:
 
     # ------------------------------------------------------------ running
 
-    def check(self, job: Job) -> list[tuple[str, str]]:
+    def check(self, job: Job) -> list[Issue]:
         from torchjob.engines.local import check_job
 
         return check_job(job)
 
-    def warnings(self, job: Job) -> list[tuple[str, str]]:
+    def warnings(self, job: Job) -> list[Issue]:
         from torchjob.engines.local import job_warnings
 
         return job_warnings(job)
@@ -162,7 +164,7 @@ class LocalEngine:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             report = self._live(where)
-            if report.terminal or report.phase == "Unknown":  # Unknown: nobody will change it again
+            if report.terminal or report.phase == UNKNOWN:  # Unknown: nobody will change it again
                 return report
             if deadline is not None and time.monotonic() >= deadline:
                 return report
@@ -174,12 +176,12 @@ class LocalEngine:
             report = where.read_status()
         except OSError as err:
             raise EngineError(_cannot_read(err)) from None
-        if report.terminal or report.phase == "Unknown" or where.supervisor_alive():
+        if report.terminal or report.phase == UNKNOWN or where.supervisor_alive():
             return report
         report.reason = (
             f"the supervisor of this job is gone; last known phase {report.phase}: {report.reason}"
         )
-        report.phase = "Unknown"
+        report.phase = UNKNOWN
         return report
 
     def _find(self, ref: str, min_prefix: int = 1) -> JobDir:

@@ -28,6 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from torchjob.errors import Issue
 from torchjob.records import record, replace
 from torchjob.spec.source import child
 from torchjob.typecheck import TYPE_CHECKING
@@ -48,7 +49,7 @@ _VISIBLE_ENTRY = r"[0-9]+|(?:GPU|MIG)-[0-9A-Za-z/-]+"
 _SMI_TIMEOUT = 4.0
 _smi_seen: dict[tuple[str, int, int], tuple[Inventory | None, str]] = {}
 
-Issues = list[tuple[str, str]]
+Issues = list[Issue]
 
 
 @record(frozen=True)
@@ -261,14 +262,14 @@ def check(job: Job, found: Inventory | None = None) -> Issues:
                     requested(container)
                 except ValueError as err:
                     path = f"spec.tasks[{t}].template.spec.{kind}[{i}].resources.limits"
-                    issues.append((child(path, RESOURCE), str(err)))
+                    issues.append(Issue(child(path, RESOURCE), str(err)))
         wanted += pod_gpus(needs_of(spec)) * task.replicas
     if issues or wanted == 0:
         return issues
     found = found if found is not None else inventory()
     if found.devices and wanted > len(found.devices):
         return [
-            (
+            Issue(
                 "spec.tasks",
                 f"the pods ask for {wanted} GPUs ({RESOURCE} limits) in all; this machine has "
                 f"{len(found.devices)} ({found.source}): lower the limits or the replicas",

@@ -9,6 +9,7 @@ whose names do not resolve runs this very expansion, others have their pods addr
 
 from __future__ import annotations
 
+from torchjob.errors import Issue
 from torchjob.records import record
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from torchjob.expand import DesiredState, PodPlan
 
 Key = tuple[str, int]
-Issues = list[tuple[str, str]]
+Issues = list[Issue]
 
 
 @record
@@ -46,14 +47,14 @@ def plan_job(job: Job) -> LocalPlan:
 
 
 def check_job(job: Job, state: DesiredState) -> Issues:
-    """What stops ``job`` (expanded as ``state``) from running locally, as (field path, message)."""
+    """What stops ``job`` (expanded as ``state``) from running locally, as issues."""
     import os
 
     from torchjob.engines.local import gpus, prewarm
     from torchjob.engines.local.containers import check_pods
 
     if job.total_replicas == 0:  # Volcano keeps such a job Running for ever, with nothing to run
-        return [("spec.tasks", "every task has 0 replicas: there is no pod to run")]
+        return [Issue("spec.tasks", "every task has 0 replicas: there is no pod to run")]
     found = None
     if "TORCHJOB_CAPACITY" in os.environ:  # it replaces the machine's GPUs
         from torchjob.engines.local.admission import gpu_override

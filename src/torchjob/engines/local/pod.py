@@ -22,6 +22,7 @@ from torchjob.controller.driver import BACKOFF_CAP  # Kubernetes caps its crash-
 from torchjob.engines.local import prewarm, process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.state import make_private_dirs, open_private
+from torchjob.phases import PodPhase
 from torchjob.records import field, record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -30,7 +31,10 @@ if TYPE_CHECKING:
 
     from torchjob.engines.local.preload import Forked
 
-PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+# Plain strings (they are written into the job's status files), spelled by the one vocabulary.
+PENDING, RUNNING, SUCCEEDED, FAILED = (
+    p.value for p in (PodPhase.PENDING, PodPhase.RUNNING, PodPhase.SUCCEEDED, PodPhase.FAILED)
+)
 
 BACKOFF_BASE = 0.1  # seconds before the first restart of a container; doubles each time
 _BACKOFF_DOUBLINGS = 12  # 0.1 * 2**12 > 300: more doublings change nothing (and 2**1024 overflows)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
+from torchjob.errors import Issue
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -78,7 +79,7 @@ def _fits(job: Job) -> bool:
     return waiting <= (os.cpu_count() or 1)
 
 
-def check(job: Job) -> list[tuple[str, str]]:
+def check(job: Job) -> list[Issue]:
     value = job.metadata.annotations.get(ANNOTATION)
     if value is None or value.strip().lower() in ("true", "false"):
         return []
@@ -86,7 +87,7 @@ def check(job: Job) -> list[tuple[str, str]]:
     if all(re.fullmatch(_MODULE, m) for m in names):
         return []
     return [
-        (
+        Issue(
             f"metadata.annotations['{ANNOTATION}']",
             f"expected 'true', 'false' or module names separated by commas (torch,numpy), got {value!r}",
         )

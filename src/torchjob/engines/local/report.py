@@ -9,7 +9,7 @@ from pathlib import Path
 from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport, PortReport
 from torchjob.engines.local.output import short_name
 from torchjob.engines.local.pod import FAILED, SUCCEEDED, LocalPod, RunningContainer
-from torchjob.lifecycle import JobStatus
+from torchjob.lifecycle import JobPhase, JobStatus
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -96,7 +96,7 @@ def job_report(
     for report in reports:
         if report.phase == STOPPED:  # why, so that a pod CompleteJob stopped does not look failed
             report.reason = _stopped_because(status)
-    first = first_failure(job, [pod for pod, _ in pods], crash_loops=status.phase.value == "Failed")
+    first = first_failure(job, [pod for pod, _ in pods], crash_loops=status.phase is JobPhase.FAILED)
     return JobReport(
         engine="local",
         id=id,
@@ -123,10 +123,9 @@ def _ended_phase(pod: LocalPod) -> str:
 
 
 def _stopped_because(status: JobStatus) -> str:
-    phase = status.phase.value
-    if phase in ("Completing", "Completed"):
+    if status.phase in (JobPhase.COMPLETING, JobPhase.COMPLETED):
         return "job completed"
-    return f"job {phase.lower()}"
+    return f"job {status.phase.value.lower()}"
 
 
 def first_failure(job: Job, pods: list[LocalPod], *, crash_loops: bool = False) -> FailureReport | None:

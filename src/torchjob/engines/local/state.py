@@ -35,6 +35,7 @@ from pathlib import Path
 
 from torchjob.engines.local import procfs
 from torchjob.files import write_atomic
+from torchjob.phases import UNKNOWN
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -198,7 +199,7 @@ class JobDir:
             reason = f"status.json is damaged (not {what}: {err})"
         name = self.id.rsplit("-", 1)[0]
         return JobReport(
-            engine="local", id=self.id, name=name, phase="Unknown", reason=reason, location=str(self.path)
+            engine="local", id=self.id, name=name, phase=UNKNOWN, reason=reason, location=str(self.path)
         )
 
     @property
