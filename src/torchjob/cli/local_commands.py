@@ -333,7 +333,7 @@ def run_run(args: argparse.Namespace) -> int:
     if workflow_code is not None:
         return workflow_code
     from torchjob.engines.base import StartOptions
-    from torchjob.expand import expand
+    from torchjob.expand import Expansion
 
     extra_env = _parse_env(args.env)
     if args.timeout is not None and not 0 < args.timeout < float("inf"):  # also refuses nan
@@ -353,7 +353,7 @@ def run_run(args: argparse.Namespace) -> int:
 
     chosen = choose_job(_load(args, extra_env), args.job, args.file)
     item = _overridden(chosen, args, extra_env)
-    for path, message in expand(item.job).warnings:
+    for path, message in Expansion(item.job).warnings():  # the plugins' notes: no pod is built
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
     preload = _preload_modules(args.preload)
     if preload and args.engine == "local":  # a misspelt module is refused here, not ignored later

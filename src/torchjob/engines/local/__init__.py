@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from torchjob.engines.base import JobReport
     from torchjob.engines.local.admission import Plan
+    from torchjob.engines.local.planning import LocalPlan
     from torchjob.expand import DesiredState
     from torchjob.spec.model import Job
 
@@ -95,19 +96,9 @@ def _check_state(job: Job) -> DesiredState:
 
 def check_job(job: Job) -> list[tuple[str, str]]:
     """What stops ``job`` from running locally, as (field path, message); empty when it can run."""
-    from torchjob.engines.local import gpus
-    from torchjob.engines.local.containers import check_pods
+    from torchjob.engines.local.planning import plan_job
 
-    if job.total_replicas == 0:  # Volcano keeps such a job Running for ever, with nothing to run
-        return [("spec.tasks", "every task has 0 replicas: there is no pod to run")]
-    from torchjob.engines.local import prewarm
-
-    found = None
-    if "TORCHJOB_CAPACITY" in os.environ:  # it replaces the machine's GPUs
-        from torchjob.engines.local.admission import gpu_override
-
-        found = gpu_override()
-    return check_pods(_check_state(job)) + gpus.check(job, found) + prewarm.check(job)
+    return plan_job(job).problems
 
 
 def job_warnings(job: Job) -> list[tuple[str, str]]:
@@ -118,10 +109,10 @@ def job_warnings(job: Job) -> list[tuple[str, str]]:
     return local_warnings(_check_state(job), {})
 
 
-def _raise_problems(job: Job) -> None:
+def _raise_problems(job: Job, plan: LocalPlan | None) -> None:
     from torchjob.errors import Problem, SpecError
 
-    problems = check_job(job)
+    problems = check_job(job) if plan is None else plan.problems
     if problems:
         raise SpecError([Problem(path, message) for path, message in problems])
 
@@ -154,20 +145,26 @@ def _result(job_dir: Path) -> RunResult:
     return RunResult(report.phase, report.reason, job_dir, pods, report=report)
 
 
-def run_job(job: Job, options: RunOptions | None = None) -> RunResult:
-    """Run ``job`` to its end (or start it in the background with ``detach``)."""
+def run_job(job: Job, options: RunOptions | None = None, planned: LocalPlan | None = None) -> RunResult:
+    """Run ``job`` to its end (or start it in the background with ``detach``); ``planned`` is the
+    job's plan (planning.plan_job), checked and expanded once: made here when not given."""
     from torchjob.engines.local.state import new_job_dir, state_root
 
     options = options or RunOptions()
-    _raise_problems(job)
+    if planned is None and job.total_replicas:
+        from torchjob.engines.local.planning import plan_job
+
+        planned = plan_job(job)
+    _raise_problems(job, planned)
     plan = _admission_plan(job) if options.queue else None
     _check_registry(job)
     job_dir = new_job_dir(state_root(options.state_dir), job.name)
     if options.detach:
-        return _detach(job, job_dir.path, options, plan)
+        return _detach(job, job_dir.path, options, plan, planned)
     if options.on_start is not None:
         options.on_start(job_dir.id)
-    return _supervise(job, job_dir.path, options, stream=None if options.quiet else sys.stdout, plan=plan)
+    stream = None if options.quiet else sys.stdout
+    return _supervise(job, job_dir.path, options, stream=stream, plan=plan, planned=planned)
 
 
 def _admission_plan(job: Job) -> Plan | None:
@@ -206,6 +203,7 @@ def _supervise(
     echo_logs: bool = True,
     on_started: Callable[[], None] | None = None,
     plan: Plan | None = None,
+    planned: LocalPlan | None = None,
 ) -> RunResult:
     from torchjob.engines.local.output import Console
     from torchjob.engines.local.state import JobDir
@@ -226,6 +224,7 @@ def _supervise(
         admission=plan,
         remove=options.remove,
         hang_notice=options.hang_notice,
+        planned=planned.take() if planned is not None else None,
     )
     previous = supervisor.install_signals()
     try:
@@ -245,7 +244,9 @@ def _supervise(
     return result
 
 
-def _detach(job: Job, path: Path, options: RunOptions, plan: Plan | None = None) -> RunResult:
+def _detach(
+    job: Job, path: Path, options: RunOptions, plan: Plan | None = None, planned: LocalPlan | None = None
+) -> RunResult:
     """Double fork: the grandchild, in its own session, supervises; the caller returns once the
     job's pods have started, or with ``started=False`` and the reason when they never did."""
     read_end, write_end = os.pipe()
@@ -267,6 +268,7 @@ def _detach(job: Job, path: Path, options: RunOptions, plan: Plan | None = None)
                     echo_logs=False,
                     on_started=lambda: _tell(write_end, "started"),
                     plan=plan,
+                    planned=planned,
                 )
                 code = 0 if result.ok else 1
                 if not result.started:

@@ -13,6 +13,7 @@ import contextlib
 import os
 import time
 
+from torchjob.controller import DEFAULT_GRACE, termination_grace
 from torchjob.display import summary
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local import process, procfs
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
     from torchjob.engines.local.supervisor import Supervisor
 
-DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no terminationGracePeriodSeconds
 STUCK_AFTER_KILL = 5.0  # a process that outlives SIGKILL this long is given up on (D state)
 TICK = 0.02  # seconds between polls while pods are being stopped (their strays cannot be waited on)
 OUTPUT_STALL = 2.0  # at the end, seconds a reader may take nothing before the rest is only counted
@@ -232,9 +232,7 @@ def _stop_pods(sup: Supervisor) -> None:
 
 def grace_of(job: Job, pod: LocalPod) -> float:
     """The pod's terminationGracePeriodSeconds: seconds from SIGTERM to SIGKILL."""
-    task = job.task(pod.task)
-    value = task.template.spec.get("terminationGracePeriodSeconds") if task else None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else DEFAULT_GRACE
+    return termination_grace(job, pod.task)
 
 
 def _processes(pids: list[int]) -> list[Any]:

@@ -54,6 +54,7 @@ class PodFactory:
         extra_env: dict[str, str],
         prewarm_modules: tuple[str, ...] = (),
         preload_modules: tuple[str, ...] = (),
+        planned: DesiredState | None = None,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -69,6 +70,7 @@ class PodFactory:
         self.rendezvous: dict[int, int] = {}  # the same, for the plugins' ports (MASTER_PORT) alone
         self.addressing: LocalAddressing | None = None
         self.expansions: dict[tuple[int, int], DesiredState] = {}
+        self.planned = planned  # the plan's expansion (planning.py): addresses only, ports as declared
         self.attempts: dict[Key, int] = {}
         self.rank_of: dict[Key, str | None] = {}
         self.volcano_env: dict[str, str] = {}  # where the /etc/volcano files are here, when mounted
@@ -95,6 +97,9 @@ class PodFactory:
         finally:
             names_resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
+        if self.planned is not None and not self.ports and not names_resolve:
+            self.expansions = {(0, 0): self.planned}  # addressed as planned: not expanded again
+        self.planned = None
         if not names_resolve and any(t.template.spec.get("hostAliases") for t in self.job.spec.tasks):
             note(
                 "hostAliases have no effect: pods have no /etc/hosts of their own here "

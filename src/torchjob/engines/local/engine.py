@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from torchjob.engines.base import Engine, QueueingEngine
+    from torchjob.engines.local.planning import LocalPlan
     from torchjob.spec.model import Job
 
 MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by
@@ -62,6 +63,7 @@ class LocalEngine:
     def __init__(self, state_dir: str | Path | None = None, **ignored: Any) -> None:
         self.root = state_root(Path(state_dir) if state_dir is not None else None)
         self._chosen_by = Path(state_dir) if state_dir is not None else None
+        self._planned: tuple[Job, LocalPlan] | None = None  # the last plan made, for start
 
     def _usable_root(self) -> Path:
         """The root, once known to be this user's directory (or free to be made): else one line."""
@@ -85,28 +87,22 @@ class LocalEngine:
         return job_warnings(job)
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
-        """The pods in creation order with their ranks and commands, and the ports to reserve."""
-        from torchjob.engines.local.ports import declared_ports
-        from torchjob.expand import Expansion
+        """The pods in creation order with their ranks and resolved commands, and the ports to
+        reserve; ``detail`` is the expanded, checked job that ``start`` runs (planning.py)."""
+        from torchjob.engines.local.planning import plan_job, plan_text
 
-        lines = [f"local job {job.name}: {job.total_replicas} pod(s) on this machine"]
-        ports = declared_ports(job)
-        if ports:
-            lines.append(f"ports to reserve: {', '.join(map(str, ports))} (each mapped to a free host port)")
-        for pod in Expansion(job).pods():
-            containers = pod.manifest["spec"]["containers"]
-            env = {e.get("name"): e.get("value") for c in containers for e in c.get("env") or []}
-            rank = f" (rank {env['RANK']})" if env.get("RANK") is not None else ""
-            lines.append(f"pod {pod.name}{rank}")
-            for container in pod.manifest["spec"].get("initContainers") or []:
-                lines.append(f"  init {container.get('name')}: {_command_text(container)}")
-            for container in pod.manifest["spec"]["containers"]:
-                lines.append(f"  {container.get('name')}: {_command_text(container)}")
-        return Plan(self.name, job, options, "\n".join(lines))
+        local = plan_job(job)
+        self._planned = (job, local)  # what start runs, if it is given this job next
+        return Plan(self.name, job, options, plan_text(job, local), local)
 
     def start(self, job: Job, options: StartOptions) -> JobReport:
         from torchjob.engines.local import RunOptions, run_job
+        from torchjob.engines.local.planning import plan_job
 
+        # The plan made for this job, else one without its text: the job expanded and checked once.
+        made = self._planned
+        planned = made[1] if made is not None and made[0] is job else plan_job(job)
+        self._planned = None
         result = run_job(
             job,
             RunOptions(
@@ -123,6 +119,7 @@ class LocalEngine:
                 remove=options.remove,
                 hang_notice=options.hang_notice,
             ),
+            planned,
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow
             raise EngineError(f"job {result.job_id} did not start: {result.reason}", exit_code=1)
@@ -240,44 +237,17 @@ class LocalEngine:
                 files = self._log_files(where, report, query, check=False)
 
     def _log_files(self, where: JobDir, report: JobReport, query: LogQuery, *, check: bool) -> list[_LogFile]:
-        """Every log file the query asks for, oldest attempt first."""
+        """Every log file the query asks for, oldest attempt first; with ``check``, a pod,
+        container or attempt the job does not have is an EngineError naming those it has."""
         pods = first_failed_first(report, _select_pods(report.pods, query.pod))
-        if check and query.pod is not None and not pods:
-            names = ", ".join(p.short for p in report.pods) or "none yet"
-            raise EngineError(f"job {where.id} has no pod {query.pod!r} (pods: {names})")
-        if check and query.container is not None:
-            known = sorted({c.name for p in pods for c in p.containers})
-            if query.container not in known:
-                raise EngineError(
-                    f"job {where.id} has no container {query.container!r} "
-                    f"(containers: {', '.join(known) or 'none yet'})"
-                )
         attempts_of = {p.name: _attempts(where, p.name) for p in pods}
-        wanted = query.attempt
-        exists = any(wanted in found for found in attempts_of.values())
-        if check and wanted is not None and not query.all_attempts and not exists:
-            listed = "; ".join(
-                f"{p.short}: {', '.join(map(str, attempts_of[p.name])) or 'none'}" for p in pods
-            )
-            raise EngineError(f"job {where.id} has no attempt {wanted} (attempts: {listed})")
+        if check:
+            _check_pod(where, report, pods, query)
+            _check_container(where, pods, query)
+            _check_attempt(where, pods, query, attempts_of)
         files: list[_LogFile] = []
         for ordinal, pod in enumerate(pods):
-            if query.all_attempts:
-                attempts = attempts_of[pod.name]
-            else:
-                attempts = [query.attempt if query.attempt is not None else pod.attempt]
-            mains = [c.name for c in pod.containers if not c.init]
-            inits = [c.name for c in pod.containers if c.init]
-            for attempt in attempts:
-                for name in [*inits, *mains]:
-                    if query.container is not None and name != query.container:
-                        continue
-                    label = None if (name in mains and len(mains) == 1) else name
-                    prefix = prefix_for(pod.short or pod.name, pod.rank, label)
-                    if query.all_attempts:
-                        prefix += f" #{attempt}"
-                    path = where.log_dir(pod.name, attempt) / f"{name}.log"
-                    files.append(_LogFile(path, prefix, ordinal, pod.short or pod.name))
+            files += _pod_log_files(where, pod, ordinal, query, attempts_of[pod.name])
         return files
 
     # -------------------------------------------------------------- queue
@@ -331,13 +301,6 @@ def last_output(log_dir: Path) -> float | None:
     return max(times, default=None)
 
 
-def _command_text(container: dict[str, Any]) -> str:
-    import shlex
-
-    words = [*(container.get("command") or []), *(container.get("args") or [])]
-    return shlex.join(str(w) for w in words) or "(the image's entrypoint)"
-
-
 def _cannot_read(err: OSError) -> str:
     return f"cannot read {err.filename or 'the job directory'}: {err.strerror or err}"
 
@@ -350,6 +313,54 @@ def _select_pods(pods: list[PodReport], wanted: str | None) -> list[PodReport]:
         if hit:
             return hit
     return [p for p in pods if p.task == wanted]
+
+
+def _check_pod(where: JobDir, report: JobReport, pods: list[PodReport], query: LogQuery) -> None:
+    if query.pod is not None and not pods:
+        names = ", ".join(p.short for p in report.pods) or "none yet"
+        raise EngineError(f"job {where.id} has no pod {query.pod!r} (pods: {names})")
+
+
+def _check_container(where: JobDir, pods: list[PodReport], query: LogQuery) -> None:
+    if query.container is None:
+        return
+    known = sorted({c.name for p in pods for c in p.containers})
+    if query.container not in known:
+        raise EngineError(
+            f"job {where.id} has no container {query.container!r} "
+            f"(containers: {', '.join(known) or 'none yet'})"
+        )
+
+
+def _check_attempt(
+    where: JobDir, pods: list[PodReport], query: LogQuery, attempts_of: dict[str, list[int]]
+) -> None:
+    wanted = query.attempt
+    if wanted is None or query.all_attempts or any(wanted in found for found in attempts_of.values()):
+        return
+    listed = "; ".join(f"{p.short}: {', '.join(map(str, attempts_of[p.name])) or 'none'}" for p in pods)
+    raise EngineError(f"job {where.id} has no attempt {wanted} (attempts: {listed})")
+
+
+def _pod_log_files(
+    where: JobDir, pod: PodReport, ordinal: int, query: LogQuery, found: list[int]
+) -> list[_LogFile]:
+    """One pod's log files: init containers first, each attempt the query asks for."""
+    attempts = found if query.all_attempts else [query.attempt if query.attempt is not None else pod.attempt]
+    mains = [c.name for c in pod.containers if not c.init]
+    inits = [c.name for c in pod.containers if c.init]
+    files = []
+    for attempt in attempts:
+        for name in [*inits, *mains]:
+            if query.container is not None and name != query.container:
+                continue
+            label = None if (name in mains and len(mains) == 1) else name
+            prefix = prefix_for(pod.short or pod.name, pod.rank, label)
+            if query.all_attempts:
+                prefix += f" #{attempt}"
+            path = where.log_dir(pod.name, attempt) / f"{name}.log"
+            files.append(_LogFile(path, prefix, ordinal, pod.short or pod.name))
+    return files
 
 
 def _attempts(where: JobDir, pod: str) -> list[int]:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from torchjob.controller.driver import BACKOFF_CAP  # Kubernetes caps its crash-loop back-off at 5 minutes
 from torchjob.engines.local import prewarm, process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.state import make_private_dirs, open_private
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 
 BACKOFF_BASE = 0.1  # seconds before the first restart of a container; doubles each time
-BACKOFF_CAP = 300.0  # Kubernetes caps its crash-loop back-off at 5 minutes
 _BACKOFF_DOUBLINGS = 12  # 0.1 * 2**12 > 300: more doublings change nothing (and 2**1024 overflows)
 RESTART_WAIT = 5.0  # seconds past a restart's time to wait for the previous run's processes to die
 BACKOFF_RESET = 10.0  # a container that ran this long starts its back-off again from the base

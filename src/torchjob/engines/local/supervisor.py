@@ -1,8 +1,11 @@
-"""The job controller loop: runs pods, feeds their changes to the lifecycle, carries out decisions.
+"""The local engine's loop: the job's processes, driven by the engine-neutral controller.
 
-Each pass of the loop: poll every pod (the kubelet part), turn each observed change into
-reactions (events resolved to actions by :mod:`torchjob.lifecycle`), ``step`` the state machine,
-stop the pods a decision kills and create missing pods when it says so. Log files are followed and
+The policy (Volcano's lifecycle, ``dependsOn``, deadlines, ``--max-restarts``) is
+:class:`torchjob.controller.Controller`'s; this module is its runtime for :class:`LocalPod`
+(create, poll, terminate, kill, forget an attempt) and all that is about processes: tracking the
+job's process tree, signals, the rendezvous port's watch, the local queue's admission wait, the
+console and status.json. Each pass of the loop: the controller's deadline, a scan of the
+processes, the controller's poll of the pods and its delayed reactions; log files are followed and
 printed on the same pass. Between passes the loop sleeps until a container process exits, a
 signal arrives or something falls due (a delayed reaction, a restart, the next scan or log read):
 an exit is seen at once and an idle job costs almost no CPU. When the job's phase is final,
@@ -11,8 +14,7 @@ ends.
 
 The parts around the loop live beside it: :mod:`.creation` makes the pods (ports, names, ranks,
 environment), :mod:`.cleanup` tracks every process of the job and shuts it down, :mod:`.report`
-builds the job's report; the policies that need no I/O (``dependsOn``, the active deadline) are
-in :mod:`torchjob.lifecycle.gates`.
+builds the job's report.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from torchjob import logs
+from torchjob.controller import Backoff, Controller
 from torchjob.display import elapsed, headline, pod_color, pod_rows, prefix_for
 from torchjob.engines.base import JobReport
 from torchjob.engines.local import hints, process
@@ -35,41 +38,24 @@ from torchjob.engines.local.cleanup import (
     STUCK_AFTER_KILL,
     TICK,
     JobProcesses,
-    grace_of,
     shutdown,
 )
 from torchjob.engines.local.containers import local_warnings
 from torchjob.engines.local.creation import PodFactory
 from torchjob.engines.local.output import Console, short_name
-from torchjob.engines.local.pod import BACKOFF_CAP, FAILED, PENDING, RUNNING, SUCCEEDED, LocalPod
+from torchjob.engines.local.pod import FAILED, RUNNING, SUCCEEDED, LocalPod
 from torchjob.engines.local.prewarm import modules_of as prewarm_modules
 from torchjob.engines.local.report import job_report
 from torchjob.engines.local.state import JobDir
 from torchjob.engines.local.waiter import ExitWaiter
 from torchjob.expand import DesiredState, PodPlan
 from torchjob.files import LogFollower
-from torchjob.lifecycle import (
-    Action,
-    Decision,
-    JobPhase,
-    JobStatus,
-    PodChange,
-    PodPhase,
-    PodStatus,
-    Reaction,
-    active_deadline,
-    cancels_delay,
-    deadline_passed,
-    dependencies_ready,
-    initial_status,
-    reactions,
-    step,
-)
-from torchjob.records import record
+from torchjob.lifecycle import Action, JobPhase, JobStatus, initial_status
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
     from torchjob.engines.local.admission import Plan, Ticket
@@ -78,10 +64,8 @@ if TYPE_CHECKING:
 IDLE_WAIT = 0.1  # longest sleep of the loop; exits and signals wake it at once
 LOG_EVERY = 0.05  # seconds between reads of the followed log files when they are printed
 TRACK_EVERY = 0.5  # seconds between scans for container descendants
-CRASH_LOOP_AFTER = 3  # consecutive quick failures of a container after which its crash loop is told
 
 Key = tuple[str, int]
-_BAD_PHASES = ("Restarting", "Aborting", "Aborted", "Terminating", "Terminated", "Failed")
 
 
 def _last_output(pod: LocalPod) -> float:
@@ -91,12 +75,6 @@ def _last_output(pod: LocalPod) -> float:
         with contextlib.suppress(OSError):
             times.append(c.log.stat().st_mtime)
     return max(times)
-
-
-@record
-class _Delayed:
-    due: float
-    reaction: Reaction
 
 
 class Supervisor:
@@ -115,55 +93,95 @@ class Supervisor:
         admission: Plan | None = None,
         remove: bool = False,
         hang_notice: float = 0.0,
+        planned: DesiredState | None = None,
     ) -> None:
         self.job = job
         self.dir = job_dir
         self.id = job_dir.id
         self.console = console
         self.echo_logs = echo_logs and console is not None
-        self.timeout = active_deadline(job, timeout)
-        self.status: JobStatus = initial_status()
-        self.pods: dict[Key, LocalPod] = {}  # pods that exist now (finished ones included)
-        self.latest: dict[Key, LocalPod] = {}  # the newest attempt of every pod, for reports
-        self.seen: dict[Key, tuple[str, int, int | None]] = {}  # reported phase, restarts, exit code
-        self.delayed: list[_Delayed] = []
         self.events: list[dict[str, Any]] = []
         self.follower = LogFollower()
         self.signals: list[int] = []
         self.started = time.time()
         self.finished: float | None = None
         warm = prewarm_modules(job) if prewarm and not preload else ()  # forking from the server is faster
-        self.factory = PodFactory(job, job_dir, extra_env, warm, preload)
+        self.factory = PodFactory(job, job_dir, extra_env, warm, preload, planned)
         if self.factory.preloader is not None:  # a fork server that cannot be used is said once
             self.factory.preloader.note = lambda text: self.note(text, "33")
-        self.processes = JobProcesses(self.id, self.pods, self.latest)
-        self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
-        self.dirty = True
-        self.interrupted: int | None = None
-        self.created: list[PodChange] = []
-        self.running = False  # the job started (its pods were created)
-        self.status_error = ""  # why status.json could not be written, once said
-        self.waiting: set[str] = set()  # tasks whose dependsOn is not met yet
-        self.max_restarts = max_restarts  # a local limit (run --max-restarts): Kubernetes has none
-        self.looping: set[Key] = set()  # pods whose crash loop has been told
         self.ticket: Ticket | None = None  # the job's place in the local queue (admission.py)
         if admission is not None:
             from torchjob.engines.local.admission import Ticket
 
             self.ticket = Ticket(admission, self.id, job.name)
+        # The policy: this supervisor is its runtime (create, poll, terminate, kill, forget pods).
+        self.ctl: Controller[LocalPod] = Controller(
+            job,
+            self,
+            self.factory.expansion,
+            clock=time.monotonic,
+            timeout=timeout,
+            max_restarts=max_restarts,
+            admits=self.ticket.admits if self.ticket is not None else None,
+            attached=console is not None,
+        )
+        self.processes = JobProcesses(self.id, self.ctl.pods, self.ctl.latest)
+        self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
+        self.interrupted: int | None = None
+        self.running = False  # the job started (its pods were created)
+        self.status_error = ""  # why status.json could not be written, once said
         self.next_grow = 0.0  # when to try again to grant pods beyond the gang
         self.told_waiting = False  # a detached job's caller was let go while the job waits its turn
         self.remove = remove  # run --rm: the caller removes the job if it completed
-        self.told = ""  # the last event printed, which a phase change it causes does not repeat
         self.explained: set[tuple[Key, str]] = set()  # containers whose first failure was looked at
         self.told_no_torch = False  # hints.missing_torch: one line a job
         self.hang_notice = hang_notice  # seconds of silence from every pod before one notice; 0: never
         self.silence_checked = 0.0  # monotonic time of the last look at the pods' logs
         self.silence_told = False  # said for this silence; output from any pod re-arms it
         self.pid_fd = -1  # supervisor.pid, open while this process supervises (state.JobDir.write_pid)
-        self.port_lost: str | None = None  # what took a port of the job, once a container failed
         self.port_watch: PortWatch | None = None  # the rendezvous port's listeners, while the job runs
         self.dir_removed = False  # a full disk: nothing of the job could be kept
+
+    # The controller's state, read and set as the supervisor's own (cleanup, reports, the engine).
+
+    @property
+    def status(self) -> JobStatus:
+        return self.ctl.status
+
+    @status.setter
+    def status(self, value: JobStatus) -> None:
+        self.ctl.status = value
+
+    @property
+    def pods(self) -> dict[Key, LocalPod]:
+        """Pods that exist now (finished ones included)."""
+        return self.ctl.pods
+
+    @property
+    def latest(self) -> dict[Key, LocalPod]:
+        """The newest attempt of every pod, for reports."""
+        return self.ctl.latest
+
+    @property
+    def timeout(self) -> float | None:
+        return self.ctl.timeout
+
+    @property
+    def dirty(self) -> bool:
+        return self.ctl.dirty
+
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        self.ctl.dirty = value
+
+    @property
+    def port_lost(self) -> str | None:
+        """What took a port of the job, once a container failed: the likelier cause of a failure."""
+        return self.ctl.suspect
+
+    @port_lost.setter
+    def port_lost(self, value: str | None) -> None:
+        self.ctl.suspect = value
 
     # ------------------------------------------------------------------ setup
 
@@ -236,7 +254,7 @@ class Supervisor:
             self.status.phase in (JobPhase.PENDING, JobPhase.RUNNING)
             and len(self.pods) < self.job.total_replicas
         ):
-            self.create_missing(now)
+            self.ctl.create_missing()
 
     # -------------------------------------------------------------- the loop
 
@@ -281,9 +299,9 @@ class Supervisor:
                 )
         for path, message in local_warnings(self.factory.expansion(0, 0), self.factory.extra_env):
             self.record(f"warning: {path}: {message}")
-        self.apply(Decision(self.status, None, True))
+        self.ctl.begin()
         preloader = self.factory.preloader
-        if preloader is not None and preloader.state == "none" and not self.waiting:  # every pod is made
+        if preloader is not None and preloader.state == "none" and not self.ctl.waiting:  # every pod is made
             self.note(
                 f"--preload {','.join(preloader.modules)}: no container runs torchjob's python in a form "
                 "the fork server can serve (python [options] SCRIPT|-m MODULE|-c CODE); they start cold",
@@ -296,61 +314,52 @@ class Supervisor:
         while True:
             now = time.monotonic()
             self.handle_signals()
-            if deadline_passed(self.timeout, self.status.phase, time.time() - self.started):
-                self.act(Action.TERMINATE_JOB, None, None, f"the job's deadline of {self.timeout:g}s passed")
+            self.ctl.check_deadline()
             if now - last_track > TRACK_EVERY:
                 self.processes.track()
                 self.watch_rendezvous()
                 last_track = now
-            self.poll_pods(now)
+            self.ctl.poll()
             self.grow(now)
-            self.fire_delayed(now)
+            self.ctl.fire_delayed()
             self.check_silence(now)
             self.print_logs()
             if self.dirty:
                 self.write_status()
-            if self.status.phase.final and not self.busy():
+            if self.ctl.done():
                 return
             self.waiter.wait(self.next_wait(last_track))
 
     def next_wait(self, last_track: float) -> float:
         """Seconds until something needs the loop that no exit or signal announces."""
         now = time.monotonic()
-        if self.created:  # created pods are reported on the next pass
+        if self.ctl.created:  # created pods are reported on the next pass
             return 0.0
         if any(p.terminating and not p.gone for p in self.pods.values()):
             return TICK
         due = [last_track + TRACK_EVERY, now + (LOG_EVERY if self.echo_logs else IDLE_WAIT)]
-        due += [d.due for d in self.delayed]
         due += [c.next_start for p in self.pods.values() for c in p.containers if c.next_start is not None]
-        if self.timeout is not None:
-            due.append(now + self.started + self.timeout - time.time())
+        timed = self.ctl.next_due()  # a delayed reaction, the deadline
+        if timed is not None:
+            due.append(now + timed)
         return max(0.0, min(due) - now)
-
-    def busy(self) -> bool:
-        return any(
-            not p.gone and (p.terminating or p.phase in (PENDING, RUNNING)) for p in self.pods.values()
-        )
 
     # ---------------------------------------------------------------- pods
 
-    def pod_statuses(self) -> list[PodStatus]:
-        """The pods as reported so far: a change not yet reported is not seen by the lifecycle.
+    # The controller's runtime (torchjob.controller.runtime.PodRuntime) for LocalPod.
 
-        Several pods can end in one tick; judging the job by their live phases while their
-        changes are still being reported one by one would end it before a policy sees them.
-        """
-        out = []
-        for key, pod in self.pods.items():
-            phase, restarts, exit_code = self.seen[key]
-            out.append(PodStatus(key[0], key[1], PodPhase(phase), restarts, exit_code, pod.terminating))
-        return out
+    def create(self, plan: PodPlan, status: JobStatus) -> LocalPod:
+        pod = self.factory.make(plan, status, self.on_group, self.processes.adopt)
+        self.follow_logs(pod)
+        if not pod.mains:
+            pod.fail_now(2)
+        else:
+            pod.start(time.monotonic())
+        return pod
 
-    def poll_pods(self, now: float) -> None:
-        created, self.created = self.created, []
-        for change in created:  # reported on their own, before what happened to them since
-            self.on_change(change)
-        for pod in self.pods.values():
+    def poll(self, attempts: Sequence[LocalPod]) -> None:
+        now = time.monotonic()
+        for pod in attempts:
             pod.poll(now)
             if pod.terminating and not pod.gone and pod.stuck(now, STUCK_AFTER_KILL):
                 self.note(
@@ -359,41 +368,55 @@ class Supervisor:
                     "31",
                 )
                 pod.gone = True
-        gone = [pod for pod in self.pods.values() if pod.gone]
-        if gone:
-            # A pod is gone only with all of its processes, also those that escaped its groups.
-            left = process.sweep(process.POD_MARKER, [pod.uid for pod in gone])
-            process.reap_adopted(self.processes.job_pids)  # the killed orphans: no zombie is left
-            if left:
-                self.note(f"processes {[p.pid for p in left]} of stopped pods survive SIGKILL", "31")
-        # Pods that ended in the same pass are reported in the order they ended: the first failure
-        # is the one a policy acts on and the job's reason names, as it is the root cause.
-        for key, pod in sorted(self.pods.items(), key=lambda item: item[1].finished_at or float("inf")):
-            old = self.seen.get(key)
-            if pod.gone:
-                del self.pods[key]
-                self.seen.pop(key, None)
-                self.close_logs(pod)
-                change = PodChange(
-                    key[0], key[1], PodPhase(old[0]) if old else None, None, pod.exit_code, killed=True
-                )
-                self.on_change(change)
-                continue
-            current = (pod.phase, pod.restarts, pod.exit_code)
-            if old == current:
-                continue
-            self.seen[key] = current
-            if pod.phase in (SUCCEEDED, FAILED):
-                self.close_logs(pod)
-            self.explain_failure(key, pod)
-            if pod.exit_code not in (None, 0):  # before the policy ends the job: its reason tells
-                self.check_ports()
-            if old is not None and old[1] != current[1]:
-                self.on_restart(key, pod)
-            change = PodChange(
-                key[0], key[1], PodPhase(old[0]) if old else None, PodPhase(pod.phase), pod.exit_code
+
+    def terminate(self, attempts: Sequence[tuple[LocalPod, float]]) -> None:
+        tree = process.children_map() if attempts else None  # one scan for all of them
+        now = time.monotonic()
+        for pod, grace in attempts:
+            pod.terminate(now, grace, tree)
+
+    def kill(self, attempts: Sequence[LocalPod]) -> None:
+        for pod in attempts:
+            pod.kill()
+
+    def forget(self, attempts: Sequence[LocalPod]) -> None:
+        # A pod is gone only with all of its processes, also those that escaped its groups.
+        left = process.sweep(process.POD_MARKER, [pod.uid for pod in attempts])
+        process.reap_adopted(self.processes.job_pids)  # the killed orphans: no zombie is left
+        if left:
+            self.note(f"processes {[p.pid for p in left]} of stopped pods survive SIGKILL", "31")
+        for pod in attempts:
+            self.close_logs(pod)
+
+    def observed(self, attempt: LocalPod, restarted: bool) -> None:
+        pod = attempt
+        if pod.phase in (SUCCEEDED, FAILED):
+            self.close_logs(pod)
+        self.explain_failure((pod.task, pod.index), pod)
+        if pod.exit_code not in (None, 0):  # before the policy ends the job: its reason tells
+            self.check_ports()
+        if restarted and not self.echo_logs:  # else the line torchjob writes in the container's log says it
+            last = self.backoff(pod)
+            code = f"exit code {last.exit_code}" if last is not None else "exit"
+            delay = f" in {last.delay:.1f}s" if last is not None and last.delay is not None else ""
+            self.note(
+                f"pod {short_name(self.job.name, pod.name)}: {code}; restart {pod.restarts}{delay} "
+                f"(restartPolicy {pod.restart_policy})",
+                "33",
             )
-            self.on_change(change)
+
+    def backoff(self, attempt: LocalPod) -> Backoff | None:
+        waiting = [c for c in attempt.containers if c.next_start is not None]
+        if not waiting:
+            return None
+        last = waiting[0]
+        due = last.next_start
+        return Backoff(
+            last.run.name,
+            last.failures,
+            last.exit_code,
+            None if not due else max(0.0, due - time.monotonic()),
+        )
 
     def check_silence(self, now: float) -> None:
         """One notice once every pod of the running job has written nothing for ``hang_notice``
@@ -432,37 +455,6 @@ class Supervisor:
                 self.told_no_torch = True
                 self.record(f"pod {short_name(self.job.name, pod.name)}: {hint}")
 
-    def on_restart(self, key: Key, pod: LocalPod) -> None:
-        """One line a restart; one notice when the pod starts to crash-loop; --max-restarts."""
-        short = short_name(self.job.name, pod.name)
-        waiting = [c for c in pod.containers if c.next_start is not None]
-        last = waiting[0] if waiting else None
-        code = f"exit code {last.exit_code}" if last is not None else "exit"
-        delay = f" in {max(0.0, last.next_start - time.monotonic()):.1f}s" if last and last.next_start else ""
-        if not self.echo_logs:  # else the line torchjob writes in the container's log says it
-            self.note(
-                f"pod {short}: {code}; restart {pod.restarts}{delay} (restartPolicy {pod.restart_policy})",
-                "33",
-            )
-        if self.max_restarts is not None and pod.restarts > self.max_restarts:
-            self.fail_job(
-                f"pod {short} restarted {pod.restarts} times, more than --max-restarts {self.max_restarts}"
-            )
-            return
-        if last is not None and last.failures >= CRASH_LOOP_AFTER and key not in self.looping:
-            self.looping.add(key)
-            limit = (
-                ""
-                if self.max_restarts is not None
-                else "; torchjob run --max-restarts N fails the job instead"
-            )
-            self.note(
-                f"pod {short} is in CrashLoopBackOff: container {last.run.name} ended "
-                f"{last.failures} times in a row (last {code}); it is restarted with a growing "
-                f"back-off, up to {BACKOFF_CAP:g}s, for as long as the job runs{limit}",
-                "31",
-            )
-
     def watch_rendezvous(self) -> None:
         """A process outside the job that listens on the job's rendezvous port (MASTER_PORT) ends
         the job at once, with that as its reason: its ranks would otherwise wait for a master
@@ -482,7 +474,7 @@ class Supervisor:
         if taken:
             self.port_lost = "; ".join(taken)
             self.record(self.port_lost)
-            self.fail_job(
+            self.ctl.fail_job(
                 f"{self.port_lost}; the job's ranks would rendezvous with it, or wait for a master "
                 "that cannot listen"
             )
@@ -499,132 +491,6 @@ class Supervisor:
         self.port_lost = "; ".join(taken_ports(self.factory.ports, self.id, uids))
         if self.port_lost:
             self.record(self.port_lost)
-
-    def fail_job(self, reason: str) -> None:
-        """End the job as Failed for a reason of torchjob's own (no Volcano policy says so)."""
-        if self.status.phase.final:
-            return
-        self.status = JobStatus(JobPhase.FAILED, self.status.retry_count, self.status.version, reason)
-        self.note(f"job Failed: {reason}" if self.console is None else f"failing the job: {reason}", "31")
-        now = time.monotonic()
-        tree = process.children_map() if self.pods else None
-        for pod in self.pods.values():
-            pod.terminate(now, grace_of(self.job, pod), tree)
-        self.delayed = []
-        self.dirty = True
-
-    def on_change(self, change: PodChange) -> None:
-        self.dirty = True
-        for reaction in reactions(self.job, change, self.pod_statuses()):
-            self.delayed = [
-                d
-                for d in self.delayed
-                if not (
-                    (d.reaction.task, d.reaction.index) == (reaction.task, reaction.index)
-                    and cancels_delay(d.reaction.event, reaction.event)
-                )
-            ]
-            if reaction.action is not Action.SYNC_JOB:
-                self.record(reaction.cause)
-            if reaction.delay:
-                self.delayed.append(_Delayed(time.monotonic() + reaction.delay, reaction))
-                continue
-            self.act(reaction.action, reaction.task, reaction.index, reaction.cause)
-        self.act(Action.SYNC_JOB, None, None, "")
-
-    def fire_delayed(self, now: float) -> None:
-        due = [d for d in self.delayed if d.due <= now]
-        if not due:
-            return
-        self.delayed = [d for d in self.delayed if d.due > now]
-        for d in due:
-            r = d.reaction
-            self.act(r.action, r.task, r.index, f"{r.cause} (after its timeout)")
-
-    def act(self, action: Action, task: str | None, index: int | None, cause: str) -> None:
-        decision = step(
-            self.job, self.status, self.pod_statuses(), action, task=task, index=index, cause=cause
-        )
-        self.apply(decision, cause)
-
-    def apply(self, decision: Decision, cause: str = "", depth: int = 0) -> None:
-        old = self.status
-        self.status = decision.status
-        if (
-            self.port_lost
-            and self.status.phase.value in _BAD_PHASES
-            and self.port_lost not in self.status.reason
-        ):
-            # Whatever the policy made of the failure, a taken port is the likelier cause: say it.
-            self.status = JobStatus(
-                self.status.phase,
-                self.status.retry_count,
-                self.status.version,
-                f"{self.status.reason}; {self.port_lost}".lstrip("; "),
-            )
-        now = time.monotonic()
-        if decision.kill is not None:
-            selected = [self.pods[(s.task, s.index)] for s in self.pod_statuses() if decision.kill.selects(s)]
-            tree = process.children_map() if selected else None  # one scan for all of them
-            for pod in selected:
-                pod.terminate(now, grace_of(self.job, pod), tree)
-                self.dirty = True
-        if decision.create_pods and not self.status.phase.final:
-            self.create_missing(now)
-        if old.phase is not self.status.phase or old.retry_count != self.status.retry_count:
-            color = {"Completed": "32", "Failed": "31", "Aborted": "31", "Terminated": "31"}.get(
-                self.status.phase.value, "36"
-            )
-            if not self.status.phase.final or self.console is None:  # else the summary says it
-                reason = self.status.reason
-                if cause and cause == self.told and reason.startswith(cause):  # just printed: not again
-                    reason = reason[len(cause) :].lstrip("; ") or reason
-                self.note(f"job {self.status.phase.value}: {reason}", color)
-            self.dirty = True
-        if decision.resync and depth < 8:
-            # The phase changed because of ``cause``; the follow-up sync keeps it in the reason.
-            again = step(self.job, self.status, self.pod_statuses(), Action.SYNC_JOB, cause=cause)
-            self.apply(again, cause, depth + 1)
-
-    def create_missing(self, now: float) -> None:
-        state = self.factory.expansion(self.status.version, self.status.retry_count)
-        # Pods created in this pass are Pending, which no dependsOn counts: one view of the pods
-        # serves the whole pass, and a job without dependsOn needs none (no per-pod rescans).
-        gated = any(t.depends_on is not None and t.depends_on.names for t in self.job.spec.tasks)
-        pods = self.pod_statuses() if gated else []
-        for plan in state.pods:
-            key = (plan.task.name, plan.index)
-            if self.ticket is not None and not self.ticket.admits(*key):
-                continue  # beyond the gang, not granted yet: grow() creates it once it is
-            if key not in self.pods and self.may_start(plan.task.name, pods):
-                self.create(plan, now)
-
-    def may_start(self, task: str, pods: list[PodStatus]) -> bool:
-        """The dependsOn gate (lifecycle.gates), saying once when a task starts to wait."""
-        met = dependencies_ready(self.job, task, pods)
-        if not met and task not in self.waiting:
-            self.waiting.add(task)
-            spec = self.job.task(task)
-            names = spec.depends_on.names if spec is not None and spec.depends_on is not None else []
-            self.note(f"task {task} waits for task(s) {', '.join(names)} to be running")
-        if met:
-            self.waiting.discard(task)
-        return met
-
-    def create(self, plan: PodPlan, now: float) -> None:
-        pod = self.factory.make(plan, self.status, self.on_group, self.processes.adopt)
-        key = (pod.task, pod.index)
-        self.pods[key] = pod
-        self.latest[key] = pod
-        self.follow_logs(pod)
-        if not pod.mains:
-            pod.fail_now(2)
-        else:
-            pod.start(now)
-        # Reported as created Pending; what happened since comes with the next poll.
-        self.seen[key] = (PENDING, 0, None)
-        self.created.append(PodChange(key[0], key[1], None, PodPhase.PENDING))
-        self.dirty = True
 
     def on_group(self, pgid: int, started: bool) -> None:
         if started:  # a container's main process: its pid is its group's id
@@ -661,7 +527,7 @@ class Supervisor:
                 continue
             self.interrupted = self.interrupted or signum
             self.note(f"{name}: stopping the job (again to kill at once)", "33")
-            self.act(Action.TERMINATE_JOB, None, None, f"torchjob received {name}")
+            self.ctl.act(Action.TERMINATE_JOB, None, None, f"torchjob received {name}")
 
     # ------------------------------------------------------------- output
 
@@ -676,7 +542,7 @@ class Supervisor:
         self.events.append({"time": time.time(), "message": text})
         self.events = self.events[-50:]
         self.note(text, "33")
-        self.told = text
+        self.ctl.told = text
 
     def follow_logs(self, pod: LocalPod) -> None:
         if not self.echo_logs:
