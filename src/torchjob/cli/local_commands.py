@@ -37,6 +37,9 @@ def register(commands: Any) -> None:
         "or a script run as torchrun would (SCRIPT.py ARGS...: what follows the script is its own)",
     )
     run.add_argument("-d", "--detach", action="store_true", help="run in the background and print the job id")
+    run.add_argument(
+        "--dry-run", action="store_true", help="print what the engine would do (its plan) and start nothing"
+    )
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="terminate the job after this long")
     run.add_argument(
         "-e",
@@ -382,6 +385,9 @@ def run_run(args: argparse.Namespace) -> int:
             [Problem("--rm", "a detached job is removed with `torchjob delete`", "<command line>")]
         )
     engine = _engine(args)
+    if args.dry_run:
+        print(engine.plan(item.job, options).text, end="")
+        return EXIT_OK
     try:
         report = engine.start(item.job, options)  # checks first what stops the job running there
     except SpecError as err:  # with the file's line numbers for the fields it names

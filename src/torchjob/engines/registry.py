@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 _ENGINES: dict[str, str] = {
     "local": "torchjob.engines.local.engine:LocalEngine",
     "kubernetes": "torchjob.engines.kubernetes.engine:KubernetesEngine",
+    "slurm": "torchjob.engines.slurm.engine:SlurmEngine",
 }
 
 DEFAULT_ENGINE = "local"

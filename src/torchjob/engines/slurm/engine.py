@@ -1,0 +1,408 @@
+"""The ``slurm`` engine: a job as one Slurm allocation whose pods are job steps.
+
+``start`` makes the job directory under the job root (a filesystem the login node and the compute
+nodes share), writes the job, its options and the batch script there and submits the allocation
+with ``sbatch``. The batch script runs ``torchjob.engines.slurm.batch`` on the batch host, which
+drives the job with the engine-neutral controller and writes ``status.json`` and every attempt's
+logs into the job directory. Everything else here reads that directory plus Slurm's own view
+(``squeue``, ``scontrol show job``): why a job is pending, and an allocation that Slurm ended
+(TIMEOUT, CANCELLED, NODE_FAIL, PREEMPTED) reported as such.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from torchjob.display import prefix_for
+from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions
+from torchjob.engines.slurm import steps
+from torchjob.engines.slurm.settings import SlurmSettings, job_root
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from torchjob.engines.base import Engine
+    from torchjob.engines.slurm.plan import SlurmPlan
+    from torchjob.spec.model import Job
+
+SLURM_FILE = "slurm.json"  # the Slurm job id, and Slurm's final state once seen
+POLL = 0.3
+# Slurm's final states that end the job from outside the controller: how the report says them.
+ENDED_BY_SLURM = {
+    "TIMEOUT": ("Failed", "Slurm: TIMEOUT: the allocation reached its time limit"),
+    "CANCELLED": ("Terminated", "Slurm: CANCELLED: the allocation was cancelled"),
+    "NODE_FAIL": ("Failed", "Slurm: NODE_FAIL: a node of the allocation failed"),
+    "PREEMPTED": ("Failed", "Slurm: PREEMPTED: the allocation was preempted"),
+    "BOOT_FAIL": ("Failed", "Slurm: BOOT_FAIL: a node of the allocation failed to boot"),
+    "DEADLINE": ("Failed", "Slurm: DEADLINE: the job's deadline passed before it ran"),
+    "OUT_OF_MEMORY": ("Failed", "Slurm: OUT_OF_MEMORY: the allocation ran out of memory"),
+}
+# Settings from the environment until the CLI builds flags from the engine's declared settings.
+ENV_SETTINGS = {
+    "partition": "TORCHJOB_SLURM_PARTITION",
+    "account": "TORCHJOB_SLURM_ACCOUNT",
+    "qos": "TORCHJOB_SLURM_QOS",
+    "time_limit": "TORCHJOB_SLURM_TIME",
+    "sbatch_args": "TORCHJOB_SLURM_SBATCH_ARGS",
+    "job_root": "TORCHJOB_SLURM_JOB_ROOT",
+    "container_images": "TORCHJOB_SLURM_CONTAINER_IMAGES",
+    "single_component": "TORCHJOB_SLURM_SINGLE_COMPONENT",
+}
+
+
+def settings_from(given: dict[str, Any], environ: dict[str, str]) -> SlurmSettings:
+    """The engine's settings: keyword settings first, else ``TORCHJOB_SLURM_*`` variables."""
+    values: dict[str, Any] = {}
+    for name, variable in ENV_SETTINGS.items():
+        value = given.get(name)
+        if value is None:
+            value = environ.get(variable) or None
+        if value is None:
+            continue
+        if name == "sbatch_args":
+            value = tuple(shlex.split(value) if isinstance(value, str) else value)
+        elif name in ("container_images", "single_component"):
+            value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+        values[name] = value
+    return SlurmSettings(**values)
+
+
+def _batch_command(job_dir: Path) -> list[str]:
+    """What the batch script execs: this interpreter (a shared venv) running the job's controller."""
+    return [sys.executable, "-m", "torchjob.engines.slurm.batch", str(job_dir)]
+
+
+class SlurmEngine:
+    name = "slurm"
+
+    def __init__(self, state_dir: Path | str | None = None, **settings: Any) -> None:
+        self.settings = settings_from(settings, dict(os.environ))
+        self.root = Path(state_dir) if state_dir else job_root(self.settings)
+
+    # ------------------------------------------------------------------ planning
+
+    def _plan(self, job: Job, job_dir: Path) -> SlurmPlan:
+        from torchjob.engines.slurm.plan import PlanError, plan_job
+        from torchjob.errors import Problem, SpecError
+
+        try:
+            return plan_job(job, self.settings, str(job_dir), _batch_command(job_dir))
+        except PlanError as err:
+            raise SpecError([Problem(err.path, err.message, "")]) from None
+
+    def check(self, job: Job) -> list[tuple[str, str]]:
+        from torchjob.engines.slurm.plan import PlanError, plan_job
+
+        try:
+            plan_job(job, self.settings, str(self.root / job.name), ["true"])
+        except PlanError as err:
+            return [(err.path, err.message)]
+        return []
+
+    def warnings(self, job: Job) -> list[tuple[str, str]]:
+        return []  # images: the docs say it once (commands run on the node, as locally)
+
+    def plan(self, job: Job, options: StartOptions) -> Plan:
+        job_id = f"{job.name}-{secrets.token_hex(3)}"
+        job_dir = self.root / job_id
+        plan = self._plan(job, job_dir)
+        script = job_dir / "batch.sh"
+        lines = [
+            f"# slurm engine: job {job_id} in {job_dir}",
+            f"# submit: {plan.command_line(str(script))}",
+            "# batch script:",
+            *[f"#   {line}" for line in plan.script.splitlines()],
+            "# components of the allocation:",
+        ]
+        for component in plan.components:
+            args = " ".join(component.sbatch_args())
+            lines.append(f"#   {component.index}: tasks {', '.join(component.tasks)}: {args}")
+        lines.append("# pods, each a job step per container (init containers first) on its node:")
+        for pod in plan.pods:
+            task = job.task(pod.task)
+            resources = plan.components[pod.component].resources
+            commands = []
+            if task is not None:
+                for kind, init in (("initContainers", True), ("containers", False)):
+                    for container in task.template.spec.get(kind) or []:
+                        argv = [*(container.get("command") or []), *(container.get("args") or [])]
+                        label = "init " if init else ""
+                        commands.append(f"{label}{container.get('name')}: {shlex.join(map(str, argv))}")
+            lines.append(f"#   {pod.name}: component {pod.component}, srun {' '.join(resources.step_args())}")
+            lines += [f"#     {command}" for command in commands]
+        return Plan(self.name, job, options, "\n".join(lines) + "\n", detail=(job_id, plan))
+
+    # ------------------------------------------------------------------ start
+
+    def start(self, job: Job, options: StartOptions) -> JobReport:
+        from torchjob.files import write_atomic
+        from torchjob.render import dump
+        from torchjob.spec.manifest import job_manifest
+
+        problems = self.check(job)
+        if problems:
+            from torchjob.errors import Problem, SpecError
+
+            raise SpecError([Problem(path, message, "") for path, message in problems])
+        self._client("sbatch")
+        job_id = f"{job.name}-{secrets.token_hex(3)}"
+        job_dir = self.root / job_id
+        plan = self._plan(job, job_dir)
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            job_dir.mkdir(mode=0o700)
+        except OSError as err:
+            raise EngineError(f"cannot make the job directory {job_dir}: {err.strerror or err}") from None
+        settings = {name: getattr(self.settings, name) for name in ENV_SETTINGS}
+        settings["sbatch_args"] = list(self.settings.sbatch_args)
+        options_data = {
+            "id": job_id,
+            "settings": settings,
+            "timeout": options.timeout,
+            "maxRestarts": options.max_restarts,
+            "extraEnv": dict(options.extra_env),
+            "workdir": os.getcwd(),  # relative paths as sbatch would: from where the job was submitted
+        }
+        write_atomic(job_dir / "job.json", dump(job_manifest(job), "json"))
+        write_atomic(job_dir / "options.json", json.dumps(options_data, indent=1) + "\n")
+        script = job_dir / "batch.sh"
+        write_atomic(script, plan.script)
+        script.chmod(0o700)
+        try:
+            slurm_id = steps.submit(plan.sbatch_args, script)
+        except steps.SlurmError as err:
+            shutil.rmtree(job_dir, ignore_errors=True)  # nothing half-made is left
+            raise EngineError(str(err)) from None
+        write_atomic(job_dir / SLURM_FILE, json.dumps({"jobId": slurm_id}) + "\n")
+        if options.detach:
+            if not options.quiet:
+                print(f"torchjob: Slurm job {slurm_id}: {job_id}", file=sys.stderr, flush=True)
+            return self.status(job_id)
+        if options.on_start is not None:
+            options.on_start(job_id)
+        if not options.quiet:
+            print(f"torchjob: Slurm job {slurm_id}: {job_id} ({job_dir})", file=sys.stderr, flush=True)
+        try:
+            if options.follow and not options.quiet:
+                for line in self.logs(job_id, LogQuery(follow=True, all_attempts=True)):
+                    sys.stdout.write(f"{line.prefix} | {line.text}\n")
+                    sys.stdout.flush()
+            return self.wait(job_id)
+        except KeyboardInterrupt:
+            # Attached, the terminal is the job's: Ctrl-C cancels the allocation and its steps.
+            self._cancel(slurm_id)
+            raise
+
+    # ------------------------------------------------------------------ reading jobs
+
+    def _client(self, name: str) -> None:
+        try:
+            steps.client(name)
+        except steps.SlurmError as err:
+            raise EngineError(str(err)) from None
+
+    def _dirs(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return [
+            d for d in self.root.iterdir() if (d / SLURM_FILE).is_file() or (d / "options.json").is_file()
+        ]
+
+    def _find(self, ref: str) -> Path:
+        if not ref:
+            raise EngineError("a job reference cannot be empty: give a job id, an id prefix or a name")
+        dirs = self._dirs()
+        for d in dirs:
+            if d.name == ref:
+                return d
+        named = [d for d in dirs if d.name.rpartition("-")[0] == ref]
+        if named:
+            return max(named, key=lambda d: d.stat().st_mtime)
+        prefixed = [d for d in dirs if d.name.startswith(ref)]
+        if len(prefixed) == 1:
+            return prefixed[0]
+        if prefixed:
+            raise EngineError(f"job {ref!r} is ambiguous: {', '.join(sorted(d.name for d in prefixed))}")
+        raise EngineError(f"no slurm job {ref!r} in {self.root}")
+
+    def _slurm(self, job_dir: Path) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads((job_dir / SLURM_FILE).read_text())
+            return data
+        except (OSError, ValueError):
+            return {}
+
+    def _report(self, job_dir: Path) -> JobReport:
+        """status.json (the controller's) overlaid with Slurm's view of the allocation."""
+        from torchjob.engines.base import ReportError
+
+        slurm = self._slurm(job_dir)
+        slurm_id = str(slurm.get("jobId", ""))
+        ended_by_slurm = False
+        try:
+            data = json.loads((job_dir / "status.json").read_text())
+            report = JobReport.from_dict(data)
+            ended_by_slurm = data.get("endedBySlurm") is True
+        except (OSError, ValueError, ReportError):
+            name = job_dir.name.rpartition("-")[0] or job_dir.name
+            report = JobReport(engine=self.name, id=job_dir.name, name=name, phase="Pending")
+            report.started_at = (job_dir / "options.json").stat().st_mtime if job_dir.exists() else None
+        report.location = str(job_dir)
+        if not slurm_id or (report.terminal and not ended_by_slurm):
+            return report
+        state = slurm.get("state")
+        if state is None:
+            state, reason = self._slurm_state(slurm_id)
+            if state in steps.FINAL_STATES:
+                slurm["state"] = state
+                from torchjob.files import write_atomic
+
+                write_atomic(job_dir / SLURM_FILE, json.dumps(slurm) + "\n")
+        else:
+            reason = ""
+        if state == "PENDING":
+            report.phase, report.reason = "Pending", f"Slurm job {slurm_id} is pending: {reason}"
+        elif state in ENDED_BY_SLURM:
+            report.phase, report.reason = ENDED_BY_SLURM[state]
+            report.finished_at = report.finished_at or time.time()
+        elif ended_by_slurm and state not in steps.FINAL_STATES:
+            report.phase = "Terminating"  # Slurm is ending it; its final state says why
+        elif ended_by_slurm and state == "COMPLETED":
+            pass
+        elif state is None:
+            report.phase = "Unknown"
+            report.reason = f"Slurm no longer knows job {slurm_id}, and its controller wrote no final state"
+        elif state in steps.FINAL_STATES:  # COMPLETED or FAILED without a final status.json
+            report.phase = "Failed"
+            report.reason = f"Slurm job {slurm_id} ended ({state}) before its controller wrote a final state"
+        return report
+
+    def _slurm_state(self, slurm_id: str) -> tuple[str | None, str]:
+        try:
+            rows = steps.queue(slurm_id)
+            if rows and rows[0][1] != "COMPLETING":
+                return rows[0][1], rows[0][2]
+            shown = steps.show_job(slurm_id)
+        except steps.SlurmError as err:
+            raise EngineError(str(err)) from None
+        if not shown:
+            return None, ""
+        return shown[0].state, shown[0].reason
+
+    def list_jobs(self) -> list[JobReport]:
+        reports = [self._report(d) for d in self._dirs()]
+        reports.sort(key=lambda r: r.started_at or 0.0, reverse=True)
+        return reports
+
+    def status(self, ref: str) -> JobReport:
+        return self._report(self._find(ref))
+
+    def wait(self, ref: str, timeout: float | None = None) -> JobReport:
+        job_dir = self._find(ref)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            report = self._report(job_dir)
+            if report.terminal or report.phase == "Unknown":
+                return report
+            if deadline is not None and time.monotonic() >= deadline:
+                return report
+            time.sleep(POLL)
+
+    # ------------------------------------------------------------------ logs
+
+    def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
+        job_dir = self._find(ref)
+        report = self._report(job_dir)
+        pods = [p for p in report.pods if query.pod is None or query.pod in (p.name, p.short, p.task)]
+        if query.pod is not None and not pods:
+            names = ", ".join(p.short for p in report.pods) or "none yet"
+            raise EngineError(f"job {job_dir.name} has no pod {query.pod!r} (pods: {names})")
+        return self._lines(job_dir, [p.name for p in pods], query)
+
+    def _files(self, job_dir: Path, pods: list[str], query: LogQuery) -> list[tuple[int, str, Path]]:
+        """(pod ordinal, pod name, file) of the attempts asked for, in order."""
+        found = []
+        for ordinal, pod in enumerate(pods):
+            attempts = sorted(
+                (int(d.name), d) for d in (job_dir / "logs" / pod).glob("*") if d.name.isdigit()
+            )
+            if query.attempt is not None:
+                attempts = [a for a in attempts if a[0] == query.attempt]
+            elif not query.all_attempts and not query.follow:
+                attempts = attempts[-1:]
+            for _, directory in attempts:
+                for log in sorted(directory.glob("*.log")):
+                    if query.container is None or log.stem == query.container:
+                        found.append((ordinal, pod, log))
+        return found
+
+    def _lines(self, job_dir: Path, pods: list[str], query: LogQuery) -> Iterator[LogLine]:
+        report = self._report(job_dir)
+        ranks = {p.name: p.rank for p in report.pods}
+        shorts = {p.name: p.short for p in report.pods}
+        containers = {log.stem for _, _, log in self._files(job_dir, pods, LogQuery(all_attempts=True))}
+        offsets: dict[Path, int] = {}
+        partial: dict[Path, bytes] = {}
+        while True:
+            ended = report.terminal or report.phase == "Unknown"
+            for ordinal, pod, log in self._files(job_dir, pods, query):
+                try:
+                    with open(log, "rb") as handle:
+                        handle.seek(offsets.get(log, 0))
+                        data = partial.pop(log, b"") + handle.read()
+                        offsets[log] = handle.tell()
+                except OSError:
+                    continue
+                lines = data.split(b"\n")
+                if lines[-1] and not ended:
+                    partial[log] = lines[-1]
+                lines = lines[:-1] if not ended or not lines[-1] else lines
+                container = log.stem if len(containers) > 1 else None
+                prefix = prefix_for(shorts.get(pod, pod), ranks.get(pod), container)
+                for line in lines:
+                    text = line.decode("utf-8", "replace")
+                    yield LogLine(prefix, text, pod_ordinal=ordinal, pod=shorts.get(pod, pod))
+            if not query.follow or ended:
+                return
+            time.sleep(POLL)
+            report = self._report(job_dir)
+
+    # ------------------------------------------------------------------ delete
+
+    def _cancel(self, slurm_id: str, timeout: float = 60.0) -> None:
+        """scancel the allocation, then wait (bounded) until Slurm holds no step of it."""
+        try:
+            steps.cancel(slurm_id)
+        except steps.SlurmError as err:
+            if "Invalid job id" not in str(err) and "already completing" not in str(err):
+                raise EngineError(str(err)) from None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if not steps.steps(slurm_id) and not steps.queue(slurm_id):
+                    return
+            except steps.SlurmError:
+                pass
+            time.sleep(POLL)
+        raise EngineError(f"Slurm job {slurm_id} still has steps {timeout:g} s after scancel")
+
+    def delete(self, refs: list[str]) -> list[str]:
+        dirs = [self._find(ref) for ref in refs]
+        for job_dir in dirs:
+            slurm_id = str(self._slurm(job_dir).get("jobId", ""))
+            if slurm_id:
+                self._cancel(slurm_id)
+            shutil.rmtree(job_dir, ignore_errors=True)
+        return [d.name for d in dirs]
+
+
+_implements: type[Engine] = SlurmEngine
