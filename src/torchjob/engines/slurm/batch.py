@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from torchjob.engines.base import FailureReport, JobReport, PodReport
+from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.runtime import SlurmPod, SlurmRuntime
 from torchjob.files import write_atomic
@@ -202,6 +202,7 @@ class BatchController:
                         finished_at=pod.finished_at,
                         address=self.addresses.get(key, ""),
                         terminating=pod.terminating and not pod.gone,
+                        containers=containers(pod),
                     )
                 )
         status = controller.status
@@ -227,6 +228,17 @@ class BatchController:
         data["slurmJobId"] = os.environ.get("SLURM_JOB_ID", "")
         data["endedBySlurm"] = self.ended_by_slurm
         write_atomic(self.job_dir / STATUS, json.dumps(data, indent=1) + "\n")
+
+
+def containers(pod: SlurmPod) -> list[ContainerReport]:
+    """Each container of the attempt: init containers first, as far as its steps went."""
+    started = {launch.container for launch in pod.inits[: pod.next_init]} | set(pod.main_steps)
+    found = []
+    for launch in [*pod.inits, *pod.mains]:
+        code = pod.codes.get(launch.container)
+        state = "terminated" if code is not None else "running" if launch.container in started else "waiting"
+        found.append(ContainerReport(name=launch.container, init=launch.init, state=state, exit_code=code))
+    return found
 
 
 def main(argv: list[str]) -> int:

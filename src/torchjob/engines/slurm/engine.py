@@ -322,11 +322,14 @@ class SlurmEngine:
     def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
         job_dir = self._find(ref)
         report = self._report(job_dir)
-        pods = [p for p in report.pods if query.pod is None or query.pod in (p.name, p.short, p.task)]
-        if query.pod is not None and not pods:
-            names = ", ".join(p.short for p in report.pods) or "none yet"
+        if query.pod is not None and report.pods and not self._pods(report, query):
+            names = ", ".join(p.short for p in report.pods)
             raise EngineError(f"job {job_dir.name} has no pod {query.pod!r} (pods: {names})")
-        return self._lines(job_dir, [p.name for p in pods], query)
+        return self._lines(job_dir, query)
+
+    @staticmethod
+    def _pods(report: JobReport, query: LogQuery) -> list[str]:
+        return [p.name for p in report.pods if query.pod is None or query.pod in (p.name, p.short, p.task)]
 
     def _files(self, job_dir: Path, pods: list[str], query: LogQuery) -> list[tuple[int, str, Path]]:
         """(pod ordinal, pod name, file) of the attempts asked for, in order."""
@@ -345,15 +348,23 @@ class SlurmEngine:
                         found.append((ordinal, pod, log))
         return found
 
-    def _lines(self, job_dir: Path, pods: list[str], query: LogQuery) -> Iterator[LogLine]:
-        report = self._report(job_dir)
-        ranks = {p.name: p.rank for p in report.pods}
-        shorts = {p.name: p.short for p in report.pods}
-        containers = {log.stem for _, _, log in self._files(job_dir, pods, LogQuery(all_attempts=True))}
+    def _lines(self, job_dir: Path, query: LogQuery) -> Iterator[LogLine]:
         offsets: dict[Path, int] = {}
         partial: dict[Path, bytes] = {}
         while True:
+            # Read before the files: a job that ended then has every line in them already.
+            report = self._report(job_dir)
             ended = report.terminal or report.phase == "Unknown"
+            pods = self._pods(report, query)  # none until the controller wrote its first status
+            ranks = {p.name: p.rank for p in report.pods}
+            shorts = {p.name: p.short for p in report.pods}
+            # As locally: init containers and one of several main containers are named in the prefix.
+            labelled = {
+                (p.name, c.name)
+                for p in report.pods
+                for c in p.containers
+                if c.init or sum(not d.init for d in p.containers) > 1
+            }
             for ordinal, pod, log in self._files(job_dir, pods, query):
                 try:
                     with open(log, "rb") as handle:
@@ -366,7 +377,7 @@ class SlurmEngine:
                 if lines[-1] and not ended:
                     partial[log] = lines[-1]
                 lines = lines[:-1] if not ended or not lines[-1] else lines
-                container = log.stem if len(containers) > 1 else None
+                container = log.stem if (pod, log.stem) in labelled else None
                 prefix = prefix_for(shorts.get(pod, pod), ranks.get(pod), container)
                 for line in lines:
                     text = line.decode("utf-8", "replace")
@@ -374,7 +385,6 @@ class SlurmEngine:
             if not query.follow or ended:
                 return
             time.sleep(POLL)
-            report = self._report(job_dir)
 
     # ------------------------------------------------------------------ delete
 
