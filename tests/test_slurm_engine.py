@@ -95,6 +95,7 @@ def test_a_failing_rank_restarts_the_job_then_fails_it(slurm: SlurmCluster, tmp_
         tmp_path,
         [task("worker", code, policies=[{"event": "PodFailed", "action": "RestartJob"}])],
         maxRetry=2,
+        plugins={"env": []},
     )
     done = torchjob(env, "run", str(path), "--engine", "slurm")
     assert done.returncode == 1, done.stdout + done.stderr
@@ -109,14 +110,16 @@ def test_a_failing_rank_restarts_the_job_then_fails_it(slurm: SlurmCluster, tmp_
 
 def test_depends_on_starts_a_task_once_the_other_runs(slurm: SlurmCluster, tmp_path: Path) -> None:
     env = cli_env(slurm, tmp_path / "root")
-    stamp = tmp_path / "stamps"
-    stamp.mkdir()
-    first = f"import time, pathlib; pathlib.Path('{stamp}/a').write_text(str(time.time())); time.sleep(3)"
-    second = f"import time, pathlib; pathlib.Path('{stamp}/b').write_text(str(time.time()))"
+    # b starts once a's pod runs: Slurm lists a's step by then (b asks squeue from its own step).
+    first = "import time; time.sleep(4)"
+    second = (
+        "import os, subprocess; out = subprocess.run(['squeue', '-h', '-s', '-j', os.environ['SLURM_JOB_ID'],"
+        " '-o', '%j'], capture_output=True, text=True, check=True).stdout; print('steps', sorted(out.split()))"
+    )
     path = job_file(tmp_path, [task("a", first), task("b", second, dependsOn={"name": ["a"]})])
     done = torchjob(env, "run", str(path), "--engine", "slurm")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert float((stamp / "b").read_text()) >= float((stamp / "a").read_text())
+    assert "sj-a-0.main.0" in done.stdout.split("b-0 | steps")[1], done.stdout
     assert "waits for task(s) a" in json.dumps(status_json(env, "sj")["events"])
 
 

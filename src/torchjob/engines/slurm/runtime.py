@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from torchjob.lifecycle import JobStatus
 
 _PYTHONS = ("python", "python3")
+CONFIRM_EVERY = 0.2  # seconds between two squeue calls that look for starting steps
 
 
 class SlurmPod:
@@ -95,6 +96,7 @@ class SlurmRuntime:
         self.extra_env = extra_env
         self.workdir = workdir
         self.attempts: dict[str, int] = {}  # pod name -> its latest attempt number
+        self.asked_at = 0.0  # when squeue was last asked which steps run
         self._say = say
         self._record = record
 
@@ -110,6 +112,7 @@ class SlurmRuntime:
         return pod
 
     def poll(self, attempts: Sequence[SlurmPod]) -> None:
+        self._confirm([pod for pod in attempts if pod.main_steps and pod.phase == "Pending"])
         for pod in attempts:
             if pod.terminating:
                 if (pod.stopper is None or not pod.stopper.is_alive()) and not pod.running():
@@ -152,6 +155,21 @@ class SlurmRuntime:
 
     # ------------------------------------------------------------- an attempt's course
 
+    def _confirm(self, starting: list[SlurmPod]) -> None:
+        """Running once Slurm runs a main container's step (srun may wait for its resources):
+        ``dependsOn`` counts a pod as running only then, as Kubernetes does once containers start."""
+        now = time.monotonic()
+        if not starting or now - self.asked_at < CONFIRM_EVERY:
+            return
+        self.asked_at = now
+        try:
+            running = set(steps.steps(self.job_id, self.base_env).values())
+        except steps.SlurmError:
+            return  # asked again on a later poll
+        for pod in starting:
+            if any(step.name in running or step.poll() is not None for step in pod.main_steps.values()):
+                pod.phase = "Running"
+
     def _advance(self, pod: SlurmPod) -> None:
         """Move an attempt on: the next init container, then the main containers, then its end."""
         if pod.phase in ("Succeeded", "Failed"):
@@ -174,7 +192,6 @@ class SlurmRuntime:
         if not pod.main_steps:
             for launch in pod.mains:
                 pod.main_steps[launch.container] = self._start(pod, launch)
-            pod.phase = "Running"
         for container, step in pod.main_steps.items():
             code = step.poll()
             if code is not None:
