@@ -236,3 +236,7 @@ def test_an_sdk_task_returns_its_value(slurm: SlurmCluster, tmp_path: Path) -> N
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "value {'world_size': 2.0, 'sum': 6.0}" in done.stdout
+    # it ran on Slurm: its job directory is under the slurm engine's job root
+    (job_dir,) = (tmp_path / "root").iterdir()
+    assert json.loads((job_dir / "status.json").read_text())["engine"] == "slurm"
+    assert job_dir.name.startswith("allreduce-")

@@ -106,7 +106,7 @@ def _interrupted(error: Exception | None) -> bool:
 
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     from torchjob.engines.base import StartOptions
-    from torchjob.engines.registry import get_engine
+    from torchjob.engines.registry import DEFAULT_ENGINE, get_engine
     from torchjob.sdk.tojob import build_job, job_name
     from torchjob.sdk.watch import JobWatcher
 
@@ -145,7 +145,8 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         # The engine's own output (pod logs, notes, status table) only when debugging; otherwise
         # the watcher copies the pods' output. The job stays for `torchjob logs <job>`.
         quiet = not logger.isEnabledFor(logging.DEBUG)
-        engine = get_engine()
+        # TORCHJOB_ENGINE=slurm runs a task called from Python on that engine (with its settings).
+        engine = get_engine(os.environ.get("TORCHJOB_ENGINE") or DEFAULT_ENGINE)
         with JobWatcher(results / PROGRESS_FILE, name, engine if quiet else None, name):
             report = engine.start(job, StartOptions(quiet=quiet, timeout=timeout, extra_env=env))
         logger.debug("task %s: job %s %s; logs: torchjob logs %s", task.name, name, report.phase, report.id)
