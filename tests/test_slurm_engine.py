@@ -113,8 +113,9 @@ def test_depends_on_starts_a_task_once_the_other_runs(slurm: SlurmCluster, tmp_p
     # b starts once a's pod runs: Slurm lists a's step by then (b asks squeue from its own step).
     first = "import time; time.sleep(4)"
     second = (
-        "import os, subprocess; out = subprocess.run(['squeue', '-h', '-s', '-j', os.environ['SLURM_JOB_ID'],"
-        " '-o', '%j'], capture_output=True, text=True, check=True).stdout; print('steps', sorted(out.split()))"
+        "import os, subprocess; job = os.environ['SLURM_JOB_ID']; "
+        "out = subprocess.run(['squeue', '-h', '-s', '-j', job, '-o', '%j'], capture_output=True, "
+        "text=True, check=True).stdout; print('steps', sorted(out.split()))"
     )
     path = job_file(tmp_path, [task("a", first), task("b", second, dependsOn={"name": ["a"]})])
     done = torchjob(env, "run", str(path), "--engine", "slurm")
@@ -129,7 +130,9 @@ def test_a_job_pending_on_resources_shows_slurms_reason(slurm: SlurmCluster, tmp
     big = task("big", "print('never')")
     big["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "6"}}  # type: ignore[index]
     path = job_file(tmp_path, [big])
-    blocker = slurm.run("sbatch", "--parsable", f"--partition={slurm.partition}", "-n", "4", "--wrap", "sleep 120")
+    blocker = slurm.run(
+        "sbatch", "--parsable", f"--partition={slurm.partition}", "-n", "4", "--wrap", "sleep 120"
+    )
     assert blocker.returncode == 0, blocker.stderr
     done = torchjob(env, "run", str(path), "--engine", "slurm", "-d")
     assert done.returncode == 0, done.stderr
@@ -162,7 +165,9 @@ def test_a_time_limit_reached_is_reported_as_timeout(slurm: SlurmCluster, tmp_pa
 def test_delete_while_running_leaves_no_step(slurm: SlurmCluster, tmp_path: Path) -> None:
     env = cli_env(slurm, tmp_path / "root")
     marker = uuid.uuid4().hex
-    path = job_file(tmp_path, [task("w", f"import time; print('up', flush=True); time.sleep(600)  # {marker}", 2)])
+    path = job_file(
+        tmp_path, [task("w", f"import time; print('up', flush=True); time.sleep(600)  # {marker}", 2)]
+    )
     done = torchjob(env, "run", str(path), "--engine", "slurm", "--detach")
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
@@ -177,7 +182,9 @@ def test_delete_while_running_leaves_no_step(slurm: SlurmCluster, tmp_path: Path
 def test_ctrl_c_while_following_cancels_the_job(slurm: SlurmCluster, tmp_path: Path) -> None:
     env = cli_env(slurm, tmp_path / "root")
     marker = uuid.uuid4().hex
-    path = job_file(tmp_path, [task("w", f"import time; print('up', flush=True); time.sleep(600)  # {marker}")])
+    path = job_file(
+        tmp_path, [task("w", f"import time; print('up', flush=True); time.sleep(600)  # {marker}")]
+    )
     process = subprocess.Popen(
         [sys.executable, "-m", "torchjob", "run", str(path), "--engine", "slurm"],
         env=env,
@@ -229,10 +236,17 @@ def test_an_sdk_task_returns_its_value(slurm: SlurmCluster, tmp_path: Path) -> N
     code = (
         "import sys; sys.path.insert(0, 'examples/sdk'); import allreduce\n"
         "from torchjob import PyTorch, Worker\n"
-        "print('value', allreduce.allreduce.with_overrides(task_config=PyTorch(worker=Worker(replicas=1)))(2.0))\n"
+        "two = allreduce.allreduce.with_overrides(task_config=PyTorch(worker=Worker(replicas=1)))\n"
+        "print('value', two(2.0))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=180, check=False
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "value {'world_size': 2.0, 'sum': 6.0}" in done.stdout
@@ -240,3 +254,15 @@ def test_an_sdk_task_returns_its_value(slurm: SlurmCluster, tmp_path: Path) -> N
     (job_dir,) = (tmp_path / "root").iterdir()
     assert json.loads((job_dir / "status.json").read_text())["engine"] == "slurm"
     assert job_dir.name.startswith("allreduce-")
+
+
+@pytest.mark.torch
+def test_an_sdk_task_reference_runs_from_the_cli(slurm: SlurmCluster, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    env = cli_env(slurm, tmp_path / "root")
+    done = torchjob(
+        env, "run", "examples/sdk/allreduce.py:allreduce", "--engine", "slurm", "--", "--scale", "2"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "master-0 r0 | torchjob: rank 0 returned {'world_size': 2.0, 'sum': 6.0}" in done.stdout
+    assert "Completed" in done.stderr
