@@ -168,9 +168,11 @@ def test_delete_while_running_leaves_no_step(slurm: SlurmCluster, tmp_path: Path
     path = job_file(
         tmp_path, [task("w", f"import time; print('up', flush=True); time.sleep(600)  # {marker}", 2)]
     )
-    done = torchjob(env, "run", str(path), "--engine", "slurm", "--detach")
+    done = torchjob(env, "submit", str(path), "--engine", "slurm")
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
+    assert job_id.startswith("sj-")
+    assert f"Slurm job {slurm.jobs()[0]}: {job_id}" in done.stderr
     wait_for(lambda: status_json(env, job_id)["phase"] == "Running", 60, "the job running")
     wait_for(lambda: "up" in torchjob(env, "logs", job_id, "--engine", "slurm").stdout, 60, "its log")
     deleted = torchjob(env, "delete", job_id, "--engine", "slurm")

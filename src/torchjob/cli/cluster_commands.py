@@ -65,6 +65,12 @@ def register(commands: Any) -> None:
     )
     submit.add_argument("--job", metavar="NAME", help="which job to submit when FILE holds several")
     submit.add_argument(
+        "--engine",
+        choices=("kubernetes", "slurm"),
+        default="kubernetes",
+        help="kubernetes (default) or slurm: one allocation, printed as its Slurm job id and torchjob's id",
+    )
+    submit.add_argument(
         "-j", dest="quick", metavar="NODESxPROCS", help="FILE is a Python script run by torchrun (as run -j)"
     )
     submit.add_argument(
@@ -92,12 +98,15 @@ def run_submit(args: argparse.Namespace) -> int:
     item = script or choose_job(load_ref(args.file), args.job, args.file)
     options = StartOptions(detach=True, replace=args.replace, target=args.target, runtime=args.runtime)
     try:
-        engine = get_engine("kubernetes", pending_timeout=args.pending_timeout, **cluster_settings(args))
+        if args.engine == "kubernetes":
+            engine = get_engine("kubernetes", pending_timeout=args.pending_timeout, **cluster_settings(args))
+        else:  # its settings are its own (TORCHJOB_SLURM_*); the cluster flags mean nothing to it
+            engine = get_engine(args.engine)
         try:
             report = engine.start(item.job, options)
         except SpecError as err:  # what the target cannot express, at the file's lines
             raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
-        print(report.name, flush=True)
+        print(report.name if args.engine == "kubernetes" else report.id, flush=True)
         if not (args.wait or args.follow):
             return EXIT_OK
         try:
@@ -109,7 +118,7 @@ def run_submit(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:  # Ctrl-C stops the watching, not the job (docs/kubernetes.md)
             print(
                 f"torchjob: stopped following; job {report.id} keeps running on the cluster "
-                f"(delete it with: torchjob delete {report.id} --engine kubernetes)",
+                f"(delete it with: torchjob delete {report.id} --engine {args.engine})",
                 file=sys.stderr,
             )
             return EXIT_INTERRUPTED

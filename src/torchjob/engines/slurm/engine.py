@@ -271,6 +271,8 @@ class SlurmEngine:
             reason = ""
         if state == "PENDING":
             report.phase, report.reason = "Pending", f"Slurm job {slurm_id} is pending: {reason}"
+        elif state == "RUNNING" and not report.pods:
+            report.reason = f"Slurm job {slurm_id} is running; its controller is starting"
         elif state in ENDED_BY_SLURM:
             report.phase, report.reason = ENDED_BY_SLURM[state]
             report.finished_at = report.finished_at or time.time()
