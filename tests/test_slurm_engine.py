@@ -105,6 +105,8 @@ def test_a_failing_rank_restarts_the_job_then_fails_it(slurm: SlurmCluster, tmp_
     assert status["retryCount"] == 2
     failure = status["firstFailure"]
     assert isinstance(failure, dict) and failure["exitCode"] == 3
+    assert any(marker in line for line in failure["logTail"])
+    assert "torchjob: job Restarting" in done.stderr  # the controller's events, as they came
     assert no_process_left(marker) == []
 
 

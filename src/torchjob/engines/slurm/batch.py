@@ -159,7 +159,7 @@ class BatchController:
         if not failed:
             return
         pod = min(failed, key=lambda p: p.finished_at or 0.0)
-        log = next(iter(sorted(pod.log_dir.glob("*.log"))), None)
+        log = pod.log_dir / f"{pod.failed_container}.log" if pod.failed_container else None
         self.failure = FailureReport(
             pod=pod.name,
             short=self.controller.short(pod),

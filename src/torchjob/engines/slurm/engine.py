@@ -18,7 +18,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchjob.display import prefix_for
@@ -79,6 +79,20 @@ def settings_from(given: dict[str, Any], environ: dict[str, str]) -> SlurmSettin
 def _batch_command(job_dir: Path) -> list[str]:
     """What the batch script execs: this interpreter (a shared venv) running the job's controller."""
     return [sys.executable, "-m", "torchjob.engines.slurm.batch", str(job_dir)]
+
+
+class _EventTeller:
+    """Attached: the controller's events (restarts, a task waiting for another) as they come."""
+
+    def __init__(self) -> None:
+        self.told = 0.0
+
+    def __call__(self, report: JobReport) -> None:
+        for event in report.events:
+            when = event.get("time")
+            if isinstance(when, (int, float)) and when > self.told:
+                self.told = float(when)
+                print(f"torchjob: {event.get('message', '')}", file=sys.stderr, flush=True)
 
 
 class SlurmEngine:
@@ -159,6 +173,7 @@ class SlurmEngine:
         plan = self._plan(job, job_dir)
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._own_root()
             job_dir.mkdir(mode=0o700)
         except OSError as err:
             raise EngineError(f"cannot make the job directory {job_dir}: {err.strerror or err}") from None
@@ -193,7 +208,8 @@ class SlurmEngine:
             print(f"torchjob: Slurm job {slurm_id}: {job_id} ({job_dir})", file=sys.stderr, flush=True)
         try:
             if options.follow and not options.quiet:
-                for line in self.logs(job_id, LogQuery(follow=True, all_attempts=True)):
+                told = _EventTeller()
+                for line in self._lines(job_dir, LogQuery(follow=True, all_attempts=True), told):
                     sys.stdout.write(f"{line.prefix} | {line.text}\n")
                     sys.stdout.flush()
             return self.wait(job_id)
@@ -213,9 +229,16 @@ class SlurmEngine:
     def _dirs(self) -> list[Path]:
         if not self.root.is_dir():
             return []
+        self._own_root()
         return [
             d for d in self.root.iterdir() if (d / SLURM_FILE).is_file() or (d / "options.json").is_file()
         ]
+
+    def _own_root(self) -> None:
+        """A job root another user made is not trusted: its job directories could be theirs."""
+        owner = self.root.stat().st_uid
+        if owner != os.geteuid():
+            raise EngineError(f"the job root {self.root} belongs to uid {owner}, not to you: choose another")
 
     def _find(self, ref: str) -> Path:
         if not ref:
@@ -350,12 +373,16 @@ class SlurmEngine:
                         found.append((ordinal, pod, log))
         return found
 
-    def _lines(self, job_dir: Path, query: LogQuery) -> Iterator[LogLine]:
+    def _lines(
+        self, job_dir: Path, query: LogQuery, on_report: Callable[[JobReport], None] | None = None
+    ) -> Iterator[LogLine]:
         offsets: dict[Path, int] = {}
         partial: dict[Path, bytes] = {}
         while True:
             # Read before the files: a job that ended then has every line in them already.
             report = self._report(job_dir)
+            if on_report is not None:
+                on_report(report)
             ended = report.terminal or report.phase == "Unknown"
             pods = self._pods(report, query)  # none until the controller wrote its first status
             ranks = {p.name: p.rank for p in report.pods}

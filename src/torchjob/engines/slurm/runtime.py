@@ -56,6 +56,7 @@ class SlurmPod:
         self.main_steps: dict[str, steps.Step] = {}
         self.codes: dict[str, int] = {}  # container -> exit code, as each ends
         self.reason = ""
+        self.failed_container: str | None = None  # the container whose exit failed the attempt
         self.stopper: threading.Thread | None = None
 
     @property
@@ -182,6 +183,7 @@ class SlurmRuntime:
             pod.codes[container] = code
             pod.init_step = None
             if code != 0:
+                pod.failed_container = container
                 self._finish(pod, "Failed", code, f"init container {container} exited with code {code}")
                 return
         if pod.next_init < len(pod.inits):
@@ -200,6 +202,7 @@ class SlurmRuntime:
             failed = [(c, pod.codes[c]) for c in pod.main_steps if pod.codes[c] != 0]
             if failed:
                 container, code = failed[0]
+                pod.failed_container = container
                 self._finish(pod, "Failed", code, f"container {container} exited with code {code}")
             else:
                 self._finish(pod, "Succeeded", 0, "")
