@@ -17,6 +17,7 @@ import yaml
 
 from slurm_cluster import SlurmCluster
 from test_slurm_steps import no_process_left
+from torchjob.engines.slurm import steps
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -161,6 +162,10 @@ def test_a_time_limit_reached_is_reported_as_timeout(slurm: SlurmCluster, tmp_pa
     assert done.returncode == 1, done.stdout + done.stderr
     assert "TIMEOUT" in done.stderr
     assert status_json(env, "sj")["phase"] == "Failed"
+    # once slurmctld forgets the job, the completion file still says how it ended
+    (job_dir,) = (tmp_path / "root").iterdir()
+    slurm_id = json.loads((job_dir / "slurm.json").read_text())["jobId"]
+    assert steps.jobcomp_state(slurm_id, slurm.env) == "TIMEOUT"
     assert no_process_left(marker) == []
 
 

@@ -317,11 +317,11 @@ class SlurmEngine:
             if rows and rows[0][1] != "COMPLETING":
                 return rows[0][1], rows[0][2]
             shown = steps.show_job(slurm_id)
+            if shown:
+                return shown[0].state, shown[0].reason
+            return steps.final_state(slurm_id), ""  # forgotten by slurmctld: sacct, the completion file
         except steps.SlurmError as err:
             raise EngineError(str(err)) from None
-        if not shown:
-            return None, ""
-        return shown[0].state, shown[0].reason
 
     def list_jobs(self) -> list[JobReport]:
         reports = [self._report(d) for d in self._dirs()]
