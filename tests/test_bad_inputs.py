@@ -423,8 +423,22 @@ def test_a_set_that_conflicts_with_the_file_names_the_set(tmp_path: Path) -> Non
     result = local(tmp_path / "home", "run", "--set", "main.replicas=1", str(tmp_path / "tiny.yaml"))
     assert result.returncode == 2, result.stdout + result.stderr
     [line] = result.stderr.splitlines()
+    # a minAvailable that a --set ...replicas broke names that --set and the one that mends it
     assert line.endswith(
-        "spec.tasks[0].minAvailable: expected at most replicas (1), got 2 (after --set main.replicas=1)"
+        "spec.tasks[0].minAvailable: expected at most replicas (1), got 2; "
+        "with --set main.replicas=1, add --set main.minAvailable=1 (or lower)"
+    ), line
+    # any other field the --set broke says which option it follows
+    (tmp_path / "success.yaml").write_text(
+        TINY_JOB.replace("      replicas: 1\n", "      replicas: 2\n").replace(
+            "spec:\n", "spec:\n  minSuccess: 2\n", 1
+        )
+    )
+    result = local(tmp_path / "home", "run", "--set", "main.replicas=1", str(tmp_path / "success.yaml"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"{tmp_path / 'success.yaml'}:") and line.endswith(
+        "(after --set main.replicas=1)"
     ), line
 
 

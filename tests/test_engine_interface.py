@@ -4,7 +4,9 @@ interface and the registry are all the CLI needs (issue 9)."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -122,3 +124,165 @@ def test_an_unknown_engine_is_bad_input(capsys: pytest.CaptureFixture[str]) -> N
         main(["status", "--engine", "nosuch"])
     assert info.value.code == 2
     assert "invalid choice: 'nosuch'" in capsys.readouterr().err
+
+
+# ------------------------------------------------ an engine with settings of its own (issue 20)
+
+# The test engine's own package: its settings declared apart from the engine (imported only when
+# used), and an engine that records what reached it. Written to a directory on sys.path.
+_DECLARATION = """
+from torchjob.engines.base import EngineInfo, Setting
+
+ENGINE = EngineInfo(
+    factory="memengine.engine:SettingsEngine",
+    settings=(
+        Setting("partition", "memory: the partition to run in", metavar="NAME",
+                commands=("run", "status"), flags=("-p", "--partition")),
+        Setting("slots", "memory: how many slots", type="int", default=1, metavar="N", minimum=1,
+                commands=("run",)),
+    ),
+)
+"""
+_ENGINE = """
+from torchjob.engines.base import JobReport, Plan
+from memengine.settings import ENGINE
+
+SEEN = []
+
+
+class SettingsEngine:
+    name = "withsettings"
+
+    def __init__(self, **settings):
+        self.made_with = settings
+
+    def check(self, job):
+        return []
+
+    def warnings(self, job):
+        return []
+
+    def plan(self, job, options):
+        return Plan(self.name, job, options, f"would run {job.name} with {options.settings}")
+
+    def start(self, job, options):
+        SEEN.append((self.made_with, options.settings, ENGINE.value(options, "slots")))
+        return JobReport(self.name, job.name + "-1", job.name, "Completed")
+
+    def list_jobs(self):
+        SEEN.append((self.made_with, {}, None))
+        return []
+"""
+
+
+@pytest.fixture
+def memengine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    package = tmp_path / "memengine"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "settings.py").write_text(_DECLARATION)
+    (package / "engine.py").write_text(_ENGINE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.startswith("memengine")]:
+        monkeypatch.delitem(sys.modules, name)
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB_YAML)
+    return job
+
+
+JOB_YAML = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: train}
+spec:
+  tasks:
+    - name: master
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: OnFailure
+          containers: [{name: main, image: python:3.12, command: [python, -c, "print(1)"]}]
+"""
+
+
+def _seen() -> list[Any]:
+    seen: list[Any] = sys.modules["memengine.engine"].SEEN
+    return seen
+
+
+def _drive_withsettings(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its flags are in run's help; their values reach the engine; another engine refuses them."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    helped = capsys.readouterr().out
+    assert "-p NAME, --partition NAME" in helped and "memory: how many slots" in helped
+    assert main(["run", "--engine", "withsettings", "-p", "gpu", "--slots", "4", str(job)]) == 0
+    assert _seen()[-1] == ({"partition": "gpu", "slots": 4}, {"partition": "gpu", "slots": 4}, 4)
+    assert main(["run", "--engine", "withsettings", str(job)]) == 0  # its default, as declared
+    assert _seen()[-1] == ({}, {}, 1)
+    assert main(["status", "--engine", "withsettings", "--partition", "cpu"]) == 0
+    assert _seen()[-1][0] == {"partition": "cpu"}
+    capsys.readouterr()
+    started = len(_seen())
+    assert main(["run", "--engine", "withsettings", "--dry-run", "-p", "x", str(job)]) == 0
+    assert capsys.readouterr().out == "would run train with {'partition': 'x'}\n"
+    assert len(_seen()) == started  # planned, not started
+    assert main(["run", "--engine", "withsettings", "--slots", "0", str(job)]) == 2
+    assert "--slots: expected a finite number of 1 or more, got 0" in capsys.readouterr().err
+    assert main(["run", "--engine", "local", "--slots", "2", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.strip() == "<command line>: --slots: applies only to --engine withsettings, not to --engine local"
+    )
+
+
+def test_an_engine_declares_settings_and_the_cli_makes_its_flags(
+    memengine: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(registry._ENGINES, "withsettings", "memengine.settings:ENGINE")  # its one line
+    assert "memengine.engine" not in sys.modules
+    registry.settings_of("run")  # listing settings imports the declaration, not the engine
+    assert "memengine.settings" in sys.modules and "memengine.engine" not in sys.modules
+    _drive_withsettings(memengine, capsys)
+
+
+def test_an_engine_of_another_distribution_registers_by_entry_point(
+    memengine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    info = tmp_path / "memengine-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: memengine\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[torchjob.engines]\nwithsettings = memengine.settings:ENGINE\nbroken = no_such_module:ENGINE\n"
+    )
+    monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))  # what it reads is undone after
+    monkeypatch.setattr(registry, "_entry_points_read", False)
+    assert main(["status", "--engine", "local", "--state-dir", str(tmp_path / "state")]) == 0
+    assert "withsettings" not in registry._ENGINES  # a built-in engine: no metadata read
+    assert main(["run", "--engine", "withsettings", "-p", "a100", str(memengine)]) == 0  # read now
+    assert _seen()[-1][1] == {"partition": "a100"}
+    _drive_withsettings(memengine, capsys)
+    assert "withsettings" in registry.engine_names()
+    capsys.readouterr()
+    assert main(["status", "--engine", "broken"]) == 2  # its flags missing from --help, not a traceback
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "torchjob: engine broken: cannot load no_such_module:ENGINE: No module named 'no_such_module'\n"
+    )
+
+
+def test_run_dry_run_prints_the_local_engines_plan_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB_YAML)
+    state = tmp_path / "state"
+    assert main(["run", "--dry-run", "--state-dir", str(state), str(job)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("local job train: 1 pod(s) on this machine\npod train-master-0"), out
+    assert "main: python -c" in out
+    assert not state.exists()
+    example = Path(__file__).parent.parent / "examples" / "sdk" / "adaptive_training.py"
+    assert main(["run", "--dry-run", f"{example}:adaptive_training"]) == 2  # not run: refused
+    assert "--dry-run: not for a workflow" in capsys.readouterr().err

@@ -542,6 +542,58 @@ def test_attached_start_follows_logs_and_returns_the_final_report(
     assert sorted(out) == ["master-0 r0 | training", "worker-0 r1 | training", "worker-1 r2 | training"]
 
 
+class ListSink:
+    """A caller's sink (issue 20): what the engine says arrives here, nothing on the console."""
+
+    stream = None
+
+    def __init__(self) -> None:
+        self.logs: list[str] = []
+        self.notices: list[str] = []
+        self.reports: list[str] = []
+
+    def log(self, line: Any) -> None:
+        self.logs.append(f"{line.prefix} | {line.text}")
+
+    def notice(self, text: str) -> None:
+        self.notices.append(text)
+
+    def report(self, text: str) -> None:
+        self.reports.append(text)
+
+
+def test_attached_start_and_wait_report_to_the_callers_sink(
+    api: FakeKubeAPI, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def script(top: dict[str, Any]) -> None:
+        if top["metadata"]["name"] != "demo":
+            return
+        for pod in pods_of(api, top, "volcano"):
+            api.put(running(pod))
+            api.log(pod["metadata"]["name"], pod["spec"]["containers"][0]["name"], "training")
+            api.end_log(pod["metadata"]["name"], pod["spec"]["containers"][0]["name"])
+            api.put(terminated(pod, 0))
+        status = TERMINAL_STATUS["volcano"]["Completed"]
+        api.set_status("batch.volcano.sh/v1alpha1", "Job", "demo", status, namespace="team")
+
+    controller(api, script)
+    sink = ListSink()
+    report = engine_for(kubeconfig).start(a_job(), StartOptions(target="volcano", timeout=30, sink=sink))
+    assert report.phase == "Completed"
+    assert sorted(sink.logs) == ["master-0 r0 | training", "worker-0 r1 | training", "worker-1 r2 | training"]
+    assert capsys.readouterr() == ("", "")
+
+    engine = engine_for(kubeconfig, pending_timeout=1.0)
+    engine.start(a_job("stuck"), StartOptions(detach=True, target="volcano"))
+    top = api.get("batch.volcano.sh/v1alpha1", "Job", "stuck", namespace="team")
+    assert top is not None
+    api.put(unschedulable(pods_of(api, top, "volcano")[0], "0/3 nodes are available"))
+    with pytest.raises(EngineError):
+        engine.wait("stuck", timeout=60, sink=sink)
+    assert any("pod master-0 is Pending: Unschedulable: 0/3 nodes are available" in n for n in sink.notices)
+    assert capsys.readouterr() == ("", "")
+
+
 def test_attached_start_past_its_timeout_deletes_the_job(api: FakeKubeAPI, kubeconfig: Path) -> None:
     report = engine_for(kubeconfig).start(a_job(), StartOptions(target="volcano", timeout=1.0, quiet=True))
     assert report.phase == "Terminated" and "timed out" in report.reason

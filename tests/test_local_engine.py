@@ -7,6 +7,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,3 +149,38 @@ def test_a_job_whose_supervisor_died_is_unknown_and_wait_returns(tmp_path: Path)
     assert engine.delete([started.id]) == [started.id]
     assert wait_until(lambda: leftovers(started.id) == [], 5)
     assert engine.list_jobs() == []
+
+
+class _Lines:
+    """A caller's sink that takes lines only (no stream of its own), as the SDK's."""
+
+    stream = None
+
+    def __init__(self) -> None:
+        self.logs: list[tuple[str, str, str]] = []
+        self.notices: list[str] = []
+        self.reports: list[str] = []
+
+    def log(self, line: Any) -> None:
+        self.logs.append((line.pod, line.prefix, line.text))
+
+    def notice(self, text: str) -> None:
+        self.notices.append(text)
+
+    def report(self, text: str) -> None:
+        self.reports.append(text)
+
+
+def test_an_attached_job_writes_to_the_callers_sink_not_to_stdout(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    engine = get_engine("local", state_dir=tmp_path / "jobs")
+    init = container("prep", sh("echo prepared"))
+    job = make_job("sunk", [task("main", [container("app", sh("echo hello from the pod"))], init=[init])])
+    sink = _Lines()
+    report = engine.start(job, StartOptions(sink=sink))
+    assert report.phase == "Completed"
+    assert sink.logs == [("main-0", "main-0/prep", "prepared"), ("main-0", "main-0", "hello from the pod")]
+    assert any(line.startswith("job sunk-") for line in sink.notices), sink.notices
+    assert any("Completed" in line for line in sink.reports), sink.reports  # the summary
+    assert capfd.readouterr().out == ""

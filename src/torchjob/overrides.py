@@ -149,7 +149,7 @@ def _blame(problem: Problem, written: dict[str, str], spec: dict[str, Any], opti
     if problem.path in written:
         return Problem(problem.path, f"{written[problem.path]}: {problem.message}", COMMAND_LINE)
     hinted = _min_available_hint(problem, written, spec)
-    if hinted is not problem:
+    if hinted is not problem:  # a minAvailable a --set ...replicas broke: the --set that mends it
         return hinted
     return Problem(problem.path, f"{problem.message} (after {options})", problem.file, problem.line)
 

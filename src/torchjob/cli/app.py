@@ -199,6 +199,9 @@ def _last_words(lines: list[str]) -> None:
 
 def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from torchjob.cli.settings import find_engines
+
+    find_engines(argv)  # engines of other distributions, only when this command line may need one
     parser = build_parser(_command_of(argv))
     argv, program_args = _split_program_args(argv, parser)
     args = parser.parse_args(argv)

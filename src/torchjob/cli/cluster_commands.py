@@ -16,28 +16,10 @@ if TYPE_CHECKING:
 
     from torchjob.engines.base import JobReport
 
-TARGETS = ("volcano", "kubeflow", "jobset", "trainjob", "pods")
-
-
-def add_cluster_options(parser: argparse.ArgumentParser) -> None:
-    """--kubeconfig, --context and -n/--namespace: which cluster, as kubectl spells them."""
-    parser.add_argument(
-        "--kubeconfig", metavar="FILE", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)"
-    )
-    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
-    parser.add_argument(
-        "-n",
-        "--namespace",
-        metavar="NS",
-        help="namespace (default: the job's, else the context's, else default)",
-    )
-
-
-def cluster_settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {"kubeconfig": args.kubeconfig, "context": args.context, "namespace": args.namespace}
-
 
 def register(commands: Any) -> None:
+    from torchjob.engines.registry import engine_info, engine_names
+
     submit = commands.add_parser(
         "submit", help="create a job on a Kubernetes cluster, print its name and return"
     )
@@ -46,29 +28,15 @@ def register(commands: Any) -> None:
         metavar="FILE",
         help="job YAML/JSON, '-' for stdin, FILE.py:TASK, or a script (SCRIPT.py ARGS...)",
     )
-    submit.add_argument(
-        "--target",
-        choices=TARGETS,
-        help="how the cluster runs it (default: the first of volcano, kubeflow, jobset, trainjob it has)",
-    )
-    submit.add_argument("--runtime", metavar="NAME", help="the Trainer runtime for --target trainjob")
-    submit.add_argument("--replace", action="store_true", help="delete a job of the same name first")
     submit.add_argument("--wait", action="store_true", help="wait for the job to end; exit 1 if it failed")
     submit.add_argument("--follow", action="store_true", help="stream every pod's logs until the job ends")
     submit.add_argument("--timeout", type=float, metavar="SECONDS", help="with --wait/--follow: stop waiting")
-    submit.add_argument(
-        "--pending-timeout",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="with --wait/--follow: fail when the job stays unscheduled this long (default 300)",
-    )
     submit.add_argument("--job", metavar="NAME", help="which job to submit when FILE holds several")
     submit.add_argument(
         "--engine",
-        choices=("kubernetes", "slurm"),
-        default="kubernetes",
-        help="kubernetes (default) or slurm: one allocation, printed as its Slurm job id and torchjob's id",
+        choices=[n for n in engine_names() if engine_info(n).submits],
+        help="the engine that takes the job (default: the first that submits, kubernetes; slurm: one "
+        "allocation, its Slurm job id told on stderr)",
     )
     submit.add_argument(
         "-j", dest="quick", metavar="NODESxPROCS", help="FILE is a Python script run by torchrun (as run -j)"
@@ -76,14 +44,20 @@ def register(commands: Any) -> None:
     submit.add_argument(
         "--image", metavar="IMAGE", help="quick mode: the image that holds the script and torch"
     )
-    add_cluster_options(submit)
+    from torchjob.cli.settings import add_setting_options
+
+    add_setting_options(submit, "submit")  # the submitting engine's (engines/*/settings.py)
     submit.set_defaults(func=run_submit)
 
 
 def run_submit(args: argparse.Namespace) -> int:
+    from torchjob.cli.settings import given_settings
     from torchjob.cli.sources import choose_job, load_ref, load_script
     from torchjob.engines.base import EngineError, LogQuery, StartOptions
-    from torchjob.engines.registry import get_engine
+    from torchjob.engines.registry import engine_for, get_engine
+
+    name = args.engine or engine_for("submits")
+    settings = given_settings(args, "submit", name)
 
     program_args = list(getattr(args, "program_args", []))
     script, _ = load_script(args.file, args.quick, program_args, local=False, image=args.image)
@@ -96,17 +70,14 @@ def run_submit(args: argparse.Namespace) -> int:
         if note:
             print(note, file=sys.stderr)
     item = script or choose_job(load_ref(args.file), args.job, args.file)
-    options = StartOptions(detach=True, replace=args.replace, target=args.target, runtime=args.runtime)
+    options = StartOptions(detach=True, settings=settings)
     try:
-        if args.engine == "kubernetes":
-            engine = get_engine("kubernetes", pending_timeout=args.pending_timeout, **cluster_settings(args))
-        else:  # its settings are its own (TORCHJOB_SLURM_*); the cluster flags mean nothing to it
-            engine = get_engine(args.engine)
+        engine = get_engine(name, **settings)
         try:
             report = engine.start(item.job, options)
         except SpecError as err:  # what the target cannot express, at the file's lines
             raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
-        print(report.name if args.engine == "kubernetes" else report.id, flush=True)
+        print(report.name, flush=True)
         if not (args.wait or args.follow):
             return EXIT_OK
         try:
@@ -118,7 +89,7 @@ def run_submit(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:  # Ctrl-C stops the watching, not the job (docs/kubernetes.md)
             print(
                 f"torchjob: stopped following; job {report.id} keeps running on the cluster "
-                f"(delete it with: torchjob delete {report.id} --engine {args.engine})",
+                f"(delete it with: torchjob delete {report.id} --engine {name})",
                 file=sys.stderr,
             )
             return EXIT_INTERRUPTED

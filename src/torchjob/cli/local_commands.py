@@ -10,10 +10,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-from torchjob.cli.cluster_commands import TARGETS, add_cluster_options, cluster_settings, finish
-from torchjob.engines.registry import DEFAULT_ENGINE, engine_names, get_engine
+from torchjob.cli.cluster_commands import finish
+from torchjob.cli.settings import add_setting_options, given_flags, given_settings
+from torchjob.engines.registry import DEFAULT_ENGINE, engine_info, engine_names, get_engine
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -37,9 +37,6 @@ def register(commands: Any) -> None:
         "or a script run as torchrun would (SCRIPT.py ARGS...: what follows the script is its own)",
     )
     run.add_argument("-d", "--detach", action="store_true", help="run in the background and print the job id")
-    run.add_argument(
-        "--dry-run", action="store_true", help="print what the engine would do (its plan) and start nothing"
-    )
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="terminate the job after this long")
     run.add_argument(
         "-e",
@@ -49,41 +46,15 @@ def register(commands: Any) -> None:
         metavar="NAME=VALUE",
         help="add an environment variable to every container (repeatable)",
     )
-    run.add_argument(
-        "--max-restarts",
-        type=int,
-        metavar="N",
-        help="fail the job once a pod's containers restarted more than N times (local engine; "
-        "Kubernetes restarts without limit)",
-    )
     run.add_argument("-q", "--quiet", action="store_true", help="print only the job id and the final phase")
-    run.add_argument(
-        "--hang-notice",
-        type=float,
-        metavar="SECONDS",
-        help="local: say once when every pod of the running job has printed nothing for this long "
-        "(default 300; 0: never)",
-    )
     run.add_argument("--job", metavar="NAME", help="which job to run when FILE holds several")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what the engine would do with the job (its plan) and start nothing",
+    )
     _override_options(run)
-    run.add_argument(
-        "--no-prewarm",
-        dest="prewarm",
-        action="store_false",
-        help="start no container's interpreter before its pod's init containers have succeeded",
-    )
-    run.add_argument(
-        "--preload",
-        metavar="MODULE[,MODULE]",
-        help="import these modules once (e.g. torch) and fork every python container from that process",
-    )
-    run.add_argument(
-        "--no-queue",
-        dest="queue",
-        action="store_false",
-        help="local: start at once, without waiting in the machine's queue for CPUs, memory and GPUs",
-    )
-    _engine_options(run, starts_jobs=True)
+    _engine_options(run, "run")
     run.set_defaults(func=run_run)
 
     status = commands.add_parser("status", help="show the jobs, or one job's pods")
@@ -95,7 +66,7 @@ def register(commands: Any) -> None:
         action="store_true",
         help="redraw JOB's status until it ends; exit as wait does (0 completed, 1 failed)",
     )
-    _engine_options(status)
+    _engine_options(status, "status")
     status.set_defaults(func=run_status)
 
     logs = commands.add_parser("logs", help="print a job's logs, prefixed by pod and rank")
@@ -107,7 +78,7 @@ def register(commands: Any) -> None:
     logs.add_argument("-c", "--container", help="only this container")
     logs.add_argument("--attempt", type=int, help="this attempt of each pod (default: the latest)")
     logs.add_argument("--all-attempts", action="store_true", help="every attempt of each pod, oldest first")
-    _engine_options(logs)
+    _engine_options(logs, "logs")
     logs.set_defaults(func=run_logs)
 
     _register_wait(commands)
@@ -117,7 +88,7 @@ def register(commands: Any) -> None:
         "jobs", nargs="*", metavar="JOB", help="job id, id prefix of 4+ characters, or name (newest)"
     )
     delete.add_argument("--all", action="store_true", help="every job of the engine, running or not")
-    _engine_options(delete)
+    _engine_options(delete, "delete")
     delete.set_defaults(func=run_delete)
     _housekeeping(commands, run)
     _register_queue(commands)
@@ -137,7 +108,7 @@ def _housekeeping(commands: Any, run: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="only those that ended longer ago than this: 90s, 30m, 12h, 7d, 1h30m",
     )
-    _engine_options(prune)
+    _engine_options(prune, "prune")
     prune.set_defaults(func=run_prune)
 
 
@@ -176,66 +147,24 @@ def quick_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _engine_options(parser: argparse.ArgumentParser, starts_jobs: bool = False) -> None:
+def _engine_options(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument(
         "--engine",
         choices=engine_names(),
         default=DEFAULT_ENGINE,
         help=f"where jobs run (default: {DEFAULT_ENGINE}; kubernetes: a cluster, see docs/kubernetes.md)",
     )
-    parser.add_argument(
-        "--state-dir",
-        type=Path,
-        metavar="DIR",
-        help="local: where job directories live (default: $TORCHJOB_HOME/jobs or ~/.torchjob/jobs)",
-    )
-    add_cluster_options(parser)
-    if starts_jobs:
-        parser.add_argument(
-            "--target", choices=TARGETS, help="kubernetes: how the cluster runs the job (as for submit)"
-        )
-        parser.add_argument(
-            "--runtime", metavar="NAME", help="kubernetes: the Trainer runtime for --target trainjob"
-        )
-        parser.add_argument(
-            "--replace", action="store_true", help="kubernetes: delete a job of the same name first"
-        )
-        parser.add_argument(
-            "--pending-timeout",
-            type=float,
-            metavar="SECONDS",
-            help="kubernetes: fail when the job stays unscheduled this long (default 300)",
-        )
+    parser.set_defaults(engine_command=command)
+    add_setting_options(parser, command)  # what the engines declare (engines/*/settings.py)
 
 
-# Flags that mean something to one engine only: (flag, argparse attribute, engine).
-_ENGINE_FLAGS = (
-    ("--state-dir", "state_dir", "local"),
-    ("--hang-notice", "hang_notice", "local"),
-    ("--kubeconfig", "kubeconfig", "kubernetes"),
-    ("--context", "context", "kubernetes"),
-    ("--namespace", "namespace", "kubernetes"),
-    ("--target", "target", "kubernetes"),
-    ("--runtime", "runtime", "kubernetes"),
-    ("--replace", "replace", "kubernetes"),
-    ("--pending-timeout", "pending_timeout", "kubernetes"),
-)
-
-
-def _check_engine_flags(args: argparse.Namespace) -> None:
-    """A flag given for another engine than the chosen one is a mistake, not something to ignore."""
-    for flag, attribute, engine in _ENGINE_FLAGS:
-        if getattr(args, attribute, None) not in (None, False) and args.engine != engine:
-            message = f"applies only to --engine {engine}, not to --engine {args.engine}"
-            raise SpecError([Problem(flag, message, "<command line>")])
+def _settings(args: argparse.Namespace) -> dict[str, object]:
+    """The chosen engine's settings given on the command line; another engine's is refused."""
+    return given_settings(args, args.engine_command, args.engine)
 
 
 def _engine(args: argparse.Namespace) -> Engine:
-    _check_engine_flags(args)
-    settings = cluster_settings(args)
-    if getattr(args, "pending_timeout", None) is not None:
-        settings["pending_timeout"] = args.pending_timeout
-    return get_engine(args.engine, state_dir=args.state_dir, **settings)
+    return get_engine(args.engine, **_settings(args))
 
 
 # ------------------------------------------------------------------------ run
@@ -256,18 +185,6 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def _preload_modules(text: str | None) -> tuple[str, ...]:
-    if text is None:
-        return ()
-    import re
-
-    names = tuple(m.strip() for m in text.split(","))
-    if not all(re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", m, re.ASCII) for m in names):
-        message = f"expected module names separated by commas (torch,numpy), got {text!r}"
-        raise SpecError([Problem("--preload", message, "<command line>")])
-    return names
-
-
 def _run_workflow(args: argparse.Namespace) -> int | None:
     """``FILE.py:WORKFLOW [-- ARGS]``: call the workflow here; None for anything else."""
     path, _, name = args.file.rpartition(":")
@@ -275,9 +192,10 @@ def _run_workflow(args: argparse.Namespace) -> int | None:
         from torchjob.sdk.workflow_cli import run_workflow
 
         given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
-        given.update({"--job": args.job is not None, "--state-dir": args.state_dir is not None})
+        given["--job"] = args.job is not None
+        given["--dry-run"] = args.dry_run  # a workflow's tasks are decided as it runs: no plan
+        given.update(dict.fromkeys(given_flags(args, "run"), True))
         given.update({"--set": args.set, "--workdir": args.workdir is not None})
-        given["--max-restarts"] = args.max_restarts is not None
         given[f"--engine {args.engine}"] = args.engine != DEFAULT_ENGINE
         code = run_workflow(path, name, getattr(args, "program_args", []), [k for k, v in given.items() if v])
         if code is not None:
@@ -289,7 +207,7 @@ def _load(args: argparse.Namespace, extra_env: dict[str, str]) -> list[Any]:
     """The jobs FILE holds, or the job of a script (quick mode, with ``-j`` or for a FILE.py)."""
     from torchjob.cli.sources import is_task_ref, load_ref, load_script
 
-    local = args.engine == "local"
+    local = engine_info(args.engine).runs_here
     program_args = list(args.program_args)
     script, args.set = load_script(
         args.file,
@@ -331,64 +249,48 @@ def _overridden(item: Any, args: argparse.Namespace, extra_env: dict[str, str]) 
 
 
 def run_run(args: argparse.Namespace) -> int:
-    _check_engine_flags(args)
+    settings = _settings(args)
     workflow_code = _run_workflow(args)
     if workflow_code is not None:
         return workflow_code
-    from torchjob.engines.base import StartOptions
+    from torchjob.engines.base import StartOptions, StreamSink
     from torchjob.expand import Expansion
 
     extra_env = _parse_env(args.env)
     if args.timeout is not None and not 0 < args.timeout < float("inf"):  # also refuses nan
         message = f"expected a positive, finite number of seconds, got {args.timeout}"
         raise SpecError([Problem("--timeout", message, "<command line>")])
-    if args.hang_notice is not None and not 0 <= args.hang_notice < float("inf"):  # also refuses nan
-        message = f"expected a non-negative, finite number of seconds, got {args.hang_notice}"
-        raise SpecError([Problem("--hang-notice", message, "<command line>")])
-    if args.max_restarts is not None and (args.max_restarts < 0 or args.engine != "local"):
-        message = (
-            f"expected a number of restarts of 0 or more, got {args.max_restarts}"
-            if args.max_restarts < 0
-            else f"a limit of the local engine only; engine {args.engine} restarts as its cluster does"
-        )
-        raise SpecError([Problem("--max-restarts", message, "<command line>")])
     from torchjob.cli.sources import choose_job
 
+    info = engine_info(args.engine)
     chosen = choose_job(_load(args, extra_env), args.job, args.file)
     item = _overridden(chosen, args, extra_env)
     for path, message in Expansion(item.job).warnings():  # the plugins' notes: no pod is built
         print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
-    preload = _preload_modules(args.preload)
-    if preload and args.engine == "local":  # a misspelt module is refused here, not ignored later
+    preload = settings.get("preload")
+    if isinstance(preload, tuple) and preload and info.runs_here:  # refused here, not ignored later
         from torchjob.cli.preload import check_preload
 
         check_preload(preload, item.job, extra_env)
     options = StartOptions(
         detach=args.detach,
-        # A detached local job's own output goes nowhere; a cluster's warnings are printed here.
-        quiet=args.quiet or (args.detach and args.engine == "local"),
+        quiet=args.quiet,
         timeout=args.timeout,
         extra_env=extra_env,
-        target=args.target,
-        runtime=args.runtime,
-        replace=args.replace,
-        prewarm=args.prewarm,
-        max_restarts=args.max_restarts,
         on_start=_print_id if args.quiet and not args.detach else None,
-        preload=preload,
         remove=args.rm,
-        **({} if args.hang_notice is None else {"hang_notice": args.hang_notice}),
-        queue=args.queue,
+        sink=StreamSink(),  # the engine's output, printed here: log lines, notes, its table
+        settings=settings,
     )
     if args.rm and args.detach:
         raise SpecError(
             [Problem("--rm", "a detached job is removed with `torchjob delete`", "<command line>")]
         )
     engine = _engine(args)
-    if args.dry_run:
-        print(engine.plan(item.job, options).text, end="")
-        return EXIT_OK
     try:
+        if args.dry_run:  # what the engine would do, decided as start decides it; nothing starts
+            print(engine.plan(item.job, options).text)
+            return EXIT_OK
         report = engine.start(item.job, options)  # checks first what stops the job running there
     except SpecError as err:  # with the file's line numbers for the fields it names
         # Problems that already name their file (the port registry) keep it.
@@ -401,11 +303,11 @@ def run_run(args: argparse.Namespace) -> int:
     if args.quiet:
         print(f"{report.id} {report.phase}: {report.reason}".rstrip(": "))
     code = EXIT_OK if report.ok else EXIT_FAILED
-    if engine.name != "local" and not args.quiet:  # the local engine prints its own summary
+    if not info.summarizes and not args.quiet:  # an engine that summarizes has said how it ended
         code = finish(report)  # a cluster job ends in one line
     if args.rm and report.ok:  # its logs and state go with it: what was printed is all that is kept
         engine.delete([report.id])
-    elif args.rm and (args.quiet or engine.name != "local"):  # the local summary says it otherwise
+    elif args.rm and (args.quiet or not info.summarizes):  # the engine's summary says it otherwise
         kept = f"kept {report.id} for its logs: --rm removes only a completed job"
         print(f"{kept} (torchjob delete {report.id})")
     return code
@@ -436,7 +338,8 @@ def run_status(args: argparse.Namespace) -> int:
             _dump({"items": [r.to_dict() for r in reports]}, args.output)
             return EXIT_OK
         if not reports:
-            place = args.state_dir or (f"namespace {args.namespace}" if args.namespace else "")
+            namespace = getattr(args, "namespace", None)
+            place = getattr(args, "state_dir", None) or (f"namespace {namespace}" if namespace else "")
             where = f" in {place}" if place else ""
             print(f"no {engine.name} jobs{where}")
             return EXIT_OK
@@ -506,8 +409,17 @@ def _status_lines(report: JobReport) -> list[str]:
         when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0)))
         lines.append(f"  {when} {event.get('message', '')}")
     if report.location:
-        lines.append(f"{'job directory' if report.engine == 'local' else 'context'}: {report.location}")
+        lines.append(f"{_location_label(report.engine)}: {report.location}")
     return lines
+
+
+def _location_label(engine: str) -> str:
+    from torchjob.engines.base import EngineError
+
+    try:
+        return engine_info(engine).location
+    except EngineError:  # a report of an engine no longer installed
+        return "location"
 
 
 def _dump(data: Any, fmt: str) -> None:
@@ -558,7 +470,7 @@ def _register_queue(commands: Any) -> None:
         "queue", help="the machine's queue: capacity, queues, the jobs that run and those that wait, and why"
     )
     queue.add_argument("-o", "--output", choices=("yaml", "json"), help="print it all as data")
-    _engine_options(queue)
+    _engine_options(queue, "queue")
     queue.set_defaults(func=run_queue)
 
 
@@ -617,7 +529,7 @@ def _register_wait(commands: Any) -> None:
     )
     wait.add_argument("job", metavar="JOB", help=REF_HELP)
     wait.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long")
-    _engine_options(wait)
+    _engine_options(wait, "wait")
     wait.set_defaults(func=run_wait)
 
 
@@ -627,7 +539,9 @@ def run_wait(args: argparse.Namespace) -> int:
     if args.timeout is not None and not 0 <= args.timeout < float("inf"):  # also refuses nan
         message = f"expected a non-negative, finite number of seconds, got {args.timeout}"
         raise SpecError([Problem("--timeout", message, "<command line>")])
-    report = _engine(args).wait(args.job, args.timeout)
+    from torchjob.engines.base import StreamSink
+
+    report = _engine(args).wait(args.job, args.timeout, sink=StreamSink())
     if not (report.terminal or report.phase == "Unknown"):
         print(
             f"torchjob: job {report.id} is still {report.phase} after {args.timeout:g}s (timed out)",

@@ -152,15 +152,18 @@ def _describe_workflow(file: str) -> str | None:
 
 def _local_problems(item: Any) -> list[Problem]:
     """What the local engine's check finds (through the engine interface), with the file's lines."""
-    from torchjob.engines.registry import get_engine
+    from torchjob.engines.registry import engine_for, get_engine
 
-    return [item.document.problem(path, message) for path, message in get_engine("local").check(item.job)]
+    return [
+        item.document.problem(path, message)
+        for path, message in get_engine(engine_for("runs_here")).check(item.job)
+    ]
 
 
 def _local_warnings(item: Any) -> list[tuple[str, str]]:
-    from torchjob.engines.registry import get_engine
+    from torchjob.engines.registry import engine_for, get_engine
 
-    return get_engine("local").warnings(item.job)
+    return get_engine(engine_for("runs_here")).warnings(item.job)
 
 
 def _render_workflow(args: argparse.Namespace) -> int | None:

@@ -11,13 +11,14 @@ the same for every engine: ``torchjob status -o json`` prints it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 
 from torchjob.records import field, record
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from typing import Any, Protocol
+    from typing import Any, Protocol, TextIO
 
     from torchjob.spec.model import Job
 
@@ -25,6 +26,7 @@ __all__ = [
     "TERMINAL_PHASES",
     "ContainerReport",
     "EngineError",
+    "EngineInfo",
     "FailureReport",
     "JobReport",
     "LogLine",
@@ -34,7 +36,9 @@ __all__ = [
     "PortReport",
     "QueueListing",
     "ReportError",
+    "Setting",
     "StartOptions",
+    "StreamSink",
 ]
 
 # Volcano's job phases that never change again; "Unknown" is not terminal (its engine lost track).
@@ -104,23 +108,111 @@ class _Reader:
 _REQUIRED: Any = object()
 
 
-@record
 class StartOptions:
-    detach: bool = False  # return once the job has started instead of when it ends
-    quiet: bool = False  # attached: no streamed logs, notes, table or summary
-    timeout: float | None = None  # whole-job deadline in seconds; then the job is Terminated
-    extra_env: dict[str, str] = field(default_factory=dict)  # added to every main container's env, last
-    follow: bool = True  # attached: stream every pod's logs while the job runs
-    replace: bool = False  # an existing job of the same name is deleted first (cluster engines)
-    target: str | None = None  # how a cluster engine expresses the job (volcano, kubeflow, ...)
-    runtime: str | None = None  # the Trainer runtime for target trainjob
-    prewarm: bool = True  # local: main containers' interpreters import torch while init containers run
-    max_restarts: int | None = None  # local engine: fail the job once a pod restarted more often
-    on_start: Callable[[str], None] | None = None  # attached: told the job's id once it is submitted
-    preload: tuple[str, ...] = ()  # local: main containers forked from a server that imported these
-    queue: bool = True  # local: wait in the machine's queue for CPUs, memory and GPUs; False: start at once
-    remove: bool = False  # run --rm: a job that completed is removed once it ended (a failed one is kept)
-    hang_notice: float = 300.0  # local: one notice once every pod has been silent this long (0: never)
+    """How to start one job: the engine-neutral choices, plus ``settings`` that only the engine
+    reads (declared by it as :class:`Setting`; e.g. the local engine's ``max_restarts``). Any
+    other keyword is one of those settings: ``StartOptions(detach=True, target="volcano")``."""
+
+    def __init__(
+        self,
+        detach: bool = False,
+        quiet: bool = False,
+        timeout: float | None = None,
+        extra_env: dict[str, str] | None = None,
+        follow: bool = True,
+        on_start: Callable[[str], None] | None = None,
+        remove: bool = False,
+        sink: Sink | None = None,
+        settings: dict[str, object] | None = None,
+        **more_settings: object,
+    ) -> None:
+        self.detach = detach  # return once the job has started instead of when it ends
+        self.quiet = quiet  # attached: no streamed logs, notes, table or summary
+        self.timeout = timeout  # whole-job deadline in seconds; then the job is Terminated
+        self.extra_env = dict(extra_env or {})  # added to every main container's env, last
+        self.follow = follow  # attached: stream every pod's logs while the job runs
+        self.on_start = on_start  # attached: told the job's id once it is submitted
+        self.remove = remove  # run --rm: a job that completed is removed once it ended
+        self.sink = sink  # attached: where the engine's lines go (None: the engine's default)
+        self.settings: dict[str, object] = {**(settings or {}), **more_settings}
+
+    def setting(self, name: str, default: Any = None) -> Any:
+        """The setting's value, or ``default`` when it was not given (None counts as not given)."""
+        value = self.settings.get(name)
+        return default if value is None else value
+
+    def __repr__(self) -> str:
+        return f"StartOptions({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
+class Setting:
+    """One setting an engine declares: the CLI makes a flag of it for ``commands``; the engine
+    reads it from its constructor's keywords and from ``StartOptions.settings``. Declared in a
+    module that imports nothing of the engine, so listing them costs nothing (registry.py).
+
+    A plain class, not a record: a record's generic ``__init__`` made listing every engine's
+    settings cost about 0.3 ms of each command's start-up."""
+
+    __slots__ = (
+        "choices",
+        "commands",
+        "default",
+        "flags",
+        "help",
+        "invalid",
+        "metavar",
+        "minimum",
+        "name",
+        "type",
+    )
+
+    def __init__(
+        self,
+        name: str,  # a Python name (state_dir); its flag is --state-dir unless ``flags`` says otherwise
+        help: str,
+        type: str = "str",  # str | path | int | float | bool | modules (names separated by commas)
+        default: Any = None,  # the engine's value when not given (a bool's flag gives the other one)
+        commands: tuple[str, ...] = ("run",),  # the commands that take it: run, submit, status, ...
+        flags: tuple[str, ...] = (),  # its spellings on the command line (-n, --namespace)
+        metavar: str | None = None,
+        choices: tuple[str, ...] = (),
+        minimum: float | None = None,  # a number: the least it may be (nan and infinity refused too)
+        invalid: str = "",  # what a number out of range is told, with {value}
+    ) -> None:
+        self.name, self.help, self.type, self.default = name, help, type, default
+        self.commands, self.flags, self.metavar, self.choices = commands, flags, metavar, choices
+        self.minimum, self.invalid = minimum, invalid
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        return self.flags or ("--" + self.name.replace("_", "-"),)
+
+    def __repr__(self) -> str:
+        return f"Setting({self.name!r})"
+
+
+class EngineInfo:
+    """What the registry knows of an engine without importing it: where it is, its settings, and
+    the few ways the CLI treats it differently (declared here, never by comparing its name)."""
+
+    __slots__ = ("factory", "location", "runs_here", "settings", "submits", "summarizes")
+
+    def __init__(
+        self,
+        factory: str,  # "module:Class": imported only when the engine is used
+        settings: tuple[Setting, ...] = (),
+        runs_here: bool = False,  # pods are this machine's processes: scripts and modules are here
+        summarizes: bool = False,  # an attached run ends with the engine's own summary
+        submits: bool = False,  # `torchjob submit` sends jobs to this engine
+        location: str = "context",  # what a report's location is, as `status` labels it
+    ) -> None:
+        self.factory, self.settings, self.runs_here = factory, settings, runs_here
+        self.summarizes, self.submits, self.location = summarizes, submits, location
+
+    def value(self, options: StartOptions, name: str) -> Any:
+        """Setting ``name`` as ``options`` give it, else as declared here (its default)."""
+        declared = next(s for s in self.settings if s.name == name)
+        return options.setting(name, declared.default)
 
 
 @record
@@ -454,9 +546,53 @@ class LogLine:
     pod: str = ""  # the pod's short name (<task>-<index>), without rank or container
 
 
+class StreamSink:
+    """The output of a run as the command line shows it: log lines and reports on standard output,
+    notes on standard error. The streams are looked up at each write (a test may swap them).
+    What an engine writes to when its caller gave no sink (``StartOptions.sink``)."""
+
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self._out, self._err = out, err
+
+    @property
+    def stream(self) -> TextIO:
+        return self._out or sys.stdout
+
+    def log(self, line: LogLine) -> None:
+        self.stream.write(f"{line.prefix} | {line.text}\n")
+        self.stream.flush()
+
+    def notice(self, text: str) -> None:
+        print(f"torchjob: {text}", file=self._err or sys.stderr, flush=True)
+
+    def report(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+
 # The interface is for the type checker: engines implement it by shape, not by subclassing, and
 # the CLI and the SDK import it under TYPE_CHECKING, so no command pays for importing typing.
 if TYPE_CHECKING:
+
+    class Sink(Protocol):
+        """Where an attached run's and a wait's output goes: the caller's, never the engine's own.
+
+        ``stream``, when the caller has one (a terminal, a file), takes an engine's live output
+        as it is (log lines, a status table redrawn in place); otherwise lines come one by one."""
+
+        @property
+        def stream(self) -> TextIO | None: ...
+
+        def log(self, line: LogLine) -> None:
+            """A pod's log line."""
+            ...
+
+        def notice(self, text: str) -> None:
+            """A note about the job for the person (without the ``torchjob: `` it is shown with)."""
+            ...
+
+        def report(self, text: str) -> None:
+            """A line of a table or a summary."""
+            ...
 
     class Engine(Protocol):
         """What the CLI and the SDK may ask of an engine. ``ref`` is a job id, a unique prefix or a name."""
@@ -491,8 +627,9 @@ if TYPE_CHECKING:
             """The job's log lines, oldest first; with ``follow``, until the job ends."""
             ...
 
-        def wait(self, ref: str, timeout: float | None = None) -> JobReport:
-            """Block until the job reaches a terminal phase (or ``timeout`` passes): its latest report."""
+        def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
+            """Block until the job reaches a terminal phase (or ``timeout`` passes): its latest report.
+            What it has to say while waiting (a pod unschedulable) goes to ``sink``."""
             ...
 
         def delete(self, refs: list[str]) -> list[str]:

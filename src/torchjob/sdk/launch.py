@@ -143,12 +143,13 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
             ", ".join(f"{t.name} x{t.replicas}" for t in job.spec.tasks),
         )
         # The engine's own output (pod logs, notes, status table) only when debugging; otherwise
-        # the watcher copies the pods' output. The job stays for `torchjob logs <job>`.
-        quiet = not logger.isEnabledFor(logging.DEBUG)
+        # the watcher is its sink and prints the pods' lines. The job stays for `torchjob logs <job>`.
+        debugging = logger.isEnabledFor(logging.DEBUG)
         # TORCHJOB_ENGINE=slurm runs a task called from Python on that engine (with its settings).
         engine = get_engine(os.environ.get("TORCHJOB_ENGINE") or DEFAULT_ENGINE)
-        with JobWatcher(results / PROGRESS_FILE, name, engine if quiet else None, name):
-            report = engine.start(job, StartOptions(quiet=quiet, timeout=timeout, extra_env=env))
+        with JobWatcher(results / PROGRESS_FILE, name) as watcher:
+            sink = None if debugging else watcher  # None: the engine's output as the CLI shows it
+            report = engine.start(job, StartOptions(timeout=timeout, extra_env=env, sink=sink))
         logger.debug("task %s: job %s %s; logs: torchjob logs %s", task.name, name, report.phase, report.id)
         error = first_error(results)
         if error is not None:

@@ -1,13 +1,15 @@
 """What the caller sees while a task's pods run: rendezvous progress and the pods' own output.
 
-The engine runs quietly for SDK calls (no status table), so a background thread echoes
-``k/N nodes joined`` lines that the rendezvous host writes, and copies every pod's log lines to
-this process's stdout with a ``<task>-<index> |`` prefix, as torchrun shows every rank's output.
-The pods' lines come from the engine's own ``logs`` (followed), so any engine can be watched.
+The engine runs for SDK calls with this watcher as its sink (engines.base.Sink): it hands over
+each pod's log lines, which a background thread copies to this process's stdout with a
+``<task>-<index> |`` prefix, as torchrun shows every rank's output, together with the
+``k/N nodes joined`` lines that the rendezvous host writes. The engine's notes go to the debug
+log and its summary nowhere: a task returns its value or raises.
 """
 
 from __future__ import annotations
 
+import collections
 import sys
 import threading
 from pathlib import Path
@@ -17,30 +19,42 @@ from torchjob.files import LogFollower
 from torchjob.logs import get_logger
 
 if TYPE_CHECKING:
-    from torchjob.engines.base import Engine
+    from torchjob.engines.base import LogLine
 
 logger = get_logger()
 
 INTERVAL = 0.2
+BACKLOG = 10_000  # lines handed over but not yet printed before the engine holds the rest back
 
 
 class JobWatcher:
-    """Echo progress and pod logs until stopped; use as a context manager around the run.
+    """Echo progress and the lines the engine hands over until stopped; a context manager around
+    the run, and the run's sink (``StartOptions(sink=watcher)``)."""
 
-    ``engine`` and ``job`` (a reference the engine knows the job by once it has started) give the
-    pods' logs; without an engine only the progress is echoed.
-    """
+    stream = None  # a sink of lines: no terminal for a live table
 
-    def __init__(self, progress: Path, label: str, engine: Engine | None = None, job: str = "") -> None:
+    def __init__(self, progress: Path, label: str) -> None:
         self.progress = LogFollower()
         self.progress.follow(progress, "rendezvous")
         self.label = label
-        self.engine = engine
-        self.job = job
+        self.pending: collections.deque[str] = collections.deque()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._progress, daemon=True)
-        self.logs = threading.Thread(target=self._logs, daemon=True)
 
+    # The engine's side (its supervisor's loop): never blocks on this process's stdout.
+    def log(self, line: LogLine) -> None:
+        self.pending.append(f"{line.pod or line.prefix} | {line.text}\n")
+
+    def room(self) -> bool:
+        return len(self.pending) < BACKLOG
+
+    def notice(self, text: str) -> None:
+        logger.info(text)  # as the supervisor logs a note when nobody is shown it
+
+    def report(self, text: str) -> None:
+        return
+
+    # The printing thread's side.
     def _progress(self) -> None:
         while not self.stop.wait(INTERVAL):
             self.tick()
@@ -49,37 +63,19 @@ class JobWatcher:
         for _, line in self.progress.read():
             print(f"torchjob: {self.label}: rendezvous: {line}", file=sys.stderr, flush=True)
             logger.debug("%s: rendezvous: %s", self.label, line)
-
-    def _logs(self) -> None:
-        """Follow the job's logs from when the engine knows it until it ends."""
-        from torchjob.engines.base import EngineError, LogQuery
-
-        assert self.engine is not None
-        while True:
-            done = self.stop.is_set()  # the run returned: one last look, then no more
-            try:
-                lines = self.engine.logs(self.job, LogQuery(follow=not done))
-            except EngineError:  # not started yet
-                if done or self.stop.wait(INTERVAL):
-                    return
-                continue
-            try:
-                for line in lines:
-                    sys.stdout.write(f"{line.pod or line.prefix} | {line.text}\n")
-                    sys.stdout.flush()
-            except (OSError, EngineError) as err:  # the echo stops; the job and its logs do not
-                logger.debug("%s: no more pod output: %s", self.label, err)
-            return
+        try:
+            while self.pending:
+                sys.stdout.write(self.pending.popleft())
+            sys.stdout.flush()
+        except OSError as err:  # the echo stops; the job and its logs do not
+            logger.debug("%s: no more pod output: %s", self.label, err)
+            self.pending.clear()
 
     def __enter__(self) -> JobWatcher:
         self.thread.start()
-        if self.engine is not None:
-            self.logs.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(timeout=5)
-        if self.engine is not None:
-            self.logs.join(timeout=10)
         self.tick()

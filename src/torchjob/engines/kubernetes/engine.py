@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import copy
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torchjob.display import first_failed_first
-from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions
+from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions, StreamSink
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
@@ -22,7 +21,7 @@ from torchjob.engines.kubernetes.submit import create_all, delete_object
 from torchjob.records import record, replace
 
 if TYPE_CHECKING:
-    from torchjob.engines.base import Engine
+    from torchjob.engines.base import Engine, Sink
     from torchjob.spec.model import Job
 
 LOG_TAIL_LINES = 20
@@ -94,9 +93,9 @@ class KubernetesEngine:
         from torchjob.targets import render_target
 
         namespace = self._namespace(job)
-        target = self.discovery.choose_target(options.target)
+        target = self.discovery.choose_target(options.setting("target"))
         job = replace(job, metadata=replace(job.metadata, namespace=namespace))
-        rendered = render_target(job, target, runtime=options.runtime)
+        rendered = render_target(job, target, runtime=options.setting("runtime"))
         objects = [copy.deepcopy(obj) for obj in rendered.objects]
         for obj in objects:
             obj.setdefault("metadata", {})["namespace"] = namespace
@@ -114,9 +113,9 @@ class KubernetesEngine:
         from torchjob.targets import render_target
 
         namespace = self._namespace(job)
-        target = self.discovery.choose_target(options.target)
+        target = self.discovery.choose_target(options.setting("target"))
         job = replace(job, metadata=replace(job.metadata, namespace=namespace))
-        rendered = render_target(job, target, runtime=options.runtime)
+        rendered = render_target(job, target, runtime=options.setting("runtime"))
         for path, message in rendered.warnings:
             self._note(f"warning: {path}: {message}", options)
         objects = [copy.deepcopy(obj) for obj in rendered.objects]
@@ -126,7 +125,7 @@ class KubernetesEngine:
                 _add_env(obj, options.extra_env)
         existing = self._find(job.name, namespace)
         if existing is not None:
-            if not options.replace:
+            if not options.setting("replace", False):
                 raise EngineError(
                     f"job {job.name} already exists in namespace {namespace} (target {existing.target}); "
                     "use --replace to delete it and submit again"
@@ -141,9 +140,9 @@ class KubernetesEngine:
             return self._report(found, pods={}, top=_top_object(objects, found.kind))
         follower = self._follower(found, logs=options.follow and not options.quiet, options=options)
         try:
+            sink = options.sink or StreamSink()
             for line in follower.run(options.timeout):
-                sys.stdout.write(f"{line.prefix} | {line.text}\n")
-                sys.stdout.flush()
+                sink.log(line)
         except KeyboardInterrupt:
             # Ctrl-C stops the watching, not the job: a cluster job may hold hours of work, and
             # the user's terminal is not its lifeline (docs/kubernetes.md). Said even when quiet.
@@ -224,9 +223,9 @@ class KubernetesEngine:
                     ):
                         yield LogLine(prefix=prefix, text=text, pod_ordinal=ordinal)
 
-    def wait(self, ref: str, timeout: float | None = None) -> JobReport:
+    def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
         found = self._resolve(ref)
-        follower = self._follower(found, logs=False)
+        follower = self._follower(found, logs=False, sink=sink)
         with sigterm_interrupts():
             for _ in follower.run(timeout):
                 pass
@@ -240,17 +239,20 @@ class KubernetesEngine:
 
     # ------------------------------------------------------------------ helpers
 
-    def _log_refused(self, err: EngineError, options: StartOptions | None = None) -> None:
+    def _log_refused(
+        self, err: EngineError, options: StartOptions | None = None, sink: Sink | None = None
+    ) -> None:
         """No RBAC for pods/log: said once, and the job is followed and reported without logs."""
         with self._logs_refused_lock:  # log streams of many pods are refused at once
             if self._logs_refused:
                 return
             self._logs_refused = True
-        self._note(f"warning: {err}; going on without logs", options)
+        self._note(f"warning: {err}; going on without logs", options, sink)
 
-    def _note(self, message: str, options: StartOptions | None = None) -> None:
+    def _note(self, message: str, options: StartOptions | None = None, sink: Sink | None = None) -> None:
+        """A note for the person, to the caller's sink (standard error when it gave none)."""
         if options is None or not options.quiet:
-            print(f"torchjob: {message}", file=sys.stderr)
+            (sink or (options.sink if options else None) or StreamSink()).notice(message)
 
     def _list(self, path: str, selector: str) -> list[dict[str, Any]]:
         listing = self.cluster.json("GET", path, query={"labelSelector": selector}, doing=f"list {path}")
@@ -333,7 +335,13 @@ class KubernetesEngine:
         return job_podgroup(self._list(path, f"{JOB_LABEL}={found.name}"), found.top)
 
     def _follower(
-        self, found: Found, *, logs: bool, options: StartOptions | None = None, **kwargs: Any
+        self,
+        found: Found,
+        *,
+        logs: bool,
+        options: StartOptions | None = None,
+        sink: Sink | None = None,
+        **kwargs: Any,
     ) -> Follower:
         kind = found.kind
         return Follower(
@@ -349,8 +357,8 @@ class KubernetesEngine:
             label_selector=f"{JOB_LABEL}={found.name}",
             logs=logs,
             pending_timeout=self.pending_timeout,
-            notify=lambda message: self._note(message, options),
-            log_refused=lambda err: self._log_refused(err, options),
+            notify=lambda message: self._note(message, options, sink),
+            log_refused=lambda err: self._log_refused(err, options, sink),
             **kwargs,
         )
 

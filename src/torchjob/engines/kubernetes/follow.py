@@ -10,6 +10,7 @@ when logs are followed.
 
 from __future__ import annotations
 
+import collections
 import queue
 import time
 from collections.abc import Callable, Iterator

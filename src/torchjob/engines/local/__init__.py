@@ -145,9 +145,13 @@ def _result(job_dir: Path) -> RunResult:
     return RunResult(report.phase, report.reason, job_dir, pods, report=report)
 
 
-def run_job(job: Job, options: RunOptions | None = None, planned: LocalPlan | None = None) -> RunResult:
+def run_job(
+    job: Job, options: RunOptions | None = None, planned: LocalPlan | None = None, output: object = None
+) -> RunResult:
     """Run ``job`` to its end (or start it in the background with ``detach``); ``planned`` is the
-    job's plan (planning.plan_job), checked and expanded once: made here when not given."""
+    job's plan (planning.plan_job), checked and expanded once: made here when not given. An attached
+    job's console writes to ``output``: the caller's stream (standard output when None), or a
+    SinkConsole for a caller's sink of lines."""
     from torchjob.engines.local.state import new_job_dir, state_root
 
     options = options or RunOptions()
@@ -163,7 +167,7 @@ def run_job(job: Job, options: RunOptions | None = None, planned: LocalPlan | No
         return _detach(job, job_dir.path, options, plan, planned)
     if options.on_start is not None:
         options.on_start(job_dir.id)
-    stream = None if options.quiet else sys.stdout
+    stream = None if options.quiet else sys.stdout if output is None else output
     return _supervise(job, job_dir.path, options, stream=stream, plan=plan, planned=planned)
 
 
@@ -205,12 +209,16 @@ def _supervise(
     plan: Plan | None = None,
     planned: LocalPlan | None = None,
 ) -> RunResult:
-    from torchjob.engines.local.output import Console
+    from torchjob.engines.local.output import Console, SinkConsole
     from torchjob.engines.local.state import JobDir
     from torchjob.engines.local.supervisor import Supervisor
 
     # Never blocking on the reader: a stalled pipe or terminal must not stop timeouts and signals.
-    console = Console(stream, never_block=True) if stream is not None else None  # type: ignore[arg-type]
+    console: Console | SinkConsole | None = None
+    if isinstance(stream, SinkConsole):  # for a caller's sink that takes lines (engines.base.Sink)
+        console = stream
+    elif stream is not None:
+        console = Console(stream, never_block=True)  # type: ignore[arg-type]
     supervisor = Supervisor(
         job,
         JobDir(path),

@@ -24,7 +24,9 @@ from torchjob.engines.base import (
     PodReport,
     QueueListing,
     StartOptions,
+    StreamSink,
 )
+from torchjob.engines.local.settings import ENGINE
 from torchjob.engines.local.state import (
     ROOT_MARKER,
     JobDir,
@@ -39,7 +41,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-    from torchjob.engines.base import Engine, QueueingEngine
+    from torchjob.engines.base import Engine, QueueingEngine, Sink
     from torchjob.engines.local.planning import LocalPlan
     from torchjob.spec.model import Job
 
@@ -111,15 +113,16 @@ class LocalEngine:
                 timeout=options.timeout,
                 extra_env=dict(options.extra_env),
                 detach=options.detach,
-                prewarm=options.prewarm,
-                max_restarts=options.max_restarts,
+                prewarm=ENGINE.value(options, "prewarm"),
+                max_restarts=ENGINE.value(options, "max_restarts"),
                 on_start=options.on_start,
-                preload=options.preload,
-                queue=options.queue,
+                preload=tuple(ENGINE.value(options, "preload")),
+                queue=ENGINE.value(options, "queue"),
                 remove=options.remove,
-                hang_notice=options.hang_notice,
+                hang_notice=ENGINE.value(options, "hang_notice"),
             ),
             planned,
+            output=_output(options.sink),
         )
         if options.detach and not result.started:  # no job id to give: there is no job to follow
             raise EngineError(f"job {result.job_id} did not start: {result.reason}", exit_code=1)
@@ -152,7 +155,8 @@ class LocalEngine:
                 pod.last_output_at = last_output(where.log_dir(pod.name, pod.attempt))
         return report
 
-    def wait(self, ref: str, timeout: float | None = None) -> JobReport:
+    def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
+        """Polls the job's status; it has nothing to say while waiting (``sink`` is unused)."""
         where = self._find(ref)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -299,6 +303,17 @@ def last_output(log_dir: Path) -> float | None:
         with contextlib.suppress(OSError):
             times.append(log.stat().st_mtime)
     return max(times, default=None)
+
+
+def _output(sink: Sink | None) -> object:
+    """Where the job's console writes: the caller's stream, else (a sink of lines) the sink."""
+    if sink is None:
+        return StreamSink().stream
+    if sink.stream is not None:
+        return sink.stream
+    from torchjob.engines.local.output import SinkConsole
+
+    return SinkConsole(sink)
 
 
 def _cannot_read(err: OSError) -> str:

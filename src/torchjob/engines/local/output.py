@@ -21,7 +21,7 @@ from torchjob.display import paint, use_color
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from typing import TextIO
+    from typing import Any, TextIO
 
 MAX_BACKLOG = 1 << 20  # bytes written but not yet taken by the reader before log reading pauses
 _WRITE_CHUNK = 1 << 16
@@ -319,6 +319,72 @@ class Console:
         self._table = []
         self._progress = {}
         self.stream.flush()
+
+
+class SinkConsole:
+    """The console for a caller whose sink takes lines (``stream`` None, the SDK's): container lines
+    as :class:`LogLine`, notes and the summary as they are; nothing live (no table, no bars).
+
+    A sink may say it has no ``room`` for more lines (its reader is slow): the log files keep them
+    until it has, as for a stalled terminal."""
+
+    live = False
+    color = False
+    backlog = 0  # what Console.stream has: the supervisor flushes and reads these
+    broken = False
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self.stream = self
+        self.unshown = 0
+        self.gave_up = False
+
+    def flush(self) -> None:
+        return
+
+    def room(self) -> bool:
+        has_room = getattr(self.sink, "room", None)
+        return not self.gave_up and (has_room is None or bool(has_room()))
+
+    def drain(self, stall: float, stop: Callable[[], bool]) -> bool:
+        deadline = time.monotonic() + stall
+        while not self.room():
+            if self.gave_up or stop() or time.monotonic() > deadline:
+                self.gave_up = True
+                return False
+            time.sleep(0.05)
+        return True
+
+    def give_up(self) -> None:
+        self.gave_up = True
+
+    def finish(self, stall: float, stop: Callable[[], bool]) -> None:
+        return
+
+    def lines(self, items: Iterable[tuple[str, str, str]]) -> None:
+        from torchjob.engines.base import LogLine
+
+        for prefix, _, text in items:
+            if self.gave_up:
+                self.unshown += 1
+                continue
+            # the prefix is display.prefix_for's: <task>-<index>[/<container>][ r<RANK>]
+            self.sink.log(LogLine(prefix, text, 0, prefix.split(" ", 1)[0].split("/", 1)[0]))
+
+    def progress(self, items: Iterable[tuple[str, str, str]]) -> None:
+        return
+
+    def note(self, text: str, code: str = "2") -> None:
+        self.sink.notice(text)
+
+    def table(self, rows: list[str], *, force: bool = False) -> None:
+        return
+
+    def print(self, line: str) -> None:
+        self.sink.report(line)
+
+    def end_live(self) -> None:
+        return
 
 
 _CONTROL = r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x1f\x7f]"  # compiled only once a progress bar is drawn

@@ -347,10 +347,15 @@ def is_state_root(root: Path) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid()
 
 
-def _own(path: Path, kind: int) -> bool:
-    """``path`` is, without following a symlink, of this ``kind`` (S_IFDIR, S_IFREG) and this user's."""
+def _own(path: Path, kind: int, strict: bool = False) -> bool:
+    """``path`` is, without following a symlink, of this ``kind`` (S_IFDIR, S_IFREG) and this user's.
+    ``strict``: a directory on the way that this user may not search raises (PermissionError)."""
     try:
         info = os.lstat(path)
+    except PermissionError:
+        if strict:
+            raise
+        return False
     except OSError:
         return False
     return stat.S_IFMT(info.st_mode) == kind and info.st_uid == os.getuid()
@@ -364,8 +369,9 @@ def is_job_dir(path: Path) -> bool:
     return (
         _JOB_ID.fullmatch(path.name) is not None
         and _own(path, stat.S_IFDIR)
-        and _own(path / "supervisor.pid", stat.S_IFREG)
-        and _own(path / "status.json", stat.S_IFREG)
+        # A job directory of this user's that it made unreadable is its to repair: said, not skipped.
+        and _own(path / "status.json", stat.S_IFREG, strict=True)
+        and _own(path / "supervisor.pid", stat.S_IFREG, strict=True)
     )
 
 

@@ -42,7 +42,7 @@ from torchjob.engines.local.cleanup import (
 )
 from torchjob.engines.local.containers import local_warnings
 from torchjob.engines.local.creation import PodFactory
-from torchjob.engines.local.output import Console, short_name
+from torchjob.engines.local.output import Console, SinkConsole, short_name
 from torchjob.engines.local.pod import FAILED, RUNNING, SUCCEEDED, LocalPod
 from torchjob.engines.local.prewarm import modules_of as prewarm_modules
 from torchjob.engines.local.report import job_report
@@ -83,7 +83,7 @@ class Supervisor:
         job: Job,
         job_dir: JobDir,
         *,
-        console: Console | None,
+        console: Console | SinkConsole | None,  # SinkConsole: a caller's sink of lines
         echo_logs: bool,
         timeout: float | None,
         extra_env: dict[str, str],

@@ -22,15 +22,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchjob.display import prefix_for
-from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions
+from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions, StreamSink
 from torchjob.engines.slurm import steps
-from torchjob.engines.slurm.settings import SlurmSettings, job_root
+from torchjob.engines.slurm.settings import ENV, SlurmSettings, job_root
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any
 
-    from torchjob.engines.base import Engine
+    from torchjob.engines.base import Engine, Sink
     from torchjob.engines.slurm.plan import SlurmPlan
     from torchjob.spec.model import Job
 
@@ -46,23 +46,12 @@ ENDED_BY_SLURM = {
     "DEADLINE": ("Failed", "Slurm: DEADLINE: the job's deadline passed before it ran"),
     "OUT_OF_MEMORY": ("Failed", "Slurm: OUT_OF_MEMORY: the allocation ran out of memory"),
 }
-# Settings from the environment until the CLI builds flags from the engine's declared settings.
-ENV_SETTINGS = {
-    "partition": "TORCHJOB_SLURM_PARTITION",
-    "account": "TORCHJOB_SLURM_ACCOUNT",
-    "qos": "TORCHJOB_SLURM_QOS",
-    "time_limit": "TORCHJOB_SLURM_TIME",
-    "sbatch_args": "TORCHJOB_SLURM_SBATCH_ARGS",
-    "job_root": "TORCHJOB_SLURM_JOB_ROOT",
-    "container_images": "TORCHJOB_SLURM_CONTAINER_IMAGES",
-    "single_component": "TORCHJOB_SLURM_SINGLE_COMPONENT",
-}
 
 
 def settings_from(given: dict[str, Any], environ: dict[str, str]) -> SlurmSettings:
-    """The engine's settings: keyword settings first, else ``TORCHJOB_SLURM_*`` variables."""
+    """The engine's settings: those given (flags) first, else ``TORCHJOB_SLURM_*`` variables."""
     values: dict[str, Any] = {}
-    for name, variable in ENV_SETTINGS.items():
+    for name, variable in ENV.items():
         value = given.get(name)
         if value is None:
             value = environ.get(variable) or None
@@ -72,6 +61,8 @@ def settings_from(given: dict[str, Any], environ: dict[str, str]) -> SlurmSettin
             value = tuple(shlex.split(value) if isinstance(value, str) else value)
         elif name in ("container_images", "single_component"):
             value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+        else:
+            value = str(value)
         values[name] = value
     return SlurmSettings(**values)
 
@@ -84,7 +75,8 @@ def _batch_command(job_dir: Path) -> list[str]:
 class _EventTeller:
     """Attached: the controller's events (restarts, a task waiting for another) as they come."""
 
-    def __init__(self) -> None:
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
         self.told = 0.0
 
     def __call__(self, report: JobReport) -> None:
@@ -92,32 +84,38 @@ class _EventTeller:
             when = event.get("time")
             if isinstance(when, (int, float)) and when > self.told:
                 self.told = float(when)
-                print(f"torchjob: {event.get('message', '')}", file=sys.stderr, flush=True)
+                self.sink.notice(str(event.get("message", "")))
 
 
 class SlurmEngine:
     name = "slurm"
 
-    def __init__(self, state_dir: Path | str | None = None, **settings: Any) -> None:
-        self.settings = settings_from(settings, dict(os.environ))
-        self.root = Path(state_dir) if state_dir else job_root(self.settings)
+    def __init__(self, **settings: Any) -> None:
+        self.given = {k: v for k, v in settings.items() if k in ENV}  # another engine's are not ours
+        self.settings = settings_from(self.given, dict(os.environ))
+        self.root = job_root(self.settings)
+
+    def _for(self, options: StartOptions) -> SlurmSettings:
+        """The settings of one start: those its options give, over the engine's own."""
+        given = {**self.given, **{k: v for k, v in options.settings.items() if k in ENV and v is not None}}
+        return settings_from(given, dict(os.environ))
 
     # ------------------------------------------------------------------ planning
 
-    def _plan(self, job: Job, job_dir: Path) -> SlurmPlan:
+    def _plan(self, job: Job, job_dir: Path, settings: SlurmSettings) -> SlurmPlan:
         from torchjob.engines.slurm.plan import PlanError, plan_job
         from torchjob.errors import Problem, SpecError
 
         try:
-            return plan_job(job, self.settings, str(job_dir), _batch_command(job_dir))
+            return plan_job(job, settings, str(job_dir), _batch_command(job_dir))
         except PlanError as err:
             raise SpecError([Problem(err.path, err.message, "")]) from None
 
-    def check(self, job: Job) -> list[tuple[str, str]]:
+    def check(self, job: Job, settings: SlurmSettings | None = None) -> list[tuple[str, str]]:
         from torchjob.engines.slurm.plan import PlanError, plan_job
 
         try:
-            plan_job(job, self.settings, str(self.root / job.name), ["true"])
+            plan_job(job, settings or self.settings, str(self.root / job.name), ["true"])
         except PlanError as err:
             return [(err.path, err.message)]
         return []
@@ -128,7 +126,7 @@ class SlurmEngine:
     def plan(self, job: Job, options: StartOptions) -> Plan:
         job_id = f"{job.name}-{secrets.token_hex(3)}"
         job_dir = self.root / job_id
-        plan = self._plan(job, job_dir)
+        plan = self._plan(job, job_dir, self._for(options))
         script = job_dir / "batch.sh"
         lines = [
             f"# slurm engine: job {job_id} in {job_dir}",
@@ -153,7 +151,7 @@ class SlurmEngine:
                         commands.append(f"{label}{container.get('name')}: {shlex.join(map(str, argv))}")
             lines.append(f"#   {pod.name}: component {pod.component}, srun {' '.join(resources.step_args())}")
             lines += [f"#     {command}" for command in commands]
-        return Plan(self.name, job, options, "\n".join(lines) + "\n", detail=(job_id, plan))
+        return Plan(self.name, job, options, "\n".join(lines), detail=(job_id, plan))
 
     # ------------------------------------------------------------------ start
 
@@ -162,7 +160,7 @@ class SlurmEngine:
         from torchjob.render import dump
         from torchjob.spec.manifest import job_manifest
 
-        problems = self.check(job)
+        problems = self.check(job, self._for(options))
         if problems:
             from torchjob.errors import Problem, SpecError
 
@@ -170,20 +168,21 @@ class SlurmEngine:
         self._client("sbatch")
         job_id = f"{job.name}-{secrets.token_hex(3)}"
         job_dir = self.root / job_id
-        plan = self._plan(job, job_dir)
+        chosen = self._for(options)
+        plan = self._plan(job, job_dir, chosen)
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._own_root()
             job_dir.mkdir(mode=0o700)
         except OSError as err:
             raise EngineError(f"cannot make the job directory {job_dir}: {err.strerror or err}") from None
-        settings = {name: getattr(self.settings, name) for name in ENV_SETTINGS}
-        settings["sbatch_args"] = list(self.settings.sbatch_args)
+        settings = {name: getattr(chosen, name) for name in ENV}
+        settings["sbatch_args"] = list(chosen.sbatch_args)
         options_data = {
             "id": job_id,
             "settings": settings,
             "timeout": options.timeout,
-            "maxRestarts": options.max_restarts,
+            "maxRestarts": options.setting("max_restarts"),
             "extraEnv": dict(options.extra_env),
             "workdir": os.getcwd(),  # relative paths as sbatch would: from where the job was submitted
         }
@@ -198,20 +197,20 @@ class SlurmEngine:
             shutil.rmtree(job_dir, ignore_errors=True)  # nothing half-made is left
             raise EngineError(str(err)) from None
         write_atomic(job_dir / SLURM_FILE, json.dumps({"jobId": slurm_id}) + "\n")
+        sink = options.sink or StreamSink()
         if options.detach:
             if not options.quiet:
-                print(f"torchjob: Slurm job {slurm_id}: {job_id}", file=sys.stderr, flush=True)
+                sink.notice(f"Slurm job {slurm_id}: {job_id}")
             return self.status(job_id)
         if options.on_start is not None:
             options.on_start(job_id)
         if not options.quiet:
-            print(f"torchjob: Slurm job {slurm_id}: {job_id} ({job_dir})", file=sys.stderr, flush=True)
+            sink.notice(f"Slurm job {slurm_id}: {job_id} ({job_dir})")
         try:
             if options.follow and not options.quiet:
-                told = _EventTeller()
+                told = _EventTeller(sink)
                 for line in self._lines(job_dir, LogQuery(follow=True, all_attempts=True), told):
-                    sys.stdout.write(f"{line.prefix} | {line.text}\n")
-                    sys.stdout.flush()
+                    sink.log(line)
             return self.wait(job_id)
         except KeyboardInterrupt:
             # Attached, the terminal is the job's: Ctrl-C cancels the allocation and its steps.
@@ -331,7 +330,7 @@ class SlurmEngine:
     def status(self, ref: str) -> JobReport:
         return self._report(self._find(ref))
 
-    def wait(self, ref: str, timeout: float | None = None) -> JobReport:
+    def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
         job_dir = self._find(ref)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

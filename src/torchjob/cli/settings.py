@@ -1,0 +1,105 @@
+"""Command-line flags made from the settings engines declare (``engines.base.Setting``).
+
+A command gets a flag for every setting of every engine that lists the command; a value given is
+checked (its range, and that the chosen engine declares it) and handed to the engine by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from torchjob.engines.registry import settings_of
+from torchjob.errors import Problem, SpecError
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
+
+    from torchjob.engines.base import Setting
+
+COMMAND_LINE = "<command line>"
+_TYPES: dict[str, Any] = {"int": int, "float": float, "path": Path}
+
+
+def _declared(command: str) -> dict[str, tuple[Setting, list[str]]]:
+    """Each setting ``command`` takes, once, with the engines that declare it."""
+    found: dict[str, tuple[Setting, list[str]]] = {}
+    for engine, setting in settings_of(command):
+        found.setdefault(setting.name, (setting, []))[1].append(engine)
+    return found
+
+
+def add_setting_options(parser: argparse.ArgumentParser, command: str) -> None:
+    for setting, _ in _declared(command).values():
+        kwargs: dict[str, Any] = {"dest": setting.name, "default": None, "help": setting.help}
+        if setting.type == "bool":  # the flag says the other way than the default
+            kwargs.update(action="store_const", const=not setting.default)
+        else:
+            kwargs.update(type=_TYPES.get(setting.type, str), metavar=setting.metavar)
+            if setting.choices:
+                kwargs.update(choices=setting.choices)
+                del kwargs["metavar"]
+        parser.add_argument(*setting.spellings, **kwargs)
+
+
+def given_settings(args: argparse.Namespace, command: str, engine: str) -> dict[str, object]:
+    """The settings given on the command line for ``engine``: refused if out of range or if
+    ``engine`` does not declare them (a flag of another engine is a mistake, not to be ignored)."""
+    settings: dict[str, object] = {}
+    for name, (setting, engines) in _declared(command).items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        flag = setting.spellings[-1]
+        if engine not in engines:
+            message = f"applies only to --engine {' or '.join(engines)}, not to --engine {engine}"
+            raise SpecError([Problem(flag, message, COMMAND_LINE)])
+        settings[name] = _checked(setting, flag, value)
+    return settings
+
+
+def _checked(setting: Setting, flag: str, value: Any) -> object:
+    if setting.type == "modules":
+        return module_names(flag, value)
+    if setting.minimum is not None and not setting.minimum <= value < float("inf"):
+        message = setting.invalid or f"expected a finite number of {setting.minimum:g} or more, got {{value}}"
+        raise SpecError([Problem(flag, message.format(value=value), COMMAND_LINE)])
+    return value
+
+
+def module_names(flag: str, text: str) -> tuple[str, ...]:
+    import re
+
+    names = tuple(m.strip() for m in text.split(","))
+    if not all(re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", m, re.ASCII) for m in names):
+        message = f"expected module names separated by commas (torch,numpy), got {text!r}"
+        raise SpecError([Problem(flag, message, COMMAND_LINE)])
+    return names
+
+
+def given_flags(args: argparse.Namespace, command: str) -> list[str]:
+    """The flags of engine settings given (whatever the engine), as spelt in --help."""
+    return [
+        s.spellings[-1] for s, _ in _declared(command).values() if getattr(args, s.name, None) is not None
+    ]
+
+
+def find_engines(argv: list[str]) -> None:
+    """Read the engines other distributions declare when this command line may need them: an
+    ``--engine`` that is not built in, or ``--help`` (which lists them). Else the disk is not read."""
+    from torchjob.engines.registry import engine_names, load_entry_points
+
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return
+        name = (
+            argv[i + 1]
+            if arg == "--engine" and i + 1 < len(argv)
+            else arg[9:]
+            if arg.startswith("--engine=")
+            else None
+        )
+        if arg in ("-h", "--help") or (name is not None and name not in engine_names()):
+            load_entry_points()
+            return

@@ -1,0 +1,63 @@
+"""The local engine as the registry lists it: its settings, declared without importing the engine."""
+
+from __future__ import annotations
+
+from torchjob.engines.base import EngineInfo, Setting
+
+ALL_COMMANDS = ("run", "status", "logs", "wait", "delete", "prune", "queue")
+
+ENGINE = EngineInfo(
+    factory="torchjob.engines.local.engine:LocalEngine",
+    runs_here=True,
+    summarizes=True,
+    location="job directory",
+    settings=(
+        Setting(
+            "state_dir",
+            "local: where job directories live (default: $TORCHJOB_HOME/jobs or ~/.torchjob/jobs)",
+            type="path",
+            metavar="DIR",
+            commands=ALL_COMMANDS,
+        ),
+        Setting(
+            "max_restarts",
+            "fail the job once a pod's containers restarted more than N times (local engine; "
+            "Kubernetes restarts without limit)",
+            type="int",
+            metavar="N",
+            minimum=0,
+            invalid="expected a number of restarts of 0 or more, got {value}",
+        ),
+        Setting(
+            "hang_notice",
+            "local: say once when every pod of the running job has printed nothing for this long "
+            "(default 300; 0: never)",
+            type="float",
+            default=300.0,
+            metavar="SECONDS",
+            minimum=0,
+            invalid="expected a non-negative, finite number of seconds, got {value}",
+        ),
+        Setting(
+            "prewarm",
+            "start no container's interpreter before its pod's init containers have succeeded",
+            type="bool",
+            default=True,
+            flags=("--no-prewarm",),
+        ),
+        Setting(
+            "preload",
+            "import these modules once (e.g. torch) and fork every python container from that process",
+            type="modules",
+            default=(),
+            metavar="MODULE[,MODULE]",
+        ),
+        Setting(
+            "queue",
+            "local: start at once, without waiting in the machine's queue for CPUs, memory and GPUs",
+            type="bool",
+            default=True,
+            flags=("--no-queue",),
+        ),
+    ),
+)
