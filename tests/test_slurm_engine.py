@@ -134,7 +134,7 @@ def test_a_job_pending_on_resources_shows_slurms_reason(slurm: SlurmCluster, tmp
     big["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "6"}}  # type: ignore[index]
     path = job_file(tmp_path, [big])
     blocker = slurm.run(
-        "sbatch", "--parsable", f"--partition={slurm.partition}", "-n", "4", "--wrap", "sleep 120"
+        "sbatch", "--parsable", f"--partition={slurm.partition}", "-n", "4", "--output=/dev/null", "--wrap", "sleep 120"
     )
     assert blocker.returncode == 0, blocker.stderr
     done = torchjob(env, "run", str(path), "--engine", "slurm", "-d")

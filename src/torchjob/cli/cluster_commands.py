@@ -17,9 +17,22 @@ if TYPE_CHECKING:
     from torchjob.engines.base import JobReport
 
 
-def register(commands: Any) -> None:
+def _submitting() -> list[str]:
+    """The engines that take `submit` (one that cannot be loaded says why when it is used)."""
+    from torchjob.engines.base import EngineError
     from torchjob.engines.registry import engine_info, engine_names
 
+    names = []
+    for name in engine_names():
+        try:
+            if engine_info(name).submits:
+                names.append(name)
+        except EngineError:
+            continue
+    return names
+
+
+def register(commands: Any) -> None:
     submit = commands.add_parser(
         "submit", help="create a job on a Kubernetes cluster, print its name and return"
     )
@@ -34,7 +47,7 @@ def register(commands: Any) -> None:
     submit.add_argument("--job", metavar="NAME", help="which job to submit when FILE holds several")
     submit.add_argument(
         "--engine",
-        choices=[n for n in engine_names() if engine_info(n).submits],
+        choices=_submitting(),
         help="the engine that takes the job (default: the first that submits, kubernetes; slurm: one "
         "allocation, its Slurm job id told on stderr)",
     )

@@ -21,7 +21,13 @@ ENGINE = EngineInfo(
     submits=True,
     location="job directory",
     settings=(
-        Setting("partition", "slurm: the partition (sbatch --partition)", metavar="NAME", commands=_START),
+        Setting(
+            "partition",
+            "slurm: the partition (sbatch -p/--partition)",
+            flags=("-p", "--partition"),  # sbatch's own spellings
+            metavar="NAME",
+            commands=_START,
+        ),
         Setting("account", "slurm: the account charged (sbatch --account)", metavar="NAME", commands=_START),
         Setting("qos", "slurm: the quality of service (sbatch --qos)", metavar="NAME", commands=_START),
         Setting(
