@@ -280,8 +280,8 @@ def test_run_dry_run_prints_the_local_engines_plan_and_starts_nothing(
     state = tmp_path / "state"
     assert main(["run", "--dry-run", "--state-dir", str(state), str(job)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("local job train: 1 pod(s) on this machine\npod train-master-0"), out
-    assert "main: python -c" in out
+    assert out.startswith("local job train: 1 pod(s) on this machine\n"), out
+    assert "\npod train-master-0\n" in out and "  main: " in out and " -c 'print(1)'" in out, out
     assert not state.exists()
     example = Path(__file__).parent.parent / "examples" / "sdk" / "adaptive_training.py"
     assert main(["run", "--dry-run", f"{example}:adaptive_training"]) == 2  # not run: refused
