@@ -134,7 +134,14 @@ def test_a_job_pending_on_resources_shows_slurms_reason(slurm: SlurmCluster, tmp
     big["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "6"}}  # type: ignore[index]
     path = job_file(tmp_path, [big])
     blocker = slurm.run(
-        "sbatch", "--parsable", f"--partition={slurm.partition}", "-n", "4", "--output=/dev/null", "--wrap", "sleep 120"
+        "sbatch",
+        "--parsable",
+        f"--partition={slurm.partition}",
+        "-n",
+        "4",
+        "--output=/dev/null",
+        "--wrap",
+        "sleep 120",
     )
     assert blocker.returncode == 0, blocker.stderr
     done = torchjob(env, "run", str(path), "--engine", "slurm", "-d")
@@ -155,10 +162,10 @@ def test_a_job_pending_on_resources_shows_slurms_reason(slurm: SlurmCluster, tmp
 
 
 def test_a_time_limit_reached_is_reported_as_timeout(slurm: SlurmCluster, tmp_path: Path) -> None:
-    env = cli_env(slurm, tmp_path / "root", TORCHJOB_SLURM_TIME="1")
+    env = cli_env(slurm, tmp_path / "root")
     marker = uuid.uuid4().hex
     path = job_file(tmp_path, [task("sleeper", f"import time; time.sleep(600)  # {marker}")])
-    done = torchjob(env, "run", str(path), "--engine", "slurm", timeout=200)
+    done = torchjob(env, "run", str(path), "--engine", "slurm", "--time-limit", "1", timeout=200)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "TIMEOUT" in done.stderr
     assert status_json(env, "sj")["phase"] == "Failed"
@@ -177,9 +184,11 @@ def test_delete_while_running_leaves_no_step(slurm: SlurmCluster, tmp_path: Path
     )
     done = torchjob(env, "submit", str(path), "--engine", "slurm")
     assert done.returncode == 0, done.stderr
-    job_id = done.stdout.strip()
-    assert job_id.startswith("sj-")
-    assert f"Slurm job {slurm.jobs()[0]}: {job_id}" in done.stderr
+    assert done.stdout.strip() == "sj"  # the job's name, as submit prints for every engine
+    told = f"torchjob: Slurm job {slurm.jobs()[0]}: sj-"  # and the engine: Slurm's id and torchjob's
+    assert told in done.stderr, done.stderr
+    job_id = done.stderr.split(told)[1].split()[0]
+    job_id = "sj-" + job_id
     wait_for(lambda: status_json(env, job_id)["phase"] == "Running", 60, "the job running")
     wait_for(lambda: "up" in torchjob(env, "logs", job_id, "--engine", "slurm").stdout, 60, "its log")
     deleted = torchjob(env, "delete", job_id, "--engine", "slurm")
@@ -218,9 +227,9 @@ def test_ctrl_c_while_following_cancels_the_job(slurm: SlurmCluster, tmp_path: P
 
 
 def test_a_refused_sbatch_is_one_line_and_leaves_nothing(slurm: SlurmCluster, tmp_path: Path) -> None:
-    env = cli_env(slurm, tmp_path / "root", TORCHJOB_SLURM_PARTITION="nosuchpartition")
+    env = cli_env(slurm, tmp_path / "root")
     path = job_file(tmp_path, [task("w", "print('never')")])
-    done = torchjob(env, "run", str(path), "--engine", "slurm", timeout=60)
+    done = torchjob(env, "run", str(path), "--engine", "slurm", "-p", "nosuchpartition", timeout=60)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "partition" in lines[0].lower(), done.stderr
@@ -228,8 +237,19 @@ def test_a_refused_sbatch_is_one_line_and_leaves_nothing(slurm: SlurmCluster, tm
 
 
 def test_dry_run_prints_the_sbatch_command_script_and_steps(tmp_path: Path) -> None:
-    env = {**os.environ, "TORCHJOB_SLURM_JOB_ROOT": str(tmp_path / "root"), "TORCHJOB_SLURM_PARTITION": "gpu"}
-    done = torchjob(env, "run", "examples/pytorch-job.yaml", "--engine", "slurm", "--dry-run", timeout=60)
+    env = {**os.environ, "TORCHJOB_SLURM_PARTITION": "gpu"}  # a setting from the environment
+    root = str(tmp_path / "root")
+    done = torchjob(
+        env,
+        "run",
+        "examples/pytorch-job.yaml",
+        "--engine",
+        "slurm",
+        "--job-root",
+        root,
+        "--dry-run",
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "sbatch --parsable --job-name=pytorch-job" in done.stdout
     assert "--partition=gpu" in done.stdout

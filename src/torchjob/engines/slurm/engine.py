@@ -211,7 +211,9 @@ class SlurmEngine:
                 told = _EventTeller(sink)
                 for line in self._lines(job_dir, LogQuery(follow=True, all_attempts=True), told):
                     sink.log(line)
-            return self.wait(job_id)
+            report = self.wait(job_id)
+            self._left_queue(slurm_id)  # attached, a run returns once nothing of it is left
+            return report
         except KeyboardInterrupt:
             # Attached, the terminal is the job's: Ctrl-C cancels the allocation and its steps.
             self._cancel(slurm_id)
@@ -432,6 +434,17 @@ class SlurmEngine:
                 pass
             time.sleep(POLL)
         raise EngineError(f"Slurm job {slurm_id} still has steps {timeout:g} s after scancel")
+
+    def _left_queue(self, slurm_id: str, timeout: float = 30.0) -> None:
+        """Wait (bounded) until the ended allocation left Slurm's queue, steps and batch script."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if not steps.queue(slurm_id):
+                    return
+            except steps.SlurmError:
+                return
+            time.sleep(0.1)
 
     def delete(self, refs: list[str]) -> list[str]:
         dirs = [self._find(ref) for ref in refs]
