@@ -295,3 +295,15 @@ def test_an_sdk_task_reference_runs_from_the_cli(slurm: SlurmCluster, tmp_path: 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "master-0 r0 | torchjob: rank 0 returned {'world_size': 2.0, 'sum': 6.0}" in done.stdout
     assert "Completed" in done.stderr
+
+
+@pytest.mark.torch
+def test_a_script_in_quick_mode(slurm: SlurmCluster, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    env = cli_env(slurm, tmp_path / "root")
+    done = torchjob(env, "run", "--engine", "slurm", "-j", "2x1", "examples/programs/allreduce.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warning" not in done.stderr  # no image to warn about: the nodes run the script here
+    assert "master-0 r0 | allreduce: rank 0 of 2 sum 3 OK" in done.stdout
+    assert "worker-0 r1 | allreduce: rank 1 of 2 sum 3 OK" in done.stdout
+    assert done.stderr.count("Completed") == 1, done.stderr  # the end told once, by the CLI

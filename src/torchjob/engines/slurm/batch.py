@@ -96,6 +96,7 @@ class BatchController:
             clock=time.monotonic,
             timeout=float(timeout) if isinstance(timeout, (int, float)) else None,
             max_restarts=max_restarts if isinstance(max_restarts, int) else None,
+            attached=True,  # the final phase is the report's and the caller's summary says it
         )
         self.started_at = time.time()
         self.finished_at: float | None = None

@@ -18,6 +18,9 @@ _START = ("run", "submit")
 
 ENGINE = EngineInfo(
     factory="torchjob.engines.slurm.engine:SlurmEngine",
+    # Pods run the commands of the nodes, which share this filesystem: a script (run -j) is the one
+    # here, at its absolute path, not one in an image.
+    runs_here=True,
     submits=True,
     location="job directory",
     settings=(
