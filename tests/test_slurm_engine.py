@@ -108,6 +108,20 @@ def test_a_failing_rank_restarts_the_job_then_fails_it(slurm: SlurmCluster, tmp_
     assert isinstance(failure, dict) and failure["exitCode"] == 3
     assert any(marker in line for line in failure["logTail"])
     assert "torchjob: job Restarting" in done.stderr  # the controller's events, as they came
+    # logs per attempt, and what does not exist named with what does
+    every = torchjob(env, "logs", "sj", "--engine", "slurm", "--all-attempts")
+    assert every.stdout.count(f"worker-0 #0 | attempt 0 {marker}") == 1, every.stdout
+    assert every.stdout.count(f"worker-0 #1 | attempt 0 {marker}") == 1, every.stdout
+    first = torchjob(env, "logs", "sj", "--engine", "slurm", "--attempt", "0")
+    assert first.stdout.count(f"attempt 0 {marker}") == 1, first.stdout
+    wrong = torchjob(env, "logs", "sj", "--engine", "slurm", "--attempt", "7")
+    assert (wrong.returncode, wrong.stderr.strip()) == (
+        2,
+        "torchjob: job sj-" + wrong.stderr.split("sj-")[1].strip(),
+    )
+    assert "has no attempt 7 (attempts: 0, 1)" in wrong.stderr
+    wrong = torchjob(env, "logs", "sj", "worker-0", "--engine", "slurm", "-c", "nope")
+    assert wrong.returncode == 2 and "has no container 'nope' (containers: main)" in wrong.stderr
     assert no_process_left(marker) == []
 
 
@@ -234,6 +248,18 @@ def test_a_refused_sbatch_is_one_line_and_leaves_nothing(slurm: SlurmCluster, tm
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "partition" in lines[0].lower(), done.stderr
     assert list((tmp_path / "root").iterdir()) == []
+
+
+def test_no_sbatch_on_path_is_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "PATH": str(tmp_path), "TORCHJOB_SLURM_JOB_ROOT": str(tmp_path / "root")}
+    path = job_file(tmp_path, [task("w", "print('never')")])
+    done = torchjob(env, "run", str(path), "--engine", "slurm", timeout=60)
+    assert done.returncode == 2
+    expected = (
+        "torchjob: sbatch is not on PATH: run torchjob on a Slurm login node (or install Slurm's clients)"
+    )
+    assert done.stderr == expected + "\n"
+    assert not (tmp_path / "root").exists()
 
 
 def test_dry_run_prints_the_sbatch_command_script_and_steps(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 SLURM_FILE = "slurm.json"  # the Slurm job id, and Slurm's final state once seen
 POLL = 0.3
+SLURM_EVERY = 1.0  # seconds between two questions to Slurm about one job
 # Slurm's final states that end the job from outside the controller: how the report says them.
 ENDED_BY_SLURM = {
     "TIMEOUT": ("Failed", "Slurm: TIMEOUT: the allocation reached its time limit"),
@@ -67,6 +68,13 @@ def settings_from(given: dict[str, Any], environ: dict[str, str]) -> SlurmSettin
     return SlurmSettings(**values)
 
 
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
 def _batch_command(job_dir: Path) -> list[str]:
     """What the batch script execs: this interpreter (a shared venv) running the job's controller."""
     return [sys.executable, "-m", "torchjob.engines.slurm.batch", str(job_dir)]
@@ -94,6 +102,7 @@ class SlurmEngine:
         self.given = {k: v for k, v in settings.items() if k in ENV}  # another engine's are not ours
         self.settings = settings_from(self.given, dict(os.environ))
         self.root = job_root(self.settings)
+        self._asked: dict[str, tuple[float, str | None, str]] = {}  # Slurm's last answer per job
 
     def _for(self, options: StartOptions) -> SlurmSettings:
         """The settings of one start: those its options give, over the engine's own."""
@@ -209,7 +218,7 @@ class SlurmEngine:
         try:
             if options.follow and not options.quiet:
                 told = _EventTeller(sink)
-                for line in self._lines(job_dir, LogQuery(follow=True, all_attempts=True), told):
+                for line in self._lines(job_dir, LogQuery(follow=True), told):
                     sink.log(line)
             report = self.wait(job_id)
             self._left_queue(slurm_id)  # attached, a run returns once nothing of it is left
@@ -272,14 +281,17 @@ class SlurmEngine:
         slurm = self._slurm(job_dir)
         slurm_id = str(slurm.get("jobId", ""))
         ended_by_slurm = False
+        name = job_dir.name.rpartition("-")[0] or job_dir.name
         try:
             data = json.loads((job_dir / "status.json").read_text())
             report = JobReport.from_dict(data)
             ended_by_slurm = data.get("endedBySlurm") is True
-        except (OSError, ValueError, ReportError):
-            name = job_dir.name.rpartition("-")[0] or job_dir.name
+        except FileNotFoundError:  # the controller has not started yet
             report = JobReport(engine=self.name, id=job_dir.name, name=name, phase="Pending")
-            report.started_at = (job_dir / "options.json").stat().st_mtime if job_dir.exists() else None
+            report.started_at = _mtime(job_dir / "options.json")
+        except (OSError, ValueError, ReportError) as err:
+            reason = f"{job_dir / 'status.json'} cannot be read: {err}"
+            return JobReport(self.name, job_dir.name, name, "Unknown", reason, location=str(job_dir))
         report.location = str(job_dir)
         if not slurm_id or (report.terminal and not ended_by_slurm):
             return report
@@ -309,10 +321,23 @@ class SlurmEngine:
             report.reason = f"Slurm no longer knows job {slurm_id}, and its controller wrote no final state"
         elif state in steps.FINAL_STATES:  # COMPLETED or FAILED without a final status.json
             report.phase = "Failed"
-            report.reason = f"Slurm job {slurm_id} ended ({state}) before its controller wrote a final state"
+            report.reason = (
+                f"Slurm job {slurm_id} ended ({state}) before its controller wrote a final state "
+                f"(its output: {job_dir}/slurm-{slurm_id}.out)"
+            )
         return report
 
     def _slurm_state(self, slurm_id: str) -> tuple[str | None, str]:
+        """Slurm's state of the allocation and its reason; asked at most once a second per job
+        (a followed job's report is read every few tenths of a second)."""
+        asked = self._asked.get(slurm_id)
+        if asked is not None and time.monotonic() - asked[0] < SLURM_EVERY:
+            return asked[1], asked[2]
+        state, reason = self._ask_slurm(slurm_id)
+        self._asked[slurm_id] = (time.monotonic(), state, reason)
+        return state, reason
+
+    def _ask_slurm(self, slurm_id: str) -> tuple[str | None, str]:
         try:
             rows = steps.queue(slurm_id)
             if rows and rows[0][1] != "COMPLETING":
@@ -351,6 +376,19 @@ class SlurmEngine:
         if query.pod is not None and report.pods and not self._pods(report, query):
             names = ", ".join(p.short for p in report.pods)
             raise EngineError(f"job {job_dir.name} has no pod {query.pod!r} (pods: {names})")
+        chosen = [p for p in report.pods if p.name in self._pods(report, query)]
+        containers = sorted({c.name for p in chosen for c in p.containers})
+        if query.container is not None and containers and query.container not in containers:
+            listed = ", ".join(containers)
+            raise EngineError(
+                f"job {job_dir.name} has no container {query.container!r} (containers: {listed})"
+            )
+        if query.attempt is not None and not query.follow:
+            dirs = [d for p in chosen for d in (job_dir / "logs" / p.name).glob("*") if d.name.isdigit()]
+            attempts = sorted({int(d.name) for d in dirs})
+            if query.attempt not in attempts:
+                listed = ", ".join(map(str, attempts)) or "none yet"
+                raise EngineError(f"job {job_dir.name} has no attempt {query.attempt} (attempts: {listed})")
         return self._lines(job_dir, query)
 
     @staticmethod
@@ -409,6 +447,8 @@ class SlurmEngine:
                 lines = lines[:-1] if not ended or not lines[-1] else lines
                 container = log.stem if (pod, log.stem) in labelled else None
                 prefix = prefix_for(shorts.get(pod, pod), ranks.get(pod), container)
+                if query.all_attempts:  # as locally: which attempt each line is of
+                    prefix += f" #{log.parent.name}"
                 for line in lines:
                     text = line.decode("utf-8", "replace")
                     yield LogLine(prefix, text, pod_ordinal=ordinal, pod=shorts.get(pod, pod))
