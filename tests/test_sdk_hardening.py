@@ -45,12 +45,28 @@ def _live(processes: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
+def _warm_servers() -> set[int]:
+    """The warm pools' servers (the local engine's, Python's fork server for warm Elastic calls):
+    they last as long as this process by design (test_sdk_warm.py); what they fork does not."""
+    import multiprocessing.forkserver
+
+    from torchjob.engines.local import pool
+
+    kept = [s for _, s in pool._pools.values()] + list(pool._spares.values())
+    pids = {s.proc.pid for s in kept if s.proc is not None}
+    server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    return pids | ({server} if server else set())
+
+
 def _our_children() -> list[psutil.Process]:
-    """Our child processes, minus multiprocessing's long-lived resource tracker."""
+    """Our child processes, minus multiprocessing's long-lived resource tracker and the warm
+    pool's fork server, which lasts as long as this process by design (test_sdk_warm.py)."""
     children = []
+    servers = _warm_servers()
     for child in psutil.Process().children(recursive=True):
         try:
-            if "resource_tracker" not in " ".join(child.cmdline()):
+            line = " ".join(child.cmdline())
+            if "resource_tracker" not in line and child.pid not in servers:
                 children.append(child)
         except psutil.NoSuchProcess:
             continue

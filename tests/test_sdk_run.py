@@ -39,16 +39,32 @@ def _job_dirs_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _live_children() -> list[psutil.Process]:
-    """Our child processes, minus multiprocessing's long-lived resource tracker."""
+    """Our child processes, minus multiprocessing's long-lived resource tracker and the warm
+    pool's fork server, which lasts as long as this process by design (test_sdk_warm.py)."""
     alive = []
+    servers = _warm_servers()
     for child in psutil.Process().children(recursive=True):
         try:
-            if "resource_tracker" in " ".join(child.cmdline()) or child.status() == psutil.STATUS_ZOMBIE:
+            line = " ".join(child.cmdline())
+            if "resource_tracker" in line or child.pid in servers or child.status() == psutil.STATUS_ZOMBIE:
                 continue
         except psutil.NoSuchProcess:
             continue
         alive.append(child)
     return alive
+
+
+def _warm_servers() -> set[int]:
+    """The warm pools' servers (the local engine's, Python's fork server for warm Elastic calls):
+    they last as long as this process by design (test_sdk_warm.py); what they fork does not."""
+    import multiprocessing.forkserver
+
+    from torchjob.engines.local import pool
+
+    kept = [s for _, s in pool._pools.values()] + list(pool._spares.values())
+    pids = {s.proc.pid for s in kept if s.proc is not None}
+    server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    return pids | ({server} if server else set())
 
 
 def _assert_no_children() -> None:

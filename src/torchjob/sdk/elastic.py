@@ -55,6 +55,7 @@ class LaunchSettings:
     monitor_interval: float = 0.1
     start_method: str = "spawn"
     deadline: float | None = None  # seconds for the whole launch (RunPolicy.active_deadline_seconds)
+    warm: bool = False  # spawn's workers forked from this process's fork server (warm_elastic.py)
 
 
 def elastic_child(payload: bytes, results: str) -> bytes | None:
@@ -214,6 +215,20 @@ def _signals_held() -> Iterator[None]:
 
 def launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool, Any]:
     """Run the call on this node's ``nproc_per_node`` workers; (True, value) if rank 0 is here."""
+    # For the workers only (ours, and torch's launcher's): the caller's environment is left as it
+    # was, so that the next call, and a warm server's check, see the same one.
+    saved = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "TORCHELASTIC_SIGNALS_TO_HANDLE")}
+    try:
+        return _launch(payload, results, settings)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool, Any]:
     with _signals_held():  # a Ctrl-C during torch's import is not lost (see there)
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -221,6 +236,11 @@ def launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool
     if "OMP_NUM_THREADS" not in os.environ and settings.nproc_per_node > 1:
         # As torchrun does: N processes each using every core would oversubscribe the machine.
         os.environ["OMP_NUM_THREADS"] = "1"
+    start_method = settings.start_method
+    if settings.warm and start_method == "spawn":  # the default; a start method asked for is kept
+        from torchjob.sdk.warm_elastic import prepare
+
+        start_method = prepare()
     config = LaunchConfig(
         min_nodes=settings.min_nodes,
         max_nodes=settings.max_nodes,
@@ -231,14 +251,14 @@ def launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool
         rdzv_configs=dict(settings.rdzv_configs),  # LaunchConfig adds keys in place
         max_restarts=settings.max_restarts,
         monitor_interval=settings.monitor_interval,
-        start_method=settings.start_method,
+        start_method=start_method,
         logs_specs=DefaultLogsSpecs(log_dir=str(Path(results) / "elastic-logs")),
     )
     logger.debug(
         "elastic launch: nodes %d:%d, %d process(es) per node, rendezvous c10d at %s (run id %s), "
         "max_restarts=%d, start_method=%s",
         settings.min_nodes, settings.max_nodes, settings.nproc_per_node, settings.rdzv_endpoint,
-        settings.run_id, settings.max_restarts, settings.start_method,
+        settings.run_id, settings.max_restarts, start_method,
     )  # fmt: skip
     try:
         with _quiet_torch(), _main_not_reimported(), _own_signal_handlers() as handlers:

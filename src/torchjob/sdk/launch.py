@@ -76,6 +76,7 @@ def _run_single_node(
             monitor_interval=float(config.monitor_interval),
             start_method=config.start_method,
             deadline=deadline,
+            warm=warm_wanted(task),
         )
         try:
             _, value = launch(dump_call(task.function, args, kwargs), results, settings)
@@ -89,10 +90,33 @@ def _run_single_node(
                 raise KeyboardInterrupt from None
             if error is None:
                 raise TaskFailed(str(err)) from None
-            raise error from error.original
+            raise _with_source(error) from error.original
         return value
     finally:
         shutil.rmtree(results, ignore_errors=True)
+
+
+def _with_source(error: Exception) -> Exception:
+    """Add the source lines a rank could not show: code defined in a notebook cell (or typed at a
+    prompt) is pickled by value, and its file exists only in this process's linecache."""
+    import linecache
+    import re
+
+    text = getattr(error, "remote_traceback", "")
+    if not text:
+        return error
+    lines = text.splitlines()
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        found = re.fullmatch(r'  File "(.+)", line (\d+), in .+', line)
+        has_source = i + 1 < len(lines) and lines[i + 1].startswith("    ")
+        if found and not has_source:
+            source = linecache.getline(found[1], int(found[2])).strip()
+            if source:
+                out.append(f"    {source}")
+    error.remote_traceback = "\n".join(out) + ("\n" if text.endswith("\n") else "")  # type: ignore[attr-defined]
+    return error
 
 
 def _interrupted(error: Exception | None) -> bool:
@@ -102,6 +126,54 @@ def _interrupted(error: Exception | None) -> bool:
         return False
     exc_type, message = getattr(error, "exc_type", ""), getattr(error, "message", "")
     return bool(exc_type == "KeyboardInterrupt" or message.endswith("with signal SIGINT"))
+
+
+WARM_ENV = "TORCHJOB_WARM"  # 0: every call starts its ranks cold
+
+
+def warm_wanted(task: Task[Any, Any]) -> bool:
+    """Whether calls may fork their ranks from this process's warm pool (docs/sdk.md)."""
+    if os.environ.get(WARM_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        logger.debug("task %s: warm pool off (%s=%s)", task.name, WARM_ENV, os.environ[WARM_ENV])
+        return False
+    if not task.warm:
+        logger.debug("task %s: warm pool off (@task(warm=False))", task.name)
+        return False
+    return True
+
+
+def warm_modules(task: Task[Any, Any]) -> tuple[str, ...]:
+    """What the warm pool's server imports for ``task``: torch, the ranks' entry point and the
+    task's own module (a function defined in __main__ or a notebook is pickled by value)."""
+    if not warm_wanted(task):
+        return ()
+    # The entry point's imports, not itself: `python -m` warns about a module already imported.
+    modules = ["torch", "torchjob.sdk.results", "torchjob.sdk.quick_exit", "torchjob.errors"]
+    module = getattr(task.function, "__module__", None)
+    if module and module != "__main__" and not module.startswith("torchjob.") and _importable(module):
+        modules.append(module)
+    return tuple(modules)
+
+
+def _importable(module: str) -> bool:
+    """Whether a rank started cold would find ``module`` where this process did: under the working
+    directory (a rank's sys.path[0]) or in site-packages. Another module (found through a path
+    this process added) is imported by each rank, when the function is unpickled."""
+    import importlib.machinery
+    import sysconfig
+
+    found = sys.modules.get(module)
+    path = getattr(found, "__file__", None)
+    if not path:
+        return False
+    top = module.split(".")[0]
+    places = [os.getcwd(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    spec = importlib.machinery.PathFinder.find_spec(top, places)
+    origin = spec.origin if spec is not None else None
+    if origin is None or spec is None:
+        return False
+    root = os.path.dirname(origin) if spec.submodule_search_locations else origin
+    return bool(os.path.realpath(path).startswith(os.path.realpath(root)))
 
 
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -147,13 +219,17 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         debugging = logger.isEnabledFor(logging.DEBUG)
         # TORCHJOB_ENGINE=slurm runs a task called from Python on that engine (with its settings).
         engine = get_engine(os.environ.get("TORCHJOB_ENGINE") or DEFAULT_ENGINE)
+        preload = warm_modules(task)  # the warm pool (engines/local/pool.py): [] when it cannot serve
         with JobWatcher(results / PROGRESS_FILE, name) as watcher:
             sink = None if debugging else watcher  # None: the engine's output as the CLI shows it
-            report = engine.start(job, StartOptions(timeout=timeout, extra_env=env, sink=sink))
+            options = StartOptions(
+                timeout=timeout, extra_env=env, sink=sink, preload=preload, warm=bool(preload)
+            )
+            report = engine.start(job, options)
         logger.debug("task %s: job %s %s; logs: torchjob logs %s", task.name, name, report.phase, report.id)
         error = first_error(results)
         if error is not None:
-            raise error from error.original
+            raise _with_source(error) from error.original
         if not report.ok:
             pods = "; ".join(f"{p.name}: {p.phase} (exit code {p.exit_code})" for p in report.pods)
             raise TaskFailed(

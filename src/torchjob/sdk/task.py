@@ -64,6 +64,7 @@ class Task(Generic[P, R]):
         limits: Resources | None = None,
         env: dict[str, str] | None = None,
         ref: str | None = None,
+        warm: bool = True,
     ) -> None:
         if not callable(function):
             raise ValueError(f"@task must decorate a function, got {type(function).__name__}")
@@ -75,6 +76,7 @@ class Task(Generic[P, R]):
         self.limits = limits
         self.env = dict(env or {})
         self._ref = ref
+        self.warm = warm  # later local calls fork their ranks from this process's warm pool
         functools.update_wrapper(self, function)
         # Build the job once now so every problem (names, images, env) shows at decoration time.
         try:
@@ -174,6 +176,7 @@ def task(
     requests: Resources | None = None,
     limits: Resources | None = None,
     env: dict[str, str] | None = None,
+    warm: bool = True,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -186,11 +189,14 @@ def task(
     requests: Resources | None = None,
     limits: Resources | None = None,
     env: dict[str, str] | None = None,
+    warm: bool = True,
 ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
     """Make a function a torchjob task: ``@task`` or ``@task(task_config=Elastic(nproc_per_node=2))``."""
     _check(task_config, image, requests, limits, env)
 
     def wrap(fn: Callable[P, R]) -> Task[P, R]:
-        return Task(fn, task_config=task_config, image=image, requests=requests, limits=limits, env=env)
+        return Task(
+            fn, task_config=task_config, image=image, requests=requests, limits=limits, env=env, warm=warm
+        )
 
     return wrap(function) if function is not None else wrap

@@ -55,6 +55,7 @@ class RunOptions:
         True  # wait for CPUs, memory and GPUs in the local queue (admission.py); False: start at once
     )
     remove: bool = False  # run --rm: the summary says a completed job is removed, not where its logs are
+    warm: bool = False  # the preload server is kept for this process's next jobs (pool.py)
     hang_notice: float = 300.0  # one notice once every running pod has written nothing this long (0: never)
 
 
@@ -229,6 +230,7 @@ def _supervise(
         prewarm=options.prewarm,
         max_restarts=options.max_restarts,
         preload=options.preload,
+        pooled=options.warm,
         admission=plan,
         remove=options.remove,
         hang_notice=options.hang_notice,

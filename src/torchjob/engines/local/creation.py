@@ -55,6 +55,7 @@ class PodFactory:
         prewarm_modules: tuple[str, ...] = (),
         preload_modules: tuple[str, ...] = (),
         planned: DesiredState | None = None,
+        pooled: bool = False,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -62,7 +63,12 @@ class PodFactory:
         self.prewarm_modules = prewarm_modules  # what main containers import while inits run (prewarm.py)
         # --preload: the job's fork server (preload.py), started for the first container it can serve
         self.preloader: Preloader | None = None
-        if preload_modules:
+        self.pool_checked = False  # the warm pool's server was matched to this job (pool.for_job)
+        if preload_modules and pooled:  # the SDK's warm pool: this process's server, kept (pool.py)
+            from torchjob.engines.local import pool
+
+            self.preloader = pool.preloader(preload_modules)
+        elif preload_modules:
             from torchjob.engines.local.preload import Preloader
 
             self.preloader = Preloader(preload_modules, job_dir.path)
@@ -263,11 +269,33 @@ class PodFactory:
         if self.preloader is None:
             return {}
         # The fork server's /etc/hosts is the job's file, seen by every pod forked from it: read-only.
-        shared = (
-            None if self.hosts_mount is None else podnames.HostsMount.of(str(self.dir.path / "hosts"), True)
-        )
-        self.preloader.before_exec = shared.enter if shared is not None else None
-        return {run.name: self.preloader.fork for run in mains if self.preloader.accepts(run)}
+        # A kept server's is the pool's file, given each job's entries in turn (pool.hosts_view).
+        if self.preloader.pooled:
+            from torchjob.engines.local import pool
+
+            if not self.pool_checked and mains:  # once per job: this call's environment or directory
+                self.pool_checked = True
+                self.preloader = pool.for_job(self.preloader, mains[0])
+            usable, enter = pool.hosts_view(self.preloader, self.hosts_text if self.hosts_mount else None)
+            if not usable:
+                logs.debug("warm pool: not used: the server was started with another /etc/hosts setting")
+                return {}
+            self.preloader.before_exec = enter
+        else:
+            shared = (
+                None
+                if self.hosts_mount is None
+                else podnames.HostsMount.of(str(self.dir.path / "hosts"), True)
+            )
+            self.preloader.before_exec = shared.enter if shared is not None else None
+        chosen: dict[str, Forker] = {
+            run.name: self.preloader.fork for run in mains if self.preloader.accepts(run)
+        }
+        if self.preloader.pooled:  # why a call is cold, under -v
+            for run in mains:
+                if run.name not in chosen:
+                    logs.debug("warm pool: %s starts cold: %s", run.name, self.preloader.why_not(run))
+        return chosen
 
     def base_env(
         self, plan: PodPlan, address: str, attempt: int, uid: str, retry_count: int

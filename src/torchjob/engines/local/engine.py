@@ -117,6 +117,7 @@ class LocalEngine:
                 max_restarts=ENGINE.value(options, "max_restarts"),
                 on_start=options.on_start,
                 preload=tuple(ENGINE.value(options, "preload")),
+                warm=ENGINE.value(options, "warm"),
                 queue=ENGINE.value(options, "queue"),
                 remove=options.remove,
                 hang_notice=ENGINE.value(options, "hang_notice"),

@@ -52,7 +52,12 @@ IMPORT_TIME_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_", 
 # read when they run (rendezvous, rank): not the server's, and free to differ between forked pods.
 POD_NAMES = frozenset(
     {"HOSTNAME", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "VC_TASK_INDEX", "VK_TASK_INDEX"}
+    | {prewarm.FINISHED}  # set per container once its pod is made, after the server was chosen
 )
+
+# Set per job for programs to read (Volcano's hosts lists, torchrun's rank interpreter in the job's
+# bin): like POD_NAMES, free to differ between forked containers.
+JOB_PREFIXES = ("VC_", "VK_", "PYTHON_EXEC")
 
 Key = tuple[object, ...]
 ENDED = "the job ended"
@@ -106,8 +111,19 @@ def _path0(tail: list[str], cwd: str) -> str:
 
 
 def shared_env(env: dict[str, str]) -> dict[str, str]:
-    """A container's environment without what is set per pod: what the server may import with."""
-    return {k: v for k, v in env.items() if k not in POD_NAMES and not is_engine_variable(k)}
+    """A container's environment without what is set per pod or per job: what the server may
+    import with. The job's own bin directory, first on PATH, is left out of it too: a server kept
+    for later jobs (pool.py) serves jobs whose directories differ."""
+    shared = {
+        k: v
+        for k, v in env.items()
+        if k not in POD_NAMES and not k.startswith(JOB_PREFIXES) and not is_engine_variable(k)
+    }
+    job_bin = env.get("TORCHJOB_BIN")
+    path = shared.get("PATH")
+    if job_bin and path is not None and path.split(os.pathsep)[0] == job_bin:
+        shared["PATH"] = path[len(job_bin) + 1 :]
+    return shared
 
 
 def _key(run: ContainerRun) -> Key | None:
@@ -142,9 +158,11 @@ def encode(cwd: str, log: Path, tail: list[str], env: dict[str, str]) -> bytes:
 class Preloader:
     """The job's fork server, started for the first container it can serve."""
 
-    def __init__(self, modules: tuple[str, ...], job_dir: Path) -> None:
+    def __init__(self, modules: tuple[str, ...], job_dir: Path, pooled: bool = False) -> None:
         self.modules = modules
-        self.job_dir = job_dir
+        self.job_dir = job_dir  # where preload.log is: the job's directory, or the pool's own
+        # pooled: kept for the next jobs of this process (pool.py): no job's marker, ends with us
+        self.pooled = pooled
         self.before_exec: Callable[[], None] | None = None  # the job's /etc/hosts, for every container
         self.note: Callable[[str], None] = lambda _text: None  # the console, when the server is given up
         self.proc: subprocess.Popen[bytes] | None = None
@@ -204,6 +222,23 @@ class Preloader:
     def close(self) -> None:
         self._off(ENDED)
 
+    def why_not(self, run: ContainerRun) -> str:
+        """Why ``run`` is not forked from this server (for the log under -v)."""
+        if self.state == "off":
+            return f"the fork server cannot be used ({self.why_off})"
+        if run.before_exec is not None:
+            return "the container sets its user or group"
+        key = _key(run)
+        if key is None:
+            return "the container does not run torchjob's python in a form the server can run"
+        if self.key is not None and key[:3] != self.key[:3]:
+            return "its interpreter options or directories differ from the server's"
+        if self.key is not None and key != self.key:
+            ours, theirs = dict(self.key[3]), dict(key[3])  # type: ignore[call-overload]
+            names = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+            return f"its environment differs from the server's ({', '.join(names[:5])})"
+        return ""
+
     # ---------------------------------------------------------------- private
 
     def _start(self, run: ContainerRun, key: Key) -> None:
@@ -217,7 +252,7 @@ class Preloader:
         os.set_inheritable(replies_w, True)
         # No pod's variables (its marker, which a pod's end sweeps, among them); the job's marker.
         env = shared_env(run.env)
-        if process.MARKER in run.env:
+        if process.MARKER in run.env and not self.pooled:
             env[process.MARKER] = run.env[process.MARKER]
         argv = [run.argv[0], *options, "-c", prewarm.BOOT, SERVER, prewarm.RUNNER]
         argv += [str(requests_r), str(replies_w), ",".join(self.modules), _path0(tail, cwd)]
@@ -247,6 +282,8 @@ class Preloader:
 
     def _before_exec(self) -> None:  # pragma: no cover - runs in the forked child
         os.setpgid(0, 0)  # a group of its own: a terminal's Ctrl-C is the supervisor's to handle
+        if self.pooled:  # a killed caller (a notebook's kernel) leaves no server behind
+            process.die_with_parent()
         if self.before_exec is not None:
             self.before_exec()
 

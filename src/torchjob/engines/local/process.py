@@ -28,6 +28,7 @@ MARKER = "TORCHJOB_JOB_ID"
 POD_MARKER = "TORCHJOB_POD_UID"  # one value per pod attempt
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 _LINUX = sys.platform.startswith("linux")
 
 
@@ -43,6 +44,11 @@ def _prctl(option: int, value: int) -> bool:
 def set_child_subreaper(on: bool = True) -> bool:
     """Make orphaned descendants of this process reparent to it instead of to init (Linux)."""
     return _prctl(_PR_SET_CHILD_SUBREAPER, 1 if on else 0)
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the forked child
+    """SIGKILL this process when the thread that started it ends (kept through exec)."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _keep_orphans() -> None:  # pragma: no cover - runs in the forked child

@@ -59,5 +59,12 @@ ENGINE = EngineInfo(
             default=True,
             flags=("--no-queue",),
         ),
+        Setting(
+            "warm",
+            "keep the preload server for this process's next jobs (the SDK's warm calls; no flag)",
+            type="bool",
+            default=False,
+            commands=(),
+        ),
     ),
 )

@@ -94,6 +94,7 @@ class Supervisor:
         remove: bool = False,
         hang_notice: float = 0.0,
         planned: DesiredState | None = None,
+        pooled: bool = False,
     ) -> None:
         self.job = job
         self.dir = job_dir
@@ -106,7 +107,8 @@ class Supervisor:
         self.started = time.time()
         self.finished: float | None = None
         warm = prewarm_modules(job) if prewarm and not preload else ()  # forking from the server is faster
-        self.factory = PodFactory(job, job_dir, extra_env, warm, preload, planned)
+        # pooled: the SDK's warm pool
+        self.factory = PodFactory(job, job_dir, extra_env, warm, preload, planned, pooled)
         if self.factory.preloader is not None:  # a fork server that cannot be used is said once
             self.factory.preloader.note = lambda text: self.note(text, "33")
         self.ticket: Ticket | None = None  # the job's place in the local queue (admission.py)
@@ -301,7 +303,12 @@ class Supervisor:
             self.record(f"warning: {path}: {message}")
         self.ctl.begin()
         preloader = self.factory.preloader
-        if preloader is not None and preloader.state == "none" and not self.ctl.waiting:  # every pod is made
+        if (
+            preloader is not None
+            and preloader.state == "none"
+            and not self.ctl.waiting  # every pod is made
+            and not preloader.pooled
+        ):
             self.note(
                 f"--preload {','.join(preloader.modules)}: no container runs torchjob's python in a form "
                 "the fork server can serve (python [options] SCRIPT|-m MODULE|-c CODE); they start cold",

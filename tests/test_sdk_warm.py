@@ -1,0 +1,274 @@
+"""Warm calls (issue 23): a process's later calls of a task fork their ranks from its warm pool.
+
+Each test runs a real Python script calling real 2-rank gloo tasks on the local engine, so that the
+pool (one per process) and its end are those of that script alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed")
+pytestmark = [pytest.mark.torch, pytest.mark.timeout(300)]
+
+TASK_MODULE = textwrap.dedent(
+    """
+    import os, sys
+    from torchjob import PyTorch, Worker, task
+
+    VERSION = 1
+
+    def body(x):
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.tensor([float(x)])
+        dist.all_reduce(t)
+        print(f"rank {dist.get_rank()} of call {x}", flush=True)
+        leaked = globals().get("LEAK")
+        globals()["LEAK"] = "set by an earlier call"
+        return {"sum": t.item(), "leaked": leaked, "version": VERSION, "env": dict(os.environ),
+                "pid": os.getpid()}
+
+    allreduce = task(task_config=PyTorch(worker=Worker(replicas=1)))(body)
+    cold = task(task_config=PyTorch(worker=Worker(replicas=1)), warm=False)(body)
+    """
+)
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import warmtask
+    from torchjob.engines.local import pool
+
+    def forks():
+        return (pool._home[0] / "preload.log").read_text().count("forked ") if pool._home else 0
+
+    out = {}
+    out["first"] = warmtask.allreduce(1)
+    out["forks_after_first"] = forks()
+    out["second"] = warmtask.allreduce(2)
+    out["forks_after_second"] = forks()
+    os.environ["SET_BY_THE_NOTEBOOK"] = "1"  # a new environment: a new server, warm again after
+    warmtask.allreduce(0)
+    out["forks_before_new_env"] = forks()
+    warmtask.allreduce(0)
+    out["forks_after_new_env"] = forks()
+    del os.environ["SET_BY_THE_NOTEBOOK"]
+    warmtask.allreduce(0)  # the first environment again: its server was kept as the spare
+    out["forks_back"] = forks()
+    out["servers_started"] = (pool._home[0] / "preload.log").read_text().count("imported ")
+    out["keyword"] = warmtask.cold(3)
+    out["forks_after_keyword"] = forks()
+    os.environ["TORCHJOB_WARM"] = "0"
+    out["env_off"] = warmtask.allreduce(4)
+    out["forks_after_env_off"] = forks()
+    del os.environ["TORCHJOB_WARM"]
+    source = open("warmtask.py").read().replace("VERSION = 1", "VERSION = 2")
+    with open("warmtask.py", "w") as f:
+        f.write(source)
+    later = time.time() + 5
+    os.utime("warmtask.py", (later, later))  # a new mtime even within the clock's resolution
+    out["edited"] = warmtask.allreduce(5)
+    kept = [s for _, s in pool._pools.values()] + list(pool._spares.values())
+    out["servers"] = [s.proc.pid for s in kept if s.proc is not None]
+    print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+# Set per pod or per job, for programs to read: differ between any two calls, warm or cold.
+PER_CALL = ("TORCHJOB_", "VC_", "VK_")
+PER_CALL_NAMES = {"HOSTNAME", "MASTER_ADDR", "MASTER_PORT", "PATH", "PYTHON_EXEC"}
+
+
+def _comparable(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith(PER_CALL) and k not in PER_CALL_NAMES}
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "warmtask.py").write_text(TASK_MODULE)
+    script = tmp_path / "main.py"
+    script.write_text(body)
+    return script
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TORCHJOB_WARM"}
+    env["TORCHJOB_HOME"] = str(tmp_path / "home")
+    return env
+
+
+def test_later_calls_fork_fresh_ranks_with_a_cold_calls_environment(tmp_path: Path) -> None:
+    script = _script(tmp_path, SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line[len("RESULT ") :])
+    assert [out[k]["sum"] for k in ("first", "second", "keyword", "env_off", "edited")] == [2, 4, 6, 8, 10]
+    # Every call's rank output is echoed, a warm call's too (it ends before the logs are first read).
+    for x in range(1, 6):
+        assert (
+            f"master-0 | rank 0 of call {x}" in done.stdout
+            and f"worker-0 | rank 1 of call {x}" in done.stdout
+        )
+    assert out["forks_after_second"] == out["forks_after_first"] + 2  # both ranks of the 2nd call forked
+    # A variable set between calls: the server is replaced, and the calls after are forked again.
+    assert out["forks_after_new_env"] == out["forks_before_new_env"] + 2
+    assert out["forks_back"] == out["forks_after_new_env"] + 2 and out["servers_started"] == 2
+    assert out["forks_after_keyword"] == out["forks_back"]  # @task(warm=False): cold
+    assert out["forks_after_env_off"] == out["forks_after_keyword"]  # TORCHJOB_WARM=0: cold
+    # Fresh processes: what one call set in its module's globals is not there in the next one.
+    assert out["first"]["leaked"] is None and out["second"]["leaked"] is None
+    assert out["first"]["pid"] != out["second"]["pid"]
+    # The environment of a forked rank is a cold rank's (bar what differs between any two calls).
+    assert _comparable(out["second"]["env"]) == _comparable(out["env_off"]["env"])
+    # An edit of the task's module takes effect in the next call (a new server imports it).
+    assert out["edited"]["version"] == 2
+    # The servers ended with the script (atexit).
+    for pid in out["servers"]:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+KILLED = textwrap.dedent(
+    """
+    import os, sys, time
+    import warmtask
+    from torchjob.engines.local import pool
+    warmtask.allreduce(1)
+    servers = [s.proc.pid for _, s in pool._pools.values() if s.proc is not None]
+    print("SERVERS " + " ".join(map(str, servers)), flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def test_a_killed_caller_leaves_no_server(tmp_path: Path) -> None:
+    script = _script(tmp_path, KILLED)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = ""
+        for line in proc.stdout:  # the ranks' output comes first
+            if line.startswith("SERVERS"):
+                break
+        servers = [int(p) for p in line.split()[1:]]
+        assert line.startswith("SERVERS") and servers, line
+        assert all(psutil.pid_exists(p) for p in servers)
+        proc.send_signal(signal.SIGKILL)  # as a notebook kernel killed: no atexit
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while any(psutil.pid_exists(p) for p in servers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(psutil.pid_exists(p) for p in servers)
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+FORKED = textwrap.dedent(
+    """
+    import os, sys
+    import warmtask
+    from torchjob.engines.local import pool
+    warmtask.allreduce(1)
+    server = next(iter(pool._pools.values()))[1]
+    pid = os.fork()
+    if pid == 0:  # a child of the caller (multiprocessing's fork) calls the task: its own pool
+        value = warmtask.allreduce(2)["sum"]
+        os._exit(0 if value == 4 else 3)
+    _, status = os.waitpid(pid, 0)
+    print("CHILD", os.waitstatus_to_exitcode(status), flush=True)
+    print("STATE", server.state, server.proc is not None and server.proc.poll() is None, flush=True)
+    print("AGAIN", warmtask.allreduce(3)["sum"], flush=True)
+    """
+)
+
+
+def test_a_forked_caller_does_not_use_or_end_its_parents_server(tmp_path: Path) -> None:
+    script = _script(tmp_path, FORKED)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "CHILD 0" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "STATE ready True" in done.stdout, done.stdout  # the parent's server is untouched
+    assert "AGAIN 6.0" in done.stdout, done.stdout
+
+
+def test_an_elastic_call_leaves_the_callers_environment_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's OMP_NUM_THREADS=1 is for its workers: it stayed in the caller's os.environ,
+    so every later call (and the warm pool's environment) differed from the first."""
+    from torchjob import Elastic, task
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    two = task(task_config=Elastic(nproc_per_node=2))(_omp)
+    assert two() == "1"  # the workers had it
+    assert "OMP_NUM_THREADS" not in os.environ
+
+
+def _omp() -> str | None:
+    return os.environ.get("OMP_NUM_THREADS")
+
+
+ELASTIC = textwrap.dedent(
+    """
+    import json, os
+    import multiprocessing.forkserver as forkserver
+    from torchjob import Elastic, task
+
+    @task(task_config=Elastic(nproc_per_node=2))
+    def parent(x):
+        leaked = globals().get("LEAK")
+        globals()["LEAK"] = 1
+        return os.getppid(), leaked, os.environ.get("OMP_NUM_THREADS")
+
+    out = {"first": parent(1), "second": parent(2)}
+    out["server"] = forkserver._forkserver._forkserver_pid
+    os.environ["TORCHJOB_WARM"] = "0"
+    out["cold"] = parent(3)
+    out["caller"] = os.getpid()
+    print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+def test_single_node_elastic_workers_are_forked_from_a_server(tmp_path: Path) -> None:
+    script = tmp_path / "elastic_main.py"
+    script.write_text(ELASTIC)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+    assert out["server"] is not None and out["second"][0] == out["server"]  # forked from the server
+    assert out["first"][1] is None and out["second"][1] is None  # fresh workers every call
+    assert out["second"][2] == out["cold"][2] == "1"
+    assert out["cold"][0] != out["server"]  # TORCHJOB_WARM=0: spawned as before
