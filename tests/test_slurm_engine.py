@@ -91,16 +91,25 @@ def test_the_example_job_runs_with_gloo_and_prefixed_logs(slurm: SlurmCluster, t
 def test_a_failing_rank_restarts_the_job_then_fails_it(slurm: SlurmCluster, tmp_path: Path) -> None:
     env = cli_env(slurm, tmp_path / "root")
     marker = uuid.uuid4().hex
-    code = f"import os, sys; print('attempt', os.environ['VK_TASK_INDEX'], '{marker}'); sys.exit(3)"
+    code = (
+        f"import os, sys, time; print('attempt', os.environ['VK_TASK_INDEX'], '{marker}', flush=True); "
+        "time.sleep(1.5); sys.exit(3)"
+    )
+    # A sibling that never ends by itself: each restart and the failure stop its step.
+    sleeper = f"import time; print('sleeping', flush=True); time.sleep(600)  # {marker}"
     path = job_file(
         tmp_path,
-        [task("worker", code, policies=[{"event": "PodFailed", "action": "RestartJob"}])],
+        [
+            task("worker", code, policies=[{"event": "PodFailed", "action": "RestartJob"}]),
+            task("sibling", sleeper),
+        ],
         maxRetry=2,
         plugins={"env": []},
     )
     done = torchjob(env, "run", str(path), "--engine", "slurm")
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.count(f"worker-0 | attempt 0 {marker}") == 2, done.stdout
+    assert done.stdout.count("sibling-0 | sleeping") == 2, done.stdout  # restarted with the job
     status = status_json(env, "sj")
     assert status["phase"] == "Failed"
     assert status["retryCount"] == 2
@@ -121,7 +130,21 @@ def test_a_failing_rank_restarts_the_job_then_fails_it(slurm: SlurmCluster, tmp_
     )
     assert "has no attempt 7 (attempts: 0, 1)" in wrong.stderr
     wrong = torchjob(env, "logs", "sj", "worker-0", "--engine", "slurm", "-c", "nope")
+    assert slurm.jobs() == []
     assert wrong.returncode == 2 and "has no container 'nope' (containers: main)" in wrong.stderr
+    assert no_process_left(marker) == []
+
+
+def test_the_timeout_terminates_the_job(slurm: SlurmCluster, tmp_path: Path) -> None:
+    env = cli_env(slurm, tmp_path / "root")
+    marker = uuid.uuid4().hex
+    path = job_file(tmp_path, [task("w", f"import time; time.sleep(600)  # {marker}", 2)])
+    started = time.monotonic()
+    done = torchjob(env, "run", str(path), "--engine", "slurm", "--timeout", "3")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert time.monotonic() - started < 60
+    status = status_json(env, "sj")
+    assert status["phase"] == "Terminated" and "deadline of 3s passed" in str(status["reason"]), status
     assert no_process_left(marker) == []
 
 
