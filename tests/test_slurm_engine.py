@@ -234,7 +234,8 @@ def test_delete_while_running_leaves_no_step(slurm: SlurmCluster, tmp_path: Path
     assert no_process_left(marker) == []
 
 
-def test_ctrl_c_while_following_cancels_the_job(slurm: SlurmCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_while_following_cancels_the_job(slurm: SlurmCluster, tmp_path: Path, signum: int) -> None:
     env = cli_env(slurm, tmp_path / "root")
     marker = uuid.uuid4().hex
     path = job_file(
@@ -252,7 +253,7 @@ def test_ctrl_c_while_following_cancels_the_job(slurm: SlurmCluster, tmp_path: P
         assert process.stdout is not None
         line = process.stdout.readline()
         assert "up" in line, line
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         _, err = process.communicate(timeout=90)
     finally:
         if process.poll() is None:

@@ -80,6 +80,26 @@ def _batch_command(job_dir: Path) -> list[str]:
     return [sys.executable, "-m", "torchjob.engines.slurm.batch", str(job_dir)]
 
 
+def _sigterm_interrupts() -> Callable[[], None]:
+    """SIGTERM ends an attached run as Ctrl-C does (the job cancelled); a function restoring the
+    previous handler. Only the main thread can set one (an SDK call may come from another)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
+
+
 class _EventTeller:
     """Attached: the controller's events (restarts, a task waiting for another) as they come."""
 
@@ -215,6 +235,7 @@ class SlurmEngine:
             options.on_start(job_id)
         if not options.quiet:
             sink.notice(f"Slurm job {slurm_id}: {job_id} ({job_dir})")
+        restore = _sigterm_interrupts()
         try:
             if options.follow and not options.quiet:
                 told = _EventTeller(sink)
@@ -224,9 +245,12 @@ class SlurmEngine:
             self._left_queue(slurm_id)  # attached, a run returns once nothing of it is left
             return report
         except KeyboardInterrupt:
-            # Attached, the terminal is the job's: Ctrl-C cancels the allocation and its steps.
+            # Attached, the terminal is the job's: Ctrl-C (or SIGTERM) cancels the allocation and
+            # its steps, and returns once Slurm holds none of them.
             self._cancel(slurm_id)
             raise
+        finally:
+            restore()
 
     # ------------------------------------------------------------------ reading jobs
 
