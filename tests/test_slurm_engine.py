@@ -234,6 +234,28 @@ def test_delete_while_running_leaves_no_step(slurm: SlurmCluster, tmp_path: Path
     assert no_process_left(marker) == []
 
 
+def test_a_job_cancelled_in_slurm_is_reported_so(slurm: SlurmCluster, tmp_path: Path) -> None:
+    env = cli_env(slurm, tmp_path / "root")
+    marker = uuid.uuid4().hex
+    path = job_file(
+        tmp_path, [task("w", f"import time; print('up', flush=True); time.sleep(600)  # {marker}")]
+    )
+    done = torchjob(env, "run", str(path), "--engine", "slurm", "-d")
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    wait_for(lambda: status_json(env, job_id)["phase"] == "Running", 60, "the job running")
+    (slurm_id,) = slurm.jobs()
+    assert slurm.run("scancel", slurm_id).returncode == 0  # not through torchjob
+    waited = torchjob(env, "wait", job_id, "--engine", "slurm", "--timeout", "60")
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    status = status_json(env, job_id)
+    assert (status["phase"], status["reason"]) == (
+        "Terminated",
+        "Slurm: CANCELLED: the allocation was cancelled",
+    )
+    assert no_process_left(marker) == []
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_while_following_cancels_the_job(slurm: SlurmCluster, tmp_path: Path, signum: int) -> None:
     env = cli_env(slurm, tmp_path / "root")
