@@ -326,7 +326,9 @@ def test_dry_run_prints_the_sbatch_command_script_and_steps(tmp_path: Path) -> N
     assert "sbatch --parsable --job-name=pytorch-job" in done.stdout
     assert "--partition=gpu" in done.stdout
     assert "torchjob.engines.slurm.batch" in done.stdout
-    assert "pytorch-job-worker-1" in done.stdout
+    assert "#   pytorch-job-worker-1: on NODE, srun --cpus-per-task=1\n" in done.stdout
+    assert "#     init wait-for-master: added by a plugin (sh ...)\n" in done.stdout  # the pytorch plugin's
+    assert f"#     master: {sys.executable} examples/programs/sendrecv.py\n" in done.stdout
     assert not (tmp_path / "root").exists()
 
 

@@ -68,6 +68,38 @@ def settings_from(given: dict[str, Any], environ: dict[str, str]) -> SlurmSettin
     return SlurmSettings(**values)
 
 
+def _step_lines(job: Job, plan: SlurmPlan) -> list[str]:
+    """Each pod's steps as they will run, a plugin's init container in one line."""
+    from torchjob.engines.slurm.plan import PlanError, launches, place
+
+    layout = {c.index: [("NODE", c.ntasks)] for c in plan.components}
+    try:
+        steps_of = launches(plan, place(plan, layout))
+    except PlanError as err:  # check() refuses such a job before it starts
+        return [f"#   (cannot plan the steps: {err})"]
+    declared = {
+        (task.name, str(c.get("name")))
+        for task in job.spec.tasks
+        for c in task.template.spec.get("initContainers") or []
+    }
+    lines: list[str] = []
+    for launch in steps_of:
+        resources = plan.components[launch.placement.component].resources
+        header = f"#   {launch.pod}: on NODE, srun {' '.join(resources.step_args())}"
+        if header not in lines:
+            lines.append(header)
+        argv = [
+            sys.executable if launch.argv[0] in ("python", "python3") else launch.argv[0],
+            *launch.argv[1:],
+        ]
+        if launch.init and (launch.task, launch.container) not in declared:
+            text = f"init {launch.container}: added by a plugin ({argv[0]} ...)"
+        else:
+            text = f"{'init ' if launch.init else ''}{launch.container}: {shlex.join(argv)}"
+        lines.append(f"#     {text}")
+    return lines
+
+
 def _mtime(path: Path) -> float | None:
     try:
         return path.stat().st_mtime
@@ -167,19 +199,9 @@ class SlurmEngine:
         for component in plan.components:
             args = " ".join(component.sbatch_args())
             lines.append(f"#   {component.index}: tasks {', '.join(component.tasks)}: {args}")
-        lines.append("# pods, each a job step per container (init containers first) on its node:")
-        for pod in plan.pods:
-            task = job.task(pod.task)
-            resources = plan.components[pod.component].resources
-            commands = []
-            if task is not None:
-                for kind, init in (("initContainers", True), ("containers", False)):
-                    for container in task.template.spec.get(kind) or []:
-                        argv = [*(container.get("command") or []), *(container.get("args") or [])]
-                        label = "init " if init else ""
-                        commands.append(f"{label}{container.get('name')}: {shlex.join(map(str, argv))}")
-            lines.append(f"#   {pod.name}: component {pod.component}, srun {' '.join(resources.step_args())}")
-            lines += [f"#     {command}" for command in commands]
+        lines.append("# pods, each container a job step on the pod's node (init containers first, in order);")
+        lines.append("# NODE is the node Slurm gives the pod, known once the allocation runs:")
+        lines += _step_lines(job, plan)
         return Plan(self.name, job, options, "\n".join(lines), detail=(job_id, plan))
 
     # ------------------------------------------------------------------ start
