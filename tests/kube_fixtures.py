@@ -107,11 +107,43 @@ def hand_render(job: Any, target: str, *, runtime: str | None = None) -> TargetR
     )
 
 
+def hand_for_cluster(
+    job: Any, target: str, namespace: str, env: dict[str, str] | None = None, *, runtime: str | None = None
+) -> TargetRender:
+    """``hand_render``'s objects placed as the real ``for_cluster`` places them (namespace, --env)."""
+    from torchjob.records import replace
+    from torchjob.targets.common import add_env_to_containers
+
+    job = replace(job, metadata=replace(job.metadata, namespace=namespace))
+    rendered = hand_render(job, target, runtime=runtime)
+    add_env = _real_targets().get_target(target).add_env or add_env_to_containers
+    for obj in rendered.objects:
+        obj.setdefault("metadata", {})["namespace"] = namespace
+        if env:
+            add_env(obj, env)
+    return rendered
+
+
+def _real_targets() -> types.ModuleType:
+    """The real targets package, every target module loaded (before a stand-in takes its place)."""
+    import torchjob.targets as real
+
+    real.all_targets()
+    import torchjob.targets.common  # noqa: F401
+
+    return real
+
+
 def stand_in_targets_module() -> types.ModuleType:
+    """Renders by hand; how each target is read back (kinds, status, pod labels) is the real one."""
+    real = _real_targets()
     module = types.ModuleType("torchjob.targets")
     module.render_target = hand_render  # type: ignore[attr-defined]
+    module.for_cluster = hand_for_cluster  # type: ignore[attr-defined]
     module.JOB_LABEL = JOB_LABEL  # type: ignore[attr-defined]
     module.TARGETS = ("pods", "volcano", "kubeflow", "trainjob", "jobset")  # type: ignore[attr-defined]
+    for name in ("get_target", "all_targets", "target_names", "MODULES"):
+        setattr(module, name, getattr(real, name))
     return module
 
 

@@ -9,9 +9,6 @@ from collections.abc import Iterator
 from torchjob.errors import Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
 
-# The names only: the targets package itself is imported by the command that renders.
-TARGETS = ("pods", "volcano", "kubeflow", "trainjob", "jobset")
-
 if TYPE_CHECKING:  # the real imports are lazy, inside the commands
     from typing import Any
 
@@ -19,6 +16,9 @@ if TYPE_CHECKING:  # the real imports are lazy, inside the commands
 
 
 def register(commands: Any) -> None:
+    from torchjob.targets import target_names  # the names only: no target module is imported
+
+    targets = target_names()
     validate = commands.add_parser("validate", help="check job files and print a summary of each job")
     validate.add_argument(
         "files", nargs="+", metavar="FILE", help="job YAML/JSON, '-' for stdin, FILE.py:TASK, or SCRIPT.py"
@@ -31,7 +31,7 @@ def register(commands: Any) -> None:
     )
     validate.add_argument(
         "--target",
-        choices=TARGETS,
+        choices=targets,
         help="also check what that target needs (names its controller makes, features it cannot express)",
     )
     validate.add_argument("--runtime", metavar="NAME", help="the ClusterTrainingRuntime of --target trainjob")
@@ -47,7 +47,7 @@ def register(commands: Any) -> None:
     render.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="output format")
     render.add_argument(
         "--target",
-        choices=TARGETS,
+        choices=targets,
         default="pods",
         help="what to render: the pods Volcano would create (default), or the job for a training stack: "
         "volcano (Volcano Job), kubeflow (PyTorchJob), trainjob (Kubeflow Trainer v2), jobset (JobSet)",
@@ -56,6 +56,26 @@ def register(commands: Any) -> None:
         "--runtime",
         metavar="NAME",
         help="the ClusterTrainingRuntime of --target trainjob (torch-distributed)",
+    )
+    render.add_argument(
+        "--as-sent",
+        action="store_true",
+        help="with --target pods (the default): print exactly what `submit --target pods` sends (pods "
+        "labelled for torchjob, without Volcano's scheduler defaults); every other target always is",
+    )
+    render.add_argument(
+        "-n",
+        "--namespace",
+        metavar="NS",
+        help="render for this namespace, as `submit -n NS` sends it (default: the job's own)",
+    )
+    render.add_argument(
+        "-e",
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="add an environment variable to every container, as `run -e` on a cluster does (repeatable)",
     )
     render.add_argument(
         "-j",
@@ -212,20 +232,29 @@ def run_render(args: argparse.Namespace) -> int:
     from torchjob.expand import Expansion
     from torchjob.render import write_list
 
-    if args.runtime is not None and args.target != "trainjob":
-        raise SpecError(
-            [
-                Problem(
-                    "", f"--runtime applies to --target trainjob only, not --target {args.target}", args.file
-                )
-            ]
-        )
+    if args.runtime is not None:
+        from torchjob.targets import all_targets
+
+        takes = [t.name for t in all_targets() if t.runtime]
+        if args.target not in takes:
+            message = f"--runtime applies to --target {' or '.join(takes)} only, not --target {args.target}"
+            raise SpecError([Problem("", message, args.file)])
+    env = _render_env(args)
     loaded = _load_for_render(args)
+    if env:  # as `run -e` changes the job before its engine adds the variables to what it sends
+        from torchjob.overrides import Overrides, apply
+
+        loaded = [apply(item, Overrides(env=env)) for item in loaded]
     note = default_image_warning(args.file, loaded)
     if note:
         print(note, file=sys.stderr)
-    if args.target != "pods":
-        return _render_target(loaded, args)
+    if args.target != "pods" or getattr(args, "as_sent", False):
+        return _render_target(loaded, args, env)
+    # The pods Volcano's controller would create from the Job (no cluster's changes: see --as-sent).
+    if getattr(args, "namespace", None):
+        from torchjob.records import replace
+
+        loaded = [_in_namespace(item, args.namespace, replace) for item in loaded]
     expansions = [Expansion(item.job) for item in loaded]
     for item, expansion in zip(loaded, expansions, strict=True):
         _print_warnings(item.document, expansion.warnings())
@@ -243,16 +272,29 @@ def run_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render_target(loaded: list[Any], args: argparse.Namespace) -> int:
-    """Every job as ``--target``'s objects; all problems of all jobs before any output."""
+def _in_namespace(item: Any, namespace: str, replace: Any) -> Any:
+    job = replace(item.job, metadata=replace(item.job.metadata, namespace=namespace))
+    return replace(item, job=job)
+
+
+def _render_env(args: argparse.Namespace) -> dict[str, str]:
+    from torchjob.cli.local_commands import _parse_env
+
+    return _parse_env(list(getattr(args, "env", None) or []))
+
+
+def _render_target(loaded: list[Any], args: argparse.Namespace, env: dict[str, str]) -> int:
+    """Every job as ``--target``'s objects, byte for byte what the kubernetes engine sends for it
+    (the same function makes them); all problems of all jobs before any output."""
     from torchjob.render import write_list
-    from torchjob.targets import render_target
+    from torchjob.targets import for_cluster
 
     items: list[dict[str, Any]] = []
     problems: list[Problem] = []
     for item in loaded:
         try:
-            rendered = render_target(item.job, args.target, runtime=args.runtime)
+            namespace = getattr(args, "namespace", None) or item.job.metadata.namespace
+            rendered = for_cluster(item.job, args.target, namespace, env, runtime=args.runtime)
         except SpecError as err:  # the target's paths become FILE:LINE like any input problem
             problems += [item.document.problem(p.path, p.message) for p in err.problems]
             continue

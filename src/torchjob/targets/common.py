@@ -8,18 +8,24 @@ from torchjob.errors import Problem, SpecError
 from torchjob.records import record
 from torchjob.spec.defaults import DEFAULT_MAX_RETRY, DEFAULT_SCHEDULER
 from torchjob.spec.model import Job, Task
-from torchjob.targets import JOB_LABEL, TARGETS
+from torchjob.targets import JOB_LABEL, Status, all_targets
 
-# Which targets can express each feature a target may refuse: named in every such error.
-CAN = {
-    "any-tasks": ("pods", "volcano", "jobset"),
-    "no-pytorch": ("pods", "volcano", "jobset"),
-    "elastic-range": ("pods", "volcano", "kubeflow"),
-    "different-roles": ("pods", "volcano", "kubeflow", "jobset"),
-    "pod-field": ("pods", "volcano", "kubeflow", "jobset"),
-    "job-volumes": ("pods", "volcano"),
-    "no-command": ("pods", "volcano", "kubeflow", "jobset"),
-}
+# The features a target may refuse; each target's record lists those it can express (Target.can),
+# and every refusal names the targets that can.
+FEATURES = (
+    "any-tasks",
+    "no-pytorch",
+    "elastic-range",
+    "different-roles",
+    "pod-field",
+    "job-volumes",
+    "no-command",
+)
+
+
+def able(feature: str) -> list[str]:
+    """The targets that can express ``feature``, in registry order."""
+    return [t.name for t in all_targets() if feature in t.can]
 
 
 def copy(value: Any) -> Any:
@@ -37,10 +43,11 @@ def unknown_target(message: str) -> SpecError:
 
 def cannot(target: str, path: str, feature: str, can: str, why: str = "") -> Problem:
     """'<feature> cannot be expressed by target X (why); targets that can: ...'."""
-    able = [t for t in CAN[can] if t != target and t in TARGETS]
+    others = [t for t in able(can) if t != target]
     reason = f" ({why})" if why else ""
     return Problem(
-        path, f"{feature} cannot be expressed by target {target!r}{reason}; use --target {' or '.join(able)}"
+        path,
+        f"{feature} cannot be expressed by target {target!r}{reason}; use --target {' or '.join(others)}",
     )
 
 
@@ -316,3 +323,61 @@ def queue_warnings(job: Job, target: str) -> list[tuple[str, str]]:
     if job.spec.queue == "default":
         return []
     return [("spec.queue", f"target {target!r} has no Volcano queue; queue {job.spec.queue!r} is dropped")]
+
+
+# ------------------------------------------------------------------ reading back
+
+
+def add_env_to_containers(obj: dict[str, Any], env: dict[str, str]) -> None:
+    """--env on a cluster: set in every main container of every pod template in ``obj``."""
+    entries = [{"name": k, "value": v} for k, v in env.items()]
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            containers = node.get("containers")
+            if isinstance(containers, list) and all(isinstance(c, dict) and "image" in c for c in containers):
+                for c in containers:
+                    c["env"] = [e for e in c.get("env") or [] if e.get("name") not in env] + entries
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(obj)
+
+
+def true_conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The object's conditions whose status is True, by type."""
+    return {
+        str(c.get("type")): c
+        for c in (obj.get("status") or {}).get("conditions") or []
+        if str(c.get("status")) == "True"
+    }
+
+
+def condition_reason(condition: dict[str, Any]) -> str:
+    return ": ".join(str(p) for p in (condition.get("reason"), condition.get("message")) if p)
+
+
+def _said(phase: str, condition: dict[str, Any], default: str = "") -> Status:
+    since = condition.get("lastTransitionTime")
+    return Status(phase, condition_reason(condition) or default, None if since is None else str(since))
+
+
+def condition_status(
+    top: dict[str, Any], success: str, failure: str = "Failed", also: tuple[str, ...] = ()
+) -> Status:
+    """A job whose controller reports conditions: failure, then success, then Suspended (Pending),
+    then each of ``also`` (a condition named as the phase it means); else the pods say."""
+    conditions = true_conditions(top)
+    if failure in conditions:
+        return _said("Failed", conditions[failure])
+    if success in conditions:
+        return _said("Completed", conditions[success])
+    if "Suspended" in conditions:
+        return Status("Pending", condition_reason(conditions["Suspended"]) or "suspended")
+    for name in also:
+        if name in conditions:
+            return Status(name, condition_reason(conditions[name]))
+    return Status(None)

@@ -23,12 +23,14 @@ from typing import Any
 
 from torchjob.errors import SpecError
 from torchjob.plugins.pytorch import PORT_NAME
+from torchjob.records import record
 from torchjob.spec.model import Job, Task
-from torchjob.targets import JOB_LABEL, TargetRender
+from torchjob.targets import JOB_LABEL, Status, Target, TargetRender, TopKind
 from torchjob.targets.common import (
     INT32_MAX,
     cannot,
     claim_objects,
+    condition_status,
     copy,
     gang_warnings,
     job_restarts,
@@ -41,6 +43,7 @@ from torchjob.targets.common import (
     volcano_warnings,
     wait_master_flags,
 )
+from torchjob.targets.names import POD_SUFFIX
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 KIND = "JobSet"
@@ -70,8 +73,42 @@ def _ordered(job: Job) -> tuple[list[Task], Task | None, Task | None, int]:
 
 
 def render(job: Job) -> TargetRender:
-    if job.elastic is not None and job.elastic.min_nodes != job.elastic.max_nodes:
-        e = job.elastic
+    _refuse_elastic_range(job)
+    tasks, master, worker, port = _ordered(job)
+    warnings = _job_warnings(job, master)
+    world = str(sum(t.replicas for t in (master, worker) if t is not None))
+    wiring = Wiring(master, worker, port, world)
+    replicated = [_replicated_job(job, task, wiring, warnings) for task in tasks]
+    spec_out: dict[str, Any] = {
+        "network": {"enableDNSHostnames": True, "subdomain": job.name, "publishNotReadyAddresses": True},
+        "replicatedJobs": replicated,
+        # The SDK's backoff_limit B is maxRetry B + 1: B restarts.
+        "failurePolicy": {"maxRestarts": job_restarts(job)},
+        "successPolicy": _success_policy(master),
+    }
+    if master is not None:
+        spec_out["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    ttl = job.spec.ttl_seconds_after_finished
+    if ttl is not None:
+        spec_out["ttlSecondsAfterFinished"] = ttl
+    warnings += _cleanup_warnings(job)
+    job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": spec_out}
+    return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)
+
+
+@record(frozen=True)
+class Wiring:
+    """What the pytorch plugin wires into every task's pods (nothing when the job has no master)."""
+
+    master: Task | None
+    worker: Task | None
+    port: int
+    world: str
+
+
+def _refuse_elastic_range(job: Job) -> None:
+    e = job.elastic
+    if e is not None and e.min_nodes != e.max_nodes:
         raise SpecError(
             [
                 cannot(
@@ -83,7 +120,9 @@ def render(job: Job) -> TargetRender:
                 )
             ]
         )
-    tasks, master, worker, port = _ordered(job)
+
+
+def _job_warnings(job: Job, master: Task | None) -> list[tuple[str, str]]:
     warnings = [w for w in volcano_warnings(job, "jobset", master) if w[0] != "spec.plugins.env"]
     warnings += queue_warnings(job, "jobset") + gang_warnings(job, "jobset")
     for flag in wait_master_flags(job) if master is not None else []:
@@ -94,98 +133,142 @@ def render(job: Job) -> TargetRender:
                 f"time limit; {flag} is dropped",
             )
         )
+    return warnings
+
+
+def _replicated_job(job: Job, task: Task, wiring: Wiring, warnings: list[tuple[str, str]]) -> dict[str, Any]:
+    """One task as a replicated job of ``replicas`` one-pod Indexed Jobs."""
+    template = labelled(task.template.raw, job)
+    spec = template["spec"]
+    path = f"{task_path(job, task)}.template.spec"
+    _restart_policy(spec, path, warnings)
+    _drop_own_names(spec, path, warnings)
+    mount_job_volumes(job, spec)
+    pod_scheduling(job, spec)
+    _wire_containers(job, task, spec, wiring)
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": 1,
+        "parallelism": 1,
+        "template": template,
+    }
+    # Never: a failed pod fails its Job and the JobSet's failure policy decides, as Volcano's
+    # policies do. OnFailure: the container restarts in place; under Volcano such a pod never
+    # fails, so no limit here either (batch/v1's default of 6 would fail the set on the 7th crash).
+    job_spec["backoffLimit"] = 0 if spec["restartPolicy"] == "Never" else INT32_MAX
     sdk = job.run_policy
-    world = str(sum(t.replicas for t in (master, worker) if t is not None))
-    replicated = []
-    for task in tasks:
-        template = labelled(task.template.raw, job)
-        spec = template["spec"]
-        path = f"{task_path(job, task)}.template.spec"
-        policy = spec.get("restartPolicy")
-        if policy in (None, "Always"):
-            if policy == "Always":
-                warnings.append(
-                    (
-                        f"{path}.restartPolicy",
-                        "pods of a Kubernetes Job cannot restart Always; "
-                        "OnFailure restarts the container in place the same way",
-                    )
-                )
-            spec["restartPolicy"] = "OnFailure"
-        for key in ("hostname", "subdomain"):
-            if spec.pop(key, None) is not None:
-                warnings.append(
-                    (f"{path}.{key}", f"JobSet names and addresses the pods itself; {key} is dropped")
-                )
-        mount_job_volumes(job, spec)
-        pod_scheduling(job, spec)
+    if sdk is not None and sdk.active_deadline_seconds:
+        job_spec["activeDeadlineSeconds"] = sdk.active_deadline_seconds
+    return {
+        "name": task.name,
+        "replicas": task.replicas,
+        "template": {"metadata": {"labels": {JOB_LABEL: job.name}}, "spec": job_spec},
+    }
+
+
+def _restart_policy(spec: dict[str, Any], path: str, warnings: list[tuple[str, str]]) -> None:
+    """A Job's pods restart Never or OnFailure: Always (or none) becomes OnFailure."""
+    policy = spec.get("restartPolicy")
+    if policy not in (None, "Always"):
+        return
+    if policy == "Always":
+        warnings.append(
+            (
+                f"{path}.restartPolicy",
+                "pods of a Kubernetes Job cannot restart Always; "
+                "OnFailure restarts the container in place the same way",
+            )
+        )
+    spec["restartPolicy"] = "OnFailure"
+
+
+def _drop_own_names(spec: dict[str, Any], path: str, warnings: list[tuple[str, str]]) -> None:
+    for key in ("hostname", "subdomain"):
+        if spec.pop(key, None) is not None:
+            warnings.append(
+                (f"{path}.{key}", f"JobSet names and addresses the pods itself; {key} is dropped")
+            )
+
+
+def _pytorch_env(job: Job, task: Task, wiring: Wiring) -> list[dict[str, Any]]:
+    """The pytorch plugin wires every task's pods; only RANK is for master/worker."""
+    if wiring.master is None:
+        return []
+    env: list[dict[str, Any]] = [
+        {"name": "MASTER_ADDR", "value": pod_host(job, wiring.master, 0)},
+        {"name": "MASTER_PORT", "value": str(wiring.port)},
+        {"name": "WORLD_SIZE", "value": wiring.world},
+    ]
+    if task is wiring.master:
+        env.append({"name": "RANK", "value": "0"})
+    elif task is wiring.worker:
+        env.append({"name": "RANK", "valueFrom": _field(GLOBAL_INDEX)})
+    return env
+
+
+def _wire_containers(job: Job, task: Task, spec: dict[str, Any], wiring: Wiring) -> None:
+    """The master's port and the pytorch env in every container; Volcano's env plugin's index."""
+    env_extra = _pytorch_env(job, task, wiring)
+    for container in spec.get("containers", []):
+        if wiring.master is not None:
+            ports = container.setdefault("ports", [])
+            if not any(p.get("containerPort") == wiring.port for p in ports):
+                ports.append({"name": PORT_NAME, "containerPort": wiring.port})
+        if env_extra:
+            container.setdefault("env", []).extend(copy(env_extra))
+    if "env" in job.spec.plugins:
         # Volcano's env plugin: the pod's index within its task, in every container and init container.
         index_env = [{"name": n, "valueFrom": _field(JOB_INDEX)} for n in ("VK_TASK_INDEX", "VC_TASK_INDEX")]
-        env_extra: list[dict[str, Any]] = []
-        if master is not None:  # the pytorch plugin wires every task's pods; only RANK is for master/worker
-            env_extra += [
-                {"name": "MASTER_ADDR", "value": pod_host(job, master, 0)},
-                {"name": "MASTER_PORT", "value": str(port)},
-                {"name": "WORLD_SIZE", "value": world},
-            ]
-            if task is master:
-                env_extra.append({"name": "RANK", "value": "0"})
-            elif task is worker:
-                env_extra.append({"name": "RANK", "valueFrom": _field(GLOBAL_INDEX)})
-        for container in spec.get("containers", []):
-            if master is not None:
-                ports = container.setdefault("ports", [])
-                if not any(p.get("containerPort") == port for p in ports):
-                    ports.append({"name": PORT_NAME, "containerPort": port})
-            if env_extra:
-                container.setdefault("env", []).extend(copy(env_extra))
-        if "env" in job.spec.plugins:
-            for container in [*spec.get("containers", []), *spec.get("initContainers", [])]:
-                container.setdefault("env", []).extend(copy(index_env))
-        job_spec: dict[str, Any] = {
-            "completionMode": "Indexed",
-            "completions": 1,
-            "parallelism": 1,
-            "template": template,
-        }
-        # Never: a failed pod fails its Job and the JobSet's failure policy decides, as Volcano's
-        # policies do. OnFailure: the container restarts in place; under Volcano such a pod never
-        # fails, so no limit here either (batch/v1's default of 6 would fail the set on the 7th crash).
-        job_spec["backoffLimit"] = 0 if spec["restartPolicy"] == "Never" else INT32_MAX
-        if sdk is not None and sdk.active_deadline_seconds:
-            job_spec["activeDeadlineSeconds"] = sdk.active_deadline_seconds
-        replicated.append(
-            {
-                "name": task.name,
-                "replicas": task.replicas,
-                "template": {"metadata": {"labels": {JOB_LABEL: job.name}}, "spec": job_spec},
-            }
-        )
-    max_restarts = job_restarts(job)  # the SDK's backoff_limit B is maxRetry B + 1: B restarts
-    spec_out: dict[str, Any] = {
-        "network": {"enableDNSHostnames": True, "subdomain": job.name, "publishNotReadyAddresses": True},
-        "replicatedJobs": replicated,
-        "failurePolicy": {"maxRestarts": max_restarts},
-    }
+        for container in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+            container.setdefault("env", []).extend(copy(index_env))
+
+
+def _success_policy(master: Task | None) -> dict[str, Any]:
+    """Done when every Job is, or only the master's when the master's completion ends the job."""
     ends_with_master = master is not None and any(
         p.action == "CompleteJob" and p.events == ["TaskCompleted"] for p in master.policies
     )
     if ends_with_master and master is not None:
-        spec_out["successPolicy"] = {"operator": "All", "targetReplicatedJobs": [master.name]}
-    else:
-        spec_out["successPolicy"] = {"operator": "All"}
-    if master is not None:
-        spec_out["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
-    ttl = job.spec.ttl_seconds_after_finished
-    if ttl is not None:
-        spec_out["ttlSecondsAfterFinished"] = ttl
-    if sdk is not None and sdk.clean_pod_policy not in (None, "None"):
-        warnings.append(
-            (
-                "run_policy.clean_pod_policy",
-                "a JobSet deletes its active Jobs when it finishes and "
-                f"keeps finished pods; clean_pod_policy {sdk.clean_pod_policy!r} is dropped",
-            )
+        return {"operator": "All", "targetReplicatedJobs": [master.name]}
+    return {"operator": "All"}
+
+
+def _cleanup_warnings(job: Job) -> list[tuple[str, str]]:
+    sdk = job.run_policy
+    if sdk is None or sdk.clean_pod_policy in (None, "None"):
+        return []
+    return [
+        (
+            "run_policy.clean_pod_policy",
+            "a JobSet deletes its active Jobs when it finishes and "
+            f"keeps finished pods; clean_pod_policy {sdk.clean_pod_policy!r} is dropped",
         )
-    job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": spec_out}
-    return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)
+    ]
+
+
+def status(top: dict[str, Any]) -> Status:
+    """JobSet's conditions; it has no Running one, so a running job is told by its pods."""
+    return condition_status(top, "Completed")
+
+
+def generated(job: Job) -> list[tuple[str, str, str]]:
+    """One replicated job per task, of `replicas` one-pod Jobs: Job <job>-<task>-<i>, pod <Job>-0-xxxxx."""
+    return [
+        (f"spec.tasks[{i}].name", "pod", f"{job.name}-{t.name}-{max(t.replicas - 1, 0)}-0{POD_SUFFIX}")
+        for i, t in enumerate(job.spec.tasks)
+    ]
+
+
+TARGET = Target(
+    name="jobset",
+    generated=generated,
+    dns1035=True,  # the JobSet's headless Service is named after it
+    render=lambda job, runtime: render(job),
+    top=TopKind(API_VERSION, "JobSet", "jobsets", "install JobSet"),
+    preference=30,  # needs only JobSet's controller
+    can=frozenset({"any-tasks", "no-pytorch", "different-roles", "pod-field", "no-command"}),
+    status=status,
+    task_keys=("jobset.sigs.k8s.io/replicatedjob-name",),
+    # Each task runs as `replicas` one-pod Jobs: a pod's index is its Job's (its completion index is 0).
+    index_keys=("jobset.sigs.k8s.io/job-index", "batch.kubernetes.io/job-completion-index"),
+)

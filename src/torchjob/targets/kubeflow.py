@@ -22,10 +22,11 @@ from typing import Any
 
 from torchjob.plugins.pytorch import PORT_NAME
 from torchjob.spec.model import Job, Task
-from torchjob.targets import TargetRender
+from torchjob.targets import Status, Target, TargetRender, TopKind
 from torchjob.targets.common import (
     SDK_LABEL,
     claim_objects,
+    condition_status,
     labelled,
     metadata,
     mount_job_volumes,
@@ -223,3 +224,38 @@ def render(job: Job) -> TargetRender:
         }
     job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": spec}
     return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)
+
+
+def status(top: dict[str, Any]) -> Status:
+    """The training operator's conditions; it says Restarting and Running itself."""
+    return condition_status(top, "Succeeded", also=("Restarting", "Running"))
+
+
+def generated(job: Job) -> list[tuple[str, str, str]]:
+    """The operator names each pod and its Service <job>-<replica type>-<index> (GenGeneralName)."""
+    from torchjob.plugins.pytorch import PyTorchPlugin
+
+    if "pytorch" not in job.spec.plugins:
+        return []  # refused elsewhere
+    plugin = PyTorchPlugin(job.spec.plugins["pytorch"])
+    worker = job.task(plugin.worker)
+    workers = job.elastic.max_nodes if job.elastic is not None else (worker.replicas if worker else 0)
+    what = "pod and Service"
+    out = [] if job.elastic is not None else [("metadata.name", what, f"{job.name}-master-0")]
+    if workers:
+        out.append(("metadata.name", what, f"{job.name}-worker-{workers - 1}"))
+    return out
+
+
+TARGET = Target(
+    name="kubeflow",
+    generated=generated,
+    dns1035=True,  # the PyTorchJob webhook's rule
+    render=lambda job, runtime: render(job),
+    top=TopKind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", "install the Kubeflow training operator"),
+    preference=20,  # a PyTorchJob keeps master and workers apart
+    can=frozenset({"elastic-range", "different-roles", "pod-field", "no-command"}),
+    status=status,
+    task_keys=("training.kubeflow.org/replica-type",),
+    index_keys=("training.kubeflow.org/replica-index",),
+)

@@ -3,7 +3,8 @@
 Spec validation already checks Volcano's own names (``<job>-<task>-<i>``). The other controllers
 make longer ones, and a name the API server refuses means a job that never starts (a Service that
 is never created leaves ``MASTER_ADDR`` unresolvable), so ``render`` refuses such a job up front,
-naming the longest job name that would fit.
+naming the longest job name that would fit. Each target declares the names its controller makes
+(``Target.generated``) and whether the job's name must be a DNS-1035 label (``Target.dns1035``).
 """
 
 from __future__ import annotations
@@ -16,40 +17,13 @@ from torchjob.spec.names import DNS1123_LABEL_MAX, is_dns1035_label
 POD_SUFFIX = "-abcde"
 
 
-def generated(job: Job, target: str) -> list[tuple[str, str, str]]:
-    """(field path, what, name): the longest name of each kind ``target``'s controller derives."""
-    if target == "kubeflow":
-        from torchjob.plugins.pytorch import PyTorchPlugin
-
-        if "pytorch" not in job.spec.plugins:
-            return []  # refused elsewhere
-        plugin = PyTorchPlugin(job.spec.plugins["pytorch"])
-        worker = job.task(plugin.worker)
-        workers = job.elastic.max_nodes if job.elastic is not None else (worker.replicas if worker else 0)
-        # The operator names each pod and its Service <job>-<replica type>-<index> (GenGeneralName).
-        what = "pod and Service"
-        out = [] if job.elastic is not None else [("metadata.name", what, f"{job.name}-master-0")]
-        if workers:
-            out.append(("metadata.name", what, f"{job.name}-worker-{workers - 1}"))
-        return out
-    if target == "jobset":
-        # One replicated job per task, of `replicas` one-pod Jobs: Job <job>-<task>-<i>, pod <Job>-0-xxxxx.
-        return [
-            (f"spec.tasks[{i}].name", "pod", f"{job.name}-{t.name}-{max(t.replicas - 1, 0)}-0{POD_SUFFIX}")
-            for i, t in enumerate(job.spec.tasks)
-        ]
-    if target == "trainjob":
-        # The runtime's one replicated job "node" holds one Job of numNodes pods.
-        nodes = sum(t.replicas for t in job.spec.tasks)
-        return [("metadata.name", "pod", f"{job.name}-node-0-{max(nodes - 1, 0)}{POD_SUFFIX}")]
-    return []  # pods and volcano: <job>-<task>-<i>, checked by spec validation
-
-
 def check(job: Job, target: str) -> None:
     """Refuse a job whose generated names ``target``'s controller could not create."""
+    from torchjob.targets import get_target
+
+    declared = get_target(target)
     problems: list[Problem] = []
-    if target in ("kubeflow", "jobset", "trainjob") and not is_dns1035_label(job.name):
-        # The PyTorchJob webhook, the JobSet's headless Service and the TrainJob's name rule.
+    if declared.dns1035 and not is_dns1035_label(job.name):
         problems.append(
             Problem(
                 "metadata.name",
@@ -57,7 +31,8 @@ def check(job: Job, target: str) -> None:
                 f"Service), got {job.name!r}",
             )
         )
-    longest = max(generated(job, target), key=lambda item: len(item[2]), default=None)
+    made = declared.generated(job) if declared.generated is not None else []
+    longest = max(made, key=lambda item: len(item[2]), default=None)
     if longest is not None and len(longest[2]) > DNS1123_LABEL_MAX:
         path, what, name = longest
         fits = DNS1123_LABEL_MAX - (len(name) - len(job.name))

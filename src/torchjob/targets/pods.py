@@ -14,7 +14,7 @@ from typing import Any
 
 from torchjob.expand import GROUP_NAME, Expansion, paused_gc
 from torchjob.spec.model import Job
-from torchjob.targets import JOB_LABEL, TargetRender
+from torchjob.targets import JOB_LABEL, Target, TargetRender
 
 VOLCANO = "volcano"
 PODGROUP_API = "scheduling.volcano.sh/v1beta1"
@@ -68,3 +68,39 @@ def render(job: Job) -> TargetRender:
     with paused_gc():
         items = list(objects(expansion))
     return TargetRender(kind="Pod", api_version="v1", objects=items, warnings=expansion.warnings())
+
+
+def _render(job: Job, runtime: str | None) -> TargetRender:
+    from torchjob.targets.common import uncontrolled_warnings
+
+    rendered = render(job)
+    rendered.warnings += uncontrolled_warnings(job)
+    return rendered
+
+
+# No controller: the pods are read back by their label, the job's phase from them alone.
+TARGET = Target(
+    name="pods",
+    podgroup=True,
+    side_kinds=(
+        ("v1", "configmaps"),
+        ("v1", "services"),
+        ("networking.k8s.io/v1", "networkpolicies"),
+        (PODGROUP_API, "podgroups"),
+    ),
+    render=_render,
+    preference=1000,  # never chosen without --target
+    can=frozenset(
+        {
+            "any-tasks",
+            "no-pytorch",
+            "elastic-range",
+            "different-roles",
+            "pod-field",
+            "job-volumes",
+            "no-command",
+        }
+    ),
+    task_keys=("volcano.sh/task-spec",),
+    index_keys=("volcano.sh/task-index",),
+)

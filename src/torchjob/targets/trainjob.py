@@ -20,11 +20,13 @@ from typing import Any
 
 from torchjob.errors import Problem, SpecError
 from torchjob.quick import unwrap_launcher
-from torchjob.spec.model import Job
-from torchjob.targets import JOB_LABEL, TargetRender
+from torchjob.spec.model import Job, Task
+from torchjob.targets import JOB_LABEL, Status, Target, TargetRender, TopKind
 from torchjob.targets.common import (
+    add_env_to_containers,
     cannot,
     claim_objects,
+    condition_status,
     copy,
     gang_warnings,
     metadata,
@@ -36,7 +38,9 @@ from torchjob.targets.common import (
     volcano_warnings,
     wait_master_flags,
 )
+from torchjob.targets.names import POD_SUFFIX
 
+NAME = "trainjob"
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
 DEFAULT_RUNTIME = "torch-distributed"
@@ -89,37 +93,71 @@ def _sdk_command(command: list[str]) -> tuple[list[str], bool]:
 
 
 def render(job: Job, *, runtime: str | None = None) -> TargetRender:
-    target = "trainjob"
-    roles = pytorch_roles(job, target)
+    roles = pytorch_roles(job, NAME)
+    master, worker = roles.master, roles.worker
+    template = copy(master.template.raw)
+    spec: dict[str, Any] = template.get("spec") or {}
+    mount_job_volumes(job, spec)
+    path = f"{task_path(job, master)}.template.spec"
+    containers: list[dict[str, Any]] = spec.get("containers") or []
+    main = containers[0] if containers else {}
+    cpath = f"{path}.containers[0]"
+    env = [copy(e) for e in main.get("env") or []]
+    problems = _shape_problems(job, master, worker)
+    warnings = _job_warnings(job, master)
+    problems += _pod_rules(spec, path, warnings)
+    problems += _container_rules(main, cpath, warnings)
+    problems += _command_problems(main, cpath) + _env_problems(env, cpath)
+    if problems:
+        raise SpecError(problems)
+    out: dict[str, Any] = {
+        "runtimeRef": {
+            "name": runtime or DEFAULT_RUNTIME,
+            "apiGroup": "trainer.kubeflow.org",
+            "kind": "ClusterTrainingRuntime",
+        },
+        "trainer": _trainer(job, main, env, master.replicas + (worker.replicas if worker is not None else 0)),
+        "runtimePatches": [_patch(job, template, spec, main)],
+    }
+    sdk = job.run_policy
+    if sdk is not None and sdk.active_deadline_seconds:
+        out["activeDeadlineSeconds"] = sdk.active_deadline_seconds
+    warnings += _lifecycle_warnings(job, runtime)
+    job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": out}
+    return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)
+
+
+def _shape_problems(job: Job, master: Task, worker: Task | None) -> list[Problem]:
+    """Every node of a TrainJob is alike, and there is no elastic range."""
     problems: list[Problem] = []
     elastic = job.elastic
     if elastic is not None and elastic.min_nodes != elastic.max_nodes:
         problems.append(
             cannot(
-                target,
+                NAME,
                 "spec.minAvailable",
                 f"an elastic range of {elastic.min_nodes}:{elastic.max_nodes} nodes",
                 "elastic-range",
                 "Trainer v2 has no elastic training",
             )
         )
-    master, worker = roles.master, roles.worker
     if worker is not None and worker.replicas and _shape(worker.template.raw) != _shape(master.template.raw):
         problems.append(
             cannot(
-                target,
+                NAME,
                 task_path(job, worker),
                 f"a worker task whose pod template differs from the master's ({master.name!r})",
                 "different-roles",
                 "every node of a TrainJob runs one image and command",
             )
         )
-    template = copy(master.template.raw)
-    spec: dict[str, Any] = template.get("spec") or {}
-    mount_job_volumes(job, spec)
-    path = f"{task_path(job, master)}.template.spec"
-    warnings = volcano_warnings(job, target, master)
-    warnings += queue_warnings(job, target) + gang_warnings(job, target)
+    return problems
+
+
+def _job_warnings(job: Job, master: Task) -> list[tuple[str, str]]:
+    """Job fields the runtime decides instead (Volcano's, the queue, gang, wait-for-master, ...)."""
+    warnings = volcano_warnings(job, NAME, master)
+    warnings += queue_warnings(job, NAME) + gang_warnings(job, NAME)
     for flag in wait_master_flags(job):
         warnings.append(
             (
@@ -142,24 +180,29 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
                 f"the runtime decides the scheduler; {job.spec.scheduler_name!r} is dropped",
             )
         )
+    return warnings
+
+
+def _pod_rules(spec: dict[str, Any], path: str, warnings: list[tuple[str, str]]) -> list[Problem]:
+    """Pod fields: dropped (warned about), patched, or refused; one container, no init containers."""
+    problems: list[Problem] = []
     for key in spec:
         if key in DROPPED_POD_FIELDS:
             warnings.append((f"{path}.{key}", f"{key} is dropped: {DROPPED_POD_FIELDS[key]}"))
         elif key not in PATCHED_POD_FIELDS and key != "containers":
             problems.append(
                 cannot(
-                    target,
+                    NAME,
                     f"{path}.{key}",
                     f"pod field {key}",
                     "pod-field",
                     "a TrainJob's runtime patches cannot set it",
                 )
             )
-    containers: list[dict[str, Any]] = spec.get("containers") or []
-    if len(containers) > 1:
+    if len(spec.get("containers") or []) > 1:
         problems.append(
             cannot(
-                target,
+                NAME,
                 f"{path}.containers[1]",
                 "a second container",
                 "pod-field",
@@ -169,15 +212,19 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
     if spec.get("initContainers"):
         problems.append(
             cannot(
-                target,
+                NAME,
                 f"{path}.initContainers",
                 "init containers",
                 "pod-field",
                 "a runtime patch can only change the runtime's own containers",
             )
         )
-    main = containers[0] if containers else {}
-    cpath = f"{path}.containers[0]"
+    return problems
+
+
+def _container_rules(main: dict[str, Any], cpath: str, warnings: list[tuple[str, str]]) -> list[Problem]:
+    """Container fields: the trainer's own, patched, dropped (warned about), or refused."""
+    problems: list[Problem] = []
     for key in main:
         if key in DROPPED_CONTAINER_FIELDS:
             if key != "name":
@@ -185,43 +232,50 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
         elif key not in TRAINER_CONTAINER_FIELDS and key not in PATCHED_CONTAINER_FIELDS:
             problems.append(
                 cannot(
-                    target,
+                    NAME,
                     f"{cpath}.{key}",
                     f"container field {key}",
                     "pod-field",
                     "a TrainJob sets only the image, command, env and resources of its node",
                 )
             )
-    command = [str(c) for c in main.get("command") or []]
-    if not command:
-        problems.append(
-            cannot(
-                target,
-                f"{cpath}.command",
-                "a container without a command",
-                "no-command",
-                "the command must be known to run it through torchrun",
-            )
-        )
-    env = [copy(e) for e in main.get("env") or []]
-    for i, var in enumerate(env):
-        if var.get("name") in RESERVED_ENV:
-            problems.append(
-                Problem(
-                    f"{cpath}.env[{i}].name",
-                    f"{var['name']} is set by the TrainJob runtime and cannot be overridden",
-                )
-            )
-    if problems:
-        raise SpecError(problems)
+    return problems
 
-    command, stripped = _sdk_command(command)
+
+def _command_problems(main: dict[str, Any], cpath: str) -> list[Problem]:
+    if main.get("command"):
+        return []
+    return [
+        cannot(
+            NAME,
+            f"{cpath}.command",
+            "a container without a command",
+            "no-command",
+            "the command must be known to run it through torchrun",
+        )
+    ]
+
+
+def _env_problems(env: list[dict[str, Any]], cpath: str) -> list[Problem]:
+    return [
+        Problem(
+            f"{cpath}.env[{i}].name", f"{var['name']} is set by the TrainJob runtime and cannot be overridden"
+        )
+        for i, var in enumerate(env)
+        if var.get("name") in RESERVED_ENV
+    ]
+
+
+def _trainer(job: Job, main: dict[str, Any], env: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
+    """``spec.trainer``: the command run through the runtime's torchrun on ``nodes`` nodes."""
+    command, stripped = _sdk_command([str(c) for c in main.get("command") or []])
     args = [str(a) for a in main.get("args") or []]
     nproc = 1
     quick = unwrap_launcher(command, args)
     if quick is not None:  # quick mode's torchrun: the runtime's torchrun takes its place
         command, nproc = quick
         args = []
+    elastic = job.elastic
     if elastic is not None:
         nproc = elastic.nproc_per_node
         if stripped and elastic.max_restarts:
@@ -229,14 +283,18 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
     trainer: dict[str, Any] = {
         "image": main["image"],
         "command": [*TORCHRUN, *command, *args],
-        "numNodes": master.replicas + (worker.replicas if worker is not None else 0),
+        "numNodes": nodes,
         "numProcPerNode": nproc,
     }
     if env:
         trainer["env"] = env
     if main.get("resources"):
         trainer["resourcesPerNode"] = copy(main["resources"])
+    return trainer
 
+
+def _patch(job: Job, template: dict[str, Any], spec: dict[str, Any], main: dict[str, Any]) -> dict[str, Any]:
+    """The runtime patch that puts the job's label, pod fields and patched container fields on the nodes."""
     pod_meta = copy(template.get("metadata") or {})
     pod_meta = {k: v for k, v in pod_meta.items() if k in ("labels", "annotations")}
     pod_meta["labels"] = {**(pod_meta.get("labels") or {}), JOB_LABEL: job.name}
@@ -247,7 +305,7 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
     node_template: dict[str, Any] = {"metadata": pod_meta}
     if pod_spec:
         node_template["spec"] = pod_spec
-    patch = {
+    return {
         "manager": MANAGER,
         "trainingRuntimeSpec": {
             "template": {
@@ -266,18 +324,10 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
             }
         },
     }
-    out: dict[str, Any] = {
-        "runtimeRef": {
-            "name": runtime or DEFAULT_RUNTIME,
-            "apiGroup": "trainer.kubeflow.org",
-            "kind": "ClusterTrainingRuntime",
-        },
-        "trainer": trainer,
-        "runtimePatches": [patch],
-    }
-    sdk = job.run_policy
-    if sdk is not None and sdk.active_deadline_seconds:
-        out["activeDeadlineSeconds"] = sdk.active_deadline_seconds
+
+
+def _lifecycle_warnings(job: Job, runtime: str | None) -> list[tuple[str, str]]:
+    """Restarts, TTL and clean-up: a TrainJob has none of them; its runtime decides."""
     # A TrainJob has no restart setting at all; what the runtime does always differs from the job.
     default = (
         f"{DEFAULT_RUNTIME}: a failed node's container restarts in place until 6 failures summed over "
@@ -285,13 +335,13 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
         if runtime in (None, DEFAULT_RUNTIME)
         else f"see runtime {runtime!r}"
     )
-    warnings.append(
+    warnings = [
         (
             "spec.maxRetry",
             f"a TrainJob has no restart settings; its runtime's JobSet decides ({default}), "
             f"where this job asks for {restart_rule(job)}",
         )
-    )
+    ]
     if job.spec.ttl_seconds_after_finished is not None:
         warnings.append(
             (
@@ -300,6 +350,7 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
                 "deleted (the runtime's JobSet may set one)",
             )
         )
+    sdk = job.run_policy
     if sdk is not None and sdk.clean_pod_policy not in (None, "None"):
         warnings.append(
             (
@@ -307,5 +358,42 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
                 f"a TrainJob has no clean-pod policy; {sdk.clean_pod_policy!r} is dropped",
             )
         )
-    job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": out}
-    return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)
+    return warnings
+
+
+def status(top: dict[str, Any]) -> Status:
+    """Trainer's conditions; no Running one, so a running job is told by its pods."""
+    return condition_status(top, "Complete")
+
+
+def add_env(obj: dict[str, Any], env: dict[str, str]) -> None:
+    """--env: a TrainJob's pods come from its runtime, so the variables go in ``spec.trainer.env``."""
+    if obj.get("kind") != "TrainJob":
+        add_env_to_containers(obj, env)
+        return
+    trainer = obj.setdefault("spec", {}).setdefault("trainer", {})
+    trainer["env"] = [e for e in trainer.get("env") or [] if e["name"] not in env] + [
+        {"name": k, "value": v} for k, v in env.items()
+    ]
+
+
+def generated(job: Job) -> list[tuple[str, str, str]]:
+    """The runtime's one replicated job "node" holds one Job of numNodes pods."""
+    nodes = sum(t.replicas for t in job.spec.tasks)
+    return [("metadata.name", "pod", f"{job.name}-node-0-{max(nodes - 1, 0)}{POD_SUFFIX}")]
+
+
+TARGET = Target(
+    name="trainjob",
+    generated=generated,
+    dns1035=True,  # Trainer's rule for a TrainJob's name
+    render=lambda job, runtime: render(job, runtime=runtime),
+    top=TopKind(API_VERSION, "TrainJob", "trainjobs", "install Kubeflow Trainer"),
+    preference=40,  # expresses the fewest jobs: one image and command for every node
+    status=status,
+    # The runtime's one replicated job "node" is one Indexed Job of numNodes pods.
+    task_keys=("jobset.sigs.k8s.io/replicatedjob-name",),
+    index_keys=("batch.kubernetes.io/job-completion-index",),
+    add_env=add_env,
+    runtime=True,
+)

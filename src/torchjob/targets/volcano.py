@@ -10,7 +10,7 @@ from typing import Any
 
 from torchjob.spec.manifest import job_manifest
 from torchjob.spec.model import API_VERSION, KIND, Job
-from torchjob.targets import TargetRender
+from torchjob.targets import Status, Target, TargetRender, TopKind
 from torchjob.targets.common import labelled, metadata
 
 
@@ -38,3 +38,34 @@ def render(job: Job) -> TargetRender:
             )
         )
     return TargetRender(kind=KIND, api_version=API_VERSION, objects=[job_object(job)], warnings=warnings)
+
+
+def status(top: dict[str, Any]) -> Status:
+    """Volcano says a phase itself (``status.state``)."""
+    state = (top.get("status") or {}).get("state") or {}
+    reason = ": ".join(str(p) for p in (state.get("reason"), state.get("message")) if p)
+    since = state.get("lastTransitionTime")
+    return Status(str(state.get("phase") or "Pending"), reason, None if since is None else str(since))
+
+
+TARGET = Target(
+    name="volcano",
+    podgroup=True,
+    render=lambda job, runtime: render(job),
+    top=TopKind(API_VERSION, KIND, "jobs", "install Volcano"),
+    preference=10,  # Volcano runs the job as written
+    can=frozenset(
+        {
+            "any-tasks",
+            "no-pytorch",
+            "elastic-range",
+            "different-roles",
+            "pod-field",
+            "job-volumes",
+            "no-command",
+        }
+    ),
+    status=status,
+    task_keys=("volcano.sh/task-spec",),
+    index_keys=("volcano.sh/task-index",),
+)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
 from torchjob.engines.kubernetes.interrupts import sigterm_interrupts
-from torchjob.engines.kubernetes.kinds import JOB_LABEL, SIDE_KINDS, TOP_KINDS, Discovery, Kind
+from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Kind, top_kinds
 from torchjob.engines.kubernetes.phase import PODGROUP_API, build_report, job_podgroup, prefix_for
 from torchjob.engines.kubernetes.podlogs import read_log, refused, stream_log
 from torchjob.engines.kubernetes.submit import create_all, delete_object
@@ -37,6 +36,16 @@ class Found:
     target: str
     kind: Kind | None = None
     top: dict[str, Any] | None = None
+
+
+@record
+class Sending:
+    """A kubernetes plan's detail: the target chosen, the namespace, the objects to create in order."""
+
+    target: str
+    namespace: str
+    objects: list[dict[str, Any]]
+    warnings: list[tuple[str, str]]
 
 
 class KubernetesEngine:
@@ -89,43 +98,48 @@ class KubernetesEngine:
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
         """The objects ``start`` would create, as a kubectl-ready List (run --dry-run)."""
+        return self._plan(job, options, with_text=True)
+
+    def _plan(self, job: Job, options: StartOptions, *, with_text: bool) -> Plan:
+        """The job rendered once, by the targets layer, as exactly what is sent (the same function
+        ``torchjob render --as-sent -n NS -e K=V`` prints); the text only when it is to be shown."""
         from torchjob.render import dump_yaml, list_of
-        from torchjob.targets import render_target
+        from torchjob.targets import for_cluster
 
         namespace = self._namespace(job)
-        target = self.discovery.choose_target(options.setting("target"))
+        target = self.discovery.choose_target(_option(options, "target"))
+        rendered = for_cluster(
+            job, target, namespace, _option(options, "extra_env"), runtime=_option(options, "runtime")
+        )
+        text = ""
+        if with_text:
+            text = f"# target {target}, namespace {namespace}\n" + dump_yaml(list_of(rendered.objects))
         job = replace(job, metadata=replace(job.metadata, namespace=namespace))
-        rendered = render_target(job, target, runtime=options.setting("runtime"))
-        objects = [copy.deepcopy(obj) for obj in rendered.objects]
-        for obj in objects:
-            obj.setdefault("metadata", {})["namespace"] = namespace
-            if options.extra_env:
-                _add_env(obj, options.extra_env)
-        text = f"# target {target}, namespace {namespace}\n" + dump_yaml(list_of(objects))
-        return Plan(self.name, job, options, text, detail=(target, namespace, objects, rendered.warnings))
+        detail = Sending(target, namespace, rendered.objects, rendered.warnings)
+        return Plan(self.name, job, options, text, detail=detail)
 
     def start(self, job: Job, options: StartOptions) -> JobReport:
         with sigterm_interrupts():  # SIGTERM ends it as Ctrl-C does: nothing half-made, the note
-            return self._start(job, options)
+            return self._start(self._plan(job, options, with_text=False))
 
-    def _start(self, job: Job, options: StartOptions) -> JobReport:
-        # The targets layer renders; this engine only sends.
-        from torchjob.targets import render_target
+    def start_plan(self, plan: Plan) -> JobReport:
+        """Carry out a plan this engine made: its objects are sent as they are, not rendered again."""
+        if not isinstance(plan.detail, Sending):
+            raise EngineError(
+                f"a plan of the {plan.engine} engine cannot be started by the kubernetes engine"
+            )
+        with sigterm_interrupts():
+            return self._start(plan)
 
-        namespace = self._namespace(job)
-        target = self.discovery.choose_target(options.setting("target"))
-        job = replace(job, metadata=replace(job.metadata, namespace=namespace))
-        rendered = render_target(job, target, runtime=options.setting("runtime"))
-        for path, message in rendered.warnings:
+    def _start(self, plan: Plan) -> JobReport:
+        job, options, sending = plan.job, plan.options, plan.detail
+        target, namespace = sending.target, sending.namespace
+        for path, message in sending.warnings:
             self._note(f"warning: {path}: {message}", options)
-        objects = [copy.deepcopy(obj) for obj in rendered.objects]
-        for obj in objects:
-            obj.setdefault("metadata", {})["namespace"] = namespace
-            if options.extra_env:
-                _add_env(obj, options.extra_env)
+        objects = sending.objects
         existing = self._find(job.name, namespace)
         if existing is not None:
-            if not options.setting("replace", False):
+            if not _option(options, "replace"):
                 raise EngineError(
                     f"job {job.name} already exists in namespace {namespace} (target {existing.target}); "
                     "use --replace to delete it and submit again"
@@ -133,7 +147,7 @@ class KubernetesEngine:
             self._delete(existing)
             self._wait_gone(existing)
         create_all(self.cluster, self.discovery, objects, namespace, say=lambda message: self._note(message))
-        found = Found(job.name, namespace, target, TOP_KINDS.get(target))
+        found = Found(job.name, namespace, target, top_kinds().get(target))
         if options.on_start is not None and not options.detach:
             options.on_start(f"{namespace}/{job.name}")
         if options.detach:
@@ -167,8 +181,9 @@ class KubernetesEngine:
             by_job.setdefault(label, {})[str(pod["metadata"]["name"])] = pod
         reports: list[JobReport] = []
         seen: set[str] = set()
+        kinds = top_kinds()
         for target in self.discovery.available_targets():
-            kind = TOP_KINDS[target]
+            kind = kinds[target]
             for top in self._list(namespaced_path(kind.api_version, kind.plural, namespace), JOB_LABEL):
                 if _owned(top):
                     continue
@@ -261,8 +276,9 @@ class KubernetesEngine:
     def _find(self, name: str, namespace: str) -> Found | None:
         """The job called ``name``: its top-level object of any target, else its bare pods."""
         candidates: list[Found] = []
+        kinds = top_kinds()
         for target in self.discovery.available_targets():
-            kind = TOP_KINDS[target]
+            kind = kinds[target]
             path = namespaced_path(kind.api_version, kind.plural, namespace, name)
             try:
                 top = self.cluster.json("GET", path, doing=f"get {kind.label} {name}")
@@ -324,7 +340,9 @@ class KubernetesEngine:
 
     def _group_path(self, found: Found) -> str | None:
         """Where the job's Volcano PodGroup is, for the targets whose PodGroup carries its label."""
-        if found.target not in ("volcano", "pods") or not self.discovery.has_version(PODGROUP_API):
+        from torchjob.targets import get_target
+
+        if not get_target(found.target).podgroup or not self.discovery.has_version(PODGROUP_API):
             return None
         return namespaced_path(PODGROUP_API, "podgroups", found.namespace)
 
@@ -399,7 +417,9 @@ class KubernetesEngine:
             path = namespaced_path(found.kind.api_version, found.kind.plural, namespace, found.name)
             delete_object(cluster, path, f"{found.kind.label} {found.name}")
             return  # the controller's children go with it (owner references)
-        for api_version, plural in SIDE_KINDS:
+        from torchjob.targets import get_target
+
+        for api_version, plural in get_target(found.target).side_kinds:
             if not self.discovery.has_version(api_version):
                 continue
             try:
@@ -440,27 +460,12 @@ def _top_object(objects: list[dict[str, Any]], kind: Kind | None) -> dict[str, A
     return next((o for o in objects if o.get("kind") == kind.kind), None)
 
 
-def _add_env(obj: dict[str, Any], env: dict[str, str]) -> None:
-    """--env on a cluster: appended to every main container of every pod template (TrainJob: trainer.env)."""
-    entries = [{"name": k, "value": v} for k, v in env.items()]
-    if obj.get("kind") == "TrainJob":
-        trainer = obj.setdefault("spec", {}).setdefault("trainer", {})
-        trainer["env"] = [e for e in trainer.get("env") or [] if e["name"] not in env] + entries
-        return
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            containers = node.get("containers")
-            if isinstance(containers, list) and all(isinstance(c, dict) and "image" in c for c in containers):
-                for c in containers:
-                    c["env"] = [e for e in c.get("env") or [] if e.get("name") not in env] + entries
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(obj)
+def _option(options: StartOptions, name: str) -> Any:
+    """One engine setting of the run (--target, --runtime, --replace, --env): read in one place,
+    so that where settings come from can change without touching the engine's logic."""
+    if name == "extra_env":  # an engine-neutral field; the others are the engine's declared settings
+        return options.extra_env
+    return options.setting(name)
 
 
 if TYPE_CHECKING:  # mypy checks here that the class implements the engine interface

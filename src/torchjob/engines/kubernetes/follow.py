@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from torchjob.engines.base import EngineError, FailureReport, JobReport, LogLine
@@ -41,6 +41,18 @@ LOG_GRACE_SECONDS = 10.0
 TAIL_LINES = 20  # streamed lines kept per pod, for a failed pod deleted before its log is read
 REPORT_EVERY = 0.5  # seconds between full reports while only pods change
 ALL_PODS = "\0all"  # after the job ends, how long its log streams get to drain
+
+
+class _Loop:
+    """What one run of the follow loop carries from batch to batch."""
+
+    __slots__ = ("built", "deadline", "dirty", "drain_until")
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+        self.drain_until: float | None = None  # ended: logs read until then
+        self.dirty = False  # pods changed since the last report
+        self.built = 0.0  # when the last report was built
 
 
 class Follower:
@@ -80,6 +92,7 @@ class Follower:
         self.watches = [
             ResourceWatch(cluster, "pods", pod_path, {"labelSelector": label_selector}, self.queue)
         ]
+        self._bare = top_path is None  # a target without an object of its own (bare pods)
         if top_path is not None:
             selector = {"fieldSelector": f"metadata.name={name}"}
             self.watches.append(ResourceWatch(cluster, "job", top_path, selector, self.queue))
@@ -99,69 +112,86 @@ class Follower:
 
     def run(self, timeout: float | None = None) -> Iterator[LogLine]:
         """Log lines while the job runs (none without ``logs``); ``self.report`` is the last report."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        drain_until: float | None = None
-        dirty = False  # pods changed since the last report
-        built = 0.0
+        loop = _Loop(None if timeout is None else time.monotonic() + timeout)
         for watch in self.watches:
             watch.start()
         try:
             while True:
-                now = time.monotonic()
-                limits = [t for t in (deadline, drain_until) if t is not None]
-                wait = max(0.0, min(limits) - now) if limits else 1.0
-                try:
-                    item = self.queue.get(timeout=min(wait, REPORT_EVERY))
-                except queue.Empty:
-                    item = None
-                changed: set[str] = set()
-                job_changed = False
-                while item is not None:
-                    if isinstance(item, LogLine):
-                        self._keep_tail(item)
-                        yield item
-                    else:
-                        what = self._apply(item)
-                        if what == "job":
-                            job_changed = True
-                        elif what is not None:
-                            changed.add(what)
-                    try:
-                        item = self.queue.get_nowait()
-                    except queue.Empty:
-                        item = None
-                if len(self._synced) < len(self.watches):
-                    if deadline is not None and time.monotonic() >= deadline:
+                changed, job_changed = yield from self._drain(self._next(loop))
+                if len(self._synced) < len(self.watches):  # no report before every watch has listed
+                    if loop.deadline is not None and time.monotonic() >= loop.deadline:
                         break
                     continue
-                if ALL_PODS in changed or self.report is None:  # the first report: every pod
-                    # (pods listed in an earlier batch than the job's object were not looked at)
-                    changed = set(self.pods)
-                    job_changed = True
-                self._diagnose(changed)
-                dirty |= bool(changed)
-                now = time.monotonic()
-                # A report walks every pod: rebuilt when the job's object changes, and at most
-                # every REPORT_EVERY seconds for pod changes (a 1,000-pod job sends thousands).
-                if self.report is None or job_changed or (dirty and now - built >= REPORT_EVERY):
-                    self.report = self._report()
-                    built, dirty = now, False
-                    self._start_streams(set(self.pods))
-                else:
-                    self._start_streams(changed)
-                if self.report.terminal:
-                    if self.streams is None or not self.streams.open:
-                        break
-                    drain_until = drain_until or now + LOG_GRACE_SECONDS
-                    if now >= drain_until:
-                        break
-                elif deadline is not None and now >= deadline:
+                if self._step(changed, job_changed, loop):
                     break
         finally:
-            for watch in self.watches:
-                watch.stop()
-            if self.streams is not None:
-                self.streams.stop()
+            self._stop_watching()
+        self._last_report(loop.dirty)
+
+    def _next(self, loop: _Loop) -> Any:
+        """The next item of any watch or stream, or None when the deadline, drain or a report is due."""
+        limits = [t for t in (loop.deadline, loop.drain_until) if t is not None]
+        wait = max(0.0, min(limits) - time.monotonic()) if limits else 1.0
+        try:
+            return self.queue.get(timeout=min(wait, REPORT_EVERY))
+        except queue.Empty:
+            return None
+
+    def _drain(self, item: Any) -> Generator[LogLine, None, tuple[set[str], bool]]:
+        """Every item queued now: log lines passed on, changes applied; (pods changed, job changed)."""
+        changed: set[str] = set()
+        job_changed = False
+        while item is not None:
+            if isinstance(item, LogLine):
+                self._keep_tail(item)
+                yield item
+            else:
+                what = self._apply(item)
+                if what == "job":
+                    job_changed = True
+                elif what is not None:
+                    changed.add(what)
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                item = None
+        return changed, job_changed
+
+    def _step(self, changed: set[str], job_changed: bool, loop: _Loop) -> bool:
+        """After a batch: diagnose the changed pods, report, open streams; True when following ends."""
+        if ALL_PODS in changed or self.report is None:  # the first report: every pod
+            # (pods listed in an earlier batch than the job's object were not looked at)
+            changed = set(self.pods)
+            job_changed = True
+        self._diagnose(changed)
+        loop.dirty |= bool(changed)
+        now = time.monotonic()
+        # A report walks every pod: rebuilt when the job's object changes, and at most
+        # every REPORT_EVERY seconds for pod changes (a 1,000-pod job sends thousands).
+        if self.report is None or job_changed or (loop.dirty and now - loop.built >= REPORT_EVERY):
+            self.report = self._report()
+            loop.built, loop.dirty = now, False
+            self._start_streams(set(self.pods))
+        else:
+            self._start_streams(changed)
+        return self._done(self.report, loop, now)
+
+    def _done(self, report: JobReport, loop: _Loop, now: float) -> bool:
+        """Ended: the job's logs drained (for LOG_GRACE_SECONDS at most), or the deadline passed."""
+        if report.terminal:
+            if self.streams is None or not self.streams.open:
+                return True
+            loop.drain_until = loop.drain_until or now + LOG_GRACE_SECONDS
+            return now >= loop.drain_until
+        return loop.deadline is not None and now >= loop.deadline
+
+    def _stop_watching(self) -> None:
+        for watch in self.watches:
+            watch.stop()
+        if self.streams is not None:
+            self.streams.stop()
+
+    def _last_report(self, dirty: bool) -> None:
         if self.report is not None and self.report.terminal:
             # The job's watch may have told of its end before the pods' watch told of theirs:
             # one more list gives the pods as they ended (if it fails, the pods as last watched).
@@ -246,7 +276,7 @@ class Follower:
                     self.top = obj  # its last state: a TTL deletes a job in its final phase
                 return True
             return False
-        if self.target == "pods":  # no object of its own: the job is gone once all its pods are
+        if self._bare:  # no object of its own: the job is gone once all its pods are
             last = kind == "DELETED" and set(self.pods) <= {obj["metadata"]["name"]}
             self._deleted = self._deleted or last or (kind == "SYNC" and not obj)
         return False
@@ -260,7 +290,7 @@ class Follower:
             return report
         if not report.terminal and self._deleted:
             report.phase = "Terminated"
-            what = "its pods were" if self.target == "pods" else "its object was"
+            what = "its pods were" if self._bare else "its object was"
             report.reason = f"{what} deleted before it ended"
             report.finished_at = time.time()
         if report.terminal:

@@ -8,9 +8,9 @@ from torchjob.engines.base import EngineError
 from torchjob.engines.kubernetes.client import Cluster
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.records import record
-from torchjob.targets import JOB_LABEL  # on every object and pod template the targets render
+from torchjob.targets import JOB_LABEL, target_names  # JOB_LABEL: on every object the targets render
 
-__all__ = ["JOB_LABEL", "PREFERENCE", "SIDE_KINDS", "TOP_KINDS", "Discovery", "Kind"]
+__all__ = ["JOB_LABEL", "Discovery", "Kind", "top_kinds"]
 
 
 @record(frozen=True)
@@ -26,28 +26,17 @@ class Kind:
         return f"{self.api_version} {self.kind}"
 
 
-# The top-level object of each target whose controller runs the job; `pods` has none.
-TOP_KINDS: dict[str, Kind] = {
-    "volcano": Kind("volcano", "batch.volcano.sh/v1alpha1", "Job", "jobs", "install Volcano"),
-    "kubeflow": Kind(
-        "kubeflow", "kubeflow.org/v1", "PyTorchJob", "pytorchjobs", "install the Kubeflow training operator"
-    ),
-    "jobset": Kind("jobset", "jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets", "install JobSet"),
-    "trainjob": Kind(
-        "trainjob", "trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs", "install Kubeflow Trainer"
-    ),
-}
-# Without --target: the first of these the cluster has. Volcano runs the job as written; a
-# PyTorchJob keeps master and workers apart; JobSet needs only its controller; a TrainJob can
-# express the fewest jobs (one image and command for every node).
-PREFERENCE = ("volcano", "kubeflow", "jobset", "trainjob")
-# Objects the `pods` target renders beside its pods, deleted with the job.
-SIDE_KINDS = (
-    ("v1", "configmaps"),
-    ("v1", "services"),
-    ("networking.k8s.io/v1", "networkpolicies"),
-    ("scheduling.volcano.sh/v1beta1", "podgroups"),
-)
+def top_kinds() -> dict[str, Kind]:
+    """The top-level object of each target whose controller runs the job (as each target declares
+    it), in the order a job without --target goes to them; `pods` has none."""
+    from torchjob.targets import all_targets
+
+    ordered = sorted((t for t in all_targets() if t.top is not None), key=lambda t: t.preference)
+    return {
+        t.name: Kind(t.name, t.top.api_version, t.top.kind, t.top.plural, t.top.install)
+        for t in ordered
+        if t.top is not None
+    }
 
 
 class Discovery:
@@ -92,16 +81,17 @@ class Discovery:
         return api_version == "v1" or api_version in self.group_versions()
 
     def available_targets(self) -> list[str]:
-        return [t for t in PREFERENCE if self.has(TOP_KINDS[t])]
+        return [name for name, kind in top_kinds().items() if self.has(kind)]
 
     def choose_target(self, wanted: str | None) -> str:
         """The target named (if the cluster has its kind), else the first the cluster has."""
-        if wanted == "pods":
-            return wanted
+        kinds = top_kinds()
+        if wanted and wanted not in kinds and wanted in target_names():
+            return wanted  # bare pods: no kind to look for
         if wanted:
-            kind = TOP_KINDS.get(wanted)
+            kind = kinds.get(wanted)
             if kind is None:
-                names = ", ".join((*PREFERENCE, "pods"))
+                names = ", ".join((*kinds, *(t for t in target_names() if t not in kinds)))
                 raise EngineError(f"--target: no target {wanted!r} (targets: {names})")
             if not self.has(kind):
                 others = [t for t in self.available_targets() if t != wanted] or ["pods"]
@@ -111,11 +101,10 @@ class Discovery:
             return wanted
         available = self.available_targets()
         if not available:
-            kinds = ", ".join(TOP_KINDS[t].label for t in PREFERENCE)
-            raise EngineError(
-                f"this cluster has none of {kinds}: install Volcano, the Kubeflow training operator, "
-                "JobSet or Kubeflow Trainer, or use --target pods"
-            )
+            labels = ", ".join(kind.label for kind in kinds.values())
+            installs = [kind.install.removeprefix("install ") for kind in kinds.values()]
+            either = ", ".join(installs[:-1]) + " or " + installs[-1] if len(installs) > 1 else installs[0]
+            raise EngineError(f"this cluster has none of {labels}: install {either}, or use --target pods")
         return available[0]
 
     def plural(self, api_version: str, kind: str, what: str) -> str:

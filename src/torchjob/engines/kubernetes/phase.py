@@ -9,6 +9,7 @@ here too, so ``status`` and a followed job tell the same story.
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 from typing import Any
 
@@ -18,20 +19,6 @@ from torchjob.records import record
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
 DEFAULT_SCHEDULER = "default-scheduler"  # what the API server puts in an empty schedulerName
 
-# Labels (then annotations) the controllers put on pods: the task's name and the pod's index in it.
-_TASK_KEYS = (
-    "volcano.sh/task-spec",
-    "training.kubeflow.org/replica-type",
-    "jobset.sigs.k8s.io/replicatedjob-name",
-)
-_INDEX_KEYS = (
-    "volcano.sh/task-index",
-    "training.kubeflow.org/replica-index",
-    "batch.kubernetes.io/job-completion-index",
-)
-# The jobset target runs each task as `replicas` one-pod Jobs: a pod's index is its Job's index
-# (its completion index is always 0). A TrainJob's runtime runs one Indexed Job of numNodes pods.
-_JOBSET_INDEX_KEYS = ("jobset.sigs.k8s.io/job-index", *_INDEX_KEYS)
 _TRAILING_INDEX = re.compile(r"(.+)-(\d+)\Z")
 _FIELD_PATH = re.compile(r"metadata\.(labels|annotations)\['([^']+)'\]\Z")
 
@@ -54,11 +41,27 @@ def _meta(obj: dict[str, Any], key: str) -> str | None:
     return None
 
 
+@functools.cache  # read for every pod of every poll
+def _keys(target: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The labels (then annotations) naming a pod's task and index: the target's own first, then
+    every other target's (a pod of an unknown target is read as any controller labels it)."""
+    from torchjob.targets import all_targets, target_names
+
+    task: dict[str, None] = {}
+    index: dict[str, None] = {}
+    known = all_targets()
+    own = [t for t in known if t.name == target] if target in target_names() else []
+    for t in own + known:
+        task.update(dict.fromkeys(t.task_keys))
+        index.update(dict.fromkeys(t.index_keys))
+    return tuple(task), tuple(index)
+
+
 def pod_identity(job_name: str, pod: dict[str, Any], target: str = "") -> tuple[str, int]:
     """(task, index) of a pod: from its controller's labels, else from its name."""
-    task = next((v for k in _TASK_KEYS if (v := _meta(pod, k))), None)
-    keys = _JOBSET_INDEX_KEYS if target == "jobset" else _INDEX_KEYS
-    index = next((v for k in keys if (v := _meta(pod, k))), None)
+    task_keys, index_keys = _keys(target)
+    task = next((v for k in task_keys if (v := _meta(pod, k))), None)
+    index = next((v for k in index_keys if (v := _meta(pod, k))), None)
     if task and index is not None and index.isdigit():
         return task.lower(), int(index)
     name = str((pod.get("metadata") or {}).get("name", ""))
@@ -270,18 +273,6 @@ def add_podgroup(report: JobReport, group: dict[str, Any] | None) -> JobReport:
 # ------------------------------------------------------------------ job phases
 
 
-def _conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {
-        str(c.get("type")): c
-        for c in (obj.get("status") or {}).get("conditions") or []
-        if str(c.get("status")) == "True"
-    }
-
-
-def _reason(condition: dict[str, Any]) -> str:
-    return ": ".join(str(p) for p in (condition.get("reason"), condition.get("message")) if p)
-
-
 def _from_pods(pods: list[PodReport]) -> str:
     if any(p.phase == "Running" for p in pods):
         return "Running"
@@ -297,7 +288,10 @@ class Phase:
 
 def job_phase(target: str, top: dict[str, Any] | None, pods: list[PodReport]) -> Phase:
     """The job's phase in Volcano's words, from the target's own status (and pods where it has none)."""
-    if target == "pods":
+    from torchjob.targets import get_target
+
+    declared = get_target(target)
+    if declared.top is None:  # no controller (the pods target): the pods say it all
         if any(p.phase == "Failed" for p in pods):
             return Phase("Failed", "a pod failed")
         if pods and all(p.phase == "Succeeded" for p in pods):
@@ -305,32 +299,11 @@ def job_phase(target: str, top: dict[str, Any] | None, pods: list[PodReport]) ->
         return Phase(_from_pods(pods))
     if top is None:
         return Phase("Unknown", "the job's object is gone")
-    status = top.get("status") or {}
-    if target == "volcano":
-        state = status.get("state") or {}
-        reason = ": ".join(str(p) for p in (state.get("reason"), state.get("message")) if p)
-        return Phase(str(state.get("phase") or "Pending"), reason, timestamp(state.get("lastTransitionTime")))
-    conditions = _conditions(top)
-    done = {
-        "kubeflow": ("Succeeded", "Failed"),
-        "jobset": ("Completed", "Failed"),
-        "trainjob": ("Complete", "Failed"),
-    }
-    success, failure = done.get(target, ("Completed", "Failed"))
-    if failure in conditions:
-        c = conditions[failure]
-        return Phase("Failed", _reason(c), timestamp(c.get("lastTransitionTime")))
-    if success in conditions:
-        c = conditions[success]
-        return Phase("Completed", _reason(c), timestamp(c.get("lastTransitionTime")))
-    if "Suspended" in conditions:
-        return Phase("Pending", _reason(conditions["Suspended"]) or "suspended")
-    if target == "kubeflow":
-        if "Restarting" in conditions:
-            return Phase("Restarting", _reason(conditions["Restarting"]))
-        if "Running" in conditions:
-            return Phase("Running", _reason(conditions["Running"]))
-    return Phase(_from_pods(pods))
+    read = declared.status
+    said = read(top) if read is not None else None
+    if said is None or said.phase is None:
+        return Phase(_from_pods(pods))
+    return Phase(said.phase, said.reason, timestamp(said.since))
 
 
 def first_failure(pods: list[PodReport], raw: dict[str, dict[str, Any]]) -> FailureReport | None:

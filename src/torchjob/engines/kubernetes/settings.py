@@ -4,8 +4,9 @@ engine (nor the kubernetes client)."""
 from __future__ import annotations
 
 from torchjob.engines.base import EngineInfo, Setting
+from torchjob.targets import target_names
 
-TARGETS = ("volcano", "kubeflow", "jobset", "trainjob", "pods")
+TARGETS = target_names()  # one list of targets: targets.MODULES (no target module is imported)
 _ALL = ("run", "submit", "status", "logs", "wait", "delete", "prune", "queue")
 
 ENGINE = EngineInfo(
