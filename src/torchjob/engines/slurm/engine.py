@@ -369,7 +369,8 @@ class SlurmEngine:
             report.phase = "Failed"
             report.reason = (
                 f"Slurm job {slurm_id} ended ({state}) before its controller wrote a final state "
-                f"(its output: {job_dir}/slurm-{slurm_id}.out)"
+                f"(its output: {job_dir}/slurm-{slurm_id}.out; none there: is the job root "
+                f"{self.root} on a filesystem the compute nodes share?)"
             )
         return report
 
