@@ -13,6 +13,9 @@ writes when each rank started, joined the group and ended. Two launches, interle
   controller (a stand-in until the engine-neutral controller exists: this script with
   ``--launch``) reads the allocation, places the pods and starts each as a job step
   (``steps.Step``) with the plan's env, then waits for them;
+* ``torchjob``: ``torchjob run job.yaml --engine slurm -q``, the whole engine: the job directory,
+  ``sbatch``, the controller on the batch host (the engine-neutral controller over Slurm steps),
+  the CLI waiting until the job ended (its wall time is until the CLI returned);
 * ``bare``: ``sbatch`` of a script that runs ``srun python allreduce.py`` once for all ranks, RANK
   from ``SLURM_PROCID``: what people write by hand.
 
@@ -27,6 +30,7 @@ import json
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -141,11 +145,29 @@ def one_run(cluster: SlurmCluster, mode: str, ranks: int, base: Path) -> dict[st
         script.write_text(bare_script(ranks, port))
         args = ["--job-name=bare", f"--output={job_dir}/slurm-%j.out", f"--chdir={job_dir}"]
         args += [f"--ntasks={ranks}", "--cpus-per-task=1"]
+    if mode == "torchjob":
+        (job_dir / "job.yaml").write_text(job_yaml(ranks, port, marks))
+        env["TORCHJOB_SLURM_JOB_ROOT"] = str(job_dir / "root")
+        argv = [sys.executable, "-m", "torchjob", "run", str(job_dir / "job.yaml"), "--engine", "slurm", "-q"]
+        started = time.time()
+        done = subprocess.run(
+            argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+        )
+        ended = time.time()
+        if done.returncode != 0:
+            raise SystemExit(f"torchjob {ranks} ranks: exit {done.returncode}: {done.stderr.strip()[-500:]}")
+        return _marks(marks, mode, ranks, job_dir, started, ended)
     started = time.time()
     job_id = steps.submit(args, script, env)
     while steps.queue(job_id, cluster.env):
         time.sleep(0.05)
     ended = time.time()
+    return _marks(marks, mode, ranks, job_dir, started, ended)
+
+
+def _marks(
+    marks: Path, mode: str, ranks: int, job_dir: Path, started: float, ended: float
+) -> dict[str, float]:
     rows = [line.split() for line in (marks / "marks.txt").read_text().splitlines()]
     by_name: dict[str, list[float]] = {}
     for name, _rank, _pid, when in rows:
@@ -184,7 +206,7 @@ def main() -> int:
             cluster.start()
             for _ in range(args.reps):
                 for ranks in args.ranks:
-                    for mode in ("plan", "bare"):
+                    for mode in ("plan", "torchjob", "bare"):
                         results.setdefault(f"{mode} {ranks}", []).append(one_run(cluster, mode, ranks, base))
         finally:
             cluster.stop()
@@ -193,14 +215,15 @@ def main() -> int:
         f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f};",
         f"median of {args.reps}",
     )
-    print(f"{'launch':<10} {'ranks running s':>16} {'joined s':>9} {'wall s':>7}")
+    print(f"{'launch':<12} {'ranks running s':>16} {'joined s':>9} {'wall s':>7}")
     for key, runs in results.items():
         row = [statistics.median(r[m] for r in runs) for m in ("running", "joined", "wall")]
-        print(f"{key:<10} {row[0]:>16.2f} {row[1]:>9.2f} {row[2]:>7.2f}")
+        print(f"{key:<12} {row[0]:>16.2f} {row[1]:>9.2f} {row[2]:>7.2f}")
     for ranks in args.ranks:
         plan = statistics.median(r["wall"] for r in results[f"plan {ranks}"])
         bare = statistics.median(r["wall"] for r in results[f"bare {ranks}"])
-        print(f"{ranks} ranks: plan / bare wall = {plan / bare:.2f}")
+        engine = statistics.median(r["wall"] for r in results[f"torchjob {ranks}"])
+        print(f"{ranks} ranks: plan / bare wall = {plan / bare:.2f}, torchjob / bare = {engine / bare:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"load": load, "results": results}, indent=2))
     return 0

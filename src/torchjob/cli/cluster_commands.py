@@ -17,6 +17,21 @@ if TYPE_CHECKING:
     from torchjob.engines.base import JobReport
 
 
+def _submitting() -> list[str]:
+    """The engines that take `submit` (one that cannot be loaded says why when it is used)."""
+    from torchjob.engines.base import EngineError
+    from torchjob.engines.registry import engine_info, engine_names
+
+    names = []
+    for name in engine_names():
+        try:
+            if engine_info(name).submits:
+                names.append(name)
+        except EngineError:
+            continue
+    return names
+
+
 def register(commands: Any) -> None:
     submit = commands.add_parser(
         "submit", help="create a job on a Kubernetes cluster, print its name and return"
@@ -30,6 +45,12 @@ def register(commands: Any) -> None:
     submit.add_argument("--follow", action="store_true", help="stream every pod's logs until the job ends")
     submit.add_argument("--timeout", type=float, metavar="SECONDS", help="with --wait/--follow: stop waiting")
     submit.add_argument("--job", metavar="NAME", help="which job to submit when FILE holds several")
+    submit.add_argument(
+        "--engine",
+        choices=_submitting(),
+        help="the engine that takes the job (default: the first that submits, kubernetes; slurm: one "
+        "allocation, its Slurm job id told on stderr)",
+    )
     submit.add_argument(
         "-j", dest="quick", metavar="NODESxPROCS", help="FILE is a Python script run by torchrun (as run -j)"
     )
@@ -48,7 +69,7 @@ def run_submit(args: argparse.Namespace) -> int:
     from torchjob.engines.base import EngineError, LogQuery, StartOptions
     from torchjob.engines.registry import engine_for, get_engine
 
-    name = engine_for("submits")
+    name = args.engine or engine_for("submits")
     settings = given_settings(args, "submit", name)
 
     program_args = list(getattr(args, "program_args", []))

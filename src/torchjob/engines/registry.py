@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 _ENGINES: dict[str, str] = {
     "local": "torchjob.engines.local.settings:ENGINE",
     "kubernetes": "torchjob.engines.kubernetes.settings:ENGINE",
+    "slurm": "torchjob.engines.slurm.settings:ENGINE",
 }
 
 DEFAULT_ENGINE = "local"

@@ -178,7 +178,7 @@ def _importable(module: str) -> bool:
 
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     from torchjob.engines.base import StartOptions
-    from torchjob.engines.registry import get_engine
+    from torchjob.engines.registry import DEFAULT_ENGINE, get_engine
     from torchjob.sdk.tojob import build_job, job_name
     from torchjob.sdk.watch import JobWatcher
 
@@ -217,7 +217,8 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         # The engine's own output (pod logs, notes, status table) only when debugging; otherwise
         # the watcher is its sink and prints the pods' lines. The job stays for `torchjob logs <job>`.
         debugging = logger.isEnabledFor(logging.DEBUG)
-        engine = get_engine()
+        # TORCHJOB_ENGINE=slurm runs a task called from Python on that engine (with its settings).
+        engine = get_engine(os.environ.get("TORCHJOB_ENGINE") or DEFAULT_ENGINE)
         preload = warm_modules(task)  # the warm pool (engines/local/pool.py): [] when it cannot serve
         with JobWatcher(results / PROGRESS_FILE, name) as watcher:
             sink = None if debugging else watcher  # None: the engine's output as the CLI shows it

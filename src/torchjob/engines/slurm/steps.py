@@ -343,3 +343,42 @@ class Step:
     def _signal_srun(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.process.pid, sig)
+
+
+def jobcomp_state(job_id: str, env: Mapping[str, str] | None = None) -> str | None:
+    """A finished job's state from the cluster's job completion file (``JobCompType=jobcomp/filetxt``),
+    where slurmctld has forgotten the job and no accounting answers; None when it has no such file
+    or the job is not in it."""
+    config = {}
+    for line in run(["scontrol", "show", "config"], env).splitlines():  # "Key   = value" lines
+        key, sep, value = line.partition("=")
+        if sep:
+            config[key.strip()] = value.strip()
+    location = config.get("JobCompLoc", "")
+    if "filetxt" not in config.get("JobCompType", "") or not location.startswith("/"):
+        return None
+    state = None
+    try:
+        with open(location, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if f"JobId={job_id} " in line:
+                    state = parse_show(line.strip()).get("JobState") or state
+    except OSError:
+        return None
+    return state
+
+
+def final_state(job_id: str, env: Mapping[str, str] | None = None) -> str | None:
+    """How a job ended, once it left the queue: ``scontrol show job``, else ``sacct``, else the job
+    completion file; None when none of them knows (the reason is then unknown, not guessed)."""
+    shown = show_job(job_id, env)
+    if shown:
+        return shown[0].state
+    try:
+        out = run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], env)
+        words = out.split()
+        if words:
+            return words[0]
+    except SlurmError:
+        pass  # no accounting on this cluster (or no sacct): the completion file may know
+    return jobcomp_state(job_id, env)

@@ -1,0 +1,267 @@
+"""The job's controller on the batch host: ``python -m torchjob.engines.slurm.batch JOB_DIR``.
+
+The batch script ``exec``s this. It reads the job and its options from the job directory, asks
+Slurm where the allocation runs (``SLURM_*``), places each pod on its node, and drives the job
+with the engine-neutral :class:`~torchjob.controller.Controller` over :class:`SlurmRuntime`:
+every pod attempt a set of job steps. ``status.json`` in the job directory is rewritten on every
+change (the engine's ``status`` reads it); each attempt's logs go to ``logs/<pod>/<attempt>/``.
+Its exit code is 0 when the job completed, 1 otherwise: Slurm's own view agrees with torchjob's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport
+from torchjob.engines.slurm import steps
+from torchjob.engines.slurm.runtime import SlurmPod, SlurmRuntime
+from torchjob.files import write_atomic
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchjob.controller import Controller
+    from torchjob.engines.slurm.plan import PodLaunch, Resources, SlurmPlan
+    from torchjob.spec.model import Job
+
+OPTIONS = "options.json"
+STATUS = "status.json"
+JOB_FILE = "job.json"  # the job as its Volcano manifest (JSON is YAML to the loader)
+LOG_TAIL_LINES = 20
+EVENTS_KEPT = 50
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 64 * 1024))
+            data = handle.read()
+    except OSError:
+        return []
+    return [line.decode("utf-8", "replace") for line in data.splitlines()[-lines:]]
+
+
+class BatchController:
+    """The loop around the controller: passes, status.json, the allocation's end."""
+
+    def __init__(self, job_dir: Path, job: Job, plan: SlurmPlan, options: dict[str, object]) -> None:
+        from torchjob.controller import Controller
+        from torchjob.engines.slurm.plan import SlurmAddressing, launches, place
+        from torchjob.expand import expand
+        from torchjob.plugins import build_plugins
+
+        self.job_dir = job_dir
+        self.job = job
+        self.plan = plan
+        self.id = str(options["id"])
+        self.events: list[dict[str, object]] = []
+        self.stop_signal: int | None = None
+        self.ended_by_slurm = False  # SIGTERM from Slurm: its state (TIMEOUT, ...) says why
+        layout = steps.layout_from_env(os.environ, steps.hostnames)
+        placements = place(plan, layout)
+        by_pod: dict[str, list[PodLaunch]] = {}
+        for launch in launches(plan, placements):
+            by_pod.setdefault(launch.pod, []).append(launch)
+        self.addresses = {key: p.host for key, p in placements.items()}
+        plugins = build_plugins(job)
+        self.ranks: dict[tuple[str, int], int | None] = {}
+        for task in job.spec.tasks:
+            for index in range(task.replicas):
+                ranks = [r for r in (p.rank(job, task, index) for p in plugins) if r is not None]
+                self.ranks[(task.name, index)] = ranks[0] if ranks else None
+        addressing = SlurmAddressing(placements, plan.master)
+        env = {str(k): str(v) for k, v in dict(options.get("extraEnv") or {}).items()}  # type: ignore[call-overload]
+        self.runtime = SlurmRuntime(
+            os.environ["SLURM_JOB_ID"],
+            job_dir,
+            by_pod,
+            self._resources,
+            base_env=dict(os.environ),
+            extra_env=env,
+            workdir=str(options.get("workdir") or job_dir),
+            say=self._say,
+            record=self._event,
+        )
+        timeout = options.get("timeout")
+        max_restarts = options.get("maxRestarts")
+        self.controller: Controller[SlurmPod] = Controller(
+            job,
+            self.runtime,
+            lambda version, retry: expand(job, addressing, version=version, retry_count=retry),
+            clock=time.monotonic,
+            timeout=float(timeout) if isinstance(timeout, (int, float)) else None,
+            max_restarts=max_restarts if isinstance(max_restarts, int) else None,
+            attached=True,  # the final phase is the report's and the caller's summary says it
+        )
+        self.started_at = time.time()
+        self.finished_at: float | None = None
+        self.failure: FailureReport | None = None
+
+    def _resources(self, launch: PodLaunch) -> tuple[Resources, int | None]:
+        component = self.plan.components[launch.placement.component]
+        return component.resources, (component.index if self.plan.heterogeneous else None)
+
+    def _say(self, text: str) -> None:
+        print(f"torchjob: {text}", flush=True)
+        self._event(text)
+
+    def _event(self, text: str) -> None:
+        self.events.append({"time": time.time(), "message": text})
+        del self.events[:-EVENTS_KEPT]
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        controller = self.controller
+        controller.begin()
+        self.write()
+        while not controller.done():
+            if self.stop_signal is not None:
+                self._stopped()
+                return 143
+            controller.tick()
+            self._note_failure()
+            if controller.dirty:
+                controller.dirty = False
+                self.write()
+            due = controller.next_due()
+            time.sleep(0.1 if due is None else min(0.1, due))
+        self.finished_at = time.time()
+        self.write()
+        return 0 if controller.status.phase.value == "Completed" else 1
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stop_signal = signum
+
+    def _stopped(self) -> None:
+        """Slurm ends the allocation (scancel, time limit): it stops the steps; say so and go."""
+        from torchjob.lifecycle import JobPhase, JobStatus
+
+        status = self.controller.status
+        if not status.phase.final:
+            reason = "the allocation was ended by Slurm (cancelled, or its time limit reached)"
+            self.controller.status = JobStatus(
+                JobPhase.TERMINATED, status.retry_count, status.version, reason
+            )
+        self.ended_by_slurm = True
+        self.runtime.terminate([(pod, 1.0) for pod in self.controller.pods.values()])
+        self.finished_at = time.time()
+        self.write()
+
+    def _note_failure(self) -> None:
+        if self.failure is not None:
+            return
+        failed = [p for p in self.controller.pods.values() if p.phase == "Failed" and not p.terminating]
+        if not failed:
+            return
+        pod = min(failed, key=lambda p: p.finished_at or 0.0)
+        log = pod.log_dir / f"{pod.failed_container}.log" if pod.failed_container else None
+        self.failure = FailureReport(
+            pod=pod.name,
+            short=self.controller.short(pod),
+            exit_code=pod.exit_code,
+            rank=self.ranks.get((pod.task, pod.index)),
+            reason=pod.reason,
+            time=pod.finished_at,
+            log_tail=log_tail(log) if log else [],
+        )
+
+    def report(self) -> JobReport:
+        controller = self.controller
+        pods = []
+        for task in self.job.spec.tasks:
+            for index in range(task.replicas):
+                key = (task.name, index)
+                pod = controller.latest.get(key)
+                from torchjob.spec.model import pod_name
+
+                name = pod_name(self.job.name, task.name, index)
+                short = name[len(self.job.name) + 1 :]
+                if pod is None:
+                    pods.append(PodReport(name, short, task.name, index, "Pending", rank=self.ranks.get(key)))
+                    continue
+                phase = pod.phase
+                if pod.gone and phase not in ("Succeeded", "Failed"):
+                    phase = "Stopped"
+                pods.append(
+                    PodReport(
+                        name=name,
+                        short=short,
+                        task=task.name,
+                        index=index,
+                        phase=phase,
+                        rank=self.ranks.get(key),
+                        reason=pod.reason,
+                        attempt=pod.attempt,
+                        exit_code=pod.exit_code,
+                        started_at=pod.started_at,
+                        finished_at=pod.finished_at,
+                        address=self.addresses.get(key, ""),
+                        terminating=pod.terminating and not pod.gone,
+                        containers=containers(pod),
+                    )
+                )
+        status = controller.status
+        return JobReport(
+            engine="slurm",
+            id=self.id,
+            name=self.job.name,
+            phase=status.phase.value,
+            reason=status.reason,
+            namespace=self.job.metadata.namespace or "default",
+            location=str(self.job_dir),
+            retry_count=status.retry_count,
+            max_retry=self.job.spec.max_retry,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            pods=pods,
+            first_failure=self.failure,
+            events=list(self.events),
+        )
+
+    def write(self) -> None:
+        data = self.report().to_dict()
+        data["slurmJobId"] = os.environ.get("SLURM_JOB_ID", "")
+        data["endedBySlurm"] = self.ended_by_slurm
+        write_atomic(self.job_dir / STATUS, json.dumps(data, indent=1) + "\n")
+
+
+def containers(pod: SlurmPod) -> list[ContainerReport]:
+    """Each container of the attempt: init containers first, as far as its steps went."""
+    started = {launch.container for launch in pod.inits[: pod.next_init]} | set(pod.main_steps)
+    found = []
+    for launch in [*pod.inits, *pod.mains]:
+        code = pod.codes.get(launch.container)
+        state = "terminated" if code is not None else "running" if launch.container in started else "waiting"
+        found.append(ContainerReport(name=launch.container, init=launch.init, state=state, exit_code=code))
+    return found
+
+
+def main(argv: list[str]) -> int:
+    from torchjob.engines.slurm.plan import plan_job
+    from torchjob.engines.slurm.settings import SlurmSettings
+    from torchjob.jobs import load_jobs_from_text
+
+    if len(argv) != 1:
+        print("usage: python -m torchjob.engines.slurm.batch JOB_DIR", file=sys.stderr)
+        return 2
+    job_dir = Path(argv[0])
+    options = json.loads((job_dir / OPTIONS).read_text())
+    loaded = load_jobs_from_text((job_dir / JOB_FILE).read_text())[0]
+    if loaded.job is None:
+        print(f"torchjob: {job_dir / JOB_FILE} holds no valid job", file=sys.stderr)
+        return 2
+    given = dict(options.get("settings") or {})
+    given["sbatch_args"] = tuple(given.get("sbatch_args") or ())
+    settings = SlurmSettings(**given)
+    plan = plan_job(loaded.job, settings, str(job_dir), ["true"])
+    return BatchController(job_dir, loaded.job, plan, options).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
