@@ -25,6 +25,7 @@ from torchjob.display import prefix_for
 from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions, StreamSink
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.settings import ENV, SlurmSettings, job_root
+from torchjob.errors import Issue
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -172,16 +173,16 @@ class SlurmEngine:
         except PlanError as err:
             raise SpecError([Problem(err.path, err.message, "")]) from None
 
-    def check(self, job: Job, settings: SlurmSettings | None = None) -> list[tuple[str, str]]:
+    def check(self, job: Job, settings: SlurmSettings | None = None) -> list[Issue]:
         from torchjob.engines.slurm.plan import PlanError, plan_job
 
         try:
             plan_job(job, settings or self.settings, str(self.root / job.name), ["true"])
         except PlanError as err:
-            return [(err.path, err.message)]
+            return [Issue(err.path, err.message)]
         return []
 
-    def warnings(self, job: Job) -> list[tuple[str, str]]:
+    def warnings(self, job: Job) -> list[Issue]:
         return []  # images: the docs say it once (commands run on the node, as locally)
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
