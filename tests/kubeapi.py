@@ -11,9 +11,10 @@ Misbehaviour, each off unless a test asks for it: ``not_json`` (a 2xx page that 
 ``break_for`` (503s, 429s with Retry-After, or connections dropped, for a number of requests or
 seconds), ``watch_gone`` (every watch answers 410 Gone), ``watch_seconds_cap = 0`` (watches that
 end at once), ``stall_watches`` (watches that send nothing and never end), ``endless_log`` (a log
-that never ends, optionally one line without a newline), ``create_delay`` (slow creates), ``watch_lag`` (a resource's watch events sent late: watches
-of different resources keep no order between them on a real cluster either), and
-refusals of one subresource (``refuse(..., subresource="log")``: no RBAC for pods/log).
+that never ends, optionally one line without a newline), ``create_delay`` (slow creates),
+``watch_lag`` (one resource's watch events sent late: watches of different resources keep no
+order between them on a real cluster either), and refusals of one subresource
+(``refuse(..., subresource="log")``: no RBAC for pods/log).
 """
 
 from __future__ import annotations
