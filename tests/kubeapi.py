@@ -11,8 +11,10 @@ Misbehaviour, each off unless a test asks for it: ``not_json`` (a 2xx page that 
 ``break_for`` (503s, 429s with Retry-After, or connections dropped, for a number of requests or
 seconds), ``watch_gone`` (every watch answers 410 Gone), ``watch_seconds_cap = 0`` (watches that
 end at once), ``stall_watches`` (watches that send nothing and never end), ``endless_log`` (a log
-that never ends, optionally one line without a newline), ``create_delay`` (slow creates), and
-refusals of one subresource (``refuse(..., subresource="log")``: no RBAC for pods/log).
+that never ends, optionally one line without a newline), ``create_delay`` (slow creates),
+``watch_lag`` (one resource's watch events sent late: watches of different resources keep no
+order between them on a real cluster either), and refusals of one subresource
+(``refuse(..., subresource="log")``: no RBAC for pods/log).
 """
 
 from __future__ import annotations
@@ -175,6 +177,7 @@ class FakeKubeAPI:
         self.endless: dict[tuple[str, str], bytes] = {}
         self.log_bytes_sent = 0
         self.create_delay = 0.0
+        self.watch_lag: dict[str, float] = {}  # plural -> seconds each batch of its events waits
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -655,6 +658,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                         api.lock.wait(min(remaining, 0.5))
                         continue
                 if batch:
+                    time.sleep(api.watch_lag.get(plural, 0.0))
                     self._chunk(b"".join(batch))
                 if time.monotonic() >= end or api.stopping:
                     self._end_chunks()

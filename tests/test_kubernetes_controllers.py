@@ -309,6 +309,25 @@ def test_a_job_its_ttl_deletes_at_once_ends_with_its_final_phase(
         assert err.splitlines()[-1].startswith("torchjob: job demo Completed")
 
 
+@pytest.mark.parametrize("target", ["volcano", "kubeflow", "jobset"])
+def test_a_failed_job_its_ttl_deletes_names_its_failure_when_the_pods_watch_lags(
+    api: FakeKubeAPI, kubeconfig: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
+) -> None:
+    """The job's watch tells of the end (and of the deletion) before the pods' watch tells of the
+    failed pod: two streams with no order between them. The failure still names its pod."""
+    failing = who(target, "worker", 1)
+    api.watch_lag["pods"] = 1.0
+    kubelet = Kubelet(api, {failing: [3]}, seconds=1.0, durations={failing: 0.3})
+    started = time.monotonic()
+    with ControlPlane(api, *controllers(api, target), kubelet):
+        code = run(kubeconfig, job_file(tmp_path, "ttlSecondsAfterFinished: 0"), target)
+    _, err = capsys.readouterr()
+    assert code == 1, err
+    assert api.get(*TOP[target], "demo") is None, "the TTL did not delete the job"
+    assert "torchjob: job demo Failed: first failure: worker-1 (rank 2) exited with code 3 (Error)" in err
+    assert time.monotonic() - started < 15
+
+
 @pytest.mark.parametrize(("target", "after"), [*((t, 1.0) for t in TARGETS), ("volcano", 0.0), ("pods", 0.0)])
 def test_a_job_deleted_before_it_ended_is_reported_deleted_at_once(
     api: FakeKubeAPI,

@@ -38,6 +38,9 @@ from torchjob.engines.kubernetes.watch import LostContact, ResourceWatch
 
 QUEUE_ITEMS = 256  # events and log lines read ahead of the reader
 LOG_GRACE_SECONDS = 10.0
+# A failed job whose failed pod is not known yet: how long its pods' watch gets to tell of it (the
+# job's watch and the pods' are separate streams, so the job's end may come first).
+POD_GRACE_SECONDS = 5.0
 TAIL_LINES = 20  # streamed lines kept per pod, for a failed pod deleted before its log is read
 REPORT_EVERY = 0.5  # seconds between full reports while only pods change
 ALL_PODS = "\0all"  # after the job ends, how long its log streams get to drain
@@ -46,11 +49,12 @@ ALL_PODS = "\0all"  # after the job ends, how long its log streams get to drain
 class _Loop:
     """What one run of the follow loop carries from batch to batch."""
 
-    __slots__ = ("built", "deadline", "dirty", "drain_until")
+    __slots__ = ("built", "deadline", "dirty", "drain_until", "pods_until")
 
     def __init__(self, deadline: float | None) -> None:
         self.deadline = deadline
         self.drain_until: float | None = None  # ended: logs read until then
+        self.pods_until: float | None = None  # failed: pods' events awaited until then
         self.dirty = False  # pods changed since the last report
         self.built = 0.0  # when the last report was built
 
@@ -106,6 +110,7 @@ class Follower:
         self._final: JobReport | None = None  # the first terminal report: final
         self._deleted = False  # the job's object (or, for `pods`, every pod) went before it ended
         self._gone: dict[str, dict[str, Any]] = {}  # pods deleted while it ran, as last seen
+        self._gone_after: set[str] = set()  # pods deleted after it ended (kept in self.pods)
         self._tails: dict[str, collections.deque[str]] = {}  # each pod's last streamed lines
         self._empty_since: float | None = time.monotonic()
         self._group_since: float | None = None
@@ -130,8 +135,9 @@ class Follower:
 
     def _next(self, loop: _Loop) -> Any:
         """The next item of any watch or stream, or None when the deadline, drain or a report is due."""
-        limits = [t for t in (loop.deadline, loop.drain_until) if t is not None]
-        wait = max(0.0, min(limits) - time.monotonic()) if limits else 1.0
+        now = time.monotonic()  # a limit already past (a grace over) must not make this spin
+        limits = [t for t in (loop.deadline, loop.drain_until, loop.pods_until) if t is not None and t > now]
+        wait = min(limits) - now if limits else 1.0
         try:
             return self.queue.get(timeout=min(wait, REPORT_EVERY))
         except queue.Empty:
@@ -163,7 +169,8 @@ class Follower:
             # (pods listed in an earlier batch than the job's object were not looked at)
             changed = set(self.pods)
             job_changed = True
-        self._diagnose(changed)
+        if self._final is None:  # after the end, pods only go: nothing to fail fast on
+            self._diagnose(changed)
         loop.dirty |= bool(changed)
         now = time.monotonic()
         # A report walks every pod: rebuilt when the job's object changes, and at most
@@ -179,11 +186,26 @@ class Follower:
     def _done(self, report: JobReport, loop: _Loop, now: float) -> bool:
         """Ended: the job's logs drained (for LOG_GRACE_SECONDS at most), or the deadline passed."""
         if report.terminal:
+            if self._awaiting_pods(report):
+                loop.pods_until = loop.pods_until or now + POD_GRACE_SECONDS
+                if now < loop.pods_until:
+                    return False
             if self.streams is None or not self.streams.open:
                 return True
             loop.drain_until = loop.drain_until or now + LOG_GRACE_SECONDS
             return now >= loop.drain_until
         return loop.deadline is not None and now >= loop.deadline
+
+    def _awaiting_pods(self, report: JobReport) -> bool:
+        """Failed, its failed pod unknown, and some pod neither ended nor gone: the pods' watch may
+        still tell which failed (the job's watch told of the end first)."""
+        if report.phase != "Failed" or self._first_failure() is not None:
+            return False
+        ended = ("Succeeded", "Failed")
+        return any(
+            name not in self._gone_after and (pod.get("status") or {}).get("phase") not in ended
+            for name, pod in self.pods.items()
+        )
 
     def _stop_watching(self) -> None:
         for watch in self.watches:
@@ -235,8 +257,11 @@ class Follower:
             return ALL_PODS
         pod_name = str((obj.get("metadata") or {}).get("name"))
         if kind == "DELETED":
-            if self._final is None:  # after the end, a pod's last state is how it ended
+            if self._final is None:
                 self._gone[pod_name] = self.pods.pop(pod_name, obj)
+            else:  # after the end, a pod's last state is how it ended: kept in the report
+                self.pods[pod_name] = obj
+                self._gone_after.add(pod_name)
         else:
             if pod_name not in self.pods:
                 self._has_master = None
@@ -286,7 +311,8 @@ class Follower:
         if self._final is not None:
             report.phase, report.reason = self._final.phase, self._final.reason
             report.finished_at = self._final.finished_at
-            report.first_failure = report.first_failure or self._final.first_failure
+            if not report.ok:  # pods' events after the end may name a failure the end did not
+                report.first_failure = self._first_failure() or self._final.first_failure
             return report
         if not report.terminal and self._deleted:
             report.phase = "Terminated"
