@@ -191,8 +191,12 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         results.mkdir()
         # A random part makes the job's name unique, so the watcher can follow it by name.
         name = f"{job_name(task.name)[:33].rstrip('-')}-{secrets.token_hex(3)}"
+        preload = warm_modules(task)  # the warm pool (engines/local/pool.py): [] when it cannot serve
+        target = ["--payload", str(payload), "--results", str(results)]
+        if preload and isinstance(config, Elastic):
+            target.append("--warm-ranks")  # each node's agent forks its ranks (warm_elastic.py)
         request = task.job_request(
-            target=["--payload", str(payload), "--results", str(results)],
+            target=target,
             python=sys.executable,
             name=name,
             complete_with_master=False,  # return only once every rank has ended
@@ -218,7 +222,6 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         # the watcher is its sink and prints the pods' lines. The job stays for `torchjob logs <job>`.
         debugging = logger.isEnabledFor(logging.DEBUG)
         engine = get_engine()
-        preload = warm_modules(task)  # the warm pool (engines/local/pool.py): [] when it cannot serve
         with JobWatcher(results / PROGRESS_FILE, name) as watcher:
             sink = None if debugging else watcher  # None: the engine's output as the CLI shows it
             options = StartOptions(
