@@ -317,6 +317,7 @@ def test_multi_node_elastic_ranks_are_forked_from_each_agents_server(tmp_path: P
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
     assert out["first"][0] == 4.0 and out["second"][0] == 8.0 and out["cold"][0] == 12.0
+    assert "after torch was imported" not in done.stdout + done.stderr  # no preload warning
     second, cold = out["second"][1], out["cold"][1]
     assert len(second) == 4
     assert [spawned for spawned, _, _ in second] == [False] * 4  # forked: no new interpreter

@@ -96,7 +96,11 @@ def serve_from_here(nproc_per_node: int) -> str:
             try:
                 os.close(alive_w)
                 _die_with(agent)
-                forkserver.main(listener.fileno(), alive_r, [])  # type: ignore[attr-defined]
+                # A warm pod's os.environ warns of import-time variables set after the preload;
+                # the launcher's per-worker ones (set once torch is imported, cold ranks too) are
+                # no such thing.
+                os.environ.__class__ = os._Environ
+                forkserver.main(listener.fileno(), alive_r, [])
             except SystemExit:
                 pass
             except BaseException:
