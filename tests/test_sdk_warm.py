@@ -325,3 +325,48 @@ def test_multi_node_elastic_ranks_are_forked_from_each_agents_server(tmp_path: P
     assert [leaked for _, leaked, _ in second] == [None] * 4  # fresh ranks every call
     for (_, _, warm_env), (_, _, cold_env) in zip(second, cold, strict=True):
         assert _comparable(warm_env) == _comparable(cold_env)
+
+
+KILLED_MULTI_NODE = textwrap.dedent(
+    """
+    import os, sys, time
+    from torchjob import Elastic, task
+
+    @task(task_config=Elastic(nnodes=2, nproc_per_node=2))
+    def hang(call):
+        if call == 2:
+            with open(f"rank-{os.environ['RANK']}", "w") as f:
+                f.write(f"{os.getpid()} {os.getppid()}")
+            time.sleep(300)
+        return call
+
+    hang(1)
+    hang(2)
+    """
+)
+
+
+def test_a_killed_caller_leaves_no_warm_rank_or_rank_server(tmp_path: Path) -> None:
+    script = tmp_path / "killed_main.py"
+    script.write_text(KILLED_MULTI_NODE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 200
+        files = [tmp_path / f"rank-{r}" for r in range(4)]
+        while not all(f.exists() and f.read_text() for f in files) and time.monotonic() < deadline:
+            assert proc.poll() is None
+            time.sleep(0.1)
+        pids = {int(p) for f in files for p in f.read_text().split()}  # ranks and their parents
+        assert len(pids) == 6  # 4 ranks, forked by 2 servers (one per node's agent)
+        assert all(psutil.pid_exists(p) for p in pids)
+        proc.send_signal(signal.SIGKILL)  # as a notebook kernel killed: no atexit
+        proc.wait(10)
+        deadline = time.monotonic() + 20
+        while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(psutil.pid_exists(p) for p in pids)
+    finally:
+        proc.kill()
+        proc.wait(10)
