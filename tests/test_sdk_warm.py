@@ -306,10 +306,12 @@ MULTI_NODE = textwrap.dedent(
 def test_multi_node_elastic_ranks_are_forked_from_each_agents_server(tmp_path: Path) -> None:
     script = tmp_path / "multi_main.py"
     script.write_text(MULTI_NODE)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     done = subprocess.run(
         [sys.executable, str(script)],
         cwd=tmp_path,
-        env=_env(tmp_path),
+        env=dict(_env(tmp_path), TMPDIR=str(temp)),
         capture_output=True,
         text=True,
         timeout=280,
@@ -325,6 +327,7 @@ def test_multi_node_elastic_ranks_are_forked_from_each_agents_server(tmp_path: P
     assert [leaked for _, leaked, _ in second] == [None] * 4  # fresh ranks every call
     for (_, _, warm_env), (_, _, cold_env) in zip(second, cold, strict=True):
         assert _comparable(warm_env) == _comparable(cold_env)
+    assert [p.name for p in temp.iterdir() if p.name.startswith(("pymp-", "ranks-"))] == []  # no socket left
 
 
 KILLED_MULTI_NODE = textwrap.dedent(

@@ -56,8 +56,11 @@ def prepare() -> str:
     return "forkserver"
 
 
-def serve_from_here(nproc_per_node: int) -> str:
-    """In a pod's elastic agent (a multi-node call): the start method for its workers.
+def serve_from_here(nproc_per_node: int, results: str) -> tuple[str, str | None]:
+    """In a pod's elastic agent (a multi-node call): the start method for its workers, and the
+    directory of the server's socket, for the agent to remove once the launch is over (made in
+    the call's private ``results`` directory, which the caller removes too, when a socket path
+    there fits; the agent ends without running multiprocessing's own clean-up).
 
     The agent has torch imported (forked warm from the caller's pool, or imported for the
     launcher), so a fork of it, made while it is still single-threaded, is registered as
@@ -69,22 +72,25 @@ def serve_from_here(nproc_per_node: int) -> str:
     """
     import multiprocessing.forkserver as forkserver
     import socket
-    from multiprocessing import connection, resource_tracker
+    import tempfile
+    from multiprocessing import resource_tracker
 
     from torch.distributed.launcher.api import LaunchConfig
 
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0
     if threads != 1:
         logger.debug("warm elastic: the agent runs %d threads: workers spawned cold", threads)
-        return "spawn"
+        return "spawn", None
     # What torch's launcher sets before it starts workers (elastic.py sets the first as well).
     if "OMP_NUM_THREADS" not in os.environ and nproc_per_node > 1:
         os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = LaunchConfig.signals_to_handle
     resource_tracker.ensure_running()  # started by the agent, as ensure_running would
     server = forkserver._forkserver
+    fits = len(os.path.abspath(results)) < 80  # a socket's path is at most 107 bytes
+    directory = tempfile.mkdtemp(prefix="ranks-", dir=results if fits else None)  # 0700
     with socket.socket(socket.AF_UNIX) as listener:
-        address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+        address = os.path.join(directory, "forkserver")
         listener.bind(address)
         os.chmod(address, 0o600)
         listener.listen()
@@ -112,7 +118,7 @@ def serve_from_here(nproc_per_node: int) -> str:
     server._forkserver_alive_fd = alive_w  # type: ignore[attr-defined]
     server._forkserver_pid = pid  # type: ignore[attr-defined]
     logger.debug("warm elastic: workers forked from the agent's fork server (pid %d)", pid)
-    return "forkserver"
+    return "forkserver", directory
 
 
 def _die_with(parent: int) -> None:
