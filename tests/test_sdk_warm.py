@@ -272,3 +272,104 @@ def test_single_node_elastic_workers_are_forked_from_a_server(tmp_path: Path) ->
     assert out["first"][1] is None and out["second"][1] is None  # fresh workers every call
     assert out["second"][2] == out["cold"][2] == "1"
     assert out["cold"][0] != out["server"]  # TORCHJOB_WARM=0: spawned as before
+
+
+MULTI_NODE = textwrap.dedent(
+    """
+    import json, os, sys
+    from torchjob import Elastic, task
+
+    @task(task_config=Elastic(nnodes=2, nproc_per_node=2))
+    def ranks(x):
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.tensor([float(x)])
+        dist.all_reduce(t)
+        with open("/proc/self/cmdline", "rb") as f:
+            spawned = b"multiprocessing.spawn" in f.read()  # spawn's child runs a new interpreter
+        leaked = globals().get("LEAK")
+        globals()["LEAK"] = 1
+        envs = [None] * dist.get_world_size()
+        mine = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "GROUP_RANK",
+                "ROLE_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")}
+        dist.all_gather_object(envs, (spawned, leaked, mine))
+        return t.item(), envs
+
+    out = {"first": ranks(1), "second": ranks(2)}
+    os.environ["TORCHJOB_WARM"] = "0"
+    out["cold"] = ranks(3)
+    print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+def test_multi_node_elastic_ranks_are_forked_from_each_agents_server(tmp_path: Path) -> None:
+    script = tmp_path / "multi_main.py"
+    script.write_text(MULTI_NODE)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=dict(_env(tmp_path), TMPDIR=str(temp)),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+    assert out["first"][0] == 4.0 and out["second"][0] == 8.0 and out["cold"][0] == 12.0
+    assert "after torch was imported" not in done.stdout + done.stderr  # no preload warning
+    second, cold = out["second"][1], out["cold"][1]
+    assert len(second) == 4
+    assert [spawned for spawned, _, _ in second] == [False] * 4  # forked: no new interpreter
+    assert [spawned for spawned, _, _ in cold] == [True] * 4  # TORCHJOB_WARM=0: spawned as before
+    assert [leaked for _, leaked, _ in second] == [None] * 4  # fresh ranks every call
+    for (_, _, warm_env), (_, _, cold_env) in zip(second, cold, strict=True):
+        assert _comparable(warm_env) == _comparable(cold_env)
+    assert [p.name for p in temp.iterdir() if p.name.startswith(("pymp-", "ranks-"))] == []  # no socket left
+
+
+KILLED_MULTI_NODE = textwrap.dedent(
+    """
+    import os, sys, time
+    from torchjob import Elastic, task
+
+    @task(task_config=Elastic(nnodes=2, nproc_per_node=2))
+    def hang(call):
+        if call == 2:
+            with open(f"rank-{os.environ['RANK']}", "w") as f:
+                f.write(f"{os.getpid()} {os.getppid()}")
+            time.sleep(300)
+        return call
+
+    hang(1)
+    hang(2)
+    """
+)
+
+
+def test_a_killed_caller_leaves_no_warm_rank_or_rank_server(tmp_path: Path) -> None:
+    script = tmp_path / "killed_main.py"
+    script.write_text(KILLED_MULTI_NODE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 200
+        files = [tmp_path / f"rank-{r}" for r in range(4)]
+        while not all(f.exists() and f.read_text() for f in files) and time.monotonic() < deadline:
+            assert proc.poll() is None
+            time.sleep(0.1)
+        pids = {int(p) for f in files for p in f.read_text().split()}  # ranks and their parents
+        assert len(pids) == 6  # 4 ranks, forked by 2 servers (one per node's agent)
+        assert all(psutil.pid_exists(p) for p in pids)
+        proc.send_signal(signal.SIGKILL)  # as a notebook kernel killed: no atexit
+        proc.wait(10)
+        deadline = time.monotonic() + 20
+        while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(psutil.pid_exists(p) for p in pids)
+    finally:
+        proc.kill()
+        proc.wait(10)

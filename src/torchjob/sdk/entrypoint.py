@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -50,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--nproc-per-node", type=int, default=1)
     parser.add_argument("--max-restarts", type=int, default=0)
     parser.add_argument("--start-method", default="spawn")
+    parser.add_argument(
+        "--warm-ranks",
+        action="store_true",
+        help="fork the default (spawn) workers from a fork server of this agent (a local SDK call)",
+    )
     parser.add_argument("--monitor-interval", type=float, default=0.1)
     parser.add_argument("--rdzv-backend", default="c10d", choices=("c10d",))
     parser.add_argument("--rdzv-configs", default="{}", help="JSON object of rendezvous settings")
@@ -97,6 +103,12 @@ def _run_elastic(args: argparse.Namespace, payload: bytes, results: str) -> int:
         logger.debug("single node, one process: calling the function without a launcher")
         return _run_once(payload, results, rank=0)
     endpoint, is_host = _endpoint(max_nodes > 1)
+    start_method, server_dir = args.start_method, None
+    if args.warm_ranks and start_method == "spawn":  # a start method the task chose is kept, cold
+        from torchjob.sdk.warm_elastic import serve_from_here
+
+        # Before any thread of ours starts.
+        start_method, server_dir = serve_from_here(args.nproc_per_node, results)
     if max_nodes > 1 and is_host is not None:
         rdzv_configs.setdefault("is_host", is_host)
     settings = LaunchSettings(
@@ -108,7 +120,7 @@ def _run_elastic(args: argparse.Namespace, payload: bytes, results: str) -> int:
         rdzv_configs=rdzv_configs,
         max_restarts=args.max_restarts,
         monitor_interval=args.monitor_interval,
-        start_method=args.start_method,
+        start_method=start_method,
     )
     stop = threading.Event()
     if max_nodes > 1 and is_host:
@@ -123,6 +135,8 @@ def _run_elastic(args: argparse.Namespace, payload: bytes, results: str) -> int:
         return EXIT_FAILED
     finally:
         stop.set()
+        if server_dir is not None:
+            shutil.rmtree(server_dir, ignore_errors=True)
     if has_rank0:
         write_value(results, value)
     return 0

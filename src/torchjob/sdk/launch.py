@@ -178,7 +178,7 @@ def _importable(module: str) -> bool:
 
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     from torchjob.engines.base import StartOptions
-    from torchjob.engines.registry import DEFAULT_ENGINE, get_engine
+    from torchjob.engines.registry import DEFAULT_ENGINE, engine_info, get_engine
     from torchjob.sdk.tojob import build_job, job_name
     from torchjob.sdk.watch import JobWatcher
 
@@ -191,8 +191,17 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         results.mkdir()
         # A random part makes the job's name unique, so the watcher can follow it by name.
         name = f"{job_name(task.name)[:33].rstrip('-')}-{secrets.token_hex(3)}"
+        # TORCHJOB_ENGINE=slurm runs a task called from Python on that engine (with its settings).
+        engine_name = os.environ.get("TORCHJOB_ENGINE") or DEFAULT_ENGINE
+        # The warm pool (engines/local/pool.py) where the engine keeps one ("warm" among its
+        # settings); () when it cannot serve this task.
+        warm = any(s.name == "warm" for s in engine_info(engine_name).settings)
+        preload = warm_modules(task) if warm else ()
+        target = ["--payload", str(payload), "--results", str(results)]
+        if preload and isinstance(config, Elastic):
+            target.append("--warm-ranks")  # each node's agent forks its ranks (warm_elastic.py)
         request = task.job_request(
-            target=["--payload", str(payload), "--results", str(results)],
+            target=target,
             python=sys.executable,
             name=name,
             complete_with_master=False,  # return only once every rank has ended
@@ -217,9 +226,7 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         # The engine's own output (pod logs, notes, status table) only when debugging; otherwise
         # the watcher is its sink and prints the pods' lines. The job stays for `torchjob logs <job>`.
         debugging = logger.isEnabledFor(logging.DEBUG)
-        # TORCHJOB_ENGINE=slurm runs a task called from Python on that engine (with its settings).
-        engine = get_engine(os.environ.get("TORCHJOB_ENGINE") or DEFAULT_ENGINE)
-        preload = warm_modules(task)  # the warm pool (engines/local/pool.py): [] when it cannot serve
+        engine = get_engine(engine_name)
         with JobWatcher(results / PROGRESS_FILE, name) as watcher:
             sink = None if debugging else watcher  # None: the engine's output as the CLI shows it
             options = StartOptions(

@@ -54,3 +54,79 @@ def prepare() -> str:
         server.set_forkserver_preload(PRELOAD)
         _started_with[:] = [now]
     return "forkserver"
+
+
+def serve_from_here(nproc_per_node: int, results: str) -> tuple[str, str | None]:
+    """In a pod's elastic agent (a multi-node call): the start method for its workers, and the
+    directory of the server's socket, for the agent to remove once the launch is over (made in
+    the call's private ``results`` directory, which the caller removes too, when a socket path
+    there fits; the agent ends without running multiprocessing's own clean-up).
+
+    The agent has torch imported (forked warm from the caller's pool, or imported for the
+    launcher), so a fork of it, made while it is still single-threaded, is registered as
+    multiprocessing's fork server: the launcher's ``forkserver`` workers are forked from it, fresh
+    each call, without importing torch again. It is forked with the environment the launcher's
+    spawned workers would inherit (the two variables the launcher sets first), and ends with the
+    agent (its pipe from the agent closes; SIGKILL when the agent dies). ``spawn`` (cold) when
+    this process already runs threads, which a fork would copy without their locks' owners.
+    """
+    import multiprocessing.forkserver as forkserver
+    import socket
+    import tempfile
+    from multiprocessing import resource_tracker
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0
+    if threads != 1:
+        logger.debug("warm elastic: the agent runs %d threads: workers spawned cold", threads)
+        return "spawn", None
+    # What torch's launcher sets before it starts workers (elastic.py sets the first as well).
+    if "OMP_NUM_THREADS" not in os.environ and nproc_per_node > 1:
+        os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = LaunchConfig.signals_to_handle
+    resource_tracker.ensure_running()  # started by the agent, as ensure_running would
+    server = forkserver._forkserver
+    fits = len(os.path.abspath(results)) < 80  # a socket's path is at most 107 bytes
+    directory = tempfile.mkdtemp(prefix="ranks-", dir=results if fits else None)  # 0700
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = os.path.join(directory, "forkserver")
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        agent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the server
+            code = 0
+            try:
+                os.close(alive_w)
+                _die_with(agent)
+                # A warm pod's os.environ warns of import-time variables set after the preload;
+                # the launcher's per-worker ones (set once torch is imported, cold ranks too) are
+                # no such thing.
+                os.environ.__class__ = os._Environ
+                forkserver.main(listener.fileno(), alive_r, [])
+            except SystemExit:
+                pass
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(alive_r)
+    server._forkserver_address = address  # type: ignore[attr-defined]
+    server._forkserver_alive_fd = alive_w  # type: ignore[attr-defined]
+    server._forkserver_pid = pid  # type: ignore[attr-defined]
+    logger.debug("warm elastic: workers forked from the agent's fork server (pid %d)", pid)
+    return "forkserver", directory
+
+
+def _die_with(parent: int) -> None:
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the agent died before the call above
+        os._exit(0)
