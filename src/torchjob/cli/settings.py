@@ -37,8 +37,9 @@ def add_setting_options(parser: argparse.ArgumentParser, command: str) -> None:
             kwargs.update(action="store_const", const=not setting.default)
         else:
             kwargs.update(type=_TYPES.get(setting.type, str), metavar=setting.metavar)
-            if setting.choices:
-                kwargs.update(choices=setting.choices)
+            choices = setting.allowed()
+            if choices:
+                kwargs.update(choices=choices)
                 del kwargs["metavar"]
         parser.add_argument(*setting.spellings, **kwargs)
 

@@ -178,13 +178,17 @@ class Setting:
         commands: tuple[str, ...] = ("run",),  # the commands that take it: run, submit, status, ...
         flags: tuple[str, ...] = (),  # its spellings on the command line (-n, --namespace)
         metavar: str | None = None,
-        choices: tuple[str, ...] = (),
+        choices: tuple[str, ...] | Callable[[], tuple[str, ...]] = (),  # a callable: asked late
         minimum: float | None = None,  # a number: the least it may be (nan and infinity refused too)
         invalid: str = "",  # what a number out of range is told, with {value}
     ) -> None:
         self.name, self.help, self.type, self.default = name, help, type, default
         self.commands, self.flags, self.metavar, self.choices = commands, flags, metavar, choices
         self.minimum, self.invalid = minimum, invalid
+
+    def allowed(self) -> tuple[str, ...]:
+        """The choices; a callable is asked when the flags are built (a list that tests may extend)."""
+        return self.choices() if callable(self.choices) else self.choices
 
     @property
     def spellings(self) -> tuple[str, ...]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from torchjob.engines.base import EngineInfo, Setting
 from torchjob.targets import target_names
 
-TARGETS = target_names()  # one list of targets: targets.MODULES (no target module is imported)
 _ALL = ("run", "submit", "status", "logs", "wait", "delete", "prune", "queue")
 
 ENGINE = EngineInfo(
@@ -31,7 +30,7 @@ ENGINE = EngineInfo(
             "target",
             "kubernetes: how the cluster runs the job (default: the first of volcano, kubeflow, "
             "jobset, trainjob it has)",
-            choices=TARGETS,
+            choices=target_names,  # targets.MODULES, read when the flags are built
             commands=("run", "submit"),
         ),
         Setting(
