@@ -52,8 +52,7 @@ IMPORT_TIME_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_", 
 # read when they run (rendezvous, rank): not the server's, and free to differ between forked pods.
 POD_NAMES = frozenset(
     {"HOSTNAME", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "VC_TASK_INDEX", "VK_TASK_INDEX"}
-    | {prewarm.FINISHED}  # set per container once its pod is made, after the server was chosen
-)
+)  # TORCHJOB_FINISHED, set per container after the server was chosen, is an engine variable
 
 # Set per job for programs to read (Volcano's hosts lists, torchrun's rank interpreter in the job's
 # bin): like POD_NAMES, free to differ between forked containers.
