@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -156,6 +157,30 @@ def test_a_failed_torchrun_rank_is_named_with_its_own_traceback(tmp_path: Path) 
     # torchjob status says the same
     status = _cli(tmp_path, "status", "dist")
     assert "master-0 (rank 1), exit code 1" in status.stdout, status.stdout
+
+
+LINES = """\
+import os, time
+rank = os.environ["RANK"]
+open(f"ready-{rank}", "w").close()
+deadline = time.time() + 30
+while len([n for n in os.listdir() if n.startswith("ready-")]) < 3 and time.time() < deadline:
+    time.sleep(0.01)  # the ranks start printing together
+for i in range(3000):
+    print(f"rank {rank} line {i:04d} " + "x" * 60)
+"""
+
+
+def test_the_ranks_of_a_pod_print_whole_lines_into_its_shared_log(tmp_path: Path) -> None:
+    # Unbuffered print writes a line's text and its newline apart; two ranks of one pod printing at
+    # once must still never share a line of the pod's log.
+    (tmp_path / "lines.py").write_text(LINES)
+    proc = _cli(tmp_path, "run", "-j", "1x3", "lines.py", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    printed = [line for line in proc.stdout.splitlines() if " line " in line]
+    bad = [line for line in printed if not re.fullmatch(r"master-0 r0 \| rank [012] line \d{4} x{60}", line)]
+    assert not bad, bad[:5]
+    assert len(printed) == 9000
 
 
 # ------------------------------------------------------------ the torchrun habit

@@ -17,7 +17,8 @@ loads this file into a private namespace and calls :func:`main`, which
    this file.
 
 ``fd`` ``-`` runs the program at once (a cold start through this runner, so that the marker below
-is written); ``fd`` ``guard`` makes this process a rank's guard (:func:`_guard`).
+is written); ``fd`` ``guard`` makes this process a rank's guard (:func:`_guard`), which runs the
+rank itself with ``fd`` ``rank``: at once, and with whole-line output (:func:`_whole_lines`).
 
 The program's end is recorded before the interpreter's teardown: when it returned or called
 ``sys.exit(0)``, ``0`` is written to ``$TORCHJOB_FINISHED`` (a file, or ``fd:N``), a variable taken
@@ -42,6 +43,7 @@ GO = b"go"
 FINISHED = "TORCHJOB_FINISHED"  # where the program's successful end is recorded (see above)
 NO_WAIT = "-"  # the fd argument of a cold start through the runner
 GUARD = "guard"  # the fd argument of a rank's guard
+RANK = "rank"  # the fd argument of a rank the guard runs: NO_WAIT, with whole-line output
 
 
 def main() -> None:
@@ -50,7 +52,9 @@ def main() -> None:
     tail = sys.argv[6:]  # the container's argv after the interpreter and its options
     if fd_text == GUARD:
         _guard(tail)
-    fd = -1 if fd_text == NO_WAIT else int(fd_text)
+    if fd_text == RANK:
+        _whole_lines()
+    fd = -1 if fd_text in (NO_WAIT, RANK) else int(fd_text)
     # orig_argv is [python, *options, "-c", BOOT, *sys.argv[1:]]: the cold command is python,
     # its options and the tail.
     cold = sys.orig_argv[: len(sys.orig_argv) - len(sys.argv) - 1] + tail
@@ -117,6 +121,19 @@ def _warm(modules: list[str]) -> bool:
     quiet = os.fstat(aside).st_size == 0
     os.close(aside)
     return ok and quiet
+
+
+def _whole_lines() -> None:
+    """A rank's unbuffered stdout and stderr write each line in one piece.
+
+    The ranks of a pod share its output pipe. ``print`` unbuffered (PYTHONUNBUFFERED, as pods
+    have it) writes the text and the newline separately, so two ranks printing at once could
+    mix into one line. Line buffering keeps each line (up to the pipe's atomic size) whole; a
+    partial line shows at its newline or at an explicit flush, as tqdm and ``print(flush=True)`` do.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and getattr(stream, "write_through", False):
+            stream.reconfigure(write_through=False, line_buffering=True)  # type: ignore[union-attr]
 
 
 def _flush() -> None:
@@ -270,7 +287,7 @@ def _guard(tail: list[str]) -> NoReturn:
         os.execv(python, [python, *tail])  # not a form the runner reproduces: the rank unguarded
     options, rest = split
     boot = sys.orig_argv[len(sys.orig_argv) - len(sys.argv)]  # [python, *opts, -c, BOOT, *argv[1:]]
-    argv = [python, *options, "-c", boot, sys.argv[1], NO_WAIT, "0", "", os.getcwd(), *rest]
+    argv = [python, *options, "-c", boot, sys.argv[1], RANK, "0", "", os.getcwd(), *rest]
     read_end, write_end = os.pipe()
     os.set_inheritable(write_end, True)
     env = dict(os.environ)
