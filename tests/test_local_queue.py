@@ -186,8 +186,8 @@ def test_a_gang_of_three_waits_whole_while_two_gpus_are_free(
 ) -> None:
     tmp_path = queue_env
     monkeypatch.setenv("TORCHJOB_CAPACITY", "nvidia.com/gpu=3")
-    blocker = submit(tmp_path, gpu_job(tmp_path, "blocker", sleep=2.0))
-    gang = submit(tmp_path, gpu_job(tmp_path, "gang", replicas=3, sleep=0.3))
+    blocker = submit(tmp_path, gpu_job(tmp_path, "blocker", gate=True))  # holds its GPU until released
+    gang = submit(tmp_path, gpu_job(tmp_path, "gang", replicas=3, gate=True))
     report = status(tmp_path, gang)
     assert report["phase"] == "Pending", report
     assert report["reason"].startswith("waiting for 3 nvidia.com/gpu, 2 free"), report["reason"]
@@ -196,6 +196,7 @@ def test_a_gang_of_three_waits_whole_while_two_gpus_are_free(
     assert (report["phase"], report["pods"]) == ("Pending", [])
     assert "nameResolution" not in report  # not decided before its pods are prepared
     assert not (tmp_path / "home" / "jobs" / gang / "logs").exists()
+    release(tmp_path)
     wait_all(tmp_path, [blocker, gang])
     spans = intervals(tmp_path)
     blocker_end = spans["blocker-main-0"][1]

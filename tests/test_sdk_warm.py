@@ -274,6 +274,60 @@ def test_single_node_elastic_workers_are_forked_from_a_server(tmp_path: Path) ->
     assert out["cold"][0] != out["server"]  # TORCHJOB_WARM=0: spawned as before
 
 
+HELD_OPEN = textwrap.dedent(
+    """
+    import json, os, signal, time
+    import multiprocessing.forkserver as forkserver
+    from torchjob import Elastic, task
+
+    @task(task_config=Elastic(nproc_per_node=2))
+    def parent(x):
+        return os.getppid()
+
+    first = parent(1)
+    old = forkserver._forkserver._forkserver_pid
+    holder = os.fork()  # any fork of the caller holds the server's "alive" pipe open
+    if holder == 0:
+        time.sleep(120)
+        os._exit(0)
+    os.environ["CHANGED_BY_THE_USER"] = "1"  # the server no longer fits: it is replaced
+    started = time.monotonic()
+    second = parent(2)
+    took = time.monotonic() - started
+    os.kill(holder, signal.SIGKILL)
+    os.waitpid(holder, 0)
+    try:
+        os.kill(old, 0)
+        old_alive = True
+    except ProcessLookupError:
+        old_alive = False
+    new = forkserver._forkserver._forkserver_pid
+    print("RESULT " + json.dumps({"old": old, "new": new, "second": second, "took": took,
+                                  "old_alive": old_alive}), flush=True)
+    """
+)
+
+
+def test_a_server_that_does_not_stop_when_asked_is_killed_not_waited_for(tmp_path: Path) -> None:
+    # A fork of the caller kept the old server's pipe open, so it never saw the caller let go:
+    # replacing it waited for it forever (a 300 s hang in CI). It is now killed after a grace.
+    script = tmp_path / "held_open.py"
+    script.write_text(HELD_OPEN)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+    assert out["new"] not in (None, out["old"]) and out["second"] == out["new"]  # a new server served
+    assert not out["old_alive"]
+    assert out["took"] < 60, out
+
+
 MULTI_NODE = textwrap.dedent(
     """
     import json, os, sys

@@ -48,12 +48,50 @@ def prepare() -> str:
     running = getattr(server, "_forkserver_pid", None) is not None
     if running and _started_with and _started_with[0] != now:
         logger.debug("warm elastic: %s changed: a new fork server", _what_changed(_started_with[0], now))
-        server._stop()  # type: ignore[attr-defined]
+        _stop(server)
         running = False
     if not running:
         server.set_forkserver_preload(PRELOAD)
         _started_with[:] = [now]
     return "forkserver"
+
+
+STOP_GRACE = 5.0  # seconds a replaced server gets to end once its pipe is closed
+
+
+def _stop(server: object) -> None:
+    """Stop multiprocessing's fork server, never waiting for it unbounded.
+
+    Its own ``_stop`` closes the server's "alive" pipe and waits for the server to end. Any fork
+    of this process made since (a user's ``os.fork``, a library's helper) holds that pipe too,
+    so the server never sees it close and that wait never ends. After a grace it is killed.
+    """
+    import contextlib
+    import signal
+    import time
+
+    pid = getattr(server, "_forkserver_pid", None)
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    address = getattr(server, "_forkserver_address", None)
+    if alive is not None:
+        os.close(alive)
+    if pid is not None:
+        try:
+            deadline = time.monotonic() + STOP_GRACE
+            while os.waitpid(pid, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    logger.debug("warm elastic: the old fork server did not end: killed")
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)  # prompt after SIGKILL
+                    break
+                time.sleep(0.01)
+        except (ChildProcessError, ProcessLookupError):
+            pass  # already reaped, or not this process's child
+    if isinstance(address, str) and address and not address.startswith("\0"):
+        with contextlib.suppress(OSError):
+            os.unlink(address)
+    for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid"):
+        setattr(server, name, None)
 
 
 def serve_from_here(nproc_per_node: int, results: str) -> tuple[str, str | None]:
