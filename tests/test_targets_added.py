@@ -105,6 +105,34 @@ def test_render_prints_what_the_engine_sends(
     assert len(created) == len(items)  # nothing sent that render does not show
 
 
+@pytest.mark.parametrize("target", ["volcano", "kubeflow", "trainjob", "jobset", "pods"])
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_render_with_a_namespace_prints_the_bytes_submit_sends(
+    job_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, command: str
+) -> None:
+    """No --as-sent: ``render --target T -n NS [-e K=V]`` is, byte for byte, the List of the request
+    bodies the kubernetes client POSTed (in order) for ``submit``, or ``run -d`` with the same -e."""
+    from torchjob.render import dump, list_of
+
+    api = FakeKubeAPI().start()
+    try:
+        config = str(api.kubeconfig(tmp_path / "kubeconfig"))
+        where = ["--target", target, "-n", "ml"]
+        env = ["-e", "SEED=7", "-e", "MODE=fast"] if command == "run" else []
+        sending = ["submit", str(job_file)] if command == "submit" else ["run", str(job_file), "-d"]
+        if command == "run":
+            sending += ["--engine", "kubernetes"]
+        assert main([*sending, "--kubeconfig", config, *where, *env]) == 0
+        bodies = [json.loads(body) for body in api.posted]
+    finally:
+        api.stop()
+    assert bodies and all(b["metadata"]["namespace"] == "ml" for b in bodies)
+    for fmt in ("yaml", "json"):
+        capsys.readouterr()
+        assert main(["render", str(job_file), *where, *env, "-o", fmt]) == 0
+        assert capsys.readouterr().out == dump(list_of(bodies), fmt)
+
+
 def test_default_render_as_sent_is_the_pods_target_as_sent(
     relay_api: FakeKubeAPI, job_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
