@@ -1,6 +1,7 @@
 """One home per target: a target added in the tests (tests/relay.py, one registry line)
 renders from the CLI and is submitted and followed by the kubernetes engine; and for every
-target, ``torchjob render --as-sent -n NS -e K=V`` prints exactly the objects the engine sends."""
+target, ``torchjob render --target T -n NS -e K=V`` prints exactly the objects the engine sends
+(``--as-sent`` without -n and -e)."""
 
 from __future__ import annotations
 
