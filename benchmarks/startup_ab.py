@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCHJOB = Path(sys.executable).parent / "torchjob"
 
 
+PYTORCH = False  # --pytorch: the job has the pytorch plugin (a rendezvous port mapped at its turn)
+
+
 def job_yaml(marks: Path) -> str:
     # The container writes when it started; `date` is started the same way under both versions.
     command = ["sh", "-c", f'date +%s.%N > "{marks}/$TORCHJOB_POD_NAME"']
@@ -51,6 +54,8 @@ def job_yaml(marks: Path) -> str:
             f"              command: {json.dumps(command)}",
         ]
     head = ["apiVersion: batch.volcano.sh/v1alpha1", "kind: Job", "metadata: {name: ab}", "spec:", "  tasks:"]
+    if PYTORCH:
+        head.insert(-1, "  plugins: {pytorch: [--master=master, --worker=worker]}")
     return "\n".join(head + tasks) + "\n"
 
 
@@ -99,7 +104,10 @@ def two_versions(description: str) -> tuple[argparse.Namespace, dict[str, Path]]
     parser.add_argument("--new", type=Path, default=ROOT / "src", help="this checkout's src (default)")
     parser.add_argument("--runs", type=int, default=15, help="runs of each version (default 15)")
     parser.add_argument("--json", type=Path, help="write every run here")
+    parser.add_argument("--pytorch", action="store_true", help="the job has the pytorch plugin (a port)")
     args = parser.parse_args()
+    global PYTORCH
+    PYTORCH = args.pytorch
     return args, {"old": args.old.resolve(), "new": args.new.resolve()}
 
 

@@ -164,6 +164,7 @@ class FakeKubeAPI:
         self.previous_logs: dict[tuple[str, str], list[str]] = {}
         self.logs_closed: set[tuple[str, str]] = set()
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
+        self.posted: list[bytes] = []  # every POST's body as the client sent it, in order
         self.refusals: list[Refusal] = []
         self.on_create: Callable[[dict[str, Any]], None] | None = None
         self.watch_seconds_cap: float | None = None  # end watches sooner than asked (tests of resume)
@@ -419,6 +420,8 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             query = parse_qs(parts.query)
             with api.lock:
                 api.requests.append((method, parts.path, query))
+                if method == "POST":
+                    api.posted.append(self.payload)
                 trouble = api.trouble is not None and api.trouble.take()
             if trouble:
                 self._misbehave()

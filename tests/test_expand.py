@@ -413,3 +413,86 @@ def test_host_network_pods_keep_cluster_dns() -> None:
     assert host["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert chosen["dnsPolicy"] == "Default"
     assert "dnsPolicy" not in plain
+
+
+# ------------------------------------------------------------------------------ readdressing
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def readdress_jobs() -> list[tuple[str, Job]]:
+    from torchjob.jobs import load_jobs
+
+    jobs = [(p.name, item.job) for p in sorted(EXAMPLES.glob("*.yaml")) for item in load_jobs(str(p))]
+    waits = ["--master=m", "--worker=w", "--port=29400", "--wait-master-enabled=true"]
+    jobs.append(
+        ("wait-master", load(job_doc([simple_task("m", 1), simple_task("w", 3)], {"pytorch": waits})))
+    )
+    aliased = job_doc(
+        [simple_task("m", 1, hostname="head", subdomain="net"), simple_task("w", 2)],
+        {"pytorch": ["--master=m", "--worker=w", "--wait-master-enabled=true"], "svc": [], "env": []},
+    )
+    aliased["spec"]["tasks"][1]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "MASTER_PORT", "value": "1"},  # the user's own, before the plugin's (a warning)
+        {"name": "VC_M_NUM", "valueFrom": {"configMapKeyRef": {"name": "demo-svc", "key": "VC_M_NUM"}}},
+    ]
+    jobs.append(("aliased", load(aliased)))
+    # Loopback host lists fit in the env, cluster names do not: the svc plugin's env block changes.
+    loopback_fits = (MAX_ARG_STRLEN - 64) // len("127.0.31.254,")
+    jobs.append(("big", load(big_job(loopback_fits))))
+    return jobs
+
+
+def addressings(job: Job) -> dict[str, Any]:
+    from torchjob.addressing import ClusterAddressing
+    from torchjob.engines.local.addressing import LocalAddressing
+    from torchjob.engines.local.ports import declared_ports
+
+    mapped = {port: 40000 + i for i, port in enumerate(declared_ports(job))}
+    return {
+        "cluster": ClusterAddressing(),
+        "planned": LocalAddressing(job),
+        "ports": LocalAddressing(job, mapped),
+        "names": LocalAddressing(job, mapped, names=True),
+    }
+
+
+@pytest.mark.parametrize(("name", "job"), readdress_jobs(), ids=lambda v: v if isinstance(v, str) else "")
+def test_readdressing_gives_what_expanding_again_gives(name: str, job: Job) -> None:
+    """The local engine expands once (the plan) and readdresses for the job's turn: each plugin's
+    rewrite must leave exactly the pods, objects and warnings a second expansion would build."""
+    from torchjob.expand import readdress
+
+    ways = addressings(job)
+    pairs = [(a, b) for a in ways for b in ways]
+    if name == "big":  # 10,000 pods: the pairs whose host lists fit in one env and not in the other
+        pairs = [("planned", "names"), ("names", "ports")]
+        hosts_in = {
+            n: "VC_WORKER_HOSTS" in str(expand(job, ways[n]).pods[-1].manifest) for n in ("ports", "names")
+        }
+        assert hosts_in == {"ports": True, "names": False}
+    changed = 0
+    for was_name, now_name in pairs:
+        state = expand(job, ways[was_name])
+        before = copy.deepcopy([p.manifest for p in state.pods])
+        assert readdress(state, ways[now_name]), (was_name, now_name)
+        fresh = expand(job, ways[now_name])
+        where = f"{name}: {was_name} -> {now_name}"
+        assert [p.manifest for p in state.pods] == [p.manifest for p in fresh.pods], where
+        assert state.objects == fresh.objects and state.warnings == fresh.warnings, where
+        changed += [p.manifest for p in state.pods] != before
+    if name != "restart-on-failure.yaml":  # a job without the pytorch plugin has nothing to change
+        assert changed
+
+
+def test_restamping_gives_a_restarts_expansion() -> None:
+    from torchjob.expand import restamp
+
+    job = load(job_doc([simple_task("master", 1), simple_task("worker", 2)], {"pytorch": [], "svc": []}))
+    first = expand(job)
+    again = restamp(first, 2, 1)
+    assert [p.manifest for p in again.pods] == [
+        p.manifest for p in expand(job, version=2, retry_count=1).pods
+    ]
+    assert [p.manifest for p in first.pods] == [p.manifest for p in expand(job).pods]  # untouched

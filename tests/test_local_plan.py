@@ -1,12 +1,14 @@
 """The local engine's plan: what a run will do, told before it starts, and run as planned.
 
-A run expands the job once in its plan (checked there) and once more only to address its pods
-with the host ports it got; the CLI's warnings build no pods.
+A run expands the job once, in its plan (checked there); when its turn comes the planned pods
+are readdressed with the host ports (and names) it got, not built again; the CLI's warnings build
+no pods.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -104,8 +106,8 @@ else:
 
 @pytest.mark.torch
 def test_start_runs_the_plan_made_for_the_job(tmp_path: Path) -> None:
-    """plan() expands the job once; start() given that job runs that plan: it expands only to
-    address the pods with their host ports (the pytorch plugin's MASTER_PORT)."""
+    """plan() expands the job once; start() given that job runs that plan: its pods are given
+    their host ports (the pytorch plugin's MASTER_PORT) without being built again."""
     out = subprocess.run(
         [sys.executable, "-c", PROBE, str(EXAMPLE), str(tmp_path), "engine"],
         cwd=ROOT,
@@ -114,7 +116,7 @@ def test_start_runs_the_plan_made_for_the_job(tmp_path: Path) -> None:
         timeout=240,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"phase": "Completed", "planned": 1, "expansions": 1}, out.stderr
+    assert result == {"phase": "Completed", "planned": 1, "expansions": 0}, out.stderr
 
 
 def test_a_cli_run_expands_the_job_twice_at_most(tmp_path: Path) -> None:
@@ -132,6 +134,105 @@ def test_a_cli_run_expands_the_job_twice_at_most(tmp_path: Path) -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["code"] == 0, out.stderr
     assert 1 <= result["expansions"] <= 2
+
+
+WIRED = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: wired}
+spec:
+  plugins: {pytorch: [--master=master, --worker=worker, --port=23456], svc: []}
+  policies: [{event: PodFailed, action: RestartJob}]
+  maxRetry: 2
+  tasks:
+  - name: master
+    replicas: 1
+    template: &pod
+      spec:
+        restartPolicy: Never
+        containers:
+        - name: main
+          image: img
+          resources: {requests: {cpu: 100m}}
+          env:
+          - name: VERSION
+            valueFrom: {fieldRef: {fieldPath: "metadata.annotations['volcano.sh/job-version']"}}
+          command: [sh, -c, 'echo "wired $MASTER_ADDR $MASTER_PORT $VC_MASTER_HOSTS v$VERSION"; FAIL']
+  - name: worker
+    replicas: 2
+    template: *pod
+"""
+
+# The job counted in a process of its own: the counter does not outlive it.
+RUN_PROBE = """
+import json, sys
+import torchjob.expand as expand
+count = [0]
+pods = expand.Expansion.pods
+def counted(self):
+    count[0] += 1
+    return pods(self)
+expand.Expansion.pods = counted
+from torchjob.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "expansions": count[0]}))
+"""
+
+
+def run_counted(tmp_path: Path, *argv: str) -> dict[str, int]:
+    """``torchjob ARGV`` run in a process that counts the pods built (``Expansion.pods`` calls),
+    with a local queue of its own (4 CPUs)."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    env = {
+        **os.environ,
+        "TORCHJOB_RUNTIME_DIR": str(runtime),
+        "TORCHJOB_CAPACITY": "cpu=4,memory=8Gi",
+        "TORCHJOB_CONFIG": str(tmp_path / "queues.yaml"),
+    }
+    env.pop("TORCHJOB_QUEUE", None)
+    out = subprocess.run(
+        [sys.executable, "-c", RUN_PROBE, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    result: dict[str, int] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["code"] in (0, 1), out.stderr
+    return result
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_run_expands_its_job_once_and_gives_its_pods_the_host_ports(tmp_path: Path, restart: bool) -> None:
+    """A queued pytorch job, run by the CLI: one expansion (the plan), whatever its turn gives it
+    (a random host port for the rendezvous, maybe pod names) and however often it restarts; every
+    pod sees the port and the master's address as a second expansion would have given them."""
+    from torchjob.engines.base import LogQuery
+
+    job_file = tmp_path / "wired.yaml"
+    fail = '[ "$VERSION" = 1 ] || exit 3' if restart else "true"
+    job_file.write_text(WIRED.replace("FAIL", fail))
+    state = tmp_path / "state"
+    result = run_counted(tmp_path, "run", "-q", "--state-dir", str(state), str(job_file))
+    assert result == {"code": 0, "expansions": 1}
+    engine = LocalEngine(state)
+    (report,) = engine.list_jobs()
+    assert report.phase == "Completed" and report.retry_count == (1 if restart else 0)
+    ((declared, host),) = [(p["declared"], p["host"]) for p in report.to_dict()["ports"]]
+    assert declared == 23456 and host != declared
+    lines = {line.text for line in engine.logs(report.id, LogQuery())}
+    (master,) = [p.address for p in report.pods if p.task == "master"]
+    names = report.to_dict().get("nameResolution") == "resolved"
+    address = "wired-master-0.wired" if names else master
+    assert lines == {f"wired {address} {host} {address} v{1 if restart else 0}"}
+
+
+def test_validate_local_expands_the_job_once(tmp_path: Path) -> None:
+    job_file = tmp_path / "wired.yaml"
+    job_file.write_text(WIRED.replace("FAIL", "true"))
+    assert run_counted(tmp_path, "validate", "--local", str(job_file)) == {"code": 0, "expansions": 1}
 
 
 # ------------------------------------------------------------------ logs (LocalEngine._log_files)

@@ -1,6 +1,7 @@
 """One home per target: a target added in the tests (tests/relay.py, one registry line)
 renders from the CLI and is submitted and followed by the kubernetes engine; and for every
-target, ``torchjob render --as-sent -n NS -e K=V`` prints exactly the objects the engine sends."""
+target, ``torchjob render --target T -n NS -e K=V`` prints exactly the objects the engine sends
+(``--as-sent`` without -n and -e)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,34 @@ def test_render_prints_what_the_engine_sends(
     assert [sent(relay_api, item) for item in items] == items
     created = [o for o in relay_api.objects.values() if o["metadata"].get("namespace") == "ml"]
     assert len(created) == len(items)  # nothing sent that render does not show
+
+
+@pytest.mark.parametrize("target", ["volcano", "kubeflow", "trainjob", "jobset", "pods"])
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_render_with_a_namespace_prints_the_bytes_submit_sends(
+    job_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, command: str
+) -> None:
+    """No --as-sent: ``render --target T -n NS [-e K=V]`` is, byte for byte, the List of the request
+    bodies the kubernetes client POSTed (in order) for ``submit``, or ``run -d`` with the same -e."""
+    from torchjob.render import dump, list_of
+
+    api = FakeKubeAPI().start()
+    try:
+        config = str(api.kubeconfig(tmp_path / "kubeconfig"))
+        where = ["--target", target, "-n", "ml"]
+        env = ["-e", "SEED=7", "-e", "MODE=fast"] if command == "run" else []
+        sending = ["submit", str(job_file)] if command == "submit" else ["run", str(job_file), "-d"]
+        if command == "run":
+            sending += ["--engine", "kubernetes"]
+        assert main([*sending, "--kubeconfig", config, *where, *env]) == 0
+        bodies = [json.loads(body) for body in api.posted]
+    finally:
+        api.stop()
+    assert bodies and all(b["metadata"]["namespace"] == "ml" for b in bodies)
+    for fmt in ("yaml", "json"):
+        capsys.readouterr()
+        assert main(["render", str(job_file), *where, *env, "-o", fmt]) == 0
+        assert capsys.readouterr().out == dump(list_of(bodies), fmt)
 
 
 def test_default_render_as_sent_is_the_pods_target_as_sent(

@@ -64,6 +64,7 @@ class DesiredState:
     objects: list[dict[str, Any]] = field(default_factory=list)
     # Notes the user should see (severity ``warning``); not errors.
     warnings: list[Issue] = field(default_factory=list)
+    addressing: Any = None  # what the pods were addressed with (an Addressing; None: the cluster's)
 
 
 def _copy(value: Any) -> Any:
@@ -298,4 +299,40 @@ def expand(
     with paused_gc():
         pods = list(expansion.pods())
         objects = expansion.objects()
-    return DesiredState(job=job, pods=pods, objects=objects, warnings=expansion.warnings())
+    return DesiredState(job, pods, objects, expansion.warnings(), addressing)
+
+
+def readdress(state: DesiredState, addressing: Addressing) -> bool:
+    """Give ``state``'s pods and objects, in place, what expanding its job with ``addressing``
+    would give (a local job's host ports and names are known only once its turn comes), without
+    building the pods again: each plugin rewrites the values it took from the old addressing, the
+    job-level objects are made anew. False when a plugin cannot (``state`` is then unusable: expand
+    again)."""
+    job = state.job
+    expansion = Expansion(job, addressing)
+    was = state.addressing or ClusterAddressing()
+    with paused_gc():
+        pods = [PodContext(job, p.task, p.index, p.manifest, addressing) for p in state.pods]
+        for plugin in expansion.plugins:
+            if not plugin.readdress(job, pods, was):
+                return False
+        state.objects = expansion.objects()
+    state.warnings = expansion.warnings()
+    state.addressing = addressing
+    return True
+
+
+def restamp(state: DesiredState, version: int, retry_count: int) -> DesiredState:
+    """The pods of another attempt of the job (after a restart): ``state``'s with the job's version
+    and retry count in their annotations, the only fields these change. Pod specs are shared, not
+    copied: nothing changes a planned pod's spec."""
+    pods = []
+    for plan in state.pods:
+        meta = dict(plan.manifest["metadata"])
+        meta["annotations"] = {
+            **meta["annotations"],
+            JOB_VERSION: str(version),
+            RETRY_COUNT: str(retry_count),
+        }
+        pods.append(PodPlan(plan.task, plan.index, {**plan.manifest, "metadata": meta}))
+    return DesiredState(state.job, pods, state.objects, state.warnings, state.addressing)

@@ -60,14 +60,16 @@ def register(commands: Any) -> None:
     render.add_argument(
         "--as-sent",
         action="store_true",
-        help="with --target pods (the default): print exactly what `submit --target pods` sends (pods "
-        "labelled for torchjob, without Volcano's scheduler defaults); every other target always is",
+        help="with --target pods (the default) and neither -n nor -e: print exactly what `submit --target "
+        "pods` sends (pods labelled for torchjob, without Volcano's scheduler defaults); every other "
+        "target always is",
     )
     render.add_argument(
         "-n",
         "--namespace",
         metavar="NS",
-        help="render for this namespace, as `submit -n NS` sends it (default: the job's own)",
+        help="render for this namespace, as `submit -n NS` sends it (default: the job's own); with -n or -e "
+        "every target, pods included, is printed as sent",
     )
     render.add_argument(
         "-e",
@@ -119,8 +121,11 @@ def run_validate(args: argparse.Namespace) -> int:
             expansion = Expansion(job)
             _print_warnings(item.document, expansion.warnings())
             if getattr(args, "local", False):
-                _print_warnings(item.document, _local_warnings(item))  # those `run` prints
-                local = _local_problems(item)
+                from torchjob.engines.registry import engine_for, get_engine
+
+                engine = get_engine(engine_for("runs_here"))  # one engine: the job is planned once
+                _print_warnings(item.document, engine.warnings(item.job))  # those `run` prints
+                local = _local_problems(item, engine)
                 if local:
                     problems += local
                     continue
@@ -170,20 +175,9 @@ def _describe_workflow(file: str) -> str | None:
     return describe_workflow(path, name)
 
 
-def _local_problems(item: Any) -> list[Problem]:
+def _local_problems(item: Any, engine: Any) -> list[Problem]:
     """What the local engine's check finds (through the engine interface), with the file's lines."""
-    from torchjob.engines.registry import engine_for, get_engine
-
-    return [
-        item.document.problem(path, message)
-        for path, message in get_engine(engine_for("runs_here")).check(item.job)
-    ]
-
-
-def _local_warnings(item: Any) -> Sequence[tuple[str, str]]:
-    from torchjob.engines.registry import engine_for, get_engine
-
-    return get_engine(engine_for("runs_here")).warnings(item.job)
+    return [item.document.problem(path, message) for path, message in engine.check(item.job)]
 
 
 def _render_workflow(args: argparse.Namespace) -> int | None:
@@ -248,13 +242,11 @@ def run_render(args: argparse.Namespace) -> int:
     note = default_image_warning(args.file, loaded)
     if note:
         print(note, file=sys.stderr)
-    if args.target != "pods" or getattr(args, "as_sent", False):
+    # -n and -e describe a submission: with either (or --as-sent) every target, pods included, is
+    # printed as it is sent. Plain `render` (--target pods or none) keeps Volcano's view of the pods.
+    if args.target != "pods" or getattr(args, "as_sent", False) or getattr(args, "namespace", None) or env:
         return _render_target(loaded, args, env)
     # The pods Volcano's controller would create from the Job (no cluster's changes: see --as-sent).
-    if getattr(args, "namespace", None):
-        from torchjob.records import replace
-
-        loaded = [_in_namespace(item, args.namespace, replace) for item in loaded]
     expansions = [Expansion(item.job) for item in loaded]
     for item, expansion in zip(loaded, expansions, strict=True):
         _print_warnings(item.document, expansion.warnings())
@@ -270,11 +262,6 @@ def run_render(args: argparse.Namespace) -> int:
     write_list(items(), args.output, sys.stdout.write)
     sys.stdout.flush()
     return 0
-
-
-def _in_namespace(item: Any, namespace: str, replace: Any) -> Any:
-    job = replace(item.job, metadata=replace(item.job.metadata, namespace=namespace))
-    return replace(item, job=job)
 
 
 def _render_env(args: argparse.Namespace) -> dict[str, str]:

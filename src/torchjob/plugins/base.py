@@ -64,6 +64,13 @@ class Plugin:
         """Job-level Kubernetes objects this plugin owns (Service, ConfigMap, ...)."""
         return []
 
+    def readdress(self, job: Job, pods: list[PodContext], was: Addressing) -> bool:
+        """Rewrite in place, in pods this plugin changed under addressing ``was``, every value it
+        took from the addressing, as each pod's ``addressing`` answers now: the pods a new
+        expansion would build, for the price of a substitution. False: it cannot (the caller
+        expands again). A plugin that asks the addressing in ``on_pod_create`` must override it."""
+        return True
+
     # What an engine needs to know of the plugin's pods without reading their manifests back.
 
     def ports(self, job: Job) -> list[int]:

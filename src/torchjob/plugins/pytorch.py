@@ -48,8 +48,7 @@ class PyTorchPlugin(Plugin):
         super().__init__(args)
         self._cache_for: tuple[Job, Addressing] | None = None
         self._cached: tuple[str, int, str] | None = None
-        self._script_for: tuple[str, int] | None = None
-        self._script_text = ""
+        self._scripts: dict[tuple[str, int], str] = {}  # wait-for-master scripts by master address and port
 
     @property
     def master(self) -> str:
@@ -120,26 +119,50 @@ class PyTorchPlugin(Plugin):
             or self._cache_for[0] is not ctx.job
             or self._cache_for[1] is not ctx.addressing
         ):
-            master = ctx.job.task(self.master)
-            if master is None:
-                self._cached = None
-            else:
-                addr = ctx.addressing.host(ctx.job, master, 0)
-                self._cached = (addr, ctx.addressing.port(ctx.job, self.port), str(self.world_size(ctx.job)))
+            self._cached = self._wiring_of(ctx.job, ctx.addressing)
             self._cache_for = (ctx.job, ctx.addressing)
         return self._cached
+
+    def _wiring_of(self, job: Job, addressing: Addressing) -> tuple[str, int, str] | None:
+        master = job.task(self.master)
+        if master is None:
+            return None
+        addr = addressing.host(job, master, 0)
+        return addr, addressing.port(job, self.port), str(self.world_size(job))
+
+    def readdress(self, job: Job, pods: list[PodContext], was: Addressing) -> bool:
+        """MASTER_ADDR and MASTER_PORT (the plugin's entries: the last of each name) and the
+        wait-for-master script, where they hold what ``was`` gave."""
+        if not pods:
+            return True
+        old = self._wiring_of(job, was)
+        new = self._wiring(pods[0])
+        if old is None or new is None or old == new:
+            return True
+        (old_addr, old_port, _), (new_addr, new_port, _) = old, new
+        values = {"MASTER_ADDR": (old_addr, new_addr), "MASTER_PORT": (str(old_port), str(new_port))}
+        waits = self.values["wait-master-enabled"]
+        old_script = self._script(old_addr, old_port) if waits else ""
+        new_script = self._script(new_addr, new_port) if waits else ""
+        for ctx in pods:
+            for container in ctx.spec.get("containers", []):
+                _replace_last(container.get("env") or [], values)
+            if waits and ctx.task.name == self.worker:
+                for init in ctx.spec.get("initContainers") or []:
+                    if init.get("name") == WAIT_CONTAINER and init.get("command") == ["sh", "-c", old_script]:
+                        init["command"] = ["sh", "-c", new_script]
+        return True
 
     def _script(self, master_addr: str, master_port: int) -> str:
         """The wait-for-master script; one string shared by every worker pod (strings are immutable)."""
         key = (master_addr, master_port)
-        if self._script_for != key:
+        if key not in self._scripts:
             # Imported here: it (and shlex) is needed only by a job with workers to wait.
             from torchjob.plugins.waitmaster import wait_for_master_script
 
             timeout = int(self.values["wait-master-timeout"])
-            self._script_text = wait_for_master_script(master_addr, master_port, timeout)
-            self._script_for = key
-        return self._script_text
+            self._scripts[key] = wait_for_master_script(master_addr, master_port, timeout)
+        return self._scripts[key]
 
     def ports(self, job: Job) -> list[int]:
         return [self.port]
@@ -208,3 +231,16 @@ class PyTorchPlugin(Plugin):
                         "command": ["sh", "-c", script],
                     }
                 )
+
+
+def _replace_last(env: list[dict[str, Any]], values: dict[str, tuple[str, str]]) -> None:
+    """The last entry of each name (the plugin's: it appends them) from its old value to its new."""
+    left = dict(values)
+    for entry in reversed(env):
+        name = entry.get("name")
+        if name in left:
+            old, new = left.pop(name)
+            if entry.get("value") == old:
+                entry["value"] = new
+            if not left:
+                return

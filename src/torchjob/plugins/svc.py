@@ -136,6 +136,33 @@ class SvcPlugin(Plugin):
             container.setdefault("volumeMounts", []).append({"name": cm, "mountPath": CONFIG_MOUNT_PATH})
         spec.setdefault("volumes", []).append({"name": cm, "configMap": {"name": cm}})
 
+    def readdress(self, job: Job, pods: list[PodContext], was: Addressing) -> bool:
+        """The host lists live in the ConfigMap (``job_objects`` makes it anew); only which
+        ``VC_<TASK>_HOSTS`` fit in the env can change with the addresses' lengths: then each
+        container's block of the plugin's entries is replaced."""
+        if not pods:
+            return True
+        self._prepare(job, was)
+        old = [self._env_entry(job, n) for n in self._env]
+        self._prepare(job, pods[0].addressing)
+        new = [self._env_entry(job, n) for n in self._env]
+        if old == new:
+            return True
+        if not old:
+            return False  # nothing to find the block by
+        for ctx in pods:
+            for container in ctx.all_containers():
+                env = container.get("env") or []
+                at = _block_at(env, old)
+                if at is None:
+                    return False
+                env[at : at + len(old)] = [_copy_entry(e) for e in new]
+        return True
+
+    @staticmethod
+    def _env_entry(job: Job, name: str) -> dict[str, Any]:
+        return {"name": name, "valueFrom": {"configMapKeyRef": {"name": configmap_name(job), "key": name}}}
+
     def config_mounts(self, job: Job) -> dict[str, str]:
         return {CONFIG_MOUNT_PATH: configmap_name(job)}
 
@@ -173,3 +200,16 @@ class SvcPlugin(Plugin):
                 }
             )
         return objects
+
+
+def _block_at(env: list[dict[str, Any]], block: list[dict[str, Any]]) -> int | None:
+    """Where ``block`` last occurs in ``env`` as a run of entries; None when it does not."""
+    for at in range(len(env) - len(block), -1, -1):
+        if env[at] == block[0] and env[at : at + len(block)] == block:
+            return at
+    return None
+
+
+def _copy_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    ref = entry["valueFrom"]["configMapKeyRef"]
+    return {"name": entry["name"], "valueFrom": {"configMapKeyRef": dict(ref)}}

@@ -103,7 +103,7 @@ class KubernetesEngine:
 
     def _plan(self, job: Job, options: StartOptions, *, with_text: bool) -> Plan:
         """The job rendered once, by the targets layer, as exactly what is sent (the same function
-        ``torchjob render --as-sent -n NS -e K=V`` prints); the text only when it is to be shown."""
+        ``torchjob render --target T -n NS -e K=V`` prints); the text only when it is to be shown."""
         from torchjob.render import dump_yaml, list_of
         from torchjob.targets import for_cluster
 

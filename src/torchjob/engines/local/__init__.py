@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from torchjob.engines.local.admission import Plan
     from torchjob.engines.local.planning import LocalPlan
     from torchjob.errors import Issue
-    from torchjob.expand import DesiredState
     from torchjob.spec.model import Job
 
 __all__ = ["PodResult", "RunOptions", "RunResult", "check_job", "run_job"]
@@ -90,26 +89,11 @@ class RunResult:
         return self.job_dir.name
 
 
-def _check_state(job: Job) -> DesiredState:
-    from torchjob.engines.local.addressing import LocalAddressing
-    from torchjob.expand import expand
-
-    return expand(job, LocalAddressing(job))
-
-
 def check_job(job: Job) -> list[Issue]:
     """What stops ``job`` from running locally, as issues; empty when it can run."""
     from torchjob.engines.local.planning import plan_job
 
     return plan_job(job).problems
-
-
-def job_warnings(job: Job) -> list[Issue]:
-    """What ``job`` asks for that has no effect here (a securityContext's capabilities, say): the
-    warnings a run prints as it starts, for ``validate --local``."""
-    from torchjob.engines.local.containers import local_warnings
-
-    return local_warnings(_check_state(job), {})
 
 
 def _raise_problems(job: Job, plan: LocalPlan | None) -> None:

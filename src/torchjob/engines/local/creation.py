@@ -25,7 +25,7 @@ from torchjob.engines.local.containers import (
 )
 from torchjob.engines.local.pod import LocalPod
 from torchjob.engines.local.state import JobDir, make_private_dirs
-from torchjob.expand import DesiredState, PodPlan, expand
+from torchjob.expand import DesiredState, PodPlan, expand, readdress, restamp
 from torchjob.files import write_atomic
 from torchjob.lifecycle import JobStatus
 from torchjob.plugins import build_plugins
@@ -76,6 +76,7 @@ class PodFactory:
         self.rendezvous: dict[int, int] = {}  # the same, for the plugins' ports (MASTER_PORT) alone
         self.addressing: LocalAddressing | None = None
         self.expansions: dict[tuple[int, int], DesiredState] = {}
+        self.first: DesiredState | None = None  # the job's one expansion, addressed for its turn
         self.planned = planned  # the plan's expansion (planning.py): addresses only, ports as declared
         self.attempts: dict[Key, int] = {}
         self.rank_of: dict[Key, str | None] = {}
@@ -103,8 +104,8 @@ class PodFactory:
         finally:
             names_resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
-        if self.planned is not None and not self.ports and not names_resolve:
-            self.expansions = {(0, 0): self.planned}  # addressed as planned: not expanded again
+        self.first = self.addressed(self.planned)
+        self.expansions = {(0, 0): self.first}
         self.planned = None
         if not names_resolve and any(t.template.spec.get("hostAliases") for t in self.job.spec.tasks):
             note(
@@ -182,13 +183,35 @@ class PodFactory:
         items = [*state.objects, *(p.manifest for p in state.pods)]
         write_atomic(self.dir.path / "pods.yaml", dump(list_of(items), "yaml"))
 
+    def addressed(self, planned: DesiredState | None) -> DesiredState:
+        """The plan's pods given this job's host ports and names (``expand.readdress``): the
+        job is not expanded again. Without a plan (or should a plugin not manage), it is."""
+        now = self.addressing
+        assert now is not None
+        was = planned.addressing if planned is not None else None
+        if (
+            planned is not None
+            and isinstance(was, LocalAddressing)
+            and (was.ports, was.names) == (now.ports, now.names)
+        ):
+            return planned  # addressed as planned
+        if planned is not None and readdress(planned, now):
+            return planned
+        if planned is not None:
+            logs.debug("a plugin could not readdress the planned pods: the job is expanded again")
+        return expand(self.job, now)
+
     def expansion(self, version: int, retry_count: int) -> DesiredState:
-        """The desired pods of one attempt; only the newest is kept (a restart asks for a new one)."""
+        """The desired pods of one attempt: the job's first, restamped for a restart's version and
+        retry count (``expand.restamp``); only the newest restamp is kept."""
         key = (version, retry_count)
         if key not in self.expansions:
-            self.expansions = {
-                key: expand(self.job, self.addressing, version=version, retry_count=retry_count)
-            }
+            if self.first is None:  # asked before prepare (defensive): as the addressing stands
+                self.first = expand(self.job, self.addressing)
+            first = self.first
+            self.expansions = {(0, 0): first}
+            if key != (0, 0):
+                self.expansions[key] = restamp(first, version, retry_count)
         return self.expansions[key]
 
     def make(

@@ -80,32 +80,41 @@ class LocalEngine:
 
     # ------------------------------------------------------------ running
 
-    def check(self, job: Job) -> list[Issue]:
-        from torchjob.engines.local import check_job
+    def _plan_of(self, job: Job) -> LocalPlan:
+        """The plan made for this very job (by check, warnings or plan), else a new one: the job is
+        expanded once whichever of them, and start, are asked."""
+        from torchjob.engines.local.planning import plan_job
 
-        return check_job(job)
+        made = self._planned
+        if made is not None and made[0] is job and made[1].state is not None:
+            return made[1]
+        local = plan_job(job)
+        self._planned = (job, local)
+        return local
+
+    def check(self, job: Job) -> list[Issue]:
+        return self._plan_of(job).problems
 
     def warnings(self, job: Job) -> list[Issue]:
-        from torchjob.engines.local import job_warnings
+        """What ``job`` asks for that has no effect here (``validate --local``; a run records them)."""
+        from torchjob.engines.local.containers import local_warnings
 
-        return job_warnings(job)
+        state = self._plan_of(job).state
+        return [] if state is None else local_warnings(state, {})
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
         """The pods in creation order with their ranks and resolved commands, and the ports to
         reserve; ``detail`` is the expanded, checked job that ``start`` runs (planning.py)."""
-        from torchjob.engines.local.planning import plan_job, plan_text
+        from torchjob.engines.local.planning import plan_text
 
-        local = plan_job(job)
-        self._planned = (job, local)  # what start runs, if it is given this job next
+        local = self._plan_of(job)  # what start runs, if it is given this job next
         return Plan(self.name, job, options, plan_text(job, local), local)
 
     def start(self, job: Job, options: StartOptions) -> JobReport:
         from torchjob.engines.local import RunOptions, run_job
-        from torchjob.engines.local.planning import plan_job
 
         # The plan made for this job, else one without its text: the job expanded and checked once.
-        made = self._planned
-        planned = made[1] if made is not None and made[0] is job else plan_job(job)
+        planned = self._plan_of(job)
         self._planned = None
         result = run_job(
             job,

@@ -3,8 +3,8 @@
 The plan's expansion gives every pod its loopback address and the ports as declared: it is what
 the checks read (``check_job``), what ``validate --local`` warns about and what a dry run prints.
 The ports are mapped to free host ports, and whether pod names resolve is decided, only once the
-job's turn comes (a job waiting in the local queue holds no port); a job that maps no port and
-whose names do not resolve runs this very expansion, others have their pods addressed then.
+job's turn comes (a job waiting in the local queue holds no port); then these very pods are
+readdressed (``expand.readdress``, creation.py), not built again: a run expands its job once.
 """
 
 from __future__ import annotations
