@@ -118,6 +118,12 @@ class BatchController:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         controller = self.controller
+        for task in self.job.spec.tasks:  # as the local engine warns
+            if task.template.restart_policy == "Always" and task.replicas:
+                self._say(
+                    f"task {task.name}: restartPolicy Always (the Kubernetes default) restarts containers "
+                    "even after they succeed; set OnFailure or Never for a job that ends"
+                )
         controller.begin()
         self.write()
         while not controller.done():
@@ -157,16 +163,30 @@ class BatchController:
         if self.failure is not None:
             return
         failed = [p for p in self.controller.pods.values() if p.phase == "Failed" and not p.terminating]
-        if not failed:
+        if failed:
+            pod = min(failed, key=lambda p: p.finished_at or 0.0)
+            container, code, reason = pod.failed_container, pod.exit_code, pod.reason
+        elif self.controller.status.phase.value == "Failed":
+            # Failed with no pod ended (--max-restarts): the pod that kept failing, as locally.
+            looping = [
+                p
+                for p in self.controller.pods.values()
+                if p.restarts and any(c.exit_code not in (None, 0) for c in p.containers)
+            ]
+            if not looping:
+                return
+            pod = max(looping, key=lambda p: p.restarts)
+            bad = next(c for c in pod.containers if c.exit_code not in (None, 0))
+            container, code, reason = bad.name, bad.exit_code, "CrashLoopBackOff"
+        else:
             return
-        pod = min(failed, key=lambda p: p.finished_at or 0.0)
-        log = pod.log_dir / f"{pod.failed_container}.log" if pod.failed_container else None
+        log = pod.log_dir / f"{container}.log" if container else None
         self.failure = FailureReport(
             pod=pod.name,
             short=self.controller.short(pod),
-            exit_code=pod.exit_code,
+            exit_code=code,
             rank=self.ranks.get((pod.task, pod.index)),
-            reason=pod.reason,
+            reason=reason,
             time=pod.finished_at,
             log_tail=log_tail(log) if log else [],
         )
@@ -198,6 +218,7 @@ class BatchController:
                         rank=self.ranks.get(key),
                         reason=pod.reason,
                         attempt=pod.attempt,
+                        restarts=pod.restarts,
                         exit_code=pod.exit_code,
                         started_at=pod.started_at,
                         finished_at=pod.finished_at,
@@ -232,13 +253,27 @@ class BatchController:
 
 
 def containers(pod: SlurmPod) -> list[ContainerReport]:
-    """Each container of the attempt: init containers first, as far as its steps went."""
-    started = {launch.container for launch in pod.inits[: pod.next_init]} | set(pod.main_steps)
+    """Each container of the attempt: init containers first, as far as its steps went; one
+    waiting out a restart's back-off is in CrashLoopBackOff with its last exit code, as locally."""
     found = []
-    for launch in [*pod.inits, *pod.mains]:
-        code = pod.codes.get(launch.container)
-        state = "terminated" if code is not None else "running" if launch.container in started else "waiting"
-        found.append(ContainerReport(name=launch.container, init=launch.init, state=state, exit_code=code))
+    for c in pod.containers:
+        reason = ""
+        if c.next_start is not None:
+            state, reason = "waiting", "CrashLoopBackOff"
+        elif c.exit_code is not None:
+            state = "terminated"
+        else:
+            state = "running" if c.step is not None else "waiting"
+        found.append(
+            ContainerReport(
+                name=c.name,
+                init=c.launch.init,
+                state=state,
+                exit_code=c.exit_code,
+                reason=reason,
+                restarts=c.restarts,
+            )
+        )
     return found
 
 
