@@ -228,12 +228,16 @@ class SlurmEngine:
             job_dir.mkdir(mode=0o700)
         except OSError as err:
             raise EngineError(f"cannot make the job directory {job_dir}: {err.strerror or err}") from None
+        from torchjob.lifecycle import active_deadline
+
         settings = {name: getattr(chosen, name) for name in ENV}
         settings["sbatch_args"] = list(chosen.sbatch_args)
         options_data = {
             "id": job_id,
             "settings": settings,
-            "timeout": options.timeout,
+            # The job's own deadline too (an SDK run_policy's activeDeadlineSeconds): job.json, a
+            # Volcano manifest, has no field for it.
+            "timeout": active_deadline(job, options.timeout),
             "maxRestarts": options.setting("max_restarts"),
             "extraEnv": dict(options.extra_env),
             "workdir": os.getcwd(),  # relative paths as sbatch would: from where the job was submitted
