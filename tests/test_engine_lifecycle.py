@@ -322,7 +322,8 @@ def test_pod_failed_terminates_the_job(engine: Engine, tmp_path: Path) -> None:
     status = engine.status("term")
     assert status["phase"] == "Terminated" and status["retryCount"] == 0
     assert status["firstFailure"]["short"] == "worker-0" and status["firstFailure"]["exitCode"] == 5
-    assert pods(status)["side-0"]["phase"] == "Stopped"
+    side = pods(status)["side-0"]
+    assert (side["phase"], side["exitCode"]) == ("Stopped", 143), side  # 128 + SIGTERM
 
 
 def test_min_success_completes_the_job_early(engine: Engine, tmp_path: Path) -> None:
@@ -381,6 +382,21 @@ def test_a_policy_timeout_delays_its_action(engine: Engine, tmp_path: Path) -> N
     assert not said(done.stdout, "main-0", "never")
 
 
+def test_a_later_event_cancels_a_delayed_action(engine: Engine, tmp_path: Path) -> None:
+    # Pending briefly (a quick init container; a step starts within the timeout), then running
+    # past the timeout: PodRunning cancels the PodPending action.
+    path = job_file(
+        tmp_path,
+        "pendingbriefly",
+        [task("main", "sleep 4; echo finished", init="sleep 0.1")],
+        policies=[{"event": "PodPending", "action": "AbortJob", "timeout": "3s"}],
+    )
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert engine.status("pendingbriefly")["phase"] == "Completed"
+    assert said(done.stdout, "main-0", "finished")
+
+
 def test_the_deadline_terminates_the_job(engine: Engine, tmp_path: Path) -> None:
     path = job_file(tmp_path, "deadline", [task("main", SLEEPER, replicas=2)])
     done = engine.run(path, "--timeout", "3")
@@ -419,3 +435,49 @@ def test_the_jobs_own_active_deadline_terminates_it(engine: Engine, tmp_path: Pa
     assert done.returncode == 0, done.stdout + done.stderr
     status = engine.status("owndeadline")
     assert status["phase"] == "Terminated" and "deadline of 3s passed" in status["reason"], status
+
+
+def test_an_exit_code_policy_sees_a_signal_death_as_128_plus_the_signal(
+    engine: Engine, tmp_path: Path
+) -> None:
+    flag = tmp_path / "flag"
+    # $$$$ is the shell's $$: a kubelet (and torchjob) reads $$ in a command as an escaped $
+    script = f"if [ -e {flag} ]; then echo recovered; else : > {flag}; echo dying; kill -9 $$$$; fi"
+    path = job_file(
+        tmp_path,
+        "sigkill",
+        [task("main", script)],
+        policies=[{"exitCode": 137, "action": "RestartJob"}],
+    )
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = engine.status("sigkill")
+    assert status["phase"] == "Completed" and status["retryCount"] == 1, status
+    assert said(done.stdout, "main-0", "recovered")
+
+
+def test_a_crash_loop_is_told_once(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(
+        tmp_path, "crashloop", [task("master", "echo cannot open train.py; exit 2", restart="OnFailure")]
+    )
+    done = engine.run(path, "--timeout", "4")
+    assert done.returncode == 1, done.stdout + done.stderr
+    told = [line for line in (done.stdout + done.stderr).splitlines() if "CrashLoopBackOff" in line]
+    assert len(told) == 1, told
+    assert (
+        "pod master-0 is in CrashLoopBackOff: container app ended 3 times in a row (last exit code 2)"
+        in told[0]
+    )
+    assert "torchjob run --max-restarts N fails the job instead" in told[0]
+    assert pods(engine.status("crashloop"))["master-0"]["restarts"] >= 3
+
+
+def test_always_restarts_even_a_container_that_succeeded(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(tmp_path, "always", [task("main", "echo tick", restart="Always")])
+    done = engine.run(path, "--max-restarts", "1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout + done.stderr
+    assert "task main: restartPolicy Always (the Kubernetes default) restarts containers even after" in out
+    assert said(done.stdout, "main", "tick") == 0 and said(done.stdout, "main-0", "tick") == 2, done.stdout
+    status = engine.status("always")
+    assert status["phase"] == "Failed" and "restarted 2 times, more than --max-restarts 1" in status["reason"]
