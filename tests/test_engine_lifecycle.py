@@ -207,7 +207,7 @@ def test_restart_job_until_max_retry_is_used_up(engine: Engine, tmp_path: Path) 
     assert said(done.stdout, "side-0", "up") == 2, done.stdout  # the whole job restarted once
     main = pods(status)["main-0"]
     assert (main["phase"], main["exitCode"], main["attempt"]) == ("Failed", 1, 1)
-    assert status["firstFailure"]["exitCode"] == 1
+    assert (status["firstFailure"]["exitCode"], status["firstFailure"]["logTail"]) == (1, ["run 1"])
 
 
 def test_task_failed_aborts_once_in_place_restarts_reach_the_tasks_max_retry(
@@ -302,6 +302,8 @@ def test_task_completed_completes_the_job_and_stops_the_rest(engine: Engine, tmp
     assert status["phase"] == "Completed"
     phases = {s: p["phase"] for s, p in pods(status).items()}
     assert phases == {"chief-0": "Succeeded", "worker-0": "Stopped", "worker-1": "Stopped"}
+    assert pods(status)["worker-0"]["reason"] == "job completed"  # stopped, not failed
+    assert pods(status)["chief-0"]["containers"][0]["reason"] == "Completed"
 
 
 def test_pod_failed_terminates_the_job(engine: Engine, tmp_path: Path) -> None:
@@ -321,9 +323,20 @@ def test_pod_failed_terminates_the_job(engine: Engine, tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     status = engine.status("term")
     assert status["phase"] == "Terminated" and status["retryCount"] == 0
-    assert status["firstFailure"]["short"] == "worker-0" and status["firstFailure"]["exitCode"] == 5
+    failure = status["firstFailure"]
+    # the program's own lines only (no srun message), the reason Kubernetes would give
+    assert (failure["short"], failure["exitCode"], failure["reason"], failure["logTail"]) == (
+        "worker-0",
+        5,
+        "Error",
+        ["broken"],
+    )
     side = pods(status)["side-0"]
-    assert (side["phase"], side["exitCode"]) == ("Stopped", 143), side  # 128 + SIGTERM
+    assert (side["phase"], side["reason"], side["exitCode"]) == ("Stopped", "job terminated", 143), side
+    (app,) = side["containers"]
+    assert (app["state"], app["exitCode"], app["reason"]) == ("terminated", 143, "Error (killed by SIGTERM)")
+    worker = pods(status)["worker-0"]
+    assert (worker["reason"], worker["containers"][0]["reason"]) == ("", "Error")
 
 
 def test_min_success_completes_the_job_early(engine: Engine, tmp_path: Path) -> None:

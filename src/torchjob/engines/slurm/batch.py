@@ -21,6 +21,7 @@ from torchjob.engines.base import ContainerReport, FailureReport, JobReport, Pod
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.runtime import SlurmPod, SlurmRuntime
 from torchjob.files import write_atomic
+from torchjob.phases import exit_reason, stopped_because
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ STATUS = "status.json"
 JOB_FILE = "job.json"  # the job as its Volcano manifest (JSON is YAML to the loader)
 LOG_TAIL_LINES = 20
 EVENTS_KEPT = 50
+CRASH_LOOP = "CrashLoopBackOff"  # Kubernetes' reason for a container waiting to be restarted again
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -165,7 +167,7 @@ class BatchController:
         failed = [p for p in self.controller.pods.values() if p.phase == "Failed" and not p.terminating]
         if failed:
             pod = min(failed, key=lambda p: p.finished_at or 0.0)
-            container, code, reason = pod.failed_container, pod.exit_code, pod.reason
+            container, code, reason = pod.failed_container, pod.exit_code, exit_reason(pod.exit_code)
         elif self.controller.status.phase.value == "Failed":
             # Failed with no pod ended (--max-restarts): the pod that kept failing, as locally.
             looping = [
@@ -177,7 +179,7 @@ class BatchController:
                 return
             pod = max(looping, key=lambda p: p.restarts)
             bad = next(c for c in pod.containers if c.exit_code not in (None, 0))
-            container, code, reason = bad.name, bad.exit_code, "CrashLoopBackOff"
+            container, code, reason = bad.name, bad.exit_code, CRASH_LOOP
         else:
             return
         log = pod.log_dir / f"{container}.log" if container else None
@@ -205,9 +207,11 @@ class BatchController:
                 if pod is None:
                     pods.append(PodReport(name, short, task.name, index, "Pending", rank=self.ranks.get(key)))
                     continue
-                phase = pod.phase
+                phase, reason = pod.phase, ""
                 if pod.gone and phase not in ("Succeeded", "Failed"):
-                    phase = "Stopped"
+                    phase, reason = "Stopped", stopped_because(controller.status.phase)
+                elif not pod.terminating and any(c.next_start is not None for c in pod.containers):
+                    reason = CRASH_LOOP
                 pods.append(
                     PodReport(
                         name=name,
@@ -216,7 +220,7 @@ class BatchController:
                         index=index,
                         phase=phase,
                         rank=self.ranks.get(key),
-                        reason=pod.reason,
+                        reason=reason,  # as locally: why the container failed is its own reason
                         attempt=pod.attempt,
                         restarts=pod.restarts,
                         exit_code=pod.exit_code,
@@ -259,9 +263,9 @@ def containers(pod: SlurmPod) -> list[ContainerReport]:
     for c in pod.containers:
         reason = ""
         if c.next_start is not None:
-            state, reason = "waiting", "CrashLoopBackOff"
+            state, reason = "waiting", CRASH_LOOP
         elif c.exit_code is not None:
-            state = "terminated"
+            state, reason = "terminated", exit_reason(c.exit_code) or "Completed"
         else:
             state = "running" if c.step is not None else "waiting"
         found.append(

@@ -41,6 +41,14 @@ CONFIRM_EVERY = 0.2  # seconds between two squeue calls that look for starting s
 _ENDED = ("Succeeded", "Failed")
 
 
+def _append(path: Path, text: str) -> None:
+    """torchjob's own lines in a container's log; lost, not fatal, when the disk is full."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as log:
+            log.write(text)
+
+
 @record
 class Container:
     """One container of an attempt across its in-place restarts: its latest step, its back-off."""
@@ -233,6 +241,7 @@ class SlurmRuntime:
             if code is None:
                 return
             c.exit_code = code
+            self._relay(pod, c)
             if code == 0:
                 c.done = True
                 pod.next_init += 1
@@ -258,6 +267,7 @@ class SlurmRuntime:
             if code is None:
                 continue
             c.exit_code = code
+            self._relay(pod, c)
             if pod.restarts_after(code):
                 self._schedule_restart(pod, c, now)
             else:
@@ -282,10 +292,14 @@ class SlurmRuntime:
             f"--- torchjob: container {c.name!r} exited with code {c.exit_code}; "
             f"restart {c.restarts} in {delay:.1f}s (restartPolicy {pod.restart_policy}) ---\n"
         )
-        with contextlib.suppress(OSError):  # lost, not fatal, when the disk is full
-            fd = os.open(pod.log_dir / f"{c.name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with os.fdopen(fd, "a") as log:
-                log.write(line)
+        _append(pod.log_dir / f"{c.name}.log", line)
+
+    def _relay(self, pod: SlurmPod, c: Container) -> None:
+        """What srun said of a step that ended, when it says more than the exit code (it could
+        not create the step, say): into the container's log, where the user looks for why."""
+        said = c.step.messages() if c.step is not None else []
+        if said:
+            _append(pod.log_dir / f"{c.name}.log", "".join(f"{line}\n" for line in said))
 
     def _stopping(self, pod: SlurmPod) -> None:
         pod.terminating = True
@@ -300,7 +314,10 @@ class SlurmRuntime:
         """A stopped attempt: what its steps' exit codes say, once every srun is gone."""
         if pod.phase in _ENDED:
             return
-        codes = [step.poll() for step in pod.all_steps()]
+        for c in pod.containers:  # a container stopped while it ran: how its step ended (143, ...)
+            if c.exit_code is None and c.step is not None:
+                c.exit_code = c.step.poll()
+        codes = [c.exit_code for c in pod.containers]
         code = next((c for c in codes if c), None)
         pod.exit_code = code if code is not None else pod.exit_code
         pod.finished_at = time.time()
