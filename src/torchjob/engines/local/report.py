@@ -9,8 +9,8 @@ from pathlib import Path
 from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport, PortReport
 from torchjob.engines.local.output import short_name
 from torchjob.engines.local.pod import FAILED, SUCCEEDED, LocalPod, RunningContainer
+from torchjob.engines.reasons import exit_reason, stopped_because
 from torchjob.lifecycle import JobPhase, JobStatus
-from torchjob.phases import exit_reason, stopped_because
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport
+from torchjob.engines.reasons import exit_reason, stopped_because
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.runtime import SlurmPod, SlurmRuntime
 from torchjob.files import write_atomic
-from torchjob.phases import exit_reason, stopped_because
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
