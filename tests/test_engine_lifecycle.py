@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -494,3 +495,17 @@ def test_always_restarts_even_a_container_that_succeeded(engine: Engine, tmp_pat
     assert said(done.stdout, "main", "tick") == 0 and said(done.stdout, "main-0", "tick") == 2, done.stdout
     status = engine.status("always")
     assert status["phase"] == "Failed" and "restarted 2 times, more than --max-restarts 1" in status["reason"]
+
+
+def test_ttl_seconds_after_finished_removes_the_job(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(tmp_path, "shortlived", [task("main", "echo done")], ttlSecondsAfterFinished=3)
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    kept = engine.status("shortlived")  # kept until its TTL passed
+    assert kept["phase"] == "Completed"
+    job_dir = Path(kept["location"])
+    assert job_dir.is_dir()
+    time.sleep(max(0.0, kept["finishedAt"] + 3 - time.time()) + 0.5)
+    gone = engine.cli("status", "shortlived", timeout=60)
+    assert gone.returncode == 2 and "shortlived" in gone.stderr, gone.stdout + gone.stderr
+    assert not job_dir.exists()

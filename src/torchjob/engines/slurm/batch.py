@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 OPTIONS = "options.json"
 STATUS = "status.json"
+EXPIRES = "expires"  # when the job may be removed: its ttlSecondsAfterFinished
 JOB_FILE = "job.json"  # the job as its Volcano manifest (JSON is YAML to the loader)
 LOG_TAIL_LINES = 20
 EVENTS_KEPT = 50
@@ -141,7 +142,24 @@ class BatchController:
             time.sleep(0.1 if due is None else min(0.1, due))
         self.finished_at = time.time()
         self.write()
+        self._expire()
         return 0 if controller.status.phase.value == "Completed" else 1
+
+    def _expire(self) -> None:
+        """ttlSecondsAfterFinished: when the engine may remove the job (``expires``), as locally;
+        the first command after that time removes it once Slurm has let the allocation go."""
+        ttl = self.job.spec.ttl_seconds_after_finished
+        if ttl is None or self.finished_at is None:
+            return
+        try:
+            write_atomic(self.job_dir / EXPIRES, f"{self.finished_at + ttl!r}\n")
+        except OSError:
+            return  # then kept, as a job without a TTL is
+        self._say(
+            f"ttlSecondsAfterFinished {ttl}: the first torchjob command from {ttl}s after the end "
+            "removes the job and its logs"
+        )
+        self.write()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stop_signal = signum
@@ -160,6 +178,7 @@ class BatchController:
         self.runtime.terminate([(pod, 1.0) for pod in self.controller.pods.values()])
         self.finished_at = time.time()
         self.write()
+        self._expire()
 
     def _note_failure(self) -> None:
         if self.failure is not None:

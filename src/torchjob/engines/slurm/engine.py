@@ -288,12 +288,36 @@ class SlurmEngine:
             raise EngineError(str(err)) from None
 
     def _dirs(self) -> list[Path]:
+        """The job directories; those past their ttlSecondsAfterFinished are removed first."""
         if not self.root.is_dir():
             return []
         self._own_root()
-        return [
+        found = [
             d for d in self.root.iterdir() if (d / SLURM_FILE).is_file() or (d / "options.json").is_file()
         ]
+        return [d for d in found if not self._collect_expired(d)]
+
+    def _collect_expired(self, job_dir: Path) -> bool:
+        """Remove a job whose ``expires`` (written by its controller at its end) has passed, once
+        Slurm no longer runs its allocation, as Volcano's garbage collector does; whether it was."""
+        expires = job_dir / "expires"
+        try:
+            info = expires.lstat()
+            at = float(expires.read_text())
+        except (OSError, ValueError):
+            return False  # no TTL (or a damaged file): kept until deleted
+        if at > time.time() or info.st_uid != os.geteuid() or not expires.is_file():
+            return False
+        slurm_id = str(self._slurm(job_dir).get("jobId", ""))
+        if slurm_id:
+            try:
+                rows = steps.queue(slurm_id)
+            except steps.SlurmError:
+                return False  # asked again by a later command
+            if any(state not in steps.FINAL_STATES for _, state, _ in rows):
+                return False
+        shutil.rmtree(job_dir, ignore_errors=True)
+        return not job_dir.exists()
 
     def _own_root(self) -> None:
         """A job root another user made is not trusted: its job directories could be theirs."""
