@@ -26,6 +26,13 @@ def test_a_failing_steps_log_is_the_programs_own(slurm: SlurmCluster, tmp_path: 
     assert step.wait(60) == 3
     assert log.read_text().splitlines() == ["before", "out", "err"]  # no "srun: error: ... exit code 3"
     assert step.messages() == []  # srun said only how the task ended
+    # A path with % (srun's filename patterns: %j, %t, ...) is not given to srun: srun relays.
+    odd = tmp_path / "100%j"
+    odd.mkdir()
+    relayed = start_step(slurm, job_id, "relayed", code, odd / "app.log")
+    assert relayed.wait(60) == 3
+    assert {"out", "err"} <= set((odd / "app.log").read_text().splitlines())
+    assert relayed.messages() == [] and not (odd / "app.log.srun").exists()
 
 
 def test_a_step_slurm_cannot_create_says_why(slurm: SlurmCluster, tmp_path: Path) -> None:
