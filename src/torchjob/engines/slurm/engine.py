@@ -300,13 +300,17 @@ class SlurmEngine:
     def _collect_expired(self, job_dir: Path) -> bool:
         """Remove a job whose ``expires`` (written by its controller at its end) has passed, once
         Slurm no longer runs its allocation, as Volcano's garbage collector does; whether it was."""
+        import stat
+
         expires = job_dir / "expires"
         try:
             info = expires.lstat()
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                return False  # not the controller's file: kept
             at = float(expires.read_text())
         except (OSError, ValueError):
             return False  # no TTL (or a damaged file): kept until deleted
-        if at > time.time() or info.st_uid != os.geteuid() or not expires.is_file():
+        if at > time.time():
             return False
         slurm_id = str(self._slurm(job_dir).get("jobId", ""))
         if slurm_id:
