@@ -509,3 +509,25 @@ def test_ttl_seconds_after_finished_removes_the_job(engine: Engine, tmp_path: Pa
     gone = engine.cli("status", "shortlived", timeout=60)
     assert gone.returncode == 2 and "shortlived" in gone.stderr, gone.stdout + gone.stderr
     assert not job_dir.exists()
+
+
+def test_status_shows_a_crash_loop_while_it_lasts(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(tmp_path, "looping", [task("main", "echo failing; exit 2", restart="OnFailure")])
+    started = engine.cli("run", str(path), "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        deadline = time.monotonic() + 60
+        seen: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            seen = pods(engine.status("looping")).get("main-0", {})
+            # waiting out its back-off (0.8 s and more after the 4th failure)
+            if seen.get("restarts", 0) >= 4 and seen.get("reason") == "CrashLoopBackOff":
+                break
+            time.sleep(0.1)
+        assert seen.get("reason") == "CrashLoopBackOff", seen
+        (app,) = seen["containers"]
+        assert (app["state"], app["reason"], app["exitCode"]) == ("waiting", "CrashLoopBackOff", 2)
+        assert seen["phase"] == "Running" and seen["attempt"] == 0
+    finally:
+        deleted = engine.cli("delete", "looping", timeout=60)
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr
