@@ -57,7 +57,9 @@ def job_file(tmp_path: Path, tasks: list[dict[str, object]], **spec: object) -> 
 
 def task(name: str, code: str, replicas: int = 1, **extra: object) -> dict[str, object]:
     container = {"name": "main", "image": "busybox", "command": ["python", "-c", code]}
-    return {"name": name, "replicas": replicas, "template": {"spec": {"containers": [container]}}, **extra}
+    # Never: a container that ends is not started again in place (Kubernetes' default, Always, would)
+    spec = {"restartPolicy": "Never", "containers": [container]}
+    return {"name": name, "replicas": replicas, "template": {"spec": spec}, **extra}
 
 
 def status_json(env: dict[str, str], ref: str) -> dict[str, object]:

@@ -56,6 +56,9 @@ else:  # no typing at run time (torchjob/typecheck.py): a plain base that takes 
 
 CRASH_LOOP_AFTER = 3  # consecutive quick failures of a container after which its crash loop is told
 BACKOFF_CAP = 300.0  # Kubernetes caps its crash-loop back-off at 5 minutes
+BACKOFF_BASE = 0.1  # seconds before the first restart of a container; doubles each time
+_BACKOFF_DOUBLINGS = 12  # 0.1 * 2**12 > 300: more doublings change nothing (and 2**1024 overflows)
+BACKOFF_RESET = 10.0  # a container that ran this long starts its back-off again from the base
 _PHASE_COLORS = {JobPhase.COMPLETED: "32", **dict.fromkeys(UNSUCCESSFUL_JOB_PHASES, "31")}
 # Phases a crash-looping pod may explain: the suspect is named in their reason.
 _BAD_PHASES = (JobPhase.RESTARTING, JobPhase.ABORTING, JobPhase.TERMINATING, *UNSUCCESSFUL_JOB_PHASES)
@@ -77,6 +80,12 @@ class Backoff:
     failures: int  # consecutive quick failures
     exit_code: int | None
     delay: float | None  # seconds until it starts again (None: not scheduled)
+
+
+def backoff(failures: int) -> float:
+    """Delay before restart number ``failures`` (1-based) of one container, on every engine."""
+    doublings = min(max(0, failures - 1), _BACKOFF_DOUBLINGS)  # a crash loop can run for days
+    return min(BACKOFF_CAP, BACKOFF_BASE * 2.0**doublings)
 
 
 def termination_grace(job: Job, task: str) -> float:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from torchjob.controller.driver import BACKOFF_CAP  # Kubernetes caps its crash-loop back-off at 5 minutes
+from torchjob.controller.driver import BACKOFF_RESET, backoff  # one back-off rule for every engine
 from torchjob.engines.local import prewarm, process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.state import make_private_dirs, open_private
@@ -36,18 +36,9 @@ PENDING, RUNNING, SUCCEEDED, FAILED = (
     p.value for p in (PodPhase.PENDING, PodPhase.RUNNING, PodPhase.SUCCEEDED, PodPhase.FAILED)
 )
 
-BACKOFF_BASE = 0.1  # seconds before the first restart of a container; doubles each time
-_BACKOFF_DOUBLINGS = 12  # 0.1 * 2**12 > 300: more doublings change nothing (and 2**1024 overflows)
 RESTART_WAIT = 5.0  # seconds past a restart's time to wait for the previous run's processes to die
-BACKOFF_RESET = 10.0  # a container that ran this long starts its back-off again from the base
 FORK_LATER = "later"  # a forker's answer: the preloading server is not ready yet (preload.py)
 FORK_RETRY = 0.05  # seconds until such a container is tried again
-
-
-def backoff(failures: int) -> float:
-    """Delay before restart number ``failures`` (1-based) of one container."""
-    doublings = min(max(0, failures - 1), _BACKOFF_DOUBLINGS)  # a crash loop can run for days
-    return min(BACKOFF_CAP, BACKOFF_BASE * 2.0**doublings)
 
 
 def _log(c: RunningContainer, text: str) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport, PortReport
 from torchjob.engines.local.output import short_name
 from torchjob.engines.local.pod import FAILED, SUCCEEDED, LocalPod, RunningContainer
+from torchjob.engines.reasons import exit_reason, stopped_because
 from torchjob.lifecycle import JobPhase, JobStatus
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
@@ -123,9 +124,7 @@ def _ended_phase(pod: LocalPod) -> str:
 
 
 def _stopped_because(status: JobStatus) -> str:
-    if status.phase in (JobPhase.COMPLETING, JobPhase.COMPLETED):
-        return "job completed"
-    return f"job {status.phase.value.lower()}"
+    return stopped_because(status.phase)
 
 
 def first_failure(job: Job, pods: list[LocalPod], *, crash_loops: bool = False) -> FailureReport | None:
@@ -199,20 +198,6 @@ def torchrun_root_cause(lines: list[str]) -> tuple[int, int | None, list[str]] |
         while own and not own[-1].strip():
             own.pop()
     return rank, (None if code is None else 128 - code if code < 0 else code), own[-LOG_TAIL_LINES:]
-
-
-def exit_reason(code: int | None) -> str:
-    """Kubernetes' reason for a terminated container: Error, or the signal that killed it."""
-    if code is None or code == 0:
-        return ""
-    if code > 128:
-        import signal
-
-        try:
-            return f"Error (killed by {signal.Signals(code - 128).name})"
-        except ValueError:
-            pass
-    return "Error"
 
 
 def log_tail(path: Path, lines: int | None = LOG_TAIL_LINES, nbytes: int = _TAIL_BYTES) -> list[str]:

@@ -21,8 +21,8 @@ ENGINE = EngineInfo(
         ),
         Setting(
             "max_restarts",
-            "fail the job once a pod's containers restarted more than N times (local engine; "
-            "Kubernetes restarts without limit)",
+            "fail the job once a pod's containers restarted more than N times (local and slurm "
+            "engines; Kubernetes restarts without limit)",
             type="int",
             metavar="N",
             minimum=0,

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport
+from torchjob.engines.reasons import exit_reason, stopped_because
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.runtime import SlurmPod, SlurmRuntime
 from torchjob.files import write_atomic
@@ -30,9 +31,11 @@ if TYPE_CHECKING:
 
 OPTIONS = "options.json"
 STATUS = "status.json"
+EXPIRES = "expires"  # when the job may be removed: its ttlSecondsAfterFinished
 JOB_FILE = "job.json"  # the job as its Volcano manifest (JSON is YAML to the loader)
 LOG_TAIL_LINES = 20
 EVENTS_KEPT = 50
+CRASH_LOOP = "CrashLoopBackOff"  # Kubernetes' reason for a container waiting to be restarted again
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -118,6 +121,12 @@ class BatchController:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         controller = self.controller
+        for task in self.job.spec.tasks:  # as the local engine warns
+            if task.template.restart_policy == "Always" and task.replicas:
+                self._say(
+                    f"task {task.name}: restartPolicy Always (the Kubernetes default) restarts containers "
+                    "even after they succeed; set OnFailure or Never for a job that ends"
+                )
         controller.begin()
         self.write()
         while not controller.done():
@@ -133,7 +142,24 @@ class BatchController:
             time.sleep(0.1 if due is None else min(0.1, due))
         self.finished_at = time.time()
         self.write()
+        self._expire()
         return 0 if controller.status.phase.value == "Completed" else 1
+
+    def _expire(self) -> None:
+        """ttlSecondsAfterFinished: when the engine may remove the job (``expires``), as locally;
+        the first command after that time removes it once Slurm has let the allocation go."""
+        ttl = self.job.spec.ttl_seconds_after_finished
+        if ttl is None or self.finished_at is None:
+            return
+        try:
+            write_atomic(self.job_dir / EXPIRES, f"{self.finished_at + ttl!r}\n")
+        except OSError:
+            return  # then kept, as a job without a TTL is
+        self._say(
+            f"ttlSecondsAfterFinished {ttl}: the first torchjob command from {ttl}s after the end "
+            "removes the job and its logs"
+        )
+        self.write()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stop_signal = signum
@@ -152,21 +178,36 @@ class BatchController:
         self.runtime.terminate([(pod, 1.0) for pod in self.controller.pods.values()])
         self.finished_at = time.time()
         self.write()
+        self._expire()
 
     def _note_failure(self) -> None:
         if self.failure is not None:
             return
         failed = [p for p in self.controller.pods.values() if p.phase == "Failed" and not p.terminating]
-        if not failed:
+        if failed:
+            pod = min(failed, key=lambda p: p.finished_at or 0.0)
+            container, code, reason = pod.failed_container, pod.exit_code, exit_reason(pod.exit_code)
+        elif self.controller.status.phase.value == "Failed":
+            # Failed with no pod ended (--max-restarts): the pod that kept failing, as locally.
+            looping = [
+                p
+                for p in self.controller.pods.values()
+                if p.restarts and any(c.exit_code not in (None, 0) for c in p.containers)
+            ]
+            if not looping:
+                return
+            pod = max(looping, key=lambda p: p.restarts)
+            bad = next(c for c in pod.containers if c.exit_code not in (None, 0))
+            container, code, reason = bad.name, bad.exit_code, CRASH_LOOP
+        else:
             return
-        pod = min(failed, key=lambda p: p.finished_at or 0.0)
-        log = pod.log_dir / f"{pod.failed_container}.log" if pod.failed_container else None
+        log = pod.log_dir / f"{container}.log" if container else None
         self.failure = FailureReport(
             pod=pod.name,
             short=self.controller.short(pod),
-            exit_code=pod.exit_code,
+            exit_code=code,
             rank=self.ranks.get((pod.task, pod.index)),
-            reason=pod.reason,
+            reason=reason,
             time=pod.finished_at,
             log_tail=log_tail(log) if log else [],
         )
@@ -185,9 +226,11 @@ class BatchController:
                 if pod is None:
                     pods.append(PodReport(name, short, task.name, index, "Pending", rank=self.ranks.get(key)))
                     continue
-                phase = pod.phase
+                phase, reason = pod.phase, ""
                 if pod.gone and phase not in ("Succeeded", "Failed"):
-                    phase = "Stopped"
+                    phase, reason = "Stopped", stopped_because(controller.status.phase)
+                elif not pod.terminating and any(c.next_start is not None for c in pod.containers):
+                    reason = CRASH_LOOP
                 pods.append(
                     PodReport(
                         name=name,
@@ -196,8 +239,9 @@ class BatchController:
                         index=index,
                         phase=phase,
                         rank=self.ranks.get(key),
-                        reason=pod.reason,
+                        reason=reason,  # as locally: why the container failed is its own reason
                         attempt=pod.attempt,
+                        restarts=pod.restarts,
                         exit_code=pod.exit_code,
                         started_at=pod.started_at,
                         finished_at=pod.finished_at,
@@ -232,13 +276,27 @@ class BatchController:
 
 
 def containers(pod: SlurmPod) -> list[ContainerReport]:
-    """Each container of the attempt: init containers first, as far as its steps went."""
-    started = {launch.container for launch in pod.inits[: pod.next_init]} | set(pod.main_steps)
+    """Each container of the attempt: init containers first, as far as its steps went; one
+    waiting out a restart's back-off is in CrashLoopBackOff with its last exit code, as locally."""
     found = []
-    for launch in [*pod.inits, *pod.mains]:
-        code = pod.codes.get(launch.container)
-        state = "terminated" if code is not None else "running" if launch.container in started else "waiting"
-        found.append(ContainerReport(name=launch.container, init=launch.init, state=state, exit_code=code))
+    for c in pod.containers:
+        reason = ""
+        if c.next_start is not None:
+            state, reason = "waiting", CRASH_LOOP
+        elif c.exit_code is not None:
+            state, reason = "terminated", exit_reason(c.exit_code) or "Completed"
+        else:
+            state = "running" if c.step is not None else "waiting"
+        found.append(
+            ContainerReport(
+                name=c.name,
+                init=c.launch.init,
+                state=state,
+                exit_code=c.exit_code,
+                reason=reason,
+                restarts=c.restarts,
+            )
+        )
     return found
 
 

@@ -228,12 +228,16 @@ class SlurmEngine:
             job_dir.mkdir(mode=0o700)
         except OSError as err:
             raise EngineError(f"cannot make the job directory {job_dir}: {err.strerror or err}") from None
+        from torchjob.lifecycle import active_deadline
+
         settings = {name: getattr(chosen, name) for name in ENV}
         settings["sbatch_args"] = list(chosen.sbatch_args)
         options_data = {
             "id": job_id,
             "settings": settings,
-            "timeout": options.timeout,
+            # The job's own deadline too (an SDK run_policy's activeDeadlineSeconds): job.json, a
+            # Volcano manifest, has no field for it.
+            "timeout": active_deadline(job, options.timeout),
             "maxRestarts": options.setting("max_restarts"),
             "extraEnv": dict(options.extra_env),
             "workdir": os.getcwd(),  # relative paths as sbatch would: from where the job was submitted
@@ -284,12 +288,40 @@ class SlurmEngine:
             raise EngineError(str(err)) from None
 
     def _dirs(self) -> list[Path]:
+        """The job directories; those past their ttlSecondsAfterFinished are removed first."""
         if not self.root.is_dir():
             return []
         self._own_root()
-        return [
+        found = [
             d for d in self.root.iterdir() if (d / SLURM_FILE).is_file() or (d / "options.json").is_file()
         ]
+        return [d for d in found if not self._collect_expired(d)]
+
+    def _collect_expired(self, job_dir: Path) -> bool:
+        """Remove a job whose ``expires`` (written by its controller at its end) has passed, once
+        Slurm no longer runs its allocation, as Volcano's garbage collector does; whether it was."""
+        import stat
+
+        expires = job_dir / "expires"
+        try:
+            info = expires.lstat()
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+                return False  # not the controller's file: kept
+            at = float(expires.read_text())
+        except (OSError, ValueError):
+            return False  # no TTL (or a damaged file): kept until deleted
+        if at > time.time():
+            return False
+        slurm_id = str(self._slurm(job_dir).get("jobId", ""))
+        if slurm_id:
+            try:
+                rows = steps.queue(slurm_id)
+            except steps.SlurmError:
+                return False  # asked again by a later command
+            if any(state not in steps.FINAL_STATES for _, state, _ in rows):
+                return False
+        shutil.rmtree(job_dir, ignore_errors=True)
+        return not job_dir.exists()
 
     def _own_root(self) -> None:
         """A job root another user made is not trusted: its job directories could be theirs."""

@@ -61,6 +61,16 @@ ENGINE = EngineInfo(
             commands=_START,
         ),
         Setting(
+            "max_restarts",
+            "fail the job once a pod's containers restarted more than N times (local and slurm "
+            "engines; Kubernetes restarts without limit)",
+            type="int",
+            metavar="N",
+            minimum=0,
+            invalid="expected a number of restarts of 0 or more, got {value}",
+            commands=_START,
+        ),
+        Setting(
             "single_component",
             "slurm: every task in one component sized for the largest pod (no heterogeneous job)",
             type="bool",

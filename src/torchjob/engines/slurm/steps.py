@@ -224,6 +224,12 @@ def layout_from_env(
     return layouts
 
 
+# srun's line for a task that ended (``srun: error: node1: task 0: Exited with exit code 3``).
+_TASK_ENDED = re.compile(
+    r"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|Terminated|Killed)$"
+)
+
+
 class Step:
     """One pod container running as a job step, through its ``srun`` process."""
 
@@ -235,6 +241,7 @@ class Step:
         self.process = process
         self.env = dict(env)
         self.step_id: str | None = None
+        self.messages_at: tuple[Path, int] | None = None  # srun's own messages: file, offset
 
     @classmethod
     def start(
@@ -273,16 +280,40 @@ class Step:
             srun.append(f"--chdir={working_dir}")
         if image:
             srun.append(f"--container-image={image}")
-        with open(log, "ab") as out:
+        # The task's output goes to the container's log from its node (slurmstepd appends to it);
+        # srun's own messages (``task 0: Exited with exit code 3``) to a file beside it, so the log
+        # holds what the program wrote, as locally. A path with % (srun's patterns) is relayed.
+        own = log.with_name(log.name + ".srun")
+        direct = "%" not in str(log)
+        if direct:
+            srun += [f"--output={log}", f"--error={log}", "--open-mode=append"]
+        with open(log, "ab") as out, open(own if direct else log, "ab") as messages:
+            offset = messages.tell()
             process = subprocess.Popen(
                 [*srun, "--", *argv],
                 env=dict(env),
                 stdin=subprocess.DEVNULL,
-                stdout=out,
+                stdout=messages if direct else out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C of the controller's terminal is the controller's to handle
             )
-        return cls(job_id, name, process, env)
+        step = cls(job_id, name, process, env)
+        step.messages_at = (own, offset) if direct else None
+        return step
+
+    def messages(self) -> list[str]:
+        """What srun itself said about the step (not the program's output), once it ended:
+        lines other than those that only restate how the task ended (its exit code is told anyway)."""
+        if self.messages_at is None:
+            return []
+        path, offset = self.messages_at
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                text = handle.read(64 * 1024).decode("utf-8", "replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if line.strip() and not _TASK_ENDED.search(line)]
 
     def poll(self) -> int | None:
         """The step's exit code once it ended (128 + N if a signal N ended it), else None."""

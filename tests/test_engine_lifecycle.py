@@ -1,0 +1,533 @@
+"""Volcano's job lifecycle, the same scenarios on every engine that runs the controller.
+
+Each scenario is a small job of shell commands run through the CLI (``torchjob run FILE --engine
+E``), then judged by what every engine reports alike: the exit code, ``status -o json`` (phase,
+reason, retries, each pod's phase, attempt and restarts, the first failure) and the followed logs.
+The ``local`` leg runs processes on this machine; the ``slurm`` leg runs the same job as job steps
+of one allocation on a private Slurm (tests/slurm_cluster.py, one per module), and skips with the
+reason where Slurm is not installed or the tests do not run as root. Between them, every policy
+action is taken at least once: RestartPod, RestartTask, RestartJob (maxRetry used up), AbortJob
+(a task's maxRetry, a policy's timeout), CompleteJob, TerminateJob; and minAvailable, minSuccess,
+dependsOn, the active deadline, restartPolicy OnFailure in place and ``--max-restarts``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import slurm_cluster
+
+pytestmark = [pytest.mark.timeout(180)]
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINES = ["local", pytest.param("slurm", marks=pytest.mark.slow)]
+
+
+class Engine:
+    """One engine's leg: ``torchjob`` commands with its flags and its private state."""
+
+    def __init__(self, name: str, env: dict[str, str]) -> None:
+        self.name = name
+        self.env = env
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "torchjob", *args, "--engine", self.name],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def run(self, path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+        return self.cli("run", str(path), *flags)
+
+    def status(self, name: str) -> dict[str, Any]:
+        done = self.cli("status", name, "-o", "json", timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        data: dict[str, Any] = json.loads(done.stdout)
+        return data
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm_cluster.SlurmCluster]:
+    """One private Slurm for the module's scenarios (starting one costs seconds)."""
+    reason = slurm_cluster.why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    found = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster")
+    try:
+        yield found.start()
+    finally:
+        found.stop()
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHJOB_")}
+    env["TORCHJOB_HOME"] = str(tmp_path / "home")
+    if request.param == "slurm":
+        found: slurm_cluster.SlurmCluster = request.getfixturevalue("cluster")
+        env.update(found.env)
+        env.pop("TORCHJOB_ENGINE", None)
+        env["TORCHJOB_SLURM_JOB_ROOT"] = str(tmp_path / "slurm-root")
+        env["TORCHJOB_SLURM_PARTITION"] = found.partition
+        yield Engine("slurm", env)
+        assert found.jobs() == [], "an allocation outlived its job"
+    else:
+        yield Engine("local", env)
+
+
+def sh(script: str) -> list[str]:
+    return ["sh", "-c", script]
+
+
+def task(
+    name: str,
+    script: str,
+    *,
+    replicas: int = 1,
+    restart: str = "Never",
+    init: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": restart,
+        "terminationGracePeriodSeconds": 2,
+        "containers": [{"name": "app", "image": "busybox:1.36", "command": sh(script)}],
+    }
+    if init is not None:
+        spec["initContainers"] = [{"name": "prep", "image": "busybox:1.36", "command": sh(init)}]
+    return {"name": name, "replicas": replicas, "template": {"spec": spec}, **extra}
+
+
+def job_file(tmp_path: Path, name: str, tasks: list[dict[str, Any]], **spec: Any) -> Path:
+    doc = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {**spec, "tasks": tasks},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def said(out: str, pod: str, text: str) -> int:
+    """How many lines of the followed logs are ``text`` from ``pod`` (a container ``pod/c``),
+    whatever the padding and rank of the prefix."""
+    line = re.compile(rf"^{re.escape(pod)}(?: r\d+)? *\| {re.escape(text)}$", re.MULTILINE)
+    return len(line.findall(out))
+
+
+def pods(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {p["short"]: p for p in status["pods"]}
+
+
+def fail_once(flag: Path, code: int = 3) -> str:
+    """Fails the first time it runs (``crash``), succeeds after (``recovered``)."""
+    return f"if [ -e {flag} ]; then echo recovered; else : > {flag}; echo crash; exit {code}; fi"
+
+
+SLEEPER = "echo up; sleep 600"  # never ends by itself: the job's decision stops it
+
+
+def test_restart_pod_recreates_only_the_failed_pod(engine: Engine, tmp_path: Path) -> None:
+    flag = tmp_path / "flag"
+    script = (
+        f"if [ $VK_TASK_INDEX = 1 ] && [ ! -e {flag} ]; then : > {flag}; echo crash; exit 3; fi; sleep 0.5"
+    )
+    path = job_file(
+        tmp_path,
+        "rpod",
+        [
+            task("master", "sleep 2"),
+            task("worker", script, replicas=2, policies=[{"event": "PodFailed", "action": "RestartPod"}]),
+        ],
+        plugins={"env": []},
+    )
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = engine.status("rpod")
+    assert status["phase"] == "Completed" and status["retryCount"] == 1
+    attempts = {short: p["attempt"] for short, p in pods(status).items()}
+    assert attempts == {"master-0": 0, "worker-0": 0, "worker-1": 1}
+    assert said(done.stdout, "worker-1", "crash") == 1, done.stdout
+
+
+def test_restart_task_recreates_the_task_and_leaves_the_others(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(
+        tmp_path,
+        "rtask",
+        [
+            task("master", "sleep 2"),
+            task(
+                "worker",
+                fail_once(tmp_path / "flag"),
+                policies=[{"event": "PodFailed", "action": "RestartTask"}],
+            ),
+        ],
+    )
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = engine.status("rtask")
+    assert status["phase"] == "Completed" and status["retryCount"] == 1
+    assert {s: p["attempt"] for s, p in pods(status).items()} == {"master-0": 0, "worker-0": 1}
+    assert said(done.stdout, "worker-0", "recovered")
+
+
+def test_restart_job_until_max_retry_is_used_up(engine: Engine, tmp_path: Path) -> None:
+    counter = tmp_path / "runs"
+    script = f"n=$(cat {counter} 2>/dev/null || echo 0); echo run $n; echo $((n + 1)) > {counter}; exit 1"
+    path = job_file(
+        tmp_path,
+        "exhaust",
+        [task("main", script), task("side", SLEEPER)],
+        maxRetry=2,
+        policies=[{"event": "PodFailed", "action": "RestartJob"}],
+    )
+    done = engine.run(path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    status = engine.status("exhaust")
+    assert status["phase"] == "Failed" and status["retryCount"] == 2
+    assert "maxRetry 2" in status["reason"]
+    assert counter.read_text().strip() == "2"  # two runs: the second restart is refused
+    assert said(done.stdout, "side-0", "up") == 2, done.stdout  # the whole job restarted once
+    main = pods(status)["main-0"]
+    assert (main["phase"], main["exitCode"], main["attempt"]) == ("Failed", 1, 1)
+    assert (status["firstFailure"]["exitCode"], status["firstFailure"]["logTail"]) == (1, ["run 1"])
+
+
+def test_task_failed_aborts_once_in_place_restarts_reach_the_tasks_max_retry(
+    engine: Engine, tmp_path: Path
+) -> None:
+    path = job_file(
+        tmp_path,
+        "taskfail",
+        [
+            task(
+                "main",
+                "echo failing; exit 2",
+                restart="OnFailure",
+                maxRetry=2,
+                policies=[{"event": "TaskFailed", "action": "AbortJob"}],
+            )
+        ],
+    )
+    done = engine.run(path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    status = engine.status("taskfail")
+    assert status["phase"] == "Aborted" and "TaskFailed" in status["reason"]
+    main = pods(status)["main-0"]
+    assert main["restarts"] >= 2 and main["attempt"] == 0  # restarted in place, never recreated
+
+
+def test_on_failure_restarts_the_container_in_place(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(tmp_path, "inplace", [task("main", fail_once(tmp_path / "flag"), restart="OnFailure")])
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert said(
+        done.stdout,
+        "main-0",
+        "--- torchjob: container 'app' exited with code 3; restart 1 in 0.1s (restartPolicy OnFailure) ---",
+    )
+    assert said(done.stdout, "main-0", "recovered")
+    status = engine.status("inplace")
+    main = pods(status)["main-0"]
+    assert (status["phase"], main["restarts"], main["attempt"], main["exitCode"]) == ("Completed", 1, 0, 0)
+    assert main["containers"][0]["restarts"] == 1
+
+
+def test_a_failed_init_container_restarts_in_place_under_on_failure(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(
+        tmp_path,
+        "initretry",
+        [task("main", "echo main ran", restart="OnFailure", init=fail_once(tmp_path / "flag", 4))],
+    )
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert said(done.stdout, "main-0", "main ran")
+    restart = (
+        "--- torchjob: container 'prep' exited with code 4; restart 1 in 0.1s (restartPolicy OnFailure) ---"
+    )
+    assert said(done.stdout, "main-0/prep", restart), done.stdout
+    main = pods(engine.status("initretry"))["main-0"]
+    assert (main["restarts"], main["attempt"]) == (1, 0)
+
+
+def test_max_restarts_fails_a_crash_looping_job(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(
+        tmp_path, "loop", [task("master", "echo cannot open train.py; exit 2", restart="OnFailure")]
+    )
+    done = engine.run(path, "--max-restarts", "2")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "pod master-0 restarted 3 times, more than --max-restarts 2" in done.stdout + done.stderr
+    status = engine.status("loop")
+    assert status["phase"] == "Failed"
+    assert "more than --max-restarts 2" in status["reason"]
+    failure = status["firstFailure"]
+    assert (failure["short"], failure["exitCode"], failure["reason"]) == ("master-0", 2, "CrashLoopBackOff")
+    assert "cannot open train.py" in failure["logTail"]
+    assert pods(status)["master-0"]["restarts"] == 3
+
+
+def test_task_completed_completes_the_job_and_stops_the_rest(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(
+        tmp_path,
+        "chief",
+        [
+            task(
+                "chief",
+                "sleep 1; echo chief done",
+                policies=[{"event": "TaskCompleted", "action": "CompleteJob"}],
+            ),
+            task("worker", SLEEPER, replicas=2),
+        ],
+    )
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = engine.status("chief")
+    assert status["phase"] == "Completed"
+    phases = {s: p["phase"] for s, p in pods(status).items()}
+    assert phases == {"chief-0": "Succeeded", "worker-0": "Stopped", "worker-1": "Stopped"}
+    assert pods(status)["worker-0"]["reason"] == "job completed"  # stopped, not failed
+    assert pods(status)["chief-0"]["containers"][0]["reason"] == "Completed"
+
+
+def test_pod_failed_terminates_the_job(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(
+        tmp_path,
+        "term",
+        [
+            task(
+                "worker",
+                "sleep 1; echo broken; exit 5",
+                policies=[{"event": "PodFailed", "action": "TerminateJob"}],
+            ),
+            task("side", SLEEPER),
+        ],
+    )
+    done = engine.run(path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    status = engine.status("term")
+    assert status["phase"] == "Terminated" and status["retryCount"] == 0
+    failure = status["firstFailure"]
+    # the program's own lines only (no srun message), the reason Kubernetes would give
+    assert (failure["short"], failure["exitCode"], failure["reason"], failure["logTail"]) == (
+        "worker-0",
+        5,
+        "Error",
+        ["broken"],
+    )
+    side = pods(status)["side-0"]
+    assert (side["phase"], side["reason"], side["exitCode"]) == ("Stopped", "job terminated", 143), side
+    (app,) = side["containers"]
+    assert (app["state"], app["exitCode"], app["reason"]) == ("terminated", 143, "Error (killed by SIGTERM)")
+    worker = pods(status)["worker-0"]
+    assert (worker["reason"], worker["containers"][0]["reason"]) == ("", "Error")
+
+
+def test_min_success_completes_the_job_early(engine: Engine, tmp_path: Path) -> None:
+    script = "if [ $VK_TASK_INDEX = 0 ]; then sleep 1; echo first; else echo up; sleep 600; fi"
+    path = job_file(tmp_path, "minsucc", [task("w", script, replicas=2)], minSuccess=1, plugins={"env": []})
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = engine.status("minsucc")
+    assert status["phase"] == "Completed" and "minSuccess 1 reached" in status["reason"]
+    assert {s: p["phase"] for s, p in pods(status).items()} == {"w-0": "Succeeded", "w-1": "Stopped"}
+
+
+def test_min_available_judges_a_job_whose_pods_all_ended(engine: Engine, tmp_path: Path) -> None:
+    script = "sleep 0.5; if [ $VK_TASK_INDEX = 2 ]; then exit 7; fi"
+    path = job_file(
+        tmp_path, "minavail", [task("w", script, replicas=3)], minAvailable=2, plugins={"env": []}
+    )
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = engine.status("minavail")
+    assert status["phase"] == "Completed" and "minAvailable 2" in status["reason"]
+    assert {s: p["phase"] for s, p in pods(status).items()} == {
+        "w-0": "Succeeded",
+        "w-1": "Succeeded",
+        "w-2": "Failed",
+    }
+
+
+def test_depends_on_starts_a_task_once_its_dependency_runs(engine: Engine, tmp_path: Path) -> None:
+    marker = tmp_path / "server-up"
+    path = job_file(
+        tmp_path,
+        "deps",
+        [
+            task("client", f"test -e {marker} && echo server was up", dependsOn={"name": ["server"]}),
+            task("server", f": > {marker}; sleep 1"),
+        ],
+    )
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert said(done.stdout, "client-0", "server was up")
+    assert "task client waits for task(s) server to be running" in done.stdout + done.stderr
+
+
+def test_a_policy_timeout_delays_its_action(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(
+        tmp_path,
+        "pendingtoolong",
+        [task("main", "echo never", init="sleep 600")],
+        policies=[{"event": "PodPending", "action": "AbortJob", "timeout": "2s"}],
+    )
+    done = engine.run(path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    status = engine.status("pendingtoolong")
+    assert status["phase"] == "Aborted" and "PodPending" in status["reason"]
+    assert not said(done.stdout, "main-0", "never")
+
+
+def test_a_later_event_cancels_a_delayed_action(engine: Engine, tmp_path: Path) -> None:
+    # Pending briefly (a quick init container; a step starts within the timeout), then running
+    # past the timeout: PodRunning cancels the PodPending action.
+    path = job_file(
+        tmp_path,
+        "pendingbriefly",
+        [task("main", "sleep 4; echo finished", init="sleep 0.1")],
+        policies=[{"event": "PodPending", "action": "AbortJob", "timeout": "3s"}],
+    )
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert engine.status("pendingbriefly")["phase"] == "Completed"
+    assert said(done.stdout, "main-0", "finished")
+
+
+def test_the_deadline_terminates_the_job(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(tmp_path, "deadline", [task("main", SLEEPER, replicas=2)])
+    done = engine.run(path, "--timeout", "3")
+    assert done.returncode == 1, done.stdout + done.stderr
+    status = engine.status("deadline")
+    assert status["phase"] == "Terminated" and "deadline of 3s passed" in status["reason"]
+    assert {p["phase"] for p in status["pods"]} == {"Stopped"}
+
+
+RUN_WITH_DEADLINE = """
+import json, sys
+from torchjob.engines.base import StartOptions
+from torchjob.engines.registry import get_engine
+from torchjob.jobs import load_jobs_from_text
+from torchjob.spec.model import JobRunPolicy
+
+job = load_jobs_from_text(open(sys.argv[2]).read(), sys.argv[2])[0].job
+job.run_policy = JobRunPolicy(active_deadline_seconds=3)  # as the SDK's RunPolicy sets it
+report = get_engine(sys.argv[1]).start(job, StartOptions(quiet=True))
+print(json.dumps({"phase": report.phase, "reason": report.reason}))
+"""
+
+
+def test_the_jobs_own_active_deadline_terminates_it(engine: Engine, tmp_path: Path) -> None:
+    """An SDK job's runPolicy.activeDeadlineSeconds, which no Volcano manifest field carries."""
+    path = job_file(tmp_path, "owndeadline", [task("main", SLEEPER)])
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_WITH_DEADLINE, engine.name, str(path)],
+        env=engine.env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = engine.status("owndeadline")
+    assert status["phase"] == "Terminated" and "deadline of 3s passed" in status["reason"], status
+
+
+def test_an_exit_code_policy_sees_a_signal_death_as_128_plus_the_signal(
+    engine: Engine, tmp_path: Path
+) -> None:
+    flag = tmp_path / "flag"
+    # $$$$ is the shell's $$: a kubelet (and torchjob) reads $$ in a command as an escaped $
+    script = f"if [ -e {flag} ]; then echo recovered; else : > {flag}; echo dying; kill -9 $$$$; fi"
+    path = job_file(
+        tmp_path,
+        "sigkill",
+        [task("main", script)],
+        policies=[{"exitCode": 137, "action": "RestartJob"}],
+    )
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = engine.status("sigkill")
+    assert status["phase"] == "Completed" and status["retryCount"] == 1, status
+    assert said(done.stdout, "main-0", "recovered")
+
+
+def test_a_crash_loop_is_told_once(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(
+        tmp_path, "crashloop", [task("master", "echo cannot open train.py; exit 2", restart="OnFailure")]
+    )
+    done = engine.run(path, "--timeout", "4")
+    assert done.returncode == 1, done.stdout + done.stderr
+    told = [line for line in (done.stdout + done.stderr).splitlines() if "CrashLoopBackOff" in line]
+    assert len(told) == 1, told
+    assert (
+        "pod master-0 is in CrashLoopBackOff: container app ended 3 times in a row (last exit code 2)"
+        in told[0]
+    )
+    assert "torchjob run --max-restarts N fails the job instead" in told[0]
+    assert pods(engine.status("crashloop"))["master-0"]["restarts"] >= 3
+
+
+def test_always_restarts_even_a_container_that_succeeded(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(tmp_path, "always", [task("main", "echo tick", restart="Always")])
+    done = engine.run(path, "--max-restarts", "1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout + done.stderr
+    assert "task main: restartPolicy Always (the Kubernetes default) restarts containers even after" in out
+    assert said(done.stdout, "main", "tick") == 0 and said(done.stdout, "main-0", "tick") == 2, done.stdout
+    status = engine.status("always")
+    assert status["phase"] == "Failed" and "restarted 2 times, more than --max-restarts 1" in status["reason"]
+
+
+def test_ttl_seconds_after_finished_removes_the_job(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(tmp_path, "shortlived", [task("main", "echo done")], ttlSecondsAfterFinished=3)
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    kept = engine.status("shortlived")  # kept until its TTL passed
+    assert kept["phase"] == "Completed"
+    job_dir = Path(kept["location"])
+    assert job_dir.is_dir()
+    time.sleep(max(0.0, kept["finishedAt"] + 3 - time.time()) + 0.5)
+    gone = engine.cli("status", "shortlived", timeout=60)
+    assert gone.returncode == 2 and "shortlived" in gone.stderr, gone.stdout + gone.stderr
+    assert not job_dir.exists()
+
+
+def test_status_shows_a_crash_loop_while_it_lasts(engine: Engine, tmp_path: Path) -> None:
+    path = job_file(tmp_path, "looping", [task("main", "echo failing; exit 2", restart="OnFailure")])
+    started = engine.cli("run", str(path), "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        deadline = time.monotonic() + 60
+        seen: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            seen = pods(engine.status("looping")).get("main-0", {})
+            # waiting out its back-off (0.8 s and more after the 4th failure)
+            if seen.get("restarts", 0) >= 4 and seen.get("reason") == "CrashLoopBackOff":
+                break
+            time.sleep(0.1)
+        assert seen.get("reason") == "CrashLoopBackOff", seen
+        (app,) = seen["containers"]
+        assert (app["state"], app["reason"], app["exitCode"]) == ("waiting", "CrashLoopBackOff", 2)
+        assert seen["phase"] == "Running" and seen["attempt"] == 0
+    finally:
+        deleted = engine.cli("delete", "looping", timeout=60)
+    assert deleted.returncode == 0, deleted.stdout + deleted.stderr

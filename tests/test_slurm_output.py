@@ -1,0 +1,54 @@
+"""A step's output against a real, private Slurm: the container's log holds what the program
+wrote (as on the local engine), srun's own messages only when they say more than the exit code."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_cluster import SlurmCluster
+from test_slurm_steps import make_plan, start_step, submit, wait_state
+from torchjob.engines.slurm import steps
+from torchjob.engines.slurm.plan import Resources
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+
+def test_a_failing_steps_log_is_the_programs_own(slurm: SlurmCluster, tmp_path: Path) -> None:
+    job_id = submit(make_plan(tmp_path, slurm), slurm)
+    wait_state(slurm, job_id, {"RUNNING"})
+    log = tmp_path / "app.log"
+    log.write_text("before\n")  # a restart's step appends to its container's log
+    code = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
+    step = start_step(slurm, job_id, "failing", code, log)
+    assert step.wait(60) == 3
+    assert log.read_text().splitlines() == ["before", "out", "err"]  # no "srun: error: ... exit code 3"
+    assert step.messages() == []  # srun said only how the task ended
+    # A path with % (srun's filename patterns: %j, %t, ...) is not given to srun: srun relays.
+    odd = tmp_path / "100%j"
+    odd.mkdir()
+    relayed = start_step(slurm, job_id, "relayed", code, odd / "app.log")
+    assert relayed.wait(60) == 3
+    assert {"out", "err"} <= set((odd / "app.log").read_text().splitlines())
+    assert relayed.messages() == [] and not (odd / "app.log.srun").exists()
+
+
+def test_a_step_slurm_cannot_create_says_why(slurm: SlurmCluster, tmp_path: Path) -> None:
+    job_id = submit(make_plan(tmp_path, slurm), slurm)
+    wait_state(slurm, job_id, {"RUNNING"})
+    step = steps.Step.start(
+        job_id,
+        "toobig",
+        [sys.executable, "-c", "print('never')"],
+        host=slurm.host,
+        resources=Resources(cpus=64),  # more than the allocation holds
+        env=slurm.env,
+        log=tmp_path / "big.log",
+    )
+    code = step.wait(60)
+    assert code not in (None, 0)
+    said = step.messages()
+    assert said and all(line.startswith("srun: ") for line in said), said
+    assert "never" not in (tmp_path / "big.log").read_text()
