@@ -509,6 +509,10 @@ class SlurmEngine:
     def _cancel(self, slurm_id: str, timeout: float = 60.0) -> None:
         """scancel the allocation, then wait (bounded) until Slurm holds no step of it."""
         try:
+            listed = steps.component_ids(slurm_id)  # before scancel: the components' steps too
+        except steps.SlurmError:
+            listed = slurm_id
+        try:
             steps.cancel(slurm_id)
         except steps.SlurmError as err:
             if "Invalid job id" not in str(err) and "already completing" not in str(err):
@@ -516,7 +520,7 @@ class SlurmEngine:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if not steps.steps(slurm_id) and not steps.queue(slurm_id):
+                if not steps.steps(listed) and not steps.queue(slurm_id):
                     return
             except steps.SlurmError:
                 pass

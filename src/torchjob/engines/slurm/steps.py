@@ -177,7 +177,11 @@ def queue(job_id: str, env: Mapping[str, str] | None = None) -> list[tuple[str, 
 
 
 def steps(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The job's running steps: step id (``12.3``) -> step name (batch and extern included)."""
+    """The job's running steps: step id (``12.3``) -> step name (batch and extern included).
+
+    ``job_id`` may list several ids (``12,13``): squeue shows a heterogeneous job's steps under
+    each component's own job id, so asking for the leader alone misses the other components'.
+    """
     out = _forgotten_is_empty(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], env)
     found = {}
     for line in out.splitlines():
@@ -185,6 +189,20 @@ def steps(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
         if step:
             found[step] = name
     return found
+
+
+def component_ids(job_id: str, env: Mapping[str, str] | None = None) -> str:
+    """Every job id of a job's components (``12,13``; just ``12`` unless heterogeneous), from
+    squeue; the id itself once the job left the queue."""
+    rows = _forgotten_is_empty(["squeue", "-h", "-j", job_id, "-o", "%A"], env).split()
+    return ",".join(dict.fromkeys([job_id, *rows]))
+
+
+def component_ids_from_env(environ: Mapping[str, str]) -> str:
+    """Inside the allocation: every component's job id, as Slurm tells the batch script."""
+    size = int(environ.get("SLURM_HET_SIZE", "0") or 0)
+    ids = [environ.get(f"SLURM_JOB_ID_HET_GROUP_{k}", "") for k in range(size)]
+    return ",".join(dict.fromkeys(i for i in [environ["SLURM_JOB_ID"], *ids] if i))
 
 
 def cancel(job_id: str, env: Mapping[str, str] | None = None, *, signal_name: str | None = None) -> None:
@@ -235,6 +253,7 @@ class Step:
         self.process = process
         self.env = dict(env)
         self.step_id: str | None = None
+        self.listed = job_id  # the job ids under which squeue lists its step (all components')
 
     @classmethod
     def start(
@@ -250,6 +269,7 @@ class Step:
         component: int | None = None,
         working_dir: str | None = None,
         image: str | None = None,
+        listed: str | None = None,
     ) -> Step:
         """Start ``argv`` as a step of one task on ``host``; its output goes to ``log``.
 
@@ -282,7 +302,9 @@ class Step:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C of the controller's terminal is the controller's to handle
             )
-        return cls(job_id, name, process, env)
+        step = cls(job_id, name, process, env)
+        step.listed = listed or job_id
+        return step
 
     def poll(self) -> int | None:
         """The step's exit code once it ended (128 + N if a signal N ended it), else None."""
@@ -306,7 +328,7 @@ class Step:
             return self.step_id
         deadline = time.monotonic() + timeout
         while True:
-            for step, name in steps(self.job_id, self.env).items():
+            for step, name in steps(self.listed, self.env).items():
                 if name == self.name:
                     self.step_id = step
                     return step
