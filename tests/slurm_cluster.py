@@ -9,6 +9,9 @@ state, spool and logs; the ports are free ones picked at start. So two test runs
 with multiple-slurmd support), named ``localhost`` so that its name resolves as a real node's
 does. A heterogeneous job needs it: Slurm's backfill scheduler, the only one that starts such a
 job, places each component on a node of its own, so on one node it stays pending (Resources).
+
+``unshared=DIR`` makes the node a machine that does not share ``DIR`` with this one: slurmd (and
+so every job on it) runs in a mount namespace of its own with an empty tmpfs over ``DIR``.
 """
 
 from __future__ import annotations
@@ -121,8 +124,17 @@ def config_text(
 class SlurmCluster:
     """One private cluster; :meth:`start` it, :meth:`stop` it (also after a failed start)."""
 
-    def __init__(self, directory: Path, *, cpus: int = 8, memory: int = 8000, nodes: int = 1) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        cpus: int = 8,
+        memory: int = 8000,
+        nodes: int = 1,
+        unshared: Path | None = None,
+    ) -> None:
         self.dir = directory
+        self.unshared = unshared
         self.host = socket.gethostname().split(".")[0]
         if nodes not in (1, 2) or (nodes == 2 and self.host == "localhost"):
             raise Unsupported(f"{nodes} nodes on host {self.host!r}")
@@ -155,7 +167,10 @@ class SlurmCluster:
                         argv = [_which("slurmd"), "-f", str(self.conf), "-N", name]
                         self._daemon(f"slurmd-{name}", argv, self.dir / f"d-{name}.pid")
                 else:
-                    self._daemon("slurmd", [_which("slurmd"), "-f", str(self.conf)], self.dir / "d.pid")
+                    argv = [_which("slurmd"), "-f", str(self.conf)]
+                    if self.unshared is not None:
+                        argv = self._apart(argv, self.unshared)
+                    self._daemon("slurmd", argv, self.dir / "d.pid")
                 self.wait_idle(START_TIMEOUT)
                 return self
             except RuntimeError as err:
@@ -166,6 +181,13 @@ class SlurmCluster:
                 if attempt == attempts - 1 or isinstance(err, Unsupported):
                     raise
         return self
+
+    @staticmethod
+    def _apart(argv: list[str], directory: Path) -> list[str]:
+        """``argv`` in a mount namespace of its own, with an empty tmpfs over ``directory``."""
+        mount = 'mount -t tmpfs -o mode=0700 tmpfs "$1" && shift && exec "$@"'
+        unshare = [_which("unshare"), "--mount", "--propagation", "private"]
+        return [*unshare, "sh", "-c", mount, "sh", str(directory), *argv]
 
     def _slurmds(self) -> list[str]:
         return [name for name in self.pids if name.startswith("slurmd")]

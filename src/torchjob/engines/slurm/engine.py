@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from torchjob.spec.model import Job
 
 SLURM_FILE = "slurm.json"  # the Slurm job id, and Slurm's final state once seen
+_UNSHARED = "unshared on "  # _ask_slurm's reason for a batch host that did not see the job dir
 POLL = 0.3
 SLURM_EVERY = 1.0  # seconds between two questions to Slurm about one job
 # Slurm's final states that end the job from outside the controller: how the report says them.
@@ -266,6 +267,9 @@ class SlurmEngine:
                     sink.log(line)
             report = self.wait(job_id)
             self._left_queue(slurm_id)  # attached, a run returns once nothing of it is left
+            if "unsharedOn" in self._slurm(job_dir):  # the job root is unusable: a setup error
+                shutil.rmtree(job_dir, ignore_errors=True)
+                raise EngineError(report.reason)
             return report
         except KeyboardInterrupt:
             # Attached, the terminal is the job's: Ctrl-C (or SIGTERM) cancels the allocation and
@@ -347,6 +351,8 @@ class SlurmEngine:
             state, reason = self._slurm_state(slurm_id)
             if state in steps.FINAL_STATES:
                 slurm["state"] = state
+                if reason.startswith(_UNSHARED):
+                    slurm["unsharedOn"] = reason[len(_UNSHARED) :]
                 from torchjob.files import write_atomic
 
                 write_atomic(job_dir / SLURM_FILE, json.dumps(slurm) + "\n")
@@ -363,6 +369,13 @@ class SlurmEngine:
             report.phase = "Terminating"  # Slurm is ending it; its final state says why
         elif ended_by_slurm and state == "COMPLETED":
             pass
+        elif "unsharedOn" in slurm:
+            report.phase = "Failed"
+            report.reason = (
+                f"the job directory {job_dir} is not on the batch host {slurm['unsharedOn']}: the job "
+                f"root {self.root} must be on a filesystem that the login node and the compute nodes "
+                "share (--job-root, TORCHJOB_SLURM_JOB_ROOT)"
+            )
         elif state is None:
             report.phase = "Unknown"
             report.reason = f"Slurm no longer knows job {slurm_id}, and its controller wrote no final state"
@@ -392,7 +405,12 @@ class SlurmEngine:
                 return rows[0][1], rows[0][2]
             shown = steps.show_job(slurm_id)
             if shown:
-                return shown[0].state, shown[0].reason
+                from torchjob.engines.slurm.plan import NOT_SHARED
+
+                job = shown[0]
+                if job.state == "FAILED" and job.exit_code == NOT_SHARED:
+                    return job.state, _UNSHARED + job.fields.get("BatchHost", "its batch host")
+                return job.state, job.reason
             return steps.final_state(slurm_id), ""  # forgotten by slurmctld: sacct, the completion file
         except steps.SlurmError as err:
             raise EngineError(str(err)) from None
