@@ -63,3 +63,38 @@ def test_a_shared_job_root_runs(apart: tuple[SlurmCluster, Path], tmp_path: Path
     done = torchjob(env, "run", str(path), "--engine", "slurm")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "w-0 | ran here" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("enforced", "ask", "said"),
+    [
+        # Without EnforcePartLimits, sbatch accepts the job and Slurm keeps it pending for ever
+        # (the time limit's reason is PartitionTimeLimit or PartitionConfig, by the pass that saw it).
+        (False, "time", "Slurm will not start job 1 as asked: Partition"),
+        (False, "cpu", "Slurm will not start job 1 as asked: PartitionConfig (no node of the partition"),
+        # With it, sbatch refuses the job and says why.
+        (True, "time", "sbatch failed: Batch job submission failed: Requested time limit is invalid"),
+    ],
+)
+def test_a_request_beyond_the_partitions_limits_is_one_line(
+    slurm: SlurmCluster, tmp_path: Path, enforced: bool, ask: str, said: str
+) -> None:
+    if enforced:
+        with open(slurm.conf, "a") as conf:
+            conf.write("EnforcePartLimits=ALL\n")
+        assert slurm.run("scontrol", "reconfigure").returncode == 0
+    limit = slurm.run("scontrol", "update", f"partitionname={slurm.partition}", "maxtime=2")
+    assert limit.returncode == 0, limit.stderr
+    env = cli_env(slurm, tmp_path / "root")
+    pod = task("w", "print('never')")
+    args = ["--time-limit", "5"] if ask == "time" else []
+    if ask == "cpu":  # more than the node's 8
+        pod["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "16"}}  # type: ignore[index]
+    path = job_file(tmp_path, [pod])
+    done = torchjob(env, "run", str(path), "--engine", "slurm", *args, timeout=90)
+    assert done.returncode == 2, done.stdout + done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("torchjob: " + said), done.stderr
+    assert "Traceback" not in done.stderr
+    assert list((tmp_path / "root").iterdir()) == []
+    assert slurm.jobs() == []

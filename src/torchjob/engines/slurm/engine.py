@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -49,6 +50,23 @@ ENDED_BY_SLURM = {
     "DEADLINE": ("Failed", "Slurm: DEADLINE: the job's deadline passed before it ran"),
     "OUT_OF_MEMORY": ("Failed", "Slurm: OUT_OF_MEMORY: the allocation ran out of memory"),
 }
+
+
+# Pending reasons by which Slurm says that the job asks for more than its partition, QOS or
+# association allows: waiting does not start it. (Without EnforcePartLimits, sbatch accepts such
+# a job and leaves it pending; with it, sbatch refuses it and says why.)
+BEYOND_LIMITS = re.compile(
+    r"Partition(TimeLimit|NodeLimit|Config)|BadConstraints|(QOS|Assoc)Max\w*PerJob\w*|QOSMin\w+"
+)
+_WHAT_LIMIT = {
+    "PartitionTimeLimit": "the time limit is above the partition's",
+    "PartitionNodeLimit": "the node count is outside the partition's limits",
+    "PartitionConfig": "no node of the partition has what one pod asks for",
+}
+
+
+class _BeyondLimits(Exception):
+    """Slurm keeps an attached job pending for a reason in BEYOND_LIMITS (the reason)."""
 
 
 def settings_from(given: dict[str, Any], environ: dict[str, str]) -> SlurmSettings:
@@ -259,18 +277,40 @@ class SlurmEngine:
             options.on_start(job_id)
         if not options.quiet:
             sink.notice(f"Slurm job {slurm_id}: {job_id} ({job_dir})")
+
+        def beyond_limits(report: JobReport) -> None:
+            asked = self._asked.get(slurm_id)
+            if (
+                report.phase == "Pending"
+                and asked
+                and asked[1] == "PENDING"
+                and BEYOND_LIMITS.fullmatch(asked[2])
+            ):
+                raise _BeyondLimits(asked[2])
+
         restore = _sigterm_interrupts()
         try:
             if options.follow and not options.quiet:
                 told = _EventTeller(sink)
-                for line in self._lines(job_dir, LogQuery(follow=True), told):
+
+                def on_report(report: JobReport) -> None:
+                    told(report)
+                    beyond_limits(report)
+
+                for line in self._lines(job_dir, LogQuery(follow=True), on_report):
                     sink.log(line)
-            report = self.wait(job_id)
+            report = self._wait(job_dir, None, beyond_limits)
             self._left_queue(slurm_id)  # attached, a run returns once nothing of it is left
             if "unsharedOn" in self._slurm(job_dir):  # the job root is unusable: a setup error
                 shutil.rmtree(job_dir, ignore_errors=True)
                 raise EngineError(report.reason)
             return report
+        except _BeyondLimits as err:
+            # Attached, a job that cannot start would be followed for ever: cancel it, say why.
+            self._cancel(slurm_id)
+            shutil.rmtree(job_dir, ignore_errors=True)
+            what = _WHAT_LIMIT.get(str(err), "a limit of the partition, QOS or account")
+            raise EngineError(f"Slurm will not start job {slurm_id} as asked: {err} ({what})") from None
         except KeyboardInterrupt:
             # Attached, the terminal is the job's: Ctrl-C (or SIGTERM) cancels the allocation and
             # its steps, and returns once Slurm holds none of them.
@@ -424,10 +464,16 @@ class SlurmEngine:
         return self._report(self._find(ref))
 
     def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
-        job_dir = self._find(ref)
+        return self._wait(self._find(ref), timeout)
+
+    def _wait(
+        self, job_dir: Path, timeout: float | None, on_report: Callable[[JobReport], None] | None = None
+    ) -> JobReport:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             report = self._report(job_dir)
+            if on_report is not None:
+                on_report(report)
             if report.terminal or report.phase == "Unknown":
                 return report
             if deadline is not None and time.monotonic() >= deadline:
