@@ -334,3 +334,13 @@ def test_the_job_root_defaults_under_home(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setenv("HOME", str(tmp_path))
     assert job_root(SlurmSettings()) == tmp_path / ".torchjob" / "slurm"
     assert job_root(SlurmSettings(job_root="/shared/jobs")) == Path("/shared/jobs")
+
+
+def test_a_node_list_without_ranges_needs_no_slurm_client(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from torchjob.engines.slurm.steps import hostnames
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: a plain list is split without it
+    assert hostnames("vm") == ["vm"]
+    assert hostnames("n1,gpu-2") == ["n1", "gpu-2"]

@@ -216,7 +216,13 @@ def cancel(job_id: str, env: Mapping[str, str] | None = None, *, signal_name: st
 
 
 def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
-    """A Slurm node list (``node[1-3,7]``) as host names."""
+    """A Slurm node list (``node[1-3,7]``) as host names.
+
+    A list without ranges (``node1,node2``) is split here: the controller asks this before its
+    first pod starts, and ``scontrol`` would cost a process start on that path.
+    """
+    if "[" not in nodelist:
+        return [name for name in nodelist.split(",") if name]
     return run(["scontrol", "show", "hostnames", nodelist], env).split()
 
 
