@@ -1,4 +1,4 @@
-"""How fast a job starts on Slurm through the Slurm plan, next to a bare ``sbatch`` + ``srun python``.
+"""How fast a job starts on Slurm through torchjob, next to a bare ``sbatch`` + ``srun python``.
 
 Run as root from the repository root, with Debian's ``slurm-wlm`` and ``munge`` installed (it starts
 a private cluster, tests/slurm_cluster.py, and stops it at the end)::
