@@ -160,3 +160,24 @@ def test_a_pod_of_another_component_is_seen_running_and_delete_stops_it(
     assert slurm2.jobs() == []
     assert steps.steps(listed, slurm2.env) == {}
     assert no_process_left(marker) == []
+
+
+def test_a_heterogeneous_job_on_a_one_node_partition_is_one_line(slurm: SlurmCluster, tmp_path: Path) -> None:
+    # One node: Slurm would keep the job pending (Resources) for ever; torchjob says why at once.
+    env = cli_env(slurm, tmp_path / "root")
+    small, big = task("small", "print('small ran')"), task("big", "print('big ran')")
+    big["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "2"}}  # type: ignore[index]
+    path = job_file(tmp_path, [small, big])
+    done = torchjob(env, "run", str(path), "--engine", "slurm", timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "torchjob: the job's tasks ask for 2 kinds of pod (small; big), each a component of a "
+        f"heterogeneous job on a node of its own, and partition {slurm.partition} has 1 node(s): give "
+        "the tasks the same resources, or use --single-component"
+    ], done.stderr
+    assert not (tmp_path / "root").exists() or list((tmp_path / "root").iterdir()) == []
+    assert slurm.jobs() == []
+    # One component sized for the largest pod runs on the one node.
+    done = torchjob(env, "run", str(path), "--engine", "slurm", "--single-component")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "small-0 | small ran" in done.stdout and "big-0 | big ran" in done.stdout

@@ -241,6 +241,8 @@ class SlurmEngine:
         job_dir = self.root / job_id
         chosen = self._for(options)
         plan = self._plan(job, job_dir, chosen)
+        if plan.heterogeneous:
+            self._fits_heterogeneous(plan)
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._own_root()
@@ -318,6 +320,21 @@ class SlurmEngine:
             raise
         finally:
             restore()
+
+    def _fits_heterogeneous(self, plan: SlurmPlan) -> None:
+        """Slurm starts a heterogeneous job only with each component on a node of its own: on a
+        partition with fewer nodes than components it would stay pending (Resources) for ever."""
+        partition = plan.settings.partition
+        nodes = steps.partition_nodes(partition)
+        wanted = len(plan.components)
+        if nodes is not None and nodes < wanted:
+            kinds = "; ".join(", ".join(c.tasks) for c in plan.components)
+            where = f"partition {partition}" if partition else "the default partition"
+            raise EngineError(
+                f"the job's tasks ask for {wanted} kinds of pod ({kinds}), each a component of a "
+                f"heterogeneous job on a node of its own, and {where} has {nodes} node(s): give the "
+                "tasks the same resources, or use --single-component"
+            )
 
     # ------------------------------------------------------------------ reading jobs
 

@@ -155,6 +155,21 @@ def show_job(job_id: str, env: Mapping[str, str] | None = None) -> list[JobState
     return states
 
 
+def partition_nodes(name: str | None, env: Mapping[str, str] | None = None) -> int | None:
+    """How many nodes a partition has (the default partition's without a name); None when Slurm
+    does not say (no such partition: sbatch then says so in its own words)."""
+    try:
+        out = run(["scontrol", "show", "partition", "-o", *([name] if name else [])], env)
+    except SlurmError:
+        return None
+    for line in out.splitlines():
+        fields = parse_show(line.strip())
+        if (name and fields.get("PartitionName") == name) or (not name and fields.get("Default") == "YES"):
+            total = fields.get("TotalNodes", "")
+            return int(total) if total.isdigit() else None
+    return None
+
+
 def _forgotten_is_empty(argv: list[str], env: Mapping[str, str] | None) -> str:
     """squeue's output; nothing for a job slurmctld no longer knows (it refuses the id)."""
     try:
