@@ -1,13 +1,17 @@
-"""How fast a job starts on Slurm through the Slurm plan, next to a bare ``sbatch`` + ``srun python``.
+"""How fast a job starts on Slurm through torchjob, next to a bare ``sbatch`` + ``srun python``.
 
 Run as root from the repository root, with Debian's ``slurm-wlm`` and ``munge`` installed (it starts
 a private cluster, tests/slurm_cluster.py, and stops it at the end)::
 
     .venv/bin/python benchmarks/bench_slurm.py                      # 2 and 4 ranks, 3 repetitions
     .venv/bin/python benchmarks/bench_slurm.py --ranks 2 --reps 5 --json out.json
+    .venv/bin/python benchmarks/bench_slurm.py --modes plan torchjob bare
 
 The program is ``examples/programs/allreduce.py`` (init gloo, one all-reduce, check the sum), which
-writes when each rank started, joined the group and ended. Two launches, interleaved:
+writes when each rank started, joined the group and ended. The launches (``torchjob`` and ``bare``
+unless ``--modes`` says otherwise) run one after the other for each repetition and rank count,
+their order reversed every other repetition, so each ``torchjob`` run has a ``bare`` run of the
+same size next to it, under the same load: the ratios are taken per pair, then their median.
 
 * ``plan``: torchjob's Slurm plan: ``sbatch`` with the plan's arguments and batch script, whose
   controller (a stand-in until the engine-neutral controller exists: this script with
@@ -26,6 +30,8 @@ the group, and the wall time until the job left the queue.
 from __future__ import annotations
 
 import argparse
+import compileall
+import importlib.util
 import json
 import os
 import shlex
@@ -109,6 +115,16 @@ def launch(job_dir: Path) -> int:
     return max((1 if code is None else code) for code in codes)
 
 
+def compile_bytecode() -> None:
+    """Write torchjob's ``.pyc`` files first, as installing a wheel does: with
+    ``PYTHONDONTWRITEBYTECODE`` set (as on the machine these numbers come from), an editable
+    checkout would compile its modules from source in the CLI and again in the controller on
+    every start (a quarter of a second each, measured under load), which no installed copy pays."""
+    spec = importlib.util.find_spec("torchjob")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        compileall.compile_dir(folder, quiet=1)
+
+
 def bare_script(ranks: int, port: int) -> str:
     rank_then_run = 'RANK=$SLURM_PROCID; export RANK; exec "$0" "$@"'
     return "\n".join(
@@ -187,6 +203,9 @@ def main() -> int:
     )
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--modes", nargs="+", choices=("plan", "torchjob", "bare"), default=["torchjob", "bare"]
+    )
     parser.add_argument("--json", help="write the raw numbers here")
     parser.add_argument("--launch", help=argparse.SUPPRESS)  # inside the allocation: the stand-in controller
     args = parser.parse_args()
@@ -198,34 +217,42 @@ def main() -> int:
     if reason:
         print(f"bench_slurm: {reason}", file=sys.stderr)
         return 2
+    compile_bytecode()
     results: dict[str, list[dict[str, float]]] = {}
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
         base = Path(tmp)
         cluster = slurm_cluster.SlurmCluster(base / "cluster")
         try:
             cluster.start()
-            for _ in range(args.reps):
+            for rep in range(args.reps):
                 for ranks in args.ranks:
-                    for mode in ("plan", "torchjob", "bare"):
+                    for mode in args.modes if rep % 2 == 0 else args.modes[::-1]:
                         results.setdefault(f"{mode} {ranks}", []).append(one_run(cluster, mode, ranks, base))
         finally:
             cluster.stop()
     load = os.getloadavg()
     print(
-        f"{os.cpu_count()} CPUs, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f};",
-        f"median of {args.reps}",
+        f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f} before, "
+        f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} after; median of {args.reps}"
     )
     print(f"{'launch':<12} {'ranks running s':>16} {'joined s':>9} {'wall s':>7}")
     for key, runs in results.items():
         row = [statistics.median(r[m] for r in runs) for m in ("running", "joined", "wall")]
         print(f"{key:<12} {row[0]:>16.2f} {row[1]:>9.2f} {row[2]:>7.2f}")
     for ranks in args.ranks:
-        plan = statistics.median(r["wall"] for r in results[f"plan {ranks}"])
-        bare = statistics.median(r["wall"] for r in results[f"bare {ranks}"])
-        engine = statistics.median(r["wall"] for r in results[f"torchjob {ranks}"])
-        print(f"{ranks} ranks: plan / bare wall = {plan / bare:.2f}, torchjob / bare = {engine / bare:.2f}")
+        bare = results.get(f"bare {ranks}")
+        for mode in (m for m in args.modes if m != "bare" and bare is not None):
+            for measure in ("running", "wall"):
+                runs = zip(results[f"{mode} {ranks}"], bare or [], strict=True)
+                pairs = [a[measure] / b[measure] for a, b in runs]
+                print(
+                    f"{ranks} ranks: {mode} / bare {measure}: median of pairs {statistics.median(pairs):.2f} "
+                    f"(pairs {min(pairs):.2f}-{max(pairs):.2f})"
+                )
     if args.json:
-        Path(args.json).write_text(json.dumps({"load": load, "results": results}, indent=2))
+        data = {"load_before": load_before, "load": load, "results": results}
+        Path(args.json).write_text(json.dumps(data, indent=2))
     return 0
 
 

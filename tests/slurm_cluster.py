@@ -4,6 +4,14 @@ Everything lives in one private directory: the configuration, a munge key and so
 state, spool and logs; the ports are free ones picked at start. So two test runs on one machine
 (or a real Slurm installed on it) never see each other's jobs. Clients reach the cluster through
 ``SLURM_CONF`` in :attr:`SlurmCluster.env`.
+
+``nodes=2`` declares a second node on this machine (a second slurmd, Debian's Slurm being built
+with multiple-slurmd support), named ``localhost`` so that its name resolves as a real node's
+does. A heterogeneous job needs it: Slurm's backfill scheduler, the only one that starts such a
+job, places each component on a node of its own, so on one node it stays pending (Resources).
+
+``unshared=DIR`` makes the node a machine that does not share ``DIR`` with this one: slurmd (and
+so every job on it) runs in a mount namespace of its own with an empty tmpfs over ``DIR``.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -54,8 +63,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def config_text(directory: Path, host: str, ctld_port: int, d_port: int, cpus: int, memory: int) -> str:
+class Unsupported(RuntimeError):
+    """This Slurm cannot make the cluster asked for (a reason to skip, not a failure)."""
+
+
+def config_text(
+    directory: Path,
+    host: str,
+    ctld_port: int,
+    d_port: int,
+    cpus: int,
+    memory: int,
+    more: Sequence[tuple[str, int]] = (),
+) -> str:
+    """The configuration; ``more`` are (name, port) of further nodes on this host."""
     d = directory
+    per_node = "-%n" if more else ""  # slurmd files of one node each, with several slurmds
     lines = [
         f"ClusterName=tj{os.getpid() % 100000}",
         f"SlurmctldHost={host}",
@@ -70,11 +93,11 @@ def config_text(directory: Path, host: str, ctld_port: int, d_port: int, cpus: i
         "SelectTypeParameters=CR_Core",
         "SchedulerParameters=bf_interval=1",  # heterogeneous jobs start only by backfill
         f"SlurmctldPidFile={d}/ctld.pid",
-        f"SlurmdPidFile={d}/d.pid",
-        f"SlurmdSpoolDir={d}/spool",
+        f"SlurmdPidFile={d}/d{per_node}.pid",
+        f"SlurmdSpoolDir={d}/spool{per_node}",
         f"StateSaveLocation={d}/state",
         f"SlurmctldLogFile={d}/ctld.log",
-        f"SlurmdLogFile={d}/d.log",
+        f"SlurmdLogFile={d}/d{per_node}.log",
         f"SlurmctldPort={ctld_port}",
         f"SlurmdPort={d_port}",
         "SlurmUser=root",
@@ -87,7 +110,13 @@ def config_text(directory: Path, host: str, ctld_port: int, d_port: int, cpus: i
         "JobCompType=jobcomp/filetxt",
         f"JobCompLoc={d}/jobcomp.txt",
         f"NodeName={host} CPUs={cpus} RealMemory={memory} State=UNKNOWN",
-        f"PartitionName={PARTITION} Nodes={host} Default=YES MaxTime=INFINITE State=UP",
+        *(
+            f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
+            f"CPUs={cpus} RealMemory={memory} State=UNKNOWN"
+            for name, port in more
+        ),
+        f"PartitionName={PARTITION} Nodes={','.join([host, *(n for n, _ in more)])} Default=YES "
+        "MaxTime=INFINITE State=UP",
     ]
     return "\n".join(lines) + "\n"
 
@@ -95,9 +124,21 @@ def config_text(directory: Path, host: str, ctld_port: int, d_port: int, cpus: i
 class SlurmCluster:
     """One private cluster; :meth:`start` it, :meth:`stop` it (also after a failed start)."""
 
-    def __init__(self, directory: Path, *, cpus: int = 8, memory: int = 8000) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        cpus: int = 8,
+        memory: int = 8000,
+        nodes: int = 1,
+        unshared: Path | None = None,
+    ) -> None:
         self.dir = directory
+        self.unshared = unshared
         self.host = socket.gethostname().split(".")[0]
+        if nodes not in (1, 2) or (nodes == 2 and self.host == "localhost"):
+            raise Unsupported(f"{nodes} nodes on host {self.host!r}")
+        self.nodes = [self.host, "localhost"][:nodes]  # each a name that resolves to this machine
         self.cpus = cpus
         self.memory = memory
         self.conf = directory / "slurm.conf"
@@ -114,22 +155,48 @@ class SlurmCluster:
         for attempt in range(attempts):
             # Free ports are picked, then bound by the daemons: another run may take one between.
             ctld_port, d_port = free_port(), free_port()
-            text = config_text(self.dir, self.host, ctld_port, d_port, self.cpus, self.memory)
+            more = [(name, free_port()) for name in self.nodes[1:]]
+            text = config_text(self.dir, self.host, ctld_port, d_port, self.cpus, self.memory, more)
             self.conf.write_text(text)
             self.conf.chmod(0o644)
             try:
                 self._daemon("slurmctld", [_which("slurmctld"), "-f", str(self.conf)], self.dir / "ctld.pid")
-                self._daemon("slurmd", [_which("slurmd"), "-f", str(self.conf)], self.dir / "d.pid")
+                if more:
+                    self._check_multiple_slurmd()
+                    for name in self.nodes:
+                        argv = [_which("slurmd"), "-f", str(self.conf), "-N", name]
+                        self._daemon(f"slurmd-{name}", argv, self.dir / f"d-{name}.pid")
+                else:
+                    argv = [_which("slurmd"), "-f", str(self.conf)]
+                    if self.unshared is not None:
+                        argv = self._apart(argv, self.unshared)
+                    self._daemon("slurmd", argv, self.dir / "d.pid")
                 self.wait_idle(START_TIMEOUT)
                 return self
-            except RuntimeError:
-                for name in ("slurmd", "slurmctld"):
+            except RuntimeError as err:
+                for name in [*self._slurmds(), "slurmctld"]:
                     pid = self.pids.pop(name, None)
                     if pid is not None:
                         _stop_pid(pid)
-                if attempt == attempts - 1:
+                if attempt == attempts - 1 or isinstance(err, Unsupported):
                     raise
         return self
+
+    @staticmethod
+    def _apart(argv: list[str], directory: Path) -> list[str]:
+        """``argv`` in a mount namespace of its own, with an empty tmpfs over ``directory``."""
+        mount = 'mount -t tmpfs -o mode=0700 tmpfs "$1" && shift && exec "$@"'
+        unshare = [_which("unshare"), "--mount", "--propagation", "private"]
+        return [*unshare, "sh", "-c", mount, "sh", str(directory), *argv]
+
+    def _slurmds(self) -> list[str]:
+        return [name for name in self.pids if name.startswith("slurmd")]
+
+    def _check_multiple_slurmd(self) -> None:
+        """Several slurmds on one host need a Slurm built for it (Debian's is)."""
+        config = self.run("scontrol", "show", "config", timeout=20).stdout
+        if not any(line.split() == ["MULTIPLE_SLURMD", "=", "Yes"] for line in config.splitlines()):
+            raise Unsupported("this Slurm is not built with multiple-slurmd support (two nodes on one host)")
 
     def _start_munge(self) -> None:
         key = self.dir / "munge.key"
@@ -165,7 +232,9 @@ class SlurmCluster:
         raise RuntimeError(f"{name} wrote no pid file {pid_file}; its log: {self._log_tail(name)}")
 
     def _log_tail(self, name: str) -> str:
-        log = {"munged": "munged.log", "slurmctld": "ctld.log", "slurmd": "d.log"}[name]
+        log = {"munged": "munged.log", "slurmctld": "ctld.log"}.get(
+            name, name.replace("slurmd", "d") + ".log"
+        )
         try:
             return " | ".join((self.dir / log).read_text().splitlines()[-5:])
         except OSError:
@@ -182,19 +251,21 @@ class SlurmCluster:
         state = ""
         resumed = False
         while time.monotonic() < deadline:
-            for name in ("slurmctld", "slurmd"):
+            for name in ("slurmctld", *self._slurmds()):
                 if name in self.pids and not alive(self.pids[name]):
                     raise RuntimeError(f"{name} exited; its log: {self._log_tail(name)}")
-            state = self.run("sinfo", "-h", "-o", "%t", timeout=10).stdout.strip()
-            if state == "idle":
+            states = self.run("sinfo", "-h", "-N", "-o", "%t", timeout=10).stdout.split()
+            state = ",".join(states)
+            if len(states) == len(self.nodes) and set(states) == {"idle"}:
                 return
-            if state.startswith("down") and not resumed:
-                self.run("scontrol", "update", f"nodename={self.host}", "state=resume")
+            if any(s.startswith("down") for s in states) and not resumed:
+                self.run("scontrol", "update", f"nodename={','.join(self.nodes)}", "state=resume")
                 resumed = True
             time.sleep(0.2)
         raise RuntimeError(
             f"the node is not idle after {timeout:.0f} s (sinfo: {state!r}); "
-            f"slurmctld: {self._log_tail('slurmctld')}; slurmd: {self._log_tail('slurmd')}"
+            f"slurmctld: {self._log_tail('slurmctld')}; "
+            + "; ".join(f"{name}: {self._log_tail(name)}" for name in self._slurmds())
         )
 
     def jobs(self) -> list[str]:
@@ -203,7 +274,7 @@ class SlurmCluster:
 
     def stop(self) -> None:
         """Cancel every job, stop the daemons by pid, and kill any step process of this cluster."""
-        if "slurmctld" in self.pids and "slurmd" in self.pids:
+        if "slurmctld" in self.pids and self._slurmds():
             try:
                 self.run("scancel", "--full", "--user=root", timeout=10)
                 deadline = time.monotonic() + 15
@@ -211,7 +282,7 @@ class SlurmCluster:
                     time.sleep(0.2)
             except (OSError, subprocess.TimeoutExpired):
                 pass
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in (*self._slurmds(), "slurmctld", "munged"):
             pid = self.pids.pop(name, None)
             if pid is not None:
                 _stop_pid(pid)

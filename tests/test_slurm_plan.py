@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from torchjob.engines.slurm.plan import (
+    NOT_SHARED,
     PlanError,
     Resources,
     launches,
@@ -142,7 +144,7 @@ def test_tasks_that_differ_become_heterogeneous_components() -> None:
     assert plan.sbatch_args == [
         "--parsable",
         "--job-name=train",
-        "--output=/jobs/train/slurm-%j.out",
+        "--output=/dev/null",
         "--chdir=/jobs/train",
         "--no-requeue",
         "--partition=gpu",
@@ -185,13 +187,23 @@ def test_the_batch_script_and_command_line_never_give_a_user_value_to_a_shell(tm
     settings = SlurmSettings(partition=EVIL, sbatch_args=(EVIL,))
     program = "import os, sys; print(repr((os.environ['TORCHJOB_JOB_DIR'], sys.argv[1:])))"
     plan = plan_job(pytorch_job(), settings, str(job_dir), [sys.executable, "-c", program, EVIL])
-    script = tmp_path / "batch.sh"
+    script = job_dir / "batch.sh"
     script.write_text(plan.script)
+    env = {**os.environ, "SLURM_JOB_ID": "7"}
+    output = job_dir / "slurm-7.out"  # the script's output, once it found its job directory
     for shell in ("sh", "bash", "dash"):
-        done = subprocess.run([shell, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+        output.unlink(missing_ok=True)
+        done = subprocess.run(
+            [shell, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30
+        )
         assert done.returncode == 0, done.stderr
-        assert done.stdout == repr((str(job_dir), [EVIL])) + "\n"
+        assert output.read_text() == repr((str(job_dir), [EVIL])) + "\n"
     assert not (tmp_path / "MARK").exists()
+    # A host that does not see the job directory (no batch.sh in it): the script says so by its code.
+    moved = tmp_path / "elsewhere.sh"
+    script.rename(moved)
+    done = subprocess.run(["sh", str(moved)], cwd=tmp_path, env=env, capture_output=True, timeout=30)
+    assert done.returncode == NOT_SHARED == 66
     assert "#SBATCH" not in plan.script
     # what --dry-run prints splits back into exactly the arguments sbatch gets
     assert shlex.split(plan.command_line("/j/batch.sh")) == ["sbatch", *plan.sbatch_args, "/j/batch.sh"]
@@ -322,3 +334,13 @@ def test_the_job_root_defaults_under_home(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setenv("HOME", str(tmp_path))
     assert job_root(SlurmSettings()) == tmp_path / ".torchjob" / "slurm"
     assert job_root(SlurmSettings(job_root="/shared/jobs")) == Path("/shared/jobs")
+
+
+def test_a_node_list_without_ranges_needs_no_slurm_client(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from torchjob.engines.slurm.steps import hostnames
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: a plain list is split without it
+    assert hostnames("vm") == ["vm"]
+    assert hostnames("n1,gpu-2") == ["n1", "gpu-2"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from torchjob.spec.model import Job
 
 SLURM_FILE = "slurm.json"  # the Slurm job id, and Slurm's final state once seen
+_UNSHARED = "unshared on "  # _ask_slurm's reason for a batch host that did not see the job dir
 POLL = 0.3
 SLURM_EVERY = 1.0  # seconds between two questions to Slurm about one job
 # Slurm's final states that end the job from outside the controller: how the report says them.
@@ -48,6 +50,23 @@ ENDED_BY_SLURM = {
     "DEADLINE": ("Failed", "Slurm: DEADLINE: the job's deadline passed before it ran"),
     "OUT_OF_MEMORY": ("Failed", "Slurm: OUT_OF_MEMORY: the allocation ran out of memory"),
 }
+
+
+# Pending reasons by which Slurm says that the job asks for more than its partition, QOS or
+# association allows: waiting does not start it. (Without EnforcePartLimits, sbatch accepts such
+# a job and leaves it pending; with it, sbatch refuses it and says why.)
+BEYOND_LIMITS = re.compile(
+    r"Partition(TimeLimit|NodeLimit|Config)|BadConstraints|(QOS|Assoc)Max\w*PerJob\w*|QOSMin\w+"
+)
+_WHAT_LIMIT = {
+    "PartitionTimeLimit": "the time limit is above the partition's",
+    "PartitionNodeLimit": "the node count is outside the partition's limits",
+    "PartitionConfig": "no node of the partition has what one pod asks for",
+}
+
+
+class _BeyondLimits(Exception):
+    """Slurm keeps an attached job pending for a reason in BEYOND_LIMITS (the reason)."""
 
 
 def settings_from(given: dict[str, Any], environ: dict[str, str]) -> SlurmSettings:
@@ -222,6 +241,8 @@ class SlurmEngine:
         job_dir = self.root / job_id
         chosen = self._for(options)
         plan = self._plan(job, job_dir, chosen)
+        if plan.heterogeneous:
+            self._fits_heterogeneous(plan)
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._own_root()
@@ -262,15 +283,40 @@ class SlurmEngine:
             options.on_start(job_id)
         if not options.quiet:
             sink.notice(f"Slurm job {slurm_id}: {job_id} ({job_dir})")
+
+        def beyond_limits(report: JobReport) -> None:
+            asked = self._asked.get(slurm_id)
+            if (
+                report.phase == "Pending"
+                and asked
+                and asked[1] == "PENDING"
+                and BEYOND_LIMITS.fullmatch(asked[2])
+            ):
+                raise _BeyondLimits(asked[2])
+
         restore = _sigterm_interrupts()
         try:
             if options.follow and not options.quiet:
                 told = _EventTeller(sink)
-                for line in self._lines(job_dir, LogQuery(follow=True), told):
+
+                def on_report(report: JobReport) -> None:
+                    told(report)
+                    beyond_limits(report)
+
+                for line in self._lines(job_dir, LogQuery(follow=True), on_report):
                     sink.log(line)
-            report = self.wait(job_id)
+            report = self._wait(job_dir, None, beyond_limits)
             self._left_queue(slurm_id)  # attached, a run returns once nothing of it is left
+            if "unsharedOn" in self._slurm(job_dir):  # the job root is unusable: a setup error
+                shutil.rmtree(job_dir, ignore_errors=True)
+                raise EngineError(report.reason)
             return report
+        except _BeyondLimits as err:
+            # Attached, a job that cannot start would be followed for ever: cancel it, say why.
+            self._cancel(slurm_id)
+            shutil.rmtree(job_dir, ignore_errors=True)
+            what = _WHAT_LIMIT.get(str(err), "a limit of the partition, QOS or account")
+            raise EngineError(f"Slurm will not start job {slurm_id} as asked: {err} ({what})") from None
         except KeyboardInterrupt:
             # Attached, the terminal is the job's: Ctrl-C (or SIGTERM) cancels the allocation and
             # its steps, and returns once Slurm holds none of them.
@@ -278,6 +324,21 @@ class SlurmEngine:
             raise
         finally:
             restore()
+
+    def _fits_heterogeneous(self, plan: SlurmPlan) -> None:
+        """Slurm starts a heterogeneous job only with each component on a node of its own: on a
+        partition with fewer nodes than components it would stay pending (Resources) for ever."""
+        partition = plan.settings.partition
+        nodes = steps.partition_nodes(partition)
+        wanted = len(plan.components)
+        if nodes is not None and nodes < wanted:
+            kinds = "; ".join(", ".join(c.tasks) for c in plan.components)
+            where = f"partition {partition}" if partition else "the default partition"
+            raise EngineError(
+                f"the job's tasks ask for {wanted} kinds of pod ({kinds}), each a component of a "
+                f"heterogeneous job on a node of its own, and {where} has {nodes} node(s): give the "
+                "tasks the same resources, or use --single-component"
+            )
 
     # ------------------------------------------------------------------ reading jobs
 
@@ -379,6 +440,8 @@ class SlurmEngine:
             state, reason = self._slurm_state(slurm_id)
             if state in steps.FINAL_STATES:
                 slurm["state"] = state
+                if reason.startswith(_UNSHARED):
+                    slurm["unsharedOn"] = reason[len(_UNSHARED) :]
                 from torchjob.files import write_atomic
 
                 write_atomic(job_dir / SLURM_FILE, json.dumps(slurm) + "\n")
@@ -395,6 +458,13 @@ class SlurmEngine:
             report.phase = "Terminating"  # Slurm is ending it; its final state says why
         elif ended_by_slurm and state == "COMPLETED":
             pass
+        elif "unsharedOn" in slurm:
+            report.phase = "Failed"
+            report.reason = (
+                f"the job directory {job_dir} is not on the batch host {slurm['unsharedOn']}: the job "
+                f"root {self.root} must be on a filesystem that the login node and the compute nodes "
+                "share (--job-root, TORCHJOB_SLURM_JOB_ROOT)"
+            )
         elif state is None:
             report.phase = "Unknown"
             report.reason = f"Slurm no longer knows job {slurm_id}, and its controller wrote no final state"
@@ -424,7 +494,12 @@ class SlurmEngine:
                 return rows[0][1], rows[0][2]
             shown = steps.show_job(slurm_id)
             if shown:
-                return shown[0].state, shown[0].reason
+                from torchjob.engines.slurm.plan import NOT_SHARED
+
+                job = shown[0]
+                if job.state == "FAILED" and job.exit_code == NOT_SHARED:
+                    return job.state, _UNSHARED + job.fields.get("BatchHost", "its batch host")
+                return job.state, job.reason
             return steps.final_state(slurm_id), ""  # forgotten by slurmctld: sacct, the completion file
         except steps.SlurmError as err:
             raise EngineError(str(err)) from None
@@ -438,10 +513,16 @@ class SlurmEngine:
         return self._report(self._find(ref))
 
     def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
-        job_dir = self._find(ref)
+        return self._wait(self._find(ref), timeout)
+
+    def _wait(
+        self, job_dir: Path, timeout: float | None, on_report: Callable[[JobReport], None] | None = None
+    ) -> JobReport:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             report = self._report(job_dir)
+            if on_report is not None:
+                on_report(report)
             if report.terminal or report.phase == "Unknown":
                 return report
             if deadline is not None and time.monotonic() >= deadline:
@@ -541,6 +622,10 @@ class SlurmEngine:
     def _cancel(self, slurm_id: str, timeout: float = 60.0) -> None:
         """scancel the allocation, then wait (bounded) until Slurm holds no step of it."""
         try:
+            listed = steps.component_ids(slurm_id)  # before scancel: the components' steps too
+        except steps.SlurmError:
+            listed = slurm_id
+        try:
             steps.cancel(slurm_id)
         except steps.SlurmError as err:
             if "Invalid job id" not in str(err) and "already completing" not in str(err):
@@ -548,7 +633,7 @@ class SlurmEngine:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if not steps.steps(slurm_id) and not steps.queue(slurm_id):
+                if not steps.steps(listed) and not steps.queue(slurm_id):
                     return
             except steps.SlurmError:
                 pass

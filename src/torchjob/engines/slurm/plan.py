@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 GPU = "nvidia.com/gpu"
+# The batch script's exit code when its host does not see the job directory (EX_NOINPUT).
+NOT_SHARED = 66
 MIB = 2.0**20
 Key = tuple[str, int]  # (task name, index)
 
@@ -286,7 +288,9 @@ def sbatch_args(plan: SlurmPlan) -> list[str]:
     common = [
         "--parsable",
         f"--job-name={plan.job.name}",
-        f"--output={plan.job_dir}/slurm-%j.out",
+        # Not the job directory: a batch host that does not see it could not open the file and
+        # Slurm would fail the launch with nothing said; the script redirects once it checked.
+        "--output=/dev/null",
         f"--chdir={plan.job_dir}",
         "--no-requeue",  # retries are the controller's (maxRetry), not Slurm's
     ]
@@ -312,7 +316,10 @@ def batch_script(plan: SlurmPlan, controller: list[str]) -> str:
     """The batch script: the job's markers as variables, then the controller in its place.
 
     It holds no ``#SBATCH`` lines: the options travel as ``sbatch`` arguments, so no value is
-    parsed twice, and a value with a newline cannot end a comment and become a command.
+    parsed twice, and a value with a newline cannot end a comment and become a command. Before
+    anything else it checks that the job directory is the one written on the login node (its
+    ``batch.sh`` is there): if not, the job root is not shared with this host, and the script
+    exits with :data:`NOT_SHARED`, which Slurm reports as the job's exit code.
     """
     if not controller:
         raise ValueError("the batch script needs a controller command")
@@ -322,6 +329,9 @@ def batch_script(plan: SlurmPlan, controller: list[str]) -> str:
         f"TORCHJOB_JOB_DIR={shlex.quote(plan.job_dir)}",
         f"TORCHJOB_JOB_NAME={shlex.quote(plan.job.name)}",
         "export TORCHJOB_JOB_DIR TORCHJOB_JOB_NAME",
+        f'[ -f "$TORCHJOB_JOB_DIR/batch.sh" ] || exit {NOT_SHARED}',
+        "umask 077",
+        'exec >>"$TORCHJOB_JOB_DIR/slurm-$SLURM_JOB_ID.out" 2>&1',
         f"exec {shlex.join(controller)}",
     ]
     return "\n".join(lines) + "\n"

@@ -129,6 +129,7 @@ class SlurmRuntime:
         record: Callable[[str], None],
     ) -> None:
         self.job_id = job_id
+        self.listed = steps.component_ids_from_env({"SLURM_JOB_ID": job_id, **base_env})
         self.job_dir = job_dir
         self.launches = launches
         self.resources = resources
@@ -215,7 +216,7 @@ class SlurmRuntime:
             return
         self.asked_at = now
         try:
-            running = set(steps.steps(self.job_id, self.base_env).values())
+            running = set(steps.steps(self.listed, self.base_env).values())
         except steps.SlurmError:
             return  # asked again on a later poll
         for pod in starting:
@@ -350,6 +351,7 @@ class SlurmRuntime:
             component=component,
             working_dir=launch.working_dir or self.workdir,
             image=resources.image,
+            listed=self.listed,
         )
 
     def _stop(self, pod: SlurmPod, grace: float) -> None:

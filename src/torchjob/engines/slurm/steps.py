@@ -155,6 +155,21 @@ def show_job(job_id: str, env: Mapping[str, str] | None = None) -> list[JobState
     return states
 
 
+def partition_nodes(name: str | None, env: Mapping[str, str] | None = None) -> int | None:
+    """How many nodes a partition has (the default partition's without a name); None when Slurm
+    does not say (no such partition: sbatch then says so in its own words)."""
+    try:
+        out = run(["scontrol", "show", "partition", "-o", *([name] if name else [])], env)
+    except SlurmError:
+        return None
+    for line in out.splitlines():
+        fields = parse_show(line.strip())
+        if (name and fields.get("PartitionName") == name) or (not name and fields.get("Default") == "YES"):
+            total = fields.get("TotalNodes", "")
+            return int(total) if total.isdigit() else None
+    return None
+
+
 def _forgotten_is_empty(argv: list[str], env: Mapping[str, str] | None) -> str:
     """squeue's output; nothing for a job slurmctld no longer knows (it refuses the id)."""
     try:
@@ -177,7 +192,11 @@ def queue(job_id: str, env: Mapping[str, str] | None = None) -> list[tuple[str, 
 
 
 def steps(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The job's running steps: step id (``12.3``) -> step name (batch and extern included)."""
+    """The job's running steps: step id (``12.3``) -> step name (batch and extern included).
+
+    ``job_id`` may list several ids (``12,13``): squeue shows a heterogeneous job's steps under
+    each component's own job id, so asking for the leader alone misses the other components'.
+    """
     out = _forgotten_is_empty(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], env)
     found = {}
     for line in out.splitlines():
@@ -185,6 +204,20 @@ def steps(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
         if step:
             found[step] = name
     return found
+
+
+def component_ids(job_id: str, env: Mapping[str, str] | None = None) -> str:
+    """Every job id of a job's components (``12,13``; just ``12`` unless heterogeneous), from
+    squeue; the id itself once the job left the queue."""
+    rows = _forgotten_is_empty(["squeue", "-h", "-j", job_id, "-o", "%A"], env).split()
+    return ",".join(dict.fromkeys([job_id, *rows]))
+
+
+def component_ids_from_env(environ: Mapping[str, str]) -> str:
+    """Inside the allocation: every component's job id, as Slurm tells the batch script."""
+    size = int(environ.get("SLURM_HET_SIZE", "0") or 0)
+    ids = [environ.get(f"SLURM_JOB_ID_HET_GROUP_{k}", "") for k in range(size)]
+    return ",".join(dict.fromkeys(i for i in [environ["SLURM_JOB_ID"], *ids] if i))
 
 
 def cancel(job_id: str, env: Mapping[str, str] | None = None, *, signal_name: str | None = None) -> None:
@@ -198,7 +231,13 @@ def cancel(job_id: str, env: Mapping[str, str] | None = None, *, signal_name: st
 
 
 def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
-    """A Slurm node list (``node[1-3,7]``) as host names."""
+    """A Slurm node list (``node[1-3,7]``) as host names.
+
+    A list without ranges (``node1,node2``) is split here: the controller asks this before its
+    first pod starts, and ``scontrol`` would cost a process start on that path.
+    """
+    if "[" not in nodelist:
+        return [name for name in nodelist.split(",") if name]
     return run(["scontrol", "show", "hostnames", nodelist], env).split()
 
 
@@ -242,6 +281,7 @@ class Step:
         self.env = dict(env)
         self.step_id: str | None = None
         self.messages_at: tuple[Path, int] | None = None  # srun's own messages: file, offset
+        self.listed = job_id  # the job ids under which squeue lists its step (all components')
 
     @classmethod
     def start(
@@ -257,6 +297,7 @@ class Step:
         component: int | None = None,
         working_dir: str | None = None,
         image: str | None = None,
+        listed: str | None = None,
     ) -> Step:
         """Start ``argv`` as a step of one task on ``host``; its output goes to ``log``.
 
@@ -299,6 +340,7 @@ class Step:
             )
         step = cls(job_id, name, process, env)
         step.messages_at = (own, offset) if direct else None
+        step.listed = listed or job_id
         return step
 
     def messages(self) -> list[str]:
@@ -337,7 +379,7 @@ class Step:
             return self.step_id
         deadline = time.monotonic() + timeout
         while True:
-            for step, name in steps(self.job_id, self.env).items():
+            for step, name in steps(self.listed, self.env).items():
                 if name == self.name:
                     self.step_id = step
                     return step
