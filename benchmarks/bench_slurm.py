@@ -62,7 +62,7 @@ def job_yaml(ranks: int, port: int, marks: Path) -> str:
         "env": [{"name": "TORCHJOB_BENCH_MARKS", "value": str(marks)}],
         "resources": {"limits": {"cpu": "1"}},
     }
-    spec = {"containers": [container]}
+    spec = {"restartPolicy": "Never", "containers": [container]}
     doc = {
         "apiVersion": "batch.volcano.sh/v1alpha1",
         "kind": "Job",

@@ -68,7 +68,7 @@ def het_job(tmp_path: Path, marker: str) -> Path:
             "command": [sys.executable, "-c", RANK, marker],
             "resources": {"requests": {"cpu": cpu, "memory": memory}},
         }
-        return {"containers": [container]}
+        return {"restartPolicy": "Never", "containers": [container]}
 
     doc = {
         "apiVersion": "batch.volcano.sh/v1alpha1",
