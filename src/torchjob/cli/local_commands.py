@@ -188,8 +188,10 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 
 def _run_workflow(args: argparse.Namespace) -> int | None:
     """``FILE.py:WORKFLOW [-- ARGS]``: call the workflow here; None for anything else."""
+    from torchjob.cli.sources import is_task_ref
+
     path, _, name = args.file.rpartition(":")
-    if path.endswith(".py") and args.quick is None:
+    if is_task_ref(args.file) and args.quick is None:  # not before: finding it imports the file
         from torchjob.sdk.workflow_cli import run_workflow
 
         given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
