@@ -72,11 +72,13 @@ class JobProcesses:
 
     def track(self) -> None:
         """Record every container's descendants and reap the ones that were adopted and ended."""
-        tree = process.children_map()
+        with process.ADOPTION:
+            tree = process.children_map()
+            adopted = process.adopted(tree, self.known_children(), self.job_id)
         for pod in self.pods.values():
             pod.track(tree)
         self.job_pids.update(p.pid for pod in self.pods.values() for p in pod.tracked())
-        self.job_pids.update(process.adopted(tree, self.known_children(), self.job_id))
+        self.job_pids.update(adopted)
         self.tell_watchdog()
         process.reap_adopted(self.job_pids)
         self.job_pids = {pid for pid in self.job_pids if process.pid_exists(pid)}
@@ -109,17 +111,18 @@ class JobProcesses:
         Called as each main process is reaped. When several end together, one scan of the
         process table serves them all (``_shared_tree``); ``fresh`` always scans anew.
         """
-        known = self.known_children()
-        tree = None if fresh else self._shared_tree(known)
-        ended: set[int] = self._scan[2] if tree is not None and self._scan is not None else set()
-        if tree is None:
-            # Which main processes have ended is asked before the scan: their orphans were
-            # handed to this process as they ended, so the scan sees every one of them.
-            ended = {pid for pid in known if process.exited(pid)}
-            tree = process.children_map()
-            self._scan = (time.monotonic(), known, ended, tree)
-            self._scan_found = False
-        found = process.adopted(tree, known | ended, self.job_id)
+        with process.ADOPTION:
+            known = self.known_children()
+            tree = None if fresh else self._shared_tree(known)
+            ended: set[int] = self._scan[2] if tree is not None and self._scan is not None else set()
+            if tree is None:
+                # Which main processes have ended is asked before the scan: their orphans were
+                # handed to this process as they ended, so the scan sees every one of them.
+                ended = {pid for pid in known if process.exited(pid)}
+                tree = process.children_map()
+                self._scan = (time.monotonic(), known, ended, tree)
+                self._scan_found = False
+            found = process.adopted(tree, known | ended, self.job_id)
         self._scan_found = self._scan_found or bool(found)
         self.job_pids.update(found)
         return found
