@@ -574,6 +574,8 @@ def run_delete(args: argparse.Namespace) -> int:
     refs = [r.id for r in engine.list_jobs()] if args.all else list(args.jobs)
     for job_id in engine.delete(refs):  # also with none: a root that is not torchjob's is refused
         print(f"deleted {job_id}")
+    if not refs:  # --all of none: said, as prune says it
+        print(f"no {engine.name} jobs to delete")
     return EXIT_OK
 
 
