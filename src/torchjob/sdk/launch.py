@@ -179,7 +179,7 @@ def _importable(module: str) -> bool:
 
 
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from torchjob.engines.base import StartOptions
+    from torchjob.engines.base import EngineError, StartOptions
     from torchjob.engines.registry import DEFAULT_ENGINE, engine_info, get_engine
     from torchjob.sdk.tojob import build_job, job_name
     from torchjob.sdk.watch import JobWatcher
@@ -196,9 +196,13 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         name = f"{job_name(task.name)[:33].rstrip('-')}-{secrets.token_hex(3)}"
         # TORCHJOB_ENGINE=slurm runs a task called from Python on that engine (with its settings).
         engine_name = os.environ.get("TORCHJOB_ENGINE") or DEFAULT_ENGINE
+        try:
+            info = engine_info(engine_name)
+        except EngineError as err:  # say where the name came from
+            raise EngineError(f"TORCHJOB_ENGINE={engine_name}: {err}") from None
         # The warm pool (engines/local/pool.py) where the engine keeps one ("warm" among its
         # settings); () when it cannot serve this task.
-        warm = any(s.name == "warm" for s in engine_info(engine_name).settings)
+        warm = any(s.name == "warm" for s in info.settings)
         preload = warm_modules(task) if warm else ()
         # One call at a time forks from the pool: its server has one /etc/hosts view and one
         # request pipe. A call made meanwhile from another thread starts its ranks cold.
