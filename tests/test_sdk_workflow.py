@@ -538,6 +538,35 @@ def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> sub
     )  # fmt: skip
 
 
+RAISING_FLOW = """
+from torchjob import task, workflow
+
+@task
+def double(n: int) -> int:
+    return 2 * n
+
+@workflow
+def boom(n: int) -> int:
+    return {}[double(n=n) if n > 100 else n]
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "render"])
+def test_cli_a_workflow_that_raises_shows_its_own_traceback_and_exits_1(tmp_path: Path, command: str) -> None:
+    """The workflow's own error (not a task's): its traceback from its own frame, not torchjob's
+    eight, then one line naming the workflow; exit 1 as for a failed task."""
+    (tmp_path / "boom.py").write_text(RAISING_FLOW)
+    out = _cli(
+        command, f"{tmp_path / 'boom.py'}:boom", "--", "--n", "2", env={"TORCHJOB_HOME": str(tmp_path)}
+    )
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and "boom.py" in lines[1], out.stderr
+    assert "torchjob" not in "\n".join(lines[1:-1]), out.stderr
+    assert lines[-2] == "KeyError: 2"
+    assert lines[-1].startswith("torchjob: workflow boom failed") and lines[-1].endswith(": KeyError: 2")
+
+
 @pytest.mark.torch
 def test_cli_runs_the_example_workflow_with_arguments(tmp_path: Path) -> None:
     pytest.importorskip("torch")

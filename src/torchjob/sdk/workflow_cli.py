@@ -260,8 +260,34 @@ def run_workflow(path: str, name: str, argv: Sequence[str], refused: Sequence[st
         notes = "".join(f"\n{note}" for note in getattr(err, "__notes__", ()))
         print(f"torchjob: workflow {name} failed: {err}{notes}", file=sys.stderr)
         return 1
+    except Exception as err:  # the workflow's own code raised: its traceback, from its frame on
+        from torchjob.engines.base import EngineError
+
+        if isinstance(err, SpecError | EngineError):
+            raise  # one line, as for any command
+        _print_from(err, flow.function)
+        print(f"torchjob: workflow {name} failed: {_error_text(err)}", file=sys.stderr)
+        return 1
     print(f"torchjob: workflow {name} returned {shown(value)}", flush=True)
     return 0
+
+
+def _print_from(err: BaseException, function: Callable[..., Any]) -> None:
+    """The traceback of ``err`` without torchjob's frames above the workflow's function."""
+    import traceback
+
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not getattr(function, "__code__", None):
+        tb = tb.tb_next
+    traceback.print_exception(type(err), err, tb or err.__traceback__, file=sys.stderr)
+
+
+def _error_text(err: BaseException) -> str:
+    try:
+        text = str(err)
+    except Exception:
+        text = ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _task_reference(node: Node, path: str, name_in_file: Callable[[str], Any]) -> str:
@@ -297,6 +323,14 @@ def render_workflow(
         nodes = trace(flow, tuple(args), kwargs)
     except (ValueNeeded, InvalidOverride) as err:
         raise SpecError([Problem("", str(err), ref)]) from None
+    except Exception as err:  # the workflow's own code raised as it was traced: as run says it
+        from torchjob.engines.base import EngineError
+
+        if isinstance(err, SpecError | EngineError):
+            raise
+        _print_from(err, flow.function)
+        print(f"torchjob: workflow {name} failed as it was traced: {_error_text(err)}", file=sys.stderr)
+        return 1
     module = import_file(path)
     expansions = []
     for node in nodes:  # every node is checked before the first byte goes out
