@@ -379,6 +379,40 @@ def test_torchjob_home_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     assert home.read_text() == "not a directory"
 
 
+def test_a_torchjob_home_where_no_directory_can_be_made_is_one_line(tmp_path: Path) -> None:
+    """/proc passes the root's checks for root, yet nothing can be made in it: one line, exit 2."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc here")
+    (tmp_path / "tiny.yaml").write_text(TINY_JOB)
+    result = subprocess.run(  # not as local() does: root's access() must say /proc is writable
+        [sys.executable, "-m", "torchjob", "run", str(tmp_path / "tiny.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TORCHJOB_HOME": "/proc/torchjob-nowhere"},
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("torchjob: ") and "/proc/torchjob-nowhere" in line, line
+
+
+def test_a_task_reference_with_a_bad_name_does_not_import_the_file(tmp_path: Path) -> None:
+    """``FILE.py:`` or ``FILE.py:1x`` is no reference: the file (here a plain script that would
+    print) is not imported to look for a workflow, and the message says what was expected."""
+    script = tmp_path / "script.py"
+    script.write_text("print('the script ran')\n")
+    for command in ("run", "render", "validate"):
+        for ref in (f"{script}:", f"{script}:1x"):
+            result = local(tmp_path / "home", command, ref)
+            assert result.returncode == 2, (command, ref, result.stderr)
+            assert "the script ran" not in result.stdout + result.stderr, (command, ref)
+            assert result.stderr == (
+                f"{ref}: expected FILE.py:NAME, NAME a task or workflow of the file (a Python name), "
+                f"got {ref.rpartition(':')[2]!r}\n"
+            )
+
+
 def test_another_users_torchjob_home_is_refused(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to give a directory to another user")

@@ -322,6 +322,8 @@ def test_prune_removes_finished_jobs_only_and_delete_all_removes_every_job(tmp_p
     removed = _cli(tmp_path, "delete", "--all")
     assert removed.returncode == 0 and removed.stdout.split() == ["deleted", running.stdout.strip()]
     assert _jobs(tmp_path) == []
+    again = _cli(tmp_path, "delete", "--all")  # nothing left: said, not silent
+    assert again.returncode == 0 and again.stdout == "no local jobs to delete\n", again.stdout + again.stderr
 
 
 PROGRESS = """\

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from torchjob.cli.app import _command_of, build_parser
+from torchjob.cli.app import _command_of, build_parser, dispatch
 
 COMMANDS = sorted(
     next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
@@ -93,3 +93,17 @@ def test_an_unknown_command_is_refused_by_the_whole_parser() -> None:
     result, _, err = outcome(build_parser("no-such-command"), ["no-such-command"])
     assert result == ("exit", 2)
     assert "invalid choice: 'no-such-command'" in err and "'run'" in err
+
+
+@pytest.mark.parametrize("command", ["run", "render", "status", "logs", "delete"])
+def test_an_unknown_option_is_refused_with_the_commands_usage(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``torchjob run --bogus job.yaml``: the usage shown is run's (where its options are), not
+    the top level's, which argparse shows for a subcommand's unknown option."""
+    with pytest.raises(SystemExit) as exit:
+        dispatch([command, "--no-such-option", "job.yaml"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: torchjob {command} "), err
+    assert err.endswith(f"torchjob {command}: error: unrecognized arguments: --no-such-option\n"), err

@@ -137,6 +137,13 @@ def test_a_sigkilled_supervisor_leaves_nothing_after_two_seconds(tmp_path: Path,
     assert not victims_alive()
 
 
+# Waits (at most 20 s, then exit 4) until the master's spawner has said it spawned.
+AFTER_THE_SPAWNER = (
+    'i=0; until grep -qs spawned "$TORCHJOB_JOB_DIR"/logs/*master-0/attempt-0/spawner.log; do '
+    "i=$((i + 1)); [ $i -lt 400 ] || exit 4; sleep 0.05; done; "
+)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_the_end_of_a_job_stops_grandchildren_that_left_the_group(tmp_path: Path, mode: str) -> None:
     (tmp_path / "spawner.py").write_text(SPAWNER)
@@ -148,14 +155,17 @@ def test_the_end_of_a_job_stops_grandchildren_that_left_the_group(tmp_path: Path
                 [container("spawner", ["python", str(tmp_path / "spawner.py")])],
                 init=_init(mode),
             ),
-            # Long enough for the warm spawner to import torch and run, on a busy machine.
-            task("worker", [container("quick", sh("sleep 4; exit 3"))]),
+            # Fails (and aborts the job) once the spawner has started its grandchildren: a fixed
+            # sleep lost the race to a warm spawner's import of torch on a busy machine.
+            task("worker", [container("quick", sh(AFTER_THE_SPAWNER + "exit 3"))]),
         ],
         policies=[{"event": "PodFailed", "action": "AbortJob"}],
     )
     preload = ("torch",) if mode == "preload" else ()
     result = run(job, tmp_path, prewarm=mode == "prewarm", preload=preload)
     assert result.phase == "Aborted"
+    worker = next(p for p in result.pods if p.name.endswith("worker-0"))
+    assert worker.exit_code == 3, "the spawner never said it spawned"
     assert ("spawned warm" if mode == "preload" else "spawned") in log_text(result, "master-0", "spawner")
     assert leftovers(result.job_id) == []
 

@@ -366,3 +366,44 @@ def test_a_working_directory_that_cannot_exist_is_named_in_the_log(tmp_path: Pat
     text = log_text(result, "main-0", "app")
     assert "cannot start container 'app': its working directory " in text
     assert text.rstrip().endswith("nosuch/sub does not exist")
+
+
+LAUNCHER_ENV = {  # what torchrun gives one of its workers (rank 3 of 7), and one of the caller's own
+    "TORCHELASTIC_RUN_ID": "outer",
+    "TORCHELASTIC_USE_AGENT_STORE": "True",
+    "TORCHELASTIC_RESTART_COUNT": "0",
+    "LOCAL_RANK": "3",
+    "RANK": "3",
+    "GROUP_RANK": "1",
+    "WORLD_SIZE": "7",
+    "MASTER_ADDR": "10.9.9.9",
+    "MASTER_PORT": "29400",
+    "KEPT_BY_THE_CALLER": "yes",
+}
+SHOW_LAUNCHER_ENV = (
+    'echo "store=${TORCHELASTIC_USE_AGENT_STORE-unset} run=${TORCHELASTIC_RUN_ID-unset} '
+    "local=${LOCAL_RANK-unset} group=${GROUP_RANK-unset} rank=${RANK-unset} world=${WORLD_SIZE-unset} "
+    'master=${MASTER_ADDR-unset} kept=$KEPT_BY_THE_CALLER"'
+)
+
+
+@pytest.mark.parametrize("worker", [True, False], ids=["from-a-torchrun-worker", "from-a-shell"])
+def test_a_job_started_from_a_torchrun_worker_does_not_hand_its_rank_to_the_pods(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, worker: bool
+) -> None:
+    """An SDK call (or `torchjob run`) in a script that torchrun runs: the caller's rank variables
+    are not the pods' (TORCHELASTIC_USE_AGENT_STORE=True made every rank of a nested PyTorch task
+    wait forever for a store). Outside a torch launcher's worker, the environment is left as it is."""
+    for name, value in LAUNCHER_ENV.items():
+        if worker or not name.startswith("TORCHELASTIC_"):
+            monkeypatch.setenv(name, value)
+    job = make_job("nested", [task("main", [container("app", sh(SHOW_LAUNCHER_ENV))])])
+    result = run(job, tmp_path)
+    assert result.ok, result.reason
+    if worker:
+        expected = (
+            "store=unset run=unset local=unset group=unset rank=unset world=unset master=unset kept=yes"
+        )
+    else:
+        expected = "store=unset run=unset local=3 group=1 rank=3 world=7 master=10.9.9.9 kept=yes"
+    assert log_text(result, "main-0", "app").strip() == expected

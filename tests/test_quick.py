@@ -206,6 +206,21 @@ def test_run_a_script_without_j_runs_it_once_with_the_arguments_after_it(tmp_pat
     assert "rank 0 of 1 A=2 args ['--lr', '0.1']" in proc.stdout
 
 
+def test_a_text_file_that_happens_to_compile_is_not_taken_for_a_script(tmp_path: Path) -> None:
+    """``hello`` or ``a,b`` compile as Python: a file named notes.txt holding them is refused as
+    input (exit 2, nothing started), not run as a job whose rank dies of a NameError."""
+    (tmp_path / "notes.txt").write_text("hello\n")
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n")
+    for name in ("notes.txt", "data.csv"):
+        proc = _cli(tmp_path, "run", name)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stderr.startswith(f"{name}:1: expected a Job mapping"), proc.stderr
+    assert not (tmp_path / "home").exists()  # nothing started
+    (tmp_path / "tool.sh").write_text("#!/usr/bin/env python3\n" + ECHO)  # its #! says python
+    proc = _cli(tmp_path, "render", "tool.sh")
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_validate_and_render_take_a_script_and_j_refuses_a_job_file(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(ECHO)
     (tmp_path / "job.yaml").write_text(ONE_POD.format(script="train.py", args="[]"))

@@ -75,6 +75,10 @@ def test_num_workers_is_the_old_spelling() -> None:
         (lambda: Elastic(nnodes=0), "at least 1"),
         (lambda: Elastic(nnodes=True), "integer or a 'MIN:MAX' string"),
         (lambda: Elastic(nnodes="1:2:3"), "not a node count"),
+        (lambda: Elastic(nnodes="٣"), "not a node count"),  # int() reads Arabic-Indic digits; torchrun not
+        # Past int()'s 4,300 digits: said as a count too large, not as Python's conversion limit.
+        (lambda: Elastic(nnodes="1:" + "9" * 5000), "a node count of 5000 digits is too large"),
+        (lambda: Elastic(nnodes="x" * 5000), "... (5000 characters) is not a node count"),
         (lambda: Elastic(nproc_per_node=0), "nproc_per_node must be at least 1"),
         (lambda: Elastic(start_method="thread"), "start_method must be one of"),
         (lambda: Elastic(max_restarts=-1), "max_restarts must be >= 0"),

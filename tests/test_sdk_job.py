@@ -299,6 +299,16 @@ def _entrypoint(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def test_entrypoint_prints_a_value_python_cannot_turn_into_text(tmp_path: Path) -> None:
+    """A pod's rank 0 that returned an int past Python's digits limit still succeeds."""
+    (tmp_path / "huge.py").write_text(
+        "from torchjob import task\n\n@task\ndef huge() -> int:\n    return 10**5000\n"
+    )
+    out = _entrypoint("--task", f"{tmp_path / 'huge.py'}:huge", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("torchjob: rank 0 returned an integer of 5001 digits, too many to print")
+
+
 def test_entrypoint_runs_a_task_reference_without_a_caller(task_file: Path) -> None:
     # What a cluster pod runs: no caller waits, so rank 0's value goes to the log.
     out = _entrypoint("--task", f"{task_file}:train", cwd=task_file.parent)

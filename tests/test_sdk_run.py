@@ -356,6 +356,15 @@ def test_pod_dying_without_exception_is_task_failed() -> None:
     _assert_no_children()
 
 
+def test_an_unknown_torchjob_engine_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchjob.engines.base import EngineError
+
+    monkeypatch.setenv("TORCHJOB_ENGINE", "nowhere")
+    with pytest.raises(EngineError) as info:
+        pod_exits_hard()
+    assert str(info.value).startswith("TORCHJOB_ENGINE=nowhere: no engine 'nowhere' (engines: ")
+
+
 CLI_TASK = textwrap.dedent(
     """
     from torchjob import PyTorch, Worker, task

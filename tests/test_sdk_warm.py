@@ -427,3 +427,100 @@ def test_a_killed_caller_leaves_no_warm_rank_or_rank_server(tmp_path: Path) -> N
     finally:
         proc.kill()
         proc.wait(10)
+
+
+THREAD_TASK = textwrap.dedent(
+    """
+    import os, time
+    from torchjob import PyTorch, Worker, task
+
+    def body(x, hold=""):
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")  # MASTER_ADDR is the master pod's name: /etc/hosts
+        t = torch.tensor([float(x)])
+        dist.all_reduce(t)
+        if hold:  # tell the caller this call runs, then wait (bounded) until it says go on
+            open(hold + ".running", "w").close()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(hold + ".go") and time.monotonic() < deadline:
+                time.sleep(0.02)
+        dist.destroy_process_group()
+        return t.item()
+
+    allreduce = task(task_config=PyTorch(worker=Worker(replicas=1)))(body)
+    """
+)
+
+THREADS = textwrap.dedent(
+    """
+    import json, os, threading, time
+    import threadtask
+    from torchjob.engines.local import pool
+
+    results = {}
+
+    def call(x, hold=""):
+        try:
+            results[x] = threadtask.allreduce(x, hold)
+        except BaseException as err:
+            results[x] = repr(err)[:2000]
+
+    def wait_for(path):
+        deadline = time.monotonic() + 120
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    call(1)  # the pool's server is ready
+    # Two calls started at once from two threads.
+    both = [threading.Thread(target=call, args=(x,)) for x in (10, 100)]
+    for thread in both:
+        thread.start()
+    for thread in both:
+        thread.join(120)
+    # A call that ends while another thread's call, forked from the pool after it started, still
+    # runs: its end must leave the other's ranks (children of this process too) alone.
+    def start(x, hold):
+        thread = threading.Thread(target=call, args=(x, os.path.abspath(hold)))
+        thread.start()
+        wait_for(hold + ".running")
+        return thread
+
+    def forks():
+        return (pool._home[0] / "preload.log").read_text().count("forked ")
+
+    warm = start(1000, "a")  # holds the pool
+    cold = start(10000, "b")  # the pool is busy: cold
+    open("a.go", "w").close()
+    warm.join(120)
+    before = forks()
+    later = start(100000, "c")  # forked from the pool after the cold call started
+    results["forked"] = forks() - before
+    open("b.go", "w").close()
+    cold.join(120)
+    open("c.go", "w").close()
+    later.join(120)
+    print("RESULT " + json.dumps(results), flush=True)
+    """
+)
+
+
+def test_calls_from_two_threads_at_once(tmp_path: Path) -> None:
+    """The pool serves one call at a time (its /etc/hosts view and request pipe are single);
+    a call made meanwhile from another thread starts cold, and neither job takes the other's
+    processes for its own."""
+    (tmp_path / "threadtask.py").write_text(THREAD_TASK)
+    script = tmp_path / "main.py"
+    script.write_text(THREADS)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), "RESULT {}")
+    results = json.loads(line[len("RESULT ") :])
+    expected = {"1": 2.0, "10": 20.0, "100": 200.0, "1000": 2000.0, "10000": 20000.0, "100000": 200000.0}
+    assert results == {**expected, "forked": 2}, done.stdout[-3000:]

@@ -484,12 +484,87 @@ def test_numbers_in_workflow_arguments_are_ascii(given: list[str], expected: str
     assert expected in str(caught.value)
 
 
+@pytest.mark.skipif(not hasattr(sys, "get_int_max_str_digits"), reason="no int digits limit here")
+def test_an_integer_argument_past_pythons_digits_limit_is_named_as_such() -> None:
+    """int() refuses text of more than 4300 digits: the message says so (and how to lift the
+    limit), instead of 'expected an integer' followed by every digit."""
+
+    @workflow
+    def flow(n: int, x: float = 0.0) -> None:
+        return None
+
+    limit = sys.get_int_max_str_digits()
+    assert parse_arguments(flow, ["--n", "9" * limit], "f.py:flow")[1]["n"] == 10**limit - 1
+    with pytest.raises(SpecError) as caught:
+        parse_arguments(flow, ["--n", "9" * (limit + 1)], "f.py:flow")
+    message = str(caught.value)
+    assert f"--n: expected an integer of at most {limit} digits" in message
+    assert f"got one of {limit + 1}" in message and "PYTHONINTMAXSTRDIGITS=0" in message
+    assert len(message) < 300
+    with pytest.raises(SpecError) as caught:  # not an integer at all: said as before, cut short
+        parse_arguments(flow, ["--n", "9" * (limit + 1) + "x"], "f.py:flow")
+    assert "expected an integer, got '999" in str(caught.value) and len(str(caught.value)) < 300
+
+
+BIG_FLOW = """
+from torchjob import workflow
+
+@workflow
+def big(n: int) -> int:
+    return n * 10 ** 5000
+"""
+
+
+@pytest.mark.skipif(not hasattr(sys, "get_int_max_str_digits"), reason="no int digits limit here")
+def test_cli_prints_a_workflow_value_that_python_cannot_turn_into_text(tmp_path: Path) -> None:
+    (tmp_path / "big.py").write_text(BIG_FLOW)
+    out = _cli("run", f"{tmp_path / 'big.py'}:big", "--", "--n", "7", env={"TORCHJOB_HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    assert "torchjob: workflow big returned an integer of 5001 digits, too many to print" in out.stdout
+    limited = "9" * (sys.get_int_max_str_digits() + 1)
+    out = _cli(
+        "run", f"{tmp_path / 'big.py'}:big", "--", "--n", limited, env={"TORCHJOB_HOME": str(tmp_path)}
+    )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "expected an integer of at most" in out.stderr
+
+
 def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "torchjob", *args],
         capture_output=True, text=True, timeout=200, cwd=cwd, check=False,
         env=dict(os.environ, **(env or {})),
     )  # fmt: skip
+
+
+RAISING_FLOW = """
+from torchjob import task, workflow
+
+@task
+def double(n: int) -> int:
+    return 2 * n
+
+@workflow
+def boom(n: int) -> int:
+    return {}[double(n=n) if n > 100 else n]
+"""
+
+
+@pytest.mark.parametrize("command", ["run", "render"])
+def test_cli_a_workflow_that_raises_shows_its_own_traceback_and_exits_1(tmp_path: Path, command: str) -> None:
+    """The workflow's own error (not a task's): its traceback from its own frame, not torchjob's
+    eight, then one line naming the workflow; exit 1 as for a failed task."""
+    (tmp_path / "boom.py").write_text(RAISING_FLOW)
+    out = _cli(
+        command, f"{tmp_path / 'boom.py'}:boom", "--", "--n", "2", env={"TORCHJOB_HOME": str(tmp_path)}
+    )
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and "boom.py" in lines[1], out.stderr
+    assert "torchjob" not in "\n".join(lines[1:-1]), out.stderr
+    assert lines[-2] == "KeyError: 2"
+    assert lines[-1].startswith("torchjob: workflow boom failed") and lines[-1].endswith(": KeyError: 2")
 
 
 @pytest.mark.torch

@@ -65,6 +65,8 @@ def is_script(path: str) -> bool:
         return False
     if data.startswith(b"#!") and b"python" in data.split(b"\n", 1)[0]:
         return True
+    if "." in os.path.basename(path).lstrip("."):  # notes.txt, data.csv: text that may compile, no script
+        return False
     import yaml  # only for a FILE whose name does not say what it is
 
     try:

@@ -204,7 +204,13 @@ def _main(argv: Sequence[str] | None) -> int:
     find_engines(argv)  # engines of other distributions, only when this command line may need one
     parser = build_parser(_command_of(argv))
     argv, program_args = _split_program_args(argv, parser)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # with the command's usage (argparse gives the top level's): its options are there
+        commands = getattr(parser, "_subparsers", None)
+        choices = commands._group_actions[0].choices if commands is not None else {}
+        choices.get(getattr(args, "command", None), parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}"
+        )
     if program_args and args.command not in SCRIPT_COMMANDS:
         parser.error("arguments after -- are the program's: torchjob run|render FILE -- ARGS")
     args.program_args = program_args

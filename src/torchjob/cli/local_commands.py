@@ -188,8 +188,10 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
 
 def _run_workflow(args: argparse.Namespace) -> int | None:
     """``FILE.py:WORKFLOW [-- ARGS]``: call the workflow here; None for anything else."""
+    from torchjob.cli.sources import is_task_ref
+
     path, _, name = args.file.rpartition(":")
-    if path.endswith(".py") and args.quick is None:
+    if is_task_ref(args.file) and args.quick is None:  # not before: finding it imports the file
         from torchjob.sdk.workflow_cli import run_workflow
 
         given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
@@ -572,6 +574,8 @@ def run_delete(args: argparse.Namespace) -> int:
     refs = [r.id for r in engine.list_jobs()] if args.all else list(args.jobs)
     for job_id in engine.delete(refs):  # also with none: a root that is not torchjob's is refused
         print(f"deleted {job_id}")
+    if not refs:  # --all of none: said, as prune says it
+        print(f"no {engine.name} jobs to delete")
     return EXIT_OK
 
 

@@ -5,6 +5,7 @@ Here, above both :mod:`torchjob.jobs` and :mod:`torchjob.sdk`, so that neither i
 
 from __future__ import annotations
 
+import os
 import re
 
 from torchjob.jobs import LoadedJob, load_jobs
@@ -73,6 +74,12 @@ def load_ref(ref: str, task_args: list[str] | None = None, *, every_rank: bool =
         from torchjob.sdk.loader import load_task_job  # lazy: only SDK references need it
 
         return [load_task_job(match["path"], match["name"], task_args, every_rank=every_rank)]
+    path, colon, name = ref.rpartition(":")
+    if colon and path.endswith(".py") and os.path.isfile(path) and not os.path.exists(ref):
+        from torchjob.errors import Problem, SpecError
+
+        message = f"expected FILE.py:NAME, NAME a task or workflow of the file (a Python name), got {name!r}"
+        raise SpecError([Problem("", message, ref)])
     return load_jobs(ref)
 
 

@@ -182,8 +182,11 @@ def _local_problems(item: Any, engine: Any) -> list[Problem]:
 
 def _render_workflow(args: argparse.Namespace) -> int | None:
     """``FILE.py:WORKFLOW [-- ARGS]``: one List per task call; None for anything else."""
+    from torchjob.cli.sources import is_task_ref
+
     path, _, name = args.file.rpartition(":")
-    if path.endswith(".py") and getattr(args, "quick", None) is None and getattr(args, "image", None) is None:
+    quick = getattr(args, "quick", None) is not None or getattr(args, "image", None) is not None
+    if is_task_ref(args.file) and not quick:  # not before: finding it imports the file
         from torchjob.sdk.workflow_cli import render_workflow
 
         code = render_workflow(path, name, getattr(args, "program_args", []), args.output, sys.stdout.write)

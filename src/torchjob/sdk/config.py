@@ -14,7 +14,8 @@ from enum import Enum
 from typing import Any, TypeVar
 
 START_METHODS = ("spawn", "fork", "forkserver")
-_NNODES = re.compile(r"^\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
+_NNODES = re.compile(r"^\s*([0-9]+)\s*(?::\s*([0-9]+)\s*)?$")  # ASCII digits, as torchrun reads them
+_MAX_DIGITS = 18  # more is no node count; int() refuses text past 4,300 digits anyway
 
 
 def _is_quantity(text: str) -> bool:
@@ -227,8 +228,12 @@ def parse_nnodes(nnodes: Any) -> tuple[int, int]:
     elif isinstance(nnodes, str):
         match = _NNODES.match(nnodes)
         if not match:
+            shown = repr(nnodes) if len(nnodes) <= 40 else f"{nnodes[:30]!r}... ({len(nnodes)} characters)"
+            raise ValueError(f"Elastic.nnodes={shown} is not a node count such as 2 or a range such as '1:4'")
+        digits = max(len(match[1]), len(match[2] or ""))
+        if digits > _MAX_DIGITS:
             raise ValueError(
-                f"Elastic.nnodes={nnodes!r} is not a node count such as 2 or a range such as '1:4'"
+                f"Elastic.nnodes: a node count of {digits} digits is too large (expected 2, or '1:4')"
             )
         low = int(match[1])
         high = int(match[2]) if match[2] is not None else low

@@ -26,7 +26,7 @@ from typing import NoReturn
 from torchjob.errors import Problem, SpecError
 from torchjob.logs import configure, get_logger
 from torchjob.sdk.quick_exit import exit_now
-from torchjob.sdk.results import dump_call, read_value, run_call, write_error, write_value
+from torchjob.sdk.results import dump_call, read_value, run_call, shown, write_error, write_value
 
 logger = get_logger()
 
@@ -179,8 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _run(args, payload, results)
         found, value = read_value(results)
         if found:
-            text = repr(value)
-            print(f"torchjob: rank 0 returned {text[:1000]}{'...' if len(text) > 1000 else ''}", flush=True)
+            print(f"torchjob: rank 0 returned {shown(value)}", flush=True)
         return code
 
 

@@ -16,6 +16,7 @@ import secrets
 import shutil
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -129,6 +130,7 @@ def _interrupted(error: Exception | None) -> bool:
 
 
 WARM_ENV = "TORCHJOB_WARM"  # 0: every call starts its ranks cold
+_POOL_TURN = threading.Lock()  # held by the call whose pods fork from the warm pool
 
 
 def warm_wanted(task: Task[Any, Any]) -> bool:
@@ -177,13 +179,14 @@ def _importable(module: str) -> bool:
 
 
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from torchjob.engines.base import StartOptions
+    from torchjob.engines.base import EngineError, StartOptions
     from torchjob.engines.registry import DEFAULT_ENGINE, engine_info, get_engine
     from torchjob.sdk.tojob import build_job, job_name
     from torchjob.sdk.watch import JobWatcher
 
     config = task.task_config
     work = Path(tempfile.mkdtemp(prefix="torchjob-sdk-"))
+    holds_pool = False
     try:
         payload = work / "payload.pkl"
         payload.write_bytes(dump_call(task.function, args, kwargs))
@@ -193,10 +196,20 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         name = f"{job_name(task.name)[:33].rstrip('-')}-{secrets.token_hex(3)}"
         # TORCHJOB_ENGINE=slurm runs a task called from Python on that engine (with its settings).
         engine_name = os.environ.get("TORCHJOB_ENGINE") or DEFAULT_ENGINE
+        try:
+            info = engine_info(engine_name)
+        except EngineError as err:  # say where the name came from
+            raise EngineError(f"TORCHJOB_ENGINE={engine_name}: {err}") from None
         # The warm pool (engines/local/pool.py) where the engine keeps one ("warm" among its
         # settings); () when it cannot serve this task.
-        warm = any(s.name == "warm" for s in engine_info(engine_name).settings)
+        warm = any(s.name == "warm" for s in info.settings)
         preload = warm_modules(task) if warm else ()
+        # One call at a time forks from the pool: its server has one /etc/hosts view and one
+        # request pipe. A call made meanwhile from another thread starts its ranks cold.
+        holds_pool = bool(preload) and _POOL_TURN.acquire(blocking=False)
+        if preload and not holds_pool:
+            logger.debug("task %s: the warm pool serves another thread's call: ranks start cold", task.name)
+            preload = ()
         target = ["--payload", str(payload), "--results", str(results)]
         if preload and isinstance(config, Elastic):
             target.append("--warm-ranks")  # each node's agent forks its ranks (warm_elastic.py)
@@ -250,4 +263,6 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
             )
         return value
     finally:
+        if holds_pool:
+            _POOL_TURN.release()
         shutil.rmtree(work, ignore_errors=True)

@@ -64,6 +64,25 @@ def load_call(data: bytes) -> Call:
     return Call(function, args, kwargs)
 
 
+def shown(value: Any, limit: int = 1000) -> str:
+    """A returned value for the console: its repr, cut after ``limit`` characters; described
+    instead when it cannot be printed (an int of more digits than Python turns into text)."""
+    try:
+        text = repr(value)
+    except Exception as err:
+        if isinstance(value, int):  # ValueError: sys.get_int_max_str_digits()
+            digits = int((abs(value).bit_length() - 1) * 0.30102999) + 1  # at most the true count
+            while 10**digits <= abs(value):
+                digits += 1
+            return (
+                f"an integer of {digits} digits, too many to print "
+                "(PYTHONINTMAXSTRDIGITS=0 lifts Python's limit)"
+            )
+        reason = " ".join(f"{type(err).__name__}: {err}".split())
+        return f"a {type(value).__name__} that cannot be printed ({reason[:200]})"
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
 def write_value(results: str | os.PathLike[str], value: Any) -> None:
     write_atomic(Path(results) / VALUE_FILE, cloudpickle.dumps(value))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import inspect
 import json
+import re
 import sys
 import types
 import typing
@@ -84,6 +85,19 @@ def _type_text(hint: Any) -> str:
     return hint if isinstance(hint, str) else getattr(hint, "__name__", None) or str(hint)
 
 
+_DECIMAL = re.compile(r"\s*[+-]?[0-9]+(_[0-9]+)*\s*")  # what int() takes, but for its digits limit
+
+
+def _int_digits_limit() -> int:
+    """sys.get_int_max_str_digits() (0: none, as on Pythons that have no limit)."""
+    return int(getattr(sys, "get_int_max_str_digits", lambda: 0)())
+
+
+def _given(text: str) -> str:
+    """The user's value for a message: quoted, and cut when long."""
+    return repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"
+
+
 def _convert(text: str, hint: Any) -> Any:
     """``text`` as a value of type ``hint``; ValueError says what was expected."""
     if hint in (inspect.Parameter.empty, Any, str):
@@ -93,15 +107,21 @@ def _convert(text: str, hint: Any) -> Any:
             return True
         if text.lower() in _FALSE:
             return False
-        raise ValueError(f"expected true or false, got {text!r}")
+        raise ValueError(f"expected true or false, got {_given(text)}")
     if hint in (int, float):
         try:
             if not text.isascii():  # int() and float() take '٣' and '３' for 3; the pods' shells do not
                 raise ValueError
             return hint(text)
         except ValueError:
+            limit = _int_digits_limit()
+            if hint is int and limit and _DECIMAL.fullmatch(text) and sum(map(str.isdigit, text)) > limit:
+                raise ValueError(
+                    f"expected an integer of at most {limit} digits (Python's limit for text to int; "
+                    f"PYTHONINTMAXSTRDIGITS=0 lifts it), got one of {sum(map(str.isdigit, text))}"
+                ) from None
             raise ValueError(
-                f"expected {'an integer' if hint is int else 'a number'}, got {text!r}"
+                f"expected {'an integer' if hint is int else 'a number'}, got {_given(text)}"
             ) from None
     if hint is Path:
         return Path(text)
@@ -110,7 +130,7 @@ def _convert(text: str, hint: Any) -> Any:
             if text in (member.name, str(member.value)):
                 return member
         choices = ", ".join(m.name for m in hint)
-        raise ValueError(f"expected one of {choices}, got {text!r}")
+        raise ValueError(f"expected one of {choices}, got {_given(text)}")
     origin, members = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if type(None) in members and text.lower() in _NONE:
@@ -126,7 +146,7 @@ def _convert(text: str, hint: Any) -> Any:
         for choice in members:
             if text == str(choice):
                 return choice
-        raise ValueError(f"expected one of {', '.join(map(str, members))}, got {text!r}")
+        raise ValueError(f"expected one of {', '.join(map(str, members))}, got {_given(text)}")
     container = origin or hint
     if container in (list, tuple, dict):
         try:
@@ -135,7 +155,7 @@ def _convert(text: str, hint: Any) -> Any:
             value = None
         wanted = list if container is tuple else container
         if not isinstance(value, wanted):
-            raise ValueError(f"expected a JSON {wanted.__name__}, got {text!r}")
+            raise ValueError(f"expected a JSON {wanted.__name__}, got {_given(text)}")
         return tuple(value) if container is tuple else value
     raise ValueError(f"has type {_type_text(hint)}, which cannot be given on the command line")
 
@@ -222,7 +242,7 @@ def _is_bool(params: dict[str, inspect.Parameter], hints: dict[str, Any], name: 
 
 def run_workflow(path: str, name: str, argv: Sequence[str], refused: Sequence[str]) -> int | None:
     """Run workflow ``name`` of ``path`` here; None if ``name`` is not a workflow (a task, say)."""
-    from torchjob.sdk.results import RemoteError, TaskFailed
+    from torchjob.sdk.results import RemoteError, TaskFailed, shown
 
     flow = find_workflow(path, name)
     if flow is None:
@@ -240,9 +260,34 @@ def run_workflow(path: str, name: str, argv: Sequence[str], refused: Sequence[st
         notes = "".join(f"\n{note}" for note in getattr(err, "__notes__", ()))
         print(f"torchjob: workflow {name} failed: {err}{notes}", file=sys.stderr)
         return 1
-    text = repr(value)
-    print(f"torchjob: workflow {name} returned {text[:1000]}{'...' if len(text) > 1000 else ''}", flush=True)
+    except Exception as err:  # the workflow's own code raised: its traceback, from its frame on
+        from torchjob.engines.base import EngineError
+
+        if isinstance(err, SpecError | EngineError):
+            raise  # one line, as for any command
+        _print_from(err, flow.function)
+        print(f"torchjob: workflow {name} failed: {_error_text(err)}", file=sys.stderr)
+        return 1
+    print(f"torchjob: workflow {name} returned {shown(value)}", flush=True)
     return 0
+
+
+def _print_from(err: BaseException, function: Callable[..., Any]) -> None:
+    """The traceback of ``err`` without torchjob's frames above the workflow's function."""
+    import traceback
+
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not getattr(function, "__code__", None):
+        tb = tb.tb_next
+    traceback.print_exception(type(err), err, tb or err.__traceback__, file=sys.stderr)
+
+
+def _error_text(err: BaseException) -> str:
+    try:
+        text = str(err)
+    except Exception:
+        text = ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _task_reference(node: Node, path: str, name_in_file: Callable[[str], Any]) -> str:
@@ -278,6 +323,14 @@ def render_workflow(
         nodes = trace(flow, tuple(args), kwargs)
     except (ValueNeeded, InvalidOverride) as err:
         raise SpecError([Problem("", str(err), ref)]) from None
+    except Exception as err:  # the workflow's own code raised as it was traced: as run says it
+        from torchjob.engines.base import EngineError
+
+        if isinstance(err, SpecError | EngineError):
+            raise
+        _print_from(err, flow.function)
+        print(f"torchjob: workflow {name} failed as it was traced: {_error_text(err)}", file=sys.stderr)
+        return 1
     module = import_file(path)
     expansions = []
     for node in nodes:  # every node is checked before the first byte goes out

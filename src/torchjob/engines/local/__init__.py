@@ -149,7 +149,13 @@ def run_job(
     _raise_problems(job, planned)
     plan = _admission_plan(job) if options.queue else None
     _check_registry(job)
-    job_dir = new_job_dir(state_root(options.state_dir), job.name)
+    root = state_root(options.state_dir)
+    try:
+        job_dir = new_job_dir(root, job.name)
+    except OSError as err:  # past the root's checks, yet no directory there (/proc, a read-only mount)
+        from torchjob.engines.base import EngineError
+
+        raise EngineError(f"{root}: cannot make the job's directory there: {err.strerror or err}") from None
     if options.detach:
         return _detach(job, job_dir.path, options, plan, planned)
     if options.on_start is not None:

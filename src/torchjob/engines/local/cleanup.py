@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 
 from torchjob.controller import DEFAULT_GRACE, termination_grace
@@ -35,6 +36,12 @@ INTERRUPTED_STALL = 0.2  # the same after a Ctrl-C or SIGTERM: the user wants th
 
 Key = tuple[str, int]
 
+# The jobs this process supervises now: several when SDK calls run in several threads. Each
+# one's container main processes are children of this process too, and a forked one (warm pool)
+# shows no job's marker: the other jobs must not take them for their own orphans.
+_LIVE: list[JobProcesses] = []
+_LIVE_LOCK = threading.Lock()
+
 
 class JobProcesses:
     """Every process of the job this process knows of, beyond the containers' main processes.
@@ -58,16 +65,20 @@ class JobProcesses:
     def start(self) -> None:
         """Become the subreaper of the job's orphans and start the watchdog; before any pod."""
         self.foreign = set(process.children_of_self())  # a library caller's own processes
+        with _LIVE_LOCK:
+            _LIVE.append(self)
         process.set_child_subreaper(True)
         self.watchdog = Watchdog(self.job_id)
 
     def track(self) -> None:
         """Record every container's descendants and reap the ones that were adopted and ended."""
-        tree = process.children_map()
+        with process.ADOPTION:
+            tree = process.children_map()
+            adopted = process.adopted(tree, self.known_children(), self.job_id)
         for pod in self.pods.values():
             pod.track(tree)
         self.job_pids.update(p.pid for pod in self.pods.values() for p in pod.tracked())
-        self.job_pids.update(process.adopted(tree, self.known_children(), self.job_id))
+        self.job_pids.update(adopted)
         self.tell_watchdog()
         process.reap_adopted(self.job_pids)
         self.job_pids = {pid for pid in self.job_pids if process.pid_exists(pid)}
@@ -76,9 +87,16 @@ class JobProcesses:
         """This process's children that are not adopted orphans: container main processes not yet
         reaped, the watchdog, the caller's own."""
         known = self._not_containers()
-        for pod in [*self.pods.values(), *self.latest.values()]:
-            known.update(pod.child_pids())
+        known.update(self._container_pids())
+        with _LIVE_LOCK:
+            others = [job for job in _LIVE if job is not self]
+        for job in others:  # another thread's job
+            with contextlib.suppress(RuntimeError, AttributeError):  # changed meanwhile: seen next time
+                known.update(job._container_pids())
         return known
+
+    def _container_pids(self) -> set[int]:
+        return {pid for pod in [*self.pods.values(), *self.latest.values()] for pid in pod.child_pids()}
 
     def _not_containers(self) -> set[int]:
         """This process's children that are no container's: the watchdog, the caller's own."""
@@ -93,17 +111,18 @@ class JobProcesses:
         Called as each main process is reaped. When several end together, one scan of the
         process table serves them all (``_shared_tree``); ``fresh`` always scans anew.
         """
-        known = self.known_children()
-        tree = None if fresh else self._shared_tree(known)
-        ended: set[int] = self._scan[2] if tree is not None and self._scan is not None else set()
-        if tree is None:
-            # Which main processes have ended is asked before the scan: their orphans were
-            # handed to this process as they ended, so the scan sees every one of them.
-            ended = {pid for pid in known if process.exited(pid)}
-            tree = process.children_map()
-            self._scan = (time.monotonic(), known, ended, tree)
-            self._scan_found = False
-        found = process.adopted(tree, known | ended, self.job_id)
+        with process.ADOPTION:
+            known = self.known_children()
+            tree = None if fresh else self._shared_tree(known)
+            ended: set[int] = self._scan[2] if tree is not None and self._scan is not None else set()
+            if tree is None:
+                # Which main processes have ended is asked before the scan: their orphans were
+                # handed to this process as they ended, so the scan sees every one of them.
+                ended = {pid for pid in known if process.exited(pid)}
+                tree = process.children_map()
+                self._scan = (time.monotonic(), known, ended, tree)
+                self._scan_found = False
+            found = process.adopted(tree, known | ended, self.job_id)
         self._scan_found = self._scan_found or bool(found)
         self.job_pids.update(found)
         return found
@@ -158,7 +177,12 @@ class JobProcesses:
         # Reap what was adopted (subreaper); waiting on our own children reaps them.
         process.wait_gone(process.alive(killed), timeout=1.0)
         process.reap_adopted({p.pid for p in tracked} | {p.pid for p in killed} | self.job_pids)
-        process.set_child_subreaper(False)
+        with _LIVE_LOCK:
+            if self in _LIVE:
+                _LIVE.remove(self)
+            last = not _LIVE
+        if last:  # another thread's job still needs its orphans handed to this process
+            process.set_child_subreaper(False)
         if self.watchdog is not None:  # nothing of the job is left to watch; reaped at the end
             self.watchdog.stop()
 

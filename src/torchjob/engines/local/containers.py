@@ -91,6 +91,30 @@ ENGINE_VARIABLES = frozenset(
 ENGINE_PREFIXES = ("TORCHJOB_PORT_",)
 
 
+# What torch's launcher (torchrun, torch.distributed.launch) sets for each of its workers: the
+# worker's own rank. A job started from such a worker (an SDK call in a script torchrun runs)
+# must not hand them to its pods: TORCHELASTIC_USE_AGENT_STORE=True alone makes every rank wait for
+# a store that nobody serves. Dropped only when the caller is such a worker (TORCHELASTIC_RUN_ID).
+_LAUNCHER_VARIABLES = frozenset(
+    {
+        "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+        "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    }
+)  # fmt: skip
+
+
+def inherited_env() -> dict[str, str]:
+    """This process's environment as the containers inherit it (see _LAUNCHER_VARIABLES)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return dict(os.environ)
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")
+    }
+
+
 def is_engine_variable(name: str) -> bool:
     return name in ENGINE_VARIABLES or name.startswith(ENGINE_PREFIXES)
 
@@ -418,7 +442,7 @@ def resolve_container(
     argv = [rewrite_paths(expand_refs(a, defined), mounts) for a in [*command, *args]]
     if _PYTHON.fullmatch(argv[0]):
         argv[0] = sys.executable
-    env = {**os.environ, **defined}
+    env = {**inherited_env(), **defined}
     env["PATH"] = os.pathsep.join(
         [
             str(ctx.base_env.get("TORCHJOB_BIN", "")),

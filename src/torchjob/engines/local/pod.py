@@ -255,11 +255,12 @@ class LocalPod:
         argv = c.run.argv if c.run.init else prewarm.cold_argv(c.run) or c.run.argv
         _forget_finished(c)
         try:
-            forked = fork(c.run, c.log) if fork is not None else None
-            if isinstance(forked, str):  # FORK_LATER: the fork server still imports; nothing waits for it
-                c.proc, c.next_start = None, now + FORK_RETRY
-                return
-            c.proc = forked or process.spawn(argv, c.run.env, c.run.cwd, c.log, c.run.before_exec)
+            with process.ADOPTION:  # until c.proc holds it, the new process is nobody's (cleanup.py)
+                forked = fork(c.run, c.log) if fork is not None else None
+                if isinstance(forked, str):  # FORK_LATER: the fork server still imports; nothing waits
+                    c.proc, c.next_start = None, now + FORK_RETRY
+                    return
+                c.proc = forked or process.spawn(argv, c.run.env, c.run.cwd, c.log, c.run.before_exec)
         except OSError as err:
             what = f"{c.run.argv[0]}: {err.strerror or err}"
             if c.run.cwd and not os.path.isdir(c.run.cwd):  # the OSError would blame the program
@@ -351,7 +352,8 @@ class LocalPod:
 
     def _start_warm(self, now: float) -> None:
         for c in self.mains:
-            c.warm = prewarm.start(c.run, c.log, self.prewarm_modules, now)
+            with process.ADOPTION:
+                c.warm = prewarm.start(c.run, c.log, self.prewarm_modules, now)
             if c.warm is not None:
                 self.on_group(c.warm.proc.pid, True)  # the watchdog stops it if the supervisor dies
 

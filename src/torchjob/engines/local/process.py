@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -24,6 +25,11 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:  # imported where used: 5 ms that would delay the job's first process
     import psutil
 
+# Held from the start of a container's process until its pod records it, and by every scan for
+# orphans: until recorded, a new process (forked from the warm pool, or between setsid and exec)
+# shows no job's marker, and the scan of another job run by this process (SDK calls in threads)
+# would take it for an orphan of its own.
+ADOPTION = threading.RLock()
 MARKER = "TORCHJOB_JOB_ID"
 POD_MARKER = "TORCHJOB_POD_UID"  # one value per pod attempt
 

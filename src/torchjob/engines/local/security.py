@@ -26,8 +26,6 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-Issues = list[tuple[str, str]]
-
 _PR_SET_NO_NEW_PRIVS = 38
 _UID_MAX = 2**31 - 1  # Kubernetes' limit for runAsUser, runAsGroup and fsGroup
 _APPLIED_POD = ("runAsUser", "runAsGroup", "runAsNonRoot", "fsGroup", "supplementalGroups")
