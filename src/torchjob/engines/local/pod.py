@@ -101,6 +101,7 @@ class RunningContainer:
     done: bool = False
     tracked: dict[int, psutil.Process] = field(default_factory=dict)
     warm: prewarm.Warm | None = None  # its interpreter, started while the init containers run
+    fork_wait: bool = False  # its next start waits for the fork server's import (FORK_LATER)
 
     @property
     def running(self) -> bool:
@@ -266,8 +267,10 @@ class LocalPod:
         try:
             forked = fork(c.run, c.log) if fork is not None else None
             if isinstance(forked, str):  # FORK_LATER: the fork server still imports; nothing waits for it
-                c.proc, c.next_start = None, now + FORK_RETRY
+                c.proc, c.next_start = None, now + FORK_RETRY  # or sooner: Supervisor.wake_forks
+                c.fork_wait = True
                 return
+            c.fork_wait = False
             c.proc = forked or process.spawn(argv, c.run.env, c.run.cwd, c.log, c.run.before_exec)
         except OSError as err:
             what = f"{c.run.argv[0]}: {err.strerror or err}"
