@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_local_run as bench  # noqa: E402  (the same jobs, programs and environment)
+import bench_local_run as bench
 
 EVENTS = ("master start", "master bind", "probe pass", "worker start", "joined", "end", "exit")
 _PORTS = re.compile(rb"ports (\d+)->(\d+)")
@@ -124,10 +124,14 @@ def run_once(method: str, ranks: int, work: Path, against: Path | None = None) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--methods", nargs="+", default=["torchjob+wait", "shell"], choices=list(bench.METHODS))
+    parser.add_argument(
+        "--methods", nargs="+", default=["torchjob+wait", "shell"], choices=list(bench.METHODS)
+    )
     parser.add_argument("--json", type=Path, help="also write every run as JSON here")
     parser.add_argument(
         "--against", type=Path, help="another checkout: its torchjob+wait runs too, as torchjob+wait@old"
@@ -148,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                 runs[method].append(run_once(method, args.ranks, Path(tmp), args.against))
                 print(f"  rep {rep + 1}: {method:14s} {runs[method][-1]['exit']:.2f} s", file=sys.stderr)
     load_end = os.getloadavg()
-    print(f"{args.ranks} ranks, median of {args.reps}; load average (1 min) {load_start[0]:.2f} -> {load_end[0]:.2f}\n")
+    print(
+        f"{args.ranks} ranks, median of {args.reps}; "
+        f"load average (1 min) {load_start[0]:.2f} -> {load_end[0]:.2f}\n"
+    )
     print("| method | " + " | ".join(EVENTS) + " |")
     print("|---|" + "---:|" * len(EVENTS))
     for method, found in runs.items():
@@ -165,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             medians = statistics.median(r["exit"] for r in runs[method]) / statistics.median(
                 r["exit"] for r in runs["shell"]
             )
-            print(f"\n{method}/shell: {medians:.3f} (medians), {statistics.median(pairs):.3f} (median of pairs)")
+            print(
+                f"\n{method}/shell: {medians:.3f} (medians), {statistics.median(pairs):.3f} (median of pairs)"
+            )
     if args.json:
         args.json.write_text(json.dumps({"load": [load_start, load_end], "runs": runs}, indent=1))
     return 0
