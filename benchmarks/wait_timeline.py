@@ -82,7 +82,7 @@ def run_once(method: str, ranks: int, work: Path, against: Path | None = None) -
     if method.endswith("@old") and against is not None:
         env["PYTHONPATH"] = str(against / "src")
     watch = BindWatch()
-    if method == "shell":
+    if method.startswith("shell"):
         found = re.search(r"MASTER_PORT=(\d+)", argv[-1])
         assert found is not None
         watch.port = int(found.group(1))
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {method} | " + " | ".join(cells) + " |")
     if len(args.methods) >= 2 and "shell" in runs:
         for method in args.methods:
-            if method == "shell":
+            if method.startswith("shell"):
                 continue
             pairs = [a["exit"] / b["exit"] for a, b in zip(runs[method], runs["shell"], strict=False)]
             medians = statistics.median(r["exit"] for r in runs[method]) / statistics.median(
