@@ -145,6 +145,41 @@ def test_later_calls_fork_fresh_ranks_with_a_cold_calls_environment(tmp_path: Pa
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+FIRST_CALL = textwrap.dedent(
+    """
+    import json, time
+    import warmtask
+    from torchjob.engines.local import pod, pool
+
+    pod.FORK_RETRY = 120.0  # the retry a container waiting for the server's import would wait for
+    started = time.monotonic()
+    first = warmtask.allreduce(1)
+    took = time.monotonic() - started
+    forks = (pool._home[0] / "preload.log").read_text().count("forked ")
+    print("RESULT " + json.dumps({"sum": first["sum"], "took": took, "forks": forks}), flush=True)
+    """
+)
+
+
+def test_the_first_calls_ranks_start_the_moment_the_server_has_imported(tmp_path: Path) -> None:
+    """The first call's ranks wait for the pool's server to import torch; the supervisor wakes for
+    its answer instead of trying them again on a timer (which here is 120 s)."""
+    script = _script(tmp_path, FIRST_CALL)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line[len("RESULT ") :])
+    assert out["sum"] == 2 and out["forks"] == 2  # both ranks forked from the server
+    assert out["took"] < 60, out  # torch's import, even on a loaded machine; not the 120 s retry
+
+
 KILLED = textwrap.dedent(
     """
     import os, sys, time

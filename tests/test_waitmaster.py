@@ -8,6 +8,7 @@ never asserted tightly.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -150,7 +151,7 @@ def make_shell(kind: str, root: Path) -> Shell:
         box = _busybox_dir(root, drop=("timeout",))
         return Shell(str(box / "sh"), box, "nc")
     if kind == "bash":  # a bash image without nc: /dev/tcp
-        tools = _system("bash", "sleep", "date", "timeout")
+        tools = _system("bash", "cat", "sleep", "date", "timeout")
         return Shell(tools["bash"], _toolbox(root / "bash", tools), "bash")
     if kind == "sh-is-bash":  # /bin/sh is bash (posix mode) and no "bash" name on PATH
         tools = _system("bash", "sleep", "date", "timeout")
@@ -160,11 +161,14 @@ def make_shell(kind: str, root: Path) -> Shell:
         tools = _system("bash", "sleep", "date")
         return Shell(tools["bash"], _toolbox(root / "bash-nt", tools), "bash")
     if kind == "dash-openbsd-nc":  # Debian-like: dash as sh, OpenBSD nc with -z
-        tools = {"nc": _openbsd_nc(), **_system("dash", "sleep", "date", "timeout")}
+        tools = {"nc": _openbsd_nc(), **_system("dash", "cat", "sleep", "date", "timeout")}
         return Shell(tools["dash"], _toolbox(root / "dash-nc", tools), "nc")
     if kind == "dash-bash":  # dash runs the script, bash's /dev/tcp probes
-        tools = _system("dash", "bash", "sleep", "date", "timeout")
+        tools = _system("dash", "bash", "cat", "sleep", "date", "timeout")
         return Shell(tools["dash"], _toolbox(root / "dash-bash", tools), "bash")
+    if kind == "dash-bash-no-cat":  # no cat: the tables are read by the shell itself
+        tools = _system("dash", "bash", "sleep", "date", "timeout")
+        return Shell(tools["dash"], _toolbox(root / "dash-bash-nc", tools), "bash")
     if kind == "dash-bare":  # no nc, no bash: nothing can probe
         tools = _system("dash", "sleep", "date", "timeout")
         return Shell(tools["dash"], _toolbox(root / "dash", tools), "none")
@@ -302,7 +306,8 @@ def test_open_port_succeeds(shell: Shell, open_port: int) -> None:
     assert f"127.0.0.1:{open_port} is ready" in run.stdout
 
 
-OWNERSHIP = ["busybox", "bash", "dash-bash", "dash-openbsd-nc"]  # each shell parses /proc/net/tcp
+# Each shell parses /proc/net/tcp, read whole by cat or (no cat) by the shell itself.
+OWNERSHIP = ["busybox", "bash", "dash-bash", "dash-openbsd-nc", "dash-bash-no-cat"]
 
 
 @pytest.mark.parametrize("kind", OWNERSHIP)
@@ -325,13 +330,14 @@ def test_a_listener_of_another_uid_is_not_the_master(kind: str, tmp_path: Path, 
     assert "is ready" not in run.stdout
 
 
+@pytest.mark.parametrize("kind", ["dash-bash", "dash-bash-no-cat"])
 @pytest.mark.parametrize("family", [socket.AF_INET, socket.AF_INET6])
 def test_another_uid_listening_beside_the_master_is_refused(
-    family: socket.AddressFamily, tmp_path: Path, open_port: int
+    family: socket.AddressFamily, kind: str, tmp_path: Path, open_port: int
 ) -> None:
     """Were the job's master listening too (uid 4242 here), another uid's socket on the port
     still means the connection may reach it: not the master's alone."""
-    shell = make_shell("dash-bash", tmp_path)
+    shell = make_shell(kind, tmp_path)
     with socket.socket(family) as other:
         other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -341,6 +347,33 @@ def test_another_uid_listening_beside_the_master_is_refused(
         other.listen(1)
         run = run_script(shell, wait_for_master_script("127.0.0.1", open_port, 1), **{UIDS_ENV: "4242"})
     assert run.code == 1 and "not by this job" in run.stderr, run
+
+
+@pytest.mark.parametrize("kind", ["busybox", "bash", "dash-openbsd-nc"])
+def test_a_poll_reads_the_socket_tables_whole_and_runs_no_clock(
+    kind: str, tmp_path: Path, closed_port: int
+) -> None:
+    """The local engine polls every 0.05 s while the master imports torch on the same CPUs, so a
+    poll must be cheap: the shell's own `read` would take /proc/net/tcp a byte (a system call) at a
+    time, and `date` would be one more process per poll."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("needs strace")
+    shell = make_shell(kind, tmp_path)
+    trace = tmp_path / "trace"
+    env = {"PATH": str(shell.path), INTERVAL_ENV: FAST, UIDS_ENV: str(os.getuid())}
+    script = wait_for_master_script("127.0.0.1", closed_port, 1)
+    argv = [strace, "-f", "-qq", "-y", "-e", "trace=execve,read", "-o", str(trace), shell.sh, "-c", script]
+    subprocess.run(
+        argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=RUN_LIMIT, check=False
+    )
+    lines = trace.read_text().splitlines()
+    polls = sum('["sleep", ' in line for line in lines if "execve(" in line)
+    clocks = sum('["date", ' in line for line in lines if "execve(" in line)
+    byte_reads = [line for line in lines if re.search(r"read\(\d+</proc/\S*net/tcp6?>, .*, 1\) = 1", line)]
+    assert polls >= 3, lines[-20:]
+    assert byte_reads == [], byte_reads[:5]
+    assert clocks <= 1, f"date ran {clocks} times in {polls} polls"
 
 
 def test_closed_port_times_out_with_a_clear_message(shell: Shell, closed_port: int) -> None:

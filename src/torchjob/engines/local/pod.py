@@ -92,6 +92,7 @@ class RunningContainer:
     done: bool = False
     tracked: dict[int, psutil.Process] = field(default_factory=dict)
     warm: prewarm.Warm | None = None  # its interpreter, started while the init containers run
+    fork_wait: bool = False  # its next start waits for the fork server's import (FORK_LATER)
 
     @property
     def running(self) -> bool:
@@ -258,8 +259,10 @@ class LocalPod:
             with process.ADOPTION:  # until c.proc holds it, the new process is nobody's (cleanup.py)
                 forked = fork(c.run, c.log) if fork is not None else None
                 if isinstance(forked, str):  # FORK_LATER: the fork server still imports; nothing waits
-                    c.proc, c.next_start = None, now + FORK_RETRY
+                    c.proc, c.next_start = None, now + FORK_RETRY  # or sooner: Supervisor.wake_forks
+                    c.fork_wait = True
                     return
+                c.fork_wait = False
                 c.proc = forked or process.spawn(argv, c.run.env, c.run.cwd, c.log, c.run.before_exec)
         except OSError as err:
             what = f"{c.run.argv[0]}: {err.strerror or err}"

@@ -24,7 +24,9 @@ a ``runAsUser``/``runAsGroup`` (the identity is set by the engine's own hook), c
 limits, or when the server could not be used (said once on the console).
 
 The server's import is not waited for: a container to be forked while it imports is retried on
-the supervisor's next turns (``pod.FORK_LATER``), so that deadlines, policies and status go on.
+the supervisor's next turns (``pod.FORK_LATER``), so that deadlines, policies and status go on;
+the loop wakes for the server's answer (:meth:`Preloader.importing`), so the first such turn comes
+the moment the import is done.
 """
 
 from __future__ import annotations
@@ -220,6 +222,16 @@ class Preloader:
 
     def close(self) -> None:
         self._off(ENDED)
+
+    def importing(self) -> int | None:
+        """While the server imports: the pipe that becomes readable when it is done (or ended)."""
+        return self._replies if self.state == "starting" and self._replies >= 0 else None
+
+    def imported(self) -> bool:
+        """Whether the server's import is over (ready, or given up), taking its answer if it came."""
+        if self.state == "starting":
+            self._poll_ready()
+        return self.state != "starting"
 
     def why_not(self, run: ContainerRun) -> str:
         """Why ``run`` is not forked from this server (for the log under -v)."""

@@ -326,6 +326,7 @@ class Supervisor:
                 self.processes.track()
                 self.watch_rendezvous()
                 last_track = now
+            self.wake_forks()
             self.ctl.poll()
             self.grow(now)
             self.ctl.fire_delayed()
@@ -335,7 +336,20 @@ class Supervisor:
                 self.write_status()
             if self.ctl.done():
                 return
-            self.waiter.wait(self.next_wait(last_track))
+            preloader = self.factory.preloader
+            self.waiter.wait(self.next_wait(last_track), preloader.importing() if preloader else None)
+
+    def wake_forks(self) -> None:
+        """Containers waiting for the fork server are tried the moment its import is over, not on
+        their next retry (``FORK_RETRY`` later): the loop also wakes for the server's answer."""
+        preloader = self.factory.preloader
+        if preloader is None or preloader.importing() is None or not preloader.imported():
+            return
+        now = time.monotonic()
+        for pod in self.pods.values():
+            for c in pod.mains:
+                if c.fork_wait and c.next_start is not None and not pod.terminating:
+                    c.next_start = now
 
     def next_wait(self, last_track: float) -> float:
         """Seconds until something needs the loop that no exit or signal announces."""

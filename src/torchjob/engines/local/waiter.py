@@ -53,12 +53,25 @@ class ExitWaiter:
         with contextlib.suppress(OSError):  # a full pipe already wakes the loop
             os.write(self._wake_w, b"\0")
 
-    def wait(self, timeout: float) -> None:
-        """Until a watched process exits, ``wake`` is called, or ``timeout`` seconds pass."""
+    def wait(self, timeout: float, readable: int | None = None) -> None:
+        """Until a watched process exits, ``wake`` is called, ``timeout`` seconds pass, or the file
+        descriptor ``readable`` (watched for this wait only, and not read) can be read."""
         timeout = max(0.0, timeout)
         if not self._usable:
             timeout = min(timeout, FALLBACK_TICK)
-        for key, _events in self._selector.select(timeout):
+        extra = None
+        if readable is not None:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                extra = self._selector.register(readable, selectors.EVENT_READ)
+        try:
+            found = self._selector.select(timeout)
+        finally:
+            if extra is not None:
+                with contextlib.suppress(KeyError, ValueError, OSError):
+                    self._selector.unregister(extra.fd)
+        for key, _events in found:
+            if extra is not None and key.fd == readable:
+                continue
             if key.fd == self._wake_r:
                 with contextlib.suppress(OSError):
                     while os.read(self._wake_r, 512):
