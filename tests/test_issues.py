@@ -5,7 +5,8 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from torchjob.engines.local import check_job, job_warnings
+from torchjob.engines.local import check_job
+from torchjob.engines.local.engine import LocalEngine
 from torchjob.errors import Issue, Problem, warning
 from torchjob.expand import expand
 from torchjob.jobs import load_jobs_from_text
@@ -85,7 +86,7 @@ def test_plugin_and_local_engine_warnings_are_warnings() -> None:
     plugin_notes = expand(job).warnings
     assert [i.path for i in plugin_notes] == ["spec.tasks[0].template.spec.containers[0].env[0]"]
     assert all(isinstance(i, Issue) and i.severity == "warning" for i in plugin_notes)
-    local_notes = job_warnings(job)
+    local_notes = LocalEngine().warnings(job)  # what validate --local prints
     assert [i.path for i in local_notes] == ["spec.tasks[0].template.spec.containers[0].env[1].name"]
     assert all(isinstance(i, Issue) and i.severity == "warning" for i in local_notes)
     assert check_job(job) == []
