@@ -377,3 +377,44 @@ def test_readme_python_example_runs_as_a_script(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     values = [line for line in out.stdout.splitlines() if "|" not in line]  # pods' lines are prefixed
     assert values == ["6.0", "3.0"]
+
+
+LINES_SCRIPT = textwrap.dedent(
+    """
+    from torchjob import Elastic, task
+
+    @task(task_config=Elastic(nproc_per_node=3))
+    def chatty():
+        import os
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        dist.barrier()  # the ranks start printing together
+        rank = dist.get_rank()
+        for i in range(3000):
+            print(f"rank {rank} line {i:04d} " + "x" * 60)
+        dist.barrier()
+        return rank
+
+    if __name__ == "__main__":
+        assert chatty() == 0
+    """
+)
+
+
+@pytest.mark.parametrize("unbuffered", [True, False], ids=["unbuffered", "buffered"])
+def test_the_workers_of_a_call_print_whole_lines(tmp_path: Path, unbuffered: bool) -> None:
+    # The workers share the caller's output. Unbuffered, print writes a line's text and newline
+    # apart; buffered, it writes chunks that cut lines. Either way no two workers share a line.
+    script = tmp_path / "lines.py"
+    script.write_text(LINES_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = [line for line in done.stdout.splitlines() if " line " in line]
+    bad = [line for line in printed if not re.fullmatch(r"rank [012] line \d{4} x{60}", line)]
+    assert not bad, bad[:3]
+    assert len(printed) == 9000

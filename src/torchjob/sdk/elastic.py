@@ -61,6 +61,7 @@ class LaunchSettings:
 def elastic_child(payload: bytes, results: str) -> bytes | None:
     """The body of every worker process: run the call, report rank 0's value or this rank's error."""
     rank = int(os.environ.get("RANK", "0"))
+    _whole_lines()
     try:  # loading, running and pickling the value: any failure is this rank's error
         value = run_call(payload)
         # Only rank 0's value is returned to the caller; the others are not worth pickling.
@@ -78,6 +79,21 @@ def elastic_child(payload: bytes, results: str) -> bytes | None:
     # the task has succeeded, and all that is left is torch passing on bytes already pickled.
     atexit.register(exit_now, 0)
     return data
+
+
+def _whole_lines() -> None:
+    """This worker's stdout and stderr write each line in one piece.
+
+    The workers of a node share its output. Unbuffered (PYTHONUNBUFFERED, as pods run), ``print``
+    writes the text and the newline apart; block-buffered, it writes 8 KiB chunks that cut lines.
+    Either way two workers printing at once could share a line. Line buffering keeps each line
+    whole (up to the pipe's atomic size); a partial line shows at its newline or at an explicit
+    flush. torchrun's ranks get the same from the rank guard.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and hasattr(stream, "reconfigure"):
+            with contextlib.suppress(Exception):  # a replaced stream keeps its own buffering
+                stream.reconfigure(write_through=False, line_buffering=True)
 
 
 @contextlib.contextmanager

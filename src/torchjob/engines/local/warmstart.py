@@ -124,16 +124,17 @@ def _warm(modules: list[str]) -> bool:
 
 
 def _whole_lines() -> None:
-    """A rank's unbuffered stdout and stderr write each line in one piece.
+    """A rank's stdout and stderr write each line in one piece.
 
     The ranks of a pod share its output pipe. ``print`` unbuffered (PYTHONUNBUFFERED, as pods
-    have it) writes the text and the newline separately, so two ranks printing at once could
-    mix into one line. Line buffering keeps each line (up to the pipe's atomic size) whole; a
-    partial line shows at its newline or at an explicit flush, as tqdm and ``print(flush=True)`` do.
+    have it) writes the text and the newline separately, and block-buffered it writes chunks
+    that cut lines, so two ranks printing at once could mix into one line. Line buffering keeps
+    each line (up to the pipe's atomic size) whole; a partial line shows at its newline or at an
+    explicit flush, as tqdm and ``print(flush=True)`` do.
     """
     for stream in (sys.stdout, sys.stderr):
-        if stream is not None and getattr(stream, "write_through", False):
-            stream.reconfigure(write_through=False, line_buffering=True)  # type: ignore[union-attr]
+        if stream is not None and hasattr(stream, "reconfigure"):
+            stream.reconfigure(write_through=False, line_buffering=True)
 
 
 def _flush() -> None:
