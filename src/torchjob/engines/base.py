@@ -5,7 +5,7 @@ An engine is an I/O shell around the pure core: it takes a loaded, defaulted and
 The CLI and the SDK talk to engines only through :class:`Engine`, found by name in
 :mod:`torchjob.engines.registry`; they never import an engine's own modules.
 
-The JSON shape of :class:`JobReport` (``to_dict``) is documented in docs/architecture.md and is
+The JSON shape of :class:`JobReport` (``to_dict``) is documented in docs/engines.md and is
 the same for every engine: ``torchjob status -o json`` prints it.
 """
 
@@ -418,7 +418,7 @@ class JobReport:
         return self.phase == JobPhase.COMPLETED
 
     def to_dict(self) -> dict[str, Any]:
-        """The stable JSON shape (camelCase keys; docs/architecture.md): ``status -o json`` prints it."""
+        """The stable JSON shape (camelCase keys; docs/engines.md): ``status -o json`` prints it."""
         data: dict[str, Any] = {
             "engine": self.engine,
             "id": self.id,
