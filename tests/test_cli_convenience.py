@@ -326,7 +326,6 @@ def test_prune_removes_finished_jobs_only_and_delete_all_removes_every_job(tmp_p
     assert again.returncode == 0 and again.stdout == "no local jobs to delete\n", again.stdout + again.stderr
 
 
-
 @pytest.mark.parametrize("age", ["٠s", "０s", "1.٥h", "٣d"])
 def test_prune_refuses_an_age_written_with_non_ascii_digits(tmp_path: Path, age: str) -> None:
     # Python's \\d and float() read '٠' (Arabic-Indic) and '０' (fullwidth) as 0: '٠s' was 0s and
