@@ -326,6 +326,20 @@ def test_prune_removes_finished_jobs_only_and_delete_all_removes_every_job(tmp_p
     assert again.returncode == 0 and again.stdout == "no local jobs to delete\n", again.stdout + again.stderr
 
 
+@pytest.mark.parametrize("age", ["٠s", "０s", "1.٥h", "٣d"])
+def test_prune_refuses_an_age_written_with_non_ascii_digits(tmp_path: Path, age: str) -> None:
+    # Python's \\d and float() read '٠' (Arabic-Indic) and '０' (fullwidth) as 0: '٠s' was 0s and
+    # removed every finished job. Numbers on the command line are ASCII (docs/validation.md).
+    (tmp_path / "job.yaml").write_text(QUICK)
+    done = _cli(tmp_path, "run", "-q", "job.yaml").stdout.split()[0]
+    bad = _cli(tmp_path, "prune", "--older-than", age)
+    assert bad.returncode == 2 and bad.stdout == "", bad.stdout
+    assert bad.stderr.strip().splitlines() == [
+        f"<command line>: --older-than: expected a duration such as 90s, 30m, 12h, 7d or 1h30m, got {age!r}"
+    ]
+    assert _jobs(tmp_path) == [done]
+
+
 PROGRESS = """\
 apiVersion: batch.volcano.sh/v1alpha1
 kind: Job

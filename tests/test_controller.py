@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torchjob.controller import Backoff, Controller
+from torchjob.controller import Backoff, Controller, waiting_backoff
 from torchjob.expand import DesiredState, PodPlan, expand
 from torchjob.jobs import load_jobs_from_text
 from torchjob.lifecycle import JobPhase, JobStatus
@@ -319,3 +319,14 @@ def test_a_grace_period_of_the_template_reaches_the_runtime() -> None:
     ctl.fail_job("stopped by the test")
     assert runtime.terminated == [(("worker", 0), 12.0)]
     assert runtime.notes[-1] == "job Failed: stopped by the test"
+
+
+def test_the_back_off_an_attempt_waits_out_is_its_first_waiting_container() -> None:
+    # Both pod runtimes (local, Slurm) answer ``backoff`` with this: the first container that has
+    # a next start, with the time left (never negative); None when no container waits.
+    assert waiting_backoff([("init", 0, None, None), ("main", 0, 0, None)], now=50.0) is None
+    waiting = [("init", 0, None, None), ("main", 3, 7, 52.5), ("side", 1, 1, 60.0)]
+    assert waiting_backoff(waiting, now=50.0) == Backoff("main", 3, 7, 2.5)
+    assert waiting_backoff(waiting, now=53.0) == Backoff("main", 3, 7, 0.0)
+    # A due time of 0.0 is a real (long passed) deadline: due now, not "not scheduled".
+    assert waiting_backoff([("main", 1, 1, 0.0)], now=5.0) == Backoff("main", 1, 1, 0.0)

@@ -286,3 +286,22 @@ def test_run_dry_run_prints_the_local_engines_plan_and_starts_nothing(
     example = Path(__file__).parent.parent / "examples" / "sdk" / "adaptive_training.py"
     assert main(["run", "--dry-run", f"{example}:adaptive_training"]) == 2  # not run: refused
     assert "--dry-run: not for a workflow" in capsys.readouterr().err
+
+
+def test_max_restarts_is_one_setting_of_local_and_slurm(capsys: pytest.CaptureFixture[str]) -> None:
+    # Declared once (engines.common_settings); each engine lists it for its own commands.
+    slots = ("name", "help", "type", "default", "flags", "metavar", "minimum", "invalid")
+    declared = {
+        (engine, s.commands): tuple(getattr(s, k) for k in slots)
+        for command in ("run", "submit")
+        for engine, s in registry.settings_of(command)
+        if s.name == "max_restarts"
+    }
+    assert set(declared) == {("local", ("run",)), ("slurm", ("run", "submit"))}
+    assert len(set(declared.values())) == 1
+    for command in ("run", "submit"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        helped = capsys.readouterr().out
+        listed = [line for line in helped.splitlines() if line.strip().startswith("--max-restarts N")]
+        assert len(listed) == 1 and "fail the job once a pod's containers restarted" in listed[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,19 @@ def test_a_damaged_status_is_that_job_unknown_and_nothing_else_breaks(tmp_path: 
 
     logs = cli(tmp_path, "logs", good)
     assert logs.returncode == 0 and logs.stdout == "main-0 | hi from good-main-0\n", logs.stderr
-    assert cli(tmp_path, "logs", broken).returncode == 0  # no pods known: nothing to print
+    # The pods' logs are still there: printed, with one line on stderr naming the damaged file.
+    logs = cli(tmp_path, "logs", broken)
+    assert logs.returncode == 0 and logs.stdout == "main-0 | hi from broken-main-0\n", logs.stderr
+    told = logs.stderr.splitlines()
+    assert len(told) == 1 and told[0].startswith(f"torchjob: {path}"), logs.stderr
+    assert "showing the pods' logs found on disk" in told[0]
+    assert cli(tmp_path, "logs", broken, "main-0").stdout == "main-0 | hi from broken-main-0\n"
+    # Nothing to read at all: one line, exit 2.
+    shutil.rmtree(path.parent / "logs")
+    logs = cli(tmp_path, "logs", broken)
+    assert logs.returncode == 2 and logs.stdout == "", logs.stdout
+    assert len(logs.stderr.splitlines()) == 1 and str(path) in logs.stderr, logs.stderr
+    assert "no pod of job" in logs.stderr and "has a log to show" in logs.stderr
     assert cli(tmp_path, "delete", broken).returncode == 0
     assert not _status_file(tmp_path, broken).exists()
 

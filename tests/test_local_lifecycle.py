@@ -1,4 +1,6 @@
-"""Lifecycle decisions carried out with real processes: restarts, task failure, dependsOn, delays."""
+"""Lifecycle decisions carried out with real processes, where the local engine shows more than
+tests/test_engine_lifecycle.py (which runs the same scenarios on every engine) can ask of all:
+each attempt's own log files and ``TORCHJOB_ATTEMPT``, and no process left after an abort."""
 
 from __future__ import annotations
 
@@ -11,11 +13,8 @@ from test_local_support import container, leftovers, log_text, make_job, run, sh
 pytestmark = pytest.mark.timeout(60)
 
 
-def _fail_once(flag: Path) -> list[str]:
-    return sh(f"if [ -e {flag} ]; then echo recovered; else touch {flag}; echo crash; exit 3; fi")
-
-
 def test_restart_pod_recreates_only_the_failed_pod(tmp_path: Path) -> None:
+    # Beyond the engine scenario: the failed attempt's log stays in its own file beside the new one.
     flag = tmp_path / "flag"
     script = (
         f"if [ $VK_TASK_INDEX = 1 ] && [ ! -e {flag} ]; then touch {flag}; echo crash; exit 3; fi;"
@@ -43,25 +42,8 @@ def test_restart_pod_recreates_only_the_failed_pod(tmp_path: Path) -> None:
     assert "fine" in log_text(result, "worker-1", "w", attempt=1)
 
 
-def test_restart_task_recreates_the_whole_task_and_leaves_the_others(tmp_path: Path) -> None:
-    job = make_job(
-        "rtask",
-        [
-            task("master", [container("m", sh("sleep 1.5"))]),
-            task(
-                "worker",
-                [container("w", _fail_once(tmp_path / "flag"))],
-                policies=[{"event": "PodFailed", "action": "RestartTask"}],
-            ),
-        ],
-    )
-    result = run(job, tmp_path)
-    assert result.ok, result.reason
-    by_task = {p.task: p.log_dir.name for p in result.pods}
-    assert by_task == {"master": "attempt-0", "worker": "attempt-1"}
-
-
 def test_max_retry_used_up_fails_the_job_and_keeps_the_last_logs(tmp_path: Path) -> None:
+    # Beyond the engine scenario: TORCHJOB_ATTEMPT in each attempt, each attempt's log kept.
     job = make_job(
         "exhaust",
         [task("main", [container("app", sh("echo attempt $TORCHJOB_ATTEMPT; exit 1"))])],
@@ -78,6 +60,7 @@ def test_max_retry_used_up_fails_the_job_and_keeps_the_last_logs(tmp_path: Path)
 
 
 def test_task_failed_fires_when_container_restarts_reach_the_task_max_retry(tmp_path: Path) -> None:
+    # Beyond the engine scenario: no process of the crash-looping container is left after the abort.
     job = make_job(
         "taskfail",
         [
@@ -97,27 +80,8 @@ def test_task_failed_fires_when_container_restarts_reach_the_task_max_retry(tmp_
     assert leftovers(result.job_id) == []
 
 
-def test_depends_on_starts_a_task_once_its_dependency_runs(tmp_path: Path) -> None:
-    marker = tmp_path / "server-up"
-    job = make_job(
-        "deps",
-        [
-            task(
-                "client",
-                [container("c", sh(f"test -e {marker} && echo server was up"))],
-                dependsOn={"name": ["server"]},
-            ),
-            # ": >" is the shell's own redirection: no fork and exec of touch, which under load
-            # could come after the client (started one tick after the server runs) looked.
-            task("server", [container("s", sh(f": > {marker}; sleep 0.5"))]),
-        ],
-    )
-    result = run(job, tmp_path)
-    assert result.ok, result.reason
-    assert "server was up" in log_text(result, "client-0", "c")
-
-
 def test_a_policy_timeout_delays_its_action(tmp_path: Path) -> None:
+    # Beyond the engine scenario: the pending pod's running init container is killed with the job.
     job = make_job(
         "pendingtoolong",
         [task("main", [container("app", sh("true"))], init=[container("slow", sh("sleep 30"))])],
@@ -127,13 +91,3 @@ def test_a_policy_timeout_delays_its_action(tmp_path: Path) -> None:
     assert result.phase == "Aborted"
     assert "PodPending" in result.reason
     assert leftovers(result.job_id) == []
-
-
-def test_a_later_event_cancels_a_delayed_action(tmp_path: Path) -> None:
-    job = make_job(
-        "pendingbriefly",
-        [task("main", [container("app", sh("sleep 1.5"))], init=[container("quick", sh("sleep 0.1"))])],
-        policies=[{"event": "PodPending", "action": "AbortJob", "timeout": "1s"}],
-    )
-    result = run(job, tmp_path)
-    assert result.ok, result.reason

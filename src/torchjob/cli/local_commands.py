@@ -586,7 +586,8 @@ def parse_duration(text: str) -> float:
     """``90s``, ``30m``, ``1h30m``, ``7d`` in seconds; SpecError naming --older-than otherwise."""
     import re
 
-    parts = re.findall(r"(\d+(?:\.\d+)?)([smhdw])", text)
+    # ASCII digits, as in a job's durations (spec/units.py): \d would take '٣d' for 3d
+    parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)([smhdw])", text)
     if not text or "".join(n + u for n, u in parts) != text:
         message = f"expected a duration such as 90s, 30m, 12h, 7d or 1h30m, got {text!r}"
         raise SpecError([Problem("--older-than", message, "<command line>")])

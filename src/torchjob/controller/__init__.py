@@ -19,6 +19,14 @@ from torchjob.controller.driver import (
     Backoff,
     Controller,
     termination_grace,
+    waiting_backoff,
 )
 
-__all__ = ["CRASH_LOOP_AFTER", "DEFAULT_GRACE", "Backoff", "Controller", "termination_grace"]
+__all__ = [
+    "CRASH_LOOP_AFTER",
+    "DEFAULT_GRACE",
+    "Backoff",
+    "Controller",
+    "termination_grace",
+    "waiting_backoff",
+]

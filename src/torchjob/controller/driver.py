@@ -36,6 +36,7 @@ from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Generic, TypeVar
 
     from torchjob.controller.runtime import Attempt, PodRuntime
@@ -67,6 +68,7 @@ _ACTIVE = (PodPhase.PENDING.value, PodPhase.RUNNING.value)
 
 Key = tuple[str, int]
 Seen = tuple[str, int, "int | None"]  # reported phase, restarts, exit code
+ContainerWait = tuple[str, int, "int | None", "float | None"]  # name, failures, exit code, next start
 
 
 DEFAULT_GRACE = 5.0  # seconds from SIGTERM to SIGKILL when the pod sets no terminationGracePeriodSeconds
@@ -86,6 +88,16 @@ def backoff(failures: int) -> float:
     """Delay before restart number ``failures`` (1-based) of one container, on every engine."""
     doublings = min(max(0, failures - 1), _BACKOFF_DOUBLINGS)  # a crash loop can run for days
     return min(BACKOFF_CAP, BACKOFF_BASE * 2.0**doublings)
+
+
+def waiting_backoff(containers: Iterable[ContainerWait], now: float) -> Backoff | None:
+    """The back-off an attempt waits out: its first container with a next start, as
+    ``(name, failures, exit_code, next_start)`` (next_start on the engine's monotonic clock, None
+    when not waiting), with the delay left at ``now``. Every pod runtime's ``backoff`` is this."""
+    for name, failures, exit_code, due in containers:
+        if due is not None:  # a due time of 0.0 is a deadline long passed, not "unscheduled"
+            return Backoff(name, failures, exit_code, max(0.0, due - now))
+    return None
 
 
 def termination_grace(job: Job, task: str) -> float:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from torchjob.display import first_failed_first, prefix_for
 from torchjob.engines.base import (
+    ContainerReport,
     EngineError,
     JobReport,
     LogLine,
@@ -223,7 +224,12 @@ class LocalEngine:
     def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
         """Every check is made here, before the first line: a wrong pod, container or attempt is an error."""
         where = self._find(ref)
-        report = where.read_status()
+        report, problem = where.read_status_checked()
+        if problem is not None:  # the logs on disk are still the job's: shown, without ranks
+            report.pods = _pods_on_disk(where, report.name)
+            if not report.pods:
+                raise EngineError(f"{problem}; no pod of job {where.id} has a log to show")
+            StreamSink().notice(f"{problem}; showing the pods' logs found on disk (without ranks)")
         files = self._log_files(where, report, query, check=True)
         return self._read_logs(where, report, query, files)
 
@@ -249,7 +255,9 @@ class LocalEngine:
                 return
             if not finished:
                 time.sleep(FOLLOW_EVERY)
-                report = where.read_status()
+                report, problem = where.read_status_checked()
+                if problem is not None:
+                    report.pods = _pods_on_disk(where, report.name)
                 files = self._log_files(where, report, query, check=False)
 
     def _log_files(self, where: JobDir, report: JobReport, query: LogQuery, *, check: bool) -> list[_LogFile]:
@@ -388,6 +396,30 @@ def _pod_log_files(
             path = where.log_dir(pod.name, attempt) / f"{name}.log"
             files.append(_LogFile(path, prefix, ordinal, pod.short or pod.name))
     return files
+
+
+def _pods_on_disk(where: JobDir, job_name: str) -> list[PodReport]:
+    """The pods whose logs are in the job directory (``logs/<pod>/attempt-<n>/<container>.log``),
+    for a job whose status.json cannot be read: ranks, phases and init containers are unknown."""
+    pods = []
+    for name in sorted(p.name for p in where.logs.glob("*") if p.is_dir() and not p.is_symlink()):
+        attempts = _attempts(where, name)
+        containers = sorted({f.stem for n in attempts for f in where.log_dir(name, n).glob("*.log")})
+        if not containers:
+            continue
+        short = name[len(job_name) + 1 :] if name.startswith(job_name + "-") else name
+        task, _, index = short.rpartition("-")
+        pod = PodReport(
+            name=name,
+            short=short,
+            task=task or short,
+            index=int(index) if index.isascii() and index.isdigit() else 0,
+            phase=UNKNOWN,
+            attempt=attempts[-1],
+            containers=[ContainerReport(c) for c in containers],
+        )
+        pods.append(pod)
+    return pods
 
 
 def _attempts(where: JobDir, pod: str) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from torchjob.engines.base import EngineInfo, Setting
+from torchjob.engines.common_settings import max_restarts
 
 ALL_COMMANDS = ("run", "status", "logs", "wait", "delete", "prune", "queue")
 
@@ -19,15 +20,7 @@ ENGINE = EngineInfo(
             metavar="DIR",
             commands=ALL_COMMANDS,
         ),
-        Setting(
-            "max_restarts",
-            "fail the job once a pod's containers restarted more than N times (local and slurm "
-            "engines; Kubernetes restarts without limit)",
-            type="int",
-            metavar="N",
-            minimum=0,
-            invalid="expected a number of restarts of 0 or more, got {value}",
-        ),
+        max_restarts(),
         Setting(
             "hang_notice",
             "local: say once when every pod of the running job has printed nothing for this long "

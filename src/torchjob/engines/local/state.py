@@ -188,19 +188,27 @@ class JobDir:
 
     def read_status(self) -> JobReport:
         """The stored report; a missing or damaged status.json is phase Unknown with the reason."""
+        return self.read_status_checked()[0]
+
+    def read_status_checked(self) -> tuple[JobReport, str | None]:
+        """The stored report and, when status.json cannot be read or is damaged, one line saying
+        so with its path (the report is then phase Unknown, with no pods)."""
         from torchjob.engines.base import JobReport, ReportError
 
         try:
-            return JobReport.from_dict(json.loads(self.status_file.read_text()))
+            return JobReport.from_dict(json.loads(self.status_file.read_text())), None
         except OSError as err:
             reason = f"cannot read status.json: {err.strerror or err}"
+            problem = f"cannot read {self.status_file}: {err.strerror or err}"
         except ValueError as err:  # not JSON (json.JSONDecodeError), or not the report's shape
             what = "the report's shape" if isinstance(err, ReportError) else "JSON"
             reason = f"status.json is damaged (not {what}: {err})"
+            problem = f"{self.status_file} is damaged (not {what}: {err})"
         name = self.id.rsplit("-", 1)[0]
-        return JobReport(
+        report = JobReport(
             engine="local", id=self.id, name=name, phase=UNKNOWN, reason=reason, location=str(self.path)
         )
+        return report, problem
 
     @property
     def expiry_file(self) -> Path:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from torchjob import logs
-from torchjob.controller import Backoff, Controller
+from torchjob.controller import Backoff, Controller, waiting_backoff
 from torchjob.display import elapsed, headline, pod_color, pod_rows, prefix_for
 from torchjob.engines.base import JobReport
 from torchjob.engines.local import hints, process
@@ -427,17 +427,8 @@ class Supervisor:
             )
 
     def backoff(self, attempt: LocalPod) -> Backoff | None:
-        waiting = [c for c in attempt.containers if c.next_start is not None]
-        if not waiting:
-            return None
-        last = waiting[0]
-        due = last.next_start
-        return Backoff(
-            last.run.name,
-            last.failures,
-            last.exit_code,
-            None if not due else max(0.0, due - time.monotonic()),
-        )
+        fields = ((c.run.name, c.failures, c.exit_code, c.next_start) for c in attempt.containers)
+        return waiting_backoff(fields, time.monotonic())
 
     def check_silence(self, now: float) -> None:
         """One notice once every pod of the running job has written nothing for ``hang_notice``

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from torchjob.controller.driver import BACKOFF_RESET, Backoff, backoff
+from torchjob.controller.driver import BACKOFF_RESET, Backoff, backoff, waiting_backoff
 from torchjob.engines.slurm import steps
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
@@ -188,17 +188,8 @@ class SlurmRuntime:
         # A restart in place is told by the line written into the container's log, as locally.
 
     def backoff(self, attempt: SlurmPod) -> Backoff | None:
-        waiting = [c for c in attempt.containers if c.next_start is not None]
-        if not waiting:
-            return None
-        last = waiting[0]
-        due = last.next_start
-        return Backoff(
-            last.name,
-            last.failures,
-            last.exit_code,
-            None if due is None else max(0.0, due - time.monotonic()),
-        )
+        fields = ((c.name, c.failures, c.exit_code, c.next_start) for c in attempt.containers)
+        return waiting_backoff(fields, time.monotonic())
 
     def note(self, text: str, color: str) -> None:
         self._say(text)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from torchjob.engines.base import EngineInfo, Setting
+from torchjob.engines.common_settings import max_restarts
 from torchjob.records import record
 
 _ALL = ("run", "submit", "status", "logs", "wait", "delete", "prune")
@@ -60,16 +61,7 @@ ENGINE = EngineInfo(
             default=False,
             commands=_START,
         ),
-        Setting(
-            "max_restarts",
-            "fail the job once a pod's containers restarted more than N times (local and slurm "
-            "engines; Kubernetes restarts without limit)",
-            type="int",
-            metavar="N",
-            minimum=0,
-            invalid="expected a number of restarts of 0 or more, got {value}",
-            commands=_START,
-        ),
+        max_restarts(commands=_START),
         Setting(
             "single_component",
             "slurm: every task in one component sized for the largest pod (no heterogeneous job)",
