@@ -7,7 +7,9 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -407,3 +409,78 @@ def test_a_job_started_from_a_torchrun_worker_does_not_hand_its_rank_to_the_pods
     else:
         expected = "store=unset run=unset local=3 group=1 rank=3 world=7 master=10.9.9.9 kept=yes"
     assert log_text(result, "main-0", "app").strip() == expected
+
+
+LATE_MASTER = """\
+import os, socket, time
+time.sleep(1.5)  # the worker's wait-for-master polls meanwhile
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", int(os.environ["MASTER_PORT"])))
+server.listen()
+server.settimeout(20)
+server.accept()[0].close()  # the probe's connection
+"""
+
+
+def _nice_and_group(pid: int) -> tuple[int, str | None]:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    try:
+        group = Path(f"/proc/{pid}/autogroup").read_text().split()[-1]
+    except OSError:
+        group = None  # a kernel without autogroup scheduling
+    return int(fields[16]), group  # nice is field 19 of stat, the 17th after the name
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_plugins_wait_for_master_polls_below_the_pods_cpu_priority(tmp_path: Path) -> None:
+    """Its polls fork a few processes every 20 ms while the ranks import torch on the same cores:
+    torchjob's helper yields to them (nice 10, its session's autogroup too); the job's own
+    containers, init containers included, keep the priority they were given."""
+    import threading
+
+    (tmp_path / "master.py").write_text(LATE_MASTER)
+    mine = tmp_path / "mine"
+    job = make_job(
+        "nice",
+        [
+            task("master", [container("m", ["python", str(tmp_path / "master.py")])]),
+            task(
+                "worker",
+                [container("w", sh("true"))],
+                init=[container("mine", sh(f"cat /proc/self/stat > {mine}"))],
+            ),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker", "--wait-master-enabled"]},
+    )
+    results: list[Any] = []
+    runner = threading.Thread(target=lambda: results.append(run(job, tmp_path)))
+    runner.start()
+    marker = f"TORCHJOB_JOB_DIR={tmp_path / 'jobs'}".encode()
+    found: dict[str, tuple[int, str | None]] = {}
+    try:
+        deadline = time.monotonic() + 20
+        while runner.is_alive() and time.monotonic() < deadline and len(found) < 2:
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    environ = Path(f"/proc/{entry}/environ").read_bytes()
+                    argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                    if marker not in environ:
+                        continue
+                    if argv[:2] == [b"sh", b"-c"] and b"wait-for-master: " in argv[2]:
+                        found.setdefault("probe", _nice_and_group(int(entry)))
+                    elif any(b"master.py" in a for a in argv):
+                        found.setdefault("master", _nice_and_group(int(entry)))
+                except (OSError, IndexError):
+                    continue
+            time.sleep(0.05)
+    finally:
+        runner.join(timeout=30)
+    assert results and results[0].ok, results and results[0].reason
+    assert found.get("probe") is not None and found.get("master") is not None, found
+    assert found["probe"][0] == 10 and found["probe"][1] in (None, "10"), found
+    assert found["master"][0] == 0 and found["master"][1] in (None, "0"), found
+    own_nice = int(mine.read_text().rsplit(")", 1)[1].split()[16])
+    assert own_nice == 0  # the job's own init container

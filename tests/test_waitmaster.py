@@ -27,7 +27,7 @@ from torchjob.plugins.waitmaster import INTERVAL_ENV, UIDS_ENV, wait_for_master_
 
 pytestmark = pytest.mark.timeout(120)
 
-FAST = "0.05"  # the poll interval the local engine uses
+FAST = "0.05"  # a short poll interval (the local engine uses 0.02)
 RUN_LIMIT = 20.0  # no single script run here may take longer than this
 
 
@@ -353,7 +353,7 @@ def test_another_uid_listening_beside_the_master_is_refused(
 def test_a_poll_reads_the_socket_tables_whole_and_runs_no_clock(
     kind: str, tmp_path: Path, closed_port: int
 ) -> None:
-    """The local engine polls every 0.05 s while the master imports torch on the same CPUs, so a
+    """The local engine polls every 0.02 s while the master imports torch on the same CPUs, so a
     poll must be cheap: the shell's own `read` would take /proc/net/tcp a byte (a system call) at a
     time, and `date` would be one more process per poll."""
     strace = shutil.which("strace")

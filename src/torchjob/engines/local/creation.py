@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
     Forker = Callable[[ContainerRun, Path], Forked | str | None]
 
-WAIT_INTERVAL = "0.05"  # wait-for-master polling, so a worker starts soon after the master listens
+WAIT_INTERVAL = "0.02"  # wait-for-master polling, so a worker starts soon after the master listens
+# (affordable because the probe runs below the ranks' CPU priority: process.background_priority)
 VOLCANO_MOUNT = "/etc/volcano"  # where Volcano's svc plugin mounts its host files
 UIDS_ENV = "TORCHJOB_JOB_UIDS"  # plugins.waitmaster.UIDS_ENV, not imported: a job start need not load it
 
@@ -249,6 +250,12 @@ class PodFactory:
             # Before the hosts hook: a container's own hook rules it out. A fork server's children
             # share its /etc/hosts, the job's: a pod with hostAliases of its own is not forked.
             forkers = {} if aliases else self.forkers(mains)
+            # Init containers a plugin added (wait-for-master) are torchjob's helpers: their polls
+            # must not take CPU from ranks importing torch on the same cores.
+            own = {str(c.get("name")) for c in plan.task.template.spec.get("initContainers") or []}
+            for run in inits:
+                if run.name not in own:
+                    run.before_exec = security.then(process.background_priority, run.before_exec)
             if self.hosts_mount is not None:  # the pod's own /etc/hosts, so that pod names resolve
                 mount = self.pod_hosts(pod_dir, aliases)
                 for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser

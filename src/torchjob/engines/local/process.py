@@ -67,6 +67,26 @@ def _keep_orphans() -> None:  # pragma: no cover - runs in the forked child
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
+BACKGROUND_NICE = 10  # torchjob's own helper containers, e.g. the wait-for-master probe
+
+
+def background_priority() -> None:  # pragma: no cover - runs in the forked child
+    """Lower this process's CPU priority, for a helper that polls while ranks start on the same cores.
+
+    With autogroup scheduling (most desktop and server kernels), each session is one CPU-share
+    group, and a process's own nice value only counts inside its group: a container has a session
+    of its own, so its group's nice is lowered too. Refused or missing, either is left as it was."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICE)
+    try:
+        fd = os.open("/proc/self/autogroup", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    with contextlib.suppress(OSError):
+        os.write(fd, str(BACKGROUND_NICE).encode())
+    os.close(fd)
+
+
 def spawn(
     argv: Sequence[str],
     env: Mapping[str, str],
