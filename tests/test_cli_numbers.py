@@ -84,11 +84,16 @@ UNCHECKED = ("submit --timeout", "submit --pending-timeout", "run --engine kuber
 
 @pytest.fixture
 def setup(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kubeconfig: str, api: FakeKubeAPI
-) -> tuple[Path, FakeKubeAPI]:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> tuple[Path, FakeKubeAPI | None]:
     home = tmp_path / "home"
     monkeypatch.setenv("TORCHJOB_HOME", str(home))
-    monkeypatch.setenv("KUBECONFIG", kubeconfig)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))  # never the user's cluster
+    api = None
+    option = getattr(request.node, "callspec", None) and request.node.callspec.params.get("option", "")
+    if option and ("submit" in option or "kubernetes" in option):  # a server only where one is asked
+        api = request.getfixturevalue("api")
+        monkeypatch.setenv("KUBECONFIG", request.getfixturevalue("kubeconfig"))
     monkeypatch.setenv("TORCHJOB_SLURM_JOB_ROOT", str(tmp_path / "slurm"))
     job = tmp_path / "job.yaml"
     job.write_text(JOB)
@@ -105,7 +110,11 @@ def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[object, st
 
 
 def refused(
-    option: str, value: str, shown: str, setup: tuple[Path, FakeKubeAPI], capsys: pytest.CaptureFixture[str]
+    option: str,
+    value: str,
+    shown: str,
+    setup: tuple[Path, FakeKubeAPI | None],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     job, api = setup
     before, flag, expected = OPTIONS[option]
@@ -113,7 +122,7 @@ def refused(
     code, out, err = cli([*argv[:-1], f"{argv[-1]}={value}"], capsys)  # = : argparse takes -inf
     assert (code, out) == (2, ""), err
     assert err == f"<command line>: {flag}: {expected}, got {shown}\n"
-    assert api.requests == []  # nothing submitted
+    assert api is None or api.requests == []  # nothing submitted
     for root in (job.parent / "home", job.parent / "slurm"):  # nothing started
         assert not root.exists() or not any(root.rglob("status.json")), list(root.rglob("*"))
 
@@ -121,7 +130,7 @@ def refused(
 @pytest.mark.parametrize("value", list(ODD))
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_a_number_option_reads_ascii_digits_only(
-    option: str, value: str, setup: tuple[Path, FakeKubeAPI], capsys: pytest.CaptureFixture[str]
+    option: str, value: str, setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
 ) -> None:
     refused(option, value, ODD[value], setup, capsys)
 
@@ -129,21 +138,22 @@ def test_a_number_option_reads_ascii_digits_only(
 @pytest.mark.parametrize("value", list(NOT_FINITE))
 @pytest.mark.parametrize("option", UNCHECKED)
 def test_a_seconds_option_refuses_nan_and_infinity(
-    option: str, value: str, setup: tuple[Path, FakeKubeAPI], capsys: pytest.CaptureFixture[str]
+    option: str, value: str, setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
 ) -> None:
     refused(option, value, NOT_FINITE[value], setup, capsys)
 
 
 @pytest.mark.parametrize("value", ["-1", "-0.5"])
+@pytest.mark.parametrize("option", ["submit --timeout"])
 def test_submit_refuses_a_negative_timeout(
-    value: str, setup: tuple[Path, FakeKubeAPI], capsys: pytest.CaptureFixture[str]
+    option: str, value: str, setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    refused("submit --timeout", value, value, setup, capsys)
+    refused(option, value, value, setup, capsys)
 
 
 @pytest.mark.parametrize("value", ["٣", "３", "²"])
 def test_quick_modes_worker_replicas_reads_ascii_digits_only(
-    value: str, setup: tuple[Path, FakeKubeAPI], capsys: pytest.CaptureFixture[str]
+    value: str, setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
 ) -> None:
     job, _ = setup
     script = job.parent / "train.py"
@@ -159,7 +169,7 @@ def test_quick_modes_worker_replicas_reads_ascii_digits_only(
 
 @pytest.mark.parametrize("value", ["1_0", "0x2", "1:00"])
 def test_set_takes_no_yaml_only_spelling_of_a_number(
-    value: str, setup: tuple[Path, FakeKubeAPI], capsys: pytest.CaptureFixture[str]
+    value: str, setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """YAML 1.1 reads these as 10, 2 and 60; on the command line they are not numbers."""
     job, _ = setup
@@ -172,7 +182,7 @@ def test_set_takes_no_yaml_only_spelling_of_a_number(
 
 
 def test_set_reads_a_leading_zero_as_decimal(
-    setup: tuple[Path, FakeKubeAPI], capsys: pytest.CaptureFixture[str]
+    setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``010`` is ten, as Go's strconv reads it; YAML 1.1 made it octal: 8 pods."""
     job, _ = setup
@@ -190,7 +200,7 @@ def test_set_reads_a_leading_zero_as_decimal(
     ],
 )
 def test_plain_numbers_are_still_read(
-    argv: list[str], expected: str, setup: tuple[Path, FakeKubeAPI], capsys: pytest.CaptureFixture[str]
+    argv: list[str], expected: str, setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
 ) -> None:
     job, _ = setup
     code, out, err = cli([str(job) if a == "JOB" else a for a in argv], capsys)
