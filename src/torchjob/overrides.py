@@ -17,6 +17,7 @@ checked again: a job's defaults (``minAvailable`` from the replicas) follow the 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from typing import Any
@@ -25,6 +26,7 @@ from torchjob.errors import Problem, SpecError
 from torchjob.jobs import LoadedJob, check_document
 from torchjob.records import field, record
 from torchjob.spec.source import Document
+from torchjob.spec.units import parse_int
 
 COMMAND_LINE = "<command line>"
 TASK_FIELDS = ("replicas", "minAvailable", "maxRetry")
@@ -47,11 +49,18 @@ def _bad(option: str, message: str) -> SpecError:
 
 
 def _scalar(text: str) -> Any:
+    """VALUE as a YAML scalar, but a whole number only in ASCII decimal (spec/units.py), as the
+    other numbers on the command line: YAML 1.1 reads 010 as 8, 0x10 as 16, 1:00 as 60 and 1_0 as
+    10; such spellings stay text, which the job's check refuses where a number is expected."""
     import yaml
 
+    with contextlib.suppress(ValueError):
+        return parse_int(text.strip())
     try:
         value = yaml.safe_load(text) if text.strip() else text
     except yaml.YAMLError:
+        return text
+    if isinstance(value, int) and not isinstance(value, bool):
         return text
     return value if isinstance(value, (str, int, float, bool)) else text
 

@@ -21,6 +21,7 @@ import re
 from torchjob.errors import Problem, SpecError
 from torchjob.jobs import LoadedJob, check_document
 from torchjob.spec.source import Document
+from torchjob.spec.units import parse_int
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -88,12 +89,13 @@ def nodes_from_sets(sets: list[str]) -> tuple[int | None, list[str]]:
     for assignment in sets:
         target, _, value = assignment.partition("=")
         if target.strip() == "worker.replicas":
-            if not value.strip().isdigit():
+            workers = _whole(value.strip())  # str.isdigit() took '٣' for 3 and '²' (int() refuses it)
+            if workers is None or workers < 0:
                 message = (
                     f"{assignment}: expected a number of worker nodes (0 or more), got {value.strip()!r}"
                 )
                 raise SpecError([Problem("--set", message, COMMAND_LINE)])
-            nodes = int(value.strip()) + 1
+            nodes = workers + 1
         else:
             rest.append(assignment)
     return nodes, rest
@@ -106,13 +108,18 @@ def unwrap_launcher(command: list[str], args: list[str]) -> tuple[list[str], int
         return None
     flags = dict(f[2:].split("=", 1) for f in command[len(LAUNCHER) :] if f.startswith("--") and "=" in f)
     expected = {"nnodes", "nproc-per-node", "node-rank", "master-addr", "master-port"}
-    if (
-        set(flags) != expected
-        or len(flags) != len(command) - len(LAUNCHER)
-        or not flags["nproc-per-node"].isdigit()
-    ):
+    procs = _whole(flags.get("nproc-per-node", ""))
+    if set(flags) != expected or len(flags) != len(command) - len(LAUNCHER) or procs is None or procs < 0:
         return None
-    return ["python", *args], int(flags["nproc-per-node"])
+    return ["python", *args], procs
+
+
+def _whole(text: str) -> int | None:
+    """A whole number in ASCII digits (spec/units.py), as torchrun's own parser reads it; else None."""
+    try:
+        return parse_int(text)
+    except ValueError:
+        return None
 
 
 def job_name(script: str) -> str:

@@ -43,7 +43,7 @@ def register(commands: Any) -> None:
     )
     submit.add_argument("--wait", action="store_true", help="wait for the job to end; exit 1 if it failed")
     submit.add_argument("--follow", action="store_true", help="stream every pod's logs until the job ends")
-    submit.add_argument("--timeout", type=float, metavar="SECONDS", help="with --wait/--follow: stop waiting")
+    submit.add_argument("--timeout", metavar="SECONDS", help="with --wait/--follow: stop waiting")
     submit.add_argument("--job", metavar="NAME", help="which job to submit when FILE holds several")
     submit.add_argument(
         "--engine",
@@ -64,13 +64,16 @@ def register(commands: Any) -> None:
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    from torchjob.cli.settings import given_settings
+    from torchjob.cli.settings import given_settings, number_option
     from torchjob.cli.sources import choose_job, load_ref, load_script
     from torchjob.engines.base import EngineError, LogQuery, StartOptions
     from torchjob.engines.registry import engine_for, get_engine
 
     name = args.engine or engine_for("submits")
     settings = given_settings(args, "submit", name)
+    if args.timeout is not None:  # read before the job is created: a bad one must create nothing
+        message = "expected a non-negative, finite number of seconds, got {value}"
+        args.timeout = number_option("--timeout", args.timeout, message, minimum=0)
 
     program_args = list(getattr(args, "program_args", []))
     script, _ = load_script(args.file, args.quick, program_args, local=False, image=args.image)

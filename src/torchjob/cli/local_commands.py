@@ -12,7 +12,7 @@ import sys
 import time
 
 from torchjob.cli.cluster_commands import finish
-from torchjob.cli.settings import add_setting_options, given_flags, given_settings
+from torchjob.cli.settings import add_setting_options, given_flags, given_settings, number_option
 from torchjob.engines.registry import DEFAULT_ENGINE, engine_info, engine_names, get_engine
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 from torchjob.phases import UNKNOWN
@@ -38,7 +38,7 @@ def register(commands: Any) -> None:
         "or a script run as torchrun would (SCRIPT.py ARGS...: what follows the script is its own)",
     )
     run.add_argument("-d", "--detach", action="store_true", help="run in the background and print the job id")
-    run.add_argument("--timeout", type=float, metavar="SECONDS", help="terminate the job after this long")
+    run.add_argument("--timeout", metavar="SECONDS", help="terminate the job after this long")
     run.add_argument(
         "-e",
         "--env",
@@ -77,7 +77,7 @@ def register(commands: Any) -> None:
         "-f", "--follow", action="store_true", help="keep printing new lines until the job ends"
     )
     logs.add_argument("-c", "--container", help="only this container")
-    logs.add_argument("--attempt", type=int, help="this attempt of each pod (default: the latest)")
+    logs.add_argument("--attempt", metavar="N", help="this attempt of each pod (default: the latest)")
     logs.add_argument("--all-attempts", action="store_true", help="every attempt of each pod, oldest first")
     _engine_options(logs, "logs")
     logs.set_defaults(func=run_logs)
@@ -260,9 +260,9 @@ def run_run(args: argparse.Namespace) -> int:
     from torchjob.expand import Expansion
 
     extra_env = _parse_env(args.env)
-    if args.timeout is not None and not 0 < args.timeout < float("inf"):  # also refuses nan
-        message = f"expected a positive, finite number of seconds, got {args.timeout}"
-        raise SpecError([Problem("--timeout", message, "<command line>")])
+    if args.timeout is not None:
+        message = "expected a positive, finite number of seconds, got {value}"
+        args.timeout = number_option("--timeout", args.timeout, message, positive=True)
     from torchjob.cli.sources import choose_job
 
     info = engine_info(args.engine)
@@ -441,10 +441,19 @@ def run_logs(args: argparse.Namespace) -> int:
     from torchjob.display import paint, pod_color, use_color
     from torchjob.engines.base import LogQuery
 
+    attempt = args.attempt
+    if attempt is not None:  # attempts are counted from 0, as in the job's status
+        attempt = number_option(
+            "--attempt",
+            attempt,
+            "expected an attempt number (0 or more), got {value}",
+            integer=True,
+            minimum=0,
+        )
     query = LogQuery(
         pod=args.pod,
         container=args.container,
-        attempt=args.attempt,
+        attempt=attempt,
         all_attempts=args.all_attempts,
         follow=args.follow,
     )
@@ -531,7 +540,7 @@ def _register_wait(commands: Any) -> None:
         ),
     )
     wait.add_argument("job", metavar="JOB", help=REF_HELP)
-    wait.add_argument("--timeout", type=float, metavar="SECONDS", help="give up after this long")
+    wait.add_argument("--timeout", metavar="SECONDS", help="give up after this long")
     _engine_options(wait, "wait")
     wait.set_defaults(func=run_wait)
 
@@ -539,9 +548,9 @@ def _register_wait(commands: Any) -> None:
 def run_wait(args: argparse.Namespace) -> int:
     from torchjob.display import root_cause
 
-    if args.timeout is not None and not 0 <= args.timeout < float("inf"):  # also refuses nan
-        message = f"expected a non-negative, finite number of seconds, got {args.timeout}"
-        raise SpecError([Problem("--timeout", message, "<command line>")])
+    if args.timeout is not None:
+        message = "expected a non-negative, finite number of seconds, got {value}"
+        args.timeout = number_option("--timeout", args.timeout, message, minimum=0)
     from torchjob.engines.base import StreamSink
 
     report = _engine(args).wait(args.job, args.timeout, sink=StreamSink())

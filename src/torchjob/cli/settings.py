@@ -7,6 +7,7 @@ checked (its range, and that the chosen engine declares it) and handed to the en
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from torchjob.engines.registry import settings_of
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
     from torchjob.engines.base import Setting
 
 COMMAND_LINE = "<command line>"
-_TYPES: dict[str, Any] = {"int": int, "float": float, "path": Path}
+# Numbers stay text for argparse (whose own error is a usage block): read by number_option.
+_TYPES: dict[str, Any] = {"path": Path}
 
 
 def _declared(command: str) -> dict[str, tuple[Setting, list[str]]]:
@@ -63,9 +65,39 @@ def given_settings(args: argparse.Namespace, command: str, engine: str) -> dict[
 def _checked(setting: Setting, flag: str, value: Any) -> object:
     if setting.type == "modules":
         return module_names(flag, value)
-    if setting.minimum is not None and not setting.minimum <= value < float("inf"):
-        message = setting.invalid or f"expected a finite number of {setting.minimum:g} or more, got {{value}}"
-        raise SpecError([Problem(flag, message.format(value=value), COMMAND_LINE)])
+    if setting.type in ("int", "float"):
+        least = setting.minimum
+        expected = f"a finite number of {least:g} or more" if least is not None else "a finite number"
+        message = setting.invalid or f"expected {expected}, got {{value}}"
+        return number_option(flag, value, message, integer=setting.type == "int", minimum=least)
+    return value
+
+
+def number_option(
+    flag: str,
+    text: str,
+    invalid: str,
+    *,
+    integer: bool = False,
+    minimum: float | None = None,
+    positive: bool = False,
+) -> Any:
+    """The number an option's ``text`` gives (an int with ``integer``), at least ``minimum`` (above
+    0 with ``positive``). Only what Go and the shell read as a number: ASCII digits, no ``1_000``,
+    no spaces, no nan or infinity (spec/units.py). Else one line naming ``flag``: ``invalid``,
+    whose ``{value}`` is the text as typed."""
+    from torchjob.spec.units import parse_int, parse_number
+
+    try:
+        value: float = parse_int(text) if integer else parse_number(text)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value) or (minimum is not None and value < minimum) or (positive and value <= 0):
+        plain = text.isascii() and text.isprintable() and text.split() == [text]
+        message = invalid.format(value=text if plain else repr(text))
+        if not text.isascii():  # '３' looks like 3: say why it is not
+            message += " (only ASCII digits 0-9 are read)"
+        raise SpecError([Problem(flag, message, COMMAND_LINE)])
     return value
 
 

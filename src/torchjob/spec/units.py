@@ -1,5 +1,6 @@
 """The two unit syntaxes a job is written in: Go durations (``30s``, ``1m30s``) for policy
-timeouts, and Kubernetes quantities (``500m``, ``4Gi``, ``1e3``) for resources.
+timeouts, and Kubernetes quantities (``500m``, ``4Gi``, ``1e3``) for resources; and the plain
+numbers typed on the command line (``--timeout 30``, ``--max-restarts 3``, ``-j 2x4``).
 
 ASCII digits only: Python's ``\\d`` and ``float()`` would also take other scripts' digits, which
 neither Go nor the API server accepts.
@@ -7,6 +8,7 @@ neither Go nor the API server accepts.
 
 from __future__ import annotations
 
+import math
 import re
 
 # Patterns are compiled (and cached by re) on first use: a job that sets no duration or quantity
@@ -28,6 +30,27 @@ _SUFFIX = {
 }  # fmt: skip
 # A quantity beyond a signed 64-bit count of units is a typo, and would overflow what reads it.
 MAX_QUANTITY = float(2**63 - 1)
+
+# A number as Go's strconv and the shell's arithmetic read one: int() and float() would also take
+# '٣', '３', '1_000', ' 3', 'nan' and 'inf', which a user never means on a command line.
+_INTEGER = r"[+-]?[0-9]{1,18}"  # fits in 64 bits; int() refuses 4,300 digits and more
+_NUMBER = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,5})?"
+
+
+def parse_int(text: str) -> int:
+    """A whole number in ASCII decimal digits, with an optional sign; ValueError for anything else."""
+    if not re.fullmatch(_INTEGER, text):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(text)
+
+
+def parse_number(text: str) -> float:
+    """A finite decimal number in ASCII (``30``, ``2.5``, ``.5``, ``1e3``); ValueError for anything
+    else, nan and infinity included (a timeout of nan would never pass)."""
+    value = float(text) if len(text) <= 400 and re.fullmatch(_NUMBER, text) else math.nan
+    if not math.isfinite(value):  # also 1e999, which float() reads as infinity
+        raise ValueError(f"not a finite number: {text!r}")
+    return value
 
 
 def parse_duration(text: str) -> float:

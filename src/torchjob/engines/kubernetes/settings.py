@@ -53,6 +53,8 @@ ENGINE = EngineInfo(
             type="float",
             default=300.0,
             metavar="SECONDS",
+            minimum=0,
+            invalid="expected a non-negative, finite number of seconds, got {value}",
             commands=("run", "submit"),
         ),
     ),
