@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -54,9 +53,24 @@ def _one_line(text: str) -> str:
     return re.sub(r"^(\w+: )?(error: |fatal: )+", "", message).strip()
 
 
+def _which(name: str) -> str | None:
+    """``shutil.which`` for a command name on POSIX, without importing shutil (and with it bz2 and
+    lzma): the controller looks up ``srun`` on the way to its first pod."""
+    if os.sep in name:
+        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
+    path = os.environ.get("PATH")
+    if path is None:
+        path = os.confstr("CS_PATH") or os.defpath
+    for folder in path.split(os.pathsep) if path else []:
+        found = os.path.join(folder, name)
+        if os.access(found, os.X_OK) and not os.path.isdir(found):
+            return found
+    return None
+
+
 def client(name: str) -> str:
     """The path of a Slurm client, or a SlurmError saying it is not installed here."""
-    found = shutil.which(name)
+    found = _which(name)
     if found is None:
         raise SlurmError(
             f"{name} is not on PATH: run torchjob on a Slurm login node (or install Slurm's clients)"
