@@ -52,10 +52,9 @@ ENDED_BY_SLURM = {
 
 # Pending reasons by which Slurm says that the job asks for more than its partition, QOS or
 # association allows: waiting does not start it. (Without EnforcePartLimits, sbatch accepts such
-# a job and leaves it pending; with it, sbatch refuses it and says why.)
-BEYOND_LIMITS = re.compile(
-    r"Partition(TimeLimit|NodeLimit|Config)|BadConstraints|(QOS|Assoc)Max\w*PerJob\w*|QOSMin\w+"
-)
+# a job and leaves it pending; with it, sbatch refuses it and says why.) Compiled (and cached by
+# re) when a job is seen pending, not before sbatch.
+BEYOND_LIMITS = r"Partition(TimeLimit|NodeLimit|Config)|BadConstraints|(QOS|Assoc)Max\w*PerJob\w*|QOSMin\w+"
 _WHAT_LIMIT = {
     "PartitionTimeLimit": "the time limit is above the partition's",
     "PartitionNodeLimit": "the node count is outside the partition's limits",
@@ -296,7 +295,7 @@ class SlurmEngine:
                 report.phase == "Pending"
                 and asked
                 and asked[1] == "PENDING"
-                and BEYOND_LIMITS.fullmatch(asked[2])
+                and re.fullmatch(BEYOND_LIMITS, asked[2])
             ):
                 raise _BeyondLimits(asked[2])
 

@@ -470,7 +470,7 @@ def configmaps_of(state: DesiredState) -> dict[str, dict[str, str]]:
 
 
 _VAR_REF = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))")
-_FIELD_INDEX = re.compile(r"^metadata\.(labels|annotations)\['([^']*)'\]$")
+_FIELD_INDEX = r"^metadata\.(labels|annotations)\['([^']*)'\]$"  # compiled when a pod asks for one
 
 
 def expand_refs(text: str, env: Mapping[str, str]) -> str:
@@ -523,7 +523,7 @@ def container_env(
                 )
         elif "fieldRef" in source:
             field_path = str((source["fieldRef"] or {}).get("fieldPath", ""))
-            match = _FIELD_INDEX.match(field_path)
+            match = re.match(_FIELD_INDEX, field_path)
             if field_path in fields:
                 env[name] = fields[field_path]
             elif match:
