@@ -23,8 +23,36 @@ same size next to it, under the same load: the ratios are taken per pair, then t
 * ``bare``: ``sbatch`` of a script that runs ``srun python allreduce.py`` once for all ranks, RANK
   from ``SLURM_PROCID``: what people write by hand.
 
-Measured from just before ``sbatch``: every rank running (the last rank's start), every rank joined
-the group, and the wall time until the job left the queue.
+Measured from just before ``sbatch`` (``bare``) or the CLI (``torchjob``): every rank running (the
+last rank's start), every rank joined the group, and the wall time until the job left the queue.
+
+Slurm's own delay, and why each launch waits a random pause first: Slurm 22.05 (this cluster's
+``bf_interval=1``) starts no batch job at submission; its backfill pass starts it on the next tick,
+once a second (the cluster's ``ctld.log`` says ``sched/backfill: _start_job: Started JobId=N``). The
+delay D from ``sbatch`` to the allocation is therefore spread over [0, 1) s whoever submits, and it
+is larger than everything a launcher does itself; a run that happened to submit at the same point
+of the tick every time would measure the tick, not the launcher. So each launch first sleeps a
+random time in [0, 1) s: its submission lands at a uniformly random point of the tick, and D has
+the same distribution for both launches. Each run is then split, from ``ctld.log`` (millisecond
+times) and an ``sbatch`` on PATH that writes when it was called before running the real one (used
+by both launches, so each pays the same few milliseconds for it):
+
+* ``pre``: from the start to ``sbatch`` being called (torchjob: the CLI's start, its parse and the
+  job directory; bare: the benchmark's own process start of ``sbatch``);
+* ``delay``: Slurm's D, from ``sbatch`` being called to the job's start in ``ctld.log``
+  (``Started JobId=N``, or ``sched: Allocate JobId=N`` for a job started at submission);
+* ``inside``: from that start to every rank running (the batch script, for torchjob its controller,
+  the steps' ``srun`` and the ranks' Python starts).
+
+``pre + inside`` is the launcher's own cost; D is Slurm's and not the launcher's. The report gives
+the raw medians and means of "running", the ratio of the raw means, and the estimate by which the
+target is judged: (mean D of both launches pooled + torchjob's mean own cost) / (mean pooled D +
+bare's mean own cost). Both ratios converge to the same value (D has one distribution), but the
+raw one carries D's whole variance (its standard deviation is 0.29 s for one run, as large as
+everything else in "running"), while in the estimate D only enters through the mean of all runs,
+both launches', which moves the ratio little; what is left is the launchers' own spread, tens of
+milliseconds. A bootstrap of 21 runs of each (benchmarks/README.md, 2026-11-26 22:28) gives the
+raw ratio of means a standard deviation of 0.15-0.19 and the estimate 0.014-0.019.
 """
 
 from __future__ import annotations
@@ -34,12 +62,16 @@ import compileall
 import importlib.util
 import json
 import os
+import random
+import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -141,6 +173,35 @@ def bare_script(ranks: int, port: int) -> str:
     )
 
 
+SBATCH_TIMES = "BENCH_SBATCH_TIMES"  # where the sbatch wrapper writes when it was called
+MEASURES = ("running", "joined", "wall", "pre", "delay", "inside")
+
+
+def sbatch_wrapper(folder: Path) -> Path:
+    """An ``sbatch`` that writes the time it was called, then runs the real one: put on PATH."""
+    real = shutil.which("sbatch")
+    if real is None:
+        raise SystemExit("bench_slurm: no sbatch on PATH")
+    folder.mkdir()
+    wrapper = folder / "sbatch"
+    wrapper.write_text(f'#!/bin/sh\ndate +%s.%N >> "${SBATCH_TIMES}"\nexec {shlex.quote(real)} "$@"\n')
+    wrapper.chmod(0o755)
+    return folder
+
+
+_STARTED = re.compile(r"^\[([^\]]+)\] .*?(?:_start_job: Started|sched: Allocate) JobId=(\d+)\b")
+
+
+def slurm_started(log: Path, job_id: str) -> float:
+    """When slurmctld started ``job_id``: its first ``Started`` or ``Allocate`` line in ``ctld.log``
+    (local time, milliseconds, as ``time.time()`` counts)."""
+    for line in log.read_text(errors="replace").splitlines():
+        found = _STARTED.match(line)
+        if found and found.group(2) == job_id:
+            return datetime.fromisoformat(found.group(1)).timestamp()
+    raise SystemExit(f"bench_slurm: no start of job {job_id} in {log}")
+
+
 def one_run(cluster: SlurmCluster, mode: str, ranks: int, base: Path) -> dict[str, float]:
     from slurm_cluster import free_port
     from torchjob.engines.slurm import steps
@@ -149,7 +210,8 @@ def one_run(cluster: SlurmCluster, mode: str, ranks: int, base: Path) -> dict[st
     marks = job_dir / "marks"
     marks.mkdir()
     port = free_port()
-    env = {**cluster.env, "TORCHJOB_BENCH_MARKS": str(marks)}
+    times = job_dir / "sbatch-called"
+    env = {**cluster.env, "TORCHJOB_BENCH_MARKS": str(marks), SBATCH_TIMES: str(times)}
     script = job_dir / "batch.sh"
     if mode == "plan":
         (job_dir / "job.yaml").write_text(job_yaml(ranks, port, marks))
@@ -161,9 +223,12 @@ def one_run(cluster: SlurmCluster, mode: str, ranks: int, base: Path) -> dict[st
         script.write_text(bare_script(ranks, port))
         args = ["--job-name=bare", f"--output={job_dir}/slurm-%j.out", f"--chdir={job_dir}"]
         args += [f"--ntasks={ranks}", "--cpus-per-task=1"]
+    # A random point of Slurm's once-a-second scheduling tick (see the module's docstring).
+    time.sleep(random.random())
     if mode == "torchjob":
         (job_dir / "job.yaml").write_text(job_yaml(ranks, port, marks))
-        env["TORCHJOB_SLURM_JOB_ROOT"] = str(job_dir / "root")
+        root = job_dir / "root"
+        env["TORCHJOB_SLURM_JOB_ROOT"] = str(root)
         argv = [sys.executable, "-m", "torchjob", "run", str(job_dir / "job.yaml"), "--engine", "slurm", "-q"]
         started = time.time()
         done = subprocess.run(
@@ -172,13 +237,21 @@ def one_run(cluster: SlurmCluster, mode: str, ranks: int, base: Path) -> dict[st
         ended = time.time()
         if done.returncode != 0:
             raise SystemExit(f"torchjob {ranks} ranks: exit {done.returncode}: {done.stderr.strip()[-500:]}")
-        return _marks(marks, mode, ranks, job_dir, started, ended)
-    started = time.time()
-    job_id = steps.submit(args, script, env)
-    while steps.queue(job_id, cluster.env):
-        time.sleep(0.05)
-    ended = time.time()
-    return _marks(marks, mode, ranks, job_dir, started, ended)
+        (slurm_json,) = root.glob("*/slurm.json")
+        job_id = str(json.loads(slurm_json.read_text())["jobId"])
+    else:
+        started = time.time()
+        job_id = steps.submit(args, script, env)
+        while steps.queue(job_id, cluster.env):
+            time.sleep(0.05)
+        ended = time.time()
+    result = _marks(marks, mode, ranks, job_dir, started, ended)
+    called = float(times.read_text().split()[0])
+    slurm_start = slurm_started(cluster.dir / "ctld.log", job_id)
+    result["pre"] = called - started
+    result["delay"] = slurm_start - called
+    result["inside"] = result["running"] - (slurm_start - started)
+    return result
 
 
 def _marks(
@@ -194,6 +267,27 @@ def _marks(
         "running": max(by_name["start"]) - started,
         "joined": max(by_name["joined"]) - started,
         "wall": ended - started,
+    }
+
+
+def start_ratios(launcher: list[dict[str, float]], bare: list[dict[str, float]]) -> dict[str, float]:
+    """Every rank running, launcher against bare: the ratio of the raw medians and of the raw means,
+    and the estimate that takes Slurm's delay out of the comparison. D has one distribution for
+    both (the random pause), so the ratio of the raw means converges to (E[D] + own) / (E[D] +
+    bare's own); the estimate puts the mean of every run's D (both launches pooled) for E[D], and
+    so keeps only the launchers' own spread, not D's."""
+    own = statistics.mean(r["pre"] + r["inside"] for r in launcher)
+    bare_own = statistics.mean(r["pre"] + r["inside"] for r in bare)
+    pooled = statistics.mean(r["delay"] for r in [*launcher, *bare])
+    return {
+        "medians": statistics.median(r["running"] for r in launcher)
+        / statistics.median(r["running"] for r in bare),
+        "means": statistics.mean(r["running"] for r in launcher)
+        / statistics.mean(r["running"] for r in bare),
+        "pooled_delay": pooled,
+        "own": own,
+        "bare_own": bare_own,
+        "estimate": (pooled + own) / (pooled + bare_own),
     }
 
 
@@ -223,6 +317,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
         base = Path(tmp)
         cluster = slurm_cluster.SlurmCluster(base / "cluster")
+        # Both launches find the timing sbatch first: torchjob's CLI through the env it is given,
+        # bare's steps.submit through this process's PATH.
+        path = f"{sbatch_wrapper(base / 'wrap')}{os.pathsep}{os.environ.get('PATH', '')}"
+        os.environ["PATH"] = cluster.env["PATH"] = path
         try:
             cluster.start()
             for rep in range(args.reps):
@@ -240,6 +338,20 @@ def main() -> int:
     for key, runs in results.items():
         row = [statistics.median(r[m] for r in runs) for m in ("running", "joined", "wall")]
         print(f"{key:<12} {row[0]:>16.2f} {row[1]:>9.2f} {row[2]:>7.2f}")
+    print(
+        "every rank running, split (means, s): pre = to sbatch, delay = Slurm's, "
+        "inside = from Slurm's start to all running"
+    )
+    print(f"{'launch':<12} {'median':>7} {'mean':>7} {'pre':>7} {'delay':>7} {'inside':>7} {'own':>7}")
+    for key, runs in results.items():
+        mean = {m: statistics.mean(r[m] for r in runs) for m in MEASURES}
+        running = statistics.median(r["running"] for r in runs)
+        own = mean["pre"] + mean["inside"]
+        print(
+            f"{key:<12} {running:>7.3f} {mean['running']:>7.3f} {mean['pre']:>7.3f} {mean['delay']:>7.3f} "
+            f"{mean['inside']:>7.3f} {own:>7.3f}"
+        )
+    summary: dict[str, dict[str, float]] = {}
     for ranks in args.ranks:
         bare = results.get(f"bare {ranks}")
         for mode in (m for m in args.modes if m != "bare" and bare is not None):
@@ -250,8 +362,16 @@ def main() -> int:
                     f"{ranks} ranks: {mode} / bare {measure}: median of pairs {statistics.median(pairs):.2f} "
                     f"(pairs {min(pairs):.2f}-{max(pairs):.2f})"
                 )
+            ratios = start_ratios(results[f"{mode} {ranks}"], bare or [])
+            summary[f"{mode} {ranks}"] = ratios
+            print(
+                f"{ranks} ranks: {mode} / bare every rank running: medians {ratios['medians']:.3f}, "
+                f"means {ratios['means']:.3f}; estimate (pooled D {ratios['pooled_delay']:.3f} s + own "
+                f"{ratios['own']:.3f} s / {ratios['bare_own']:.3f} s) {ratios['estimate']:.3f}, "
+                "the target's measure"
+            )
     if args.json:
-        data = {"load_before": load_before, "load": load, "results": results}
+        data = {"load_before": load_before, "load": load, "results": results, "start_ratios": summary}
         Path(args.json).write_text(json.dumps(data, indent=2))
     return 0
 

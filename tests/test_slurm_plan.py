@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -344,3 +345,106 @@ def test_a_node_list_without_ranges_needs_no_slurm_client(
     monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: a plain list is split without it
     assert hostnames("vm") == ["vm"]
     assert hostnames("n1,gpu-2") == ["n1", "gpu-2"]
+
+
+# The controller's job as the engine writes it, read in a fresh interpreter: the job must come back
+# the same, and PyYAML (about 15 ms of imports on the way to the first pod) must stay unloaded.
+LOAD_JOB_PROBE = """
+import json, sys
+from pathlib import Path
+from torchjob.engines.slurm.batch import load_job
+from torchjob.spec.manifest import job_manifest
+job = load_job(Path(sys.argv[1]))
+loaded = sorted(name for name in sys.modules if name.split(".")[0] == "yaml")
+print(json.dumps({"manifest": job_manifest(job), "yaml": loaded}))
+"""
+
+
+def test_the_controller_reads_its_job_without_pyyaml(tmp_path: Path) -> None:
+    from torchjob.render import dump
+    from torchjob.spec.manifest import job_manifest
+
+    job = load(
+        [
+            task("master", 1, container(env=[{"name": "NOTE", "value": 'caf\u00e9 \U0001f600 "q" 1e3'}])),
+            task("worker", 2, container(limits={"cpu": "2"})),
+        ],
+        PYTORCH,
+    )
+    path = tmp_path / "job.json"
+    path.write_text(dump(job_manifest(job), "json"), encoding="utf-8")  # as SlurmEngine.start does
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_JOB_PROBE, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    found = json.loads(done.stdout)
+    assert found["yaml"] == []
+    assert found["manifest"] == job_manifest(job)
+
+
+def test_a_damaged_job_json_is_refused_with_its_path(tmp_path: Path) -> None:
+    from torchjob.engines.slurm.batch import load_job
+    from torchjob.errors import SpecError
+
+    path = tmp_path / "job.json"
+    path.write_text('{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "spec": {"tasks": 3}}')
+    with pytest.raises(SpecError) as err:
+        load_job(path)
+    assert "spec.tasks" in str(err.value) and str(path) in str(err.value)
+
+
+def test_the_controller_expands_the_job_once_per_attempt(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The controller asks for the desired pods on every pass; the expansion is built once and
+    restamped for a restart, with the pods an expansion of that version would have."""
+    from torchjob.engines.slurm.batch import BatchController
+    from torchjob.expand import expand
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n1")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "3")
+    job = pytorch_job(workers=2)
+    plan = plan_job(job, SlurmSettings(), str(tmp_path), ["true"])
+    controller = BatchController(tmp_path, job, plan, {"id": "train-abc"})
+    assert controller.controller.expansion == controller.expansion  # the controller's own source
+    first = controller.expansion(0, 0)
+    assert controller.expansion(0, 0) is first
+    assert [p.manifest for p in first.pods] == [p.manifest for p in expand(job, controller.addressing).pods]
+    restarted = controller.expansion(1, 1)
+    assert restarted is not first and controller.expansion(1, 1) is restarted
+    wanted = expand(job, controller.addressing, version=1, retry_count=1)
+    assert [p.manifest for p in restarted.pods] == [p.manifest for p in wanted.pods]
+    assert [p.manifest for p in restarted.pods] != [p.manifest for p in first.pods]
+    assert controller.expansion(0, 0) is first  # the first is kept, to restamp again
+
+
+def test_slurm_clients_are_found_as_shutil_which_finds_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """steps looks up srun without importing shutil; what it finds must be what shutil.which finds."""
+    import shutil
+
+    from torchjob.engines.slurm import steps
+
+    bin_dir, other = tmp_path / "bin", tmp_path / "other"
+    for folder in (bin_dir, other):
+        folder.mkdir()
+    for path, mode in ((bin_dir / "srun", 0o755), (bin_dir / "plain", 0o644), (other / "srun", 0o755)):
+        path.write_text("#!/bin/sh\n")
+        path.chmod(mode)
+    (bin_dir / "adir").mkdir()
+    monkeypatch.chdir(bin_dir)
+    paths = [f"{other}:{bin_dir}", f"{bin_dir}:{other}", f":{other}", "", str(tmp_path / "none")]
+    for path in paths:
+        monkeypatch.setenv("PATH", path)
+        for name in ("srun", "plain", "adir", "missing", str(bin_dir / "srun"), str(bin_dir / "plain")):
+            found = shutil.which(name)
+            if found is None:
+                with pytest.raises(steps.SlurmError, match="not on PATH"):
+                    steps.client(name)
+            else:
+                assert steps.client(name) == found, (path, name)

@@ -16,8 +16,6 @@ import math
 import re
 import sys
 
-import yaml
-
 from torchjob.errors import Problem, SpecError
 from torchjob.records import field, record
 from torchjob.typecheck import TYPE_CHECKING
@@ -25,14 +23,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-try:  # the C composer is many times faster on large inputs
-    from yaml import CSafeLoader as _Loader
-
-    _POSITION_IN_BYTES = True  # libyaml reads the text as UTF-8 and counts bytes
-except ImportError:  # pragma: no cover - depends on how PyYAML was built
-    from yaml import SafeLoader as _Loader  # type: ignore[assignment]
-
-    _POSITION_IN_BYTES = False
+    import yaml  # at run time imported by the first parse (_yaml): data already parsed never needs it
 
 PathPart = str | int
 
@@ -261,10 +252,25 @@ def read_text(file: str) -> str:
         raise SpecError([Problem("", f"cannot read file: {reason}", file)]) from None
 
 
+def _yaml() -> tuple[Any, bool]:
+    """Import PyYAML as this module's ``yaml`` (a job given as data, such as the Slurm controller's
+    job.json, is checked without it); the loader to compose with and whether it counts bytes."""
+    global yaml
+    import yaml
+
+    try:  # the C composer is many times faster on large inputs
+        from yaml import CSafeLoader
+
+        return CSafeLoader, True  # libyaml reads the text as UTF-8 and counts bytes
+    except ImportError:  # pragma: no cover - depends on how PyYAML was built
+        return yaml.SafeLoader, False
+
+
 def parse_documents(text: str, file: str) -> list[Document]:
     """Every non-empty document in ``text``; a syntax error becomes a SpecError with its line."""
+    loader, in_bytes = _yaml()
     try:
-        return _parse(text, file, _Loader, _POSITION_IN_BYTES)
+        return _parse(text, file, loader, in_bytes)
     except _SurrogateEscape:
         # libyaml refuses ``"\\ud83d\\ude00"``, JSON's escape of a character beyond U+FFFF. PyYAML's
         # own (slower) reader takes each half, and the builder joins the pair.

@@ -27,12 +27,13 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from torchjob.controller import Controller
     from torchjob.engines.slurm.plan import PodLaunch, Resources, SlurmPlan
+    from torchjob.expand import DesiredState
     from torchjob.spec.model import Job
 
 OPTIONS = "options.json"
 STATUS = "status.json"
 EXPIRES = "expires"  # when the job may be removed: its ttlSecondsAfterFinished
-JOB_FILE = "job.json"  # the job as its Volcano manifest (JSON is YAML to the loader)
+JOB_FILE = "job.json"  # the job as its Volcano manifest, in JSON
 LOG_TAIL_LINES = 20
 EVENTS_KEPT = 50
 CRASH_LOOP = "CrashLoopBackOff"  # Kubernetes' reason for a container waiting to be restarted again
@@ -55,7 +56,6 @@ class BatchController:
     def __init__(self, job_dir: Path, job: Job, plan: SlurmPlan, options: dict[str, object]) -> None:
         from torchjob.controller import Controller
         from torchjob.engines.slurm.plan import SlurmAddressing, launches, place
-        from torchjob.expand import expand
         from torchjob.plugins import build_plugins
 
         self.job_dir = job_dir
@@ -77,7 +77,8 @@ class BatchController:
             for index in range(task.replicas):
                 ranks = [r for r in (p.rank(job, task, index) for p in plugins) if r is not None]
                 self.ranks[(task.name, index)] = ranks[0] if ranks else None
-        addressing = SlurmAddressing(placements, plan.master)
+        self.addressing = SlurmAddressing(placements, plan.master)
+        self.expansions: dict[tuple[int, int], DesiredState] = {}
         env = {str(k): str(v) for k, v in dict(options.get("extraEnv") or {}).items()}  # type: ignore[call-overload]
         self.runtime = SlurmRuntime(
             os.environ["SLURM_JOB_ID"],
@@ -95,7 +96,7 @@ class BatchController:
         self.controller: Controller[SlurmPod] = Controller(
             job,
             self.runtime,
-            lambda version, retry: expand(job, addressing, version=version, retry_count=retry),
+            self.expansion,
             clock=time.monotonic,
             timeout=float(timeout) if isinstance(timeout, (int, float)) else None,
             max_restarts=max_restarts if isinstance(max_restarts, int) else None,
@@ -104,6 +105,22 @@ class BatchController:
         self.started_at = time.time()
         self.finished_at: float | None = None
         self.failure: FailureReport | None = None
+
+    def expansion(self, version: int, retry_count: int) -> DesiredState:
+        """The desired pods of one attempt of the job. The controller asks on every pass that may
+        create pods: the job is expanded once, then restamped for a restart's version and retry
+        count (``expand.restamp``), as the local engine does; the first and the newest are kept."""
+        from torchjob.expand import expand, restamp
+
+        key = (version, retry_count)
+        found = self.expansions.get(key)
+        if found is None:
+            first = self.expansions.get((0, 0))
+            if first is None:
+                first = expand(self.job, self.addressing)
+            found = first if key == (0, 0) else restamp(first, version, retry_count)
+            self.expansions = {(0, 0): first, key: found}
+        return found
 
     def _resources(self, launch: PodLaunch) -> tuple[Resources, int | None]:
         component = self.plan.components[launch.placement.component]
@@ -300,25 +317,36 @@ def containers(pod: SlurmPod) -> list[ContainerReport]:
     return found
 
 
+def load_job(path: Path) -> Job:
+    """The job of ``job.json``, checked as any job file is. It is JSON (the engine wrote it), read
+    with the json module: PyYAML, which a YAML file needs, is never imported on this host."""
+    from torchjob.jobs import check_jobs
+    from torchjob.spec.source import Document
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return check_jobs([Document(data=data, file=str(path))], str(path))[0].job
+
+
 def main(argv: list[str]) -> int:
     from torchjob.engines.slurm.plan import plan_job
     from torchjob.engines.slurm.settings import SlurmSettings
-    from torchjob.jobs import load_jobs_from_text
+    from torchjob.errors import SpecError
 
     if len(argv) != 1:
         print("usage: python -m torchjob.engines.slurm.batch JOB_DIR", file=sys.stderr)
         return 2
     job_dir = Path(argv[0])
     options = json.loads((job_dir / OPTIONS).read_text())
-    loaded = load_jobs_from_text((job_dir / JOB_FILE).read_text())[0]
-    if loaded.job is None:
-        print(f"torchjob: {job_dir / JOB_FILE} holds no valid job", file=sys.stderr)
+    try:
+        job = load_job(job_dir / JOB_FILE)
+    except (ValueError, SpecError) as err:  # written by the engine: damaged, not a user's mistake
+        print(f"torchjob: {job_dir / JOB_FILE} holds no valid job: {err}", file=sys.stderr)
         return 2
     given = dict(options.get("settings") or {})
     given["sbatch_args"] = tuple(given.get("sbatch_args") or ())
     settings = SlurmSettings(**given)
-    plan = plan_job(loaded.job, settings, str(job_dir), ["true"])
-    return BatchController(job_dir, loaded.job, plan, options).run()
+    plan = plan_job(job, settings, str(job_dir), ["true"])
+    return BatchController(job_dir, job, plan, options).run()
 
 
 if __name__ == "__main__":

@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shlex
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -54,10 +52,9 @@ ENDED_BY_SLURM = {
 
 # Pending reasons by which Slurm says that the job asks for more than its partition, QOS or
 # association allows: waiting does not start it. (Without EnforcePartLimits, sbatch accepts such
-# a job and leaves it pending; with it, sbatch refuses it and says why.)
-BEYOND_LIMITS = re.compile(
-    r"Partition(TimeLimit|NodeLimit|Config)|BadConstraints|(QOS|Assoc)Max\w*PerJob\w*|QOSMin\w+"
-)
+# a job and leaves it pending; with it, sbatch refuses it and says why.) Compiled (and cached by
+# re) when a job is seen pending, not before sbatch.
+BEYOND_LIMITS = r"Partition(TimeLimit|NodeLimit|Config)|BadConstraints|(QOS|Assoc)Max\w*PerJob\w*|QOSMin\w+"
 _WHAT_LIMIT = {
     "PartitionTimeLimit": "the time limit is above the partition's",
     "PartitionNodeLimit": "the node count is outside the partition's limits",
@@ -125,6 +122,19 @@ def _mtime(path: Path) -> float | None:
         return path.stat().st_mtime
     except OSError:
         return None
+
+
+def _new_id(name: str) -> str:
+    """The job's id: its name and six random hex digits (``os.urandom``: ``secrets`` would import
+    hmac and hashlib on the way to ``sbatch``)."""
+    return f"{name}-{os.urandom(3).hex()}"
+
+
+def _remove(job_dir: Path) -> None:
+    """Remove a job directory and all in it (shutil is imported here, off the way to sbatch)."""
+    import shutil
+
+    shutil.rmtree(job_dir, ignore_errors=True)
 
 
 def _batch_command(job_dir: Path) -> list[str]:
@@ -205,7 +215,7 @@ class SlurmEngine:
         return []  # images: the docs say it once (commands run on the node, as locally)
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
-        job_id = f"{job.name}-{secrets.token_hex(3)}"
+        job_id = _new_id(job.name)
         job_dir = self.root / job_id
         plan = self._plan(job, job_dir, self._for(options))
         script = job_dir / "batch.sh"
@@ -231,16 +241,11 @@ class SlurmEngine:
         from torchjob.render import dump
         from torchjob.spec.manifest import job_manifest
 
-        problems = self.check(job, self._for(options))
-        if problems:
-            from torchjob.errors import Problem, SpecError
-
-            raise SpecError([Problem(path, message, "") for path, message in problems])
-        self._client("sbatch")
-        job_id = f"{job.name}-{secrets.token_hex(3)}"
+        job_id = _new_id(job.name)
         job_dir = self.root / job_id
         chosen = self._for(options)
-        plan = self._plan(job, job_dir, chosen)
+        plan = self._plan(job, job_dir, chosen)  # a job Slurm cannot run: a SpecError, as check() says
+        self._client("sbatch")
         if plan.heterogeneous:
             self._fits_heterogeneous(plan)
         try:
@@ -271,7 +276,7 @@ class SlurmEngine:
         try:
             slurm_id = steps.submit(plan.sbatch_args, script)
         except steps.SlurmError as err:
-            shutil.rmtree(job_dir, ignore_errors=True)  # nothing half-made is left
+            _remove(job_dir)  # nothing half-made is left
             raise EngineError(str(err)) from None
         write_atomic(job_dir / SLURM_FILE, json.dumps({"jobId": slurm_id}) + "\n")
         sink = options.sink or StreamSink()
@@ -290,7 +295,7 @@ class SlurmEngine:
                 report.phase == "Pending"
                 and asked
                 and asked[1] == "PENDING"
-                and BEYOND_LIMITS.fullmatch(asked[2])
+                and re.fullmatch(BEYOND_LIMITS, asked[2])
             ):
                 raise _BeyondLimits(asked[2])
 
@@ -308,13 +313,13 @@ class SlurmEngine:
             report = self._wait(job_dir, None, beyond_limits)
             self._left_queue(slurm_id)  # attached, a run returns once nothing of it is left
             if "unsharedOn" in self._slurm(job_dir):  # the job root is unusable: a setup error
-                shutil.rmtree(job_dir, ignore_errors=True)
+                _remove(job_dir)
                 raise EngineError(report.reason)
             return report
         except _BeyondLimits as err:
             # Attached, a job that cannot start would be followed for ever: cancel it, say why.
             self._cancel(slurm_id)
-            shutil.rmtree(job_dir, ignore_errors=True)
+            _remove(job_dir)
             what = _WHAT_LIMIT.get(str(err), "a limit of the partition, QOS or account")
             raise EngineError(f"Slurm will not start job {slurm_id} as asked: {err} ({what})") from None
         except KeyboardInterrupt:
@@ -381,7 +386,7 @@ class SlurmEngine:
                 return False  # asked again by a later command
             if any(state not in steps.FINAL_STATES for _, state, _ in rows):
                 return False
-        shutil.rmtree(job_dir, ignore_errors=True)
+        _remove(job_dir)
         return not job_dir.exists()
 
     def _own_root(self) -> None:
@@ -657,7 +662,7 @@ class SlurmEngine:
             slurm_id = str(self._slurm(job_dir).get("jobId", ""))
             if slurm_id:
                 self._cancel(slurm_id)
-            shutil.rmtree(job_dir, ignore_errors=True)
+            _remove(job_dir)
         return [d.name for d in dirs]
 
 

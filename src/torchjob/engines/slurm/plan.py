@@ -339,14 +339,15 @@ def batch_script(plan: SlurmPlan, controller: list[str]) -> str:
 
 # -- once the allocation runs ---------------------------------------------------------------
 
-_TASKS_PER_NODE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+# Patterns are compiled (and cached by re) on first use: the CLI plans a job without them.
+_TASKS_PER_NODE = r"^(\d+)(?:\(x(\d+)\))?$"
 
 
 def tasks_per_node(text: str) -> list[int]:
     """Slurm's ``SLURM_TASKS_PER_NODE`` (``2(x3),1``) as a count per node: ``[2, 2, 2, 1]``."""
     counts: list[int] = []
     for part in text.split(","):
-        match = _TASKS_PER_NODE.match(part.strip())
+        match = re.match(_TASKS_PER_NODE, part.strip())
         if match is None:
             raise ValueError(f"not a tasks-per-node list: {text!r}")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
@@ -469,8 +470,8 @@ def configmaps_of(state: DesiredState) -> dict[str, dict[str, str]]:
     }
 
 
-_VAR_REF = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))")
-_FIELD_INDEX = re.compile(r"^metadata\.(labels|annotations)\['([^']*)'\]$")
+_VAR_REF = r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))"
+_FIELD_INDEX = r"^metadata\.(labels|annotations)\['([^']*)'\]$"  # compiled when a pod asks for one
 
 
 def expand_refs(text: str, env: Mapping[str, str]) -> str:
@@ -482,7 +483,7 @@ def expand_refs(text: str, env: Mapping[str, str]) -> str:
         name = match.group(2)
         return env[name] if name in env else match.group(0)
 
-    return _VAR_REF.sub(sub, str(text))
+    return re.sub(_VAR_REF, sub, str(text))
 
 
 def container_env(
@@ -523,7 +524,7 @@ def container_env(
                 )
         elif "fieldRef" in source:
             field_path = str((source["fieldRef"] or {}).get("fieldPath", ""))
-            match = _FIELD_INDEX.match(field_path)
+            match = re.match(_FIELD_INDEX, field_path)
             if field_path in fields:
                 env[name] = fields[field_path]
             elif match:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -54,9 +53,24 @@ def _one_line(text: str) -> str:
     return re.sub(r"^(\w+: )?(error: |fatal: )+", "", message).strip()
 
 
+def _which(name: str) -> str | None:
+    """``shutil.which`` for a command name on POSIX, without importing shutil (and with it bz2 and
+    lzma): the controller looks up ``srun`` on the way to its first pod."""
+    if os.sep in name:
+        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
+    path = os.environ.get("PATH")
+    if path is None:
+        path = os.confstr("CS_PATH") or os.defpath
+    for folder in path.split(os.pathsep) if path else []:
+        found = os.path.join(folder, name)
+        if os.access(found, os.X_OK) and not os.path.isdir(found):
+            return found
+    return None
+
+
 def client(name: str) -> str:
     """The path of a Slurm client, or a SlurmError saying it is not installed here."""
-    found = shutil.which(name)
+    found = _which(name)
     if found is None:
         raise SlurmError(
             f"{name} is not on PATH: run torchjob on a Slurm login node (or install Slurm's clients)"
@@ -114,12 +128,13 @@ class JobState:
         return self.state in FINAL_STATES
 
 
-_KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=")
+# Patterns are compiled (and cached by re) on first use: not on the controller's way to its first pod.
+_KEY = r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)="
 
 
 def parse_show(line: str) -> dict[str, str]:
     """One ``scontrol show -o`` record: ``Key=value`` pairs (a value may contain spaces)."""
-    matches = list(_KEY.finditer(line))
+    matches = list(re.finditer(_KEY, line))
     result = {}
     for i, match in enumerate(matches):
         end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
@@ -264,9 +279,7 @@ def layout_from_env(
 
 
 # srun's line for a task that ended (``srun: error: node1: task 0: Exited with exit code 3``).
-_TASK_ENDED = re.compile(
-    r"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|Terminated|Killed)$"
-)
+_TASK_ENDED = r"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|Terminated|Killed)$"
 
 
 class Step:
@@ -355,7 +368,7 @@ class Step:
                 text = handle.read(64 * 1024).decode("utf-8", "replace")
         except OSError:
             return []
-        return [line for line in text.splitlines() if line.strip() and not _TASK_ENDED.search(line)]
+        return [line for line in text.splitlines() if line.strip() and not re.search(_TASK_ENDED, line)]
 
     def poll(self) -> int | None:
         """The step's exit code once it ended (128 + N if a signal N ended it), else None."""
