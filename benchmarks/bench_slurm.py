@@ -33,9 +33,14 @@ delay D from ``sbatch`` to the allocation is therefore spread over [0, 1) s whoe
 is larger than everything a launcher does itself; a run that happened to submit at the same point
 of the tick every time would measure the tick, not the launcher. So each launch first sleeps a
 random time in [0, 1) s: its submission lands at a uniformly random point of the tick, and D has
-the same distribution for both launches. Each run is then split, from ``ctld.log`` (millisecond
-times) and an ``sbatch`` on PATH that writes when it was called before running the real one (used
-by both launches, so each pays the same few milliseconds for it):
+the same distribution for both launches.
+``--slurm-defaults`` starts the cluster with Slurm's own SchedulerParameters instead, as it is
+installed: its main scheduler then starts batch jobs in passes 3 s apart (``sched: Allocate
+JobId=N``), so D spreads over [0, 3) s, and the pause with it.
+
+Each run is then split, from ``ctld.log`` (millisecond times) and an ``sbatch`` on PATH that
+writes when it was called before running the real one (used by both launches, so each pays the
+same few milliseconds for it):
 
 * ``pre``: from the start to ``sbatch`` being called (torchjob: the CLI's start, its parse and the
   job directory; bare: the benchmark's own process start of ``sbatch``);
@@ -202,7 +207,7 @@ def slurm_started(log: Path, job_id: str) -> float:
     raise SystemExit(f"bench_slurm: no start of job {job_id} in {log}")
 
 
-def one_run(cluster: SlurmCluster, mode: str, ranks: int, base: Path) -> dict[str, float]:
+def one_run(cluster: SlurmCluster, mode: str, ranks: int, base: Path, tick: float = 1.0) -> dict[str, float]:
     from slurm_cluster import free_port
     from torchjob.engines.slurm import steps
 
@@ -223,8 +228,8 @@ def one_run(cluster: SlurmCluster, mode: str, ranks: int, base: Path) -> dict[st
         script.write_text(bare_script(ranks, port))
         args = ["--job-name=bare", f"--output={job_dir}/slurm-%j.out", f"--chdir={job_dir}"]
         args += [f"--ntasks={ranks}", "--cpus-per-task=1"]
-    # A random point of Slurm's once-a-second scheduling tick (see the module's docstring).
-    time.sleep(random.random())
+    # A random point of Slurm's scheduling tick (see the module's docstring).
+    time.sleep(random.random() * tick)
     if mode == "torchjob":
         (job_dir / "job.yaml").write_text(job_yaml(ranks, port, marks))
         root = job_dir / "root"
@@ -300,6 +305,12 @@ def main() -> int:
     parser.add_argument(
         "--modes", nargs="+", choices=("plan", "torchjob", "bare"), default=["torchjob", "bare"]
     )
+    parser.add_argument(
+        "--slurm-defaults",
+        action="store_true",
+        help="the cluster with Slurm's own SchedulerParameters (batch jobs start on a 3 s tick) "
+        "instead of the test cluster's 1 s backfill",
+    )
     parser.add_argument("--json", help="write the raw numbers here")
     parser.add_argument("--launch", help=argparse.SUPPRESS)  # inside the allocation: the stand-in controller
     args = parser.parse_args()
@@ -316,7 +327,9 @@ def main() -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
         base = Path(tmp)
-        cluster = slurm_cluster.SlurmCluster(base / "cluster")
+        scheduler = None if args.slurm_defaults else "bf_interval=1"
+        tick = 3.0 if args.slurm_defaults else 1.0  # the passes' spacing measured in ctld.log
+        cluster = slurm_cluster.SlurmCluster(base / "cluster", scheduler=scheduler)
         # Both launches find the timing sbatch first: torchjob's CLI through the env it is given,
         # bare's steps.submit through this process's PATH.
         path = f"{sbatch_wrapper(base / 'wrap')}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -326,7 +339,8 @@ def main() -> int:
             for rep in range(args.reps):
                 for ranks in args.ranks:
                     for mode in args.modes if rep % 2 == 0 else args.modes[::-1]:
-                        results.setdefault(f"{mode} {ranks}", []).append(one_run(cluster, mode, ranks, base))
+                        run = one_run(cluster, mode, ranks, base, tick)
+                        results.setdefault(f"{mode} {ranks}", []).append(run)
         finally:
             cluster.stop()
     load = os.getloadavg()

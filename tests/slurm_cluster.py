@@ -75,8 +75,12 @@ def config_text(
     cpus: int,
     memory: int,
     more: Sequence[tuple[str, int]] = (),
+    scheduler: str | None = "bf_interval=1",
 ) -> str:
-    """The configuration; ``more`` are (name, port) of further nodes on this host."""
+    """The configuration; ``more`` are (name, port) of further nodes on this host. ``scheduler``
+    is SchedulerParameters: a backfill pass every second by default (heterogeneous jobs start only
+    by backfill, and tests wait less); None leaves Slurm's own defaults (a 30 s backfill interval,
+    batch jobs scheduled every 3 s at most: batch_sched_delay)."""
     d = directory
     per_node = "-%n" if more else ""  # slurmd files of one node each, with several slurmds
     lines = [
@@ -91,7 +95,7 @@ def config_text(
         "SchedulerType=sched/backfill",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
-        "SchedulerParameters=bf_interval=1",  # heterogeneous jobs start only by backfill
+        *([f"SchedulerParameters={scheduler}"] if scheduler is not None else []),
         f"SlurmctldPidFile={d}/ctld.pid",
         f"SlurmdPidFile={d}/d{per_node}.pid",
         f"SlurmdSpoolDir={d}/spool{per_node}",
@@ -132,8 +136,10 @@ class SlurmCluster:
         memory: int = 8000,
         nodes: int = 1,
         unshared: Path | None = None,
+        scheduler: str | None = "bf_interval=1",
     ) -> None:
         self.dir = directory
+        self.scheduler = scheduler  # SchedulerParameters (see config_text)
         self.unshared = unshared
         self.host = socket.gethostname().split(".")[0]
         if nodes not in (1, 2) or (nodes == 2 and self.host == "localhost"):
@@ -156,7 +162,9 @@ class SlurmCluster:
             # Free ports are picked, then bound by the daemons: another run may take one between.
             ctld_port, d_port = free_port(), free_port()
             more = [(name, free_port()) for name in self.nodes[1:]]
-            text = config_text(self.dir, self.host, ctld_port, d_port, self.cpus, self.memory, more)
+            text = config_text(
+                self.dir, self.host, ctld_port, d_port, self.cpus, self.memory, more, self.scheduler
+            )
             self.conf.write_text(text)
             self.conf.chmod(0o644)
             try:
