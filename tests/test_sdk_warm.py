@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -107,19 +108,31 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def test_later_calls_fork_fresh_ranks_with_a_cold_calls_environment(tmp_path: Path) -> None:
-    script = _script(tmp_path, SCRIPT)
+def _run(script: Path, env: dict[str, str], timeout: float = 280) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT`` in its folder, which must end with exit code 0."""
     done = subprocess.run(
         [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=_env(tmp_path),
+        cwd=script.parent,
+        env=env,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line[len("RESULT ") :])
+    return done
+
+
+def _result(stdout: str, missing: str | None = None) -> Any:
+    """The JSON a script printed on its ``RESULT`` line (``missing`` stands for an absent one)."""
+    lines = (x for x in stdout.splitlines() if x.startswith("RESULT "))
+    line = next(lines) if missing is None else next(lines, "RESULT " + missing)
+    return json.loads(line[len("RESULT ") :])
+
+
+def test_later_calls_fork_fresh_ranks_with_a_cold_calls_environment(tmp_path: Path) -> None:
+    script = _script(tmp_path, SCRIPT)
+    done = _run(script, _env(tmp_path))
+    out = _result(done.stdout)
     assert [out[k]["sum"] for k in ("first", "second", "keyword", "env_off", "edited")] == [2, 4, 6, 8, 10]
     # Every call's rank output is echoed, a warm call's too (it ends before the logs are first read).
     for x in range(1, 6):
@@ -165,17 +178,8 @@ def test_the_first_calls_ranks_start_the_moment_the_server_has_imported(tmp_path
     """The first call's ranks wait for the pool's server to import torch; the supervisor wakes for
     its answer instead of trying them again on a timer (which here is 120 s)."""
     script = _script(tmp_path, FIRST_CALL)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line[len("RESULT ") :])
+    done = _run(script, _env(tmp_path))
+    out = _result(done.stdout)
     assert out["sum"] == 2 and out["forks"] == 2  # both ranks forked from the server
     assert out["took"] < 60, out  # torch's import, even on a loaded machine; not the 120 s retry
 
@@ -239,15 +243,7 @@ FORKED = textwrap.dedent(
 
 def test_a_forked_caller_does_not_use_or_end_its_parents_server(tmp_path: Path) -> None:
     script = _script(tmp_path, FORKED)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run(script, _env(tmp_path))
     assert "CHILD 0" in done.stdout, done.stdout + done.stderr[-2000:]
     assert "STATE ready True" in done.stdout, done.stdout  # the parent's server is untouched
     assert "AGAIN 6.0" in done.stdout, done.stdout
@@ -293,16 +289,8 @@ ELASTIC = textwrap.dedent(
 def test_single_node_elastic_workers_are_forked_from_a_server(tmp_path: Path) -> None:
     script = tmp_path / "elastic_main.py"
     script.write_text(ELASTIC)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+    done = _run(script, _env(tmp_path))
+    out = _result(done.stdout)
     assert out["server"] is not None and out["second"][0] == out["server"]  # forked from the server
     assert out["first"][1] is None and out["second"][1] is None  # fresh workers every call
     assert out["second"][2] == out["cold"][2] == "1"
@@ -348,16 +336,8 @@ def test_a_server_that_does_not_stop_when_asked_is_killed_not_waited_for(tmp_pat
     # replacing it waited for it forever (a 300 s hang in CI). It is now killed after a grace.
     script = tmp_path / "held_open.py"
     script.write_text(HELD_OPEN)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+    done = _run(script, _env(tmp_path), timeout=200)
+    out = _result(done.stdout)
     assert out["new"] not in (None, out["old"]) and out["second"] == out["new"]  # a new server served
     assert not out["old_alive"]
     assert out["took"] < 60, out
@@ -397,16 +377,8 @@ def test_multi_node_elastic_ranks_are_forked_from_each_agents_server(tmp_path: P
     script.write_text(MULTI_NODE)
     temp = tmp_path / "tmp"
     temp.mkdir()
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=dict(_env(tmp_path), TMPDIR=str(temp)),
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+    done = _run(script, dict(_env(tmp_path), TMPDIR=str(temp)))
+    out = _result(done.stdout)
     assert out["first"][0] == 4.0 and out["second"][0] == 8.0 and out["cold"][0] == 12.0
     assert "after torch was imported" not in done.stdout + done.stderr  # no preload warning
     second, cold = out["second"][1], out["cold"][1]
@@ -546,16 +518,7 @@ def test_calls_from_two_threads_at_once(tmp_path: Path) -> None:
     (tmp_path / "threadtask.py").write_text(THREAD_TASK)
     script = tmp_path / "main.py"
     script.write_text(THREADS)
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), "RESULT {}")
-    results = json.loads(line[len("RESULT ") :])
+    done = _run(script, _env(tmp_path))
+    results = _result(done.stdout, missing="{}")
     expected = {"1": 2.0, "10": 20.0, "100": 200.0, "1000": 2000.0, "10000": 20000.0, "100000": 200000.0}
     assert results == {**expected, "forked": 2}, done.stdout[-3000:]
