@@ -336,3 +336,21 @@ def restamp(state: DesiredState, version: int, retry_count: int) -> DesiredState
         }
         pods.append(PodPlan(plan.task, plan.index, {**plan.manifest, "metadata": meta}))
     return DesiredState(state.job, pods, state.objects, state.warnings, state.addressing)
+
+
+class Attempts:
+    """The desired pods of each attempt of a job from its one expansion: the first as it is,
+    another restamped for its restart's version and retry count. An engine's controller asks on
+    every pass that may create pods; only the first and the newest restamp are kept."""
+
+    def __init__(self, first: DesiredState) -> None:
+        self.first = first
+        self._newest: tuple[tuple[int, int], DesiredState] = ((0, 0), first)
+
+    def __call__(self, version: int, retry_count: int) -> DesiredState:
+        key = (version, retry_count)
+        if key == (0, 0):
+            return self.first
+        if self._newest[0] != key:
+            self._newest = (key, restamp(self.first, version, retry_count))
+        return self._newest[1]

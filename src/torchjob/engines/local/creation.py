@@ -25,7 +25,7 @@ from torchjob.engines.local.containers import (
 )
 from torchjob.engines.local.pod import LocalPod
 from torchjob.engines.local.state import JobDir, make_private_dirs
-from torchjob.expand import DesiredState, PodPlan, expand, readdress, restamp
+from torchjob.expand import Attempts, DesiredState, PodPlan, expand, readdress
 from torchjob.files import write_atomic
 from torchjob.lifecycle import JobStatus
 from torchjob.plugins import build_plugins
@@ -76,8 +76,7 @@ class PodFactory:
         self.ports: dict[int, int] = {}  # declared port -> host port
         self.rendezvous: dict[int, int] = {}  # the same, for the plugins' ports (MASTER_PORT) alone
         self.addressing: LocalAddressing | None = None
-        self.expansions: dict[tuple[int, int], DesiredState] = {}
-        self.first: DesiredState | None = None  # the job's one expansion, addressed for its turn
+        self.desired: Attempts | None = None  # the job's one expansion, addressed for its turn
         self.planned = planned  # the plan's expansion (planning.py): addresses only, ports as declared
         self.attempts: dict[Key, int] = {}
         self.rank_of: dict[Key, str | None] = {}
@@ -105,8 +104,7 @@ class PodFactory:
         finally:
             names_resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
-        self.first = self.addressed(self.planned)
-        self.expansions = {(0, 0): self.first}
+        self.desired = Attempts(self.addressed(self.planned))
         self.planned = None
         if not names_resolve and any(t.template.spec.get("hostAliases") for t in self.job.spec.tasks):
             note(
@@ -204,16 +202,10 @@ class PodFactory:
 
     def expansion(self, version: int, retry_count: int) -> DesiredState:
         """The desired pods of one attempt: the job's first, restamped for a restart's version and
-        retry count (``expand.restamp``); only the newest restamp is kept."""
-        key = (version, retry_count)
-        if key not in self.expansions:
-            if self.first is None:  # asked before prepare (defensive): as the addressing stands
-                self.first = expand(self.job, self.addressing)
-            first = self.first
-            self.expansions = {(0, 0): first}
-            if key != (0, 0):
-                self.expansions[key] = restamp(first, version, retry_count)
-        return self.expansions[key]
+        retry count (``expand.Attempts``)."""
+        if self.desired is None:  # asked before prepare (defensive): as the addressing stands
+            self.desired = Attempts(expand(self.job, self.addressing))
+        return self.desired(version, retry_count)
 
     def make(
         self,

@@ -27,7 +27,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from torchjob.controller import Controller
     from torchjob.engines.slurm.plan import PodLaunch, Resources, SlurmPlan
-    from torchjob.expand import DesiredState
+    from torchjob.expand import Attempts, DesiredState
     from torchjob.spec.model import Job
 
 OPTIONS = "options.json"
@@ -78,7 +78,7 @@ class BatchController:
                 ranks = [r for r in (p.rank(job, task, index) for p in plugins) if r is not None]
                 self.ranks[(task.name, index)] = ranks[0] if ranks else None
         self.addressing = SlurmAddressing(placements, plan.master)
-        self.expansions: dict[tuple[int, int], DesiredState] = {}
+        self.desired: Attempts | None = None  # the job's one expansion (expand.Attempts)
         env = {str(k): str(v) for k, v in dict(options.get("extraEnv") or {}).items()}  # type: ignore[call-overload]
         self.runtime = SlurmRuntime(
             os.environ["SLURM_JOB_ID"],
@@ -109,18 +109,12 @@ class BatchController:
     def expansion(self, version: int, retry_count: int) -> DesiredState:
         """The desired pods of one attempt of the job. The controller asks on every pass that may
         create pods: the job is expanded once, then restamped for a restart's version and retry
-        count (``expand.restamp``), as the local engine does; the first and the newest are kept."""
-        from torchjob.expand import expand, restamp
+        count, as the local engine does (``expand.Attempts``)."""
+        if self.desired is None:
+            from torchjob.expand import Attempts, expand
 
-        key = (version, retry_count)
-        found = self.expansions.get(key)
-        if found is None:
-            first = self.expansions.get((0, 0))
-            if first is None:
-                first = expand(self.job, self.addressing)
-            found = first if key == (0, 0) else restamp(first, version, retry_count)
-            self.expansions = {(0, 0): first, key: found}
-        return found
+            self.desired = Attempts(expand(self.job, self.addressing))
+        return self.desired(version, retry_count)
 
     def _resources(self, launch: PodLaunch) -> tuple[Resources, int | None]:
         component = self.plan.components[launch.placement.component]
