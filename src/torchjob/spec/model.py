@@ -89,6 +89,11 @@ class PodTemplate:
         return [Container(c) for c in _dicts(self.spec.get("initContainers"))]
 
     @property
+    def init_container_names(self) -> set[str]:
+        """The job's own init containers: any other in a pod was added by a plugin (wait-for-master)."""
+        return {c.name for c in self.init_containers}
+
+    @property
     def hostname(self) -> str:
         return str(self.spec.get("hostname") or "")
 

@@ -244,7 +244,7 @@ class PodFactory:
             forkers = {} if aliases else self.forkers(mains)
             # Init containers a plugin added (wait-for-master) are torchjob's helpers: their polls
             # must not take CPU from ranks importing torch on the same cores.
-            own = {str(c.get("name")) for c in plan.task.template.spec.get("initContainers") or []}
+            own = plan.task.template.init_container_names
             for run in inits:
                 if run.name not in own:
                     run.before_exec = security.then(process.background_priority, run.before_exec)

@@ -80,7 +80,7 @@ def plan_text(job: Job, plan: LocalPlan) -> str:
         env = {e.get("name"): e.get("value") for c in spec["containers"] for e in c.get("env") or []}
         rank = f" (rank {env['RANK']})" if env.get("RANK") is not None else ""
         lines.append(f"pod {pod.name}{rank}")
-        own = {str(c.get("name")) for c in pod.task.template.spec.get("initContainers") or []}
+        own = pod.task.template.init_container_names
         for container in spec.get("initContainers") or []:
             name = str(container.get("name"))
             text = command_text(pod, container, init=True)

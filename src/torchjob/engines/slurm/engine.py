@@ -94,11 +94,7 @@ def _step_lines(job: Job, plan: SlurmPlan) -> list[str]:
         steps_of = launches(plan, place(plan, layout))
     except PlanError as err:  # check() refuses such a job before it starts
         return [f"#   (cannot plan the steps: {err})"]
-    declared = {
-        (task.name, str(c.get("name")))
-        for task in job.spec.tasks
-        for c in task.template.spec.get("initContainers") or []
-    }
+    declared = {(task.name, name) for task in job.spec.tasks for name in task.template.init_container_names}
     lines: list[str] = []
     for launch in steps_of:
         resources = plan.components[launch.placement.component].resources
