@@ -112,7 +112,7 @@ def hand_for_cluster(
 ) -> TargetRender:
     """``hand_render``'s objects placed as the real ``for_cluster`` places them (namespace, --env)."""
     from torchjob.records import replace
-    from torchjob.targets.common import add_env_to_containers
+    from torchjob.target_api.common import add_env_to_containers
 
     job = replace(job, metadata=replace(job.metadata, namespace=namespace))
     rendered = hand_render(job, target, runtime=runtime)
@@ -129,7 +129,7 @@ def _real_targets() -> types.ModuleType:
     import torchjob.targets as real
 
     real.all_targets()
-    import torchjob.targets.common  # noqa: F401
+    import torchjob.target_api.common  # noqa: F401
 
     return real
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from torchjob.spec.model import Job
+from torchjob.target_api.common import labelled, metadata
 from torchjob.targets import Status, Target, TargetRender, TopKind
-from torchjob.targets.common import labelled, metadata
 
 API_VERSION = "ml.example.com/v1"
 

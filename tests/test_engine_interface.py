@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from torchjob.cli import main
-from torchjob.engines import registry
-from torchjob.engines.base import (
+from torchjob.engine_api import registry
+from torchjob.engine_api.base import (
     EngineError,
     JobReport,
     LogLine,
@@ -131,7 +131,7 @@ def test_an_unknown_engine_is_bad_input(capsys: pytest.CaptureFixture[str]) -> N
 # The test engine's own package: its settings declared apart from the engine (imported only when
 # used), and an engine that records what reached it. Written to a directory on sys.path.
 _DECLARATION = """
-from torchjob.engines.base import EngineInfo, Setting
+from torchjob.engine_api.base import EngineInfo, Setting
 
 ENGINE = EngineInfo(
     factory="memengine.engine:SettingsEngine",
@@ -144,7 +144,7 @@ ENGINE = EngineInfo(
 )
 """
 _ENGINE = """
-from torchjob.engines.base import JobReport, Plan
+from torchjob.engine_api.base import JobReport, Plan
 from memengine.settings import ENGINE
 
 SEEN = []

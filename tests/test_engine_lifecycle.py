@@ -422,8 +422,8 @@ def test_the_deadline_terminates_the_job(engine: Engine, tmp_path: Path) -> None
 
 RUN_WITH_DEADLINE = """
 import json, sys
-from torchjob.engines.base import StartOptions
-from torchjob.engines.registry import get_engine
+from torchjob.engine_api.base import StartOptions
+from torchjob.engine_api.registry import get_engine
 from torchjob.jobs import load_jobs_from_text
 from torchjob.spec.model import JobRunPolicy
 

@@ -402,9 +402,9 @@ def test_a_quiet_log_stream_is_not_cut_off(
     api: FakeKubeAPI, job_file: Path, kubeconfig: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A training step that prints nothing for longer than the connect timeout keeps its stream."""
-    from torchjob.engines.base import LogQuery
+    from torchjob.engine_api.base import LogQuery
+    from torchjob.engine_api.registry import get_engine
     from torchjob.engines.kubernetes import client
-    from torchjob.engines.registry import get_engine
 
     monkeypatch.setattr(client, "CONNECT_TIMEOUT", 0.5)
     submitted(api, job_file, kubeconfig, end=None)

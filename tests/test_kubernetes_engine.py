@@ -29,8 +29,8 @@ from kube_fixtures import (
     waiting,
 )
 from kubeapi import GROUP_RESOURCES, FakeKubeAPI
-from torchjob.engines.base import EngineError, JobReport, LogQuery, StartOptions
-from torchjob.engines.registry import get_engine
+from torchjob.engine_api.base import EngineError, JobReport, LogQuery, StartOptions
+from torchjob.engine_api.registry import get_engine
 from torchjob.jobs import load_jobs_from_text
 
 pytestmark = pytest.mark.timeout(120)

@@ -39,7 +39,7 @@ RUNS.append(("restart-on-failure", "volcano"))
 @pytest.fixture(scope="module")
 def engine() -> Any:
     pytest.importorskip("kubernetes")
-    from torchjob.engines.registry import get_engine
+    from torchjob.engine_api.registry import get_engine
 
     return get_engine(
         "kubernetes", kubeconfig=KUBECONFIG, namespace=os.environ.get("TORCHJOB_TEST_NAMESPACE") or None
@@ -71,7 +71,7 @@ def require(engine: Any, target: str) -> None:
 def cleanup(engine: Any) -> Iterator[list[str]]:
     names: list[str] = []
     yield names
-    from torchjob.engines.base import EngineError
+    from torchjob.engine_api.base import EngineError
 
     for name in names:
         with contextlib.suppress(EngineError):
@@ -80,7 +80,7 @@ def cleanup(engine: Any) -> Iterator[list[str]]:
 
 @pytest.mark.parametrize(("example", "target"), RUNS)
 def test_the_example_completes(engine: Any, cleanup: list[str], example: str, target: str) -> None:
-    from torchjob.engines.base import LogQuery, StartOptions
+    from torchjob.engine_api.base import LogQuery, StartOptions
 
     require(engine, target)
     name = f"live-{example}-{target}-{secrets.token_hex(3)}"[:40]
@@ -113,7 +113,7 @@ def test_the_cli_runs_the_example_on_the_cluster(engine: Any, cleanup: list[str]
 
 
 def test_an_image_that_does_not_exist_fails_fast(engine: Any, cleanup: list[str]) -> None:
-    from torchjob.engines.base import EngineError, StartOptions
+    from torchjob.engine_api.base import EngineError, StartOptions
 
     targets = engine.discovery.available_targets() or ["pods"]
     name = f"live-badimage-{secrets.token_hex(3)}"

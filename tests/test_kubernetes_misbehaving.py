@@ -24,8 +24,8 @@ pytest.importorskip("kubernetes")
 from kube_fixtures import TERMINAL_STATUS, make_pod, running, terminated
 from kubeapi import TOKEN, FakeKubeAPI
 from torchjob.cli import main
-from torchjob.engines.base import EngineError, LogQuery, StartOptions
-from torchjob.engines.registry import get_engine
+from torchjob.engine_api.base import EngineError, LogQuery, StartOptions
+from torchjob.engine_api.registry import get_engine
 from torchjob.jobs import load_jobs_from_text
 
 pytestmark = pytest.mark.timeout(120)

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from test_local_support import cli, container, leftovers, make_job, sh, task, wait_until, write_job
-from torchjob.engines.base import JobReport, ReportError, StartOptions
+from torchjob.engine_api.base import JobReport, ReportError, StartOptions
+from torchjob.engine_api.registry import get_engine
 from torchjob.engines.local.state import JobDir
-from torchjob.engines.registry import get_engine
 
 pytestmark = pytest.mark.timeout(120)
 

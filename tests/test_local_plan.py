@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from torchjob.engines.base import StartOptions
+from torchjob.engine_api.base import StartOptions
 from torchjob.engines.local.engine import LocalEngine
 from torchjob.jobs import load_jobs, load_jobs_from_text
 
@@ -87,7 +87,7 @@ def counted(self):
     count[0] += 1
     return pods(self)
 expand.Expansion.pods = counted
-from torchjob.engines.base import StartOptions
+from torchjob.engine_api.base import StartOptions
 from torchjob.engines.local.engine import LocalEngine
 from torchjob.jobs import load_jobs
 job = load_jobs(sys.argv[1])[0].job
@@ -209,7 +209,7 @@ def test_a_run_expands_its_job_once_and_gives_its_pods_the_host_ports(tmp_path: 
     """A queued pytorch job, run by the CLI: one expansion (the plan), whatever its turn gives it
     (a random host port for the rendezvous, maybe pod names) and however often it restarts; every
     pod sees the port and the master's address as a second expansion would have given them."""
-    from torchjob.engines.base import LogQuery
+    from torchjob.engine_api.base import LogQuery
 
     job_file = tmp_path / "wired.yaml"
     fail = '[ "$VERSION" = 1 ] || exit 3' if restart else "true"
@@ -254,7 +254,7 @@ spec:
 
 
 def test_logs_by_pod_container_and_attempt_and_one_line_for_what_is_not_there(tmp_path: Path) -> None:
-    from torchjob.engines.base import EngineError, LogQuery
+    from torchjob.engine_api.base import EngineError, LogQuery
 
     engine = LocalEngine(tmp_path / "state")
     report = engine.start(load_jobs_from_text(WITH_INIT)[0].job, StartOptions(quiet=True, queue=False))

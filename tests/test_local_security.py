@@ -757,7 +757,7 @@ def test_in_a_state_dir_of_torchjobs_only_its_own_jobs_are_touched(tmp_path: Pat
 
 
 def test_a_job_dir_of_another_user_or_through_a_symlink_is_not_a_job(tmp_path: Path) -> None:
-    from torchjob.engines.base import JobReport
+    from torchjob.engine_api.base import JobReport
     from torchjob.engines.local.state import is_job_dir, new_job_dir
 
     made = new_job_dir(tmp_path / "jobs", "job")
@@ -778,7 +778,7 @@ def test_a_job_dir_of_another_user_or_through_a_symlink_is_not_a_job(tmp_path: P
 def test_a_forged_supervisor_pid_does_not_make_delete_kill_that_process(tmp_path: Path) -> None:
     """supervisor.pid names a live process of this user with the right start time, but not the
     job's supervisor: status says nobody supervises the job, delete removes it and kills nothing."""
-    from torchjob.engines.base import JobReport
+    from torchjob.engine_api.base import JobReport
     from torchjob.engines.local.state import new_job_dir, start_time
 
     root = tmp_path / "jobs"

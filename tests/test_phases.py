@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from torchjob import phases
-from torchjob.engines import base
-from torchjob.engines.base import JobReport
+from torchjob.engine_api import base
+from torchjob.engine_api.base import JobReport
 from torchjob.lifecycle import types
 from torchjob.phases import (
     TERMINAL_JOB_PHASES,

@@ -357,7 +357,7 @@ def test_pod_dying_without_exception_is_task_failed() -> None:
 
 
 def test_an_unknown_torchjob_engine_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchjob.engines.base import EngineError
+    from torchjob.engine_api.base import EngineError
 
     monkeypatch.setenv("TORCHJOB_ENGINE", "nowhere")
     with pytest.raises(EngineError) as info:

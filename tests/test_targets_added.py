@@ -221,8 +221,8 @@ def test_start_sends_the_plan_it_was_given_rendering_once(
     import yaml
 
     import torchjob.targets
-    from torchjob.engines.base import StartOptions
-    from torchjob.engines.registry import get_engine
+    from torchjob.engine_api.base import StartOptions
+    from torchjob.engine_api.registry import get_engine
     from torchjob.jobs import load_jobs_from_text
 
     renders: list[str] = []

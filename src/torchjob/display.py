@@ -1,7 +1,7 @@
 """How a job report reads to a person: phase colors, log prefixes, the pod table, the summary.
 
 Shared by every engine's attached output and by the CLI's ``status`` and ``logs``, so a job looks
-the same whichever engine runs it. Reads only :class:`~torchjob.engines.base.JobReport`.
+the same whichever engine runs it. Reads only :class:`~torchjob.engine_api.base.JobReport`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import TextIO
 
-    from torchjob.engines.base import JobReport, PodReport
+    from torchjob.engine_api.base import JobReport, PodReport
 
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92", "94")
 # Keyed by plain strings: a member of JobPhase or PodPhase looks up as its value.

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from torchjob import __version__
 from torchjob.cli import cluster_commands, local_commands, spec_commands
-from torchjob.engines.base import EngineError
+from torchjob.engine_api.base import EngineError
 from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, SpecError
 from torchjob.typecheck import TYPE_CHECKING
 

@@ -1,6 +1,6 @@
 """``torchjob submit``: send a job to a Kubernetes cluster (the ``kubernetes`` engine).
 
-Talks to the engine only through :mod:`torchjob.engines.registry` and :mod:`torchjob.engines.base`.
+Talks to the engine only through :mod:`torchjob.engine_api.registry` and :mod:`torchjob.engine_api.base`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-    from torchjob.engines.base import JobReport
+    from torchjob.engine_api.base import JobReport
 
 
 def _submitting() -> list[str]:
     """The engines that take `submit` (one that cannot be loaded says why when it is used)."""
-    from torchjob.engines.base import EngineError
-    from torchjob.engines.registry import engine_info, engine_names
+    from torchjob.engine_api.base import EngineError
+    from torchjob.engine_api.registry import engine_info, engine_names
 
     names = []
     for name in engine_names():
@@ -66,8 +66,8 @@ def register(commands: Any) -> None:
 def run_submit(args: argparse.Namespace) -> int:
     from torchjob.cli.settings import given_settings, number_option
     from torchjob.cli.sources import choose_job, load_ref, load_script
-    from torchjob.engines.base import EngineError, LogQuery, StartOptions
-    from torchjob.engines.registry import engine_for, get_engine
+    from torchjob.engine_api.base import EngineError, LogQuery, StartOptions
+    from torchjob.engine_api.registry import engine_for, get_engine
 
     name = args.engine or engine_for("submits")
     settings = given_settings(args, "submit", name)

@@ -1,7 +1,7 @@
 """``torchjob run``, ``status``, ``logs`` and ``delete``: jobs of an engine (default: this machine).
 
 Only parses and prints: everything else is asked of the engine through
-:class:`torchjob.engines.base.Engine`, found by name in :mod:`torchjob.engines.registry`.
+:class:`torchjob.engine_api.base.Engine`, found by name in :mod:`torchjob.engine_api.registry`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 from torchjob.cli.cluster_commands import finish
 from torchjob.cli.settings import add_setting_options, given_flags, given_settings, number_option
-from torchjob.engines.registry import DEFAULT_ENGINE, engine_info, engine_names, get_engine
+from torchjob.engine_api.registry import DEFAULT_ENGINE, engine_info, engine_names, get_engine
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 from torchjob.phases import UNKNOWN
 from torchjob.typecheck import TYPE_CHECKING
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from torchjob.engines.base import Engine, JobReport, QueueListing
+    from torchjob.engine_api.base import Engine, JobReport, QueueListing
 
 REF_HELP = "job id, unique id prefix, or name (newest)"
 
@@ -256,7 +256,7 @@ def run_run(args: argparse.Namespace) -> int:
     workflow_code = _run_workflow(args)
     if workflow_code is not None:
         return workflow_code
-    from torchjob.engines.base import StartOptions, StreamSink
+    from torchjob.engine_api.base import StartOptions, StreamSink
     from torchjob.expand import Expansion
 
     extra_env = _parse_env(args.env)
@@ -417,7 +417,7 @@ def _status_lines(report: JobReport) -> list[str]:
 
 
 def _location_label(engine: str) -> str:
-    from torchjob.engines.base import EngineError
+    from torchjob.engine_api.base import EngineError
 
     try:
         return engine_info(engine).location
@@ -439,7 +439,7 @@ def _dump(data: Any, fmt: str) -> None:
 
 def run_logs(args: argparse.Namespace) -> int:
     from torchjob.display import paint, pod_color, use_color
-    from torchjob.engines.base import LogQuery
+    from torchjob.engine_api.base import LogQuery
 
     attempt = args.attempt
     if attempt is not None:  # attempts are counted from 0, as in the job's status
@@ -487,7 +487,7 @@ def _register_queue(commands: Any) -> None:
 
 
 def run_queue(args: argparse.Namespace) -> int:
-    from torchjob.engines.base import EngineError
+    from torchjob.engine_api.base import EngineError
 
     engine = _engine(args)
     listing: Callable[[], QueueListing] | None = getattr(engine, "queues", None)
@@ -551,7 +551,7 @@ def run_wait(args: argparse.Namespace) -> int:
     if args.timeout is not None:
         message = "expected a non-negative, finite number of seconds, got {value}"
         args.timeout = number_option("--timeout", args.timeout, message, minimum=0)
-    from torchjob.engines.base import StreamSink
+    from torchjob.engine_api.base import StreamSink
 
     report = _engine(args).wait(args.job, args.timeout, sink=StreamSink())
     if not (report.terminal or report.phase == UNKNOWN):

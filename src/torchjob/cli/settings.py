@@ -10,14 +10,14 @@ import argparse
 import math
 from pathlib import Path
 
-from torchjob.engines.registry import settings_of
+from torchjob.engine_api.registry import settings_of
 from torchjob.errors import Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any
 
-    from torchjob.engines.base import Setting
+    from torchjob.engine_api.base import Setting
 
 COMMAND_LINE = "<command line>"
 # Numbers stay text for argparse (whose own error is a usage block): read by number_option.
@@ -121,7 +121,7 @@ def given_flags(args: argparse.Namespace, command: str) -> list[str]:
 def find_engines(argv: list[str]) -> None:
     """Read the engines other distributions declare when this command line may need them: an
     ``--engine`` that is not built in, or ``--help`` (which lists them). Else the disk is not read."""
-    from torchjob.engines.registry import engine_names, load_entry_points
+    from torchjob.engine_api.registry import engine_names, load_entry_points
 
     for i, arg in enumerate(argv):
         if arg == "--":

@@ -121,7 +121,7 @@ def run_validate(args: argparse.Namespace) -> int:
             expansion = Expansion(job)
             _print_warnings(item.document, expansion.warnings())
             if getattr(args, "local", False):
-                from torchjob.engines.registry import engine_for, get_engine
+                from torchjob.engine_api.registry import engine_for, get_engine
 
                 engine = get_engine(engine_for("runs_here"))  # one engine: the job is planned once
                 _print_warnings(item.document, engine.warnings(item.job))  # those `run` prints

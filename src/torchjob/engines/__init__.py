@@ -1,2 +1,2 @@
-"""Engines run a job somewhere. The interface is :mod:`torchjob.engines.base`; find one by name with
-:func:`torchjob.engines.registry.get_engine`. Nothing here imports an engine."""
+"""Engines run a job somewhere. The interface is :mod:`torchjob.engine_api.base`; find one by name with
+:func:`torchjob.engine_api.registry.get_engine`. Nothing here imports an engine."""

@@ -179,8 +179,8 @@ def _importable(module: str) -> bool:
 
 
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from torchjob.engines.base import EngineError, StartOptions
-    from torchjob.engines.registry import DEFAULT_ENGINE, engine_info, get_engine
+    from torchjob.engine_api.base import EngineError, StartOptions
+    from torchjob.engine_api.registry import DEFAULT_ENGINE, engine_info, get_engine
     from torchjob.sdk.tojob import build_job, job_name
     from torchjob.sdk.watch import JobWatcher
 

@@ -19,7 +19,7 @@ from torchjob.files import LogFollower
 from torchjob.logs import get_logger
 
 if TYPE_CHECKING:
-    from torchjob.engines.base import LogLine
+    from torchjob.engine_api.base import LogLine
 
 logger = get_logger()
 

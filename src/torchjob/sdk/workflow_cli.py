@@ -261,7 +261,7 @@ def run_workflow(path: str, name: str, argv: Sequence[str], refused: Sequence[st
         print(f"torchjob: workflow {name} failed: {err}{notes}", file=sys.stderr)
         return 1
     except Exception as err:  # the workflow's own code raised: its traceback, from its frame on
-        from torchjob.engines.base import EngineError
+        from torchjob.engine_api.base import EngineError
 
         if isinstance(err, SpecError | EngineError):
             raise  # one line, as for any command
@@ -324,7 +324,7 @@ def render_workflow(
     except (ValueNeeded, InvalidOverride) as err:
         raise SpecError([Problem("", str(err), ref)]) from None
     except Exception as err:  # the workflow's own code raised as it was traced: as run says it
-        from torchjob.engines.base import EngineError
+        from torchjob.engine_api.base import EngineError
 
         if isinstance(err, SpecError | EngineError):
             raise

@@ -123,7 +123,7 @@ def get_target(name: str) -> Target:
     if name not in _LOADED:
         import importlib
 
-        from torchjob.targets.common import unknown_target
+        from torchjob.target_api.common import unknown_target
 
         module = next((m for m in MODULES if m.rpartition(".")[2] == name), None)
         if module is None:
@@ -143,12 +143,12 @@ def _runtime_targets() -> str:
 
 def render_target(job: Job, target: str, *, runtime: str | None = None) -> TargetRender:
     """The objects ``target`` needs for ``job`` (validated and defaulted)."""
-    from torchjob.targets.common import unknown_target
+    from torchjob.target_api.common import unknown_target
 
     declared = get_target(target)
     if runtime is not None and not declared.runtime:
         raise unknown_target(f"--runtime only applies to --target {_runtime_targets()}, not {target!r}")
-    from torchjob.targets.names import check
+    from torchjob.target_api.names import check
 
     check(job, target)  # names the controller makes from the job's must fit their limits
     return declared.render(job, runtime)
@@ -161,7 +161,7 @@ def for_cluster(
 
     The kubernetes engine submits this and ``torchjob render -n NS -e K=V`` prints it."""
     from torchjob.records import replace
-    from torchjob.targets.common import add_env_to_containers
+    from torchjob.target_api.common import add_env_to_containers
 
     job = replace(job, metadata=replace(job.metadata, namespace=namespace))
     rendered = render_target(job, target, runtime=runtime)

@@ -25,8 +25,7 @@ from torchjob.errors import SpecError
 from torchjob.plugins.pytorch import PORT_NAME
 from torchjob.records import record
 from torchjob.spec.model import Job, Task
-from torchjob.targets import JOB_LABEL, Status, Target, TargetRender, TopKind
-from torchjob.targets.common import (
+from torchjob.target_api.common import (
     INT32_MAX,
     cannot,
     claim_objects,
@@ -43,7 +42,8 @@ from torchjob.targets.common import (
     volcano_warnings,
     wait_master_flags,
 )
-from torchjob.targets.names import POD_SUFFIX
+from torchjob.target_api.names import POD_SUFFIX
+from torchjob.targets import JOB_LABEL, Status, Target, TargetRender, TopKind
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 KIND = "JobSet"

@@ -22,8 +22,7 @@ from typing import Any
 
 from torchjob.plugins.pytorch import PORT_NAME
 from torchjob.spec.model import Job, Task
-from torchjob.targets import Status, Target, TargetRender, TopKind
-from torchjob.targets.common import (
+from torchjob.target_api.common import (
     SDK_LABEL,
     claim_objects,
     condition_status,
@@ -38,6 +37,7 @@ from torchjob.targets.common import (
     volcano_warnings,
     wait_master_flags,
 )
+from torchjob.targets import Status, Target, TargetRender, TopKind
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"

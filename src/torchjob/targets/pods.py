@@ -71,7 +71,7 @@ def render(job: Job) -> TargetRender:
 
 
 def _render(job: Job, runtime: str | None) -> TargetRender:
-    from torchjob.targets.common import uncontrolled_warnings
+    from torchjob.target_api.common import uncontrolled_warnings
 
     rendered = render(job)
     rendered.warnings += uncontrolled_warnings(job)

@@ -21,8 +21,7 @@ from typing import Any
 from torchjob.errors import Problem, SpecError
 from torchjob.quick import unwrap_launcher
 from torchjob.spec.model import Job, Task
-from torchjob.targets import JOB_LABEL, Status, Target, TargetRender, TopKind
-from torchjob.targets.common import (
+from torchjob.target_api.common import (
     add_env_to_containers,
     cannot,
     claim_objects,
@@ -38,7 +37,8 @@ from torchjob.targets.common import (
     volcano_warnings,
     wait_master_flags,
 )
-from torchjob.targets.names import POD_SUFFIX
+from torchjob.target_api.names import POD_SUFFIX
+from torchjob.targets import JOB_LABEL, Status, Target, TargetRender, TopKind
 
 NAME = "trainjob"
 API_VERSION = "trainer.kubeflow.org/v1alpha1"

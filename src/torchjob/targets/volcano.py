@@ -10,8 +10,8 @@ from typing import Any
 
 from torchjob.spec.manifest import job_manifest
 from torchjob.spec.model import API_VERSION, KIND, Job
+from torchjob.target_api.common import labelled, metadata
 from torchjob.targets import Status, Target, TargetRender, TopKind
-from torchjob.targets.common import labelled, metadata
 
 
 def job_object(job: Job) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from torchjob.engines.base import EngineError
+from torchjob.engine_api.base import EngineError
 from torchjob.engines.kubernetes.credentials import load_kubeconfig
 from torchjob.engines.kubernetes.errors import ApiError, api_error, not_json, unreachable
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from torchjob.engines.base import EngineError
+from torchjob.engine_api.base import EngineError
 
 EXEC_TIMEOUT = 60.0  # seconds a credential plugin gets to answer
 EXEC_TIMEOUT_INTERACTIVE = 300.0  # ... when it may be asking the user to log in (a terminal)

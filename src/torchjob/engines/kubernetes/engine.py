@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torchjob.display import first_failed_first
-from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions, StreamSink
+from torchjob.engine_api.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions, StreamSink
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
@@ -20,7 +20,7 @@ from torchjob.engines.kubernetes.submit import create_all, delete_object
 from torchjob.records import record, replace
 
 if TYPE_CHECKING:
-    from torchjob.engines.base import Engine, Sink
+    from torchjob.engine_api.base import Engine, Sink
     from torchjob.errors import Issue
     from torchjob.spec.model import Job
 

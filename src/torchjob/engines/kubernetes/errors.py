@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from torchjob.engines.base import EngineError
+from torchjob.engine_api.base import EngineError
 
 
 class ApiError(EngineError):

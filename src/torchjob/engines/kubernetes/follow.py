@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from torchjob.engines.base import EngineError, FailureReport, JobReport, LogLine
+from torchjob.engine_api.base import EngineError, FailureReport, JobReport, LogLine
 from torchjob.engines.kubernetes.client import Cluster
 from torchjob.engines.kubernetes.phase import (
     PODGROUP_WAITING,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchjob.engines.base import EngineError
+from torchjob.engine_api.base import EngineError
 from torchjob.engines.kubernetes.client import Cluster
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.records import record

@@ -13,7 +13,7 @@ import functools
 import re
 from typing import Any
 
-from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport
+from torchjob.engine_api.base import ContainerReport, FailureReport, JobReport, PodReport
 from torchjob.phases import TERMINAL_JOB_PHASES, UNSUCCESSFUL_JOB_PHASES
 from torchjob.records import record
 

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torchjob.engines.base import EngineError, LogLine
+from torchjob.engine_api.base import EngineError, LogLine
 from torchjob.engines.kubernetes import watch
 from torchjob.engines.kubernetes.client import Cluster, interrupt, lines, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError, transient

@@ -3,7 +3,7 @@ engine (nor the kubernetes client)."""
 
 from __future__ import annotations
 
-from torchjob.engines.base import EngineInfo, Setting
+from torchjob.engine_api.base import EngineInfo, Setting
 from torchjob.targets import target_names
 
 _ALL = ("run", "submit", "status", "logs", "wait", "delete", "prune", "queue")

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchjob.engines.base import EngineError
+from torchjob.engine_api.base import EngineError
 from torchjob.engines.kubernetes.client import Cluster, interrupt, lines
 from torchjob.engines.kubernetes.errors import ApiError, api_error, not_json, transient
 

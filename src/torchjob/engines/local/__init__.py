@@ -32,7 +32,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from torchjob.engines.base import JobReport
+    from torchjob.engine_api.base import JobReport
     from torchjob.engines.local.admission import Plan
     from torchjob.engines.local.planning import LocalPlan
     from torchjob.errors import Issue
@@ -153,7 +153,7 @@ def run_job(
     try:
         job_dir = new_job_dir(root, job.name)
     except OSError as err:  # past the root's checks, yet no directory there (/proc, a read-only mount)
-        from torchjob.engines.base import EngineError
+        from torchjob.engine_api.base import EngineError
 
         raise EngineError(f"{root}: cannot make the job's directory there: {err.strerror or err}") from None
     if options.detach:

@@ -43,7 +43,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-    from torchjob.engines.base import QueueListing
+    from torchjob.engine_api.base import QueueListing
     from torchjob.spec.model import Job
 
 GPU = gpus.RESOURCE
@@ -935,7 +935,7 @@ class Ticket:
 
 def queue_listing(settings: Settings | None = None) -> QueueListing:
     """What ``torchjob queue`` shows: capacity, queues, and every queued job (running or waiting)."""
-    from torchjob.engines.base import QueuedJob, QueueInfo, QueueListing
+    from torchjob.engine_api.base import QueuedJob, QueueInfo, QueueListing
 
     settings = settings or load_settings()
     with locked_state() as data:  # written: dead entries are dropped for good

@@ -1,4 +1,4 @@
-"""The local engine behind :class:`torchjob.engines.base.Engine`: jobs as processes of this machine.
+"""The local engine behind :class:`torchjob.engine_api.base.Engine`: jobs as processes of this machine.
 
 Each job lives in its own directory under the state root (layout: :mod:`.state`); this module
 finds jobs by reference, tells a job whose supervisor died (phase ``Unknown``), reads their logs and
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from torchjob.display import first_failed_first, prefix_for
-from torchjob.engines.base import (
+from torchjob.engine_api.base import (
     ContainerReport,
     EngineError,
     JobReport,
@@ -43,7 +43,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-    from torchjob.engines.base import Engine, QueueingEngine, Sink
+    from torchjob.engine_api.base import Engine, QueueingEngine, Sink
     from torchjob.engines.local.planning import LocalPlan
     from torchjob.errors import Issue
     from torchjob.spec.model import Job

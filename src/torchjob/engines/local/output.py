@@ -362,7 +362,7 @@ class SinkConsole:
         return
 
     def lines(self, items: Iterable[tuple[str, str, str]]) -> None:
-        from torchjob.engines.base import LogLine
+        from torchjob.engine_api.base import LogLine
 
         for prefix, _, text in items:
             if self.gave_up:

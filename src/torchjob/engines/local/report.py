@@ -6,10 +6,10 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport, PortReport
+from torchjob.engine_api.base import ContainerReport, FailureReport, JobReport, PodReport, PortReport
+from torchjob.engine_api.reasons import exit_reason, stopped_because
 from torchjob.engines.local.output import short_name
 from torchjob.engines.local.pod import FAILED, SUCCEEDED, LocalPod, RunningContainer
-from torchjob.engines.reasons import exit_reason, stopped_because
 from torchjob.lifecycle import JobPhase, JobStatus
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from torchjob.engines.base import EngineInfo, Setting
-from torchjob.engines.common_settings import max_restarts
+from torchjob.engine_api.base import EngineInfo, Setting
+from torchjob.engine_api.common_settings import max_restarts
 
 ALL_COMMANDS = ("run", "status", "logs", "wait", "delete", "prune", "queue")
 

@@ -40,7 +40,7 @@ from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torchjob.engines.base import JobReport
+    from torchjob.engine_api.base import JobReport
 
 STATUS_RESERVE = 8192  # bytes status.json keeps on disk at least (see JobDir.write_status)
 
@@ -193,7 +193,7 @@ class JobDir:
     def read_status_checked(self) -> tuple[JobReport, str | None]:
         """The stored report and, when status.json cannot be read or is damaged, one line saying
         so with its path (the report is then phase Unknown, with no pods)."""
-        from torchjob.engines.base import JobReport, ReportError
+        from torchjob.engine_api.base import JobReport, ReportError
 
         try:
             return JobReport.from_dict(json.loads(self.status_file.read_text())), None

@@ -30,7 +30,7 @@ from types import FrameType
 from torchjob import logs
 from torchjob.controller import Backoff, Controller, waiting_backoff
 from torchjob.display import elapsed, headline, pod_color, pod_rows, prefix_for
-from torchjob.engines.base import JobReport
+from torchjob.engine_api.base import JobReport
 from torchjob.engines.local import hints, process
 from torchjob.engines.local.cleanup import (
     INTERRUPTED_STALL,

@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from torchjob.engines.base import ContainerReport, FailureReport, JobReport, PodReport
-from torchjob.engines.reasons import exit_reason, stopped_because
+from torchjob.engine_api.base import ContainerReport, FailureReport, JobReport, PodReport
+from torchjob.engine_api.reasons import exit_reason, stopped_because
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.runtime import SlurmPod, SlurmRuntime
 from torchjob.files import write_atomic

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchjob.display import prefix_for
-from torchjob.engines.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions, StreamSink
+from torchjob.engine_api.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions, StreamSink
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.settings import ENV, SlurmSettings, job_root
 from torchjob.errors import Issue
@@ -30,7 +30,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-    from torchjob.engines.base import Engine, Sink
+    from torchjob.engine_api.base import Engine, Sink
     from torchjob.engines.slurm.plan import SlurmPlan
     from torchjob.spec.model import Job
 
@@ -417,7 +417,7 @@ class SlurmEngine:
 
     def _report(self, job_dir: Path) -> JobReport:
         """status.json (the controller's) overlaid with Slurm's view of the allocation."""
-        from torchjob.engines.base import ReportError
+        from torchjob.engine_api.base import ReportError
 
         slurm = self._slurm(job_dir)
         slurm_id = str(slurm.get("jobId", ""))

@@ -1,6 +1,6 @@
 """The Slurm engine's settings: where and how its allocations are asked for.
 
-``ENGINE`` is what the registry lists (engines/registry.py): the settings as the CLI makes flags
+``ENGINE`` is what the registry lists (engine_api/registry.py): the settings as the CLI makes flags
 of them, declared without importing the engine. Each may also come from a ``TORCHJOB_SLURM_*``
 variable (``ENV``): a task called from Python, or a cluster's own defaults in a login profile.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from torchjob.engines.base import EngineInfo, Setting
-from torchjob.engines.common_settings import max_restarts
+from torchjob.engine_api.base import EngineInfo, Setting
+from torchjob.engine_api.common_settings import max_restarts
 from torchjob.records import record
 
 _ALL = ("run", "submit", "status", "logs", "wait", "delete", "prune")

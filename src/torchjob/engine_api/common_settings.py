@@ -5,7 +5,7 @@ Light on purpose: every command lists the engines' settings, which imports this 
 
 from __future__ import annotations
 
-from torchjob.engines.base import Setting
+from torchjob.engine_api.base import Setting
 
 
 def max_restarts(commands: tuple[str, ...] = ("run",)) -> Setting:

@@ -1,7 +1,7 @@
 """Engines by name, imported only when asked for: importing this module imports no engine.
 
-Adding an engine is one package with a class that implements ``torchjob.engines.base.Engine``,
-an :class:`~torchjob.engines.base.EngineInfo` in a module of its own that imports nothing of the
+Adding an engine is one package with a class that implements ``torchjob.engine_api.base.Engine``,
+an :class:`~torchjob.engine_api.base.EngineInfo` in a module of its own that imports nothing of the
 engine (its settings), and one line in ``_ENGINES`` below, or an entry point in the group
 ``torchjob.engines`` naming that ``EngineInfo`` (``slurm = my_pkg.info:ENGINE``).
 """
@@ -15,7 +15,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-    from torchjob.engines.base import Engine, EngineInfo, Setting
+    from torchjob.engine_api.base import Engine, EngineInfo, Setting
 
 # name -> "module:NAME": an EngineInfo (module light: listing settings imports no engine), or
 # the engine's class itself (then it has no settings of its own).
@@ -57,7 +57,7 @@ def engine_names() -> list[str]:
 
 def engine_info(name: str) -> EngineInfo:
     """What ``name`` declares (its factory, settings and capabilities), importing only its declaration."""
-    from torchjob.engines.base import EngineError, EngineInfo
+    from torchjob.engine_api.base import EngineError, EngineInfo
 
     if name not in _ENGINES:
         load_entry_points()
@@ -77,7 +77,7 @@ def engine_info(name: str) -> EngineInfo:
 def settings_of(command: str) -> list[tuple[str, Setting]]:
     """Every known engine's settings that ``command`` takes, as (engine, setting), by engine name.
     An engine that cannot be loaded has none here; using it says why (get_engine)."""
-    from torchjob.engines.base import EngineError
+    from torchjob.engine_api.base import EngineError
 
     found = []
     for name in engine_names():
@@ -92,7 +92,7 @@ def settings_of(command: str) -> list[tuple[str, Setting]]:
 def engine_for(capability: str) -> str:
     """The engine that declares ``capability`` (an EngineInfo flag such as ``submits``): the default
     engine if it does, else the first by name."""
-    from torchjob.engines.base import EngineError
+    from torchjob.engine_api.base import EngineError
 
     for name in [DEFAULT_ENGINE, *engine_names()]:
         if getattr(engine_info(name), capability):

@@ -3,7 +3,7 @@
 An engine is an I/O shell around the pure core: it takes a loaded, defaulted and validated
 :class:`~torchjob.spec.model.Job` and runs it somewhere (local processes, a Kubernetes cluster).
 The CLI and the SDK talk to engines only through :class:`Engine`, found by name in
-:mod:`torchjob.engines.registry`; they never import an engine's own modules.
+:mod:`torchjob.engine_api.registry`; they never import an engine's own modules.
 
 The JSON shape of :class:`JobReport` (``to_dict``) is documented in docs/engines.md and is
 the same for every engine: ``torchjob status -o json`` prints it.
