@@ -319,6 +319,6 @@ def test_only_a_whole_python_command_name_becomes_this_interpreter(command: str,
 def test_the_restart_back_off_doubles_up_to_five_minutes_and_never_overflows(
     failures: int, delay: float
 ) -> None:
-    from torchjob.engines.local.pod import backoff
+    from torchjob.controller.driver import backoff
 
     assert backoff(failures) == pytest.approx(delay)

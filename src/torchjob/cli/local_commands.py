@@ -409,8 +409,8 @@ def _status_lines(report: JobReport) -> list[str]:
     if report.name_resolution:
         lines.append(f"names: {report.name_resolution}")
     for event in report.events[-5:]:
-        when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0)))
-        lines.append(f"  {when} {event.get('message', '')}")
+        when = time.strftime("%H:%M:%S", time.localtime(event.time))
+        lines.append(f"  {when} {event.message}")
     if report.location:
         lines.append(f"{_location_label(report.engine)}: {report.location}")
     return lines

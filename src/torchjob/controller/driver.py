@@ -30,6 +30,7 @@ from torchjob.lifecycle import (
     reactions,
     step,
 )
+from torchjob.logs import Level
 from torchjob.phases import UNSUCCESSFUL_JOB_PHASES
 from torchjob.records import record
 from torchjob.spec.model import Job
@@ -60,7 +61,7 @@ BACKOFF_CAP = 300.0  # Kubernetes caps its crash-loop back-off at 5 minutes
 BACKOFF_BASE = 0.1  # seconds before the first restart of a container; doubles each time
 _BACKOFF_DOUBLINGS = 12  # 0.1 * 2**12 > 300: more doublings change nothing (and 2**1024 overflows)
 BACKOFF_RESET = 10.0  # a container that ran this long starts its back-off again from the base
-_PHASE_COLORS = {JobPhase.COMPLETED: "32", **dict.fromkeys(UNSUCCESSFUL_JOB_PHASES, "31")}
+_PHASE_LEVELS = {JobPhase.COMPLETED: Level.SUCCESS, **dict.fromkeys(UNSUCCESSFUL_JOB_PHASES, Level.ERROR)}
 # Phases a crash-looping pod may explain: the suspect is named in their reason.
 _BAD_PHASES = (JobPhase.RESTARTING, JobPhase.ABORTING, JobPhase.TERMINATING, *UNSUCCESSFUL_JOB_PHASES)
 _ENDED = (PodPhase.SUCCEEDED.value, PodPhase.FAILED.value)
@@ -167,6 +168,13 @@ class Controller(_Slots[A]):
 
     def begin(self) -> None:
         """Start the job: the first sync creates its pods."""
+        for task in self.job.spec.tasks:
+            if task.template.restart_policy == "Always" and task.replicas:
+                self.runtime.note(
+                    f"task {task.name}: restartPolicy Always (the Kubernetes default) restarts containers "
+                    "even after they succeed; set OnFailure or Never for a job that ends",
+                    Level.WARNING,
+                )
         self.apply(Decision(self.status, None, True))
 
     def check_deadline(self) -> None:
@@ -256,7 +264,7 @@ class Controller(_Slots[A]):
                 f"pod {self.short(pod)} is in CrashLoopBackOff: container {last.container} ended "
                 f"{last.failures} times in a row (last {code}); it is restarted with a growing "
                 f"back-off, up to {BACKOFF_CAP:g}s, for as long as the job runs{limit}",
-                "31",
+                Level.ERROR,
             )
 
     def short(self, pod: A) -> str:
@@ -284,7 +292,7 @@ class Controller(_Slots[A]):
             self.waiting.add(task)
             spec = self.job.task(task)
             names = spec.depends_on.names if spec is not None and spec.depends_on is not None else []
-            self.runtime.note(f"task {task} waits for task(s) {', '.join(names)} to be running", "2")
+            self.runtime.note(f"task {task} waits for task(s) {', '.join(names)} to be running", Level.INFO)
         if met:
             self.waiting.discard(task)
         return met
@@ -311,7 +319,9 @@ class Controller(_Slots[A]):
         if self.status.phase.final:
             return
         self.status = JobStatus(JobPhase.FAILED, self.status.retry_count, self.status.version, reason)
-        self.runtime.note(f"failing the job: {reason}" if self.attached else f"job Failed: {reason}", "31")
+        self.runtime.note(
+            f"failing the job: {reason}" if self.attached else f"job Failed: {reason}", Level.ERROR
+        )
         self.terminate(list(self.pods.values()))
         self.delayed = []
         self.dirty = True
@@ -369,12 +379,12 @@ class Controller(_Slots[A]):
         if decision.create_pods and not self.status.phase.final:
             self.create_missing()
         if old.phase is not self.status.phase or old.retry_count != self.status.retry_count:
-            color = _PHASE_COLORS.get(self.status.phase, "36")
+            level = _PHASE_LEVELS.get(self.status.phase, Level.NOTICE)
             if not self.status.phase.final or not self.attached:  # else the summary says it
                 reason = self.status.reason
                 if cause and cause == self.told and reason.startswith(cause):  # just told: not again
                     reason = reason[len(cause) :].lstrip("; ") or reason
-                self.runtime.note(f"job {self.status.phase.value}: {reason}", color)
+                self.runtime.note(f"job {self.status.phase.value}: {reason}", level)
             self.dirty = True
         if decision.resync and depth < 8:
             # The phase changed because of ``cause``; the follow-up sync keeps it in the reason.
