@@ -16,6 +16,7 @@ from collections.abc import Callable
 from torchjob.lifecycle import (
     Action,
     Decision,
+    Event,
     JobPhase,
     JobStatus,
     PodChange,
@@ -156,6 +157,9 @@ class Controller(_Slots[A]):
         self.looping: set[Key] = set()  # pods whose crash loop has been told
         self.told = ""  # the last event told, which a phase change it causes does not repeat
         self.suspect: str | None = None  # a likelier cause of any failure, added to the reason
+        # A job made from a script or an SDK task: its user wrote no Volcano policy, so its failure
+        # is told in the user's terms (which pod and rank, how, whether anything restarted).
+        self.plain = job.origin in ("script", "task")
         self.dirty = True  # something changed since the caller last wrote the job's status
 
     # ------------------------------------------------------------- the pass
@@ -337,13 +341,44 @@ class Controller(_Slots[A]):
                     and cancels_delay(d.reaction.event, reaction.event)
                 )
             ]
+            if self.plain and reaction.event is Event.POD_FAILED and self.ends_job(reaction.action):
+                self.fail_job(self.pod_failure(reaction))
+                continue
+            cause = self.words(reaction.cause)
             if reaction.action is not Action.SYNC_JOB:
-                self.runtime.record(reaction.cause)
+                self.runtime.record(cause)
             if reaction.delay:
                 self.delayed.append(_Delayed(self.clock() + reaction.delay, reaction))
                 continue
-            self.act(reaction.action, reaction.task, reaction.index, reaction.cause)
+            self.act(reaction.action, reaction.task, reaction.index, cause)
         self.act(Action.SYNC_JOB, None, None, "")
+
+    def words(self, cause: str) -> str:
+        """A reaction's cause as the user is told it: a job file's with the policy that acted
+        (Volcano's words), a script's or a task's without (its user wrote none)."""
+        return cause.partition("; policy ")[0] if self.plain else cause
+
+    def ends_job(self, action: Action) -> bool:
+        """The action fails the job without restarting anything: a restart beyond maxRetry, or
+        TerminateJob, whose Volcano phase Terminated would read as "stopped" to a script's user."""
+        if action in (Action.TERMINATE_JOB, Action.ABORT_JOB):
+            return not self.status.phase.final
+        running = self.status.phase in (JobPhase.PENDING, JobPhase.RUNNING)  # a restart costs a retry there
+        return action.restart and running and self.status.retry_count + 1 >= self.job.spec.max_retry
+
+    def pod_failure(self, reaction: Reaction) -> str:
+        """``pod worker-0 (rank 3) failed with exit code 1; nothing was restarted``."""
+        pod = self.pods.get((reaction.task, reaction.index))
+        rank = pod.rank if pod is not None else None
+        who = f"pod {reaction.task}-{reaction.index}" + (f" (rank {rank})" if rank is not None else "")
+        code = "" if reaction.exit_code is None else f" with exit code {reaction.exit_code}"
+        restarts = self.status.retry_count
+        after = (
+            "nothing was restarted"
+            if not restarts
+            else f"after {restarts} restart{'s' * (restarts > 1)} of the job"
+        )
+        return f"{who} failed{code}; {after}"
 
     def fire_delayed(self) -> None:
         now = self.clock()

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         terminating: bool  # asked to stop
         gone: bool  # stopped, with every process of it
         finished_at: float | None  # when it reached Succeeded or Failed (orders same-pass ends)
+        rank: int | None  # the pod's rank, when it has one (the user's terms for a failure)
 
         @property
         def restarts(self) -> int: ...
