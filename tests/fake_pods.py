@@ -14,7 +14,9 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -67,6 +69,8 @@ class FakeRuntime(RuntimeHooks):
             for c in spec.get(kind) or []:
                 env = container_env(c, meta)
                 argv = [expand_refs(a, env) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
+                if argv[:1] in (["python"], ["python3"]):  # as on every engine: this interpreter
+                    argv[0] = sys.executable
                 containers.append(
                     Container(c["name"], kind == "initContainers", (argv, env), log_dir / f"{c['name']}.log")
                 )
@@ -110,13 +114,21 @@ class FakeRuntime(RuntimeHooks):
 
 
 class _Loopback:
-    """Every pod at this machine's loopback address, ports as declared."""
+    """Every pod at this machine's loopback address; each declared port a free one of this machine
+    (another copy of the suite may run beside this one)."""
+
+    def __init__(self) -> None:
+        self.ports: dict[int, int] = {}
 
     def host(self, job: Job, task: Task, index: int) -> str:
         return "127.0.0.1"
 
     def port(self, job: Job, port: int) -> int:
-        return port
+        if port not in self.ports:
+            with socket.socket() as free:
+                free.bind(("127.0.0.1", 0))
+                self.ports[port] = free.getsockname()[1]
+        return self.ports[port]
 
 
 class FakeHost:

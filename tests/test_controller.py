@@ -359,7 +359,7 @@ def test_a_scripts_first_failure_fails_it_in_the_users_terms() -> None:
     ctl, runtime, _clock = controller(job_of(_origin(spec, "script")), attached=True)
     _fail_worker(ctl, runtime)
     assert (ctl.status.phase, ctl.status.retry_count) == (JobPhase.FAILED, 0)
-    assert ctl.status.reason == "pod worker-1 (rank 2) failed with exit code 1; nothing was restarted"
+    assert ctl.status.reason == "rank 2 (pod worker-1) failed with exit code 1; nothing was restarted"
     said = "\n".join([*runtime.notes, *runtime.events])
     assert "maxRetry" not in said and "Restarting" not in said and "policy" not in said, said
     assert max(a for _, a in runtime.created) == 0  # no second attempt
@@ -371,7 +371,7 @@ def test_an_sdk_task_whose_rank_raised_fails_rather_than_terminates() -> None:
     ctl, runtime, _clock = controller(job_of(_origin(spec, "task")))
     _fail_worker(ctl, runtime)
     assert ctl.status.phase is JobPhase.FAILED
-    assert ctl.status.reason.startswith("pod worker-1 (rank 2) failed with exit code 1")
+    assert ctl.status.reason.startswith("rank 2 (pod worker-1) failed with exit code 1")
 
 
 def test_an_sdk_task_with_a_backoff_limit_restarts_then_fails_saying_how_often() -> None:

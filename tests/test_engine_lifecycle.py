@@ -67,6 +67,18 @@ class Engine:
         data: dict[str, Any] = json.loads(done.stdout)
         return data
 
+    def run_script(self, shape: str, script: Path) -> subprocess.CompletedProcess[str]:
+        """``run -j SHAPE SCRIPT`` (the engine's flag before the script: what follows is its own)."""
+        return subprocess.run(
+            [sys.executable, "-m", "torchjob", "run", "--engine", self.name, "-j", shape, str(script)],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=150,
+            check=False,
+        )
+
     def start_with_deadline(self, path: Path) -> subprocess.CompletedProcess[str]:
         """The job started through the engine interface with runPolicy.activeDeadlineSeconds 3."""
         return subprocess.run(
@@ -92,9 +104,14 @@ class FakeLeg(Engine):
 
     def host(self, path: str, flags: tuple[str, ...], deadline: int | None = None) -> FakeHost:
         from torchjob.jobs import load_jobs_from_text
+        from torchjob.quick import quick_job
         from torchjob.spec.model import JobRunPolicy
 
-        job = load_jobs_from_text(Path(path).read_text(), path)[0].job
+        if path == "-j":  # run -j SHAPE SCRIPT: the job torchjob makes of a script
+            job = quick_job(flags[0], flags[1], []).job
+            flags = flags[2:]
+        else:
+            job = load_jobs_from_text(Path(path).read_text(), path)[0].job
         if deadline is not None:
             job.run_policy = JobRunPolicy(active_deadline_seconds=deadline)  # as the SDK's RunPolicy sets it
         given = dict(zip(flags[::2], flags[1::2], strict=False))
@@ -125,6 +142,9 @@ class FakeLeg(Engine):
         report = found.report()
         out = json.dumps(report.to_dict()) if "-o" in flags else "\n".join(summary(report))
         return subprocess.CompletedProcess(args, 0, out, "")
+
+    def run_script(self, shape: str, script: Path) -> subprocess.CompletedProcess[str]:
+        return self.cli("run", "-j", shape, str(script))
 
     def start_with_deadline(self, path: Path) -> subprocess.CompletedProcess[str]:
         report = self.host(str(path), (), deadline=3).run()
@@ -531,6 +551,44 @@ def test_the_deadline_terminates_the_job(engine: Engine, tmp_path: Path) -> None
     status = engine.status("deadline")
     assert status["phase"] == "Terminated" and "deadline of 3s passed" in status["reason"]
     assert {p["phase"] for p in status["pods"]} == {"Stopped"}
+
+
+BOOM_IN_A_BARRIER = """
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+if rank == 2:
+    raise RuntimeError(f"boom on rank {rank}")
+dist.barrier()  # the others wait here, then lose their peer: their errors come later, or first
+"""
+
+
+@pytest.mark.torch
+def test_the_root_cause_is_the_rank_that_raised_not_the_peers_it_left_waiting(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """``run -j 2x2``: global rank 2 (worker-0's first process) raises while the others wait in a
+    barrier and then fail with lost connections. Every engine names rank 2 and its exception,
+    whichever exit it saw first, and speaks in the script's terms (nothing restarted)."""
+    pytest.importorskip("torch")
+    script = tmp_path / "boom.py"
+    script.write_text(BOOM_IN_A_BARRIER)
+    done = engine.run_script("2x2", script)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "maxRetry" not in done.stdout + done.stderr
+    shown = engine.cli("status", "boom").stdout  # the report as display.py shows it, on every engine
+    assert "root cause (first pod to fail): worker-0 (rank 2), exit code 1 (Error)" in shown, shown
+    assert "    RuntimeError: boom on rank 2" in shown.splitlines(), shown
+    assert "ChildFailedError" not in shown
+    status = engine.status("boom")
+    failure = status["firstFailure"]
+    assert (failure["short"], failure["rank"], failure["exitCode"]) == ("worker-0", 2, 1), failure
+    assert failure["logTail"][-1] == "RuntimeError: boom on rank 2", failure
+    assert (status["phase"], status["retryCount"]) == ("Failed", 0)
+    assert status["reason"] == (
+        "rank 2 (pod worker-0) failed with exit code 1: RuntimeError: boom on rank 2; nothing was restarted"
+    )
 
 
 RUN_WITH_DEADLINE = """

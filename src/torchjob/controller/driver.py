@@ -367,18 +367,33 @@ class Controller(_Slots[A]):
         return action.restart and running and self.status.retry_count + 1 >= self.job.spec.max_retry
 
     def pod_failure(self, reaction: Reaction) -> str:
-        """``pod worker-0 (rank 3) failed with exit code 1; nothing was restarted``."""
+        """``rank 3 (pod worker-0) failed with exit code 1: RuntimeError: boom; nothing was
+        restarted``: the rank and the exception as the pod's log tells them (rootcause.py)."""
+        from torchjob.controller.kubelet import Pod
+        from torchjob.controller.rootcause import failure_of, raised
+
         pod = self.pods.get((reaction.task, reaction.index))
-        rank = pod.rank if pod is not None else None
-        who = f"pod {reaction.task}-{reaction.index}" + (f" (rank {rank})" if rank is not None else "")
-        code = "" if reaction.exit_code is None else f" with exit code {reaction.exit_code}"
+        who, code, what = f"pod {reaction.task}-{reaction.index}", reaction.exit_code, None
+        if isinstance(pod, Pod):
+            failure = failure_of(self.job, pod)
+            if failure.rank is not None:
+                who = f"rank {failure.rank} ({who})"
+            code, what = failure.exit_code, raised(failure.log_tail)
+        elif pod is not None and pod.rank is not None:
+            who = f"rank {pod.rank} ({who})"
+        told = (
+            who
+            + " failed"
+            + ("" if code is None else f" with exit code {code}")
+            + (f": {what}" if what else "")
+        )
         restarts = self.status.retry_count
         after = (
             "nothing was restarted"
             if not restarts
             else f"after {restarts} restart{'s' * (restarts > 1)} of the job"
         )
-        return f"{who} failed{code}; {after}"
+        return f"{told}; {after}"
 
     def fire_delayed(self) -> None:
         now = self.clock()

@@ -63,31 +63,55 @@ def log_tail(path: Path, lines: int | None = LOG_TAIL_LINES, nbytes: int = _TAIL
     return text if lines is None else text[-lines:]
 
 
+def _torchrun_failures(lines: list[str], root: int) -> list[tuple[int, int | None]]:
+    """The failed ranks torchrun's report lists, as (global rank, exit code): the root cause it
+    names (its "Root Cause" section, from line ``root``) first, then its other "Failures"."""
+    begin = max((i for i in range(max(0, root - 200), root) if lines[i].strip() == "Failures:"), default=root)
+    sections: dict[bool, list[dict[str, int]]] = {True: [], False: []}
+    in_root = False
+    for i in range(begin, len(lines)):
+        text = lines[i].strip()
+        if i > root and text.startswith("===="):
+            break
+        in_root = in_root or i == root
+        if re.fullmatch(r"\[\d+\]:", text):
+            sections[in_root].append({})
+            continue
+        key, _, value = text.partition(":")
+        match = re.match(r"\s*(-?\d+)", value)
+        if sections[in_root] and match:
+            sections[in_root][-1].setdefault(key.strip(), int(match[1]))
+    entries = sections[True] + sections[False]
+    return [(e["rank"], e.get("exitcode")) for e in entries if "rank" in e]
+
+
 def torchrun_root_cause(lines: list[str]) -> tuple[int, int | None, list[str]] | None:
-    """From the log of a pod whose torchrun reported a failed rank: that rank (global), its exit
-    code (a signal as 128+N, as for a pod) and its own last lines instead of torchrun's report:
-    those torch prefixes with ``[rankN]:`` (a traceback after init_process_group), else the
-    lines before torchrun's report without torchrun's own log lines; None without a report."""
+    """From the log of a pod whose torchrun reported failed ranks: the rank that caused it (its
+    global rank), its exit code (a signal as 128+N, as for a pod) and its own last lines instead of
+    torchrun's report. The ranks' own lines are those torch prefixes with ``[rankN]:`` (a
+    traceback after init_process_group), weighed as pods are (:func:`weigh`): torchrun's "first
+    observed failure" may be a rank that lost its peer, seen to end before the one that raised.
+    Without such lines, the lines before torchrun's report, without its own log lines. None
+    without a report."""
     starts = [i for i, line in enumerate(lines) if line.strip() == ROOT_CAUSE]
     if not starts:
         return None
-    fields: dict[str, int] = {}
-    for line in lines[starts[-1] + 1 : starts[-1] + 10]:
-        key, _, value = line.partition(":")
-        match = re.match(r"\s*(-?\d+)", value)
-        if match:
-            fields.setdefault(key.strip(), int(match[1]))
-    if "rank" not in fields:
+    failures = _torchrun_failures(lines, starts[-1])
+    if not failures:
         return None
-    rank, code = fields["rank"], fields.get("exitcode")
-    prefix = f"[rank{rank}]:"
-    own = [line[len(prefix) :].removeprefix(" ") for line in lines if line.startswith(prefix)]
+    weighed = []
+    for order, (rank, code) in enumerate(failures):
+        prefix = f"[rank{rank}]:"
+        own = [line[len(prefix) :].removeprefix(" ") for line in lines if line.startswith(prefix)]
+        code = None if code is None else 128 - code if code < 0 else code
+        weighed.append((weigh(own, code) if own else -1, -order, rank, code, own))
+    _, _, rank, code, own = max(weighed)
     if not own:
         ends = [i for i, line in enumerate(lines) if _TORCHRUN_LOG.match(line) and "failed (exitcode" in line]
         own = [line for line in lines[: ends[0] if ends else starts[-1]] if not _TORCHRUN_LOG.match(line)]
         while own and not own[-1].strip():
             own.pop()
-    return rank, (None if code is None else 128 - code if code < 0 else code), own
+    return rank, code, own
 
 
 def raised(lines: list[str]) -> str | None:
@@ -126,6 +150,12 @@ def _container(pod: Pod) -> Container | None:
     bad = [c for c in pod.containers if c.exit_code not in (None, 0)]
     candidates = bad or pod.mains or pod.inits
     return candidates[0] if candidates else None
+
+
+def failure_of(job: Job, pod: Pod) -> FailureReport:
+    """What a failed attempt's log says of its failure: the rank (torchrun's failed rank, as a
+    global rank), the exit code, its last lines."""
+    return _evidence(job, pod)[1]
 
 
 def _evidence(job: Job, pod: Pod) -> tuple[int, FailureReport]:
