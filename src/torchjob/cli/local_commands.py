@@ -7,7 +7,6 @@ Only parses and prints: everything else is asked of the engine through
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 import time
@@ -20,10 +19,10 @@ from torchjob.phases import UNKNOWN
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator
+    from collections.abc import Callable
     from typing import Any
 
-    from torchjob.engine_api.base import Engine, JobReport, LogLine, QueueListing
+    from torchjob.engine_api.base import Engine, JobReport, QueueListing
 
 REF_HELP = "job id, unique id prefix, or name (newest)"
 
@@ -458,11 +457,8 @@ def run_logs(args: argparse.Namespace) -> int:
         all_attempts=args.all_attempts,
         follow=args.follow,
     )
-    lines = _engine(args).logs(args.job, query)
-    if not args.follow:  # prefixes padded to the longest of a bounded look-ahead, never the whole log
-        lines, width = _look_ahead(lines)
-    else:
-        width = 0
+    lines = _engine(args).logs(args.job, query)  # streamed: a log of any size in bounded memory
+    width = 0  # prefixes padded to the widest seen so far
     color = use_color(sys.stdout)
     for line in lines:
         width = max(width, len(line.prefix))
@@ -474,25 +470,6 @@ def run_logs(args: argparse.Namespace) -> int:
     if args.follow:  # a script following a job learns how it ended
         return _ended_code(_engine(args).status(args.job))
     return EXIT_OK
-
-
-# A log of any size is printed in bounded memory: only this much is read ahead to align the prefixes.
-LOOK_AHEAD_LINES = 1000
-LOOK_AHEAD_BYTES = 1 << 18
-
-
-def _look_ahead(given: Iterable[LogLine]) -> tuple[Iterator[LogLine], int]:
-    """The lines again, and the widest prefix among the first of them (all of them, for a short log)."""
-    lines = iter(given)
-    ahead: list[LogLine] = []
-    size = 0
-    for line in lines:
-        ahead.append(line)
-        size += len(line.text)
-        if len(ahead) >= LOOK_AHEAD_LINES or size >= LOOK_AHEAD_BYTES:
-            break
-    width = max((len(line.prefix) for line in ahead), default=0)
-    return itertools.chain(ahead, lines), width
 
 
 # ---------------------------------------------------------------------- queue
