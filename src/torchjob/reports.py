@@ -121,7 +121,7 @@ class ContainerReport:
         return {
             "name": self.name,
             "init": self.init,
-            "state": self.state.value,
+            "state": str(self.state),
             "exitCode": self.exit_code,
             "reason": self.reason,
             "restarts": self.restarts,
@@ -165,7 +165,7 @@ class PodReport:
             "short": self.short,
             "task": self.task,
             "index": self.index,
-            "phase": self.phase.value,
+            "phase": str(self.phase),  # a PodState (an engine of its own may give the word)
             "rank": self.rank,
             "reason": self.reason,
             "attempt": self.attempt,

@@ -268,8 +268,8 @@ def run_run(args: argparse.Namespace) -> int:
     info = engine_info(args.engine)
     chosen = choose_job(_load(args, extra_env), args.job, args.file)
     item = _overridden(chosen, args, extra_env)
-    for path, message in Expansion(item.job).warnings():  # the plugins' notes: no pod is built
-        print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
+    for note in Expansion(item.job).warnings():  # the plugins' notes: no pod is built
+        print(item.document.problem(note.path, f"warning: {note.message}").format(), file=sys.stderr)
     preload = settings.get("preload")
     if isinstance(preload, tuple) and preload and info.runs_here:  # refused here, not ignored later
         from torchjob.cli.preload import check_preload

@@ -302,8 +302,8 @@ class Supervisor:
         self.prepare()
         self.processes.start()
         self.note(f"job {self.id} started; ports {self.factory.ports_text()}; job directory {self.dir.path}")
-        for path, message in local_warnings(self.factory.expansion(0, 0), self.factory.extra_env):
-            self.record(f"warning: {path}: {message}")
+        for note in local_warnings(self.factory.expansion(0, 0), self.factory.extra_env):
+            self.record(f"warning: {note.path}: {note.message}")
         self.ctl.begin()
         preloader = self.factory.preloader
         if (
