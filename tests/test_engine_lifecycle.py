@@ -578,7 +578,7 @@ def test_the_root_cause_is_the_rank_that_raised_not_the_peers_it_left_waiting(
     assert done.returncode == 1, done.stdout + done.stderr
     assert "maxRetry" not in done.stdout + done.stderr
     shown = engine.cli("status", "boom").stdout  # the report as display.py shows it, on every engine
-    assert "root cause (first pod to fail): worker-0 (rank 2), exit code 1 (Error)" in shown, shown
+    assert "root cause: worker-0 (rank 2), exit code 1 (Error)" in shown, shown
     assert "    RuntimeError: boom on rank 2" in shown.splitlines(), shown
     assert "ChildFailedError" not in shown
     status = engine.status("boom")

@@ -130,7 +130,9 @@ def plural(count: int, noun: str) -> str:
 
 
 def root_cause(report: JobReport, color: bool = False) -> list[str]:
-    """The first pod that failed and the end of its log, as torchrun's "Root Cause" ([] if none)."""
+    """The pod (and rank) the engine found to cause the failure, and the end of its log ([] if none):
+    the engines that run pods themselves weigh the failed pods' logs (controller/rootcause.py), a
+    cluster engine names the first pod to fail."""
     failure = report.first_failure
     if failure is None:
         return []
@@ -140,7 +142,7 @@ def root_cause(report: JobReport, color: bool = False) -> list[str]:
     code = "-" if failure.exit_code is None else str(failure.exit_code)
     when = "" if failure.time is None else time.strftime(" at %H:%M:%S", time.localtime(failure.time))
     reason = f" ({failure.reason})" if failure.reason else ""
-    lines = [paint(f"root cause (first pod to fail): {who}, exit code {code}{reason}{when}", "31", color)]
+    lines = [paint(f"root cause: {who}, exit code {code}{reason}{when}", "31", color)]
     if failure.log_tail:
         lines.append(f"  last {plural(len(failure.log_tail), 'line')} of its log:")
         lines += [f"    {line}" for line in failure.log_tail]
