@@ -128,14 +128,73 @@ def _split_program_args(
     if at is not None:
         rest = argv[at + 1 :]
         return argv[: at + 1], rest[1:] if rest[:1] == ["--"] else rest
+    task = _task_ref_at(argv, parser) if parser is not None else None
+    if task is not None:
+        return _task_args(argv, *task)
     if "--" not in argv:
         return argv, []
     at = argv.index("--")
     return argv[:at], argv[at + 1 :]
 
 
+def _task_args(argv: list[str], at: int, options: dict[str, argparse.Action]) -> tuple[list[str], list[str]]:
+    """After ``FILE.py:NAME``, as ``pyflyte run`` takes a task's inputs: an option torchjob does
+    not have (``--epochs 10``, ``--flag``) and what follows it, up to torchjob's next option, are
+    the task's or workflow's; so is everything after ``--``."""
+    own, program, taking = argv[: at + 1], [], False
+    i = at + 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            program += argv[i + 1 :]
+            break
+        name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
+        action = options.get(name) if arg.startswith("-") and arg != "-" else None
+        if action is not None:  # torchjob's own option, with its value
+            taking = False
+            own.append(arg)
+            attached = "=" in arg if arg.startswith("--") else len(arg) > 2
+            if action.nargs != 0 and not attached and i + 1 < len(argv):
+                i += 1
+                own.append(argv[i])
+        elif arg.startswith("--") or taking:
+            taking = True
+            program.append(arg)
+        else:
+            own.append(arg)  # a stray positional: argparse says so
+        i += 1
+    return own, program
+
+
+def _task_ref_at(
+    argv: list[str], parser: argparse.ArgumentParser
+) -> tuple[int, dict[str, argparse.Action]] | None:
+    """FILE's index when it is ``FILE.py:NAME`` (not with ``-j``), and the command's options."""
+    found = _file_at(argv, parser)
+    if found is None:
+        return None
+    at, quick, options = found
+    from torchjob.cli.sources import is_task_ref
+
+    return (at, options) if quick is None and is_task_ref(argv[at]) else None
+
+
 def _script_at(argv: list[str], parser: argparse.ArgumentParser) -> int | None:
-    """The index of FILE in ``run|render|submit [OPTIONS] FILE ...`` when it is a script; else None.
+    """The index of FILE in ``run|render|submit [OPTIONS] FILE ...`` when it is a script; else None."""
+    found = _file_at(argv, parser)
+    if found is None:
+        return None
+    from torchjob.cli.sources import is_script_ref
+
+    at, quick, _ = found
+    return at if is_script_ref(argv[at], quick) else None
+
+
+def _file_at(
+    argv: list[str], parser: argparse.ArgumentParser
+) -> tuple[int, str | None, dict[str, argparse.Action]] | None:
+    """FILE's index in ``run|render|submit [OPTIONS] FILE ...``, the ``-j`` given before it, and
+    the command's options; None when there is none.
 
     torchjob's options before it are skipped with their values (``-j 2x2``, ``--set=x``, ``-j2x2``).
     """
@@ -148,9 +207,7 @@ def _script_at(argv: list[str], parser: argparse.ArgumentParser) -> int | None:
     while i < len(argv) and argv[i] != "--":
         arg = argv[i]
         if not arg.startswith("-") or arg == "-":
-            from torchjob.cli.sources import is_script_ref
-
-            return i if is_script_ref(arg, quick) else None
+            return i, quick, options
         name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
         if name not in options and arg.startswith("--"):  # argparse takes unique prefixes too
             found = [o for o in options if o.startswith(name)]

@@ -152,6 +152,8 @@ def warm_modules(task: Task[Any, Any]) -> tuple[str, ...]:
     # The entry point's imports, not itself: `python -m` warns about a module already imported.
     modules = ["torch", "torchjob.sdk.results", "torchjob.sdk.quick_exit", "torchjob.errors"]
     module = getattr(task.function, "__module__", None)
+    if not task.preload_module:  # its import is not silent (a flytekit module's warnings)
+        module = None
     if module and module != "__main__" and not module.startswith("torchjob.") and _importable(module):
         modules.append(module)
     return tuple(modules)
