@@ -11,6 +11,8 @@ so a reader never sees half a file.
 
 from __future__ import annotations
 
+import copyreg
+import dataclasses
 import os
 import pickle
 import sys
@@ -25,6 +27,18 @@ from typing import Any
 import cloudpickle
 
 from torchjob.files import write_atomic
+
+
+def _by_name(name: str) -> Callable[[object], str]:
+    return lambda _: name  # a reducer's string: pickle saves the object as that global
+
+
+# dataclasses' sentinels by reference, not as new objects: a dataclass pickled by value (defined in
+# __main__ or a task's file) is rebuilt with them, and cloudpickle gives the caller's own class the
+# rebuilt fields when a rank's value comes back; with copies of MISSING every field seemed to
+# have a default (flytekit's type engine then failed on the class).
+copyreg.pickle(type(dataclasses.MISSING), _by_name("MISSING"))
+copyreg.pickle(type(dataclasses.KW_ONLY), _by_name("KW_ONLY"))
 
 VALUE_FILE = "rank-0.value"
 PROGRESS_FILE = "rendezvous.progress"

@@ -9,6 +9,7 @@ of a ``conditional``, with the node's ``with_overrides``, as the objects ``--tar
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -23,6 +24,12 @@ from torchjob.sdk.task import Task
 _DISTRIBUTED = ("pytorch", "elastic")
 
 
+def flytekit_logs_to_stderr() -> contextlib.AbstractContextManager[Any]:
+    """flytekit logs to standard output (its rich console's default): while torchjob reads or
+    compiles a flytekit entity, that goes to stderr, so that ``render -o json`` stays JSON."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
 def task_of(found: Any, ref: str, file: str) -> Task[Any, Any]:
     """The torchjob task of flytekit task ``found`` (``ref`` is how a pod finds it); its notes
     are kept on it as ``flyte_notes`` for the command to print."""
@@ -30,7 +37,8 @@ def task_of(found: Any, ref: str, file: str) -> Task[Any, Any]:
 
     check(file)
     try:
-        converted = convert(found, ref=ref, typed_value=True)
+        with flytekit_logs_to_stderr():
+            converted = convert(found, ref=ref, typed_value=True)
     except ValueError as err:  # Unsupported too
         raise SpecError([Problem(ref.rpartition(":")[2], str(err), file)]) from None
     converted.task.flyte_notes = converted.notes  # type: ignore[attr-defined]
@@ -185,7 +193,8 @@ def _jobs(entity: Any, path: str, ref: str) -> tuple[list[tuple[TaskNode, Any, A
     from torchjob.sdk.tojob import MAX_JOB_NAME, build_job, job_name
 
     try:
-        nodes, others = task_nodes(entity)
+        with flytekit_logs_to_stderr():  # compiling the workflow logs (with_overrides is "beta")
+            nodes, others = task_nodes(entity)
     except Unsupported as err:
         raise SpecError([Problem("", str(err), ref)]) from None
     module = import_file(path)
@@ -193,7 +202,8 @@ def _jobs(entity: Any, path: str, ref: str) -> tuple[list[tuple[TaskNode, Any, A
     for number, node in enumerate(nodes, 1):
         where = f"node {node.label}"
         try:
-            converted = convert(node.entity, overrides=node.overrides)
+            with flytekit_logs_to_stderr():
+                converted = convert(node.entity, overrides=node.overrides)
         except ValueError as err:
             raise SpecError([Problem(where, str(err), ref)]) from None
         suffix = f"-{number}"

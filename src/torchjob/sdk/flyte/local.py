@@ -24,68 +24,68 @@ from torchjob.sdk.flyte.convert import Unsupported, convert, kind_of
 
 _DISTRIBUTED = ("pytorch", "elastic")
 _LOCK = threading.Lock()  # one thread binds names at a time
-_made: dict[int, tuple[Any, tuple[str, ...], Any]] = {}  # id(original) -> (original, fingerprint, task)
+_made: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, its DistributedTask)
+_classes: dict[type, type] = {}  # kfpytorch's task class -> torchjob's subclass of it
 
 
-def _task_class() -> type:
-    from flytekit.core.python_function_task import PythonFunctionTask
+def _task_class(base: type) -> type:
+    """A subclass of kfpytorch's task class whose execution is torchjob's: made from the same
+    config, it serializes exactly as the original does (with_overrides(task_config=...) at a
+    workflow's compilation changes it as it would the original)."""
 
-    class DistributedTask(PythonFunctionTask):  # type: ignore[misc]
-        """A kfpytorch task whose execution is torchjob's (the original is left untouched)."""
-
-        def __init__(self, original: Any) -> None:
-            super().__init__(
-                original.task_config,
-                original.task_function,
-                task_type=original.task_type,
-                metadata=original.metadata,
-                environment=original.environment,
-                container_image=original.container_image,
-            )
-            self.original = original
-            self.torchjob_task = convert(original).task
+    class DistributedTask(base):  # type: ignore[misc]
+        original: Any = None  # the user's task, and its config when this copy was made of it
+        original_config: Any = None
+        _made: tuple[tuple[str, ...], Any] | None = None
 
         @property
         def name(self) -> str:  # the original's: flytekit names errors and logs after it
             return str(self.original.name)
 
+        def torchjob_task(self) -> Any:
+            """The torchjob task of this task's current config (made again when it changed)."""
+            fingerprint = (repr(self.task_config), str(self.task_type))
+            if self._made is None or self._made[0] != fingerprint:
+                self._made = (fingerprint, convert(self).task)
+            return self._made[1]
+
         def execute(self, **kwargs: Any) -> Any:
             from torchjob.sdk.launch import run_task
 
-            return run_task(self.torchjob_task, (), kwargs)
+            return run_task(self.torchjob_task(), (), kwargs)
 
+    DistributedTask.__name__ = DistributedTask.__qualname__ = f"Torchjob{base.__name__}"
     return DistributedTask
 
 
-_CLASS: list[type] = []
-
-
-def _fingerprint(task: Any) -> tuple[str, ...]:
-    """What the torchjob task is made of; with_overrides(task_config=...) changes it in place."""
-    return (
-        repr(task.task_config),
-        repr(task.container_image),
-        repr(sorted((task.environment or {}).items())),
-        repr(task.resources),
-        str(task.task_type),
-    )
-
-
 def distributed(task: Any) -> Any:
-    """The :class:`DistributedTask` of kfpytorch task ``task`` (made again when it changed)."""
-    fingerprint = _fingerprint(task)
+    """The torchjob-run copy of kfpytorch task ``task``: the same function, config, image,
+    environment and resources (made again when the task's config was replaced)."""
     made = _made.get(id(task))
-    if made is not None and made[0] is task and made[1] == fingerprint:
-        return made[2]
-    if not _CLASS:
-        _CLASS.append(_task_class())
-    replacement = _CLASS[0](task)
-    _made[id(task)] = (task, fingerprint, replacement)
-    return replacement
+    if made is not None and made[0] is task and made[1].original_config is task.task_config:
+        return made[1]
+    base = type(task)
+    if base not in _classes:
+        _classes[base] = _task_class(base)
+    spec = task.resources
+    copy = _classes[base](
+        task.task_config,
+        task.task_function,
+        metadata=task.metadata,
+        environment=task.environment,
+        container_image=task.container_image,
+        requests=spec.requests,
+        limits=spec.limits,
+        shared_memory=task.shared_memory,
+    )
+    copy.original, copy.original_config = task, task.task_config
+    _made[id(task)] = (task, copy)
+    return copy
 
 
 def _is_distributed(value: Any) -> bool:
-    return is_flyte(value) and not isinstance(value, tuple(_CLASS)) and kind_of(value) in _DISTRIBUTED
+    """A kfpytorch task of the user's (not one of torchjob's copies)."""
+    return is_flyte(value) and type(value) not in _classes.values() and kind_of(value) in _DISTRIBUTED
 
 
 def _entities(entity: Any) -> Iterator[Any]:
@@ -118,11 +118,10 @@ def _function_of(entity: Any) -> Any:
     return None
 
 
-def _namespaces(entity: Any) -> tuple[list[dict[str, Any]], list[Any]]:
-    """The module namespaces whose names the run may call tasks by, and the kfpytorch tasks of
-    the compiled graphs (every one of which must be found by a name there)."""
+def _namespaces(entity: Any) -> list[dict[str, Any]]:
+    """The module namespaces whose names the run may call tasks by: those of the workflow's and
+    ``@dynamic`` tasks' functions, of the workflows it calls and of those in these modules."""
     namespaces: list[dict[str, Any]] = []
-    in_graph: list[Any] = []
     pending, seen = [entity], set()
     while pending:
         current = pending.pop()
@@ -132,30 +131,46 @@ def _namespaces(entity: Any) -> tuple[list[dict[str, Any]], list[Any]]:
         function = _function_of(current)
         if function is None:
             continue
+        if kind_of(current) != "dynamic":
+            current.compile()  # as flytekit does before it runs a workflow: its nodes
+            pending += list(_entities(current))
         space = getattr(function, "__globals__", None)
         if isinstance(space, dict) and all(space is not s for s in namespaces):
             namespaces.append(space)
-            pending += [v for v in list(space.values()) if is_flyte(v) and _function_of_safe(v)]
-        for found in _entities(current):
-            if _is_distributed(found):
-                in_graph.append(found)
-            elif _function_of_safe(found):
-                pending.append(found)
-    return namespaces, in_graph
+            pending += [v for v in list(space.values()) if is_flyte(v)]
+    return namespaces
 
 
-def _function_of_safe(value: Any) -> bool:
-    try:
-        return _function_of(value) is not None
-    except Exception:
-        return False
+def _unreached(entity: Any, seen: set[int] | None = None) -> list[Any]:
+    """The kfpytorch tasks a workflow still calls as they are, the names being bound: those it
+    reaches otherwise than by a name of a module (``module.task(...)``). Its function is traced
+    again, as flytekit compiles it, into a new workflow object (the workflow is left as it was)."""
+    from flytekit.core.workflow import PythonFunctionWorkflow
+
+    seen = set() if seen is None else seen
+    if id(entity) in seen or not isinstance(entity, PythonFunctionWorkflow):
+        return []
+    seen.add(id(entity))
+    fresh = PythonFunctionWorkflow(
+        entity.function,
+        metadata=entity.workflow_metadata,
+        default_metadata=entity.workflow_metadata_defaults,
+    )
+    fresh.compile()
+    out = []
+    for found in _entities(fresh):
+        if _is_distributed(found):
+            out.append(found)
+        else:
+            out += _unreached(found, seen)
+    return out
 
 
 @contextlib.contextmanager
 def bound(entity: Any) -> Iterator[None]:
-    """Within: the kfpytorch tasks ``entity``'s code calls by name are DistributedTasks."""
+    """Within: the kfpytorch tasks ``entity``'s code calls by name are torchjob's copies."""
     with _LOCK:
-        namespaces, in_graph = _namespaces(entity)
+        namespaces = _namespaces(entity)
         swapped: list[tuple[dict[str, Any], str, Any, Any]] = []
         try:
             for space in namespaces:
@@ -164,14 +179,13 @@ def bound(entity: Any) -> Iterator[None]:
                         replacement = distributed(value)
                         space[key] = replacement
                         swapped.append((space, key, value, replacement))
-            found = {id(original) for _, _, original, _ in swapped}
-            hidden = [t for t in in_graph if id(t) not in found]
+            hidden = _unreached(entity)
             if hidden:
                 names = ", ".join(sorted({str(t.name) for t in hidden}))
                 raise Unsupported(
-                    f"the workflow calls kfpytorch task(s) {names} by a name torchjob cannot find in "
-                    "the module of the workflow (e.g. module.task(...)); import them by name "
-                    "(from module import task) so that torchjob can run them distributed"
+                    f"the workflow calls kfpytorch task(s) {names} otherwise than by a name of its "
+                    "module (module.task(...), say), which torchjob cannot run distributed: "
+                    "import them by name (from module import task)"
                 )
             yield
         finally:
