@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,12 +242,14 @@ def _image(task: Any, overrides: NodeOverrides) -> str | None:
 
 def typed(function: Any) -> Any:
     """``function`` whose value, in rank 0, is converted to the declared output type as flytekit
-    converts a task's outputs (a mismatch raises flytekit's own error there)."""
+    converts a task's outputs (a mismatch raises flytekit's own error there), where flytekit is
+    loaded: in a pod, which imported the task's file; not in the processes torch's elastic agent
+    starts, which would import it for that alone (a second or two each call)."""
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
         value = function(*args, **kwargs)
-        if os.environ.get("RANK", "0") != "0":
+        if os.environ.get("RANK", "0") != "0" or "flytekit" not in sys.modules:
             return value
         from torchjob.sdk.flyte.values import as_declared
 
