@@ -113,7 +113,7 @@ def main() -> None:
     print()
     print("| call | flytekit (median s) | torchjob (median s) | ratio of medians | median of pair ratios |")
     print("|---|---|---|---|---|")
-    for index, label in ((0, "1st (cold)"), (1, "2nd (warm)"), (args.calls - 1, f"{args.calls}th (warm)")):
+    for index, label in ((0, "1st (cold)"), (1, "2nd (warm)"), (args.calls - 1, f"call {args.calls} (warm)")):
         flyte = [p["flytekit"]["times"][index] for p in results]
         own = [p["torchjob"]["times"][index] for p in results]
         pairs = statistics.median(f / o for f, o in zip(flyte, own, strict=True))
