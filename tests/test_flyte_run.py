@@ -20,10 +20,10 @@ pytest.importorskip("flytekit", reason="flytekit is not installed (pip install -
 pytest.importorskip("flytekitplugins.kfpytorch", reason="flytekitplugins-kfpytorch is not installed")
 pytest.importorskip("torch", reason="torch is not installed")
 
-from slurm_cluster import SlurmCluster  # noqa: E402
-from torchjob.sdk.flyte import run  # noqa: E402
-from torchjob.sdk.loader import import_file  # noqa: E402
-from torchjob.sdk.results import RemoteError  # noqa: E402
+from slurm_cluster import SlurmCluster
+from torchjob.sdk.flyte import run
+from torchjob.sdk.loader import import_file
+from torchjob.sdk.results import RemoteError
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.torch, pytest.mark.slow]
 

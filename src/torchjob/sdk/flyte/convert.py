@@ -34,7 +34,6 @@ from torchjob.sdk.config import (
 )
 from torchjob.sdk.task import Task
 
-FLYTE_LABEL = "torchjob.dev/flyte"
 FLYTE_MONITOR_DEFAULT = 5  # seconds: kfpytorch's Elastic.monitor_interval default
 MONITOR_INTERVAL = 0.1  # torchrun's default, what torchjob runs flytekit's default as
 

@@ -3,13 +3,14 @@
 flytekit's local execution calls a kfpytorch task in this process (a ``PyTorch`` task once, with
 no ``WORLD_SIZE``; an ``Elastic`` task waits for nodes nothing starts), and it offers no supported
 way to hand a task's execution to someone else: its plugin registry (``TaskPlugins``) refuses a
-second class for kfpytorch's config types, and its entry points run before kfpytorch registers.
-So torchjob does not touch flytekit: for the duration of a run it binds the names a workflow's
-code calls its kfpytorch tasks by (in the modules of the workflow, its sub-workflows and
-``@dynamic`` tasks) to a :class:`DistributedTask`, a flytekit task of the same function, name,
-interface and config whose ``execute`` runs the torchjob task of the original (``convert``).
-flytekit does everything else as it always does: inputs and outputs through its type engine,
-``conditional``, ``@dynamic``, plain tasks. The names are bound back when the run ends.
+second class for kfpytorch's config types, and its entry points run before kfpytorch registers
+(docs/flyte.md). So torchjob leaves flytekit as it is: for the duration of a run it binds the
+names a workflow's code calls its kfpytorch tasks by (in the modules of the workflow, of its
+sub-workflows and of its ``@dynamic`` tasks) to a copy of each task, an instance of a subclass of
+kfpytorch's own task class made from the same function, config, image, environment and resources,
+whose ``execute`` runs the torchjob task of what the copy serializes (``convert``). flytekit does
+everything else as it always does: inputs and outputs through its type engine, ``conditional``,
+``@dynamic``, plain tasks. The names are bound back when the run ends.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torchjob.sdk.flyte import is_flyte
 from torchjob.sdk.flyte.convert import Unsupported, convert, kind_of
 
 _DISTRIBUTED = ("pytorch", "elastic")
-_LOCK = threading.Lock()  # one thread binds names at a time
+_LOCK = threading.RLock()  # one thread binds names at a time (a task may run a workflow)
 _made: dict[int, tuple[Any, Any]] = {}  # id(original) -> (original, its DistributedTask)
 _classes: dict[type, type] = {}  # kfpytorch's task class -> torchjob's subclass of it
 
