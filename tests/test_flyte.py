@@ -367,7 +367,7 @@ def test_a_version_torchjob_does_not_serve_is_refused_in_one_line(tmp_path: Path
     message = refusal({"flytekit": "1.15.4", "flytekitplugins-kfpytorch": "1.16.31"})
     assert message == (
         "flytekit 1.15.4 installed; torchjob serves flytekit and flytekitplugins-kfpytorch 1.16.x "
-        "(tested with 1.16.31): pip install 'torchjob[flyte]'"
+        "(tested with 1.16.31): pip install flytekit==1.16.31 flytekitplugins-kfpytorch==1.16.31"
     )
     # The installed distribution's metadata, as importlib finds it first on the path, says 1.17.0.
     dist = tmp_path / "flytekit-1.17.0.dist-info"
@@ -386,7 +386,7 @@ def test_a_version_torchjob_does_not_serve_is_refused_in_one_line(tmp_path: Path
     lines = [line for line in done.stderr.splitlines() if "torchjob serves" in line]
     assert lines == [
         f"{CONFIGS}: flytekit 1.17.0 installed; torchjob serves flytekit and flytekitplugins-kfpytorch "
-        "1.16.x (tested with 1.16.31): pip install 'torchjob[flyte]'"
+        "1.16.x (tested with 1.16.31): pip install flytekit==1.16.31 flytekitplugins-kfpytorch==1.16.31"
     ]
 
 

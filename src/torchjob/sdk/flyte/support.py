@@ -15,6 +15,7 @@ TESTED = "1.16.31"
 SERIES = (1, 16)
 SERVED = f"flytekit and flytekitplugins-kfpytorch {SERIES[0]}.{SERIES[1]}.x (tested with {TESTED})"
 PACKAGES = ("flytekit", "flytekitplugins-kfpytorch")
+INSTALL = f"pip install {' '.join(f'{name}=={TESTED}' for name in PACKAGES)}"  # the `flyte` extra's pins
 
 _checked: bool = False
 
@@ -34,7 +35,7 @@ def refusal(versions: dict[str, str | None]) -> str | None:
     ]
     if not wrong:
         return None
-    return f"{' and '.join(wrong)} installed; torchjob serves {SERVED}: pip install 'torchjob[flyte]'"
+    return f"{' and '.join(wrong)} installed; torchjob serves {SERVED}: {INSTALL}"
 
 
 def installed() -> dict[str, str | None]:
