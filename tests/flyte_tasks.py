@@ -85,12 +85,17 @@ def plain(report: Report) -> int:
 
 
 @workflow
+def elastic_leg(report: Report) -> int:
+    return plain(report=allreduce_elastic(scale=plain(report=report)))
+
+
+@workflow
 def pipeline(scale: int, elastic: bool) -> int:
     first = allreduce_pytorch(scale=scale)
-    return (
+    return (  # a branch is one node: the elastic leg is a sub-workflow
         conditional("which")
         .if_(elastic.is_true())
-        .then(plain(report=allreduce_elastic(scale=plain(report=first))))
+        .then(elastic_leg(report=first))
         .else_()
         .then(plain(report=first))
     )

@@ -289,6 +289,13 @@ def test_a_workflow_renders_every_branch_of_its_conditional(capsys: pytest.Captu
     assert "Flyte runs this task as one plain pod" in err  # the single-node branch
     code, _, err = cli(capsys, "render", f"{ADAPTIVE}:adaptive_training_dynamic")
     assert code == 2 and "its nodes are decided when it runs" in err
+    code, out, err = cli(capsys, "render", "tests/flyte_tasks.py:pipeline", "--target", "kubeflow")
+    assert code == 0, err  # a conditional whose branch is a sub-workflow
+    assert [line for line in out.splitlines() if line.startswith("# ")] == [
+        "# node n0 (allreduce_pytorch)",
+        "# node n1 > n0 > n1 (allreduce_elastic)",
+    ]
+    assert "(not rendered): n1 > n0 > n0 (plain), n1 > n0 > n2 (plain), n1 > n1 (plain)" in err
 
 
 def test_with_overrides_task_config_is_flytekits_change_of_the_task(

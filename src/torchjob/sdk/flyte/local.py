@@ -89,23 +89,25 @@ def _is_distributed(value: Any) -> bool:
     return is_flyte(value) and type(value) not in _classes.values() and kind_of(value) in _DISTRIBUTED
 
 
-def _entities(entity: Any) -> Iterator[Any]:
-    """The entities a workflow's compiled graph names: tasks, sub-workflows, branch nodes' tasks."""
+def _entities(entity: Any, deep: bool = True) -> Iterator[Any]:
+    """The entities a workflow's compiled graph names: tasks, sub-workflows (and with ``deep``
+    theirs), the nodes of every case of a conditional."""
     for node in getattr(entity, "nodes", None) or []:
-        yield from _node_entities(node)
+        yield from _node_entities(node, deep)
 
 
-def _node_entities(node: Any) -> Iterator[Any]:
+def _node_entities(node: Any, deep: bool) -> Iterator[Any]:
     found = node.flyte_entity
     block = getattr(found, "_ifelse_block", None)  # a conditional: its cases' nodes
     if block is None:
         yield found
-        yield from _entities(found)
+        if deep:
+            yield from _entities(found)
         return
     cases = [block.case, *(block.other or [])]
     for then in [c.then_node for c in cases] + [block.else_node]:
         if then is not None:
-            yield from _node_entities(then)
+            yield from _node_entities(then, deep)
 
 
 def _function_of(entity: Any) -> Any:
@@ -159,7 +161,7 @@ def _unreached(entity: Any, seen: set[int] | None = None) -> list[Any]:
     )
     fresh.compile()
     out = []
-    for found in _entities(fresh):
+    for found in _entities(fresh, deep=False):  # a sub-workflow is traced again itself
         if _is_distributed(found):
             out.append(found)
         else:
