@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from torchjob import __version__
 from torchjob.cli import cluster_commands, local_commands, spec_commands
-from torchjob.engine_api.base import EngineError
+from torchjob.engine_api.base import EngineError, Interrupted
 from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, SpecError
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -227,8 +227,9 @@ def _main(argv: Sequence[str] | None) -> int:
     except EngineError as err:
         _last_words([f"torchjob: {err}"])
         return err.exit_code
-    except KeyboardInterrupt:
-        _last_words(["interrupted"])
+    except KeyboardInterrupt as err:
+        if not isinstance(err, Interrupted):  # else the engine's line has said it
+            _last_words(["torchjob: interrupted"])
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `torchjob render ... | head` is not an error
         return EXIT_OK

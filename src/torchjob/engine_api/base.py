@@ -59,6 +59,10 @@ class EngineError(Exception):
         self.exit_code = exit_code
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the job, and the engine has said so in its one line: the CLI adds none."""
+
+
 class ReportError(ValueError):
     """A stored report that is not the documented shape: names the field and what was expected."""
 
