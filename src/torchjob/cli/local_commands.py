@@ -457,11 +457,9 @@ def run_logs(args: argparse.Namespace) -> int:
         all_attempts=args.all_attempts,
         follow=args.follow,
     )
-    lines = _engine(args).logs(args.job, query)
-    if not args.follow:  # every prefix padded to the longest, as a whole
-        lines = iter(list(lines))
+    lines = _engine(args).logs(args.job, query)  # streamed: a log of any size in bounded memory
+    width = 0  # prefixes padded to the widest seen so far
     color = use_color(sys.stdout)
-    width = 0
     for line in lines:
         width = max(width, len(line.prefix))
         label = paint(line.prefix.ljust(width), pod_color(line.pod_ordinal), color)

@@ -577,8 +577,10 @@ class SlurmEngine:
     def _lines(
         self, job_dir: Path, query: LogQuery, on_report: Callable[[JobReport], None] | None = None
     ) -> Iterator[LogLine]:
-        offsets: dict[Path, int] = {}
-        partial: dict[Path, bytes] = {}
+        from torchjob.files import LogFollower
+
+        follower = LogFollower()  # reads a bounded chunk per file per call: any log in bounded memory
+        owners: dict[Path, tuple[int, str]] = {}  # log file -> (pod ordinal, pod's short name)
         while True:
             # Read before the files: a job that ended then has every line in them already.
             report = self._report(job_dir)
@@ -596,24 +598,21 @@ class SlurmEngine:
                 if c.init or sum(not d.init for d in p.containers) > 1
             }
             for ordinal, pod, log in self._files(job_dir, pods, query):
-                try:
-                    with open(log, "rb") as handle:
-                        handle.seek(offsets.get(log, 0))
-                        data = partial.pop(log, b"") + handle.read()
-                        offsets[log] = handle.tell()
-                except OSError:
-                    continue
-                lines = data.split(b"\n")
-                if lines[-1] and not ended:
-                    partial[log] = lines[-1]
-                lines = lines[:-1] if not ended or not lines[-1] else lines
                 container = log.stem if (pod, log.stem) in labelled else None
                 prefix = prefix_for(shorts.get(pod, pod), ranks.get(pod), container)
                 if query.all_attempts:  # as locally: which attempt each line is of
                     prefix += f" #{log.parent.name}"
-                for line in lines:
-                    text = line.decode("utf-8", "replace")
-                    yield LogLine(prefix, text, pod_ordinal=ordinal, pod=shorts.get(pod, pod))
+                follower.follow(log, prefix)
+                owners.setdefault(log, (ordinal, shorts.get(pod, pod)))
+            if ended:  # the last line of each file comes out even without its newline
+                for log in list(follower.files):
+                    follower.close(log)
+            while chunk := follower.read():
+                for item, text in chunk:
+                    ordinal, short = owners[item.path]
+                    yield LogLine(item.prefix, text, pod_ordinal=ordinal, pod=short)
+            if ended and follower.files:
+                continue  # closing files not yet read to their end
             if not query.follow or ended:
                 return
             time.sleep(POLL)
