@@ -211,9 +211,23 @@ def test_on_slurm_a_helper_raising_inside_a_task_shows_its_line(slurm: SlurmClus
         "TORCHJOB_ENGINE": "slurm",
         "TORCHJOB_SLURM_JOB_ROOT": str(tmp_path / "root"),
         "TORCHJOB_SLURM_PARTITION": slurm.partition,
+        "TORCHJOB_HOME": str(tmp_path / "home"),
     }
     text = remote_traceback(script, "pytorch", env)
     assert "<dynamic-code>" not in text
     assert frames_in(text)[-3:] == expected_frames(script), text
     (job_dir,) = (tmp_path / "root").iterdir()  # it ran on Slurm
     assert (job_dir / "status.json").is_file()
+    # `status JOB` without --engine says where the job is (issue 34, item 6), and that finds it.
+    cli = [sys.executable, "-m", "torchjob", "status", job_dir.name]
+    lost = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert lost.returncode == 2
+    said = (
+        f"a slurm job '{job_dir.name}' was last started by a Python call: "
+        f"torchjob status {job_dir.name} --engine slurm"
+    )
+    assert lost.stderr.endswith(said + "\n"), lost.stderr
+    found = subprocess.run(
+        [*cli, "--engine", "slurm"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert found.returncode == 0 and found.stdout.startswith(f"job {job_dir.name}: Terminated"), found.stdout

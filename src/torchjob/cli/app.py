@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from torchjob import __version__
 from torchjob.cli import cluster_commands, local_commands, spec_commands
-from torchjob.engine_api.base import EngineError, Interrupted
+from torchjob.engine_api.base import EngineError, Interrupted, JobNotFound
 from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -190,6 +190,18 @@ def _torchrun_habit(argv: list[str], command: str | None, parser: argparse.Argum
     return Problem(found[0], found[1], "<command line>").format()
 
 
+def _found_elsewhere(args: argparse.Namespace, err: EngineError) -> str:
+    """For a job not found: where a job of that name or id was last started from here, if not
+    where the command looked (engine_api/lastrun.py); else ""."""
+    engine, command = getattr(args, "engine", None), getattr(args, "engine_command", None)
+    if not isinstance(err, JobNotFound) or not engine or not command:
+        return ""
+    from torchjob.cli.settings import given_settings, locating_flags
+    from torchjob.engine_api.lastrun import hint
+
+    return hint(command, err.ref, engine, locating_flags(engine, given_settings(args, command, engine)))
+
+
 LAST_WORDS_WAIT = 0.5  # seconds a stalled stderr reader gets for torchjob's last lines
 
 
@@ -253,7 +265,7 @@ def _main(argv: Sequence[str] | None) -> int:
         _last_words([problem.format() for problem in err.problems])
         return EXIT_BAD_INPUT
     except EngineError as err:
-        _last_words([f"torchjob: {err}"])
+        _last_words([f"torchjob: {err}{_found_elsewhere(args, err)}"])
         return err.exit_code
     except KeyboardInterrupt as err:
         if not isinstance(err, Interrupted):  # else the engine's line has said it

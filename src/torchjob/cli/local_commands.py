@@ -12,7 +12,13 @@ import sys
 import time
 
 from torchjob.cli.cluster_commands import finish
-from torchjob.cli.settings import add_setting_options, given_flags, given_settings, number_option
+from torchjob.cli.settings import (
+    add_setting_options,
+    given_flags,
+    given_settings,
+    number_option,
+    remember_start,
+)
 from torchjob.engine_api.registry import DEFAULT_ENGINE, engine_info, engine_names, get_engine
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 from torchjob.phases import UNKNOWN
@@ -300,6 +306,10 @@ def run_run(args: argparse.Namespace) -> int:
         raise SpecError(
             [p if p.file else item.document.problem(p.path, p.message) for p in err.problems]
         ) from None
+    except KeyboardInterrupt:  # it was started: `status NAME` elsewhere can still say where
+        remember_start("run", args.engine, settings, item.job.name)
+        raise
+    remember_start("run", args.engine, settings, item.job.name, report.name, report.id)
     if args.detach:
         print(report.id)
         return EXIT_OK
