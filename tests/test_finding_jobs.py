@@ -117,9 +117,12 @@ def test_the_jobs_of_sdk_calls_stay_out_of_the_status_listing(
         return int(os.environ["RANK"])
 
     assert rank() == 0
-    assert main(["status"]) == 0
-    assert capfd.readouterr().out == "no local jobs\n"
     calls = home / "calls"
+    assert main(["status"]) == 0  # not listed; said where they are
+    assert (
+        capfd.readouterr().out
+        == f"no local jobs\n(1 job of Python calls: torchjob status --state-dir {calls})\n"
+    )
     assert main(["status", "--state-dir", str(calls)]) == 0
     (row,) = capfd.readouterr().out.splitlines()[1:]
     job_id, phase = row.split()[:2]

@@ -34,6 +34,11 @@ def home() -> Path:
     return Path(found) if found else Path.home() / ".torchjob"
 
 
+def calls_root() -> Path:
+    """Where the local jobs of SDK calls live, apart from those ``torchjob run`` starts."""
+    return home() / "calls"
+
+
 def _read(path: Path) -> dict[str, dict[str, object]]:
     import json
 

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from torchjob.engine_api.lastrun import home, remember
+from torchjob.engine_api.lastrun import calls_root, remember
 from torchjob.logs import configure, get_logger
 from torchjob.sdk.config import Elastic, PyTorch
 from torchjob.sdk.results import PROGRESS_FILE, TaskFailed, dump_call, first_error, read_value
@@ -133,7 +133,6 @@ def _interrupted(error: Exception | None) -> bool:
 
 
 CALLED = "a Python call"  # who started a call's job, as `torchjob status` says it
-CALLS_DIR = "calls"  # under torchjob's home: the local jobs of calls, apart from those of `torchjob run`
 
 
 def calls_place(info: EngineInfo) -> tuple[dict[str, Any], list[str]]:
@@ -143,7 +142,7 @@ def calls_place(info: EngineInfo) -> tuple[dict[str, Any], list[str]]:
     state = next((s for s in info.settings if s.name == "state_dir"), None)
     if state is None:
         return {}, []
-    folder = home() / CALLS_DIR
+    folder = calls_root()
     return {"state_dir": folder}, [state.spellings[-1], str(folder)]
 
 
