@@ -33,10 +33,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from torchjob.cli.app import dispatch
 
         code = dispatch(argv)
-    except KeyboardInterrupt:  # a Ctrl-C before the command's own handling (imports, parsing)
+        if program:
+            _leave(code)
+    except KeyboardInterrupt:  # before the command's own handling (imports, parsing), or after it
         code = _interrupted()
-    if program:
-        _leave(code)
+        if program:
+            _leave(code)
     return code
 
 
@@ -44,8 +46,8 @@ EXIT_INTERRUPTED = 130  # as torchjob.errors says; not imported: this runs befor
 
 
 def _interrupted() -> int:
-    """One line and exit code 130 for a Ctrl-C that came before the command could handle it; a
-    second Ctrl-C while it is said is ignored, as the program is ending anyway."""
+    """One line and exit code 130 for a Ctrl-C that came before the command could handle it (or as
+    it ended); a second Ctrl-C while it is said is ignored, as the program is ending anyway."""
     import contextlib
     import signal
 
