@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 
 from torchjob import __version__
 from torchjob.cli import cluster_commands, local_commands, spec_commands
-from torchjob.engine_api.base import EngineError
-from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, SpecError
+from torchjob.engine_api.base import EngineError, Interrupted, JobNotFound
+from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -224,6 +224,41 @@ def _file_at(
 SCRIPT_COMMANDS = ("run", "render", "submit")  # a script's arguments follow it
 
 
+# The beginnings of torchrun's flags and of launchers (cli/habits.py): other command lines skip it.
+_HABIT_HINTS = ("--nproc", "--nnodes", "--node", "--master", "--rdzv", "--standalone", "python", "torchrun")
+
+
+def _torchrun_habit(argv: list[str], command: str | None, parser: argparse.ArgumentParser) -> str:
+    """One line naming torchjob's way for torchrun's flags or a launcher before the script
+    (cli/habits.py); "" for any other command line."""
+    sub = getattr(parser, "_subparsers", None)
+    if command not in SCRIPT_COMMANDS or sub is None:
+        return ""
+    after = argv[argv.index(command) + 1 :]
+    if not any(a.startswith(_HABIT_HINTS) or a.rpartition("/")[2].startswith(_HABIT_HINTS) for a in after):
+        return ""
+    from torchjob.cli import habits
+
+    options = sub._group_actions[0].choices[command]._option_string_actions
+    takes_value = {name for name, action in options.items() if action.nargs != 0}
+    found = habits.torchrun_habit(command, after, options, takes_value)
+    if found is None:
+        return ""
+    return Problem(found[0], found[1], "<command line>").format()
+
+
+def _found_elsewhere(args: argparse.Namespace, err: EngineError) -> str:
+    """For a job not found: where a job of that name or id was last started from here, if not
+    where the command looked (engine_api/lastrun.py); else ""."""
+    engine, command = getattr(args, "engine", None), getattr(args, "engine_command", None)
+    if not isinstance(err, JobNotFound) or not engine or not command:
+        return ""
+    from torchjob.cli.settings import given_settings, locating_flags
+    from torchjob.engine_api.lastrun import hint
+
+    return hint(command, err.ref, engine, locating_flags(engine, given_settings(args, command, engine)))
+
+
 LAST_WORDS_WAIT = 0.5  # seconds a stalled stderr reader gets for torchjob's last lines
 
 
@@ -259,7 +294,12 @@ def _main(argv: Sequence[str] | None) -> int:
     from torchjob.cli.settings import find_engines
 
     find_engines(argv)  # engines of other distributions, only when this command line may need one
-    parser = build_parser(_command_of(argv))
+    command = _command_of(argv)
+    parser = build_parser(command)
+    habit = _torchrun_habit(argv, command, parser)
+    if habit:
+        _last_words([habit])
+        return EXIT_BAD_INPUT
     argv, program_args = _split_program_args(argv, parser)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # with the command's usage (argparse gives the top level's): its options are there
@@ -282,10 +322,11 @@ def _main(argv: Sequence[str] | None) -> int:
         _last_words([problem.format() for problem in err.problems])
         return EXIT_BAD_INPUT
     except EngineError as err:
-        _last_words([f"torchjob: {err}"])
+        _last_words([f"torchjob: {err}{_found_elsewhere(args, err)}"])
         return err.exit_code
-    except KeyboardInterrupt:
-        _last_words(["interrupted"])
+    except KeyboardInterrupt as err:
+        if not isinstance(err, Interrupted):  # else the engine's line has said it
+            _last_words(["torchjob: interrupted"])
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `torchjob render ... | head` is not an error
         return EXIT_OK
