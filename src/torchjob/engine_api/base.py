@@ -69,6 +69,18 @@ class EngineError(Exception):
         self.exit_code = exit_code
 
 
+class JobNotFound(EngineError):
+    """No job of the engine answers to ``ref`` (an id, an id prefix or a name) where it looked."""
+
+    def __init__(self, message: str, ref: str) -> None:
+        super().__init__(message)
+        self.ref = ref
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the job, and the engine has said so in its one line: the CLI adds none."""
+
+
 class StartOptions:
     """How to start one job: the engine-neutral choices, plus ``settings`` that only the engine
     reads (declared by it as :class:`Setting`; e.g. the local engine's ``max_restarts``). Any

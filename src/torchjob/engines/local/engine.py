@@ -18,6 +18,7 @@ from torchjob.display import first_failed_first, prefix_for
 from torchjob.engine_api.base import (
     ContainerReport,
     EngineError,
+    JobNotFound,
     JobReport,
     LogLine,
     LogQuery,
@@ -217,7 +218,7 @@ class LocalEngine:
             return prefixed[0]
         if prefixed:
             raise EngineError(f"job {ref!r} is ambiguous: {', '.join(j.id for j in prefixed)}")
-        raise EngineError(f"no local job {ref!r} in {self.root}")
+        raise JobNotFound(f"no local job {ref!r} in {self.root}", ref)
 
     # --------------------------------------------------------------- logs
 
