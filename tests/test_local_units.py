@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -297,6 +298,39 @@ def test_a_watchdog_whose_supervisor_vanishes_kills_the_groups_it_was_told_of() 
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
+
+
+def test_a_threaded_supervisors_jobs_share_one_watchdog_that_stops_only_the_unfinished_ones() -> None:
+    """A supervisor with threads (an SDK caller) keeps one watchdog for all its jobs: a job told
+    done is left alone when the process dies, one still running is stopped."""
+    from torchjob.engines.local import watchdog
+
+    done_job = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    running = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, args=(30,))  # the caller's own thread: no fork
+    other.start()
+    try:
+        first, second = watchdog.Watchdog("unit-shared-a"), watchdog.Watchdog("unit-shared-b")
+        assert first.pid == second.pid and first._shared is not None  # one process for both
+        first.watch(done_job.pid)
+        second.watch(running.pid)
+        first.close()  # "done unit-shared-a": the shared watchdog goes on
+        assert watchdog.Watchdog("unit-shared-c").pid == first.pid
+        shared = watchdog._SHARED[0]
+        assert shared.proc.stdin is not None
+        shared.proc.stdin.close()  # what the kernel does when the supervisor is killed
+        assert running.wait(timeout=10) == -signal.SIGTERM
+        assert shared.proc.wait(timeout=10) == 0
+        assert done_job.poll() is None  # its supervisor had cleaned up itself
+    finally:
+        stop.set()
+        other.join()
+        watchdog._SHARED.clear()
+        for proc in (done_job, running):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.mark.parametrize(
