@@ -420,6 +420,7 @@ class JobReport:
     events: list[dict[str, Any]] = field(default_factory=list)  # {"time": float, "message": str}
 
     name_resolution: str = ""  # local engine: whether pod names resolve for the job's processes
+    network: str = ""  # local engine: the job's own network namespace, or why the machine's
 
     @property
     def terminal(self) -> bool:
@@ -451,6 +452,8 @@ class JobReport:
         }
         if self.name_resolution:
             data["nameResolution"] = self.name_resolution
+        if self.network:
+            data["network"] = self.network
         return data
 
     @classmethod
@@ -481,6 +484,7 @@ class JobReport:
             first_failure=None if failure is None else FailureReport.from_dict(failure, "firstFailure."),
             events=[dict(e) for e in events],
             name_resolution=r.text("nameResolution"),
+            network=r.text("network"),
         )
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from torchjob import logs
-from torchjob.engines.local import gpus, podnames, prewarm, process, security
+from torchjob.engines.local import gpus, netns, podnames, prewarm, process, security
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
@@ -35,6 +35,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
+    from torchjob.engines.local.forward import Forwarder
     from torchjob.engines.local.preload import Forked, Preloader
 
     Forker = Callable[[ContainerRun, Path], Forked | str | None]
@@ -84,6 +85,11 @@ class PodFactory:
         self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
         self.hosts_text = ""  # the job's hosts file; each pod attempt gets a copy (pod_hosts)
         self.name_resolution = "addresses only"
+        # The job's own network namespace (netns.py; the warm pool's for a pooled job), which every
+        # process of the job enters; None: the machine's network, for the reason in ``network_text``.
+        self.network: netns.Network | None = None
+        self.network_text = ""
+        self.forwarder: Forwarder | None = None  # declared ports reached from this machine (forward.py)
         self.gpu_env: dict[Key, gpus.PodEnv] = {}  # CUDA_VISIBLE_DEVICES shares, kept across restarts
         # The local queue's grant (admission.Ticket.gpu_env): the GPUs this job was given; None:
         # the machine's whole inventory, shared out among the job's pods only (run --no-queue).
@@ -91,9 +97,14 @@ class PodFactory:
         self.pod_specs: dict[Key, Any] = {}
         self.uids = job_uids(job)  # whose listener wait-for-master may take for the master
 
-    def prepare(self, note: Callable[[str], None]) -> DesiredState:
-        """Reserve the ports, decide name resolution, write the ConfigMaps; once, before any pod."""
-        probe = self.start_names_probe()  # runs in a child while the ports are reserved
+    def prepare(
+        self, note: Callable[[str], None], record: Callable[[str], None] | None = None
+    ) -> DesiredState:
+        """Reserve the ports, decide name resolution and the network, write the ConfigMaps; once,
+        before any pod. ``record`` (else ``note``) is told what the job's status keeps too."""
+        record = record or note
+        network = self.start_network()  # both made in children while the ports are reserved
+        probe = self.start_names_probe(network is not None or self.pooled_network())
         try:
             declared = port_registry.declared_ports(self.job)
             hidden = port_registry.rendezvous_ports(self.job)  # a random host port: nobody else's guess
@@ -102,8 +113,10 @@ class PodFactory:
             python = _python()  # not resolved: a venv's python is a symlink
             self.dir.write_shims(python, {prewarm.RANK_SHIM: prewarm.guard_shim(python)})
         finally:
-            names_resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
+            names_resolve = self.finish_names_probe(probe)  # the children are reaped whatever happened
+            self.finish_network(network, record)
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
+        self.forward(record)
         self.desired = Attempts(self.addressed(self.planned))
         self.planned = None
         if not names_resolve and any(t.template.spec.get("hostAliases") for t in self.job.spec.tasks):
@@ -143,7 +156,7 @@ class PodFactory:
                 if key in shares:
                     self.gpu_env[key] = shares[key]
 
-    def start_names_probe(self) -> tuple[podnames.HostsMount, podnames.Probe]:
+    def start_names_probe(self, private: bool = False) -> tuple[podnames.HostsMount, podnames.Probe]:
         """Write the job's hosts file and start checking whether its processes can get it as /etc/hosts."""
         hosts = self.dir.path / "hosts"
         try:
@@ -152,6 +165,8 @@ class PodFactory:
         except OSError:
             machine = ""
         entries = LocalAddressing(self.job).hosts_entries(self.job)  # addresses only: no ports
+        if private:  # no name server answers there
+            entries += netns.hosts_entries(machine)
         self.hosts_text = podnames.hosts_text(machine, entries)
         write_atomic(hosts, self.hosts_text)
         if security.other_users([t.template.spec for t in self.job.spec.tasks]):
@@ -171,6 +186,79 @@ class PodFactory:
             self.name_resolution = f"addresses only ({why_not})"
             logs.debug("pod names do not resolve, addresses are used instead: %s", why_not)
         return why_not is None
+
+    def start_network(self) -> netns.Pending | None:
+        """Start making the job's network namespace, unless the job asks for the machine's network
+        or is served by the warm pool (whose namespace is the process's: pool.network)."""
+        why = netns.why_host(self.job)
+        if why is not None:
+            self.network_text = f"this machine's ({why})"
+            return None
+        if self.preloader is not None and self.preloader.pooled:
+            return None
+        return netns.start()
+
+    def pooled_network(self) -> bool:
+        """Whether the job runs in the warm pool's network (asked for its own, and pooled)."""
+        return not self.network_text and self.preloader is not None and self.preloader.pooled
+
+    def finish_network(self, pending: netns.Pending | None, note: Callable[[str], None]) -> None:
+        """Take the namespace made meanwhile; where there is none, say once what the job exposes."""
+        if self.network_text:  # asked for the machine's network
+            return
+        if pending is not None:
+            made = pending.result()
+        else:
+            from torchjob.engines.local import pool
+
+            made = pool.network()
+        if isinstance(made, str):
+            self.network_text = f"this machine's (no network namespace: {made})"
+            note(
+                f"the job runs on this machine's network: no network namespace could be made ({made}); "
+                "other local users can connect to its ports (docs/local-engine.md, Security)"
+            )
+            logs.debug("the job's network is the machine's: %s", made)
+            return
+        self.network = made
+        self.network_text = "its own (loopback only)"
+        logs.debug("the job runs in a network namespace of its own")
+
+    def forward(self, note: Callable[[str], None]) -> None:
+        """Declared ports the user may open from this machine (not the plugins' rendezvous ports),
+        forwarded into the job's own network (forward.py)."""
+        if self.network is None or self.addressing is None:
+            return
+        places: list[tuple[str, int]] = []
+        for task in self.job.spec.tasks:
+            containers = [*task.template.init_containers, *task.template.containers]
+            for port in (entry.get("containerPort") for c in containers for entry in c.ports):
+                if port in self.rendezvous or not isinstance(port, int) or port not in self.ports:
+                    continue
+                host = self.ports[port]
+                places.append(("127.0.0.1", host))
+                places += [(self.addressing.address_of(task.name, i), host) for i in range(task.replicas)]
+        if not places:
+            return
+        from torchjob.engines.local import forward
+
+        uids = {int(uid) for uid in self.uids.split()}
+        self.forwarder, problems = forward.start(
+            self.network, dict.fromkeys(places), uids, self.dir.id, self.dir.path
+        )
+        for problem in problems:
+            note(problem)
+        if self.forwarder is not None:
+            self.network_text += f"; forwarded to your processes: {', '.join(self.forwarder.where)}"
+
+    def close(self) -> None:
+        """At the job's end: the forwarder stopped, the job's own namespace let go (not the pool's)."""
+        if self.forwarder is not None:
+            self.forwarder.close()
+            self.forwarder = None
+        if self.network is not None and not (self.preloader is not None and self.preloader.pooled):
+            self.network.close()
+        self.network = None
 
     def write_records(self) -> None:
         """job.yaml and pods.yaml are for people and tools, not the pods: written once pods run."""
@@ -252,6 +340,9 @@ class PodFactory:
                 mount = self.pod_hosts(pod_dir, aliases)
                 for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
                     run.before_exec = security.then(mount.enter, run.before_exec)
+            if self.network is not None:  # first: its user namespace is the one the mount is made in
+                for run in [*inits, *mains]:
+                    run.before_exec = security.then(self.network.enter, run.before_exec)
         except (ResolveError, OSError) as err:
             make_private_dirs(log_dir)
             write_atomic(log_dir / "torchjob.log", f"torchjob: cannot run pod {plan.name}: {err}\n")
@@ -298,6 +389,11 @@ class PodFactory:
             if not self.pool_checked and mains:  # once per job: this call's environment or directory
                 self.pool_checked = True
                 self.preloader = pool.for_job(self.preloader, mains[0])
+            if self.preloader.state == "none":  # its server starts in this job's network: the pool's
+                self.preloader.network = self.network
+            elif self.preloader.network is not self.network:
+                logs.debug("warm pool: not used: the server runs in another network than the job")
+                return {}
             usable, enter = pool.hosts_view(self.preloader, self.hosts_text if self.hosts_mount else None)
             if not usable:
                 logs.debug("warm pool: not used: the server was started with another /etc/hosts setting")
@@ -310,6 +406,7 @@ class PodFactory:
                 else podnames.HostsMount.of(str(self.dir.path / "hosts"), True)
             )
             self.preloader.before_exec = shared.enter if shared is not None else None
+            self.preloader.network = self.network
         chosen: dict[str, Forker] = {
             run.name: self.preloader.fork for run in mains if self.preloader.accepts(run)
         }

@@ -90,7 +90,9 @@ class HostsMount:
     source: bytes
     uid_map: bytes
     gid_map: bytes
-    root: bool
+    # First try a mount namespace alone, which root may have, and so may a process in its job's user
+    # namespace (netns.py); else (or False) with a user namespace of its own.
+    alone: bool = True
     read_only: int = 0  # mount flags to remount the bind mount read-only with; 0: left writable
 
     @classmethod
@@ -100,8 +102,7 @@ class HostsMount:
             os.fsencode(os.path.abspath(source)),
             f"{uid} {uid} 1".encode(),
             f"{gid} {gid} 1".encode(),
-            uid == 0,
-            _read_only_flags(source) if read_only else 0,
+            read_only=_read_only_flags(source) if read_only else 0,
         )
 
     def enter(self) -> None:
@@ -112,7 +113,7 @@ class HostsMount:
         libc = _LIBC
         if libc is None:
             raise OSError("no libc")
-        if not (self.root and libc.unshare(_CLONE_NEWNS) == 0):
+        if not (self.alone and libc.unshare(_CLONE_NEWNS) == 0):
             # Not root, or root without CAP_SYS_ADMIN (a container): a user namespace grants it.
             if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
                 _raise("unshare")

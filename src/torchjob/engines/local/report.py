@@ -90,6 +90,7 @@ def job_report(
     finished: float | None,
     events: list[dict[str, Any]],
     name_resolution: str,
+    network: str = "",
 ) -> JobReport:
     """The whole job: ``pods`` is the newest attempt of every pod, each with whether it still exists."""
     pods = list(pods)
@@ -115,6 +116,7 @@ def job_report(
         first_failure=first,
         events=list(events),
         name_resolution=name_resolution,
+        network=network,
     )
 
 

@@ -137,6 +137,7 @@ class Supervisor:
         self.remove = remove  # run --rm: the caller removes the job if it completed
         self.explained: set[tuple[Key, str]] = set()  # containers whose first failure was looked at
         self.told_no_torch = False  # hints.missing_torch: one line a job
+        self.told_no_network = False  # hints.no_network: one line a job
         self.hang_notice = hang_notice  # seconds of silence from every pod before one notice; 0: never
         self.silence_checked = 0.0  # monotonic time of the last look at the pods' logs
         self.silence_told = False  # said for this silence; output from any pod re-arms it
@@ -190,7 +191,7 @@ class Supervisor:
     def prepare(self) -> DesiredState:
         if self.ticket is not None:
             self.factory.gpu_shares = self.ticket.gpu_env
-        return self.factory.prepare(self.note)
+        return self.factory.prepare(self.note, self.record)
 
     def admit(self, on_waiting: Callable[[], None] | None) -> bool:
         """Wait for the job's turn in the local queue (no ticket: at once); False when it ended
@@ -468,23 +469,24 @@ class Supervisor:
             if hint is not None:
                 self.told_no_torch = True
                 self.record(f"pod {short_name(self.job.name, pod.name)}: {hint}")
+            hint = hints.no_network(c) if self.factory.network and not self.told_no_network else None
+            if hint is not None:
+                self.told_no_network = True
+                self.record(f"pod {short_name(self.job.name, pod.name)}: {hint}")
 
     def watch_rendezvous(self) -> None:
         """A process outside the job that listens on the job's rendezvous port (MASTER_PORT) ends
         the job at once, with that as its reason: its ranks would otherwise wait for a master
         that cannot listen, or join that process's rendezvous (torchrun's c10d backend becomes a
         client of whatever holds the port) and hang there until a timeout of many minutes."""
-        if not self.factory.rendezvous or self.status.phase.final:
-            return
+        if not self.factory.rendezvous or self.status.phase.final or self.factory.network is not None:
+            return  # (in the job's own network nothing outside the job can listen)
         if self.port_watch is None:
             from torchjob.engines.local.listeners import PortWatch
 
             uids = {int(uid) for uid in self.factory.uids.split()}
             self.port_watch = PortWatch(self.factory.rendezvous, self.id, uids)
-        mine = set(self.processes.job_pids)
-        for pod in self.pods.values():
-            mine.update(pod.child_pids())
-        taken = self.port_watch.taken(mine)
+        taken = self.port_watch.taken(self.job_pids())
         if taken:
             self.port_lost = "; ".join(taken)
             self.record(self.port_lost)
@@ -499,12 +501,22 @@ class Supervisor:
         likely that (the master's ``Address already in use``), not the program's own error."""
         if self.port_lost is not None or not self.factory.ports:
             return
-        from torchjob.engines.local.listeners import taken_ports
+        from torchjob.engines.local.listeners import PortWatch
 
         uids = {int(uid) for uid in self.factory.uids.split()}
-        self.port_lost = "; ".join(taken_ports(self.factory.ports, self.id, uids))
+        network = self.factory.network  # the job's own: its listeners are read there
+        watch = PortWatch(self.factory.ports, self.id, uids, network.read_tables if network else None)
+        self.port_lost = "; ".join(watch.taken(self.job_pids()))
         if self.port_lost:
             self.record(self.port_lost)
+
+    def job_pids(self) -> set[int]:
+        """The job's processes known here: containers (a forked one shows no job's marker) and
+        their recorded descendants."""
+        mine = set(self.processes.job_pids)
+        for pod in self.pods.values():
+            mine.update(pod.child_pids())
+        return mine
 
     def on_group(self, pgid: int, started: bool) -> None:
         if started:  # a container's main process: its pid is its group's id
@@ -634,6 +646,7 @@ class Supervisor:
             events=self.events,
             # Not decided before the pods are prepared (a job waiting in the queue): not said.
             name_resolution=self.factory.name_resolution if self.factory.addressing is not None else "",
+            network=self.factory.network_text,
         )
 
     def write_status(self, must: bool = False) -> None:
