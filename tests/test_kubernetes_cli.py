@@ -227,7 +227,7 @@ def test_wait_for_a_cluster_job_exits_by_its_final_phase(
     assert code == expected, out
     assert out.startswith(f"default/demo {end}") or out.startswith(f"demo {end}"), out
     if end == "Failed":
-        assert "root cause (first pod to fail): worker-0 (rank 1), exit code 7" in out, out
+        assert "root cause: worker-0 (rank 1), exit code 7" in out, out
 
 
 def test_submit_takes_an_sdk_task_as_kubeflow_does(

@@ -29,7 +29,7 @@ from torchjob.engines.local.gpus import (
     pod_gpus,
     requested,
 )
-from torchjob.errors import SpecError
+from torchjob.errors import Issue, SpecError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -132,7 +132,7 @@ def test_cuda_visible_devices_is_read_as_cuda_reads_it() -> None:
 
 def test_a_gpu_named_twice_is_not_given_to_two_pods() -> None:
     job = gpu_job("twice", 1, 1, 1)
-    [(path, message)] = check(job, inventory({"CUDA_VISIBLE_DEVICES": "0,0"}))
+    [(path, message)] = [(i.path, i.message) for i in check(job, inventory({"CUDA_VISIBLE_DEVICES": "0,0"}))]
     assert path == "spec.tasks"
     assert "ask for 2 GPUs" in message and "this machine has 1 " in message
 
@@ -188,7 +188,7 @@ def gpu_job(name: str, master: int, workers: int, per_worker: int, script: str =
 
 def test_check_counts_every_replica_and_refuses_more_than_the_machine_has() -> None:
     assert check(gpu_job("fits", 2, 2, 1), FOUR) == []
-    [(path, message)] = check(gpu_job("toomany", 2, 2, 2), FOUR)
+    [(path, message)] = [(i.path, i.message) for i in check(gpu_job("toomany", 2, 2, 2), FOUR)]
     assert path == "spec.tasks"
     assert message.startswith("the pods ask for 6 GPUs (nvidia.com/gpu limits) in all; this machine has 4")
 
@@ -201,11 +201,34 @@ def test_check_reports_a_quantity_that_is_not_whole_with_its_path() -> None:
     job = gpu_job("half", 1, 1, 1)
     job.spec.tasks[1].template.spec["containers"][0]["resources"] = gpu("0.5")
     assert check(job, FOUR) == [
-        (
+        Issue(
             'spec.tasks[1].template.spec.containers[0].resources.limits["nvidia.com/gpu"]',
             "expected a whole number of GPUs, got '0.5'",
         )
     ]
+
+
+def test_messages_count_one_gpu_as_one() -> None:
+    """Not "the 1 GPUs" (issue 33)."""
+    assert str(NotEnoughGPUs(1, 0)) == "1 GPU wanted, 0 available"
+    assert str(NotEnoughGPUs(3, 1)) == "3 GPUs wanted, 1 available"
+    one = {("a", 0): {"containers": [{"name": "m", "resources": gpu(1)}]}}
+    two = {**one, ("a", 1): {"containers": [{"name": "m", "resources": gpu(1)}]}}
+    assert job_env(one, NONE)[1].startswith(
+        "no GPU on this machine (/proc/driver/nvidia/gpus): the 1 GPU the"
+    )
+    assert job_env(two, NONE)[1].startswith(
+        "no GPU on this machine (/proc/driver/nvidia/gpus): the 2 GPUs the"
+    )
+    assert (
+        job_env(two, Inventory(("GPU-aaaa",), "nvidia-smi -L"))[1]
+        == "only 1 GPU left for 2: the pods get none"
+    )
+    job = make_job("one", [task("main", [container("main", sh("true"), resources=gpu(1))], replicas=2)])
+    (issue,) = check(job, Inventory(("GPU-aaaa",), "nvidia-smi -L"))
+    assert issue.message.startswith(
+        "the pods ask for 2 GPUs (nvidia.com/gpu limits) in all; this machine has 1 "
+    )
 
 
 def test_a_job_without_gpus_never_looks_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -231,7 +254,7 @@ def test_job_env_sets_each_containers_share_and_order_for_indexes() -> None:
     assert env[("a", 0)]["m"] == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     env, note = job_env(pods, NONE)
     assert env == {}
-    assert note.startswith("no GPU on this machine (/proc/driver/nvidia/gpus): the 1 GPUs")
+    assert note.startswith("no GPU on this machine (/proc/driver/nvidia/gpus): the 1 GPU the pods ask for")
 
 
 # --- whole jobs, with a fake nvidia-smi on PATH
@@ -260,7 +283,7 @@ def test_each_pod_of_a_running_job_sees_its_own_gpus(tmp_path: Path) -> None:
 def test_a_job_asking_for_more_gpus_than_exist_starts_nothing(tmp_path: Path) -> None:
     job = gpu_job("greedy", 2, 3, 1, script=f"touch {tmp_path / 'started'}")
     assert check_job(job) == [
-        (
+        Issue(
             "spec.tasks",
             "the pods ask for 5 GPUs (nvidia.com/gpu limits) in all; this machine has 4 "
             "(nvidia-smi -L): lower the limits or the replicas",

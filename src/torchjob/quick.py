@@ -21,6 +21,7 @@ import re
 
 from torchjob.errors import Problem, SpecError
 from torchjob.jobs import LoadedJob, check_document
+from torchjob.spec.model import ORIGIN
 from torchjob.spec.source import Document
 from torchjob.spec.units import parse_int
 from torchjob.typecheck import TYPE_CHECKING
@@ -172,7 +173,8 @@ def quick_manifest(
     return {
         "apiVersion": "batch.volcano.sh/v1alpha1",
         "kind": "Job",
-        "metadata": {"name": job_name(script)},
+        # The job speaks of its failures in the user's terms (controller: plain words).
+        "metadata": {"name": job_name(script), "annotations": {ORIGIN: "script"}},
         "spec": {
             "minAvailable": nodes,
             "maxRetry": 1,  # the first failure fails the job (0 would be defaulted to 3)

@@ -67,7 +67,12 @@ def render(job: Job) -> TargetRender:
     expansion = Expansion(job)
     with paused_gc():
         items = list(objects(expansion))
-    return TargetRender(kind="Pod", api_version="v1", objects=items, warnings=[*expansion.warnings()])
+    return TargetRender(
+        kind="Pod",
+        api_version="v1",
+        objects=items,
+        warnings=[(w.path, w.message) for w in expansion.warnings()],
+    )
 
 
 def _render(job: Job, runtime: str | None) -> TargetRender:

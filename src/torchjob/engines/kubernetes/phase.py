@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from torchjob.engine_api.base import ContainerReport, FailureReport, JobReport, PodReport
-from torchjob.phases import TERMINAL_JOB_PHASES, UNSUCCESSFUL_JOB_PHASES
+from torchjob.phases import TERMINAL_JOB_PHASES, UNSUCCESSFUL_JOB_PHASES, ContainerState, PodState
 from torchjob.records import record
 
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
@@ -136,12 +136,12 @@ def _container(status: dict[str, Any], init: bool) -> ContainerReport:
     if "terminated" in state:
         term = state["terminated"]
         report.state, report.exit_code, report.reason = (
-            "terminated",
+            ContainerState.TERMINATED,
             term.get("exitCode"),
             term.get("reason", ""),
         )
     elif "running" in state:
-        report.state = "running"
+        report.state = ContainerState.RUNNING
     else:
         report.reason = str((state.get("waiting") or {}).get("reason", ""))
     return report
@@ -166,7 +166,7 @@ def pod_report(job_name: str, pod: dict[str, Any], has_master: bool, target: str
         short=f"{task}-{index}",
         task=task,
         index=index,
-        phase=str(status.get("phase") or "Pending"),
+        phase=PodState.of(str(status.get("phase") or "Pending")),
         rank=rank,
         reason=pod_problem(pod) or str(status.get("reason") or ""),
         attempt=pod_attempt(pod, target),

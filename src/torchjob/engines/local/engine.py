@@ -18,6 +18,7 @@ from torchjob.display import first_failed_first, prefix_for
 from torchjob.engine_api.base import (
     ContainerReport,
     EngineError,
+    JobNotFound,
     JobReport,
     LogLine,
     LogQuery,
@@ -36,7 +37,7 @@ from torchjob.engines.local.state import (
     list_jobs,
     state_root,
 )
-from torchjob.phases import UNKNOWN
+from torchjob.phases import UNKNOWN, PodState
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -217,7 +218,7 @@ class LocalEngine:
             return prefixed[0]
         if prefixed:
             raise EngineError(f"job {ref!r} is ambiguous: {', '.join(j.id for j in prefixed)}")
-        raise EngineError(f"no local job {ref!r} in {self.root}")
+        raise JobNotFound(f"no local job {ref!r} in {self.root}", ref)
 
     # --------------------------------------------------------------- logs
 
@@ -414,7 +415,7 @@ def _pods_on_disk(where: JobDir, job_name: str) -> list[PodReport]:
             short=short,
             task=task or short,
             index=int(index) if index.isascii() and index.isdigit() else 0,
-            phase=UNKNOWN,
+            phase=PodState.UNKNOWN,
             attempt=attempts[-1],
             containers=[ContainerReport(c) for c in containers],
         )

@@ -21,7 +21,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from torchjob.display import prefix_for
-from torchjob.engine_api.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions, StreamSink
+from torchjob.engine_api.base import (
+    EngineError,
+    JobNotFound,
+    JobReport,
+    LogLine,
+    LogQuery,
+    Plan,
+    StartOptions,
+    StreamSink,
+)
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.settings import ENV, SlurmSettings, job_root
 from torchjob.errors import Issue
@@ -167,10 +176,9 @@ class _EventTeller:
 
     def __call__(self, report: JobReport) -> None:
         for event in report.events:
-            when = event.get("time")
-            if isinstance(when, (int, float)) and when > self.told:
-                self.told = float(when)
-                self.sink.notice(str(event.get("message", "")))
+            if event.time > self.told:
+                self.told = event.time
+                self.sink.notice(event.message)
 
 
 class SlurmEngine:
@@ -406,7 +414,7 @@ class SlurmEngine:
             return prefixed[0]
         if prefixed:
             raise EngineError(f"job {ref!r} is ambiguous: {', '.join(sorted(d.name for d in prefixed))}")
-        raise EngineError(f"no slurm job {ref!r} in {self.root}")
+        raise JobNotFound(f"no slurm job {ref!r} in {self.root}", ref)
 
     def _slurm(self, job_dir: Path) -> dict[str, Any]:
         try:
