@@ -12,7 +12,6 @@ the same job is created again.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from torchjob.engine_api.base import EngineError
@@ -73,12 +72,3 @@ def of_job(cluster: Cluster, namespace: str, job: str) -> list[dict[str, Any]]:
 def deleting(obj: dict[str, Any]) -> bool:
     """Being deleted: it goes once its finalizers are done (a claim: once no pod uses it)."""
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
-
-
-_HANDLED_AS = re.compile(r"cannot be handled as an? (\w+)")
-
-
-def refused_kind(err: EngineError) -> str:
-    """The kind a strict create was refused for (``... cannot be handled as a TrainJob``), or ""."""
-    found = _HANDLED_AS.search(str(getattr(err, "body", {}).get("message") or err))
-    return found.group(1) if found else ""

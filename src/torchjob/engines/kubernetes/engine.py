@@ -169,7 +169,7 @@ class KubernetesEngine:
                 self.cluster, self.discovery, objects, namespace, say=lambda message: self._note(message)
             )
         except ApiError as err:
-            raise _refused_field(err, target) or err from None
+            raise refused_field(err, target) or err from None
         for note in claims.give_to_job(self.cluster, made, found.kind):
             self._note(note, options)
         if options.on_start is not None and not options.detach:
@@ -463,19 +463,6 @@ class KubernetesEngine:
                 return
             time.sleep(0.5)
         raise EngineError(f"job {found.name} was deleted but is still there after {GONE_TIMEOUT:.0f}s")
-
-
-def _refused_field(err: ApiError, target: str) -> EngineError | None:
-    """A strict create refused for a field the cluster lacks: which field, and which version has it."""
-    from torchjob.targets import get_target
-
-    top = get_target(target).top
-    kind = claims.refused_kind(err)
-    if top is not None and kind == top.kind:
-        return refused_field(err, kind, target, top.controller, top.versions)
-    if kind:
-        return refused_field(err, kind, target, "Kubernetes", ())
-    return None
 
 
 def _owned(obj: dict[str, Any]) -> bool:

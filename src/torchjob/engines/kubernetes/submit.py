@@ -21,6 +21,7 @@ from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery
 
 _UNKNOWN_FIELD = re.compile(r'unknown field "([^"]+)"')
+_HANDLED_AS = re.compile(r"cannot be handled as an? (\w+)")
 _INDEX = re.compile(r"\[\d+\]")
 POLL = 0.1  # how often a wait for a request under way looks for Ctrl-C
 
@@ -177,15 +178,21 @@ def unknown_fields(err: BaseException) -> list[str]:
     return _UNKNOWN_FIELD.findall(str(err.body.get("message") or err))
 
 
-def refused_field(
-    err: ApiError, kind: str, target: str, controller: str, versions: tuple[tuple[str, str], ...]
-) -> EngineError | None:
-    """A strict create refused for a field the cluster's CRD lacks, as one line: the field, and the
-    version of the target's controller that has it (``versions``: field path -> that version,
-    without list indexes; the longest path that leads to the field is taken)."""
+def refused_field(err: ApiError, target: str) -> EngineError | None:
+    """A strict create refused for a field the cluster lacks, as one line: the field, and the
+    version of the target's controller that has it (``TopKind.versions``: field path -> that
+    version, without list indexes; the longest path that leads to the field is taken)."""
+    from torchjob.targets import get_target
+
     fields = unknown_fields(err)
     if not fields:
         return None
+    top = get_target(target).top
+    kind = _HANDLED_AS.search(str(err.body.get("message") or err))
+    refused = kind.group(1) if kind else "object"
+    mine = top is not None and refused == top.kind
+    controller = top.controller if top is not None and mine else "Kubernetes"
+    versions = top.versions if top is not None and mine else ()
     field = fields[0]
     bare = _INDEX.sub("", field)
     known = [(path, v) for path, v in versions if bare == path or bare.startswith(path + ".")]
@@ -195,6 +202,6 @@ def refused_field(
     else:
         needs = f"the cluster's {controller} is older than the one --target {target} renders for"
     return EngineError(
-        f"the cluster's {kind} has no field {field}: {needs}; upgrade {controller} on the cluster, "
+        f"the cluster's {refused} has no field {field}: {needs}; upgrade {controller} on the cluster, "
         "or use another --target"
     )
