@@ -118,3 +118,11 @@ def test_the_same_task_on_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
         in (done.stdout)
     )
     assert slurm.jobs() == []
+
+
+def test_the_kfpytorch_readmes_first_example_runs_as_written() -> None:
+    """The README's `PyTorch(worker=Worker(replicas=5))` task, unchanged but for valid flytekit
+    (examples/flyte/kfpytorch_readme.py): 1 master + 5 workers join one gloo group of 6."""
+    done = torchjob("run", "examples/flyte/kfpytorch_readme.py:pytorch_job")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "torchjob: rank 0 returned 6" in done.stdout, done.stdout

@@ -34,7 +34,7 @@ from test_local_support import (
 )
 from torchjob.engines.local import RunOptions, check_job, ports, run_job
 from torchjob.engines.local.process import marked_processes
-from torchjob.errors import SpecError
+from torchjob.errors import Issue, SpecError
 from torchjob.spec.defaults import apply_defaults
 from torchjob.spec.model import Job
 from torchjob.spec.parse import parse_job
@@ -377,8 +377,8 @@ def test_an_empty_dir_named_as_a_path_is_refused_by_the_engine(name: str, tmp_pa
     )
     problems = check_job(unvalidated(doc))
     assert problems, "a volume outside the pod's directory must be refused"
-    assert any("outside" in message for _path, message in problems), problems
-    assert problems[0][0].startswith("spec.tasks[0].template.spec.")
+    assert any("outside" in p.message for p in problems), problems
+    assert problems[0].path.startswith("spec.tasks[0].template.spec.")
 
 
 def test_a_subpath_that_climbs_out_is_refused(tmp_path: Path) -> None:
@@ -404,7 +404,7 @@ def test_a_subpath_that_climbs_out_is_refused(tmp_path: Path) -> None:
     )
     problems = check_job(unvalidated(doc))
     assert problems == [
-        (
+        Issue(
             "spec.tasks[0].template.spec.containers[0].volumeMounts[0].subPath",
             "'../../../etc' must be a relative path without '..' (as Kubernetes requires)",
         )
@@ -522,14 +522,14 @@ def test_a_container_run_as_user_overrides_the_pods(other_user: pwd.struct_passw
 @pytest.mark.skipif(not ROOT, reason="runAsNonRoot can only be broken by a torchjob running as root")
 def test_run_as_non_root_is_refused_for_a_process_that_would_run_as_root(tmp_path: Path) -> None:
     assert check_job(_load(_secured({"runAsNonRoot": True}, {}, "id -u"))) == [
-        (
+        Issue(
             "spec.tasks[0].template.spec.securityContext.runAsNonRoot",
             "container 'main' would run as root (uid 0): set runAsUser to a non-zero uid, "
             "or run torchjob as another user",
         )
     ]
     problems = check_job(_load(_secured({}, {"runAsNonRoot": True, "runAsUser": 0}, "id -u")))
-    assert [p for p, _ in problems] == [
+    assert [p.path for p in problems] == [
         "spec.tasks[0].template.spec.containers[0].securityContext.runAsNonRoot"
     ]
     assert check_job(_load(_secured({"runAsNonRoot": True, "runAsUser": 1000}, {}, "id -u"))) == []
@@ -1023,11 +1023,15 @@ s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", int(os.environ["MASTER_PORT"])))
 s.listen(8)
 s.settimeout(0.2)
-end = time.monotonic() + 3  # both jobs hold their ports at the same time
-while time.monotonic() < end:  # wait-for-master's probes connect too: answer every connection
+start, served = time.monotonic(), False
+# Both jobs hold their ports at the same time (3 s at least), and each master stays until a client
+# said it was served: on a loaded machine the worker may come long after wait-for-master's probe.
+while not (served and time.monotonic() > start + 3) and time.monotonic() < start + 60:
     try:
-        c, _ = s.accept()
+        c, _ = s.accept()  # wait-for-master's probes connect too: answer every connection
         c.sendall(os.environ["TORCHJOB_JOB_DIR"].encode())
+        c.settimeout(0.5)
+        served = served or c.recv(10) == b"done"
         c.close()
     except (TimeoutError, OSError):
         pass
@@ -1037,6 +1041,7 @@ CLIENT = """
 import os, socket
 c = socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
 served_by = c.recv(1000).decode()
+c.sendall(b"done")
 assert served_by == os.environ["TORCHJOB_JOB_DIR"], f"served by another job: {served_by}"
 print("served by my own master")
 """

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 import sys
 
-from torchjob.engines.local.pod import RunningContainer
-from torchjob.engines.local.report import log_tail
+from torchjob.controller.kubelet import Container
+from torchjob.controller.rootcause import log_tail
 
 _NO_TORCH = re.compile(r"ModuleNotFoundError: No module named 'torch(?:\.\w+)*'")
 # What resolvers and sockets say without a route or a name server (glibc, Python, curl, pip, requests).
@@ -23,21 +23,21 @@ _NO_NETWORK = re.compile(
 )
 
 
-def missing_torch(container: RunningContainer) -> str | None:
+def missing_torch(container: Container) -> str | None:
     """The line to print when ``container`` (its run just ended in failure) is torchjob's python and
     its log ends in torch's ModuleNotFoundError; None otherwise."""
-    if container.exit_code in (None, 0) or container.run.argv[:1] != [sys.executable]:
+    if container.exit_code in (None, 0) or container.spec.run.argv[:1] != [sys.executable]:
         return None
     if not any(_NO_TORCH.search(line) for line in log_tail(container.log)):
         return None
     return (
-        f"container {container.run.name}: {sys.executable} (the interpreter torchjob runs a container's "
+        f"container {container.name}: {sys.executable} (the interpreter torchjob runs a container's "
         f"python with) cannot import torch; install it there ({sys.executable} -m pip install torch), "
         "or run torchjob from the environment that has torch"
     )
 
 
-def no_network(container: RunningContainer) -> str | None:
+def no_network(container: Container) -> str | None:
     """The line to print when ``container`` (its run just ended in failure, in the job's own
     network) says it could not resolve a name or reach a network; None otherwise."""
     if container.exit_code in (None, 0):
@@ -45,7 +45,7 @@ def no_network(container: RunningContainer) -> str | None:
     if not any(_NO_NETWORK.search(line) for line in log_tail(container.log)):
         return None
     return (
-        f"container {container.run.name} could not reach the network: the job has a network of its "
+        f"container {container.name} could not reach the network: the job has a network of its "
         "own, with the loopback only (docs/local-engine.md); a job that must reach other machines runs "
         "on this machine's network with TORCHJOB_NETWORK=host in torchjob's environment, or with "
         "hostNetwork: true in its pods"

@@ -176,10 +176,9 @@ class _EventTeller:
 
     def __call__(self, report: JobReport) -> None:
         for event in report.events:
-            when = event.get("time")
-            if isinstance(when, (int, float)) and when > self.told:
-                self.told = float(when)
-                self.sink.notice(str(event.get("message", "")))
+            if event.time > self.told:
+                self.told = event.time
+                self.sink.notice(event.message)
 
 
 class SlurmEngine:
