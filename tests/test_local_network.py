@@ -349,3 +349,32 @@ def test_a_container_that_cannot_reach_the_network_is_told_how_to_run_on_the_mac
     assert not result.ok
     events = [e["message"] for e in status_of(result)["events"]]
     assert any("could not reach the network" in e and "TORCHJOB_NETWORK=host" in e for e in events), events
+
+
+@pytest.mark.usefixtures("namespaces_work")
+def test_making_a_network_holds_no_lock_of_another_thread(tmp_path: Path) -> None:
+    """The child that makes a namespace waits for this process to open it. It once kept a copy of
+    every descriptor, so the port registry's lock another thread (an SDK call) had just released
+    stayed held by it: both jobs waited, and one failed with the registry's 10 s error."""
+    import fcntl
+
+    held = os.open(tmp_path / "lock", os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # another thread's, while this one starts making a network
+    pending = netns.start()
+    try:
+        os.close(held)  # that thread is done with it
+        again = os.open(tmp_path / "lock", os.O_RDWR)
+
+        def free() -> bool:
+            try:
+                fcntl.flock(again, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        assert wait_until(free, 3), "the namespace's child still holds the lock"
+        os.close(again)
+    finally:
+        made = pending.result()
+        if not isinstance(made, str):
+            made.close()

@@ -236,6 +236,14 @@ def _opened(pid: int) -> Network:
     return Network(opened[0], user, (opened[1], opened[2]))
 
 
+def _close_all_but(*keep: int) -> None:  # pragma: no cover - runs in the forked child
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
+
+
 def start() -> Pending:
     """Start making a network namespace for a job; :meth:`Pending.result` gives it."""
     if _LIBC is None:
@@ -246,8 +254,9 @@ def start() -> Pending:
     pid = _fork()
     if pid == 0:  # pragma: no cover - the child
         try:
-            os.close(read_end)
-            os.close(hold_write)
+            # Nothing of this process's is kept while the child waits: another thread's lock (the
+            # port registry's flock) would be held by the child's copy of its descriptor too.
+            _close_all_but(write_end, hold_read)
             _make(uid, gid)
             os.write(write_end, b"ok\n")
             os.read(hold_read, 1)  # end of file once the parent is done
