@@ -34,7 +34,7 @@ from test_local_support import (
     wait_until,
     write_job,
 )
-from torchjob.engines.local import netns
+from torchjob.engines.local import netns, podnames
 from torchjob.engines.local.listeners import listening
 
 pytestmark = pytest.mark.timeout(120)
@@ -378,3 +378,26 @@ def test_making_a_network_holds_no_lock_of_another_thread(tmp_path: Path) -> Non
         made = pending.result()
         if not isinstance(made, str):
             made.close()
+
+
+@pytest.mark.usefixtures("namespaces_work")
+def test_a_namespace_that_cannot_be_entered_leaves_the_job_on_the_machines_network(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Made but refused to the job's processes (a seccomp filter on setns, say): the probe that
+    enters it first finds out, the job runs on this machine's network after the note, and its
+    pod names still resolve."""
+
+    def refused(self: netns.Network) -> None:
+        raise OSError(1, "setns (the job's network namespace): Operation not permitted")
+
+    monkeypatch.setattr(netns.Network, "enter", refused)
+    outside = os.readlink("/proc/self/ns/net")
+    job = make_job("refused", [task("main", [container("c", ["readlink", "/proc/self/ns/net"])])])
+    result = run(job, tmp_path)
+    assert result.ok, result.reason
+    assert log_text(result, "main-0", "c").strip() == outside
+    status = status_of(result)
+    assert status["network"].startswith("this machine's (no network namespace: [Errno 1] setns"), status
+    names = podnames.probe(podnames.HostsMount.of(str(result.job_dir / "hosts")))  # as without one
+    assert status["nameResolution"] == ("resolved" if names is None else f"addresses only ({names})"), status

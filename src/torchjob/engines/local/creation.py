@@ -106,8 +106,14 @@ class PodFactory:
         """Reserve the ports, decide name resolution and the network, write the ConfigMaps; once,
         before any pod. ``record`` (else ``note``) is told what the job's status keeps too."""
         record = record or note
-        network = self.start_network()  # both made in children while the ports are reserved
-        probe = self.start_names_probe(network is not None or self.pooled_network())
+        network = self.start_network()  # made in a child while the hosts file is written
+        try:
+            mount = self.write_hosts(network is not None or self.pooled_network())
+        finally:
+            self.finish_network(network, record)  # (the child is reaped whatever happened)
+        # A child checks, while the ports are reserved, that a process can enter the job's network
+        # and then get the job's hosts file as its /etc/hosts, as every container will.
+        probe = podnames.start_probe(mount, self.network.enter if self.network else None)
         try:
             declared = port_registry.declared_ports(self.job)
             hidden = port_registry.rendezvous_ports(self.job)  # a random host port: nobody else's guess
@@ -116,8 +122,7 @@ class PodFactory:
             python = _python()  # not resolved: a venv's python is a symlink
             self.dir.write_shims(python, {prewarm.RANK_SHIM: prewarm.guard_shim(python)})
         finally:
-            names_resolve = self.finish_names_probe(probe)  # the children are reaped whatever happened
-            self.finish_network(network, record)
+            names_resolve = self.finish_names_probe(mount, probe, record)  # the child is reaped
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
         self.forward(record)
         self.desired = Attempts(self.addressed(self.planned))
@@ -159,8 +164,8 @@ class PodFactory:
                 if key in shares:
                     self.gpu_env[key] = shares[key]
 
-    def start_names_probe(self, private: bool = False) -> tuple[podnames.HostsMount, podnames.Probe]:
-        """Write the job's hosts file and start checking whether its processes can get it as /etc/hosts."""
+    def write_hosts(self, private: bool) -> podnames.HostsMount:
+        """Write the job's hosts file (``private``: for its own network); how a process gets it."""
         hosts = self.dir.path / "hosts"
         try:
             with open(podnames.ETC_HOSTS) as handle:
@@ -174,13 +179,19 @@ class PodFactory:
         write_atomic(hosts, self.hosts_text)
         if security.other_users([t.template.spec for t in self.job.spec.tasks]):
             hosts.chmod(0o644)  # read as /etc/hosts by pods that run as another user; nothing secret
-        mount = podnames.HostsMount.of(str(hosts))
-        return mount, podnames.start_probe(mount)
+        return podnames.HostsMount.of(str(hosts))
 
-    def finish_names_probe(self, probe: tuple[podnames.HostsMount, podnames.Probe]) -> bool:
-        """Decide, once per job, whether pod names resolve (the probe's answer)."""
-        mount, running = probe
-        why_not = running.result()
+    def finish_names_probe(
+        self, mount: podnames.HostsMount, probe: podnames.Probe, record: Callable[[str], None]
+    ) -> bool:
+        """Decide, once per job, whether pod names resolve (the probe's answer), and whether the
+        job's network can be entered (the probe entered it first; without a probe, a child tries)."""
+        why_not = probe.result()
+        if self.network is not None:
+            why_not_in = why_not if probe.entered else netns.verify(self.network)
+            if why_not_in is not None and netns.ENTERING in why_not_in:
+                self.drop_network(why_not_in, record)
+                why_not = podnames.probe(mount) if probe.entered else why_not  # the names alone
         if why_not is None:
             self.hosts_mount = mount
             self.name_resolution = "resolved"
@@ -216,16 +227,31 @@ class PodFactory:
 
             made = pool.network()
         if isinstance(made, str):
-            self.network_text = f"this machine's (no network namespace: {made})"
-            note(
-                f"the job runs on this machine's network: no network namespace could be made ({made}); "
-                "other local users can connect to its ports (docs/local-engine.md, Security)"
-            )
-            logs.debug("the job's network is the machine's: %s", made)
+            self.on_machine_network(made, note)
             return
         self.network = made
         self.network_text = "its own (loopback only)"
         logs.debug("the job runs in a network namespace of its own")
+
+    def on_machine_network(self, why: str, note: Callable[[str], None]) -> None:
+        self.network_text = f"this machine's (no network namespace: {why})"
+        note(
+            f"the job runs on this machine's network: no network namespace could be made ({why}); "
+            "other local users can connect to its ports (docs/local-engine.md, Security)"
+        )
+        logs.debug("the job's network is the machine's: %s", why)
+
+    def drop_network(self, why: str, note: Callable[[str], None]) -> None:
+        """The namespace was made but cannot be entered: the machine's network (the pool's, if it
+        was the pool's, for every later job of this process too)."""
+        if self.preloader is not None and self.preloader.pooled:
+            from torchjob.engines.local import pool
+
+            pool.network_failed(why)
+        elif self.network is not None:
+            self.network.close()
+        self.network = None
+        self.on_machine_network(why, note)
 
     def forward(self, note: Callable[[str], None]) -> None:
         """Declared ports the user may open from this machine (not the plugins' rendezvous ports),

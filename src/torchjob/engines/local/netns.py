@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 SWITCH = "TORCHJOB_NETWORK"  # "host": every local job uses the machine's network
 MAKE_TIMEOUT = 3.0  # seconds for the child that makes the namespace, and for the one that enters it
+ENTERING = "setns"  # how a failure to enter the namespace begins (Network.enter)
 
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
@@ -193,7 +194,7 @@ class Pending:
         self._deadline = time.monotonic() + MAKE_TIMEOUT
 
     def result(self) -> Network | str:
-        """The job's network, checked by a child that entered it; or why there can be none here."""
+        """The job's network (not entered yet: see :func:`verify`); or why there can be none here."""
         if self._pid == 0:
             return self._reason or "no network namespace was asked for"
         pid, (read_end, hold), self._pid = self._pid, self._pipes, 0
@@ -212,10 +213,6 @@ class Pending:
             os.close(hold)  # the child ends
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-        why = _entered(network, self._deadline)
-        if why is not None:
-            network.close()
-            return why
         return network
 
 
@@ -271,12 +268,15 @@ def start() -> Pending:
 
 
 def create() -> Network | str:
-    """A new network namespace for a job, or why there can be none here."""
+    """A new network namespace for a job, or why there can be none here (it is not entered: see
+    :func:`verify`)."""
     return start().result()
 
 
-def _entered(network: Network, deadline: float) -> str | None:
-    """None when a child of this process can enter ``network`` (as every process of the job will)."""
+def verify(network: Network, timeout: float = MAKE_TIMEOUT) -> str | None:
+    """None when a child of this process can enter ``network`` (as every process of the job will);
+    else why not. (The names probe, podnames.py, does the same on its way when it runs.)"""
+    deadline = time.monotonic() + timeout
     read_end, write_end = os.pipe()
     pid = _fork()
     if pid == 0:  # pragma: no cover - the child

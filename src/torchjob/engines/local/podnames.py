@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from torchjob.engines.local.libc import LIBC
 from torchjob.records import record
@@ -171,10 +171,13 @@ def probe(mount: HostsMount, timeout: float = PROBE_TIMEOUT) -> str | None:
 class Probe:
     """A probe running in a child, so the supervisor can prepare the rest of the job meanwhile."""
 
-    def __init__(self, reason: str | None = None, pid: int = 0, pipe: int = -1) -> None:
+    def __init__(
+        self, reason: str | None = None, pid: int = 0, pipe: int = -1, entered: bool = False
+    ) -> None:
         self._reason = reason  # known without a child: the answer
         self._pid = pid
         self._pipe = pipe
+        self.entered = entered  # its child ran the ``before`` it was given (the job's network)
 
     def result(self, timeout: float = PROBE_TIMEOUT) -> str | None:
         """Wait for the child (at most ``timeout`` s): None if names resolve, else why not."""
@@ -205,8 +208,9 @@ class Probe:
         return self._reason
 
 
-def start_probe(mount: HostsMount) -> Probe:
-    """Start checking, in a child, whether ``mount`` works here; :meth:`Probe.result` tells."""
+def start_probe(mount: HostsMount, before: Callable[[], None] | None = None) -> Probe:
+    """Start checking, in a child, whether ``mount`` works here (after ``before``, as the job's
+    processes enter their network first); :meth:`Probe.result` tells."""
     if os.environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
         return Probe(f"{SWITCH}=0")
     if _LIBC is None:
@@ -226,6 +230,8 @@ def start_probe(mount: HostsMount) -> Probe:
         code = 1
         try:
             os.close(read_end)
+            if before is not None:
+                before()
             mount.enter()
             fd = os.open(ETC_HOSTS, os.O_RDONLY)
             seen = os.read(fd, len(expected) + 1)
@@ -238,4 +244,4 @@ def start_probe(mount: HostsMount) -> Probe:
         finally:
             os._exit(code)
     os.close(write_end)
-    return Probe(pid=pid, pipe=read_end)
+    return Probe(pid=pid, pipe=read_end, entered=before is not None)

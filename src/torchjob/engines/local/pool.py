@@ -126,6 +126,14 @@ def network() -> Network | str:
     return _network[0]
 
 
+def network_failed(why: str) -> None:
+    """The pool's network cannot be entered (a job's probe found): its jobs use the machine's."""
+    for made in _network:
+        if not isinstance(made, str):
+            made.close()
+    _network[:] = [why]
+
+
 def for_job(server: Preloader, run: ContainerRun) -> Preloader:
     """The server for a job whose first main container is ``run``: a running one whose environment
     or directories differ from the job's (the caller set a variable, or changed directory, since
