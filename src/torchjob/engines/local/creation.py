@@ -26,6 +26,7 @@ from torchjob.engines.local.containers import (
     make_empty_dirs,
     resolve_pod,
 )
+from torchjob.engines.local.network import JobNetwork
 from torchjob.engines.local.runner import Processes
 from torchjob.engines.local.state import JobDir, make_private_dirs
 from torchjob.expand import Attempts, DesiredState, PodPlan, expand, readdress
@@ -38,7 +39,6 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
-    from torchjob.engines.local.forward import Forwarder
     from torchjob.engines.local.preload import Forked, Preloader
 
     Forker = Callable[[ContainerRun, Path], Forked | str | None]
@@ -88,11 +88,9 @@ class PodFactory:
         self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
         self.hosts_text = ""  # the job's hosts file; each pod attempt gets a copy (pod_hosts)
         self.name_resolution = "addresses only"
-        # The job's own network namespace (netns.py; the warm pool's for a pooled job), which every
-        # process of the job enters; None: the machine's network, for the reason in ``network_text``.
-        self.network: netns.Network | None = None
-        self.network_text = ""
-        self.forwarder: Forwarder | None = None  # declared ports reached from this machine (forward.py)
+        # Its own network namespace (the warm pool's for a pooled job), which every process of the
+        # job enters, or this machine's network; its forwarded ports (network.py).
+        self.net = JobNetwork(job, self.preloader is not None and self.preloader.pooled)
         self.gpu_env: dict[Key, gpus.PodEnv] = {}  # CUDA_VISIBLE_DEVICES shares, kept across restarts
         # The local queue's grant (admission.Ticket.gpu_env): the GPUs this job was given; None:
         # the machine's whole inventory, shared out among the job's pods only (run --no-queue).
@@ -106,14 +104,15 @@ class PodFactory:
         """Reserve the ports, decide name resolution and the network, write the ConfigMaps; once,
         before any pod. ``record`` (else ``note``) is told what the job's status keeps too."""
         record = record or note
-        network = self.start_network()  # made in a child while the hosts file is written
+        private = self.net.start()  # made in a child while the hosts file is written
         try:
-            mount = self.write_hosts(network is not None or self.pooled_network())
+            mount = self.write_hosts(private)
         finally:
-            self.finish_network(network, record)  # (the child is reaped whatever happened)
+            self.net.finish(record)  # (the child is reaped whatever happened)
         # A child checks, while the ports are reserved, that a process can enter the job's network
         # and then get the job's hosts file as its /etc/hosts, as every container will.
-        probe = podnames.start_probe(mount, self.network.enter if self.network else None)
+        namespace = self.net.namespace
+        probe = podnames.start_probe(mount, namespace.enter if namespace else None)
         try:
             declared = port_registry.declared_ports(self.job)
             hidden = port_registry.rendezvous_ports(self.job)  # a random host port: nobody else's guess
@@ -124,7 +123,10 @@ class PodFactory:
         finally:
             names_resolve = self.finish_names_probe(mount, probe, record)  # the child is reaped
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
-        self.forward(record)
+        uids = {int(uid) for uid in self.uids.split()}
+        self.net.forward(
+            self.ports, self.rendezvous, self.addressing, uids, (self.dir.id, self.dir.path), record
+        )
         self.desired = Attempts(self.addressed(self.planned))
         self.planned = None
         if not names_resolve and any(t.template.spec.get("hostAliases") for t in self.job.spec.tasks):
@@ -187,10 +189,10 @@ class PodFactory:
         """Decide, once per job, whether pod names resolve (the probe's answer), and whether the
         job's network can be entered (the probe entered it first; without a probe, a child tries)."""
         why_not = probe.result()
-        if self.network is not None:
-            why_not_in = why_not if probe.entered else netns.verify(self.network)
+        if self.net.namespace is not None:
+            why_not_in = why_not if probe.entered else netns.verify(self.net.namespace)
             if why_not_in is not None and netns.ENTERING in why_not_in:
-                self.drop_network(why_not_in, record)
+                self.net.drop(why_not_in, record)
                 why_not = podnames.probe(mount) if probe.entered else why_not  # the names alone
         if why_not is None:
             self.hosts_mount = mount
@@ -200,94 +202,6 @@ class PodFactory:
             self.name_resolution = f"addresses only ({why_not})"
             logs.debug("pod names do not resolve, addresses are used instead: %s", why_not)
         return why_not is None
-
-    def start_network(self) -> netns.Pending | None:
-        """Start making the job's network namespace, unless the job asks for the machine's network
-        or is served by the warm pool (whose namespace is the process's: pool.network)."""
-        why = netns.why_host(self.job)
-        if why is not None:
-            self.network_text = f"this machine's ({why})"
-            return None
-        if self.preloader is not None and self.preloader.pooled:
-            return None
-        return netns.start()
-
-    def pooled_network(self) -> bool:
-        """Whether the job runs in the warm pool's network (asked for its own, and pooled)."""
-        return not self.network_text and self.preloader is not None and self.preloader.pooled
-
-    def finish_network(self, pending: netns.Pending | None, note: Callable[[str], None]) -> None:
-        """Take the namespace made meanwhile; where there is none, say once what the job exposes."""
-        if self.network_text:  # asked for the machine's network
-            return
-        if pending is not None:
-            made = pending.result()
-        else:
-            from torchjob.engines.local import pool
-
-            made = pool.network()
-        if isinstance(made, str):
-            self.on_machine_network(made, note)
-            return
-        self.network = made
-        self.network_text = "its own (loopback only)"
-        logs.debug("the job runs in a network namespace of its own")
-
-    def on_machine_network(self, why: str, note: Callable[[str], None]) -> None:
-        self.network_text = f"this machine's (no network namespace: {why})"
-        note(
-            f"the job runs on this machine's network: no network namespace could be made ({why}); "
-            "other local users can connect to its ports (docs/local-engine.md, Security)"
-        )
-        logs.debug("the job's network is the machine's: %s", why)
-
-    def drop_network(self, why: str, note: Callable[[str], None]) -> None:
-        """The namespace was made but cannot be entered: the machine's network (the pool's, if it
-        was the pool's, for every later job of this process too)."""
-        if self.preloader is not None and self.preloader.pooled:
-            from torchjob.engines.local import pool
-
-            pool.network_failed(why)
-        elif self.network is not None:
-            self.network.close()
-        self.network = None
-        self.on_machine_network(why, note)
-
-    def forward(self, note: Callable[[str], None]) -> None:
-        """Declared ports the user may open from this machine (not the plugins' rendezvous ports),
-        forwarded into the job's own network (forward.py)."""
-        if self.network is None or self.addressing is None:
-            return
-        places: list[tuple[str, int]] = []
-        for task in self.job.spec.tasks:
-            containers = [*task.template.init_containers, *task.template.containers]
-            for port in (entry.get("containerPort") for c in containers for entry in c.ports):
-                if port in self.rendezvous or not isinstance(port, int) or port not in self.ports:
-                    continue
-                host = self.ports[port]
-                places.append(("127.0.0.1", host))
-                places += [(self.addressing.address_of(task.name, i), host) for i in range(task.replicas)]
-        if not places:
-            return
-        from torchjob.engines.local import forward
-
-        uids = {int(uid) for uid in self.uids.split()}
-        self.forwarder, problems = forward.start(
-            self.network, dict.fromkeys(places), uids, self.dir.id, self.dir.path
-        )
-        for problem in problems:
-            note(problem)
-        if self.forwarder is not None:
-            self.network_text += f"; forwarded to your processes: {', '.join(self.forwarder.where)}"
-
-    def close(self) -> None:
-        """At the job's end: the forwarder stopped, the job's own namespace let go (not the pool's)."""
-        if self.forwarder is not None:
-            self.forwarder.close()
-            self.forwarder = None
-        if self.network is not None and not (self.preloader is not None and self.preloader.pooled):
-            self.network.close()
-        self.network = None
 
     def write_records(self) -> None:
         """job.yaml and pods.yaml are for people and tools, not the pods: written once pods run."""
@@ -364,9 +278,10 @@ class PodFactory:
                 mount = self.pod_hosts(pod_dir, aliases)
                 for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
                     run.before_exec = security.then(mount.enter, run.before_exec)
-            if self.network is not None:  # first: its user namespace is the one the mount is made in
+            namespace = self.net.namespace
+            if namespace is not None:  # first: its user namespace is the one the mount is made in
                 for run in [*inits, *mains]:
-                    run.before_exec = security.then(self.network.enter, run.before_exec)
+                    run.before_exec = security.then(namespace.enter, run.before_exec)
         except (ResolveError, OSError) as err:
             make_private_dirs(log_dir)
             write_atomic(log_dir / "torchjob.log", f"torchjob: cannot run pod {plan.name}: {err}\n")
@@ -415,8 +330,8 @@ class PodFactory:
                 self.pool_checked = True
                 self.preloader = pool.for_job(self.preloader, mains[0])
             if self.preloader.state == "none":  # its server starts in this job's network: the pool's
-                self.preloader.network = self.network
-            elif self.preloader.network is not self.network:
+                self.preloader.network = self.net.namespace
+            elif self.preloader.network is not self.net.namespace:
                 logs.debug("warm pool: not used: the server runs in another network than the job")
                 return {}
             usable, enter = pool.hosts_view(self.preloader, self.hosts_text if self.hosts_mount else None)
@@ -431,7 +346,7 @@ class PodFactory:
                 else podnames.HostsMount.of(str(self.dir.path / "hosts"), True)
             )
             self.preloader.before_exec = shared.enter if shared is not None else None
-            self.preloader.network = self.network
+            self.preloader.network = self.net.namespace
         chosen: dict[str, Forker] = {
             run.name: self.preloader.fork for run in mains if self.preloader.accepts(run)
         }

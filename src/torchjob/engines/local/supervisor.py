@@ -452,7 +452,7 @@ class Supervisor:
             if hint is not None:
                 self.told_no_torch = True
                 self.record(f"pod {short_name(self.job.name, pod.name)}: {hint}")
-            hint = hints.no_network(c) if self.factory.network and not self.told_no_network else None
+            hint = hints.no_network(c) if self.factory.net.namespace and not self.told_no_network else None
             if hint is not None:
                 self.told_no_network = True
                 self.record(f"pod {short_name(self.job.name, pod.name)}: {hint}")
@@ -462,7 +462,7 @@ class Supervisor:
         the job at once, with that as its reason: its ranks would otherwise wait for a master
         that cannot listen, or join that process's rendezvous (torchrun's c10d backend becomes a
         client of whatever holds the port) and hang there until a timeout of many minutes."""
-        if not self.factory.rendezvous or self.status.phase.final or self.factory.network is not None:
+        if not self.factory.rendezvous or self.status.phase.final or self.factory.net.namespace is not None:
             return  # (in the job's own network nothing outside the job can listen)
         if self.port_watch is None:
             from torchjob.engines.local.listeners import PortWatch
@@ -487,7 +487,7 @@ class Supervisor:
         from torchjob.engines.local.listeners import PortWatch
 
         uids = {int(uid) for uid in self.factory.uids.split()}
-        network = self.factory.network  # the job's own: its listeners are read there
+        network = self.factory.net.namespace  # the job's own: its listeners are read there
         watch = PortWatch(self.factory.ports, self.id, uids, network.read_tables if network else None)
         self.port_lost = "; ".join(watch.taken(self.job_pids()))
         if self.port_lost:
@@ -628,7 +628,7 @@ class Supervisor:
             # Not decided before the pods are prepared (a job waiting in the queue): not said.
             name_resolution=self.factory.name_resolution if self.factory.addressing is not None else "",
         )
-        report.network = self.factory.network_text  # the job's own namespace, or why the machine's
+        report.network = self.factory.net.text  # the job's own namespace, or why the machine's
         return report
 
     def write_status(self, must: bool = False) -> None:
