@@ -179,16 +179,11 @@ def _admission_plan(job: Job) -> Plan | None:
     from torchjob.engines.local.admission import plan_for
 
     plan = plan_for(job)
-    if plan is not None:  # the state file's directory must be usable before the job is made
-        _check_registry_dir()
+    if plan is not None:  # the queue's directory must be usable before the job is made (its lock
+        from torchjob.engines.local.admission import check_place  # may be held: the job waits)
+
+        check_place()
     return plan
-
-
-def _check_registry_dir() -> None:
-    from torchjob.engines.local.admission import locked_state
-
-    with locked_state(write=False):
-        pass
 
 
 def _supervise(
