@@ -1,4 +1,4 @@
-"""The local queue (engines/local/admission.py): jobs wait for CPUs, memory and GPUs, start as a
+"""The local queue (engines/local/admission/): jobs wait for CPUs, memory and GPUs, start as a
 gang, in priority then submission order, across processes and without a daemon.
 
 No GPU exists where these tests run: ``TORCHJOB_CAPACITY`` gives the machine fake GPUs named 0, 1,

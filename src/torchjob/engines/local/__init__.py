@@ -52,9 +52,7 @@ class RunOptions:
     max_restarts: int | None = None  # fail the job when a pod's containers restarted more often
     on_start: Callable[[str], None] | None = None  # attached: told the job id before its pods start
     preload: tuple[str, ...] = ()  # modules a fork server imports once for all main containers (preload.py)
-    queue: bool = (
-        True  # wait for CPUs, memory and GPUs in the local queue (admission.py); False: start at once
-    )
+    queue: bool = True  # wait for CPUs, memory and GPUs in the local queue (admission/); False: start at once
     remove: bool = False  # run --rm: the summary says a completed job is removed, not where its logs are
     warm: bool = False  # the preload server is kept for this process's next jobs (pool.py)
     hang_notice: float = 300.0  # one notice once every running pod has written nothing this long (0: never)

@@ -48,6 +48,7 @@ _VISIBLE_ENTRY = r"[0-9]+|(?:GPU|MIG)-[0-9A-Za-z/-]+"
 # hold a job's start for long: it is asked once per process (the supervisor is forked from the CLI).
 _SMI_TIMEOUT = 4.0
 _smi_seen: dict[tuple[str, int, int], tuple[Inventory | None, str]] = {}
+_uuids_seen: dict[tuple[str, str], tuple[str, ...]] = {}
 
 Issues = list[Issue]
 
@@ -172,14 +173,17 @@ def identities(
 
 
 def _uuids(environ: Mapping[str, str] | None, proc: Path) -> tuple[str, ...]:
-    """The machine's GPUs' UUIDs in PCI order; () when they cannot be told."""
-    found = _from_proc(proc)
-    if found.devices and not found.by_index:
-        return found.devices
-    smi, _ = _from_nvidia_smi(os.environ if environ is None else environ)
-    if smi is not None and not smi.by_index:
-        return smi.devices
-    return ()
+    """The machine's GPUs' UUIDs in PCI order; () when they cannot be told. Looked up once per
+    process and place (a job's checks, its plan and its supervisor all ask)."""
+    environ = os.environ if environ is None else environ
+    key = (environ.get("PATH", ""), str(proc))
+    if key not in _uuids_seen:
+        found = _from_proc(proc)
+        if not found.devices or found.by_index:
+            smi, _ = _from_nvidia_smi(environ)
+            found = smi if smi is not None else found
+        _uuids_seen[key] = () if found.by_index else found.devices
+    return _uuids_seen[key]
 
 
 def parse_visible(value: str) -> Inventory:

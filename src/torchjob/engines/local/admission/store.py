@@ -128,11 +128,10 @@ def rebuilding(data: Mapping[str, Any]) -> str:
 
 
 def _load(raw: bytes, vanished: bool) -> dict[str, Any]:
-    damage = _damage(raw)
+    data, damage = _parse(raw)
     if damage is None and vanished:
         damage = "the state file was removed or emptied while a state existed"
     if damage is None:
-        data: dict[str, Any] = json.loads(raw) if raw.strip() else {}
         _remember(raw)
         if data.get("rebuild") and float(data["rebuild"].get("until", 0)) <= time.time():
             del data["rebuild"]
@@ -205,30 +204,30 @@ def _keep_aside(dir_fd: int, where: Place, raw: bytes) -> None:
 # ------------------------------------------------------------------ what a sound state looks like
 
 
-def _damage(raw: bytes) -> str | None:
-    """What is wrong with the state's text, or None when it is sound (empty is sound: no state)."""
+def _parse(raw: bytes) -> tuple[dict[str, Any], str | None]:
+    """The state, and what is wrong with it (None when it is sound; empty is sound: no state)."""
     if not raw.strip():
-        return None
+        return {}, None
     try:
         data = json.loads(raw)
     except ValueError as err:  # UnicodeDecodeError too
-        return f"not valid JSON: {str(err)[:80]}"
+        return {}, f"not valid JSON: {str(err)[:80]}"
     if not isinstance(data, dict):
-        return "not a JSON object"
+        return {}, "not a JSON object"
     for key in ("seq", "admitted"):
         if key in data and not _whole(data[key]):
-            return f"{key} is not a whole number"
+            return {}, f"{key} is not a whole number"
     rebuild = data.get("rebuild")
     if rebuild is not None and not (isinstance(rebuild, dict) and _number(rebuild.get("until"))):
-        return "rebuild is not {until: TIME}"
+        return {}, "rebuild is not {until: TIME}"
     jobs = data.get("jobs", {})
     if not isinstance(jobs, dict):
-        return "jobs is not a mapping"
+        return {}, "jobs is not a mapping"
     for key, entry in jobs.items():
         why = _entry_damage(entry)
         if why:
-            return f"jobs[{json.dumps(key)[:40]}]: {why}"
-    return None
+            return {}, f"jobs[{json.dumps(key)[:40]}]: {why}"
+    return data, None
 
 
 def _entry_damage(entry: object) -> str:
@@ -246,21 +245,27 @@ def _entry_damage(entry: object) -> str:
     if not isinstance(entry.get("queue"), str):
         return "queue is not a string"
     pods = entry.get("pods")
-    if not isinstance(pods, dict) or not all(
-        isinstance(amounts, dict)
-        and all(k in RESOURCES and _number(v) and v >= 0 for k, v in amounts.items())
-        for amounts in pods.values()
-    ):
-        return "pods is not a mapping of pods to amounts"
+    if not isinstance(pods, dict):
+        return "pods is not a mapping"
+    for amounts in pods.values():
+        if not isinstance(amounts, dict):
+            return "pods is not a mapping of pods to amounts"
+        for name, amount in amounts.items():
+            if name not in RESOURCES or not _number(amount) or amount < 0:
+                return f"pods: {str(name)[:40]!r} is not a resource with an amount"
     gang = entry.get("gang")
-    if not isinstance(gang, list) or not all(isinstance(k, str) and k in pods for k in gang):
+    if (
+        not isinstance(gang, list)
+        or any(k not in pods for k in gang if isinstance(k, str))
+        or not all(isinstance(k, str) for k in gang)
+    ):
         return "gang is not a list of its pods"
     granted = entry.get("granted", {})
-    if not isinstance(granted, dict) or not all(
-        k in pods and isinstance(ids, list) and all(isinstance(i, str) for i in ids)
-        for k, ids in granted.items()
-    ):
-        return "granted is not a mapping of its pods to GPU lists"
+    if not isinstance(granted, dict):
+        return "granted is not a mapping"
+    for key, ids in granted.items():
+        if key not in pods or not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            return "granted is not a mapping of its pods to GPU lists"
     return ""
 
 
