@@ -69,7 +69,10 @@ def locked_state(write: bool = True, wait: float = LOOK_WAIT) -> Iterator[dict[s
         lock = open_file(dir_fd, LOCK_FILE, where, write=True, create=True)
         assert lock is not None
         try:
-            acquire(lock, where.path / LOCK_FILE, wait)
+            try:
+                acquire(lock, where.path / LOCK_FILE, wait)
+            except OSError as err:  # ENOLCK: a filesystem without flock
+                raise StateError(where.path / LOCK_FILE, "lock", err) from None
             raw = _read(dir_fd, where)
             data = _load(raw, vanished=not raw.strip() and os.fstat(lock).st_size > 0)
             if write and "rebuild" in data and data["rebuild"].get("fresh"):
@@ -81,8 +84,9 @@ def locked_state(write: bool = True, wait: float = LOOK_WAIT) -> Iterator[dict[s
                 if text != raw.rstrip(b" "):
                     _write(dir_fd, where, text)
                     _remember(text)
-                    if os.fstat(lock).st_size == 0:
-                        os.pwrite(lock, _MARK, 0)
+                    with contextlib.suppress(OSError):  # the state is written: that is what counts
+                        if os.fstat(lock).st_size == 0:
+                            os.pwrite(lock, _MARK, 0)
         finally:
             os.close(lock)
     finally:
@@ -118,12 +122,12 @@ def rebuilding(data: Mapping[str, Any]) -> str:
     rebuild = data.get("rebuild")
     if not rebuild:
         return ""
-    left = float(rebuild.get("until", 0)) - time.time()
-    if left <= 0:
+    until = float(rebuild.get("until", 0))
+    if until <= time.time():
         return ""
     return (
-        f"the queue's state was rebuilt ({rebuild.get('why')}): no job is admitted for {left:.0f}s more, "
-        "until every running job has registered again"
+        f"the queue's state was rebuilt ({rebuild.get('why')}): no job is admitted before "
+        f"{time.strftime('%H:%M:%S', time.localtime(until))}, while the running jobs register again"
     )
 
 

@@ -26,7 +26,6 @@ from torchjob.engines.local.admission.plan import Plan
 from torchjob.engines.local.admission.store import (
     CHECK_EVERY,
     LOOK_WAIT,
-    StateError,
     live_jobs,
     locked_state,
     rebuilding,
@@ -45,12 +44,14 @@ RELEASE_WAIT = 2.0  # the last look; an entry left behind is dropped once its su
 NOTICE_AFTER = 2.0  # a running job's trouble is told once it lasted this long (not a passing one)
 
 
-def trouble_of(err: SpecError) -> str:
+def trouble_of(err: SpecError | OSError) -> str:
     """Why the queue's state could not be used, for a person."""
     if isinstance(err, Busy):
         return err.reason
     if isinstance(err, QueueDirError):
         return f"{err.where}: {err.message}"
+    if isinstance(err, OSError):
+        return f"{err.filename or 'the queue'}: {err.strerror or err}"
     return str(err)
 
 
@@ -106,15 +107,11 @@ class Ticket:
         self.registered = True
         return mine
 
-    def _troubled(self, err: SpecError) -> None:
+    def _troubled(self, err: SpecError | OSError) -> None:
         why = trouble_of(err)
         if why != self.trouble:
             self.trouble_since = time.monotonic()
         self.trouble = why
-
-    def register(self) -> None:
-        with locked_state() as data:
-            self._entry(data, live_jobs(data))
 
     def poll(self) -> bool:
         """One look (the first registers the job): True once the job is admitted (``granted`` says
@@ -134,7 +131,7 @@ class Ticket:
                     mine["granted"] = verdict.granted
                     mine["admitted"] = time.time()
                     data["admitted"] = mine["order"] = int(data.get("admitted", 0)) + 1
-        except (Busy, StateError, QueueDirError) as err:  # nothing of this look was kept
+        except (SpecError, OSError) as err:  # nothing of this look was kept (Busy, StateError, ...)
             self._troubled(err)
             self.reason = f"waiting: {self.trouble}"
             return False
@@ -168,7 +165,7 @@ class Ticket:
                 if wanted and not rebuilding(data):
                     more = grow(jobs, self.id, self.plan.capacity, self.plan.settings, finished)
                     mine["granted"] = {**keep, **more}
-        except (Busy, StateError, QueueDirError) as err:
+        except (SpecError, OSError) as err:  # bookkeeping: the job runs on with what it holds
             self._troubled(err)
             return {}
         self.trouble = ""
