@@ -229,11 +229,10 @@ def _load(args: argparse.Namespace, extra_env: dict[str, str]) -> list[Any]:
     )
     if script is not None:
         args.quick = args.quick or "1x1"  # the job's arguments and working directory are in it
-        from torchjob.quick import default_image_warning
+        if not local:
+            from torchjob.quick import require_image
 
-        note = None if local else default_image_warning(args.file, args.image)
-        if note:
-            print(note, file=sys.stderr)
+            require_image(args.image)
         return [script]
 
     if is_task_ref(args.file):  # the arguments after -- are the task's
