@@ -205,11 +205,11 @@ class Supervisor:
     def admit(self, on_waiting: Callable[[], None] | None) -> bool:
         """Wait for the job's turn in the local queue (no ticket: at once); False when it ended
         while waiting (a signal, its deadline). ``on_waiting`` is told once if it has to wait."""
-        from torchjob.engines.local.admission import POLL, POLL_MAX
-
         ticket = self.ticket
         if ticket is None:
-            return True
+            return True  # a job that asks for nothing loads nothing of the queue
+        from torchjob.engines.local.admission import POLL, POLL_MAX
+
         for note in ticket.plan.notes:
             self.record(note)
         shown = ""

@@ -17,7 +17,7 @@ as a gang. A job whose pods ask for nothing is not queued at all: it takes nothi
 
 from __future__ import annotations
 
-import importlib
+import sys
 
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -163,6 +163,7 @@ def __getattr__(name: str) -> object:
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    __import__(f"{__name__}.{module}")  # not importlib: the CLI does without it
+    value = getattr(sys.modules[f"{__name__}.{module}"], name)
     globals()[name] = value
     return value

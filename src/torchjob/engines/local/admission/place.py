@@ -106,6 +106,12 @@ def _judge(path: Path, info: os.stat_result, may_share: bool) -> tuple[bool, int
     mode = stat.S_IMODE(info.st_mode)
     if info.st_uid == me and mode == 0o700:
         return False, -1
+    if may_share and not mode & stat.S_IWGRP:  # shared means: for a group to write in
+        raise QueueDirError(
+            path,
+            f"the queue directory has mode {mode:04o}, owner uid {info.st_uid}: expected 0700 and yours "
+            "(a queue of your own) or 2770 and root's (a group's); refusing it",
+        )
     if not may_share:
         if info.st_uid != me:
             raise QueueDirError(
