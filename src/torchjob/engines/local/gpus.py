@@ -162,6 +162,8 @@ def identities(
     if not devices or all(d.startswith("MIG-") for d in devices):  # a MIG UUID is always whole
         return tuple(devices)
     table = _uuids(environ, proc or PROC_GPUS)
+    if not table:  # nothing to tell them by: each is its name
+        return tuple(devices)
     out = []
     for device in devices:
         if device.isdigit():

@@ -87,7 +87,7 @@ def declared(settings: Settings) -> tuple[Amounts, list[str]]:
 
 
 def _fake(count: float) -> tuple[str, ...]:
-    return tuple(str(i) for i in range(int(count)))  # at most amounts.MAX_GPUS
+    return tuple(map(str, range(int(count))))  # at most amounts.MAX_GPUS
 
 
 def declared_gpus() -> gpus.Inventory | None:
