@@ -196,6 +196,39 @@ def test_a_full_filesystem_keeps_the_last_good_state_and_stops_no_job(
     assert "Traceback" not in supervisor_logs(tmp_path)
 
 
+def test_a_running_job_whose_grant_cannot_be_written_runs_on(
+    queue_env: Path, tiny_fs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHJOB_QUEUE_DIR", str(tiny_fs / "queue"))
+    holder = ticket("holder", 1)
+    assert holder.poll()
+    limits = {"resources": {"limits": {"nvidia.com/gpu": 1}}}
+    elastic = make_job(
+        "elastic", [task("main", [container("main", ["true"], **limits)], replicas=2, minAvailable=1)]
+    )
+    plan = plan_for(elastic)
+    assert plan is not None
+    running = Ticket(plan, "elastic", "elastic")
+    assert running.poll() and list(running.granted) == ["main/0"]  # its gang; main/1 waits for a GPU
+    with locked_state() as data:  # the state fills its page exactly
+        data["pad"] = ""
+        data["pad"] = "x" * (4096 - len(json.dumps(data, separators=(",", ":"))))
+    fill(tiny_fs / "filler")
+    assert holder.grow(finished={"main/0"}) == {}  # its pod ended: the state shrinks, in place
+    assert running.grow() == {}  # main/1's grant would need a new page: nothing is written, no raise
+    assert "cannot write the queue's state: No space left on device" in running.trouble
+    running.trouble_since -= 60
+    said = running.notice()
+    assert said.startswith("the local queue's state cannot be used: ") and said.endswith(
+        "the job runs on with what it holds, its other pods wait"
+    ), said
+    (tiny_fs / "filler").unlink()
+    assert running.grow() == {"main/1": ["0"]}
+    assert running.notice() == "the local queue's state can be used again"
+    running.release()
+    holder.release()
+
+
 # ------------------------------------------------------------------ GPUs
 
 
