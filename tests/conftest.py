@@ -58,13 +58,27 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 
 @pytest.fixture
+def queue_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A queue of this test alone, on a machine of 4 CPUs, 8Gi and 2 GPUs; no settings file."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("TORCHJOB_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("TORCHJOB_QUEUE_DIR", str(runtime))  # not the machine's shared queue, if any
+    monkeypatch.setenv("TORCHJOB_CAPACITY", "cpu=4,memory=8Gi,nvidia.com/gpu=2")
+    monkeypatch.setenv("TORCHJOB_CONFIG", str(tmp_path / "queues.yaml"))
+    monkeypatch.delenv("TORCHJOB_QUEUE", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
 def other_user() -> Iterator[pwd.struct_passwd]:
-    """A fresh second user (and its group), removed after the test; skips without root."""
+    """A fresh second user (and its group of the same name), removed after the test; skips unless
+    the tests run as root with useradd."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create a second user with useradd")
     if shutil.which("useradd") is None or shutil.which("userdel") is None:
         pytest.skip("useradd/userdel are not installed")
-    name = f"tjsec{os.getpid() % 100000}x{time.monotonic_ns() % 1000}"
+    name = f"tjq{os.getpid() % 100000}x{time.monotonic_ns() % 1000}"
     for _ in range(50):  # /etc/passwd may be locked by another test adding its own user
         made = subprocess.run(
             ["useradd", "--no-create-home", "--user-group", "--shell", "/bin/sh", name],

@@ -113,7 +113,7 @@ class Supervisor:
         self.factory = PodFactory(job, job_dir, extra_env, warm, preload, planned, pooled)
         if self.factory.preloader is not None:  # a fork server that cannot be used is said once
             self.factory.preloader.note = lambda text: self.note(text, Level.WARNING)
-        self.ticket: Ticket | None = None  # the job's place in the local queue (admission.py)
+        self.ticket: Ticket | None = None  # the job's place in the local queue (admission/)
         if admission is not None:
             from torchjob.engines.local.admission import Ticket
 
@@ -206,11 +206,11 @@ class Supervisor:
     def admit(self, on_waiting: Callable[[], None] | None) -> bool:
         """Wait for the job's turn in the local queue (no ticket: at once); False when it ended
         while waiting (a signal, its deadline). ``on_waiting`` is told once if it has to wait."""
-        from torchjob.engines.local.admission import POLL, POLL_MAX
-
         ticket = self.ticket
         if ticket is None:
-            return True
+            return True  # a job that asks for nothing loads nothing of the queue
+        from torchjob.engines.local.admission import POLL, POLL_MAX
+
         for note in ticket.plan.notes:
             self.record(note)
         shown = ""
@@ -261,7 +261,11 @@ class Supervisor:
         finished = {
             f"{t}/{i}" for (t, i), p in self.pods.items() if p.phase == SUCCEEDED and not p.terminating
         }
-        more = self.ticket.grow(finished)
+        more = self.ticket.grow(finished)  # never raises over the queue's state: see notice
+        said = self.ticket.notice()
+        if said:  # in the job's events (status) and on its console
+            self.record(said)
+            self.dirty = True
         if more:
             self.factory.regrant(list(more))
         # As Volcano's sync creates the pods that do not exist: those the queue lets start now.
