@@ -9,6 +9,10 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch's CPU build where pip can find it (here: a wheel on local disk), else the default one:
+	# the default Linux build carries CUDA, whose import takes 0.4 s longer and whose processes hold
+	# twice the memory, which every rank, fork and test pays for (benchmarks/README.md).
+	-$(BIN)/python -m pip install --quiet 'torch==2.13.0+cpu'
 	$(BIN)/python -m pip install --quiet -e '.[torch,dev,flyte]'
 	touch $(STAMP)
 
