@@ -6,6 +6,7 @@ Run from the repository root with the project's virtualenv::
     .venv/bin/python benchmarks/bench_warm.py --ranks 2 --reps 9 --calls 8 --json out.json
     .venv/bin/python benchmarks/bench_warm.py --cold        # cold calls interleaved (TORCHJOB_WARM=0)
     .venv/bin/python benchmarks/bench_warm.py --ranks --elastic 2x2  # Elastic(nnodes=2, nproc_per_node=2)
+    git worktree add /tmp/old HEAD~3 && .venv/bin/python benchmarks/bench_warm.py --against /tmp/old/src
 
 Each repetition is a fresh Python process that imports ``torchjob`` (before the clock starts), then
 calls a ``PyTorch`` task (a master and N-1 workers on the local engine: init gloo, all-reduce 1024
@@ -14,6 +15,8 @@ pool (the fork server imports torch once); the later calls fork their ranks from
 the cases take turns, so that other load on the machine falls on all of them alike; ``--cold``
 adds a cold call (``TORCHJOB_WARM=0``: every rank a new interpreter) after each warm one, for
 comparison. ``--elastic 2x2`` runs an ``Elastic(nnodes=2, nproc_per_node=2)`` task the same way.
+``--against SRC`` runs every case with another checkout's code as well (``PYTHONPATH=SRC``, the
+same virtualenv), its processes taking turns with this one's: the rows marked ``@against``.
 
 Goals (issue 32, on a quiet machine): the first call of a process within 1.5 s (2 ranks); a warm
 call within 0.10 s at 2 ranks and 0.15 s at 4 (the median of every call after the first, over all
@@ -72,13 +75,16 @@ CALLER = textwrap.dedent(
 )
 
 
-def measure(ranks: int, calls: int, elastic: str = "", cold: bool = False) -> dict[str, Any]:
-    """One fresh process making ``calls`` calls (and as many cold ones with ``cold``)."""
+def measure(ranks: int, calls: int, elastic: str = "", cold: bool = False, src: str = "") -> dict[str, Any]:
+    """One fresh process making ``calls`` calls (and as many cold ones with ``cold``), with the code
+    of ``src`` when given."""
     with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
         script = Path(tmp) / "caller.py"
         script.write_text(CALLER)
         env = dict(os.environ, TORCHJOB_HOME=str(Path(tmp) / "home"))
         env.pop("TORCHJOB_WARM", None)
+        if src:
+            env["PYTHONPATH"] = src
         done = subprocess.run(
             [sys.executable, str(script), str(ranks), str(calls), elastic, "cold" if cold else ""],
             cwd=tmp,
@@ -141,16 +147,21 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="*", default=[2, 4])
     parser.add_argument("--elastic", nargs="*", default=[], metavar="NODESxPROCS")
     parser.add_argument("--cold", action="store_true", help="a cold call after each warm one")
+    parser.add_argument("--against", metavar="SRC", help="also run another checkout's src, interleaved")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     cases = [(r, "") for r in args.ranks]
     for case in args.elastic:
         nodes, _, procs = case.partition("x")
         cases.append((int(nodes) * int(procs), case))
+    versions = [""] + ([args.against] if args.against else [])
     runs: dict[str, list[dict[str, Any]]] = {}
     for rep in range(args.reps):
-        for ranks, elastic in cases if rep % 2 == 0 else cases[::-1]:
-            result = measure(ranks, args.calls, elastic, args.cold)
+        turns = [(ranks, elastic, src) for ranks, elastic in cases for src in versions]
+        for ranks, elastic, src in turns if rep % 2 == 0 else turns[::-1]:
+            result = measure(ranks, args.calls, elastic, args.cold, src)
+            if src:
+                result["case"] += "@against"
             runs.setdefault(result["case"], []).append(result)
             times = " ".join(f"{t:.3f}" for t in result["times"]["warm"])
             print(f"  rep {rep + 1}: {result['case']}: {times}", file=sys.stderr)
