@@ -39,8 +39,7 @@ if TYPE_CHECKING:
     Forker = Callable[[ContainerRun, Path], Forked | str | None]
 
 RESTART_WAIT = 5.0  # seconds past a restart's time to wait for the previous run's processes to die
-FORK_LATER = "later"  # a forker's answer: the preloading server is not ready yet (preload.py)
-FORK_RETRY = 0.05  # seconds until such a container is tried again
+FORK_RETRY = 0.05  # seconds until a container the fork server cannot fork yet is tried again
 TEARDOWN_ABORT = 128 + signal.SIGABRT
 TEARDOWN_NOTE = (
     "the program finished (exit code 0), then the interpreter aborted (SIGABRT) while shutting "
@@ -189,7 +188,7 @@ class LocalRunner(RuntimeHooks):
         try:
             with process.ADOPTION:  # until p.proc holds it, the new process is nobody's (cleanup.py)
                 forked = p.forker(p.run, c.log) if p.forker is not None and not p.run.init else None
-                if isinstance(forked, str):  # FORK_LATER: the fork server still imports; nothing waits
+                if isinstance(forked, str):  # preload.FORK_LATER: the server still imports; nothing waits
                     p.proc, p.fork_wait = None, True  # tried again soon, or at once: Supervisor.wake_forks
                     raise StartLater(FORK_RETRY)
                 p.fork_wait = False
