@@ -528,6 +528,10 @@ def run_queue(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"capacity: {_amounts(found.capacity)} ({found.source})")
     print(f"free:     {_amounts(found.free)}")
+    if found.where:
+        print(f"kept in:  {found.where}")
+    for note in found.notes:
+        print(f"note:     {note}")
     rows: list[tuple[str, ...]] = [("QUEUE", "WEIGHT", "CAPABILITY", "RUNNING", "WAITING")]
     for q in found.queues:
         rows.append((q.name, f"{q.weight:g}", _amounts(q.capability) or "-", str(q.running), str(q.waiting)))
@@ -536,9 +540,11 @@ def run_queue(args: argparse.Namespace) -> int:
         print("no job holds or waits for resources")
         return EXIT_OK
     print()
-    rows = [("JOB", "QUEUE", "PRIORITY", "STATE", "RESOURCES", "REASON")]
+    users = any(j.user for j in found.jobs)  # a queue users share: whose each job is
+    rows = [("JOB", *(("USER",) if users else ()), "QUEUE", "PRIORITY", "STATE", "RESOURCES", "REASON")]
     for j in found.jobs:
-        rows.append((j.id, j.queue, str(j.priority), j.state, _amounts(j.requests), j.reason))
+        who = (j.user,) if users else ()
+        rows.append((j.id, *who, j.queue, str(j.priority), j.state, _amounts(j.requests), j.reason))
     _table(rows)
     return EXIT_OK
 

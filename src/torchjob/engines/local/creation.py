@@ -120,7 +120,7 @@ class PodFactory:
         if self.gpu_shares is not None:
             self.gpu_env = self.gpu_shares(self.pod_specs)
         else:
-            self.gpu_env, gpu_note = gpus.job_env(self.pod_specs, _capacity_gpus())
+            self.gpu_env, gpu_note = gpus.job_env(self.pod_specs, _declared_gpus)
             if gpu_note:
                 note(gpu_note)
         plugins = build_plugins(self.job)
@@ -349,13 +349,12 @@ class PodFactory:
         return ", ".join(f"{d}->{h}" for d, h in self.ports.items()) or "none"
 
 
-def _capacity_gpus() -> gpus.Inventory | None:
-    """The GPUs ``TORCHJOB_CAPACITY`` names, which replace the machine's; None when it is not set."""
-    if "TORCHJOB_CAPACITY" not in os.environ:
-        return None
-    from torchjob.engines.local.admission import gpu_override
+def _declared_gpus() -> gpus.Inventory | None:
+    """The GPUs declared (``TORCHJOB_CAPACITY``, the queue settings' ``capacity``), which replace
+    the machine's; None when none are."""
+    from torchjob.engines.local.admission.capacity import declared_gpus
 
-    return gpu_override()
+    return declared_gpus()
 
 
 def job_uids(job: Job) -> str:

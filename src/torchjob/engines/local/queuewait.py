@@ -107,7 +107,11 @@ class QueueWait:
         finished = {
             f"{t}/{i}" for (t, i), p in ctl.pods.items() if p.phase == SUCCEEDED and not p.terminating
         }
-        more = self.ticket.grow(finished)
+        more = self.ticket.grow(finished)  # never raises over the queue's state: see notice
+        said = self.ticket.notice()
+        if said:  # in the job's events (status) and on its console
+            self.notes.record(said)
+            ctl.dirty = True
         if more:
             self.factory.regrant(list(more))
         # As Volcano's sync creates the pods that do not exist: those the queue lets start now.

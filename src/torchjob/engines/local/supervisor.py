@@ -89,7 +89,7 @@ class Supervisor:
         self.factory = PodFactory(job, job_dir, extra_env, warm, preload, planned, pooled)
         if self.factory.preloader is not None:  # a fork server that cannot be used is said once
             self.factory.preloader.note = lambda text: self.notes.note(text, Level.WARNING)
-        ticket = None  # the job's place in the local queue (admission.py)
+        ticket = None  # the job's place in the local queue (admission/)
         if admission is not None:
             from torchjob.engines.local.admission import Ticket
 
