@@ -18,14 +18,9 @@ from torchjob.controller.kubelet import Container, Pod
 from torchjob.engines.local import gpus, podnames, prewarm, process, security
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
-from torchjob.engines.local.containers import (
-    ContainerRun,
-    PodSetup,
-    ResolveError,
-    configmaps_of,
-    make_empty_dirs,
-    resolve_pod,
-)
+from torchjob.engines.local.containers import ContainerRun, PodSetup, ResolveError, configmaps_of
+from torchjob.engines.local.mounts import make_empty_dirs
+from torchjob.engines.local.resolve import resolve_pod
 from torchjob.engines.local.runner import Processes
 from torchjob.engines.local.state import JobDir, make_private_dirs
 from torchjob.expand import Attempts, DesiredState, PodPlan, expand, readdress

@@ -99,7 +99,7 @@ class LocalEngine:
 
     def warnings(self, job: Job) -> list[Issue]:
         """What ``job`` asks for that has no effect here (``validate --local``; a run records them)."""
-        from torchjob.engines.local.containers import local_warnings
+        from torchjob.engines.local.localcheck import local_warnings
 
         state = self._plan_of(job).state
         return [] if state is None else local_warnings(state, {})

@@ -40,7 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from torchjob.engines.local import prewarm, process, procfs
-from torchjob.engines.local.containers import ContainerRun, is_engine_variable
+from torchjob.engines.local.containers import ContainerRun
+from torchjob.engines.local.envvars import is_engine_variable
 from torchjob.engines.local.state import open_private
 
 SERVER = str(Path(__file__).with_name("forkserver.py"))

@@ -30,10 +30,10 @@ from torchjob.controller import DEFAULT_GRACE, Controller, termination_grace
 from torchjob.controller.kubelet import ENDED, Kubelet, Pod
 from torchjob.engines.local import process, runner
 from torchjob.engines.local.cleanup import STUCK_AFTER_KILL, TICK, JobProcesses
-from torchjob.engines.local.containers import local_warnings
 from torchjob.engines.local.creation import PodFactory
 from torchjob.engines.local.echo import LOG_EVERY, Echo
 from torchjob.engines.local.hints import FailureHints
+from torchjob.engines.local.localcheck import local_warnings
 from torchjob.engines.local.notes import Notes
 from torchjob.engines.local.output import Console, SinkConsole, short_name
 from torchjob.engines.local.prewarm import modules_of as prewarm_modules
