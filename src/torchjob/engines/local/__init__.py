@@ -137,7 +137,7 @@ def run_job(
     job's plan (planning.plan_job), checked and expanded once: made here when not given. An attached
     job's console writes to ``output``: the caller's stream (standard output when None), or a
     SinkConsole for a caller's sink of lines."""
-    from torchjob.engines.local.state import new_job_dir, state_root
+    from torchjob.engines.local.roots import new_job_dir, state_root
 
     options = options or RunOptions()
     if planned is None and job.total_replicas:

@@ -28,15 +28,9 @@ from torchjob.engine_api.base import (
     StartOptions,
     StreamSink,
 )
+from torchjob.engines.local.roots import ROOT_MARKER, collect_expired, is_state_root, list_jobs, state_root
 from torchjob.engines.local.settings import ENGINE
-from torchjob.engines.local.state import (
-    ROOT_MARKER,
-    JobDir,
-    collect_expired,
-    is_state_root,
-    list_jobs,
-    state_root,
-)
+from torchjob.engines.local.state import JobDir
 from torchjob.phases import UNKNOWN, PodState
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
