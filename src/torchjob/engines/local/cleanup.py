@@ -14,7 +14,7 @@ import threading
 import time
 
 from torchjob.controller.kubelet import Pod
-from torchjob.engines.local import process, procfs, runner
+from torchjob.engines.local import process, procfs, proctree, runner
 from torchjob.engines.local.watchdog import Watchdog
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -54,7 +54,7 @@ class JobProcesses:
 
     def start(self) -> None:
         """Become the subreaper of the job's orphans and start the watchdog; before any pod."""
-        self.foreign = set(process.children_of_self())  # a library caller's own processes
+        self.foreign = set(proctree.children_of_self())  # a library caller's own processes
         with _LIVE_LOCK:
             _LIVE.append(self)
         process.set_child_subreaper(True)
@@ -63,8 +63,8 @@ class JobProcesses:
     def track(self) -> None:
         """Record every container's descendants and reap the ones that were adopted and ended."""
         with process.ADOPTION:
-            tree = process.children_map()
-            adopted = process.adopted(tree, self.known_children(), self.job_id)
+            tree = proctree.children_map()
+            adopted = proctree.adopted(tree, self.known_children(), self.job_id)
         for pod in self.pods.values():
             runner.track(pod, tree)
         self.job_pids.update(p.pid for pod in self.pods.values() for p in runner.tracked(pod))
@@ -108,11 +108,11 @@ class JobProcesses:
             if tree is None:
                 # Which main processes have ended is asked before the scan: their orphans were
                 # handed to this process as they ended, so the scan sees every one of them.
-                ended = {pid for pid in known if process.exited(pid)}
-                tree = process.children_map()
+                ended = {pid for pid in known if proctree.exited(pid)}
+                tree = proctree.children_map()
                 self._scan = (time.monotonic(), known, ended, tree)
                 self._scan_found = False
-            found = process.adopted(tree, known | ended, self.job_id)
+            found = proctree.adopted(tree, known | ended, self.job_id)
         self._scan_found = self._scan_found or bool(found)
         self.job_pids.update(found)
         return found

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from torchjob.controller.kubelet import CannotStart, Container, Pod, RuntimeHooks, StartLater
-from torchjob.engines.local import prewarm, process
+from torchjob.engines.local import prewarm, process, proctree
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.state import open_private
 from torchjob.records import field, record
@@ -119,17 +119,17 @@ def live_pids(pod: Pod) -> list[int]:
 
 def track(pod: Pod, tree: Mapping[int, list[int]] | None = None) -> None:
     """Record the live descendants of running containers, to stop them even after they leave.
-    ``tree`` (:func:`process.children_map`) can be shared when many pods are looked at."""
+    ``tree`` (:func:`proctree.children_map`) can be shared when many pods are looked at."""
     for p in map(of, pod.containers):
         if p.tracked:
             p.tracked = {t.pid: t for t in process.alive(p.tracked.values())}
     running = [p for p in map(of, pod.containers) if p.alive and p.proc is not None]
     if not running:
         return
-    tree = process.children_map() if tree is None else tree
+    tree = proctree.children_map() if tree is None else tree
     for p in running:
         assert p.proc is not None
-        new = [pid for pid in process.descendants_in(tree, p.proc.pid) if pid not in p.tracked]
+        new = [pid for pid in proctree.descendants_in(tree, p.proc.pid) if pid not in p.tracked]
         if not new:  # the usual case (a program without children): psutil is not even imported
             continue
         import psutil  # 10 ms of CPU, taken from the job's ranks if done while they start
@@ -285,7 +285,7 @@ class LocalRunner(RuntimeHooks):
     def stopping(self, pods: Sequence[Pod], signum: int) -> None:
         """Before the containers are signalled: the descendants recorded (one scan of the process
         table for all the pods), warm processes discarded, strays of ended runs signalled too."""
-        tree = process.children_map() if signum == signal.SIGTERM and pods else None
+        tree = proctree.children_map() if signum == signal.SIGTERM and pods else None
         for pod in pods:
             if tree is not None:
                 track(pod, tree)
