@@ -25,7 +25,6 @@ from torchjob.engine_api.base import (
     StartOptions,
     StreamSink,
 )
-from torchjob.engines.local.logreader import FOLLOW_EVERY, last_output, log_lines
 from torchjob.engines.local.roots import ROOT_MARKER, collect_expired, is_state_root, list_jobs, state_root
 from torchjob.engines.local.settings import ENGINE
 from torchjob.engines.local.state import JobDir
@@ -43,6 +42,7 @@ if TYPE_CHECKING:
 MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by
 STOP_GRACE = 15.0  # seconds a supervisor has to stop its job after SIGTERM, before SIGKILL
 WATCHDOG_GRACE = 1.5  # after SIGKILL, the supervisor's watchdog needs about a second to stop the pods
+WAIT_EVERY = 0.1  # seconds between reads of a waited-for job's status
 
 
 class LocalEngine:
@@ -144,11 +144,13 @@ class LocalEngine:
             raise EngineError(_cannot_read(err)) from None
 
     def status(self, ref: str) -> JobReport:
+        from torchjob.engines.local import logreader  # not loaded by a run
+
         where = self._find(ref)
         report = self._live(where)
         for pod in report.pods:  # read here, not kept in status.json: output comes between its writes
             with contextlib.suppress(ValueError):  # a pod name that is not a plain name has none
-                pod.last_output_at = last_output(where.log_dir(pod.name, pod.attempt))
+                pod.last_output_at = logreader.last_output(where.log_dir(pod.name, pod.attempt))
         return report
 
     def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
@@ -161,7 +163,7 @@ class LocalEngine:
                 return report
             if deadline is not None and time.monotonic() >= deadline:
                 return report
-            time.sleep(FOLLOW_EVERY)
+            time.sleep(WAIT_EVERY)
 
     def _live(self, where: JobDir) -> JobReport:
         """The stored report, with phase Unknown when its supervisor died before the job ended."""
@@ -206,6 +208,8 @@ class LocalEngine:
 
     def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
         """Every check is made here, before the first line: a wrong pod, container or attempt is an error."""
+        from torchjob.engines.local.logreader import log_lines  # not loaded by a run
+
         return log_lines(self._find(ref), query)
 
     # -------------------------------------------------------------- queue
