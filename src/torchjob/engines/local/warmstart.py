@@ -80,7 +80,7 @@ def main() -> None:
     sys.orig_argv[:] = cold
     if not warm:
         _exec(cold)
-    _run(mode, target, cold, here, boot)
+    _run(mode, target, cold, {here}, boot)
 
 
 def _parse(tail: list[str]) -> tuple[str, str, list[str]]:
@@ -182,8 +182,7 @@ def _fresh_main(extra: dict[str, Any]) -> dict[str, Any]:
     return main
 
 
-def _run(mode: str, target: str, cold: list[str], here: str, boot: CodeType) -> None:
-    files = {here}  # whose frames a traceback leaves out
+def _run(mode: str, target: str, cold: list[str], files: set[str], boot: CodeType) -> None:
     marker = os.environ.pop(FINISHED, None)  # the program's own children do not inherit it
     if marker and marker.startswith("fd:") and marker[3:].isdigit():
         try:
@@ -194,7 +193,7 @@ def _run(mode: str, target: str, cold: list[str], here: str, boot: CodeType) -> 
         import runpy
 
         if target in AGENTS:  # its exit barrier never outlives the store it waits on
-            patch = _beside(here, "agentbarrier.py", files).get("store_owner_leaves_last")
+            patch = _beside("agentbarrier.py", files).get("store_owner_leaves_last")
             if patch is not None:
                 patch()
         _fresh_main({})
@@ -241,11 +240,12 @@ def _run(mode: str, target: str, cold: list[str], here: str, boot: CodeType) -> 
 AGENTS = ("torch.distributed.run", "torch.distributed.launch")  # torchrun's agent, run as -m
 
 
-def _beside(here: str, name: str, files: set[str]) -> dict[str, Any]:
-    """The names of ``name``, a file beside this one (``here``), run in a namespace of its own
-    (torchjob itself may not be importable here); added to ``files``, whose frames a traceback
-    leaves out. Empty when it cannot be read."""
-    path = os.path.join(os.path.dirname(here), name)
+def _beside(name: str, files: set[str]) -> dict[str, Any]:
+    """The names of ``name``, a file beside this one, run in a namespace of its own (torchjob
+    itself may not be importable here); added to ``files``, whose frames a traceback leaves out.
+    Empty when it cannot be read. (This file is found by its code's name: it is loaded from its
+    path by BOOT or the fork server, never as a module with a ``__file__`` of its own.)"""
+    path = os.path.join(os.path.dirname(_beside.__code__.co_filename), name)
     namespace: dict[str, Any] = {"__name__": "torchjob_" + name.removesuffix(".py")}
     try:
         with open(path, "rb") as handle:
