@@ -12,6 +12,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,3 +97,14 @@ def other_user() -> Iterator[pwd.struct_passwd]:
             if subprocess.run(["userdel", name], capture_output=True).returncode in (0, 6):
                 break
             time.sleep(0.1)
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory like /tmp (1777), that every user can write to; /tmp itself is left alone."""
+    path = Path(tempfile.mkdtemp(prefix="torchjob-security-", dir="/tmp"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -106,3 +107,18 @@ def write_job(tmp_path: Path, job: Job, name: str = "job.json") -> str:
     path = tmp_path / name
     path.write_text(json.dumps(job_manifest(job)))
     return str(path)
+
+
+def as_user(user: pwd.struct_passwd, script: str, **extra: Any) -> subprocess.CompletedProcess[str]:
+    """``sh -c SCRIPT`` as ``user`` (no supplementary groups), in /, its output captured."""
+    return subprocess.run(
+        ["sh", "-c", script],
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd="/",
+        **extra,
+    )

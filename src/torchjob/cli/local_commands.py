@@ -183,6 +183,8 @@ def _status_lines(report: JobReport) -> list[str]:
     lines += crash_loops(report)
     if report.name_resolution:
         lines.append(f"names: {report.name_resolution}")
+    if report.network:
+        lines.append(f"network: {report.network}")
     for event in report.events[-5:]:
         when = time.strftime("%H:%M:%S", time.localtime(event.time))
         lines.append(f"  {when} {event.message}")

@@ -4,7 +4,8 @@
 each hint once a job. A container whose ``python`` is torchjob's own interpreter and whose first
 run fails because that interpreter has no torch would otherwise crash-loop for minutes, each
 attempt's log ending in the same ``ModuleNotFoundError``; the fix is an install, not a change to
-the job.
+the job. A container that failed to reach another machine from a job's own network (loopback
+only, netns.py) is told how to run the job on the machine's network.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from torchjob.controller.rootcause import log_tail
 from torchjob.engines.local.output import short_name
 
 _NO_TORCH = re.compile(r"ModuleNotFoundError: No module named 'torch(?:\.\w+)*'")
+# What resolvers and sockets say without a route or a name server (glibc, Python, curl, pip, requests).
+_NO_NETWORK = re.compile(
+    r"Temporary failure in name resolution|Network is unreachable|Could not resolve host"
+    r"|Name or service not known|Failed to resolve|\[Errno -3\]|\[Errno 101\]"
+)
 
 
 def missing_torch(container: Container) -> str | None:
@@ -34,15 +40,32 @@ def missing_torch(container: Container) -> str | None:
     )
 
 
+def no_network(container: Container) -> str | None:
+    """The line to print when ``container`` (its run just ended in failure, in the job's own
+    network) says it could not resolve a name or reach a network; None otherwise."""
+    if container.exit_code in (None, 0):
+        return None
+    if not any(_NO_NETWORK.search(line) for line in log_tail(container.log)):
+        return None
+    return (
+        f"container {container.name} could not reach the network: the job has a network of its "
+        "own, with the loopback only (docs/local-engine.md); a job that must reach other machines runs "
+        "on this machine's network with TORCHJOB_NETWORK=host in torchjob's environment, or with "
+        "hostNetwork: true in its pods"
+    )
+
+
 class FailureHints:
     def __init__(self, job_name: str, record: Callable[[str], None]) -> None:
         self.job_name = job_name
         self.record = record
         self.explained: set[tuple[tuple[str, int], str]] = set()  # containers whose first failure was seen
         self.told_no_torch = False  # one line a job
+        self.told_no_network = False  # one line a job
 
-    def explain(self, pod: Pod) -> None:
-        """A container's first failure whose fix is outside the job (no torch here): said once."""
+    def explain(self, pod: Pod, own_network: bool) -> None:
+        """A container's first failure whose fix is outside the job (no torch here; no network in
+        the job's own, ``own_network``): said once."""
         key = (pod.task, pod.index)
         for c in pod.containers:
             if c.exit_code in (None, 0) or (key, c.name) in self.explained:
@@ -51,4 +74,8 @@ class FailureHints:
             hint = missing_torch(c) if not self.told_no_torch else None
             if hint is not None:
                 self.told_no_torch = True
+                self.record(f"pod {short_name(self.job_name, pod.name)}: {hint}")
+            hint = no_network(c) if own_network and not self.told_no_network else None
+            if hint is not None:
+                self.told_no_network = True
                 self.record(f"pod {short_name(self.job_name, pod.name)}: {hint}")

@@ -18,7 +18,7 @@ from torchjob.controller.kubelet import Pod
 from torchjob.engines.local import runner
 from torchjob.engines.local.cleanup import JobProcesses
 from torchjob.engines.local.creation import PodFactory
-from torchjob.engines.local.listeners import PortWatch, taken_ports
+from torchjob.engines.local.listeners import PortWatch
 
 
 class PortGuard:
@@ -48,8 +48,12 @@ class PortGuard:
 
     def watch(self) -> None:
         """A foreign listener on the rendezvous port fails the job."""
-        if not self.factory.rendezvous or self.ctl.status.phase.final:
-            return
+        if (
+            not self.factory.rendezvous
+            or self.ctl.status.phase.final
+            or self.factory.net.namespace is not None
+        ):
+            return  # (in the job's own network nothing outside the job can listen)
         if self.rendezvous is None:
             self.rendezvous = PortWatch(self.factory.rendezvous, self.job_id, self.uids)
         taken = self.rendezvous.taken(self.job_pids())
@@ -65,6 +69,9 @@ class PortGuard:
         """Once, at the job's first failed container: a port of the job taken is the suspect."""
         if self.ctl.suspect is not None or not self.factory.ports:
             return
-        self.ctl.suspect = "; ".join(taken_ports(self.factory.ports, self.job_id, self.uids))
+        network = self.factory.net.namespace  # the job's own: its listeners are read there
+        tables = network.read_tables if network else None
+        watch = PortWatch(self.factory.ports, self.job_id, self.uids, tables)
+        self.ctl.suspect = "; ".join(watch.taken(self.job_pids()))
         if self.ctl.suspect:
             self.record(self.ctl.suspect)

@@ -39,7 +39,7 @@ class StatusFile:
 
     def report(self) -> JobReport:
         factory = self.factory
-        return job_report(
+        report = job_report(
             self.job,
             engine="local",
             id=self.dir.id,
@@ -54,6 +54,8 @@ class StatusFile:
             # Not decided before the pods are prepared (a job waiting in the queue): not said.
             name_resolution=factory.name_resolution if factory.addressing is not None else "",
         )
+        report.network = factory.net.text  # the job's own namespace, or why the machine's
+        return report
 
     def write(self, must: bool = False) -> None:
         """Write status.json; a failure (a full disk) is said once and retried on the next pass,

@@ -184,7 +184,7 @@ class Supervisor:
 
     def start(self) -> None:
         factory = self.factory
-        factory.prepare(self.notes.note)
+        factory.prepare(self.notes.note, self.notes.record)
         if factory.ports:
             from torchjob.engines.local.portwatch import PortGuard
 
@@ -298,7 +298,7 @@ class Supervisor:
     def observed(self, pod: Pod, restarted: bool) -> None:
         if pod.phase in ENDED:
             self.echo.close(pod)
-        self.hints.explain(pod)
+        self.hints.explain(pod, self.factory.net.namespace is not None)
         if pod.exit_code not in (None, 0) and self.ports is not None:  # before the policy ends the job
             self.ports.check()
         # Said here only when the container's log does not show the line torchjob writes into it.
@@ -323,6 +323,7 @@ class Supervisor:
     def shutdown(self) -> None:
         """Stop everything left, whatever happened; bounded in time."""
         self.stop_pods()
+        self.factory.net.close()  # its forwarder first: the sweep below then has one process less to wait for
         self.processes.kill_the_rest()
         if self.queue is not None:
             self.queue.release()
