@@ -52,7 +52,7 @@ class StatusFile:
             finished=self.finished,
             events=self.notes.events,
             # Not decided before the pods are prepared (a job waiting in the queue): not said.
-            name_resolution=factory.name_resolution if factory.addressing is not None else "",
+            name_resolution=factory.hosts.resolution if factory.addressing is not None else "",
         )
         report.network = factory.net.text  # the job's own namespace, or why the machine's
         return report
