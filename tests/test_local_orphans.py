@@ -490,15 +490,15 @@ def test_daemons_of_containers_that_end_together_die_with_them(tmp_path: Path) -
 
 CHILDREN = """
 import subprocess, sys, time
-from torchjob.engines.local import process
-assert not process.has_children() and process.children_of_self() == []
+from torchjob.engines.local import proctree
+assert not proctree.has_children() and proctree.children_of_self() == []
 child = subprocess.Popen(["sh", "-c", "exit 7"])
-assert process.has_children()
-while not process.exited(child.pid):
+assert proctree.has_children()
+while not proctree.exited(child.pid):
     time.sleep(0.01)
-assert process.children_of_self() == [child.pid]  # ended, not reaped: still a child
+assert proctree.children_of_self() == [child.pid]  # ended, not reaped: still a child
 assert child.wait(timeout=5) == 7  # asking did not reap it: its exit code is still there
-assert not process.has_children() and not process.exited(child.pid)
+assert not proctree.has_children() and not proctree.exited(child.pid)
 print("ok")
 """
 

@@ -18,13 +18,11 @@ from test_local_support import container, make_job, run, sh, task, wait_until
 from torchjob.display import prefix_for
 from torchjob.engines.local import check_job
 from torchjob.engines.local.addressing import LocalAddressing, pod_address
-from torchjob.engines.local.containers import (
-    PodSetup,
-    expand_refs,
-    resolve_container,
-    rewrite_paths,
-)
+from torchjob.engines.local.containers import PodSetup
+from torchjob.engines.local.envvars import expand_refs
+from torchjob.engines.local.mounts import rewrite_paths
 from torchjob.engines.local.ports import declared_ports, release, reserve
+from torchjob.engines.local.resolve import resolve_container
 from torchjob.errors import Issue
 from torchjob.expand import expand
 from torchjob.files import LogFollower

@@ -271,9 +271,9 @@ def run_render(args: argparse.Namespace) -> int:
 
 
 def _render_env(args: argparse.Namespace) -> dict[str, str]:
-    from torchjob.cli.local_commands import _parse_env
+    from torchjob.cli.run_command import parse_env
 
-    return _parse_env(list(getattr(args, "env", None) or []))
+    return parse_env(list(getattr(args, "env", None) or []))
 
 
 def _render_target(loaded: list[Any], args: argparse.Namespace, env: dict[str, str]) -> int:

@@ -109,7 +109,7 @@ def _job_processes(pgids: set[int], pids: dict[int, int]) -> list[psutil.Process
     import psutil
 
     from torchjob.engines.local import procfs
-    from torchjob.engines.local.process import children_map, descendants_in
+    from torchjob.engines.local.proctree import children_map, descendants_in
 
     roots = set()
     for pgid in pgids:  # still leading its group: not a reused pid
