@@ -500,13 +500,16 @@ def test_min_available_judges_a_job_whose_pods_all_ended(engine: Engine, tmp_pat
 
 
 def test_depends_on_starts_a_task_once_its_dependency_runs(engine: Engine, tmp_path: Path) -> None:
+    # The server's init container leaves the marker: a pod is Running only once its init
+    # containers ended, so the marker is there when the client starts (its main container's first
+    # line may still be ahead, so that could not be the marker).
     marker = tmp_path / "server-up"
     path = job_file(
         tmp_path,
         "deps",
         [
             task("client", f"test -e {marker} && echo server was up", dependsOn={"name": ["server"]}),
-            task("server", f": > {marker}; sleep 1"),
+            task("server", "sleep 1", init=f": > {marker}"),
         ],
     )
     done = engine.run(path)
