@@ -7,6 +7,8 @@ the way tools/podtemplate_schema.py keeps the Volcano Job's pod template: only w
 templates inside each kind are left out (``x-torchjob-podtemplate``): a kind's pod templates become
 the tasks' templates of the job torchjob runs and are checked there, against the same pod schema as
 a Volcano Job's, with their paths given back in the kind's own terms. ``status`` is not checked.
+The runtimes Kubeflow Trainer installs (``runtimes/``: ``torch-distributed``) are kept too, as
+data: a TrainJob that names one is read without it in the file.
 Rerun it when a CRD is updated:
 
     .venv/bin/python tools/kinds_schema.py ../shared/crds
@@ -81,11 +83,16 @@ def build(crds: Path) -> dict[str, Any]:
         sources.append(f"{crd['metadata']['name']} (controller-gen {generator})")
     # Fold across every kind at once: the runtimes share JobSet's spec, every kind its volumes.
     root, definitions = fold({"type": "object", "properties": kinds})
+    runtimes = {}
+    for file in sorted((crds / "runtimes").glob("*.yaml")):
+        runtime = yaml.safe_load(file.read_text())
+        runtimes[runtime["metadata"]["name"]] = runtime
     return {
         "source": ", ".join(sources),
         "apiVersions": versions,
         "definitions": definitions,
         "kinds": root["properties"],
+        "runtimes": runtimes,
     }
 
 

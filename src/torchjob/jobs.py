@@ -67,7 +67,7 @@ def _check_kind(document: Document, runtimes: Runtimes | None) -> tuple[Job | No
 
     translation = translate(document, runtimes)
     translated = translation.document()
-    job, found = _check_volcano(translated)
+    job, found = _check_volcano(translated) if translation.complete else (None, [])
     own = [document.problem(issue.path, issue.message) for issue in translation.issues]
     # One mistake, one message: not again for what the Volcano Job made of a field already refused
     # (at that path, or under a value of the wrong type).

@@ -59,6 +59,11 @@ def kind_api_versions() -> dict[str, str]:
     return dict(_kinds()["apiVersions"])
 
 
+def installed_runtimes() -> dict[str, Any]:
+    """The runtimes Kubeflow Trainer installs (``torch-distributed``), by name: kinds.json's copy."""
+    return dict(_kinds()["runtimes"])
+
+
 def check_kind(document: Any, kind: str, skip: Callable[[str], bool] | None = None) -> Issues:
     """Every schema problem of a whole ``kind`` document (``PyTorchJob``, ``JobSet``, ...) outside its
     pod templates, against its CRD's schema; paths from the document's root."""

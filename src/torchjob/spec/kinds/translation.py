@@ -50,6 +50,7 @@ class Translation:
     # Problems found in another document (a runtime of another file): told there, as they are.
     elsewhere: list[Problem] = field(default_factory=list)
     typed: list[str] = field(default_factory=list)  # paths the schema refused
+    complete: bool = True  # False: no Volcano Job could be made (a TrainJob's runtime is missing)
 
     # --------------------------------------------------------------- building
 
