@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from podtemplate_schema import fold, strip  # noqa: E402  (the sibling tool's pieces)
+from podtemplate_schema import fold, strip
 
 REPO = Path(__file__).resolve().parent.parent
 OUTPUT = REPO / "src" / "torchjob" / "spec" / "schemas" / "kinds.json"
@@ -37,7 +37,10 @@ TEMPLATE = {"x-torchjob-podtemplate": True}
 RUNTIME_TEMPLATE = ("spec", "template", "spec", "replicatedJobs", "[]", "template", "spec", "template")
 KINDS: dict[str, tuple[str, tuple[tuple[str, ...], ...]]] = {
     "PyTorchJob": ("kubeflow.org_pytorchjobs.yaml", (("spec", "pytorchReplicaSpecs", "{}", "template"),)),
-    "JobSet": ("jobset.x-k8s.io_jobsets.yaml", (("spec", "replicatedJobs", "[]", "template", "spec", "template"),)),
+    "JobSet": (
+        "jobset.x-k8s.io_jobsets.yaml",
+        (("spec", "replicatedJobs", "[]", "template", "spec", "template"),),
+    ),
     "TrainJob": ("trainer.kubeflow.org_trainjobs.yaml", ()),
     "TrainingRuntime": ("trainer.kubeflow.org_trainingruntimes.yaml", (RUNTIME_TEMPLATE,)),
     "ClusterTrainingRuntime": ("trainer.kubeflow.org_clustertrainingruntimes.yaml", (RUNTIME_TEMPLATE,)),

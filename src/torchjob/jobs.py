@@ -121,7 +121,7 @@ def check_jobs(documents: list[Document], file: str, runtimes: Runtimes | None =
         documents = [d for d in documents if not is_runtime(d.data)]
     if not documents:
         what = "only runtimes, no job" if problems or runtimes is not None else "no job"
-        raise SpecError(problems + [Problem("", f"{what} found; expected {readable()}", file)])
+        raise SpecError([*problems, Problem("", f"{what} found; expected {readable()}", file)])
     loaded: list[LoadedJob] = []
     names: dict[tuple[str, str], int] = {}
     for document in documents:

@@ -42,7 +42,15 @@ PLUGIN_ORDER = ("pytorch", "kubeflow", "trainer", "jobset", "svc", "env")
 # The plugins of a controller other than Volcano's: a job with one was read from that kind.
 CONTROLLER_PLUGINS = ("kubeflow", "trainer", "jobset")
 
-__all__ = ["CONTROLLER_PLUGINS", "PLUGINS", "PLUGIN_ORDER", "Plugin", "PodContext", "build_plugins", "check_plugins"]
+__all__ = [
+    "CONTROLLER_PLUGINS",
+    "PLUGINS",
+    "PLUGIN_ORDER",
+    "Plugin",
+    "PodContext",
+    "build_plugins",
+    "check_plugins",
+]
 
 
 def build_plugins(job: Job) -> list[Plugin]:

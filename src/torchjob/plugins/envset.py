@@ -36,7 +36,13 @@ def upsert(container: dict[str, Any], entries: list[dict[str, Any]]) -> None:
             env.append(entry)
 
 
-def readdress(env_of: EnvOf, job: Job, pods: list[PodContext], was: Addressing, containers: Callable[[PodContext], list[dict[str, Any]]]) -> bool:
+def readdress(
+    env_of: EnvOf,
+    job: Job,
+    pods: list[PodContext],
+    was: Addressing,
+    containers: Callable[[PodContext], list[dict[str, Any]]],
+) -> bool:
     """Rewrite, in each pod's ``containers``, the plugin's entries whose value came from ``was``."""
     for ctx in pods:
         old = dict(env_of(job, ctx.task, ctx.index, was))

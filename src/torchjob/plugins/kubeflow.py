@@ -81,7 +81,12 @@ class KubeflowPlugin(Plugin):
         master = job.task(self.master) if self.master else None
         if master is not None and master.replicas != 1:
             index = job.spec.tasks.index(master)
-            issues.append(Issue(f"spec.tasks[{index}].replicas", f"the master has exactly 1 replica, got {master.replicas}"))
+            issues.append(
+                Issue(
+                    f"spec.tasks[{index}].replicas",
+                    f"the master has exactly 1 replica, got {master.replicas}",
+                )
+            )
         if not self.master and not self.worker:
             issues.append(Issue("spec.plugins.kubeflow", "expected --master or --worker"))
         return issues
@@ -168,6 +173,10 @@ class KubeflowPlugin(Plugin):
             for j, container in enumerate(task.template.containers):
                 for k, var in enumerate(container.env):
                     if var.get("name") in sets:
-                        message = f"the training operator sets {var['name']} after this entry, which is ignored"
-                        found.append(warning(f"spec.tasks[{i}].template.spec.containers[{j}].env[{k}]", message))
+                        message = (
+                            f"the training operator sets {var['name']} after this entry, which is ignored"
+                        )
+                        found.append(
+                            warning(f"spec.tasks[{i}].template.spec.containers[{j}].env[{k}]", message)
+                        )
         return found

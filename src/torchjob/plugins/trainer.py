@@ -40,7 +40,12 @@ class TrainerPlugin(Plugin):
 
     def check(self, job: Job) -> Issues:
         if job.task(str(self.values["node"])) is None:
-            return [Issue("spec.plugins.trainer", f"--node names task {self.values['node']!r}, which the job does not have")]
+            return [
+                Issue(
+                    "spec.plugins.trainer",
+                    f"--node names task {self.values['node']!r}, which the job does not have",
+                )
+            ]
         return []
 
     def targets(self, task: Task) -> set[str]:

@@ -205,9 +205,20 @@ class KindInfo:
     # issues at the kind's own field paths; warnings, and errors where a run here would end
     # otherwise than on a cluster (``validate --local`` lists them, ``run`` refuses the errors).
     here: list[Any] = field(default_factory=list)
+
+    def here_issues(self, errors: bool) -> list[Any]:
+        """The errors (or the warnings) of a run here; see ``here``."""
+        return [issue for issue in self.here if (issue.severity == "error") is errors]
+
     # The Volcano Job document the job was checked from (a spec.source.Document whose problems are
     # told in the kind's terms): what commands change with --set and print problems through.
     document: Any = None
+
+
+def here_issues(job: Job, errors: bool) -> list[Any]:
+    """What the kind a job was read from does that a run here does not: the errors that stop it
+    (or the warnings), at the kind's paths (the job's document tells them there)."""
+    return job.kind.here_issues(errors) if job.kind is not None else []
 
 
 # Where a job made by torchjob came from: "script" (``run -j NxM script.py``) or "task" (an SDK

@@ -52,15 +52,17 @@ def check_job(job: Job, state: DesiredState) -> Issues:
 
     from torchjob.engines.local import gpus, prewarm
     from torchjob.engines.local.containers import check_pods
+    from torchjob.spec.model import here_issues
 
     if job.total_replicas == 0:  # Volcano keeps such a job Running for ever, with nothing to run
         return [Issue("spec.tasks", "every task has 0 replicas: there is no pod to run")]
+    kind = here_issues(job, errors=True)  # a PyTorchJob's, TrainJob's or JobSet's own
     found = None
     if "TORCHJOB_CAPACITY" in os.environ:  # it replaces the machine's GPUs
         from torchjob.engines.local.admission import gpu_override
 
         found = gpu_override()
-    return check_pods(state) + gpus.check(job, found) + prewarm.check(job)
+    return kind + check_pods(state) + gpus.check(job, found) + prewarm.check(job)
 
 
 def plan_text(job: Job, plan: LocalPlan) -> str:

@@ -76,13 +76,23 @@ def unknown_kind(data: Any) -> list[Issue] | None:
         return None
     known = {k: a for a, k in [*JOB_KINDS, *RUNTIME_KINDS]}
     if kind in known:
-        return [Issue("apiVersion", f"expected {known[kind]!r} for a {kind} (torchjob reads {readable()}), got {api!r}")]
+        return [
+            Issue(
+                "apiVersion",
+                f"expected {known[kind]!r} for a {kind} (torchjob reads {readable()}), got {api!r}",
+            )
+        ]
     import difflib
 
     close = difflib.get_close_matches(kind, [*known, KIND], n=1, cutoff=0.75)
     hint = f"did you mean {close[0]!r}? " if close else ""
     what = f"kind {kind!r}" if kind else "a document without a kind"
-    return [Issue("kind", f"{what} (apiVersion {api!r}) is not a job torchjob reads; {hint}torchjob reads {readable()}")]
+    return [
+        Issue(
+            "kind",
+            f"{what} (apiVersion {api!r}) is not a job torchjob reads; {hint}torchjob reads {readable()}",
+        )
+    ]
 
 
 def translate(document: Document, runtimes: Runtimes | None = None) -> Translation:

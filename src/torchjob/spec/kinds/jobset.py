@@ -71,7 +71,9 @@ def translate_set(tr: Translation, spec: dict[str, Any], source: dict[str, Any],
     rjobs = [(r, mapping(rjob)) for r, rjob in enumerate(items(source.get("replicatedJobs")))]
     tasks_of: dict[str, list[str]] = {}
     for r, rjob in rjobs:
-        tasks_of[text(rjob.get("name"), f"job{r}")] = _rjob_tasks(tr, spec, r, rjob, place, subdomain, hostnames)
+        tasks_of[text(rjob.get("name"), f"job{r}")] = _rjob_tasks(
+            tr, spec, r, rjob, place, subdomain, hostnames
+        )
     _failure(tr, spec, source, place, rjobs, tasks_of)
     _success(tr, spec, source, place, tasks_of)
     _startup(tr, spec, source, place, rjobs, tasks_of)
@@ -135,7 +137,9 @@ def _rjob_tasks(
     pods = completions if completions is not None else (parallelism if parallelism is not None else 1)
     if parallelism is not None and completions is not None and parallelism < completions:
         where, path = place(f"{base}.template.spec.parallelism")
-        _warn(tr, where, path, f"a Job runs {parallelism} of its {completions} pods at a time; here all at once")
+        _warn(
+            tr, where, path, f"a Job runs {parallelism} of its {completions} pods at a time; here all at once"
+        )
     if job_spec.get("completionMode") == "NonIndexed":
         where, path = place(f"{base}.template.spec.completionMode")
         _warn(tr, where, path, "a NonIndexed Job's pods have no completion index; here each has one")
@@ -159,7 +163,9 @@ def _rjob_tasks(
         policy = "OnFailure"
     if policy == "Never" and limit:
         where, path = place(f"{base}.template.spec.backoffLimit")
-        message = f"the Job replaces a failed pod up to {limit} times; here the first failed pod fails the Job"
+        message = (
+            f"the Job replaces a failed pod up to {limit} times; here the first failed pod fails the Job"
+        )
         _warn(tr, where, path, message)
     spots = {key: place(f"{base}{key}") for key in ("", ".template.spec.template", ".name")}
     spots[".replicas"] = place(f"{base}.template.spec.completions")
@@ -221,7 +227,7 @@ def _action(tr: Translation, policy: dict[str, Any], place: Place, rname: str) -
         reasons = [text(x) for x in items(rule.get("onJobFailureReasons"))]
         targets = [text(x) for x in items(rule.get("targetReplicatedJobs"))]
         patterns = [text(x) for x in items(rule.get("onJobFailureMessagePatterns"))]
-        if reasons and REASON not in reasons or targets and rname not in targets:
+        if (reasons and REASON not in reasons) or (targets and rname not in targets):
             continue
         if patterns and not any(_matches(p, REASON_MESSAGE) for p in patterns):
             continue
@@ -243,7 +249,11 @@ def _matches(pattern: str, message: str) -> bool:
 
 
 def _success(
-    tr: Translation, spec: dict[str, Any], source: dict[str, Any], place: Place, tasks_of: dict[str, list[str]]
+    tr: Translation,
+    spec: dict[str, Any],
+    source: dict[str, Any],
+    place: Place,
+    tasks_of: dict[str, list[str]],
 ) -> None:
     policy = mapping(source.get("successPolicy"))
     operator = text(policy.get("operator"), "All")
@@ -262,7 +272,13 @@ def _success(
         return
     spec["minSuccess"] = sum(tasks[n]["replicas"] for n in chosen)
     tr.route("spec.minSuccess", path, where, whole=True)
-    _warn(tr, where, path, f"here the set completes once {spec['minSuccess']} pods succeeded, which those of {', '.join(targets)} are unless pods of other replicated jobs succeed first")
+    _warn(
+        tr,
+        where,
+        path,
+        f"here the set completes once {spec['minSuccess']} pods succeeded, which those of "
+        f"{', '.join(targets)} are, unless pods of other replicated jobs succeed first",
+    )
 
 
 def _startup(
@@ -290,7 +306,12 @@ def _startup(
                 _add(tr, where, f"{path}.name", f"no replicated job named {other!r}")
                 continue
             if dep.get("status") == "Complete":
-                _here_error(tr, where, f"{path}.status", "torchjob starts a task once the tasks it depends on run (Ready), not once they complete")
+                _here_error(
+                    tr,
+                    where,
+                    f"{path}.status",
+                    "torchjob starts a task once the tasks it depends on run (Ready), not once they complete",
+                )
             needs += tasks_of[other]
         if needs:
             for name in tasks_of.get(rname, []):
@@ -307,12 +328,19 @@ def _here_error(tr: Translation, document: Document, path: str, message: str) ->
 
 
 def _coordinator(
-    tr: Translation, coordinator: dict[str, Any], place: Place, tasks_of: dict[str, list[str]], spec: dict[str, Any]
+    tr: Translation,
+    coordinator: dict[str, Any],
+    place: Place,
+    tasks_of: dict[str, list[str]],
+    spec: dict[str, Any],
 ) -> str:
     if not coordinator:
         return ""
     rname = text(coordinator.get("replicatedJob"))
-    job_index, pod_index = integer(coordinator.get("jobIndex"), 0) or 0, integer(coordinator.get("podIndex"), 0) or 0
+    job_index, pod_index = (
+        integer(coordinator.get("jobIndex"), 0) or 0,
+        integer(coordinator.get("podIndex"), 0) or 0,
+    )
     where, path = place("coordinator")
     task = f"{rname}-{job_index}"
     found = next((t for t in spec.get("tasks", []) if t["name"] == task), None)

@@ -65,7 +65,10 @@ def read(tr: Translation, runtimes: Any = None) -> None:
         template = copy(mapping(replica.get("template")))
         pod_spec = template.setdefault("spec", {}) if isinstance(template.get("spec", {}), dict) else {}
         if pod_restart_policy(template) not in (None, _pod_policy(policy)):
-            tr.warn(f"{path}.template.spec.restartPolicy", f"the operator gives the pods the replica's restartPolicy ({policy}); this one is ignored")
+            tr.warn(
+                f"{path}.template.spec.restartPolicy",
+                f"the operator gives the pods the replica's restartPolicy ({policy}); this one is ignored",
+            )
         pod_spec["restartPolicy"] = _pod_policy(policy)
         task = add_task(tr, spec, kind.lower(), count, template, path)
         index = len(spec["tasks"]) - 1
@@ -85,7 +88,11 @@ def read(tr: Translation, runtimes: Any = None) -> None:
         if policies:
             task["policies"] = policies
     if limit is not None and len(counting) > 1:
-        tr.warn("spec.runPolicy.backoffLimit", f"the operator fails the job when container restarts summed over all its pods reach {limit}; here each replica type ({', '.join(counting)}) counts its own")
+        tr.warn(
+            "spec.runPolicy.backoffLimit",
+            f"the operator fails the job when container restarts summed over all its pods reach "
+            f"{limit}; here each replica type ({', '.join(counting)}) counts its own",
+        )
     total = sum(t["replicas"] for t in spec.get("tasks", []))
     spec["minAvailable"] = total
     tr.route("spec.minAvailable", "spec.pytorchReplicaSpecs", whole=True)
@@ -110,7 +117,9 @@ def _replica_specs(tr: Translation, source: dict[str, Any]) -> dict[str, tuple[s
             tr.add(path, f"unknown replica type {key!r}; a PyTorchJob has Master and Worker")
             continue
         if kind in found:
-            tr.add(path, f"replica type {kind} is given twice (also as {found[kind][0].rpartition('.')[2]!r})")
+            tr.add(
+                path, f"replica type {kind} is given twice (also as {found[kind][0].rpartition('.')[2]!r})"
+            )
             continue
         if not isinstance(replica, dict):
             continue  # the schema said so
@@ -125,7 +134,10 @@ def _replica_specs(tr: Translation, source: dict[str, Any]) -> dict[str, tuple[s
             tr.add(f"{path}.replicas", f"expected at least 1 replica, got {count}")
         containers = items(at(replica, "template", "spec", "containers"))
         if containers and not any(isinstance(c, dict) and c.get("name") == CONTAINER for c in containers):
-            tr.add(f"{path}.template.spec.containers", "the operator needs a container named 'pytorch' (it sets its port and reads its exit code)")
+            tr.add(
+                f"{path}.template.spec.containers",
+                "the operator needs a container named 'pytorch' (it sets its port and reads its exit code)",
+            )
     return dict(sorted(found.items(), key=lambda item: REPLICA_TYPES.index(item[0])))
 
 
@@ -140,7 +152,7 @@ def _pod_policy(policy: str) -> str:
 
 def _port(tr: Translation, kind: str, replica: tuple[str, dict[str, Any]]) -> int:
     """The ``pytorch`` container's ``pytorchjob-port``, which the operator adds when missing."""
-    path, data = replica
+    _, data = replica
     containers = items(at(data, "template", "spec", "containers"))
     for container in containers:
         if isinstance(container, dict) and container.get("name") == CONTAINER:
@@ -160,7 +172,9 @@ def _add_default_ports(spec: dict[str, Any]) -> None:
                 ports = container.get("ports")
                 if ports is None:
                     ports = container["ports"] = []
-                if isinstance(ports, list) and not any(isinstance(p, dict) and p.get("name") == PORT_NAME for p in ports):
+                if isinstance(ports, list) and not any(
+                    isinstance(p, dict) and p.get("name") == PORT_NAME for p in ports
+                ):
                     ports.append({"name": PORT_NAME, "containerPort": DEFAULT_PORT})
 
 
@@ -187,7 +201,10 @@ def _run_policy(tr: Translation, spec: dict[str, Any], run: dict[str, Any]) -> N
         spec["priorityClassName"] = scheduling["priorityClass"]
         tr.route("spec.priorityClassName", "spec.runPolicy.schedulingPolicy.priorityClass")
     if run.get("suspend") is True:
-        tr.warn("spec.runPolicy.suspend", "the operator creates no pod of a suspended job until it is resumed; here it runs")
+        tr.warn(
+            "spec.runPolicy.suspend",
+            "the operator creates no pod of a suspended job until it is resumed; here it runs",
+        )
     _add_default_ports(spec)
 
 
@@ -205,7 +222,10 @@ def _flags(
     nproc = source.get("nprocPerNode")
     elastic_nproc = integer(at(elastic, "nProcPerNode")) if elastic is not None else None
     if isinstance(nproc, str) and elastic_nproc is not None:
-        tr.add("spec.nprocPerNode", "give spec.nprocPerNode or the deprecated spec.elasticPolicy.nProcPerNode, not both")
+        tr.add(
+            "spec.nprocPerNode",
+            "give spec.nprocPerNode or the deprecated spec.elasticPolicy.nProcPerNode, not both",
+        )
     if not isinstance(nproc, str) and elastic_nproc is None:
         nproc = "auto"  # SetDefaults_PyTorchJob
     if isinstance(nproc, str):
@@ -225,7 +245,10 @@ def _flags(
     if isinstance(backend, str) and backend not in RDZV_BACKENDS:
         tr.add("spec.elasticPolicy.rdzvBackend", _choice(backend, RDZV_BACKENDS))
     elif isinstance(backend, str) and backend != "c10d" and not text(elastic.get("rdzvHost")):
-        tr.warn("spec.elasticPolicy.rdzvBackend", f"the {backend} rendezvous needs an etcd server; give its address as rdzvHost")
+        tr.warn(
+            "spec.elasticPolicy.rdzvBackend",
+            f"the {backend} rendezvous needs an etcd server; give its address as rdzvHost",
+        )
     flags += ["--elastic", f"--min-replicas={low}", f"--max-replicas={high}"]
     flags.append(f"--rdzv-backend={backend if isinstance(backend, str) else 'c10d'}")
     rdzv_port = integer(elastic.get("rdzvPort"))
@@ -233,7 +256,11 @@ def _flags(
     for key, flag in (("rdzvHost", "rdzv-host"), ("rdzvId", "rdzv-id")):
         if text(elastic.get(key)):
             flags.append(f"--{flag}={elastic[key]}")
-    conf = [f"{text(c.get('key'))}={text(c.get('value'))}" for c in items(elastic.get("rdzvConf")) if isinstance(c, dict)]
+    conf = [
+        f"{text(c.get('key'))}={text(c.get('value'))}"
+        for c in items(elastic.get("rdzvConf"))
+        if isinstance(c, dict)
+    ]
     if conf:
         flags.append(f"--rdzv-conf={','.join(conf)}")
     if elastic.get("standalone") is True:
@@ -245,7 +272,11 @@ def _flags(
         tr.warn("spec.elasticPolicy.nProcPerNode", "deprecated by the operator; use spec.nprocPerNode")
         flags.append(f"--elastic-nproc-per-node={elastic_nproc}")
     if elastic.get("metrics"):
-        tr.warn("spec.elasticPolicy.metrics", "the operator scales the workers with a HorizontalPodAutoscaler on these metrics; here their number stays as given")
+        tr.warn(
+            "spec.elasticPolicy.metrics",
+            "the operator scales the workers with a HorizontalPodAutoscaler on these metrics; "
+            "here their number stays as given",
+        )
     return flags
 
 

@@ -54,15 +54,26 @@ class Runtimes:
         problems = [document.problem(i.path, i.message) for i in issues]
         name = text(at(data, "metadata", "name"))
         if not name and not any(p.path.startswith("metadata") for p in problems):
-            problems.append(document.problem("metadata.name", "required field is missing: the runtime's name"))
+            problems.append(
+                document.problem("metadata.name", "required field is missing: the runtime's name")
+            )
         given = [p for p in POLICIES if at(data, "spec", "mlPolicy", p) is not None]
         if len(given) > 1:
-            problems.append(document.problem("spec.mlPolicy", f"give one of {', '.join(POLICIES)}, not {' and '.join(given)}"))
+            problems.append(
+                document.problem(
+                    "spec.mlPolicy", f"give one of {', '.join(POLICIES)}, not {' and '.join(given)}"
+                )
+            )
         namespace = "" if kind == CLUSTER else text(at(data, "metadata", "namespace"), "default")
         key = (kind, name, namespace)
         if key in self.found and not self.found[key].installed:
             before = self.found[key].document
-            problems.append(document.problem("metadata.name", f"{kind} {name!r} is already defined in {before.file} (document {before.index + 1})"))
+            problems.append(
+                document.problem(
+                    "metadata.name",
+                    f"{kind} {name!r} is already defined in {before.file} (document {before.index + 1})",
+                )
+            )
         if not problems:
             self.found[key] = Runtime(name, kind, namespace, data, document)
         return problems
@@ -96,7 +107,9 @@ def load_runtimes(file: str) -> Runtimes:
             message = f"expected a TrainingRuntime or ClusterTrainingRuntime, got {kind or 'no kind'}"
             problems.append(document.problem("kind", message))
     if not documents:
-        problems.append(Problem("", "no runtime found; expected a TrainingRuntime or ClusterTrainingRuntime", file))
+        problems.append(
+            Problem("", "no runtime found; expected a TrainingRuntime or ClusterTrainingRuntime", file)
+        )
     if problems:
         raise SpecError(problems)
     return runtimes

@@ -62,11 +62,17 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
     jobset = copy(mapping(at(runtime.data, "spec", "template", "spec")))
     rjobs = items(jobset.get("replicatedJobs"))
     node = next(
-        (r for r, rjob in enumerate(rjobs) if at(rjob, "template", "metadata", "labels", ANCESTOR) == "trainer"),
+        (
+            r
+            for r, rjob in enumerate(rjobs)
+            if at(rjob, "template", "metadata", "labels", ANCESTOR) == "trainer"
+        ),
         None,
     )
     if node is None:
-        message = f"{runtime.where} has no replicated job labelled {ANCESTOR}: trainer, for the trainer's nodes"
+        message = (
+            f"{runtime.where} has no replicated job labelled {ANCESTOR}: trainer, for the trainer's nodes"
+        )
         tr.add("spec.runtimeRef.name", message)
         tr.complete = False
         return
@@ -104,13 +110,20 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
     tr.run_policy = JobRunPolicy(active_deadline_seconds=integer(source.get("activeDeadlineSeconds")))
     for key, words in (
         ("suspend", "Trainer makes no pod of a suspended TrainJob until it is resumed; here it runs"),
-        ("managedBy", "another controller than Trainer's runs this TrainJob on a cluster; here torchjob does"),
+        (
+            "managedBy",
+            "another controller than Trainer's runs this TrainJob on a cluster; here torchjob does",
+        ),
     ):
         value = source.get(key)
         if value not in (None, False, "trainer.kubeflow.org/trainjob-controller"):
             tr.warn(f"spec.{key}", words)
     if at(runtime.data, "spec", "podGroupPolicy") is not None:
-        tr.warn("spec.runtimeRef", f"{runtime.where} gang-schedules the pods (podGroupPolicy); here they start as the local queue admits them")
+        tr.warn(
+            "spec.runtimeRef",
+            f"{runtime.where} gang-schedules the pods (podGroupPolicy); here they start as the local "
+            "queue admits them",
+        )
 
 
 def _runtime(tr: Translation, source: dict[str, Any], runtimes: Runtimes) -> Runtime | None:
@@ -127,14 +140,21 @@ def _runtime(tr: Translation, source: dict[str, Any], runtimes: Runtimes) -> Run
     runtime = runtimes.find(kind, name, namespace)
     if runtime is None:
         known = ", ".join(runtimes.known(kind)) or "none"
-        where = "in this file, in --runtime FILE" + (f" (in namespace {namespace!r})" if kind != CLUSTER else "")
+        where = "in this file, in --runtime FILE" + (
+            f" (in namespace {namespace!r})" if kind != CLUSTER else ""
+        )
         message = f"no {kind} named {name!r} {where}, or installed by Trainer (known: {known})"
         tr.add("spec.runtimeRef.name", message)
         return None
     torch = at(runtime.data, "spec", "mlPolicy", "torch")
-    others = [p for p in ("mpi", "jax", "xgboost", "flux") if at(runtime.data, "spec", "mlPolicy", p) is not None]
+    others = [
+        p for p in ("mpi", "jax", "xgboost", "flux") if at(runtime.data, "spec", "mlPolicy", p) is not None
+    ]
     if torch is None and others:
-        tr.add("spec.runtimeRef.name", f"{runtime.where} runs {others[0]}; torchjob reads TrainJobs of torch runtimes")
+        tr.add(
+            "spec.runtimeRef.name",
+            f"{runtime.where} runs {others[0]}; torchjob reads TrainJobs of torch runtimes",
+        )
         return None
     return runtime
 
@@ -142,7 +162,10 @@ def _runtime(tr: Translation, source: dict[str, Any], runtimes: Runtimes) -> Run
 def _trainer_checks(tr: Translation, trainer: dict[str, Any]) -> None:
     for i, var in enumerate(items(trainer.get("env"))):
         if isinstance(var, dict) and var.get("name") in RESERVED_ENV:
-            tr.add(f"spec.trainer.env[{i}].name", f"{var['name']} is set by the TrainJob's torch runtime; it cannot be given")
+            tr.add(
+                f"spec.trainer.env[{i}].name",
+                f"{var['name']} is set by the TrainJob's torch runtime; it cannot be given",
+            )
     nproc = integer(trainer.get("numProcPerNode"))
     if nproc is not None and nproc < 1:
         tr.add("spec.trainer.numProcPerNode", f"expected at least 1, got {nproc}")
@@ -176,10 +199,11 @@ def _apply_trainer(container: dict[str, Any], trainer: dict[str, Any]) -> None:
     for key in ("image", "command", "args"):
         if trainer.get(key) is not None:
             container[key] = copy(trainer[key])
-    env = container.get("env") if isinstance(container.get("env"), list) else []
+    env: list[Any] = items(container.get("env"))
     for var in items(trainer.get("env")):
         if isinstance(var, dict):
-            env = [e for e in env if not (isinstance(e, dict) and e.get("name") == var.get("name"))] + [copy(var)]
+            kept = [e for e in env if not (isinstance(e, dict) and e.get("name") == var.get("name"))]
+            env = [*kept, copy(var)]
     if env:
         container["env"] = env
     wanted = mapping(trainer.get("resourcesPerNode"))
@@ -194,7 +218,9 @@ def _apply_trainer(container: dict[str, Any], trainer: dict[str, Any]) -> None:
                 merged[key] = copy(wanted[key])
         container["resources"] = merged
     ports = container.setdefault("ports", [])
-    if isinstance(ports, list) and not any(isinstance(p, dict) and p.get("containerPort") == PORT for p in ports):
+    if isinstance(ports, list) and not any(
+        isinstance(p, dict) and p.get("containerPort") == PORT for p in ports
+    ):
         ports.append({"containerPort": PORT})
 
 
@@ -224,22 +250,34 @@ def _patches(tr: Translation, jobset: dict[str, Any], patches: list[Any]) -> Non
     rjobs = {text(r.get("name")): r for r in items(jobset.get("replicatedJobs")) if isinstance(r, dict)}
     for k, patch in enumerate(patches):
         base = f"spec.runtimePatches[{k}].trainingRuntimeSpec.template.spec.replicatedJobs"
-        for r, change in enumerate(items(at(patch, "trainingRuntimeSpec", "template", "spec", "replicatedJobs"))):
+        for r, change in enumerate(
+            items(at(patch, "trainingRuntimeSpec", "template", "spec", "replicatedJobs"))
+        ):
             change = mapping(change)
             name = text(change.get("name"))
             if name not in rjobs:
-                tr.add(f"{base}[{r}].name", f"the runtime has no replicated job named {name!r} (it has {', '.join(rjobs)})")
+                tr.add(
+                    f"{base}[{r}].name",
+                    f"the runtime has no replicated job named {name!r} (it has {', '.join(rjobs)})",
+                )
                 continue
             target = rjobs[name].setdefault("template", {})
             pod_patch = mapping(at(change, "template", "spec", "template"))
             for c, container in enumerate(items(at(pod_patch, "spec", "containers"))):
                 path = f"{base}[{r}].template.spec.template.spec.containers[{c}]"
-                known = [x.get("name") for x in items(at(target, "spec", "template", "spec", "containers")) if isinstance(x, dict)]
+                known = [
+                    x.get("name")
+                    for x in items(at(target, "spec", "template", "spec", "containers"))
+                    if isinstance(x, dict)
+                ]
                 cname = mapping(container).get("name")
                 if cname not in known:
                     tr.add(f"{path}.name", f"the runtime's {name} job has no container named {cname!r}")
                 elif mapping(container).get("env") is not None and cname in (NODE, *INITIALIZERS.values()):
-                    tr.add(f"{path}.env", f"a runtime patch cannot set the env of container {cname!r}; use spec.trainer.env")
+                    tr.add(
+                        f"{path}.env",
+                        f"a runtime patch cannot set the env of container {cname!r}; use spec.trainer.env",
+                    )
             _merge(target, {k2: v for k2, v in mapping(change.get("template")).items()})
 
 
@@ -256,7 +294,14 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> None:
 
 def _merge_list(base: list[Any], patch: list[Any], key: str) -> None:
     for item in patch:
-        same = next((b for b in base if isinstance(b, dict) and isinstance(item, dict) and b.get(key) == item.get(key)), None)
+        same = next(
+            (
+                b
+                for b in base
+                if isinstance(b, dict) and isinstance(item, dict) and b.get(key) == item.get(key)
+            ),
+            None,
+        )
         if same is not None and isinstance(item, dict):
             _merge(same, item)
         else:
@@ -272,7 +317,12 @@ def _route_trainer(tr: Translation, spec: dict[str, Any], task_name: str, contai
     c = next((i for i, x in enumerate(containers) if isinstance(x, dict) and x.get("name") == NODE), 0)
     path = f"spec.tasks[{index}].template.spec.containers[{c}]"
     trainer = mapping(at(tr.source.data, "spec", "trainer"))
-    for key, source in (("image", "image"), ("command", "command"), ("args", "args"), ("resources", "resourcesPerNode")):
+    for key, source in (
+        ("image", "image"),
+        ("command", "command"),
+        ("args", "args"),
+        ("resources", "resourcesPerNode"),
+    ):
         if key in trainer or source in trainer:
             tr.route(f"{path}.{key}", f"spec.trainer.{source}")
     env = items(container.get("env"))
