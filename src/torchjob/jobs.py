@@ -120,8 +120,8 @@ def check_jobs(documents: list[Document], file: str, runtimes: Runtimes | None =
                 problems += runtimes.add(document)
         documents = [d for d in documents if not is_runtime(d.data)]
     if not documents:
-        what = "only runtimes, no job" if problems or runtimes is not None else "no job"
-        raise SpecError([*problems, Problem("", f"{what} found; expected {readable()}", file)])
+        what = " (only runtimes)" if problems or runtimes is not None else ""
+        raise SpecError([*problems, Problem("", f"no Job document found{what}; expected {readable()}", file)])
     loaded: list[LoadedJob] = []
     names: dict[tuple[str, str], int] = {}
     for document in documents:
