@@ -147,7 +147,8 @@ def run_validate(args: argparse.Namespace) -> int:
             tasks = ", ".join(f"{t.name}x{t.replicas}" for t in job.spec.tasks)
             plugins = ", ".join(p.name for p in expansion.plugins) or "none"
             pods = plural(job.total_replicas, "pod")
-            print(f"{file}: job {job.name}: valid; {pods} ({tasks}); plugins: {plugins}")
+            what = f"{job.kind.kind} {job.name}" if job.kind is not None else f"job {job.name}"
+            print(f"{file}: {what}: valid; {pods} ({tasks}); plugins: {plugins}")
     if problems:
         raise SpecError(problems)
     return 0

@@ -13,11 +13,16 @@ of every pod gets, in the operator's order (``pkg/controller.v1/pytorch/envvar.g
   (``min:max``), ``PET_MAX_RESTARTS``, ``PET_NPROC_PER_NODE``, ``PET_RDZV_ID``, ``PET_RDZV_CONF``,
   ``PET_STANDALONE``; otherwise ``PET_NNODES`` (the pods).
 
-Addresses and ports are the addressing's (the operator's ``<job>-master-0`` on a cluster).
+Addresses and ports are the addressing's (the operator's ``<job>-master-0`` on a cluster). One
+addition where the pods are not a cluster's: torch's c10d rendezvous is hosted by the agent whose
+machine is named by ``PET_RDZV_ENDPOINT`` (on a cluster, worker 0, by its hostname); processes on
+one machine all have its name, so ``PET_RDZV_CONF`` says it instead: ``is_host=1`` on worker 0,
+``is_host=0`` on the others.
 """
 
 from __future__ import annotations
 
+from torchjob.addressing import ClusterAddressing
 from torchjob.errors import Issue, warning
 from torchjob.plugins import envset
 from torchjob.plugins.base import Issues, Plugin, PodContext
@@ -121,12 +126,12 @@ class KubeflowPlugin(Plugin):
         if nproc:
             pairs.append(("PET_NPROC_PER_NODE", nproc))
         if values["elastic"]:
-            pairs += self._elastic(job, addressing)
+            pairs += self._elastic(job, task, index, addressing)
         else:
             pairs.append(("PET_NNODES", str(total)))
         return pairs
 
-    def _elastic(self, job: Job, addressing: Addressing) -> list[tuple[str, str]]:
+    def _elastic(self, job: Job, task: Task, index: int, addressing: Addressing) -> list[tuple[str, str]]:
         values = self.values
         host = str(values["rdzv-host"])
         worker = job.task(self.worker) if self.worker else None
@@ -141,8 +146,11 @@ class KubeflowPlugin(Plugin):
             pairs.append(("PET_NPROC_PER_NODE", str(values["elastic-nproc-per-node"])))
         if values["rdzv-id"]:
             pairs.append(("PET_RDZV_ID", str(values["rdzv-id"])))
-        if values["rdzv-conf"]:
-            pairs.append(("PET_RDZV_CONF", str(values["rdzv-conf"])))
+        conf = [str(values["rdzv-conf"])] if values["rdzv-conf"] else []
+        if not values["rdzv-host"] and not isinstance(addressing, ClusterAddressing):
+            conf.append(f"is_host={int(task is worker and index == 0)}")
+        if conf:
+            pairs.append(("PET_RDZV_CONF", ",".join(conf)))
         if values["standalone"]:
             pairs.append(("PET_STANDALONE", ""))
         return pairs

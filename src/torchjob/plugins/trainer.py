@@ -33,7 +33,6 @@ class TrainerPlugin(Plugin):
         Flag("node", str, "node-0"),  # the task of the trainer's nodes
         Flag("container", str, "node"),  # the trainer's container
         Flag("inject", str, ""),  # envInjection: TASK/CONTAINER,... (the runtime's other containers)
-        Flag("nnodes", int, 1),
         Flag("nproc-per-node", str, "1"),
         Flag("port", int, PORT, port_range),
     )
@@ -64,7 +63,7 @@ class TrainerPlugin(Plugin):
             return []
         port = str(addressing.port(job, int(self.values["port"])))
         return [
-            ("PET_NNODES", str(self.values["nnodes"])),
+            ("PET_NNODES", str(node.replicas)),  # the trainer's Job: parallelism = numNodes
             ("PET_NPROC_PER_NODE", str(self.values["nproc-per-node"])),
             ("PET_MASTER_ADDR", addressing.host(job, node, 0)),
             ("PET_MASTER_PORT", port),

@@ -103,7 +103,7 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
     _route_trainer(tr, spec, f"{rname}-0", container)
     tr.route("spec.tasks", "spec.runtimeRef", whole=True)  # a task of its own: the runtime's
     inject = _injection(tr, policy, names, runtime)
-    flags = [f"--node={rname}-0", f"--container={NODE}", f"--nnodes={nodes}", f"--nproc-per-node={nproc}"]
+    flags = [f"--node={rname}-0", f"--container={NODE}", f"--nproc-per-node={nproc}"]
     if inject:
         flags.append(f"--inject={','.join(inject)}")
     spec["plugins"] = {"trainer": flags, **spec.get("plugins", {})}
