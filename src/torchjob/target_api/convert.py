@@ -66,20 +66,20 @@ def as_read(job: Job) -> TargetRender:
     obj = copy(kind.source)
     obj.pop("status", None)
     given = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    meta: dict[str, Any] = {
-        k: given[k] for k in ("name", "generateName", "labels", "annotations") if k in given
-    }
+    meta: dict[str, Any] = {k: given[k] for k in ("name", "generateName") if k in given}
     meta["namespace"] = job.metadata.namespace
-    meta["labels"] = {**(meta.get("labels") or {}), JOB_LABEL: job.name}
+    meta["labels"] = {**(given.get("labels") or {}), JOB_LABEL: job.name}
+    if given.get("annotations"):
+        meta["annotations"] = given["annotations"]
     obj["metadata"] = meta
     spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
     for template in _templates(kind.kind, spec):
-        meta = template.pop("metadata", None)
-        meta = meta if isinstance(meta, dict) else {}
-        meta["labels"] = {**(meta.get("labels") or {}), JOB_LABEL: job.name}
+        own = template.pop("metadata", None)
+        own = own if isinstance(own, dict) else {}
+        own["labels"] = {**(own.get("labels") or {}), JOB_LABEL: job.name}
         rest = dict(template)
         template.clear()
-        template.update({"metadata": meta, **rest})  # metadata first, as kubectl prints it
+        template.update({"metadata": own, **rest})  # metadata first, as kubectl prints it
     if kind.kind == "TrainJob":
         _label_trainjob(job, spec)
     return TargetRender(kind.kind, kind.api_version, [obj], [])
