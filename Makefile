@@ -50,10 +50,12 @@ bench-local: $(STAMP)
 bench-sdk: $(STAMP)
 	$(BIN)/python benchmarks/bench_sdk.py
 
-# The pod template schema torchjob ships, rebuilt from the Volcano Job CRD (CRD=path to override).
+# The schemas torchjob ships, rebuilt from the CRDs: the Volcano Job's pod template (CRD=path to override)
+# and the other kinds it reads, from the CRDs beside it.
 CRD ?= ../shared/crds/batch.volcano.sh_jobs.yaml
 schema: $(STAMP)
 	$(BIN)/python tools/podtemplate_schema.py $(CRD)
+	$(BIN)/python tools/kinds_schema.py $(dir $(CRD))
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -82,9 +82,10 @@ class LocalEngine:
     def warnings(self, job: Job) -> list[Issue]:
         """What ``job`` asks for that has no effect here (``validate --local``; a run records them)."""
         from torchjob.engines.local.localcheck import local_warnings
+        from torchjob.spec.model import here_issues
 
         state = self._plan_of(job).state
-        return [] if state is None else local_warnings(state, {})
+        return here_issues(job, errors=False) + ([] if state is None else local_warnings(state, {}))
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
         """The pods in creation order with their ranks and resolved commands, and the ports to

@@ -200,7 +200,11 @@ class SlurmEngine:
     def _plan(self, job: Job, job_dir: Path, settings: SlurmSettings) -> SlurmPlan:
         from torchjob.engines.slurm.plan import PlanError, plan_job
         from torchjob.errors import Problem, SpecError
+        from torchjob.spec.model import here_issues
 
+        kind = here_issues(job, errors=True)  # a PyTorchJob's, TrainJob's or JobSet's own
+        if kind:
+            raise SpecError([Problem(issue.path, issue.message, "") for issue in kind])
         try:
             return plan_job(job, settings, str(job_dir), _batch_command(job_dir))
         except PlanError as err:
@@ -208,15 +212,21 @@ class SlurmEngine:
 
     def check(self, job: Job, settings: SlurmSettings | None = None) -> list[Issue]:
         from torchjob.engines.slurm.plan import PlanError, plan_job
+        from torchjob.spec.model import here_issues
 
+        kind: list[Issue] = here_issues(job, errors=True)  # a PyTorchJob's, TrainJob's or JobSet's own
         try:
             plan_job(job, settings or self.settings, str(self.root / job.name), ["true"])
         except PlanError as err:
-            return [Issue(err.path, err.message)]
-        return []
+            return [*kind, Issue(err.path, err.message)]
+        return kind
 
     def warnings(self, job: Job) -> list[Issue]:
-        return []  # images: the docs say it once (commands run on the node, as locally)
+        from torchjob.spec.model import here_issues
+
+        # images: the docs say it once (commands run on the node, as locally)
+        found: list[Issue] = here_issues(job, errors=False)
+        return found
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
         job_id = _new_id(job.name)
