@@ -4,7 +4,7 @@ Each scenario is a small job of shell commands run through the CLI (``torchjob r
 E``), then judged by what every engine reports alike: the exit code, ``status -o json`` (phase,
 reason, retries, each pod's phase, attempt and restarts, the first failure) and the followed logs.
 The ``local`` leg runs processes on this machine; the ``slurm`` leg runs the same job as job steps
-of one allocation on a private Slurm (tests/slurm_cluster.py, one per module), and skips with the
+of one allocation on a private Slurm (tools/slurm_cluster.py, one per module), and skips with the
 reason where Slurm is not installed or the tests do not run as root. Between them, every policy
 action is taken at least once: RestartPod, RestartTask, RestartJob (maxRetry used up), AbortJob
 (a task's maxRetry, a policy's timeout), CompleteJob, TerminateJob; and minAvailable, minSuccess,

@@ -1,4 +1,4 @@
-"""The slurm engine end to end against a real private Slurm (tests/slurm_cluster.py): the CLI's
+"""The slurm engine end to end against a real private Slurm (tools/slurm_cluster.py): the CLI's
 run/submit/status/logs/delete, the controller on the batch host, pods as job steps."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import yaml
 
 from slurm_cluster import SlurmCluster
 from test_slurm_steps import no_process_left
-from torchjob.engines.slurm import steps
+from torchjob.engines.slurm import clients
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -67,6 +67,22 @@ def status_json(env: dict[str, str], ref: str) -> dict[str, object]:
     assert done.returncode == 0, done.stderr
     data: dict[str, object] = json.loads(done.stdout)
     return data
+
+
+def live_pods(status: dict[str, object]) -> list[str]:
+    """Pods a report still shows running or stopping (none may, once the allocation ended)."""
+    pods = status["pods"]
+    assert isinstance(pods, list)
+    return [
+        f"{p['short']}: {p['phase']}"
+        for p in pods
+        if p["phase"] in ("Running", "Pending") or p["terminating"]
+    ]
+
+
+def job_dirs(root: Path) -> list[Path]:
+    """The job directories under a job root (not the root's own marker)."""
+    return sorted(p for p in root.iterdir() if p.name != ".torchjob-state") if root.exists() else []
 
 
 def wait_for(predicate: object, timeout: float, what: str) -> None:
@@ -207,11 +223,14 @@ def test_a_time_limit_reached_is_reported_as_timeout(slurm: SlurmCluster, tmp_pa
     done = torchjob(env, "run", str(path), "--engine", "slurm", "--time-limit", "1", timeout=200)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "TIMEOUT" in done.stderr
-    assert status_json(env, "sj")["phase"] == "Failed"
+    status = status_json(env, "sj")
+    assert status["phase"] == "Failed"
+    assert live_pods(status) == [], status  # stopped with the allocation, not "Running (stopping)"
+    assert "Stopped" in torchjob(env, "status", "sj", "--engine", "slurm").stdout
     # once slurmctld forgets the job, the completion file still says how it ended
-    (job_dir,) = (tmp_path / "root").iterdir()
+    (job_dir,) = job_dirs(tmp_path / "root")
     slurm_id = json.loads((job_dir / "slurm.json").read_text())["jobId"]
-    assert steps.jobcomp_state(slurm_id, slurm.env) == "TIMEOUT"
+    assert clients.jobcomp_state(slurm_id, slurm.env) == "TIMEOUT"
     assert no_process_left(marker) == []
 
 
@@ -223,11 +242,9 @@ def test_delete_while_running_leaves_no_step(slurm: SlurmCluster, tmp_path: Path
     )
     done = torchjob(env, "submit", str(path), "--engine", "slurm")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "sj"  # the job's name, as submit prints for every engine
-    told = f"torchjob: Slurm job {slurm.jobs()[0]}: sj-"  # and the engine: Slurm's id and torchjob's
-    assert told in done.stderr, done.stderr
-    job_id = done.stderr.split(told)[1].split()[0]
-    job_id = "sj-" + job_id
+    job_id = done.stdout.strip()  # the id status/logs/delete take: several jobs may be named sj
+    assert job_id.startswith("sj-") and len(job_id) == len("sj-") + 6, done.stdout
+    assert f"torchjob: Slurm job {slurm.jobs()[0]}: {job_id}" in done.stderr, done.stderr  # Slurm's id too
     wait_for(lambda: status_json(env, job_id)["phase"] == "Running", 60, "the job running")
     wait_for(lambda: "up" in torchjob(env, "logs", job_id, "--engine", "slurm").stdout, 60, "its log")
     deleted = torchjob(env, "delete", job_id, "--engine", "slurm")
@@ -255,6 +272,11 @@ def test_a_job_cancelled_in_slurm_is_reported_so(slurm: SlurmCluster, tmp_path: 
         "Terminated",
         "Slurm: CANCELLED: the allocation was cancelled",
     )
+    assert live_pods(status) == [], status  # stopped with the allocation, not "Running (stopping)"
+    pod = status["pods"][0]  # type: ignore[index]
+    assert (pod["phase"], pod["reason"]) == ("Stopped", "Slurm: allocation CANCELLED")
+    time.sleep(1.5)  # its elapsed time stops with it
+    assert status_json(env, job_id)["pods"][0]["finishedAt"] == pod["finishedAt"]  # type: ignore[index]
     assert no_process_left(marker) == []
 
 
@@ -295,7 +317,7 @@ def test_a_refused_sbatch_is_one_line_and_leaves_nothing(slurm: SlurmCluster, tm
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "partition" in lines[0].lower(), done.stderr
-    assert list((tmp_path / "root").iterdir()) == []
+    assert job_dirs(tmp_path / "root") == []
 
 
 def test_no_sbatch_on_path_is_one_line(tmp_path: Path) -> None:
@@ -356,7 +378,7 @@ def test_an_sdk_task_returns_its_value(slurm: SlurmCluster, tmp_path: Path) -> N
     assert done.returncode == 0, done.stdout + done.stderr
     assert "value {'world_size': 2.0, 'sum': 6.0}" in done.stdout
     # it ran on Slurm: its job directory is under the slurm engine's job root
-    (job_dir,) = (tmp_path / "root").iterdir()
+    (job_dir,) = job_dirs(tmp_path / "root")
     assert json.loads((job_dir / "status.json").read_text())["engine"] == "slurm"
     assert job_dir.name.startswith("allreduce-")
 
@@ -377,7 +399,17 @@ def test_an_sdk_task_reference_runs_from_the_cli(slurm: SlurmCluster, tmp_path: 
 def test_a_script_in_quick_mode(slurm: SlurmCluster, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     env = cli_env(slurm, tmp_path / "root")
+    # Two nodes of one process: one pod per node, as torchrun expects, and this cluster has one node.
     done = torchjob(env, "run", "--engine", "slurm", "-j", "2x1", "examples/programs/allreduce.py")
+    assert (done.returncode, done.stderr) == (
+        2,
+        "torchjob: the job needs 2 nodes (2 pods, at most 1 per node) (one pod per node: a torchrun "
+        f"job of several nodes; --pods-per-node K puts K on one) and partition {slurm.partition} has 1\n",
+    )
+    assert job_dirs(tmp_path / "root") == []
+    done = torchjob(
+        env, "run", "--engine", "slurm", "-j", "2x1", "--pods-per-node", "2", "examples/programs/allreduce.py"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "warning" not in done.stderr  # no image to warn about: the nodes run the script here
     assert "master-0 r0 | allreduce: rank 0 of 2 sum 3 OK" in done.stdout

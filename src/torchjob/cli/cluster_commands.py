@@ -67,7 +67,7 @@ def run_submit(args: argparse.Namespace) -> int:
     from torchjob.cli.settings import given_settings, number_option
     from torchjob.cli.sources import choose_job, load_ref, load_script
     from torchjob.engine_api.base import EngineError, LogQuery, StartOptions
-    from torchjob.engine_api.registry import engine_for, get_engine
+    from torchjob.engine_api.registry import engine_for, engine_info, get_engine
 
     name = args.engine or engine_for("submits")
     settings = given_settings(args, "submit", name)
@@ -93,7 +93,8 @@ def run_submit(args: argparse.Namespace) -> int:
             report = engine.start(item.job, options)
         except SpecError as err:  # what the target cannot express, at the file's lines
             raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
-        print(report.name, flush=True)
+        # What status/logs/delete take: a job's id where several jobs may have its name (Slurm).
+        print(report.id if engine_info(name).handle == "id" else report.name, flush=True)
         if not (args.wait or args.follow):
             return EXIT_OK
         try:

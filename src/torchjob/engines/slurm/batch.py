@@ -65,6 +65,7 @@ class BatchController:
         self.events: list[dict[str, object]] = []
         self.stop_signal: int | None = None
         self.ended_by_slurm = False  # SIGTERM from Slurm: its state (TIMEOUT, ...) says why
+        self.in_allocation = options.get("inAllocation") is True  # salloc's: the engine stops it
         layout = steps.layout_from_env(os.environ, steps.hostnames)
         placements = place(plan, layout)
         by_pod: dict[str, list[PodLaunch]] = {}
@@ -117,7 +118,7 @@ class BatchController:
         return self.desired(version, retry_count)
 
     def _resources(self, launch: PodLaunch) -> tuple[Resources, int | None]:
-        component = self.plan.components[launch.placement.component]
+        component = self.plan.component_of(launch.task)
         return component.resources, (component.index if self.plan.heterogeneous else None)
 
     def _say(self, text: str) -> None:
@@ -182,6 +183,8 @@ class BatchController:
         status = self.controller.status
         if not status.phase.final:
             reason = "the allocation was ended by Slurm (cancelled, or its time limit reached)"
+            if self.in_allocation:
+                reason = "stopped (Ctrl-C, SIGTERM or torchjob delete)"
             self.controller.status = JobStatus(
                 JobPhase.TERMINATED, status.retry_count, status.version, reason
             )
@@ -339,7 +342,7 @@ def main(argv: list[str]) -> int:
     given = dict(options.get("settings") or {})
     given["sbatch_args"] = tuple(given.get("sbatch_args") or ())
     settings = SlurmSettings(**given)
-    plan = plan_job(job, settings, str(job_dir), ["true"])
+    plan = plan_job(job, settings, str(job_dir), ["true"], in_allocation=options.get("inAllocation") is True)
     return BatchController(job_dir, job, plan, options).run()
 
 
