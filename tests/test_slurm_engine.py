@@ -104,6 +104,8 @@ def test_the_example_job_runs_with_gloo_and_prefixed_logs(slurm: SlurmCluster, t
         assert prefix in done.stdout, done.stdout
     assert "Completed" in done.stderr
     assert slurm.jobs() == []
+    shown = torchjob(env, "status", "pytorch-job", "--engine", "slurm").stdout
+    assert "ports 23456->23456" in shown, shown  # the plugin's port, as the master pod has it
 
 
 def test_a_failing_rank_restarts_the_job_then_fails_it(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -213,6 +215,31 @@ def test_a_job_pending_on_resources_shows_slurms_reason(slurm: SlurmCluster, tmp
     assert "Resources" in text
     deleted = torchjob(env, "delete", job_id, "--engine", "slurm")
     assert deleted.returncode == 0, deleted.stderr
+    # Attached, the wait is told as srun tells it, and so is the start; -v shows the Slurm calls.
+    fill = task("fill", "print('filled')")
+    fill["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "5"}}  # type: ignore[index]
+    path = job_file(tmp_path, [fill])
+    err_file = tmp_path / "attached.err"
+    with open(err_file, "w") as err:
+        attached = subprocess.Popen(
+            [sys.executable, "-m", "torchjob", "-v", "run", str(path), "--engine", "slurm"],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        wait_for(lambda: "is pending: Resources" in err_file.read_text(), 30, "the wait told")
+        assert slurm.run("scancel", blocker.stdout.strip()).returncode == 0
+        assert attached.wait(timeout=120) == 0, err_file.read_text()
+    finally:
+        if attached.poll() is None:
+            attached.kill()
+            attached.wait()
+    told = err_file.read_text()
+    said = [line for line in told.splitlines() if "is pending" in line or "is running" in line]
+    assert said[0].endswith("is pending: Resources") and said[-1].endswith("is running"), told
+    assert "slurm: sbatch --parsable" in told and "slurm: squeue" in told, told
     assert not (tmp_path / "root" / job_id).exists()
 
 
@@ -280,13 +307,20 @@ def test_a_job_cancelled_in_slurm_is_reported_so(slurm: SlurmCluster, tmp_path: 
     assert no_process_left(marker) == []
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_while_following_cancels_the_job(slurm: SlurmCluster, tmp_path: Path, signum: int) -> None:
+@pytest.mark.parametrize(
+    "signals", [(signal.SIGINT,), (signal.SIGTERM,), (signal.SIGINT, signal.SIGINT, signal.SIGTERM)]
+)
+def test_ctrl_c_while_following_cancels_the_job(
+    slurm: SlurmCluster, tmp_path: Path, signals: tuple[int, ...]
+) -> None:
     env = cli_env(slurm, tmp_path / "root")
     marker = uuid.uuid4().hex
-    path = job_file(
-        tmp_path, [task("w", f"import time; print('up', flush=True); time.sleep(600)  # {marker}")]
+    # A program that ignores SIGTERM: Slurm needs KillWait (3 s) to end it, and more Ctrl-C come.
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+        f"time.sleep(600)  # {marker}"
     )
+    path = job_file(tmp_path, [task("w", code)])
     process = subprocess.Popen(
         [sys.executable, "-m", "torchjob", "run", str(path), "--engine", "slurm"],
         env=env,
@@ -294,18 +328,23 @@ def test_ctrl_c_while_following_cancels_the_job(slurm: SlurmCluster, tmp_path: P
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group, signalled as a terminal signals one
     )
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
         assert "up" in line, line
-        process.send_signal(signum)
+        for signum in signals:  # a second Ctrl-C (or a forwarded SIGTERM) while the first cancels
+            os.killpg(process.pid, signum)
+            time.sleep(0.3)
         _, err = process.communicate(timeout=90)
     finally:
         if process.poll() is None:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     assert process.returncode == 130, err
+    if len(signals) > 1:
+        assert "wait, it is not left running" in err, err
     assert slurm.jobs() == []
     assert no_process_left(marker) == []
 
@@ -317,6 +356,16 @@ def test_a_refused_sbatch_is_one_line_and_leaves_nothing(slurm: SlurmCluster, tm
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "partition" in lines[0].lower(), done.stderr
+    assert job_dirs(tmp_path / "root") == []
+    # sbatch's own refusal of an option it does not know, not its "Try sbatch --help" after it
+    done = torchjob(env, "run", str(path), "--engine", "slurm", "--sbatch-args=--no-such-option", timeout=60)
+    assert (done.returncode, done.stderr) == (
+        2,
+        "torchjob: sbatch failed: sbatch: unrecognized option '--no-such-option'\n",
+    ), done.stderr
+    # An option torchjob sets itself is refused before sbatch, not blamed on the filesystem
+    done = torchjob(env, "run", str(path), "--engine", "slurm", "--sbatch-args=--output=/nonexistent/x.out")
+    assert done.returncode == 2 and "--sbatch-args: --output is not passed on" in done.stderr, done.stderr
     assert job_dirs(tmp_path / "root") == []
 
 
@@ -415,3 +464,20 @@ def test_a_script_in_quick_mode(slurm: SlurmCluster, tmp_path: Path) -> None:
     assert "master-0 r0 | allreduce: rank 0 of 2 sum 3 OK" in done.stdout
     assert "worker-0 r1 | allreduce: rank 1 of 2 sum 3 OK" in done.stdout
     assert done.stderr.count("Completed") == 1, done.stderr  # the end told once, by the CLI
+
+
+def test_a_signal_before_the_time_limit_reaches_every_pod(slurm: SlurmCluster, tmp_path: Path) -> None:
+    # SIGUSR1 115 s before a 2-minute limit: at once, give or take Slurm's own few seconds.
+    code = (
+        "import signal, sys, time\n"
+        "def checkpoint(*_):\n    print('checkpoint on SIGUSR1', flush=True); sys.exit(0)\n"
+        "signal.signal(signal.SIGUSR1, checkpoint)\nprint('up', flush=True)\ntime.sleep(90)\n"
+    )
+    env = cli_env(slurm, tmp_path / "root")
+    path = job_file(tmp_path, [task("w", code, replicas=2)])
+    flags = ("--engine", "slurm", "--time-limit", "2", "--signal", "USR1@115")
+    done = torchjob(env, "run", str(path), *flags, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("| checkpoint on SIGUSR1") == 2, done.stdout
+    refused = torchjob(env, "run", str(path), "--engine", "slurm", "--signal", "B:USR1@60")
+    assert refused.returncode == 2 and "B: signals the batch shell" in refused.stderr, refused.stderr

@@ -398,7 +398,7 @@ class SlurmCluster:
         if "slurmctld" in self.pids and self._slurmds():
             try:
                 self.run("scancel", "--full", f"--user={self.user}", timeout=10)
-                deadline = time.monotonic() + 15
+                deadline = time.monotonic() + 5  # then their step daemons are stopped by pid
                 while self.jobs() and time.monotonic() < deadline:
                     time.sleep(0.2)
             except (OSError, subprocess.TimeoutExpired):

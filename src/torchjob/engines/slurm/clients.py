@@ -119,11 +119,13 @@ def check_config(environ: Mapping[str, str]) -> None:
         raise SlurmError(f"SLURM_CONF={conf} cannot be read by you: set it to a slurm.conf you can read")
 
 
-def _down_recently() -> bool:
+def down_recently() -> bool:
+    """Whether slurmctld was found unreachable in the last OUTAGE_MEMORY seconds (by this process)."""
     return bool(_down_at) and time.monotonic() - _down_at[0] < OUTAGE_MEMORY
 
 
-def _note_down() -> None:
+def note_down() -> None:
+    """slurmctld was found unreachable (by a call, or by an srun that said so)."""
     _down_at[:] = [time.monotonic()]
 
 
@@ -141,17 +143,16 @@ def ping(env: Mapping[str, str] | None = None) -> str | None:
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        _note_down()
+        note_down()
         return f"scontrol ping did not answer within {PING_TIMEOUT:g} s"
     except OSError as err:
         raise SlurmError(f"cannot run scontrol: {err.strerror or err}") from None
     said = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("Slurmctld")]
     if any(line.endswith(" is UP") for line in said):
-        _down_at.clear()
         return None
     if not said:  # not a controller's state: a configuration error, said as the client says it
         raise SlurmError(f"scontrol ping failed: {_one_line(done.stderr or done.stdout) or 'no answer'}")
-    _note_down()
+    note_down()
     return "; ".join(said)
 
 
@@ -169,7 +170,7 @@ def run(
     """Run a Slurm client and return its output; a SlurmError of one line if it fails, a
     SlurmUnreachable when slurmctld does not answer. ``controller``: the client asks slurmctld (so,
     soon after an outage, slurmctld is pinged first)."""
-    if controller and _down_recently():
+    if controller and down_recently():
         said = ping(env)
         if said is not None:
             raise SlurmUnreachable(f"{argv[0]}: {unreachable_message(said)}")
@@ -189,14 +190,14 @@ def run(
             start_new_session=True,
         )
     except subprocess.TimeoutExpired:
-        _note_down()
+        note_down()
         raise SlurmUnreachable(f"{argv[0]} did not answer within {timeout:g} s (is slurmctld up?)") from None
     except OSError as err:
         raise SlurmError(f"cannot run {argv[0]}: {err.strerror or err}") from None
     if done.returncode != 0:
         message = _one_line(done.stderr or done.stdout) or f"exit code {done.returncode}"
         if re.search(UNREACHABLE, message):
-            _note_down()
+            note_down()
             raise SlurmUnreachable(f"{argv[0]} failed: {message}")
         if "Could not establish a configuration source" in message:
             raise SlurmError(
@@ -204,8 +205,6 @@ def run(
                 "(or run torchjob on a node of the cluster)"
             )
         raise SlurmError(f"{argv[0]} failed: {message}")
-    if controller:
-        _down_at.clear()
     return done.stdout
 
 

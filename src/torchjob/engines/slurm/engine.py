@@ -485,15 +485,24 @@ class SlurmEngine:
             time.sleep(follow.POLL)
         raise EngineError(f"Slurm job {slurm_id} still has steps {timeout:g} s after scancel")
 
-    def _left_queue(self, slurm_id: str, timeout: float = 30.0) -> None:
-        """Wait (bounded) until the ended allocation left Slurm's queue, steps and batch script."""
+    def _left_queue(self, slurm_id: str, timeout: float = 30.0, completing: float = 3.0) -> None:
+        """Wait (bounded) until the ended allocation left Slurm's queue, steps and batch script.
+        One that stays COMPLETING longer than ``completing`` seconds waits for Slurm's own
+        bookkeeping (after an outage, a step that ended meanwhile is reported ~50 s late): its
+        processes are gone, and the run returns."""
         deadline = time.monotonic() + timeout
+        since = None
         while time.monotonic() < deadline:
             try:
-                if not clients.queue(slurm_id):
-                    return
+                rows = clients.queue(slurm_id)
             except clients.SlurmError:
                 return
+            if not rows:
+                return
+            if all(state == "COMPLETING" for _, state, _ in rows):
+                since = since or time.monotonic()
+                if time.monotonic() - since > completing:
+                    return
             time.sleep(0.1)
 
     def _stop(self, job_dir: Path) -> None:

@@ -68,13 +68,17 @@ class Teller:
         asked = self.view.asked(self.slurm_id)
         state, reason = (asked[1], asked[2]) if asked else (None, "")
         self._outage(self.view.unreachable)
-        if report.phase == "Pending" and state == "PENDING":
+        if report.phase == "Pending" and state == "PENDING" and reason not in ("", "None"):
             if reason != self.pending:
                 self.pending = reason
                 self._say(f"Slurm job {self.slurm_id} is pending: {reason}")
             self._limits(reason)
-        elif state == "RUNNING" and self.pending is not None and not self.started:
-            self.started = True
+        elif (
+            self.pending is not None
+            and not self.started
+            and (report.phase != "Pending" or state == "RUNNING")
+        ):
+            self.started = True  # the wait that was told is over (a short job may be done already)
             self._say(f"Slurm job {self.slurm_id} is running")
         for event in report.events:
             when = event.get("time")
@@ -95,8 +99,8 @@ class Teller:
     def _outage(self, said: str) -> None:
         if said and not self.unreachable:
             self._say(
-                f"{said}; the job runs on without slurmctld: following it from its directory "
-                "(Ctrl-C stops following; the allocation then runs on)"
+                f"Slurm does not answer ({said}): the job runs on without slurmctld; following it "
+                "from its directory"
             )
         elif self.unreachable and not said:
             self._say(f"Slurm answers again; following job {self.slurm_id}")

@@ -203,9 +203,18 @@ class Step:
 
     def _not_created(self, now: float) -> bool:
         """srun could not create the step for want of slurmctld: schedule a new start, unless
-        slurmctld has been away for longer than OUTAGE_PATIENCE; whether one is scheduled."""
+        slurmctld has been away for longer than OUTAGE_PATIENCE; whether one is scheduled.
+
+        Just after an outage slurmctld may refuse a step for a while: a step that ended during
+        the outage holds its resources until its slurmstepd's report gets through (``Memory
+        required by task is not available`` was seen for a minute): a refusal then is started
+        again too, within the same patience."""
         said = " ".join(self.messages())
-        if not (re.search(_NOT_CREATED, said) and re.search(clients.UNREACHABLE, said)):
+        if not re.search(_NOT_CREATED, said):
+            return False
+        if re.search(clients.UNREACHABLE, said):
+            clients.note_down()
+        elif not clients.down_recently():
             return False
         if self.unreachable_since is None:
             self.unreachable_since = now
@@ -216,7 +225,7 @@ class Step:
         self.retry_at = now + delay
         _append(
             self.log,
-            f"--- torchjob: srun could not reach slurmctld to start step {self.name}; "
+            f"--- torchjob: srun could not start step {self.name} without slurmctld; "
             f"starting it again in {delay:.1f}s (try {self.retries + 1}) ---\n",
         )
         return True

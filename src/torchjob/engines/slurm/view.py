@@ -221,10 +221,9 @@ class SlurmView:
         return state, reason
 
     def _ask(self, slurm_id: str) -> tuple[str | None, str]:
-        if self.unreachable or not self._asked:  # a ping answers at once; squeue only after its retries
-            said = clients.ping()
-            if said is not None:
-                raise clients.SlurmUnreachable(said)
+        said = clients.ping()  # a few ms; squeue would answer an outage only after its own retries
+        if said is not None:
+            raise clients.SlurmUnreachable(said)
         rows = clients.queue(slurm_id)
         if rows and rows[0][1] != "COMPLETING":
             return rows[0][1], rows[0][2]
