@@ -4,12 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench bench-render bench-local bench-sdk bench-slurm schema clean slurm-try slurm-try-stop
+.PHONY: demo test quick lint typecheck unit bench bench-render bench-local bench-sdk bench-slurm schema clean slurm-try slurm-try-stop
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[torch,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[torch,dev,flyte]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,6 +27,12 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q -rs
 
 test: lint typecheck unit
+
+# While working: the core's in-process tests (no job, no cluster started), about a minute.
+QUICK := spec expand plugins lifecycle controller targets targets_added flags phases records \
+	podschema sdk_config cli_habits local_plan local_units slurm_plan readme
+quick: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not torch" $(QUICK:%=tests/test_%.py)
 
 # Timings live in benchmarks/README.md, not in tests; each script prints its own table.
 bench: bench-render bench-local bench-sdk

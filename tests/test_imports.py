@@ -1,4 +1,4 @@
-"""The spec commands stay light: ``--help`` and ``validate`` never import torch or kubernetes."""
+"""The spec commands stay light: ``--help`` and ``validate`` never import torch, kubernetes or flytekit."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parent.parent
 SEED = REPO.parent / "shared" / "seeds" / "000_0d2fbf9b8108d20a.txt"
 EXAMPLE = REPO / "examples" / "pytorch-job.yaml"
-HEAVY = ("torch", "kubernetes")
+HEAVY = ("torch", "kubernetes", "flytekit")
 
 # Runs the CLI in-process, then reports which heavy top-level packages got imported.
 PROBE = """
@@ -107,6 +107,21 @@ def test_submit_help_and_a_bad_submit_import_neither_torch_nor_kubernetes(tmp_pa
     bad.write_text("kind: Job\n")
     code, heavy = probe("submit", str(bad))
     assert (code, heavy) == (2, [])
+
+
+def test_import_torchjob_and_a_torchjob_task_leave_flytekit_alone() -> None:
+    """flytekit is imported only when a flytekit object is seen (sdk/flyte): not by ``import
+    torchjob``, nor by rendering a torchjob task, which loads the SDK's loader."""
+    code, heavy = probe("render", str(REPO / "examples" / "sdk" / "allreduce.py") + ":allreduce")
+    assert code == 0
+    assert "flytekit" not in heavy
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys, torchjob, torchjob.sdk; print('flytekit' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.stdout.strip() == "False", result.stderr
 
 
 def test_the_probe_notices_a_heavy_import() -> None:

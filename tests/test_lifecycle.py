@@ -626,9 +626,9 @@ def test_failed_reason_lists_the_first_failed_pods() -> None:
     decision = step(job, JobStatus(JobPhase.RUNNING), given, Action.SYNC_JOB, cause="pod worker-4 failed")
     assert decision.status.phase is JobPhase.FAILED
     assert decision.status.reason == (
-        "pod worker-4 failed; all 5 pods finished, 1 succeeded; task worker has 1 succeeded, below its"
+        "all 5 pods finished, 1 succeeded; task worker has 1 succeeded, below its"
         " minAvailable 5; failed: worker-0 (exit code 1), worker-2 (exit code 2), worker-3 (exit code 3),"
-        " 1 more"
+        " 1 more; last event: pod worker-4 failed"
     )
 
 
@@ -1003,8 +1003,12 @@ def test_sim_no_policy_means_the_job_fails_at_the_end() -> None:
     plain = Sim(make_job(), lambda t, i, a: 1 if t == "worker" and i == 0 else 0)
     assert plain.run() is JobPhase.FAILED
     assert plain.history == [*ONE_RUN, JobPhase.FAILED]
-    assert plain.status.reason.endswith(
-        "task worker has 1 succeeded, below its minAvailable 2; failed: worker-0 (exit code 1)"
+    # The counts and the failed pod first: the last event, the master succeeding, is no reason to
+    # fail, and once read as one ("Failed: pod master-0 succeeded; ...", issue 33).
+    assert plain.status.reason == (
+        "all 3 pods finished, 2 succeeded; task worker has 1 succeeded, below its minAvailable 2;"
+        " failed: worker-0 (exit code 1); last event: pod master-0 succeeded and task master"
+        " completed (1 of 1 succeeded)"
     )
 
 

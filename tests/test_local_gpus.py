@@ -208,6 +208,29 @@ def test_check_reports_a_quantity_that_is_not_whole_with_its_path() -> None:
     ]
 
 
+def test_messages_count_one_gpu_as_one() -> None:
+    """Not "the 1 GPUs" (issue 33)."""
+    assert str(NotEnoughGPUs(1, 0)) == "1 GPU wanted, 0 available"
+    assert str(NotEnoughGPUs(3, 1)) == "3 GPUs wanted, 1 available"
+    one = {("a", 0): {"containers": [{"name": "m", "resources": gpu(1)}]}}
+    two = {**one, ("a", 1): {"containers": [{"name": "m", "resources": gpu(1)}]}}
+    assert job_env(one, NONE)[1].startswith(
+        "no GPU on this machine (/proc/driver/nvidia/gpus): the 1 GPU the"
+    )
+    assert job_env(two, NONE)[1].startswith(
+        "no GPU on this machine (/proc/driver/nvidia/gpus): the 2 GPUs the"
+    )
+    assert (
+        job_env(two, Inventory(("GPU-aaaa",), "nvidia-smi -L"))[1]
+        == "only 1 GPU left for 2: the pods get none"
+    )
+    job = make_job("one", [task("main", [container("main", sh("true"), resources=gpu(1))], replicas=2)])
+    (issue,) = check(job, Inventory(("GPU-aaaa",), "nvidia-smi -L"))
+    assert issue.message.startswith(
+        "the pods ask for 2 GPUs (nvidia.com/gpu limits) in all; this machine has 1 "
+    )
+
+
 def test_a_job_without_gpus_never_looks_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
     import torchjob.engines.local.gpus as gpus
 
@@ -231,7 +254,7 @@ def test_job_env_sets_each_containers_share_and_order_for_indexes() -> None:
     assert env[("a", 0)]["m"] == {"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     env, note = job_env(pods, NONE)
     assert env == {}
-    assert note.startswith("no GPU on this machine (/proc/driver/nvidia/gpus): the 1 GPUs")
+    assert note.startswith("no GPU on this machine (/proc/driver/nvidia/gpus): the 1 GPU the pods ask for")
 
 
 # --- whole jobs, with a fake nvidia-smi on PATH

@@ -27,14 +27,34 @@ PROGRAM_GC_THRESHOLD = 50_000
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``torchjob`` with ``argv`` (the program's arguments when None); give its exit code."""
     program = argv is None  # the torchjob program itself, not a caller in Python
-    if program:
-        gc.set_threshold(PROGRAM_GC_THRESHOLD, *gc.get_threshold()[1:])
-    from torchjob.cli.app import dispatch
+    try:
+        if program:
+            gc.set_threshold(PROGRAM_GC_THRESHOLD, *gc.get_threshold()[1:])
+        from torchjob.cli.app import dispatch
 
-    code = dispatch(argv)
-    if program:
-        _leave(code)
+        code = dispatch(argv)
+        if program:
+            _leave(code)
+    except KeyboardInterrupt:  # before the command's own handling (imports, parsing), or after it
+        code = _interrupted()
+        if program:
+            _leave(code)
     return code
+
+
+EXIT_INTERRUPTED = 130  # as torchjob.errors says; not imported: this runs before any import
+
+
+def _interrupted() -> int:
+    """One line and exit code 130 for a Ctrl-C that came before the command could handle it (or as
+    it ended); a second Ctrl-C while it is said is ignored, as the program is ending anyway."""
+    import contextlib
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError, ValueError):
+        print("torchjob: interrupted", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
 
 
 def _leave(code: int) -> None:

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 
 from torchjob import __version__
 from torchjob.cli import cluster_commands, local_commands, spec_commands
-from torchjob.engine_api.base import EngineError
-from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, SpecError
+from torchjob.engine_api.base import EngineError, Interrupted, JobNotFound
+from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -128,14 +128,73 @@ def _split_program_args(
     if at is not None:
         rest = argv[at + 1 :]
         return argv[: at + 1], rest[1:] if rest[:1] == ["--"] else rest
+    task = _task_ref_at(argv, parser) if parser is not None else None
+    if task is not None:
+        return _task_args(argv, *task)
     if "--" not in argv:
         return argv, []
     at = argv.index("--")
     return argv[:at], argv[at + 1 :]
 
 
+def _task_args(argv: list[str], at: int, options: dict[str, argparse.Action]) -> tuple[list[str], list[str]]:
+    """After ``FILE.py:NAME``, as ``pyflyte run`` takes a task's inputs: an option torchjob does
+    not have (``--epochs 10``, ``--flag``) and what follows it, up to torchjob's next option, are
+    the task's or workflow's; so is everything after ``--``."""
+    own, program, taking = argv[: at + 1], [], False
+    i = at + 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            program += argv[i + 1 :]
+            break
+        name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
+        action = options.get(name) if arg.startswith("-") and arg != "-" else None
+        if action is not None:  # torchjob's own option, with its value
+            taking = False
+            own.append(arg)
+            attached = "=" in arg if arg.startswith("--") else len(arg) > 2
+            if action.nargs != 0 and not attached and i + 1 < len(argv):
+                i += 1
+                own.append(argv[i])
+        elif arg.startswith("--") or taking:
+            taking = True
+            program.append(arg)
+        else:
+            own.append(arg)  # a stray positional: argparse says so
+        i += 1
+    return own, program
+
+
+def _task_ref_at(
+    argv: list[str], parser: argparse.ArgumentParser
+) -> tuple[int, dict[str, argparse.Action]] | None:
+    """FILE's index when it is ``FILE.py:NAME`` (not with ``-j``), and the command's options."""
+    found = _file_at(argv, parser)
+    if found is None:
+        return None
+    at, quick, options = found
+    from torchjob.cli.sources import is_task_ref
+
+    return (at, options) if quick is None and is_task_ref(argv[at]) else None
+
+
 def _script_at(argv: list[str], parser: argparse.ArgumentParser) -> int | None:
-    """The index of FILE in ``run|render|submit [OPTIONS] FILE ...`` when it is a script; else None.
+    """The index of FILE in ``run|render|submit [OPTIONS] FILE ...`` when it is a script; else None."""
+    found = _file_at(argv, parser)
+    if found is None:
+        return None
+    from torchjob.cli.sources import is_script_ref
+
+    at, quick, _ = found
+    return at if is_script_ref(argv[at], quick) else None
+
+
+def _file_at(
+    argv: list[str], parser: argparse.ArgumentParser
+) -> tuple[int, str | None, dict[str, argparse.Action]] | None:
+    """FILE's index in ``run|render|submit [OPTIONS] FILE ...``, the ``-j`` given before it, and
+    the command's options; None when there is none.
 
     torchjob's options before it are skipped with their values (``-j 2x2``, ``--set=x``, ``-j2x2``).
     """
@@ -148,9 +207,7 @@ def _script_at(argv: list[str], parser: argparse.ArgumentParser) -> int | None:
     while i < len(argv) and argv[i] != "--":
         arg = argv[i]
         if not arg.startswith("-") or arg == "-":
-            from torchjob.cli.sources import is_script_ref
-
-            return i if is_script_ref(arg, quick) else None
+            return i, quick, options
         name = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
         if name not in options and arg.startswith("--"):  # argparse takes unique prefixes too
             found = [o for o in options if o.startswith(name)]
@@ -165,6 +222,41 @@ def _script_at(argv: list[str], parser: argparse.ArgumentParser) -> int | None:
 
 
 SCRIPT_COMMANDS = ("run", "render", "submit")  # a script's arguments follow it
+
+
+# The beginnings of torchrun's flags and of launchers (cli/habits.py): other command lines skip it.
+_HABIT_HINTS = ("--nproc", "--nnodes", "--node", "--master", "--rdzv", "--standalone", "python", "torchrun")
+
+
+def _torchrun_habit(argv: list[str], command: str | None, parser: argparse.ArgumentParser) -> str:
+    """One line naming torchjob's way for torchrun's flags or a launcher before the script
+    (cli/habits.py); "" for any other command line."""
+    sub = getattr(parser, "_subparsers", None)
+    if command not in SCRIPT_COMMANDS or sub is None:
+        return ""
+    after = argv[argv.index(command) + 1 :]
+    if not any(a.startswith(_HABIT_HINTS) or a.rpartition("/")[2].startswith(_HABIT_HINTS) for a in after):
+        return ""
+    from torchjob.cli import habits
+
+    options = sub._group_actions[0].choices[command]._option_string_actions
+    takes_value = {name for name, action in options.items() if action.nargs != 0}
+    found = habits.torchrun_habit(command, after, options, takes_value)
+    if found is None:
+        return ""
+    return Problem(found[0], found[1], "<command line>").format()
+
+
+def _found_elsewhere(args: argparse.Namespace, err: EngineError) -> str:
+    """For a job not found: where a job of that name or id was last started from here, if not
+    where the command looked (engine_api/lastrun.py); else ""."""
+    engine, command = getattr(args, "engine", None), getattr(args, "engine_command", None)
+    if not isinstance(err, JobNotFound) or not engine or not command:
+        return ""
+    from torchjob.cli.settings import given_settings, locating_flags
+    from torchjob.engine_api.lastrun import hint
+
+    return hint(command, err.ref, engine, locating_flags(engine, given_settings(args, command, engine)))
 
 
 LAST_WORDS_WAIT = 0.5  # seconds a stalled stderr reader gets for torchjob's last lines
@@ -202,7 +294,12 @@ def _main(argv: Sequence[str] | None) -> int:
     from torchjob.cli.settings import find_engines
 
     find_engines(argv)  # engines of other distributions, only when this command line may need one
-    parser = build_parser(_command_of(argv))
+    command = _command_of(argv)
+    parser = build_parser(command)
+    habit = _torchrun_habit(argv, command, parser)
+    if habit:
+        _last_words([habit])
+        return EXIT_BAD_INPUT
     argv, program_args = _split_program_args(argv, parser)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # with the command's usage (argparse gives the top level's): its options are there
@@ -225,10 +322,11 @@ def _main(argv: Sequence[str] | None) -> int:
         _last_words([problem.format() for problem in err.problems])
         return EXIT_BAD_INPUT
     except EngineError as err:
-        _last_words([f"torchjob: {err}"])
+        _last_words([f"torchjob: {err}{_found_elsewhere(args, err)}"])
         return err.exit_code
-    except KeyboardInterrupt:
-        _last_words(["interrupted"])
+    except KeyboardInterrupt as err:
+        if not isinstance(err, Interrupted):  # else the engine's line has said it
+            _last_words(["torchjob: interrupted"])
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `torchjob render ... | head` is not an error
         return EXIT_OK

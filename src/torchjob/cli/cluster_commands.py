@@ -64,7 +64,7 @@ def register(commands: Any) -> None:
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    from torchjob.cli.settings import given_settings, number_option
+    from torchjob.cli.settings import given_settings, number_option, remember_start
     from torchjob.cli.sources import choose_job, load_ref, load_script
     from torchjob.engine_api.base import EngineError, LogQuery, StartOptions
     from torchjob.engine_api.registry import engine_for, engine_info, get_engine
@@ -95,6 +95,7 @@ def run_submit(args: argparse.Namespace) -> int:
             raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
         # What status/logs/delete take: a job's id where several jobs may have its name (Slurm).
         print(report.id if engine_info(name).handle == "id" else report.name, flush=True)
+        remember_start("submit", name, settings, item.job.name, report.name, report.id)
         if not (args.wait or args.follow):
             return EXIT_OK
         try:

@@ -12,7 +12,13 @@ import sys
 import time
 
 from torchjob.cli.cluster_commands import finish
-from torchjob.cli.settings import add_setting_options, given_flags, given_settings, number_option
+from torchjob.cli.settings import (
+    add_setting_options,
+    given_flags,
+    given_settings,
+    number_option,
+    remember_start,
+)
 from torchjob.engine_api.registry import DEFAULT_ENGINE, engine_info, engine_names, get_engine
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 from torchjob.phases import UNKNOWN
@@ -300,6 +306,10 @@ def run_run(args: argparse.Namespace) -> int:
         raise SpecError(
             [p if p.file else item.document.problem(p.path, p.message) for p in err.problems]
         ) from None
+    except KeyboardInterrupt:  # it was started: `status NAME` elsewhere can still say where
+        remember_start("run", args.engine, settings, item.job.name)
+        raise
+    remember_start("run", args.engine, settings, item.job.name, report.name, report.id)
     if args.detach:
         print(report.id)
         return EXIT_OK
@@ -345,6 +355,7 @@ def run_status(args: argparse.Namespace) -> int:
             place = getattr(args, "state_dir", None) or (f"namespace {namespace}" if namespace else "")
             where = f" in {place}" if place else ""
             print(f"no {engine.name} jobs{where}")
+            print(_calls_line(args), end="")
             return EXIT_OK
         rows: list[tuple[str, ...]] = [("JOB", "PHASE", "PODS", "RETRIES", "PORTS", "STARTED")]
         for r in reports:
@@ -356,6 +367,7 @@ def run_status(args: argparse.Namespace) -> int:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for row in rows:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        print(_calls_line(args), end="")
         return EXIT_OK
     report = engine.status(args.job)
     if args.output:
@@ -363,6 +375,26 @@ def run_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     print("\n".join(_status_lines(report)))
     return EXIT_OK
+
+
+def _calls_line(args: argparse.Namespace) -> str:
+    """The jobs of Python calls, which keep to a directory of their own (docs/sdk.md): how many
+    there are and the command that lists them, under the default listing; else ""."""
+    import os
+
+    from torchjob.engine_api.lastrun import calls_root
+
+    own_root = any(s.name == "state_dir" for s in engine_info(args.engine).settings)
+    if not own_root or getattr(args, "state_dir", None) is not None:
+        return ""
+    try:
+        count = sum(1 for e in os.scandir(calls_root()) if e.is_dir() and not e.name.startswith("."))
+    except OSError:
+        return ""
+    if not count:
+        return ""
+    jobs = "1 job" if count == 1 else f"{count} jobs"
+    return f"({jobs} of Python calls: torchjob status --state-dir {calls_root()})\n"
 
 
 WATCH_EVERY = 1.0  # seconds between redraws of status --watch

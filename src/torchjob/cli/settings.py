@@ -111,6 +111,28 @@ def module_names(flag: str, text: str) -> tuple[str, ...]:
     return names
 
 
+def locating_flags(engine: str, settings: dict[str, object]) -> list[str]:
+    """The flags, with their values, that tell ``status`` where ``engine``'s jobs are, taken from a
+    command's ``settings`` (--job-root, --state-dir, -n, --context): for engine_api/lastrun.py."""
+    import os
+
+    flags: list[str] = []
+    for owner, setting in settings_of("status"):
+        value = settings.get(setting.name)
+        if owner != engine or value is None or setting.type == "bool":
+            continue
+        text = os.path.abspath(str(value)) if setting.type == "path" else str(value)
+        flags += [setting.spellings[-1], text]
+    return flags
+
+
+def remember_start(command: str, engine: str, settings: dict[str, object], *refs: str) -> None:
+    """Note where the job ``refs`` name (its name, its id) was started (engine_api/lastrun.py)."""
+    from torchjob.engine_api.lastrun import remember
+
+    remember(refs, engine, locating_flags(engine, settings), f"torchjob {command}")
+
+
 def given_flags(args: argparse.Namespace, command: str) -> list[str]:
     """The flags of engine settings given (whatever the engine), as spelt in --help."""
     return [

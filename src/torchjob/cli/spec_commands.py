@@ -189,7 +189,9 @@ def _render_workflow(args: argparse.Namespace) -> int | None:
     if is_task_ref(args.file) and not quick:  # not before: finding it imports the file
         from torchjob.sdk.workflow_cli import render_workflow
 
-        code = render_workflow(path, name, getattr(args, "program_args", []), args.output, sys.stdout.write)
+        code = render_workflow(
+            path, name, getattr(args, "program_args", []), args.output, sys.stdout.write, args.target
+        )
         if code is not None:
             sys.stdout.flush()
             return code

@@ -59,6 +59,18 @@ class EngineError(Exception):
         self.exit_code = exit_code
 
 
+class JobNotFound(EngineError):
+    """No job of the engine answers to ``ref`` (an id, an id prefix or a name) where it looked."""
+
+    def __init__(self, message: str, ref: str) -> None:
+        super().__init__(message)
+        self.ref = ref
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the job, and the engine has said so in its one line: the CLI adds none."""
+
+
 class ReportError(ValueError):
     """A stored report that is not the documented shape: names the field and what was expected."""
 

@@ -20,7 +20,7 @@ import re
 import stat
 from pathlib import Path
 
-from torchjob.engine_api.base import EngineError
+from torchjob.engine_api.base import EngineError, JobNotFound
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -132,4 +132,4 @@ def choose(
         return prefixed[0]
     if prefixed:
         raise EngineError(f"job {ref!r} is ambiguous: {', '.join(prefixed)}")
-    raise EngineError(f"no {engine} job {ref!r} in {root}")
+    raise JobNotFound(f"no {engine} job {ref!r} in {root}", ref)

@@ -214,7 +214,10 @@ class _Step:
             return self.end()
         phase, text = self.running_sync(self.counts_after(None))
         if phase is JobPhase.FAILED:
-            text += f"; failed: {_failed_pods(self.pods)}"
+            # The counts and the failed pods say why, so they come first; the change that ended
+            # the job (often the last pod succeeding) read as its reason: "Failed: pod w-2 succeeded".
+            last = f"; last event: {self.cause}" if self.cause else ""
+            return self.decide(phase, None, f"{text}; failed: {_failed_pods(self.pods)}{last}")
         return self.decide(phase, None, None if phase is JobPhase.RUNNING else _text(self.cause, text))
 
     def running_sync(self, counts: Counts) -> tuple[JobPhase, str]:

@@ -26,7 +26,15 @@ from typing import NoReturn
 from torchjob.errors import Problem, SpecError
 from torchjob.logs import configure, get_logger
 from torchjob.sdk.quick_exit import exit_now
-from torchjob.sdk.results import dump_call, read_value, run_call, shown, write_error, write_value
+from torchjob.sdk.results import (
+    dump_call,
+    read_value,
+    run_call,
+    shown,
+    user_traceback,
+    write_error,
+    write_value,
+)
 
 logger = get_logger()
 
@@ -149,7 +157,7 @@ def _run_once(payload: bytes, results: str, rank: int) -> int:
             write_value(results, value)
     except BaseException as err:
         write_error(results, rank, err)
-        traceback.print_exc()
+        print(user_traceback(err), end="", file=sys.stderr, flush=True)  # as a local call shows it
         if isinstance(err, SystemExit) and isinstance(err.code, int) and 0 < err.code < 256:
             return err.code  # a failing exit code of the task's own: keep it for the pod
         return EXIT_FAILED

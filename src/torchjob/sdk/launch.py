@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import sys
 import tempfile
@@ -20,6 +21,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from torchjob.engine_api.lastrun import calls_root, remember
 from torchjob.logs import configure, get_logger
 from torchjob.sdk.config import Elastic, PyTorch
 from torchjob.sdk.results import PROGRESS_FILE, TaskFailed, dump_call, first_error, read_value
@@ -27,6 +29,7 @@ from torchjob.sdk.results import PROGRESS_FILE, TaskFailed, dump_call, first_err
 logger = get_logger()
 
 if TYPE_CHECKING:
+    from torchjob.engine_api.base import EngineInfo
     from torchjob.sdk.task import Task
 
 R = TypeVar("R")
@@ -129,6 +132,20 @@ def _interrupted(error: Exception | None) -> bool:
     return bool(exc_type == "KeyboardInterrupt" or message.endswith("with signal SIGINT"))
 
 
+CALLED = "a Python call"  # who started a call's job, as `torchjob status` says it
+
+
+def calls_place(info: EngineInfo) -> tuple[dict[str, Any], list[str]]:
+    """The settings that keep a call's jobs apart from those ``torchjob run`` starts, where the
+    engine has a state directory (the local one: ``$TORCHJOB_HOME/calls``), so that a notebook's
+    hundred calls do not fill ``torchjob status``; and the flags that find them again."""
+    state = next((s for s in info.settings if s.name == "state_dir"), None)
+    if state is None:
+        return {}, []
+    folder = calls_root()
+    return {"state_dir": folder}, [state.spellings[-1], str(folder)]
+
+
 WARM_ENV = "TORCHJOB_WARM"  # 0: every call starts its ranks cold
 _POOL_TURN = threading.Lock()  # held by the call whose pods fork from the warm pool
 
@@ -152,6 +169,8 @@ def warm_modules(task: Task[Any, Any]) -> tuple[str, ...]:
     # The entry point's imports, not itself: `python -m` warns about a module already imported.
     modules = ["torch", "torchjob.sdk.results", "torchjob.sdk.quick_exit", "torchjob.errors"]
     module = getattr(task.function, "__module__", None)
+    if not task.preload_module:  # its import is not silent (a flytekit module's warnings)
+        module = None
     if module and module != "__main__" and not module.startswith("torchjob.") and _importable(module):
         modules.append(module)
     return tuple(modules)
@@ -239,28 +258,31 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
         # The engine's own output (pod logs, notes, status table) only when debugging; otherwise
         # the watcher is its sink and prints the pods' lines. The job stays for `torchjob logs <job>`.
         debugging = logger.isEnabledFor(logging.DEBUG)
-        engine = get_engine(engine_name)
+        settings, flags = calls_place(info)
+        engine = get_engine(engine_name, **settings)
         with JobWatcher(results / PROGRESS_FILE, name) as watcher:
             sink = None if debugging else watcher  # None: the engine's output as the CLI shows it
             options = StartOptions(
                 timeout=timeout, extra_env=env, sink=sink, preload=preload, warm=bool(preload)
             )
-            report = engine.start(job, options)
-        logger.debug("task %s: job %s %s; logs: torchjob logs %s", task.name, name, report.phase, report.id)
+            try:
+                report = engine.start(job, options)
+            except KeyboardInterrupt:
+                remember([name], engine_name, flags, CALLED)
+                raise
+        remember([name, report.id], engine_name, flags, CALLED)
+        on = ["--engine", engine_name] if engine_name != DEFAULT_ENGINE else []
+        logs = shlex.join(["torchjob", "logs", report.id, *on, *flags])
+        logger.debug("task %s: job %s %s; logs: %s", task.name, name, report.phase, logs)
         error = first_error(results)
         if error is not None:
             raise _with_source(error) from error.original
         if not report.ok:
             pods = "; ".join(f"{p.name}: {p.phase} (exit code {p.exit_code})" for p in report.pods)
-            raise TaskFailed(
-                f"job {report.id} {report.phase}: {report.reason}; pods: {pods}; "
-                f"logs: torchjob logs {report.id}"
-            )
+            raise TaskFailed(f"job {report.id} {report.phase}: {report.reason}; pods: {pods}; logs: {logs}")
         found, value = read_value(results)
         if not found:
-            raise TaskFailed(
-                f"job {report.id} completed but rank 0 reported no value (logs: torchjob logs {report.id})"
-            )
+            raise TaskFailed(f"job {report.id} completed but rank 0 reported no value (logs: {logs})")
         return value
     finally:
         if holds_pool:

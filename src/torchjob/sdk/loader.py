@@ -167,11 +167,21 @@ def _text(value: object) -> str:
 
 
 def _task_from(module: Any, name: str, file: str) -> Task[Any, Any]:
+    from torchjob.sdk.flyte import is_flyte
+
     found = getattr(module, name, None)
     if found is None:
         tasks = sorted(k for k, v in vars(module).items() if isinstance(v, Task))
+        if "flytekit" in sys.modules:
+            from torchjob.sdk.flyte.commands import entity_names
+
+            tasks = sorted([*tasks, *entity_names(module)])
         hint = f"; tasks in this file: {', '.join(tasks)}" if tasks else "; the file defines no @task"
         raise _fail(file, name, f"no task named {name!r}{hint}")
+    if is_flyte(found):  # a flytekit task, as a cluster would run it (sdk/flyte)
+        from torchjob.sdk.flyte.commands import task_of
+
+        return task_of(found, f"{file}:{name}", file)
     if not isinstance(found, Task):
         raise _fail(
             file, name, f"{name!r} is a {type(found).__name__}, not a function decorated with @torchjob.task"
@@ -222,4 +232,6 @@ def load_task_job(
     # every_rank: the job waits for every rank, as a task call does, instead of ending with the master
     request = task.job_request(target=target, complete_with_master=not every_rank)
     job, document = build_job(request, file=ref)
+    for note in getattr(task, "flyte_notes", ()):  # what differs from the flytekit task's own view
+        print(f"{ref}: warning: {note}", file=sys.stderr)
     return LoadedJob(job, document)

@@ -11,20 +11,36 @@ so a reader never sees half a file.
 
 from __future__ import annotations
 
+import copyreg
+import dataclasses
+import io
 import os
 import pickle
 import sys
 import time
 import traceback
+from collections import ChainMap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import CodeType, FunctionType, TracebackType
-from typing import Any
+from types import CodeType, TracebackType
+from typing import Any, ClassVar
 
 import cloudpickle
 
 from torchjob.files import write_atomic
+
+
+def _by_name(name: str) -> Callable[[object], str]:
+    return lambda _: name  # a reducer's string: pickle saves the object as that global
+
+
+# dataclasses' sentinels by reference, not as new objects: a dataclass pickled by value (defined in
+# __main__ or a task's file) is rebuilt with them, and cloudpickle gives the caller's own class the
+# rebuilt fields when a rank's value comes back; with copies of MISSING every field seemed to
+# have a default (flytekit's type engine then failed on the class).
+copyreg.pickle(type(dataclasses.MISSING), _by_name("MISSING"))
+copyreg.pickle(type(dataclasses.KW_ONLY), _by_name("KW_ONLY"))
 
 VALUE_FILE = "rank-0.value"
 PROGRESS_FILE = "rendezvous.progress"
@@ -38,16 +54,39 @@ class Call:
     kwargs: dict[str, Any]
 
 
+def _code_in_file(code: CodeType, filename: str) -> CodeType:
+    return code.replace(co_filename=filename)
+
+
+def _code_reduce(code: CodeType) -> tuple[Any, ...]:
+    """Pickle a code object with the name of its file.
+
+    cloudpickle writes every code object it pickles by value (functions and classes of a script's
+    ``__main__``, a notebook, a file torchjob imported) under the name ``<dynamic-code>``, so a
+    rank's traceback showed no file and no source line for them. The code goes with that name, as
+    cloudpickle makes it, and gets its own back when it is loaded; code objects nested in its
+    constants (inner functions, comprehensions) are pickled, and named again, the same way.
+    """
+    if code.co_filename == _DYNAMIC:
+        reduced: tuple[Any, ...] = _CLOUDPICKLE_CODE(code)
+        return reduced
+    return _code_in_file, (code.replace(co_filename=_DYNAMIC), code.co_filename)
+
+
+_CLOUDPICKLE_CODE = cloudpickle.Pickler.dispatch_table[CodeType]
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no type hints
+    # Read by pickle when the pickler is made: an instance's own table set later is not used.
+    dispatch_table: ClassVar[ChainMap[Any, Any]] = ChainMap(
+        {CodeType: _code_reduce}, cloudpickle.Pickler.dispatch_table
+    )
+
+
 def dump_call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    blob = cloudpickle.dumps((function, tuple(args), dict(kwargs)))
-    code = getattr(function, "__code__", None)
-    filename = code.co_filename if isinstance(code, CodeType) else None
-    return pickle.dumps({"sys_path": list(sys.path), "filename": filename, "blob": blob})
-
-
-def _with_filename(code: CodeType, filename: str) -> CodeType:
-    consts = tuple(_with_filename(c, filename) if isinstance(c, CodeType) else c for c in code.co_consts)
-    return code.replace(co_filename=filename, co_consts=consts)
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump((function, tuple(args), dict(kwargs)))
+    return pickle.dumps({"sys_path": list(sys.path), "blob": buffer.getvalue()})
 
 
 def load_call(data: bytes) -> Call:
@@ -56,11 +95,6 @@ def load_call(data: bytes) -> Call:
         if entry not in sys.path:
             sys.path.append(entry)
     function, args, kwargs = cloudpickle.loads(outer["blob"])
-    # cloudpickle names code pickled by value "<dynamic-code>"; put the real file back so that
-    # remote tracebacks show the user's file, line and source text.
-    filename = outer.get("filename")
-    if filename and isinstance(function, FunctionType) and function.__code__.co_filename == _DYNAMIC:
-        function.__code__ = _with_filename(function.__code__, filename)
     return Call(function, args, kwargs)
 
 
@@ -175,7 +209,8 @@ def _message(error: BaseException) -> str:
         return f"<str() of the {type(error).__name__} failed with {detail}>"
 
 
-def _traceback(error: BaseException) -> str:
+def user_traceback(error: BaseException) -> str:
+    """The exception's traceback from the user's code on (torchjob's runner frames left out)."""
     try:
         return "".join(traceback.format_exception(type(error), error, _user_frames(error.__traceback__)))
     except Exception:  # the traceback module copes with most broken exceptions, but not all
@@ -197,7 +232,7 @@ def error_record(rank: int, error: BaseException) -> dict[str, Any]:
         "rank": rank,
         "type": name,
         "message": _message(error),
-        "traceback": _traceback(error),
+        "traceback": user_traceback(error),
         "time": time.time(),
         "original": original,
     }

@@ -54,6 +54,8 @@ def _check(task_config: Any, image: Any, requests: Any, limits: Any, env: Any) -
 class Task(Generic[P, R]):
     """A Python function with a distributed-run configuration."""
 
+    preload_module = True  # the warm pool imports the function's module (not for flytekit's)
+
     def __init__(
         self,
         function: Callable[P, R],

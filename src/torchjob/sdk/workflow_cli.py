@@ -44,19 +44,27 @@ def describe_workflow(path: str, name: str) -> str | None:
 
     flow = find_workflow(path, name)
     if flow is None:
-        return None
-    hints = _hints(flow.function)
+        from torchjob.sdk.flyte.commands import describe, flyte_entity
+
+        entity = flyte_entity(path, name)
+        return None if entity is None else describe(entity, path, name)
+    tasks = sorted({t.name for t in vars(import_file(path)).values() if isinstance(t, Task)})
+    return (
+        f"workflow {flow.name}: valid; parameters: {describe_parameters(flow.function)}; "
+        f"tasks in the file: {', '.join(tasks) or 'none'}"
+    )
+
+
+def describe_parameters(function: Callable[..., Any]) -> str:
+    """``--name (type) [--other (type)]``: the parameters, optional ones in brackets."""
+    hints = _hints(function)
     params = []
-    for param_name, param in inspect.signature(flow.function).parameters.items():
+    for param_name, param in inspect.signature(function).parameters.items():
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             continue
         text = f"--{param_name.replace('_', '-')} ({_type_text(hints.get(param_name, param.annotation))})"
         params.append(text if param.default is inspect.Parameter.empty else f"[{text}]")
-    tasks = sorted({t.name for t in vars(import_file(path)).values() if isinstance(t, Task)})
-    return (
-        f"workflow {flow.name}: valid; parameters: {' '.join(params) or 'none'}; "
-        f"tasks in the file: {', '.join(tasks) or 'none'}"
-    )
+    return " ".join(params) or "none"
 
 
 _PLAIN = {"bool": bool, "int": int, "float": float, "str": str}
@@ -161,9 +169,10 @@ def _convert(text: str, hint: Any) -> Any:
 
 
 def parse_arguments(
-    flow: Workflow[..., Any] | Task[..., Any], argv: Sequence[str], ref: str
+    flow: Workflow[..., Any] | Task[..., Any] | Any, argv: Sequence[str], ref: str, *, required: bool = True
 ) -> tuple[list[Any], dict[str, Any]]:
-    """The positional and keyword arguments ``--name value`` tokens give the workflow (or task)."""
+    """The positional and keyword arguments ``--name value`` tokens give the workflow (or task);
+    ``required=False``: a parameter left out is not a problem (what is given is still checked)."""
     signature = inspect.signature(flow.function)
     params = {
         name: p
@@ -215,7 +224,7 @@ def parse_arguments(
         except ValueError as err:
             problems.append(Problem(flag, str(err), ref))
     for name, param in params.items():
-        if name not in given and param.default is inspect.Parameter.empty:
+        if required and name not in given and param.default is inspect.Parameter.empty:
             flag = "--" + name.replace("_", "-")
             problems.append(
                 Problem(
@@ -245,8 +254,11 @@ def run_workflow(path: str, name: str, argv: Sequence[str], refused: Sequence[st
     from torchjob.sdk.results import RemoteError, TaskFailed, shown
 
     flow = find_workflow(path, name)
-    if flow is None:
-        return None
+    if flow is None:  # a flytekit workflow runs under flytekit
+        from torchjob.sdk.flyte.commands import flyte_entity, run
+
+        entity = flyte_entity(path, name)
+        return None if entity is None else run(entity, path, name, argv, refused)
     ref = f"{path}:{name}"
     if refused:
         options = ", ".join(refused)
@@ -306,9 +318,10 @@ def _node_job_name(node: Node) -> str:
 
 
 def render_workflow(
-    path: str, name: str, argv: Sequence[str], fmt: str, write: Callable[[str], Any]
+    path: str, name: str, argv: Sequence[str], fmt: str, write: Callable[[str], Any], kind: str = "pods"
 ) -> int | None:
-    """Write one Kubernetes List per task call of the workflow; None if ``name`` is not a workflow."""
+    """Write one Kubernetes List per task call of the workflow; None if ``name`` is not a workflow.
+    ``kind`` (``--target``) applies to a flytekit workflow (torchjob's own show their pods)."""
     from torchjob.expand import Expansion
     from torchjob.render import write_list
     from torchjob.sdk.loader import import_file
@@ -316,7 +329,10 @@ def render_workflow(
 
     flow = find_workflow(path, name)
     if flow is None:
-        return None
+        from torchjob.sdk.flyte.commands import flyte_entity, render
+
+        entity = flyte_entity(path, name)
+        return None if entity is None else render(entity, path, name, argv, fmt, kind, write)
     ref = f"{path}:{name}"
     args, kwargs = parse_arguments(flow, argv, ref)
     try:

@@ -8,7 +8,16 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torchjob.display import first_failed_first
-from torchjob.engine_api.base import EngineError, JobReport, LogLine, LogQuery, Plan, StartOptions, StreamSink
+from torchjob.engine_api.base import (
+    EngineError,
+    JobNotFound,
+    JobReport,
+    LogLine,
+    LogQuery,
+    Plan,
+    StartOptions,
+    StreamSink,
+)
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
@@ -319,7 +328,7 @@ class KubernetesEngine:
             where = f"namespace {namespace}" + (
                 f" of context {self.cluster.context}" if self.cluster.context else ""
             )
-            raise EngineError(f"no job {name!r} in {where}")
+            raise JobNotFound(f"no job {name!r} in {where}", ref)
         return found
 
     def _report(

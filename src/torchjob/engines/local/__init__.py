@@ -237,6 +237,10 @@ def _supervise(
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if supervisor.interrupted is not None and supervisor.interrupted == 2:  # SIGINT
+        if isinstance(console, Console) and console.hushed:  # it said so (output.hush)
+            from torchjob.engine_api.base import Interrupted
+
+            raise Interrupted
         raise KeyboardInterrupt
     if not (path / "status.json").exists():  # it could not be written (a full disk)
         status = supervisor.status

@@ -452,7 +452,8 @@ def plan_for(job: Job) -> Plan | None:
             problems.append(
                 Problem(
                     "spec.tasks",
-                    f"the job's gang ({len(demand.gang)} pods) needs {fmt(resource, gang)} {resource}; "
+                    f"the job's gang ({len(demand.gang)} pod{'s' if len(demand.gang) != 1 else ''}) needs "
+                    f"{fmt(resource, gang)} {resource}; "
                     f"{has}: it could never start; lower the limits or minAvailable, or run with --no-queue",
                 )
             )

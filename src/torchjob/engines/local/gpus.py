@@ -72,9 +72,14 @@ class ContainerNeed:
     init: bool = False
 
 
+def count(n: int) -> str:
+    """``1 GPU``, ``2 GPUs``: a message never says "the 1 GPUs"."""
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
 class NotEnoughGPUs(Exception):
     def __init__(self, wanted: int, available: int) -> None:
-        super().__init__(f"{wanted} GPUs wanted, {available} available")
+        super().__init__(f"{count(wanted)} wanted, {available} available")
         self.wanted = wanted
         self.available = available
 
@@ -271,7 +276,7 @@ def check(job: Job, found: Inventory | None = None) -> Issues:
         return [
             Issue(
                 "spec.tasks",
-                f"the pods ask for {wanted} GPUs ({RESOURCE} limits) in all; this machine has "
+                f"the pods ask for {count(wanted)} ({RESOURCE} limits) in all; this machine has "
                 f"{len(found.devices)} ({found.source}): lower the limits or the replicas",
             )
         ]
@@ -295,14 +300,14 @@ def job_env(
     found = found if found is not None else inventory()
     if not found.devices:
         return {}, (
-            f"no GPU on this machine ({found.where()}): the {wanted} GPUs the pods ask for are ignored "
+            f"no GPU on this machine ({found.where()}): the {count(wanted)} the pods ask for are ignored "
             "and they run without CUDA"
         )
     try:
         shares = allocate(needs, found.devices)
     except NotEnoughGPUs as err:  # the GPUs went away since the job was checked: hide them all
         shares = {key: {n.name: [] for n in pod} for key, pod in needs.items()}
-        return _env(shares, found), f"only {err.available} GPUs left for {err.wanted}: the pods get none"
+        return _env(shares, found), f"only {count(err.available)} left for {err.wanted}: the pods get none"
     return _env(shares, found), ""
 
 

@@ -15,7 +15,7 @@ import re
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 
 from torchjob.display import paint, use_color
 from torchjob.typecheck import TYPE_CHECKING
@@ -190,6 +190,9 @@ class Console:
         self._drawn = 0
         self._last_draw = 0.0
         self._prefix_width = 0
+        self.hushed = False  # after a Ctrl-C: see hush()
+        self._slow: tuple[float, str] | None = None  # (when, what): said if the stop takes that long
+        self._final: Callable[[], str] | None = None
 
     def _erase(self) -> None:
         if self._drawn:
@@ -241,6 +244,9 @@ class Console:
 
     def finish(self, stall: float, stop: Callable[[], bool]) -> None:
         """Write out what is pending (the summary), waiting at most ``stall`` s for a stalled reader."""
+        if self._final is not None:
+            final, self._final, self._slow = self._final, None, None
+            self.stream.write(paint(f"torchjob: {final()}", "33", self.color) + "\n")
         deadline = time.monotonic() + stall
         self.stream.flush()
         while self.stream.backlog and not self.stream.broken and not stop() and time.monotonic() < deadline:
@@ -255,7 +261,7 @@ class Console:
     def lines(self, items: Iterable[tuple[str, str, str]]) -> None:
         """(prefix, color code, text) lines of container output."""
         batch = list(items)
-        if not batch:
+        if not batch or self.hushed:  # the log files keep them
             return
         if self.gave_up or self.stream.broken:
             self.unshown += len(batch)
@@ -276,7 +282,7 @@ class Console:
     def progress(self, items: Iterable[tuple[str, str, str]]) -> None:
         """(prefix, color code, text): the present state of unfinished progress lines, shown live
         below the log lines (terminal only) until their line ends."""
-        if not self.live or self.gave_up or self.stream.broken:
+        if not self.live or self.gave_up or self.stream.broken or self.hushed:
             return
         changed = False
         for prefix, code, raw in items:
@@ -291,13 +297,17 @@ class Console:
 
     def note(self, text: str, code: str = "2") -> None:
         """torchjob's own messages (phase changes, restarts)."""
+        if self.hushed:
+            return
         self._erase()
         self.stream.write(paint(f"torchjob: {text}", code, self.color) + "\n")
         self._draw()
         self.stream.flush()
 
     def table(self, rows: list[str], *, force: bool = False) -> None:
-        if not self.live or self.stream.backlog >= MAX_BACKLOG:  # redrawn once the reader catches up
+        if (
+            not self.live or self.stream.backlog >= MAX_BACKLOG or self.hushed
+        ):  # redrawn once the reader catches up
             return
         changed = rows != self._table
         self._table = rows  # drawn now, or with the next log lines
@@ -309,6 +319,8 @@ class Console:
         self.stream.flush()
 
     def print(self, line: str) -> None:
+        if self.hushed:
+            return
         self._erase()
         self.stream.write(line + "\n")
         self._draw()
@@ -319,6 +331,43 @@ class Console:
         self._table = []
         self._progress = {}
         self.stream.flush()
+
+    def hush(self, final: Callable[[], str], slow: str, after: float) -> None:
+        """Ctrl-C: what the job prints while it stops (torchrun's tracebacks of the signal, notes,
+        the summary) stays in its logs and status; the console says one line, ``final()``'s, as
+        :meth:`finish` ends it, and first ``slow`` when the stop takes more than ``after`` s."""
+        self.end_live()
+        self.hushed = True
+        self._final = final
+        self._slow = (time.monotonic() + after, slow)
+
+    def tick(self) -> None:
+        """Called on every pass of the supervisor's loop: says ``slow`` once it is due."""
+        if self._slow is not None and time.monotonic() >= self._slow[0]:
+            self.stream.write(paint(f"torchjob: {self._slow[1]}", "33", self.color) + "\n")
+            self._slow = None
+            self.stream.flush()
+
+
+SLOW_STOP = 2.0  # seconds after a Ctrl-C before the console says the job is still stopping
+
+
+def hush(console: Console | SinkConsole, job_id: str, stopping: Sized, waiting: str = "") -> None:
+    """Ctrl-C: the console says one line, once the job has stopped (``Console.hush``).
+
+    ``stopping``: the pods that were running; ``waiting``: what the job did instead (in a queue).
+    """
+    what = f"job {job_id}"
+    if stopping:
+        what += f" and its {len(stopping)} running pod{'s' if len(stopping) != 1 else ''}"
+    elif waiting:
+        what += f" ({waiting})"
+    logs = f"torchjob logs {job_id}"
+    console.hush(
+        final=lambda: f"Ctrl-C: stopped {what}; exit code 130 (its logs: {logs})",
+        slow=f"Ctrl-C: stopping {what} (Ctrl-C again kills it at once)",
+        after=SLOW_STOP,
+    )
 
 
 class SinkConsole:
@@ -338,6 +387,7 @@ class SinkConsole:
         self.stream = self
         self.unshown = 0
         self.gave_up = False
+        self.hushed = False
 
     def flush(self) -> None:
         return
@@ -364,6 +414,8 @@ class SinkConsole:
     def lines(self, items: Iterable[tuple[str, str, str]]) -> None:
         from torchjob.engine_api.base import LogLine
 
+        if self.hushed:  # after a Ctrl-C: the log files keep them
+            return
         for prefix, _, text in items:
             if self.gave_up:
                 self.unshown += 1
@@ -384,6 +436,14 @@ class SinkConsole:
         self.sink.report(line)
 
     def end_live(self) -> None:
+        return
+
+    def hush(self, final: Callable[[], str], slow: str, after: float) -> None:
+        """Ctrl-C: the pods' lines stop here (the caller gets KeyboardInterrupt once they stopped)."""
+        self.hushed = True
+        self.sink.notice(slow)
+
+    def tick(self) -> None:
         return
 
 

@@ -42,7 +42,7 @@ from torchjob.engines.local.cleanup import (
 )
 from torchjob.engines.local.containers import local_warnings
 from torchjob.engines.local.creation import PodFactory
-from torchjob.engines.local.output import Console, SinkConsole, short_name
+from torchjob.engines.local.output import Console, SinkConsole, hush, short_name
 from torchjob.engines.local.pod import FAILED, RUNNING, SUCCEEDED, LocalPod
 from torchjob.engines.local.prewarm import modules_of as prewarm_modules
 from torchjob.engines.local.report import job_report
@@ -215,6 +215,8 @@ class Supervisor:
             if self.signals:
                 name = signal.Signals(self.signals[-1]).name
                 self.interrupted = self.signals[-1]
+                if self.interrupted == signal.SIGINT and self.console is not None:
+                    hush(self.console, self.id, [], f"waiting in queue {ticket.plan.queue}")
                 return self.end_waiting(
                     f"torchjob received {name} while the job waited in queue {ticket.plan.queue}"
                 )
@@ -538,7 +540,13 @@ class Supervisor:
                     pod.kill()
                 continue
             self.interrupted = self.interrupted or signum
-            self.note(f"{name}: stopping the job (again to kill at once)", "33")
+            if signum == signal.SIGINT and self.console is not None:  # Ctrl-C: one line (hush)
+                stopping = [
+                    p.name for p in self.latest.values() if not p.gone and p.phase not in (SUCCEEDED, FAILED)
+                ]
+                hush(self.console, self.id, stopping)
+            else:
+                self.note(f"{name}: stopping the job (again to kill at once)", "33")
             self.ctl.act(Action.TERMINATE_JOB, None, None, f"torchjob received {name}")
 
     # ------------------------------------------------------------- output
@@ -573,6 +581,8 @@ class Supervisor:
             self.follower.close(c.log)
 
     def print_logs(self) -> None:
+        if self.console is not None:
+            self.console.tick()
         if not self.echo_logs or self.console is None:
             return
         # A slow reader is not fed more than it takes: the log files keep the rest until it has room.

@@ -293,9 +293,11 @@ class SlurmEngine:
             raise EngineError(f"Slurm will not start job {slurm_id} as asked: {err} ({what})") from None
         except KeyboardInterrupt:
             # Attached, the terminal is the job's: Ctrl-C (or SIGTERM) cancels the allocation and
-            # its steps, and returns once Slurm holds none of them.
+            # its steps, and returns once Slurm holds none of them; its one line says so.
+            from torchjob.engine_api.base import Interrupted
+
             self._stop_attached(job_dir, slurm_id, sink)
-            raise
+            raise Interrupted from None
         if allocation is None:
             self._left_queue(slurm_id)  # attached, a run returns once nothing of it is left
         if "unsharedOn" in self.view.slurm(job_dir):  # the job root is unusable: a setup error
@@ -304,10 +306,12 @@ class SlurmEngine:
         return report
 
     def _stop_attached(self, job_dir: Path, slurm_id: str, sink: Sink) -> None:
-        """Ctrl-C of an attached run: stop the job, whatever more Ctrl-C come meanwhile."""
+        """Ctrl-C of an attached run: stop the job, whatever more Ctrl-C come meanwhile, and say in
+        one line what was stopped (or what runs on, and how to stop it)."""
+        job = job_dir.name
 
         def still() -> None:
-            sink.notice(f"stopping job {job_dir.name} (Slurm job {slurm_id}); wait, it is not left running")
+            sink.notice(f"stopping job {job} (Slurm job {slurm_id}); wait, it is not left running")
 
         with follow.deferred(still):
             slurm = self.view.slurm(job_dir)
@@ -315,6 +319,10 @@ class SlurmEngine:
                 from torchjob.engines.slurm.allocation import stop_controller
 
                 stop_controller(int(slurm.get("controller") or 0), slurm.get("controllerStarted"))
+                sink.notice(
+                    f"Ctrl-C: stopped job {job} in allocation {slurm_id}; exit code 130 "
+                    f"(its logs: torchjob logs {job} --engine slurm)"
+                )
                 return
             try:
                 said = clients.ping()
@@ -323,7 +331,7 @@ class SlurmEngine:
             if said is not None:
                 sink.notice(
                     f"{clients.unreachable_message(said)} Slurm job {slurm_id} runs on: cancel it with "
-                    f"`scancel {slurm_id}` (or `torchjob delete {job_dir.name} --engine slurm`) once "
+                    f"`scancel {slurm_id}` (or `torchjob delete {job} --engine slurm`) once "
                     "slurmctld answers"
                 )
                 return
@@ -331,6 +339,11 @@ class SlurmEngine:
                 self._cancel(slurm_id)
             except EngineError as err:
                 sink.notice(f"{err}: cancel it with `scancel {slurm_id}`")
+                return
+            sink.notice(
+                f"Ctrl-C: cancelled Slurm job {slurm_id} (job {job}); exit code 130 "
+                f"(its logs: torchjob logs {job} --engine slurm)"
+            )
 
     def _fits_nodes(self, plan: SlurmPlan) -> None:
         """A job that needs more nodes than its partition has would be refused by sbatch with

@@ -1,0 +1,147 @@
+"""Ctrl-C as a terminal sends it (SIGINT to the command's process group): one line, exit 130.
+
+Issue 34 item 2: a running job's Ctrl-C printed torchrun's SignalException tracebacks of every
+pod (76 lines for ``-j 2x1``); issue 33 item 10: a Ctrl-C in the first moments of a command
+printed Python's KeyboardInterrupt traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+SLEEPER = """\
+import time
+
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+print("ready", dist.get_rank(), flush=True)
+time.sleep(120)
+"""
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home"), "NO_COLOR": "1"}
+    env.pop("TORCHJOB_LOG", None)
+    return env
+
+
+def _lines_of(stream: object, into: queue.Queue[str | None]) -> None:
+    for line in stream:  # type: ignore[attr-defined]
+        into.put(line)
+    into.put(None)
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(180)
+def test_ctrl_c_of_a_running_job_prints_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", "-j", "2x1", str(script)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell's job: the terminal signals it all
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+    reader = threading.Thread(target=_lines_of, args=(proc.stdout, lines), daemon=True)
+    reader.start()
+    before: list[str] = []
+    deadline = time.monotonic() + 90
+    try:
+        while sum(line.startswith(("master-0 r0 | ready", "worker-0 r1 | ready")) for line in before) < 2:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None, "".join(before)
+            before.append(line)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    reader.join(timeout=10)
+    after: list[str] = []
+    while (line := lines.get(timeout=10)) is not None:
+        after.append(line)
+    stderr = proc.stderr.read() if proc.stderr else ""  # type: ignore[union-attr]
+    job_id = next((tmp_path / "home" / "jobs").iterdir()).name
+    final = (
+        f"torchjob: Ctrl-C: stopped job {job_id} and its 2 running pods; exit code 130 "
+        f"(its logs: torchjob logs {job_id})\n"
+    )
+    # One line; a second before it only when the stop took long enough to say it is under way.
+    slow = f"torchjob: Ctrl-C: stopping job {job_id} and its 2 running pods (Ctrl-C again kills it at once)\n"
+    assert after in ([final], [slow, final]), "".join(after)
+    assert stderr == ""  # not even "interrupted": the line said it
+    # The pods' logs keep what they printed as they stopped (torchrun's own report of the signal).
+    logs = subprocess.run(
+        [sys.executable, "-m", "torchjob", "logs", job_id],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "SignalException" in logs.stdout
+
+
+# The command's own code from its first statement: the program's entry point, with a timer that
+# sends this process SIGINT after DELAY seconds (the interpreter's own start, before any of
+# torchjob's code runs, is Python's and is left out).
+AT_DELAY = """\
+import signal, sys
+from torchjob.cli import main
+signal.signal(signal.SIGALRM, lambda *_: signal.raise_signal(signal.SIGINT))
+signal.setitimer(signal.ITIMER_REAL, float(sys.argv[1]))
+sys.argv = ["torchjob", *sys.argv[2:]]
+sys.exit(main())
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["validate", "examples/pytorch-job.yaml"],
+        ["render", "examples/pytorch-job.yaml"],
+        ["run", "--dry-run", "-j", "2x2", "examples/programs/allreduce.py"],
+    ],
+    ids=["status", "validate", "render", "run-dry-run"],
+)
+def test_ctrl_c_in_the_first_moments_of_a_command_is_one_line(tmp_path: Path, command: list[str]) -> None:
+    outcomes = set()
+    for step in range(25):  # 0 to 0.15 s, every 6 ms
+        delay = 0.0005 + step * 0.006
+        done = subprocess.run(
+            [sys.executable, "-c", AT_DELAY, str(delay), *command],
+            cwd=REPO,
+            env=_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if done.returncode == 130:
+            assert done.stderr == "torchjob: interrupted\n", (delay, done.stderr)
+            outcomes.add("interrupted")
+        else:  # the command was over first (SIGALRM then meets an interpreter that is ending)
+            assert done.returncode in (0, -signal.SIGALRM), (delay, done.returncode, done.stderr)
+            assert "Traceback" not in done.stderr, (delay, done.stderr)
+            outcomes.add("ended")
+    assert "interrupted" in outcomes  # the signal did land while the command ran

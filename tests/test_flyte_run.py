@@ -1,0 +1,128 @@
+"""Real flytekit tasks and workflows run distributed through torchjob: real gloo all-reduces in
+local-engine pods, under torch's elastic agents, and as job steps of a real Slurm allocation.
+
+tests/flyte_tasks.py holds the tasks (each returns what its ranks saw, as a dataclass flytekit's
+type engine carries back). flytekit and flytekitplugins-kfpytorch are the real packages from PyPI,
+never patched; the tests skip where they (or torch) are not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("flytekit", reason="flytekit is not installed (pip install -e '.[flyte]')")
+pytest.importorskip("flytekitplugins.kfpytorch", reason="flytekitplugins-kfpytorch is not installed")
+pytest.importorskip("torch", reason="torch is not installed")
+
+from slurm_cluster import SlurmCluster
+from torchjob.sdk.flyte import run
+from torchjob.sdk.loader import import_file
+from torchjob.sdk.results import RemoteError
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.torch, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+TASKS = "tests/flyte_tasks.py"
+
+
+@pytest.fixture(scope="module")
+def tasks() -> Any:
+    return import_file(str(REPO / TASKS))  # as `torchjob run FILE.py:NAME` imports it
+
+
+@pytest.fixture(autouse=True)
+def _private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHJOB_HOME", str(tmp_path_factory.mktemp("home")))
+
+
+def torchjob(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> Any:
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args],
+        cwd=REPO,
+        env=env or dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_kfpytorch_tasks_run_distributed_and_return_typed_values(tasks: Any) -> None:
+    report = run(tasks.allreduce_pytorch, scale=2)  # master + 2 workers, one process each
+    assert isinstance(report, tasks.Report)
+    assert report == tasks.Report(world=3, total=6, ranks=[0, 1, 2], nodes=[0, 1, 2], scale=2)
+    report = run(tasks.allreduce_one_node, scale=5)  # one node, torch's launcher here, 2 processes
+    assert report == tasks.Report(world=2, total=3, ranks=[0, 1], nodes=[0, 0], scale=5)
+    pid, launched, scale = run(tasks.bypassed, scale=7)  # nnodes=1, one process: a direct call
+    assert (pid, launched, scale) == (os.getpid(), 0, 7)
+
+
+def test_a_failing_rank_comes_back_with_its_own_traceback(tasks: Any) -> None:
+    with pytest.raises(RemoteError) as info:
+        run(tasks.failing, scale=4)
+    error = info.value
+    assert (error.rank, error.exc_type, error.message) == (1, "ValueError", "rank one refuses scale 4")
+    assert f'{REPO / TASKS}", line' in error.remote_traceback
+    assert 'raise ValueError(f"rank one refuses scale {scale}")' in error.remote_traceback
+    assert isinstance(error.original, ValueError)
+    from flytekit.core.type_engine import TypeTransformerFailedError
+
+    with pytest.raises(TypeTransformerFailedError, match="Expected value of type <class 'float'>"):
+        run(tasks.wrongly_typed, scale=1)  # rank 0's int where float is declared: flytekit refuses it
+
+
+def test_flytekit_runs_the_rest_of_a_workflow_and_names_are_bound_back(tasks: Any) -> None:
+    original = tasks.allreduce_pytorch
+    assert run(tasks.pipeline, scale=2, elastic=False) == 12  # 1+2+3 from 3 ranks, times 2
+    assert run(tasks.pipeline_dynamic, scale=1) == 6
+    assert tasks.allreduce_pytorch is original
+
+
+def test_torchjob_run_of_a_workflow_takes_pyflyte_run_arguments() -> None:
+    """A plain task and two distributed ones (master + 2 workers; 2 nodes x 2 processes), chosen
+    by a conditional on a flag given as pyflyte run takes it."""
+    done = torchjob("run", f"{TASKS}:pipeline", "--scale", "2", "--elastic")
+    assert done.returncode == 0, done.stdout + done.stderr
+    # 2 * (1+2+3) = 12 ranks the elastic task scales by; 12 * (1+2+3+4) = 120
+    assert "torchjob: workflow pipeline returned 120\n" in done.stdout
+    assert "rendezvous: 2/2 nodes joined" in done.stderr
+
+
+def test_the_readme_example_rewritten_in_flytekit_runs_both_ways(capfd: pytest.CaptureFixture[str]) -> None:
+    """examples/flyte/adaptive_training.py: conditional picks 2 nodes x 2 processes (local-engine
+    pods, each an elastic agent) or one process called directly."""
+    example = import_file(str(REPO / "examples/flyte/adaptive_training.py"))
+    accuracy = run(example.adaptive_training, use_single_node=False)
+    out = capfd.readouterr().out
+    assert isinstance(accuracy, float) and accuracy > 0.9
+    for rank in range(4):
+        assert f"rank {rank}/4: accuracy {accuracy:.3f}" in out
+    assert run(example.adaptive_training_dynamic, use_single_node=True) > 0.9
+    assert "rank 0/1: accuracy" in capfd.readouterr().out
+
+
+def test_the_same_task_on_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
+    from test_slurm_engine import cli_env
+
+    env = cli_env(slurm, tmp_path / "root")
+    done = torchjob("run", f"{TASKS}:allreduce_pytorch", "--scale", "3", "--engine", "slurm", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "torchjob: rank 0 returned Report(world=3, total=6, ranks=[0, 1, 2], nodes=[0, 1, 2], scale=3)"
+        in (done.stdout)
+    )
+    assert slurm.jobs() == []
+
+
+def test_the_kfpytorch_readmes_first_example_runs_as_written() -> None:
+    """The README's `PyTorch(worker=Worker(replicas=5))` task, unchanged but for valid flytekit
+    (examples/flyte/kfpytorch_readme.py): 1 master + 5 workers join one gloo group of 6."""
+    done = torchjob("run", "examples/flyte/kfpytorch_readme.py:pytorch_job")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "torchjob: rank 0 returned 6" in done.stdout, done.stdout
