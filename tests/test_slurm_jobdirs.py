@@ -6,6 +6,7 @@ job whose sbatch has not answered yet."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,16 @@ def make_job(root: Path, job_id: str, started: float = 0.0) -> Path:
     (job_dir / "job.json").write_text("{}\n")
     (job_dir / "options.json").write_text(json.dumps({"id": job_id}) + "\n")
     if started:
-        import os
-
         os.utime(job_dir / "options.json", (started, started))
     return job_dir
+
+
+@pytest.fixture(autouse=True)
+def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchjob's own notes (where jobs were last started) are this test's, not the user's."""
+    monkeypatch.setenv("TORCHJOB_HOME", str(tmp_path / "home"))
+    for name in [n for n in os.environ if n.startswith("TORCHJOB_SLURM_")]:
+        monkeypatch.delenv(name)
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

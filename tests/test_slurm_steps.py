@@ -213,15 +213,6 @@ def test_scancel_leaves_no_step_and_no_process(slurm: SlurmCluster, tmp_path: Pa
     assert clients.queue(job_id, slurm.env) == []
 
 
-@pytest.mark.timeout(300)
-def test_a_time_limit_reached_reports_timeout(slurm: SlurmCluster, tmp_path: Path) -> None:
-    # Slurm's smallest limit is a minute, checked about every 30 s: this test takes 1-2 minutes.
-    job_id = submit(make_plan(tmp_path, slurm, time_limit="1"), slurm)
-    state = wait_state(slurm, job_id, {"TIMEOUT", "COMPLETED", "FAILED", "CANCELLED"}, timeout=200)
-    assert state.state == "TIMEOUT"
-    assert state.reason == "TimeLimit"
-
-
 def test_two_private_clusters_do_not_meet_and_stop_leaves_nothing(tmp_path: Path) -> None:
     import slurm_cluster
 

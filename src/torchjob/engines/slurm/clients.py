@@ -70,7 +70,7 @@ def _one_line(text: str) -> str:
     lines = [line for line in lines if not line.startswith("Try ")] or lines
     errors = [line for line in lines if "error" in line.lower() or "fatal" in line.lower()]
     message = errors[-1] if errors else (lines[0] if lines else "")
-    return re.sub(r"^(\w+: )?(error: |fatal: )+", "", message).strip()
+    return re.sub(r"^(\S*/)?[\w-]+: ((error|fatal): )*", "", message).strip()
 
 
 def _which(name: str) -> str | None:

@@ -12,7 +12,6 @@ follows it (follow.py), and cancels it.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 from torchjob import logs
 from torchjob.engine_api import jobdirs
 from torchjob.engine_api.base import EngineError, JobReport, LogQuery, Plan, StartOptions, StreamSink
-from torchjob.engines.slurm import clients, follow
+from torchjob.engines.slurm import cancel, clients, follow, preflight
 from torchjob.engines.slurm.settings import ENV, SlurmSettings, job_root, settings_from
 from torchjob.engines.slurm.view import JOB_FILE, OPTIONS_FILE, SLURM_FILE, SlurmView, owned_root
 from torchjob.errors import Issue
@@ -35,9 +34,6 @@ if TYPE_CHECKING:
     from torchjob.engines.slurm.plan import SlurmPlan
     from torchjob.spec.model import Job
 
-CANCEL_TIMEOUT = 60.0  # seconds until Slurm holds no step of a cancelled job
-# Pod template fields a scheduler places pods by, which Slurm cannot honour.
-_PLACEMENT_FIELDS = ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints", "nodeName")
 
 
 def _remove(job_dir: Path) -> None:
@@ -50,23 +46,6 @@ def _remove(job_dir: Path) -> None:
 def _batch_command(job_dir: Path) -> list[str]:
     """What the batch script execs: this interpreter (a shared venv) running the job's controller."""
     return [sys.executable, "-m", "torchjob.engines.slurm.batch", str(job_dir)]
-
-
-def placement_warnings(job: Job) -> list[Issue]:
-    """Pod fields by which a cluster places pods and Slurm does not: ignored, and said so."""
-    found = []
-    for position, task in enumerate(job.spec.tasks):
-        for name in _PLACEMENT_FIELDS:
-            if task.template.spec.get(name):
-                found.append(
-                    Issue(
-                        f"spec.tasks[{position}].template.spec.{name}",
-                        f"Slurm does not place pods by {name}: ignored (choose nodes with "
-                        "--sbatch-args='--constraint=FEATURE' or '--nodelist=NODES', or -p PARTITION)",
-                        "warning",
-                    )
-                )
-    return found
 
 
 class SlurmEngine:
@@ -115,7 +94,7 @@ class SlurmEngine:
         return []
 
     def warnings(self, job: Job) -> list[Issue]:
-        return placement_warnings(job)  # images: the docs say it once (commands run on the node)
+        return preflight.placement_warnings(job)  # images: the docs say it once (commands run on the node)
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
         from torchjob.engines.slurm.dryrun import plan_text
@@ -130,39 +109,6 @@ class SlurmEngine:
 
     # ------------------------------------------------------------------ start
 
-    def _preflight(self, allocation: str | None) -> None:
-        """What stops any job here, in one line and at once: no Slurm clients, a configuration no
-        client can read, a slurmctld that does not answer (clients would retry for a while first)."""
-        try:
-            clients.client("srun" if allocation else "sbatch")
-            clients.check_config(os.environ)
-            said = clients.ping()
-        except clients.SlurmError as err:
-            raise EngineError(str(err)) from None
-        if said is not None:
-            raise EngineError(f"{clients.unreachable_message(said)} Nothing was submitted")
-
-    def _queue_partition(self, job: Job, settings: SlurmSettings, sink: Sink) -> SlurmSettings:
-        """A Volcano queue (``spec.queue``) is the partition of that name when the cluster has one
-        and no partition was given; otherwise it is said to be ignored."""
-        queue = job.spec.queue
-        if settings.partition or queue in ("", "default"):
-            return settings
-        from torchjob.records import replace
-
-        try:
-            found = clients.partition(queue)
-        except clients.SlurmError:
-            found = None
-        if found is None:
-            sink.notice(
-                f"warning: spec.queue {queue!r}: the cluster has no partition of that name; the job "
-                "goes to the default partition (-p/--partition chooses one)"
-            )
-            return settings
-        logs.info("slurm: spec.queue %s is the partition %s", queue, queue)
-        return replace(settings, partition=queue)
-
     def start(self, job: Job, options: StartOptions) -> JobReport:
         job_id = jobdirs.new_id(job.name)
         job_dir = self.root / job_id
@@ -170,18 +116,18 @@ class SlurmEngine:
         chosen = self._for(options)
         allocation = self._allocation(chosen)
         self._plan(job, job_dir, chosen, allocation)  # a job Slurm cannot run: a SpecError at once
-        self._preflight(allocation)
-        for issue in placement_warnings(job):
+        preflight.slurm_answers(allocation)
+        for issue in preflight.placement_warnings(job):
             sink.notice(f"warning: {issue.path}: {issue.message}")
         if allocation is None:
-            chosen = self._queue_partition(job, chosen, sink)
+            chosen = preflight.queue_partition(job, chosen, sink)
         plan = self._plan(job, job_dir, chosen, allocation)
         if allocation is not None:
             from torchjob.engines.slurm.allocation import check_fits
 
             check_fits(plan, os.environ)
         else:
-            self._fits_nodes(plan)
+            preflight.fits_nodes(plan)
         self._make_job_dir(job, job_dir, chosen, options, plan, allocation)
         logs.info("slurm: job %s in %s", job_id, job_dir)
         with follow.deferred() as interrupted:  # a Ctrl-C here is handled once the job id is kept
@@ -287,7 +233,7 @@ class SlurmEngine:
                 report = follow.wait(self.view, job_dir, None, teller)
         except follow.BeyondLimits as err:
             # Attached, a job that cannot start would be followed for ever: cancel it, say why.
-            self._cancel(slurm_id)
+            cancel.cancel(slurm_id)
             _remove(job_dir)
             what = follow.WHAT_LIMIT.get(str(err), "a limit of the partition, QOS or account")
             raise EngineError(f"Slurm will not start job {slurm_id} as asked: {err} ({what})") from None
@@ -299,7 +245,7 @@ class SlurmEngine:
             self._stop_attached(job_dir, slurm_id, sink)
             raise Interrupted from None
         if allocation is None:
-            self._left_queue(slurm_id)  # attached, a run returns once nothing of it is left
+            cancel.left_queue(slurm_id)  # attached, a run returns once nothing of it is left
         if "unsharedOn" in self.view.slurm(job_dir):  # the job root is unusable: a setup error
             _remove(job_dir)
             raise EngineError(report.reason)
@@ -336,7 +282,7 @@ class SlurmEngine:
                 )
                 return
             try:
-                self._cancel(slurm_id)
+                cancel.cancel(slurm_id)
             except EngineError as err:
                 sink.notice(f"{err}: cancel it with `scancel {slurm_id}`")
                 return
@@ -344,45 +290,6 @@ class SlurmEngine:
                 f"Ctrl-C: cancelled Slurm job {slurm_id} (job {job}); exit code 130 "
                 f"(its logs: torchjob logs {job} --engine slurm)"
             )
-
-    def _fits_nodes(self, plan: SlurmPlan) -> None:
-        """A job that needs more nodes than its partition has would be refused by sbatch with
-        "Requested node configuration is not available", or stay pending for ever (a heterogeneous
-        job: Slurm starts one only with each component on nodes of its own): say why at once."""
-        needed = [
-            c.nodes or (math.ceil(c.ntasks / c.pods_per_node) if c.pods_per_node else 1)
-            for c in plan.components
-        ]
-        total = sum(needed) if plan.heterogeneous else needed[0]
-        if total <= 1:
-            return
-        partition = plan.settings.partition
-        try:
-            nodes = clients.partition_nodes(partition)
-        except clients.SlurmError as err:
-            raise EngineError(str(err)) from None
-        if nodes is None or nodes >= total:
-            return
-        where = f"partition {partition}" if partition else "the default partition"
-        if plan.heterogeneous:
-            kinds = "; ".join(", ".join(c.tasks) for c in plan.components)
-            raise EngineError(
-                f"the job's tasks ask for {len(plan.components)} kinds of pod ({kinds}), each a component "
-                f"of a heterogeneous job on nodes of its own ({total} in all), and {where} has {nodes} "
-                "node(s): give the tasks the same resources, or use --single-component"
-            )
-        why = (
-            f"--nodes {plan.components[0].nodes}"
-            if plan.components[0].nodes
-            else (f"{plan.components[0].ntasks} pods, at most {plan.components[0].pods_per_node} per node")
-        )
-        default = plan.settings.pods_per_node is None and plan.components[0].pods_per_node == 1
-        hint = (
-            " (one pod per node: a torchrun job of several nodes; --pods-per-node K puts K on one)"
-            if default
-            else ""
-        )
-        raise EngineError(f"the job needs {total} nodes ({why}){hint} and {where} has {nodes}")
 
     # ------------------------------------------------------------------ reading jobs
 
@@ -467,73 +374,6 @@ class SlurmEngine:
 
     # ------------------------------------------------------------------ delete
 
-    def _cancel(self, slurm_id: str, timeout: float = CANCEL_TIMEOUT) -> None:
-        """scancel the allocation, then wait (bounded) until Slurm holds no step of it."""
-        try:
-            try:
-                listed = clients.component_ids(slurm_id)  # before scancel: the components' steps too
-            except clients.SlurmUnreachable:
-                raise
-            except clients.SlurmError:
-                listed = slurm_id
-            try:
-                clients.cancel(slurm_id)
-            except clients.SlurmUnreachable:
-                raise
-            except clients.SlurmError as err:
-                if "Invalid job id" not in str(err) and "already completing" not in str(err):
-                    raise EngineError(str(err)) from None
-        except clients.SlurmUnreachable as err:
-            raise EngineError(
-                f"{err}: Slurm job {slurm_id} may run on; cancel it with `scancel {slurm_id}` once "
-                "slurmctld answers"
-            ) from None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if not clients.steps(listed) and not clients.queue(slurm_id):
-                    return
-            except clients.SlurmError:
-                pass
-            time.sleep(follow.POLL)
-        raise EngineError(f"Slurm job {slurm_id} still has steps {timeout:g} s after scancel")
-
-    def _left_queue(self, slurm_id: str, timeout: float = 30.0, completing: float = 3.0) -> None:
-        """Wait (bounded) until the ended allocation left Slurm's queue, steps and batch script.
-        One that stays COMPLETING longer than ``completing`` seconds waits for Slurm's own
-        bookkeeping (after an outage, a step that ended meanwhile is reported ~50 s late): its
-        processes are gone, and the run returns."""
-        deadline = time.monotonic() + timeout
-        since = None
-        while time.monotonic() < deadline:
-            try:
-                rows = clients.queue(slurm_id)
-            except clients.SlurmError:
-                return
-            if not rows:
-                return
-            if all(state == "COMPLETING" for _, state, _ in rows):
-                since = since or time.monotonic()
-                if time.monotonic() - since > completing:
-                    return
-            time.sleep(0.1)
-
-    def _stop(self, job_dir: Path) -> None:
-        """Stop what runs of a job to delete: its allocation, or (in an allocation that is not the
-        job's) its controller and its steps."""
-        slurm = self.view.slurm(job_dir)
-        slurm_id = str(slurm.get("jobId", ""))
-        if not slurm_id or slurm.get("state") in clients.FINAL_STATES:
-            return
-        if not slurm.get("inAllocation"):
-            self._cancel(slurm_id)
-            return
-        from torchjob.engines.slurm.allocation import stop_controller
-
-        if not stop_controller(int(slurm.get("controller") or 0), slurm.get("controllerStarted")):
-            pid = slurm.get("controller")
-            raise EngineError(f"the controller of job {job_dir.name} (pid {pid}) did not stop")
-
     def delete(self, refs: list[str]) -> list[str]:
         """Every ref must name one job before any is touched (engine_api/jobdirs.py: an id, a name
         one job has, an id prefix of 4 characters or more), and only in a root torchjob marked."""
@@ -552,7 +392,7 @@ class SlurmEngine:
         deleted, failed = [], []
         for job_dir in found.values():
             try:
-                self._stop(job_dir)
+                cancel.stop(self.view, job_dir)
             except EngineError as err:  # kept: its directory is how to find it again
                 failed.append(f"job {job_dir.name} kept: {err}")
                 continue
