@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from torchjob.spec.model import Job
 
 
-
 def _remove(job_dir: Path) -> None:
     """Remove a job directory and all in it (shutil is imported here, off the way to sbatch)."""
     import shutil
