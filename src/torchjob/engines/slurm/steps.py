@@ -25,6 +25,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -97,6 +98,8 @@ class Step:
         self.unreachable_since: float | None = None
         self.stopping = False  # terminate() was called: never started again
         self.code: int | None = None  # its exit code once known for good
+        # The controller's loop polls a step while a stopping thread may too: one start at a time.
+        self._lock = threading.Lock()
 
     @classmethod
     def start(
@@ -181,6 +184,10 @@ class Step:
     def poll(self) -> int | None:
         """The step's exit code once it ended (128 + N if a signal N ended it), else None. An srun
         that could not reach slurmctld to create the step is started again (with back-off)."""
+        with self._lock:
+            return self._poll()
+
+    def _poll(self) -> int | None:
         if self.code is not None:
             return self.code
         now = time.monotonic()
