@@ -92,7 +92,10 @@ def run_submit(args: argparse.Namespace) -> int:
         try:
             report = engine.start(item.job, options)
         except SpecError as err:  # what the target cannot express, at the file's lines
-            raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
+            # Problems that already name their file (a flag's: <command line>) keep it.
+            raise SpecError(
+                [p if p.file else item.document.problem(p.path, p.message) for p in err.problems]
+            ) from None
         # What status/logs/delete take: a job's id where several jobs may have its name (Slurm).
         print(report.id if engine_info(name).handle == "id" else report.name, flush=True)
         remember_start("submit", name, settings, item.job.name, report.name, report.id)

@@ -73,7 +73,9 @@ class SlurmEngine:
                 job, settings, str(job_dir), _batch_command(job_dir), in_allocation=allocation is not None
             )
         except PlanError as err:
-            raise SpecError([Problem(err.path, err.message, "")]) from None
+            # A flag's mistake is the command line's; a field's, the job file's (the CLI adds its line).
+            where = "<command line>" if err.path.startswith("-") else ""
+            raise SpecError([Problem(err.path, err.message, where)]) from None
 
     def _allocation(self, settings: SlurmSettings) -> str | None:
         """The allocation this process runs in, where the job's pods then run (allocation.py)."""
