@@ -13,6 +13,7 @@ from torchjob.controller import Backoff, Controller, waiting_backoff
 from torchjob.expand import DesiredState, PodPlan, expand
 from torchjob.jobs import load_jobs_from_text
 from torchjob.lifecycle import JobPhase, JobStatus
+from torchjob.logs import Level
 from torchjob.spec.model import Job
 
 Key = tuple[str, int]
@@ -41,6 +42,7 @@ class FakePod:
         self.terminating = False
         self.gone = False
         self.finished_at: float | None = None
+        self.rank: int | None = None
         self.failures = 0  # consecutive failures of its container (for the crash-loop notice)
 
 
@@ -91,7 +93,7 @@ class FakeRuntime:
             return None
         return Backoff("main", attempt.failures, attempt.exit_code, 10.0)
 
-    def note(self, text: str, color: str) -> None:
+    def note(self, text: str, level: Level) -> None:
         self.notes.append(text)
 
     def record(self, text: str) -> None:
@@ -330,3 +332,66 @@ def test_the_back_off_an_attempt_waits_out_is_its_first_waiting_container() -> N
     assert waiting_backoff(waiting, now=53.0) == Backoff("main", 3, 7, 0.0)
     # A due time of 0.0 is a real (long passed) deadline: due now, not "not scheduled".
     assert waiting_backoff([("main", 1, 1, 0.0)], now=5.0) == Backoff("main", 1, 1, 0.0)
+
+
+def _origin(spec: str, origin: str) -> str:
+    """A job as torchjob makes it from a script or an SDK task: its origin annotation."""
+    meta = f"metadata:\n  name: j\n  annotations: {{torchjob.io/origin: {origin}}}\n"
+    head = f"apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\n{meta}spec:\n"
+    return f"{head}{spec}  tasks:\n{task_yaml('master', 1)}{task_yaml('worker', 2)}"
+
+
+def _fail_worker(ctl: Controller[FakePod], runtime: FakeRuntime) -> None:
+    ctl.begin()
+    set_all(runtime, "Running")
+    ctl.tick()
+    runtime.live[("worker", 1)].rank = 2
+    runtime.live[("worker", 1)].phase = "Failed"
+    runtime.live[("worker", 1)].exit_code = 1
+    for _ in range(3):
+        ctl.tick()
+
+
+def test_a_scripts_first_failure_fails_it_in_the_users_terms() -> None:
+    """``run -j`` makes PodFailed -> RestartJob with maxRetry 1: the job fails, told as such, not as
+    a restart that used up maxRetry; nothing restarted, so the retry count stays 0."""
+    spec = "  maxRetry: 1\n  policies: [{event: PodFailed, action: RestartJob}]\n"
+    ctl, runtime, _clock = controller(job_of(_origin(spec, "script")), attached=True)
+    _fail_worker(ctl, runtime)
+    assert (ctl.status.phase, ctl.status.retry_count) == (JobPhase.FAILED, 0)
+    assert ctl.status.reason == "rank 2 (pod worker-1) failed with exit code 1; nothing was restarted"
+    said = "\n".join([*runtime.notes, *runtime.events])
+    assert "maxRetry" not in said and "Restarting" not in said and "policy" not in said, said
+    assert max(a for _, a in runtime.created) == 0  # no second attempt
+    assert ctl.done()
+
+
+def test_an_sdk_task_whose_rank_raised_fails_rather_than_terminates() -> None:
+    spec = "  policies: [{event: PodFailed, action: TerminateJob}]\n"
+    ctl, runtime, _clock = controller(job_of(_origin(spec, "task")))
+    _fail_worker(ctl, runtime)
+    assert ctl.status.phase is JobPhase.FAILED
+    assert ctl.status.reason.startswith("rank 2 (pod worker-1) failed with exit code 1")
+
+
+def test_an_sdk_task_with_a_backoff_limit_restarts_then_fails_saying_how_often() -> None:
+    spec = "  maxRetry: 2\n  policies: [{event: PodFailed, action: RestartJob}]\n"
+    ctl, runtime, _clock = controller(job_of(_origin(spec, "task")))
+    _fail_worker(ctl, runtime)
+    assert ctl.status.retry_count == 1 and not ctl.status.phase.final  # one restart: backoff_limit 1
+    set_all(runtime, "Running")
+    ctl.tick()
+    runtime.live[("worker", 1)].phase = "Failed"
+    runtime.live[("worker", 1)].exit_code = 1
+    for _ in range(3):
+        ctl.tick()
+    assert ctl.status.phase is JobPhase.FAILED
+    assert ctl.status.reason == "pod worker-1 failed with exit code 1; after 1 restart of the job"
+
+
+def test_a_job_file_keeps_volcanos_words() -> None:
+    extra = "  maxRetry: 1\n  policies: [{event: PodFailed, action: RestartJob}]\n"
+    ctl, runtime, _clock = controller(job_of(tasks_yaml(task_yaml("worker", 2), spec=extra)))
+    _fail_worker(ctl, runtime)
+    assert ctl.status.phase is JobPhase.FAILED and "maxRetry 1 used up" in ctl.status.reason
+    assert any("policy PodFailed -> RestartJob" in e for e in runtime.events)

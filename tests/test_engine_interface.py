@@ -22,6 +22,7 @@ from torchjob.engine_api.base import (
     PortReport,
     StartOptions,
 )
+from torchjob.errors import Issue
 from torchjob.spec.model import Job
 
 JOBS: dict[str, JobReport] = {}  # the engine's whole state, shared by every instance
@@ -34,10 +35,10 @@ class MemoryEngine:
     def __init__(self, **settings: Any) -> None:
         self.settings = settings
 
-    def check(self, job: Job) -> list[tuple[str, str]]:
+    def check(self, job: Job) -> list[Issue]:
         return []
 
-    def warnings(self, job: Job) -> list[tuple[str, str]]:
+    def warnings(self, job: Job) -> list[Issue]:
         return []
 
     def start(self, job: Job, options: StartOptions) -> JobReport:

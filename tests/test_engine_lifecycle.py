@@ -5,7 +5,10 @@ E``), then judged by what every engine reports alike: the exit code, ``status -o
 reason, retries, each pod's phase, attempt and restarts, the first failure) and the followed logs.
 The ``local`` leg runs processes on this machine; the ``slurm`` leg runs the same job as job steps
 of one allocation on a private Slurm (tools/slurm_cluster.py, one per module), and skips with the
-reason where Slurm is not installed or the tests do not run as root. Between them, every policy
+reason where Slurm is not installed or the tests do not run as root; the ``fake`` leg runs it in this
+process through the controller, the kubelet and the report builder over the smallest container
+runtime an engine can write (tests/fake_pods.py: start, poll and signal a container), and answers
+the same commands. Between them, every policy
 action is taken at least once: RestartPod, RestartTask, RestartJob (maxRetry used up), AbortJob
 (a task's maxRetry, a policy's timeout), CompleteJob, TerminateJob; and minAvailable, minSuccess,
 dependsOn, the active deadline, restartPolicy OnFailure in place and ``--max-restarts``.
@@ -18,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,11 +31,13 @@ import pytest
 import yaml
 
 import slurm_cluster
+from fake_pods import FakeHost
+from torchjob.display import summary
 
 pytestmark = [pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parent.parent
-ENGINES = ["local", pytest.param("slurm", marks=pytest.mark.slow)]
+ENGINES = ["local", pytest.param("slurm", marks=pytest.mark.slow), "fake"]
 
 
 class Engine:
@@ -61,6 +67,99 @@ class Engine:
         data: dict[str, Any] = json.loads(done.stdout)
         return data
 
+    def run_script(self, shape: str, script: Path) -> subprocess.CompletedProcess[str]:
+        """``run -j SHAPE SCRIPT`` (the engine's flag before the script: what follows is its own)."""
+        return subprocess.run(
+            [sys.executable, "-m", "torchjob", "run", "--engine", self.name, "-j", shape, str(script)],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=150,
+            check=False,
+        )
+
+    def start_with_deadline(self, path: Path) -> subprocess.CompletedProcess[str]:
+        """The job started through the engine interface with runPolicy.activeDeadlineSeconds 3."""
+        return subprocess.run(
+            [sys.executable, "-c", RUN_WITH_DEADLINE, self.name, str(path)],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+
+class FakeLeg(Engine):
+    """The commands of the scenarios, answered in this process by :class:`FakeHost`: ``run``
+    (attached, or ``--detach`` in a thread), ``status [-o json]``, ``delete``."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__("fake", {})
+        self.root = root
+        self.hosts: dict[str, FakeHost] = {}
+        self.threads: dict[str, threading.Thread] = {}
+
+    def host(self, path: str, flags: tuple[str, ...], deadline: int | None = None) -> FakeHost:
+        from torchjob.jobs import load_jobs_from_text
+        from torchjob.quick import quick_job
+        from torchjob.spec.model import JobRunPolicy
+
+        if path == "-j":  # run -j SHAPE SCRIPT: the job torchjob makes of a script
+            job = quick_job(flags[0], flags[1], []).job
+            flags = flags[2:]
+        else:
+            job = load_jobs_from_text(Path(path).read_text(), path)[0].job
+        if deadline is not None:
+            job.run_policy = JobRunPolicy(active_deadline_seconds=deadline)  # as the SDK's RunPolicy sets it
+        given = dict(zip(flags[::2], flags[1::2], strict=False))
+        timeout = float(given["--timeout"]) if "--timeout" in given else None
+        most = int(given["--max-restarts"]) if "--max-restarts" in given else None
+        host = self.hosts[job.name] = FakeHost(job, self.root, timeout=timeout, max_restarts=most)
+        return host
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        verb, name, flags = args[0], args[1], args[2:]
+        if verb == "run" and "--detach" in flags:
+            host = self.host(name, tuple(f for f in flags if f != "--detach"))
+            self.threads[host.job.name] = threading.Thread(target=host.run, daemon=True)
+            self.threads[host.job.name].start()
+            return subprocess.CompletedProcess(args, 0, host.job.name, "")
+        if verb == "run":
+            host = self.host(name, flags)
+            report = host.run()
+            out = "\n".join([*host.lines, *summary(report)]) + "\n"
+            return subprocess.CompletedProcess(args, 0 if report.ok else 1, out, "\n".join(host.said))
+        found = self.hosts.get(name)
+        if found is None or found.expired():
+            return subprocess.CompletedProcess(args, 2, "", f"torchjob: no fake job {name}")
+        if verb == "delete":
+            found.stop.set()
+            self.threads[name].join(timeout)
+            return subprocess.CompletedProcess(args, 0, name, "")
+        report = found.report()
+        out = json.dumps(report.to_dict()) if "-o" in flags else "\n".join(summary(report))
+        return subprocess.CompletedProcess(args, 0, out, "")
+
+    def run_script(self, shape: str, script: Path) -> subprocess.CompletedProcess[str]:
+        return self.cli("run", "-j", shape, str(script))
+
+    def start_with_deadline(self, path: Path) -> subprocess.CompletedProcess[str]:
+        report = self.host(str(path), (), deadline=3).run()
+        return subprocess.CompletedProcess(
+            [], 0, json.dumps({"phase": report.phase, "reason": report.reason}), ""
+        )
+
+    def close(self) -> None:
+        for host in self.hosts.values():
+            host.stop.set()
+        for thread in self.threads.values():
+            thread.join(30)
+        for host in self.hosts.values():
+            host.kill_all()
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm_cluster.SlurmCluster]:
@@ -87,6 +186,12 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
         env["TORCHJOB_SLURM_PARTITION"] = found.partition
         yield Engine("slurm", env)
         assert found.jobs() == [], "an allocation outlived its job"
+    elif request.param == "fake":
+        leg = FakeLeg(tmp_path / "fake")
+        try:
+            yield leg
+        finally:
+            leg.close()
     else:
         yield Engine("local", env)
 
@@ -166,6 +271,34 @@ def test_restart_pod_recreates_only_the_failed_pod(engine: Engine, tmp_path: Pat
     attempts = {short: p["attempt"] for short, p in pods(status).items()}
     assert attempts == {"master-0": 0, "worker-0": 0, "worker-1": 1}
     assert said(done.stdout, "worker-1", "crash") == 1, done.stdout
+
+
+def test_each_attempt_reads_its_own_retry_count_inside_the_pod(engine: Engine, tmp_path: Path) -> None:
+    """A restarted job's pods are made from that attempt's pod: the downward API gives them its
+    retry count and job version (Volcano's annotations), so a program can tell a retry."""
+
+    def annotation(name: str, key: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['volcano.sh/{key}']"}},
+        }
+
+    main = task(
+        "main",
+        'echo "retry $RETRY version $VERSION"; [ "$RETRY" -ge 1 ]',
+        policies=[{"event": "PodFailed", "action": "RestartJob"}],
+    )
+    main["template"]["spec"]["containers"][0]["env"] = [
+        annotation("RETRY", "job-retry-count"),
+        annotation("VERSION", "job-version"),
+    ]
+    path = job_file(tmp_path, "retrycount", [main], maxRetry=3)
+    done = engine.run(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert said(done.stdout, "main-0", "retry 0 version 0") == 1, done.stdout
+    assert said(done.stdout, "main-0", "retry 1 version 1") == 1, done.stdout
+    status = engine.status("retrycount")
+    assert (status["phase"], status["retryCount"], pods(status)["main-0"]["attempt"]) == ("Completed", 1, 1)
 
 
 def test_restart_task_recreates_the_task_and_leaves_the_others(engine: Engine, tmp_path: Path) -> None:
@@ -420,6 +553,44 @@ def test_the_deadline_terminates_the_job(engine: Engine, tmp_path: Path) -> None
     assert {p["phase"] for p in status["pods"]} == {"Stopped"}
 
 
+BOOM_IN_A_BARRIER = """
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+if rank == 2:
+    raise RuntimeError(f"boom on rank {rank}")
+dist.barrier()  # the others wait here, then lose their peer: their errors come later, or first
+"""
+
+
+@pytest.mark.torch
+def test_the_root_cause_is_the_rank_that_raised_not_the_peers_it_left_waiting(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """``run -j 2x2``: global rank 2 (worker-0's first process) raises while the others wait in a
+    barrier and then fail with lost connections. Every engine names rank 2 and its exception,
+    whichever exit it saw first, and speaks in the script's terms (nothing restarted)."""
+    pytest.importorskip("torch")
+    script = tmp_path / "boom.py"
+    script.write_text(BOOM_IN_A_BARRIER)
+    done = engine.run_script("2x2", script)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "maxRetry" not in done.stdout + done.stderr
+    shown = engine.cli("status", "boom").stdout  # the report as display.py shows it, on every engine
+    assert "root cause: worker-0 (rank 2), exit code 1 (Error)" in shown, shown
+    assert "    RuntimeError: boom on rank 2" in shown.splitlines(), shown
+    assert "ChildFailedError" not in shown
+    status = engine.status("boom")
+    failure = status["firstFailure"]
+    assert (failure["short"], failure["rank"], failure["exitCode"]) == ("worker-0", 2, 1), failure
+    assert failure["logTail"][-1] == "RuntimeError: boom on rank 2", failure
+    assert (status["phase"], status["retryCount"]) == ("Failed", 0)
+    assert status["reason"] == (
+        "rank 2 (pod worker-0) failed with exit code 1: RuntimeError: boom on rank 2; nothing was restarted"
+    )
+
+
 RUN_WITH_DEADLINE = """
 import json, sys
 from torchjob.engine_api.base import StartOptions
@@ -437,15 +608,7 @@ print(json.dumps({"phase": report.phase, "reason": report.reason}))
 def test_the_jobs_own_active_deadline_terminates_it(engine: Engine, tmp_path: Path) -> None:
     """An SDK job's runPolicy.activeDeadlineSeconds, which no Volcano manifest field carries."""
     path = job_file(tmp_path, "owndeadline", [task("main", SLEEPER)])
-    done = subprocess.run(
-        [sys.executable, "-c", RUN_WITH_DEADLINE, engine.name, str(path)],
-        env=engine.env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = engine.start_with_deadline(path)
     assert done.returncode == 0, done.stdout + done.stderr
     status = engine.status("owndeadline")
     assert status["phase"] == "Terminated" and "deadline of 3s passed" in status["reason"], status

@@ -303,7 +303,7 @@ def test_host_list_just_under_the_limit_is_injected() -> None:
 @pytest.mark.parametrize("workers", [FITS + 1, 5100])
 def test_host_list_over_the_limit_is_left_out_with_a_warning(workers: int) -> None:
     state = expand(load(big_job(workers)))
-    [(path, message)] = state.warnings
+    [(path, message)] = [(w.path, w.message) for w in state.warnings]
     assert path == "spec.tasks[1].replicas"
     assert "VC_WORKER_HOSTS" in message and "128 KiB" in message and "/etc/volcano/worker.host" in message
     for pod in state.pods:
@@ -398,7 +398,7 @@ def test_configmap_over_one_mebibyte_is_reported() -> None:
     state = expand(load(doc))
     data = next(o for o in state.objects if o["kind"] == "ConfigMap")["data"]
     assert sum(len(k) + len(v) for k, v in data.items()) > 1024 * 1024
-    [(path, message)] = state.warnings
+    [(path, message)] = [(w.path, w.message) for w in state.warnings]
     assert path == "spec.tasks"
     assert "1 MiB" in message and f"{name}-svc" in message
 

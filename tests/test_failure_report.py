@@ -1,4 +1,4 @@
-"""What a failed job tells its user: the root cause (the first pod to fail), crash loops, waiting."""
+"""What a failed job tells its user: the root cause (the failed pod its log blames), crash loops, waiting."""
 
 from __future__ import annotations
 
@@ -55,12 +55,12 @@ def test_a_failed_job_names_the_first_pod_to_fail_with_its_rank_exit_code_and_lo
     # every rank failed, rank 2 first: the others' gloo errors came later
     assert out.count("Connection closed by peer") >= 2, out
     summary = out[out.index("\njob rootcause-") + 1 :]
-    assert "root cause (first pod to fail): worker-1 (rank 2), exit code 1" in summary, summary
+    assert "root cause: worker-1 (rank 2), exit code 1" in summary, summary
     assert "    [rank2]: RuntimeError: rank 2 found a bad batch" in summary.splitlines(), summary
     job_id = summary.split(":")[0].removeprefix("job ")
 
     status = _cli(tmp_path, "status", job_id)
-    assert "root cause (first pod to fail): worker-1 (rank 2), exit code 1" in status.stdout, status.stdout
+    assert "root cause: worker-1 (rank 2), exit code 1" in status.stdout, status.stdout
     assert "rank 2 found a bad batch" in status.stdout
     data = json.loads(_cli(tmp_path, "status", job_id, "-o", "json").stdout)
     failure = data["firstFailure"]
@@ -84,7 +84,7 @@ def test_wait_status_watch_and_logs_follow_report_how_a_detached_job_ended(tmp_p
     waited = _cli(tmp_path, "wait", job_id, "--timeout", "60")
     assert waited.returncode == 1, waited.stdout + waited.stderr
     assert waited.stdout.startswith(f"{job_id} Failed:")
-    assert "root cause (first pod to fail): main-0, exit code 3" in waited.stdout
+    assert "root cause: main-0, exit code 3" in waited.stdout
     assert "    broken" in waited.stdout.splitlines()
     follow = _cli(tmp_path, "logs", "-f", job_id)
     assert (follow.returncode, follow.stdout) == (1, "main-0 | broken\n")
@@ -131,7 +131,7 @@ def test_max_restarts_fails_a_crash_looping_job_and_names_it(tmp_path: Path) -> 
     run = _cli(tmp_path, "run", "--max-restarts", "2", _crash_loop_job(tmp_path))
     assert run.returncode == 1, run.stdout + run.stderr
     assert "Failed: pod master-0 restarted 3 times, more than --max-restarts 2" in run.stdout
-    assert "root cause (first pod to fail): master-0, exit code 2 (CrashLoopBackOff)" in run.stdout
+    assert "root cause: master-0, exit code 2 (CrashLoopBackOff)" in run.stdout
     assert "    cannot open train.py" in run.stdout.splitlines()
     assert "master-0  -     127.0.1.1  Stopped (job failed)" in run.stdout
     bad = _cli(tmp_path, "run", "--max-restarts", "-1", _crash_loop_job(tmp_path))
@@ -265,9 +265,7 @@ def test_the_summary_leads_with_the_root_cause_and_tells_the_reason_once(tmp_pat
     run = _cli(tmp_path, "run", write_job(tmp_path, job))
     assert run.returncode == 1, run.stdout + run.stderr
     lines = run.stdout.splitlines()
-    cause = next(
-        i for i, line in enumerate(lines) if line.startswith("root cause (first pod to fail): worker-0")
-    )
+    cause = next(i for i, line in enumerate(lines) if line.startswith("root cause: worker-0"))
     ended = next(i for i, line in enumerate(lines) if line.startswith("Aborted: "))
     assert cause < ended, run.stdout  # the first thing said after the table is the culprit
     # The policy's cause: once as it happens, once in the summary; not again in "job Aborting".
@@ -275,7 +273,7 @@ def test_the_summary_leads_with_the_root_cause_and_tells_the_reason_once(tmp_pat
     assert "torchjob: job Aborting: AbortJob: stopping the job's pods" in run.stdout, run.stdout
     job_id = lines[ended + 1].split("torchjob logs ")[1].rstrip(")")
     out = _cli(tmp_path, "status", job_id).stdout
-    assert out.index("root cause (first pod to fail)") < out.index("pod worker-0 failed"), out
+    assert out.index("root cause: ") < out.index("pod worker-0 failed"), out
 
 
 def test_exit_shows_the_last_known_exit_code_of_pods_a_timeout_stopped(tmp_path: Path) -> None:

@@ -38,20 +38,17 @@ spec:
 """
 
 
-def test_an_issue_has_named_fields_and_still_reads_as_a_pair() -> None:
+def test_an_issue_is_a_plain_record_with_named_fields() -> None:
     issue = Issue("spec.tasks[0].name", "bad name")
     assert (issue.path, issue.message, issue.severity) == ("spec.tasks[0].name", "bad name", "error")
     assert issue.is_error
-    path, message = issue
-    assert (path, message) == ("spec.tasks[0].name", "bad name")
-    assert issue == ("spec.tasks[0].name", "bad name")
-    assert dict([issue]) == {"spec.tasks[0].name": "bad name"}
+    assert issue != ("spec.tasks[0].name", "bad name")  # a record, not a pair
     note = warning("spec.queue", "dropped")
     assert note.severity == "warning" and not note.is_error
     # Same place and words but another severity is another issue; duplicates fold.
     assert note != Issue("spec.queue", "dropped")
     assert list(dict.fromkeys([note, warning("spec.queue", "dropped")])) == [note]
-    assert repr(note) == "Issue('spec.queue', 'dropped', 'warning')"
+    assert repr(note) == "Issue(path='spec.queue', message='dropped', severity='warning')"
     copied = pickle.loads(pickle.dumps(note))  # checks travel between processes as any record does
     assert (copied, copied.severity) == (note, "warning")
 

@@ -29,7 +29,7 @@ from torchjob.engines.local.gpus import (
     pod_gpus,
     requested,
 )
-from torchjob.errors import SpecError
+from torchjob.errors import Issue, SpecError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -132,7 +132,7 @@ def test_cuda_visible_devices_is_read_as_cuda_reads_it() -> None:
 
 def test_a_gpu_named_twice_is_not_given_to_two_pods() -> None:
     job = gpu_job("twice", 1, 1, 1)
-    [(path, message)] = check(job, inventory({"CUDA_VISIBLE_DEVICES": "0,0"}))
+    [(path, message)] = [(i.path, i.message) for i in check(job, inventory({"CUDA_VISIBLE_DEVICES": "0,0"}))]
     assert path == "spec.tasks"
     assert "ask for 2 GPUs" in message and "this machine has 1 " in message
 
@@ -188,7 +188,7 @@ def gpu_job(name: str, master: int, workers: int, per_worker: int, script: str =
 
 def test_check_counts_every_replica_and_refuses_more_than_the_machine_has() -> None:
     assert check(gpu_job("fits", 2, 2, 1), FOUR) == []
-    [(path, message)] = check(gpu_job("toomany", 2, 2, 2), FOUR)
+    [(path, message)] = [(i.path, i.message) for i in check(gpu_job("toomany", 2, 2, 2), FOUR)]
     assert path == "spec.tasks"
     assert message.startswith("the pods ask for 6 GPUs (nvidia.com/gpu limits) in all; this machine has 4")
 
@@ -201,7 +201,7 @@ def test_check_reports_a_quantity_that_is_not_whole_with_its_path() -> None:
     job = gpu_job("half", 1, 1, 1)
     job.spec.tasks[1].template.spec["containers"][0]["resources"] = gpu("0.5")
     assert check(job, FOUR) == [
-        (
+        Issue(
             'spec.tasks[1].template.spec.containers[0].resources.limits["nvidia.com/gpu"]',
             "expected a whole number of GPUs, got '0.5'",
         )
@@ -283,7 +283,7 @@ def test_each_pod_of_a_running_job_sees_its_own_gpus(tmp_path: Path) -> None:
 def test_a_job_asking_for_more_gpus_than_exist_starts_nothing(tmp_path: Path) -> None:
     job = gpu_job("greedy", 2, 3, 1, script=f"touch {tmp_path / 'started'}")
     assert check_job(job) == [
-        (
+        Issue(
             "spec.tasks",
             "the pods ask for 5 GPUs (nvidia.com/gpu limits) in all; this machine has 4 "
             "(nvidia-smi -L): lower the limits or the replicas",

@@ -20,8 +20,8 @@ from test_local_prewarm import _equivalence_job, _load
 from test_local_support import container, leftovers, log_text, make_job, run, sh, task, wait_until
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
-from torchjob.engines.local.pod import FORK_LATER
 from torchjob.engines.local.preload import Forked, Preloader
+from torchjob.engines.local.runner import FORK_LATER
 from torchjob.spec.manifest import job_manifest
 
 pytestmark = pytest.mark.timeout(120)

@@ -166,7 +166,7 @@ def test_a_warmed_module_list_and_a_bad_annotation(tmp_path: Path) -> None:
     assert "torch imported False" in text and "globals" in text
     bad = _load(_equivalence_job(tmp_path, "bad", annotations={"torchjob.io/prewarm": "torch;rm -rf"}))
     problems = check_job(bad)
-    assert [p for p, _ in problems] == ["metadata.annotations['torchjob.io/prewarm']"], problems
+    assert [p.path for p in problems] == ["metadata.annotations['torchjob.io/prewarm']"], problems
 
 
 def test_a_noisy_import_falls_back_to_a_cold_start(tmp_path: Path) -> None:

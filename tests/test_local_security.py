@@ -25,7 +25,7 @@ import pytest
 from test_local_support import container, leftovers, log_text, make_job, run, sh, status_of, task, wait_until
 from torchjob.engines.local import RunOptions, check_job, ports, run_job
 from torchjob.engines.local.process import marked_processes
-from torchjob.errors import SpecError
+from torchjob.errors import Issue, SpecError
 from torchjob.spec.defaults import apply_defaults
 from torchjob.spec.model import Job
 from torchjob.spec.parse import parse_job
@@ -420,8 +420,8 @@ def test_an_empty_dir_named_as_a_path_is_refused_by_the_engine(name: str, tmp_pa
     )
     problems = check_job(unvalidated(doc))
     assert problems, "a volume outside the pod's directory must be refused"
-    assert any("outside" in message for _path, message in problems), problems
-    assert problems[0][0].startswith("spec.tasks[0].template.spec.")
+    assert any("outside" in p.message for p in problems), problems
+    assert problems[0].path.startswith("spec.tasks[0].template.spec.")
 
 
 def test_a_subpath_that_climbs_out_is_refused(tmp_path: Path) -> None:
@@ -447,7 +447,7 @@ def test_a_subpath_that_climbs_out_is_refused(tmp_path: Path) -> None:
     )
     problems = check_job(unvalidated(doc))
     assert problems == [
-        (
+        Issue(
             "spec.tasks[0].template.spec.containers[0].volumeMounts[0].subPath",
             "'../../../etc' must be a relative path without '..' (as Kubernetes requires)",
         )
@@ -565,14 +565,14 @@ def test_a_container_run_as_user_overrides_the_pods(other_user: pwd.struct_passw
 @pytest.mark.skipif(not ROOT, reason="runAsNonRoot can only be broken by a torchjob running as root")
 def test_run_as_non_root_is_refused_for_a_process_that_would_run_as_root(tmp_path: Path) -> None:
     assert check_job(_load(_secured({"runAsNonRoot": True}, {}, "id -u"))) == [
-        (
+        Issue(
             "spec.tasks[0].template.spec.securityContext.runAsNonRoot",
             "container 'main' would run as root (uid 0): set runAsUser to a non-zero uid, "
             "or run torchjob as another user",
         )
     ]
     problems = check_job(_load(_secured({}, {"runAsNonRoot": True, "runAsUser": 0}, "id -u")))
-    assert [p for p, _ in problems] == [
+    assert [p.path for p in problems] == [
         "spec.tasks[0].template.spec.containers[0].securityContext.runAsNonRoot"
     ]
     assert check_job(_load(_secured({"runAsNonRoot": True, "runAsUser": 1000}, {}, "id -u"))) == []

@@ -24,6 +24,7 @@ from torchjob.engines.local.containers import (
     rewrite_paths,
 )
 from torchjob.engines.local.ports import declared_ports, release, reserve
+from torchjob.errors import Issue
 from torchjob.expand import expand
 from torchjob.files import LogFollower
 from torchjob.spec.units import parse_quantity
@@ -174,7 +175,7 @@ def test_check_job_finds_what_cannot_run_locally(tmp_path: Path) -> None:
             )
         ],
     )
-    issues = dict(check_job(job))
+    issues = {i.path: i.message for i in check_job(job)}
     base = "spec.tasks[0].template.spec.containers"
     assert set(issues) == {
         f"{base}[0].workingDir",
@@ -210,7 +211,7 @@ def test_a_working_directory_in_an_empty_dir_is_made_by_the_engine_so_the_check_
 
 def test_a_job_without_pods_cannot_run_locally() -> None:
     job = make_job("empty", [task("main", [container("app", ["true"])], replicas=0)])
-    assert check_job(job) == [("spec.tasks", "every task has 0 replicas: there is no pod to run")]
+    assert check_job(job) == [Issue("spec.tasks", "every task has 0 replicas: there is no pod to run")]
 
 
 def test_log_follower_yields_whole_lines_and_the_last_partial_one_on_close(tmp_path: Path) -> None:
@@ -319,6 +320,6 @@ def test_only_a_whole_python_command_name_becomes_this_interpreter(command: str,
 def test_the_restart_back_off_doubles_up_to_five_minutes_and_never_overflows(
     failures: int, delay: float
 ) -> None:
-    from torchjob.engines.local.pod import backoff
+    from torchjob.controller.driver import backoff
 
     assert backoff(failures) == pytest.approx(delay)

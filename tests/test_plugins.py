@@ -506,3 +506,16 @@ def test_plugins_report_their_ports_ranks_and_mounts_to_engines() -> None:
     assert plugins["pytorch"].rank(job, master, 0) == 0
     assert plugins["svc"].config_mounts(job) == {"/etc/volcano": f"{job.name}-svc"}
     assert plugins["svc"].ports(job) == [] and plugins["svc"].rank(job, master, 0) is None
+
+
+def test_an_unknown_plugin_named_with_a_newline_is_reported_on_one_line() -> None:
+    """A plugin name is a key the user wrote: its path is quoted, never a raw newline (found by
+    tests/test_fuzz.py), and the line is the key's own."""
+    from torchjob.errors import SpecError
+
+    text = yaml.safe_dump(job_doc({"py\ntorch": []}, task("m", 1, container("m"))))
+    with pytest.raises(SpecError) as raised:
+        load_jobs_from_text(text, "job.yaml")
+    message = str(raised.value)
+    assert "\n" not in message.strip(), message
+    assert 'spec.plugins["py\\ntorch"]: unknown plugin' in message

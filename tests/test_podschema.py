@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from torchjob.errors import SpecError
+from torchjob.errors import Issue, SpecError
 from torchjob.jobs import load_jobs_from_text
 from torchjob.spec import podschema
 from torchjob.spec.podschema import check_template
@@ -116,14 +116,14 @@ def test_a_typo_gets_a_did_you_mean(where: str, typo: str, meant: str) -> None:
         node = node[int(part)] if part.isdigit() else node[part]
     node[typo] = "x"
     path = f"{T}.spec." + (f"{where}." if where else "") + typo
-    assert check_template(template, T) == [(path, f"unknown field {typo!r}; did you mean {meant!r}?")]
+    assert check_template(template, T) == [Issue(path, f"unknown field {typo!r}; did you mean {meant!r}?")]
 
 
 def test_an_unknown_field_with_nothing_close_says_where_to_look() -> None:
     template = template_of(RICH)
     template["spec"]["containers"][0]["frobnicate"] = 1
     template["spec"]["volumes"][0]["emptyDir"]["zzz"] = 1
-    assert dict(check_template(template, T)) == {
+    assert {i.path: i.message for i in check_template(template, T)} == {
         f"{T}.spec.containers[0].frobnicate": (
             "unknown field 'frobnicate'; 'kubectl explain pod.spec.containers' lists the fields"
         ),
@@ -143,7 +143,7 @@ def test_types_enums_ranges_and_quantities() -> None:
     main["ports"][0]["protocol"] = "tcp"
     main["resources"]["limits"] = {"cpu": 0.5, "memory": "4 GB", "nvidia.com/gpu": True}
     main["livenessProbe"]["httpGet"]["port"] = 8.5
-    assert dict(check_template(template, T)) == {
+    assert {i.path: i.message for i in check_template(template, T)} == {
         f"{T}.spec.restartPolicy": "expected one of Always, OnFailure, Never, got 'Sometimes'",
         f"{T}.spec.activeDeadlineSeconds": f"expected a int64 integer, got {2**63}",
         f"{T}.spec.hostNetwork": "expected true or false, got string 'yes'",
@@ -172,7 +172,7 @@ def test_required_fields_and_null_as_unset() -> None:
     template["spec"]["volumes"][0] = {"emptyDir": {}}
     template["spec"]["nodeSelector"] = None
     template["spec"]["containers"][0]["env"][0]["value"] = None
-    assert check_template(template, T) == [(f"{T}.spec.volumes[0].name", "required field is missing")]
+    assert check_template(template, T) == [Issue(f"{T}.spec.volumes[0].name", "required field is missing")]
 
 
 def test_a_field_parsing_reported_is_not_reported_again() -> None:

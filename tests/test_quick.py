@@ -137,17 +137,15 @@ def test_a_torchrun_rank_that_aborts_midway_fails_the_job(tmp_path: Path) -> Non
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert NOTE not in proc.stdout
     # the rank that failed, as a YAML job names its pod's: not the node (master-0 is rank 0)
-    assert "root cause (first pod to fail): master-0 (rank 1), exit code 134 (Error (killed by SIGABRT))" in (
-        proc.stdout
-    )
+    assert "root cause: master-0 (rank 1), exit code 134 (Error (killed by SIGABRT))" in (proc.stdout)
 
 
 def test_a_failed_torchrun_rank_is_named_with_its_own_traceback(tmp_path: Path) -> None:
     (tmp_path / "dist.py").write_text(DIST)
     proc = _cli(tmp_path, "run", "-j", "1x2", "dist.py", "raise", timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    summary = proc.stdout[proc.stdout.index("root cause (first pod to fail)") :]
-    assert summary.startswith("root cause (first pod to fail): master-0 (rank 1), exit code 1"), summary
+    summary = proc.stdout[proc.stdout.index("root cause: ") :]
+    assert summary.startswith("root cause: master-0 (rank 1), exit code 1"), summary
     # the root cause and its log tail come first, then the job's phase line (display.py)
     lines = summary.splitlines()
     tail = lines[1 : next(i for i, line in enumerate(lines) if line.lstrip().startswith("Failed:"))]

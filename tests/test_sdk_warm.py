@@ -162,9 +162,9 @@ FIRST_CALL = textwrap.dedent(
     """
     import json, time
     import warmtask
-    from torchjob.engines.local import pod, pool
+    from torchjob.engines.local import pool, runner
 
-    pod.FORK_RETRY = 120.0  # the retry a container waiting for the server's import would wait for
+    runner.FORK_RETRY = 120.0  # the retry a container waiting for the server's import would wait for
     started = time.monotonic()
     first = warmtask.allreduce(1)
     took = time.monotonic() - started

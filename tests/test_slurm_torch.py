@@ -204,3 +204,21 @@ def test_pods_started_from_the_batch_host(slurm: SlurmCluster, tmp_path: Path, f
         assert {r["master"] for r in results} == {slurm.host}
     assert "codes" in output
     assert no_process_left(marker) == []
+
+
+def test_the_restart_on_failure_example_completes_as_locally(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Each restarted attempt's steps are made from that attempt's pod: the second attempt reads
+    retry count 1 from the downward API, as locally (test_examples_e2e.py), and completes."""
+    pytest.importorskip("torch")
+    from test_slurm_engine import cli_env, status_json, torchjob
+
+    env = cli_env(slurm, tmp_path / "root")
+    done = torchjob(env, "run", "examples/restart-on-failure.yaml", "--engine", "slurm", timeout=220)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    status = status_json(env, "restart-on-failure")
+    assert (status["phase"], status["retryCount"]) == ("Completed", 1), status
+    logs = torchjob(env, "logs", "restart-on-failure", "--engine", "slurm", "--all-attempts", timeout=60)
+    assert "rank 2 crashing on purpose at step 0 of attempt 1" in logs.stdout, logs.stdout[-3000:]
+    for rank in (0, 1, 2):
+        assert f"rank {rank} of 3 started, attempt 2 (retry count 1)" in logs.stdout
+        assert f"rank {rank} completed 5 all-reduce steps on attempt 2" in logs.stdout

@@ -1,7 +1,7 @@
 """How a job report reads to a person: phase colors, log prefixes, the pod table, the summary.
 
 Shared by every engine's attached output and by the CLI's ``status`` and ``logs``, so a job looks
-the same whichever engine runs it. Reads only :class:`~torchjob.engine_api.base.JobReport`.
+the same whichever engine runs it. Reads only :class:`~torchjob.reports.JobReport`.
 """
 
 from __future__ import annotations
@@ -9,13 +9,14 @@ from __future__ import annotations
 import os
 import time
 
-from torchjob.phases import UNSUCCESSFUL_JOB_PHASES, JobPhase, PodPhase
+from torchjob.logs import Level
+from torchjob.phases import UNSUCCESSFUL_JOB_PHASES, JobPhase, PodPhase, PodState
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import TextIO
 
-    from torchjob.engine_api.base import JobReport, PodReport
+    from torchjob.reports import JobReport, PodReport
 
 _COLORS = ("36", "33", "35", "32", "34", "91", "96", "93", "95", "92", "94")
 # Keyed by plain strings: a member of JobPhase or PodPhase looks up as its value.
@@ -29,6 +30,20 @@ PHASE_COLORS: dict[str, str] = {
     JobPhase.PENDING: "33",
     JobPhase.RESTARTING: "33",
 }
+
+
+# A note's colour by its level: dim for what merely happens, red for what failed.
+LEVEL_COLORS = {
+    Level.INFO: "2",
+    Level.NOTICE: "36",
+    Level.SUCCESS: "32",
+    Level.WARNING: "33",
+    Level.ERROR: "31",
+}
+
+
+def level_color(level: Level) -> str:
+    return LEVEL_COLORS.get(level, "2")
 
 
 def use_color(stream: TextIO) -> bool:
@@ -92,7 +107,7 @@ def pod_rows(report: JobReport, color: bool = False, limit: int | None = None) -
             )
         )
         if output:
-            silent = pod.phase == PodPhase.RUNNING and pod.last_output_at is not None
+            silent = pod.phase == PodState.RUNNING and pod.last_output_at is not None
             rows[-1] += (f"{elapsed(pod.last_output_at, None)} ago" if silent else "-",)
     hidden = 0
     if limit is not None and len(rows) > limit:
@@ -115,7 +130,9 @@ def plural(count: int, noun: str) -> str:
 
 
 def root_cause(report: JobReport, color: bool = False) -> list[str]:
-    """The first pod that failed and the end of its log, as torchrun's "Root Cause" ([] if none)."""
+    """The pod (and rank) the engine found to cause the failure, and the end of its log ([] if none):
+    the engines that run pods themselves weigh the failed pods' logs (controller/rootcause.py), a
+    cluster engine names the first pod to fail."""
     failure = report.first_failure
     if failure is None:
         return []
@@ -125,7 +142,7 @@ def root_cause(report: JobReport, color: bool = False) -> list[str]:
     code = "-" if failure.exit_code is None else str(failure.exit_code)
     when = "" if failure.time is None else time.strftime(" at %H:%M:%S", time.localtime(failure.time))
     reason = f" ({failure.reason})" if failure.reason else ""
-    lines = [paint(f"root cause (first pod to fail): {who}, exit code {code}{reason}{when}", "31", color)]
+    lines = [paint(f"root cause: {who}, exit code {code}{reason}{when}", "31", color)]
     if failure.log_tail:
         lines.append(f"  last {plural(len(failure.log_tail), 'line')} of its log:")
         lines += [f"    {line}" for line in failure.log_tail]

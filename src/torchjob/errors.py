@@ -25,47 +25,17 @@ EXIT_BAD_INPUT = 2  # a user mistake: nothing was started
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
-class Issue(tuple[str, str]):
-    """One finding of a check: ``Issue(path, message, severity)``.
+@record(frozen=True)
+class Issue:
+    """One finding of a check: where (a field path), what, and whether it stops the job."""
 
-    It is a ``(path, message)`` pair as well, so code that unpacks or compares pairs keeps working
-    while callers move to the named fields. Two issues are equal only if their severities are too.
-    """
-
-    severity: Severity
-
-    def __new__(cls, path: str, message: str, severity: Severity = "error") -> Issue:
-        issue = super().__new__(cls, (path, message))
-        issue.severity = severity
-        return issue
-
-    @property
-    def path(self) -> str:
-        return self[0]
-
-    @property
-    def message(self) -> str:
-        return self[1]
+    path: str
+    message: str
+    severity: Severity = "error"
 
     @property
     def is_error(self) -> bool:
         return self.severity == "error"
-
-    def __getnewargs__(self) -> tuple[str, str, Severity]:  # pickle and copy rebuild it from these
-        return (self[0], self[1], self.severity)
-
-    def __repr__(self) -> str:
-        return f"Issue({self[0]!r}, {self[1]!r}, {self.severity!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Issue) and other.severity != self.severity:
-            return False
-        return tuple.__eq__(self, other)
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    __hash__ = tuple.__hash__  # equal issues are equal pairs: the pair's hash serves
 
 
 def warning(path: str, message: str) -> Issue:

@@ -35,6 +35,21 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         raise
 
 
+def append_private(path: Path, text: str) -> None:
+    """Add ``text`` to a log file (created 0600, never through a symlink): torchjob's own lines in
+    a container's log. Lost, not fatal, when it cannot be written (a full disk)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        os.write(fd, text.encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 @record
 class _Followed:
     path: Path

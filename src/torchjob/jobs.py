@@ -44,7 +44,9 @@ def check_document(document: Document) -> tuple[Job | None, list[Problem]]:
         found = validate_job(job, broken)
         # Plugin checks read the tasks (names, replicas, containers); they wait until the tasks parse
         # and their names are valid, or a bad name would also show up as "no such task".
-        tasks_ok = not broken.under("spec.tasks") and not any(re.match(_TASK_NAME, path) for path, _ in found)
+        tasks_ok = not broken.under("spec.tasks") and not any(
+            re.match(_TASK_NAME, issue.path) for issue in found
+        )
         issues = issues + found + check_plugins(job, tasks_ok=tasks_ok)
     problems = [document.problem(issue.path, issue.message) for issue in issues]
     for duplicate in document.problems:  # a duplicate key: on the line of its second writing

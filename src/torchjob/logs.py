@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from enum import IntEnum
 
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -15,6 +16,19 @@ if TYPE_CHECKING:
     import logging
 
 NAME = "torchjob"
+
+
+class Level(IntEnum):
+    """How much a note to the person matters (``logging``'s numbers, two of torchjob's between):
+    the controller says it, a console picks a colour for it (``display.level_color``)."""
+
+    INFO = 20  # what happens (a task waits for another, a job started)
+    NOTICE = 22  # the job's phase changed
+    SUCCESS = 25  # the job completed
+    WARNING = 30  # worth a look (a restart, a setting that surprises)
+    ERROR = 40  # something failed
+
+
 _DEBUG, _INFO = 10, 20  # logging.DEBUG and logging.INFO, without importing logging for them
 
 

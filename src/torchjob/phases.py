@@ -65,6 +65,40 @@ class PodPhase(str, Enum):
 UNKNOWN = "Unknown"
 
 
+class PodState(str, Enum):
+    """A pod as a report shows it: Kubernetes' phases, plus ``Stopped`` (the engine stopped it
+    before it ended by itself) and ``Unknown`` (the engine lost track of it)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    STOPPED = "Stopped"
+    UNKNOWN = "Unknown"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, text: str) -> PodState:
+        """The state a phase string names; a word no engine reports is ``Unknown``."""
+        try:
+            return cls(text)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+class ContainerState(str, Enum):
+    """A container's state, as Kubernetes reports it (``waiting``, ``running``, ``terminated``)."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    TERMINATED = "terminated"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 def is_terminal(phase: str) -> bool:
     """Whether a job phase, as an enum member or its string, means the job is over."""
     return phase in TERMINAL_JOB_PHASES

@@ -229,11 +229,10 @@ def _load(args: argparse.Namespace, extra_env: dict[str, str]) -> list[Any]:
     )
     if script is not None:
         args.quick = args.quick or "1x1"  # the job's arguments and working directory are in it
-        from torchjob.quick import default_image_warning
+        if not local:
+            from torchjob.quick import require_image
 
-        note = None if local else default_image_warning(args.file, args.image)
-        if note:
-            print(note, file=sys.stderr)
+            require_image(args.image)
         return [script]
 
     if is_task_ref(args.file):  # the arguments after -- are the task's
@@ -274,8 +273,8 @@ def run_run(args: argparse.Namespace) -> int:
     info = engine_info(args.engine)
     chosen = choose_job(_load(args, extra_env), args.job, args.file)
     item = _overridden(chosen, args, extra_env)
-    for path, message in Expansion(item.job).warnings():  # the plugins' notes: no pod is built
-        print(item.document.problem(path, f"warning: {message}").format(), file=sys.stderr)
+    for note in Expansion(item.job).warnings():  # the plugins' notes: no pod is built
+        print(item.document.problem(note.path, f"warning: {note.message}").format(), file=sys.stderr)
     preload = settings.get("preload")
     if isinstance(preload, tuple) and preload and info.runs_here:  # refused here, not ignored later
         from torchjob.cli.preload import check_preload
@@ -441,8 +440,8 @@ def _status_lines(report: JobReport) -> list[str]:
     if report.name_resolution:
         lines.append(f"names: {report.name_resolution}")
     for event in report.events[-5:]:
-        when = time.strftime("%H:%M:%S", time.localtime(float(event.get("time") or 0)))
-        lines.append(f"  {when} {event.get('message', '')}")
+        when = time.strftime("%H:%M:%S", time.localtime(event.time))
+        lines.append(f"  {when} {event.message}")
     if report.location:
         lines.append(f"{_location_label(report.engine)}: {report.location}")
     return lines

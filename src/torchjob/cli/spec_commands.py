@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Iterator, Sequence
 
-from torchjob.errors import Problem, SpecError
+from torchjob.errors import Issue, Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the real imports are lazy, inside the commands
@@ -94,9 +94,10 @@ def register(commands: Any) -> None:
     render.set_defaults(func=run_render)
 
 
-def _print_warnings(document: Document, warnings: Sequence[tuple[str, str]]) -> None:
+def _print_warnings(document: Document, warnings: Sequence[Issue | tuple[str, str]]) -> None:
     """Allowed but worth knowing, as ``FILE:LINE: field.path: warning: ...`` on stderr."""
-    for path, message in warnings:
+    for note in warnings:  # an Issue, or a target's (path, message)
+        path, message = (note.path, note.message) if isinstance(note, Issue) else note
         print(document.problem(path, f"warning: {message}").format(), file=sys.stderr)
 
 
@@ -177,7 +178,7 @@ def _describe_workflow(file: str) -> str | None:
 
 def _local_problems(item: Any, engine: Any) -> list[Problem]:
     """What the local engine's check finds (through the engine interface), with the file's lines."""
-    return [item.document.problem(path, message) for path, message in engine.check(item.job)]
+    return [item.document.problem(issue.path, issue.message) for issue in engine.check(item.job)]
 
 
 def _render_workflow(args: argparse.Namespace) -> int | None:

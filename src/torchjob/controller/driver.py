@@ -16,6 +16,7 @@ from collections.abc import Callable
 from torchjob.lifecycle import (
     Action,
     Decision,
+    Event,
     JobPhase,
     JobStatus,
     PodChange,
@@ -30,6 +31,7 @@ from torchjob.lifecycle import (
     reactions,
     step,
 )
+from torchjob.logs import Level
 from torchjob.phases import UNSUCCESSFUL_JOB_PHASES
 from torchjob.records import record
 from torchjob.spec.model import Job
@@ -60,7 +62,7 @@ BACKOFF_CAP = 300.0  # Kubernetes caps its crash-loop back-off at 5 minutes
 BACKOFF_BASE = 0.1  # seconds before the first restart of a container; doubles each time
 _BACKOFF_DOUBLINGS = 12  # 0.1 * 2**12 > 300: more doublings change nothing (and 2**1024 overflows)
 BACKOFF_RESET = 10.0  # a container that ran this long starts its back-off again from the base
-_PHASE_COLORS = {JobPhase.COMPLETED: "32", **dict.fromkeys(UNSUCCESSFUL_JOB_PHASES, "31")}
+_PHASE_LEVELS = {JobPhase.COMPLETED: Level.SUCCESS, **dict.fromkeys(UNSUCCESSFUL_JOB_PHASES, Level.ERROR)}
 # Phases a crash-looping pod may explain: the suspect is named in their reason.
 _BAD_PHASES = (JobPhase.RESTARTING, JobPhase.ABORTING, JobPhase.TERMINATING, *UNSUCCESSFUL_JOB_PHASES)
 _ENDED = (PodPhase.SUCCEEDED.value, PodPhase.FAILED.value)
@@ -155,6 +157,9 @@ class Controller(_Slots[A]):
         self.looping: set[Key] = set()  # pods whose crash loop has been told
         self.told = ""  # the last event told, which a phase change it causes does not repeat
         self.suspect: str | None = None  # a likelier cause of any failure, added to the reason
+        # A job made from a script or an SDK task: its user wrote no Volcano policy, so its failure
+        # is told in the user's terms (which pod and rank, how, whether anything restarted).
+        self.plain = job.origin in ("script", "task")
         self.dirty = True  # something changed since the caller last wrote the job's status
 
     # ------------------------------------------------------------- the pass
@@ -167,6 +172,13 @@ class Controller(_Slots[A]):
 
     def begin(self) -> None:
         """Start the job: the first sync creates its pods."""
+        for task in self.job.spec.tasks:
+            if task.template.restart_policy == "Always" and task.replicas:
+                self.runtime.note(
+                    f"task {task.name}: restartPolicy Always (the Kubernetes default) restarts containers "
+                    "even after they succeed; set OnFailure or Never for a job that ends",
+                    Level.WARNING,
+                )
         self.apply(Decision(self.status, None, True))
 
     def check_deadline(self) -> None:
@@ -256,7 +268,7 @@ class Controller(_Slots[A]):
                 f"pod {self.short(pod)} is in CrashLoopBackOff: container {last.container} ended "
                 f"{last.failures} times in a row (last {code}); it is restarted with a growing "
                 f"back-off, up to {BACKOFF_CAP:g}s, for as long as the job runs{limit}",
-                "31",
+                Level.ERROR,
             )
 
     def short(self, pod: A) -> str:
@@ -284,7 +296,7 @@ class Controller(_Slots[A]):
             self.waiting.add(task)
             spec = self.job.task(task)
             names = spec.depends_on.names if spec is not None and spec.depends_on is not None else []
-            self.runtime.note(f"task {task} waits for task(s) {', '.join(names)} to be running", "2")
+            self.runtime.note(f"task {task} waits for task(s) {', '.join(names)} to be running", Level.INFO)
         if met:
             self.waiting.discard(task)
         return met
@@ -311,7 +323,9 @@ class Controller(_Slots[A]):
         if self.status.phase.final:
             return
         self.status = JobStatus(JobPhase.FAILED, self.status.retry_count, self.status.version, reason)
-        self.runtime.note(f"failing the job: {reason}" if self.attached else f"job Failed: {reason}", "31")
+        self.runtime.note(
+            f"failing the job: {reason}" if self.attached else f"job Failed: {reason}", Level.ERROR
+        )
         self.terminate(list(self.pods.values()))
         self.delayed = []
         self.dirty = True
@@ -327,13 +341,59 @@ class Controller(_Slots[A]):
                     and cancels_delay(d.reaction.event, reaction.event)
                 )
             ]
+            if self.plain and reaction.event is Event.POD_FAILED and self.ends_job(reaction.action):
+                self.fail_job(self.pod_failure(reaction))
+                continue
+            cause = self.words(reaction.cause)
             if reaction.action is not Action.SYNC_JOB:
-                self.runtime.record(reaction.cause)
+                self.runtime.record(cause)
             if reaction.delay:
                 self.delayed.append(_Delayed(self.clock() + reaction.delay, reaction))
                 continue
-            self.act(reaction.action, reaction.task, reaction.index, reaction.cause)
+            self.act(reaction.action, reaction.task, reaction.index, cause)
         self.act(Action.SYNC_JOB, None, None, "")
+
+    def words(self, cause: str) -> str:
+        """A reaction's cause as the user is told it: a job file's with the policy that acted
+        (Volcano's words), a script's or a task's without (its user wrote none)."""
+        return cause.partition("; policy ")[0] if self.plain else cause
+
+    def ends_job(self, action: Action) -> bool:
+        """The action fails the job without restarting anything: a restart beyond maxRetry, or
+        TerminateJob, whose Volcano phase Terminated would read as "stopped" to a script's user."""
+        if action in (Action.TERMINATE_JOB, Action.ABORT_JOB):
+            return not self.status.phase.final
+        running = self.status.phase in (JobPhase.PENDING, JobPhase.RUNNING)  # a restart costs a retry there
+        return action.restart and running and self.status.retry_count + 1 >= self.job.spec.max_retry
+
+    def pod_failure(self, reaction: Reaction) -> str:
+        """``rank 3 (pod worker-0) failed with exit code 1: RuntimeError: boom; nothing was
+        restarted``: the rank and the exception as the pod's log tells them (rootcause.py)."""
+        from torchjob.controller.kubelet import Pod
+        from torchjob.controller.rootcause import failure_of, raised
+
+        pod = self.pods.get((reaction.task, reaction.index))
+        who, code, what = f"pod {reaction.task}-{reaction.index}", reaction.exit_code, None
+        if isinstance(pod, Pod):
+            failure = failure_of(self.job, pod)
+            if failure.rank is not None:
+                who = f"rank {failure.rank} ({who})"
+            code, what = failure.exit_code, raised(failure.log_tail)
+        elif pod is not None and pod.rank is not None:
+            who = f"rank {pod.rank} ({who})"
+        told = (
+            who
+            + " failed"
+            + ("" if code is None else f" with exit code {code}")
+            + (f": {what}" if what else "")
+        )
+        restarts = self.status.retry_count
+        after = (
+            "nothing was restarted"
+            if not restarts
+            else f"after {restarts} restart{'s' * (restarts > 1)} of the job"
+        )
+        return f"{told}; {after}"
 
     def fire_delayed(self) -> None:
         now = self.clock()
@@ -369,12 +429,12 @@ class Controller(_Slots[A]):
         if decision.create_pods and not self.status.phase.final:
             self.create_missing()
         if old.phase is not self.status.phase or old.retry_count != self.status.retry_count:
-            color = _PHASE_COLORS.get(self.status.phase, "36")
+            level = _PHASE_LEVELS.get(self.status.phase, Level.NOTICE)
             if not self.status.phase.final or not self.attached:  # else the summary says it
                 reason = self.status.reason
                 if cause and cause == self.told and reason.startswith(cause):  # just told: not again
                     reason = reason[len(cause) :].lstrip("; ") or reason
-                self.runtime.note(f"job {self.status.phase.value}: {reason}", color)
+                self.runtime.note(f"job {self.status.phase.value}: {reason}", level)
             self.dirty = True
         if decision.resync and depth < 8:
             # The phase changed because of ``cause``; the follow-up sync keeps it in the reason.

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from torchjob.controller.driver import Backoff
     from torchjob.expand import PodPlan
     from torchjob.lifecycle import JobStatus
+    from torchjob.logs import Level
 
 if TYPE_CHECKING:
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
         terminating: bool  # asked to stop
         gone: bool  # stopped, with every process of it
         finished_at: float | None  # when it reached Succeeded or Failed (orders same-pass ends)
+        rank: int | None  # the pod's rank, when it has one (the user's terms for a failure)
 
         @property
         def restarts(self) -> int: ...
@@ -73,8 +75,8 @@ if TYPE_CHECKING:
             """The container of ``attempt`` waiting to restart in place, if any."""
             ...
 
-        def note(self, text: str, color: str) -> None:
-            """Tell the user (``color``: an ANSI code the console may use)."""
+        def note(self, text: str, level: Level) -> None:
+            """Tell the user (``level``: how much it matters; a console colours by it)."""
             ...
 
         def record(self, text: str) -> None:

@@ -20,6 +20,7 @@ from torchjob.plugins.env import EnvPlugin
 from torchjob.plugins.pytorch import PyTorchPlugin
 from torchjob.plugins.svc import SvcPlugin
 from torchjob.spec.model import Job
+from torchjob.spec.source import child
 
 PLUGINS: dict[str, type[Plugin]] = {
     PyTorchPlugin.name: PyTorchPlugin,
@@ -43,7 +44,7 @@ def check_plugins(job: Job, *, tasks_ok: bool = True) -> Issues:
         if name not in PLUGINS:
             issues.append(
                 Issue(
-                    f"spec.plugins.{name}",
+                    child("spec.plugins", name),  # quoted when not a plain key: no newline in a path
                     f"unknown plugin {name!r}; torchjob supports {', '.join(sorted(PLUGINS))}",
                 )
             )

@@ -190,7 +190,11 @@ def job_document(request: JobRequest) -> dict[str, Any]:
     return {
         "apiVersion": model.API_VERSION,
         "kind": model.KIND,
-        "metadata": {"name": request.name, "labels": {"torchjob.dev/sdk": "true"}},
+        "metadata": {
+            "name": request.name,
+            "labels": {"torchjob.dev/sdk": "true"},
+            "annotations": {model.ORIGIN: "task"},  # its failures are told in the user's terms
+        },
         "spec": spec,
     }
 

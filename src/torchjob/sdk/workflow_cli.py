@@ -360,8 +360,11 @@ def render_workflow(
                 [Problem(f"{node.label}: {p.path}", p.message, ref) for p in err.problems]
             ) from None
         expansion = Expansion(job)
-        for field_path, message in expansion.warnings():
-            print(document.problem(field_path, f"warning: {node.label}: {message}").format(), file=sys.stderr)
+        for note in expansion.warnings():
+            print(
+                document.problem(note.path, f"warning: {node.label}: {note.message}").format(),
+                file=sys.stderr,
+            )
         expansions.append((node, expansion))
     if not nodes:
         print(f"{ref}: the workflow calls no task; nothing to render", file=sys.stderr)

@@ -191,6 +191,11 @@ class JobSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# Where a job made by torchjob came from: "script" (``run -j NxM script.py``) or "task" (an SDK
+# task). Such a job's user wrote no Volcano policy: engines speak of it in the user's terms.
+ORIGIN = "torchjob.io/origin"
+
+
 @record
 class Job:
     metadata: Metadata
@@ -201,6 +206,11 @@ class Job:
     @property
     def name(self) -> str:
         return self.metadata.name
+
+    @property
+    def origin(self) -> str:
+        """ "script" or "task" for a job torchjob made from one; "" for a job file."""
+        return self.metadata.annotations.get(ORIGIN, "")
 
     def task(self, name: str) -> Task | None:
         """The first task with this name (Volcano's lookup), or None."""

@@ -74,7 +74,7 @@ def check_nul(value: Any, path: str) -> Issues:
                 )
         elif isinstance(item, dict):
             for key, inner in item.items():
-                stack.append(Issue(child(where, str(key)), inner))
+                stack.append((child(where, str(key)), inner))
                 if isinstance(key, str) and "\0" in key:
                     issues.append(Issue(child(where, key), "the key contains a NUL character"))
         elif isinstance(item, list):

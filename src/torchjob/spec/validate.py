@@ -234,7 +234,7 @@ def _check_template_fields(task: Task, path: str, broken: Broken) -> Issues:
     """The fields the engines read, then the pod schema on what those checks did not refuse."""
     engine_read = podfields.check_template(task.template.raw, path)
     # The schema's verdict on a field the engine-read checks already refused would be a second line.
-    refused = {p for p, _ in engine_read}
+    refused = {issue.path for issue in engine_read}
     schema = check_template(task.template.raw, path, broken.has if broken.paths else None)
     return engine_read + [issue for issue in schema if issue.path not in refused]
 
@@ -257,7 +257,7 @@ def _check_job_min_available(job: Job, broken: Broken, counts_ok: bool, found: I
     total = job.total_replicas
     # A task minAvailable over its replicas also inflates the job's defaulted sum: report it once.
     derived = spec.min_available == sum(t.min_available or 0 for t in spec.tasks)
-    if derived and any(path.endswith(".minAvailable") for path, _ in found):
+    if derived and any(issue.path.endswith(".minAvailable") for issue in found):
         return []
     if not counts_ok or broken.has("spec.minAvailable") or spec.min_available <= total:
         return []

@@ -67,7 +67,12 @@ def render(job: Job) -> TargetRender:
     expansion = Expansion(job)
     with paused_gc():
         items = list(objects(expansion))
-    return TargetRender(kind="Pod", api_version="v1", objects=items, warnings=[*expansion.warnings()])
+    return TargetRender(
+        kind="Pod",
+        api_version="v1",
+        objects=items,
+        warnings=[(w.path, w.message) for w in expansion.warnings()],
+    )
 
 
 def _render(job: Job, runtime: str | None) -> TargetRender:
@@ -83,6 +88,7 @@ TARGET = Target(
     name="pods",
     podgroup=True,
     side_kinds=(
+        ("v1", "persistentvolumeclaims"),
         ("v1", "configmaps"),
         ("v1", "services"),
         ("networking.k8s.io/v1", "networkpolicies"),
@@ -103,4 +109,5 @@ TARGET = Target(
     ),
     task_keys=("volcano.sh/task-spec",),
     index_keys=("volcano.sh/task-index",),
+    attempt_keys=("volcano.sh/job-retry-count",),
 )

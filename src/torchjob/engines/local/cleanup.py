@@ -15,10 +15,10 @@ import threading
 import time
 
 from torchjob.controller import DEFAULT_GRACE, termination_grace
+from torchjob.controller.kubelet import Pod
 from torchjob.display import summary
 from torchjob.engines.local import ports as port_registry
-from torchjob.engines.local import process, procfs
-from torchjob.engines.local.pod import LocalPod
+from torchjob.engines.local import process, procfs, runner
 from torchjob.engines.local.watchdog import Watchdog
 from torchjob.lifecycle import JobPhase, JobStatus
 from torchjob.spec.model import Job
@@ -50,7 +50,7 @@ class JobProcesses:
     of every pod), read each time: a container's main process is known, not an adopted orphan.
     """
 
-    def __init__(self, job_id: str, pods: dict[Key, LocalPod], latest: dict[Key, LocalPod]) -> None:
+    def __init__(self, job_id: str, pods: dict[Key, Pod], latest: dict[Key, Pod]) -> None:
         self.job_id = job_id
         self.pods = pods
         self.latest = latest
@@ -76,8 +76,8 @@ class JobProcesses:
             tree = process.children_map()
             adopted = process.adopted(tree, self.known_children(), self.job_id)
         for pod in self.pods.values():
-            pod.track(tree)
-        self.job_pids.update(p.pid for pod in self.pods.values() for p in pod.tracked())
+            runner.track(pod, tree)
+        self.job_pids.update(p.pid for pod in self.pods.values() for p in runner.tracked(pod))
         self.job_pids.update(adopted)
         self.tell_watchdog()
         process.reap_adopted(self.job_pids)
@@ -96,7 +96,7 @@ class JobProcesses:
         return known
 
     def _container_pids(self) -> set[int]:
-        return {pid for pod in [*self.pods.values(), *self.latest.values()] for pid in pod.child_pids()}
+        return {pid for pod in [*self.pods.values(), *self.latest.values()] for pid in runner.child_pids(pod)}
 
     def _not_containers(self) -> set[int]:
         """This process's children that are no container's: the watchdog, the caller's own."""
@@ -170,7 +170,7 @@ class JobProcesses:
 
     def kill_the_rest(self) -> None:
         """Kill every process of the job still alive (marked, tracked or adopted) and reap them."""
-        tracked = [p for pod in self.latest.values() for c in pod.containers for p in c.tracked.values()]
+        tracked = [p for pod in self.latest.values() for p in runner.tracked(pod)]
         # Orphans without the job's marker, adopted as subreaper.
         tracked += _processes(self.last_orphans())
         killed = process.kill_now(self.job_id, [], tracked, 1.0)
@@ -240,21 +240,23 @@ def shutdown(sup: Supervisor) -> None:
 def _stop_pods(sup: Supervisor) -> None:
     """Terminate the pods still there and wait, bounded, until they are gone. A job that did not
     reach a final phase (an error, a crash) gives its pods at most 2 s of grace."""
-    now = time.monotonic()
-    for pod in sup.pods.values():
-        if not pod.gone:
-            grace = grace_of(sup.job, pod)
-            pod.terminate(now, min(grace, 2.0) if not sup.status.phase.final else grace)
+    final = sup.status.phase.final
+    sup.kubelet.terminate(
+        [
+            (pod, grace_of(sup.job, pod) if final else min(grace_of(sup.job, pod), 2.0))
+            for pod in sup.pods.values()
+            if not pod.gone
+        ]
+    )
     deadline = time.monotonic() + DEFAULT_GRACE + STUCK_AFTER_KILL
     while any(not p.gone for p in sup.pods.values() if p.terminating) and time.monotonic() < deadline:
         sup.handle_signals()
-        for pod in sup.pods.values():
-            pod.poll(time.monotonic())
+        sup.kubelet.poll(list(sup.pods.values()))
         sup.print_logs()
         sup.waiter.wait(TICK)
 
 
-def grace_of(job: Job, pod: LocalPod) -> float:
+def grace_of(job: Job, pod: Pod) -> float:
     """The pod's terminationGracePeriodSeconds: seconds from SIGTERM to SIGKILL."""
     return termination_grace(job, pod.task)
 

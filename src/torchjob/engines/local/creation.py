@@ -1,17 +1,20 @@
 """Making a job's pods: what is decided once per job (ports, names, ranks, GPU shares) and each pod.
 
 :class:`PodFactory` holds the per-job decisions taken before the first pod (``prepare``) and turns
-a pod plan into a :class:`LocalPod` ready to start (``make``): its directories, environment and
-resolved containers. Starting it, and everything after, is the supervisor's.
+a pod plan into a kubelet :class:`~torchjob.controller.kubelet.Pod` ready to start (``make``): its
+directories, environment and resolved containers. Starting it, and everything after, is the
+kubelet's over the runner (runner.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 from torchjob import logs
+from torchjob.controller.kubelet import Container, Pod
 from torchjob.engines.local import gpus, podnames, prewarm, process, security
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
@@ -23,7 +26,7 @@ from torchjob.engines.local.containers import (
     make_empty_dirs,
     resolve_pod,
 )
-from torchjob.engines.local.pod import LocalPod
+from torchjob.engines.local.runner import Processes
 from torchjob.engines.local.state import JobDir, make_private_dirs
 from torchjob.expand import Attempts, DesiredState, PodPlan, expand, readdress
 from torchjob.files import write_atomic
@@ -207,15 +210,10 @@ class PodFactory:
             self.desired = Attempts(expand(self.job, self.addressing))
         return self.desired(version, retry_count)
 
-    def make(
-        self,
-        plan: PodPlan,
-        status: JobStatus,
-        on_group: Callable[[int, bool], None],
-        adopt: Callable[[], list[int]],
-    ) -> LocalPod:
-        """The next attempt of a planned pod, not started. A pod that cannot run gets no main
-        container and a torchjob.log saying why (checked before the job started; defensive only)."""
+    def make(self, plan: PodPlan, status: JobStatus) -> Pod:
+        """The next attempt of a planned pod, not started: its containers' processes to come
+        (``runner.Processes``). A pod that cannot run gets no container and a torchjob.log saying
+        why (checked before the job started; defensive only)."""
         assert self.addressing is not None
         key = (plan.task.name, plan.index)
         attempt = self.attempts.get(key, -1) + 1
@@ -256,24 +254,25 @@ class PodFactory:
             make_private_dirs(log_dir)
             write_atomic(log_dir / "torchjob.log", f"torchjob: cannot run pod {plan.name}: {err}\n")
             inits, mains, forkers = [], [], {}
-        pod = LocalPod(
+        with contextlib.suppress(OSError):  # a full disk: its containers then fail to start, and say why
+            make_private_dirs(log_dir)
+        containers = [
+            Container(run.name, run.init, Processes(run, forkers.get(run.name)), log_dir / f"{run.name}.log")
+            for run in [*inits, *mains]
+        ]
+        rank = self.rank_of.get(key)
+        return Pod(
             name=plan.name,
             task=plan.task.name,
             index=plan.index,
             attempt=attempt,
-            inits=inits,
-            mains=mains,
+            containers=containers,
             restart_policy=plan.task.template.restart_policy,
             log_dir=log_dir,
-            on_group=on_group,
-            adopt=adopt,
-            prewarm_modules=self.prewarm_modules,
-            forkers=forkers,
+            address=address,
+            rank=int(rank) if rank is not None and rank.isdigit() else None,
+            engine=uid,  # the attempt's marker value (TORCHJOB_POD_UID)
         )
-        pod.address = address
-        pod.uid = uid
-        pod.rank = self.rank_of.get(key)
-        return pod
 
     def pod_hosts(self, pod_dir: Path, aliases: object) -> podnames.HostsMount:
         """The pod attempt's own hosts file (the job's, then its hostAliases) and how to mount it:

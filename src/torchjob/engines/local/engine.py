@@ -30,7 +30,7 @@ from torchjob.engine_api.base import (
 )
 from torchjob.engines.local.settings import ENGINE
 from torchjob.engines.local.state import JobDir, collect_expired, list_jobs, state_root
-from torchjob.phases import UNKNOWN
+from torchjob.phases import UNKNOWN, PodState
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -388,7 +388,7 @@ def _pods_on_disk(where: JobDir, job_name: str) -> list[PodReport]:
             short=short,
             task=task or short,
             index=int(index) if index.isascii() and index.isdigit() else 0,
-            phase=UNKNOWN,
+            phase=PodState.UNKNOWN,
             attempt=attempts[-1],
             containers=[ContainerReport(c) for c in containers],
         )

@@ -10,21 +10,21 @@ from __future__ import annotations
 import re
 import sys
 
-from torchjob.engines.local.pod import RunningContainer
-from torchjob.engines.local.report import log_tail
+from torchjob.controller.kubelet import Container
+from torchjob.controller.rootcause import log_tail
 
 _NO_TORCH = re.compile(r"ModuleNotFoundError: No module named 'torch(?:\.\w+)*'")
 
 
-def missing_torch(container: RunningContainer) -> str | None:
+def missing_torch(container: Container) -> str | None:
     """The line to print when ``container`` (its run just ended in failure) is torchjob's python and
     its log ends in torch's ModuleNotFoundError; None otherwise."""
-    if container.exit_code in (None, 0) or container.run.argv[:1] != [sys.executable]:
+    if container.exit_code in (None, 0) or container.spec.run.argv[:1] != [sys.executable]:
         return None
     if not any(_NO_TORCH.search(line) for line in log_tail(container.log)):
         return None
     return (
-        f"container {container.run.name}: {sys.executable} (the interpreter torchjob runs a container's "
+        f"container {container.name}: {sys.executable} (the interpreter torchjob runs a container's "
         f"python with) cannot import torch; install it there ({sys.executable} -m pip install torch), "
         "or run torchjob from the environment that has torch"
     )

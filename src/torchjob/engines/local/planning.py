@@ -73,8 +73,8 @@ def plan_text(job: Job, plan: LocalPlan) -> str:
         ports = ", ".join(map(str, declared))
         lines.append(f"ports to reserve: {ports} (each mapped to a free host port when the job starts)")
     lines.append("addresses: each pod its own loopback address (pod names, where they resolve, name them)")
-    for problem, message in plan.problems:
-        lines.append(f"cannot run here: {problem}: {message}")
+    for problem in plan.problems:
+        lines.append(f"cannot run here: {problem.path}: {problem.message}")
     for pod in plan.state.pods if plan.state is not None else []:
         spec = pod.manifest["spec"]
         env = {e.get("name"): e.get("value") for c in spec["containers"] for e in c.get("env") or []}

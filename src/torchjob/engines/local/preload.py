@@ -41,7 +41,7 @@ from pathlib import Path
 
 from torchjob.engines.local import prewarm, process, procfs
 from torchjob.engines.local.containers import ContainerRun, is_engine_variable
-from torchjob.engines.local.pod import FORK_LATER
+from torchjob.engines.local.runner import FORK_LATER
 from torchjob.engines.local.state import open_private
 
 SERVER = str(Path(__file__).with_name("forkserver.py"))

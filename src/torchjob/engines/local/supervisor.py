@@ -1,20 +1,21 @@
 """The local engine's loop: the job's processes, driven by the engine-neutral controller.
 
 The policy (Volcano's lifecycle, ``dependsOn``, deadlines, ``--max-restarts``) is
-:class:`torchjob.controller.Controller`'s; this module is its runtime for :class:`LocalPod`
-(create, poll, terminate, kill, forget an attempt) and all that is about processes: tracking the
-job's process tree, signals, the rendezvous port's watch, the local queue's admission wait, the
-console and status.json. Each pass of the loop: the controller's deadline, a scan of the
-processes, the controller's poll of the pods and its delayed reactions; log files are followed and
-printed on the same pass. Between passes the loop sleeps until a container process exits, a
-signal arrives or something falls due (a delayed reaction, a restart, the next scan or log read):
-an exit is seen at once and an idle job costs almost no CPU. When the job's phase is final,
-whatever still runs is stopped, every process carrying the job's marker is swept up, and the loop
-ends.
+:class:`torchjob.controller.Controller`'s, each pod attempt's containers the kubelet's
+(:mod:`torchjob.controller.kubelet`) over this machine's container runner (:mod:`.runner`); this
+module is the loop around them: tracking the job's process tree, signals, the rendezvous port's
+watch, the local queue's admission wait, the console, the silence notice and status.json. Each
+pass of the loop: the controller's deadline, a scan of the processes, the controller's poll of
+the pods and its delayed reactions; log files are followed and printed on the same pass. Between
+passes the loop sleeps until a container process exits, a signal arrives or something falls due
+(a delayed reaction, a restart, the next scan or log read): an exit is seen at once and an idle
+job costs almost no CPU. When the job's phase is final, whatever still runs is stopped, every
+process carrying the job's marker is swept up, and the loop ends.
 
 The parts around the loop live beside it: :mod:`.creation` makes the pods (ports, names, ranks,
-environment), :mod:`.cleanup` tracks every process of the job and shuts it down, :mod:`.report`
-builds the job's report.
+environment), :mod:`.runner` starts, polls and signals their containers, :mod:`.cleanup` tracks
+every process of the job and shuts it down; the report is the controller's
+(:mod:`torchjob.controller.report`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from collections.abc import Callable
 from types import FrameType
 
 from torchjob import logs
-from torchjob.controller import Backoff, Controller, waiting_backoff
-from torchjob.display import elapsed, headline, pod_color, pod_rows, prefix_for
-from torchjob.engine_api.base import JobReport
-from torchjob.engines.local import hints, process
+from torchjob.controller import Controller
+from torchjob.controller.kubelet import ENDED, RUNNING, SUCCEEDED, Kubelet, Pod
+from torchjob.controller.report import job_report
+from torchjob.display import elapsed, headline, level_color, pod_color, pod_rows, prefix_for
+from torchjob.engines.local import hints, process, runner
 from torchjob.engines.local.cleanup import (
     INTERRUPTED_STALL,
     OUTPUT_STALL,
@@ -43,19 +45,19 @@ from torchjob.engines.local.cleanup import (
 from torchjob.engines.local.containers import local_warnings
 from torchjob.engines.local.creation import PodFactory
 from torchjob.engines.local.output import Console, SinkConsole, hush, short_name
-from torchjob.engines.local.pod import FAILED, RUNNING, SUCCEEDED, LocalPod
 from torchjob.engines.local.prewarm import modules_of as prewarm_modules
-from torchjob.engines.local.report import job_report
 from torchjob.engines.local.state import JobDir
 from torchjob.engines.local.waiter import ExitWaiter
-from torchjob.expand import DesiredState, PodPlan
+from torchjob.expand import DesiredState
 from torchjob.files import LogFollower
 from torchjob.lifecycle import Action, JobPhase, JobStatus, initial_status
+from torchjob.logs import Level
+from torchjob.reports import Event, JobReport
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable
     from typing import Any
 
     from torchjob.engines.local.admission import Plan, Ticket
@@ -68,7 +70,7 @@ TRACK_EVERY = 0.5  # seconds between scans for container descendants
 Key = tuple[str, int]
 
 
-def _last_output(pod: LocalPod) -> float:
+def _last_output(pod: Pod) -> float:
     """When the pod last wrote to any of its logs (its start, if it never did)."""
     times = [pod.started_at or 0.0]
     for c in pod.containers:
@@ -101,7 +103,7 @@ class Supervisor:
         self.id = job_dir.id
         self.console = console
         self.echo_logs = echo_logs and console is not None
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Event] = []
         self.follower = LogFollower()
         self.signals: list[int] = []
         self.started = time.time()
@@ -110,16 +112,24 @@ class Supervisor:
         # pooled: the SDK's warm pool
         self.factory = PodFactory(job, job_dir, extra_env, warm, preload, planned, pooled)
         if self.factory.preloader is not None:  # a fork server that cannot be used is said once
-            self.factory.preloader.note = lambda text: self.note(text, "33")
+            self.factory.preloader.note = lambda text: self.note(text, Level.WARNING)
         self.ticket: Ticket | None = None  # the job's place in the local queue (admission.py)
         if admission is not None:
             from torchjob.engines.local.admission import Ticket
 
             self.ticket = Ticket(admission, self.id, job.name)
-        # The policy: this supervisor is its runtime (create, poll, terminate, kill, forget pods).
-        self.ctl: Controller[LocalPod] = Controller(
+        # The policy is the controller's, each attempt's containers the kubelet's over the runner.
+        self.runner = runner.LocalRunner(
+            self.factory.make,
+            on_group=self.on_group,
+            adopt=lambda: self.processes.adopt(),
+            prewarm_modules=self.factory.prewarm_modules,
+            host=self,
+        )
+        self.kubelet = Kubelet(self.runner)
+        self.ctl: Controller[Pod] = Controller(
             job,
-            self,
+            self.kubelet,
             self.factory.expansion,
             clock=time.monotonic,
             timeout=timeout,
@@ -155,12 +165,12 @@ class Supervisor:
         self.ctl.status = value
 
     @property
-    def pods(self) -> dict[Key, LocalPod]:
+    def pods(self) -> dict[Key, Pod]:
         """Pods that exist now (finished ones included)."""
         return self.ctl.pods
 
     @property
-    def latest(self) -> dict[Key, LocalPod]:
+    def latest(self) -> dict[Key, Pod]:
         """The newest attempt of every pod, for reports."""
         return self.ctl.latest
 
@@ -207,7 +217,7 @@ class Supervisor:
             if ticket.reason != shown:  # in status.json and on the console, once per change
                 shown = ticket.reason
                 self.status = JobStatus(JobPhase.PENDING, 0, 0, shown)
-                self.note(f"job {self.id} is {shown}", "33")
+                self.note(f"job {self.id} is {shown}", Level.WARNING)
                 self.write_status()
                 if on_waiting is not None and not self.told_waiting:
                     on_waiting()
@@ -285,7 +295,7 @@ class Supervisor:
         if not where and err.errno in (errno.ENOSPC, errno.EDQUOT):
             where = f" (writing to {self.dir.path})"
         reason = f"torchjob stopped the job: {err.strerror or err}{where}"
-        self.note(f"{err.strerror or err}{where}: stopping the job", "31")
+        self.note(f"{err.strerror or err}{where}: stopping the job", Level.ERROR)
         if not self.status.phase.final:
             self.status = JobStatus(JobPhase.FAILED, self.status.retry_count, self.status.version, reason)
             self.dirty = True
@@ -294,15 +304,8 @@ class Supervisor:
         self.prepare()
         self.processes.start()
         self.note(f"job {self.id} started; ports {self.factory.ports_text()}; job directory {self.dir.path}")
-        for task in self.job.spec.tasks:
-            if task.template.restart_policy == "Always" and task.replicas:
-                self.note(
-                    f"task {task.name}: restartPolicy Always (the Kubernetes default) restarts containers "
-                    "even after they succeed; set OnFailure or Never for a job that ends",
-                    "33",
-                )
-        for path, message in local_warnings(self.factory.expansion(0, 0), self.factory.extra_env):
-            self.record(f"warning: {path}: {message}")
+        for note in local_warnings(self.factory.expansion(0, 0), self.factory.extra_env):
+            self.record(f"warning: {note.path}: {note.message}")
         self.ctl.begin()
         preloader = self.factory.preloader
         if (
@@ -314,7 +317,7 @@ class Supervisor:
             self.note(
                 f"--preload {','.join(preloader.modules)}: no container runs torchjob's python in a form "
                 "the fork server can serve (python [options] SCRIPT|-m MODULE|-c CODE); they start cold",
-                "33",
+                Level.WARNING,
             )
         self.factory.write_records()
 
@@ -329,6 +332,7 @@ class Supervisor:
                 self.watch_rendezvous()
                 last_track = now
             self.wake_forks()
+            self.give_up_stuck(now)
             self.ctl.poll()
             self.grow(now)
             self.ctl.fire_delayed()
@@ -350,7 +354,7 @@ class Supervisor:
         now = time.monotonic()
         for pod in self.pods.values():
             for c in pod.mains:
-                if c.fork_wait and c.next_start is not None and not pod.terminating:
+                if runner.of(c).fork_wait and c.next_start is not None and not pod.terminating:
                     c.next_start = now
 
     def next_wait(self, last_track: float) -> float:
@@ -369,68 +373,47 @@ class Supervisor:
 
     # ---------------------------------------------------------------- pods
 
-    # The controller's runtime (torchjob.controller.runtime.PodRuntime) for LocalPod.
+    # What the runner tells its host (runner.RunnerHost).
 
-    def create(self, plan: PodPlan, status: JobStatus) -> LocalPod:
-        pod = self.factory.make(plan, status, self.on_group, self.processes.adopt)
+    def created(self, pod: Pod) -> None:
         self.follow_logs(pod)
-        if not pod.mains:
-            pod.fail_now(2)
-        else:
-            pod.start(time.monotonic())
-        return pod
 
-    def poll(self, attempts: Sequence[LocalPod]) -> None:
-        now = time.monotonic()
-        for pod in attempts:
-            pod.poll(now)
+    def give_up_stuck(self, now: float) -> None:
+        """A stopped attempt whose processes outlive SIGKILL (stuck in the kernel) is given up on."""
+        for pod in self.pods.values():
             if pod.terminating and not pod.gone and pod.stuck(now, STUCK_AFTER_KILL):
                 self.note(
-                    f"pod {short_name(self.job.name, pod.name)}: processes {pod.live_pids()} "
+                    f"pod {short_name(self.job.name, pod.name)}: processes {runner.live_pids(pod)} "
                     "survive SIGKILL; giving up on them",
-                    "31",
+                    Level.ERROR,
                 )
                 pod.gone = True
 
-    def terminate(self, attempts: Sequence[tuple[LocalPod, float]]) -> None:
-        tree = process.children_map() if attempts else None  # one scan for all of them
-        now = time.monotonic()
-        for pod, grace in attempts:
-            pod.terminate(now, grace, tree)
-
-    def kill(self, attempts: Sequence[LocalPod]) -> None:
-        for pod in attempts:
-            pod.kill()
-
-    def forget(self, attempts: Sequence[LocalPod]) -> None:
+    def released(self, pods: Iterable[Pod]) -> None:
+        pods = list(pods)
         # A pod is gone only with all of its processes, also those that escaped its groups.
-        left = process.sweep(process.POD_MARKER, [pod.uid for pod in attempts])
+        left = process.sweep(process.POD_MARKER, [str(pod.engine) for pod in pods])
         process.reap_adopted(self.processes.job_pids)  # the killed orphans: no zombie is left
         if left:
-            self.note(f"processes {[p.pid for p in left]} of stopped pods survive SIGKILL", "31")
-        for pod in attempts:
+            self.note(f"processes {[p.pid for p in left]} of stopped pods survive SIGKILL", Level.ERROR)
+        for pod in pods:
             self.close_logs(pod)
 
-    def observed(self, attempt: LocalPod, restarted: bool) -> None:
-        pod = attempt
-        if pod.phase in (SUCCEEDED, FAILED):
+    def observed(self, pod: Pod, restarted: bool) -> None:
+        if pod.phase in ENDED:
             self.close_logs(pod)
         self.explain_failure((pod.task, pod.index), pod)
         if pod.exit_code not in (None, 0):  # before the policy ends the job: its reason tells
             self.check_ports()
         if restarted and not self.echo_logs:  # else the line torchjob writes in the container's log says it
-            last = self.backoff(pod)
+            last = self.kubelet.backoff(pod)
             code = f"exit code {last.exit_code}" if last is not None else "exit"
             delay = f" in {last.delay:.1f}s" if last is not None and last.delay is not None else ""
             self.note(
                 f"pod {short_name(self.job.name, pod.name)}: {code}; restart {pod.restarts}{delay} "
                 f"(restartPolicy {pod.restart_policy})",
-                "33",
+                Level.WARNING,
             )
-
-    def backoff(self, attempt: LocalPod) -> Backoff | None:
-        fields = ((c.run.name, c.failures, c.exit_code, c.next_start) for c in attempt.containers)
-        return waiting_backoff(fields, time.monotonic())
 
     def check_silence(self, now: float) -> None:
         """One notice once every pod of the running job has written nothing for ``hang_notice``
@@ -458,12 +441,12 @@ class Supervisor:
                 "sets when this is said, 0 never)"
             )
 
-    def explain_failure(self, key: Key, pod: LocalPod) -> None:
+    def explain_failure(self, key: Key, pod: Pod) -> None:
         """A container's first failure whose fix is outside the job (no torch here): said once."""
         for c in pod.containers:
-            if c.exit_code in (None, 0) or (key, c.run.name) in self.explained:
+            if c.exit_code in (None, 0) or (key, c.name) in self.explained:
                 continue
-            self.explained.add((key, c.run.name))  # only its first failure: a crash loop repeats it
+            self.explained.add((key, c.name))  # only its first failure: a crash loop repeats it
             hint = hints.missing_torch(c) if not self.told_no_torch else None
             if hint is not None:
                 self.told_no_torch = True
@@ -483,7 +466,7 @@ class Supervisor:
             self.port_watch = PortWatch(self.factory.rendezvous, self.id, uids)
         mine = set(self.processes.job_pids)
         for pod in self.pods.values():
-            mine.update(pod.child_pids())
+            mine.update(runner.child_pids(pod))
         taken = self.port_watch.taken(mine)
         if taken:
             self.port_lost = "; ".join(taken)
@@ -535,48 +518,45 @@ class Supervisor:
         for signum in signals:
             name = signal.Signals(signum).name
             if self.status.phase in (JobPhase.TERMINATING, JobPhase.TERMINATED) or self.status.phase.final:
-                self.note(f"{name} again: killing every process of the job now", "31")
-                for pod in self.pods.values():
-                    pod.kill()
+                self.note(f"{name} again: killing every process of the job now", Level.ERROR)
+                self.kubelet.kill(list(self.pods.values()))
                 continue
             self.interrupted = self.interrupted or signum
             if signum == signal.SIGINT and self.console is not None:  # Ctrl-C: one line (hush)
-                stopping = [
-                    p.name for p in self.latest.values() if not p.gone and p.phase not in (SUCCEEDED, FAILED)
-                ]
+                stopping = [p.name for p in self.latest.values() if not p.gone and p.phase not in ENDED]
                 hush(self.console, self.id, stopping)
             else:
-                self.note(f"{name}: stopping the job (again to kill at once)", "33")
+                self.note(f"{name}: stopping the job (again to kill at once)", Level.WARNING)
             self.ctl.act(Action.TERMINATE_JOB, None, None, f"torchjob received {name}")
 
     # ------------------------------------------------------------- output
 
-    def note(self, text: str, color: str = "2") -> None:
+    def note(self, text: str, level: Level = Level.INFO) -> None:
         # Printed once: on the console when there is one, else as a log record (-v, detached).
         if self.console is not None:
-            self.console.note(text, color)
+            self.console.note(text, level_color(level))
         else:
             logs.info(text)
 
     def record(self, text: str) -> None:
-        self.events.append({"time": time.time(), "message": text})
+        self.events.append(Event(time.time(), text))
         self.events = self.events[-50:]
-        self.note(text, "33")
+        self.note(text, Level.WARNING)
         self.ctl.told = text
 
-    def follow_logs(self, pod: LocalPod) -> None:
+    def follow_logs(self, pod: Pod) -> None:
         if not self.echo_logs:
             return
         short = short_name(self.job.name, pod.name)
         addressing = self.factory.addressing
         ordinal = addressing.ordinals[(pod.task, pod.index)] if addressing else 0
         for c in pod.inits:
-            self.follower.follow(c.log, prefix_for(short, pod.rank, c.run.name), pod_color(ordinal))
+            self.follower.follow(c.log, prefix_for(short, pod.rank, c.name), pod_color(ordinal))
         for c in pod.mains:
-            name = None if len(pod.mains) == 1 else c.run.name
+            name = None if len(pod.mains) == 1 else c.name
             self.follower.follow(c.log, prefix_for(short, pod.rank, name), pod_color(ordinal))
 
-    def close_logs(self, pod: LocalPod) -> None:
+    def close_logs(self, pod: Pod) -> None:
         for c in pod.containers:
             self.follower.close(c.log)
 
@@ -623,11 +603,12 @@ class Supervisor:
     def report(self) -> JobReport:
         return job_report(
             self.job,
+            engine="local",
             id=self.id,
             location="" if self.dir_removed else str(self.dir.path),  # no logs to point at
             status=self.status,
-            # A pod that went in this pass (stopped while in back-off) is not current either.
-            pods=[(p, self.pods.get((p.task, p.index)) is p and not p.gone) for p in self.latest.values()],
+            latest=self.latest,
+            current=self.pods,
             ports=self.factory.ports,
             started=self.started,
             finished=self.finished,
@@ -645,7 +626,7 @@ class Supervisor:
                 raise
             if str(err) != self.status_error:
                 self.status_error = str(err)
-                self.note(f"cannot write {self.dir.status_file}: {err.strerror or err}", "31")
+                self.note(f"cannot write {self.dir.status_file}: {err.strerror or err}", Level.ERROR)
             return
         self.dirty = False
         self.status_error = ""

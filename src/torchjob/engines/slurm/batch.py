@@ -17,37 +17,25 @@ import sys
 import time
 from pathlib import Path
 
-from torchjob.engine_api.base import ContainerReport, FailureReport, JobReport, PodReport
-from torchjob.engine_api.reasons import exit_reason, stopped_because
+from torchjob.controller.kubelet import Kubelet, Pod
 from torchjob.engines.slurm import steps
-from torchjob.engines.slurm.runtime import SlurmPod, SlurmRuntime
+from torchjob.engines.slurm.runtime import SlurmRuntime
 from torchjob.files import write_atomic
+from torchjob.reports import Event
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torchjob.controller import Controller
     from torchjob.engines.slurm.plan import PodLaunch, Resources, SlurmPlan
     from torchjob.expand import Attempts, DesiredState
+    from torchjob.reports import JobReport
     from torchjob.spec.model import Job
 
 OPTIONS = "options.json"
 STATUS = "status.json"
 EXPIRES = "expires"  # when the job may be removed: its ttlSecondsAfterFinished
 JOB_FILE = "job.json"  # the job as its Volcano manifest, in JSON
-LOG_TAIL_LINES = 20
 EVENTS_KEPT = 50
-CRASH_LOOP = "CrashLoopBackOff"  # Kubernetes' reason for a container waiting to be restarted again
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 64 * 1024))
-            data = handle.read()
-    except OSError:
-        return []
-    return [line.decode("utf-8", "replace") for line in data.splitlines()[-lines:]]
 
 
 class BatchController:
@@ -55,48 +43,43 @@ class BatchController:
 
     def __init__(self, job_dir: Path, job: Job, plan: SlurmPlan, options: dict[str, object]) -> None:
         from torchjob.controller import Controller
-        from torchjob.engines.slurm.plan import SlurmAddressing, launches, place
-        from torchjob.plugins import build_plugins
+        from torchjob.controller.report import pod_ranks
+        from torchjob.engines.slurm.plan import SlurmAddressing, place
 
         self.job_dir = job_dir
         self.job = job
         self.plan = plan
         self.id = str(options["id"])
-        self.events: list[dict[str, object]] = []
+        self.events: list[Event] = []
         self.stop_signal: int | None = None
         self.ended_by_slurm = False  # SIGTERM from Slurm: its state (TIMEOUT, ...) says why
         self.in_allocation = options.get("inAllocation") is True  # salloc's: the engine stops it
         layout = steps.layout_from_env(os.environ, steps.hostnames)
         placements = place(plan, layout)
-        by_pod: dict[str, list[PodLaunch]] = {}
-        for launch in launches(plan, placements):
-            by_pod.setdefault(launch.pod, []).append(launch)
-        self.addresses = {key: p.host for key, p in placements.items()}
-        plugins = build_plugins(job)
-        self.ranks: dict[tuple[str, int], int | None] = {}
-        for task in job.spec.tasks:
-            for index in range(task.replicas):
-                ranks = [r for r in (p.rank(job, task, index) for p in plugins) if r is not None]
-                self.ranks[(task.name, index)] = ranks[0] if ranks else None
+        self.ranks = pod_ranks(job)
         self.addressing = SlurmAddressing(placements, plan.master)
         self.desired: Attempts | None = None  # the job's one expansion (expand.Attempts)
         env = {str(k): str(v) for k, v in dict(options.get("extraEnv") or {}).items()}  # type: ignore[call-overload]
         self.runtime = SlurmRuntime(
             os.environ["SLURM_JOB_ID"],
             job_dir,
-            by_pod,
+            plan,
+            placements,
+            self.expansion,
             self._resources,
+            ranks=self.ranks,
             base_env=dict(os.environ),
             extra_env=env,
             workdir=str(options.get("workdir") or job_dir),
             say=self._say,
             record=self._event,
         )
+        self.kubelet = Kubelet(self.runtime)
         timeout = options.get("timeout")
         max_restarts = options.get("maxRestarts")
-        self.controller: Controller[SlurmPod] = Controller(
+        self.controller: Controller[Pod] = Controller(
             job,
-            self.runtime,
+            self.kubelet,
             self.expansion,
             clock=time.monotonic,
             timeout=float(timeout) if isinstance(timeout, (int, float)) else None,
@@ -105,7 +88,6 @@ class BatchController:
         )
         self.started_at = time.time()
         self.finished_at: float | None = None
-        self.failure: FailureReport | None = None
 
     def expansion(self, version: int, retry_count: int) -> DesiredState:
         """The desired pods of one attempt of the job. The controller asks on every pass that may
@@ -126,19 +108,13 @@ class BatchController:
         self._event(text)
 
     def _event(self, text: str) -> None:
-        self.events.append({"time": time.time(), "message": text})
+        self.events.append(Event(time.time(), text))
         del self.events[:-EVENTS_KEPT]
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         controller = self.controller
-        for task in self.job.spec.tasks:  # as the local engine warns
-            if task.template.restart_policy == "Always" and task.replicas:
-                self._say(
-                    f"task {task.name}: restartPolicy Always (the Kubernetes default) restarts containers "
-                    "even after they succeed; set OnFailure or Never for a job that ends"
-                )
         controller.begin()
         self.write()
         while not controller.done():
@@ -146,7 +122,6 @@ class BatchController:
                 self._stopped()
                 return 143
             controller.tick()
-            self._note_failure()
             if controller.dirty:
                 controller.dirty = False
                 self.write()
@@ -189,97 +164,26 @@ class BatchController:
                 JobPhase.TERMINATED, status.retry_count, status.version, reason
             )
         self.ended_by_slurm = True
-        self.runtime.terminate([(pod, 1.0) for pod in self.controller.pods.values()])
+        self.kubelet.terminate([(pod, 1.0) for pod in self.controller.pods.values()])
         self.finished_at = time.time()
         self.write()
         self._expire()
 
-    def _note_failure(self) -> None:
-        if self.failure is not None:
-            return
-        failed = [p for p in self.controller.pods.values() if p.phase == "Failed" and not p.terminating]
-        if failed:
-            pod = min(failed, key=lambda p: p.finished_at or 0.0)
-            container, code, reason = pod.failed_container, pod.exit_code, exit_reason(pod.exit_code)
-        elif self.controller.status.phase.value == "Failed":
-            # Failed with no pod ended (--max-restarts): the pod that kept failing, as locally.
-            looping = [
-                p
-                for p in self.controller.pods.values()
-                if p.restarts and any(c.exit_code not in (None, 0) for c in p.containers)
-            ]
-            if not looping:
-                return
-            pod = max(looping, key=lambda p: p.restarts)
-            bad = next(c for c in pod.containers if c.exit_code not in (None, 0))
-            container, code, reason = bad.name, bad.exit_code, CRASH_LOOP
-        else:
-            return
-        log = pod.log_dir / f"{container}.log" if container else None
-        self.failure = FailureReport(
-            pod=pod.name,
-            short=self.controller.short(pod),
-            exit_code=code,
-            rank=self.ranks.get((pod.task, pod.index)),
-            reason=reason,
-            time=pod.finished_at,
-            log_tail=log_tail(log) if log else [],
-        )
-
     def report(self) -> JobReport:
-        controller = self.controller
-        pods = []
-        for task in self.job.spec.tasks:
-            for index in range(task.replicas):
-                key = (task.name, index)
-                pod = controller.latest.get(key)
-                from torchjob.spec.model import pod_name
+        from torchjob.controller.report import job_report
 
-                name = pod_name(self.job.name, task.name, index)
-                short = name[len(self.job.name) + 1 :]
-                if pod is None:
-                    pods.append(PodReport(name, short, task.name, index, "Pending", rank=self.ranks.get(key)))
-                    continue
-                phase, reason = pod.phase, ""
-                if pod.gone and phase not in ("Succeeded", "Failed"):
-                    phase, reason = "Stopped", stopped_because(controller.status.phase)
-                elif not pod.terminating and any(c.next_start is not None for c in pod.containers):
-                    reason = CRASH_LOOP
-                pods.append(
-                    PodReport(
-                        name=name,
-                        short=short,
-                        task=task.name,
-                        index=index,
-                        phase=phase,
-                        rank=self.ranks.get(key),
-                        reason=reason,  # as locally: why the container failed is its own reason
-                        attempt=pod.attempt,
-                        restarts=pod.restarts,
-                        exit_code=pod.exit_code,
-                        started_at=pod.started_at,
-                        finished_at=pod.finished_at,
-                        address=self.addresses.get(key, ""),
-                        terminating=pod.terminating and not pod.gone,
-                        containers=containers(pod),
-                    )
-                )
-        status = controller.status
-        return JobReport(
+        controller = self.controller
+        return job_report(
+            self.job,
             engine="slurm",
             id=self.id,
-            name=self.job.name,
-            phase=status.phase.value,
-            reason=status.reason,
-            namespace=self.job.metadata.namespace or "default",
             location=str(self.job_dir),
-            retry_count=status.retry_count,
-            max_retry=self.job.spec.max_retry,
-            started_at=self.started_at,
-            finished_at=self.finished_at,
-            pods=pods,
-            first_failure=self.failure,
-            events=list(self.events),
+            status=controller.status,
+            latest=controller.latest,
+            current=controller.pods,
+            started=self.started_at,
+            finished=self.finished_at,
+            events=self.events,
         )
 
     def write(self) -> None:
@@ -287,31 +191,6 @@ class BatchController:
         data["slurmJobId"] = os.environ.get("SLURM_JOB_ID", "")
         data["endedBySlurm"] = self.ended_by_slurm
         write_atomic(self.job_dir / STATUS, json.dumps(data, indent=1) + "\n")
-
-
-def containers(pod: SlurmPod) -> list[ContainerReport]:
-    """Each container of the attempt: init containers first, as far as its steps went; one
-    waiting out a restart's back-off is in CrashLoopBackOff with its last exit code, as locally."""
-    found = []
-    for c in pod.containers:
-        reason = ""
-        if c.next_start is not None:
-            state, reason = "waiting", CRASH_LOOP
-        elif c.exit_code is not None:
-            state, reason = "terminated", exit_reason(c.exit_code) or "Completed"
-        else:
-            state = "running" if c.step is not None else "waiting"
-        found.append(
-            ContainerReport(
-                name=c.name,
-                init=c.launch.init,
-                state=state,
-                exit_code=c.exit_code,
-                reason=reason,
-                restarts=c.restarts,
-            )
-        )
-    return found
 
 
 def load_job(path: Path) -> Job:

@@ -81,10 +81,9 @@ class Teller:
             self.started = True  # the wait that was told is over (a short job may be done already)
             self._say(f"Slurm job {self.slurm_id} is running")
         for event in report.events:
-            when = event.get("time")
-            if isinstance(when, (int, float)) and when > self.told_event:
-                self.told_event = float(when)
-                self._say(str(event.get("message", "")))
+            if event.time > self.told_event:
+                self.told_event = event.time
+                self._say(event.message)
 
     def _limits(self, reason: str) -> None:
         if not re.fullmatch(BEYOND_LIMITS, reason):

@@ -19,7 +19,8 @@ import re
 import shlex
 
 from torchjob.engines.slurm.errors import PlanError as PlanError
-from torchjob.engines.slurm.podenv import configmaps_of, container_env, expand_refs
+from torchjob.engines.slurm.podenv import configmaps_of as configmaps_of
+from torchjob.engines.slurm.podenv import container_env, expand_refs
 from torchjob.engines.slurm.resources import Resources as Resources
 from torchjob.engines.slurm.resources import placement, task_resources
 from torchjob.engines.slurm.sbatch import check_sbatch_args, check_signal, sbatch_args
@@ -32,6 +33,8 @@ from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+
+    from torchjob.expand import PodPlan
 
 # The batch script's exit code when its host does not see the job directory (EX_NOINPUT).
 NOT_SHARED = 66
@@ -328,46 +331,54 @@ class SlurmAddressing:
 
 
 def launches(plan: SlurmPlan, placements: Mapping[Key, Placement]) -> list[PodLaunch]:
-    """Every container of every pod as a step to start: init containers first, in order."""
-    addressing = SlurmAddressing(placements, plan.master)
-    state = expand(plan.job, addressing)
+    """Every container of every pod of the job's first attempt as a step to start: init containers
+    first, in order."""
+    state = expand(plan.job, SlurmAddressing(placements, plan.master))
     configmaps = configmaps_of(state)
+    return [launch for pod in state.pods for launch in pod_launches(plan, pod, placements, configmaps)]
+
+
+def pod_launches(
+    plan: SlurmPlan,
+    pod: PodPlan,
+    placements: Mapping[Key, Placement],
+    configmaps: Mapping[str, dict[str, str]],
+) -> list[PodLaunch]:
+    """The containers of one pod attempt as steps, init containers first: built from that attempt's
+    pod (its retry count and job version), so a restart's steps see the restart's."""
+    key = (pod.task.name, pod.index)
+    placement = placements[key]
+    spec = pod.manifest["spec"]
+    engine_env = {
+        "TORCHJOB_JOB_DIR": plan.job_dir,
+        "TORCHJOB_POD_NAME": pod.name,
+        "TORCHJOB_POD_IP": placement.host,
+        "TORCHJOB_PORT_OFFSET": str(placement.port_offset),
+        "PYTHONUNBUFFERED": "1",
+        **{f"TORCHJOB_PORT_{p}": str(p + placement.port_offset) for p in plan.ports},
+    }
     result: list[PodLaunch] = []
-    for pod in state.pods:
-        key = (pod.task.name, pod.index)
-        placement = placements[key]
-        spec = pod.manifest["spec"]
-        engine_env = {
-            "TORCHJOB_JOB_DIR": plan.job_dir,
-            "TORCHJOB_POD_NAME": pod.name,
-            "TORCHJOB_POD_IP": placement.host,
-            "TORCHJOB_PORT_OFFSET": str(placement.port_offset),
-            "PYTHONUNBUFFERED": "1",
-            **{f"TORCHJOB_PORT_{p}": str(p + placement.port_offset) for p in plan.ports},
-        }
-        for kind, init in (("initContainers", True), ("containers", False)):
-            for i, container in enumerate(spec.get(kind) or []):
-                where = f"{pod.name}.{kind}[{i}]"
-                env = container_env(container, pod.manifest, placement.host, configmaps, engine_env, where)
-                argv = [
-                    expand_refs(a, env)
-                    for a in [*(container.get("command") or []), *(container.get("args") or [])]
-                ]
-                if not argv:
-                    raise PlanError(
-                        where, "a container needs a command on Slurm (there is no image entrypoint)"
-                    )
-                result.append(
-                    PodLaunch(
-                        pod=pod.name,
-                        task=pod.task.name,
-                        index=pod.index,
-                        container=str(container.get("name") or ""),
-                        init=init,
-                        argv=argv,
-                        env=env,
-                        working_dir=container.get("workingDir") or None,
-                        placement=placement,
-                    )
+    for kind, init in (("initContainers", True), ("containers", False)):
+        for i, container in enumerate(spec.get(kind) or []):
+            where = f"{pod.name}.{kind}[{i}]"
+            env = container_env(container, pod.manifest, placement.host, configmaps, engine_env, where)
+            argv = [
+                expand_refs(a, env)
+                for a in [*(container.get("command") or []), *(container.get("args") or [])]
+            ]
+            if not argv:
+                raise PlanError(where, "a container needs a command on Slurm (there is no image entrypoint)")
+            result.append(
+                PodLaunch(
+                    pod=pod.name,
+                    task=pod.task.name,
+                    index=pod.index,
+                    container=str(container.get("name") or ""),
+                    init=init,
+                    argv=argv,
+                    env=env,
+                    working_dir=container.get("workingDir") or None,
+                    placement=placement,
                 )
+            )
     return result

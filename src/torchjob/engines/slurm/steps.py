@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 POLL = 0.1
 OUTAGE_PATIENCE = 600.0  # seconds a step start or stop waits for slurmctld to answer again
+KILL_WAIT = 10.0  # seconds Slurm has to end a step after scancel --signal=KILL
 # srun's line for a task that ended (``srun: error: node1: task 0: Exited with exit code 3``).
 _TASK_ENDED = r"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|Terminated|Killed)$"
 # srun's words for a step it could not create because slurmctld did not answer.
@@ -261,12 +262,12 @@ class Step:
                 return None
             time.sleep(POLL)
 
-    def _signal(self, name: str) -> bool:
+    def _signal(self, name: str, find_for: float = 5.0) -> bool:
         """Ask Slurm to send signal ``name`` to the step; whether that was done (or is moot: the
         step ended, or srun was still waiting to create it and was stopped itself). False while
         slurmctld does not answer."""
         try:
-            step = self.find_step_id()
+            step = self.find_step_id(find_for)
             if step is None:
                 if self.poll() is None:  # srun waits for the step's resources: srun itself ends it
                     self._signal_srun(signal.SIGTERM if name == "TERM" else signal.SIGKILL)
@@ -278,51 +279,40 @@ class Step:
             pass  # it ended meanwhile
         return True
 
-    def terminate(self, grace: float) -> int | None:
-        """SIGTERM the step's task, SIGKILL it after ``grace`` seconds; its exit code (bounded).
-
-        While slurmctld does not answer, the signals are asked for again with back-off until it
-        does (OUTAGE_PATIENCE at most); the srun itself is killed only after that."""
+    def send(self, signum: int) -> None:
+        """A pod's signal to this step, as the kubelet sends it: SIGTERM as ``scancel --signal=TERM``
+        (srun's own while it has no step yet); SIGKILL as ``scancel --signal=KILL``, then, if Slurm
+        does not end the step within KILL_WAIT, SIGINT twice (srun kills its step) and SIGKILL to
+        srun. While slurmctld does not answer the ``scancel`` is asked again with back-off (0.5 s
+        doubling to 10 s) until it does or the step ends, OUTAGE_PATIENCE at most: a pod to stop
+        during an outage is stopped once slurmctld is back. Blocking: call it from a thread."""
         self.stopping = True
         if self.poll() is not None:
-            return self.poll()
-        started = time.monotonic()
-        termed = self._signal("TERM")
-        code = self._wait_retrying("TERM", termed, started + grace)
-        if code is not None:
-            return code
-        killed_at = None
+            return
+        name = "TERM" if signum == signal.SIGTERM else "KILL"
+        deadline = time.monotonic() + OUTAGE_PATIENCE
         delay = 0.5
-        while time.monotonic() - started < OUTAGE_PATIENCE + grace:
-            if killed_at is None and self._signal("KILL"):
-                killed_at = time.monotonic()
-            code = self.wait(10.0 if killed_at is not None else delay)
-            if code is not None:
-                return code
-            if killed_at is not None and time.monotonic() - killed_at >= 10.0:
+        while not self._signal(name, 5.0 if name == "TERM" else 1.0):
+            if self.wait(delay) is not None or time.monotonic() >= deadline:
                 break
             delay = min(delay * 2, 10.0)
-        # Slurm did not end it: end srun itself (twice SIGINT asks srun to kill the step).
+        if name == "TERM" or self.wait(KILL_WAIT) is not None:
+            return
         self._signal_srun(signal.SIGINT)
         self._signal_srun(signal.SIGINT)
-        code = self.wait(5.0)
-        if code is None:
+        if self.wait(5.0) is None:
             self._signal_srun(signal.SIGKILL)
-            code = self.wait(5.0)
-        return code
+            self.wait(5.0)
 
-    def _wait_retrying(self, name: str, done: bool, until: float) -> int | None:
-        """Wait until ``until`` for the step to end, asking again for signal ``name`` (back-off)
-        while it could not be sent; its exit code, else None."""
-        delay = 0.5
-        while True:
-            left = until - time.monotonic()
-            code = self.wait(max(0.0, min(left, delay if not done else left)))
-            if code is not None or time.monotonic() >= until:
-                return code
-            if not done:
-                done = self._signal(name)
-                delay = min(delay * 2, 10.0)
+    def terminate(self, grace: float) -> int | None:
+        """SIGTERM the step's task, SIGKILL it after ``grace`` seconds; its exit code (bounded by
+        OUTAGE_PATIENCE while slurmctld does not answer)."""
+        self.send(signal.SIGTERM)
+        code = self.wait(grace)
+        if code is None:
+            self.send(signal.SIGKILL)
+            code = self.poll()
+        return code
 
     def _signal_srun(self, sig: signal.Signals) -> None:
         if self.process is not None:

@@ -80,14 +80,16 @@ def process_started(pid: int) -> str | None:
 
 def settle_pods(report: JobReport, why: str, at: float) -> None:
     """The allocation is over: a pod that had not ended was stopped with it, at ``at``."""
+    from torchjob.phases import ContainerState, PodState
+
     for pod in report.pods:
         if pod.phase in _ENDED:
             continue
-        pod.phase, pod.reason, pod.terminating = "Stopped", why, False
+        pod.phase, pod.reason, pod.terminating = PodState.STOPPED, why, False
         pod.finished_at = pod.finished_at or at
         for container in pod.containers:
-            if container.state != "terminated":
-                container.state, container.reason = "terminated", "Stopped"
+            if container.state != ContainerState.TERMINATED:
+                container.state, container.reason = ContainerState.TERMINATED, "Stopped"
 
 
 class SlurmView:

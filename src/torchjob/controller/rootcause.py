@@ -1,0 +1,214 @@
+"""Which failed pod caused a job's failure, decided from the evidence in the pods' logs.
+
+When one rank of a distributed job raises, its peers fail soon after with errors of their own
+(gloo's ``Connection closed by peer``, a store that went away): the pod that failed first is
+usually the cause, but not always the first whose end is seen (a busy machine reorders exits).
+So each failed pod's log is read and weighed: a Python exception raised by the program beats an
+exit without one, which beats a lost connection to a peer, which beats a stop by a signal from
+outside; between equals, the pod that ended first. A pod running torchrun is read as torchrun
+reports it: the rank that failed (its global rank), its exit code and its own last lines.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from torchjob.controller.kubelet import FAILED, Container, Pod
+from torchjob.controller.reasons import CRASH_LOOP, exit_reason, short_name
+from torchjob.records import replace
+from torchjob.reports import FailureReport
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from torchjob.spec.model import Job
+
+LOG_TAIL_LINES = 20  # lines of the root cause's log in its report
+_TAIL_BYTES = 65536  # read from the end of a failed container's log: torchrun's report and before
+ROOT_CAUSE = "Root Cause (first observed failure):"  # in torchrun's report of a failed rank
+# torchrun's own log lines: "E1126 16:19:13.695000 9050 torch/distributed/elastic/...] ..."
+_TORCHRUN_LOG = re.compile(r"[DIWEF]\d{4} [\d:.]+ \d+ torch/distributed/")
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
+# What a rank says when a peer went away first: not the cause of the job's failure.
+_PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|Connection refused|"
+    r"DistNetworkError|DistBackendError|DistStoreError|ECONNRESET|ECONNREFUSED|recvValue|"
+    r"Socket Timeout|timed out|TCPStore|Gloo connectFullMesh|NCCL communicator was aborted|"
+    r"ProcessGroup.*(?:abort|shut ?down)|lost connection",
+    re.IGNORECASE,
+)
+# Exceptions that tell of a stop from outside or of another rank, not of the program's own fault.
+_NOT_THE_PROGRAM = ("KeyboardInterrupt", "SignalException", "ChildFailedError", "SystemExit")
+_STOPPED = (128 + 1, 128 + 2, 128 + 15)  # SIGHUP, SIGINT, SIGTERM: asked to stop
+
+RAISED, EXITED, PEER_LOST, STOPPED = 3, 2, 1, 0  # the weight of a failed pod's evidence
+
+
+def log_tail(path: Path, lines: int | None = LOG_TAIL_LINES, nbytes: int = _TAIL_BYTES) -> list[str]:
+    """The last ``lines`` lines (None: all) of the last ``nbytes`` of a log file ([] when it
+    cannot be read)."""
+    try:
+        with open(path, "rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(0, size - nbytes))
+            data = log.read(nbytes)
+    except OSError:
+        return []
+    text = data.decode(errors="replace").splitlines()
+    if len(data) == nbytes and size > nbytes:
+        text = text[1:]  # the first line read may be cut
+    return text if lines is None else text[-lines:]
+
+
+def _torchrun_failures(lines: list[str], root: int) -> list[tuple[int, int | None]]:
+    """The failed ranks torchrun's report lists, as (global rank, exit code): the root cause it
+    names (its "Root Cause" section, from line ``root``) first, then its other "Failures"."""
+    begin = max((i for i in range(max(0, root - 200), root) if lines[i].strip() == "Failures:"), default=root)
+    sections: dict[bool, list[dict[str, int]]] = {True: [], False: []}
+    in_root = False
+    for i in range(begin, len(lines)):
+        text = lines[i].strip()
+        if i > root and text.startswith("===="):
+            break
+        in_root = in_root or i == root
+        if re.fullmatch(r"\[\d+\]:", text):
+            sections[in_root].append({})
+            continue
+        key, _, value = text.partition(":")
+        match = re.match(r"\s*(-?\d+)", value)
+        if sections[in_root] and match:
+            sections[in_root][-1].setdefault(key.strip(), int(match[1]))
+    entries = sections[True] + sections[False]
+    return [(e["rank"], e.get("exitcode")) for e in entries if "rank" in e]
+
+
+def torchrun_root_cause(lines: list[str]) -> tuple[int, int | None, list[str]] | None:
+    """From the log of a pod whose torchrun reported failed ranks: the rank that caused it (its
+    global rank), its exit code (a signal as 128+N, as for a pod) and its own last lines instead of
+    torchrun's report. The ranks' own lines are those torch prefixes with ``[rankN]:`` (a
+    traceback after init_process_group), weighed as pods are (:func:`weigh`): torchrun's "first
+    observed failure" may be a rank that lost its peer, seen to end before the one that raised.
+    Without such lines, the lines before torchrun's report, without its own log lines. None
+    without a report."""
+    starts = [i for i, line in enumerate(lines) if line.strip() == ROOT_CAUSE]
+    if not starts:
+        return None
+    failures = _torchrun_failures(lines, starts[-1])
+    if not failures:
+        return None
+    weighed = []
+    for order, (rank, code) in enumerate(failures):
+        prefix = f"[rank{rank}]:"
+        own = [line[len(prefix) :].removeprefix(" ") for line in lines if line.startswith(prefix)]
+        code = None if code is None else 128 - code if code < 0 else code
+        weighed.append((weigh(own, code) if own else -1, -order, rank, code, own))
+    _, _, rank, code, own = max(weighed)
+    if not own:
+        ends = [i for i, line in enumerate(lines) if _TORCHRUN_LOG.match(line) and "failed (exitcode" in line]
+        own = [line for line in lines[: ends[0] if ends else starts[-1]] if not _TORCHRUN_LOG.match(line)]
+        while own and not own[-1].strip():
+            own.pop()
+    return rank, code, own
+
+
+def raised(lines: list[str]) -> str | None:
+    """The exception the last Python traceback in ``lines`` ended with (``RuntimeError: boom``)."""
+    starts = [i for i, line in enumerate(lines) if line.strip().endswith(_TRACEBACK)]
+    if not starts:
+        return None
+    for line in lines[starts[-1] + 1 :]:
+        if line[:1].isspace() or not line.strip():
+            continue  # a frame, or its source line
+        return line.strip() if _EXCEPTION.match(line.strip()) else None
+    return None
+
+
+def weigh(lines: list[str], exit_code: int | None) -> int:
+    """How strongly a failed pod's own lines say it caused the failure (RAISED ... STOPPED)."""
+    exception = raised(lines)
+    if exception is not None:
+        name = exception.partition(":")[0].rpartition(".")[2]
+        if name not in _NOT_THE_PROGRAM and not _PEER_LOST.search(exception):
+            return RAISED
+        if name in ("KeyboardInterrupt", "SignalException"):
+            return STOPPED
+        return PEER_LOST
+    if exit_code in _STOPPED:
+        return STOPPED
+    if any(_PEER_LOST.search(line) for line in lines[-LOG_TAIL_LINES:]):
+        return PEER_LOST
+    return EXITED
+
+
+def _container(pod: Pod) -> Container | None:
+    """The container that failed the attempt: an init container that never let it run, else a main one."""
+    if pod.failed is not None:
+        return pod.failed
+    bad = [c for c in pod.containers if c.exit_code not in (None, 0)]
+    candidates = bad or pod.mains or pod.inits
+    return candidates[0] if candidates else None
+
+
+def failure_of(job: Job, pod: Pod) -> FailureReport:
+    """What a failed attempt's log says of its failure: the rank (torchrun's failed rank, as a
+    global rank), the exit code, its last lines."""
+    return _evidence(job, pod)[1]
+
+
+def _evidence(job: Job, pod: Pod) -> tuple[int, FailureReport]:
+    """A failed attempt's weight and its failure report, read from its log once (an ended
+    attempt's log is complete: each report of the job after that reuses them)."""
+    if pod.evidence is None:
+        pod.evidence = _read_evidence(job, pod)
+    weight, failure = pod.evidence
+    return weight, replace(failure, log_tail=list(failure.log_tail))
+
+
+def _read_evidence(job: Job, pod: Pod) -> tuple[int, FailureReport]:
+    container = _container(pod)
+    lines = [] if container is None else log_tail(container.log, None)
+    failure = FailureReport(
+        pod=pod.name,
+        short=short_name(job.name, pod.name),
+        exit_code=pod.exit_code,
+        rank=pod.rank,
+        reason=exit_reason(pod.exit_code),
+        time=pod.finished_at,
+        log_tail=lines[-LOG_TAIL_LINES:],
+    )
+    found = torchrun_root_cause(lines) if any(line.strip() == ROOT_CAUSE for line in lines) else None
+    if found is not None:  # the rank that failed under the pod's torchrun, not the node
+        failure.rank, failure.exit_code, own = found
+        failure.reason = exit_reason(failure.exit_code)
+        failure.log_tail = own[-LOG_TAIL_LINES:]
+        return weigh(own, failure.exit_code), failure
+    return weigh(lines, pod.exit_code), failure
+
+
+def first_failure(job: Job, pods: list[Pod], *, crash_loops: bool = False) -> FailureReport | None:
+    """The root cause among the failed attempts (the newest of each pod), by the evidence of their
+    logs, then by the time each ended; without a failed one, when the job failed all the same
+    (``crash_loops``: ``--max-restarts``), the pod that kept failing."""
+    failed = [p for p in pods if p.phase == FAILED]
+    if failed:
+        weighed = [(*_evidence(job, pod), pod.finished_at or 0.0) for pod in failed]
+        return max(weighed, key=lambda w: (w[0], -w[2]))[1]
+    if not crash_loops:
+        return None
+    looping = [p for p in pods if p.restarts and any(c.exit_code not in (None, 0) for c in p.containers)]
+    if not looping:
+        return None
+    pod = max(looping, key=lambda p: p.restarts)
+    container = _container(pod)
+    return FailureReport(
+        pod=pod.name,
+        short=short_name(job.name, pod.name),
+        exit_code=container.exit_code if container else None,
+        rank=pod.rank,
+        reason=CRASH_LOOP,
+        time=pod.finished_at,
+        log_tail=[] if container is None else log_tail(container.log),
+    )
