@@ -156,6 +156,9 @@ class SlurmView:
         elif state in ENDED_BY_SLURM:
             report.phase, report.reason = ENDED_BY_SLURM[state]
             report.finished_at = report.finished_at or _mtime(job_dir / SLURM_FILE) or time.time()
+            failure = report.first_failure
+            if failure is not None and (failure.exit_code or 0) > 128:
+                report.first_failure = None  # killed by the allocation's end: that is the cause
         elif ended_by_slurm and state not in clients.FINAL_STATES:
             report.phase = "Terminating"  # Slurm is ending it; its final state says why
         elif ended_by_slurm and state == "COMPLETED":
