@@ -163,13 +163,21 @@ class FakeLeg(Engine):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm_cluster.SlurmCluster]:
-    """One private Slurm for the module's scenarios (starting one costs seconds)."""
+    """One private Slurm for the module's scenarios (starting one costs seconds), of two nodes:
+    ``run -j 2x2`` is two nodes of two processes, one pod on each."""
     reason = slurm_cluster.why_not()
     if reason is not None:
         pytest.skip(reason)
-    found = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster")
     try:
-        yield found.start()
+        found = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster", nodes=2)
+    except slurm_cluster.Unsupported as err:
+        pytest.skip(str(err))
+    try:
+        try:
+            found.start()
+        except slurm_cluster.Unsupported as err:
+            pytest.skip(str(err))
+        yield found
     finally:
         found.stop()
 

@@ -25,10 +25,12 @@ from torchjob.engines.slurm.clients import parse_show
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 # What a pod says of where it runs: its node, its Slurm task's CPUs and GPUs, the memory it asked.
+# One write of the whole line: the processes of one pod share its log, and print() of an
+# unbuffered stdout writes the line and its newline apart.
 WHERE = (
-    "import json, os, sys; print('WHERE', json.dumps({k: os.environ.get(v) for k, v in ("
+    "import json, os; os.write(1, ('WHERE ' + json.dumps({k: os.environ.get(v) for k, v in ("
     "('node', 'SLURMD_NODENAME'), ('cpus', 'SLURM_CPUS_PER_TASK'), ('gpus', 'CUDA_VISIBLE_DEVICES'), "
-    "('mem', 'SLURM_MEM_PER_CPU'), ('pod', 'TORCHJOB_POD_NAME'))}), flush=True)"
+    "('mem', 'SLURM_MEM_PER_CPU'), ('pod', 'TORCHJOB_POD_NAME'))}) + '\\n').encode())"
 )
 
 
