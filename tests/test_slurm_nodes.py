@@ -247,3 +247,51 @@ def test_a_job_inside_an_allocation_runs_as_its_steps(nodes3: SlurmCluster, tmp_
     assert small.returncode == 2, small.stdout + small.stderr
     assert len(lines) == 1 and "has 1 task(s)" in lines[0] and "the job 3 pods" in lines[0], small.stderr
     assert "WHERE" not in small.stdout
+
+
+def test_a_requeued_job_goes_on_from_its_last_attempt(nodes3: SlurmCluster, tmp_path: Path) -> None:
+    marker = uuid.uuid4().hex
+    # Each pod says the job's retry count, as Volcano gives it; the first run waits for ever.
+    code = (
+        "import os, time\nprint('retry', os.environ['RETRY'], flush=True)\n"
+        f"if os.environ['RETRY'] == '0':\n    time.sleep(600)  # {marker}\n"
+    )
+    pod = pod_task("w", code, replicas=2)
+    retry = {"fieldRef": {"fieldPath": "metadata.annotations['volcano.sh/job-retry-count']"}}
+    pod["template"]["spec"]["containers"][0]["env"] = [{"name": "RETRY", "valueFrom": retry}]  # type: ignore[index]
+    path = write_job(tmp_path / "requeue.yaml", [pod])
+    env = cli_env(nodes3, tmp_path / "root")
+    done = torchjob(env, "submit", str(path), "--engine", "slurm", "--pods-per-node", "1", "--requeue")
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    wait_for(lambda: status_json(env, job_id)["phase"] == "Running", 60, "the job running")
+    slurm_id = json.loads((tmp_path / "root" / job_id / "slurm.json").read_text())["jobId"]
+    batch_host = components(nodes3, slurm_id)[0]["BatchHost"]
+    (lost,) = {str(p["address"]) for p in status_json(env, job_id)["pods"]} - {batch_host}  # type: ignore[union-attr]
+    nodes3.stop_node(lost)
+    try:
+        assert (
+            nodes3.run("scontrol", "update", f"nodename={lost}", "state=down", "reason=lost").returncode == 0
+        )
+        wait_for(lambda: components(nodes3, slurm_id)[0]["JobState"] == "PENDING", 60, "Slurm requeued it")
+        assert status_json(env, job_id)["phase"] == "Restarting"
+        # Slurm holds a requeued job back for two minutes (BeginTime); an administrator may not wait.
+        assert nodes3.run("scontrol", "update", f"jobid={slurm_id}", "StartTime=now").returncode == 0
+        waited = torchjob(env, "wait", job_id, "--engine", "slurm", "--timeout", "120")
+        status = status_json(env, job_id)
+        assert waited.returncode == 0, status
+        assert status["retryCount"] == 1 and [p["attempt"] for p in status["pods"]] == [1, 1], status  # type: ignore[union-attr]
+        told = [e["message"] for e in status["events"]]  # type: ignore[union-attr]
+        assert any(
+            m.startswith(f"Slurm requeued the allocation (restart 1): node {lost} (DOWN") for m in told
+        ), told
+        first = torchjob(env, "logs", job_id, "--engine", "slurm", "--attempt", "0").stdout
+        last = torchjob(env, "logs", job_id, "--engine", "slurm").stdout
+        assert first.count("| retry 0") == 2 and last.count("| retry 1") == 2, first + last
+    finally:
+        nodes3.start_node(lost)
+        nodes3.run("scontrol", "update", f"nodename={lost}", "state=resume")
+        nodes3.wait_idle(60)
+    wait_for(
+        lambda: no_process_left(marker) == [], 60, "the lost node's step ended once its slurmd came back"
+    )

@@ -473,6 +473,34 @@ def test_the_controller_expands_the_job_once_per_attempt(
     assert controller.expansion(0, 0) is first  # the first is kept, to restamp again
 
 
+def test_a_requeued_job_counts_the_requeue_against_max_retry(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Slurm runs the batch script again (SLURM_RESTART_COUNT=1): the controller goes on from the
+    run before (test_slurm_nodes runs a real requeue); with maxRetry 1 used up by it, the job
+    fails at once, starting no pod."""
+    from torchjob.engines.slurm.batch import BatchController
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n1")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "3")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    job = pytorch_job(workers=2)
+    job.spec.max_retry = 1
+    previous = {"engine": "slurm", "id": "train-abc", "name": "train", "phase": "Terminated", "retryCount": 0}
+    (tmp_path / "status.json").write_text(json.dumps(previous))
+    (tmp_path / "logs" / "train-master-0" / "0").mkdir(parents=True)
+    plan = plan_job(job, SlurmSettings(requeue=True), str(tmp_path), ["true"])
+    assert "--requeue" in plan.sbatch_args and "--no-requeue" not in plan.sbatch_args
+    controller = BatchController(tmp_path, job, plan, {"id": "train-abc"})
+    assert controller.run() == 1
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert (status["phase"], status["retryCount"]) == ("Failed", 1)
+    assert status["reason"] == "Slurm requeued the allocation (restart 1); maxRetry 1 used up"
+    assert all(p["phase"] == "Pending" for p in status["pods"])  # none started
+    assert controller.runtime.attempts == {"train-master-0": 0}  # a next attempt would be 1
+
+
 def test_slurm_clients_are_found_as_shutil_which_finds_them(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

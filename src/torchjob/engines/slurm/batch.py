@@ -115,6 +115,7 @@ class BatchController:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         controller = self.controller
+        self._requeued()
         controller.begin()
         self.write()
         while not controller.done():
@@ -147,6 +148,28 @@ class BatchController:
             "removes the job and its logs"
         )
         self.write()
+
+    def _requeued(self) -> None:
+        """Slurm requeued the job (requeue.py): go on from the run before, a restart of the job."""
+        from torchjob.engines.slurm import requeue
+        from torchjob.lifecycle import JobPhase, JobStatus
+
+        previous = requeue.previous_run(self.job_dir, os.environ)
+        if previous is None:
+            return
+        self.runtime.attempts.update(previous.attempts)  # each pod's next attempt follows its last
+        self.events = list(previous.events)
+        lost = requeue.lost_nodes(previous.nodes, [p.host for p in self.runtime.placements.values()])
+        why = f"Slurm requeued the allocation (restart {previous.restarts})"
+        why += f": node {', '.join(lost)} lost" if lost else ""
+        retry, limit = previous.retry_count + 1, self.job.spec.max_retry
+        version = previous.version + 1
+        if retry >= limit:  # counted as RestartJob is: the job fails once maxRetry is used up
+            status = JobStatus(JobPhase.FAILED, retry, version, f"{why}; maxRetry {limit} used up")
+        else:
+            status = JobStatus(JobPhase.PENDING, retry, version, why)
+        self.controller.status = status
+        self._say(f"{why}; retry {retry} of maxRetry {limit}")
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stop_signal = signum
@@ -190,6 +213,7 @@ class BatchController:
         data = self.report().to_dict()
         data["slurmJobId"] = os.environ.get("SLURM_JOB_ID", "")
         data["endedBySlurm"] = self.ended_by_slurm
+        data["version"] = self.controller.status.version  # a requeued run goes on from it
         write_atomic(self.job_dir / STATUS, json.dumps(data, indent=1) + "\n")
 
 

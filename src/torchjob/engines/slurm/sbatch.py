@@ -42,8 +42,8 @@ RESERVED = {
     "wrap": "the batch script is torchjob's controller",
     "export": "the controller and the pods need the environment torchjob runs in",
     "export-file": "the controller and the pods need the environment torchjob runs in",
-    "requeue": "Slurm's requeue would start the job's controller again from its beginning",
-    "no-requeue": "torchjob gives --no-requeue itself",
+    "requeue": "use --requeue (TORCHJOB_SLURM_REQUEUE=1)",
+    "no-requeue": "torchjob gives --no-requeue itself unless --requeue is given",
     "test-only": "torchjob needs a job id back (use torchjob run --dry-run to see the submission)",
     "ntasks": _RESOURCES + " and one Slurm task per pod",
     "ntasks-per-node": _PLACEMENT,
@@ -141,7 +141,8 @@ def job_wide(plan: SlurmPlan) -> list[str]:
         # Slurm would fail the launch with nothing said; the script redirects once it checked.
         "--output=/dev/null",
         f"--chdir={plan.job_dir}",
-        "--no-requeue",  # retries are the controller's (maxRetry), not Slurm's
+        # Retries are the controller's (maxRetry); with --requeue a requeue is one (requeue.py).
+        "--requeue" if settings.requeue else "--no-requeue",
     ]
     for option, value in (
         ("--partition", settings.partition),

@@ -110,6 +110,14 @@ ENGINE = EngineInfo(
             commands=_START,
         ),
         Setting(
+            "requeue",
+            "slurm: let Slurm requeue the job after a node failure or a preemption (sbatch --requeue): "
+            "it goes on from its last attempt, a restart counted against maxRetry",
+            type="bool",
+            default=False,
+            commands=_START,
+        ),
+        Setting(
             "new_allocation",
             "slurm: inside an allocation (salloc, a batch job), submit a new one all the same "
             "(by default the job's pods run as steps of the allocation torchjob runs in)",
@@ -142,8 +150,9 @@ ENV = {
     "exclusive": "TORCHJOB_SLURM_EXCLUSIVE",
     "signal": "TORCHJOB_SLURM_SIGNAL",
     "new_allocation": "TORCHJOB_SLURM_NEW_ALLOCATION",
+    "requeue": "TORCHJOB_SLURM_REQUEUE",
 }
-BOOLS = ("container_images", "single_component", "exclusive", "new_allocation")
+BOOLS = ("container_images", "single_component", "exclusive", "new_allocation", "requeue")
 INTS = ("nodes", "pods_per_node", "gpus_per_node")
 
 
@@ -168,6 +177,7 @@ class SlurmSettings:
     exclusive: bool = False
     signal: str | None = None  # sbatch --signal: [R:]SIG[@SECONDS], to every step
     new_allocation: bool = False  # inside an allocation, sbatch a new one all the same
+    requeue: bool = False  # sbatch --requeue: Slurm runs the batch script again (requeue.py)
 
 
 def job_root(settings: SlurmSettings) -> Path:

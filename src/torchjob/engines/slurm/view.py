@@ -34,6 +34,7 @@ SLURM_EVERY = 1.0  # seconds between two questions to Slurm about one job
 UNREACHABLE = "UNREACHABLE"  # not Slurm's: what _ask says when slurmctld does not answer
 _UNSHARED = "unshared on "  # _ask's reason for a batch host that did not see the job directory
 _ENDED = ("Succeeded", "Failed", "Stopped")
+REQUEUED_ON = ("NODE_FAIL", "PREEMPTED")  # the ends after which Slurm requeues a --requeue job
 # Slurm's final states that end the job from outside the controller: how the report says them.
 ENDED_BY_SLURM = {
     "TIMEOUT": ("Failed", "Slurm: TIMEOUT: the allocation reached its time limit"),
@@ -142,13 +143,20 @@ class SlurmView:
         if not slurm_id or (report.terminal and not ended_by_slurm):
             return report
         state, reason = slurm.get("state"), ""
+        # With --requeue a node failure or a preemption is not the end: Slurm runs the job again.
+        requeues = (self.options(job_dir).get("settings") or {}).get("requeue") is True
         if state is None:
             state, reason = self.state(slurm_id)
-            if state in clients.FINAL_STATES:
+            if state in clients.FINAL_STATES and not (requeues and state in REQUEUED_ON):
                 self._remember(job_dir, slurm, state, reason)
         if state == UNREACHABLE:
             said = f"Slurm does not answer ({reason}): the job's last state in its directory"
             report.reason = f"{said}; {report.reason}" if report.reason else said
+        elif requeues and state in REQUEUED_ON:
+            report.phase, report.reason = "Restarting", f"Slurm: {state}: the allocation is requeued"
+        elif state == "PENDING" and ended_by_slurm and report.terminal:
+            report.phase = "Restarting"
+            report.reason = f"Slurm requeued the allocation; Slurm job {slurm_id} is pending: {reason}"
         elif state == "PENDING":
             report.phase, report.reason = "Pending", f"Slurm job {slurm_id} is pending: {reason}"
         elif state == "RUNNING" and not report.pods:
@@ -180,7 +188,7 @@ class SlurmView:
                 f"(its output: {job_dir}/slurm-{slurm_id}.out; none there: is the job root "
                 f"{self.root} on a filesystem the compute nodes share?)"
             )
-        if state in clients.FINAL_STATES:
+        if state in clients.FINAL_STATES and not (requeues and state in REQUEUED_ON):
             ended_at = report.finished_at or _mtime(job_dir / SLURM_FILE) or time.time()
             settle_pods(report, f"Slurm: allocation {state}", ended_at)
         return report
