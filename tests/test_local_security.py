@@ -1064,11 +1064,15 @@ s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", int(os.environ["MASTER_PORT"])))
 s.listen(8)
 s.settimeout(0.2)
-end = time.monotonic() + 3  # both jobs hold their ports at the same time
-while time.monotonic() < end:  # wait-for-master's probes connect too: answer every connection
+start, served = time.monotonic(), False
+# Both jobs hold their ports at the same time (3 s at least), and each master stays until a client
+# said it was served: on a loaded machine the worker may come long after wait-for-master's probe.
+while not (served and time.monotonic() > start + 3) and time.monotonic() < start + 60:
     try:
-        c, _ = s.accept()
+        c, _ = s.accept()  # wait-for-master's probes connect too: answer every connection
         c.sendall(os.environ["TORCHJOB_JOB_DIR"].encode())
+        c.settimeout(0.5)
+        served = served or c.recv(10) == b"done"
         c.close()
     except (TimeoutError, OSError):
         pass
@@ -1078,6 +1082,7 @@ CLIENT = """
 import os, socket
 c = socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])))
 served_by = c.recv(1000).decode()
+c.sendall(b"done")
 assert served_by == os.environ["TORCHJOB_JOB_DIR"], f"served by another job: {served_by}"
 print("served by my own master")
 """
