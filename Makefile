@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test quick lint typecheck unit bench bench-render bench-local bench-sdk schema clean
+.PHONY: demo test quick lint typecheck unit bench bench-render bench-local bench-sdk bench-slurm schema clean slurm-try slurm-try-stop
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,18 @@ bench-local: $(STAMP)
 
 bench-sdk: $(STAMP)
 	$(BIN)/python benchmarks/bench_sdk.py
+
+bench-slurm: $(STAMP)
+	$(BIN)/python benchmarks/bench_slurm.py
+
+# A private Slurm on this machine to try `torchjob run --engine slurm` (docs/slurm.md): needs
+# Debian's slurm-wlm and munge; runs as you (or root). SLURM_TRY=DIR puts it elsewhere.
+SLURM_TRY ?= $(HOME)/.torchjob/slurm-try
+slurm-try: $(STAMP)
+	$(BIN)/python tools/slurm_cluster.py start $(SLURM_TRY) --nodes 2
+
+slurm-try-stop:
+	$(BIN)/python tools/slurm_cluster.py stop $(SLURM_TRY)
 
 # The schemas torchjob ships, rebuilt from the CRDs: the Volcano Job's pod template (CRD=path to override)
 # and the other kinds it reads, from the CRDs beside it.

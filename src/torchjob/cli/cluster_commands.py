@@ -67,7 +67,7 @@ def run_submit(args: argparse.Namespace) -> int:
     from torchjob.cli.settings import given_settings, number_option, remember_start
     from torchjob.cli.sources import choose_job, load_ref, load_script, runtimes_of
     from torchjob.engine_api.base import EngineError, LogQuery, StartOptions
-    from torchjob.engine_api.registry import engine_for, get_engine
+    from torchjob.engine_api.registry import engine_for, engine_info, get_engine
 
     runtimes = runtimes_of(args)  # --runtime FILE is the file's TrainJobs', not the target's NAME
     name = args.engine or engine_for("submits")
@@ -91,8 +91,12 @@ def run_submit(args: argparse.Namespace) -> int:
         try:
             report = engine.start(item.job, options)
         except SpecError as err:  # what the target cannot express, at the file's lines
-            raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
-        print(report.name, flush=True)
+            # Problems that already name their file (a flag's: <command line>) keep it.
+            raise SpecError(
+                [p if p.file else item.document.problem(p.path, p.message) for p in err.problems]
+            ) from None
+        # What status/logs/delete take: a job's id where several jobs may have its name (Slurm).
+        print(report.id if engine_info(name).handle == "id" else report.name, flush=True)
         remember_start("submit", name, settings, item.job.name, report.name, report.id)
         if not (args.wait or args.follow):
             return EXIT_OK
