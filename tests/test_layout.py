@@ -8,11 +8,9 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent.parent / "src" / "torchjob"
 MOST = 500
 MOST_LOCAL = 400
-# Over the limit when the rule came, each to be split by the work that is changing it.
-NOT_YET = {
-    "engines/slurm/engine.py",
-    "engines/slurm/plan.py",
-}
+# Over the limit when the rule came, each to be split by the work that is changing it (the Slurm
+# engine's engine.py and plan.py were, and are now under 500 lines).
+NOT_YET: set[str] = set()
 
 
 def _lines(path: Path) -> int:
