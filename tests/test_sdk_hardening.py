@@ -97,7 +97,7 @@ def test_single_node_elastic_active_deadline_stops_the_call() -> None:
     _assert_gone(_our_children())
 
 
-def test_deadline_landing_while_the_workers_start_leaves_none_running(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deadline_while_the_workers_start_leaves_none(monkeypatch: pytest.MonkeyPatch) -> None:
     """The deadline raised into the launcher's thread after its first worker started and before
     the second did (where the flaky deadline test's stray came from, under load): torch's launcher
     never learned of the first, a fork of the warm fork server; it is stopped all the same."""
@@ -109,7 +109,7 @@ def test_deadline_landing_while_the_workers_start_leaves_none_running(monkeypatc
     started: list[int] = []
 
     def start_then_deadline(self: Any) -> None:
-        if getattr(self, "_target", None) is not None and self._target.__module__ == "torch.multiprocessing.spawn":
+        if getattr(getattr(self, "_target", None), "__module__", "") == "torch.multiprocessing.spawn":
             if started:
                 raise DeadlinePassed
             real_start(self)
