@@ -42,15 +42,14 @@ def _touch(path: str) -> None:
 def worker_here(results: str) -> None:
     """In a worker, before anything else: list this process; exit if its launch is already over."""
     folder = os.path.join(results, WORKERS)
-    with contextlib.suppress(FileExistsError):
-        try:
-            os.mkdir(folder, 0o700)
-        except FileNotFoundError:  # the results directory is gone: the call is over
-            os._exit(1)
     try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
         _touch(os.path.join(folder, str(os.getpid())))
-    except FileNotFoundError:
+    except FileNotFoundError:  # the results directory is gone: the call is over
         os._exit(1)
+    except OSError:  # not ours to write (a pod's read-only results): nothing to list, run on
+        return
     if os.path.exists(os.path.join(folder, OVER)):
         os._exit(1)
 
