@@ -26,7 +26,7 @@ from torchjob.errors import SpecError
 from torchjob.jobs import load_jobs, load_jobs_from_text
 from torchjob.render import dump, list_of
 from torchjob.spec.model import Job
-from torchjob.targets import TARGETS, for_cluster
+from torchjob.targets import for_cluster, target_names
 
 REPO = Path(__file__).resolve().parent.parent
 KINDS = REPO / "examples" / "kinds"
@@ -59,7 +59,7 @@ def _top(objects: list[dict[str, Any]]) -> str:
     return yaml.safe_dump(next(o for o in objects if o["kind"] in kinds), sort_keys=False)
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", target_names())
 @pytest.mark.parametrize("source", SOURCES)
 def test_every_process_of_the_converted_job_sees_the_sources_world(source: str, target: str) -> None:
     job = _job(source)
