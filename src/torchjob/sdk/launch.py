@@ -80,6 +80,7 @@ def _run_single_node(
             start_method=config.start_method,
             deadline=deadline,
             warm=warm_wanted(task),
+            caller=True,
         )
         try:
             _, value = launch(dump_call(task.function, args, kwargs), results, settings)
