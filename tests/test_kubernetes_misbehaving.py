@@ -58,13 +58,6 @@ spec:
 """
 
 
-@pytest.fixture
-def job_file(tmp_path: Path) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(JOB)
-    return path
-
-
 def the_job() -> Any:
     return load_jobs_from_text(JOB, "job.yaml")[0].job
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from test_local_support import cli, container, leftovers, make_job, sh, task, wait_until, write_job
+from support import cli, container, leftovers, make_job, sh, task, wait_until, write_job
 from torchjob.engine_api.base import JobReport, ReportError, StartOptions
 from torchjob.engine_api.registry import get_engine
 from torchjob.engines.local.state import JobDir

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from test_local_support import container, log_text, make_job, run, sh, task
+from support import container, log_text, make_job, run, sh, task
 from torchjob.engines.local import check_job
 from torchjob.engines.local.gpus import (
     ContainerNeed,

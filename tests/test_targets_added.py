@@ -52,13 +52,6 @@ SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp")
 
 
 @pytest.fixture
-def job_file(tmp_path: Path) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(JOB)
-    return path
-
-
-@pytest.fixture
 def relay(monkeypatch: pytest.MonkeyPatch) -> None:
     """The test target registered: the one line a new target adds to the registry."""
     import torchjob.targets
