@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
@@ -23,6 +23,9 @@ from torchjob.engine_api.registry import get_engine
 from torchjob.jobs import load_jobs_from_text
 from torchjob.spec.manifest import job_manifest
 from torchjob.spec.model import Job
+
+if TYPE_CHECKING:
+    from torchjob.engine_api.base import Engine
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -143,10 +146,15 @@ def write_job(tmp_path: Path, job: Job, name: str = "job.json") -> str:
 _OPTIONS = ("quiet", "timeout", "extra_env", "detach", "follow", "on_start", "remove", "sink")
 
 
+def plan_and_start(engine: Engine, job: Job, options: StartOptions) -> JobReport:
+    """``job`` started through the engine interface as the CLI starts it: planned, then that plan
+    started."""
+    return engine.start(engine.plan(job, options))
+
+
 def start(engine_name: str, job: Job, engine_settings: Mapping[str, Any], **options: Any) -> JobReport:
-    """``job`` started through the engine interface as the CLI starts it: planned, then started."""
-    engine = get_engine(engine_name, **engine_settings)
-    return engine.start(job, StartOptions(**options))
+    """``job`` planned and started by the engine ``engine_name`` made with ``engine_settings``."""
+    return plan_and_start(get_engine(engine_name, **engine_settings), job, StartOptions(**options))
 
 
 def run(job: Job, tmp_path: Path, *, timeout: float = 30, **options: Any) -> JobReport:

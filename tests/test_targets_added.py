@@ -231,10 +231,10 @@ def test_start_sends_the_plan_it_was_given_rendering_once(
     options = StartOptions(detach=True, quiet=True, target="kubeflow", extra_env={"SEED": "7"})
     plan = engine.plan(job, options)
     assert renders == ["kubeflow"]
-    assert engine.start_plan(plan).name == "demo"
+    assert engine.start(plan).name == "demo"
     assert renders == ["kubeflow"]  # the plan's objects were sent, not rendered again
     shown = yaml.safe_load(plan.text.split("\n", 1)[1])["items"]
     assert [sent(relay_api, item) for item in shown] == shown
     engine.delete(["default/demo"])
-    assert engine.start(job, options).name == "demo"  # start alone: one plan, one rendering
+    assert engine.start(engine.plan(job, options)).name == "demo"  # a new plan: rendered again, once
     assert renders == ["kubeflow", "kubeflow"]

@@ -90,7 +90,7 @@ def run_submit(args: argparse.Namespace) -> int:
     try:
         engine = get_engine(name, **settings)
         try:
-            report = engine.start(item.job, options)
+            report = engine.start(engine.plan(item.job, options))
         except SpecError as err:  # what the target cannot express, at the file's lines
             raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
         print(report.name, flush=True)

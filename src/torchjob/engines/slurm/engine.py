@@ -122,6 +122,25 @@ def _step_lines(job: Job, plan: SlurmPlan) -> list[str]:
     return lines
 
 
+def _plan_text(job: Job, plan: SlurmPlan, job_dir: Path) -> str:
+    """What submitting the job does, for a person: sbatch's command, the batch script, the
+    allocation's components and each pod's steps."""
+    lines = [
+        f"# slurm engine: job {job_dir.name} in {job_dir}",
+        f"# submit: {plan.command_line(str(job_dir / 'batch.sh'))}",
+        "# batch script:",
+        *[f"#   {line}" for line in plan.script.splitlines()],
+        "# components of the allocation:",
+    ]
+    for component in plan.components:
+        args = " ".join(component.sbatch_args())
+        lines.append(f"#   {component.index}: tasks {', '.join(component.tasks)}: {args}")
+    lines.append("# pods, each container a job step on the pod's node (init containers first, in order);")
+    lines.append("# NODE is the node Slurm gives the pod, known once the allocation runs:")
+    lines += _step_lines(job, plan)
+    return "\n".join(lines)
+
+
 def _mtime(path: Path) -> float | None:
     try:
         return path.stat().st_mtime
@@ -219,39 +238,32 @@ class SlurmEngine:
         return []  # images: the docs say it once (commands run on the node, as locally)
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
+        """The job's id and directory, its allocation and batch script, decided once: ``start``
+        submits exactly these. The text (run --dry-run) writes the id as ``NAME-<id>``: an id is
+        drawn for each plan, so a dry run's would never be the one a later run uses."""
         job_id = _new_id(job.name)
-        job_dir = self.root / job_id
-        plan = self._plan(job, job_dir, self._for(options))
-        script = job_dir / "batch.sh"
-        lines = [
-            f"# slurm engine: job {job_id} in {job_dir}",
-            f"# submit: {plan.command_line(str(script))}",
-            "# batch script:",
-            *[f"#   {line}" for line in plan.script.splitlines()],
-            "# components of the allocation:",
-        ]
-        for component in plan.components:
-            args = " ".join(component.sbatch_args())
-            lines.append(f"#   {component.index}: tasks {', '.join(component.tasks)}: {args}")
-        lines.append("# pods, each container a job step on the pod's node (init containers first, in order);")
-        lines.append("# NODE is the node Slurm gives the pod, known once the allocation runs:")
-        lines += _step_lines(job, plan)
-        return Plan(self.name, job, options, "\n".join(lines), detail=(job_id, plan))
+        chosen = self._for(options)
+        plan = self._plan(job, self.root / job_id, chosen)  # a job Slurm cannot run: a SpecError
+
+        def text() -> str:
+            shown = _plan_text(job, plan, self.root / job_id).replace(job_id, f"{job.name}-<id>")
+            return shown + "\n# <id>: six hex digits, drawn anew by each run"
+
+        return Plan(self.name, job, options, text, detail=(job_id, plan, chosen))
 
     # ------------------------------------------------------------------ start
 
-    def start(self, job: Job, options: StartOptions) -> JobReport:
+    def start(self, plan: Plan) -> JobReport:
         from torchjob.files import write_atomic
         from torchjob.render import dump
         from torchjob.spec.manifest import job_manifest
 
-        job_id = _new_id(job.name)
+        job_id, slurm_plan, chosen = plan.detail_for(self.name)
+        job, options = plan.job, plan.options
         job_dir = self.root / job_id
-        chosen = self._for(options)
-        plan = self._plan(job, job_dir, chosen)  # a job Slurm cannot run: a SpecError, as check() says
         self._client("sbatch")
-        if plan.heterogeneous:
-            self._fits_heterogeneous(plan)
+        if slurm_plan.heterogeneous:
+            self._fits_heterogeneous(slurm_plan)
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
             self._own_root()
@@ -275,10 +287,10 @@ class SlurmEngine:
         write_atomic(job_dir / "job.json", dump(job_manifest(job), "json"))
         write_atomic(job_dir / "options.json", json.dumps(options_data, indent=1) + "\n")
         script = job_dir / "batch.sh"
-        write_atomic(script, plan.script)
+        write_atomic(script, slurm_plan.script)
         script.chmod(0o700)
         try:
-            slurm_id = steps.submit(plan.sbatch_args, script)
+            slurm_id = steps.submit(slurm_plan.sbatch_args, script)
         except steps.SlurmError as err:
             _remove(job_dir)  # nothing half-made is left
             raise EngineError(str(err)) from None
