@@ -37,14 +37,12 @@ MODULES = [
     "torchjob.targets.trainjob",
     "torchjob.targets.jobset",
 ]
-TARGETS = ("pods", "volcano", "kubeflow", "trainjob", "jobset")  # the built-in ones (kept for callers)
 # Every object a target renders, and every pod template in it, carries this label.
 JOB_LABEL = "torchjob.io/job-name"
 
 __all__ = [
     "JOB_LABEL",
     "MODULES",
-    "TARGETS",
     "Status",
     "Target",
     "TargetRender",
