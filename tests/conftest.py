@@ -10,7 +10,13 @@ TORCHJOB_RUNTIME_DIR at a directory of their own.
 from __future__ import annotations
 
 import io
+import os
+import pwd
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -97,3 +103,56 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         yield cluster.start()
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def queue_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A queue of this test alone, on a machine of 4 CPUs, 8Gi and 2 GPUs; no settings file."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("TORCHJOB_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("TORCHJOB_QUEUE_DIR", str(runtime))  # not the machine's shared queue, if any
+    monkeypatch.setenv("TORCHJOB_CAPACITY", "cpu=4,memory=8Gi,nvidia.com/gpu=2")
+    monkeypatch.setenv("TORCHJOB_CONFIG", str(tmp_path / "queues.yaml"))
+    monkeypatch.delenv("TORCHJOB_QUEUE", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def other_user() -> Iterator[pwd.struct_passwd]:
+    """A fresh second user (and its group of the same name), removed after the test; skips unless
+    the tests run as root with useradd."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create a second user with useradd")
+    if shutil.which("useradd") is None or shutil.which("userdel") is None:
+        pytest.skip("useradd/userdel are not installed")
+    name = f"tjq{os.getpid() % 100000}x{time.monotonic_ns() % 1000}"
+    for _ in range(50):  # /etc/passwd may be locked by another test adding its own user
+        made = subprocess.run(
+            ["useradd", "--no-create-home", "--user-group", "--shell", "/bin/sh", name],
+            capture_output=True,
+            text=True,
+        )
+        if made.returncode == 0:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.skip(f"useradd failed: {made.stderr.strip()}")
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        for _ in range(50):
+            if subprocess.run(["userdel", name], capture_output=True).returncode in (0, 6):
+                break
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory like /tmp (1777), that every user can write to; /tmp itself is left alone."""
+    path = Path(tempfile.mkdtemp(prefix="torchjob-security-", dir="/tmp"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,11 +1,16 @@
 """A small Kubernetes API server for tests: real HTTP on 127.0.0.1, answering as kube-apiserver does.
 
-It knows discovery (/api, /apis, /apis/GROUP/VERSION), namespaced create/get/list/delete for core
-and custom resources (label and field selectors, limit, delete by collection), watch streams
-(chunked JSON lines with ADDED/MODIFIED/DELETED and resourceVersions, ended after timeoutSeconds),
-pod logs (tailLines, previous, follow) and Status bodies for 401/403/404/409/422. It runs no
-controller: tests play the controller through ``put``/``set_status``/``log``. Every request is
-recorded, so tests can count them.
+It knows discovery (/api, /apis, /apis/GROUP/VERSION), namespaced create/get/list/delete and
+merge-patch for core and custom resources (label and field selectors, limit, delete by
+collection), watch streams (chunked JSON lines with ADDED/MODIFIED/DELETED and resourceVersions,
+ended after timeoutSeconds), pod logs (tailLines, previous, follow, timestamps, sinceTime) and
+Status bodies for 401/403/404/409/422. What it stores goes through kubeadmission.py first (the
+CRD schemas with ``fieldValidation``, names, webhooks, claim protection, pod priority and QoS);
+finalizers hold a deleted object until they are removed, and the owners' deletion takes their
+dependents (the garbage collector). It runs no controller: tests play the controller through
+``put``/``set_status``/``log``, or run the simulations of tests/controllers/. Every request is
+recorded, so tests can count them. A pod's log belongs to that pod: deleting it ends its streams,
+and a pod made again under the same name starts an empty log.
 
 Misbehaviour, each off unless a test asks for it: ``not_json`` (a 2xx page that is not JSON),
 ``break_for`` (503s, 429s with Retry-After, or connections dropped, for a number of requests or
@@ -13,7 +18,11 @@ seconds), ``watch_gone`` (every watch answers 410 Gone), ``watch_seconds_cap = 0
 end at once), ``stall_watches`` (watches that send nothing and never end), ``endless_log`` (a log
 that never ends, optionally one line without a newline), ``create_delay`` (slow creates),
 ``watch_lag`` (one resource's watch events sent late: watches of different resources keep no
-order between them on a real cluster either), and refusals of one subresource
+order between them on a real cluster either), ``list_lag`` (one resource's lists answered late:
+a list of many pods takes longer than one of a single job), ``create_lag`` (a create received but made only
+later: a client interrupted meanwhile cannot know), ``garble_events`` (watch events that are not
+JSON, as a broken proxy may send), ``log_timestamps = False`` (a server that ignores
+``timestamps=true`` and ``sinceTime``), and refusals of one subresource
 (``refuse(..., subresource="log")``: no RBAC for pods/log).
 """
 
@@ -34,6 +43,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import kubeadmission
+from kubeadmission import Refused
+
 TOKEN = "torchjob-test-token"
 
 CORE_RESOURCES = {
@@ -42,6 +54,7 @@ CORE_RESOURCES = {
     "ConfigMap": "configmaps",
     "Secret": "secrets",
     "Event": "events",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
 }
 GROUP_RESOURCES: dict[str, dict[str, str]] = {
     "batch.volcano.sh/v1alpha1": {"Job": "jobs"},
@@ -149,6 +162,16 @@ class Trouble:
         return True
 
 
+class LogBuffer:
+    """One run of one container, as the kubelet keeps its log: the lines, when each was written,
+    and whether the container has exited (its stream then ends)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.times: list[float] = []
+        self.closed = False
+
+
 class FakeKubeAPI:
     """The server's state and its helpers for tests (all thread-safe)."""
 
@@ -159,10 +182,8 @@ class FakeKubeAPI:
         self.events: list[tuple[int, tuple[str, str, str, str], str, dict[str, Any]]] = []
         self.version = itertools.count(100)
         self.current = 100
-        self.logs: dict[tuple[str, str], list[str]] = {}
-        self.log_times: dict[tuple[str, str], list[float]] = {}  # when each line was written
-        self.previous_logs: dict[tuple[str, str], list[str]] = {}
-        self.logs_closed: set[tuple[str, str]] = set()
+        self.logs: dict[tuple[str, str], LogBuffer] = {}  # (pod, container): its current run
+        self.previous_logs: dict[tuple[str, str], LogBuffer] = {}  # ... and the run before
         self.requests: list[tuple[str, str, dict[str, list[str]]]] = []
         self.posted: list[bytes] = []  # every POST's body as the client sent it, in order
         self.refusals: list[Refusal] = []
@@ -179,6 +200,18 @@ class FakeKubeAPI:
         self.log_bytes_sent = 0
         self.create_delay = 0.0
         self.watch_lag: dict[str, float] = {}  # plural -> seconds each batch of its events waits
+        self.list_lag: dict[str, float] = {}  # plural -> seconds each list of it takes
+        self.create_lag = 0.0  # seconds between receiving a create and making the object
+        self.garble_events = 0  # the next watch events sent as a line that is not JSON
+        self.log_timestamps = True  # False: timestamps=true and sinceTime are ignored
+        # Admission (kubeadmission.py): CRD schemas by (apiVersion, kind), the shipped ones unless
+        # replaced here (an older controller's CRD); webhooks by kind; the cluster's PriorityClasses.
+        self.schemas: dict[tuple[str, str], dict[str, Any]] = {}
+        self.schemas_shipped = True
+        self.webhooks: dict[tuple[str, str], list[Callable[[dict[str, Any]], str | None]]] = {}
+        self.priority_classes: dict[str, int] = {}
+        self.warnings_sent: list[str] = []
+        self.refused: list[str] = []  # what controllers could not create (their Events)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -228,7 +261,9 @@ class FakeKubeAPI:
         self.lock.notify_all()
 
     def put(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create or replace an object as a controller would (no refusals): ADDED or MODIFIED."""
+        """Create or replace an object as a controller would: ADDED or MODIFIED. A new object goes
+        through admission (names, webhooks, claim protection, pod priority and QoS) and may be
+        Refused; an object being deleted whose last finalizer is removed goes (DELETED)."""
         obj = copy.deepcopy(obj)
         api_version, kind = obj["apiVersion"], obj["kind"]
         plural = self.plural(api_version, kind)
@@ -237,12 +272,43 @@ class FakeKubeAPI:
         key = (api_version, plural, meta["namespace"], meta["name"])
         with self.lock:
             old = self.objects.get(key)
+            if old is None:
+                obj, _ = kubeadmission.admit(self, obj, None, client=False)
+                meta = obj["metadata"]
             meta.setdefault("uid", (old or {}).get("metadata", {}).get("uid") or str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", now_iso())
             meta["resourceVersion"] = self._bump()
             self.objects[key] = obj
             self._record(key, "MODIFIED" if old else "ADDED", obj)
+            if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+                self._remove(key)
         return obj
+
+    def create(
+        self, obj: dict[str, Any], namespace: str = "default", validation: str | None = None
+    ) -> tuple[dict[str, Any], list[str]]:
+        """A client's create: every admission step, the schema with ``fieldValidation`` included;
+        the stored object and the warnings sent back. Refused (409 for a name taken) otherwise."""
+        obj = copy.deepcopy(obj)
+        api_version, kind = obj["apiVersion"], obj["kind"]
+        plural = self.plural(api_version, kind)
+        name = obj["metadata"]["name"]
+        key = (api_version, plural, namespace, name)
+        with self.lock:
+            if key in self.objects:
+                group = api_version.split("/")[0] if "/" in api_version else ""
+                resource = f"{plural}.{group}" if group else plural
+                raise Refused(409, "AlreadyExists", f'{resource} "{name}" already exists')
+            obj, warnings = kubeadmission.admit(self, obj, validation, client=True)
+            meta = obj["metadata"]
+            meta["namespace"] = namespace
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = now_iso()
+            meta["resourceVersion"] = self._bump()
+            self.objects[key] = obj
+            self._record(key, "ADDED", obj)
+            self.warnings_sent += warnings
+        return copy.deepcopy(obj), warnings
 
     def get(
         self, api_version: str, kind: str, name: str, namespace: str = "default"
@@ -274,20 +340,38 @@ class FakeKubeAPI:
                 obj["metadata"]["resourceVersion"] = self._bump()
                 self._record(key, "MODIFIED", obj)
                 self._delete_dependents(obj["metadata"]["uid"], namespace)
-            del self.objects[key]
-            obj["metadata"]["resourceVersion"] = self._bump()
-            self._record(key, "DELETED", obj)
-            if not foreground:
-                self._delete_dependents(obj["metadata"]["uid"], namespace)
+            self._remove(key)
+        return True
+
+    def _remove(self, key: tuple[str, str, str, str]) -> bool:
+        """Delete one object (lock held): with finalizers it is only marked (deletionTimestamp) and
+        stays until they are removed; once gone, its dependents are deleted as the garbage
+        collector deletes them, and a pod's logs end. True when it is gone."""
+        obj = self.objects.get(key)
+        if obj is None:
+            return True
+        meta = obj["metadata"]
+        if meta.get("finalizers"):
+            if not meta.get("deletionTimestamp"):
+                meta["deletionTimestamp"] = now_iso()
+                meta["resourceVersion"] = self._bump()
+                self._record(key, "MODIFIED", obj)
+            return False
+        del self.objects[key]
+        meta["resourceVersion"] = self._bump()
+        self._record(key, "DELETED", obj)
+        if key[1] == "pods":
+            self._forget_logs(key[3])
+        self._delete_dependents(meta["uid"], key[2])
         return True
 
     def _delete_dependents(self, uid: str, namespace: str) -> None:
+        """The garbage collector: objects owned by ``uid`` and by no other object still there."""
+        alive = {o["metadata"]["uid"] for o in self.objects.values()}
         for key, obj in list(self.objects.items()):
-            owners = obj["metadata"].get("ownerReferences") or []
-            if key[2] == namespace and key in self.objects and any(o.get("uid") == uid for o in owners):
-                kind = self.kind_of(key[0], key[1])
-                assert kind is not None
-                self.delete(key[0], kind, key[3], namespace)
+            owners = {o.get("uid") for o in obj["metadata"].get("ownerReferences") or []}
+            if key[2] == namespace and uid in owners and not owners & alive and key in self.objects:
+                self._remove(key)
 
     def events_after(self, position: int, timeout: float) -> tuple[int, list[tuple[str, dict[str, Any]]]]:
         """What an informer sees: (event type, object) recorded after ``position``, waiting up to
@@ -304,16 +388,34 @@ class FakeKubeAPI:
 
     def log(self, pod: str, container: str, *lines: str) -> None:
         with self.lock:
-            self.logs.setdefault((pod, container), []).extend(lines)
-            times = self.log_times.setdefault((pod, container), [])
-            for _ in lines:  # the kubelet's timestamps, distinct and in order
-                times.append(max(time.time(), times[-1] + 1e-6 if times else 0.0))
+            buffer = self.logs.setdefault((pod, container), LogBuffer())
+            for line in lines:  # the kubelet's timestamps, distinct and in order
+                buffer.times.append(max(time.time(), buffer.times[-1] + 1e-6 if buffer.times else 0.0))
+                buffer.lines.append(line)
             self.lock.notify_all()
 
     def end_log(self, pod: str, container: str) -> None:
         with self.lock:
-            self.logs_closed.add((pod, container))
+            self.logs.setdefault((pod, container), LogBuffer()).closed = True
             self.lock.notify_all()
+
+    def restart_log(self, pod: str, container: str) -> None:
+        """The container starts again in its pod: its log so far becomes the previous one."""
+        with self.lock:
+            old = self.logs.get((pod, container))
+            if old is not None:
+                old.closed = True
+                self.previous_logs[(pod, container)] = old
+            self.logs[(pod, container)] = LogBuffer()
+            self.lock.notify_all()
+
+    def _forget_logs(self, pod: str) -> None:
+        """A deleted pod's logs go with it (lock held): its streams end, a new pod of that name
+        starts with none."""
+        for store in (self.logs, self.previous_logs):
+            for key in [k for k in store if k[0] == pod]:
+                store.pop(key).closed = True
+        self.lock.notify_all()
 
     def compact(self) -> None:
         """What etcd compaction does to watchers: versions up to now can no longer be watched from."""
@@ -349,7 +451,7 @@ class FakeKubeAPI:
         """The log of ``pod``/``container`` never ends: ``line`` sent again and again, as fast as read."""
         with self.lock:
             self.endless[(pod, container)] = line
-            self.logs.setdefault((pod, container), [])
+            self.logs.setdefault((pod, container), LogBuffer())
 
     def plural(self, api_version: str, kind: str) -> str:
         if api_version == "v1":
@@ -385,10 +487,12 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
 
         # -------------------------------------------------------------- plumbing
 
-        def _send_json(self, code: int, body: dict[str, Any]) -> None:
+        def _send_json(self, code: int, body: dict[str, Any], warnings: list[str] = ()) -> None:  # type: ignore[assignment]
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
+            for warning in warnings:  # as kube-apiserver sends them: one header each
+                self.send_header("Warning", f"299 - {json.dumps(warning)}")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -467,6 +571,9 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
         def do_DELETE(self) -> None:
             self._route("DELETE")
 
+        def do_PATCH(self) -> None:
+            self._route("PATCH")
+
         # -------------------------------------------------------------- routes
 
         def _dispatch(self, method: str, seg: list[str], query: dict[str, list[str]]) -> None:
@@ -519,14 +626,14 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 if refusal.subresource not in (None, subresource):
                     continue
                 if refusal.method == method and refusal.plural == plural and refusal.name in (None, name):
-                    verb = {"GET": "get", "POST": "create", "DELETE": "delete"}[method]
+                    verb = {"GET": "get", "POST": "create", "DELETE": "delete", "PATCH": "patch"}[method]
                     reason = {403: "Forbidden", 422: "Invalid"}.get(refusal.code, "BadRequest")
                     self._status(refusal.code, reason, refusal.message.format(verb=verb))
                     return
             if len(rest) == 4 and rest[3] == "log" and plural == "pods" and method == "GET":
                 self._pod_log(namespace, rest[2], query)
             elif method == "POST" and name is None:
-                self._create(api_version, plural, kind, namespace)
+                self._create(api_version, plural, kind, namespace, query)
             elif method == "GET" and name is None:
                 if query.get("watch", ["false"])[0] in ("true", "1", "True"):
                     self._watch(api_version, plural, namespace, query)
@@ -538,6 +645,8 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                     self._status(404, "NotFound", f'{plural} "{name}" not found')
                 else:
                     self._send_json(200, obj)
+            elif method == "PATCH" and name is not None:
+                self._patch(api_version, plural, namespace, name)
             elif method == "DELETE" and name is not None:
                 self._delete(api_version, plural, namespace, name)
             elif method == "DELETE":
@@ -552,7 +661,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                     "singularName": "",
                     "namespaced": True,
                     "kind": kind,
-                    "verbs": ["create", "get", "list", "watch", "delete"],
+                    "verbs": ["create", "get", "list", "watch", "delete", "patch"],
                 }
                 for kind, plural in table.items()
             ]
@@ -560,10 +669,11 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 resources.append({"name": "pods/log", "namespaced": True, "kind": "Pod", "verbs": ["get"]})
             self._send_json(200, {"kind": "APIResourceList", "groupVersion": gv, "resources": resources})
 
-        def _create(self, api_version: str, plural: str, kind: str, namespace: str) -> None:
+        def _create(
+            self, api_version: str, plural: str, kind: str, namespace: str, query: dict[str, list[str]]
+        ) -> None:
             obj = self._body()
             meta = obj.setdefault("metadata", {})
-            name = meta.get("name")
             if obj.get("apiVersion") != api_version or obj.get("kind") != kind:
                 self._status(400, "BadRequest", f"the object is a {obj.get('apiVersion')} {obj.get('kind')}")
                 return
@@ -574,24 +684,36 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                     "the namespace of the object does not match the namespace on the request",
                 )
                 return
-            key = (api_version, plural, namespace, name)
-            with api.lock:
-                if key in api.objects:
-                    self._status(
-                        409, "AlreadyExists", f'{plural}.{api_version.split("/")[0]} "{name}" already exists'
-                    )
-                    return
-                meta["namespace"] = namespace
-                meta["uid"] = str(uuid.uuid4())
-                meta["creationTimestamp"] = now_iso()
-                meta["resourceVersion"] = api._bump()
-                api.objects[key] = obj
-                api._record(key, "ADDED", obj)
+            if api.create_lag:  # received, not yet made: the client may give up meanwhile
+                time.sleep(api.create_lag)
+            try:
+                obj, warnings = api.create(obj, namespace, query.get("fieldValidation", [None])[0])
+            except Refused as refused:
+                self._status(refused.code, refused.reason, refused.message)
+                return
             if api.create_delay:  # made, but the answer is slow: a client interrupted now never hears of it
                 time.sleep(api.create_delay)
-            self._send_json(201, obj)
+            self._send_json(201, obj, warnings)
             if api.on_create is not None:
                 api.on_create(copy.deepcopy(obj))
+
+        def _patch(self, api_version: str, plural: str, namespace: str, name: str) -> None:
+            """A JSON merge patch (RFC 7386), the only kind torchjob sends."""
+            if "merge-patch" not in (self.headers.get("Content-Type") or ""):
+                self._status(415, "UnsupportedMediaType", "only application/merge-patch+json is served here")
+                return
+            key = (api_version, plural, namespace, name)
+            with api.lock:
+                obj = api.objects.get(key)
+                if obj is None:
+                    self._status(404, "NotFound", f'{plural} "{name}" not found')
+                    return
+                merged = _merge(copy.deepcopy(obj), self._body())
+                merged["metadata"]["uid"] = obj["metadata"]["uid"]
+                merged["metadata"]["resourceVersion"] = api._bump()
+                api.objects[key] = merged
+                api._record(key, "MODIFIED", merged)
+            self._send_json(200, merged)
 
         def _select(
             self, api_version: str, plural: str, namespace: str, query: dict[str, list[str]]
@@ -609,6 +731,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
         def _list(
             self, api_version: str, plural: str, kind: str, namespace: str, query: dict[str, list[str]]
         ) -> None:
+            time.sleep(api.list_lag.get(plural, 0.0))  # a large list is slow to answer
             with api.lock:
                 items = self._select(api_version, plural, namespace, query)
                 version = str(api.current)
@@ -652,7 +775,11 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                         if version <= since or key[:3] != (api_version, plural, namespace):
                             continue
                         if matches_labels(obj, labels) and matches_fields(obj, fields):
-                            batch.append(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                            line = json.dumps({"type": kind, "object": obj}).encode()
+                            if api.garble_events > 0:  # cut short, as a broken proxy may send it
+                                api.garble_events -= 1
+                                line = line[: len(line) // 2]
+                            batch.append(line + b"\n")
                     if self._troubled():  # cut off, as a restarting server does
                         self.close_connection = True
                         return
@@ -676,9 +803,9 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             container = query.get("container", [containers[0]])[0]
             key = (pod, container)
             previous = query.get("previous", ["false"])[0] == "true"
-            source = api.previous_logs if previous else api.logs
             with api.lock:
-                if key not in source:
+                buffer = (api.previous_logs if previous else api.logs).get(key)
+                if buffer is None:
                     self._status(
                         400,
                         "BadRequest",
@@ -687,15 +814,19 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                     return
             follow = query.get("follow", ["false"])[0] == "true"
             tail = int(query.get("tailLines", ["-1"])[0])
-            stamped = query.get("timestamps", ["false"])[0] == "true" and not previous
-            since = query.get("sinceTime", [None])[0]
+            stamped = query.get("timestamps", ["false"])[0] == "true" and api.log_timestamps
+            since = query.get("sinceTime", [None])[0] if api.log_timestamps else None
             self._start_chunks("text/plain")
+
+            def text(position: int) -> str:
+                line = buffer.lines[position]
+                return f"{log_stamp(buffer.times[position])} {line}" if stamped else line
+
             with api.lock:
-                times = list(api.log_times.get(key, [])) if not previous else []
                 lines = [
-                    f"{log_stamp(times[i])} {line}" if stamped and i < len(times) else line
-                    for i, line in enumerate(source[key])
-                    if since is None or i >= len(times) or times[i] >= parse_stamp(since)
+                    text(i)
+                    for i in range(len(buffer.lines))
+                    if since is None or buffer.times[i] >= parse_stamp(since)
                 ]
             if tail >= 0:
                 lines = lines[len(lines) - tail :] if tail else []
@@ -709,64 +840,58 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                     with api.lock:
                         api.log_bytes_sent += len(block)
                 return
-            position = len(source[key])
+            position = len(buffer.lines)
             while follow and not previous:
                 with api.lock:
-                    while position == len(api.logs[key]) and key not in api.logs_closed and not api.stopping:
+                    while position == len(buffer.lines) and not buffer.closed and not api.stopping:
                         if self._troubled():
                             self.close_connection = True
                             return
                         api.lock.wait(0.5)
-                    new = api.logs[key][position:]
-                    if stamped:
-                        new = [
-                            f"{log_stamp(t)} {line}"
-                            for t, line in zip(api.log_times[key][position:], new, strict=True)
-                        ]
-                    position = len(api.logs[key])
-                    closed = key in api.logs_closed or api.stopping
+                    new = [text(i) for i in range(position, len(buffer.lines))]
+                    position = len(buffer.lines)
+                    closed = buffer.closed or api.stopping
                 if new:
                     self._chunk("".join(f"{line}\n" for line in new).encode())
-                if closed and position == len(api.logs[key]):
+                if closed and position == len(buffer.lines):
                     break
             self._end_chunks()
 
         def _delete(self, api_version: str, plural: str, namespace: str, name: str) -> None:
             key = (api_version, plural, namespace, name)
             with api.lock:
-                obj = api.objects.pop(key, None)
+                obj = api.objects.get(key)
                 if obj is None:
                     self._status(404, "NotFound", f'{plural} "{name}" not found')
                     return
-                obj["metadata"]["resourceVersion"] = api._bump()
-                api._record(key, "DELETED", obj)
-                self._cascade(obj["metadata"]["uid"], namespace)
-            self._send_json(200, status_body(200, "", "") | {"status": "Success"})
-
-        def _cascade(self, uid: str, namespace: str) -> None:
-            """What the garbage collector does: objects owned by a deleted one go too."""
-            for key, obj in list(api.objects.items()):
-                owners = obj["metadata"].get("ownerReferences") or []
-                if key[2] == namespace and any(o.get("uid") == uid for o in owners):
-                    api.objects.pop(key)
-                    obj["metadata"]["resourceVersion"] = api._bump()
-                    api._record(key, "DELETED", obj)
-                    self._cascade(obj["metadata"]["uid"], namespace)
+                gone = api._remove(key)
+                body = status_body(200, "", "") | {"status": "Success"} if gone else copy.deepcopy(obj)
+            self._send_json(200, body)
 
         def _delete_collection(
             self, api_version: str, plural: str, kind: str, namespace: str, query: dict[str, list[str]]
         ) -> None:
             with api.lock:
                 for obj in self._select(api_version, plural, namespace, query):
-                    key = (api_version, plural, namespace, obj["metadata"]["name"])
-                    api.objects.pop(key)
-                    obj["metadata"]["resourceVersion"] = api._bump()
-                    api._record(key, "DELETED", obj)
+                    api._remove((api_version, plural, namespace, obj["metadata"]["name"]))
             self._send_json(
                 200, {"kind": f"{kind}List", "apiVersion": api_version, "metadata": {}, "items": []}
             )
 
     return Handler
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge key by key, null deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(out.get(key), value)
+    return out
 
 
 @contextlib.contextmanager

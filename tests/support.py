@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import subprocess
 import sys
 import time
@@ -79,6 +80,21 @@ def cli(
     ``tmp_path/home`` and colours allowed (``NO_COLOR`` unset)."""
     env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
     return torchjob(*args, home=tmp_path / "home", env=env, cwd=cwd or tmp_path, timeout=timeout)
+
+
+def as_user(user: pwd.struct_passwd, script: str, **extra: Any) -> subprocess.CompletedProcess[str]:
+    """``sh -c SCRIPT`` as ``user`` (no supplementary groups), in /, its output captured."""
+    return subprocess.run(
+        ["sh", "-c", script],
+        user=user.pw_uid,
+        group=user.pw_gid,
+        extra_groups=[],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd="/",
+        **extra,
+    )
 
 
 # ---------------------------------------------------------------------- jobs

@@ -257,3 +257,28 @@ def test_submit_takes_a_script_in_quick_mode_with_its_image_and_arguments(
     containers = [t["template"]["spec"]["containers"][0] for t in job["spec"]["tasks"]]
     assert [c["image"] for c in containers] == ["reg.io/t:1", "reg.io/t:1"]
     assert all(c["args"] == ["train.py", "--steps", "5"] and "workingDir" not in c for c in containers)
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_a_script_sent_to_a_cluster_without_image_is_refused(
+    api: FakeKubeAPI,
+    kubeconfig: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """The default image holds neither the script nor its files: a job on it cannot start. One
+    line naming --image, exit 2, nothing sent (render still shows it, with a warning)."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    engine = ["--engine", "kubernetes"] if command == "run" else []
+    where = ["--target", "volcano", "--kubeconfig", kubeconfig]
+    code = main([command, *engine, *where, "-j", "2x2", "train.py"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert (
+        err.startswith("<command line>: --image: a script sent to a cluster needs an image")
+        and err.count("\n") == 1
+    )
+    assert api.count("POST") == 0

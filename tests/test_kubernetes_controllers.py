@@ -27,13 +27,9 @@ from torchjob.targets import target_names
 pytest.importorskip("kubernetes")
 
 from controllers import Controller, ControlPlane
-from controllers.batchjob import BatchJobs
-from controllers.jobset import JobSets
-from controllers.kubeflow import PyTorchJobs
+from controllers.cluster import for_target
 from controllers.kubelet import Kubelet
 from controllers.scheduler import Scheduler, VolcanoScheduler
-from controllers.trainjob import TrainJobs
-from controllers.volcano import VolcanoJobs
 from kubeapi import GROUP_RESOURCES, FakeKubeAPI
 from test_kubernetes_commands import _read_until
 from torchjob.cli import main
@@ -96,14 +92,7 @@ def who(target: str, task: str, index: int) -> str:
 
 def controllers(api: FakeKubeAPI, target: str, slots: int | None = None) -> list[Controller]:
     """The controllers a cluster of ``target`` runs (``pods``: a plain cluster, no Volcano)."""
-    made: dict[str, list[Controller]] = {
-        "volcano": [VolcanoJobs(api), VolcanoScheduler(api, slots)],
-        "kubeflow": [PyTorchJobs(api), Scheduler(api, slots=slots)],
-        "jobset": [JobSets(api), BatchJobs(api), Scheduler(api, slots=slots)],
-        "trainjob": [TrainJobs(api), JobSets(api), BatchJobs(api), Scheduler(api, slots=slots)],
-        "pods": [Scheduler(api, slots=slots)],
-    }
-    return made[target]
+    return for_target(api, target, slots)
 
 
 def run(kubeconfig: str, file: str, target: str, *flags: str) -> int:

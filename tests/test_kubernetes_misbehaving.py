@@ -194,6 +194,10 @@ def test_a_watch_that_answers_a_page_is_one_line(
     assert "Traceback" not in err
     assert last.startswith(f"torchjob: the Kubernetes API server at {api.url} answered 'watch "), err
     assert "text/html" in last and "Sign in" in last
+    # The job was created and runs on: said, with how to follow it again (issue 33).
+    assert last.endswith(
+        "and is not stopped by this: follow it again with: torchjob logs default/demo -f --engine kubernetes"
+    )
 
 
 # ---------------------------------------------------------------------- 13: 429, credential plugins

@@ -67,7 +67,7 @@ def test_the_switch_turns_names_off(hosts_file: Path, monkeypatch: pytest.Monkey
 
 @pytest.mark.usefixtures("names_work")
 def test_a_failing_probe_says_why(hosts_file: Path) -> None:
-    broken = podnames.HostsMount(hosts_file.as_posix().encode(), b"not a map", b"nor this", root=False)
+    broken = podnames.HostsMount(hosts_file.as_posix().encode(), b"not a map", b"nor this", alone=False)
     why_not = podnames.probe(broken)
     assert why_not is not None and "Invalid argument" in why_not, why_not
     missing = podnames.HostsMount.of(str(hosts_file.parent / "missing"))
@@ -97,7 +97,7 @@ def test_a_process_sees_the_file_and_the_machine_does_not(hosts_file: Path) -> N
     not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to become another user"
 )
 def test_a_user_who_is_not_root_gets_the_file_through_a_user_namespace(hosts_file: Path) -> None:
-    mount = podnames.HostsMount(hosts_file.as_posix().encode(), b"4242 4242 1", b"4343 4343 1", root=False)
+    mount = podnames.HostsMount(hosts_file.as_posix().encode(), b"4242 4242 1", b"4343 4343 1", alone=False)
 
     def become_nobody_then_enter() -> None:
         os.setgroups([])
@@ -220,7 +220,9 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(
 ) -> None:
     if user_namespace:  # the path a user who is not root takes, also when the tests run as root
         of = podnames.HostsMount.of
-        monkeypatch.setattr(podnames.HostsMount, "of", lambda source: records.replace(of(source), root=False))
+        monkeypatch.setattr(
+            podnames.HostsMount, "of", lambda source: records.replace(of(source), alone=False)
+        )
     elif os.geteuid() != 0:
         pytest.skip("without root every job takes the user-namespace path")
     script = tmp_path / "gloo.py"

@@ -1,7 +1,7 @@
 """Pre-warmed containers (issue 13): a program cannot tell a warm start from a cold one, except that
 torch is imported already; an init container's failure never runs the program; nothing is left.
 
-Each job runs the same programs twice, with pre-warming on and off (``RunOptions.prewarm``), and
+Each job runs the same programs twice, with pre-warming on and off (the local engine setting ``prewarm``), and
 the containers' logs must be the same but for the one line that says whether torch was imported
 before the program started (which also proves that the warm path was taken).
 """

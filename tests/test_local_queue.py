@@ -1,4 +1,4 @@
-"""The local queue (engines/local/admission.py): jobs wait for CPUs, memory and GPUs, start as a
+"""The local queue (engines/local/admission/): jobs wait for CPUs, memory and GPUs, start as a
 gang, in priority then submission order, across processes and without a daemon.
 
 No GPU exists where these tests run: ``TORCHJOB_CAPACITY`` gives the machine fake GPUs named 0, 1,
@@ -20,7 +20,16 @@ from typing import Any
 
 import pytest
 
-from support import cli, container, make_job, sh, task, wait_until, write_job
+from queue_support import (
+    check_no_gpu_shared,
+    gpu_job,
+    intervals,
+    release,
+    status,
+    submit,
+    wait_all,
+)
+from support import cli, container, make_job, task, wait_until
 from torchjob.engines.local.admission import (
     Capacity,
     Settings,
@@ -33,106 +42,6 @@ from torchjob.engines.local.admission import (
 from torchjob.errors import SpecError
 
 pytestmark = pytest.mark.timeout(120)
-
-TRACE_POD = (
-    'echo "hello from $TORCHJOB_POD_NAME"; '
-    'echo "start $(date +%s.%N) $TORCHJOB_POD_NAME [$CUDA_VISIBLE_DEVICES]" >> {trace}; {wait}; '
-    'echo "end $(date +%s.%N) $TORCHJOB_POD_NAME [$CUDA_VISIBLE_DEVICES]" >> {trace}'
-)
-
-
-@pytest.fixture
-def queue_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A queue of this test alone, on a machine of 4 CPUs, 8Gi and 2 GPUs; no settings file."""
-    runtime = tmp_path / "runtime"
-    runtime.mkdir(mode=0o700)
-    monkeypatch.setenv("TORCHJOB_RUNTIME_DIR", str(runtime))
-    monkeypatch.setenv("TORCHJOB_CAPACITY", "cpu=4,memory=8Gi,nvidia.com/gpu=2")
-    monkeypatch.setenv("TORCHJOB_CONFIG", str(tmp_path / "queues.yaml"))
-    monkeypatch.delenv("TORCHJOB_QUEUE", raising=False)
-    return tmp_path
-
-
-def gpu_job(
-    tmp_path: Path,
-    name: str,
-    *,
-    gpus: int = 1,
-    replicas: int = 1,
-    sleep: float = 0.5,
-    gate: bool = False,
-    cpu: int = 0,
-    **spec: Any,
-) -> str:
-    """A job file: ``replicas`` pods of ``gpus`` GPUs each, tracing their start and end; with
-    ``gate``, the pods end only once the file ``open`` exists (see :func:`release`)."""
-    wait = f"while [ ! -e {tmp_path / 'open'} ]; do sleep 0.05; done" if gate else f"sleep {sleep}"
-    script = TRACE_POD.format(trace=tmp_path / "trace", wait=wait)
-    limits: dict[str, Any] = {"resources": {"limits": {"nvidia.com/gpu": gpus}}} if gpus else {}
-    if cpu:
-        limits = {"resources": {"requests": {"cpu": cpu}}}
-    min_available = spec.pop("task_min_available", None)
-    extra = {"minAvailable": min_available} if min_available is not None else {}
-    job = make_job(
-        name, [task("main", [container("main", sh(script), **limits)], replicas=replicas, **extra)], **spec
-    )
-    return write_job(tmp_path, job, f"{name}.json")
-
-
-def release(tmp_path: Path) -> None:
-    """Let the gated pods end."""
-    (tmp_path / "open").touch()
-
-
-def submit(tmp_path: Path, path: str, *extra: str) -> str:
-    result = cli(tmp_path, "run", "-d", *extra, path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout.strip()
-
-
-def status(tmp_path: Path, job_id: str) -> dict[str, Any]:
-    result = cli(tmp_path, "status", job_id, "-o", "json")
-    assert result.returncode == 0, result.stderr
-    data: dict[str, Any] = json.loads(result.stdout)
-    return data
-
-
-def wait_all(tmp_path: Path, ids: list[str], timeout: float = 60) -> None:
-    for job_id in ids:
-        result = cli(tmp_path, "wait", job_id, "--timeout", str(timeout), timeout=timeout + 10)
-        assert result.returncode == 0, (job_id, result.stdout, result.stderr)
-
-
-def trace(tmp_path: Path) -> list[tuple[str, float, str, str]]:
-    """(start|end, time, pod, GPUs) in time order."""
-    rows = []
-    for line in (tmp_path / "trace").read_text().splitlines():
-        what, when, pod, devices = line.split()
-        rows.append((what, float(when), pod, devices.strip("[]")))
-    return sorted(rows, key=lambda r: (r[1], r[0] == "start"))  # an end before a start at one instant
-
-
-def intervals(tmp_path: Path) -> dict[str, tuple[float, float, str]]:
-    starts = {pod: (t, gpus) for what, t, pod, gpus in trace(tmp_path) if what == "start"}
-    ends = {pod: t for what, t, pod, _ in trace(tmp_path) if what == "end"}
-    return {pod: (t, ends.get(pod, float("inf")), gpus) for pod, (t, gpus) in starts.items()}  # inf: killed
-
-
-def check_no_gpu_shared(tmp_path: Path, limit: int) -> int:
-    """At no moment do two running pods hold one GPU, nor more than ``limit`` GPUs run; the peak."""
-    held: dict[str, str] = {}
-    peak = 0
-    for what, _, pod, devices in trace(tmp_path):
-        if what == "end":
-            held.pop(pod)
-            continue
-        for device in devices.split(","):
-            assert device not in held.values(), f"{pod} got GPU {device} that another pod holds: {held}"
-        held[pod] = devices
-        peak = max(peak, len(held))
-        assert sum(len(d.split(",")) for d in held.values()) <= limit
-    return peak
-
 
 # ------------------------------------------------------------------ whole jobs
 
@@ -529,13 +438,12 @@ def test_a_gang_pod_wanted_again_comes_back_only_with_the_whole_missing_gang() -
 
 
 def test_a_state_file_in_a_directory_open_to_others_is_refused(queue_env: Path) -> None:
-    from torchjob.engines.local.admission import locked_state
-    from torchjob.engines.local.ports import RegistryError
+    from torchjob.engines.local.admission import QueueDirError, locked_state
 
     runtime = Path(os.environ["TORCHJOB_RUNTIME_DIR"])
     runtime.chmod(0o755)
     try:
-        with pytest.raises(RegistryError), locked_state():
+        with pytest.raises(QueueDirError), locked_state():
             pass
     finally:
         runtime.chmod(0o700)
@@ -545,6 +453,6 @@ def test_a_state_file_in_a_directory_open_to_others_is_refused(queue_env: Path) 
     assert state.stat().st_mode & 0o777 == 0o600
     (runtime / "admission.json").unlink()
     (runtime / "admission.json").symlink_to(runtime / "elsewhere")
-    with pytest.raises(RegistryError, match=r"admission\.json"), locked_state() as data:
+    with pytest.raises(QueueDirError, match=r"admission\.json"), locked_state() as data:
         assert data == {}  # never read through a symlink
     assert not (runtime / "elsewhere").exists()  # nor written

@@ -501,11 +501,13 @@ THREADS = textwrap.dedent(
     warm.join(120)
     before = forks()
     later = start(100000, "c")  # forked from the pool after the cold call started
-    results["forked"] = forks() - before
     open("b.go", "w").close()
     cold.join(120)
     open("c.go", "w").close()
     later.join(120)
+    # Counted once the call is over: the server writes a fork's line after the forked rank runs,
+    # so a busy machine may see the rank's file first. No other call used the pool meanwhile.
+    results["forked"] = forks() - before
     print("RESULT " + json.dumps(results), flush=True)
     """
 )
@@ -522,3 +524,182 @@ def test_calls_from_two_threads_at_once(tmp_path: Path) -> None:
     results = _result(done.stdout, missing="{}")
     expected = {"1": 2.0, "10": 20.0, "100": 200.0, "1000": 2000.0, "10000": 20000.0, "100000": 200000.0}
     assert results == {**expected, "forked": 2}, done.stdout[-3000:]
+
+
+NET_TASK = textwrap.dedent(
+    """
+    import os, socket, time
+    from torchjob import PyTorch, Worker, task
+
+    def body(x, fail=False):
+        import torch, torch.distributed as dist
+        if fail and os.environ["RANK"] == "1":  # once the master's store listens: this rank fails
+            deadline = time.monotonic() + 60
+            master = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection(master).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            raise ValueError("rank 1 fails")
+        dist.init_process_group("gloo")
+        t = torch.tensor([float(x)])
+        dist.all_reduce(t)
+        dist.destroy_process_group()
+        return t.item(), os.readlink("/proc/self/ns/net")
+
+    allreduce = task(task_config=PyTorch(worker=Worker(replicas=1)))(body)
+    """
+)
+
+SERVER_ENDS = textwrap.dedent(
+    """
+    import contextlib, json, os, signal, threading, time
+    import nettask
+    from torchjob.engines.local import pool
+
+    def forks():
+        return (pool._home[0] / "preload.log").read_text().count("forked ") if pool._home else 0
+
+    def server():
+        return next(iter(pool._pools.values()))[1]
+
+    out = {}
+    first = threading.Thread(target=lambda: out.__setitem__("first", nettask.allreduce(1)))
+    first.start()  # the first call from a thread that then ends (a thread pool's worker, say)
+    first.join(240)
+    out["forks_first"] = forks()
+    time.sleep(0.5)
+    killed = server().proc
+    out["alive_after_the_thread"] = killed.poll() is None
+    out["second"] = nettask.allreduce(2)
+    out["forks_second"] = forks()
+    with contextlib.suppress(ProcessLookupError):  # (gone already if the thread's end took it)
+        os.kill(killed.pid, signal.SIGKILL)  # as the machine's OOM killer would
+    deadline = time.monotonic() + 10
+    while killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out["third"] = nettask.allreduce(3)
+    out["forks_third"] = forks()
+    out["a_new_server"] = server().proc is not killed
+    try:
+        nettask.allreduce(4, True)
+    except Exception as err:
+        out["failed"] = f"{type(err).__name__}: {err}"
+    out["machine"] = os.readlink("/proc/self/ns/net")
+    print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+def test_the_pool_outlives_the_first_calls_thread_replaces_a_killed_server_and_blames_no_rank(
+    tmp_path: Path,
+) -> None:
+    """Issue 33: the server died with the thread that made the first call (PR_SET_PDEATHSIG), and
+    once it had died every later call started cold; a failed warm call named its own master, a
+    process forked from the server, as "another process" that took its port."""
+    (tmp_path / "nettask.py").write_text(NET_TASK)
+    script = tmp_path / "main.py"
+    script.write_text(SERVER_ENDS)
+    env = _env(tmp_path)
+    done = _run(script, env)
+    out = _result(done.stdout)
+    assert out["first"][0] == 2 and out["second"][0] == 4 and out["third"][0] == 6, out
+    assert out["forks_first"] == 2 and out["alive_after_the_thread"], out
+    assert out["forks_second"] == 4, out  # warm: forked from the same server
+    assert out["a_new_server"] and out["forks_third"] == 6, out  # warm again, from a new server
+    assert out["failed"].startswith("RemoteError") and "rank 1 fails" in out["failed"], out
+    # Every call's ranks in one network, the pool's own: not this machine's.
+    assert out["first"][1] == out["second"][1] == out["third"][1] != out["machine"], out
+    (failed,) = [
+        json.loads(p.read_text())
+        for p in (tmp_path / "home" / "calls").glob("*/status.json")
+        if json.loads(p.read_text())["phase"] != "Completed"
+    ]
+    messages = [e["message"] for e in failed["events"]] + [failed["reason"]]
+    assert not [m for m in messages if "taken by another process" in m], messages
+
+
+LEAK_TASK = textwrap.dedent(
+    """
+    import os, time
+    from torchjob import PyTorch, Worker, task
+
+    def body(data, hold=""):
+        if hold and os.environ["RANK"] == "0":
+            with open(hold + ".part", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(hold + ".part", hold)
+            time.sleep(300)
+        return len(data)
+
+    call = task(task_config=PyTorch(worker=Worker(replicas=1)))(body)
+    """
+)
+
+LEAK_MAIN = textwrap.dedent(
+    """
+    import os, sys
+    import leaktask
+    if len(sys.argv) > 1:  # a call that hangs, with 5 MB of pickled arguments
+        leaktask.call(b"x")
+        leaktask.call(os.urandom(5_000_000), sys.argv[1])
+    print("RESULT", leaktask.call(b"abc"), flush=True)
+    """
+)
+
+
+def _ours(temp: Path) -> set[str]:
+    return {p.name for p in temp.iterdir() if p.name.startswith(("torchjob-sdk-", "torchjob-pool-"))}
+
+
+def test_a_killed_callers_arguments_and_pool_directory_go_with_the_next_call(tmp_path: Path) -> None:
+    """Issue 33: a SIGKILLed caller left its pickled arguments and its pool's directory in the
+    temporary directory for ever. The next call removes them: only those whose process is gone
+    (another live caller's stay), and only directories torchjob made (a look-alike stays)."""
+    (tmp_path / "leaktask.py").write_text(LEAK_TASK)
+    (tmp_path / "main.py").write_text(LEAK_MAIN)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    (temp / "torchjob-sdk-not-made-by-torchjob").mkdir()
+    env = dict(_env(tmp_path), TMPDIR=str(temp))
+    callers: list[subprocess.Popen[str]] = []
+
+    def hang(name: str) -> set[str]:
+        before = _ours(temp)
+        proc = subprocess.Popen(
+            [sys.executable, "main.py", str(tmp_path / name)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        callers.append(proc)
+        deadline = time.monotonic() + 200
+        while not (tmp_path / name).exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.1)
+        assert (tmp_path / name).exists(), "the call never ran"
+        return _ours(temp) - before
+
+    try:
+        killed = hang("killed")
+        live = hang("live")
+        assert len(killed) == 2 and len(live) == 2, (killed, live)  # a call's directory, a pool's
+        (work,) = [temp / n for n in killed if n.startswith("torchjob-sdk-")]
+        assert (work / "payload.pkl").stat().st_size > 5_000_000
+        callers[0].send_signal(signal.SIGKILL)  # as a notebook's kernel killed: nothing cleaned up
+        callers[0].wait(10)
+        assert killed <= _ours(temp)
+        done = _run(tmp_path / "main.py", env)
+        assert "RESULT 3" in done.stdout
+        left = _ours(temp)
+        assert not killed & left, left  # the killed caller's: gone
+        assert live <= left, left  # a live caller's: kept
+        assert "torchjob-sdk-not-made-by-torchjob" in left  # not torchjob's: kept
+    finally:
+        for proc in callers:
+            proc.kill()
+            proc.wait(10)

@@ -50,7 +50,6 @@ spec:
           restartPolicy: Never
 """
 RELAY = "ml.example.com/v1"
-SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp")
 
 
 @pytest.fixture
@@ -71,13 +70,19 @@ def relay_api(monkeypatch: pytest.MonkeyPatch, relay: None) -> Iterator[FakeKube
 
 
 def sent(api: FakeKubeAPI, item: dict[str, Any]) -> dict[str, Any] | None:
-    """The object as the engine sent it: what the server stores, less what the server adds."""
+    """The object as the engine sent it: the body of its create request (the server adds its own
+    fields to what it stores: a uid, a claim's finalizer, a pod's QoS class)."""
     meta = item["metadata"]
-    stored = api.get(item["apiVersion"], item["kind"], meta["name"], namespace=meta["namespace"])
-    if stored is not None:
-        for key in SERVER_FIELDS:
-            stored["metadata"].pop(key, None)
-    return stored
+    assert api.get(item["apiVersion"], item["kind"], meta["name"], namespace=meta["namespace"]), "not created"
+    for body in api.posted:
+        obj = json.loads(body)
+        if (obj["apiVersion"], obj["kind"], obj["metadata"]["name"]) == (
+            item["apiVersion"],
+            item["kind"],
+            meta["name"],
+        ):
+            return dict(obj)
+    return None
 
 
 def rendered(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@ with a static rendezvous at the master pod: it starts M processes and gives each
 therefore runs as it would under ``torchrun`` on N machines. Locally, containers run in the
 directory the script is given relative to (``--workdir``, else the current directory); for a
 cluster the job has no working directory (the image's own, which holds the script) and its image is
-``--image`` (a warning names the default, which does not hold the script).
+``--image``: ``run``/``submit`` on a cluster refuse a script without it (the default image holds
+neither the script nor its files); ``render`` uses the default with a warning.
 
 ``torchjob run train.py`` without ``-j`` is ``-j 1x1``: a FILE that :func:`is_script` is a script.
 """
@@ -225,6 +226,16 @@ def quick_job(
     if job is None:
         raise SpecError(problems)
     return LoadedJob(job, document)
+
+
+def require_image(image: str | None) -> None:
+    """A script sent to a cluster needs an image that holds it: refused without ``--image``."""
+    if image is None:
+        message = (
+            f"a script sent to a cluster needs an image that holds it and torch; the default, "
+            f"{DEFAULT_IMAGE}, holds neither your script nor its files: give --image REGISTRY/NAME:TAG"
+        )
+        raise SpecError([Problem("--image", message, COMMAND_LINE)])
 
 
 def default_image_warning(script: str, image: str | None) -> str | None:

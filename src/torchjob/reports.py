@@ -279,6 +279,7 @@ class JobReport:
     events: list[Event] = field(default_factory=list)  # the latest lifecycle events, oldest first
 
     name_resolution: str = ""  # local engine: whether pod names resolve for the job's processes
+    network: str = ""  # local engine: the job's own network namespace, or why the machine's
 
     @property
     def terminal(self) -> bool:
@@ -310,6 +311,8 @@ class JobReport:
         }
         if self.name_resolution:
             data["nameResolution"] = self.name_resolution
+        if self.network:
+            data["network"] = self.network
         return data
 
     @classmethod
@@ -335,4 +338,5 @@ class JobReport:
             first_failure=None if failure is None else FailureReport.from_dict(failure, "firstFailure."),
             events=[Event.from_dict(e, f"events[{i}].") for i, e in enumerate(r.items("events"))],
             name_resolution=r.text("nameResolution"),
+            network=r.text("network"),
         )

@@ -13,6 +13,11 @@ calls ``reconcile()`` on each controller, which reads the current objects and wr
 - ``kubeflow``: the training operator v1 for PyTorchJob.
 - ``batchjob`` and ``jobset``: the Job controller (Indexed Jobs, backoffLimit) and JobSet's.
 - ``trainjob``: Kubeflow Trainer v2 (a TrainJob becomes a JobSet).
+- ``storage``: the claim protection controller (a claim in use is deleted only once no pod uses it).
+- ``envs`` and ``dns``: what a pod's processes see (env, torchrun's ranks) and the cluster's DNS.
+
+A controller creates what it makes through ``create``: the server may refuse it (a name too long,
+a webhook), as it refuses a real controller, which records an Event and tries again later.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from kubeadmission import Refused
 from kubeapi import now_iso
 
 if TYPE_CHECKING:
@@ -95,6 +101,17 @@ def owner_ref(owner: dict[str, Any]) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def create(api: FakeKubeAPI, obj: dict[str, Any]) -> dict[str, Any] | None:
+    """Create ``obj`` as a controller does; None when the server refuses it (kept in
+    ``api.refused``, as a real controller's Event would say)."""
+    try:
+        return api.put(obj)
+    except Refused as err:
+        with api.lock:
+            api.refused.append(f"{obj['kind']} {obj['metadata']['name']}: {err.message}")
+        return None
 
 
 def owned(api: FakeKubeAPI, api_version: str, kind: str, owner: dict[str, Any]) -> list[dict[str, Any]]:

@@ -8,6 +8,8 @@
   pod replaces it; under ``OnFailure`` the restarts of the containers of its running pods count
   (``pastBackoffLimitOnFailure``). Past the limit the Job gets ``Failed`` with reason
   ``BackoffLimitExceeded`` and its running pods are deleted.
+- ``activeDeadlineSeconds``: counted from the Job's start; past it the Job gets ``Failed`` with
+  reason ``DeadlineExceeded`` and its active pods are deleted (``pastActiveDeadline``).
 - ``Complete`` once every index succeeded.
 """
 
@@ -18,8 +20,10 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from controllers import (
+    Clock,
     Controller,
     all_of,
+    create,
     has_condition,
     owned,
     owner_ref,
@@ -38,6 +42,7 @@ DEFAULT_BACKOFF_LIMIT = 6
 class BatchJobs(Controller):
     def __init__(self, api: FakeKubeAPI) -> None:
         super().__init__(api)
+        self.started = Clock()
 
     def reconcile(self) -> None:
         for job in all_of(self.api, "batch/v1", "Job"):
@@ -70,7 +75,14 @@ class BatchJobs(Controller):
             succeeded=len(succeeded),
             failed=failed,
         )
-        if (failed > limit) if policy == "Never" else (failed >= limit if limit else failed > 0):
+        deadline = spec.get("activeDeadlineSeconds")
+        if deadline is not None and self.started.since(meta["uid"]) >= int(deadline):
+            set_condition(
+                status, "Failed", "DeadlineExceeded", "Job was active longer than specified deadline"
+            )
+            for pod in active:
+                self.api.delete("v1", "Pod", pod["metadata"]["name"], meta["namespace"])
+        elif (failed > limit) if policy == "Never" else (failed >= limit if limit else failed > 0):
             set_condition(
                 status, "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"
             )
@@ -99,7 +111,8 @@ class BatchJobs(Controller):
         pod_spec = template["spec"]
         if pod_spec.get("subdomain"):
             pod_spec["hostname"] = f"{meta['name']}-{index}"
-        self.api.put(
+        create(
+            self.api,
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
@@ -112,5 +125,5 @@ class BatchJobs(Controller):
                 },
                 "spec": pod_spec,
                 "status": {"phase": "Pending"},
-            }
+            },
         )

@@ -9,8 +9,14 @@
   Service named after the subdomain. ``startupPolicy: InOrder`` creates a replicated job only
   once every Job of the ones before it is ready.
 - ``failure_policy.go``: a failed child Job fails the JobSet (``FailedJobs``) when there is no
-  failure policy; with one, the JobSet restarts (``status.restarts`` + 1, the old Jobs deleted and
-  made again) until ``maxRestarts``, then fails (``ReachedMaxRestarts``).
+  failure policy; with one, the first rule whose ``onJobFailureReasons`` (and target replicated
+  jobs) match the Job's failure decides: ``FailJobSet`` fails it (``FailJobSetFailurePolicyAction``);
+  no rule, or ``RestartJobSet``, restarts it (``status.restarts`` + 1, the old Jobs deleted and
+  made again, their pods labelled with the new restart attempt) until ``maxRestarts``, then fails
+  (``ReachedMaxRestarts``).
+- ``jobset_webhook.go``: refuses a JobSet whose longest pod name
+  (``<jobset>-<rjob>-<replicas-1>-<completions-1>-xxxxx``) is not a DNS-1035 label of 63
+  characters at most, or whose failure-policy rule names a job failure reason Jobs do not have.
 - ``success_policy.go``: ``Completed`` (``AllJobsCompleted``) once the Jobs the policy targets
   succeeded: all of them, or any one for ``operator: Any``; active Jobs are then deleted.
 - ``ttl_after_finished.go``: a finished JobSet is deleted (foreground) ``ttlSecondsAfterFinished``
@@ -26,6 +32,7 @@ from controllers import (
     Clock,
     Controller,
     all_of,
+    create,
     has_condition,
     owned,
     owner_ref,
@@ -49,10 +56,38 @@ def global_index(js: dict[str, Any], rjob: str, index: int) -> int:
     raise AssertionError(f"no replicated job {rjob}")
 
 
+JOB_FAILURE_REASONS = (
+    "BackoffLimitExceeded",
+    "DeadlineExceeded",
+    "FailedIndexes",
+    "MaxFailedIndexesExceeded",
+    "PodFailurePolicy",
+)
+
+
+def validate(js: dict[str, Any]) -> str | None:
+    """The JobSet webhook's refusals that a rendered JobSet could meet."""
+    name = js["metadata"]["name"]
+    for rjob in js["spec"]["replicatedJobs"]:
+        job_spec = rjob["template"]["spec"]
+        longest = (
+            f"{name}-{rjob['name']}-{int(rjob.get('replicas', 1)) - 1}-"
+            f"{max(int(job_spec.get('completions') or 1), int(job_spec.get('parallelism') or 1)) - 1}-abcde"
+        )
+        if len(longest) > 63:
+            return f"spec.replicatedJobs: Invalid value: {longest!r}: must be no more than 63 characters"
+    for rule in (js["spec"].get("failurePolicy") or {}).get("rules") or []:
+        for reason in rule.get("onJobFailureReasons") or []:
+            if reason not in JOB_FAILURE_REASONS:
+                return f"invalid job failure reason '{reason}' in failure policy is not recognized"
+    return None
+
+
 class JobSets(Controller):
     def __init__(self, api: FakeKubeAPI) -> None:
         super().__init__(api)
         self.finished = Clock()
+        api.webhooks.setdefault((API, "JobSet"), []).append(validate)
 
     def reconcile(self) -> None:
         for js in all_of(self.api, API, "JobSet"):
@@ -83,7 +118,15 @@ class JobSets(Controller):
         policy = spec.get("failurePolicy")
         if failed:
             first = failed[0]["metadata"]["name"]
-            if policy is None:
+            rule = self.matching_rule(policy, failed)
+            if rule is not None and rule.get("action") == "FailJobSet":
+                set_condition(
+                    status,
+                    "Failed",
+                    "FailJobSetFailurePolicyAction",
+                    f"applying FailJobSet failure policy action (first failed job: {first})",
+                )
+            elif policy is None:
                 set_condition(
                     status,
                     "Failed",
@@ -109,6 +152,27 @@ class JobSets(Controller):
         update_status(self.api, js, status)
 
     @staticmethod
+    def matching_rule(policy: dict[str, Any] | None, failed: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The first rule matching some failed Job's failure reason and replicated job."""
+        for rule in (policy or {}).get("rules") or []:
+            for job in failed:
+                reason = next(
+                    (
+                        c.get("reason")
+                        for c in job["status"].get("conditions") or []
+                        if c.get("type") == "Failed"
+                    ),
+                    "",
+                )
+                reasons = rule.get("onJobFailureReasons") or []
+                targets = rule.get("targetReplicatedJobs") or []
+                if (not reasons or reason in reasons) and (
+                    not targets or job["metadata"]["labels"][f"{KEY}/replicatedjob-name"] in targets
+                ):
+                    return dict(rule)
+        return None
+
+    @staticmethod
     def succeeded(js: dict[str, Any], done: list[dict[str, Any]]) -> bool:
         policy = js["spec"].get("successPolicy") or {"operator": "All"}
         targets = policy.get("targetReplicatedJobs") or [r["name"] for r in js["spec"]["replicatedJobs"]]
@@ -122,7 +186,8 @@ class JobSets(Controller):
         meta, spec = js["metadata"], js["spec"]
         subdomain = (spec.get("network") or {}).get("subdomain") or meta["name"]
         if self.api.get("v1", "Service", subdomain, meta["namespace"]) is None:
-            self.api.put(
+            create(
+                self.api,
                 {
                     "apiVersion": "v1",
                     "kind": "Service",
@@ -136,7 +201,7 @@ class JobSets(Controller):
                         "selector": {f"{KEY}/jobset-name": meta["name"]},
                         "publishNotReadyAddresses": True,
                     },
-                }
+                },
             )
         names = {j["metadata"]["name"]: j for j in current}
         in_order = (spec.get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder"
@@ -166,7 +231,8 @@ class JobSets(Controller):
                 pod["spec"].setdefault("restartPolicy", "OnFailure")
                 pod["spec"]["subdomain"] = subdomain
                 job_meta = template.get("metadata") or {}
-                self.api.put(
+                create(
+                    self.api,
                     {
                         "apiVersion": "batch/v1",
                         "kind": "Job",
@@ -178,7 +244,7 @@ class JobSets(Controller):
                             "ownerReferences": [owner_ref(js)],
                         },
                         "spec": job_spec,
-                    }
+                    },
                 )
             if in_order and not all(self.ready(names.get(n)) for n in mine):
                 return  # the next replicated job waits until these are ready

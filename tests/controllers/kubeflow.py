@@ -1,18 +1,26 @@
 """The Kubeflow training operator v1 for ``kubeflow.org/v1`` PyTorchJobs (kubeflow/trainer ``release-1.9``).
 
 - Defaults (``SetDefaults_PyTorchJob``): ``cleanPodPolicy: None``, one replica, replica
-  ``restartPolicy: OnFailure``.
+  ``restartPolicy: OnFailure``, ``nprocPerNode: auto`` without an elastic policy.
 - ``pkg/controller.v1/common/pod.go`` ``ReconcilePods``/``createNewPod``: one pod per replica
   index named ``<job>-<type>-<index>`` (``GenGeneralName``), labelled with the operator, job,
   replica type and index (``job-role: master`` on the master), its ``restartPolicy`` the
-  replica's (``ExitCode`` becomes ``Never``); a pod that failed under ``OnFailure``/``Always`` is
-  deleted so that the next sync makes it again, and the job gets ``Restarting``.
+  replica's (``ExitCode`` becomes ``Never``); a pod that failed (phase ``Failed``: under
+  ``OnFailure``/``Always`` only when evicted) is deleted so that the next sync makes it again
+  under the same name, and the job gets ``Restarting``: under ``OnFailure``/``Always``, and under
+  ``ExitCode`` for a retryable code (128 and above).
 - ``service.go`` ``CreateNewService``: a headless Service of the same name for every pod.
-- ``pytorch/envvar.go``: ``MASTER_ADDR=<job>-master-0``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``.
+- ``pytorch/envvar.go`` and ``master.go``: every container gets ``PYTHONUNBUFFERED``; with a
+  Master, ``MASTER_PORT``/``PET_MASTER_PORT`` (the master's ``pytorchjob-port``),
+  ``MASTER_ADDR``/``PET_MASTER_ADDR`` (``<job>-master-0``), ``WORLD_SIZE`` (replicas times
+  ``nprocPerNode`` read as a number, 1 when it is not one), ``RANK`` and ``PET_NODE_RANK``;
+  ``PET_NPROC_PER_NODE`` is ``nprocPerNode`` as written, and ``PET_NNODES`` the replicas.
 - ``pytorch/pytorchjob_controller.go`` ``UpdateJobStatus``: ``Running`` while the master runs,
   ``Succeeded`` once it succeeded (workers are not waited for), and for any replica type with
   failures and fewer running+succeeded than replicas: ``Restarting``, or ``Failed`` under
   ``Never``.
+- ``common/job.go``: past ``runPolicy.activeDeadlineSeconds`` (from the job's start) the job
+  gets ``Failed`` ("... was active longer than specified deadline"), its pods cleaned by policy.
 - ``pkg/core/job.go`` ``PastBackoffLimit``: the restart counts of the containers of the running
   pods of ``OnFailure``/``Always``/``ExitCode`` replicas, summed over all pods; the job fails when
   that sum reaches ``backoffLimit`` (exceeds it, for 0).
@@ -31,6 +39,7 @@ from controllers import (
     Clock,
     Controller,
     all_of,
+    create,
     has_condition,
     owned,
     owner_ref,
@@ -50,6 +59,7 @@ class PyTorchJobs(Controller):
     def __init__(self, api: FakeKubeAPI) -> None:
         super().__init__(api)
         self.finished = Clock()
+        self.started = Clock()
 
     def reconcile(self) -> None:
         for job in all_of(self.api, API, "PyTorchJob"):
@@ -69,9 +79,14 @@ class PyTorchJobs(Controller):
             if ttl is not None and self.finished.since(meta["uid"]) >= ttl:
                 self.api.delete(API, "PyTorchJob", meta["name"], meta["namespace"])
             return
+        deadline = run.get("activeDeadlineSeconds")
         if self.past_backoff_limit(run, replicas, pods):
             self.fail(
                 status, f"Job {meta['name']} has failed because it has reached the specified backoff limit"
+            )
+        elif deadline is not None and self.started.since(meta["uid"]) >= int(deadline):
+            self.fail(
+                status, f"Job {meta['name']} has failed because it was active longer than specified deadline"
             )
         else:
             self.sync_replicas(job, replicas, pods, status)
@@ -85,6 +100,45 @@ class PyTorchJobs(Controller):
         policy = replica.get("restartPolicy") or "OnFailure"
         return "Never" if policy == "ExitCode" else str(policy)
 
+    @staticmethod
+    def recreated(replica: dict[str, Any], pod: dict[str, Any]) -> bool:
+        """Whether the operator deletes a failed pod to make it again (``ReconcilePods``)."""
+        policy = replica.get("restartPolicy") or "OnFailure"
+        if policy in ("OnFailure", "Always"):
+            return True
+        statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+        code = int(((statuses[0].get("state") or {}).get("terminated") or {}).get("exitCode") or 0)
+        return policy == "ExitCode" and code >= 128
+
+    @staticmethod
+    def env(
+        job: dict[str, Any], replicas: dict[str, Any], rtype: str, index: int, port: str
+    ) -> list[dict[str, str]]:
+        """What ``setPodEnv`` gives each container of a replica's pod."""
+        total = sum(int(r.get("replicas", 1)) for r in replicas.values())
+        nproc_text = job["spec"].get("nprocPerNode")
+        if nproc_text is None and job["spec"].get("elasticPolicy") is None:
+            nproc_text = "auto"  # SetDefaults_PyTorchJob
+        nproc = int(nproc_text) if str(nproc_text or "").isdigit() else 1
+        env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+        if "Master" in replicas:
+            rank = index + 1 if rtype == "Worker" else index
+            master = f"{job['metadata']['name']}-master-0"
+            env += [
+                {"name": "MASTER_PORT", "value": port},
+                {"name": "PET_MASTER_PORT", "value": port},
+                {"name": "MASTER_ADDR", "value": master},
+                {"name": "PET_MASTER_ADDR", "value": master},
+                {"name": "WORLD_SIZE", "value": str(total * nproc)},
+                {"name": "RANK", "value": str(rank)},
+                {"name": "PET_NODE_RANK", "value": str(rank)},
+            ]
+        if nproc_text is not None:
+            env.append({"name": "PET_NPROC_PER_NODE", "value": str(nproc_text)})
+        if job["spec"].get("elasticPolicy") is None:
+            env.append({"name": "PET_NNODES", "value": str(total)})
+        return env
+
     def sync_replicas(
         self,
         job: dict[str, Any],
@@ -94,7 +148,6 @@ class PyTorchJobs(Controller):
     ) -> None:
         meta = job["metadata"]
         by_name = {p["metadata"]["name"]: p for p in pods}
-        total = sum(int(r.get("replicas", 1)) for r in replicas.values())
         master_port = "23456"
         for container in (
             (replicas.get("Master") or {}).get("template", {}).get("spec", {}).get("containers", [])
@@ -113,7 +166,8 @@ class PyTorchJobs(Controller):
                     f"{LABELS}/replica-index": str(index),
                 }
                 if self.api.get("v1", "Service", name, meta["namespace"]) is None:
-                    self.api.put(
+                    create(
+                        self.api,
                         {
                             "apiVersion": "v1",
                             "kind": "Service",
@@ -124,10 +178,10 @@ class PyTorchJobs(Controller):
                                 "ownerReferences": [owner_ref(job)],
                             },
                             "spec": {"clusterIP": "None", "selector": labels},
-                        }
+                        },
                     )
                 pod = by_name.get(name)
-                if pod is not None and pod_phase(pod) == "Failed" and self.restart_policy(replica) != "Never":
+                if pod is not None and pod_phase(pod) == "Failed" and self.recreated(replica, pod):
                     self.api.delete("v1", "Pod", name, meta["namespace"])
                     set_condition(
                         status,
@@ -145,18 +199,11 @@ class PyTorchJobs(Controller):
                     pod_labels[f"{LABELS}/job-role"] = "master"
                 pod_spec = template["spec"]
                 pod_spec["restartPolicy"] = self.restart_policy(replica)
-                rank = index + 1 if rtype == "Worker" and "Master" in replicas else index
-                env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
-                if "Master" in replicas:
-                    env += [
-                        {"name": "MASTER_PORT", "value": master_port},
-                        {"name": "MASTER_ADDR", "value": f"{meta['name']}-master-0"},
-                        {"name": "WORLD_SIZE", "value": str(total)},
-                        {"name": "RANK", "value": str(rank)},
-                    ]
+                env = self.env(job, replicas, rtype, index, master_port)
                 for container in pod_spec["containers"]:
                     container["env"] = [*(container.get("env") or []), *env]
-                self.api.put(
+                create(
+                    self.api,
                     {
                         "apiVersion": "v1",
                         "kind": "Pod",
@@ -169,7 +216,7 @@ class PyTorchJobs(Controller):
                         },
                         "spec": pod_spec,
                         "status": {"phase": "Pending"},
-                    }
+                    },
                 )
 
     def update_status(

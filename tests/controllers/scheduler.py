@@ -3,7 +3,8 @@
 ``Scheduler`` is kube-scheduler reduced to a number of pod slots: a pod that fits is bound
 (``spec.nodeName``, ``PodScheduled=True``), one that does not gets ``PodScheduled=False`` with
 reason ``Unschedulable`` and a message in kube-scheduler's form. A pod asking for a scheduler no
-one runs is never touched: no node, no condition.
+one runs is never touched: no node, no condition. A pod whose claim does not exist, or is being
+deleted, is not bound either (the ``VolumeBinding`` plugin): ``persistentvolumeclaim "x" not found``.
 
 ``VolcanoScheduler`` is Volcano's scheduler (volcano-sh/volcano ``pkg/scheduler``): a PodGroup
 starts ``Pending``; the enqueue action moves it to ``Inqueue`` when its ``minMember`` fits (only
@@ -77,10 +78,25 @@ class Scheduler(Controller):
         ]
         return sorted(pods, key=lambda p: p["metadata"]["name"])
 
+    def claim_problem(self, pod: dict[str, Any]) -> str | None:
+        from controllers.storage import claims_of
+
+        namespace = pod["metadata"].get("namespace", "default")
+        for name in sorted(claims_of(pod)):
+            claim = self.api.get("v1", "PersistentVolumeClaim", name, namespace)
+            if claim is None:
+                return f'0/1 nodes are available: persistentvolumeclaim "{name}" not found.'
+            if claim["metadata"].get("deletionTimestamp"):
+                return f'0/1 nodes are available: persistentvolumeclaim "{name}" is being deleted.'
+        return None
+
     def reconcile(self) -> None:
         busy = self.busy()
         for pod in self.waiting():
-            if self.slots is None or busy < self.slots:
+            problem = self.claim_problem(pod)
+            if problem is not None:
+                self.unschedulable(pod, problem)
+            elif self.slots is None or busy < self.slots:
                 self.bind(pod)
                 busy += 1
             else:

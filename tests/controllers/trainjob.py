@@ -8,7 +8,10 @@ command, args and env, the port 29500 and ``PET_NNODES``, ``PET_NPROC_PER_NODE``
 ``PET_NODE_RANK`` (the completion index), ``PET_MASTER_ADDR=<job>-node-0-0.<job>`` and
 ``PET_MASTER_PORT=29500``. ``runtimePatches`` are merged onto the pod template (labels,
 annotations, pod spec fields; containers by name). The TrainJob's ``Complete``/``Failed``
-conditions are the JobSet's ``Completed``/``Failed`` (``JobSet.Status``).
+conditions are the JobSet's ``Completed``/``Failed`` (``JobSet.Status``). ``activeDeadlineSeconds``
+counts from the TrainJob's creation: past it the TrainJob is ``Failed`` (``DeadlineExceeded``) and
+its JobSet deleted. The webhook refuses the runtime's own ``PET_*`` variables in ``trainer.env``
+(the torch plugin's ``Validate``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,16 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
-from controllers import Controller, all_of, has_condition, owner_ref, update_status
+from controllers import (
+    Clock,
+    Controller,
+    all_of,
+    create,
+    has_condition,
+    owner_ref,
+    set_condition,
+    update_status,
+)
 
 if TYPE_CHECKING:
     from kubeapi import FakeKubeAPI
@@ -36,9 +48,23 @@ def _merge_containers(base: list[dict[str, Any]], patch: list[dict[str, Any]]) -
                 container[key] = value
 
 
+RESERVED = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+
+def validate(job: dict[str, Any]) -> str | None:
+    reserved = [
+        e["name"] for e in (job["spec"].get("trainer") or {}).get("env") or [] if e["name"] in RESERVED
+    ]
+    if reserved:
+        return f"spec.trainer.env: must not have reserved envs, invalid envs configured: {reserved}"
+    return None
+
+
 class TrainJobs(Controller):
     def __init__(self, api: FakeKubeAPI) -> None:
         super().__init__(api)
+        self.created = Clock()
+        api.webhooks.setdefault((API, "TrainJob"), []).append(validate)
 
     def reconcile(self) -> None:
         for job in all_of(self.api, API, "TrainJob"):
@@ -47,8 +73,16 @@ class TrainJobs(Controller):
             meta = job["metadata"]
             js = self.api.get(JOBSET, "JobSet", meta["name"], meta["namespace"])
             finished = has_condition(job, "Complete") or has_condition(job, "Failed")
+            deadline = job["spec"].get("activeDeadlineSeconds")
+            if not finished and deadline is not None and self.created.since(meta["uid"]) >= int(deadline):
+                status = copy.deepcopy(job.get("status") or {})
+                set_condition(status, "Failed", "DeadlineExceeded", "TrainJob exceeded its active deadline")
+                update_status(self.api, job, status)
+                if js is not None:
+                    self.api.delete(JOBSET, "JobSet", meta["name"], meta["namespace"])
+                continue
             if js is None and not finished:
-                self.api.put(self.jobset(job))
+                create(self.api, self.jobset(job))
             elif js is not None:
                 status = copy.deepcopy(job.get("status") or {})
                 conditions = [

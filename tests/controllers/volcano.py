@@ -7,10 +7,15 @@ From volcano-sh/volcano ``pkg/controllers/job``:
   owner reference, ``minMember = spec.minAvailable``, the queue and priority class
   (``createOrUpdatePodGroup``).
 - ``syncJob``: pods are created only once the PodGroup's phase is neither ``""`` nor
-  ``Pending``; each is ``<job>-<task>-<index>`` with the task and index labels and annotations and
-  the PodGroup annotation, the job's scheduler unless the template names one; the ``pytorch``
-  plugin adds ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and ``RANK``
-  (``plugins/distributed-framework/pytorch``).
+  ``Pending``; each is ``<job>-<task>-<index>`` with the task and index labels and annotations,
+  the job's version and retry count (``volcano.sh/job-retry-count``) and the PodGroup annotation,
+  the job's scheduler unless the template names one (``createJobPod``). Plugins
+  (``plugins/``): ``pytorch`` gives every container ``MASTER_ADDR``, ``MASTER_PORT``,
+  ``WORLD_SIZE``, and ``RANK`` to the master and workers only; ``svc`` sets each pod's hostname
+  (its name) and subdomain (the job's name) and makes the headless Service ``<job>``; ``env``
+  gives every container and init container ``VK_TASK_INDEX`` and ``VC_TASK_INDEX``.
+- ``createJobIOIfNotExist``: a volume with a ``volumeClaim`` and no ``volumeClaimName`` gets a
+  claim named ``<job>-volume-<random>``, owned by the job (it goes with the job).
 - ``state/*.go``: Pending becomes Running once ``running + succeeded + failed >= minAvailable``;
   when every pod has ended the job is Completed if ``succeeded >= minAvailable``, else Failed. A
   pod that fails (``PodFailed``) or a task whose pods all succeeded (``TaskCompleted``) takes the
@@ -24,9 +29,10 @@ From volcano-sh/volcano ``pkg/controllers/job``:
 from __future__ import annotations
 
 import copy
+import secrets
 from typing import TYPE_CHECKING, Any
 
-from controllers import Clock, Controller, all_of, owned, owner_ref, pod_phase, update_status
+from controllers import Clock, Controller, all_of, create, owned, owner_ref, pod_phase, update_status
 from kubeapi import now_iso
 
 if TYPE_CHECKING:
@@ -77,6 +83,8 @@ class VolcanoJobs(Controller):
             update_status(self.api, job, status)
             return
         group = self.ensure_podgroup(job)
+        self.ensure_claims(job)
+        self.ensure_service(job)
         pods = {p["metadata"]["name"]: p for p in owned(self.api, "v1", "Pod", job)}
         if phase in ENDING:
             if not self.kill(job, keep_ended=True):
@@ -91,6 +99,7 @@ class VolcanoJobs(Controller):
             action = self.policy_action(job, pods)
             if action == "RestartJob":
                 status["retryCount"] = status.get("retryCount", 0) + 1
+                status["version"] = status.get("version", 0) + 1  # killPods bumps it
                 self.kill(job, keep_ended=False)
                 self.api.delete(PODGROUP_API, "PodGroup", group["metadata"]["name"], meta["namespace"])
                 phase = self.transition(status, "Restarting")
@@ -138,6 +147,60 @@ class VolcanoJobs(Controller):
         }
         return self.api.put(group)
 
+    def ensure_claims(self, job: dict[str, Any]) -> None:
+        """Claims for the job's volumes that name none: made once, the name written back."""
+        volumes = job["spec"].get("volumes") or []
+        changed = False
+        for volume in volumes:
+            if volume.get("volumeClaimName") or not volume.get("volumeClaim"):
+                continue
+            name = f"{job['metadata']['name']}-volume-{secrets.token_hex(6)}"
+            claim = {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {
+                    "name": name,
+                    "namespace": job["metadata"]["namespace"],
+                    "ownerReferences": [owner_ref(job)],
+                },
+                "spec": volume["volumeClaim"],
+            }
+            create(self.api, claim)
+            volume["volumeClaimName"] = name
+            changed = True
+        if changed:
+            current = self.api.get(API, "Job", job["metadata"]["name"], job["metadata"]["namespace"])
+            if current is not None and current["metadata"]["uid"] == job["metadata"]["uid"]:
+                current["spec"]["volumes"] = volumes
+                self.api.put(current)
+
+    def ensure_service(self, job: dict[str, Any]) -> None:
+        """The svc plugin's headless Service, named after the job."""
+        if "svc" not in (job["spec"].get("plugins") or {}):
+            return
+        meta = job["metadata"]
+        if self.api.get("v1", "Service", meta["name"], meta["namespace"]) is not None:
+            return
+        create(
+            self.api,
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {
+                    "name": meta["name"],
+                    "namespace": meta["namespace"],
+                    "ownerReferences": [owner_ref(job)],
+                },
+                "spec": {
+                    "clusterIP": "None",
+                    "selector": {
+                        "volcano.sh/job-name": meta["name"],
+                        "volcano.sh/job-namespace": meta["namespace"],
+                    },
+                },
+            },
+        )
+
     def create_pods(self, job: dict[str, Any], group: str, pods: dict[str, Any]) -> None:
         meta, spec = job["metadata"], job["spec"]
         flags = (
@@ -159,6 +222,7 @@ class VolcanoJobs(Controller):
                 template = copy.deepcopy(task["template"])
                 ids = {
                     "volcano.sh/job-name": meta["name"],
+                    "volcano.sh/job-namespace": meta["namespace"],
                     "volcano.sh/task-spec": task["name"],
                     "volcano.sh/task-index": str(index),
                 }
@@ -166,26 +230,44 @@ class VolcanoJobs(Controller):
                 annotations = {
                     **(template.get("metadata") or {}).get("annotations", {}),
                     **ids,
+                    "volcano.sh/job-version": str((job.get("status") or {}).get("version", 0)),
+                    "volcano.sh/job-retry-count": str((job.get("status") or {}).get("retryCount", 0)),
                     "scheduling.k8s.io/group-name": group,
                 }
                 pod_spec = template["spec"]
                 pod_spec.setdefault("schedulerName", spec.get("schedulerName") or "volcano")
+                self.mount_volumes(job, pod_spec)
+                plugins = spec.get("plugins") or {}
                 if flags is not None:
+                    master = next(t for t in spec["tasks"] if t["name"] == flags["master"])
+                    master_spec = master["template"].get("spec") or {}
+                    host = master_spec.get("hostname") or f"{meta['name']}-{flags['master']}-0"
                     env = [
                         {
                             "name": "MASTER_ADDR",
-                            "value": f"{meta['name']}-{flags['master']}-0.{meta['name']}",
+                            "value": f"{host}.{master_spec.get('subdomain') or meta['name']}",
                         },
                         {"name": "MASTER_PORT", "value": flags["port"]},
                         {"name": "WORLD_SIZE", "value": str(world)},
                     ]
-                    if task["name"] == flags["master"]:
-                        env.append({"name": "RANK", "value": "0"})
-                    elif task["name"] == flags["worker"]:
+                    if task["name"] == flags["worker"]:
                         env.append({"name": "RANK", "value": str(index + 1)})
+                    elif task["name"] == flags["master"]:
+                        env.append({"name": "RANK", "value": "0"})
                     for container in pod_spec["containers"]:
                         container["env"] = [*(container.get("env") or []), *env]
-                self.api.put(
+                if "svc" in plugins:
+                    pod_spec.setdefault("hostname", name)
+                    pod_spec.setdefault("subdomain", meta["name"])
+                if "env" in plugins:
+                    index_env = [
+                        {"name": "VK_TASK_INDEX", "value": str(index)},
+                        {"name": "VC_TASK_INDEX", "value": str(index)},
+                    ]
+                    for container in [*pod_spec["containers"], *(pod_spec.get("initContainers") or [])]:
+                        container["env"] = [*(container.get("env") or []), *index_env]
+                create(
+                    self.api,
                     {
                         "apiVersion": "v1",
                         "kind": "Pod",
@@ -198,7 +280,22 @@ class VolcanoJobs(Controller):
                         },
                         "spec": pod_spec,
                         "status": {"phase": "Pending"},
-                    }
+                    },
+                )
+
+    @staticmethod
+    def mount_volumes(job: dict[str, Any], pod_spec: dict[str, Any]) -> None:
+        for i, volume in enumerate(job["spec"].get("volumes") or []):
+            claim = volume.get("volumeClaimName")
+            if not claim:
+                continue
+            name = f"volume-{i}"
+            pod_spec.setdefault("volumes", []).append(
+                {"name": name, "persistentVolumeClaim": {"claimName": claim}}
+            )
+            for container in pod_spec["containers"]:
+                container.setdefault("volumeMounts", []).append(
+                    {"name": name, "mountPath": volume["mountPath"]}
                 )
 
     def kill(self, job: dict[str, Any], *, keep_ended: bool) -> bool:

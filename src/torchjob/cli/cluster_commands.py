@@ -80,11 +80,9 @@ def run_submit(args: argparse.Namespace) -> int:
     if script is None and program_args:
         raise SpecError([Problem("", "arguments after FILE are a script's (quick mode)", args.file)])
     if script is not None:
-        from torchjob.quick import default_image_warning
+        from torchjob.quick import require_image
 
-        note = default_image_warning(args.file, args.image)
-        if note:
-            print(note, file=sys.stderr)
+        require_image(args.image)
     item = script or choose_job(load_ref(args.file), args.job, args.file)
     options = StartOptions(detach=True, settings=settings)
     try:

@@ -229,11 +229,10 @@ def _load(args: argparse.Namespace, extra_env: dict[str, str]) -> list[Any]:
     )
     if script is not None:
         args.quick = args.quick or "1x1"  # the job's arguments and working directory are in it
-        from torchjob.quick import default_image_warning
+        if not local:
+            from torchjob.quick import require_image
 
-        note = None if local else default_image_warning(args.file, args.image)
-        if note:
-            print(note, file=sys.stderr)
+            require_image(args.image)
         return [script]
 
     if is_task_ref(args.file):  # the arguments after -- are the task's
@@ -441,6 +440,8 @@ def _status_lines(report: JobReport) -> list[str]:
     lines += crash_loops(report)
     if report.name_resolution:
         lines.append(f"names: {report.name_resolution}")
+    if report.network:
+        lines.append(f"network: {report.network}")
     for event in report.events[-5:]:
         when = time.strftime("%H:%M:%S", time.localtime(event.time))
         lines.append(f"  {when} {event.message}")
@@ -530,6 +531,10 @@ def run_queue(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"capacity: {_amounts(found.capacity)} ({found.source})")
     print(f"free:     {_amounts(found.free)}")
+    if found.where:
+        print(f"kept in:  {found.where}")
+    for note in found.notes:
+        print(f"note:     {note}")
     rows: list[tuple[str, ...]] = [("QUEUE", "WEIGHT", "CAPABILITY", "RUNNING", "WAITING")]
     for q in found.queues:
         rows.append((q.name, f"{q.weight:g}", _amounts(q.capability) or "-", str(q.running), str(q.waiting)))
@@ -538,9 +543,11 @@ def run_queue(args: argparse.Namespace) -> int:
         print("no job holds or waits for resources")
         return EXIT_OK
     print()
-    rows = [("JOB", "QUEUE", "PRIORITY", "STATE", "RESOURCES", "REASON")]
+    users = any(j.user for j in found.jobs)  # a queue users share: whose each job is
+    rows = [("JOB", *(("USER",) if users else ()), "QUEUE", "PRIORITY", "STATE", "RESOURCES", "REASON")]
     for j in found.jobs:
-        rows.append((j.id, j.queue, str(j.priority), j.state, _amounts(j.requests), j.reason))
+        who = (j.user,) if users else ()
+        rows.append((j.id, *who, j.queue, str(j.priority), j.state, _amounts(j.requests), j.reason))
     _table(rows)
     return EXIT_OK
 

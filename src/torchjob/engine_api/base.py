@@ -246,6 +246,7 @@ class QueuedJob:
     requests: dict[str, str]  # what it holds (Running) or what its gang waits for (Waiting)
     reason: str = ""  # why it waits
     since: float | None = None  # when it was submitted (seconds since the epoch)
+    user: str = ""  # whose job it is, in a queue users share
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -257,6 +258,7 @@ class QueuedJob:
             "requests": dict(self.requests),
             "reason": self.reason,
             "since": self.since,
+            "user": self.user,
         }
 
 
@@ -287,12 +289,16 @@ class QueueListing:
     source: str  # where the capacity came from
     queues: list[QueueInfo] = field(default_factory=list)
     jobs: list[QueuedJob] = field(default_factory=list)  # running first, then waiting in order
+    where: str = ""  # where the queue is kept, and whether other users share it
+    notes: list[str] = field(default_factory=list)  # what a person should know of it now
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "capacity": dict(self.capacity),
             "free": dict(self.free),
             "source": self.source,
+            "where": self.where,
+            "notes": list(self.notes),
             "queues": [q.to_dict() for q in self.queues],
             "jobs": [j.to_dict() for j in self.jobs],
         }

@@ -3,6 +3,10 @@
 Used in two places: by the caller for a single-node ``Elastic`` task with several processes, and
 by the in-pod entrypoint for multi-node tasks. Each worker process runs :func:`elastic_child`,
 which records its own exception for the caller before the launcher tears the group down.
+
+The rendezvous progress a caller is shown (``2/4 nodes joined``) is read from the results
+directory, where each node and the first worker say they are there: never from the c10d store,
+whose values are pickles anyone who reaches its port could have written.
 """
 
 from __future__ import annotations
@@ -12,14 +16,11 @@ import contextlib
 import ctypes
 import logging
 import os
-import pickle
 import signal
 import sys
 import threading
-from base64 import b64decode
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,8 @@ from torchjob.sdk.results import PROGRESS_FILE, run_call, write_error, write_fai
 
 logger = get_logger()
 
-# torch's c10d backend stores this until the first state is written.
-_NULL_SENTINEL = b"Y2FuaW1hZGFt"
+NODES = "nodes"  # in the results directory: a file per node whose agent joins, and COMPLETE
+COMPLETE = ".complete"  # written by the first worker to start: the rendezvous is complete
 
 
 class LaunchFailed(Exception):
@@ -62,6 +63,7 @@ def elastic_child(payload: bytes, results: str) -> bytes | None:
     """The body of every worker process: run the call, report rank 0's value or this rank's error."""
     rank = int(os.environ.get("RANK", "0"))
     _whole_lines()
+    _mark(results, COMPLETE)  # workers start once the rendezvous is complete
     try:  # loading, running and pickling the value: any failure is this rank's error
         value = run_call(payload)
         # Only rank 0's value is returned to the caller; the others are not worth pickling.
@@ -302,37 +304,43 @@ def _launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[boo
     return False, None
 
 
-def rendezvous_state(endpoint: str, run_id: str, store: Any) -> tuple[int, int, bool] | None:
-    """(participants, waiting, complete) from the c10d rendezvous key, or None if not there yet."""
-    key = "torch.rendezvous." + run_id
-    if not store.check([key]):
-        return None
-    raw = store.get(key)
-    if raw == _NULL_SENTINEL or not raw:
-        return None
-    state = pickle.loads(b64decode(raw))
-    return len(state.participants), len(state.wait_list), bool(state.complete)
+def _mark(results: str, name: str) -> None:
+    """Create ``<results>/nodes/<name>`` (empty): plain data that only this user can write."""
+    folder = os.path.join(results, NODES)
+    with contextlib.suppress(OSError):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.close(
+            os.open(
+                os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+        )
 
 
-def watch_rendezvous(endpoint: str, run_id: str, max_nodes: int, results: str, stop: threading.Event) -> None:
+def node_joins(results: str) -> None:
+    """Say, for the caller's progress, that this node's agent goes to the rendezvous (a node is
+    named by its pod, so a restarted pod counts once)."""
+    _mark(results, os.environ.get("TORCHJOB_POD_NAME") or os.environ.get("HOSTNAME") or str(os.getpid()))
+
+
+def rendezvous_progress(results: str) -> tuple[int, bool]:
+    """(nodes joined, whether the rendezvous is complete), as the nodes and workers said it."""
+    try:
+        names = os.listdir(os.path.join(results, NODES))
+    except OSError:
+        return 0, False
+    return len([n for n in names if n != COMPLETE]), COMPLETE in names
+
+
+def watch_rendezvous(results: str, max_nodes: int, stop: threading.Event) -> None:
     """Write "k/N nodes joined" lines to the results directory as nodes join (until complete)."""
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-    host, _, port = endpoint.rpartition(":")
+    with contextlib.suppress(OSError):  # a restarted job's: its workers have not started yet
+        os.unlink(os.path.join(results, NODES, COMPLETE))
     path = Path(results) / PROGRESS_FILE
-    store: Any = None
     last = ""
     while not stop.wait(0.2):
-        try:
-            if store is None:
-                store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=2))
-            state = rendezvous_state(endpoint, run_id, store)
-        except Exception:  # the store is not up yet, or its format changed: keep trying quietly
-            store = None
+        joined, complete = rendezvous_progress(results)
+        if not joined:
             continue
-        if state is None:
-            continue
-        joined, _, complete = state
         line = f"{joined}/{max_nodes} nodes joined" + (", rendezvous complete" if complete else "")
         if line != last:
             with path.open("a") as handle:

@@ -102,7 +102,7 @@ def _endpoint(multi_node: bool) -> tuple[str, bool | None]:
 
 
 def _run_elastic(args: argparse.Namespace, payload: bytes, results: str) -> int:
-    from torchjob.sdk.elastic import LaunchFailed, LaunchSettings, launch, watch_rendezvous
+    from torchjob.sdk.elastic import LaunchFailed, LaunchSettings, launch, node_joins, watch_rendezvous
 
     low, _, high = args.nnodes.partition(":")
     min_nodes, max_nodes = int(low), int(high or low)
@@ -131,11 +131,11 @@ def _run_elastic(args: argparse.Namespace, payload: bytes, results: str) -> int:
         start_method=start_method,
     )
     stop = threading.Event()
-    if max_nodes > 1 and is_host:
-        watcher = threading.Thread(
-            target=watch_rendezvous, args=(endpoint, args.run_id, max_nodes, results, stop), daemon=True
-        )
+    if max_nodes > 1 and is_host:  # the caller's progress, read from the results (never the store)
+        watcher = threading.Thread(target=watch_rendezvous, args=(results, max_nodes, stop), daemon=True)
         watcher.start()
+    if max_nodes > 1:
+        node_joins(results)
     try:
         has_rank0, value = launch(payload, results, settings)
     except LaunchFailed as err:

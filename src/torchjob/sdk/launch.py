@@ -14,13 +14,11 @@ import logging
 import os
 import secrets
 import shlex
-import shutil
 import sys
-import tempfile
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from torchjob import scratch
 from torchjob.engine_api.lastrun import calls_root, remember
 from torchjob.logs import configure, get_logger
 from torchjob.sdk.config import Elastic, PyTorch
@@ -33,6 +31,7 @@ if TYPE_CHECKING:
     from torchjob.sdk.task import Task
 
 R = TypeVar("R")
+SCRATCH = "torchjob-sdk-"  # a call's directory under the temporary directory (scratch.py)
 
 
 def run_task(task: Task[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
@@ -67,7 +66,7 @@ def _run_single_node(
 
     policy = config.run_policy
     deadline = float(policy.active_deadline_seconds) if policy and policy.active_deadline_seconds else None
-    results = tempfile.mkdtemp(prefix="torchjob-sdk-")
+    results = str(scratch.make(SCRATCH))  # a killed caller's is removed by the next call
     try:
         settings = LaunchSettings(
             min_nodes=1,
@@ -97,7 +96,7 @@ def _run_single_node(
             raise _with_source(error) from error.original
         return value
     finally:
-        shutil.rmtree(results, ignore_errors=True)
+        scratch.remove(results)
 
 
 def _with_source(error: Exception) -> Exception:
@@ -204,7 +203,7 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
     from torchjob.sdk.watch import JobWatcher
 
     config = task.task_config
-    work = Path(tempfile.mkdtemp(prefix="torchjob-sdk-"))
+    work = scratch.make(SCRATCH)  # the pickled arguments: a killed caller's are removed by the next call
     holds_pool = False
     try:
         payload = work / "payload.pkl"
@@ -287,4 +286,4 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
     finally:
         if holds_pool:
             _POOL_TURN.release()
-        shutil.rmtree(work, ignore_errors=True)
+        scratch.remove(work)

@@ -281,13 +281,27 @@ def volcano_warnings(job: Job, target: str, master: Task | None) -> list[tuple[s
 def pod_scheduling(job: Job, spec: dict[str, Any]) -> None:
     """The job-level scheduler and priority class on a pod spec that names none, as Volcano does.
 
-    ``volcano`` (the scheduler Volcano's webhook fills in) is not copied: these targets run on
-    clusters without Volcano, where the default scheduler places the pods.
+    ``volcano`` is not copied, whether the job names it or Volcano's webhook filled it in: Volcano's
+    scheduler places pods by the PodGroups Volcano's controller makes, which these targets do not,
+    so the cluster's default scheduler places them (``scheduler_warnings`` says so).
     """
     if job.spec.priority_class_name and not spec.get("priorityClassName"):
         spec["priorityClassName"] = job.spec.priority_class_name
     if job.spec.scheduler_name not in ("", DEFAULT_SCHEDULER) and not spec.get("schedulerName"):
         spec["schedulerName"] = job.spec.scheduler_name
+
+
+def scheduler_warnings(job: Job, target: str) -> list[tuple[str, str]]:
+    """A job that names Volcano's scheduler itself: ``target`` drops it, and says so."""
+    if job.spec.scheduler_defaulted or job.spec.scheduler_name != DEFAULT_SCHEDULER:
+        return []
+    return [
+        (
+            "spec.schedulerName",
+            f"Volcano's scheduler places pods by the PodGroups Volcano's controller makes, and target "
+            f"{target!r} makes none: the cluster's default scheduler places the pods ('volcano' is dropped)",
+        )
+    ]
 
 
 def total_pods(job: Job) -> int:

@@ -74,6 +74,14 @@ class TopKind:
     kind: str
     plural: str
     install: str
+    # Fields an older controller's CRD lacks: (field path without list indexes, the first version of
+    # the controller that has it). A cluster that refuses one is told which version it needs.
+    versions: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def controller(self) -> str:
+        """The controller as a cluster admin knows it ("Kubeflow Trainer")."""
+        return self.install.removeprefix("install ")
 
 
 @record(frozen=True)
@@ -97,6 +105,9 @@ class Target:
     status: Callable[[dict[str, Any]], Status] | None = None  # None: the phase comes from the pods
     task_keys: tuple[str, ...] = ()  # pod labels (or annotations) naming a pod's task...
     index_keys: tuple[str, ...] = ()  # ...and its index in that task, tried in order
+    # ...and the run of the whole job it belongs to (the controller's count of the job's restarts:
+    # a restarted job's pods are made again, maybe under the same names)
+    attempt_keys: tuple[str, ...] = ()
     add_env: Callable[[dict[str, Any], dict[str, str]], None] | None = None  # None: every container
     runtime: bool = False  # takes --runtime
     # (field path, what, name): the longest name of each kind its controller derives from the job's

@@ -15,6 +15,9 @@ Every other task gets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and the p
 - Failure: ``failurePolicy.maxRestarts`` is ``maxRetry - 1`` when a failed pod restarts the job
   (Volcano fails the job on the restart that reaches ``maxRetry``), else 0. Child Jobs of
   ``Never`` pods have ``backoffLimit: 0``; of ``OnFailure`` pods no limit, as under Volcano.
+- Deadline: a JobSet has none of its own; the SDK's ``active_deadline_seconds`` goes on each
+  child Job, and a failure-policy rule fails the whole set when a Job fails for its deadline
+  (``DeadlineExceeded``), where the default action would restart the set with fresh deadlines.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from torchjob.errors import SpecError
 from torchjob.plugins.pytorch import PORT_NAME
-from torchjob.records import record
+from torchjob.records import record, replace
 from torchjob.spec.model import Job, Task
 from torchjob.target_api.common import (
     INT32_MAX,
@@ -38,6 +41,7 @@ from torchjob.target_api.common import (
     mount_job_volumes,
     pod_scheduling,
     queue_warnings,
+    scheduler_warnings,
     task_path,
     volcano_warnings,
     wait_master_flags,
@@ -83,7 +87,7 @@ def render(job: Job) -> TargetRender:
         "network": {"enableDNSHostnames": True, "subdomain": job.name, "publishNotReadyAddresses": True},
         "replicatedJobs": replicated,
         # The SDK's backoff_limit B is maxRetry B + 1: B restarts.
-        "failurePolicy": {"maxRestarts": job_restarts(job)},
+        "failurePolicy": _failure_policy(job),
         "successPolicy": _success_policy(master),
     }
     if master is not None:
@@ -94,6 +98,24 @@ def render(job: Job) -> TargetRender:
     warnings += _cleanup_warnings(job)
     job_object = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job), "spec": spec_out}
     return TargetRender(KIND, API_VERSION, [*claim_objects(job), job_object], warnings)
+
+
+DEADLINE_RULE = "DeadlineExceeded"  # the failure-policy rule that ends the set at a Job's deadline
+
+
+def _deadline(job: Job) -> int | None:
+    sdk = job.run_policy
+    return sdk.active_deadline_seconds if sdk is not None and sdk.active_deadline_seconds else None
+
+
+def _failure_policy(job: Job) -> dict[str, Any]:
+    """Restarts as Volcano counts them; a Job past its deadline fails the set, never restarts it."""
+    policy: dict[str, Any] = {"maxRestarts": job_restarts(job)}
+    if _deadline(job) is not None:
+        policy["rules"] = [
+            {"name": DEADLINE_RULE, "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]}
+        ]
+    return policy
 
 
 @record(frozen=True)
@@ -124,7 +146,9 @@ def _refuse_elastic_range(job: Job) -> None:
 
 def _job_warnings(job: Job, master: Task | None) -> list[tuple[str, str]]:
     warnings = [w for w in volcano_warnings(job, "jobset", master) if w[0] != "spec.plugins.env"]
-    warnings += queue_warnings(job, "jobset") + gang_warnings(job, "jobset")
+    warnings += (
+        queue_warnings(job, "jobset") + gang_warnings(job, "jobset") + scheduler_warnings(job, "jobset")
+    )
     for flag in wait_master_flags(job) if master is not None else []:
         warnings.append(
             (
@@ -156,9 +180,9 @@ def _replicated_job(job: Job, task: Task, wiring: Wiring, warnings: list[tuple[s
     # policies do. OnFailure: the container restarts in place; under Volcano such a pod never
     # fails, so no limit here either (batch/v1's default of 6 would fail the set on the 7th crash).
     job_spec["backoffLimit"] = 0 if spec["restartPolicy"] == "Never" else INT32_MAX
-    sdk = job.run_policy
-    if sdk is not None and sdk.active_deadline_seconds:
-        job_spec["activeDeadlineSeconds"] = sdk.active_deadline_seconds
+    deadline = _deadline(job)
+    if deadline is not None:
+        job_spec["activeDeadlineSeconds"] = deadline
     return {
         "name": task.name,
         "replicas": task.replicas,
@@ -247,8 +271,30 @@ def _cleanup_warnings(job: Job) -> list[tuple[str, str]]:
 
 
 def status(top: dict[str, Any]) -> Status:
-    """JobSet's conditions; it has no Running one, so a running job is told by its pods."""
-    return condition_status(top, "Completed")
+    """JobSet's conditions; it has no Running one, so a running job is told by its pods. A set
+    failed by the deadline rule failed for the deadline (JobSet's own reason names only the rule's
+    action)."""
+    said = condition_status(top, "Completed")
+    spec = top.get("spec") or {}
+    rules = [r.get("name") for r in (spec.get("failurePolicy") or {}).get("rules") or []]
+    if (
+        said.phase == "Failed"
+        and rules == [DEADLINE_RULE]
+        and said.reason.startswith("FailJobSetFailurePolicyAction")
+    ):
+        seconds = next(
+            (
+                r["template"]["spec"].get("activeDeadlineSeconds")
+                for r in spec.get("replicatedJobs") or []
+                if r.get("template", {}).get("spec", {}).get("activeDeadlineSeconds")
+            ),
+            None,
+        )
+        detail = said.reason.removeprefix("FailJobSetFailurePolicyAction").lstrip(": ")
+        return replace(
+            said, reason=f"DeadlineExceeded: a Job ran past its activeDeadlineSeconds ({seconds}s); {detail}"
+        )
+    return said
 
 
 def generated(job: Job) -> list[tuple[str, str, str]]:
@@ -264,11 +310,23 @@ TARGET = Target(
     generated=generated,
     dns1035=True,  # the JobSet's headless Service is named after it
     render=lambda job, runtime: render(job),
-    top=TopKind(API_VERSION, "JobSet", "jobsets", "install JobSet"),
+    top=TopKind(
+        API_VERSION,
+        "JobSet",
+        "jobsets",
+        "install JobSet",
+        versions=(
+            ("spec.startupPolicy", "JobSet v0.4"),
+            ("spec.ttlSecondsAfterFinished", "JobSet v0.5"),
+            ("spec.network.publishNotReadyAddresses", "JobSet v0.6"),
+            ("spec.failurePolicy.rules", "JobSet v0.6"),
+        ),
+    ),
     preference=30,  # needs only JobSet's controller
     can=frozenset({"any-tasks", "no-pytorch", "different-roles", "pod-field", "no-command"}),
     status=status,
     task_keys=("jobset.sigs.k8s.io/replicatedjob-name",),
     # Each task runs as `replicas` one-pod Jobs: a pod's index is its Job's (its completion index is 0).
     index_keys=("jobset.sigs.k8s.io/job-index", "batch.kubernetes.io/job-completion-index"),
+    attempt_keys=("jobset.sigs.k8s.io/restart-attempt",),
 )

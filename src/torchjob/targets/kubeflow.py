@@ -32,6 +32,7 @@ from torchjob.target_api.common import (
     pod_scheduling,
     pytorch_roles,
     restarts_on_failure,
+    scheduler_warnings,
     task_path,
     total_pods,
     volcano_warnings,
@@ -170,7 +171,7 @@ def _backoff_warnings(job: Job, replicas: dict[str, Any]) -> list[tuple[str, str
 
 def render(job: Job) -> TargetRender:
     roles = pytorch_roles(job, "kubeflow")
-    warnings = volcano_warnings(job, "kubeflow", roles.master)
+    warnings = volcano_warnings(job, "kubeflow", roles.master) + scheduler_warnings(job, "kubeflow")
     # A YAML job that restarts on a failed pod: the operator restarts pods, so Never must become OnFailure.
     restart = job.run_policy is None and restarts_on_failure(job)
     replicas: dict[str, Any] = {}
@@ -252,7 +253,13 @@ TARGET = Target(
     generated=generated,
     dns1035=True,  # the PyTorchJob webhook's rule
     render=lambda job, runtime: render(job),
-    top=TopKind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", "install the Kubeflow training operator"),
+    top=TopKind(
+        "kubeflow.org/v1",
+        "PyTorchJob",
+        "pytorchjobs",
+        "install the Kubeflow training operator",
+        versions=(("spec.nprocPerNode", "the Kubeflow training operator v1.7"),),
+    ),
     preference=20,  # a PyTorchJob keeps master and workers apart
     can=frozenset({"elastic-range", "different-roles", "pod-field", "no-command"}),
     status=status,

@@ -88,6 +88,7 @@ TARGET = Target(
     name="pods",
     podgroup=True,
     side_kinds=(
+        ("v1", "persistentvolumeclaims"),
         ("v1", "configmaps"),
         ("v1", "services"),
         ("networking.k8s.io/v1", "networkpolicies"),
@@ -108,4 +109,5 @@ TARGET = Target(
     ),
     task_keys=("volcano.sh/task-spec",),
     index_keys=("volcano.sh/task-index",),
+    attempt_keys=("volcano.sh/job-retry-count",),
 )

@@ -173,7 +173,7 @@ def _job_warnings(job: Job, master: Task) -> list[tuple[str, str]]:
                 f"{job.spec.priority_class_name!r} is dropped",
             )
         )
-    if job.spec.scheduler_name not in ("", "volcano"):
+    if not job.spec.scheduler_defaulted:  # volcano too: the runtime's JobSet has no PodGroup
         warnings.append(
             (
                 "spec.schedulerName",
@@ -388,12 +388,27 @@ TARGET = Target(
     generated=generated,
     dns1035=True,  # Trainer's rule for a TrainJob's name
     render=lambda job, runtime: render(job, runtime=runtime),
-    top=TopKind(API_VERSION, "TrainJob", "trainjobs", "install Kubeflow Trainer"),
+    top=TopKind(
+        API_VERSION,
+        "TrainJob",
+        "trainjobs",
+        "install Kubeflow Trainer",
+        versions=(
+            ("spec.runtimePatches", "Kubeflow Trainer v2.2"),  # v2.0/v2.1: podSpec/TemplateOverrides
+            ("spec.activeDeadlineSeconds", "Kubeflow Trainer v2.2"),
+            (
+                "spec.runtimePatches.trainingRuntimeSpec.template.spec.replicatedJobs.template.spec.template"
+                ".spec.terminationGracePeriodSeconds",
+                "Kubeflow Trainer v2.3",
+            ),
+        ),
+    ),
     preference=40,  # expresses the fewest jobs: one image and command for every node
     status=status,
     # The runtime's one replicated job "node" is one Indexed Job of numNodes pods.
     task_keys=("jobset.sigs.k8s.io/replicatedjob-name",),
     index_keys=("batch.kubernetes.io/job-completion-index",),
+    attempt_keys=("jobset.sigs.k8s.io/restart-attempt",),  # the runtime's JobSet restarts
     add_env=add_env,
     runtime=True,
 )

@@ -68,4 +68,5 @@ TARGET = Target(
     status=status,
     task_keys=("volcano.sh/task-spec",),
     index_keys=("volcano.sh/task-index",),
+    attempt_keys=("volcano.sh/job-retry-count",),
 )

@@ -132,6 +132,7 @@ class Cluster:
         body: Any = None,
         doing: str,
         read_timeout: float | None = READ_TIMEOUT,
+        content_type: str = "application/json",
     ) -> Any:
         """The raw urllib3 response of a 2xx answer (the caller reads or streams it); ApiError else.
 
@@ -142,7 +143,7 @@ class Cluster:
         while True:
             tries += 1
             try:
-                return self._open_once(method, path, query, body, doing, read_timeout)
+                return self._open_once(method, path, query, body, doing, read_timeout, content_type)
             except ApiError as err:
                 wait = err.retry_after
                 if wait is None or tries >= RETRY_TRIES or wait > RETRY_AFTER_MAX:
@@ -159,9 +160,10 @@ class Cluster:
         body: Any,
         doing: str,
         read_timeout: float | None,
+        content_type: str,
     ) -> Any:
         params = [(k, _query_value(v)) for k, v in (query or {}).items() if v is not None]
-        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        headers = {"Accept": "application/json", "Content-Type": content_type}
         # Always a (connect, read) pair: the client takes a lone number as the limit of every
         # read too, which would end a log stream whose container is quiet for CONNECT_TIMEOUT.
         timeout = (CONNECT_TIMEOUT, read_timeout)
@@ -231,9 +233,16 @@ class Cluster:
         return sorted({s for s in found if len(s) >= 4}, key=len, reverse=True)
 
     def json(
-        self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None, doing: str
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        doing: str,
+        content_type: str = "application/json",
     ) -> dict[str, Any]:
-        response = self.open(method, path, query=query, body=body, doing=doing)
+        response = self.open(method, path, query=query, body=body, doing=doing, content_type=content_type)
         try:
             data = response.data
         finally:

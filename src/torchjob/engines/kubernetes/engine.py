@@ -7,7 +7,6 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from torchjob.display import first_failed_first
 from torchjob.engine_api.base import (
     EngineError,
     JobNotFound,
@@ -18,14 +17,16 @@ from torchjob.engine_api.base import (
     StartOptions,
     StreamSink,
 )
+from torchjob.engines.kubernetes import claims
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
 from torchjob.engines.kubernetes.interrupts import sigterm_interrupts
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Kind, top_kinds
-from torchjob.engines.kubernetes.phase import PODGROUP_API, build_report, job_podgroup, prefix_for
-from torchjob.engines.kubernetes.podlogs import read_log, refused, stream_log
-from torchjob.engines.kubernetes.submit import create_all, delete_object
+from torchjob.engines.kubernetes.logs import current_logs, wanted
+from torchjob.engines.kubernetes.phase import PODGROUP_API, build_report, job_podgroup
+from torchjob.engines.kubernetes.podlogs import read_log, refused
+from torchjob.engines.kubernetes.submit import create_all, delete_object, refused_field
 from torchjob.records import record, replace
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class Found:
     target: str
     kind: Kind | None = None
     top: dict[str, Any] | None = None
+    deleting: bool = False  # what was found is being deleted already (it goes by itself)
 
 
 @record
@@ -140,15 +142,27 @@ class KubernetesEngine:
         objects = sending.objects
         existing = self._find(job.name, namespace)
         if existing is not None:
-            if not _option(options, "replace"):
+            if existing.deleting:  # a job deleted a moment ago: its claims wait for its pods to go
+                self._note(
+                    f"job {job.name} is still being deleted in namespace {namespace}; waiting for it to go"
+                )
+            elif not _option(options, "replace"):
                 raise EngineError(
                     f"job {job.name} already exists in namespace {namespace} (target {existing.target}); "
                     "use --replace to delete it and submit again"
                 )
-            self._delete(existing)
+            else:
+                self._delete(existing)
             self._wait_gone(existing)
-        create_all(self.cluster, self.discovery, objects, namespace, say=lambda message: self._note(message))
         found = Found(job.name, namespace, target, top_kinds().get(target))
+        try:
+            made = create_all(
+                self.cluster, self.discovery, objects, namespace, say=lambda message: self._note(message)
+            )
+        except ApiError as err:
+            raise refused_field(err, target) or err from None
+        for note in claims.give_to_job(self.cluster, made, found.kind):
+            self._note(note, options)
         if options.on_start is not None and not options.detach:
             options.on_start(f"{namespace}/{job.name}")
         if options.detach:
@@ -211,33 +225,18 @@ class KubernetesEngine:
 
     def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
         found = self._resolve(ref)
-
-        def wanted(pod: str, short: str) -> bool:
-            return query.pod is None or query.pod in (pod, short, short.rsplit("-", 1)[0])
-
         if query.follow:
-            follower = self._follower(found, logs=True, pod_filter=wanted, container=query.container)
+            follower = self._follower(
+                found,
+                logs=True,
+                pod_filter=lambda pod, short: wanted(query, pod, short),
+                container=query.container,
+                attempt=None if query.all_attempts else query.attempt,
+            )
             with sigterm_interrupts():
                 yield from follower.run()
             return
-        report = self.status(ref)
-        pods = first_failed_first(report, [p for p in report.pods if wanted(p.name, p.short)])
-        if query.pod is not None and not pods:
-            raise EngineError(f"job {found.name} has no pod {query.pod!r}")
-        for ordinal, pod in enumerate(pods):
-            main = [c for c in pod.containers if not c.init and (query.container in (None, c.name))]
-            for container in main:
-                prefix = prefix_for(pod.short, pod.rank, container.name if len(main) > 1 else None)
-                previous = [False]
-                if query.all_attempts and container.restarts:
-                    previous = [True, False]
-                elif query.attempt is not None and query.attempt < container.restarts:
-                    previous = [True]
-                for prev in previous:
-                    for text in stream_log(  # as it is read: a log may be endless
-                        self.cluster, found.namespace, pod.name, container.name, previous=prev
-                    ):
-                        yield LogLine(prefix=prefix, text=text, pod_ordinal=ordinal)
+        yield from current_logs(self.cluster, self.status(ref), query)
 
     def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
         found = self._resolve(ref)
@@ -290,25 +289,25 @@ class KubernetesEngine:
             if JOB_LABEL in ((top.get("metadata") or {}).get("labels") or {}):
                 candidates.append(Found(name, namespace, target, kind, top))
         if candidates:  # a TrainJob's JobSet may carry the label too: its owner is the job
-            return next((c for c in candidates if not _owned(c.top or {})), candidates[0])
-        listing = self.cluster.json(
-            "GET",
-            namespaced_path("v1", "pods", namespace),
-            query={"labelSelector": f"{JOB_LABEL}={name}", "limit": 1},
-            doing=f"list the pods of job {name}",
-        )
-        if listing.get("items"):
-            return Found(name, namespace, "pods")
-        # A `pods` job whose creation was cut short before its pods (its ConfigMap comes first):
-        # found, so that `delete` and `--replace` can remove what is left of it.
-        listing = self.cluster.json(
-            "GET",
-            namespaced_path("v1", "configmaps", namespace),
-            query={"labelSelector": f"{JOB_LABEL}={name}", "limit": 1},
-            doing=f"list the config maps of job {name}",
-        )
-        if listing.get("items"):
-            return Found(name, namespace, "pods")
+            found = next((c for c in candidates if not _owned(c.top or {})), candidates[0])
+            found.deleting = claims.deleting(found.top or {})
+            return found
+        # Bare pods; a `pods` job whose creation was cut short before its pods (its ConfigMap comes
+        # first); a job's claims still being deleted (they wait for its pods): found, so that
+        # `delete` and `--replace` remove what is left, and a new submission waits for it to go.
+        for plural in ("pods", "configmaps"):
+            listing = self.cluster.json(
+                "GET",
+                namespaced_path("v1", plural, namespace),
+                query={"labelSelector": f"{JOB_LABEL}={name}", "limit": 1},
+                doing=f"list the {plural} of job {name}",
+            )
+            items = listing.get("items") or []
+            if items:
+                return Found(name, namespace, "pods", deleting=all(claims.deleting(i) for i in items))
+        left = claims.of_job(self.cluster, namespace, name)
+        if left:
+            return Found(name, namespace, "pods", deleting=all(claims.deleting(c) for c in left))
         return None
 
     def _resolve(self, ref: str) -> Found:
@@ -417,7 +416,13 @@ class KubernetesEngine:
         if found.kind is not None:
             path = namespaced_path(found.kind.api_version, found.kind.plural, namespace, found.name)
             delete_object(cluster, path, f"{found.kind.label} {found.name}")
-            return  # the controller's children go with it (owner references)
+            # The controller's children go with it (owner references), so do the claims made for
+            # its volumes; any claim without the reference goes by its label.
+            for claim in claims.of_job(cluster, namespace, found.name):
+                name = str(claim["metadata"]["name"])
+                if not claims.deleting(claim):
+                    delete_object(cluster, claims.claim_path(namespace, name), f"claim {name}")
+            return
         from torchjob.targets import get_target
 
         for api_version, plural in get_target(found.target).side_kinds:

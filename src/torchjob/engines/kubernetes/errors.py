@@ -35,6 +35,13 @@ class NotJson(EngineError):
     """A 2xx answer that is not a Kubernetes object: something other than the API server answered."""
 
 
+class BrokenStream(NotJson):
+    """A watch the server answered as JSON sent a line that is not: cut short on its way (a proxy,
+    a connection reset mid-event). The event is lost, not the watch: transient, list again."""
+
+    transient = True
+
+
 def status_message(body: dict[str, Any], fallback: str) -> str:
     message = body.get("message")
     return str(message) if message else fallback
@@ -59,6 +66,8 @@ def api_error(status: int, raw: bytes | str | None, doing: str, retry_after: flo
     message = status_message(body, f"HTTP {status}")
     if status == 401:
         text = f"the cluster did not accept your credentials ({doing}): {message}; check your kubeconfig"
+    elif status == 403 and message.startswith("admission webhook"):  # a controller's webhook said no
+        text = f"the cluster refused to {doing}: {message}"
     elif status == 403:
         text = f"the cluster refused to {doing} (RBAC): {message}"
     elif status == 422:
@@ -95,7 +104,7 @@ def transient(err: BaseException) -> bool:
 
     import urllib3
 
-    if isinstance(err, (ApiError, Unreachable)):
+    if isinstance(err, (ApiError, Unreachable, BrokenStream)):
         return bool(err.transient)
     # A stream that broke: reset, timed out, cut short. Anything else is a bug: not retried.
     return isinstance(err, (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError))

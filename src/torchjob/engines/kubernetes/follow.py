@@ -24,6 +24,7 @@ from torchjob.engines.kubernetes.phase import (
     first_failure,
     image_pull_error,
     job_podgroup,
+    pod_attempt,
     pod_identity,
     pod_rank,
     pod_report,
@@ -34,7 +35,7 @@ from torchjob.engines.kubernetes.phase import (
     waiting_for_scheduler,
 )
 from torchjob.engines.kubernetes.podlogs import LogStreams, streamable
-from torchjob.engines.kubernetes.watch import LostContact, ResourceWatch
+from torchjob.engines.kubernetes.watch import ResourceWatch
 
 QUEUE_ITEMS = 256  # events and log lines read ahead of the reader
 LOG_GRACE_SECONDS = 10.0
@@ -79,6 +80,7 @@ class Follower:
         container: str | None = None,
         log_refused: Callable[[EngineError], None] | None = None,
         group_path: str | None = None,
+        attempt: int | None = None,
     ) -> None:
         self.cluster, self.name, self.namespace, self.target = cluster, name, namespace, target
         self.queue: queue.Queue[Any] = queue.Queue(QUEUE_ITEMS)
@@ -88,6 +90,7 @@ class Follower:
         self.notify = notify or (lambda _message: None)
         self.pod_filter = pod_filter
         self.container = container
+        self.attempt = attempt  # follow only the pods of this attempt (a restart's), when given
         self._synced: set[str] = set()
         self._pending_since: dict[str, float] = {}
         self._noted: set[str] = set()
@@ -176,8 +179,11 @@ class Follower:
         # A report walks every pod: rebuilt when the job's object changes, and at most
         # every REPORT_EVERY seconds for pod changes (a 1,000-pod job sends thousands).
         if self.report is None or job_changed or (loop.dirty and now - loop.built >= REPORT_EVERY):
+            ended = self._final is not None
             self.report = self._report()
             loop.built, loop.dirty = now, False
+            if self.report.terminal and not ended and self._refresh_pods():
+                self.report = self._report()
             self._start_streams(set(self.pods))
         else:
             self._start_streams(changed)
@@ -206,6 +212,20 @@ class Follower:
             name not in self._gone_after and (pod.get("status") or {}).get("phase") not in ended
             for name, pod in self.pods.items()
         )
+
+    def _refresh_pods(self) -> bool:
+        """The job just ended: its pods listed afresh. The job's watch and the pods' are separate
+        streams, and pods the end finds not started (a watch that stalled, an event still on its
+        way) would have their logs, and how they ended, missed."""
+        try:
+            listing = self.cluster.json(
+                "GET", self.pod_path, query={"labelSelector": self.label_selector}, doing="list pods"
+            )
+        except EngineError:
+            return False  # the pods' own watch may still tell
+        self.pods = self._as_ended(listing.get("items") or [])
+        self._has_master = None
+        return True
 
     def _stop_watching(self) -> None:
         for watch in self.watches:
@@ -237,9 +257,7 @@ class Follower:
                 self.streams.ended(kind)
             return None
         if kind == "FAILED":
-            if isinstance(obj, LostContact):
-                raise self._lost(obj)
-            raise obj
+            raise self._lost(obj)
         self._synced.add(key)
         if key == "podgroups":
             return self._apply_podgroup(kind, obj)
@@ -268,14 +286,17 @@ class Follower:
             self.pods[pod_name] = obj
         return pod_name
 
-    def _lost(self, err: LostContact) -> LostContact:
-        """The job was not stopped by losing contact: say so, and how to follow it again."""
+    def _lost(self, err: EngineError) -> EngineError:
+        """Following ended (contact lost, or an answer it cannot go on with); the job was not
+        stopped by it: say so, and how to follow it again."""
         seen = f"was {self.report.phase} then" if self.report is not None else "had not been seen yet"
         ref = f"{self.namespace}/{self.name}"
-        return LostContact(
+        err.args = (
             f"{err}; job {ref} {seen} and is not stopped by this: "
-            f"follow it again with: torchjob logs {ref} -f --engine kubernetes"
+            f"follow it again with: torchjob logs {ref} -f --engine kubernetes",
+            *err.args[1:],
         )
+        return err
 
     def _report(self) -> JobReport:
         report = build_report(
@@ -458,6 +479,8 @@ class Follower:
             short = f"{task}-{index}"
             if self.pod_filter is not None and not self.pod_filter(name, short):
                 continue
+            if self.attempt is not None and pod_attempt(pod, self.target) != self.attempt:
+                continue
             rank = pod_rank(pod, task, index, self._master())
             main = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
             several = len(main) > 1
@@ -468,4 +491,5 @@ class Follower:
                 if container in main and streamable(status):
                     prefix = prefix_for(short, rank, container if several else None)
                     restarts = int(status.get("restartCount") or 0)
-                    self.streams.add(name, container, restarts, prefix, ordinals[name])
+                    uid = str((pod.get("metadata") or {}).get("uid") or name)
+                    self.streams.add(name, uid, container, restarts, prefix, ordinals[name])

@@ -43,24 +43,34 @@ def _meta(obj: dict[str, Any], key: str) -> str | None:
 
 
 @functools.cache  # read for every pod of every poll
-def _keys(target: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The labels (then annotations) naming a pod's task and index: the target's own first, then
-    every other target's (a pod of an unknown target is read as any controller labels it)."""
+def _keys(target: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The labels (then annotations) naming a pod's task, index and attempt: the target's own
+    first, then every other target's (a pod of an unknown target is read as any controller
+    labels it)."""
     from torchjob.targets import all_targets, target_names
 
     task: dict[str, None] = {}
     index: dict[str, None] = {}
+    attempt: dict[str, None] = {}
     known = all_targets()
     own = [t for t in known if t.name == target] if target in target_names() else []
     for t in own + known:
         task.update(dict.fromkeys(t.task_keys))
         index.update(dict.fromkeys(t.index_keys))
-    return tuple(task), tuple(index)
+        attempt.update(dict.fromkeys(t.attempt_keys))
+    return tuple(task), tuple(index), tuple(attempt)
+
+
+def pod_attempt(pod: dict[str, Any], target: str = "") -> int:
+    """Which run of the whole job a pod belongs to, as its controller counts the job's restarts
+    (Volcano's retry count, JobSet's restart attempt); 0 where the controller says none."""
+    value = next((v for k in _keys(target)[2] if (v := _meta(pod, k))), "0")
+    return int(value) if value.isdigit() else 0
 
 
 def pod_identity(job_name: str, pod: dict[str, Any], target: str = "") -> tuple[str, int]:
     """(task, index) of a pod: from its controller's labels, else from its name."""
-    task_keys, index_keys = _keys(target)
+    task_keys, index_keys, _ = _keys(target)
     task = next((v for k in task_keys if (v := _meta(pod, k))), None)
     index = next((v for k in index_keys if (v := _meta(pod, k))), None)
     if task and index is not None and index.isdigit():
@@ -159,6 +169,7 @@ def pod_report(job_name: str, pod: dict[str, Any], has_master: bool, target: str
         phase=PodState.of(str(status.get("phase") or "Pending")),
         rank=rank,
         reason=pod_problem(pod) or str(status.get("reason") or ""),
+        attempt=pod_attempt(pod, target),
         restarts=sum(c.restarts for c in main),
         exit_code=exit_code,
         started_at=timestamp(status.get("startTime")),
@@ -365,7 +376,12 @@ def build_report(
         namespace=namespace,
         target=target,
         location=context,
-        retry_count=int(status.get("retryCount") or 0),
+        # Volcano's retry count, a JobSet's restarts; else the latest attempt its pods belong to
+        # (a TrainJob's runtime JobSet restarts the job without telling the TrainJob).
+        retry_count=max(
+            int(status.get("retryCount") or status.get("restarts") or 0),
+            max((p.attempt for p in reports), default=0),
+        ),
         max_retry=int(spec.get("maxRetry") or 0),
         started_at=started,
         finished_at=phase.finished_at if phase.phase in TERMINAL_JOB_PHASES else None,

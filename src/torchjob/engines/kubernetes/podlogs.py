@@ -1,9 +1,15 @@
 """Pod log streams: one ``follow=true`` request per container instance, read in its own thread.
 
 A stream ends by itself when its container exits, so following costs one request per container
-start, never a poll; a restarted container (a new restartCount) gets a new stream. Every log is
-read only as fast as its lines are taken, a line at most ``client.MAX_LINE`` bytes at a time, so
-an endless log, a line without a newline or a slow reader cost bounded memory.
+start, never a poll. A container instance is a pod (by its uid: a controller may make a pod again
+under the same name, its restart count back at 0) and the container's restart count in it, so a
+restarted container and a pod made again each get a new stream. Every log is read only as fast
+as its lines are taken, a line at most ``client.MAX_LINE`` bytes at a time, so an endless log, a
+line without a newline or a slow reader cost bounded memory.
+
+A stream cut by a transient error is opened again and what was already passed on is skipped
+(``Resume``): by the kubelet's timestamps where the server honours ``timestamps=true``, else by
+counting, the log being read again from its start.
 """
 
 from __future__ import annotations
@@ -78,6 +84,63 @@ def split_stamp(raw: str) -> tuple[tuple[str, str] | None, str]:
     return (match[1], (match[2] or "").ljust(9, "0")), raw[match.end() :]
 
 
+class Resume:
+    """Where a followed log stands, so that a stream opened again passes on only what is new.
+
+    Lines are pieces (a line longer than ``MAX_LINE`` is several); a piece without a timestamp
+    continues the stamped one before it. ``stamped`` is decided by the first piece read: a server
+    that ignores ``timestamps=true`` sends none, and its text is then never taken for one.
+    """
+
+    def __init__(self) -> None:
+        self.stamped: bool | None = None
+        self.passed = 0  # pieces passed on
+        self.last: tuple[str, str] | None = None  # the timestamp of the last stamped piece passed
+        self.at_last = 0  # pieces passed under that timestamp
+        self._current: tuple[str, str] | None = None  # while reading again: the stamp in force
+        self._seen = 0  # ... pieces seen again under ``last``
+        self._skip = 0  # ... pieces still to skip, for an unstamped log
+
+    def query(self) -> dict[str, Any]:
+        """The request's parameters: from the last second passed on, when the server stamps."""
+        query: dict[str, Any] = {"follow": True, "timestamps": True}
+        if self.stamped and self.last is not None:
+            query["sinceTime"] = f"{self.last[0]}Z"  # the API takes whole seconds
+        return query
+
+    def reopened(self) -> None:
+        self._current, self._seen, self._skip = None, 0, self.passed
+
+    def take(self, raw: str) -> str | None:
+        """The text to pass on for piece ``raw`` of the stream, or None to skip it (passed before)."""
+        stamp, text = split_stamp(raw) if self.stamped is not False else (None, raw)
+        if self.stamped is None:
+            self.stamped = stamp is not None
+            if not self.stamped:
+                text = raw
+        if not self.stamped:
+            if self._skip:
+                self._skip -= 1
+                return None
+            self.passed += 1
+            return text
+        if stamp is not None:
+            self._current = stamp
+        current = self._current
+        if self.last is not None and current is not None:
+            if current < self.last:
+                return None
+            if current == self.last and self._seen < self.at_last:
+                self._seen += 1
+                return None
+        if current is not None and current != self.last:
+            self.last, self.at_last, self._seen = current, 0, 0
+        self.at_last += 1
+        self._seen = self.at_last
+        self.passed += 1
+        return text
+
+
 def refused(err: BaseException) -> bool:
     """The cluster does not let this user read logs (no RBAC for pods/log)."""
     return isinstance(err, ApiError) and err.status in (401, 403)
@@ -103,6 +166,7 @@ class LogStreams:
         self.namespace = namespace
         self.out = out
         self.on_refused = on_refused
+        # A container instance: (pod uid, container, restart count); the pod's name says where it is.
         self.started: set[tuple[str, str, int]] = set()
         self.open: set[tuple[str, str, int]] = set()
         self._responses: dict[tuple[str, str, int], Any] = {}
@@ -110,29 +174,27 @@ class LogStreams:
         self._stopped = False
         self._stop = threading.Event()  # set with _stopped: ends a wait to post to a full queue
 
-    def add(self, pod: str, container: str, restarts: int, prefix: str, ordinal: int) -> None:
-        key = (pod, container, restarts)
+    def add(self, pod: str, uid: str, container: str, restarts: int, prefix: str, ordinal: int) -> None:
+        key = (uid, container, restarts)
         if key in self.started or self._stopped:
             return
         self.started.add(key)
         self.open.add(key)
         thread = threading.Thread(
-            target=self._run, args=(key, prefix, ordinal), name=f"torchjob-log-{pod}", daemon=True
+            target=self._run, args=(pod, key, prefix, ordinal), name=f"torchjob-log-{pod}", daemon=True
         )
         thread.start()
 
-    def _run(self, key: tuple[str, str, int], prefix: str, ordinal: int) -> None:
+    def _run(self, pod: str, key: tuple[str, str, int], prefix: str, ordinal: int) -> None:
         """Follow one container's log until it ends; a stream cut by a transient error is opened
-        again from the last line's timestamp (lines up to it are skipped), for up to PATIENCE."""
-        pod, container, _ = key
-        last: tuple[str, str] | None = None  # the timestamp of the last line passed on, parsed
+        again, what was passed on skipped (``Resume``), for up to PATIENCE."""
+        _, container, _ = key
+        resume = Resume()
         backoff = Backoff()
         trouble_since: float | None = None
         try:
             while not self._stop.is_set():
-                query: dict[str, Any] = {"container": container, "follow": True, "timestamps": True}
-                if last is not None:
-                    query["sinceTime"] = f"{last[0]}Z"  # the API takes whole seconds
+                query: dict[str, Any] = {"container": container, **resume.query()}
                 try:
                     response = self.cluster.open(
                         "GET",
@@ -146,13 +208,11 @@ class LogStreams:
                         if self._stopped:
                             return
                     try:
-                        skipping = last is not None  # what was passed on before the stream broke
+                        resume.reopened()
                         for raw in lines(response):
-                            stamp, text = split_stamp(raw)
-                            if stamp is not None:
-                                if skipping and last is not None and stamp <= last:
-                                    continue
-                                skipping, last = False, stamp
+                            text = resume.take(raw)
+                            if text is None:  # passed on before the stream broke
+                                continue
                             line = LogLine(prefix=prefix, text=text, pod_ordinal=ordinal)
                             if not post(self.out, line, self._stop):
                                 return

@@ -3,9 +3,10 @@
 A watch the server ends after ``WATCH_SECONDS`` is resumed from the last version seen. Anything
 else lists again after a pause that doubles, with jitter, up to ``BACKOFF_MAX`` (so a server
 that answers 410 Gone or ends every watch at once costs a few requests a minute, not dozens a
-second): 410 Gone, a watch that ends at once having sent nothing, an error, and a stream that
+second): 410 Gone, a watch that ends at once having sent nothing, an error, a stream that
 stays silent past ``WATCH_SECONDS + STALL_SLACK`` (a stalled proxy or a dead connection; the
-list shows what the stall hid). Transient errors (no answer, 429, 5xx) are retried this way for
+list shows what the stall hid), and an event that is not JSON in a JSON stream (cut short on its
+way: the list shows what it said). Transient errors (no answer, 429, 5xx) are retried this way for
 ``PATIENCE`` seconds without one good answer; then, or at once for an error that will not pass
 (401, 403, 404, a page that is not JSON), the watch posts ``FAILED``.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from torchjob.engine_api.base import EngineError
 from torchjob.engines.kubernetes.client import Cluster, interrupt, lines
-from torchjob.engines.kubernetes.errors import ApiError, api_error, not_json, transient
+from torchjob.engines.kubernetes.errors import ApiError, BrokenStream, api_error, not_json, transient
 
 WATCH_SECONDS = 20  # the server ends each watch after this (timeoutSeconds); it is resumed
 STALL_SLACK = 5.0  # silence past WATCH_SECONDS means the stream stalled: list again
@@ -172,7 +173,10 @@ class ResourceWatch:
                     event = None
                 if not isinstance(event, dict):
                     content_type = response.headers.get("Content-Type")
-                    raise self.cluster.redacted(not_json(self.cluster.host, doing, content_type, line))
+                    problem = not_json(self.cluster.host, doing, content_type, line)
+                    if "json" in str(content_type or ""):  # the server's stream, one event broken
+                        problem = BrokenStream(str(problem))
+                    raise self.cluster.redacted(problem)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     if obj.get("code") == 410:  # our version is too old: list again

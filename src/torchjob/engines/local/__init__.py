@@ -47,9 +47,7 @@ class RunOptions:
     max_restarts: int | None = None  # fail the job when a pod's containers restarted more often
     on_start: Callable[[str], None] | None = None  # attached: told the job id before its pods start
     preload: tuple[str, ...] = ()  # modules a fork server imports once for all main containers (preload.py)
-    queue: bool = (
-        True  # wait for CPUs, memory and GPUs in the local queue (admission.py); False: start at once
-    )
+    queue: bool = True  # wait for CPUs, memory and GPUs in the local queue (admission/); False: start at once
     remove: bool = False  # run --rm: the summary says a completed job is removed, not where its logs are
     warm: bool = False  # the preload server is kept for this process's next jobs (pool.py)
     hang_notice: float = 300.0  # one notice once every running pod has written nothing this long (0: never)
@@ -149,16 +147,11 @@ def _admission_plan(job: Job) -> Plan | None:
     from torchjob.engines.local.admission import plan_for
 
     plan = plan_for(job)
-    if plan is not None:  # the state file's directory must be usable before the job is made
-        _check_registry_dir()
+    if plan is not None:  # the queue's directory must be usable before the job is made (its lock
+        from torchjob.engines.local.admission import check_place  # may be held: the job waits)
+
+        check_place()
     return plan
-
-
-def _check_registry_dir() -> None:
-    from torchjob.engines.local.admission import locked_state
-
-    with locked_state(write=False):
-        pass
 
 
 def _supervise(

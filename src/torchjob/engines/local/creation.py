@@ -15,7 +15,7 @@ from pathlib import Path
 
 from torchjob import logs
 from torchjob.controller.kubelet import Container, Pod
-from torchjob.engines.local import gpus, podnames, prewarm, process, security
+from torchjob.engines.local import gpus, netns, podnames, prewarm, process, security
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import (
@@ -26,6 +26,7 @@ from torchjob.engines.local.containers import (
     make_empty_dirs,
     resolve_pod,
 )
+from torchjob.engines.local.network import JobNetwork
 from torchjob.engines.local.runner import Processes
 from torchjob.engines.local.state import JobDir, make_private_dirs
 from torchjob.expand import Attempts, DesiredState, PodPlan, expand, readdress
@@ -87,6 +88,9 @@ class PodFactory:
         self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
         self.hosts_text = ""  # the job's hosts file; each pod attempt gets a copy (pod_hosts)
         self.name_resolution = "addresses only"
+        # Its own network namespace (the warm pool's for a pooled job), which every process of the
+        # job enters, or this machine's network; its forwarded ports (network.py).
+        self.net = JobNetwork(job, self.preloader is not None and self.preloader.pooled)
         self.gpu_env: dict[Key, gpus.PodEnv] = {}  # CUDA_VISIBLE_DEVICES shares, kept across restarts
         # The local queue's grant (admission.Ticket.gpu_env): the GPUs this job was given; None:
         # the machine's whole inventory, shared out among the job's pods only (run --no-queue).
@@ -94,9 +98,21 @@ class PodFactory:
         self.pod_specs: dict[Key, Any] = {}
         self.uids = job_uids(job)  # whose listener wait-for-master may take for the master
 
-    def prepare(self, note: Callable[[str], None]) -> DesiredState:
-        """Reserve the ports, decide name resolution, write the ConfigMaps; once, before any pod."""
-        probe = self.start_names_probe()  # runs in a child while the ports are reserved
+    def prepare(
+        self, note: Callable[[str], None], record: Callable[[str], None] | None = None
+    ) -> DesiredState:
+        """Reserve the ports, decide name resolution and the network, write the ConfigMaps; once,
+        before any pod. ``record`` (else ``note``) is told what the job's status keeps too."""
+        record = record or note
+        private = self.net.start()  # made in a child while the hosts file is written
+        try:
+            mount = self.write_hosts(private)
+        finally:
+            self.net.finish(record)  # (the child is reaped whatever happened)
+        # A child checks, while the ports are reserved, that a process can enter the job's network
+        # and then get the job's hosts file as its /etc/hosts, as every container will.
+        namespace = self.net.namespace
+        probe = podnames.start_probe(mount, namespace.enter if namespace else None)
         try:
             declared = port_registry.declared_ports(self.job)
             hidden = port_registry.rendezvous_ports(self.job)  # a random host port: nobody else's guess
@@ -105,8 +121,12 @@ class PodFactory:
             python = _python()  # not resolved: a venv's python is a symlink
             self.dir.write_shims(python, {prewarm.RANK_SHIM: prewarm.guard_shim(python)})
         finally:
-            names_resolve = self.finish_names_probe(probe)  # the child is reaped whatever happened
+            names_resolve = self.finish_names_probe(mount, probe, record)  # the child is reaped
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
+        uids = {int(uid) for uid in self.uids.split()}
+        self.net.forward(
+            self.ports, self.rendezvous, self.addressing, uids, (self.dir.id, self.dir.path), record
+        )
         self.desired = Attempts(self.addressed(self.planned))
         self.planned = None
         if not names_resolve and any(t.template.spec.get("hostAliases") for t in self.job.spec.tasks):
@@ -120,7 +140,7 @@ class PodFactory:
         if self.gpu_shares is not None:
             self.gpu_env = self.gpu_shares(self.pod_specs)
         else:
-            self.gpu_env, gpu_note = gpus.job_env(self.pod_specs, _capacity_gpus())
+            self.gpu_env, gpu_note = gpus.job_env(self.pod_specs, _declared_gpus)
             if gpu_note:
                 note(gpu_note)
         plugins = build_plugins(self.job)
@@ -146,8 +166,8 @@ class PodFactory:
                 if key in shares:
                     self.gpu_env[key] = shares[key]
 
-    def start_names_probe(self) -> tuple[podnames.HostsMount, podnames.Probe]:
-        """Write the job's hosts file and start checking whether its processes can get it as /etc/hosts."""
+    def write_hosts(self, private: bool) -> podnames.HostsMount:
+        """Write the job's hosts file (``private``: for its own network); how a process gets it."""
         hosts = self.dir.path / "hosts"
         try:
             with open(podnames.ETC_HOSTS) as handle:
@@ -155,17 +175,25 @@ class PodFactory:
         except OSError:
             machine = ""
         entries = LocalAddressing(self.job).hosts_entries(self.job)  # addresses only: no ports
+        if private:  # no name server answers there
+            entries += netns.hosts_entries(machine)
         self.hosts_text = podnames.hosts_text(machine, entries)
         write_atomic(hosts, self.hosts_text)
         if security.other_users([t.template.spec for t in self.job.spec.tasks]):
             hosts.chmod(0o644)  # read as /etc/hosts by pods that run as another user; nothing secret
-        mount = podnames.HostsMount.of(str(hosts))
-        return mount, podnames.start_probe(mount)
+        return podnames.HostsMount.of(str(hosts))
 
-    def finish_names_probe(self, probe: tuple[podnames.HostsMount, podnames.Probe]) -> bool:
-        """Decide, once per job, whether pod names resolve (the probe's answer)."""
-        mount, running = probe
-        why_not = running.result()
+    def finish_names_probe(
+        self, mount: podnames.HostsMount, probe: podnames.Probe, record: Callable[[str], None]
+    ) -> bool:
+        """Decide, once per job, whether pod names resolve (the probe's answer), and whether the
+        job's network can be entered (the probe entered it first; without a probe, a child tries)."""
+        why_not = probe.result()
+        if self.net.namespace is not None:
+            why_not_in = why_not if probe.entered else netns.verify(self.net.namespace)
+            if why_not_in is not None and netns.ENTERING in why_not_in:
+                self.net.drop(why_not_in, record)
+                why_not = podnames.probe(mount) if probe.entered else why_not  # the names alone
         if why_not is None:
             self.hosts_mount = mount
             self.name_resolution = "resolved"
@@ -250,6 +278,10 @@ class PodFactory:
                 mount = self.pod_hosts(pod_dir, aliases)
                 for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
                     run.before_exec = security.then(mount.enter, run.before_exec)
+            namespace = self.net.namespace
+            if namespace is not None:  # first: its user namespace is the one the mount is made in
+                for run in [*inits, *mains]:
+                    run.before_exec = security.then(namespace.enter, run.before_exec)
         except (ResolveError, OSError) as err:
             make_private_dirs(log_dir)
             write_atomic(log_dir / "torchjob.log", f"torchjob: cannot run pod {plan.name}: {err}\n")
@@ -297,6 +329,11 @@ class PodFactory:
             if not self.pool_checked and mains:  # once per job: this call's environment or directory
                 self.pool_checked = True
                 self.preloader = pool.for_job(self.preloader, mains[0])
+            if self.preloader.state == "none":  # its server starts in this job's network: the pool's
+                self.preloader.network = self.net.namespace
+            elif self.preloader.network is not self.net.namespace:
+                logs.debug("warm pool: not used: the server runs in another network than the job")
+                return {}
             usable, enter = pool.hosts_view(self.preloader, self.hosts_text if self.hosts_mount else None)
             if not usable:
                 logs.debug("warm pool: not used: the server was started with another /etc/hosts setting")
@@ -309,6 +346,7 @@ class PodFactory:
                 else podnames.HostsMount.of(str(self.dir.path / "hosts"), True)
             )
             self.preloader.before_exec = shared.enter if shared is not None else None
+            self.preloader.network = self.net.namespace
         chosen: dict[str, Forker] = {
             run.name: self.preloader.fork for run in mains if self.preloader.accepts(run)
         }
@@ -349,13 +387,12 @@ class PodFactory:
         return ", ".join(f"{d}->{h}" for d, h in self.ports.items()) or "none"
 
 
-def _capacity_gpus() -> gpus.Inventory | None:
-    """The GPUs ``TORCHJOB_CAPACITY`` names, which replace the machine's; None when it is not set."""
-    if "TORCHJOB_CAPACITY" not in os.environ:
-        return None
-    from torchjob.engines.local.admission import gpu_override
+def _declared_gpus() -> gpus.Inventory | None:
+    """The GPUs declared (``TORCHJOB_CAPACITY``, the queue settings' ``capacity``), which replace
+    the machine's; None when none are."""
+    from torchjob.engines.local.admission.capacity import declared_gpus
 
-    return gpu_override()
+    return declared_gpus()
 
 
 def job_uids(job: Job) -> str:

@@ -278,7 +278,7 @@ class LocalEngine:
     # -------------------------------------------------------------- queue
 
     def queues(self) -> QueueListing:
-        """The machine's queue (admission.py): every job of this user, whatever its state directory."""
+        """The queue (admission/): its every job, whatever its state directory (every user's, if shared)."""
         from torchjob.engines.local.admission import queue_listing
 
         return queue_listing()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from torchjob.errors import Issue
@@ -48,6 +48,7 @@ _VISIBLE_ENTRY = r"[0-9]+|(?:GPU|MIG)-[0-9A-Za-z/-]+"
 # hold a job's start for long: it is asked once per process (the supervisor is forked from the CLI).
 _SMI_TIMEOUT = 4.0
 _smi_seen: dict[tuple[str, int, int], tuple[Inventory | None, str]] = {}
+_uuids_seen: dict[tuple[str, str], tuple[str, ...]] = {}
 
 Issues = list[Issue]
 
@@ -147,6 +148,44 @@ def inventory(environ: Mapping[str, str] | None = None, proc: Path = PROC_GPUS) 
     if found is not None:
         return found
     return replace(_from_proc(proc), problem=problem) if problem else _from_proc(proc)
+
+
+def identities(
+    devices: Sequence[str], environ: Mapping[str, str] | None = None, proc: Path | None = None
+) -> tuple[str, ...]:
+    """One name per GPU, whatever each device was called: an index, or a UUID prefix as CUDA takes
+    one, becomes the GPU's full UUID when the machine says which GPU that is (the UUIDs under
+    ``/proc/driver/nvidia/gpus/``, else ``nvidia-smi -L``'s, both in PCI order: CUDA's order with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and its default order too on a machine of identical GPUs);
+    otherwise the name as given. So ``0`` in one job's environment and ``GPU-<uuid>`` in another's
+    are one GPU to the queue."""
+    if not devices or all(d.startswith("MIG-") for d in devices):  # a MIG UUID is always whole
+        return tuple(devices)
+    table = _uuids(environ, proc or PROC_GPUS)
+    if not table:  # nothing to tell them by: each is its name
+        return tuple(devices)
+    out = []
+    for device in devices:
+        if device.isdigit():
+            out.append(table[int(device)] if int(device) < len(table) else device)
+            continue
+        matches = [u for u in table if u.startswith(device)] if device.startswith("GPU-") else []
+        out.append(matches[0] if len(matches) == 1 else device)
+    return tuple(out)
+
+
+def _uuids(environ: Mapping[str, str] | None, proc: Path) -> tuple[str, ...]:
+    """The machine's GPUs' UUIDs in PCI order; () when they cannot be told. Looked up once per
+    process and place (a job's checks, its plan and its supervisor all ask)."""
+    environ = os.environ if environ is None else environ
+    key = (environ.get("PATH", ""), str(proc))
+    if key not in _uuids_seen:
+        found = _from_proc(proc)
+        if not found.devices or found.by_index:
+            smi, _ = _from_nvidia_smi(environ)
+            found = smi if smi is not None else found
+        _uuids_seen[key] = () if found.by_index else found.devices
+    return _uuids_seen[key]
 
 
 def parse_visible(value: str) -> Inventory:
@@ -251,10 +290,20 @@ def needs_of(spec: Mapping[str, Any]) -> list[ContainerNeed]:
     return out
 
 
-def check(job: Job, found: Inventory | None = None) -> Issues:
+Found = Inventory | Callable[[], Inventory | None] | None
+
+
+def _found(found: Found) -> Inventory:
+    """The inventory given, or the one a callable gives (declared GPUs), else the machine's."""
+    given = found() if callable(found) else found
+    return given if given is not None else inventory()
+
+
+def check(job: Job, found: Found = None) -> Issues:
     """Problems of a job's GPU requests: quantities that are not whole numbers, more GPUs than exist.
 
-    ``found`` is the machine's inventory, or None to look it up (only when something asks for GPUs).
+    ``found`` is the inventory (or a function asked for it, which may say None), or None to look
+    at the machine; asked only when something asks for GPUs.
     Works per task, not per pod: replicas share their template.
     """
     issues: Issues = []
@@ -271,13 +320,13 @@ def check(job: Job, found: Inventory | None = None) -> Issues:
         wanted += pod_gpus(needs_of(spec)) * task.replicas
     if issues or wanted == 0:
         return issues
-    found = found if found is not None else inventory()
-    if found.devices and wanted > len(found.devices):
+    machine = _found(found)
+    if machine.devices and wanted > len(machine.devices):
         return [
             Issue(
                 "spec.tasks",
                 f"the pods ask for {count(wanted)} ({RESOURCE} limits) in all; this machine has "
-                f"{len(found.devices)} ({found.source}): lower the limits or the replicas",
+                f"{len(machine.devices)} ({machine.source}): lower the limits or the replicas",
             )
         ]
     return []
@@ -286,9 +335,7 @@ def check(job: Job, found: Inventory | None = None) -> Issues:
 PodEnv = dict[str, dict[str, str]]  # container name -> the variables its GPU share sets
 
 
-def job_env(
-    pods: Mapping[Any, Mapping[str, Any]], found: Inventory | None = None
-) -> tuple[dict[Any, PodEnv], str]:
+def job_env(pods: Mapping[Any, Mapping[str, Any]], found: Found = None) -> tuple[dict[Any, PodEnv], str]:
     """Per pod key, per container, the GPU variables; and a note for the user ('' when none is due).
 
     ``pods`` maps a pod key to its pod spec, in the order pods should be served.
@@ -297,18 +344,18 @@ def job_env(
     wanted = sum(pod_gpus(n) for n in needs.values())
     if wanted == 0:
         return {}, ""
-    found = found if found is not None else inventory()
-    if not found.devices:
+    machine = _found(found)
+    if not machine.devices:
         return {}, (
-            f"no GPU on this machine ({found.where()}): the {count(wanted)} the pods ask for are ignored "
+            f"no GPU on this machine ({machine.where()}): the {count(wanted)} the pods ask for are ignored "
             "and they run without CUDA"
         )
     try:
-        shares = allocate(needs, found.devices)
+        shares = allocate(needs, machine.devices)
     except NotEnoughGPUs as err:  # the GPUs went away since the job was checked: hide them all
         shares = {key: {n.name: [] for n in pod} for key, pod in needs.items()}
-        return _env(shares, found), f"only {count(err.available)} left for {err.wanted}: the pods get none"
-    return _env(shares, found), ""
+        return _env(shares, machine), f"only {count(err.available)} left for {err.wanted}: the pods get none"
+    return _env(shares, machine), ""
 
 
 def _env(shares: Mapping[Any, Mapping[str, list[str]]], found: Inventory) -> dict[Any, PodEnv]:

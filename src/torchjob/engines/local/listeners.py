@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from torchjob.engines.local import procfs
 from torchjob.records import record
@@ -27,15 +27,22 @@ class Listener:
     inode: int
 
 
-def listening(ports: Collection[int]) -> list[Listener]:
+Tables = Callable[[], list[bytes]]  # the TCP tables to read (a job's own network's: netns.py)
+
+
+def _machine_tables() -> list[bytes]:
+    found = []
+    for table in _TABLES:
+        with contextlib.suppress(OSError):
+            found.append(procfs.read(table))
+    return found
+
+
+def listening(ports: Collection[int], tables: Tables | None = None) -> list[Listener]:
     """The listening TCP sockets (IPv4 and IPv6) on any of ``ports``; [] where /proc cannot tell."""
     found: list[Listener] = []
     needles = [f":{port:04X} ".encode() for port in ports]  # as a local (or remote) address ends
-    for table in _TABLES:
-        try:
-            data = procfs.read(table)
-        except OSError:
-            continue
+    for data in (tables or _machine_tables)():
         if not any(needle in data for needle in needles):
             continue  # the common case, read often while a job runs: nothing to parse
         for line in data.decode(errors="replace").splitlines()[1:]:
@@ -89,16 +96,19 @@ class PortWatch:
     """The listeners on a job's host ports (``ports``: declared -> host), each judged once by its
     socket: a process of the job, or another one (named where /proc shows it)."""
 
-    def __init__(self, ports: Mapping[int, int], job_id: str, job_uids: Collection[int]) -> None:
+    def __init__(
+        self, ports: Mapping[int, int], job_id: str, job_uids: Collection[int], tables: Tables | None = None
+    ) -> None:
         self.by_host = {host: declared for declared, host in ports.items()}
         self.job_id = job_id
         self.job_uids = set(job_uids)
+        self.tables = tables  # None: this machine's network
         self._judged: dict[int, str] = {}  # socket inode -> "" (the job's) or what took the port
 
     def taken(self, job_pids: Collection[int] = ()) -> list[str]:
         """One sentence per port on which something that is not the job listens now."""
         found: list[str] = []
-        for sock in listening(self.by_host):
+        for sock in listening(self.by_host, self.tables):
             if sock.inode not in self._judged:
                 self._judged[sock.inode] = self._judge(sock, job_pids)
             if self._judged[sock.inode]:
@@ -107,7 +117,7 @@ class PortWatch:
 
     def _judge(self, sock: Listener, job_pids: Collection[int]) -> str:
         pid = owner(sock.inode, job_pids)
-        if pid is not None and (pid in job_pids or _marked(pid, self.job_id)):
+        if pid is not None and (_descends(pid, job_pids) or _marked(pid, self.job_id)):
             return ""  # a process of this job: the port is where it belongs
         if pid is None and sock.uid in self.job_uids:
             return ""  # this user's and not visible: most likely the job's own (it may have ended)
@@ -119,7 +129,17 @@ class PortWatch:
         return f"{port} was taken by another process after torchjob reserved it for this job: {who}"
 
 
-def taken_ports(ports: Mapping[int, int], job_id: str, job_uids: Collection[int]) -> list[str]:
-    """For each of the job's host ports on which something that is not the job listens, one
-    sentence naming the port and, when it can be seen, the process."""
-    return PortWatch(ports, job_id, job_uids).taken()
+def _descends(pid: int, ancestors: Collection[int]) -> bool:
+    """Whether ``pid`` is one of ``ancestors`` or a descendant of one. A process forked from a fork
+    server (``--preload``, the warm pool) shows the server's environment, without the job's marker:
+    its ancestry tells instead (the engine knows each container's process)."""
+    for _ in range(64):  # deeper than any job's tree: a cycle read during a pid's reuse ends too
+        if pid in ancestors:
+            return True
+        try:
+            pid = procfs.ppid(pid)
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False

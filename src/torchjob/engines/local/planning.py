@@ -17,6 +17,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from typing import Any
 
+    from torchjob.engines.local.gpus import Inventory
     from torchjob.expand import DesiredState, PodPlan
 
 Key = tuple[str, int]
@@ -48,19 +49,20 @@ def plan_job(job: Job) -> LocalPlan:
 
 def check_job(job: Job, state: DesiredState) -> Issues:
     """What stops ``job`` (expanded as ``state``) from running locally, as issues."""
-    import os
-
     from torchjob.engines.local import gpus, prewarm
     from torchjob.engines.local.containers import check_pods
 
     if job.total_replicas == 0:  # Volcano keeps such a job Running for ever, with nothing to run
         return [Issue("spec.tasks", "every task has 0 replicas: there is no pod to run")]
-    found = None
-    if "TORCHJOB_CAPACITY" in os.environ:  # it replaces the machine's GPUs
-        from torchjob.engines.local.admission import gpu_override
+    return check_pods(state) + gpus.check(job, declared_gpus) + prewarm.check(job)
 
-        found = gpu_override()
-    return check_pods(state) + gpus.check(job, found) + prewarm.check(job)
+
+def declared_gpus() -> Inventory | None:
+    """The GPUs declared (``TORCHJOB_CAPACITY``, the queue settings' ``capacity``), which replace
+    the machine's; None when none are. Asked only of a job that wants GPUs."""
+    from torchjob.engines.local.admission.capacity import declared_gpus
+
+    return declared_gpus()
 
 
 def plan_text(job: Job, plan: LocalPlan) -> str:

@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from torchjob.engines.local.libc import LIBC
 from torchjob.records import record
@@ -90,7 +90,9 @@ class HostsMount:
     source: bytes
     uid_map: bytes
     gid_map: bytes
-    root: bool
+    # First try a mount namespace alone, which root may have, and so may a process in its job's user
+    # namespace (netns.py); else (or False) with a user namespace of its own.
+    alone: bool = True
     read_only: int = 0  # mount flags to remount the bind mount read-only with; 0: left writable
 
     @classmethod
@@ -100,8 +102,7 @@ class HostsMount:
             os.fsencode(os.path.abspath(source)),
             f"{uid} {uid} 1".encode(),
             f"{gid} {gid} 1".encode(),
-            uid == 0,
-            _read_only_flags(source) if read_only else 0,
+            read_only=_read_only_flags(source) if read_only else 0,
         )
 
     def enter(self) -> None:
@@ -112,7 +113,7 @@ class HostsMount:
         libc = _LIBC
         if libc is None:
             raise OSError("no libc")
-        if not (self.root and libc.unshare(_CLONE_NEWNS) == 0):
+        if not (self.alone and libc.unshare(_CLONE_NEWNS) == 0):
             # Not root, or root without CAP_SYS_ADMIN (a container): a user namespace grants it.
             if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
                 _raise("unshare")
@@ -170,10 +171,13 @@ def probe(mount: HostsMount, timeout: float = PROBE_TIMEOUT) -> str | None:
 class Probe:
     """A probe running in a child, so the supervisor can prepare the rest of the job meanwhile."""
 
-    def __init__(self, reason: str | None = None, pid: int = 0, pipe: int = -1) -> None:
+    def __init__(
+        self, reason: str | None = None, pid: int = 0, pipe: int = -1, entered: bool = False
+    ) -> None:
         self._reason = reason  # known without a child: the answer
         self._pid = pid
         self._pipe = pipe
+        self.entered = entered  # its child ran the ``before`` it was given (the job's network)
 
     def result(self, timeout: float = PROBE_TIMEOUT) -> str | None:
         """Wait for the child (at most ``timeout`` s): None if names resolve, else why not."""
@@ -204,8 +208,9 @@ class Probe:
         return self._reason
 
 
-def start_probe(mount: HostsMount) -> Probe:
-    """Start checking, in a child, whether ``mount`` works here; :meth:`Probe.result` tells."""
+def start_probe(mount: HostsMount, before: Callable[[], None] | None = None) -> Probe:
+    """Start checking, in a child, whether ``mount`` works here (after ``before``, as the job's
+    processes enter their network first); :meth:`Probe.result` tells."""
     if os.environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
         return Probe(f"{SWITCH}=0")
     if _LIBC is None:
@@ -225,6 +230,8 @@ def start_probe(mount: HostsMount) -> Probe:
         code = 1
         try:
             os.close(read_end)
+            if before is not None:
+                before()
             mount.enter()
             fd = os.open(ETC_HOSTS, os.O_RDONLY)
             seen = os.read(fd, len(expected) + 1)
@@ -237,4 +244,4 @@ def start_probe(mount: HostsMount) -> Probe:
         finally:
             os._exit(code)
     os.close(write_end)
-    return Probe(pid=pid, pipe=read_end)
+    return Probe(pid=pid, pipe=read_end, entered=before is not None)

@@ -18,25 +18,31 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import shutil
+import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from torchjob import logs
+from torchjob import logs, scratch
 from torchjob.engines.local.preload import ENDED, Preloader
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from concurrent.futures import ThreadPoolExecutor
 
     from torchjob.engines.local.containers import ContainerRun
+    from torchjob.engines.local.netns import Network
 
 Sources = tuple[tuple[str, int, int], ...]
 
 _pools: dict[tuple[str, ...], tuple[Sources, Preloader]] = {}
 _spares: dict[tuple[str, ...], Preloader] = {}  # the server a for_job replaced, kept for a return
 _home: list[Path] = []  # the pool's private directory (its servers' preload.log), made once
+# The network namespace of the pool's jobs (netns.py), made once: its servers run in it, and so do
+# all processes of the jobs they serve (forked or not); only this user may enter it. A str: why none.
+_network: list[Network | str] = []
+_starter: list[ThreadPoolExecutor] = []  # the thread that starts the servers (_launch), made once
+LAUNCH_TIMEOUT = 60.0  # seconds for starting a server's process (not its import)
 
 
 def _source(name: str) -> tuple[str, int, int] | None:
@@ -65,9 +71,26 @@ def _sources(modules: tuple[str, ...]) -> Sources:
 
 
 def _directory() -> Path:
-    if not _home:
-        _home.append(Path(tempfile.mkdtemp(prefix="torchjob-pool-")))  # 0700, this user's
+    if not _home:  # 0700, this user's; a killed process's is removed by the next one's (scratch.py)
+        _home.append(scratch.make("torchjob-pool-"))
     return _home[0]
+
+
+def _new(modules: tuple[str, ...]) -> Preloader:
+    server = Preloader(modules, _directory(), pooled=True)
+    server.launch = _launch
+    return server
+
+
+def _launch(start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    """Run ``start`` (a server's Popen) in a thread that lives as long as this process: the server
+    gets SIGKILL when the thread that started it ends (PR_SET_PDEATHSIG), and the call that needs it
+    may come from a thread that ends long before the process (a thread pool's, a notebook's)."""
+    if not _starter:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _starter.append(ThreadPoolExecutor(1, thread_name_prefix="torchjob-warm-pool"))
+    return _starter[0].submit(start).result(timeout=LAUNCH_TIMEOUT)
 
 
 def preloader(modules: tuple[str, ...]) -> Preloader:
@@ -77,17 +100,38 @@ def preloader(modules: tuple[str, ...]) -> Preloader:
     kept = _pools.get(modules)
     if kept is not None:
         then, server = kept
-        if then == sources and (server.state != "off" or server.why_off != ENDED):
+        if server.ended():  # killed, say: a new one, which serves again
+            logs.debug("warm pool: the fork server ended (%s): a new one", server.why_off or "killed")
+            server.close()
+        elif then == sources and (server.state != "off" or server.why_off != ENDED):
             return server  # an unusable one too: its import would fail again (calls start cold)
-        server.close()  # edited: a new server imports the new source
-        spare = _spares.pop(modules, None)
-        if spare is not None:
-            spare.close()
-    server = Preloader(modules, _directory(), pooled=True)
+        else:
+            server.close()  # edited: a new server imports the new source
+            spare = _spares.pop(modules, None)
+            if spare is not None:
+                spare.close()
+    server = _new(modules)
     _pools[modules] = (sources, server)
     if len(_pools) == 1:
         atexit.register(close_all)
     return server
+
+
+def network() -> Network | str:
+    """The network of the pool's jobs, made by the first; or why there can be none."""
+    if not _network:
+        from torchjob.engines.local import netns
+
+        _network.append(netns.create())
+    return _network[0]
+
+
+def network_failed(why: str) -> None:
+    """The pool's network cannot be entered (a job's probe found): its jobs use the machine's."""
+    for made in _network:
+        if not isinstance(made, str):
+            made.close()
+    _network[:] = [why]
 
 
 def for_job(server: Preloader, run: ContainerRun) -> Preloader:
@@ -102,6 +146,9 @@ def for_job(server: Preloader, run: ContainerRun) -> Preloader:
     modules = server.modules
     sources = _pools[modules][0]
     spare = _spares.pop(modules, None)
+    if spare is not None and spare.ended():
+        spare.close()
+        spare = None
     if spare is not None and spare.state in ("starting", "ready") and not spare.why_not(run):
         logs.debug("warm pool: back to the spare fork server (%s)", why)
         _spares[modules] = server
@@ -111,7 +158,7 @@ def for_job(server: Preloader, run: ContainerRun) -> Preloader:
         spare.close()
     logs.debug("warm pool: a new fork server: %s", why)
     _spares[modules] = server
-    fresh = Preloader(modules, _directory(), pooled=True)
+    fresh = _new(modules)
     _pools[modules] = (sources, fresh)
     return fresh
 
@@ -152,7 +199,11 @@ def _forget_in_child() -> None:
         server.state, server.why_off = "off", ENDED
     _pools.clear()
     _spares.clear()
-    _home.clear()  # the directory is the parent's too
+    for path in _home:  # the directory is the parent's too
+        scratch.forget(path)
+    _home.clear()
+    _network.clear()  # not closed: a child about to start a server of ours still enters it
+    _starter.clear()  # its thread is the parent's: a child's own is made when needed
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
@@ -166,5 +217,9 @@ def close_all() -> None:
     _pools.clear()
     _spares.clear()
     for path in _home:
-        shutil.rmtree(path, ignore_errors=True)
+        scratch.remove(path)
     _home.clear()
+    for made in _network:
+        if not isinstance(made, str):
+            made.close()
+    _network.clear()

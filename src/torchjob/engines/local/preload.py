@@ -43,6 +43,10 @@ from torchjob.engines.local import prewarm, process, procfs
 from torchjob.engines.local.containers import ContainerRun, is_engine_variable
 from torchjob.engines.local.runner import FORK_LATER
 from torchjob.engines.local.state import open_private
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchjob.engines.local.netns import Network
 
 SERVER = str(Path(__file__).with_name("forkserver.py"))
 READY_TIMEOUT = 300.0  # seconds for the server's import (torch on a loaded 2-core machine takes a few)
@@ -62,6 +66,10 @@ JOB_PREFIXES = ("VC_", "VK_", "PYTHON_EXEC")
 
 Key = tuple[object, ...]
 ENDED = "the job ended"
+
+
+def _now(start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    return start()
 
 
 class Forked:
@@ -165,11 +173,17 @@ class Preloader:
         # pooled: kept for the next jobs of this process (pool.py): no job's marker, ends with us
         self.pooled = pooled
         self.before_exec: Callable[[], None] | None = None  # the job's /etc/hosts, for every container
+        self.network: Network | None = None  # the network namespace the server (and its forks) run in
         self.note: Callable[[str], None] = lambda _text: None  # the console, when the server is given up
         self.proc: subprocess.Popen[bytes] | None = None
         self.key: Key | None = None
         self.state = "none"  # none | starting | ready | off
         self.why_off = ""
+        self.served = False  # it was ready once: should it end, a new server would be too
+        self.died = False  # its process had ended by itself when it was given up on
+        # How its process is started: here, or (the warm pool) by a thread that lives as long as
+        # this process, since PR_SET_PDEATHSIG kills it when the thread that started it ends.
+        self.launch: Callable[[Callable[[], subprocess.Popen[bytes]]], subprocess.Popen[bytes]] = _now
         self.since = 0.0  # when the server started importing (monotonic)
         self._eof = False  # the server closed its replies
         self.rlimits: list[tuple[int, int]] = []
@@ -223,6 +237,11 @@ class Preloader:
     def close(self) -> None:
         self._off(ENDED)
 
+    def ended(self) -> bool:
+        """Whether a server that was ready has ended by itself since (killed, say): a new one
+        would serve again (one that could not import, or serve, would not)."""
+        return self.served and (self.died or (self.proc is not None and self.proc.poll() is not None))
+
     def importing(self) -> int | None:
         """While the server imports: the pipe that becomes readable when it is done (or ended)."""
         return self._replies if self.state == "starting" and self._replies >= 0 else None
@@ -271,16 +290,18 @@ class Preloader:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             with open(os.open(self.job_dir / "preload.log", flags, 0o600), "ab", buffering=0) as log:
-                self.proc = subprocess.Popen(
-                    argv,
-                    env=env,
-                    cwd=cwd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    close_fds=True,
-                    pass_fds=(requests_r, replies_w),
-                    preexec_fn=self._before_exec,
+                self.proc = self.launch(
+                    lambda: subprocess.Popen(
+                        argv,
+                        env=env,
+                        cwd=cwd,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        close_fds=True,
+                        pass_fds=(requests_r, replies_w),
+                        preexec_fn=self._before_exec,
+                    )
                 )
         except (OSError, subprocess.SubprocessError) as err:
             self._off(f"it could not start: {err}")
@@ -295,6 +316,8 @@ class Preloader:
         os.setpgid(0, 0)  # a group of its own: a terminal's Ctrl-C is the supervisor's to handle
         if self.pooled:  # a killed caller (a notebook's kernel) leaves no server behind
             process.die_with_parent()
+        if self.network is not None:  # before the /etc/hosts mount, made in its user namespace
+            self.network.enter()
         if self.before_exec is not None:
             self.before_exec()
 
@@ -302,7 +325,7 @@ class Preloader:
         """Take the server's answer to its import if it has come, without waiting for it."""
         line = self._readline(0.0)
         if line == b"ready":
-            self.state = "ready"
+            self.state, self.served = "ready", True
         elif line is not None:
             self._off(line.decode(errors="replace").removeprefix("cold "))
         elif self._eof or self._replies < 0:
@@ -340,6 +363,7 @@ class Preloader:
                 self.note(f"--preload {','.join(self.modules)}: the fork server cannot be used ({why}); "
                           "containers start cold")  # fmt: skip
             self.state, self.why_off = "off", why
+            self.died = self.proc is not None and self.proc.poll() is not None
             with (
                 contextlib.suppress(OSError),
                 os.fdopen(open_private(self.job_dir / "preload.log"), "a") as log,

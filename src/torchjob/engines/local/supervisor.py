@@ -113,7 +113,7 @@ class Supervisor:
         self.factory = PodFactory(job, job_dir, extra_env, warm, preload, planned, pooled)
         if self.factory.preloader is not None:  # a fork server that cannot be used is said once
             self.factory.preloader.note = lambda text: self.note(text, Level.WARNING)
-        self.ticket: Ticket | None = None  # the job's place in the local queue (admission.py)
+        self.ticket: Ticket | None = None  # the job's place in the local queue (admission/)
         if admission is not None:
             from torchjob.engines.local.admission import Ticket
 
@@ -147,6 +147,7 @@ class Supervisor:
         self.remove = remove  # run --rm: the caller removes the job if it completed
         self.explained: set[tuple[Key, str]] = set()  # containers whose first failure was looked at
         self.told_no_torch = False  # hints.missing_torch: one line a job
+        self.told_no_network = False  # hints.no_network: one line a job
         self.hang_notice = hang_notice  # seconds of silence from every pod before one notice; 0: never
         self.silence_checked = 0.0  # monotonic time of the last look at the pods' logs
         self.silence_told = False  # said for this silence; output from any pod re-arms it
@@ -200,16 +201,16 @@ class Supervisor:
     def prepare(self) -> DesiredState:
         if self.ticket is not None:
             self.factory.gpu_shares = self.ticket.gpu_env
-        return self.factory.prepare(self.note)
+        return self.factory.prepare(self.note, self.record)
 
     def admit(self, on_waiting: Callable[[], None] | None) -> bool:
         """Wait for the job's turn in the local queue (no ticket: at once); False when it ended
         while waiting (a signal, its deadline). ``on_waiting`` is told once if it has to wait."""
-        from torchjob.engines.local.admission import POLL, POLL_MAX
-
         ticket = self.ticket
         if ticket is None:
-            return True
+            return True  # a job that asks for nothing loads nothing of the queue
+        from torchjob.engines.local.admission import POLL, POLL_MAX
+
         for note in ticket.plan.notes:
             self.record(note)
         shown = ""
@@ -260,7 +261,11 @@ class Supervisor:
         finished = {
             f"{t}/{i}" for (t, i), p in self.pods.items() if p.phase == SUCCEEDED and not p.terminating
         }
-        more = self.ticket.grow(finished)
+        more = self.ticket.grow(finished)  # never raises over the queue's state: see notice
+        said = self.ticket.notice()
+        if said:  # in the job's events (status) and on its console
+            self.record(said)
+            self.dirty = True
         if more:
             self.factory.regrant(list(more))
         # As Volcano's sync creates the pods that do not exist: those the queue lets start now.
@@ -451,23 +456,24 @@ class Supervisor:
             if hint is not None:
                 self.told_no_torch = True
                 self.record(f"pod {short_name(self.job.name, pod.name)}: {hint}")
+            hint = hints.no_network(c) if self.factory.net.namespace and not self.told_no_network else None
+            if hint is not None:
+                self.told_no_network = True
+                self.record(f"pod {short_name(self.job.name, pod.name)}: {hint}")
 
     def watch_rendezvous(self) -> None:
         """A process outside the job that listens on the job's rendezvous port (MASTER_PORT) ends
         the job at once, with that as its reason: its ranks would otherwise wait for a master
         that cannot listen, or join that process's rendezvous (torchrun's c10d backend becomes a
         client of whatever holds the port) and hang there until a timeout of many minutes."""
-        if not self.factory.rendezvous or self.status.phase.final:
-            return
+        if not self.factory.rendezvous or self.status.phase.final or self.factory.net.namespace is not None:
+            return  # (in the job's own network nothing outside the job can listen)
         if self.port_watch is None:
             from torchjob.engines.local.listeners import PortWatch
 
             uids = {int(uid) for uid in self.factory.uids.split()}
             self.port_watch = PortWatch(self.factory.rendezvous, self.id, uids)
-        mine = set(self.processes.job_pids)
-        for pod in self.pods.values():
-            mine.update(runner.child_pids(pod))
-        taken = self.port_watch.taken(mine)
+        taken = self.port_watch.taken(self.job_pids())
         if taken:
             self.port_lost = "; ".join(taken)
             self.record(self.port_lost)
@@ -482,12 +488,22 @@ class Supervisor:
         likely that (the master's ``Address already in use``), not the program's own error."""
         if self.port_lost is not None or not self.factory.ports:
             return
-        from torchjob.engines.local.listeners import taken_ports
+        from torchjob.engines.local.listeners import PortWatch
 
         uids = {int(uid) for uid in self.factory.uids.split()}
-        self.port_lost = "; ".join(taken_ports(self.factory.ports, self.id, uids))
+        network = self.factory.net.namespace  # the job's own: its listeners are read there
+        watch = PortWatch(self.factory.ports, self.id, uids, network.read_tables if network else None)
+        self.port_lost = "; ".join(watch.taken(self.job_pids()))
         if self.port_lost:
             self.record(self.port_lost)
+
+    def job_pids(self) -> set[int]:
+        """The job's processes known here: containers (a forked one shows no job's marker) and
+        their recorded descendants."""
+        mine = set(self.processes.job_pids)
+        for pod in self.pods.values():
+            mine.update(runner.child_pids(pod))
+        return mine
 
     def on_group(self, pgid: int, started: bool) -> None:
         if started:  # a container's main process: its pid is its group's id
@@ -601,7 +617,7 @@ class Supervisor:
     # ------------------------------------------------------------- status
 
     def report(self) -> JobReport:
-        return job_report(
+        report = job_report(
             self.job,
             engine="local",
             id=self.id,
@@ -616,6 +632,8 @@ class Supervisor:
             # Not decided before the pods are prepared (a job waiting in the queue): not said.
             name_resolution=self.factory.name_resolution if self.factory.addressing is not None else "",
         )
+        report.network = self.factory.net.text  # the job's own namespace, or why the machine's
+        return report
 
     def write_status(self, must: bool = False) -> None:
         """Write status.json; a failure (a full disk) is said once and retried on the next pass."""
