@@ -25,6 +25,9 @@ import pytest
 
 from support import Ran
 
+# tools/slurm_cluster.py builds the tests' private Slurm (and a user's, to try the engine).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+
 if TYPE_CHECKING:
     from kubeapi import FakeKubeAPI
     from slurm_cluster import SlurmCluster
@@ -91,7 +94,7 @@ def kubeconfig(api: FakeKubeAPI, tmp_path: Path) -> str:
 
 @pytest.fixture
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A private Slurm cluster (tests/slurm_cluster.py), stopped by pid after the test; skips
+    """A private Slurm cluster (tools/slurm_cluster.py), stopped by pid after the test; skips
     where Slurm is not installed or the tests do not run as root."""
     import slurm_cluster
 

@@ -415,6 +415,6 @@ def test_render_appends_program_arguments_and_validate_refuses_them(tmp_path: Pa
     ],
 )
 def test_the_script_of_a_python_command(argv: list[str], expected: tuple[int, str] | None) -> None:
-    from torchjob.engines.local.containers import script_of
+    from torchjob.engines.local.localcheck import script_of
 
     assert script_of(argv) == expected

@@ -360,7 +360,9 @@ def test_what_validation_accepts_the_local_engine_can_start_or_refuse(data: st.D
     import tempfile
 
     from torchjob.engines.local import check_job
-    from torchjob.engines.local.containers import PodSetup, make_empty_dirs, resolve_pod
+    from torchjob.engines.local.containers import PodSetup
+    from torchjob.engines.local.mounts import make_empty_dirs
+    from torchjob.engines.local.resolve import resolve_pod
 
     doc = json.loads(json.dumps(ENGINE_VALID))
     if data.draw(st.booleans(), label="without the NUL"):

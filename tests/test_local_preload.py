@@ -20,8 +20,7 @@ from support import container, job_dir, leftovers, log_dir, log_text, make_job, 
 from test_local_prewarm import _equivalence_job, _load
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
-from torchjob.engines.local.preload import Forked, Preloader
-from torchjob.engines.local.runner import FORK_LATER
+from torchjob.engines.local.preload import FORK_LATER, Forked, Preloader
 from torchjob.spec.manifest import job_manifest
 
 pytestmark = pytest.mark.timeout(120)
@@ -425,3 +424,43 @@ def test_a_preload_no_container_can_use_is_said_once(tmp_path: Path) -> None:
     said = [line for line in output.splitlines() if "--preload json" in line]
     assert len(said) == 1, output
     assert "no container runs torchjob's python in a form the fork server can serve" in said[0]
+
+
+# Runs forkserver.py's _fork as the server would, on a request for a container that exits at once
+# with 42; argv: forkserver.py, "one" (clone with CLONE_PARENT) or "two" (the two forks).
+_FORK_PROBE = r"""
+import ctypes, os, sys
+server = {"__name__": "probe", "__builtins__": __builtins__}
+exec(compile(open(sys.argv[1]).read(), sys.argv[1], "exec"), server)
+if sys.argv[2] == "two":
+    server["_clone"].append(None)  # as where clone cannot be used
+requests_r, requests_w = os.pipe()
+replies_r, replies_w = os.pipe()
+log = sys.argv[3]
+request = [os.getcwd().encode(), log.encode(), b"1", b"prog.py", b"ONLY=this"]
+if server["_fork"](request, requests_r, replies_w) is not None:  # in the container's process
+    os._exit(42 if os.environ == {"ONLY": "this"} else 43)
+print(os.read(replies_r, 100).decode().strip(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("forks", ["one", "two"])
+def test_a_forked_container_is_the_engines_child(tmp_path: Path, forks: str) -> None:
+    """The server's fork: the container's process is a child of the server's parent (here, this
+    process) whether made by one clone or by two forks, and this process waits for it."""
+    from torchjob.engines.local import forkserver
+
+    process.set_child_subreaper(forks == "two")  # only the two forks need it, as the supervisor is
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _FORK_PROBE, forkserver.__file__, forks, str(tmp_path / "c.log")],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        forked, reply = proc.stdout.splitlines()  # the server's record (preload.log), its reply
+        word, pid = reply.split()
+        assert word == "pid" and forked.startswith(f"forked {int(pid):08d}")
+        done, status = os.waitpid(int(pid), 0)  # only a child of this process can be waited for
+        assert done == int(pid) and os.waitstatus_to_exitcode(status) == 42
+    finally:
+        process.set_child_subreaper(False)

@@ -441,7 +441,8 @@ def test_run_refuses_an_empty_dir_named_as_a_path_and_writes_nothing(name: str, 
 
 
 def test_the_configmap_files_stay_inside_the_job_directory(tmp_path: Path) -> None:
-    from torchjob.engines.local.state import JobDir, new_job_dir
+    from torchjob.engines.local.roots import new_job_dir
+    from torchjob.engines.local.state import JobDir
 
     job_dir: JobDir = new_job_dir(tmp_path / "jobs", "cm")
     with pytest.raises(ValueError, match="outside"):
@@ -634,7 +635,7 @@ def test_no_privilege_escalation_sets_no_new_privs(tmp_path: Path) -> None:
 def test_the_default_state_root_is_tightened_and_a_given_one_left_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from torchjob.engines.local.state import new_job_dir, state_root
+    from torchjob.engines.local.roots import new_job_dir, state_root
 
     monkeypatch.setenv("TORCHJOB_HOME", str(tmp_path / "home"))
     default = state_root()
@@ -704,7 +705,7 @@ def test_in_a_state_dir_of_torchjobs_only_its_own_jobs_are_touched(tmp_path: Pat
 
 def test_a_job_dir_of_another_user_or_through_a_symlink_is_not_a_job(tmp_path: Path) -> None:
     from torchjob.engine_api.base import JobReport
-    from torchjob.engines.local.state import is_job_dir, new_job_dir
+    from torchjob.engines.local.roots import is_job_dir, new_job_dir
 
     made = new_job_dir(tmp_path / "jobs", "job")
     os.close(made.write_pid())
@@ -725,7 +726,8 @@ def test_a_forged_supervisor_pid_does_not_make_delete_kill_that_process(tmp_path
     """supervisor.pid names a live process of this user with the right start time, but not the
     job's supervisor: status says nobody supervises the job, delete removes it and kills nothing."""
     from torchjob.engine_api.base import JobReport
-    from torchjob.engines.local.state import new_job_dir, start_time
+    from torchjob.engines.local.roots import new_job_dir
+    from torchjob.engines.local.state import start_time
 
     root = tmp_path / "jobs"
     made = new_job_dir(root, "forged")

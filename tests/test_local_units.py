@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -17,13 +18,11 @@ from support import container, job_dir, make_job, run, sh, task, wait_until
 from torchjob.display import prefix_for
 from torchjob.engines.local import check_job
 from torchjob.engines.local.addressing import LocalAddressing, pod_address
-from torchjob.engines.local.containers import (
-    PodSetup,
-    expand_refs,
-    resolve_container,
-    rewrite_paths,
-)
+from torchjob.engines.local.containers import PodSetup
+from torchjob.engines.local.envvars import expand_refs
+from torchjob.engines.local.mounts import rewrite_paths
 from torchjob.engines.local.ports import declared_ports, release, reserve
+from torchjob.engines.local.resolve import resolve_container
 from torchjob.errors import Issue
 from torchjob.expand import expand
 from torchjob.files import LogFollower
@@ -265,38 +264,92 @@ def test_process_alive_tells_live_zombie_gone_and_reused_pids_apart() -> None:
     assert not process_alive(child.pid, None)
 
 
-def test_a_watchdog_told_done_exits_and_leaves_the_job_alone() -> None:
-    from torchjob.engines.local.watchdog import Watchdog
+# The forked watchdog is the one of a supervisor without threads: these run in a new interpreter,
+# since this one may hold threads of earlier tests (its jobs would share one watchdog instead).
+WATCHDOG_TOLD_DONE = """\
+import os, subprocess
+from torchjob.engines.local.watchdog import Watchdog
 
-    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+try:
+    dog = Watchdog("unit-done")
+    assert dog._pipe is not None  # forked
+    dog.watch(sleeper.pid)
+    dog.close()  # "done", then reaped: no zombie is left
     try:
-        dog = Watchdog("unit-done")
-        dog.watch(sleeper.pid)
-        dog.close()  # "done", then reaped: no zombie is left
-        with pytest.raises(ChildProcessError):
-            os.waitpid(dog.pid, os.WNOHANG)
-        assert sleeper.poll() is None  # a supervisor that cleaned up itself keeps control
-    finally:
+        os.waitpid(dog.pid, os.WNOHANG)
+        raise SystemExit("the watchdog was not reaped")
+    except ChildProcessError:
+        pass
+    assert sleeper.poll() is None  # a supervisor that cleaned up itself keeps control
+finally:
+    sleeper.kill()
+    sleeper.wait()
+"""
+
+WATCHDOG_SUPERVISOR_VANISHES = """\
+import signal, subprocess
+from torchjob.engines.local.watchdog import Watchdog
+
+sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+try:
+    dog = Watchdog("unit-vanish")
+    dog.watch(sleeper.pid)
+    assert dog._pipe is not None  # forked
+    dog._pipe.close()  # what the kernel does when the supervisor is killed: end-of-file
+    dog._pipe = None
+    assert sleeper.wait(timeout=10) == -signal.SIGTERM
+    dog.reap()
+finally:
+    if sleeper.poll() is None:
         sleeper.kill()
         sleeper.wait()
+"""
 
 
-def test_a_watchdog_whose_supervisor_vanishes_kills_the_groups_it_was_told_of() -> None:
-    from torchjob.engines.local.watchdog import Watchdog
+@pytest.mark.parametrize(
+    "script", [WATCHDOG_TOLD_DONE, WATCHDOG_SUPERVISOR_VANISHES], ids=["done", "vanishes"]
+)
+def test_a_forked_watchdog_leaves_a_finished_job_alone_and_stops_one_whose_supervisor_vanished(
+    script: str,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
-    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+
+def test_a_threaded_supervisors_jobs_share_one_watchdog_that_stops_only_the_unfinished_ones() -> None:
+    """A supervisor with threads (an SDK caller) keeps one watchdog for all its jobs: a job told
+    done is left alone when the process dies, one still running is stopped."""
+    from torchjob.engines.local import watchdog
+
+    done_job = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    running = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, args=(30,))  # the caller's own thread: no fork
+    other.start()
     try:
-        dog = Watchdog("unit-vanish")
-        dog.watch(sleeper.pid)
-        assert dog._pipe is not None
-        dog._pipe.close()  # what the kernel does when the supervisor is killed: end-of-file
-        dog._pipe = None
-        assert sleeper.wait(timeout=10) == -signal.SIGTERM
-        dog.reap()
+        first, second = watchdog.Watchdog("unit-shared-a"), watchdog.Watchdog("unit-shared-b")
+        assert first.pid == second.pid and first._shared is not None  # one process for both
+        first.watch(done_job.pid)
+        second.watch(running.pid)
+        first.close()  # "done unit-shared-a": the shared watchdog goes on
+        assert watchdog.Watchdog("unit-shared-c").pid == first.pid
+        shared = watchdog._SHARED[0]
+        assert shared.proc.stdin is not None
+        shared.proc.stdin.close()  # what the kernel does when the supervisor is killed
+        assert running.wait(timeout=10) == -signal.SIGTERM
+        assert shared.proc.wait(timeout=10) == 0
+        assert done_job.poll() is None  # its supervisor had cleaned up itself
     finally:
-        if sleeper.poll() is None:
-            sleeper.kill()
-            sleeper.wait()
+        stop.set()
+        other.join()
+        watchdog._SHARED.clear()
+        for proc in (done_job, running):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.mark.parametrize(

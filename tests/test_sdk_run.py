@@ -42,14 +42,15 @@ def _live_children() -> list[psutil.Process]:
 
 
 def _warm_servers() -> set[int]:
-    """The warm pools' servers (the local engine's, Python's fork server for warm Elastic calls):
-    they last as long as this process by design (test_sdk_warm.py); what they fork does not."""
+    """The warm pools' servers (the local engine's, Python's fork server for warm Elastic calls)
+    and the process's shared watchdog: they last as long as this process by design
+    (test_sdk_warm.py); what they fork does not."""
     import multiprocessing.forkserver
 
-    from torchjob.engines.local import pool
+    from torchjob.engines.local import pool, watchdog
 
     kept = [s for _, s in pool._pools.values()] + list(pool._spares.values())
-    pids = {s.proc.pid for s in kept if s.proc is not None}
+    pids = {s.proc.pid for s in kept if s.proc is not None} | {w.pid for w in watchdog._SHARED}
     server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
     return pids | ({server} if server else set())
 

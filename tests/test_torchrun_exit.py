@@ -3,7 +3,7 @@
 The agents of a static rendezvous meet in an exit barrier kept in the node-rank 0 agent's store.
 That agent left as soon as the last one checked in, and the last one's wait for the key it had
 just set then met a closed connection: a C++ trace in a successful job and a pod that ended
-seconds after the others (2 of 6 ``-j 2x1`` runs). warmstart.py's agents no longer wait for a key
+seconds after the others (2 of 6 ``-j 2x1`` runs). agentbarrier.py's agents no longer wait for a key
 they set themselves.
 """
 
@@ -99,12 +99,12 @@ def _last_agent_leaves() -> list[str]:
 def test_the_last_agent_does_not_wait_on_a_store_that_left(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.distributed.elastic.agent.server import api
 
-    from torchjob.engines.local import warmstart
+    from torchjob.engines.local import agentbarrier
 
     monkeypatch.setattr(api.SimpleElasticAgent, "_exit_barrier", api.SimpleElasticAgent._exit_barrier)
     # torch's own barrier loses the race (what the test would see without the fix)
     assert any("Error waiting on exit barrier" in r for r in _last_agent_leaves())
-    warmstart._store_owner_leaves_last()  # what a torchrun agent run by the local engine does
+    agentbarrier.store_owner_leaves_last()  # what a torchrun agent run by the local engine does
     assert _last_agent_leaves() == []
 
 

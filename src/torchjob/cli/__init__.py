@@ -29,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     program = argv is None  # the torchjob program itself, not a caller in Python
     try:
         if program:
+            sys.unraisablehook = _ctrl_c_kept
             gc.set_threshold(PROGRAM_GC_THRESHOLD, *gc.get_threshold()[1:])
         from torchjob.cli.app import dispatch
 
@@ -40,6 +41,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if program:
             _leave(code)
     return code
+
+
+def _ctrl_c_kept(unraisable: sys.UnraisableHookArgs) -> None:
+    """A Ctrl-C that lands where Python cannot raise it (a weakref callback of the import system,
+    a finalizer) would be printed as "Exception ignored" with a traceback and then lost, the
+    command going on as if no one had pressed it. Deliver it again from another thread, which
+    lands once this hook has returned (raised here, it would be lost the same way)."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        import _thread
+
+        _thread.start_new_thread(_thread.interrupt_main, ())
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 EXIT_INTERRUPTED = 130  # as torchjob.errors says; not imported: this runs before any import

@@ -1,4 +1,5 @@
-"""``torchjob run``, ``status``, ``logs`` and ``delete``: jobs of an engine (default: this machine).
+"""``torchjob status``, ``logs``, ``wait``, ``delete``, ``prune`` and ``queue``: jobs of an engine
+(default: this machine); ``run`` is :mod:`torchjob.cli.run_command`'s.
 
 Only parses and prints: everything else is asked of the engine through
 :class:`torchjob.engine_api.base.Engine`, found by name in :mod:`torchjob.engine_api.registry`.
@@ -11,15 +12,9 @@ import json
 import sys
 import time
 
-from torchjob.cli.cluster_commands import finish
-from torchjob.cli.settings import (
-    add_setting_options,
-    given_flags,
-    given_settings,
-    number_option,
-    remember_start,
-)
-from torchjob.engine_api.registry import DEFAULT_ENGINE, engine_info, engine_names, get_engine
+from torchjob.cli import run_command
+from torchjob.cli.settings import chosen_engine, engine_options, number_option
+from torchjob.engine_api.registry import engine_info
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
 from torchjob.phases import UNKNOWN
 from torchjob.typecheck import TYPE_CHECKING
@@ -34,36 +29,7 @@ REF_HELP = "job id, unique id prefix, or name (newest)"
 
 
 def register(commands: Any) -> None:
-    run = commands.add_parser(
-        "run", help="run a job on this machine, every pod as local processes (or --engine kubernetes)"
-    )
-    run.add_argument(
-        "file",
-        metavar="FILE",
-        help="job YAML/JSON, '-' for stdin, FILE.py:TASK, FILE.py:WORKFLOW [-- --ARG VALUE ...], "
-        "or a script run as torchrun would (SCRIPT.py ARGS...: what follows the script is its own)",
-    )
-    run.add_argument("-d", "--detach", action="store_true", help="run in the background and print the job id")
-    run.add_argument("--timeout", metavar="SECONDS", help="terminate the job after this long")
-    run.add_argument(
-        "-e",
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="add an environment variable to every container (repeatable)",
-    )
-    run.add_argument("-q", "--quiet", action="store_true", help="print only the job id and the final phase")
-    run.add_argument("--job", metavar="NAME", help="which job to run when FILE holds several")
-    run.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print what the engine would do with the job (its plan) and start nothing",
-    )
-    _override_options(run)
-    _engine_options(run, "run")
-    run.set_defaults(func=run_run)
-
+    run_command.register(commands)
     status = commands.add_parser("status", help="show the jobs, or one job's pods")
     status.add_argument("job", nargs="?", metavar="JOB", help=REF_HELP)
     status.add_argument("-o", "--output", choices=("yaml", "json"), help="print the full status")
@@ -73,7 +39,7 @@ def register(commands: Any) -> None:
         action="store_true",
         help="redraw JOB's status until it ends; exit as wait does (0 completed, 1 failed)",
     )
-    _engine_options(status, "status")
+    engine_options(status, "status")
     status.set_defaults(func=run_status)
 
     logs = commands.add_parser("logs", help="print a job's logs, prefixed by pod and rank")
@@ -85,7 +51,7 @@ def register(commands: Any) -> None:
     logs.add_argument("-c", "--container", help="only this container")
     logs.add_argument("--attempt", metavar="N", help="this attempt of each pod (default: the latest)")
     logs.add_argument("--all-attempts", action="store_true", help="every attempt of each pod, oldest first")
-    _engine_options(logs, "logs")
+    engine_options(logs, "logs")
     logs.set_defaults(func=run_logs)
 
     _register_wait(commands)
@@ -95,240 +61,17 @@ def register(commands: Any) -> None:
         "jobs", nargs="*", metavar="JOB", help="job id, id prefix of 4+ characters, or name (newest)"
     )
     delete.add_argument("--all", action="store_true", help="every job of the engine, running or not")
-    _engine_options(delete, "delete")
+    engine_options(delete, "delete")
     delete.set_defaults(func=run_delete)
-    _housekeeping(commands, run)
-    _register_queue(commands)
-
-
-def _housekeeping(commands: Any, run: argparse.ArgumentParser) -> None:
-    """``torchjob prune`` and ``run --rm``: finished jobs do not pile up."""
-    run.add_argument(
-        "--rm",
-        action="store_true",
-        help="remove the job and its logs once it has completed; a failed job is kept for its logs "
-        "(not with -d)",
-    )
     prune = commands.add_parser("prune", help="remove finished jobs (Completed, Failed, Aborted, Terminated)")
     prune.add_argument(
         "--older-than",
         metavar="DURATION",
         help="only those that ended longer ago than this: 90s, 30m, 12h, 7d, 1h30m",
     )
-    _engine_options(prune, "prune")
+    engine_options(prune, "prune")
     prune.set_defaults(func=run_prune)
-
-
-def _override_options(run: argparse.ArgumentParser) -> None:
-    """``run``'s changes to the job without editing its file (:mod:`torchjob.overrides`), and
-    the quick mode of a script without a file (:mod:`torchjob.quick`)."""
-    run.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="TASK.FIELD=VALUE",
-        help="set a task's replicas, minAvailable or maxRetry (worker.replicas=4), or the job's "
-        "minAvailable, maxRetry or queue (maxRetry=0); repeatable",
-    )
-    run.add_argument(
-        "--workdir",
-        metavar="DIR",
-        help="the working directory of every container that has none; /workspace=DIR: a job's own "
-        "workingDir /workspace (and paths below it in command and args) read in the local DIR",
-    )
-    quick_option(run)
-
-
-def quick_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "-j",
-        dest="quick",
-        metavar="NODESxPROCS",
-        help="no job file: FILE is a Python script, run by torchrun on NODES pods of PROCS "
-        "processes each (-j 2x4 train.py --lr 0.1); a FILE.py without -j is 1x1",
-    )
-    parser.add_argument(
-        "--image",
-        metavar="IMAGE",
-        help="quick mode: the image a cluster runs the script in (it must hold the script and torch)",
-    )
-
-
-def _engine_options(parser: argparse.ArgumentParser, command: str) -> None:
-    parser.add_argument(
-        "--engine",
-        choices=engine_names(),
-        default=DEFAULT_ENGINE,
-        help=f"where jobs run (default: {DEFAULT_ENGINE}; kubernetes: a cluster, see docs/kubernetes.md)",
-    )
-    parser.set_defaults(engine_command=command)
-    add_setting_options(parser, command)  # what the engines declare (engines/*/settings.py)
-
-
-def _settings(args: argparse.Namespace) -> dict[str, object]:
-    """The chosen engine's settings given on the command line; another engine's is refused."""
-    return given_settings(args, args.engine_command, args.engine)
-
-
-def _engine(args: argparse.Namespace) -> Engine:
-    return get_engine(args.engine, **_settings(args))
-
-
-# ------------------------------------------------------------------------ run
-
-
-def _parse_env(pairs: list[str]) -> dict[str, str]:
-    from torchjob.spec.names import is_env_name
-
-    env: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise SpecError([Problem("--env", f"expected NAME=VALUE, got {pair!r}", "<command line>")])
-        if not is_env_name(name):  # as a container's env entries are checked
-            message = f"{name!r} is not a valid environment variable name"
-            raise SpecError([Problem("--env", message, "<command line>")])
-        env[name] = value
-    return env
-
-
-def _run_workflow(args: argparse.Namespace) -> int | None:
-    """``FILE.py:WORKFLOW [-- ARGS]``: call the workflow here; None for anything else."""
-    from torchjob.cli.sources import is_task_ref
-
-    path, _, name = args.file.rpartition(":")
-    if is_task_ref(args.file) and args.quick is None:  # not before: finding it imports the file
-        from torchjob.sdk.workflow_cli import run_workflow
-
-        given = {"--detach": args.detach, "--timeout": args.timeout is not None, "--env": args.env}
-        given["--job"] = args.job is not None
-        given["--dry-run"] = args.dry_run  # a workflow's tasks are decided as it runs: no plan
-        given.update(dict.fromkeys(given_flags(args, "run"), True))
-        given.update({"--set": args.set, "--workdir": args.workdir is not None})
-        given[f"--engine {args.engine}"] = args.engine != DEFAULT_ENGINE
-        code = run_workflow(path, name, getattr(args, "program_args", []), [k for k, v in given.items() if v])
-        if code is not None:
-            return code
-    return None
-
-
-def _load(args: argparse.Namespace, extra_env: dict[str, str]) -> list[Any]:
-    """The jobs FILE holds, or the job of a script (quick mode, with ``-j`` or for a FILE.py)."""
-    from torchjob.cli.sources import is_task_ref, load_ref, load_script
-
-    local = engine_info(args.engine).runs_here
-    program_args = list(args.program_args)
-    script, args.set = load_script(
-        args.file,
-        args.quick,
-        program_args,
-        local=local,
-        workdir=args.workdir,
-        image=args.image,
-        sets=args.set,
-    )
-    if script is not None:
-        args.quick = args.quick or "1x1"  # the job's arguments and working directory are in it
-        if not local:
-            from torchjob.quick import require_image
-
-            require_image(args.image)
-        return [script]
-
-    if is_task_ref(args.file):  # the arguments after -- are the task's
-        return load_ref(args.file, list(args.program_args), every_rank=True)
-    return load_ref(args.file)
-
-
-def _overridden(item: Any, args: argparse.Namespace, extra_env: dict[str, str]) -> Any:
-    """The job with ``--set``, ``--workdir``, ``-e`` and the program arguments applied."""
-    from torchjob.cli.sources import is_task_ref
-
-    # -j's arguments and working directory are in its job already; a task's arguments are its own.
-    quick = args.quick is not None
-    program_args = [] if quick or is_task_ref(args.file) else list(args.program_args)
-    workdir = None if quick else args.workdir
-    if not (args.set or extra_env or workdir is not None or program_args):
-        return item  # nothing to change: the start-up path stays as short as it was
-    from torchjob.overrides import Overrides, apply
-
-    overrides = Overrides(sets=list(args.set), workdir=workdir, env=extra_env, program_args=program_args)
-    return apply(item, overrides)
-
-
-def run_run(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    workflow_code = _run_workflow(args)
-    if workflow_code is not None:
-        return workflow_code
-    from torchjob.engine_api.base import StartOptions, StreamSink
-    from torchjob.expand import Expansion
-
-    extra_env = _parse_env(args.env)
-    if args.timeout is not None:
-        message = "expected a positive, finite number of seconds, got {value}"
-        args.timeout = number_option("--timeout", args.timeout, message, positive=True)
-    from torchjob.cli.sources import choose_job
-
-    info = engine_info(args.engine)
-    chosen = choose_job(_load(args, extra_env), args.job, args.file)
-    item = _overridden(chosen, args, extra_env)
-    for note in Expansion(item.job).warnings():  # the plugins' notes: no pod is built
-        print(item.document.problem(note.path, f"warning: {note.message}").format(), file=sys.stderr)
-    preload = settings.get("preload")
-    if isinstance(preload, tuple) and preload and info.runs_here:  # refused here, not ignored later
-        from torchjob.cli.preload import check_preload
-
-        check_preload(preload, item.job, extra_env)
-    options = StartOptions(
-        detach=args.detach,
-        quiet=args.quiet,
-        timeout=args.timeout,
-        extra_env=extra_env,
-        on_start=_print_id if args.quiet and not args.detach else None,
-        remove=args.rm,
-        sink=StreamSink(),  # the engine's output, printed here: log lines, notes, its table
-        settings=settings,
-    )
-    if args.rm and args.detach:
-        raise SpecError(
-            [Problem("--rm", "a detached job is removed with `torchjob delete`", "<command line>")]
-        )
-    engine = _engine(args)
-    try:
-        plan = engine.plan(item.job, options)  # what the engine will do; nothing started yet
-        if args.dry_run:
-            print(plan.text)
-            return EXIT_OK
-        report = engine.start(plan)  # that plan carried out: checks first what stops the job there
-    except SpecError as err:  # with the file's line numbers for the fields it names
-        # Problems that already name their file (the port registry) keep it.
-        raise SpecError(
-            [p if p.file else item.document.problem(p.path, p.message) for p in err.problems]
-        ) from None
-    except KeyboardInterrupt:  # it was started: `status NAME` elsewhere can still say where
-        remember_start("run", args.engine, settings, item.job.name)
-        raise
-    remember_start("run", args.engine, settings, item.job.name, report.name, report.id)
-    if args.detach:
-        print(report.id)
-        return EXIT_OK
-    if args.quiet:
-        print(f"{report.id} {report.phase}: {report.reason}".rstrip(": "))
-    code = EXIT_OK if report.ok else EXIT_FAILED
-    if not info.summarizes and not args.quiet:  # an engine that summarizes has said how it ended
-        code = finish(report)  # a cluster job ends in one line
-    if args.rm and report.ok:  # its logs and state go with it: what was printed is all that is kept
-        engine.delete([report.id])
-    elif args.rm and (args.quiet or not info.summarizes):  # the engine's summary says it otherwise
-        kept = f"kept {report.id} for its logs: --rm removes only a completed job"
-        print(f"{kept} (torchjob delete {report.id})")
-    return code
-
-
-def _print_id(job_id: str) -> None:
-    """-q: the job's id as it starts, for a script or a second terminal to follow it."""
-    print(job_id, flush=True)
+    _register_queue(commands)
 
 
 # --------------------------------------------------------------------- status
@@ -337,7 +80,7 @@ def _print_id(job_id: str) -> None:
 def run_status(args: argparse.Namespace) -> int:
     from torchjob.display import ports_text
 
-    engine = _engine(args)
+    engine = chosen_engine(args)
     if args.watch:
         if args.job is None or args.output:
             message = (
@@ -491,7 +234,7 @@ def run_logs(args: argparse.Namespace) -> int:
         all_attempts=args.all_attempts,
         follow=args.follow,
     )
-    lines = _engine(args).logs(args.job, query)  # streamed: a log of any size in bounded memory
+    lines = chosen_engine(args).logs(args.job, query)  # streamed: a log of any size in bounded memory
     width = 0  # prefixes padded to the widest seen so far
     color = use_color(sys.stdout)
     for line in lines:
@@ -502,7 +245,7 @@ def run_logs(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     sys.stdout.flush()
     if args.follow:  # a script following a job learns how it ended
-        return _ended_code(_engine(args).status(args.job))
+        return _ended_code(chosen_engine(args).status(args.job))
     return EXIT_OK
 
 
@@ -514,14 +257,14 @@ def _register_queue(commands: Any) -> None:
         "queue", help="the machine's queue: capacity, queues, the jobs that run and those that wait, and why"
     )
     queue.add_argument("-o", "--output", choices=("yaml", "json"), help="print it all as data")
-    _engine_options(queue, "queue")
+    engine_options(queue, "queue")
     queue.set_defaults(func=run_queue)
 
 
 def run_queue(args: argparse.Namespace) -> int:
     from torchjob.engine_api.base import EngineError
 
-    engine = _engine(args)
+    engine = chosen_engine(args)
     listing: Callable[[], QueueListing] | None = getattr(engine, "queues", None)
     if listing is None:
         raise EngineError(f"engine {engine.name} keeps no queue of its own; its cluster's scheduler does")
@@ -579,7 +322,7 @@ def _register_wait(commands: Any) -> None:
     )
     wait.add_argument("job", metavar="JOB", help=REF_HELP)
     wait.add_argument("--timeout", metavar="SECONDS", help="give up after this long")
-    _engine_options(wait, "wait")
+    engine_options(wait, "wait")
     wait.set_defaults(func=run_wait)
 
 
@@ -591,7 +334,7 @@ def run_wait(args: argparse.Namespace) -> int:
         args.timeout = number_option("--timeout", args.timeout, message, minimum=0)
     from torchjob.engine_api.base import StreamSink
 
-    report = _engine(args).wait(args.job, args.timeout, sink=StreamSink())
+    report = chosen_engine(args).wait(args.job, args.timeout, sink=StreamSink())
     if not (report.terminal or report.phase == UNKNOWN):
         print(
             f"torchjob: job {report.id} is still {report.phase} after {args.timeout:g}s (timed out)",
@@ -617,7 +360,7 @@ def run_delete(args: argparse.Namespace) -> int:
     if args.all == bool(args.jobs):
         message = "give the jobs to delete, or --all for every job" if not args.all else "--all takes no JOB"
         raise SpecError([Problem("", message, "<command line>")])
-    engine = _engine(args)
+    engine = chosen_engine(args)
     refs = [r.id for r in engine.list_jobs()] if args.all else list(args.jobs)
     for job_id in engine.delete(refs):  # also with none: a root that is not torchjob's is refused
         print(f"deleted {job_id}")
@@ -644,7 +387,7 @@ def parse_duration(text: str) -> float:
 def run_prune(args: argparse.Namespace) -> int:
     """Finished jobs (a terminal phase), those that ended before ``--older-than`` ago."""
     age = None if args.older_than is None else parse_duration(args.older_than)
-    engine = _engine(args)
+    engine = chosen_engine(args)
     now = time.time()
     finished = [r for r in engine.list_jobs() if r.terminal]
     if age is not None:

@@ -10,14 +10,14 @@ import argparse
 import math
 from pathlib import Path
 
-from torchjob.engine_api.registry import settings_of
+from torchjob.engine_api.registry import DEFAULT_ENGINE, engine_names, get_engine, settings_of
 from torchjob.errors import Problem, SpecError
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any
 
-    from torchjob.engine_api.base import Setting
+    from torchjob.engine_api.base import Engine, Setting
 
 COMMAND_LINE = "<command line>"
 # Numbers stay text for argparse (whose own error is a usage block): read by number_option.
@@ -158,3 +158,25 @@ def find_engines(argv: list[str]) -> None:
         if arg in ("-h", "--help") or (name is not None and name not in engine_names()):
             load_entry_points()
             return
+
+
+def engine_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """``--engine`` and every engine's settings that ``command`` takes."""
+    parser.add_argument(
+        "--engine",
+        choices=engine_names(),
+        default=DEFAULT_ENGINE,
+        help=f"where jobs run (default: {DEFAULT_ENGINE}; kubernetes: a cluster, see docs/kubernetes.md)",
+    )
+    parser.set_defaults(engine_command=command)
+    add_setting_options(parser, command)  # what the engines declare (engines/*/settings.py)
+
+
+def chosen_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The chosen engine's settings given on the command line; another engine's is refused."""
+    return given_settings(args, args.engine_command, args.engine)
+
+
+def chosen_engine(args: argparse.Namespace) -> Engine:
+    """The engine ``--engine`` names, made with its settings given."""
+    return get_engine(args.engine, **chosen_settings(args))

@@ -157,6 +157,10 @@ def render_target(job: Job, target: str, *, runtime: str | None = None) -> Targe
     declared = get_target(target)
     if runtime is not None and not declared.runtime:
         raise unknown_target(f"--runtime only applies to --target {_runtime_targets()}, not {target!r}")
+    from torchjob.target_api.convert import is_converted, render_kind
+
+    if is_converted(job):  # read from a PyTorchJob, TrainJob or JobSet: as read, or converted
+        return render_kind(job, target, runtime)
     from torchjob.target_api.names import check
 
     check(job, target)  # names the controller makes from the job's must fit their limits

@@ -107,7 +107,7 @@ def run_job(
     job's plan (planning.plan_job), checked and expanded once: made here when not given. An attached
     job's console writes to ``output``: the caller's stream (standard output when None), or a
     SinkConsole for a caller's sink of lines."""
-    from torchjob.engines.local.state import new_job_dir, state_root
+    from torchjob.engines.local.roots import new_job_dir, state_root
 
     options = options or RunOptions()
     if planned is None and job.total_replicas:
@@ -191,14 +191,11 @@ def _supervise(
         hang_notice=options.hang_notice,
         planned=planned.take() if planned is not None else None,
     )
-    previous = supervisor.install_signals()
+    supervisor.signals.install()
     try:
         supervisor.run(on_started)
     finally:
-        import signal
-
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        supervisor.signals.restore()
     if supervisor.interrupted is not None and supervisor.interrupted == 2:  # SIGINT
         if isinstance(console, Console) and console.hushed:  # it said so (output.hush)
             from torchjob.engine_api.base import Interrupted
@@ -206,7 +203,7 @@ def _supervise(
             raise Interrupted
         raise KeyboardInterrupt
     if not (path / "status.json").exists():  # it could not be written (a full disk)
-        status = supervisor.status
+        status = supervisor.ctl.status
         return RunResult(status.phase.value, status.reason, path, started=supervisor.running)
     result = _result(path)
     result.started = supervisor.running

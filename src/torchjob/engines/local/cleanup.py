@@ -1,38 +1,28 @@
-"""Leaving nothing behind: tracking every process of the job while it runs, and the shutdown.
+"""Leaving nothing behind: every process of the job, tracked while it runs and killed at its end.
 
 :class:`JobProcesses` records the job's processes as they appear (container descendants, orphans
 this process adopted as a subreaper) and tells the watchdog about them, so that whoever ends the
-job, the supervisor or the watchdog after a SIGKILL, can find them all. :func:`shutdown` runs once
-at the end, whatever happened: it stops the pods, kills and reaps what is left, and writes the
-final status and summary. Every wait in it is bounded.
+job, the supervisor or the watchdog after a SIGKILL, can find them all; at the end
+(:meth:`JobProcesses.kill_the_rest`) it kills and reaps whatever of them is left. Every wait in it
+is bounded.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 
-from torchjob.controller import DEFAULT_GRACE, termination_grace
 from torchjob.controller.kubelet import Pod
-from torchjob.display import summary
-from torchjob.engines.local import ports as port_registry
-from torchjob.engines.local import process, procfs, runner
+from torchjob.engines.local import process, procfs, proctree, runner
 from torchjob.engines.local.watchdog import Watchdog
-from torchjob.lifecycle import JobPhase, JobStatus
-from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any
 
-    from torchjob.engines.local.supervisor import Supervisor
-
 STUCK_AFTER_KILL = 5.0  # a process that outlives SIGKILL this long is given up on (D state)
 TICK = 0.02  # seconds between polls while pods are being stopped (their strays cannot be waited on)
-OUTPUT_STALL = 2.0  # at the end, seconds a reader may take nothing before the rest is only counted
-INTERRUPTED_STALL = 0.2  # the same after a Ctrl-C or SIGTERM: the user wants the prompt back
 
 Key = tuple[str, int]
 
@@ -64,7 +54,7 @@ class JobProcesses:
 
     def start(self) -> None:
         """Become the subreaper of the job's orphans and start the watchdog; before any pod."""
-        self.foreign = set(process.children_of_self())  # a library caller's own processes
+        self.foreign = set(proctree.children_of_self())  # a library caller's own processes
         with _LIVE_LOCK:
             _LIVE.append(self)
         process.set_child_subreaper(True)
@@ -73,8 +63,8 @@ class JobProcesses:
     def track(self) -> None:
         """Record every container's descendants and reap the ones that were adopted and ended."""
         with process.ADOPTION:
-            tree = process.children_map()
-            adopted = process.adopted(tree, self.known_children(), self.job_id)
+            tree = proctree.children_map()
+            adopted = proctree.adopted(tree, self.known_children(), self.job_id)
         for pod in self.pods.values():
             runner.track(pod, tree)
         self.job_pids.update(p.pid for pod in self.pods.values() for p in runner.tracked(pod))
@@ -118,11 +108,11 @@ class JobProcesses:
             if tree is None:
                 # Which main processes have ended is asked before the scan: their orphans were
                 # handed to this process as they ended, so the scan sees every one of them.
-                ended = {pid for pid in known if process.exited(pid)}
-                tree = process.children_map()
+                ended = {pid for pid in known if proctree.exited(pid)}
+                tree = proctree.children_map()
                 self._scan = (time.monotonic(), known, ended, tree)
                 self._scan_found = False
-            found = process.adopted(tree, known | ended, self.job_id)
+            found = proctree.adopted(tree, known | ended, self.job_id)
         self._scan_found = self._scan_found or bool(found)
         self.job_pids.update(found)
         return found
@@ -186,80 +176,10 @@ class JobProcesses:
         if self.watchdog is not None:  # nothing of the job is left to watch; reaped at the end
             self.watchdog.stop()
 
-
-def shutdown(sup: Supervisor) -> None:
-    """Stop everything left, whatever happened; bounded in time."""
-    _stop_pods(sup)
-    sup.factory.net.close()  # its forwarder first: the sweep below then has one process less to wait for
-    sup.processes.kill_the_rest()
-    if sup.ticket is not None:  # the job's CPUs, memory and GPUs go to the next job in the queue
-        sup.ticket.release()
-    try:
-        sup.waiter.close()
-        if sup.factory.ports:  # a job without ports reserved none: the registry is not touched
-            with contextlib.suppress(OSError):
-                port_registry.release(sup.id)
-        sup.drain_logs()
-        if not sup.status.phase.final:
-            sup.status = JobStatus(
-                JobPhase.TERMINATED,
-                sup.status.retry_count,
-                sup.status.version,
-                sup.status.reason or "the supervisor stopped",
-            )
-        sup.finished = time.time()
-        sup.write_status()
-        written = sup.dir.status_file.exists()
-        if not written:  # no command could see the job
-            sup.remove_job_dir()
-        ttl = sup.job.spec.ttl_seconds_after_finished
-        kept_until = ""
-        if ttl is not None and sup.status.phase.final and written:
-            with contextlib.suppress(OSError):  # then kept, as a job without a TTL is
-                sup.dir.write_expiry(sup.finished + ttl)
-                kept_until = (
-                    f"ttlSecondsAfterFinished {ttl}: the first torchjob command from {ttl}s after "
-                    "the end removes the job and its logs"
-                )
-        if sup.console is not None:
-            sup.console.end_live()
-            for line in summary(sup.report(), sup.console.color, sup.console.unshown, sup.remove):
-                sup.console.print(line)
-            if kept_until and not (sup.remove and sup.status.phase is JobPhase.COMPLETED):
-                sup.console.print(kept_until)
-            stall = INTERRUPTED_STALL if sup.interrupted is not None else OUTPUT_STALL
-            sup.console.finish(stall, lambda: bool(sup.signals))
-    finally:
-        if sup.processes.watchdog is not None:  # it died while the above was done
-            sup.processes.watchdog.reap()
-        if sup.pid_fd >= 0:  # this process supervises the job no more (an SDK caller goes on)
-            with contextlib.suppress(OSError):
-                os.close(sup.pid_fd)
-            sup.pid_fd = -1
-
-
-def _stop_pods(sup: Supervisor) -> None:
-    """Terminate the pods still there and wait, bounded, until they are gone. A job that did not
-    reach a final phase (an error, a crash) gives its pods at most 2 s of grace."""
-    final = sup.status.phase.final
-    sup.kubelet.terminate(
-        [
-            (pod, grace_of(sup.job, pod) if final else min(grace_of(sup.job, pod), 2.0))
-            for pod in sup.pods.values()
-            if not pod.gone
-        ]
-    )
-    deadline = time.monotonic() + DEFAULT_GRACE + STUCK_AFTER_KILL
-    while any(not p.gone for p in sup.pods.values() if p.terminating) and time.monotonic() < deadline:
-        sup.handle_signals()
-        sup.kubelet.poll(list(sup.pods.values()))
-        sup.print_logs()
-        sup.waiter.wait(TICK)
-
-
-def grace_of(job: Job, pod: Pod) -> float:
-    """The pod's terminationGracePeriodSeconds: seconds from SIGTERM to SIGKILL."""
-    return termination_grace(job, pod.task)
+    def reap_watchdog(self) -> None:
+        """The watchdog's process, reaped (it ended once told to stop, or died)."""
+        if self.watchdog is not None:
+            self.watchdog.reap()
 
 
 def _processes(pids: list[int]) -> list[Any]:

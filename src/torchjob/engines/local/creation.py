@@ -1,9 +1,10 @@
 """Making a job's pods: what is decided once per job (ports, names, ranks, GPU shares) and each pod.
 
-:class:`PodFactory` holds the per-job decisions taken before the first pod (``prepare``) and turns
-a pod plan into a kubelet :class:`~torchjob.controller.kubelet.Pod` ready to start (``make``): its
-directories, environment and resolved containers. Starting it, and everything after, is the
-kubelet's over the runner (runner.py).
+:class:`PodFactory` holds the per-job decisions taken before the first pod (``prepare``: the
+network, ``network.py``; the hosts files and whether names resolve, ``jobhosts.py``; the ports)
+and turns a pod plan into a kubelet :class:`~torchjob.controller.kubelet.Pod` ready to start
+(``make``): its directories, environment and resolved containers. Starting it, and everything
+after, is the kubelet's over the runner (runner.py).
 """
 
 from __future__ import annotations
@@ -15,18 +16,14 @@ from pathlib import Path
 
 from torchjob import logs
 from torchjob.controller.kubelet import Container, Pod
-from torchjob.engines.local import gpus, netns, podnames, prewarm, process, security
+from torchjob.engines.local import gpus, podnames, prewarm, process, security
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
-from torchjob.engines.local.containers import (
-    ContainerRun,
-    PodSetup,
-    ResolveError,
-    configmaps_of,
-    make_empty_dirs,
-    resolve_pod,
-)
+from torchjob.engines.local.containers import ContainerRun, PodSetup, ResolveError, configmaps_of
+from torchjob.engines.local.jobhosts import JobHosts
+from torchjob.engines.local.mounts import make_empty_dirs
 from torchjob.engines.local.network import JobNetwork
+from torchjob.engines.local.resolve import resolve_pod
 from torchjob.engines.local.runner import Processes
 from torchjob.engines.local.state import JobDir, make_private_dirs
 from torchjob.expand import Attempts, DesiredState, PodPlan, expand, readdress
@@ -85,9 +82,7 @@ class PodFactory:
         self.attempts: dict[Key, int] = {}
         self.rank_of: dict[Key, str | None] = {}
         self.volcano_env: dict[str, str] = {}  # where the /etc/volcano files are here, when mounted
-        self.hosts_mount: podnames.HostsMount | None = None  # set when pod names can resolve
-        self.hosts_text = ""  # the job's hosts file; each pod attempt gets a copy (pod_hosts)
-        self.name_resolution = "addresses only"
+        self.hosts = JobHosts(job, job_dir)  # the job's hosts files; whether pod names resolve
         # Its own network namespace (the warm pool's for a pooled job), which every process of the
         # job enters, or this machine's network; its forwarded ports (network.py).
         self.net = JobNetwork(job, self.preloader is not None and self.preloader.pooled)
@@ -106,7 +101,7 @@ class PodFactory:
         record = record or note
         private = self.net.start()  # made in a child while the hosts file is written
         try:
-            mount = self.write_hosts(private)
+            mount = self.hosts.write(private)
         finally:
             self.net.finish(record)  # (the child is reaped whatever happened)
         # A child checks, while the ports are reserved, that a process can enter the job's network
@@ -121,7 +116,7 @@ class PodFactory:
             python = _python()  # not resolved: a venv's python is a symlink
             self.dir.write_shims(python, {prewarm.RANK_SHIM: prewarm.guard_shim(python)})
         finally:
-            names_resolve = self.finish_names_probe(mount, probe, record)  # the child is reaped
+            names_resolve = self.hosts.decide(mount, probe, self.net, record)  # the child is reaped
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
         uids = {int(uid) for uid in self.uids.split()}
         self.net.forward(
@@ -132,7 +127,7 @@ class PodFactory:
         if not names_resolve and any(t.template.spec.get("hostAliases") for t in self.job.spec.tasks):
             note(
                 "hostAliases have no effect: pods have no /etc/hosts of their own here "
-                f"({self.name_resolution})"
+                f"({self.hosts.resolution})"
             )
         state = self.expansion(0, 0)
         self.dir.write_configmaps(configmaps_of(state))
@@ -165,43 +160,6 @@ class PodFactory:
                 key = (task, int(index))
                 if key in shares:
                     self.gpu_env[key] = shares[key]
-
-    def write_hosts(self, private: bool) -> podnames.HostsMount:
-        """Write the job's hosts file (``private``: for its own network); how a process gets it."""
-        hosts = self.dir.path / "hosts"
-        try:
-            with open(podnames.ETC_HOSTS) as handle:
-                machine = handle.read()
-        except OSError:
-            machine = ""
-        entries = LocalAddressing(self.job).hosts_entries(self.job)  # addresses only: no ports
-        if private:  # no name server answers there
-            entries += netns.hosts_entries(machine)
-        self.hosts_text = podnames.hosts_text(machine, entries)
-        write_atomic(hosts, self.hosts_text)
-        if security.other_users([t.template.spec for t in self.job.spec.tasks]):
-            hosts.chmod(0o644)  # read as /etc/hosts by pods that run as another user; nothing secret
-        return podnames.HostsMount.of(str(hosts))
-
-    def finish_names_probe(
-        self, mount: podnames.HostsMount, probe: podnames.Probe, record: Callable[[str], None]
-    ) -> bool:
-        """Decide, once per job, whether pod names resolve (the probe's answer), and whether the
-        job's network can be entered (the probe entered it first; without a probe, a child tries)."""
-        why_not = probe.result()
-        if self.net.namespace is not None:
-            why_not_in = why_not if probe.entered else netns.verify(self.net.namespace)
-            if why_not_in is not None and netns.ENTERING in why_not_in:
-                self.net.drop(why_not_in, record)
-                why_not = podnames.probe(mount) if probe.entered else why_not  # the names alone
-        if why_not is None:
-            self.hosts_mount = mount
-            self.name_resolution = "resolved"
-            logs.debug("pod names resolve: every container's /etc/hosts is %s", mount.source.decode())
-        else:
-            self.name_resolution = f"addresses only ({why_not})"
-            logs.debug("pod names do not resolve, addresses are used instead: %s", why_not)
-        return why_not is None
 
     def write_records(self) -> None:
         """job.yaml and pods.yaml are for people and tools, not the pods: written once pods run."""
@@ -274,8 +232,8 @@ class PodFactory:
             for run in inits:
                 if run.name not in own:
                     run.before_exec = security.then(process.background_priority, run.before_exec)
-            if self.hosts_mount is not None:  # the pod's own /etc/hosts, so that pod names resolve
-                mount = self.pod_hosts(pod_dir, aliases)
+            if self.hosts.mount is not None:  # the pod's own /etc/hosts, so that pod names resolve
+                mount = self.hosts.pod_file(pod_dir, aliases)
                 for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
                     run.before_exec = security.then(mount.enter, run.before_exec)
             namespace = self.net.namespace
@@ -306,17 +264,6 @@ class PodFactory:
             engine=uid,  # the attempt's marker value (TORCHJOB_POD_UID)
         )
 
-    def pod_hosts(self, pod_dir: Path, aliases: object) -> podnames.HostsMount:
-        """The pod attempt's own hosts file (the job's, then its hostAliases) and how to mount it:
-        no pod sees what another writes into its /etc/hosts."""
-        assert self.hosts_mount is not None
-        make_private_dirs(pod_dir)
-        path = pod_dir / "hosts"
-        write_atomic(path, podnames.with_aliases(self.hosts_text, aliases))
-        if security.other_users([t.template.spec for t in self.job.spec.tasks]):
-            path.chmod(0o644)  # as the job's: read by pods that run as another user
-        return podnames.HostsMount.of(str(path))
-
     def forkers(self, mains: list[ContainerRun]) -> dict[str, Forker]:
         """The main containers to fork from the preloading server (none without --preload)."""
         if self.preloader is None:
@@ -334,7 +281,7 @@ class PodFactory:
             elif self.preloader.network is not self.net.namespace:
                 logs.debug("warm pool: not used: the server runs in another network than the job")
                 return {}
-            usable, enter = pool.hosts_view(self.preloader, self.hosts_text if self.hosts_mount else None)
+            usable, enter = pool.hosts_view(self.preloader, self.hosts.text if self.hosts.mount else None)
             if not usable:
                 logs.debug("warm pool: not used: the server was started with another /etc/hosts setting")
                 return {}
@@ -342,7 +289,7 @@ class PodFactory:
         else:
             shared = (
                 None
-                if self.hosts_mount is None
+                if self.hosts.mount is None
                 else podnames.HostsMount.of(str(self.dir.path / "hosts"), True)
             )
             self.preloader.before_exec = shared.enter if shared is not None else None

@@ -1,8 +1,8 @@
 """The local engine behind :class:`torchjob.engine_api.base.Engine`: jobs as processes of this machine.
 
 Each job lives in its own directory under the state root (layout: :mod:`.state`); this module
-finds jobs by reference, tells a job whose supervisor died (phase ``Unknown``), reads their logs and
-stops them. Running a job is :func:`torchjob.engines.local.run_job`.
+finds jobs by reference, tells a job whose supervisor died (phase ``Unknown``), reads their logs
+(:mod:`.logreader`) and stops them. Running a job is :func:`torchjob.engines.local.run_job`.
 """
 
 from __future__ import annotations
@@ -14,31 +14,21 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from torchjob.display import first_failed_first, prefix_for
+from torchjob.engine_api import jobdirs
 from torchjob.engine_api.base import (
-    ContainerReport,
     EngineError,
-    JobNotFound,
     JobReport,
     LogLine,
     LogQuery,
     Plan,
-    PodReport,
     QueueListing,
     StartOptions,
     StreamSink,
 )
+from torchjob.engines.local.roots import collect_expired, list_jobs, state_root
 from torchjob.engines.local.settings import ENGINE
-from torchjob.engines.local.state import (
-    ROOT_MARKER,
-    JobDir,
-    collect_expired,
-    is_state_root,
-    list_jobs,
-    state_root,
-)
-from torchjob.phases import UNKNOWN, PodState
-from torchjob.records import record
+from torchjob.engines.local.state import JobDir
+from torchjob.phases import UNKNOWN
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -49,18 +39,9 @@ if TYPE_CHECKING:
     from torchjob.errors import Issue
     from torchjob.spec.model import Job
 
-MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by
 STOP_GRACE = 15.0  # seconds a supervisor has to stop its job after SIGTERM, before SIGKILL
 WATCHDOG_GRACE = 1.5  # after SIGKILL, the supervisor's watchdog needs about a second to stop the pods
-FOLLOW_EVERY = 0.1  # seconds between reads of a followed job's logs and status
-
-
-@record(frozen=True)
-class _LogFile:
-    path: Path
-    prefix: str
-    ordinal: int  # of its pod in the query's pods
-    pod: str  # short name
+WAIT_EVERY = 0.1  # seconds between reads of a waited-for job's status
 
 
 class LocalEngine:
@@ -99,10 +80,11 @@ class LocalEngine:
 
     def warnings(self, job: Job) -> list[Issue]:
         """What ``job`` asks for that has no effect here (``validate --local``; a run records them)."""
-        from torchjob.engines.local.containers import local_warnings
+        from torchjob.engines.local.localcheck import local_warnings
+        from torchjob.spec.model import here_issues
 
         state = self._plan_of(job).state
-        return [] if state is None else local_warnings(state, {})
+        return here_issues(job, errors=False) + ([] if state is None else local_warnings(state, {}))
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
         """The pods in creation order with their ranks and resolved commands, and the ports to
@@ -162,11 +144,13 @@ class LocalEngine:
             raise EngineError(_cannot_read(err)) from None
 
     def status(self, ref: str) -> JobReport:
+        from torchjob.engines.local import logreader  # not loaded by a run
+
         where = self._find(ref)
         report = self._live(where)
         for pod in report.pods:  # read here, not kept in status.json: output comes between its writes
             with contextlib.suppress(ValueError):  # a pod name that is not a plain name has none
-                pod.last_output_at = last_output(where.log_dir(pod.name, pod.attempt))
+                pod.last_output_at = logreader.last_output(where.log_dir(pod.name, pod.attempt))
         return report
 
     def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
@@ -179,7 +163,7 @@ class LocalEngine:
                 return report
             if deadline is not None and time.monotonic() >= deadline:
                 return report
-            time.sleep(FOLLOW_EVERY)
+            time.sleep(WAIT_EVERY)
 
     def _live(self, where: JobDir) -> JobReport:
         """The stored report, with phase Unknown when its supervisor died before the job ended."""
@@ -195,85 +179,24 @@ class LocalEngine:
         report.phase = UNKNOWN
         return report
 
-    def _find(self, ref: str, min_prefix: int = 1) -> JobDir:
-        """A job by id, by name (the newest of that name) or by an id prefix that only one job has."""
-        if not ref:
-            raise EngineError("a job reference cannot be empty: give a job id, an id prefix or a name")
-        jobs = self._jobs()
-        for where in jobs:
-            if where.id == ref:
-                return where
-        # A job's directory is named <job name>-<6 hex>: only those can carry the name.
-        named = [(where, where.read_status()) for where in jobs if where.id.startswith(f"{ref}-")]
-        named = [(where, report) for where, report in named if report.name == ref]
-        if named:
-            return max(named, key=lambda item: item[1].started_at or 0.0)[0]
-        prefixed = [where for where in jobs if where.id.startswith(ref)]
-        if prefixed and len(ref) < min_prefix:
-            raise EngineError(
-                f"job {ref!r} is too short a prefix to pick a job by: give the job's name, its id "
-                f"or at least {min_prefix} characters of it"
-            )
-        if len(prefixed) == 1:
-            return prefixed[0]
-        if prefixed:
-            raise EngineError(f"job {ref!r} is ambiguous: {', '.join(j.id for j in prefixed)}")
-        raise JobNotFound(f"no local job {ref!r} in {self.root}", ref)
+    def _find(self, ref: str, deleting: bool = False) -> JobDir:
+        """A job by id, by name (the newest of that name) or by an id prefix that only one job has
+        (engine_api/jobdirs.py: the rules every engine with job directories follows)."""
+        jobs = {where.id: where for where in self._jobs()}
+
+        def started(job_id: str) -> float:
+            return jobs[job_id].read_status().started_at or 0.0
+
+        chosen = jobdirs.choose(ref, list(jobs), started, engine="local", root=self.root, deleting=deleting)
+        return jobs[chosen]
 
     # --------------------------------------------------------------- logs
 
     def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
         """Every check is made here, before the first line: a wrong pod, container or attempt is an error."""
-        where = self._find(ref)
-        report, problem = where.read_status_checked()
-        if problem is not None:  # the logs on disk are still the job's: shown, without ranks
-            report.pods = _pods_on_disk(where, report.name)
-            if not report.pods:
-                raise EngineError(f"{problem}; no pod of job {where.id} has a log to show")
-            StreamSink().notice(f"{problem}; showing the pods' logs found on disk (without ranks)")
-        files = self._log_files(where, report, query, check=True)
-        return self._read_logs(where, report, query, files)
+        from torchjob.engines.local.logreader import log_lines  # not loaded by a run
 
-    def _read_logs(
-        self, where: JobDir, report: JobReport, query: LogQuery, files: list[_LogFile]
-    ) -> Iterator[LogLine]:
-        from torchjob.files import LogFollower
-
-        follower = LogFollower()
-        known: dict[Path, _LogFile] = {}
-        while True:
-            for file in files:
-                follower.follow(file.path, file.prefix)
-                known[file.path] = file
-            finished = not query.follow or report.terminal or not where.supervisor_alive()
-            if finished:
-                for path in list(follower.files):
-                    follower.close(path)
-            for item, text in follower.read():
-                file = known[item.path]
-                yield LogLine(item.prefix, text, file.ordinal, file.pod)
-            if finished and not follower.files:
-                return
-            if not finished:
-                time.sleep(FOLLOW_EVERY)
-                report, problem = where.read_status_checked()
-                if problem is not None:
-                    report.pods = _pods_on_disk(where, report.name)
-                files = self._log_files(where, report, query, check=False)
-
-    def _log_files(self, where: JobDir, report: JobReport, query: LogQuery, *, check: bool) -> list[_LogFile]:
-        """Every log file the query asks for, oldest attempt first; with ``check``, a pod,
-        container or attempt the job does not have is an EngineError naming those it has."""
-        pods = first_failed_first(report, _select_pods(report.pods, query.pod))
-        attempts_of = {p.name: _attempts(where, p.name) for p in pods}
-        if check:
-            _check_pod(where, report, pods, query)
-            _check_container(where, pods, query)
-            _check_attempt(where, pods, query, attempts_of)
-        files: list[_LogFile] = []
-        for ordinal, pod in enumerate(pods):
-            files += _pod_log_files(where, pod, ordinal, query, attempts_of[pod.name])
-        return files
+        return log_lines(self._find(ref), query)
 
     # -------------------------------------------------------------- queue
 
@@ -289,17 +212,12 @@ class LocalEngine:
         """Every ref must name a job (exact id, exact name, or an id prefix of 4 characters or
         more) before any job is touched: a mistyped second ref deletes nothing. A root torchjob
         did not mark as its own (a project directory given as --state-dir) is refused outright."""
-        if self.root.exists() and not is_state_root(self.root):
-            raise EngineError(
-                f"{self.root} is not a torchjob state directory (torchjob writes {ROOT_MARKER} into "
-                "each one it keeps jobs in); refusing to delete anything there (if it holds jobs of "
-                f"an older torchjob, create {self.root / ROOT_MARKER})"
-            )
+        jobdirs.check_removable(self.root, state_root())
         found: dict[str, JobDir] = {}
         problems = []
         for ref in refs:
             try:
-                where = self._find(ref, MIN_DELETE_PREFIX)
+                where = self._find(ref, deleting=True)
             except EngineError as err:
                 problems.append(str(err))
                 continue
@@ -317,15 +235,6 @@ class LocalEngine:
         return list(found)
 
 
-def last_output(log_dir: Path) -> float | None:
-    """When the newest log file of a pod attempt was last written (None: no logs yet)."""
-    times = []
-    for log in log_dir.glob("*.log"):
-        with contextlib.suppress(OSError):
-            times.append(log.stat().st_mtime)
-    return max(times, default=None)
-
-
 def _output(sink: Sink | None) -> object:
     """Where the job's console writes: the caller's stream, else (a sink of lines) the sink."""
     if sink is None:
@@ -339,93 +248,6 @@ def _output(sink: Sink | None) -> object:
 
 def _cannot_read(err: OSError) -> str:
     return f"cannot read {err.filename or 'the job directory'}: {err.strerror or err}"
-
-
-def _select_pods(pods: list[PodReport], wanted: str | None) -> list[PodReport]:
-    """All pods, or those ``wanted`` names: a pod's full name, its short name, or its task."""
-    if wanted is None:
-        return list(pods)
-    for hit in ([p for p in pods if p.name == wanted], [p for p in pods if p.short == wanted]):
-        if hit:
-            return hit
-    return [p for p in pods if p.task == wanted]
-
-
-def _check_pod(where: JobDir, report: JobReport, pods: list[PodReport], query: LogQuery) -> None:
-    if query.pod is not None and not pods:
-        names = ", ".join(p.short for p in report.pods) or "none yet"
-        raise EngineError(f"job {where.id} has no pod {query.pod!r} (pods: {names})")
-
-
-def _check_container(where: JobDir, pods: list[PodReport], query: LogQuery) -> None:
-    if query.container is None:
-        return
-    known = sorted({c.name for p in pods for c in p.containers})
-    if query.container not in known:
-        raise EngineError(
-            f"job {where.id} has no container {query.container!r} "
-            f"(containers: {', '.join(known) or 'none yet'})"
-        )
-
-
-def _check_attempt(
-    where: JobDir, pods: list[PodReport], query: LogQuery, attempts_of: dict[str, list[int]]
-) -> None:
-    wanted = query.attempt
-    if wanted is None or query.all_attempts or any(wanted in found for found in attempts_of.values()):
-        return
-    listed = "; ".join(f"{p.short}: {', '.join(map(str, attempts_of[p.name])) or 'none'}" for p in pods)
-    raise EngineError(f"job {where.id} has no attempt {wanted} (attempts: {listed})")
-
-
-def _pod_log_files(
-    where: JobDir, pod: PodReport, ordinal: int, query: LogQuery, found: list[int]
-) -> list[_LogFile]:
-    """One pod's log files: init containers first, each attempt the query asks for."""
-    attempts = found if query.all_attempts else [query.attempt if query.attempt is not None else pod.attempt]
-    mains = [c.name for c in pod.containers if not c.init]
-    inits = [c.name for c in pod.containers if c.init]
-    files = []
-    for attempt in attempts:
-        for name in [*inits, *mains]:
-            if query.container is not None and name != query.container:
-                continue
-            label = None if (name in mains and len(mains) == 1) else name
-            prefix = prefix_for(pod.short or pod.name, pod.rank, label)
-            if query.all_attempts:
-                prefix += f" #{attempt}"
-            path = where.log_dir(pod.name, attempt) / f"{name}.log"
-            files.append(_LogFile(path, prefix, ordinal, pod.short or pod.name))
-    return files
-
-
-def _pods_on_disk(where: JobDir, job_name: str) -> list[PodReport]:
-    """The pods whose logs are in the job directory (``logs/<pod>/attempt-<n>/<container>.log``),
-    for a job whose status.json cannot be read: ranks, phases and init containers are unknown."""
-    pods = []
-    for name in sorted(p.name for p in where.logs.glob("*") if p.is_dir() and not p.is_symlink()):
-        attempts = _attempts(where, name)
-        containers = sorted({f.stem for n in attempts for f in where.log_dir(name, n).glob("*.log")})
-        if not containers:
-            continue
-        short = name[len(job_name) + 1 :] if name.startswith(job_name + "-") else name
-        task, _, index = short.rpartition("-")
-        pod = PodReport(
-            name=name,
-            short=short,
-            task=task or short,
-            index=int(index) if index.isascii() and index.isdigit() else 0,
-            phase=PodState.UNKNOWN,
-            attempt=attempts[-1],
-            containers=[ContainerReport(c) for c in containers],
-        )
-        pods.append(pod)
-    return pods
-
-
-def _attempts(where: JobDir, pod: str) -> list[int]:
-    found = (p.name.partition("-")[2] for p in (where.logs / pod).glob("attempt-*"))
-    return sorted(int(n) for n in found if n.isdigit())
 
 
 def _stop_supervisor(where: JobDir) -> None:

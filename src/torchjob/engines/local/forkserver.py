@@ -10,17 +10,19 @@ would run it), and then
 1. imports the modules with stdout and stderr set aside; replies ``ready`` when that was silent
    and left the process with one thread (no thread pool, no CUDA, no process group), else
    ``cold <why>`` and ends: the engine then starts every container cold;
-2. for each request (a container's argv, env, working directory and log file) forks twice, so
-   that the container's process is reparented to the engine (a child subreaper) and can be waited
-   for by it as if it had been spawned. The process starts a session of its own, adopts its
-   orphans, takes the log as stdout and stderr, /dev/null as stdin, the container's environment
-   and working directory, then tells the server its pid (which the server replies to the engine)
-   and runs the program;
+2. for each request (a container's argv, env, working directory and log file) makes the
+   container's process a child of the engine, so that the engine waits for it as if it had
+   spawned it: one fork whose parent is the server's own (``clone`` with ``CLONE_PARENT``, see
+   :func:`_fork_to_engine`), or where that cannot be done two forks, the middle process ending
+   so that the grandchild is reparented to the engine (a child subreaper). The process starts a
+   session of its own, adopts its orphans, takes the log as stdout and stderr, /dev/null as
+   stdin, the container's environment and working directory, then tells the server its pid
+   (which the server replies to the engine) and runs the program;
 3. ends at end of file on the requests pipe (the engine is gone).
 
 Only what the interpreter loaded anyway (os, sys) and what the preloaded modules imported
-(ctypes, threading: torch imports both) is used, so that ``sys.modules`` is what a cold start
-with the modules imported has.
+(ctypes, threading and, when there, gc: torch imports them) is used, so that ``sys.modules`` is
+what a cold start with the modules imported has.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ import sys
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
+CLONE_PARENT = 0x8000  # the new process's parent is the caller's parent: the engine
+SIGCHLD = 17
+# clone's system call number; with no stack, thread ids or TLS given, its argument order (which
+# differs between these two) does not matter.
+SYS_CLONE = {"x86_64": 56, "aarch64": 220}
+_clone: list[Any] = []  # (syscall, its arguments, the C API) once looked up; [None]: two forks
 WARNING = (
     "torchjob: warning: the program sets {name} after torch was imported (torchjob run --preload); "
     "it may have no effect\n"
@@ -48,6 +56,12 @@ def main() -> None:
     _write(replies, b"ready\n" if not why else f"cold {why}\n".encode())
     if why:
         os._exit(0)
+    # Every object the import made goes to the collector's permanent generation: a forked
+    # program's collections never walk them, so their pages are not copied into each program
+    # (a full collection of torch's objects is about 0.1 s of CPU, and every page it touches).
+    # (gc is imported by torch; a module that does not import it leaves it out of sys.modules.)
+    if "gc" in sys.modules:
+        sys.modules["gc"].freeze()
     files = {here, runner_path}
     while True:
         request = _read_request(requests)
@@ -74,11 +88,13 @@ def _preload(runner: dict[str, Any], modules: list[str]) -> str:
     # numpy's OpenBLAS starts a thread pool when imported (a cold start has it too); it stops it
     # before every fork and starts it anew when next needed. Any thread still there after a fork
     # would be missing in the forked programs, with its locks possibly held: refuse.
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)
     threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:  # (with one thread, as with OMP_NUM_THREADS=1, nothing is there to stop)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         return f"the import started {threads - 1} thread(s) that a fork does not stop"
     torch = sys.modules.get("torch")
@@ -118,16 +134,25 @@ def _fork(request: list[bytes], requests: int, replies: int) -> list[bytes] | No
     """In the server: fork the container's process and reply its pid (or ``fail``); returns None.
     In the container's process, set up: returns the request."""
     report_r, report_w = os.pipe()
-    middle = os.fork()
-    if middle == 0:  # the intermediate: its child goes to the engine when it ends
+    pid = _fork_to_engine()
+    if pid == 0:
         os.close(report_r)
-        if os.fork() == 0:
-            os.close(requests)
-            os.close(replies)
-            return _become_container(request, report_w)
-        os._exit(0)
-    os.close(report_w)
-    os.waitpid(middle, 0)  # reparenting is done once the intermediate has ended
+        os.close(requests)
+        os.close(replies)
+        return _become_container(request, report_w)
+    if pid is None:
+        middle = os.fork()
+        if middle == 0:  # the intermediate: its child goes to the engine when it ends
+            os.close(report_r)
+            if os.fork() == 0:
+                os.close(requests)
+                os.close(replies)
+                return _become_container(request, report_w)
+            os._exit(0)
+        os.close(report_w)
+        os.waitpid(middle, 0)  # reparenting is done once the intermediate has ended
+    else:
+        os.close(report_w)
     answer = _read_exactly(report_r, 8)  # its pid, once it is set up; nothing when it failed
     os.close(report_r)
     line = b"pid " + answer + b"\n" if answer else b"fail\n"
@@ -135,6 +160,53 @@ def _fork(request: list[bytes], requests: int, replies: int) -> list[bytes] | No
     _write(1, what + b" for " + request[1] + b"\n")  # preload.log
     _write(replies, line)
     return None
+
+
+def _fork_to_engine() -> int | None:
+    """``os.fork``, except that the child's parent is the engine (the server's parent) from its
+    start: 0 in the child, its pid in the server, None when this cannot be done here.
+
+    One fork instead of two: each fork of a process that has imported torch copies the page
+    tables of its 150-300 MB (torch's CPU or CUDA build), and the middle process of two forks
+    tears its copy down again before the server may reply: about 10-40 ms per container on this
+    2-core machine, in series, against 5-15 ms. Python has no ``clone``; the system call is made
+    as ``os.fork`` makes its ``fork``, between the interpreter's own before- and after-fork steps
+    (locks, the threading module, ``os.register_at_fork`` hooks). What libc's ``fork`` adds is not
+    needed in this process: it has one thread (checked at import), so no lock of libc's can be
+    held, and the ``pthread_atfork`` handlers of the libraries torch loads act on threads there
+    are none of here.
+    """
+    if not _clone:
+        _clone.append(_clone_call())
+    call = _clone[0]
+    if call is None:
+        return None
+    syscall, args, api = call
+    api.PyOS_BeforeFork()
+    pid = int(syscall(*args))
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0
+    api.PyOS_AfterFork_Parent()
+    if pid < 0:  # not allowed here (a seccomp filter, an init process): two forks from now on
+        _clone[0] = None
+        return None
+    return pid
+
+
+def _clone_call() -> tuple[Any, tuple[Any, ...], Any] | None:
+    number = SYS_CLONE.get(os.uname().machine)
+    ctypes: Any = sys.modules["ctypes"]
+    if number is None:
+        return None
+    try:
+        syscall = ctypes.PyDLL(None).syscall  # PyDLL: the GIL is held through the call, as os.fork does
+        syscall.restype = ctypes.c_long
+        zero = ctypes.c_long(0)  # (a plain int would leave a long's upper half undefined)
+        args = (ctypes.c_long(number), ctypes.c_long(CLONE_PARENT | SIGCHLD), zero, zero, zero, zero)
+        return syscall, args, ctypes.pythonapi
+    except (AttributeError, OSError):
+        return None
 
 
 def _become_container(request: list[bytes], report: int) -> list[bytes]:

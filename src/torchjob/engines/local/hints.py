@@ -1,19 +1,22 @@
 """One line that says what to do about a failure whose fix is outside the job.
 
-A container whose ``python`` is torchjob's own interpreter and whose first run fails because that
-interpreter has no torch would otherwise crash-loop for minutes, each attempt's log ending in the
-same ``ModuleNotFoundError``; the fix is an install, not a change to the job. A container that
-failed to reach another machine from a job's own network (loopback only, netns.py) is told how to
-run the job on the machine's network.
+:class:`FailureHints` looks at each container's first failure (a crash loop repeats it) and says
+each hint once a job. A container whose ``python`` is torchjob's own interpreter and whose first
+run fails because that interpreter has no torch would otherwise crash-loop for minutes, each
+attempt's log ending in the same ``ModuleNotFoundError``; the fix is an install, not a change to
+the job. A container that failed to reach another machine from a job's own network (loopback
+only, netns.py) is told how to run the job on the machine's network.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 
-from torchjob.controller.kubelet import Container
+from torchjob.controller.kubelet import Container, Pod
 from torchjob.controller.rootcause import log_tail
+from torchjob.engines.local.output import short_name
 
 _NO_TORCH = re.compile(r"ModuleNotFoundError: No module named 'torch(?:\.\w+)*'")
 # What resolvers and sockets say without a route or a name server (glibc, Python, curl, pip, requests).
@@ -50,3 +53,29 @@ def no_network(container: Container) -> str | None:
         "on this machine's network with TORCHJOB_NETWORK=host in torchjob's environment, or with "
         "hostNetwork: true in its pods"
     )
+
+
+class FailureHints:
+    def __init__(self, job_name: str, record: Callable[[str], None]) -> None:
+        self.job_name = job_name
+        self.record = record
+        self.explained: set[tuple[tuple[str, int], str]] = set()  # containers whose first failure was seen
+        self.told_no_torch = False  # one line a job
+        self.told_no_network = False  # one line a job
+
+    def explain(self, pod: Pod, own_network: bool) -> None:
+        """A container's first failure whose fix is outside the job (no torch here; no network in
+        the job's own, ``own_network``): said once."""
+        key = (pod.task, pod.index)
+        for c in pod.containers:
+            if c.exit_code in (None, 0) or (key, c.name) in self.explained:
+                continue
+            self.explained.add((key, c.name))  # only its first failure: a crash loop repeats it
+            hint = missing_torch(c) if not self.told_no_torch else None
+            if hint is not None:
+                self.told_no_torch = True
+                self.record(f"pod {short_name(self.job_name, pod.name)}: {hint}")
+            hint = no_network(c) if own_network and not self.told_no_network else None
+            if hint is not None:
+                self.told_no_network = True
+                self.record(f"pod {short_name(self.job_name, pod.name)}: {hint}")

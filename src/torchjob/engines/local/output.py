@@ -3,168 +3,27 @@
 Every line of every container is printed as ``<task>-<index> r<RANK> | text`` (the rank only when
 the pod has a ``RANK``), ``<task>-<index>/<container>`` for init containers and extra containers.
 Colors and the live table only on a terminal (and never with ``NO_COLOR``); otherwise plain lines
-that are easy to grep and to read in CI logs.
+that are easy to grep and to read in CI logs. Writing never waits for the reader (:mod:`.outlet`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import re
-import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Sized
 
 from torchjob.display import paint, use_color
+from torchjob.engines.local.outlet import MAX_BACKLOG, Outlet, SafeStream, outlet
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any, TextIO
 
-MAX_BACKLOG = 1 << 20  # bytes written but not yet taken by the reader before log reading pauses
-_WRITE_CHUNK = 1 << 16
-
 
 def short_name(job_name: str, pod_name: str) -> str:
     prefix = f"{job_name}-"
     return pod_name[len(prefix) :] if pod_name.startswith(prefix) else pod_name
-
-
-class _SafeStream:
-    """Writes that never fail: when the reader goes away (``torchjob run ... | head``) the job goes
-    on, only its printing stops; everything is in the log files anyway."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.broken = False
-        self.backlog = 0  # written at once (a file, a string buffer or a blocking pipe)
-
-    def wait(self, timeout: float) -> None:
-        return
-
-    def write(self, text: str, counted: bool = False) -> None:
-        if self.broken:
-            return
-        try:
-            self.stream.write(text)
-        except (OSError, ValueError):
-            self.broken = True
-
-    def flush(self) -> None:
-        if self.broken:
-            return
-        try:
-            self.stream.flush()
-        except (OSError, ValueError):
-            self.broken = True
-
-
-class _Outlet:
-    """Writes to a pipe, terminal or socket that never block: a stalled reader (``| less`` not
-    scrolled, Ctrl-S, ``| sleep 30``) must not stop the loop that runs the job. What the reader
-    has not taken yet waits here; the caller stops reading log files while ``backlog`` is large
-    (the files hold everything), so memory stays bounded and nothing is lost unless given up on.
-
-    The descriptor is reopened with O_NONBLOCK where Linux allows it (a pipe or terminal through
-    /proc/self/fd): setting the flag on the inherited descriptor would change it for every process
-    that shares it, the shell and our own stderr included. Otherwise the original is written only
-    when poll says it is writable, at most PIPE_BUF bytes at a time (a pipe then takes them whole).
-    """
-
-    def __init__(self, fd: int) -> None:
-        import collections
-        import select
-
-        self._select = select
-        self.pending: collections.deque[tuple[bytes, bool]] = collections.deque()  # (text, a log line)
-        self.backlog = 0  # bytes in pending
-        self._head = 0  # bytes of pending[0] already written
-        self.broken = False
-        try:
-            self.fd = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-            self.own = True
-        except OSError:  # not Linux, a socket, or a pipe we may not reopen
-            self.fd, self.own = fd, False
-
-    def write(self, text: str, counted: bool = False) -> None:
-        """Queue ``text``; ``counted`` marks a container's line (see :meth:`discard`)."""
-        # Log lines wait for room (Console.room); this bounds the rest (notes) if nothing is read.
-        if not self.broken and self.backlog < 4 * MAX_BACKLOG:
-            data = text.encode(errors="replace")
-            self.pending.append((data, counted))
-            self.backlog += len(data)
-
-    def discard(self) -> int:
-        """Drop what the reader has not started to take; returns how many log lines that was."""
-        keep = [self.pending.popleft()] if self.pending and self._head else []
-        dropped = sum(1 for _data, counted in self.pending if counted)
-        self.pending.clear()
-        self.pending.extend(keep)
-        self.backlog = sum(len(data) for data, _counted in keep) - self._head
-        return dropped
-
-    def flush(self) -> None:
-        """Write what the reader takes now, without waiting."""
-        limit = _WRITE_CHUNK if self.own else self._select.PIPE_BUF
-        while self.pending and not self.broken:
-            if not self.own and not self._writable(0.0):
-                return
-            chunk, size = [], 0
-            for i, (data, _counted) in enumerate(self.pending):
-                piece = data[self._head :] if i == 0 else data
-                chunk.append(piece)
-                size += len(piece)
-                if size >= limit:
-                    break
-            try:
-                written = os.write(self.fd, b"".join(chunk)[:limit])
-            except BlockingIOError:
-                return
-            except InterruptedError:
-                continue
-            except OSError:  # the reader went away
-                self.broken = True
-                self.discard()
-                return
-            self.backlog -= written
-            written += self._head
-            while self.pending and written >= len(self.pending[0][0]):
-                written -= len(self.pending.popleft()[0])
-            self._head = written
-
-    def wait(self, timeout: float) -> None:
-        """Until the reader can take more or ``timeout`` seconds passed."""
-        if self.pending and not self.broken:
-            self._writable(timeout)
-
-    def _writable(self, timeout: float) -> bool:
-        poller = self._select.poll()
-        poller.register(self.fd, self._select.POLLOUT)
-        return bool(poller.poll(int(timeout * 1000)))
-
-    def close(self) -> None:
-        if self.own:
-            self.own = False
-            os.close(self.fd)
-
-
-def _outlet(stream: TextIO) -> _Outlet | None:
-    """A non-blocking writer for ``stream`` when it is a pipe, terminal or socket; None for files
-    and for streams that are not plain files of this process (a notebook's output, say)."""
-    if not isinstance(stream, io.TextIOWrapper):
-        return None
-    try:
-        fd = stream.fileno()
-        mode = os.fstat(fd).st_mode
-    except (OSError, ValueError, AttributeError):  # a string buffer: it never blocks
-        return None
-    if stat.S_ISREG(mode) or stat.S_ISBLK(mode):
-        return None
-    with contextlib.suppress(OSError, ValueError):
-        stream.flush()  # what was printed before comes first
-    return _Outlet(fd)
 
 
 class Console:
@@ -179,8 +38,8 @@ class Console:
         self, stream: TextIO | None = None, *, live: bool | None = None, never_block: bool = False
     ) -> None:
         raw = stream or sys.stdout
-        outlet = _outlet(raw) if never_block else None
-        self.stream: _SafeStream | _Outlet = outlet or _SafeStream(raw)
+        writer = outlet(raw) if never_block else None
+        self.stream: SafeStream | Outlet = writer or SafeStream(raw)
         self.color = use_color(raw)
         self.live = self.color if live is None else live
         self.unshown = 0  # container lines never written, for the summary to say so
@@ -239,7 +98,7 @@ class Console:
     def give_up(self) -> None:
         """No more container lines are written, only counted (those not yet taken too)."""
         self.gave_up = True
-        if isinstance(self.stream, _Outlet):
+        if isinstance(self.stream, Outlet):
             self.unshown += self.stream.discard()
 
     def finish(self, stall: float, stop: Callable[[], bool]) -> None:
@@ -255,7 +114,7 @@ class Console:
             self.stream.flush()
             if self.stream.backlog < before:
                 deadline = time.monotonic() + stall
-        if isinstance(self.stream, _Outlet):
+        if isinstance(self.stream, Outlet):
             self.stream.close()
 
     def lines(self, items: Iterable[tuple[str, str, str]]) -> None:

@@ -50,11 +50,13 @@ def plan_job(job: Job) -> LocalPlan:
 def check_job(job: Job, state: DesiredState) -> Issues:
     """What stops ``job`` (expanded as ``state``) from running locally, as issues."""
     from torchjob.engines.local import gpus, prewarm
-    from torchjob.engines.local.containers import check_pods
+    from torchjob.engines.local.localcheck import check_pods
+    from torchjob.spec.model import here_issues
 
     if job.total_replicas == 0:  # Volcano keeps such a job Running for ever, with nothing to run
         return [Issue("spec.tasks", "every task has 0 replicas: there is no pod to run")]
-    return check_pods(state) + gpus.check(job, declared_gpus) + prewarm.check(job)
+    kind = here_issues(job, errors=True)  # a PyTorchJob's, TrainJob's or JobSet's own
+    return kind + check_pods(state) + gpus.check(job, declared_gpus) + prewarm.check(job)
 
 
 def declared_gpus() -> Inventory | None:
@@ -99,7 +101,9 @@ def command_text(pod: PodPlan, container: dict[str, Any], *, init: bool) -> str:
     interpreter torchjob runs in, paths of mounted volumes rewritten (as the checks resolve them)."""
     import shlex
 
-    from torchjob.engines.local.containers import _CHECK_ROOT, PodSetup, ResolveError, resolve_container
+    from torchjob.engines.local.containers import PodSetup, ResolveError
+    from torchjob.engines.local.localcheck import CHECK_ROOT
+    from torchjob.engines.local.resolve import resolve_container
 
     if not container.get("command"):
         return "(no command: the image's entrypoint, which does not run here)"
@@ -108,8 +112,8 @@ def command_text(pod: PodPlan, container: dict[str, Any], *, init: bool) -> str:
         address="",
         uid="plan",
         configmaps={},
-        configmap_dir=_CHECK_ROOT,
-        pod_dir=_CHECK_ROOT / "plan" / pod.name,
+        configmap_dir=CHECK_ROOT,
+        pod_dir=CHECK_ROOT / "plan" / pod.name,
     )
     try:
         run = resolve_container(ctx, container, init=init, errors=[])

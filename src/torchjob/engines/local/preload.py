@@ -24,7 +24,7 @@ a ``runAsUser``/``runAsGroup`` (the identity is set by the engine's own hook), c
 limits, or when the server could not be used (said once on the console).
 
 The server's import is not waited for: a container to be forked while it imports is retried on
-the supervisor's next turns (``pod.FORK_LATER``), so that deadlines, policies and status go on;
+the supervisor's next turns (``FORK_LATER``), so that deadlines, policies and status go on;
 the loop wakes for the server's answer (:meth:`Preloader.importing`), so the first such turn comes
 the moment the import is done.
 """
@@ -40,8 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from torchjob.engines.local import prewarm, process, procfs
-from torchjob.engines.local.containers import ContainerRun, is_engine_variable
-from torchjob.engines.local.runner import FORK_LATER
+from torchjob.engines.local.containers import ContainerRun
+from torchjob.engines.local.envvars import is_engine_variable
 from torchjob.engines.local.state import open_private
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from torchjob.engines.local.netns import Network
 
 SERVER = str(Path(__file__).with_name("forkserver.py"))
+FORK_LATER = "later"  # the answer to a fork while the server still imports: ask again (runner.py)
 READY_TIMEOUT = 300.0  # seconds for the server's import (torch on a loaded 2-core machine takes a few)
 REPLY_TIMEOUT = 10.0  # seconds for one fork; the server is then given up on
 # Environment that torch and the native libraries it loads (OpenMP, MKL, OpenBLAS, CUDA) read when

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from torchjob.controller.kubelet import CannotStart, Container, Pod, RuntimeHooks, StartLater
-from torchjob.engines.local import prewarm, process
+from torchjob.engines.local import prewarm, process, proctree
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.state import open_private
 from torchjob.records import field, record
@@ -39,8 +39,7 @@ if TYPE_CHECKING:
     Forker = Callable[[ContainerRun, Path], Forked | str | None]
 
 RESTART_WAIT = 5.0  # seconds past a restart's time to wait for the previous run's processes to die
-FORK_LATER = "later"  # a forker's answer: the preloading server is not ready yet (preload.py)
-FORK_RETRY = 0.05  # seconds until such a container is tried again
+FORK_RETRY = 0.05  # seconds until a container the fork server cannot fork yet is tried again
 TEARDOWN_ABORT = 128 + signal.SIGABRT
 TEARDOWN_NOTE = (
     "the program finished (exit code 0), then the interpreter aborted (SIGABRT) while shutting "
@@ -120,17 +119,17 @@ def live_pids(pod: Pod) -> list[int]:
 
 def track(pod: Pod, tree: Mapping[int, list[int]] | None = None) -> None:
     """Record the live descendants of running containers, to stop them even after they leave.
-    ``tree`` (:func:`process.children_map`) can be shared when many pods are looked at."""
+    ``tree`` (:func:`proctree.children_map`) can be shared when many pods are looked at."""
     for p in map(of, pod.containers):
         if p.tracked:
             p.tracked = {t.pid: t for t in process.alive(p.tracked.values())}
     running = [p for p in map(of, pod.containers) if p.alive and p.proc is not None]
     if not running:
         return
-    tree = process.children_map() if tree is None else tree
+    tree = proctree.children_map() if tree is None else tree
     for p in running:
         assert p.proc is not None
-        new = [pid for pid in process.descendants_in(tree, p.proc.pid) if pid not in p.tracked]
+        new = [pid for pid in proctree.descendants_in(tree, p.proc.pid) if pid not in p.tracked]
         if not new:  # the usual case (a program without children): psutil is not even imported
             continue
         import psutil  # 10 ms of CPU, taken from the job's ranks if done while they start
@@ -189,7 +188,7 @@ class LocalRunner(RuntimeHooks):
         try:
             with process.ADOPTION:  # until p.proc holds it, the new process is nobody's (cleanup.py)
                 forked = p.forker(p.run, c.log) if p.forker is not None and not p.run.init else None
-                if isinstance(forked, str):  # FORK_LATER: the fork server still imports; nothing waits
+                if isinstance(forked, str):  # preload.FORK_LATER: the server still imports; nothing waits
                     p.proc, p.fork_wait = None, True  # tried again soon, or at once: Supervisor.wake_forks
                     raise StartLater(FORK_RETRY)
                 p.fork_wait = False
@@ -286,7 +285,7 @@ class LocalRunner(RuntimeHooks):
     def stopping(self, pods: Sequence[Pod], signum: int) -> None:
         """Before the containers are signalled: the descendants recorded (one scan of the process
         table for all the pods), warm processes discarded, strays of ended runs signalled too."""
-        tree = process.children_map() if signum == signal.SIGTERM and pods else None
+        tree = proctree.children_map() if signum == signal.SIGTERM and pods else None
         for pod in pods:
             if tree is not None:
                 track(pod, tree)

@@ -20,6 +20,8 @@ loads this file into a private namespace and calls :func:`main`, which
 is written); ``fd`` ``guard`` makes this process a rank's guard (:func:`_guard`), which runs the
 rank itself with ``fd`` ``rank``: at once, and with whole-line output (:func:`_whole_lines`).
 
+A torchrun agent (``-m torch.distributed.run``) gets ``agentbarrier.py``'s exit barrier first.
+
 The program's end is recorded before the interpreter's teardown: when it returned or called
 ``sys.exit(0)``, ``0`` is written to ``$TORCHJOB_FINISHED`` (a file, or ``fd:N``), a variable taken
 out of the environment before the program starts. torch 2.13 can abort (SIGABRT, "terminate called
@@ -190,8 +192,10 @@ def _run(mode: str, target: str, cold: list[str], files: set[str], boot: CodeTyp
     if mode == "m":
         import runpy
 
-        if target in AGENTS:
-            _store_owner_leaves_last()
+        if target in AGENTS:  # its exit barrier never outlives the store it waits on
+            patch = _beside("agentbarrier.py", files).get("store_owner_leaves_last")
+            if patch is not None:
+                patch()
         _fresh_main({})
         sys.argv[0] = "-m"
         code = None
@@ -236,61 +240,20 @@ def _run(mode: str, target: str, cold: list[str], files: set[str], boot: CodeTyp
 AGENTS = ("torch.distributed.run", "torch.distributed.launch")  # torchrun's agent, run as -m
 
 
-def _store_owner_leaves_last() -> None:
-    """In a torchrun agent: its exit barrier never outlives the store it waits on.
-
-    The agents of a static rendezvous (torchrun ``--master-addr``, quick mode's) meet at the end in
-    a barrier kept in the store of the node-rank 0 agent. Each adds itself to a count; the last
-    one sets a key, and every agent, the last one too, then waits for that key. The owner, woken
-    by the key, leaves at once and its store with it: the last agent's wait, sent just after its
-    own ``set``, then meets a closed connection (a C++ trace, "Error waiting on exit barrier",
-    and seconds more in its teardown) although every agent had arrived. So an agent other than the
-    owner does not wait for the key it has just set itself: there is nothing left to wait for. The
-    owner still waits (its own ``set`` is answered by its own store), and those that arrived
-    earlier are woken before the owner is. Any other rendezvous keeps torch's own barrier.
-    """
+def _beside(name: str, files: set[str]) -> dict[str, Any]:
+    """The names of ``name``, a file beside this one, run in a namespace of its own (torchjob
+    itself may not be importable here); added to ``files``, whose frames a traceback leaves out.
+    Empty when it cannot be read. (This file is found by its code's name: it is loaded from its
+    path by BOOT or the fork server, never as a module with a ``__file__`` of its own.)"""
+    path = os.path.join(os.path.dirname(_beside.__code__.co_filename), name)
+    namespace: dict[str, Any] = {"__name__": "torchjob_" + name.removesuffix(".py")}
     try:
-        from torch.distributed.elastic.agent.server import api
-    except Exception:  # not the torch this was written for: torch's own way
-        return
-    original: Any = api.SimpleElasticAgent._exit_barrier
-
-    def exit_barrier(agent: Any) -> None:
-        store = agent._store
-        try:
-            group = agent._worker_group
-            owner = group.group_rank == 0 or group.spec.rdzv_handler.get_backend() != "static"
-        except Exception:
-            owner = True
-        if owner:
-            original(agent)
-            return
-        agent._store = _SetThenLeave(store)
-        try:
-            original(agent)
-        finally:
-            agent._store = store
-
-    setattr(api.SimpleElasticAgent, "_exit_barrier", exit_barrier)  # noqa: B010 - a method
-
-
-class _SetThenLeave:
-    """An agent's store during its exit barrier: a ``wait`` for keys this agent set returns at once."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self._set: set[str] = set()
-
-    def set(self, key: str, value: Any) -> None:
-        self._store.set(key, value)
-        self._set.add(key)
-
-    def wait(self, keys: list[str], *timeout: Any) -> None:
-        if not set(keys) <= self._set:
-            self._store.wait(keys, *timeout)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
+        with open(path, "rb") as handle:
+            exec(compile(handle.read(), path, "exec", dont_inherit=True), namespace)
+    except Exception:
+        return {}
+    files.add(path)
+    return namespace
 
 
 def _finished(marker: str | None) -> None:

@@ -9,9 +9,15 @@ normally writes ``done`` first and the watchdog just exits.
 
 On Linux a single-threaded supervisor forks its watchdog: the copy has the kill code loaded
 already and costs about a millisecond, where a new interpreter importing it cost some 40 ms of
-CPU, taken from the job's first processes. Otherwise (threads, other systems) the watchdog runs
-as ``python -m torchjob.engines.local.watchdog JOB_ID``. Either way it reads ``pgid N`` /
-``forget N`` / ``pid N START`` / ``done`` lines on its standard input.
+CPU, taken from the job's first processes. It reads ``pgid N`` / ``forget N`` / ``pid N START`` /
+``done`` lines on its standard input.
+
+A supervisor with threads (an SDK caller: a notebook's kernel, the call's own watcher) cannot
+fork safely. Its process keeps one watchdog for all its jobs instead, started for the first
+(``python -m torchjob.engines.local.watchdog``) and ended by the process's exit: a warm call of a
+second or less would otherwise pay a new interpreter each time. Its lines name the job:
+``job ID`` / ``pgid ID N`` / ``forget ID N`` / ``pid ID N START`` / ``done ID``; at end of file it
+stops every job not yet done, each as above.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ CLOSE_TIMEOUT = 5.0  # seconds to wait for a killed watchdog to be reaped
 
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the pipe decides
-    return watch(argv[0], sys.stdin.buffer)
+    return watch_jobs(sys.stdin.buffer)
 
 
 def watch(job_id: str, stream: IO[bytes]) -> int:
@@ -66,6 +72,36 @@ def watch(job_id: str, stream: IO[bytes]) -> int:
     return 0
 
 
+def watch_jobs(stream: IO[bytes]) -> int:
+    """A process's shared watchdog: the same for every job named on the lines, until end of file."""
+    from torchjob.engines.local.process import kill_now
+
+    jobs: dict[str, tuple[set[int], dict[int, int]]] = {}  # job id -> its groups, its pids
+    while True:
+        line = stream.readline()
+        if not line:
+            break
+        parts = line.decode(errors="replace").split()
+        if len(parts) < 2 or not all(n.isdigit() for n in parts[2:]):
+            continue
+        word, job_id, numbers = parts[0], parts[1], parts[2:]
+        if word == "job":
+            jobs[job_id] = (set(), {})
+        elif word == "done":
+            jobs.pop(job_id, None)
+        elif job_id in jobs:
+            pgids, pids = jobs[job_id]
+            if word == "pgid" and len(numbers) == 1:
+                pgids.add(int(numbers[0]))
+            elif word == "forget" and len(numbers) == 1:
+                pgids.discard(int(numbers[0]))
+            elif word == "pid" and len(numbers) == 2:
+                pids[int(numbers[0])] = int(numbers[1])
+    for job_id, (pgids, pids) in jobs.items():
+        kill_now(job_id, pgids, _job_processes(pgids, pids), GRACE)
+    return 0
+
+
 def _job_processes(pgids: set[int], pids: dict[int, int]) -> list[psutil.Process]:
     """The processes the supervisor told of, and every descendant of them and of the groups'
     leaders (the containers' main processes, which adopt their tree's orphans): also those that
@@ -73,7 +109,7 @@ def _job_processes(pgids: set[int], pids: dict[int, int]) -> list[psutil.Process
     import psutil
 
     from torchjob.engines.local import procfs
-    from torchjob.engines.local.process import children_map, descendants_in
+    from torchjob.engines.local.proctree import children_map, descendants_in
 
     roots = set()
     for pgid in pgids:  # still leading its group: not a reused pid
@@ -122,32 +158,79 @@ def _forked(job_id: str) -> tuple[int, IO[bytes]]:
     return pid, os.fdopen(write_fd, "wb")
 
 
-def _exec(job_id: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
-    env.pop("TORCHJOB_JOB_ID", None)  # the watchdog must never match its own job's marker
-    return subprocess.Popen(
-        [sys.executable, "-m", "torchjob.engines.local.watchdog", job_id],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        env=env,
-        start_new_session=True,
-        close_fds=True,
-    )
+class Shared:
+    """This process's watchdog for the jobs of a supervisor with threads (see above)."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        env.pop("TORCHJOB_JOB_ID", None)  # the watchdog must never match its own job's marker
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "torchjob.engines.local.watchdog"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+        self.pid = self.proc.pid
+
+    @classmethod
+    def get(cls) -> Shared:
+        """The running one, or a new one (the first job, or the last one died)."""
+        with _SHARED_LOCK[0]:
+            if _SHARED and _SHARED[0].proc.poll() is None and _SHARED[0].proc.stdin is not None:
+                return _SHARED[0]
+            if _SHARED:
+                _SHARED.pop().proc.wait(CLOSE_TIMEOUT)  # it ended: reaped
+            _SHARED.append(cls())
+            return _SHARED[0]
+
+    def send(self, text: str) -> None:
+        with _SHARED_LOCK[0], contextlib.suppress(OSError, ValueError, AttributeError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(text.encode() + b"\n")
+            self.proc.stdin.flush()
+
+
+_SHARED: list[Shared] = []  # this process's, once started
+_SHARED_LOCK = [threading.Lock()]  # (a list: a fork's child gets a new one)
+
+
+def _forget_in_child() -> None:
+    """A fork of this process (``preexec_fn``'s child too) does not use the parent's watchdog.
+    Nothing here may take a lock (another thread may have held it at the fork): the handle is
+    kept aside untouched, never closed nor collected (which would flush its pipe's buffer)."""
+    _PARENTS.extend(_SHARED)
+    _SHARED.clear()
+    _SHARED_LOCK[0] = threading.Lock()
+
+
+_PARENTS: list[Shared] = []  # in a fork's child: the parent's, left alone
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class Watchdog:
-    """The supervisor's handle on its watchdog process."""
+    """The supervisor's handle on its job's watchdog: a forked one of its own, or its part of
+    this process's shared one."""
 
     def __init__(self, job_id: str) -> None:
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._pipe: IO[bytes] | None
+        self.job_id = job_id
+        self._shared: Shared | None = None
+        self._pipe: IO[bytes] | None = None
         if _can_fork():
             self.pid, self._pipe = _forked(job_id)
         else:
-            self._proc = _exec(job_id)
-            self.pid, self._pipe = self._proc.pid, self._proc.stdin
+            self._shared = Shared.get()
+            self.pid = self._shared.pid
+            self._shared.send(f"job {job_id}")
 
     def _send(self, text: str) -> None:
+        if self._shared is not None:
+            word, _, rest = text.partition(" ")
+            self._shared.send(f"{word} {self.job_id} {rest}".rstrip())
+            return
         if self._pipe is None:
             return
         with contextlib.suppress(OSError, ValueError):
@@ -170,8 +253,13 @@ class Watchdog:
         self.reap()
 
     def stop(self) -> None:
-        """Tell the watchdog to exit; :meth:`reap` waits for it. (Telling it is cheaper than
-        SIGKILL: the supervisor's kill call took a millisecond, the watchdog exits on its own CPU.)"""
+        """Tell the watchdog to exit (a shared one: to forget the job); :meth:`reap` waits for it.
+        (Telling it is cheaper than SIGKILL: the supervisor's kill call took a millisecond, the
+        watchdog exits on its own CPU.)"""
+        if self._shared is not None:
+            self._send("done")
+            self._shared = None
+            return
         self._send("done")
         if self._pipe is not None:
             with contextlib.suppress(OSError):
@@ -179,13 +267,9 @@ class Watchdog:
             self._pipe = None
 
     def reap(self) -> None:
-        """Wait for the watchdog's exit; kill it if it has not exited within a second."""
-        if self._proc is not None:
-            try:
-                self._proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=CLOSE_TIMEOUT)
+        """Wait for the watchdog's exit; kill it if it has not exited within a second. (A shared
+        one goes on: nothing to wait for.)"""
+        if self._shared is not None or self.pid in (k.pid for k in _SHARED):
             return
         deadline = time.monotonic() + 1.0
         killed = False
