@@ -154,7 +154,9 @@ def test_run_target_and_runtime_reach_the_trainjob(
     out, err = capsys.readouterr()
     assert out == "ml/demo\n"
     # Detached, what the target drops is still said.
-    assert "torchjob: warning: spec.tasks[0].template.spec.restartPolicy: restartPolicy is dropped" in err
+    # At the file's line, as render says it.
+    path = "spec.tasks[0].template.spec.restartPolicy"
+    assert f"torchjob: {job_file}:16: {path}: warning: restartPolicy is dropped" in err, err
     train = api.get("trainer.kubeflow.org/v1alpha1", "TrainJob", "demo", namespace="ml")
     assert train is not None
     assert train["spec"]["runtimeRef"]["name"] == "my-rt"

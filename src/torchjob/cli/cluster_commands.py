@@ -65,7 +65,7 @@ def register(commands: Any) -> None:
 
 def run_submit(args: argparse.Namespace) -> int:
     from torchjob.cli.settings import given_settings, number_option, remember_start
-    from torchjob.cli.sources import choose_job, load_ref, load_script, runtimes_of
+    from torchjob.cli.sources import choose_job, load_ref, load_script, runtimes_of, told_at
     from torchjob.engine_api.base import EngineError, LogQuery, StartOptions
     from torchjob.engine_api.registry import engine_for, engine_info, get_engine
 
@@ -85,7 +85,7 @@ def run_submit(args: argparse.Namespace) -> int:
 
         require_image(args.image)
     item = script or choose_job(load_ref(args.file, runtimes=runtimes), args.job, args.file)
-    options = StartOptions(detach=True, settings=settings)
+    options = StartOptions(detach=True, settings=settings, source=told_at(item.document))
     try:
         engine = get_engine(name, **settings)
         try:

@@ -194,7 +194,7 @@ def run_run(args: argparse.Namespace) -> int:
     if args.timeout is not None:
         message = "expected a positive, finite number of seconds, got {value}"
         args.timeout = number_option("--timeout", args.timeout, message, positive=True)
-    from torchjob.cli.sources import choose_job
+    from torchjob.cli.sources import choose_job, told_at
 
     info = engine_info(args.engine)
     chosen = choose_job(_load(args, extra_env), args.job, args.file)
@@ -215,6 +215,7 @@ def run_run(args: argparse.Namespace) -> int:
         remove=args.rm,
         sink=StreamSink(),  # the engine's output, printed here: log lines, notes, its table
         settings=settings,
+        source=told_at(item.document),
     )
     if args.rm and args.detach:
         raise SpecError(

@@ -97,6 +97,7 @@ class StartOptions:
         remove: bool = False,
         sink: Sink | None = None,
         settings: dict[str, object] | None = None,
+        source: Callable[[str, str], str] | None = None,
         **more_settings: object,
     ) -> None:
         self.detach = detach  # return once the job has started instead of when it ends
@@ -108,6 +109,9 @@ class StartOptions:
         self.remove = remove  # run --rm: a job that completed is removed once it ended
         self.sink = sink  # attached: where the engine's lines go (None: the engine's default)
         self.settings: dict[str, object] = {**(settings or {}), **more_settings}
+        # Names a field of the job's own file in a note: (path, message) -> "FILE:LINE: path: message",
+        # at the path the file has (a PyTorchJob's, not the Volcano Job it was read into).
+        self.source = source
 
     def setting(self, name: str, default: Any = None) -> Any:
         """The setting's value, or ``default`` when it was not given (None counts as not given)."""

@@ -140,8 +140,9 @@ class KubernetesEngine:
     def _start(self, plan: Plan) -> JobReport:
         job, options, sending = plan.job, plan.options, plan.detail
         target, namespace = sending.target, sending.namespace
-        for path, message in sending.warnings:
-            self._note(f"warning: {path}: {message}", options)
+        for path, message in sending.warnings:  # at the file's line and field where the CLI knows them
+            told = options.source(path, f"warning: {message}") if options.source else None
+            self._note(told or f"warning: {path}: {message}", options)
         objects = sending.objects
         existing = self._find(job.name, namespace)
         if existing is not None:
