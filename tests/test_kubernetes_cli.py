@@ -53,13 +53,6 @@ spec:
 VOLCANO = "batch.volcano.sh/v1alpha1"
 
 
-@pytest.fixture
-def job_file(tmp_path: Path) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(JOB)
-    return path
-
-
 def play_controller(api: FakeKubeAPI, end: str, exit_code: int = 0) -> None:
     """When the Volcano Job appears: its pods run, log, end with ``exit_code``; then the job ``end``s."""
 

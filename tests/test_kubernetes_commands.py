@@ -56,13 +56,6 @@ spec:
 VOLCANO = "batch.volcano.sh/v1alpha1"
 
 
-@pytest.fixture
-def job_file(tmp_path: Path) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(JOB)
-    return path
-
-
 def volcano_pods(top: dict[str, Any]) -> list[dict[str, Any]]:
     """The pods Volcano's controller makes for the demo job (a literal RANK in each, as its plugin writes)."""
     pods = [make_pod("demo", "master", 0, owner=top, rank=0)]

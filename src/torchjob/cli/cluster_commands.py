@@ -89,7 +89,7 @@ def run_submit(args: argparse.Namespace) -> int:
     try:
         engine = get_engine(name, **settings)
         try:
-            report = engine.start(item.job, options)
+            report = engine.start(engine.plan(item.job, options))
         except SpecError as err:  # what the target cannot express, at the file's lines
             # Problems that already name their file (a flag's: <command line>) keep it.
             raise SpecError(
