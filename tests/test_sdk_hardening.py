@@ -97,6 +97,34 @@ def test_single_node_elastic_active_deadline_stops_the_call() -> None:
     _assert_gone(_our_children())
 
 
+def test_deadline_while_the_workers_start_leaves_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deadline raised into the launcher's thread after its first worker started and before
+    the second did (where the flaky deadline test's stray came from, under load): torch's launcher
+    never learned of the first, a fork of the warm fork server; it is stopped all the same."""
+    import multiprocessing.process
+
+    from torchjob.sdk.elastic import DeadlinePassed
+
+    real_start = multiprocessing.process.BaseProcess.start
+    started: list[int] = []
+
+    def start_then_deadline(self: Any) -> None:
+        if getattr(getattr(self, "_target", None), "__module__", "") == "torch.multiprocessing.spawn":
+            if started:
+                raise DeadlinePassed
+            real_start(self)
+            started.append(self.pid)
+            return
+        real_start(self)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start_then_deadline)
+    with pytest.raises(TaskFailed, match=r"active deadline of 60s passed"):
+        ends_before_its_deadline()
+    assert len(started) == 1
+    _assert_gone([psutil.Process(started[0])] if psutil.pid_exists(started[0]) else [])
+    _assert_gone(_our_children())
+
+
 @task(task_config=Elastic(nproc_per_node=2, run_policy=RunPolicy(active_deadline_seconds=60)))
 def ends_before_its_deadline() -> int:
     return int(os.environ["RANK"]) + 7
@@ -419,3 +447,31 @@ def test_the_workers_of_a_call_print_whole_lines(tmp_path: Path, unbuffered: boo
     bad = [line for line in printed if not re.fullmatch(r"rank [012] line \d{4} x{60}", line)]
     assert not bad, bad[:3]
     assert len(printed) == 9000
+
+
+# --- a deadline never lands while torch's agent starts its workers -----------------------------
+
+# A function of torch's agent, as the deadline's check finds it (its name, a file of torch's).
+FAKE_AGENT = compile(
+    "def _start_workers(seconds, sleep):\n    for _ in range(int(seconds / 0.01)):\n        sleep(0.01)\n",
+    "/site-packages/torch/distributed/elastic/agent/server/api.py",
+    "exec",
+)
+
+
+def test_a_deadline_that_passes_while_the_workers_start_waits_until_they_are_started() -> None:
+    """Raised between the fork server's fork of a worker and the agent's note of its pid, the
+    deadline left that worker running unseen (a sleeping rank outlived the call)."""
+    from torchjob.sdk.elastic import DeadlinePassed, _deadline
+
+    agent: dict[str, Any] = {}
+    exec(FAKE_AGENT, agent)
+    started = time.monotonic()
+    start_over = 0.0
+    with pytest.raises(DeadlinePassed), _deadline(0.05):
+        agent["_start_workers"](0.6, time.sleep)
+        start_over = time.monotonic() - started
+        for _ in range(500):  # the agent's monitoring loop: where the deadline lands
+            time.sleep(0.01)
+    assert start_over >= 0.6  # the start was not cut short
+    assert time.monotonic() - started < 3

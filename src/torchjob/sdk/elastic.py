@@ -29,6 +29,7 @@ import cloudpickle
 from torchjob.logs import get_logger
 from torchjob.sdk.quick_exit import exit_now
 from torchjob.sdk.results import PROGRESS_FILE, run_call, write_error, write_failure
+from torchjob.sdk.strays import strays_stopped, worker_here
 
 logger = get_logger()
 
@@ -57,10 +58,12 @@ class LaunchSettings:
     start_method: str = "spawn"
     deadline: float | None = None  # seconds for the whole launch (RunPolicy.active_deadline_seconds)
     warm: bool = False  # spawn's workers forked from this process's fork server (warm_elastic.py)
+    caller: bool = False  # launched by a single-node call's caller: its strays are stopped (strays.py)
 
 
 def elastic_child(payload: bytes, results: str) -> bytes | None:
     """The body of every worker process: run the call, report rank 0's value or this rank's error."""
+    worker_here(results)  # first: a worker its launcher never learned of is found (strays.py)
     rank = int(os.environ.get("RANK", "0"))
     _whole_lines()
     _mark(results, COMPLETE)  # workers start once the rendezvous is complete
@@ -144,7 +147,10 @@ def _deadline(seconds: float | None) -> Iterator[None]:
     The launcher runs in the caller's thread and has no timeout of its own. An exception raised
     into its monitoring loop takes the same way out as any other error: the agent stops every
     worker in its ``finally``. (A signal would reach only the main thread, and would be the
-    caller's.) The lock makes sure nothing is raised once the launch has returned.
+    caller's.) Not while the agent starts its workers, though: raised between the fork server's
+    fork of a worker and the agent's note of its pid, it left that worker running unseen (a
+    sleeping rank outlived the call); the exception waits until the start is over. The lock makes
+    sure nothing is raised once the launch has returned.
     """
     if seconds is None:
         yield
@@ -152,23 +158,46 @@ def _deadline(seconds: float | None) -> Iterator[None]:
     target = threading.get_ident()
     lock = threading.Lock()
     finished = False
+    timers: list[threading.Timer] = []
 
     def expire() -> None:
         with lock:
-            if not finished:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(target), ctypes.py_object(DeadlinePassed)
-                )
+            if finished:
+                return
+            if len(timers) < START_RECHECKS and _starting_workers(sys._current_frames().get(target)):
+                _arm(START_RECHECK)  # once the workers are known to the agent (a stuck start: not)
+                return
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(target), ctypes.py_object(DeadlinePassed)
+            )
 
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
+    def _arm(delay: float) -> None:
+        timer = threading.Timer(delay, expire)
+        timer.daemon = True
+        timers.append(timer)
+        timer.start()
+
+    _arm(seconds)
     try:
         yield
     finally:
         with lock:
             finished = True
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
+
+
+START_RECHECK = 0.05  # seconds between looks at a launcher that is starting its workers
+START_RECHECKS = 200  # 10 s: a start that takes longer is stuck, and the deadline is raised into it
+
+
+def _starting_workers(frame: Any) -> bool:
+    """Whether the launcher's thread is inside torch's agent starting its workers."""
+    while frame is not None:
+        if frame.f_code.co_name == "_start_workers" and "torch" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 # The signals torch's launcher takes over while its workers run (LaunchConfig.signals_to_handle).
@@ -282,7 +311,8 @@ def _launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[boo
         with _quiet_torch(), _main_not_reimported(), _own_signal_handlers() as handlers:
             stopped_by: signal.Signals | None = None
             try:
-                with _deadline(settings.deadline):
+                own = strays_stopped(results) if settings.caller else contextlib.nullcontext()
+                with own, _deadline(settings.deadline):
                     out = elastic_launch(config, elastic_child)(payload, results)
             except SignalException as err:
                 stopped_by = err.sigval
