@@ -216,7 +216,8 @@ def test_on_slurm_a_helper_raising_inside_a_task_shows_its_line(slurm: SlurmClus
     text = remote_traceback(script, "pytorch", env)
     assert "<dynamic-code>" not in text
     assert frames_in(text)[-3:] == expected_frames(script), text
-    (job_dir,) = (tmp_path / "root").iterdir()  # it ran on Slurm
+    # It ran on Slurm: one job directory beside the root's marker (.torchjob-state).
+    (job_dir,) = [p for p in (tmp_path / "root").iterdir() if p.name != ".torchjob-state"]
     assert (job_dir / "status.json").is_file()
     # `status JOB` without --engine says where the job is (issue 34, item 6), and that finds it.
     cli = [sys.executable, "-m", "torchjob", "status", job_dir.name]
