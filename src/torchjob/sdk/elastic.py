@@ -27,6 +27,7 @@ from typing import Any
 import cloudpickle
 
 from torchjob.logs import get_logger
+from torchjob.sdk.leftovers import stopped_after
 from torchjob.sdk.quick_exit import exit_now
 from torchjob.sdk.results import PROGRESS_FILE, run_call, write_error, write_failure
 
@@ -248,9 +249,8 @@ def launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool
 
 def _launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool, Any]:
     with _signals_held():  # a Ctrl-C during torch's import is not lost (see there)
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+        from torch.distributed.launcher.api import LaunchConfig
     if "OMP_NUM_THREADS" not in os.environ and settings.nproc_per_node > 1:
         # As torchrun does: N processes each using every core would oversubscribe the machine.
         os.environ["OMP_NUM_THREADS"] = "1"
@@ -278,11 +278,28 @@ def _launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[boo
         settings.min_nodes, settings.max_nodes, settings.nproc_per_node, settings.rdzv_endpoint,
         settings.run_id, settings.max_restarts, start_method,
     )  # fmt: skip
+    # Workers the launcher did not know of, and what workers started (leftovers.py).
+    with stopped_after(settings.run_id, _fork_server):
+        return _run(config, settings.deadline, payload, results)
+
+
+def _fork_server() -> set[int]:
+    import multiprocessing.forkserver as forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return {pid} if isinstance(pid, int) else set()
+
+
+def _run(config: Any, deadline: float | None, payload: bytes, results: str) -> tuple[bool, Any]:
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
     try:
         with _quiet_torch(), _main_not_reimported(), _own_signal_handlers() as handlers:
             stopped_by: signal.Signals | None = None
             try:
-                with _deadline(settings.deadline):
+                with _deadline(deadline):
                     out = elastic_launch(config, elastic_child)(payload, results)
             except SignalException as err:
                 stopped_by = err.sigval
