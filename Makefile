@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test quick lint typecheck unit bench bench-render bench-local bench-sdk schema clean
+.PHONY: demo test quick lint typecheck unit bench bench-render bench-local bench-sdk bench-slurm schema clean slurm-try slurm-try-stop
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,10 +50,24 @@ bench-local: $(STAMP)
 bench-sdk: $(STAMP)
 	$(BIN)/python benchmarks/bench_sdk.py
 
-# The pod template schema torchjob ships, rebuilt from the Volcano Job CRD (CRD=path to override).
+bench-slurm: $(STAMP)
+	$(BIN)/python benchmarks/bench_slurm.py
+
+# A private Slurm on this machine to try `torchjob run --engine slurm` (docs/slurm.md): needs
+# Debian's slurm-wlm and munge; runs as you (or root). SLURM_TRY=DIR puts it elsewhere.
+SLURM_TRY ?= $(HOME)/.torchjob/slurm-try
+slurm-try: $(STAMP)
+	$(BIN)/python tools/slurm_cluster.py start $(SLURM_TRY) --nodes 2
+
+slurm-try-stop:
+	$(BIN)/python tools/slurm_cluster.py stop $(SLURM_TRY)
+
+# The schemas torchjob ships, rebuilt from the CRDs: the Volcano Job's pod template (CRD=path to override)
+# and the other kinds it reads, from the CRDs beside it.
 CRD ?= ../shared/crds/batch.volcano.sh_jobs.yaml
 schema: $(STAMP)
 	$(BIN)/python tools/podtemplate_schema.py $(CRD)
+	$(BIN)/python tools/kinds_schema.py $(dir $(CRD))
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

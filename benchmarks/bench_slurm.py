@@ -1,7 +1,7 @@
 """How fast a job starts on Slurm through torchjob, next to a bare ``sbatch`` + ``srun python``.
 
 Run as root from the repository root, with Debian's ``slurm-wlm`` and ``munge`` installed (it starts
-a private cluster, tests/slurm_cluster.py, and stops it at the end)::
+a private cluster, tools/slurm_cluster.py, and stops it at the end)::
 
     .venv/bin/python benchmarks/bench_slurm.py                      # 2 and 4 ranks, 3 repetitions
     .venv/bin/python benchmarks/bench_slurm.py --ranks 2 --reps 5 --json out.json
@@ -71,6 +71,7 @@ import random
 import re
 import shlex
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -85,7 +86,7 @@ if TYPE_CHECKING:
     from torchjob.engines.slurm.plan import SlurmPlan
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tools"))
 PROGRAM = ROOT / "examples" / "programs" / "allreduce.py"
 
 
@@ -178,6 +179,25 @@ def bare_script(ranks: int, port: int) -> str:
     )
 
 
+def steps_script(ranks: int, port: int) -> str:
+    """What a person writes for ``sbatch --wait``: each rank an ``srun`` step of its own, its env
+    set by hand, the script waiting for all."""
+    lines = [
+        "#!/bin/sh",
+        "MASTER_ADDR=$(hostname -s)",
+        f"MASTER_PORT={port}",
+        f"WORLD_SIZE={ranks}",
+        "export MASTER_ADDR MASTER_PORT WORLD_SIZE",
+    ]
+    for rank in range(ranks):
+        lines.append(
+            f"RANK={rank} srun --exact -N1 -n1 --cpus-per-task=1 --kill-on-bad-exit=1 "
+            f"{shlex.quote(sys.executable)} {shlex.quote(str(PROGRAM))} &"
+        )
+    lines += ["wait", ""]
+    return "\n".join(lines)
+
+
 SBATCH_TIMES = "BENCH_SBATCH_TIMES"  # where the sbatch wrapper writes when it was called
 MEASURES = ("running", "joined", "wall", "pre", "delay", "inside")
 
@@ -209,7 +229,7 @@ def slurm_started(log: Path, job_id: str) -> float:
 
 def one_run(cluster: SlurmCluster, mode: str, ranks: int, base: Path, tick: float = 1.0) -> dict[str, float]:
     from slurm_cluster import free_port
-    from torchjob.engines.slurm import steps
+    from torchjob.engines.slurm import clients
 
     job_dir = Path(tempfile.mkdtemp(dir=base, prefix=f"{mode}-{ranks}-"))
     marks = job_dir / "marks"
@@ -225,7 +245,7 @@ def one_run(cluster: SlurmCluster, mode: str, ranks: int, base: Path, tick: floa
         script.write_text(plan.script)
         args = plan.sbatch_args
     else:
-        script.write_text(bare_script(ranks, port))
+        script.write_text(steps_script(ranks, port) if mode == "sbatch-wait" else bare_script(ranks, port))
         args = ["--job-name=bare", f"--output={job_dir}/slurm-%j.out", f"--chdir={job_dir}"]
         args += [f"--ntasks={ranks}", "--cpus-per-task=1"]
     # A random point of Slurm's scheduling tick (see the module's docstring).
@@ -244,10 +264,24 @@ def one_run(cluster: SlurmCluster, mode: str, ranks: int, base: Path, tick: floa
             raise SystemExit(f"torchjob {ranks} ranks: exit {done.returncode}: {done.stderr.strip()[-500:]}")
         (slurm_json,) = root.glob("*/slurm.json")
         job_id = str(json.loads(slurm_json.read_text())["jobId"])
+    elif mode == "sbatch-wait":
+        started = time.time()
+        done = subprocess.run(
+            ["sbatch", "--parsable", "--wait", *args, str(script)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        ended = time.time()
+        if done.returncode != 0:
+            raise SystemExit(f"sbatch --wait {ranks} ranks: exit {done.returncode}: {done.stderr.strip()}")
+        job_id = done.stdout.strip().split(";")[0]
     else:
         started = time.time()
-        job_id = steps.submit(args, script, env)
-        while steps.queue(job_id, cluster.env):
+        job_id = clients.submit(args, script, env)
+        while clients.queue(job_id, cluster.env):
             time.sleep(0.05)
         ended = time.time()
     result = _marks(marks, mode, ranks, job_dir, started, ended)
@@ -273,6 +307,74 @@ def _marks(
         "joined": max(by_name["joined"]) - started,
         "wall": ended - started,
     }
+
+
+def allocation_run(mode: str, ranks: int, base: Path) -> dict[str, float]:
+    """Inside the allocation (salloc's child): ``alloc-torchjob``, the engine running the job as
+    steps of this allocation; ``alloc-srun``, bare ``srun -n RANKS`` of the same program."""
+    from slurm_cluster import free_port
+
+    job_dir = Path(tempfile.mkdtemp(dir=base, prefix=f"{mode}-{ranks}-"))
+    marks = job_dir / "marks"
+    marks.mkdir()
+    port = free_port()
+    env = {**os.environ, "TORCHJOB_BENCH_MARKS": str(marks)}
+    if mode == "alloc-torchjob":
+        (job_dir / "job.yaml").write_text(job_yaml(ranks, port, marks))
+        env["TORCHJOB_SLURM_JOB_ROOT"] = str(job_dir / "root")
+        argv = [sys.executable, "-m", "torchjob", "run", str(job_dir / "job.yaml"), "--engine", "slurm", "-q"]
+    else:
+        env.update(
+            MASTER_ADDR=socket.gethostname().split(".")[0], MASTER_PORT=str(port), WORLD_SIZE=str(ranks)
+        )
+        rank_then_run = 'RANK=$SLURM_PROCID; export RANK; exec "$0" "$@"'
+        argv = [
+            "srun",
+            f"-n{ranks}",
+            "--kill-on-bad-exit=1",
+            "sh",
+            "-c",
+            rank_then_run,
+            sys.executable,
+            str(PROGRAM),
+        ]
+    started = time.time()
+    done = subprocess.run(
+        argv, env=env, cwd=job_dir, capture_output=True, text=True, timeout=600, check=False
+    )
+    ended = time.time()
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} {ranks} ranks: exit {done.returncode}: {done.stderr.strip()[-500:]}")
+    return _marks(marks, mode, ranks, job_dir, started, ended)
+
+
+def in_allocation(out: Path, ranks: int, reps: int) -> int:
+    """salloc's child: the paired runs inside its allocation, written to ``out``."""
+    results: dict[str, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-alloc-", dir=out.parent) as tmp:
+        modes = ["alloc-torchjob", "alloc-srun"]
+        for rep in range(reps):
+            for mode in modes if rep % 2 == 0 else modes[::-1]:
+                results.setdefault(f"{mode} {ranks}", []).append(allocation_run(mode, ranks, Path(tmp)))
+    out.write_text(json.dumps(results))
+    return 0
+
+
+def allocation_runs(
+    cluster: SlurmCluster, ranks: int, reps: int, base: Path
+) -> dict[str, list[dict[str, float]]]:
+    """The paired runs inside one allocation of RANKS tasks (``salloc -n RANKS``)."""
+    out = base / f"alloc-{ranks}.json"
+    argv = [sys.executable, str(Path(__file__).resolve()), "--in-allocation", str(out)]
+    argv += ["--ranks", str(ranks), "--reps", str(reps)]
+    salloc = ["salloc", f"-n{ranks}", "--cpus-per-task=1", "--"]
+    done = subprocess.run(
+        [*salloc, *argv], env=cluster.env, capture_output=True, text=True, timeout=1800, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"bench_slurm: inside salloc: exit {done.returncode}: {done.stderr.strip()[-800:]}")
+    data: dict[str, list[dict[str, float]]] = json.loads(out.read_text())
+    return data
 
 
 def start_ratios(launcher: list[dict[str, float]], bare: list[dict[str, float]]) -> dict[str, float]:
@@ -303,8 +405,19 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
-        "--modes", nargs="+", choices=("plan", "torchjob", "bare"), default=["torchjob", "bare"]
+        "--modes",
+        nargs="+",
+        choices=("plan", "torchjob", "bare", "sbatch-wait"),
+        default=["torchjob", "sbatch-wait"],
+        help="bare: one srun of every rank, polled until it left the queue; sbatch-wait: a script "
+        "of one srun step per rank with the env set by hand, under sbatch --wait",
     )
+    parser.add_argument(
+        "--allocation",
+        action="store_true",
+        help="also inside one allocation (salloc -n RANKS): torchjob run against bare srun -n RANKS",
+    )
+    parser.add_argument("--in-allocation", help=argparse.SUPPRESS)  # salloc's child: write results here
     parser.add_argument(
         "--slurm-defaults",
         action="store_true",
@@ -316,6 +429,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.launch:
         return launch(Path(args.launch))
+    if args.in_allocation:
+        return in_allocation(Path(args.in_allocation), args.ranks[0], args.reps)
     import slurm_cluster
 
     reason = slurm_cluster.why_not()
@@ -341,6 +456,9 @@ def main() -> int:
                     for mode in args.modes if rep % 2 == 0 else args.modes[::-1]:
                         run = one_run(cluster, mode, ranks, base, tick)
                         results.setdefault(f"{mode} {ranks}", []).append(run)
+            if args.allocation:
+                for ranks in args.ranks:
+                    results.update(allocation_runs(cluster, ranks, args.reps, base))
         finally:
             cluster.stop()
     load = os.getloadavg()
@@ -348,42 +466,55 @@ def main() -> int:
         f"{os.cpu_count()} CPUs, load average {load_before[0]:.1f} before, "
         f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} after; median of {args.reps}"
     )
-    print(f"{'launch':<12} {'ranks running s':>16} {'joined s':>9} {'wall s':>7}")
+    print(f"{'launch':<16} {'ranks running s':>16} {'joined s':>9} {'wall s':>7}")
     for key, runs in results.items():
         row = [statistics.median(r[m] for r in runs) for m in ("running", "joined", "wall")]
-        print(f"{key:<12} {row[0]:>16.2f} {row[1]:>9.2f} {row[2]:>7.2f}")
+        print(f"{key:<16} {row[0]:>16.2f} {row[1]:>9.2f} {row[2]:>7.2f}")
     print(
         "every rank running, split (means, s): pre = to sbatch, delay = Slurm's, "
         "inside = from Slurm's start to all running"
     )
-    print(f"{'launch':<12} {'median':>7} {'mean':>7} {'pre':>7} {'delay':>7} {'inside':>7} {'own':>7}")
+    print(f"{'launch':<16} {'median':>7} {'mean':>7} {'pre':>7} {'delay':>7} {'inside':>7} {'own':>7}")
     for key, runs in results.items():
+        if "delay" not in runs[0]:
+            continue  # inside an allocation: no sbatch, no Slurm delay
         mean = {m: statistics.mean(r[m] for r in runs) for m in MEASURES}
         running = statistics.median(r["running"] for r in runs)
         own = mean["pre"] + mean["inside"]
         print(
-            f"{key:<12} {running:>7.3f} {mean['running']:>7.3f} {mean['pre']:>7.3f} {mean['delay']:>7.3f} "
+            f"{key:<16} {running:>7.3f} {mean['running']:>7.3f} {mean['pre']:>7.3f} {mean['delay']:>7.3f} "
             f"{mean['inside']:>7.3f} {own:>7.3f}"
         )
     summary: dict[str, dict[str, float]] = {}
+    pairs_of = (
+        ("torchjob", "sbatch-wait"),
+        ("torchjob", "bare"),
+        ("plan", "bare"),
+        ("alloc-torchjob", "alloc-srun"),
+    )
     for ranks in args.ranks:
-        bare = results.get(f"bare {ranks}")
-        for mode in (m for m in args.modes if m != "bare" and bare is not None):
+        for mode, against in pairs_of:
+            mine, theirs = results.get(f"{mode} {ranks}"), results.get(f"{against} {ranks}")
+            if not mine or not theirs:
+                continue
             for measure in ("running", "wall"):
-                runs = zip(results[f"{mode} {ranks}"], bare or [], strict=True)
-                pairs = [a[measure] / b[measure] for a, b in runs]
-                print(
-                    f"{ranks} ranks: {mode} / bare {measure}: median of pairs {statistics.median(pairs):.2f} "
-                    f"(pairs {min(pairs):.2f}-{max(pairs):.2f})"
+                pairs = [a[measure] / b[measure] for a, b in zip(mine, theirs, strict=True)]
+                ratio = statistics.mean(r[measure] for r in mine) / statistics.mean(
+                    r[measure] for r in theirs
                 )
-            ratios = start_ratios(results[f"{mode} {ranks}"], bare or [])
-            summary[f"{mode} {ranks}"] = ratios
-            print(
-                f"{ranks} ranks: {mode} / bare every rank running: medians {ratios['medians']:.3f}, "
-                f"means {ratios['means']:.3f}; estimate (pooled D {ratios['pooled_delay']:.3f} s + own "
-                f"{ratios['own']:.3f} s / {ratios['bare_own']:.3f} s) {ratios['estimate']:.3f}, "
-                "the target's measure"
-            )
+                summary.setdefault(f"{mode}/{against} {ranks}", {})[measure] = ratio
+                print(
+                    f"{ranks} ranks: {mode} / {against} {measure}: ratio of means {ratio:.3f}, median of "
+                    f"pairs {statistics.median(pairs):.2f} (pairs {min(pairs):.2f}-{max(pairs):.2f})"
+                )
+            if "delay" in mine[0]:
+                ratios = start_ratios(mine, theirs)
+                summary[f"{mode}/{against} {ranks}"].update(ratios)
+                print(
+                    f"{ranks} ranks: {mode} / {against} every rank running, Slurm's delay pooled: "
+                    f"(D {ratios['pooled_delay']:.3f} s + own {ratios['own']:.3f} s) / (D + "
+                    f"{ratios['bare_own']:.3f} s) = {ratios['estimate']:.3f}"
+                )
     if args.json:
         data = {"load_before": load_before, "load": load, "results": results, "start_ratios": summary}
         Path(args.json).write_text(json.dumps(data, indent=2))

@@ -26,7 +26,7 @@ from render_scale import JOB
 
 from torchjob.jobs import load_jobs
 from torchjob.render import write_list
-from torchjob.targets import TARGETS, render_target
+from torchjob.targets import render_target, target_names
 
 TARGET_SECONDS = 3.0
 
@@ -78,7 +78,7 @@ def main() -> int:
         for workers in args.workers:
             path = Path(folder) / f"bench-{workers}.yaml"
             path.write_text(JOB.format(workers=workers))
-            for target in TARGETS:
+            for target in target_names():
                 render_s, dump_s = in_process(str(path), target, args.repeat)
                 wall, heavy = cli(str(path), target, args.repeat)
                 ok = wall < TARGET_SECONDS and not heavy

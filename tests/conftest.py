@@ -12,6 +12,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -19,6 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+# tools/slurm_cluster.py builds the tests' private Slurm (and a user's, to try the engine).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 if TYPE_CHECKING:
     from kubeapi import FakeKubeAPI
@@ -43,7 +47,7 @@ def kubeconfig(api: FakeKubeAPI, tmp_path: Path) -> str:
 
 @pytest.fixture
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    """A private Slurm cluster (tests/slurm_cluster.py), stopped by pid after the test; skips
+    """A private Slurm cluster (tools/slurm_cluster.py), stopped by pid after the test; skips
     where Slurm is not installed or the tests do not run as root."""
     import slurm_cluster
 

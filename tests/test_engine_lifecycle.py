@@ -4,7 +4,7 @@ Each scenario is a small job of shell commands run through the CLI (``torchjob r
 E``), then judged by what every engine reports alike: the exit code, ``status -o json`` (phase,
 reason, retries, each pod's phase, attempt and restarts, the first failure) and the followed logs.
 The ``local`` leg runs processes on this machine; the ``slurm`` leg runs the same job as job steps
-of one allocation on a private Slurm (tests/slurm_cluster.py, one per module), and skips with the
+of one allocation on a private Slurm (tools/slurm_cluster.py, one per module), and skips with the
 reason where Slurm is not installed or the tests do not run as root; the ``fake`` leg runs it in this
 process through the controller, the kubelet and the report builder over the smallest container
 runtime an engine can write (tests/fake_pods.py: start, poll and signal a container), and answers
@@ -163,13 +163,21 @@ class FakeLeg(Engine):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm_cluster.SlurmCluster]:
-    """One private Slurm for the module's scenarios (starting one costs seconds)."""
+    """One private Slurm for the module's scenarios (starting one costs seconds), of two nodes:
+    ``run -j 2x2`` is two nodes of two processes, one pod on each."""
     reason = slurm_cluster.why_not()
     if reason is not None:
         pytest.skip(reason)
-    found = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster")
     try:
-        yield found.start()
+        found = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster", nodes=2)
+    except slurm_cluster.Unsupported as err:
+        pytest.skip(str(err))
+    try:
+        try:
+            found.start()
+        except slurm_cluster.Unsupported as err:
+            pytest.skip(str(err))
+        yield found
     finally:
         found.stop()
 
@@ -500,13 +508,16 @@ def test_min_available_judges_a_job_whose_pods_all_ended(engine: Engine, tmp_pat
 
 
 def test_depends_on_starts_a_task_once_its_dependency_runs(engine: Engine, tmp_path: Path) -> None:
+    # The server's init container leaves the marker: a pod is Running only once its init
+    # containers ended, so the marker is there when the client starts (its main container's first
+    # line may still be ahead, so that could not be the marker).
     marker = tmp_path / "server-up"
     path = job_file(
         tmp_path,
         "deps",
         [
             task("client", f"test -e {marker} && echo server was up", dependsOn={"name": ["server"]}),
-            task("server", f": > {marker}; sleep 1"),
+            task("server", "sleep 1", init=f": > {marker}"),
         ],
     )
     done = engine.run(path)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from torchjob.targets import target_names
+
 pytestmark = pytest.mark.timeout(120)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,7 +93,7 @@ def test_render_imports_neither_torch_nor_kubernetes(tmp_path: Path) -> None:
     assert heavy == []
 
 
-@pytest.mark.parametrize("target", ["pods", "volcano", "kubeflow", "trainjob", "jobset"])
+@pytest.mark.parametrize("target", target_names())
 def test_render_target_imports_neither_torch_nor_kubernetes(target: str) -> None:
     """Rendering for a cluster stack is pure: the kubernetes client is for the engine that submits."""
     code, heavy = probe("render", str(REPO / "examples" / "ddp-train.yaml"), "--target", target)

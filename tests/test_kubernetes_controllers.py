@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from torchjob.targets import target_names
+
 pytest.importorskip("kubernetes")
 
 from controllers import Controller, ControlPlane
@@ -34,7 +36,7 @@ from torchjob.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 
-TARGETS = ("volcano", "kubeflow", "jobset", "trainjob", "pods")
+TARGETS = target_names()  # every target, whichever exist: a new one needs its controllers below
 TOP = {
     "volcano": ("batch.volcano.sh/v1alpha1", "Job"),
     "kubeflow": ("kubeflow.org/v1", "PyTorchJob"),

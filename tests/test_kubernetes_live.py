@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from torchjob.targets import target_names
+
 KUBECONFIG = os.environ.get("TORCHJOB_TEST_KUBECONFIG")
 pytestmark = [
     pytest.mark.skipif(not KUBECONFIG, reason="set TORCHJOB_TEST_KUBECONFIG to run against a real cluster"),
@@ -29,7 +31,7 @@ pytestmark = [
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 IMAGE = os.environ.get("TORCHJOB_TEST_IMAGE", "torchjob-examples:latest")
-TARGETS = ("volcano", "kubeflow", "jobset", "trainjob", "pods")
+TARGETS = target_names()
 # Each example on every target; restart-on-failure counts attempts by Volcano's retry-count
 # annotation, which only Volcano sets.
 RUNS = [(example, target) for example in ("pytorch-job", "ddp-train") for target in TARGETS]

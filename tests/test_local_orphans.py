@@ -545,3 +545,21 @@ def test_the_final_sweep_scans_again_unless_the_last_scan_rules_orphans_out(
     processes.scans = 0
     processes.last_orphans()
     assert processes.scans == 1
+
+
+def test_a_job_whose_directory_was_removed_stops_with_every_process(tmp_path: Path) -> None:
+    """A job's directory removed under it (``rm -rf``, a test's temporary directory cleaned up):
+    no command could see or stop the job any more, so its supervisor stops it, and its pods,
+    grandchildren in sessions of their own included, go with it; nothing is written again at
+    that path."""
+    import shutil
+
+    proc, job_id = _start(tmp_path, "vanished", "cold")
+    job_dir = tmp_path / "home" / "jobs" / job_id
+    shutil.rmtree(job_dir)
+    assert _exit_code(proc) == 1
+    assert wait_until(lambda: not leftovers(job_id), 5), [p.cmdline() for p in leftovers(job_id)]
+    assert not job_dir.exists()
+    out = (tmp_path / "out.txt").read_text()
+    assert "the job directory was removed" in out, out
+    assert "Traceback" not in out, out

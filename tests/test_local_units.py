@@ -264,38 +264,59 @@ def test_process_alive_tells_live_zombie_gone_and_reused_pids_apart() -> None:
     assert not process_alive(child.pid, None)
 
 
-def test_a_watchdog_told_done_exits_and_leaves_the_job_alone() -> None:
-    from torchjob.engines.local.watchdog import Watchdog
+# The forked watchdog is the one of a supervisor without threads: these run in a new interpreter,
+# since this one may hold threads of earlier tests (its jobs would share one watchdog instead).
+WATCHDOG_TOLD_DONE = """\
+import os, subprocess
+from torchjob.engines.local.watchdog import Watchdog
 
-    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+try:
+    dog = Watchdog("unit-done")
+    assert dog._pipe is not None  # forked
+    dog.watch(sleeper.pid)
+    dog.close()  # "done", then reaped: no zombie is left
     try:
-        dog = Watchdog("unit-done")
-        dog.watch(sleeper.pid)
-        dog.close()  # "done", then reaped: no zombie is left
-        with pytest.raises(ChildProcessError):
-            os.waitpid(dog.pid, os.WNOHANG)
-        assert sleeper.poll() is None  # a supervisor that cleaned up itself keeps control
-    finally:
+        os.waitpid(dog.pid, os.WNOHANG)
+        raise SystemExit("the watchdog was not reaped")
+    except ChildProcessError:
+        pass
+    assert sleeper.poll() is None  # a supervisor that cleaned up itself keeps control
+finally:
+    sleeper.kill()
+    sleeper.wait()
+"""
+
+WATCHDOG_SUPERVISOR_VANISHES = """\
+import signal, subprocess
+from torchjob.engines.local.watchdog import Watchdog
+
+sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+try:
+    dog = Watchdog("unit-vanish")
+    dog.watch(sleeper.pid)
+    assert dog._pipe is not None  # forked
+    dog._pipe.close()  # what the kernel does when the supervisor is killed: end-of-file
+    dog._pipe = None
+    assert sleeper.wait(timeout=10) == -signal.SIGTERM
+    dog.reap()
+finally:
+    if sleeper.poll() is None:
         sleeper.kill()
         sleeper.wait()
+"""
 
 
-def test_a_watchdog_whose_supervisor_vanishes_kills_the_groups_it_was_told_of() -> None:
-    from torchjob.engines.local.watchdog import Watchdog
-
-    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
-    try:
-        dog = Watchdog("unit-vanish")
-        dog.watch(sleeper.pid)
-        assert dog._pipe is not None
-        dog._pipe.close()  # what the kernel does when the supervisor is killed: end-of-file
-        dog._pipe = None
-        assert sleeper.wait(timeout=10) == -signal.SIGTERM
-        dog.reap()
-    finally:
-        if sleeper.poll() is None:
-            sleeper.kill()
-            sleeper.wait()
+@pytest.mark.parametrize(
+    "script", [WATCHDOG_TOLD_DONE, WATCHDOG_SUPERVISOR_VANISHES], ids=["done", "vanishes"]
+)
+def test_a_forked_watchdog_leaves_a_finished_job_alone_and_stops_one_whose_supervisor_vanished(
+    script: str,
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_a_threaded_supervisors_jobs_share_one_watchdog_that_stops_only_the_unfinished_ones() -> None:

@@ -449,7 +449,7 @@ def test_env_plugin_sets_task_index_on_all_containers() -> None:
 
 
 def test_plugin_order_is_fixed_and_documented() -> None:
-    assert PLUGIN_ORDER == ("pytorch", "svc", "env")
+    assert PLUGIN_ORDER == ("pytorch", "kubeflow", "trainer", "jobset", "svc", "env")
     doc = plugins_package.__doc__ or ""
     assert doc.index("``pytorch``") < doc.index("``svc``") < doc.index("``env``")
     # The order in the YAML does not matter.

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from torchjob.targets import target_names
+
 pytestmark = pytest.mark.timeout(150)
 
 
@@ -255,7 +257,7 @@ def test_set_worker_replicas_gives_torchrun_the_new_node_count(tmp_path: Path) -
 # ------------------------------------------------------------ quick mode for a cluster
 
 
-@pytest.mark.parametrize("target", ["pods", "volcano", "kubeflow", "trainjob", "jobset"])
+@pytest.mark.parametrize("target", target_names())
 def test_quick_mode_renders_for_every_target_without_this_machines_directory(
     tmp_path: Path, target: str
 ) -> None:

@@ -419,3 +419,31 @@ def test_the_workers_of_a_call_print_whole_lines(tmp_path: Path, unbuffered: boo
     bad = [line for line in printed if not re.fullmatch(r"rank [012] line \d{4} x{60}", line)]
     assert not bad, bad[:3]
     assert len(printed) == 9000
+
+
+# --- a deadline never lands while torch's agent starts its workers -----------------------------
+
+# A function of torch's agent, as the deadline's check finds it (its name, a file of torch's).
+FAKE_AGENT = compile(
+    "def _start_workers(seconds, sleep):\n    for _ in range(int(seconds / 0.01)):\n        sleep(0.01)\n",
+    "/site-packages/torch/distributed/elastic/agent/server/api.py",
+    "exec",
+)
+
+
+def test_a_deadline_that_passes_while_the_workers_start_waits_until_they_are_started() -> None:
+    """Raised between the fork server's fork of a worker and the agent's note of its pid, the
+    deadline left that worker running unseen (a sleeping rank outlived the call)."""
+    from torchjob.sdk.elastic import DeadlinePassed, _deadline
+
+    agent: dict[str, Any] = {}
+    exec(FAKE_AGENT, agent)
+    started = time.monotonic()
+    start_over = 0.0
+    with pytest.raises(DeadlinePassed), _deadline(0.05):
+        agent["_start_workers"](0.6, time.sleep)
+        start_over = time.monotonic() - started
+        for _ in range(500):  # the agent's monitoring loop: where the deadline lands
+            time.sleep(0.01)
+    assert start_over >= 0.6  # the start was not cut short
+    assert time.monotonic() - started < 3

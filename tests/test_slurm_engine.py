@@ -1,4 +1,4 @@
-"""The slurm engine end to end against a real private Slurm (tests/slurm_cluster.py): the CLI's
+"""The slurm engine end to end against a real private Slurm (tools/slurm_cluster.py): the CLI's
 run/submit/status/logs/delete, the controller on the batch host, pods as job steps."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import yaml
 
 from slurm_cluster import SlurmCluster
 from test_slurm_steps import no_process_left
-from torchjob.engines.slurm import steps
+from torchjob.engines.slurm import clients
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -69,6 +69,22 @@ def status_json(env: dict[str, str], ref: str) -> dict[str, object]:
     return data
 
 
+def live_pods(status: dict[str, object]) -> list[str]:
+    """Pods a report still shows running or stopping (none may, once the allocation ended)."""
+    pods = status["pods"]
+    assert isinstance(pods, list)
+    return [
+        f"{p['short']}: {p['phase']}"
+        for p in pods
+        if p["phase"] in ("Running", "Pending") or p["terminating"]
+    ]
+
+
+def job_dirs(root: Path) -> list[Path]:
+    """The job directories under a job root (not the root's own marker)."""
+    return sorted(p for p in root.iterdir() if p.name != ".torchjob-state") if root.exists() else []
+
+
 def wait_for(predicate: object, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -88,6 +104,8 @@ def test_the_example_job_runs_with_gloo_and_prefixed_logs(slurm: SlurmCluster, t
         assert prefix in done.stdout, done.stdout
     assert "Completed" in done.stderr
     assert slurm.jobs() == []
+    shown = torchjob(env, "status", "pytorch-job", "--engine", "slurm").stdout
+    assert "ports 23456->23456" in shown, shown  # the plugin's port, as the master pod has it
 
 
 def test_a_failing_rank_restarts_the_job_then_fails_it(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -197,21 +215,62 @@ def test_a_job_pending_on_resources_shows_slurms_reason(slurm: SlurmCluster, tmp
     assert "Resources" in text
     deleted = torchjob(env, "delete", job_id, "--engine", "slurm")
     assert deleted.returncode == 0, deleted.stderr
+    # Attached, the wait is told as srun tells it, and so is the start; -v shows the Slurm calls.
+    fill = task("fill", "print('filled')")
+    fill["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "5"}}  # type: ignore[index]
+    path = job_file(tmp_path, [fill])
+    err_file = tmp_path / "attached.err"
+    with open(err_file, "w") as err:
+        attached = subprocess.Popen(
+            [sys.executable, "-m", "torchjob", "-v", "run", str(path), "--engine", "slurm"],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        wait_for(lambda: "is pending: Resources" in err_file.read_text(), 30, "the wait told")
+        assert slurm.run("scancel", blocker.stdout.strip()).returncode == 0
+        assert attached.wait(timeout=120) == 0, err_file.read_text()
+    finally:
+        if attached.poll() is None:
+            attached.kill()
+            attached.wait()
+    told = err_file.read_text()
+    said = [line for line in told.splitlines() if "is pending" in line or "is running" in line]
+    assert said[0].endswith("is pending: Resources") and said[-1].endswith("is running"), told
+    assert "slurm: sbatch --parsable" in told and "slurm: squeue" in told, told
     assert not (tmp_path / "root" / job_id).exists()
 
 
-def test_a_time_limit_reached_is_reported_as_timeout(slurm: SlurmCluster, tmp_path: Path) -> None:
+def test_a_time_limit_reached_is_reported_as_timeout_after_the_signal_before_it(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
     env = cli_env(slurm, tmp_path / "root")
     marker = uuid.uuid4().hex
-    path = job_file(tmp_path, [task("sleeper", f"import time; time.sleep(600)  # {marker}")])
-    done = torchjob(env, "run", str(path), "--engine", "slurm", "--time-limit", "1", timeout=200)
+    # SIGUSR1 50 s before the limit, to every pod (Slurm's timing: up to a minute early): the
+    # program checkpoints, and sleeps on until the limit ends it.
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: print('checkpoint on SIGUSR1', flush=True))\n"
+        f"time.sleep(600)  # {marker}\n"
+    )
+    path = job_file(tmp_path, [task("sleeper", code, replicas=2)])
+    flags = ("--time-limit", "1", "--signal", "USR1@50")
+    done = torchjob(env, "run", str(path), "--engine", "slurm", *flags, timeout=200)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "TIMEOUT" in done.stderr
-    assert status_json(env, "sj")["phase"] == "Failed"
+    assert done.stdout.count("| checkpoint on SIGUSR1") == 2, done.stdout
+    refused = torchjob(env, "run", str(path), "--engine", "slurm", "--signal", "B:USR1@60")
+    assert refused.returncode == 2 and "B: signals the batch shell" in refused.stderr, refused.stderr
+    status = status_json(env, "sj")
+    assert status["phase"] == "Failed"
+    assert live_pods(status) == [], status  # stopped with the allocation, not "Running (stopping)"
+    assert "Stopped" in torchjob(env, "status", "sj", "--engine", "slurm").stdout
     # once slurmctld forgets the job, the completion file still says how it ended
-    (job_dir,) = (tmp_path / "root").iterdir()
+    (job_dir,) = job_dirs(tmp_path / "root")
     slurm_id = json.loads((job_dir / "slurm.json").read_text())["jobId"]
-    assert steps.jobcomp_state(slurm_id, slurm.env) == "TIMEOUT"
+    assert clients.jobcomp_state(slurm_id, slurm.env) == "TIMEOUT"
     assert no_process_left(marker) == []
 
 
@@ -223,11 +282,9 @@ def test_delete_while_running_leaves_no_step(slurm: SlurmCluster, tmp_path: Path
     )
     done = torchjob(env, "submit", str(path), "--engine", "slurm")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "sj"  # the job's name, as submit prints for every engine
-    told = f"torchjob: Slurm job {slurm.jobs()[0]}: sj-"  # and the engine: Slurm's id and torchjob's
-    assert told in done.stderr, done.stderr
-    job_id = done.stderr.split(told)[1].split()[0]
-    job_id = "sj-" + job_id
+    job_id = done.stdout.strip()  # the id status/logs/delete take: several jobs may be named sj
+    assert job_id.startswith("sj-") and len(job_id) == len("sj-") + 6, done.stdout
+    assert f"torchjob: Slurm job {slurm.jobs()[0]}: {job_id}" in done.stderr, done.stderr  # Slurm's id too
     wait_for(lambda: status_json(env, job_id)["phase"] == "Running", 60, "the job running")
     wait_for(lambda: "up" in torchjob(env, "logs", job_id, "--engine", "slurm").stdout, 60, "its log")
     deleted = torchjob(env, "delete", job_id, "--engine", "slurm")
@@ -255,16 +312,28 @@ def test_a_job_cancelled_in_slurm_is_reported_so(slurm: SlurmCluster, tmp_path: 
         "Terminated",
         "Slurm: CANCELLED: the allocation was cancelled",
     )
+    assert live_pods(status) == [], status  # stopped with the allocation, not "Running (stopping)"
+    pod = status["pods"][0]  # type: ignore[index]
+    assert pod["phase"] == "Stopped", pod
+    time.sleep(1.5)  # its elapsed time stops with it
+    assert status_json(env, job_id)["pods"][0]["finishedAt"] == pod["finishedAt"]  # type: ignore[index]
     assert no_process_left(marker) == []
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_while_following_cancels_the_job(slurm: SlurmCluster, tmp_path: Path, signum: int) -> None:
+@pytest.mark.parametrize(
+    "signals", [(signal.SIGINT,), (signal.SIGTERM,), (signal.SIGINT, signal.SIGINT, signal.SIGTERM)]
+)
+def test_ctrl_c_while_following_cancels_the_job(
+    slurm: SlurmCluster, tmp_path: Path, signals: tuple[int, ...]
+) -> None:
     env = cli_env(slurm, tmp_path / "root")
     marker = uuid.uuid4().hex
-    path = job_file(
-        tmp_path, [task("w", f"import time; print('up', flush=True); time.sleep(600)  # {marker}")]
+    # A program that ignores SIGTERM: Slurm needs KillWait (3 s) to end it, and more Ctrl-C come.
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+        f"time.sleep(600)  # {marker}"
     )
+    path = job_file(tmp_path, [task("w", code)])
     process = subprocess.Popen(
         [sys.executable, "-m", "torchjob", "run", str(path), "--engine", "slurm"],
         env=env,
@@ -272,18 +341,23 @@ def test_ctrl_c_while_following_cancels_the_job(slurm: SlurmCluster, tmp_path: P
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group, signalled as a terminal signals one
     )
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
         assert "up" in line, line
-        process.send_signal(signum)
+        for signum in signals:  # a second Ctrl-C (or a forwarded SIGTERM) while the first cancels
+            os.killpg(process.pid, signum)
+            time.sleep(0.3)
         _, err = process.communicate(timeout=90)
     finally:
         if process.poll() is None:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     assert process.returncode == 130, err
+    if len(signals) > 1:
+        assert "wait, it is not left running" in err, err
     assert slurm.jobs() == []
     assert no_process_left(marker) == []
 
@@ -295,7 +369,18 @@ def test_a_refused_sbatch_is_one_line_and_leaves_nothing(slurm: SlurmCluster, tm
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "partition" in lines[0].lower(), done.stderr
-    assert list((tmp_path / "root").iterdir()) == []
+    assert job_dirs(tmp_path / "root") == []
+    # sbatch's own refusal of an option it does not know, not its "Try sbatch --help" after it
+    done = torchjob(env, "run", str(path), "--engine", "slurm", "--sbatch-args=--no-such-option", timeout=60)
+    assert (done.returncode, done.stderr) == (
+        2,
+        "torchjob: sbatch failed: unrecognized option '--no-such-option'\n",
+    ), done.stderr
+    # An option torchjob sets itself is refused before sbatch, not blamed on the filesystem
+    done = torchjob(env, "run", str(path), "--engine", "slurm", "--sbatch-args=--output=/nonexistent/x.out")
+    said = "<command line>: --sbatch-args: --output is not passed on: the controller's output goes to"
+    assert done.returncode == 2 and done.stderr.startswith(said), done.stderr
+    assert job_dirs(tmp_path / "root") == []
 
 
 def test_no_sbatch_on_path_is_one_line(tmp_path: Path) -> None:
@@ -356,7 +441,7 @@ def test_an_sdk_task_returns_its_value(slurm: SlurmCluster, tmp_path: Path) -> N
     assert done.returncode == 0, done.stdout + done.stderr
     assert "value {'world_size': 2.0, 'sum': 6.0}" in done.stdout
     # it ran on Slurm: its job directory is under the slurm engine's job root
-    (job_dir,) = (tmp_path / "root").iterdir()
+    (job_dir,) = job_dirs(tmp_path / "root")
     assert json.loads((job_dir / "status.json").read_text())["engine"] == "slurm"
     assert job_dir.name.startswith("allreduce-")
 
@@ -377,7 +462,17 @@ def test_an_sdk_task_reference_runs_from_the_cli(slurm: SlurmCluster, tmp_path: 
 def test_a_script_in_quick_mode(slurm: SlurmCluster, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     env = cli_env(slurm, tmp_path / "root")
+    # Two nodes of one process: one pod per node, as torchrun expects, and this cluster has one node.
     done = torchjob(env, "run", "--engine", "slurm", "-j", "2x1", "examples/programs/allreduce.py")
+    assert (done.returncode, done.stderr) == (
+        2,
+        "torchjob: the job needs 2 nodes (2 pods, at most 1 per node) (one pod per node: a torchrun "
+        f"job of several nodes; --pods-per-node K puts K on one) and partition {slurm.partition} has 1\n",
+    )
+    assert job_dirs(tmp_path / "root") == []
+    done = torchjob(
+        env, "run", "--engine", "slurm", "-j", "2x1", "--pods-per-node", "2", "examples/programs/allreduce.py"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "warning" not in done.stderr  # no image to warn about: the nodes run the script here
     assert "master-0 r0 | allreduce: rank 0 of 2 sum 3 OK" in done.stdout

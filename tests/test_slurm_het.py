@@ -3,7 +3,7 @@ of one allocation, each pod a step of its component, and their ranks still make 
 
 Slurm starts a heterogeneous job only with each component on a node of its own (its backfill
 scheduler's rule), so these tests run on a private cluster of two nodes on this machine
-(tests/slurm_cluster.py, ``nodes=2``); on one node such a job stays pending (Resources).
+(tools/slurm_cluster.py, ``nodes=2``); on one node such a job stays pending (Resources).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from slurm_cluster import SlurmCluster, Unsupported, free_port, why_not
-from test_slurm_engine import cli_env, job_file, status_json, task, torchjob, wait_for
+from test_slurm_engine import cli_env, job_dirs, job_file, status_json, task, torchjob, wait_for
 from test_slurm_steps import no_process_left
-from torchjob.engines.slurm import steps
-from torchjob.engines.slurm.steps import parse_show
+from torchjob.engines.slurm import clients, steps
+from torchjob.engines.slurm.clients import parse_show
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -152,7 +152,7 @@ def test_a_pod_of_another_component_is_seen_running_and_delete_stops_it(
     logs = torchjob(env, "logs", job_id, "--engine", "slurm").stdout
     wait_for(lambda: torchjob(env, "logs", job_id, "--engine", "slurm").stdout.count("| up") == 2, 30, logs)
     (leader,) = {j.split("+")[0] for j in slurm2.jobs()}
-    listed = steps.component_ids(leader, slurm2.env)
+    listed = clients.component_ids(leader, slurm2.env)
     assert len(listed.split(",")) == 2
     assert "sj-worker-0.main.0" in steps.steps(listed, slurm2.env).values()
     deleted = torchjob(env, "delete", job_id, "--engine", "slurm")
@@ -172,10 +172,10 @@ def test_a_heterogeneous_job_on_a_one_node_partition_is_one_line(slurm: SlurmClu
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip().splitlines() == [
         "torchjob: the job's tasks ask for 2 kinds of pod (small; big), each a component of a "
-        f"heterogeneous job on a node of its own, and partition {slurm.partition} has 1 node(s): give "
-        "the tasks the same resources, or use --single-component"
+        f"heterogeneous job on nodes of its own (2 in all), and partition {slurm.partition} has 1 "
+        "node(s): give the tasks the same resources, or use --single-component"
     ], done.stderr
-    assert not (tmp_path / "root").exists() or list((tmp_path / "root").iterdir()) == []
+    assert job_dirs(tmp_path / "root") == []
     assert slurm.jobs() == []
     # One component sized for the largest pod runs on the one node.
     done = torchjob(env, "run", str(path), "--engine", "slurm", "--single-component")

@@ -129,7 +129,12 @@ def test_tasks_that_differ_become_heterogeneous_components() -> None:
         ]
     )
     settings = SlurmSettings(
-        partition="gpu", account="proj", qos="high", time_limit="2:00:00", sbatch_args=("--exclusive",)
+        partition="gpu",
+        account="proj",
+        qos="high",
+        time_limit="2:00:00",
+        exclusive=True,
+        sbatch_args=("--constraint=fast",),
     )
     plan = plan_job(job, settings, "/jobs/train", ["ctl"])
     assert plan.heterogeneous
@@ -141,8 +146,8 @@ def test_tasks_that_differ_become_heterogeneous_components() -> None:
         ("train-worker-1", 1, 1),
         ("train-worker-2", 1, 2),
     ]
-    # job-wide options once, before the first component: Slurm carries them into the others
-    assert plan.sbatch_args == [
+    # job-wide options in every component: Slurm carries only some of them into the next one
+    job_wide = [
         "--parsable",
         "--job-name=train",
         "--output=/dev/null",
@@ -153,13 +158,59 @@ def test_tasks_that_differ_become_heterogeneous_components() -> None:
         "--qos=high",
         "--time=2:00:00",
         "--exclusive",
+        "--constraint=fast",
+    ]
+    assert plan.sbatch_args == [
+        *job_wide,
         "--ntasks=2",
         "--cpus-per-task=1",
         ":",
+        *job_wide,
         "--ntasks=3",
         "--cpus-per-task=4",
         "--gpus-per-task=1",
     ]
+
+
+def test_sbatch_args_that_torchjob_sets_itself_are_refused_by_name() -> None:
+    job = pytorch_job()
+    refused = {
+        "--output=/nonexistent/x.out": "--output is not passed on: the controller's output goes to",
+        "-o x": "-o is not passed on: the controller's output goes to",
+        "--out=x": "--out is not passed on",  # sbatch takes a prefix of a long option
+        "-Qp main": "-p (in -Qp) is not passed on: use -p/--partition",
+        "-pmain": "-p (in -pmain) is not passed on",
+        "--ntasks-per-node=2": "--ntasks-per-node is not passed on: use --nodes, --pods-per-node",
+        "--mem=4G": "--mem is not passed on: torchjob asks for each pod's resources",
+        "--gres=gpu:2": "--gres is not passed on",
+        "--time 10": "--time is not passed on: use --time-limit",
+        "--requeue": "--requeue is not passed on",
+        "-N 2": "-N is not passed on: use --nodes",
+        "--array=1-3": "--array is not passed on",
+        ": -n 2": "':' starts a component",
+    }
+    for given, expected in refused.items():
+        with pytest.raises(PlanError) as caught:
+            plan_job(job, SlurmSettings(sbatch_args=tuple(given.split())), "/j", ["ctl"])
+        assert caught.value.path == "--sbatch-args"
+        assert caught.value.message.startswith(expected) or expected in caught.value.message, given
+    allowed = (
+        "--constraint=fast",
+        "-C",
+        "fast",
+        "--nodelist=n1",
+        "-w",
+        "n2",
+        "--mail-type=END",
+        "--comment=x",
+    )
+    plan = plan_job(job, SlurmSettings(sbatch_args=allowed), "/j", ["ctl"])
+    assert all(arg in plan.sbatch_args for arg in allowed)
+    with pytest.raises(PlanError, match="B: signals the batch shell"):
+        plan_job(job, SlurmSettings(signal="B:USR1@60"), "/j", ["ctl"])
+    with pytest.raises(PlanError, match="expected SIG"):
+        plan_job(job, SlurmSettings(signal="USR1 @60"), "/j", ["ctl"])
+    assert "--signal=USR1@60" in plan_job(job, SlurmSettings(signal="USR1@60"), "/j", ["ctl"]).sbatch_args
 
 
 def test_single_component_sizes_every_pod_for_the_largest() -> None:
@@ -422,13 +473,41 @@ def test_the_controller_expands_the_job_once_per_attempt(
     assert controller.expansion(0, 0) is first  # the first is kept, to restamp again
 
 
+def test_a_requeued_job_counts_the_requeue_against_max_retry(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Slurm runs the batch script again (SLURM_RESTART_COUNT=1): the controller goes on from the
+    run before (test_slurm_nodes runs a real requeue); with maxRetry 1 used up by it, the job
+    fails at once, starting no pod."""
+    from torchjob.engines.slurm.batch import BatchController
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n1")
+    monkeypatch.setenv("SLURM_TASKS_PER_NODE", "3")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    job = pytorch_job(workers=2)
+    job.spec.max_retry = 1
+    previous = {"engine": "slurm", "id": "train-abc", "name": "train", "phase": "Terminated", "retryCount": 0}
+    (tmp_path / "status.json").write_text(json.dumps(previous))
+    (tmp_path / "logs" / "train-master-0" / "0").mkdir(parents=True)
+    plan = plan_job(job, SlurmSettings(requeue=True), str(tmp_path), ["true"])
+    assert "--requeue" in plan.sbatch_args and "--no-requeue" not in plan.sbatch_args
+    controller = BatchController(tmp_path, job, plan, {"id": "train-abc"})
+    assert controller.run() == 1
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert (status["phase"], status["retryCount"]) == ("Failed", 1)
+    assert status["reason"] == "Slurm requeued the allocation (restart 1); maxRetry 1 used up"
+    assert all(p["phase"] == "Pending" for p in status["pods"])  # none started
+    assert controller.runtime.attempts == {"train-master-0": 0}  # a next attempt would be 1
+
+
 def test_slurm_clients_are_found_as_shutil_which_finds_them(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """steps looks up srun without importing shutil; what it finds must be what shutil.which finds."""
     import shutil
 
-    from torchjob.engines.slurm import steps
+    from torchjob.engines.slurm import clients, steps
 
     bin_dir, other = tmp_path / "bin", tmp_path / "other"
     for folder in (bin_dir, other):
@@ -445,6 +524,6 @@ def test_slurm_clients_are_found_as_shutil_which_finds_them(
             found = shutil.which(name)
             if found is None:
                 with pytest.raises(steps.SlurmError, match="not on PATH"):
-                    steps.client(name)
+                    clients.client(name)
             else:
-                assert steps.client(name) == found, (path, name)
+                assert clients.client(name) == found, (path, name)

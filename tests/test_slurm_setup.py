@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_cluster import SlurmCluster, why_not
-from test_slurm_engine import cli_env, job_file, status_json, task, torchjob
+from test_slurm_engine import cli_env, job_dirs, job_file, status_json, task, torchjob
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -44,7 +44,7 @@ def test_a_job_root_the_batch_host_does_not_share_is_one_line(
     assert line.startswith("torchjob: the job directory " + str(root)), done.stderr
     assert f"is not on the batch host {slurm.host}: the job root {root} must be on a filesystem" in line
     assert "Traceback" not in done.stderr
-    assert list(root.iterdir()) == []  # nothing left behind
+    assert job_dirs(root) == []  # nothing left behind
     assert slurm.jobs() == []
     # Submitted, the job's status says the same once Slurm ended it.
     done = torchjob(env, "submit", str(path), "--engine", "slurm")
@@ -96,5 +96,5 @@ def test_a_request_beyond_the_partitions_limits_is_one_line(
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("torchjob: " + said), done.stderr
     assert "Traceback" not in done.stderr
-    assert list((tmp_path / "root").iterdir()) == []
+    assert job_dirs(tmp_path / "root") == []
     assert slurm.jobs() == []

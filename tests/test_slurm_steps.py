@@ -1,4 +1,4 @@
-"""The Slurm wrappers and pod steps against a real, private Slurm (tests/slurm_cluster.py)."""
+"""The Slurm wrappers and pod steps against a real, private Slurm (tools/slurm_cluster.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from slurm_cluster import SlurmCluster, alive
-from torchjob.engines.slurm import steps
+from torchjob.engines.slurm import clients, steps
 from torchjob.engines.slurm.plan import Resources, SlurmPlan, plan_job
 from torchjob.engines.slurm.settings import SlurmSettings
 from torchjob.jobs import load_jobs_from_text
@@ -50,14 +50,14 @@ def make_plan(
 def submit(plan: SlurmPlan, cluster: SlurmCluster) -> str:
     script = Path(plan.job_dir) / "batch.sh"
     script.write_text(plan.script)
-    return steps.submit(plan.sbatch_args, script, cluster.env)
+    return clients.submit(plan.sbatch_args, script, cluster.env)
 
 
-def wait_state(cluster: SlurmCluster, job_id: str, wanted: set[str], timeout: float = 60) -> steps.JobState:
+def wait_state(cluster: SlurmCluster, job_id: str, wanted: set[str], timeout: float = 60) -> clients.JobState:
     deadline = time.monotonic() + timeout
     state = None
     while time.monotonic() < deadline:
-        states = steps.show_job(job_id, cluster.env)
+        states = clients.show_job(job_id, cluster.env)
         assert states is not None
         state = states[0]
         if state.state in wanted:
@@ -154,10 +154,10 @@ def test_a_job_pending_on_resources_shows_slurms_reason(slurm: SlurmCluster, tmp
     deadline = time.monotonic() + 20
     while state.reason != "Resources" and time.monotonic() < deadline:
         time.sleep(0.2)
-        state = (steps.show_job(second, slurm.env) or [state])[0]
+        state = (clients.show_job(second, slurm.env) or [state])[0]
     assert state.state == "PENDING" and state.reason == "Resources"
-    assert steps.queue(second, slurm.env) == [(second, "PENDING", "Resources")]
-    steps.cancel(first, slurm.env)
+    assert clients.queue(second, slurm.env) == [(second, "PENDING", "Resources")]
+    clients.cancel(first, slurm.env)
     wait_state(slurm, second, {"RUNNING"})
 
 
@@ -169,14 +169,14 @@ def test_a_refused_sbatch_is_one_line_with_slurms_reason(slurm: SlurmCluster, tm
     assert "\n" not in message
     assert message == "sbatch failed: Batch job submission failed: Invalid partition name specified"
     assert slurm.jobs() == []
-    assert steps.show_job("999999", slurm.env) is None  # a job the controller does not know
-    assert steps.queue("999999", slurm.env) == []
+    assert clients.show_job("999999", slurm.env) is None  # a job the controller does not know
+    assert clients.queue("999999", slurm.env) == []
 
 
 def test_no_sbatch_on_path_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(steps.SlurmError, match=r"^sbatch is not on PATH: run torchjob on a Slurm login node"):
-        steps.submit(["--ntasks=1"], tmp_path / "batch.sh")
+        clients.submit(["--ntasks=1"], tmp_path / "batch.sh")
 
 
 def test_a_client_that_does_not_answer_times_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,7 +186,7 @@ def test_a_client_that_does_not_answer_times_out(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     started = time.monotonic()
     with pytest.raises(steps.SlurmError, match=r"^squeue did not answer within 0.5 s"):
-        steps.run(["squeue"], timeout=0.5)
+        clients.run(["squeue"], timeout=0.5)
     assert time.monotonic() - started < 10
 
 
@@ -202,24 +202,15 @@ def test_scancel_leaves_no_step_and_no_process(slurm: SlurmCluster, tmp_path: Pa
     while len(processes_with(marker)) < 4 and time.monotonic() < deadline:  # srun and task, twice
         time.sleep(0.1)
     assert len(steps.steps(job_id, slurm.env)) >= 3  # batch and the two pods
-    steps.cancel(job_id, slurm.env)
+    clients.cancel(job_id, slurm.env)
     wait_state(slurm, job_id, {"CANCELLED"})
     for step in running:
         assert step.wait(30) is not None
     deadline = time.monotonic() + 20
-    while (processes_with(marker) or steps.queue(job_id, slurm.env)) and time.monotonic() < deadline:
+    while (processes_with(marker) or clients.queue(job_id, slurm.env)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_with(marker) == []
-    assert steps.queue(job_id, slurm.env) == []
-
-
-@pytest.mark.timeout(300)
-def test_a_time_limit_reached_reports_timeout(slurm: SlurmCluster, tmp_path: Path) -> None:
-    # Slurm's smallest limit is a minute, checked about every 30 s: this test takes 1-2 minutes.
-    job_id = submit(make_plan(tmp_path, slurm, time_limit="1"), slurm)
-    state = wait_state(slurm, job_id, {"TIMEOUT", "COMPLETED", "FAILED", "CANCELLED"}, timeout=200)
-    assert state.state == "TIMEOUT"
-    assert state.reason == "TimeLimit"
+    assert clients.queue(job_id, slurm.env) == []
 
 
 def test_two_private_clusters_do_not_meet_and_stop_leaves_nothing(tmp_path: Path) -> None:

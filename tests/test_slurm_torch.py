@@ -14,7 +14,7 @@ import yaml
 
 from slurm_cluster import SlurmCluster, free_port
 from test_slurm_steps import no_process_left, wait_state
-from torchjob.engines.slurm import steps
+from torchjob.engines.slurm import clients, steps
 from torchjob.engines.slurm.plan import launches, place, plan_job
 from torchjob.engines.slurm.settings import SlurmSettings
 from torchjob.jobs import load_jobs_from_text
@@ -81,7 +81,7 @@ def test_a_gloo_all_reduce_across_steps_of_one_allocation(
     plan = plan_job(job, SlurmSettings(partition=slurm.partition), str(job_dir), controller)
     script = job_dir / "batch.sh"
     script.write_text(plan.script)
-    job_id = steps.submit(plan.sbatch_args, script, slurm.env)
+    job_id = clients.submit(plan.sbatch_args, script, slurm.env)
     wait_state(slurm, job_id, {"RUNNING"})
     env_file = job_dir / "allocation.env"
     deadline = time.monotonic() + 30
@@ -120,7 +120,7 @@ def test_a_gloo_all_reduce_across_steps_of_one_allocation(
     assert {r["port"] for r in results} == {str(port)}
     # both pods share the node: each has its own copy of the declared port
     assert len({r["own_port"] for r in results}) == world
-    steps.cancel(job_id, slurm.env)
+    clients.cancel(job_id, slurm.env)
     wait_state(slurm, job_id, {"CANCELLED"})
     assert no_process_left(marker) == []
 
@@ -132,7 +132,7 @@ def test_a_steps_arguments_reach_the_program_unchanged(slurm: SlurmCluster, tmp_
     plan = plan_job(job, SlurmSettings(), str(tmp_path), ["sleep", "600"])
     script = tmp_path / "batch.sh"
     script.write_text(plan.script)
-    job_id = steps.submit(plan.sbatch_args, script, slurm.env)
+    job_id = clients.submit(plan.sbatch_args, script, slurm.env)
     wait_state(slurm, job_id, {"RUNNING"})
     step = steps.Step.start(
         job_id,
@@ -153,7 +153,7 @@ def test_a_steps_arguments_reach_the_program_unchanged(slurm: SlurmCluster, tmp_
 LAUNCHER = """
 import os, sys
 from pathlib import Path
-from torchjob.engines.slurm import steps
+from torchjob.engines.slurm import clients, steps
 from torchjob.engines.slurm.plan import launches, place, plan_job
 from torchjob.engines.slurm.settings import SlurmSettings
 from torchjob.jobs import load_jobs_from_text
@@ -188,7 +188,7 @@ def test_pods_started_from_the_batch_host(slurm: SlurmCluster, tmp_path: Path, f
     plan = plan_job(job, SlurmSettings(), str(tmp_path), [sys.executable, "-c", LAUNCHER, str(tmp_path)])
     script = tmp_path / "batch.sh"
     script.write_text(plan.script)
-    job_id = steps.submit(plan.sbatch_args, script, slurm.env)
+    job_id = clients.submit(plan.sbatch_args, script, slurm.env)
     state = wait_state(slurm, job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=150)
     output = (tmp_path / f"slurm-{job_id}.out").read_text()
     if fail:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from torchjob.targets import target_names
+
 pytest.importorskip("kubernetes")
 
 import kubeapi
@@ -97,7 +99,7 @@ def rendered(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, A
     return items
 
 
-@pytest.mark.parametrize("target", ["pods", "volcano", "kubeflow", "trainjob", "jobset", "relay"])
+@pytest.mark.parametrize("target", [*target_names(), "relay"])
 def test_render_prints_what_the_engine_sends(
     relay_api: FakeKubeAPI, job_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
 ) -> None:
@@ -111,7 +113,7 @@ def test_render_prints_what_the_engine_sends(
     assert len(created) == len(items)  # nothing sent that render does not show
 
 
-@pytest.mark.parametrize("target", ["volcano", "kubeflow", "trainjob", "jobset", "pods"])
+@pytest.mark.parametrize("target", target_names())
 @pytest.mark.parametrize("command", ["submit", "run"])
 def test_render_with_a_namespace_prints_the_bytes_submit_sends(
     job_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, command: str

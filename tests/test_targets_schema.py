@@ -32,7 +32,7 @@ from torchjob.cli.sources import load_ref
 from torchjob.errors import SpecError
 from torchjob.jobs import load_jobs, load_jobs_from_text
 from torchjob.spec.model import Job
-from torchjob.targets import JOB_LABEL, TARGETS, render_target
+from torchjob.targets import JOB_LABEL, render_target, target_names
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed (pip install -e .[dev])")
 kubernetes_validate = pytest.importorskip(
@@ -293,7 +293,7 @@ def pod_templates(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", target_names())
 @pytest.mark.parametrize(("path", "name"), all_jobs())
 def test_every_object_validates_and_carries_the_job_label(
     path: Path | None, name: str | None, target: str

@@ -25,7 +25,7 @@ from torchjob.errors import SpecError
 from torchjob.jobs import load_jobs, load_jobs_from_text
 from torchjob.quick import quick_job
 from torchjob.spec.model import Job
-from torchjob.targets import TARGETS, for_cluster
+from torchjob.targets import for_cluster, target_names
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(
@@ -103,7 +103,7 @@ def _short(job: Job, pod: dict[str, Any], target: str) -> str:
     return f"{task_name}-{index}"
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", target_names())
 @pytest.mark.parametrize("which", JOBS)
 def test_every_process_sees_one_world_and_reaches_its_master(which: str, target: str) -> None:
     """The ranks are 0..N-1 once each, every process agrees on the world size and the master, the

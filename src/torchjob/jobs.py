@@ -3,6 +3,11 @@
 This is the one entry every command uses, so a job is judged the same way whether it is
 validated, rendered, run or submitted. YAML and JSON only: an SDK task reference
 (``path/to/file.py:task``) is read by :mod:`torchjob.cli.sources`, above both this and the SDK.
+
+A PyTorchJob, TrainJob or JobSet document is first translated into the Volcano Job that runs as
+its controller would (:mod:`torchjob.spec.kinds`); that Job is then checked like any other, and
+its problems are told in the document's own terms. A file's TrainingRuntimes and
+ClusterTrainingRuntimes (and those of ``--runtime FILE``) are the runtimes its TrainJobs use.
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ from torchjob.spec.model import Job
 from torchjob.spec.parse import parse_job
 from torchjob.spec.source import Document, load_documents, parse_documents
 from torchjob.spec.validate import Broken, validate_job
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchjob.spec.kinds.runtimes import Runtimes
 
 _TASK_NAME = r"spec\.tasks\[\d+\]\.name"  # compiled only when a job has problems
 
@@ -31,12 +40,53 @@ class LoadedJob:
         return self.document.file
 
 
-def check_document(document: Document) -> tuple[Job | None, list[Problem]]:
+def check_document(document: Document, runtimes: Runtimes | None = None) -> tuple[Job | None, list[Problem]]:
     """Parse, default and validate one document; returns the job and every problem found.
 
     A job with type problems is still defaulted and validated, so one run reports every mistake;
     rules that would read a broken field are skipped rather than reporting follow-on errors.
+    A PyTorchJob, TrainJob or JobSet is checked as the Volcano Job it becomes (``runtimes``: the
+    TrainingRuntimes its TrainJob may name).
     """
+    from torchjob.spec.kinds import is_job_kind, unknown_kind
+
+    if document.origin is None and is_job_kind(document.data):
+        return _check_kind(document, runtimes)
+    unknown = unknown_kind(document.data)
+    if unknown is not None:
+        return None, [document.problem(issue.path, issue.message) for issue in unknown]
+    job, problems = _check_volcano(document)
+    if job is not None and document.origin is not None:
+        document.origin.finish(job, document)  # a translated job, changed (--set, ...)
+    return job, problems
+
+
+def _check_kind(document: Document, runtimes: Runtimes | None) -> tuple[Job | None, list[Problem]]:
+    """A kind's document: its own problems, then those of the Volcano Job it becomes, in its terms."""
+    from torchjob.spec.kinds import translate
+
+    translation = translate(document, runtimes)
+    translated = translation.document()
+    job, found = _check_volcano(translated) if translation.complete else (None, [])
+    own = [document.problem(issue.path, issue.message) for issue in translation.issues]
+    # One mistake, one message: not again for what the Volcano Job made of a field already refused
+    # (at that path, or under a value of the wrong type).
+    said = {(p.file, p.path) for p in own}
+    typed = [document.problem(path, "").path for path in translation.typed]
+
+    def new(p: Problem) -> bool:
+        under = any(p.path.startswith((path + ".", path + "[")) for path in typed if p.file == document.file)
+        return (p.file, p.path) not in said and not under
+
+    found = [p for p in found if new(p)]
+    problems = sorted(own + found, key=lambda p: p.line or 0) + translation.elsewhere
+    if job is None or problems:
+        return None, problems
+    translation.finish(job, translated)
+    return job, []
+
+
+def _check_volcano(document: Document) -> tuple[Job | None, list[Problem]]:
     job, issues = parse_job(document.data)
     if job is not None:
         broken = Broken(issue.path for issue in issues)
@@ -56,16 +106,26 @@ def check_document(document: Document) -> tuple[Job | None, list[Problem]]:
     return (job if not problems else None), problems
 
 
-def check_jobs(documents: list[Document], file: str) -> list[LoadedJob]:
-    if not documents:
-        raise SpecError(
-            [Problem("", "no Job document found; expected a batch.volcano.sh/v1alpha1 Job", file)]
-        )
-    loaded: list[LoadedJob] = []
+def check_jobs(documents: list[Document], file: str, runtimes: Runtimes | None = None) -> list[LoadedJob]:
+    """The checked jobs of a file's documents (its runtimes are read too, not run)."""
+    from torchjob.spec.kinds import is_runtime, readable
+
     problems: list[Problem] = []
+    if any(is_runtime(d.data) for d in documents):
+        from torchjob.spec.kinds.runtimes import Runtimes
+
+        runtimes = runtimes.copy() if runtimes is not None else Runtimes()
+        for document in documents:
+            if is_runtime(document.data):
+                problems += runtimes.add(document)
+        documents = [d for d in documents if not is_runtime(d.data)]
+    if not documents:
+        what = " (only runtimes)" if problems or runtimes is not None else ""
+        raise SpecError([*problems, Problem("", f"no Job document found{what}; expected {readable()}", file)])
+    loaded: list[LoadedJob] = []
     names: dict[tuple[str, str], int] = {}
     for document in documents:
-        job, found = check_document(document)
+        job, found = check_document(document, runtimes)
         problems += found
         if job is None:
             continue
@@ -79,16 +139,18 @@ def check_jobs(documents: list[Document], file: str) -> list[LoadedJob]:
             problems.append(document.problem("metadata.name", message))
             continue
         names[key] = document.index + 1
-        loaded.append(LoadedJob(job, document))
+        # A translated job's document is its Volcano Job, which tells paths in the kind's terms.
+        checked = job.kind.document if job.kind is not None and job.kind.document is not None else document
+        loaded.append(LoadedJob(job, checked))
     if problems:
         raise SpecError(problems)
     return loaded
 
 
-def load_jobs(file: str) -> list[LoadedJob]:
+def load_jobs(file: str, runtimes: Runtimes | None = None) -> list[LoadedJob]:
     """Every job in a YAML/JSON file (``-`` for stdin)."""
-    return check_jobs(load_documents(file), file)
+    return check_jobs(load_documents(file), file, runtimes)
 
 
-def load_jobs_from_text(text: str, file: str = "<text>") -> list[LoadedJob]:
-    return check_jobs(parse_documents(text, file), file)
+def load_jobs_from_text(text: str, file: str = "<text>", runtimes: Runtimes | None = None) -> list[LoadedJob]:
+    return check_jobs(parse_documents(text, file), file, runtimes)

@@ -183,7 +183,12 @@ def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
             container["args"] = [*(container.get("args") or []), *literal]
     before = loaded.document
     document = Document(
-        data=data, file=before.file, lines=before.lines, index=before.index, total=before.total
+        data=data,
+        file=before.file,
+        lines=before.lines,
+        index=before.index,
+        total=before.total,
+        origin=before.origin,  # a PyTorchJob's, TrainJob's or JobSet's: told in its terms
     )
     job, problems = check_document(document)
     if job is None:

@@ -65,10 +65,11 @@ def register(commands: Any) -> None:
 
 def run_submit(args: argparse.Namespace) -> int:
     from torchjob.cli.settings import given_settings, number_option, remember_start
-    from torchjob.cli.sources import choose_job, load_ref, load_script
+    from torchjob.cli.sources import choose_job, load_ref, load_script, runtimes_of
     from torchjob.engine_api.base import EngineError, LogQuery, StartOptions
-    from torchjob.engine_api.registry import engine_for, get_engine
+    from torchjob.engine_api.registry import engine_for, engine_info, get_engine
 
+    runtimes = runtimes_of(args)  # --runtime FILE is the file's TrainJobs', not the target's NAME
     name = args.engine or engine_for("submits")
     settings = given_settings(args, "submit", name)
     if args.timeout is not None:  # read before the job is created: a bad one must create nothing
@@ -83,15 +84,19 @@ def run_submit(args: argparse.Namespace) -> int:
         from torchjob.quick import require_image
 
         require_image(args.image)
-    item = script or choose_job(load_ref(args.file), args.job, args.file)
+    item = script or choose_job(load_ref(args.file, runtimes=runtimes), args.job, args.file)
     options = StartOptions(detach=True, settings=settings)
     try:
         engine = get_engine(name, **settings)
         try:
             report = engine.start(item.job, options)
         except SpecError as err:  # what the target cannot express, at the file's lines
-            raise SpecError([item.document.problem(p.path, p.message) for p in err.problems]) from None
-        print(report.name, flush=True)
+            # Problems that already name their file (a flag's: <command line>) keep it.
+            raise SpecError(
+                [p if p.file else item.document.problem(p.path, p.message) for p in err.problems]
+            ) from None
+        # What status/logs/delete take: a job's id where several jobs may have its name (Slurm).
+        print(report.id if engine_info(name).handle == "id" else report.name, flush=True)
         remember_start("submit", name, settings, item.job.name, report.name, report.id)
         if not (args.wait or args.follow):
             return EXIT_OK

@@ -160,7 +160,7 @@ def _load(args: argparse.Namespace, extra_env: dict[str, str]) -> list[Any]:
 
     if is_task_ref(args.file):  # the arguments after -- are the task's
         return load_ref(args.file, list(args.program_args), every_rank=True)
-    return load_ref(args.file)
+    return load_ref(args.file, runtimes=getattr(args, "runtimes", None))
 
 
 def _overridden(item: Any, args: argparse.Namespace, extra_env: dict[str, str]) -> Any:
@@ -180,6 +180,9 @@ def _overridden(item: Any, args: argparse.Namespace, extra_env: dict[str, str]) 
 
 
 def run_run(args: argparse.Namespace) -> int:
+    from torchjob.cli.sources import runtimes_of
+
+    runtimes_of(args)  # --runtime FILE is the file's TrainJobs', not an engine's setting
     settings = chosen_settings(args)
     workflow_code = _run_workflow(args)
     if workflow_code is not None:

@@ -9,6 +9,12 @@ import os
 import re
 
 from torchjob.jobs import LoadedJob, load_jobs
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
+
+    from torchjob.spec.kinds.runtimes import Runtimes
 
 _SDK_REF = r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$"
 
@@ -62,12 +68,41 @@ def load_script(
     return job, rest
 
 
-def load_ref(ref: str, task_args: list[str] | None = None, *, every_rank: bool = False) -> list[LoadedJob]:
+def is_runtime_file(value: str) -> bool:
+    """``--runtime`` names a file of runtimes (for a TrainJob to read), not a runtime (a target's)."""
+    return value == "-" or value.lower().endswith((".yaml", ".yml", ".json")) or os.path.isfile(value)
+
+
+def runtimes_of(args: argparse.Namespace) -> Runtimes | None:
+    """``--runtime FILE``: the TrainingRuntimes and ClusterTrainingRuntimes a TrainJob may name,
+    read once (the flag is then no longer the target's runtime NAME); None without one."""
+    if hasattr(args, "runtimes"):
+        found: Runtimes | None = args.runtimes
+        return found
+    value = getattr(args, "runtime", None)
+    runtimes = None
+    if isinstance(value, str) and is_runtime_file(value):
+        from torchjob.spec.kinds.runtimes import load_runtimes
+
+        runtimes = load_runtimes(value)
+        args.runtime = None
+    args.runtimes = runtimes
+    return runtimes
+
+
+def load_ref(
+    ref: str,
+    task_args: list[str] | None = None,
+    *,
+    every_rank: bool = False,
+    runtimes: Runtimes | None = None,
+) -> list[LoadedJob]:
     """Every job in a YAML/JSON file (``-`` for stdin), or the job of an SDK task reference
     (called with ``task_args``, ``--NAME VALUE`` tokens, when given: see ``load_task_job``).
 
     ``every_rank``: a task's job ends when every rank has ended, not when the master completes
     (Kubeflow's rule, which ``render`` shows): what ``torchjob run`` of a task waits for.
+    ``runtimes``: those of ``--runtime FILE``, for the file's TrainJobs.
     """
     match = _sdk_ref(ref)
     if match:
@@ -80,7 +115,7 @@ def load_ref(ref: str, task_args: list[str] | None = None, *, every_rank: bool =
 
         message = f"expected FILE.py:NAME, NAME a task or workflow of the file (a Python name), got {name!r}"
         raise SpecError([Problem("", message, ref)])
-    return load_jobs(ref)
+    return load_jobs(ref, runtimes)
 
 
 def default_image_warning(ref: str, loaded: list[LoadedJob]) -> str | None:

@@ -34,7 +34,12 @@ def register(commands: Any) -> None:
         choices=targets,
         help="also check what that target needs (names its controller makes, features it cannot express)",
     )
-    validate.add_argument("--runtime", metavar="NAME", help="the ClusterTrainingRuntime of --target trainjob")
+    validate.add_argument(
+        "--runtime",
+        metavar="NAME|FILE",
+        help="the ClusterTrainingRuntime of --target trainjob; or a FILE of the runtimes the file's "
+        "TrainJobs name",
+    )
     validate.set_defaults(func=run_validate)
 
     render = commands.add_parser("render", help="print the Kubernetes objects a cluster would create")
@@ -48,14 +53,16 @@ def register(commands: Any) -> None:
     render.add_argument(
         "--target",
         choices=targets,
-        default="pods",
-        help="what to render: the pods Volcano would create (default), or the job for a training stack: "
-        "volcano (Volcano Job), kubeflow (PyTorchJob), trainjob (Kubeflow Trainer v2), jobset (JobSet)",
+        default=None,
+        help="what to render: the pods Volcano would create (the default for a Volcano Job; a PyTorchJob, "
+        "TrainJob or JobSet is its own kind by default), or the job for a training stack: volcano "
+        "(Volcano Job), kubeflow (PyTorchJob), trainjob (Kubeflow Trainer v2), jobset (JobSet)",
     )
     render.add_argument(
         "--runtime",
-        metavar="NAME",
-        help="the ClusterTrainingRuntime of --target trainjob (torch-distributed)",
+        metavar="NAME|FILE",
+        help="the ClusterTrainingRuntime of --target trainjob (torch-distributed); or a FILE of the "
+        "TrainingRuntimes the file's TrainJobs name",
     )
     render.add_argument(
         "--as-sent",
@@ -102,17 +109,19 @@ def _print_warnings(document: Document, warnings: Sequence[Issue | tuple[str, st
 
 
 def run_validate(args: argparse.Namespace) -> int:
+    from torchjob.cli.sources import runtimes_of
     from torchjob.display import plural
     from torchjob.expand import Expansion
 
     problems: list[Problem] = []
+    runtimes = runtimes_of(args)
     for file in args.files:
         try:
             workflow = _describe_workflow(file)
             if workflow is not None:
                 print(f"{file}: {workflow}")
                 continue
-            loaded = _load_validated(file)
+            loaded = _load_validated(file, runtimes)
         except SpecError as err:
             problems += err.problems
             continue
@@ -138,7 +147,8 @@ def run_validate(args: argparse.Namespace) -> int:
             tasks = ", ".join(f"{t.name}x{t.replicas}" for t in job.spec.tasks)
             plugins = ", ".join(p.name for p in expansion.plugins) or "none"
             pods = plural(job.total_replicas, "pod")
-            print(f"{file}: job {job.name}: valid; {pods} ({tasks}); plugins: {plugins}")
+            what = f"{job.kind.kind} {job.name}" if job.kind is not None else f"job {job.name}"
+            print(f"{file}: {what}: valid; {pods} ({tasks}); plugins: {plugins}")
     if problems:
         raise SpecError(problems)
     return 0
@@ -156,12 +166,12 @@ def _target_problems(item: Any, target: str, runtime: str | None) -> list[Proble
     return []
 
 
-def _load_validated(file: str) -> list[Any]:
+def _load_validated(file: str, runtimes: Any = None) -> list[Any]:
     """FILE's jobs, or a script's job (quick mode, 1x1, as `torchjob run FILE` runs it)."""
     from torchjob.cli.sources import load_ref, load_script
 
     script, _ = load_script(file, None, [], local=True)
-    return [script] if script is not None else load_ref(file)
+    return [script] if script is not None else load_ref(file, runtimes=runtimes)
 
 
 def _describe_workflow(file: str) -> str | None:
@@ -191,7 +201,12 @@ def _render_workflow(args: argparse.Namespace) -> int | None:
         from torchjob.sdk.workflow_cli import render_workflow
 
         code = render_workflow(
-            path, name, getattr(args, "program_args", []), args.output, sys.stdout.write, args.target
+            path,
+            name,
+            getattr(args, "program_args", []),
+            args.output,
+            sys.stdout.write,
+            args.target or "pods",
         )
         if code is not None:
             sys.stdout.flush()
@@ -216,7 +231,7 @@ def _load_for_render(args: argparse.Namespace) -> list[Any]:
 
     if is_task_ref(args.file):  # the arguments after -- are the task's
         return load_ref(args.file, program_args)
-    loaded = load_ref(args.file)
+    loaded = load_ref(args.file, runtimes=getattr(args, "runtimes", None))
     if not program_args:
         return loaded
     from torchjob.overrides import Overrides, apply
@@ -228,7 +243,9 @@ def run_render(args: argparse.Namespace) -> int:
     workflow_code = _render_workflow(args)
     if workflow_code is not None:
         return workflow_code
-    from torchjob.cli.sources import default_image_warning
+    from torchjob.cli.sources import default_image_warning, runtimes_of
+
+    runtimes_of(args)  # --runtime FILE: the runtimes of the file's TrainJobs
     from torchjob.expand import Expansion
     from torchjob.render import write_list
 
@@ -236,7 +253,7 @@ def run_render(args: argparse.Namespace) -> int:
         from torchjob.targets import all_targets
 
         takes = [t.name for t in all_targets() if t.runtime]
-        if args.target not in takes:
+        if (args.target or "pods") not in takes:
             message = f"--runtime applies to --target {' or '.join(takes)} only, not --target {args.target}"
             raise SpecError([Problem("", message, args.file)])
     env = _render_env(args)
@@ -249,8 +266,10 @@ def run_render(args: argparse.Namespace) -> int:
     if note:
         print(note, file=sys.stderr)
     # -n and -e describe a submission: with either (or --as-sent) every target, pods included, is
-    # printed as it is sent. Plain `render` (--target pods or none) keeps Volcano's view of the pods.
-    if args.target != "pods" or getattr(args, "as_sent", False) or getattr(args, "namespace", None) or env:
+    # printed as it is sent. Plain `render` (--target pods or none) keeps Volcano's view of the pods;
+    # a job read from a PyTorchJob, TrainJob or JobSet is its own kind without --target.
+    sent = getattr(args, "as_sent", False) or getattr(args, "namespace", None) or env
+    if args.target not in (None, "pods") or sent or any(item.job.kind is not None for item in loaded):
         return _render_target(loaded, args, env)
     # The pods Volcano's controller would create from the Job (no cluster's changes: see --as-sent).
     expansions = [Expansion(item.job) for item in loaded]
@@ -285,9 +304,22 @@ def _render_target(loaded: list[Any], args: argparse.Namespace, env: dict[str, s
     items: list[dict[str, Any]] = []
     problems: list[Problem] = []
     for item in loaded:
+        kind = item.job.kind
+        target = args.target or (kind.target if kind is not None else "pods")
+        if (
+            target == "pods"
+            and kind is None
+            and not (getattr(args, "as_sent", False) or args.namespace or env)
+        ):
+            from torchjob.expand import Expansion  # Volcano's view, as plain `render` prints it
+
+            expansion = Expansion(item.job)
+            _print_warnings(item.document, expansion.warnings())
+            items += [*expansion.objects(), *(pod.manifest for pod in expansion.pods())]
+            continue
         try:
             namespace = getattr(args, "namespace", None) or item.job.metadata.namespace
-            rendered = for_cluster(item.job, args.target, namespace, env, runtime=args.runtime)
+            rendered = for_cluster(item.job, target, namespace, env, runtime=args.runtime)
         except SpecError as err:  # the target's paths become FILE:LINE like any input problem
             problems += [item.document.problem(p.path, p.message) for p in err.problems]
             continue

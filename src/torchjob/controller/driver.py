@@ -11,6 +11,7 @@ top: ``--max-restarts`` and the crash-loop notice.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from torchjob.lifecycle import (
@@ -34,6 +35,7 @@ from torchjob.lifecycle import (
 from torchjob.logs import Level
 from torchjob.phases import UNSUCCESSFUL_JOB_PHASES
 from torchjob.records import record
+from torchjob.spec.kinds import ORIGINS
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -62,6 +64,8 @@ BACKOFF_CAP = 300.0  # Kubernetes caps its crash-loop back-off at 5 minutes
 BACKOFF_BASE = 0.1  # seconds before the first restart of a container; doubles each time
 _BACKOFF_DOUBLINGS = 12  # 0.1 * 2**12 > 300: more doublings change nothing (and 2**1024 overflows)
 BACKOFF_RESET = 10.0  # a container that ran this long starts its back-off again from the base
+# Jobs whose user wrote no Volcano policy: made from a script or an SDK task, or read from a kind.
+PLAIN_ORIGINS = ("script", "task", *ORIGINS.values())
 _PHASE_LEVELS = {JobPhase.COMPLETED: Level.SUCCESS, **dict.fromkeys(UNSUCCESSFUL_JOB_PHASES, Level.ERROR)}
 # Phases a crash-looping pod may explain: the suspect is named in their reason.
 _BAD_PHASES = (JobPhase.RESTARTING, JobPhase.ABORTING, JobPhase.TERMINATING, *UNSUCCESSFUL_JOB_PHASES)
@@ -157,9 +161,10 @@ class Controller(_Slots[A]):
         self.looping: set[Key] = set()  # pods whose crash loop has been told
         self.told = ""  # the last event told, which a phase change it causes does not repeat
         self.suspect: str | None = None  # a likelier cause of any failure, added to the reason
-        # A job made from a script or an SDK task: its user wrote no Volcano policy, so its failure
-        # is told in the user's terms (which pod and rank, how, whether anything restarted).
-        self.plain = job.origin in ("script", "task")
+        # A job made from a script or an SDK task, or read from a PyTorchJob, TrainJob or JobSet:
+        # its user wrote no Volcano policy, so its failure is told in the user's terms (which pod
+        # and rank, how, whether anything restarted).
+        self.plain = job.origin in PLAIN_ORIGINS
         self.dirty = True  # something changed since the caller last wrote the job's status
 
     # ------------------------------------------------------------- the pass
@@ -344,6 +349,9 @@ class Controller(_Slots[A]):
             if self.plain and reaction.event is Event.POD_FAILED and self.ends_job(reaction.action):
                 self.fail_job(self.pod_failure(reaction))
                 continue
+            if self.plain and reaction.event is Event.TASK_FAILED and self.ends_job(reaction.action):
+                self.fail_job(self.words(reaction.cause))  # a restart limit (a kind's backoffLimit)
+                continue
             cause = self.words(reaction.cause)
             if reaction.action is not Action.SYNC_JOB:
                 self.runtime.record(cause)
@@ -356,7 +364,10 @@ class Controller(_Slots[A]):
     def words(self, cause: str) -> str:
         """A reaction's cause as the user is told it: a job file's with the policy that acted
         (Volcano's words), a script's or a task's without (its user wrote none)."""
-        return cause.partition("; policy ")[0] if self.plain else cause
+        if not self.plain:
+            return cause
+        found = re.search(r"; (task \S+ )?policy ", cause)
+        return cause[: found.start()] if found else cause
 
     def ends_job(self, action: Action) -> bool:
         """The action fails the job without restarting anything: a restart beyond maxRetry, or

@@ -172,7 +172,7 @@ class EngineInfo:
     """What the registry knows of an engine without importing it: where it is, its settings, and
     the few ways the CLI treats it differently (declared here, never by comparing its name)."""
 
-    __slots__ = ("factory", "location", "runs_here", "settings", "submits", "summarizes")
+    __slots__ = ("factory", "handle", "location", "runs_here", "settings", "submits", "summarizes")
 
     def __init__(
         self,
@@ -182,9 +182,11 @@ class EngineInfo:
         summarizes: bool = False,  # an attached run ends with the engine's own summary
         submits: bool = False,  # `torchjob submit` sends jobs to this engine
         location: str = "context",  # what a report's location is, as `status` labels it
+        handle: str = "name",  # what `submit` prints for status/logs/delete to take: "name" or "id"
     ) -> None:
         self.factory, self.settings, self.runs_here = factory, settings, runs_here
         self.summarizes, self.submits, self.location = summarizes, submits, location
+        self.handle = handle
 
     def value(self, options: StartOptions, name: str) -> Any:
         """Setting ``name`` as ``options`` give it, else as declared here (its default)."""

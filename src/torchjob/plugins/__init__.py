@@ -10,6 +10,11 @@ what another added differs from pod to pod. torchjob always applies them in
 3. ``env``: ``VK_TASK_INDEX`` and ``VC_TASK_INDEX`` on every container and init container.
 
 So the ``wait-for-master`` container also gets the host list, the mount and the task index.
+
+A job read from another kind (spec/kinds/) has its controller's plugin instead: ``kubeflow`` (the
+training operator's env for a PyTorchJob), ``trainer`` (Kubeflow Trainer's ``PET_*`` for a
+TrainJob's nodes) and ``jobset`` (what JobSet and the Job controller put on each pod), applied
+after ``pytorch`` and before ``svc``.
 """
 
 from __future__ import annotations
@@ -17,19 +22,35 @@ from __future__ import annotations
 from torchjob.errors import Issue
 from torchjob.plugins.base import Issues, Plugin, PodContext
 from torchjob.plugins.env import EnvPlugin
+from torchjob.plugins.jobset import JobSetPlugin
+from torchjob.plugins.kubeflow import KubeflowPlugin
 from torchjob.plugins.pytorch import PyTorchPlugin
 from torchjob.plugins.svc import SvcPlugin
+from torchjob.plugins.trainer import TrainerPlugin
 from torchjob.spec.model import Job
 from torchjob.spec.source import child
 
 PLUGINS: dict[str, type[Plugin]] = {
     PyTorchPlugin.name: PyTorchPlugin,
+    KubeflowPlugin.name: KubeflowPlugin,
+    TrainerPlugin.name: TrainerPlugin,
+    JobSetPlugin.name: JobSetPlugin,
     SvcPlugin.name: SvcPlugin,
     EnvPlugin.name: EnvPlugin,
 }
-PLUGIN_ORDER = ("pytorch", "svc", "env")
+PLUGIN_ORDER = ("pytorch", "kubeflow", "trainer", "jobset", "svc", "env")
+# The plugins of a controller other than Volcano's: a job with one was read from that kind.
+CONTROLLER_PLUGINS = ("kubeflow", "trainer", "jobset")
 
-__all__ = ["PLUGINS", "PLUGIN_ORDER", "Plugin", "PodContext", "build_plugins", "check_plugins"]
+__all__ = [
+    "CONTROLLER_PLUGINS",
+    "PLUGINS",
+    "PLUGIN_ORDER",
+    "Plugin",
+    "PodContext",
+    "build_plugins",
+    "check_plugins",
+]
 
 
 def build_plugins(job: Job) -> list[Plugin]:

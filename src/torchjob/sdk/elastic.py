@@ -145,7 +145,10 @@ def _deadline(seconds: float | None) -> Iterator[None]:
     The launcher runs in the caller's thread and has no timeout of its own. An exception raised
     into its monitoring loop takes the same way out as any other error: the agent stops every
     worker in its ``finally``. (A signal would reach only the main thread, and would be the
-    caller's.) The lock makes sure nothing is raised once the launch has returned.
+    caller's.) Not while the agent starts its workers, though: raised between the fork server's
+    fork of a worker and the agent's note of its pid, it left that worker running unseen (a
+    sleeping rank outlived the call); the exception waits until the start is over. The lock makes
+    sure nothing is raised once the launch has returned.
     """
     if seconds is None:
         yield
@@ -153,23 +156,46 @@ def _deadline(seconds: float | None) -> Iterator[None]:
     target = threading.get_ident()
     lock = threading.Lock()
     finished = False
+    timers: list[threading.Timer] = []
 
     def expire() -> None:
         with lock:
-            if not finished:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(target), ctypes.py_object(DeadlinePassed)
-                )
+            if finished:
+                return
+            if len(timers) < START_RECHECKS and _starting_workers(sys._current_frames().get(target)):
+                _arm(START_RECHECK)  # once the workers are known to the agent (a stuck start: not)
+                return
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(target), ctypes.py_object(DeadlinePassed)
+            )
 
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
+    def _arm(delay: float) -> None:
+        timer = threading.Timer(delay, expire)
+        timer.daemon = True
+        timers.append(timer)
+        timer.start()
+
+    _arm(seconds)
     try:
         yield
     finally:
         with lock:
             finished = True
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
+
+
+START_RECHECK = 0.05  # seconds between looks at a launcher that is starting its workers
+START_RECHECKS = 200  # 10 s: a start that takes longer is stuck, and the deadline is raised into it
+
+
+def _starting_workers(frame: Any) -> bool:
+    """Whether the launcher's thread is inside torch's agent starting its workers."""
+    while frame is not None:
+        if frame.f_code.co_name == "_start_workers" and "torch" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 # The signals torch's launcher takes over while its workers run (LaunchConfig.signals_to_handle).

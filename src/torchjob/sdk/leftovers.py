@@ -7,8 +7,9 @@ workers started so far unknown to it, and they run on (a warm call's are childre
 server, which outlives the call). Nor does it stop what a worker starts itself (a subprocess, a
 daemon that left the worker's session): stopping a worker with SIGTERM leaves those running.
 
-So, once the launch is over: every process started under this process since the launch began
-(found in ``/proc`` by parent, and told from an older one by its start time) is stopped, but for
+So, once the launch is over: every worker started since the launch began (a child of the fork
+server, or one multiprocessing spawned from this process), and all it started, found in ``/proc``
+by parent and told from an older process by its start time, is stopped, but for
 the fork server and multiprocessing's resource tracker, which outlast calls by design: the
 workers (the fork server's children, or this process's), known to the launcher or not, and what
 they started. A daemon that left them (reparented away) still carries the launch's
@@ -109,8 +110,8 @@ def stop_leftovers(run_id: str, spared: set[int] | None = None) -> list[int]:
     return pids
 
 
-def _descendants() -> dict[int, int]:
-    """This process's descendants now: pid -> start time (in clock ticks, /proc/PID/stat)."""
+def _descendants() -> dict[int, tuple[int, int]]:
+    """This process's descendants now: pid -> (start time in clock ticks, parent pid)."""
     parents: dict[int, list[tuple[int, int]]] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -121,26 +122,50 @@ def _descendants() -> dict[int, int]:
         except (OSError, IndexError):
             continue
         parents.setdefault(int(fields[1]), []).append((int(name), int(fields[19])))
-    found: dict[int, int] = {}
+    found: dict[int, tuple[int, int]] = {}
     todo = [os.getpid()]
     while todo:
-        for pid, started in parents.get(todo.pop(), []):
+        parent = todo.pop()
+        for pid, started in parents.get(parent, []):
             if pid not in found:
-                found[pid] = started
+                found[pid] = (started, parent)
                 todo.append(pid)
     return found
+
+
+def _worker_branch(pid: int, tree: dict[int, tuple[int, int]], server: set[int]) -> bool:
+    """Whether ``pid`` is, or descends from, a worker: a child of the fork server, or a child of
+    this process started by multiprocessing's spawn (other children of this process, a local
+    job's pods run from another thread, are not the launch's)."""
+    me = os.getpid()
+    while pid in tree:
+        parent = tree[pid][1]
+        if parent in server:
+            return True
+        if parent == me:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    return b"spawn_main" in handle.read()
+            except OSError:
+                return False
+        pid = parent
+    return False
 
 
 _running: list[str] = []  # the launches in progress in this process (threads), by run id
 _lock = threading.Lock()
 
 
-def _stop_new(before: dict[int, int], spared: set[int]) -> list[int]:
+def _stop_new(before: dict[int, tuple[int, int]], spared: set[int], server: set[int]) -> list[int]:
     """Stop this process's descendants that were not there before the launch (by pid and start
     time), but for ``spared`` (the fork server, multiprocessing's resource tracker) and what
     they were (the fork server's children are the workers: they are not spared)."""
     now = _descendants()
-    new = [pid for pid, started in now.items() if before.get(pid) != started and pid not in spared]
+    new = [
+        pid
+        for pid, (started, _) in now.items()
+        if before.get(pid, (None,))[0] != started and pid not in spared and _worker_branch(pid, now, server)
+    ]
     if not new:
         return []
     _signal(new, signal.SIGTERM)
@@ -185,7 +210,7 @@ def stopped_after(run_id: str, spared: Callable[[], set[int]]) -> Iterator[None]
             _running.remove(run_id)
             alone = alone and not _running
         if alone:
-            stopped = _stop_new(before, spared() | _tracker())
+            stopped = _stop_new(before, spared() | _tracker(), spared())
             if stopped:
                 logger.debug("elastic launch %s: processes %s outlived the launch: stopped", run_id, stopped)
         stop_leftovers(run_id, spared())

@@ -191,6 +191,36 @@ class JobSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@record
+class KindInfo:
+    """What a job read from another kind than Volcano's Job keeps of it (``spec/kinds/``)."""
+
+    kind: str  # "PyTorchJob", "TrainJob", "JobSet"
+    api_version: str
+    target: str  # the target that renders this kind ("kubeflow", "trainjob", "jobset")
+    # The object as read, sent as it is when rendered for its own target; None once the job was
+    # changed from the command line (--set, --workdir, arguments): then it is converted as others.
+    source: dict[str, Any] | None = None
+    # What runs differently here (the local and Slurm engines) than under the kind's controller:
+    # issues at the kind's own field paths; warnings, and errors where a run here would end
+    # otherwise than on a cluster (``validate --local`` lists them, ``run`` refuses the errors).
+    here: list[Any] = field(default_factory=list)
+
+    def here_issues(self, errors: bool) -> list[Any]:
+        """The errors (or the warnings) of a run here; see ``here``."""
+        return [issue for issue in self.here if (issue.severity == "error") is errors]
+
+    # The Volcano Job document the job was checked from (a spec.source.Document whose problems are
+    # told in the kind's terms): what commands change with --set and print problems through.
+    document: Any = None
+
+
+def here_issues(job: Job, errors: bool) -> list[Any]:
+    """What the kind a job was read from does that a run here does not: the errors that stop it
+    (or the warnings), at the kind's paths (the job's document tells them there)."""
+    return job.kind.here_issues(errors) if job.kind is not None else []
+
+
 # Where a job made by torchjob came from: "script" (``run -j NxM script.py``) or "task" (an SDK
 # task). Such a job's user wrote no Volcano policy: engines speak of it in the user's terms.
 ORIGIN = "torchjob.io/origin"
@@ -202,6 +232,7 @@ class Job:
     spec: JobSpec
     elastic: ElasticPolicy | None = None
     run_policy: JobRunPolicy | None = None
+    kind: KindInfo | None = None  # read from a PyTorchJob, TrainJob or JobSet
 
     @property
     def name(self) -> str:

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 Issues = list[Issue]
 
 SCHEMA_FILE = Path(__file__).with_name("schemas") / "podtemplate.json"
+# The other kinds torchjob reads (spec/kinds/), from their CRDs by tools/kinds_schema.py; their pod
+# templates are marked, not included: those are checked as the job's tasks' templates.
+KINDS_FILE = SCHEMA_FILE.with_name("kinds.json")
+_TEMPLATE_MARK = "x-torchjob-podtemplate"
 _RANGES = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 # Fields listed in an "unknown field" message when nothing is close; longer lists point at kubectl.
 _LIST_AT_MOST = 12
@@ -42,6 +46,31 @@ _INDEX = r"\[\d+\]"  # compiled only for a message
 def _load() -> tuple[Schema, dict[str, Schema]]:
     data = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
     return data["schema"], data["definitions"]
+
+
+@cache
+def _kinds() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(KINDS_FILE.read_text(encoding="utf-8"))
+    return data
+
+
+def kind_api_versions() -> dict[str, str]:
+    """Each kind of kinds.json and the apiVersion its CRD serves."""
+    return dict(_kinds()["apiVersions"])
+
+
+def installed_runtimes() -> dict[str, Any]:
+    """The runtimes Kubeflow Trainer installs (``torch-distributed``), by name: kinds.json's copy."""
+    return dict(_kinds()["runtimes"])
+
+
+def check_kind(document: Any, kind: str, skip: Callable[[str], bool] | None = None) -> Issues:
+    """Every schema problem of a whole ``kind`` document (``PyTorchJob``, ``JobSet``, ...) outside its
+    pod templates, against its CRD's schema; paths from the document's root."""
+    data = _kinds()
+    checker = _Checker(data["definitions"], skip, kind)
+    checker.check(document, data["kinds"][kind], "")
+    return checker.issues
 
 
 @cache
@@ -72,16 +101,22 @@ def _shown(value: Any) -> str:
     return f"{type_name(value)} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
-def _explain(path: str) -> str:
-    """``spec.tasks[0].template.spec.containers[0]`` -> ``pod.spec.containers`` (kubectl explain)."""
+def _explain(path: str, kind: str | None = None) -> str:
+    """``spec.tasks[0].template.spec.containers[0]`` -> ``pod.spec.containers`` (kubectl explain);
+    a kind's own path: ``spec.runPolicy`` -> ``pytorchjob.spec.runPolicy``."""
+    if kind is not None:
+        return ".".join(part for part in (kind.lower(), re.sub(_INDEX, "", path)) if part)
     _, _, inner = path.partition(".template")
     return "pod" + re.sub(_INDEX, "", inner)
 
 
 class _Checker:
-    def __init__(self, definitions: dict[str, Schema], skip: Callable[[str], bool] | None) -> None:
+    def __init__(
+        self, definitions: dict[str, Schema], skip: Callable[[str], bool] | None, kind: str | None = None
+    ) -> None:
         self.definitions = definitions
         self.skip = skip
+        self.kind = kind  # None: a pod template
         self.issues: Issues = []
 
     def add(self, path: str, message: str) -> None:
@@ -92,7 +127,7 @@ class _Checker:
         ref = schema.get("$ref")
         if ref is not None:
             schema = self.definitions[ref]
-        if value is None or (self.skip is not None and self.skip(path)):
+        if value is None or (self.skip is not None and self.skip(path)) or schema.get(_TEMPLATE_MARK):
             return
         if schema.get("x-kubernetes-int-or-string"):
             self.int_or_string(value, schema, path)
@@ -145,7 +180,7 @@ class _Checker:
             elif isinstance(extra, dict):
                 self.check(item, extra, child(path, key))
             elif properties is not None and not schema.get("x-kubernetes-preserve-unknown-fields"):
-                self.add(child(path, key), _unknown(key, sorted(properties), path))
+                self.add(child(path, key), _unknown(key, sorted(properties), path, self.kind))
         for key in schema.get("required", ()):
             if value.get(key) is None:
                 self.add(child(path, key), "required field is missing")
@@ -161,7 +196,7 @@ class _Checker:
             self.add(path, f"expected a quantity such as 2, 500m or 4Gi, got {value!r}")
 
 
-def _unknown(key: str, fields: list[str], path: str) -> str:
+def _unknown(key: str, fields: list[str], path: str, kind: str | None = None) -> str:
     import difflib  # only for a mistake: not on every start-up
 
     lowered = {name.lower(): name for name in fields}
@@ -171,4 +206,4 @@ def _unknown(key: str, fields: list[str], path: str) -> str:
         return f"unknown field {key!r}; did you mean {close[0]!r}?"
     if len(fields) <= _LIST_AT_MOST:
         return f"unknown field {key!r}; expected one of {', '.join(fields)}"
-    return f"unknown field {key!r}; 'kubectl explain {_explain(path)}' lists the fields"
+    return f"unknown field {key!r}; 'kubectl explain {_explain(path, kind)}' lists the fields"

@@ -84,6 +84,10 @@ class Document:
     # Mistakes the document could still be read past (a key written twice: the last one counts),
     # reported together with every problem of the job it holds.
     problems: list[Problem] = field(default_factory=list)
+    # A Volcano Job translated from another kind (spec/kinds/): its field paths and lines are
+    # told in the original document's terms (``origin.problem(path, message)``), and the job
+    # checked from it gets what the kind says beyond a Volcano Job (``origin.finish(job, data)``).
+    origin: Any = None
 
     def line_of(self, path: str) -> int | None:
         """The line of ``path``, or of its nearest parent that has one."""
@@ -95,6 +99,9 @@ class Document:
 
     def problem(self, path: str, message: str) -> Problem:
         """A problem at ``path`` of this document, with its line (an :class:`Issue` unpacks to both)."""
+        if self.origin is not None:
+            found: Problem = self.origin.problem(path, message)
+            return found
         if self.total > 1:
             message = f"{message} (in document {self.index + 1})"
         return Problem(path=path, message=message, file=self.file, line=self.line_of(path))

@@ -10,6 +10,9 @@ from torchjob.spec.defaults import DEFAULT_MAX_RETRY, DEFAULT_SCHEDULER
 from torchjob.spec.model import Job, Task
 from torchjob.targets import JOB_LABEL, Status, all_targets
 
+# The manager of torchjob's runtime patch of a TrainJob (its label on the runtime's pods).
+PATCH_MANAGER = "torchjob.io/render"
+
 # The features a target may refuse; each target's record lists those it can express (Target.can),
 # and every refusal names the targets that can.
 FEATURES = (

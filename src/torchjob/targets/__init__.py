@@ -37,14 +37,12 @@ MODULES = [
     "torchjob.targets.trainjob",
     "torchjob.targets.jobset",
 ]
-TARGETS = ("pods", "volcano", "kubeflow", "trainjob", "jobset")  # the built-in ones (kept for callers)
 # Every object a target renders, and every pod template in it, carries this label.
 JOB_LABEL = "torchjob.io/job-name"
 
 __all__ = [
     "JOB_LABEL",
     "MODULES",
-    "TARGETS",
     "Status",
     "Target",
     "TargetRender",
@@ -159,6 +157,10 @@ def render_target(job: Job, target: str, *, runtime: str | None = None) -> Targe
     declared = get_target(target)
     if runtime is not None and not declared.runtime:
         raise unknown_target(f"--runtime only applies to --target {_runtime_targets()}, not {target!r}")
+    from torchjob.target_api.convert import is_converted, render_kind
+
+    if is_converted(job):  # read from a PyTorchJob, TrainJob or JobSet: as read, or converted
+        return render_kind(job, target, runtime)
     from torchjob.target_api.names import check
 
     check(job, target)  # names the controller makes from the job's must fit their limits

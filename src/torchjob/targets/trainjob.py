@@ -22,6 +22,7 @@ from torchjob.errors import Problem, SpecError
 from torchjob.quick import unwrap_launcher
 from torchjob.spec.model import Job, Task
 from torchjob.target_api.common import (
+    PATCH_MANAGER,
     add_env_to_containers,
     cannot,
     claim_objects,
@@ -45,7 +46,7 @@ API_VERSION = "trainer.kubeflow.org/v1alpha1"
 KIND = "TrainJob"
 DEFAULT_RUNTIME = "torch-distributed"
 NODE = "node"  # the runtime's trainer job and container
-MANAGER = "torchjob.io/render"
+MANAGER = PATCH_MANAGER
 RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 TORCHRUN = ("torchrun", "--no-python")
 # Pod spec fields a runtime patch may set; the rest of a pod template has no place in a TrainJob.

@@ -119,7 +119,10 @@ class KubernetesEngine:
         from torchjob.targets import for_cluster
 
         namespace = self._namespace(job)
-        target = self.discovery.choose_target(_option(options, "target"))
+        wanted = _option(options, "target")
+        if wanted is None and job.kind is not None and job.kind.target in self.discovery.available_targets():
+            wanted = job.kind.target  # a PyTorchJob goes as one where the cluster runs them
+        target = self.discovery.choose_target(wanted)
         rendered = for_cluster(
             job, target, namespace, _option(options, "extra_env"), runtime=_option(options, "runtime")
         )

@@ -35,8 +35,9 @@ ENGINE = EngineInfo(
         ),
         Setting(
             "runtime",
-            "kubernetes: the Trainer runtime for --target trainjob",
-            metavar="NAME",
+            "kubernetes: the Trainer runtime for --target trainjob; a FILE: the TrainingRuntimes "
+            "the file's TrainJobs name (any engine)",
+            metavar="NAME|FILE",
             commands=("run", "submit"),
         ),
         Setting(

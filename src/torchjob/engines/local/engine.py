@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from torchjob.engine_api import jobdirs
 from torchjob.engine_api.base import (
     EngineError,
-    JobNotFound,
     JobReport,
     LogLine,
     LogQuery,
@@ -25,7 +25,7 @@ from torchjob.engine_api.base import (
     StartOptions,
     StreamSink,
 )
-from torchjob.engines.local.roots import ROOT_MARKER, collect_expired, is_state_root, list_jobs, state_root
+from torchjob.engines.local.roots import collect_expired, list_jobs, state_root
 from torchjob.engines.local.settings import ENGINE
 from torchjob.engines.local.state import JobDir
 from torchjob.phases import UNKNOWN
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from torchjob.errors import Issue
     from torchjob.spec.model import Job
 
-MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by
 STOP_GRACE = 15.0  # seconds a supervisor has to stop its job after SIGTERM, before SIGKILL
 WATCHDOG_GRACE = 1.5  # after SIGKILL, the supervisor's watchdog needs about a second to stop the pods
 WAIT_EVERY = 0.1  # seconds between reads of a waited-for job's status
@@ -82,9 +81,10 @@ class LocalEngine:
     def warnings(self, job: Job) -> list[Issue]:
         """What ``job`` asks for that has no effect here (``validate --local``; a run records them)."""
         from torchjob.engines.local.localcheck import local_warnings
+        from torchjob.spec.model import here_issues
 
         state = self._plan_of(job).state
-        return [] if state is None else local_warnings(state, {})
+        return here_issues(job, errors=False) + ([] if state is None else local_warnings(state, {}))
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
         """The pods in creation order with their ranks and resolved commands, and the ports to
@@ -179,30 +179,16 @@ class LocalEngine:
         report.phase = UNKNOWN
         return report
 
-    def _find(self, ref: str, min_prefix: int = 1) -> JobDir:
-        """A job by id, by name (the newest of that name) or by an id prefix that only one job has."""
-        if not ref:
-            raise EngineError("a job reference cannot be empty: give a job id, an id prefix or a name")
-        jobs = self._jobs()
-        for where in jobs:
-            if where.id == ref:
-                return where
-        # A job's directory is named <job name>-<6 hex>: only those can carry the name.
-        named = [(where, where.read_status()) for where in jobs if where.id.startswith(f"{ref}-")]
-        named = [(where, report) for where, report in named if report.name == ref]
-        if named:
-            return max(named, key=lambda item: item[1].started_at or 0.0)[0]
-        prefixed = [where for where in jobs if where.id.startswith(ref)]
-        if prefixed and len(ref) < min_prefix:
-            raise EngineError(
-                f"job {ref!r} is too short a prefix to pick a job by: give the job's name, its id "
-                f"or at least {min_prefix} characters of it"
-            )
-        if len(prefixed) == 1:
-            return prefixed[0]
-        if prefixed:
-            raise EngineError(f"job {ref!r} is ambiguous: {', '.join(j.id for j in prefixed)}")
-        raise JobNotFound(f"no local job {ref!r} in {self.root}", ref)
+    def _find(self, ref: str, deleting: bool = False) -> JobDir:
+        """A job by id, by name (the newest of that name) or by an id prefix that only one job has
+        (engine_api/jobdirs.py: the rules every engine with job directories follows)."""
+        jobs = {where.id: where for where in self._jobs()}
+
+        def started(job_id: str) -> float:
+            return jobs[job_id].read_status().started_at or 0.0
+
+        chosen = jobdirs.choose(ref, list(jobs), started, engine="local", root=self.root, deleting=deleting)
+        return jobs[chosen]
 
     # --------------------------------------------------------------- logs
 
@@ -226,17 +212,12 @@ class LocalEngine:
         """Every ref must name a job (exact id, exact name, or an id prefix of 4 characters or
         more) before any job is touched: a mistyped second ref deletes nothing. A root torchjob
         did not mark as its own (a project directory given as --state-dir) is refused outright."""
-        if self.root.exists() and not is_state_root(self.root):
-            raise EngineError(
-                f"{self.root} is not a torchjob state directory (torchjob writes {ROOT_MARKER} into "
-                "each one it keeps jobs in); refusing to delete anything there (if it holds jobs of "
-                f"an older torchjob, create {self.root / ROOT_MARKER})"
-            )
+        jobdirs.check_removable(self.root, state_root())
         found: dict[str, JobDir] = {}
         problems = []
         for ref in refs:
             try:
-                where = self._find(ref, MIN_DELETE_PREFIX)
+                where = self._find(ref, deleting=True)
             except EngineError as err:
                 problems.append(str(err))
                 continue

@@ -51,10 +51,12 @@ def check_job(job: Job, state: DesiredState) -> Issues:
     """What stops ``job`` (expanded as ``state``) from running locally, as issues."""
     from torchjob.engines.local import gpus, prewarm
     from torchjob.engines.local.localcheck import check_pods
+    from torchjob.spec.model import here_issues
 
     if job.total_replicas == 0:  # Volcano keeps such a job Running for ever, with nothing to run
         return [Issue("spec.tasks", "every task has 0 replicas: there is no pod to run")]
-    return check_pods(state) + gpus.check(job, declared_gpus) + prewarm.check(job)
+    kind = here_issues(job, errors=True)  # a PyTorchJob's, TrainJob's or JobSet's own
+    return kind + check_pods(state) + gpus.check(job, declared_gpus) + prewarm.check(job)
 
 
 def declared_gpus() -> Inventory | None:

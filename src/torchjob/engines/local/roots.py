@@ -13,11 +13,15 @@ jobs whose ``ttlSecondsAfterFinished`` passed are removed by the first command t
 from __future__ import annotations
 
 import os
-import re
 import stat
 from pathlib import Path
 
-from torchjob.engines.local.state import DIR_MODE, FILE_MODE, JobDir, make_private_dirs
+from torchjob.engine_api import jobdirs
+from torchjob.engine_api.jobdirs import ROOT_MARKER, mark_root
+from torchjob.engine_api.jobdirs import owned as _own
+from torchjob.engines.local.state import DIR_MODE, JobDir, make_private_dirs
+
+__all__ = ["ROOT_MARKER", "collect_expired", "is_job_dir", "is_state_root", "list_jobs", "new_job_dir"]
 
 
 def state_root(explicit: Path | None = None) -> Path:
@@ -38,7 +42,7 @@ def new_job_dir(root: Path, job_name: str) -> JobDir:
         # already exists is the user's to set (it could be a shared directory such as /tmp).
         os.chmod(root, DIR_MODE)
     for _ in range(100):
-        path = root / f"{job_name}-{os.urandom(3).hex()}"  # secrets.token_hex, without hmac/OpenSSL
+        path = root / jobdirs.new_id(job_name)
         try:
             os.mkdir(path, DIR_MODE)
         except FileExistsError:
@@ -48,62 +52,21 @@ def new_job_dir(root: Path, job_name: str) -> JobDir:
     raise OSError(f"cannot create a job directory in {root}")
 
 
-ROOT_MARKER = ".torchjob-state"  # written into every root torchjob keeps jobs in
-_MARKER_TEXT = "torchjob state directory: job directories live here; do not put other files in it\n"
-# <job name (a DNS-1123 label)>-<6 hex digits>: the only names new_job_dir gives
-_JOB_ID = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?-[0-9a-f]{6}")
-
-
-def mark_root(root: Path) -> None:
-    """Say in ``root`` that torchjob keeps jobs there; an existing marker is left as it is."""
-    try:
-        fd = os.open(root / ROOT_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
-    except FileExistsError:
-        return
-    try:
-        os.write(fd, _MARKER_TEXT.encode())
-    finally:
-        os.close(fd)
+# The marks of a local job directory: the two files every job's supervisor writes first.
+JOB_MARKS = ("status.json", "supervisor.pid")
 
 
 def is_state_root(root: Path) -> bool:
-    """Whether torchjob may remove jobs from ``root``: its default root, or one holding its marker
-    (a regular file of this user's)."""
-    if root == state_root():
-        return True
-    try:
-        info = os.lstat(root / ROOT_MARKER)
-    except OSError:
-        return False
-    return stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid()
-
-
-def _own(path: Path, kind: int, strict: bool = False) -> bool:
-    """``path`` is, without following a symlink, of this ``kind`` (S_IFDIR, S_IFREG) and this user's.
-    ``strict``: a directory on the way that this user may not search raises (PermissionError)."""
-    try:
-        info = os.lstat(path)
-    except PermissionError:
-        if strict:
-            raise
-        return False
-    except OSError:
-        return False
-    return stat.S_IFMT(info.st_mode) == kind and info.st_uid == os.getuid()
+    """Whether torchjob may remove jobs from ``root``: its default root, or one holding its marker."""
+    return jobdirs.is_marked_root(root, state_root())
 
 
 def is_job_dir(path: Path) -> bool:
-    """Whether ``path`` is a job directory torchjob made: named ``<name>-<6 hex>``, a real directory of
-    this user's holding the two files every job's supervisor writes first (``supervisor.pid``, then
-    ``status.json``), both regular files of this user's. A user's own directory that happens to
-    hold a ``status.json`` or an ``expires`` is not a job: never listed, never removed."""
-    return (
-        _JOB_ID.fullmatch(path.name) is not None
-        and _own(path, stat.S_IFDIR)
-        # A job directory of this user's that it made unreadable is its to repair: said, not skipped.
-        and _own(path / "status.json", stat.S_IFREG, strict=True)
-        and _own(path / "supervisor.pid", stat.S_IFREG, strict=True)
-    )
+    """Whether ``path`` is a local job directory torchjob made (engine_api/jobdirs.py): named
+    ``<name>-<6 hex>``, a real directory of this user's holding ``status.json`` and
+    ``supervisor.pid`` of its own. A user's own directory that happens to hold a ``status.json``
+    or an ``expires`` is not a job: never listed, never removed."""
+    return jobdirs.is_job_dir(path, JOB_MARKS)
 
 
 def collect_expired(root: Path, now: float) -> list[str]:

@@ -160,21 +160,6 @@ class JobDir:
     def pod_dir(self, pod: str, attempt: int) -> Path:
         return self.inside(self.path / "pods" / pod / f"attempt-{attempt}", f"the directory of pod {pod!r}")
 
-    def identity(self) -> tuple[int, int]:
-        """The directory's device and inode: what tells it from another made at its path later."""
-        found = os.stat(self.path)
-        return found.st_dev, found.st_ino
-
-    def vanished(self, identity: tuple[int, int]) -> bool:
-        """The directory whose ``identity`` this was is no longer at its path (removed, or
-        replaced by another). One stat; an error other than its absence does not count."""
-        try:
-            return self.identity() != identity
-        except (FileNotFoundError, NotADirectoryError):
-            return True
-        except OSError:
-            return False
-
     def write_status(self, report: JobReport) -> None:
         # Padded with spaces (JSON allows them) to hold its disk blocks for a full disk, where the
         # new file of an atomic write cannot be made but the old one can be rewritten in place.

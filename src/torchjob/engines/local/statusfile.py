@@ -36,7 +36,7 @@ class StatusFile:
         self.finished: float | None = None
         self.error = ""  # why status.json could not be written, once said
         self.removed = False  # a full disk: nothing of the job could be kept
-        self.vanished = False  # the job's directory was removed under it: nothing is written
+        self.gone = False  # the job directory was removed under the job: nothing is written
 
     def report(self) -> JobReport:
         factory = self.factory
@@ -61,7 +61,7 @@ class StatusFile:
     def write(self, must: bool = False) -> None:
         """Write status.json; a failure (a full disk) is said once and retried on the next pass,
         or raised with ``must``."""
-        if self.vanished:  # a write would fail, or make a directory nobody asked for
+        if self.gone:
             return
         try:
             self.dir.write_status(self.report())
@@ -79,7 +79,7 @@ class StatusFile:
         """The last write, the job's end time in it; its expiry for a TTL. Returns the line that
         tells how long the job is kept ("" without a TTL)."""
         self.finished = time.time()
-        if self.vanished:
+        if self.gone:
             self.removed = True
             return ""
         self.write()

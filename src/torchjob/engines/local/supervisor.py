@@ -25,6 +25,7 @@ import errno
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from torchjob.controller import DEFAULT_GRACE, Controller, termination_grace
 from torchjob.controller.kubelet import ENDED, Kubelet, Pod
@@ -139,7 +140,7 @@ class Supervisor:
         self.ports: PortGuard | None = None  # once the job has ports (start)
         self.running = False  # the job started (its pods were created)
         self.pid_fd = -1  # supervisor.pid, open while this process supervises (state.JobDir.write_pid)
-        self.identity = (0, 0)  # the job directory's device and inode, once it is known (run)
+        self.dir_identity: tuple[int, int] | None = None  # the job directory's (check_dir)
 
     @property
     def interrupted(self) -> int | None:
@@ -157,7 +158,7 @@ class Supervisor:
         """Run the job to its end; ``on_started`` is called once its pods have been started."""
         try:
             self.pid_fd = self.dir.write_pid()  # held open while this process supervises the job
-            self.identity = self.dir.identity()
+            self.dir_identity = _identity(self.dir.path)
             # Before any pod: a job whose status cannot be written never starts.
             self.status_file.write(must=True)
             if self.queue is not None and not self.queue.admit(on_started):
@@ -169,10 +170,18 @@ class Supervisor:
             self.loop()
         except OSError as err:  # the job directory cannot be written (a full disk): end, say why
             # (A bug raising OSError ends the job the same way, with its reason, not a traceback.)
-            if self.identity == (0, 0) or not self.dir_vanished():  # its removal: said as such
-                self.stop_for(err)
+            self.stop_for(err)
         finally:
             self.shutdown()  # whatever happened above, nothing of the job outlives this
+
+    def check_dir(self) -> None:
+        """A job whose directory was removed under it (``rm -rf``, a test's temporary directory
+        cleaned up) is stopped: no command could see, follow or delete it any more, and its pods
+        would run on unseen. The directory is known by its identity, so one made again at the same
+        path (by someone else) is not taken for it and is never written to."""
+        if _identity(self.dir.path) != self.dir_identity:
+            self.status_file.gone = True
+            raise FileNotFoundError(errno.ENOENT, "the job directory was removed", str(self.dir.path))
 
     def stop_for(self, err: OSError) -> None:
         where = f" ({err.filename})" if err.filename else ""
@@ -219,8 +228,7 @@ class Supervisor:
             self.signals.handle(ctl, self.kubelet, self.notes, self.id)
             ctl.check_deadline()
             if now - last_track > TRACK_EVERY:
-                if self.dir_vanished():
-                    return
+                self.check_dir()
                 self.processes.track()
                 if self.ports is not None:
                     self.ports.watch()
@@ -239,20 +247,6 @@ class Supervisor:
                 return
             preloader = self.factory.preloader
             self.waiter.wait(self.next_wait(last_track), preloader.importing() if preloader else None)
-
-    def dir_vanished(self) -> bool:
-        """The job's directory was removed (a user's ``rm -rf``, a test's tmp dir cleaned) or
-        replaced under the running job: no command can see the job or stop it any more, so it
-        ends here, its pods stopped, and nothing is written where its directory was."""
-        if not self.dir.vanished(self.identity):
-            return False
-        self.status_file.vanished = True
-        reason = f"torchjob stopped the job: its directory {self.dir.path} was removed"
-        self.notes.note(f"the job's directory {self.dir.path} was removed: stopping the job", Level.ERROR)
-        status = self.ctl.status
-        if not status.phase.final:
-            self.ctl.status = JobStatus(JobPhase.TERMINATED, status.retry_count, status.version, reason)
-        return True
 
     def wake_forks(self) -> None:
         """Containers waiting for the fork server are tried the moment its import is over, not on
@@ -383,3 +377,12 @@ class Supervisor:
             self.kubelet.poll(list(pods.values()))
             self.echo.show()
             self.waiter.wait(TICK)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The directory's device and inode; None once it is gone."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)

@@ -53,6 +53,7 @@ class BatchController:
         self.events: list[Event] = []
         self.stop_signal: int | None = None
         self.ended_by_slurm = False  # SIGTERM from Slurm: its state (TIMEOUT, ...) says why
+        self.in_allocation = options.get("inAllocation") is True  # salloc's: the engine stops it
         layout = steps.layout_from_env(os.environ, steps.hostnames)
         placements = place(plan, layout)
         self.ranks = pod_ranks(job)
@@ -99,7 +100,7 @@ class BatchController:
         return self.desired(version, retry_count)
 
     def _resources(self, launch: PodLaunch) -> tuple[Resources, int | None]:
-        component = self.plan.components[launch.placement.component]
+        component = self.plan.component_of(launch.task)
         return component.resources, (component.index if self.plan.heterogeneous else None)
 
     def _say(self, text: str) -> None:
@@ -114,6 +115,7 @@ class BatchController:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         controller = self.controller
+        self._requeued()
         controller.begin()
         self.write()
         while not controller.done():
@@ -147,6 +149,28 @@ class BatchController:
         )
         self.write()
 
+    def _requeued(self) -> None:
+        """Slurm requeued the job (requeue.py): go on from the run before, a restart of the job."""
+        from torchjob.engines.slurm import requeue
+        from torchjob.lifecycle import JobPhase, JobStatus
+
+        previous = requeue.previous_run(self.job_dir, os.environ)
+        if previous is None:
+            return
+        self.runtime.attempts.update(previous.attempts)  # each pod's next attempt follows its last
+        self.events = list(previous.events)
+        lost = requeue.lost_nodes(previous.nodes, [p.host for p in self.runtime.placements.values()])
+        why = f"Slurm requeued the allocation (restart {previous.restarts})"
+        why += f": node {', '.join(lost)} lost" if lost else ""
+        retry, limit = previous.retry_count + 1, self.job.spec.max_retry
+        version = previous.version + 1
+        if retry >= limit:  # counted as RestartJob is: the job fails once maxRetry is used up
+            status = JobStatus(JobPhase.FAILED, retry, version, f"{why}; maxRetry {limit} used up")
+        else:
+            status = JobStatus(JobPhase.PENDING, retry, version, why)
+        self.controller.status = status
+        self._say(f"{why}; retry {retry} of maxRetry {limit}")
+
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stop_signal = signum
 
@@ -157,6 +181,8 @@ class BatchController:
         status = self.controller.status
         if not status.phase.final:
             reason = "the allocation was ended by Slurm (cancelled, or its time limit reached)"
+            if self.in_allocation:
+                reason = "stopped (Ctrl-C, SIGTERM or torchjob delete)"
             self.controller.status = JobStatus(
                 JobPhase.TERMINATED, status.retry_count, status.version, reason
             )
@@ -187,6 +213,7 @@ class BatchController:
         data = self.report().to_dict()
         data["slurmJobId"] = os.environ.get("SLURM_JOB_ID", "")
         data["endedBySlurm"] = self.ended_by_slurm
+        data["version"] = self.controller.status.version  # a requeued run goes on from it
         write_atomic(self.job_dir / STATUS, json.dumps(data, indent=1) + "\n")
 
 
@@ -218,7 +245,7 @@ def main(argv: list[str]) -> int:
     given = dict(options.get("settings") or {})
     given["sbatch_args"] = tuple(given.get("sbatch_args") or ())
     settings = SlurmSettings(**given)
-    plan = plan_job(job, settings, str(job_dir), ["true"])
+    plan = plan_job(job, settings, str(job_dir), ["true"], in_allocation=options.get("inAllocation") is True)
     return BatchController(job_dir, job, plan, options).run()
 
 

@@ -15,58 +15,30 @@ lists, and the batch script quotes every value with ``shlex.quote``.
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 
+from torchjob.engines.slurm.errors import PlanError as PlanError
+from torchjob.engines.slurm.podenv import configmaps_of as configmaps_of
+from torchjob.engines.slurm.podenv import container_env, expand_refs
+from torchjob.engines.slurm.resources import Resources as Resources
+from torchjob.engines.slurm.resources import placement, task_resources
+from torchjob.engines.slurm.sbatch import check_sbatch_args, check_signal, sbatch_args
 from torchjob.engines.slurm.settings import SlurmSettings
-from torchjob.expand import DesiredState, expand
+from torchjob.expand import expand
 from torchjob.plugins import build_plugins
 from torchjob.records import field, record
 from torchjob.spec.model import Job, Task, pod_name
-from torchjob.spec.units import parse_quantity
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import Any
 
     from torchjob.expand import PodPlan
 
-GPU = "nvidia.com/gpu"
 # The batch script's exit code when its host does not see the job directory (EX_NOINPUT).
 NOT_SHARED = 66
-MIB = 2.0**20
 Key = tuple[str, int]  # (task name, index)
-
-
-class PlanError(Exception):
-    """What cannot be planned, as (field path, message)."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path = path
-        self.message = message
-
-
-@record(frozen=True)
-class Resources:
-    """What one pod of a task asks Slurm for, per Slurm task."""
-
-    cpus: int = 1
-    memory_mib: int | None = None
-    gpus: int = 0
-    image: str | None = None  # the pod's image, when pyxis runs it
-
-    def step_args(self) -> list[str]:
-        """Per-task options, the same for the allocation's component and for a pod's step."""
-        args = [f"--cpus-per-task={self.cpus}"]
-        if self.memory_mib is not None:
-            # Per CPU, not --mem: --mem is per node, and a node may hold several pods of the job.
-            args.append(f"--mem-per-cpu={math.ceil(self.memory_mib / self.cpus)}M")
-        if self.gpus:
-            args.append(f"--gpus-per-task={self.gpus}")
-        return args
 
 
 @record
@@ -77,9 +49,13 @@ class Component:
     tasks: list[str]
     ntasks: int
     resources: Resources
+    nodes: int | None = None  # --nodes, where the job's placement says
+    pods_per_node: int | None = None  # --ntasks-per-node, where the job's placement says
 
     def sbatch_args(self) -> list[str]:
-        return [f"--ntasks={self.ntasks}", *self.resources.step_args()]
+        from torchjob.engines.slurm.sbatch import component_args
+
+        return component_args(self)
 
 
 @record(frozen=True)
@@ -95,7 +71,8 @@ class PodSlot:
 
 @record(frozen=True)
 class Placement:
-    """Where a pod runs once the allocation is known: its node and its slot on that node."""
+    """Where a pod runs once the allocation is known: its node and its slot on that node.
+    (How the job spreads over nodes before that is ``resources.Placement``.)"""
 
     component: int
     host: str
@@ -129,10 +106,14 @@ class SlurmPlan:
     master: Key | None  # the pod of rank 0, whose node is MASTER_ADDR
     sbatch_args: list[str] = field(default_factory=list)  # without "sbatch" and the script
     script: str = ""
+    # In an allocation that exists (salloc): every pod takes the allocation's tasks in order
+    # (one placement group, component 0), each step sized by its own component's resources.
+    in_allocation: bool = False
 
     @property
     def heterogeneous(self) -> bool:
-        return len(self.components) > 1
+        """Submitted as a heterogeneous job (its steps then name their component's --het-group)."""
+        return len(self.components) > 1 and not self.in_allocation
 
     def sbatch_argv(self, script_path: str, sbatch: str = "sbatch") -> list[str]:
         return [sbatch, *self.sbatch_args, script_path]
@@ -145,61 +126,6 @@ class SlurmPlan:
         return next(c for c in self.components if task in c.tasks)
 
 
-def _quantity(value: object, path: str) -> float:
-    try:
-        return parse_quantity(value)
-    except ValueError as err:
-        raise PlanError(path, str(err)) from None
-
-
-def _container_amount(container: dict[str, Any], resource: str, path: str) -> float:
-    """A container's limit for a resource, else its request; 0 when it gives neither."""
-    resources = container.get("resources") or {}
-    for kind in ("limits", "requests"):
-        values = resources.get(kind) or {}
-        if resource in values:
-            return _quantity(values[resource], f"{path}.resources.{kind}.{resource}")
-    return 0.0
-
-
-def _pod_amount(spec: dict[str, Any], resource: str, path: str) -> float:
-    """What a pod needs, as Kubernetes counts it: the sum of its containers, or its largest init
-    container if that is more (init containers run one at a time, before the others)."""
-    mains = sum(
-        _container_amount(c, resource, f"{path}.containers[{i}]")
-        for i, c in enumerate(spec.get("containers") or [])
-    )
-    inits = [
-        _container_amount(c, resource, f"{path}.initContainers[{i}]")
-        for i, c in enumerate(spec.get("initContainers") or [])
-    ]
-    return max([mains, *inits])
-
-
-def task_resources(task: Task, position: int, settings: SlurmSettings) -> Resources:
-    """A task's per-pod request: CPUs rounded up (at least 1), memory in MiB, whole GPUs."""
-    path = f"spec.tasks[{position}].template.spec"
-    spec = task.template.spec
-    cpus = max(1, math.ceil(_pod_amount(spec, "cpu", path) - 1e-9))
-    memory = _pod_amount(spec, "memory", path)
-    gpus = _pod_amount(spec, GPU, path)
-    if gpus != int(gpus):
-        raise PlanError(f"{path}.containers", f"{GPU} must be a whole number, got {gpus:g}")
-    image = None
-    if settings.container_images:
-        images = {c.image for c in task.template.containers if c.image}
-        if len(images) > 1:
-            listed = ", ".join(sorted(images))
-            raise PlanError(f"{path}.containers", f"pyxis runs a pod in one image; this pod has {listed}")
-        image = next(iter(images), None)
-    return Resources(
-        cpus=cpus,
-        memory_mib=math.ceil(memory / MIB) if memory else None,
-        gpus=int(gpus),
-        image=image,
-    )
-
-
 def components_of(job: Job, settings: SlurmSettings) -> list[Component]:
     """Tasks with the same per-pod resources share a component, in the order they first appear.
 
@@ -207,9 +133,10 @@ def components_of(job: Job, settings: SlurmSettings) -> list[Component]:
     pod: Slurm places heterogeneous components on distinct nodes, so a cluster of one node (or a
     job that must fit on fewer nodes than it has kinds of task) needs that.
     """
+    where = placement(job, settings)
     components: list[Component] = []
     by_resources: dict[Resources, Component] = {}
-    wanted = [(task, task_resources(task, i, settings)) for i, task in enumerate(job.spec.tasks)]
+    wanted = [(task, task_resources(task, i, settings, where)) for i, task in enumerate(job.spec.tasks)]
     if settings.single_component and wanted:
         largest = Resources(
             cpus=max(r.cpus for _, r in wanted),
@@ -230,6 +157,15 @@ def components_of(job: Job, settings: SlurmSettings) -> list[Component]:
             by_resources[resources] = component
         component.tasks.append(task.name)
         component.ntasks += task.replicas
+    if where.nodes is not None and len(components) > 1:
+        raise PlanError(
+            "--nodes",
+            f"the job's tasks make {len(components)} components of a heterogeneous job, each on "
+            "nodes of its own: --nodes applies to a job of one component (--single-component)",
+        )
+    for component in components:
+        component.nodes = where.nodes
+        component.pods_per_node = where.pods_per_node
     return components
 
 
@@ -254,21 +190,24 @@ def declared_ports(job: Job) -> list[int]:
     return sorted(ports)
 
 
-def plan_job(job: Job, settings: SlurmSettings, job_dir: str, controller: list[str]) -> SlurmPlan:
-    """The allocation for ``job`` and the batch script that runs ``controller`` in it."""
+def plan_job(
+    job: Job, settings: SlurmSettings, job_dir: str, controller: list[str], *, in_allocation: bool = False
+) -> SlurmPlan:
+    """The allocation for ``job`` and the batch script that runs ``controller`` in it; with
+    ``in_allocation``, the job's pods as steps of an allocation that exists."""
     components = components_of(job, settings)
     if not components:
         raise PlanError("spec.tasks", "the job has no pods to run (every task has 0 replicas)")
     pods: list[PodSlot] = []
+    ordinal = 0
     for component in components:
-        ordinal = 0
+        ordinal = ordinal if in_allocation else 0
         for task in job.spec.tasks:
             if task.name not in component.tasks:
                 continue
             for index in range(task.replicas):
-                pods.append(
-                    PodSlot(task.name, index, pod_name(job.name, task.name, index), component.index, ordinal)
-                )
+                group = 0 if in_allocation else component.index
+                pods.append(PodSlot(task.name, index, pod_name(job.name, task.name, index), group, ordinal))
                 ordinal += 1
     plan = SlurmPlan(
         job=job,
@@ -278,40 +217,13 @@ def plan_job(job: Job, settings: SlurmSettings, job_dir: str, controller: list[s
         pods=pods,
         ports=declared_ports(job),
         master=master_pod(job),
+        in_allocation=in_allocation,
     )
+    check_sbatch_args(settings.sbatch_args)
+    check_signal(settings.signal)
     plan.sbatch_args = sbatch_args(plan)
     plan.script = batch_script(plan, controller)
     return plan
-
-
-def sbatch_args(plan: SlurmPlan) -> list[str]:
-    """Job-wide options, then each component's (Slurm carries the job-wide ones into the rest)."""
-    settings = plan.settings
-    common = [
-        "--parsable",
-        f"--job-name={plan.job.name}",
-        # Not the job directory: a batch host that does not see it could not open the file and
-        # Slurm would fail the launch with nothing said; the script redirects once it checked.
-        "--output=/dev/null",
-        f"--chdir={plan.job_dir}",
-        "--no-requeue",  # retries are the controller's (maxRetry), not Slurm's
-    ]
-    for option, value in (
-        ("--partition", settings.partition),
-        ("--account", settings.account),
-        ("--qos", settings.qos),
-        ("--time", settings.time_limit),
-    ):
-        if value:
-            common.append(f"{option}={value}")
-    common.extend(settings.sbatch_args)
-    args: list[str] = []
-    for component in plan.components:
-        if component.index:
-            args.append(":")
-        args.extend(common if component.index == 0 else [])
-        args.extend(component.sbatch_args())
-    return args
 
 
 def batch_script(plan: SlurmPlan, controller: list[str]) -> str:
@@ -470,77 +382,3 @@ def pod_launches(
                 )
             )
     return result
-
-
-def configmaps_of(state: DesiredState) -> dict[str, dict[str, str]]:
-    return {
-        str(obj["metadata"]["name"]): {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
-        for obj in state.objects
-        if obj.get("kind") == "ConfigMap"
-    }
-
-
-_VAR_REF = r"\$(\$|\(([A-Za-z_][A-Za-z0-9_.-]*)\))"
-_FIELD_INDEX = r"^metadata\.(labels|annotations)\['([^']*)'\]$"  # compiled when a pod asks for one
-
-
-def expand_refs(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' ``$(VAR)`` expansion: defined names are replaced, ``$$`` is a literal ``$``."""
-
-    def sub(match: re.Match[str]) -> str:
-        if match.group(1) == "$":
-            return "$"
-        name = match.group(2)
-        return env[name] if name in env else match.group(0)
-
-    return re.sub(_VAR_REF, sub, str(text))
-
-
-def container_env(
-    container: dict[str, Any],
-    manifest: dict[str, Any],
-    host: str,
-    configmaps: Mapping[str, Mapping[str, str]],
-    engine_env: Mapping[str, str],
-    where: str,
-) -> dict[str, str]:
-    """A container's environment: the engine's variables, then its ``env`` in order, each value
-    with ``$(VAR)`` expanded against what came before, as a kubelet does."""
-    env = dict(engine_env)
-    meta = manifest["metadata"]
-    fields = {
-        "metadata.name": str(meta.get("name", "")),
-        "metadata.namespace": str(meta.get("namespace", "default")),
-        "spec.nodeName": host,
-        "status.podIP": host,
-        "status.hostIP": host,
-    }
-    for i, entry in enumerate(container.get("env") or []):
-        name = str(entry.get("name", ""))
-        path = f"{where}.env[{i}]"
-        if "value" in entry or "valueFrom" not in entry:
-            env[name] = expand_refs(str(entry.get("value", "")), env)
-            continue
-        source = entry["valueFrom"] or {}
-        if "configMapKeyRef" in source:
-            ref = source["configMapKeyRef"] or {}
-            data = configmaps.get(str(ref.get("name", ""))) or {}
-            key = str(ref.get("key", ""))
-            if key in data:
-                env[name] = data[key]
-            elif not ref.get("optional"):
-                raise PlanError(
-                    path, f"ConfigMap key {ref.get('name')!r}/{key!r} is not one of the job's own"
-                )
-        elif "fieldRef" in source:
-            field_path = str((source["fieldRef"] or {}).get("fieldPath", ""))
-            match = re.match(_FIELD_INDEX, field_path)
-            if field_path in fields:
-                env[name] = fields[field_path]
-            elif match:
-                env[name] = str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
-            else:
-                raise PlanError(path, f"fieldRef {field_path!r} is not supported on Slurm")
-        else:
-            raise PlanError(path, f"valueFrom {', '.join(source) or '(empty)'} is not supported on Slurm")
-    return env

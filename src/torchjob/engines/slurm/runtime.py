@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import threading
 import time
@@ -40,7 +39,6 @@ if TYPE_CHECKING:
 
 _PYTHONS = ("python", "python3")
 CONFIRM_EVERY = 0.2  # seconds between two squeue calls that look for starting steps
-KILL_WAIT = 10.0  # seconds a step may take to end after scancel --signal=KILL before srun is ended
 
 
 class SlurmRuntime(RuntimeHooks):
@@ -191,27 +189,5 @@ class SlurmRuntime(RuntimeHooks):
     # ------------------------------------------------------------- signals
 
     def _signal(self, step: steps.Step, signum: int) -> None:
-        """SIGTERM: ``scancel --signal=TERM`` of the step (srun's own, while it has no step id yet).
-        SIGKILL: ``scancel --signal=KILL``, then srun itself if Slurm does not end the step."""
-        if step.poll() is not None:
-            return
-        name = "TERM" if signum == signal.SIGTERM else "KILL"
-        step_id = step.find_step_id(timeout=5.0 if signum == signal.SIGTERM else 1.0)
-        if step_id is not None:
-            with contextlib.suppress(steps.SlurmError):  # it ended meanwhile
-                steps.cancel(step_id, step.env, signal_name=name)
-        elif signum == signal.SIGTERM:
-            _signal_srun(step, signal.SIGTERM)
-        if signum == signal.SIGTERM or step.wait(KILL_WAIT) is not None:
-            return
-        # slurmctld does not answer: end srun itself (twice SIGINT kills the step), then kill it
-        _signal_srun(step, signal.SIGINT)
-        _signal_srun(step, signal.SIGINT)
-        if step.wait(5.0) is None:
-            _signal_srun(step, signal.SIGKILL)
-            step.wait(5.0)
-
-
-def _signal_srun(step: steps.Step, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(step.process.pid, signum)
+        """SIGTERM and SIGKILL as steps.Step.send sends them, through a slurmctld outage too."""
+        step.send(signum)

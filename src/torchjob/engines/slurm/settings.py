@@ -13,6 +13,10 @@ from pathlib import Path
 from torchjob.engine_api.base import EngineInfo, Setting
 from torchjob.engine_api.common_settings import max_restarts
 from torchjob.records import record
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 _ALL = ("run", "submit", "status", "logs", "wait", "delete", "prune")
 _START = ("run", "submit")
@@ -24,6 +28,7 @@ ENGINE = EngineInfo(
     runs_here=True,
     submits=True,
     location="job directory",
+    handle="id",  # several jobs may have one name: submit prints the id
     settings=(
         Setting(
             "partition",
@@ -63,6 +68,64 @@ ENGINE = EngineInfo(
         ),
         max_restarts(commands=_START),
         Setting(
+            "nodes",
+            "slurm: the number of nodes the job's pods spread over (sbatch --nodes)",
+            type="int",
+            metavar="N",
+            minimum=1,
+            invalid="expected a number of nodes of 1 or more, got {value}",
+            commands=_START,
+        ),
+        Setting(
+            "pods_per_node",
+            "slurm: at most K pods on one node (sbatch --ntasks-per-node; 1 by default for a "
+            "torchrun job of several nodes, such as run -j 2x4)",
+            type="int",
+            metavar="K",
+            minimum=1,
+            invalid="expected a number of pods per node of 1 or more, got {value}",
+            commands=_START,
+        ),
+        Setting(
+            "gpus_per_node",
+            "slurm: GPUs for the job on each node, shared by the pods on it (sbatch --gpus-per-node)",
+            type="int",
+            metavar="G",
+            minimum=1,
+            invalid="expected a number of GPUs of 1 or more, got {value}",
+            commands=_START,
+        ),
+        Setting(
+            "exclusive",
+            "slurm: nodes the job shares with no other job (sbatch --exclusive)",
+            type="bool",
+            default=False,
+            commands=_START,
+        ),
+        Setting(
+            "signal",
+            "slurm: a signal every pod gets before the time limit, to checkpoint (sbatch --signal, "
+            "such as USR1@120: SIGUSR1 120 s before)",
+            metavar="SIG@SECONDS",
+            commands=_START,
+        ),
+        Setting(
+            "requeue",
+            "slurm: let Slurm requeue the job after a node failure or a preemption (sbatch --requeue): "
+            "it goes on from its last attempt, a restart counted against maxRetry",
+            type="bool",
+            default=False,
+            commands=_START,
+        ),
+        Setting(
+            "new_allocation",
+            "slurm: inside an allocation (salloc, a batch job), submit a new one all the same "
+            "(by default the job's pods run as steps of the allocation torchjob runs in)",
+            type="bool",
+            default=False,
+            commands=_START,
+        ),
+        Setting(
             "single_component",
             "slurm: every task in one component sized for the largest pod (no heterogeneous job)",
             type="bool",
@@ -81,7 +144,16 @@ ENV = {
     "job_root": "TORCHJOB_SLURM_JOB_ROOT",
     "container_images": "TORCHJOB_SLURM_CONTAINER_IMAGES",
     "single_component": "TORCHJOB_SLURM_SINGLE_COMPONENT",
+    "nodes": "TORCHJOB_SLURM_NODES",
+    "pods_per_node": "TORCHJOB_SLURM_PODS_PER_NODE",
+    "gpus_per_node": "TORCHJOB_SLURM_GPUS_PER_NODE",
+    "exclusive": "TORCHJOB_SLURM_EXCLUSIVE",
+    "signal": "TORCHJOB_SLURM_SIGNAL",
+    "new_allocation": "TORCHJOB_SLURM_NEW_ALLOCATION",
+    "requeue": "TORCHJOB_SLURM_REQUEUE",
 }
+BOOLS = ("container_images", "single_component", "exclusive", "new_allocation", "requeue")
+INTS = ("nodes", "pods_per_node", "gpus_per_node")
 
 
 @record(frozen=True)
@@ -98,6 +170,14 @@ class SlurmSettings:
     # Every task in one component sized for the largest pod: Slurm gives heterogeneous components
     # distinct nodes, so a job with several kinds of task needs as many nodes without this.
     single_component: bool = False
+    # Placement (plan.py): nodes, pods per node, GPUs per node, nodes of the job's own.
+    nodes: int | None = None
+    pods_per_node: int | None = None
+    gpus_per_node: int | None = None
+    exclusive: bool = False
+    signal: str | None = None  # sbatch --signal: [R:]SIG[@SECONDS], to every step
+    new_allocation: bool = False  # inside an allocation, sbatch a new one all the same
+    requeue: bool = False  # sbatch --requeue: Slurm runs the batch script again (requeue.py)
 
 
 def job_root(settings: SlurmSettings) -> Path:
@@ -109,3 +189,38 @@ def job_root(settings: SlurmSettings) -> Path:
     if settings.job_root:
         return Path(settings.job_root)
     return Path(os.path.expanduser("~")) / ".torchjob" / "slurm"
+
+
+def settings_from(given: dict[str, Any], environ: dict[str, str]) -> SlurmSettings:
+    """The engine's settings: those given (flags) first, else ``TORCHJOB_SLURM_*`` variables; a
+    variable that holds no such value is an EngineError naming it (exit code 2)."""
+    import shlex
+
+    from torchjob.engine_api.base import EngineError
+
+    values: dict[str, Any] = {}
+    for name, variable in ENV.items():
+        value = given.get(name)
+        source = None
+        if value is None:
+            value = environ.get(variable) or None
+            source = variable
+        if value is None:
+            continue
+        if name == "sbatch_args":
+            try:
+                value = tuple(shlex.split(value) if isinstance(value, str) else value)
+            except ValueError as err:  # an unclosed quote
+                raise EngineError(f"{source or '--sbatch-args'}: {err}: {value!r}") from None
+        elif name in BOOLS:
+            value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+        elif name in INTS:
+            if not isinstance(value, int):
+                text = str(value).strip()
+                if not (text.isascii() and text.isdigit() and 0 < int(text) < 1_000_000):
+                    raise EngineError(f"{source}: expected a whole number of 1 or more, got {value!r}")
+                value = int(text)
+        else:
+            value = str(value)
+        values[name] = value
+    return SlurmSettings(**values)

@@ -1,15 +1,21 @@
-"""Talking to Slurm: submit an allocation, read its state, run each pod attempt as a job step.
+"""Each pod attempt's containers as job steps: one ``srun`` per step, started on the batch host.
 
-Every call runs a Slurm client with an argument list (never a shell) and a timeout; a failure is a
-:class:`SlurmError` of one line: the client missing from PATH, Slurm's own refusal (``Invalid
-partition name specified``), or a client that did not answer in time.
+``srun --jobid=J --nodelist=NODE --ntasks=1 --exact ...`` creates a step of one task on the pod's
+node inside the allocation, sized like the pod (``--exact``: a step gets only what it asks for,
+not every CPU the allocation has on that node). ``srun`` exits with the step's exit code, so
+polling the process is polling the step. Terminating asks Slurm to signal the step (``scancel
+--signal=TERM J.S``), and after the grace period kills it (``scancel --signal=KILL``), then the
+``srun`` itself.
 
-A pod attempt is one ``srun`` process on the controller's host: ``srun --jobid=J --nodelist=NODE
---ntasks=1 --exact ...`` creates a step of one task on the pod's node inside the allocation,
-sized like the pod (``--exact``: a step gets only what it asks for, not every CPU the allocation
-has on that node). ``srun`` relays the step's output and exits with its exit code, so polling the
-process is polling the step. Terminating asks Slurm to signal the step (``scancel --signal=TERM
-J.S``), and after the grace period kills it (``scancel J.S``), then the ``srun`` itself.
+**Outages.** A step is created by slurmctld: an ``srun`` that could not reach it (``Unable to
+confirm allocation``/``Unable to create step`` with ``Unable to contact slurm controller``) never
+started the program, so the step is started again with back-off (:data:`OUTAGE_PATIENCE` at
+most) instead of ending as a failed container. A running step needs no slurmctld and runs on. A
+step to stop while slurmctld is down is signalled once it answers again: the ``scancel`` is
+retried with back-off, never given up silently; only past :data:`OUTAGE_PATIENCE` is the ``srun``
+itself killed.
+
+The Slurm calls themselves are in :mod:`clients` (re-exported here for the controller's runtime).
 """
 
 from __future__ import annotations
@@ -19,10 +25,16 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
-from torchjob.records import field, record
+from torchjob.engines.slurm import clients
+from torchjob.engines.slurm.clients import SlurmError as SlurmError
+from torchjob.engines.slurm.clients import SlurmUnreachable
+from torchjob.engines.slurm.clients import component_ids_from_env as component_ids_from_env
+from torchjob.engines.slurm.clients import hostnames as hostnames
+from torchjob.engines.slurm.clients import steps as steps
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -30,230 +42,13 @@ if TYPE_CHECKING:
 
     from torchjob.engines.slurm.plan import Resources
 
-TIMEOUT = 30.0  # seconds a Slurm client may take to answer (a busy controller is slow, not dead)
 POLL = 0.1
-# Job states after which the allocation is gone (squeue's and scontrol's long names).
-FINAL_STATES = frozenset(
-    {
-        "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
-        "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT", "REVOKED", "SPECIAL_EXIT",
-    }
-)  # fmt: skip
-
-
-class SlurmError(Exception):
-    """A Slurm client failed; the message is one line for the user."""
-
-
-def _one_line(text: str) -> str:
-    """Slurm's message without the client's ``sbatch: error:`` prefixes, on one line."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    errors = [line for line in lines if "error" in line.lower()] or lines
-    message = errors[-1] if errors else ""
-    return re.sub(r"^(\w+: )?(error: |fatal: )+", "", message).strip()
-
-
-def _which(name: str) -> str | None:
-    """``shutil.which`` for a command name on POSIX, without importing shutil (and with it bz2 and
-    lzma): the controller looks up ``srun`` on the way to its first pod."""
-    if os.sep in name:
-        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
-    path = os.environ.get("PATH")
-    if path is None:
-        path = os.confstr("CS_PATH") or os.defpath
-    for folder in path.split(os.pathsep) if path else []:
-        found = os.path.join(folder, name)
-        if os.access(found, os.X_OK) and not os.path.isdir(found):
-            return found
-    return None
-
-
-def client(name: str) -> str:
-    """The path of a Slurm client, or a SlurmError saying it is not installed here."""
-    found = _which(name)
-    if found is None:
-        raise SlurmError(
-            f"{name} is not on PATH: run torchjob on a Slurm login node (or install Slurm's clients)"
-        )
-    return found
-
-
-def run(argv: list[str], env: Mapping[str, str] | None = None, timeout: float = TIMEOUT) -> str:
-    """Run a Slurm client and return its output; a SlurmError of one line if it fails."""
-    command = [client(argv[0]), *argv[1:]]
-    try:
-        done = subprocess.run(
-            command,
-            env=None if env is None else dict(env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"{argv[0]} did not answer within {timeout:g} s (is slurmctld up?)") from None
-    except OSError as err:
-        raise SlurmError(f"cannot run {argv[0]}: {err.strerror or err}") from None
-    if done.returncode != 0:
-        message = _one_line(done.stderr or done.stdout) or f"exit code {done.returncode}"
-        raise SlurmError(f"{argv[0]} failed: {message}")
-    return done.stdout
-
-
-def submit(args: list[str], script: Path, env: Mapping[str, str] | None = None) -> str:
-    """``sbatch ARGS SCRIPT``; the job id (of the leader, for a heterogeneous job)."""
-    parsable = args if "--parsable" in args else ["--parsable", *args]
-    out = run(["sbatch", *parsable, str(script)], env)
-    job_id = out.strip().split(";")[0]
-    if not job_id.isdigit():
-        raise SlurmError(f"sbatch printed no job id: {out.strip()[:200]!r}")
-    return job_id
-
-
-@record
-class JobState:
-    """Slurm's view of one job (each component, for a heterogeneous job)."""
-
-    job_id: str
-    state: str  # PENDING, RUNNING, COMPLETED, TIMEOUT, ...
-    reason: str  # why pending (Resources, Priority, ...) or why it ended; "None" when none
-    exit_code: int | None = None
-    signal: int | None = None
-    nodes: list[str] = field(default_factory=list)
-    fields: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def final(self) -> bool:
-        return self.state in FINAL_STATES
-
-
-# Patterns are compiled (and cached by re) on first use: not on the controller's way to its first pod.
-_KEY = r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)="
-
-
-def parse_show(line: str) -> dict[str, str]:
-    """One ``scontrol show -o`` record: ``Key=value`` pairs (a value may contain spaces)."""
-    matches = list(re.finditer(_KEY, line))
-    result = {}
-    for i, match in enumerate(matches):
-        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
-        result[match.group(1)] = line[match.end() : end].strip()
-    return result
-
-
-def show_job(job_id: str, env: Mapping[str, str] | None = None) -> list[JobState] | None:
-    """``scontrol show job``: one state per component; None once slurmctld forgot the job."""
-    try:
-        out = run(["scontrol", "show", "job", "-o", job_id], env)
-    except SlurmError as err:
-        if "Invalid job id" in str(err):
-            return None
-        raise
-    states = []
-    for line in out.splitlines():
-        if not line.strip():
-            continue
-        record_ = parse_show(line)
-        code, _, sig = record_.get("ExitCode", "").partition(":")
-        states.append(
-            JobState(
-                job_id=record_.get("JobId", job_id),
-                state=record_.get("JobState", "UNKNOWN"),
-                reason=record_.get("Reason", "None"),
-                exit_code=int(code) if code.isdigit() else None,
-                signal=int(sig) if sig.isdigit() else None,
-                nodes=[] if record_.get("NodeList", "(null)") == "(null)" else [record_["NodeList"]],
-                fields=record_,
-            )
-        )
-    return states
-
-
-def partition_nodes(name: str | None, env: Mapping[str, str] | None = None) -> int | None:
-    """How many nodes a partition has (the default partition's without a name); None when Slurm
-    does not say (no such partition: sbatch then says so in its own words)."""
-    try:
-        out = run(["scontrol", "show", "partition", "-o", *([name] if name else [])], env)
-    except SlurmError:
-        return None
-    for line in out.splitlines():
-        fields = parse_show(line.strip())
-        if (name and fields.get("PartitionName") == name) or (not name and fields.get("Default") == "YES"):
-            total = fields.get("TotalNodes", "")
-            return int(total) if total.isdigit() else None
-    return None
-
-
-def _forgotten_is_empty(argv: list[str], env: Mapping[str, str] | None) -> str:
-    """squeue's output; nothing for a job slurmctld no longer knows (it refuses the id)."""
-    try:
-        return run(argv, env)
-    except SlurmError as err:
-        if "Invalid job id" in str(err):
-            return ""
-        raise
-
-
-def queue(job_id: str, env: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
-    """``squeue`` for one job: (job id, state, reason) per component; empty once it left the queue."""
-    out = _forgotten_is_empty(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%r"], env)
-    rows = []
-    for line in out.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 3:
-            rows.append((parts[0], parts[1], parts[2]))
-    return rows
-
-
-def steps(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The job's running steps: step id (``12.3``) -> step name (batch and extern included).
-
-    ``job_id`` may list several ids (``12,13``): squeue shows a heterogeneous job's steps under
-    each component's own job id, so asking for the leader alone misses the other components'.
-    """
-    out = _forgotten_is_empty(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], env)
-    found = {}
-    for line in out.splitlines():
-        step, _, name = line.strip().partition("|")
-        if step:
-            found[step] = name
-    return found
-
-
-def component_ids(job_id: str, env: Mapping[str, str] | None = None) -> str:
-    """Every job id of a job's components (``12,13``; just ``12`` unless heterogeneous), from
-    squeue; the id itself once the job left the queue."""
-    rows = _forgotten_is_empty(["squeue", "-h", "-j", job_id, "-o", "%A"], env).split()
-    return ",".join(dict.fromkeys([job_id, *rows]))
-
-
-def component_ids_from_env(environ: Mapping[str, str]) -> str:
-    """Inside the allocation: every component's job id, as Slurm tells the batch script."""
-    size = int(environ.get("SLURM_HET_SIZE", "0") or 0)
-    ids = [environ.get(f"SLURM_JOB_ID_HET_GROUP_{k}", "") for k in range(size)]
-    return ",".join(dict.fromkeys(i for i in [environ["SLURM_JOB_ID"], *ids] if i))
-
-
-def cancel(job_id: str, env: Mapping[str, str] | None = None, *, signal_name: str | None = None) -> None:
-    """``scancel`` a job or a step (``12.3``); with ``signal_name``, only signal it."""
-    argv = ["scancel"]
-    if signal_name is not None:
-        argv.append(f"--signal={signal_name}")
-        if "." not in job_id:
-            argv.append("--full")  # the batch step's processes too, not only the other steps
-    run([*argv, job_id], env)
-
-
-def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
-    """A Slurm node list (``node[1-3,7]``) as host names.
-
-    A list without ranges (``node1,node2``) is split here: the controller asks this before its
-    first pod starts, and ``scontrol`` would cost a process start on that path.
-    """
-    if "[" not in nodelist:
-        return [name for name in nodelist.split(",") if name]
-    return run(["scontrol", "show", "hostnames", nodelist], env).split()
+OUTAGE_PATIENCE = 600.0  # seconds a step start or stop waits for slurmctld to answer again
+KILL_WAIT = 10.0  # seconds Slurm has to end a step after scancel --signal=KILL
+# srun's line for a task that ended (``srun: error: node1: task 0: Exited with exit code 3``).
+_TASK_ENDED = r"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|Terminated|Killed)$"
+# srun's words for a step it could not create because slurmctld did not answer.
+_NOT_CREATED = r"Unable to (confirm allocation|create step)"
 
 
 def layout_from_env(
@@ -278,23 +73,34 @@ def layout_from_env(
     return layouts
 
 
-# srun's line for a task that ended (``srun: error: node1: task 0: Exited with exit code 3``).
-_TASK_ENDED = r"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|Terminated|Killed)$"
+def _append(path: Path, text: str) -> None:
+    """torchjob's own line in a container's log; lost, not fatal, when the disk is full."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as log:
+            log.write(text)
 
 
 class Step:
     """One pod container running as a job step, through its ``srun`` process."""
 
-    def __init__(
-        self, job_id: str, name: str, process: subprocess.Popen[bytes], env: Mapping[str, str]
-    ) -> None:
+    def __init__(self, job_id: str, name: str, argv: list[str], env: Mapping[str, str], log: Path) -> None:
         self.job_id = job_id
         self.name = name
-        self.process = process
+        self.argv = argv  # the whole srun command, to start it again
         self.env = dict(env)
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
         self.step_id: str | None = None
         self.messages_at: tuple[Path, int] | None = None  # srun's own messages: file, offset
         self.listed = job_id  # the job ids under which squeue lists its step (all components')
+        self.retries = 0  # starts again after srun could not reach slurmctld
+        self.retry_at: float | None = None  # monotonic time of the next start
+        self.unreachable_since: float | None = None
+        self.stopping = False  # terminate() was called: never started again
+        self.code: int | None = None  # its exit code once known for good
+        # The controller's loop polls a step while a stopping thread may too: one start at a time.
+        self._lock = threading.Lock()
 
     @classmethod
     def start(
@@ -314,10 +120,12 @@ class Step:
     ) -> Step:
         """Start ``argv`` as a step of one task on ``host``; its output goes to ``log``.
 
-        ``env`` is the step's whole environment: srun passes it on (``--export=ALL``), and reads
-        its own settings from it too, so it should be the controller's environment plus the pod's.
+        ``env`` is the controller's environment plus the pod's: srun passes it on
+        (``--export=ALL``) and reads its own options from it, so the variables by which Slurm's
+        clients take options (the allocation's ``SLURM_MEM_PER_CPU``, ``SLURM_NTASKS``, ...: see
+        :func:`clients.step_env`) are left out; Slurm sets the step's own in the task.
         """
-        srun = [client("srun"), f"--jobid={job_id}"]
+        srun = [clients.client("srun"), f"--jobid={job_id}"]
         if component is not None:
             srun.append(f"--het-group={component}")
         srun += [
@@ -337,24 +145,28 @@ class Step:
         # The task's output goes to the container's log from its node (slurmstepd appends to it);
         # srun's own messages (``task 0: Exited with exit code 3``) to a file beside it, so the log
         # holds what the program wrote, as locally. A path with % (srun's patterns) is relayed.
+        if "%" not in str(log):
+            srun += [f"--output={log}", f"--error={log}", "--open-mode=append"]
+        step = cls(job_id, name, [*srun, "--", *argv], clients.step_env(env), log)
+        step.listed = listed or job_id
+        step._launch()
+        return step
+
+    def _launch(self) -> None:
+        log = self.log
         own = log.with_name(log.name + ".srun")
         direct = "%" not in str(log)
-        if direct:
-            srun += [f"--output={log}", f"--error={log}", "--open-mode=append"]
         with open(log, "ab") as out, open(own if direct else log, "ab") as messages:
             offset = messages.tell()
-            process = subprocess.Popen(
-                [*srun, "--", *argv],
-                env=dict(env),
+            self.process = subprocess.Popen(
+                self.argv,
+                env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=messages if direct else out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C of the controller's terminal is the controller's to handle
             )
-        step = cls(job_id, name, process, env)
-        step.messages_at = (own, offset) if direct else None
-        step.listed = listed or job_id
-        return step
+        self.messages_at = (own, offset) if direct else None
 
     def messages(self) -> list[str]:
         """What srun itself said about the step (not the program's output), once it ended:
@@ -371,11 +183,60 @@ class Step:
         return [line for line in text.splitlines() if line.strip() and not re.search(_TASK_ENDED, line)]
 
     def poll(self) -> int | None:
-        """The step's exit code once it ended (128 + N if a signal N ended it), else None."""
-        code = self.process.poll()
+        """The step's exit code once it ended (128 + N if a signal N ended it), else None. An srun
+        that could not reach slurmctld to create the step is started again (with back-off)."""
+        with self._lock:
+            return self._poll()
+
+    def _poll(self) -> int | None:
+        if self.code is not None:
+            return self.code
+        now = time.monotonic()
+        if self.retry_at is not None:
+            if self.stopping:
+                self.code = 128 + signal.SIGTERM  # stopped before it could start again
+                return self.code
+            if now < self.retry_at:
+                return None
+            self.retry_at = None
+            self._launch()
+        code = self.process.poll() if self.process is not None else None
         if code is None:
             return None
-        return 128 - code if code < 0 else code
+        code = 128 - code if code < 0 else code
+        if code != 0 and not self.stopping and self._not_created(now):
+            return None
+        self.code = code
+        return code
+
+    def _not_created(self, now: float) -> bool:
+        """srun could not create the step for want of slurmctld: schedule a new start, unless
+        slurmctld has been away for longer than OUTAGE_PATIENCE; whether one is scheduled.
+
+        Just after an outage slurmctld may refuse a step for a while: a step that ended during
+        the outage holds its resources until its slurmstepd's report gets through (``Memory
+        required by task is not available`` was seen for a minute): a refusal then is started
+        again too, within the same patience."""
+        said = " ".join(self.messages())
+        if not re.search(_NOT_CREATED, said):
+            return False
+        if re.search(clients.UNREACHABLE, said):
+            clients.note_down()
+        elif not clients.down_recently():
+            return False
+        if self.unreachable_since is None:
+            self.unreachable_since = now
+        if now - self.unreachable_since > OUTAGE_PATIENCE:
+            return False
+        delay = min(0.5 * 2**self.retries, 10.0)
+        self.retries += 1
+        self.retry_at = now + delay
+        _append(
+            self.log,
+            f"--- torchjob: srun could not start step {self.name} without slurmctld; "
+            f"starting it again in {delay:.1f}s (try {self.retries + 1}) ---\n",
+        )
+        return True
 
     def wait(self, timeout: float) -> int | None:
         deadline = time.monotonic() + timeout
@@ -387,12 +248,13 @@ class Step:
         return self.poll()
 
     def find_step_id(self, timeout: float = 5.0) -> str | None:
-        """The step's id (``J.S``), found by its name; None if it is not (or no longer) running."""
+        """The step's id (``J.S``), found by its name; None if it is not (or no longer) running.
+        A SlurmUnreachable when slurmctld does not answer."""
         if self.step_id is not None:
             return self.step_id
         deadline = time.monotonic() + timeout
         while True:
-            for step, name in steps(self.listed, self.env).items():
+            for step, name in clients.steps(self.listed, self.env).items():
                 if name == self.name:
                     self.step_id = step
                     return step
@@ -400,71 +262,59 @@ class Step:
                 return None
             time.sleep(POLL)
 
-    def terminate(self, grace: float) -> int | None:
-        """SIGTERM the step's task, SIGKILL it after ``grace`` seconds; its exit code (bounded)."""
+    def _signal(self, name: str, find_for: float = 5.0) -> bool:
+        """Ask Slurm to send signal ``name`` to the step; whether that was done (or is moot: the
+        step ended, or srun was still waiting to create it and was stopped itself). False while
+        slurmctld does not answer."""
+        try:
+            step = self.find_step_id(find_for)
+            if step is None:
+                if self.poll() is None:  # srun waits for the step's resources: srun itself ends it
+                    self._signal_srun(signal.SIGTERM if name == "TERM" else signal.SIGKILL)
+                return True
+            clients.cancel(step, self.env, signal_name=name)
+        except SlurmUnreachable:
+            return False
+        except SlurmError:
+            pass  # it ended meanwhile
+        return True
+
+    def send(self, signum: int) -> None:
+        """A pod's signal to this step, as the kubelet sends it: SIGTERM as ``scancel --signal=TERM``
+        (srun's own while it has no step yet); SIGKILL as ``scancel --signal=KILL``, then, if Slurm
+        does not end the step within KILL_WAIT, SIGINT twice (srun kills its step) and SIGKILL to
+        srun. While slurmctld does not answer the ``scancel`` is asked again with back-off (0.5 s
+        doubling to 10 s) until it does or the step ends, OUTAGE_PATIENCE at most: a pod to stop
+        during an outage is stopped once slurmctld is back. Blocking: call it from a thread."""
+        self.stopping = True
         if self.poll() is not None:
-            return self.poll()
-        step = self.find_step_id()
-        if step is not None:
-            with contextlib.suppress(SlurmError):  # it ended meanwhile
-                cancel(step, self.env, signal_name="TERM")
-        else:
-            self._signal_srun(signal.SIGTERM)
-        code = self.wait(grace)
-        if code is not None:
-            return code
-        if step is not None:
-            with contextlib.suppress(SlurmError):
-                cancel(step, self.env, signal_name="KILL")
-        code = self.wait(10.0)
-        if code is None:  # slurmctld does not answer: end srun itself (twice SIGINT kills the step)
-            self._signal_srun(signal.SIGINT)
-            self._signal_srun(signal.SIGINT)
-            code = self.wait(5.0)
-        if code is None:
+            return
+        name = "TERM" if signum == signal.SIGTERM else "KILL"
+        deadline = time.monotonic() + OUTAGE_PATIENCE
+        delay = 0.5
+        while not self._signal(name, 5.0 if name == "TERM" else 1.0):
+            if self.wait(delay) is not None or time.monotonic() >= deadline:
+                break
+            delay = min(delay * 2, 10.0)
+        if name == "TERM" or self.wait(KILL_WAIT) is not None:
+            return
+        self._signal_srun(signal.SIGINT)
+        self._signal_srun(signal.SIGINT)
+        if self.wait(5.0) is None:
             self._signal_srun(signal.SIGKILL)
-            code = self.wait(5.0)
+            self.wait(5.0)
+
+    def terminate(self, grace: float) -> int | None:
+        """SIGTERM the step's task, SIGKILL it after ``grace`` seconds; its exit code (bounded by
+        OUTAGE_PATIENCE while slurmctld does not answer)."""
+        self.send(signal.SIGTERM)
+        code = self.wait(grace)
+        if code is None:
+            self.send(signal.SIGKILL)
+            code = self.poll()
         return code
 
     def _signal_srun(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, sig)
-
-
-def jobcomp_state(job_id: str, env: Mapping[str, str] | None = None) -> str | None:
-    """A finished job's state from the cluster's job completion file (``JobCompType=jobcomp/filetxt``),
-    where slurmctld has forgotten the job and no accounting answers; None when it has no such file
-    or the job is not in it."""
-    config = {}
-    for line in run(["scontrol", "show", "config"], env).splitlines():  # "Key   = value" lines
-        key, sep, value = line.partition("=")
-        if sep:
-            config[key.strip()] = value.strip()
-    location = config.get("JobCompLoc", "")
-    if "filetxt" not in config.get("JobCompType", "") or not location.startswith("/"):
-        return None
-    state = None
-    try:
-        with open(location, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if f"JobId={job_id} " in line:
-                    state = parse_show(line.strip()).get("JobState") or state
-    except OSError:
-        return None
-    return state
-
-
-def final_state(job_id: str, env: Mapping[str, str] | None = None) -> str | None:
-    """How a job ended, once it left the queue: ``scontrol show job``, else ``sacct``, else the job
-    completion file; None when none of them knows (the reason is then unknown, not guessed)."""
-    shown = show_job(job_id, env)
-    if shown:
-        return shown[0].state
-    try:
-        out = run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], env)
-        words = out.split()
-        if words:
-            return words[0]
-    except SlurmError:
-        pass  # no accounting on this cluster (or no sacct): the completion file may know
-    return jobcomp_state(job_id, env)
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, sig)

@@ -1,0 +1,400 @@
+"""PyTorchJob, TrainJob and JobSet files read into the Volcano Job torchjob runs (spec/kinds/):
+what each becomes (tasks, the controller's plugin, restart and success rules), and every mistake
+told at the kind's own field path and line, all at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from torchjob.errors import SpecError
+from torchjob.jobs import LoadedJob, load_jobs, load_jobs_from_text
+from torchjob.spec.manifest import job_manifest
+
+REPO = Path(__file__).resolve().parent.parent
+KINDS = REPO / "examples" / "kinds"
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def read(text: str, file: str = "job.yaml") -> list[LoadedJob]:
+    return load_jobs_from_text(text, file)
+
+
+def problems(text: str, file: str = "job.yaml") -> list[str]:
+    with pytest.raises(SpecError) as err:
+        read(text, file)
+    return [p.format() for p in err.value.problems]
+
+
+def manifest(loaded: LoadedJob) -> dict[str, Any]:
+    return job_manifest(loaded.job)
+
+
+def tasks(loaded: LoadedJob) -> list[tuple[str, int]]:
+    return [(t.name, t.replicas) for t in loaded.job.spec.tasks]
+
+
+PYTORCHJOB = """\
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata: {name: ptj}
+spec:
+  nprocPerNode: "2"
+  runPolicy: {backoffLimit: 3, activeDeadlineSeconds: 600, ttlSecondsAfterFinished: 60}
+  pytorchReplicaSpecs:
+    Master:
+      replicas: 1
+      restartPolicy: Never
+      template:
+        spec:
+          containers: [{name: pytorch, image: "train:1", command: [torchrun, train.py]}]
+    worker:
+      replicas: 2
+      template:
+        spec:
+          containers:
+            - name: pytorch
+              image: "train:1"
+              command: [torchrun, train.py]
+              ports: [{name: pytorchjob-port, containerPort: 29400}]
+"""
+
+
+def test_a_pytorchjob_is_a_master_and_workers_with_the_operators_rules() -> None:
+    (loaded,) = read(PYTORCHJOB)
+    job = loaded.job
+    assert tasks(loaded) == [("master", 1), ("worker", 2)]
+    assert job.kind is not None and (job.kind.kind, job.kind.target) == ("PyTorchJob", "kubeflow")
+    assert job.spec.plugins["kubeflow"] == [
+        "--master=master",
+        "--worker=worker",
+        "--port=23456",
+        "--nproc-per-node=2",
+    ]
+    master, worker = job.spec.tasks
+    # Never: the operator fails the job at the master's failure; the master's success ends it.
+    assert master.template.restart_policy == "Never"
+    assert [(p.events, p.action) for p in master.policies] == [
+        (["PodFailed"], "TerminateJob"),
+        (["TaskCompleted"], "CompleteJob"),
+    ]
+    # The replica's default restartPolicy, OnFailure, restarts in place; backoffLimit counts restarts.
+    assert worker.template.restart_policy == "OnFailure"
+    assert worker.max_retry == 3 and [(p.events, p.action) for p in worker.policies] == [
+        (["TaskFailed"], "TerminateJob")
+    ]
+    assert job.run_policy is not None and job.run_policy.active_deadline_seconds == 600
+    assert job.spec.ttl_seconds_after_finished == 60
+    # The operator's default port on the master's pytorch container (SetDefaults_PyTorchJob).
+    assert master.template.containers[0].ports == [{"name": "pytorchjob-port", "containerPort": 23456}]
+    assert job.origin == "pytorchjob"
+
+
+def test_an_exitcode_replica_makes_a_killed_pod_again_and_fails_on_its_own_errors() -> None:
+    text = PYTORCHJOB.replace("restartPolicy: Never", "restartPolicy: ExitCode")
+    (loaded,) = read(text)
+    master = loaded.job.spec.tasks[0]
+    codes = [p.exit_code for p in master.policies if p.exit_code is not None]
+    assert codes == list(range(128, 256)) and all(
+        p.action == "RestartPod" for p in master.policies if p.exit_code is not None
+    )
+    assert master.template.restart_policy == "Never"
+    assert loaded.job.spec.max_retry == 2**31 - 1  # a pod made again costs the job nothing
+
+
+def test_an_elastic_pytorchjob_succeeds_with_its_first_worker() -> None:
+    (loaded,) = load_jobs(str(KINDS / "pytorchjob-elastic.yaml"))
+    job = loaded.job
+    assert tasks(loaded) == [("worker", 2)] and job.spec.min_success == 1
+    flags = job.spec.plugins["kubeflow"]
+    assert "--elastic" in flags and "--min-replicas=1" in flags and "--max-replicas=2" in flags
+    assert "--max-restarts=3" in flags and "--rdzv-backend=c10d" in flags
+
+
+def test_a_jobset_is_a_task_per_child_job_with_jobsets_rules() -> None:
+    text = """\
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: js}
+spec:
+  network: {subdomain: net}
+  startupPolicy: {startupPolicyOrder: InOrder}
+  successPolicy: {operator: Any, targetReplicatedJobs: [driver]}
+  failurePolicy:
+    maxRestarts: 2
+    rules: [{name: driver-fails, action: FailJobSet, targetReplicatedJobs: [driver]}]
+  replicatedJobs:
+    - name: driver
+      template:
+        spec:
+          backoffLimit: 0
+          template:
+            spec:
+              restartPolicy: Never
+              containers: [{name: d, image: "d:1", command: [run]}]
+    - name: workers
+      replicas: 2
+      template:
+        spec:
+          parallelism: 3
+          completions: 3
+          backoffLimit: 4
+          template:
+            spec:
+              containers: [{name: w, image: "w:1", command: [run]}]
+"""
+    (loaded,) = read(text)
+    job = loaded.job
+    assert tasks(loaded) == [("driver-0", 1), ("workers-0", 3), ("workers-1", 3)]
+    driver, w0, w1 = job.spec.tasks
+    assert [(p.events, p.action) for p in driver.policies] == [
+        (["PodFailed"], "TerminateJob"),  # FailJobSet for the driver's Jobs
+        (["TaskCompleted"], "CompleteJob"),  # operator Any of the driver
+    ]
+    assert w0.template.restart_policy == "OnFailure" and w0.max_retry == 4  # JobSet's default policy
+    assert [(p.events, p.action) for p in w0.policies] == [(["TaskFailed"], "RestartJob")]
+    assert job.spec.max_retry == 3  # maxRestarts 2: the third failure fails the set
+    assert w0.depends_on is not None and w0.depends_on.names == ["driver-0"] and w1.depends_on is not None
+    assert w0.template.subdomain == "net" and job.spec.plugins["jobset"] == ["--subdomain=net"]
+
+
+def test_a_trainjob_is_its_runtimes_jobset_with_the_trainer_in_it() -> None:
+    (loaded,) = load_jobs(str(KINDS / "trainjob-runtime.yaml"))
+    job = loaded.job
+    assert job.kind is not None and job.kind.kind == "TrainJob"
+    assert tasks(loaded) == [("node-0", 3)]
+    (container,) = job.spec.tasks[0].template.containers
+    assert container.raw["image"] == "torchjob-examples:latest"  # the runtime's: the trainer names none
+    assert container.command[:2] == ["sh", "-c"]
+    assert container.raw["volumeMounts"] == [{"name": "scratch", "mountPath": "/scratch"}]
+    assert {"containerPort": 29500} in container.ports
+    assert job.spec.tasks[0].template.metadata["labels"] == {"team": "research"}  # the runtime patch
+    # A CPU asked for per node and no numProcPerNode: one process per CPU (Trainer's rule).
+    assert job.spec.plugins["trainer"] == ["--node=node-0", "--container=node", "--nproc-per-node=1"]
+    assert job.spec.tasks[0].max_retry == 6  # batch/v1's backoffLimit, the runtime naming none
+
+
+def test_numprocpernode_from_the_resources_a_trainjob_asks_for() -> None:
+    base = yaml.safe_load((KINDS / "trainjob.yaml").read_text())
+    del base["spec"]["trainer"]["numProcPerNode"]
+    cases = [
+        ({"requests": {"cpu": "3"}}, "3"),
+        ({"limits": {"cpu": "1500m"}}, "2"),
+        ({"limits": {"nvidia.com/gpu": 1}}, "auto"),
+        (None, "1"),
+    ]
+    for resources, want in cases:
+        doc = {**base, "spec": {**base["spec"], "trainer": dict(base["spec"]["trainer"])}}
+        if resources is not None:
+            doc["spec"]["trainer"]["resourcesPerNode"] = resources
+        (loaded,) = read(yaml.safe_dump(doc))
+        assert f"--nproc-per-node={want}" in loaded.job.spec.plugins["trainer"], resources
+
+
+def test_a_file_mixes_kinds_and_its_trainjobs_find_its_runtimes() -> None:
+    text = "---\n".join(
+        [
+            (REPO / "examples" / "pytorch-job.yaml").read_text(),
+            (KINDS / "pytorchjob.yaml").read_text(),
+            (KINDS / "jobset.yaml").read_text(),
+            (KINDS / "trainjob-runtime.yaml").read_text(),  # a runtime and a TrainJob
+        ]
+    )
+    loaded = read(text)
+    assert [(i.job.kind.kind if i.job.kind else "Job") for i in loaded] == [
+        "Job",
+        "PyTorchJob",
+        "JobSet",
+        "TrainJob",
+    ]
+
+
+def test_mistakes_are_told_at_the_kinds_own_paths_and_lines_all_at_once() -> None:
+    text = """\
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata: {name: 1bad}
+spec:
+  runPolicy: {cleanPodPolicy: Runing, backofLimit: 3}
+  pytorchReplicaSpecs:
+    Master:
+      replicas: 2
+      restartPolicy: OnFaliure
+      template:
+        spec:
+          containers:
+            - name: trainer
+              image: "bad image"
+              comand: [python]
+    Workers: {replicas: 1}
+"""
+    found = problems(text)
+    for want in [
+        "job.yaml:3: metadata.name: '1bad' must start with a letter",
+        "job.yaml:5: spec.runPolicy.cleanPodPolicy: expected one of None, Running, All, got 'Runing'; "
+        "did you mean 'Running'?",
+        "job.yaml:5: spec.runPolicy.backofLimit: unknown field 'backofLimit'; did you mean 'backoffLimit'?",
+        "job.yaml:8: spec.pytorchReplicaSpecs.Master.replicas: a PyTorchJob's Master has exactly 1 "
+        "replica, got 2",
+        "job.yaml:9: spec.pytorchReplicaSpecs.Master.restartPolicy: expected one of Always, OnFailure, "
+        "Never, ExitCode, got 'OnFaliure'; did you mean 'OnFailure'?",
+        "job.yaml:12: spec.pytorchReplicaSpecs.Master.template.spec.containers: the operator needs a "
+        "container named 'pytorch'",
+        "job.yaml:14: spec.pytorchReplicaSpecs.Master.template.spec.containers[0].image: 'bad image' is "
+        "not a valid image reference",
+        "job.yaml:15: spec.pytorchReplicaSpecs.Master.template.spec.containers[0].comand: unknown field "
+        "'comand'; did you mean 'command'?",
+        "job.yaml:16: spec.pytorchReplicaSpecs.Workers: unknown replica type 'Workers'",
+    ]:
+        assert any(line.startswith(want) for line in found), f"{want}\n" + "\n".join(found)
+    assert len(found) == 9, found
+
+
+def test_wrong_types_and_typos_of_a_trainjob_and_a_jobset() -> None:
+    trainjob = """\
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {name: tj}
+spec:
+  runtimeRef: {name: torch-distributed}
+  trainer:
+    numNodes: "2"
+    image: "bad image"
+    env: [{name: PET_NNODES, value: "4"}]
+    comand: [x]
+"""
+    found = problems(trainjob)
+    assert "job.yaml:7: spec.trainer.numNodes: expected an integer, got string '2'" in found
+    assert "job.yaml:10: spec.trainer.comand: unknown field 'comand'; did you mean 'command'?" in found
+    assert any(
+        p.startswith("job.yaml:9: spec.trainer.env[0].name: PET_NNODES is set by the TrainJob's")
+        for p in found
+    )
+    # The trainer's image is the node container's: told at the trainer's field.
+    assert any(
+        p.startswith("job.yaml:8: spec.trainer.image: 'bad image' is not a valid image") for p in found
+    ), found
+    jobset = """\
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: js}
+spec:
+  successPolicy: {operator: All, targetReplicatedJobs: [nope]}
+  replicatedJobs:
+    - name: w
+      replicas: two
+      template:
+        spec:
+          backofLimit: 0
+          template:
+            spec:
+              containers: [{name: w, image: "w:1", command: [x], env: [{name: "1X", value: v}]}]
+"""
+    found = problems(jobset)
+    assert "job.yaml:5: spec.successPolicy.targetReplicatedJobs[0]: no replicated job named 'nope'" in found
+    assert "job.yaml:8: spec.replicatedJobs[0].replicas: expected an integer, got string 'two'" in found
+    assert (
+        "job.yaml:11: spec.replicatedJobs[0].template.spec.backofLimit: unknown field 'backofLimit'; "
+        "did you mean 'backoffLimit'?" in found
+    )
+    assert any(
+        p.startswith(
+            "job.yaml:14: spec.replicatedJobs[0].template.spec.template.spec.containers[0].env[0].name: '1X'"
+        )
+        for p in found
+    ), found
+
+
+def test_an_unknown_kind_or_version_names_the_kinds_torchjob_reads() -> None:
+    found = problems("apiVersion: kubeflow.org/v1\nkind: PytorchJob\nmetadata: {name: x}\n")
+    assert found[0].startswith(
+        "job.yaml:2: kind: kind 'PytorchJob' (apiVersion 'kubeflow.org/v1') is not a job torchjob "
+        "reads; did you mean 'PyTorchJob'?"
+    )
+    assert "jobset.x-k8s.io/v1alpha2 JobSet" in found[0] and "batch.volcano.sh/v1alpha1 Job" in found[0]
+    found = problems("apiVersion: jobset.x-k8s.io/v1alpha1\nkind: JobSet\nmetadata: {name: x}\n")
+    assert found[0].startswith("job.yaml:1: apiVersion: expected 'jobset.x-k8s.io/v1alpha2' for a JobSet")
+
+
+def test_a_trainjob_names_a_runtime_the_file_does_not_have() -> None:
+    text = (KINDS / "trainjob-runtime.yaml").read_text().split("---\n")[1]
+    found = problems(text)
+    assert found == [
+        "job.yaml:8: spec.runtimeRef.name: no TrainingRuntime named 'torch-with-scratch' in this file, in "
+        "--runtime FILE (in namespace 'default'), or installed by Trainer (known: none)"
+    ]
+
+
+def test_runtime_file_gives_the_runtime_and_its_own_mistakes(tmp_path: Path) -> None:
+    runtime, job = (KINDS / "trainjob-runtime.yaml").read_text().split("---\n")
+    (tmp_path / "runtime.yaml").write_text(runtime)
+    (tmp_path / "job.yaml").write_text(job)
+    done = _cli(tmp_path, "validate", "job.yaml", "--runtime", "runtime.yaml")
+    assert done.returncode == 0, done.stderr
+    assert "TrainJob trainjob-scratch: valid; 3 pods" in done.stdout
+    (tmp_path / "runtime.yaml").write_text(runtime.replace("mlPolicy:", "mlPolicee:"))
+    done = _cli(tmp_path, "validate", "job.yaml", "--runtime", "runtime.yaml")
+    assert done.returncode == 2
+    assert (
+        "runtime.yaml:14: spec.mlPolicee: unknown field 'mlPolicee'; did you mean 'mlPolicy'?" in done.stderr
+    )
+
+
+def test_validate_local_lists_what_runs_otherwise_here(tmp_path: Path) -> None:
+    text = (
+        (KINDS / "jobset.yaml").read_text().replace("  replicatedJobs:", "  suspend: true\n  replicatedJobs:")
+    )
+    text = text.replace(
+        "          backoffLimit: 0",
+        "          backoffLimit: 0\n          activeDeadlineSeconds: 60",
+    )
+    (tmp_path / "js.yaml").write_text(text)
+    plain = _cli(tmp_path, "validate", "js.yaml")
+    assert plain.returncode == 0 and "warning" not in plain.stderr
+    local = _cli(tmp_path, "validate", "--local", "js.yaml")
+    assert local.returncode == 0, local.stderr
+    assert "js.yaml:11: spec.suspend: warning: JobSet creates no Job of a suspended set" in local.stderr
+    assert "js.yaml:19: spec.replicatedJobs[0].template.spec.activeDeadlineSeconds: warning:" in local.stderr
+    # What would end otherwise here is an error of `validate --local` (and `run`), not of `validate`.
+    depends = (KINDS / "jobset.yaml").read_text() + (
+        "    - name: after\n      dependsOn: [{name: workers, status: Complete}]\n"
+        "      template: {spec: {template: {spec: {containers: "
+        "[{name: a, image: 'a:1', command: ['true']}]}}}}\n"
+    )
+    (tmp_path / "after.yaml").write_text(depends)
+    assert _cli(tmp_path, "validate", "after.yaml").returncode == 0
+    local = _cli(tmp_path, "validate", "--local", "after.yaml")
+    assert local.returncode == 2
+    assert (
+        "spec.replicatedJobs[1].dependsOn[0].status: torchjob starts a task once the tasks it depends on run"
+        in local.stderr
+    )
+
+
+def test_set_changes_a_kinds_job_and_its_mistakes_keep_the_kinds_paths(tmp_path: Path) -> None:
+    done = _cli(KINDS, "run", "--dry-run", "pytorchjob.yaml", "--set", "worker.replicas=x")
+    assert done.returncode == 2
+    assert (
+        "pytorchjob.yaml:25: spec.pytorchReplicaSpecs.Worker.replicas: expected an integer, got string "
+        "'x' (after --set worker.replicas=x)" in done.stderr
+    )
+    done = _cli(tmp_path, "run", "--dry-run", str(KINDS / "trainjob.yaml"), "--set", "node-0.replicas=3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("pod trainjob-allreduce-node-0-") == 3
+
+
+def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        check=False,
+    )

@@ -1,0 +1,200 @@
+"""Converting between stacks: a PyTorchJob, TrainJob or JobSet rendered for every target, what the
+source meant in the target's terms.
+
+- Every rendered object is created on a simulated cluster of that target (its CRD's schema,
+  strict; tests/controllers/cluster.py) and every training process there sees the one world the
+  source meant: ranks 0..N-1, one world size, a master that resolves to the pod of rank 0.
+- Each thing the target expresses otherwise is a warning, at the source's field.
+- A round trip is stable for every target: render, read the result back, render again: the same.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controllers.cluster import simulated
+from controllers.dns import resolve
+from controllers.envs import processes
+from torchjob.errors import SpecError
+from torchjob.jobs import load_jobs, load_jobs_from_text
+from torchjob.render import dump, list_of
+from torchjob.spec.model import Job
+from torchjob.targets import for_cluster, target_names
+
+REPO = Path(__file__).resolve().parent.parent
+KINDS = REPO / "examples" / "kinds"
+SOURCES = sorted(p.name for p in KINDS.glob("*.yaml"))
+READABLE = ("volcano", "kubeflow", "trainjob", "jobset")  # targets whose object torchjob reads back
+# What a target cannot express: an elastic range of nodes.
+REFUSED = {("pytorchjob-elastic.yaml", "trainjob"), ("pytorchjob-elastic.yaml", "jobset")}
+WORLD = {"pytorchjob.yaml": 3, "trainjob.yaml": 2, "trainjob-runtime.yaml": 3, "jobset.yaml": 2}
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(
+        not (REPO.parent / "shared" / "crds").is_dir() and not os.environ.get("TORCHJOB_SHARED"),
+        reason="the CRD schemas (../shared/crds) are not beside the checkout",
+    ),
+]
+
+
+def _job(source: str) -> Job:
+    (loaded,) = load_jobs(str(KINDS / source))
+    return loaded.job
+
+
+def _text(objects: list[dict[str, Any]]) -> str:
+    return dump(list_of(objects), "yaml")
+
+
+def _top(objects: list[dict[str, Any]]) -> str:
+    """The rendered job object alone, as a file holding it (the List's other items are claims)."""
+    kinds = ("Job", "PyTorchJob", "TrainJob", "JobSet")
+    return yaml.safe_dump(next(o for o in objects if o["kind"] in kinds), sort_keys=False)
+
+
+@pytest.mark.parametrize("target", target_names())
+@pytest.mark.parametrize("source", SOURCES)
+def test_every_process_of_the_converted_job_sees_the_sources_world(source: str, target: str) -> None:
+    job = _job(source)
+    try:
+        objects = for_cluster(job, target, "default").objects
+    except SpecError as err:
+        assert (source, target) in REFUSED, [p.message for p in err.problems]
+        assert "elastic range of 1:2 nodes cannot be expressed" in err.problems[0].message
+        return
+    assert (source, target) not in REFUSED
+    with simulated(objects, target) as api:  # created as a client would, schema checked strictly
+        pods = sorted(api.objects_of("v1", "Pod"), key=lambda p: str(p["metadata"]["name"]))
+        assert pods
+        if source not in WORLD or source.startswith(target):
+            # elastic ranks come from torch's rendezvous; a JobSet's torchrun in a shell and a
+            # TrainJob's shell program (on their own kinds) rank themselves
+            return
+        ranked = [p for pod in pods for p in processes(pod, api) if p.rank is not None]
+        assert sorted(p.rank for p in ranked) == list(range(WORLD[source])), target
+        assert {p.world_size for p in ranked} == {WORLD[source]}, target
+        ((address, _),) = {(p.master_addr, p.master_port) for p in ranked}
+        rank0 = next(p.pod for p in ranked if p.rank == 0)
+        assert [q["metadata"]["name"] for q in resolve(api, "default", str(address))] == [rank0]
+
+
+@pytest.mark.parametrize("target", READABLE)
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_round_trip_is_stable(source: str, target: str) -> None:
+    if (source, target) in REFUSED:
+        return
+    first = for_cluster(_job(source), target, "default").objects
+    runtime = (KINDS / source).read_text().split("---\n")[0] + "---\n" if "runtime" in source else ""
+    (again,) = load_jobs_from_text(runtime + _top(first), "rendered.yaml")
+    second = for_cluster(again.job, target, "default").objects
+    assert _text(second) == _text(first)
+    # and the job read back is the one rendered: read and rendered once more, the same bytes
+    (third,) = load_jobs_from_text(runtime + _top(second), "rendered.yaml")
+    assert _text(for_cluster(third.job, target, "default").objects) == _text(first)
+
+
+def test_a_kind_rendered_for_its_own_target_is_the_object_as_written() -> None:
+    for source, target in (
+        ("pytorchjob.yaml", "kubeflow"),
+        ("trainjob.yaml", "trainjob"),
+        ("jobset.yaml", "jobset"),
+    ):
+        written = yaml.safe_load((KINDS / source).read_text())
+        (obj,) = for_cluster(_job(source), target, "default").objects
+        assert obj["spec"] != written["spec"]  # the label is on the pod templates
+        assert obj["metadata"]["labels"] == {"torchjob.io/job-name": written["metadata"]["name"]}
+        if target == "trainjob":
+            patch = obj["spec"].pop("runtimePatches")[-1]
+            assert patch["manager"] == "torchjob.io/render"
+        assert _unlabelled(obj["spec"]) == written["spec"], source
+
+
+def _unlabelled(value: Any) -> Any:
+    if isinstance(value, dict):
+        out = {k: _unlabelled(v) for k, v in value.items()}
+        meta = out.get("metadata")
+        if isinstance(meta, dict) and meta.get("labels") == {"torchjob.io/job-name": "pytorchjob-sendrecv"}:
+            del out["metadata"]
+        if isinstance(meta, dict) and meta.get("labels") == {"torchjob.io/job-name": "jobset-sendrecv"}:
+            del out["metadata"]
+        return out
+    if isinstance(value, list):
+        return [_unlabelled(v) for v in value]
+    return value
+
+
+def _warnings(source: str, target: str, text: str | None = None) -> list[str]:
+    loaded = load_jobs_from_text(text, source) if text is not None else load_jobs(str(KINDS / source))
+    rendered = for_cluster(loaded[-1].job, target, "default")
+    return [loaded[-1].document.problem(path, message).format() for path, message in rendered.warnings]
+
+
+def test_a_pytorchjobs_torchrun_is_told_its_rendezvous_where_no_pet_variables_are_set() -> None:
+    text = (
+        (KINDS / "pytorchjob.yaml")
+        .read_text()
+        .replace("spec:\n  pytorchReplicaSpecs", 'spec:\n  nprocPerNode: "2"\n  pytorchReplicaSpecs')
+    )
+    text = text.replace(
+        '["python", "examples/programs/sendrecv.py"]', '["torchrun", "examples/programs/sendrecv.py"]'
+    )
+    (loaded,) = load_jobs_from_text(text)
+    volcano = for_cluster(loaded.job, "volcano", "default").objects[0]
+    command = volcano["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["command"]
+    assert command == [
+        "torchrun", "--nnodes=3", "--nproc-per-node=2", "--node-rank=$(RANK)",
+        "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)", "examples/programs/sendrecv.py",
+    ]  # fmt: skip
+    trainjob = for_cluster(loaded.job, "trainjob", "default").objects[0]["spec"]["trainer"]
+    assert trainjob["command"] == ["torchrun", "--no-python", "python", "examples/programs/sendrecv.py"]
+    assert (trainjob["numNodes"], trainjob["numProcPerNode"]) == (3, 2)
+
+
+def test_each_difference_of_the_target_is_a_warning_at_the_sources_field() -> None:
+    found = _warnings("pytorchjob.yaml", "trainjob")
+    assert any(
+        w.endswith(
+            "pytorchjob.yaml:16: spec.pytorchReplicaSpecs.Master.restartPolicy: restartPolicy is dropped: "
+            "the runtime's Job decides how pods restart"
+        )
+        for w in found
+    ), found
+    found = _warnings("trainjob.yaml", "kubeflow")
+    assert any(
+        "spec.template.spec.replicatedJobs[0].template.spec.backoffLimit: target 'kubeflow': a Job fails "
+        "after 6 container restart(s)" in w
+        for w in found
+    ), found
+    found = _warnings("jobset.yaml", "kubeflow")
+    assert any(
+        "spec: target 'kubeflow': MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE written in the pods' env are "
+        "set by this target instead" in w
+        for w in found
+    ), found
+    found = _warnings("jobset.yaml", "trainjob")
+    assert any(
+        "containers[0].command: target 'trainjob': a TrainJob runs the command under torchrun" in w
+        for w in found
+    ), found
+    found = _warnings("trainjob-runtime.yaml", "volcano")
+    assert any(
+        "command: target 'volcano': the command reads PET_* variables, which this target does not set" in w
+        for w in found
+    ), found
+
+
+def test_a_jobset_without_a_rendezvous_of_its_own_has_no_master_for_the_targets_that_need_one() -> None:
+    text = (KINDS / "jobset.yaml").read_text()
+    text = "\n".join(line for line in text.splitlines() if "MASTER_ADDR" not in line)
+    with pytest.raises(SpecError) as err:
+        for_cluster(load_jobs_from_text(text)[0].job, "kubeflow", "default")
+    assert (
+        "a job without the pytorch plugin cannot be expressed by target 'kubeflow'"
+        in err.value.problems[0].message
+    )
+    assert for_cluster(load_jobs_from_text(text)[0].job, "volcano", "default").objects  # any tasks

@@ -1,0 +1,139 @@
+"""A PyTorchJob, a TrainJob and a JobSet file each run here with real torch (gloo) as its own
+controller would run it, and on Slurm; each pod's env, as the engine recorded it, is the env the
+controller gives it (tests/controllers/), at the addresses the pods are reached at here.
+
+One real torch run per kind here and one per kind on Slurm (the suite's time); the TrainJob of a
+runtime of its own runs a shell program and shows the PET_* it got.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controllers.cluster import simulated
+from controllers.envs import pod_env
+from test_kinds_env import _containers, _key
+from test_slurm_engine import cli_env
+from test_slurm_engine import torchjob as slurm_cli
+from torchjob.jobs import load_jobs
+
+REPO = Path(__file__).resolve().parent.parent
+KINDS = REPO / "examples" / "kinds"
+pytestmark = pytest.mark.timeout(240)
+
+
+def _run(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TORCHJOB_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "torchjob", "run", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+
+
+def _recorded(home: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The pods the engine ran (pods.yaml in the job's directory) and each one's address."""
+    import json
+
+    (job_dir,) = (home / "jobs").iterdir()
+    items = yaml.safe_load((job_dir / "pods.yaml").read_text())["items"]
+    status = json.loads((job_dir / "status.json").read_text())
+    addresses = {p["name"]: p["address"] for p in status["pods"]}
+    return [item for item in items if item["kind"] == "Pod"], addresses
+
+
+def _controllers_env(file: str) -> dict[str, dict[str, dict[str, str]]]:
+    (loaded,) = load_jobs(str(KINDS / file))
+    job = loaded.job
+    assert job.kind is not None
+    from torchjob.targets import for_cluster
+
+    with simulated(for_cluster(job, job.kind.target, "default").objects, job.kind.target) as api:
+        return {_key(p): {c: pod_env(p, c, api) for c in _containers(p)} for p in api.objects_of("v1", "Pod")}
+
+
+def _check_env(file: str, recorded: tuple[list[dict[str, Any]], dict[str, str]]) -> None:
+    """Every variable the controller sets has its value; an address names the same pod, as this
+    machine reaches it (its name where pod names resolve, else its address), a port is mapped."""
+    pods, addresses = recorded
+    want = _controllers_env(file)
+    assert sorted(p["metadata"]["name"] for p in pods) == sorted(want)
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        for container in _containers(pod):
+            got = pod_env(pod, container)
+            for key, value in want[name][container].items():
+                host, _, port = value.rpartition(":") if ":" in value else (value, "", "")
+                named = host.split(".")[0]
+                if named in addresses:  # an address (and a port) of a pod of the job
+                    here = got[key].rpartition(":")[0] if port else got[key]
+                    assert here.split(".")[0] == named or here == addresses[named], (name, key, got[key])
+                elif key.endswith("PORT") and value.isdigit():
+                    assert got[key].isdigit(), (name, key)  # the host port mapped for it
+                else:
+                    assert got[key] == value, (name, container, key)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("file", "lines"),
+    [
+        ("pytorchjob.yaml", ["master-0 r0 | sendrecv: all 3 ranks verified"]),
+        (
+            "trainjob.yaml",
+            ["node-0-0 r0 | allreduce: rank 0 of 2 sum 3 OK", "allreduce: rank 1 of 2 sum 3 OK"],
+        ),
+        ("jobset.yaml", ["workers-0-0 r0 | sendrecv: all 2 ranks verified"]),
+    ],
+)
+def test_a_kinds_file_runs_here_with_its_controllers_env(tmp_path: Path, file: str, lines: list[str]) -> None:
+    pytest.importorskip("torch")
+    done = _run(tmp_path, str(KINDS / file))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for line in lines:
+        assert line in done.stdout, done.stdout
+    assert "Completed" in done.stdout
+    _check_env(file, _recorded(tmp_path))
+
+
+def test_a_trainjob_on_a_runtime_of_its_own_runs_its_nodes(tmp_path: Path) -> None:
+    done = _run(tmp_path, str(KINDS / "trainjob-runtime.yaml"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(3):
+        assert f"node-0-{rank} r{rank} | node {rank} of 3, master " in done.stdout, done.stdout
+    # PET_MASTER_ADDR is node 0 as this machine reaches it, its port the one mapped for 29500.
+    pods, _ = _recorded(tmp_path)
+    env = pod_env(pods[1], "node")
+    assert f"master {env['PET_MASTER_ADDR']}:{env['PET_MASTER_PORT']}" in done.stdout
+    assert env["PET_NPROC_PER_NODE"] == "1" and env["PET_NNODES"] == "3" and env["PET_NODE_RANK"] == "1"
+    assert pods[0]["metadata"]["labels"]["team"] == "research"  # the TrainJob's runtime patch
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_each_kind_runs_on_slurm(slurm: Any, tmp_path: Path) -> None:
+    """One allocation per file, each pod a job step on the node Slurm gave it."""
+    pytest.importorskip("torch")
+    env = cli_env(slurm, tmp_path / "root")
+    for file, line in (
+        ("pytorchjob.yaml", "master-0 r0 | sendrecv: all 3 ranks verified"),
+        ("trainjob.yaml", "allreduce: rank 0 of 2 sum 3 OK"),
+        ("jobset.yaml", "sendrecv: all 2 ranks verified"),
+    ):
+        done = slurm_cli(env, "run", f"examples/kinds/{file}", "--engine", "slurm")
+        assert done.returncode == 0, file + "\n" + done.stdout + done.stderr
+        assert line in done.stdout, done.stdout
+        assert "Completed" in done.stderr
+    assert slurm.jobs() == []
