@@ -1,4 +1,5 @@
-"""Settings every test shares.
+"""Fixtures every test may use; plain helpers (the CLI as a process, job documents, the local
+engine through the interface) are in ``support.py``.
 
 The tests' jobs use the user's real port registry, as every other torchjob of this user does: a
 registry of the test run alone could not see the ports that another copy of the suite, or the
@@ -8,6 +9,7 @@ TORCHJOB_RUNTIME_DIR at a directory of their own.
 
 from __future__ import annotations
 
+import io
 import os
 import pwd
 import shutil
@@ -15,11 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from support import Ran
 
 # tools/slurm_cluster.py builds the tests' private Slurm (and a user's, to try the engine).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
@@ -27,6 +31,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 if TYPE_CHECKING:
     from kubeapi import FakeKubeAPI
     from slurm_cluster import SlurmCluster
+
+
+@pytest.fixture
+def run_main(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., Ran]:
+    """``torchjob ARGS`` in this process: the CLI's ``main`` with its output captured (argparse's
+    exits as their code). ``cwd`` is where relative paths are read; ``stdin`` is what ``-`` reads.
+    For what only a process shows (its real exit, signals, a fresh interpreter's imports) use
+    ``support.torchjob``."""
+    from torchjob.cli import main
+
+    def run(*argv: str, cwd: Path | str | None = None, stdin: str | bytes | None = None) -> Ran:
+        capsys.readouterr()
+        with monkeypatch.context() as patch:
+            if cwd is not None:
+                patch.chdir(cwd)
+            if stdin is not None:
+                data = stdin.encode() if isinstance(stdin, str) else stdin
+                patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+            try:
+                code: object = main(list(argv))
+            except SystemExit as exit:  # argparse's usage errors and --help
+                code = exit.code
+        out, err = capsys.readouterr()
+        assert isinstance(code, int), code
+        return Ran(code, out, err)
+
+    return run
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private TORCHJOB_HOME: the test's jobs, logs and records are its own."""
+    folder = tmp_path / "home"
+    monkeypatch.setenv("TORCHJOB_HOME", str(folder))
+    return folder
+
+
+@pytest.fixture
+def job_file(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """The test module's ``JOB`` (a job file's text) written to ``tmp_path/job.yaml``."""
+    path = tmp_path / "job.yaml"
+    path.write_text(request.module.JOB)
+    return path
 
 
 @pytest.fixture

@@ -5,13 +5,10 @@ they were given, and the CLI run against the test's own queue (the ``queue_env``
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from test_local_support import container, make_job, sh, task, write_job
+from support import cli, container, make_job, sh, task, write_job
 
 TRACE_POD = (
     'echo "hello from $TORCHJOB_POD_NAME"; '
@@ -51,24 +48,14 @@ def release(tmp_path: Path) -> None:
     (tmp_path / "open").touch()
 
 
-def torchjob(tmp_path: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")},
-    )
-
-
 def submit(tmp_path: Path, path: str, *extra: str) -> str:
-    result = torchjob(tmp_path, "run", "-d", *extra, path)
+    result = cli(tmp_path, "run", "-d", *extra, path)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.strip()
 
 
 def status(tmp_path: Path, job_id: str) -> dict[str, Any]:
-    result = torchjob(tmp_path, "status", job_id, "-o", "json")
+    result = cli(tmp_path, "status", job_id, "-o", "json")
     assert result.returncode == 0, result.stderr
     data: dict[str, Any] = json.loads(result.stdout)
     return data
@@ -76,7 +63,7 @@ def status(tmp_path: Path, job_id: str) -> dict[str, Any]:
 
 def wait_all(tmp_path: Path, ids: list[str], timeout: float = 60) -> None:
     for job_id in ids:
-        result = torchjob(tmp_path, "wait", job_id, "--timeout", str(timeout), timeout=timeout + 10)
+        result = cli(tmp_path, "wait", job_id, "--timeout", str(timeout), timeout=timeout + 10)
         assert result.returncode == 0, (job_id, result.stdout, result.stderr)
 
 

@@ -3,6 +3,10 @@
 Each input names what it expects in header lines ``# expect@LINE: PATH: FRAGMENT`` (``@LINE``
 optional, ``-`` for "no field path"), or in a sidecar ``NAME.expect`` when the file itself must stay
 comment-free (an empty file, JSON, bytes that are not UTF-8).
+
+Every input goes through the CLI's ``main`` in this process (``run_main``); a few go through the
+real program in a process of its own too (``test_the_program_refuses``), for what only a process
+shows: its exit code, its streams' encoding, no traceback from the interpreter's teardown.
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from support import Ran, torchjob
 
 HERE = Path(__file__).parent
 BAD = HERE / "bad_inputs"
@@ -45,9 +52,7 @@ def expectations(file: Path) -> list[Expect]:
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args], capture_output=True, text=True, timeout=60, cwd=HERE
-    )
+    return torchjob(*args, cwd=HERE)
 
 
 def check_stderr(file: str, stderr: str, expected: list[Expect]) -> None:
@@ -83,21 +88,37 @@ def test_there_are_enough_bad_inputs() -> None:
 
 
 @pytest.mark.parametrize("file", INPUTS, ids=[p.name for p in INPUTS])
-def test_validate_refuses(file: Path) -> None:
+def test_validate_refuses(file: Path, run_main: Callable[..., Ran]) -> None:
     name = f"bad_inputs/{file.name}"
-    result = run("validate", name)
+    result = run_main("validate", name, cwd=HERE)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stdout == "", "a refused file gets no summary line"
     check_stderr(name, result.stderr, expectations(file))
 
 
 @pytest.mark.parametrize("file", INPUTS, ids=[p.name for p in INPUTS])
-def test_render_refuses_and_writes_nothing(file: Path) -> None:
+def test_render_refuses_and_writes_nothing(file: Path, run_main: Callable[..., Ran]) -> None:
     name = f"bad_inputs/{file.name}"
-    result = run("render", name)
+    result = run_main("render", name, cwd=HERE)
     assert result.returncode == 2
     assert result.stdout == "", "render must not leave half an output behind"
     check_stderr(name, result.stderr, expectations(file))
+
+
+# The real program, a process per command: a YAML error, a field's, bytes that are not UTF-8, a
+# refused run; what the in-process tests above check of every input, checked of these as printed.
+END_TO_END = ["multi_doc_second_syntax.yaml", "replicas_string.yaml", "not_utf8.yaml", "nul_in_command.yaml"]
+
+
+@pytest.mark.parametrize("name", END_TO_END)
+def test_the_program_refuses(name: str, tmp_path: Path) -> None:
+    jobs = tmp_path / "jobs"
+    for command in (["validate"], ["render"], ["run", "--state-dir", str(jobs)]):
+        result = run(*command, f"bad_inputs/{name}")
+        assert result.returncode == 2, (command, result.stdout + result.stderr)
+        assert result.stdout == "", command
+        check_stderr(f"bad_inputs/{name}", result.stderr, expectations(BAD / name))
+    assert not jobs.exists() or not any(jobs.iterdir()), "no job directory for a refused job"
 
 
 # Inputs `validate` once accepted and `run` then crashed on (issue 8): values the local engine reads
@@ -122,24 +143,17 @@ RUN_REFUSES = [
 
 
 @pytest.mark.parametrize("name", RUN_REFUSES)
-def test_run_refuses_and_starts_nothing(name: str, tmp_path: Path) -> None:
+def test_run_refuses_and_starts_nothing(name: str, tmp_path: Path, run_main: Callable[..., Ran]) -> None:
     jobs = tmp_path / "jobs"
-    result = run("run", "--state-dir", str(jobs), f"bad_inputs/{name}")
+    result = run_main("run", "--state-dir", str(jobs), f"bad_inputs/{name}", cwd=HERE)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stdout == ""
     check_stderr(f"bad_inputs/{name}", result.stderr, expectations(BAD / name))
     assert not jobs.exists() or not any(jobs.iterdir()), "no job directory for a refused job"
 
 
-def test_stdin_input_is_named_dash() -> None:
-    text = (BAD / "replicas_string.yaml").read_text()
-    result = subprocess.run(
-        [sys.executable, "-m", "torchjob", "render", "-"],
-        input=text,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_stdin_input_is_named_dash(run_main: Callable[..., Ran]) -> None:
+    result = run_main("render", "-", stdin=(BAD / "replicas_string.yaml").read_text())
     assert result.returncode == 2
     assert result.stdout == ""
     assert re.match(
@@ -162,16 +176,16 @@ def test_stdin_that_is_not_utf8() -> None:
         assert result.stderr == b"-: cannot read file: not UTF-8 text (invalid start byte at byte 12)\n"
 
 
-def test_missing_file() -> None:
+def test_missing_file(run_main: Callable[..., Ran]) -> None:
     for command in ("validate", "render"):
-        result = run(command, "bad_inputs/no-such-file.yaml")
+        result = run_main(command, "bad_inputs/no-such-file.yaml", cwd=HERE)
         assert result.returncode == 2
         assert result.stdout == ""
         assert result.stderr == "bad_inputs/no-such-file.yaml: cannot read file: No such file or directory\n"
 
 
-def test_directory_is_not_a_file() -> None:
-    result = run("validate", "bad_inputs")
+def test_directory_is_not_a_file(run_main: Callable[..., Ran]) -> None:
+    result = run_main("validate", "bad_inputs", cwd=HERE)
     assert result.returncode == 2
     assert result.stderr.startswith("bad_inputs: cannot read file: ")
     assert "Traceback" not in result.stderr
@@ -196,8 +210,8 @@ def test_an_endless_file_under_a_memory_limit_is_one_line() -> None:
     assert result.stderr == "/dev/zero: it is larger than 16 MiB; expected a job file\n"
 
 
-def test_all_problems_are_reported_at_once() -> None:
-    result = run("validate", "bad_inputs/several_problems.yaml")
+def test_all_problems_are_reported_at_once(run_main: Callable[..., Ran]) -> None:
+    result = run_main("validate", "bad_inputs/several_problems.yaml", cwd=HERE)
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     # Five independent mistakes, each on its own line with its own line number.
@@ -206,7 +220,7 @@ def test_all_problems_are_reported_at_once() -> None:
     assert numbers == sorted(set(numbers)), "one line each, in file order"
 
 
-def test_one_mistake_gives_one_message() -> None:
+def test_one_mistake_gives_one_message(run_main: Callable[..., Ran]) -> None:
     """A broken field must not drag follow-on errors along (minAvailable, WORLD_SIZE, ...)."""
     for name in (
         "replicas_string.yaml",
@@ -215,14 +229,14 @@ def test_one_mistake_gives_one_message() -> None:
         "task_name_uppercase.yaml",
         "task_min_available_gt_replicas.yaml",
     ):
-        result = run("validate", f"bad_inputs/{name}")
+        result = run_main("validate", f"bad_inputs/{name}", cwd=HERE)
         assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
-def test_validate_reports_every_file() -> None:
+def test_validate_reports_every_file(run_main: Callable[..., Ran]) -> None:
     """Several files: problems of each are reported, and the exit code is still 2."""
     files = ["bad_inputs/replicas_string.yaml", "bad_inputs/flag_port_abc.yaml", "bad_inputs/empty.yaml"]
-    result = run("validate", *files)
+    result = run_main("validate", *files, cwd=HERE)
     assert result.returncode == 2
     for file in files:
         assert any(line.startswith(file + ":") for line in result.stderr.splitlines()), file
@@ -329,15 +343,7 @@ def _as_an_ordinary_user() -> None:
 
 
 def local(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=HERE,
-        env={**os.environ, "TORCHJOB_HOME": str(home)},
-        preexec_fn=_as_an_ordinary_user,
-    )
+    return torchjob(*args, home=home, cwd=HERE, preexec_fn=_as_an_ordinary_user)
 
 
 def test_an_unreadable_job_directory_is_one_line(tmp_path: Path) -> None:
@@ -397,14 +403,16 @@ def test_a_torchjob_home_where_no_directory_can_be_made_is_one_line(tmp_path: Pa
     assert line.startswith("torchjob: ") and "/proc/torchjob-nowhere" in line, line
 
 
-def test_a_task_reference_with_a_bad_name_does_not_import_the_file(tmp_path: Path) -> None:
+def test_a_task_reference_with_a_bad_name_does_not_import_the_file(
+    tmp_path: Path, home: Path, run_main: Callable[..., Ran]
+) -> None:
     """``FILE.py:`` or ``FILE.py:1x`` is no reference: the file (here a plain script that would
     print) is not imported to look for a workflow, and the message says what was expected."""
     script = tmp_path / "script.py"
     script.write_text("print('the script ran')\n")
     for command in ("run", "render", "validate"):
         for ref in (f"{script}:", f"{script}:1x"):
-            result = local(tmp_path / "home", command, ref)
+            result = run_main(command, ref)
             assert result.returncode == 2, (command, ref, result.stderr)
             assert "the script ran" not in result.stdout + result.stderr, (command, ref)
             assert result.stderr == (
@@ -441,20 +449,24 @@ def test_another_users_torchjob_home_is_refused(tmp_path: Path) -> None:
 # --- the command line's own mistakes are blamed on it; validate --local warns as run does
 
 
-def test_an_env_option_with_a_bad_name_is_refused(tmp_path: Path) -> None:
+def test_an_env_option_with_a_bad_name_is_refused(
+    tmp_path: Path, home: Path, run_main: Callable[..., Ran]
+) -> None:
     (tmp_path / "tiny.yaml").write_text(TINY_JOB)
-    result = local(tmp_path / "home", "run", "--env", "MY VAR=1", str(tmp_path / "tiny.yaml"))
+    result = run_main("run", "--env", "MY VAR=1", str(tmp_path / "tiny.yaml"))
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr == "<command line>: --env: 'MY VAR' is not a valid environment variable name\n"
-    assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
+    assert not (home / "jobs").exists() or not any((home / "jobs").iterdir())
 
 
-def test_a_set_that_conflicts_with_the_file_names_the_set(tmp_path: Path) -> None:
+def test_a_set_that_conflicts_with_the_file_names_the_set(
+    tmp_path: Path, home: Path, run_main: Callable[..., Ran]
+) -> None:
     """The file was valid; the --set made its task's minAvailable too large: say which option did."""
     (tmp_path / "tiny.yaml").write_text(
         TINY_JOB.replace("      replicas: 1\n", "      replicas: 2\n      minAvailable: 2\n")
     )
-    result = local(tmp_path / "home", "run", "--set", "main.replicas=1", str(tmp_path / "tiny.yaml"))
+    result = run_main("run", "--set", "main.replicas=1", str(tmp_path / "tiny.yaml"))
     assert result.returncode == 2, result.stdout + result.stderr
     [line] = result.stderr.splitlines()
     # a minAvailable that a --set ...replicas broke names that --set and the one that mends it
@@ -468,7 +480,7 @@ def test_a_set_that_conflicts_with_the_file_names_the_set(tmp_path: Path) -> Non
             "spec:\n", "spec:\n  minSuccess: 2\n", 1
         )
     )
-    result = local(tmp_path / "home", "run", "--set", "main.replicas=1", str(tmp_path / "success.yaml"))
+    result = run_main("run", "--set", "main.replicas=1", str(tmp_path / "success.yaml"))
     assert result.returncode == 2, result.stdout + result.stderr
     [line] = result.stderr.splitlines()
     assert line.startswith(f"{tmp_path / 'success.yaml'}:") and line.endswith(

@@ -9,22 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from support import cli
+
 pytestmark = pytest.mark.timeout(120)
-
-
-def _cli(
-    tmp_path: Path, *args: str, timeout: float = 60, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")}
-    env.pop("NO_COLOR", None)
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd or tmp_path,
-    )
 
 
 BROKEN = """\
@@ -57,10 +44,10 @@ spec:
 
 def test_validate_local_and_run_report_every_local_problem_at_once(tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text(BROKEN)
-    plain = _cli(tmp_path, "validate", "job.yaml")
+    plain = cli(tmp_path, "validate", "job.yaml")
     assert plain.returncode == 0, plain.stderr  # the job itself is valid
     for args in (("validate", "--local", "job.yaml"), ("run", "job.yaml")):
-        proc = _cli(tmp_path, *args)
+        proc = cli(tmp_path, *args)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         lines = proc.stderr.splitlines()
         where = "job.yaml:{}: spec.tasks[0].template.spec.containers[{}]"
@@ -86,9 +73,9 @@ def test_a_script_that_exists_in_the_working_directory_passes(tmp_path: Path) ->
         "              command: [python, -X, dev, train.py]\n"
     )
     (tmp_path / "job.yaml").write_text(job)
-    proc = _cli(tmp_path, "validate", "--local", "job.yaml")
+    proc = cli(tmp_path, "validate", "--local", "job.yaml")
     assert proc.returncode == 0, proc.stderr
-    proc = _cli(tmp_path, "run", "job.yaml")
+    proc = cli(tmp_path, "run", "job.yaml")
     assert proc.returncode == 0, proc.stderr
     assert "trained" in proc.stdout
 
@@ -123,7 +110,7 @@ spec:
 def test_run_overrides_replicas_workdir_secret_env_and_program_args(tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text(SMALL)
     (tmp_path / "wd").mkdir()
-    proc = _cli(
+    proc = cli(
         tmp_path,
         "run",
         "job.yaml",
@@ -157,7 +144,7 @@ def test_run_overrides_replicas_workdir_secret_env_and_program_args(tmp_path: Pa
 )
 def test_a_bad_set_names_the_option_and_starts_nothing(tmp_path: Path, option: str, message: str) -> None:
     (tmp_path / "job.yaml").write_text(SMALL)
-    proc = _cli(tmp_path, "run", "job.yaml", "-e", "TOKEN=x", "--set", option)
+    proc = cli(tmp_path, "run", "job.yaml", "-e", "TOKEN=x", "--set", option)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.startswith(message), proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "home" / "jobs").exists()
@@ -181,7 +168,7 @@ dist.destroy_process_group()
 
 def test_quick_mode_runs_a_script_on_nodes_times_processes_with_gloo(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(TRAIN)
-    proc = _cli(tmp_path, "run", "-j", "2x2", "train.py", "--", "--lr", "0.1", timeout=110)
+    proc = cli(tmp_path, "run", "-j", "2x2", "train.py", "--", "--lr", "0.1", timeout=110)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in range(4):
         expected = f"rank {rank} of 4 local {rank % 2} sum 6 args ['--lr', '0.1']"
@@ -190,7 +177,7 @@ def test_quick_mode_runs_a_script_on_nodes_times_processes_with_gloo(tmp_path: P
 
 def test_quick_mode_renders_and_refuses_bad_shapes_and_missing_scripts(tmp_path: Path) -> None:
     (tmp_path / "train_gpt.py").write_text("print(1)\n")
-    proc = _cli(tmp_path, "render", "-o", "json", "-j", "3x4", "train_gpt.py", "--", "--lr", "0.1")
+    proc = cli(tmp_path, "render", "-o", "json", "-j", "3x4", "train_gpt.py", "--", "--lr", "0.1")
     assert proc.returncode == 0, proc.stderr
     import json
 
@@ -213,7 +200,7 @@ def test_quick_mode_renders_and_refuses_bad_shapes_and_missing_scripts(tmp_path:
         (("-j", "1x1", "nope.py"), "nope.py: no such script in"),
     ):
         for command in ("run", "render"):
-            proc = _cli(tmp_path, command, *args)
+            proc = cli(tmp_path, command, *args)
             assert proc.returncode == 2 and proc.stderr.startswith(message), (command, args, proc.stderr)
 
 
@@ -234,7 +221,7 @@ def train(lr: float, epochs: int = 1, tag: str = "x") -> str:
 def test_a_task_called_at_import_time_is_refused_and_starts_no_job(tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text(TASK_FILE + "train(0.1)\n")
     for command in ("render", "validate", "run"):
-        proc = _cli(tmp_path, command, "t.py:train")
+        proc = cli(tmp_path, command, "t.py:train")
         assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
         assert proc.stderr.startswith("t.py:11: the file calls task 'train' when it is imported"), proc.stderr
         assert 'if __name__ == "__main__":' in proc.stderr and "Traceback" not in proc.stderr
@@ -243,14 +230,14 @@ def test_a_task_called_at_import_time_is_refused_and_starts_no_job(tmp_path: Pat
 
 def test_run_passes_arguments_to_a_task_and_refuses_a_missing_one(tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text(TASK_FILE + 'if __name__ == "__main__":\n    train(0.1)\n')
-    proc = _cli(tmp_path, "run", "t.py:train")
+    proc = cli(tmp_path, "run", "t.py:train")
     assert proc.returncode == 2 and "t.py:train: --lr: missing (float)" in proc.stderr, proc.stderr
     assert not (tmp_path / "home" / "jobs").exists()
-    proc = _cli(tmp_path, "run", "t.py:train", "--", "--lr", "0.5", "--tag", "$(HOME)")
+    proc = cli(tmp_path, "run", "t.py:train", "--", "--lr", "0.5", "--tag", "$(HOME)")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in (0, 1):
         assert f"rank {rank} lr=0.5 epochs=1 tag=$(HOME)" in proc.stdout, proc.stdout
-    rendered = _cli(tmp_path, "render", "-o", "json", "t.py:train", "--", "--lr", "2")
+    rendered = cli(tmp_path, "render", "-o", "json", "t.py:train", "--", "--lr", "2")
     assert rendered.returncode == 0, rendered.stderr
     import json
 
@@ -262,7 +249,7 @@ def test_run_passes_arguments_to_a_task_and_refuses_a_missing_one(tmp_path: Path
 def test_validate_a_workflow(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     ref = f"{root}/examples/sdk/adaptive_training.py:adaptive_training"
-    proc = _cli(tmp_path, "validate", ref)
+    proc = cli(tmp_path, "validate", ref)
     assert proc.returncode == 0, proc.stderr
     assert "workflow adaptive_training: valid; parameters: --use-single-node (bool)" in proc.stdout
 
@@ -283,7 +270,7 @@ def _jobs(tmp_path: Path) -> list[str]:
 
 def test_run_rm_removes_the_job_once_it_has_ended(tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text(QUICK)
-    proc = _cli(tmp_path, "run", "--rm", "job.yaml")
+    proc = cli(tmp_path, "run", "--rm", "job.yaml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Completed" in proc.stdout and _jobs(tmp_path) == []
     # No path to the logs it has just removed; it says they are gone instead.
@@ -293,36 +280,36 @@ def test_run_rm_removes_the_job_once_it_has_ended(tmp_path: Path) -> None:
     # A failed job is kept for its logs, and the output says so (with -q and without).
     for quiet in (["-q"], []):
         before = set(_jobs(tmp_path))
-        proc = _cli(tmp_path, "run", *quiet, "--rm", "fail.yaml")
+        proc = cli(tmp_path, "run", *quiet, "--rm", "fail.yaml")
         assert proc.returncode == 1 and "Failed" in proc.stdout, proc.stdout + proc.stderr
         (job,) = set(_jobs(tmp_path)) - before
         assert f"kept {job} for its logs" in proc.stdout or "kept for its logs" in proc.stdout, proc.stdout
         assert f"torchjob delete {job}" in proc.stdout
     assert len(_jobs(tmp_path)) == 2
-    proc = _cli(tmp_path, "run", "-d", "--rm", "job.yaml")
+    proc = cli(tmp_path, "run", "-d", "--rm", "job.yaml")
     assert proc.returncode == 2 and "--rm" in proc.stderr and len(_jobs(tmp_path)) == 2
 
 
 def test_prune_removes_finished_jobs_only_and_delete_all_removes_every_job(tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text(QUICK)
     (tmp_path / "long.yaml").write_text(QUICK.replace("echo worker $VC_TASK_INDEX", "sleep 60"))
-    done = [_cli(tmp_path, "run", "-q", "job.yaml").stdout.split()[0] for _ in range(2)]
-    running = _cli(tmp_path, "run", "-d", "long.yaml")
+    done = [cli(tmp_path, "run", "-q", "job.yaml").stdout.split()[0] for _ in range(2)]
+    running = cli(tmp_path, "run", "-d", "long.yaml")
     assert running.returncode == 0, running.stderr
     assert len(_jobs(tmp_path)) == 3
-    kept = _cli(tmp_path, "prune", "--older-than", "1h")
+    kept = cli(tmp_path, "prune", "--older-than", "1h")
     assert kept.returncode == 0 and "no finished jobs to remove" in kept.stdout and len(_jobs(tmp_path)) == 3
-    bad = _cli(tmp_path, "prune", "--older-than", "soon")
+    bad = cli(tmp_path, "prune", "--older-than", "soon")
     assert bad.returncode == 2 and "--older-than: expected a duration" in bad.stderr
-    pruned = _cli(tmp_path, "prune")
+    pruned = cli(tmp_path, "prune")
     assert pruned.returncode == 0, pruned.stderr
     assert sorted(pruned.stdout.split()[1::2]) == sorted(done)
     assert _jobs(tmp_path) == [running.stdout.strip()]
-    assert _cli(tmp_path, "delete").returncode == 2
-    removed = _cli(tmp_path, "delete", "--all")
+    assert cli(tmp_path, "delete").returncode == 2
+    removed = cli(tmp_path, "delete", "--all")
     assert removed.returncode == 0 and removed.stdout.split() == ["deleted", running.stdout.strip()]
     assert _jobs(tmp_path) == []
-    again = _cli(tmp_path, "delete", "--all")  # nothing left: said, not silent
+    again = cli(tmp_path, "delete", "--all")  # nothing left: said, not silent
     assert again.returncode == 0 and again.stdout == "no local jobs to delete\n", again.stdout + again.stderr
 
 
@@ -331,8 +318,8 @@ def test_prune_refuses_an_age_written_with_non_ascii_digits(tmp_path: Path, age:
     # Python's \\d and float() read '٠' (Arabic-Indic) and '０' (fullwidth) as 0: '٠s' was 0s and
     # removed every finished job. Numbers on the command line are ASCII (docs/validation.md).
     (tmp_path / "job.yaml").write_text(QUICK)
-    done = _cli(tmp_path, "run", "-q", "job.yaml").stdout.split()[0]
-    bad = _cli(tmp_path, "prune", "--older-than", age)
+    done = cli(tmp_path, "run", "-q", "job.yaml").stdout.split()[0]
+    bad = cli(tmp_path, "prune", "--older-than", age)
     assert bad.returncode == 2 and bad.stdout == "", bad.stdout
     assert bad.stderr.strip().splitlines() == [
         f"<command line>: --older-than: expected a duration such as 90s, 30m, 12h, 7d or 1h30m, got {age!r}"
@@ -406,11 +393,11 @@ def test_render_appends_program_arguments_and_validate_refuses_them(tmp_path: Pa
     import json
 
     (tmp_path / "job.yaml").write_text(SMALL)
-    proc = _cli(tmp_path, "render", "-o", "json", "job.yaml", "--", "--epochs", "3")
+    proc = cli(tmp_path, "render", "-o", "json", "job.yaml", "--", "--epochs", "3")
     assert proc.returncode == 0, proc.stderr
     pods = [i for i in json.loads(proc.stdout)["items"] if i["kind"] == "Pod"]
     assert [p["spec"]["containers"][0].get("args") for p in pods] == [["--epochs", "3"], ["--epochs", "3"]]
-    proc = _cli(tmp_path, "validate", "job.yaml", "--", "--epochs", "3")
+    proc = cli(tmp_path, "validate", "job.yaml", "--", "--epochs", "3")
     assert proc.returncode == 2 and "arguments after -- are the program's" in proc.stderr
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurm_cluster import SlurmCluster
-from test_local_support import cli, container, make_job, task, write_job
+from support import cli, container, make_job, task, write_job
 from test_slurm_engine import cli_env, job_file, torchjob
 from test_slurm_engine import task as slurm_task
 

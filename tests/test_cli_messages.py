@@ -3,7 +3,6 @@ in one line that says what to do instead."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -11,23 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from test_local_support import container, make_job, sh, task, write_job
+from support import cli, container, make_job, sh, task, write_job
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _cli(
-    tmp_path: Path, *args: str, cwd: Path | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")}
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd or tmp_path,
-    )
 
 
 def _jobs(tmp_path: Path) -> list[str]:
@@ -43,13 +28,13 @@ def test_a_misspelt_preload_module_is_refused_before_the_job_starts(tmp_path: Pa
     job = make_job("pre", [task("main", [container("app", ["python", "main.py"], workingDir=str(work))])])
     file = write_job(tmp_path, job)
     for modules, hint in (("troch", "'torch'"), ("json,torch.distribted", "'torch.distributed'")):
-        proc = _cli(tmp_path, "run", "--preload", modules, file)
+        proc = cli(tmp_path, "run", "--preload", modules, file)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         lines = proc.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("<command line>: --preload: no module named"), lines
         assert f"for {sys.executable}; did you mean {hint}?" in lines[0], lines
         assert proc.stdout == "" and _jobs(tmp_path) == []  # nothing started, nothing written
-    proc = _cli(tmp_path, "run", "-q", "--preload", "json,mylib,os.path", file)
+    proc = cli(tmp_path, "run", "-q", "--preload", "json,mylib,os.path", file)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -111,7 +96,7 @@ def test_env_the_pytorch_plugin_overrides_is_warned_of_by_validate_render_and_ru
         "RANK to each pod's rank (master 0, workers 1 to N) after this entry, which is ignored; remove it",
     ]  # the extra task's RANK is its own: the plugin gives a task that is neither master nor worker none
     for command in (["validate"], ["render"], ["run", "-q"]):
-        proc = _cli(tmp_path, *command, "job.yaml")
+        proc = cli(tmp_path, *command, "job.yaml")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert proc.stderr.splitlines() == expected, proc.stderr
     log = next((tmp_path / "home" / "jobs").glob("envjob-*/logs/envjob-master-0/attempt-0/master.log"))
@@ -151,18 +136,18 @@ def test_workdir_maps_a_jobs_own_working_directory_and_the_error_says_how(tmp_pa
     (project / "data").mkdir(parents=True)
     (project / "train.py").write_text("import os, sys\nprint('cwd', os.getcwd(), sys.argv[1:])\n")
     # A plain --workdir is for containers without a working directory: the error says what works.
-    refused = _cli(tmp_path, "run", "--workdir", "project", "job.yaml")
+    refused = cli(tmp_path, "run", "--workdir", "project", "job.yaml")
     assert refused.returncode == 2 and _jobs(tmp_path) == [], refused.stdout + refused.stderr
     assert (
         "job.yaml:19: spec.tasks[0].template.spec.containers[0].workingDir: container 'main': working "
         "directory '/workspace' does not exist here; --workdir /workspace=DIR runs it in a local DIR instead"
     ) in refused.stderr.splitlines(), refused.stderr
-    ran = _cli(tmp_path, "run", "--workdir", "/workspace=project", "job.yaml")
+    ran = cli(tmp_path, "run", "--workdir", "/workspace=project", "job.yaml")
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert f"main-0/prep | {project / 'data'}" in ran.stdout, ran.stdout  # below it: the same place
     # The script's path is mapped too; an argument that only begins with the same letters is not.
     assert f" | cwd {project} ['--out', '{project / 'out'}', '/workspacex']" in ran.stdout
-    missing = _cli(tmp_path, "run", "--workdir", "/workspace=nowhere", "job.yaml")
+    missing = cli(tmp_path, "run", "--workdir", "/workspace=nowhere", "job.yaml")
     assert (
         missing.returncode == 2
         and missing.stderr == "<command line>: --workdir: 'nowhere' is not a directory\n"
@@ -177,7 +162,7 @@ def test_an_sdk_config_typo_names_the_file_line_and_the_field_meant(tmp_path: Pa
         "    pass\n"
     )
     for command in ("validate", "run", "render"):
-        proc = _cli(tmp_path, command, "train.py:train")
+        proc = cli(tmp_path, command, "train.py:train")
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert (
             proc.stderr
@@ -240,14 +225,14 @@ class _WebServer:
 
 def test_kubeconfig_and_api_server_mistakes_are_one_line_each(tmp_path: Path) -> None:
     pytest.importorskip("kubernetes")
-    proc = _cli(tmp_path, "status", "--engine", "kubernetes", "--kubeconfig", "missing.yaml")
+    proc = cli(tmp_path, "status", "--engine", "kubernetes", "--kubeconfig", "missing.yaml")
     # The file was given: "pass --kubeconfig" would be no help.
     assert (proc.returncode, proc.stderr) == (2, "torchjob: no kubeconfig: missing.yaml does not exist\n")
     html = "an HTML page, not a Kubernetes API answer: is the kubeconfig's server right?"
     web = _WebServer()
     try:
         config = _kubeconfig(tmp_path, web.url)
-        proc = _cli(tmp_path, "status", "--engine", "kubernetes", "--kubeconfig", str(config))
+        proc = cli(tmp_path, "status", "--engine", "kubernetes", "--kubeconfig", str(config))
     finally:
         web.close()
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -279,7 +264,7 @@ def test_an_unverified_certificate_is_told_once_in_one_line_not_by_urllib3(tmp_p
     web = _WebServer((cert, key))
     try:
         config = _kubeconfig(tmp_path, web.url, insecure=True)
-        proc = _cli(tmp_path, "status", "--engine", "kubernetes", "--kubeconfig", str(config))
+        proc = cli(tmp_path, "status", "--engine", "kubernetes", "--kubeconfig", str(config))
     finally:
         web.close()
     lines = proc.stderr.splitlines()
@@ -322,19 +307,19 @@ spec:
 
 def test_the_secret_and_min_available_errors_say_which_option_fixes_them(tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text(SECRET_JOB)
-    proc = _cli(tmp_path, "run", "job.yaml")
+    proc = cli(tmp_path, "run", "job.yaml")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr == (
         "job.yaml:18: spec.tasks[0].template.spec.containers[0].env[0].valueFrom.secretKeyRef: Secrets are "
         "not available to local jobs; run -e TOKEN=VALUE stands in for it (or mark it optional)\n"
     )
-    proc = _cli(tmp_path, "run", "-e", "TOKEN=x", "--set", "worker.replicas=1", "job.yaml")
+    proc = cli(tmp_path, "run", "-e", "TOKEN=x", "--set", "worker.replicas=1", "job.yaml")
     assert proc.returncode == 2 and _jobs(tmp_path) == [], proc.stdout + proc.stderr
     assert proc.stderr == (
         "job.yaml:5: spec.minAvailable: expected at most the total replicas of all tasks (2), got 3; "
         "with --set worker.replicas=1, add --set minAvailable=2 (or lower)\n"
     )
-    proc = _cli(
+    proc = cli(
         tmp_path,
         "run",
         "-q",
@@ -372,7 +357,7 @@ def test_a_python_container_without_torch_gets_one_line_naming_the_interpreter(t
     # torch was never installed; two pods crash-loop, the line is printed once.
     command = ["python", "-S", "-c", "import torch"]
     job = make_job("notorch", [task("main", [container("train", command)], replicas=2, restart="OnFailure")])
-    proc = _cli(tmp_path, "run", "--timeout", "3", write_job(tmp_path, job))
+    proc = cli(tmp_path, "run", "--timeout", "3", write_job(tmp_path, job))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     line = (
         f"container train: {sys.executable} (the interpreter torchjob runs a container's python with) cannot "
@@ -381,35 +366,35 @@ def test_a_python_container_without_torch_gets_one_line_naming_the_interpreter(t
     )
     assert proc.stdout.count(line) == 1, proc.stdout
     job_id = proc.stdout.split("torchjob: job ", 1)[1].split(" ", 1)[0]
-    assert line in _cli(tmp_path, "status", job_id).stdout  # an event: there for a detached job too
+    assert line in cli(tmp_path, "status", job_id).stdout  # an event: there for a detached job too
     # Another module missing, or another interpreter: no such line.
     for other in (
         ["python", "-c", "import nosuchmodule"],
         ["sh", "-c", "echo \"ModuleNotFoundError: No module named 'torch'\"; exit 1"],
     ):
         job = make_job("other", [task("main", [container("train", other)])])
-        proc = _cli(tmp_path, "run", write_job(tmp_path, job, "other.json"))
+        proc = cli(tmp_path, "run", write_job(tmp_path, job, "other.json"))
         assert proc.returncode == 1 and "cannot import torch" not in proc.stdout, proc.stdout
 
 
 def test_a_silent_job_gets_one_notice_and_status_shows_each_pods_last_output(tmp_path: Path) -> None:
     quiet = make_job("quiet", [task("main", [container("app", sh("echo start; sleep 30"))], replicas=2)])
     file = write_job(tmp_path, quiet)
-    proc = _cli(tmp_path, "run", "--hang-notice", "1", "--timeout", "4", file)
+    proc = cli(tmp_path, "run", "--hang-notice", "1", "--timeout", "4", file)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     notices = [line for line in proc.stdout.splitlines() if "no pod has written any output for" in line]
     assert len(notices) == 1, proc.stdout  # once for one silence, not once a second
     assert "--hang-notice SECONDS sets when this is said" in notices[0]
     # 0 turns it off; the default (300 s) is not reached by a short job
     for option in (["--hang-notice", "0"], []):
-        proc = _cli(tmp_path, "run", *option, "--timeout", "2.5", file)
+        proc = cli(tmp_path, "run", *option, "--timeout", "2.5", file)
         assert "no pod has written" not in proc.stdout, proc.stdout
     for bad in (
         ["--hang-notice", "-1"],
         ["--hang-notice", "nan"],
         ["--hang-notice", "5", "--engine", "kubernetes"],
     ):
-        proc = _cli(tmp_path, "run", *bad, file)
+        proc = cli(tmp_path, "run", *bad, file)
         assert proc.returncode == 2 and proc.stderr.startswith("<command line>: --hang-notice: "), proc.stderr
 
     talking = make_job(
@@ -419,13 +404,13 @@ def test_a_silent_job_gets_one_notice_and_status_shows_each_pods_last_output(tmp
             task("mute", [container("app", sh("echo once; sleep 30"))]),
         ],
     )
-    job_id = _cli(tmp_path, "run", "-d", write_job(tmp_path, talking, "talking.json")).stdout.strip()
+    job_id = cli(tmp_path, "run", "-d", write_job(tmp_path, talking, "talking.json")).stdout.strip()
     ages: dict[str, float] = {}
     try:
         deadline = time.monotonic() + 30  # a busy machine may start the pods late: ask until mute is silent
         while time.monotonic() < deadline and ages.get("mute-0", 0.0) <= 2.0:
             time.sleep(0.5)
-            out = _cli(tmp_path, "status", job_id).stdout
+            out = cli(tmp_path, "status", job_id).stdout
             rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
             assert "LAST OUTPUT" in rows["POD"], out
             ages = {
@@ -434,5 +419,5 @@ def test_a_silent_job_gets_one_notice_and_status_shows_each_pods_last_output(tmp
                 if rows[pod].split()[-1] == "ago"
             }
     finally:
-        _cli(tmp_path, "delete", job_id)
+        cli(tmp_path, "delete", job_id)
     assert ages["talk-0"] < 1.5 < 2.0 < ages["mute-0"], out  # the silent pod stands out

@@ -8,12 +8,13 @@ server (tests/kubeapi.py), which must see no request.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from kubeapi import FakeKubeAPI
-from torchjob.cli import main
+from support import Ran
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,26 +101,17 @@ def setup(
     return job, api
 
 
-def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[object, str, str]:
-    try:
-        code: object = main(argv)
-    except SystemExit as exit:  # argparse's usage errors
-        code = exit.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def refused(
     option: str,
     value: str,
     shown: str,
     setup: tuple[Path, FakeKubeAPI | None],
-    capsys: pytest.CaptureFixture[str],
+    run_main: Callable[..., Ran],
 ) -> None:
     job, api = setup
     before, flag, expected = OPTIONS[option]
     argv = [str(job) if a == "JOB" else a for a in before]
-    code, out, err = cli([*argv[:-1], f"{argv[-1]}={value}"], capsys)  # = : argparse takes -inf
+    code, out, err = run_main(*[*argv[:-1], f"{argv[-1]}={value}"])  # = : argparse takes -inf
     assert (code, out) == (2, ""), err
     assert err == f"<command line>: {flag}: {expected}, got {shown}\n"
     assert api is None or api.requests == []  # nothing submitted
@@ -130,36 +122,36 @@ def refused(
 @pytest.mark.parametrize("value", list(ODD))
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_a_number_option_reads_ascii_digits_only(
-    option: str, value: str, setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
+    option: str, value: str, setup: tuple[Path, FakeKubeAPI | None], run_main: Callable[..., Ran]
 ) -> None:
-    refused(option, value, ODD[value], setup, capsys)
+    refused(option, value, ODD[value], setup, run_main)
 
 
 @pytest.mark.parametrize("value", list(NOT_FINITE))
 @pytest.mark.parametrize("option", UNCHECKED)
 def test_a_seconds_option_refuses_nan_and_infinity(
-    option: str, value: str, setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
+    option: str, value: str, setup: tuple[Path, FakeKubeAPI | None], run_main: Callable[..., Ran]
 ) -> None:
-    refused(option, value, NOT_FINITE[value], setup, capsys)
+    refused(option, value, NOT_FINITE[value], setup, run_main)
 
 
 @pytest.mark.parametrize("value", ["-1", "-0.5"])
 @pytest.mark.parametrize("option", ["submit --timeout"])
 def test_submit_refuses_a_negative_timeout(
-    option: str, value: str, setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
+    option: str, value: str, setup: tuple[Path, FakeKubeAPI | None], run_main: Callable[..., Ran]
 ) -> None:
-    refused(option, value, value, setup, capsys)
+    refused(option, value, value, setup, run_main)
 
 
 @pytest.mark.parametrize("value", ["٣", "３", "²"])
 def test_quick_modes_worker_replicas_reads_ascii_digits_only(
-    value: str, setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
+    value: str, setup: tuple[Path, FakeKubeAPI | None], run_main: Callable[..., Ran]
 ) -> None:
     job, _ = setup
     script = job.parent / "train.py"
     script.write_text("print('ran')\n")
     argv = ["run", "--dry-run", "-j", "1x1", "--set", f"worker.replicas={value}", str(script)]
-    code, out, err = cli(argv, capsys)
+    code, out, err = run_main(*argv)
     assert (code, out) == (2, ""), err
     assert err == (
         f"<command line>: --set: worker.replicas={value}: expected a number of worker nodes "
@@ -169,11 +161,11 @@ def test_quick_modes_worker_replicas_reads_ascii_digits_only(
 
 @pytest.mark.parametrize("value", ["1_0", "0x2", "1:00"])
 def test_set_takes_no_yaml_only_spelling_of_a_number(
-    value: str, setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
+    value: str, setup: tuple[Path, FakeKubeAPI | None], run_main: Callable[..., Ran]
 ) -> None:
     """YAML 1.1 reads these as 10, 2 and 60; on the command line they are not numbers."""
     job, _ = setup
-    code, out, err = cli(["run", "--dry-run", str(job), "--set", f"main.replicas={value}"], capsys)
+    code, out, err = run_main("run", "--dry-run", str(job), "--set", f"main.replicas={value}")
     assert (code, out) == (2, ""), err
     assert err == (
         f"<command line>: spec.tasks[0].replicas: --set main.replicas={value}: expected an integer, "
@@ -182,11 +174,11 @@ def test_set_takes_no_yaml_only_spelling_of_a_number(
 
 
 def test_set_reads_a_leading_zero_as_decimal(
-    setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
+    setup: tuple[Path, FakeKubeAPI | None], run_main: Callable[..., Ran]
 ) -> None:
     """``010`` is ten, as Go's strconv reads it; YAML 1.1 made it octal: 8 pods."""
     job, _ = setup
-    code, out, err = cli(["run", "--dry-run", str(job), "--set", "main.replicas=010"], capsys)
+    code, out, err = run_main("run", "--dry-run", str(job), "--set", "main.replicas=010")
     assert code == 0, err
     assert out.startswith("local job numbers: 10 pod(s) on this machine\n"), out
 
@@ -200,9 +192,9 @@ def test_set_reads_a_leading_zero_as_decimal(
     ],
 )
 def test_plain_numbers_are_still_read(
-    argv: list[str], expected: str, setup: tuple[Path, FakeKubeAPI | None], capsys: pytest.CaptureFixture[str]
+    argv: list[str], expected: str, setup: tuple[Path, FakeKubeAPI | None], run_main: Callable[..., Ran]
 ) -> None:
     job, _ = setup
-    code, out, err = cli([str(job) if a == "JOB" else a for a in argv], capsys)
+    code, out, err = run_main(*[str(job) if a == "JOB" else a for a in argv])
     assert code == 0, err
     assert out.startswith(expected), out

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from support import REPO
 
 LINT = Path(sys.executable).parent / "lint-imports"
 

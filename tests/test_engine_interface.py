@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -18,12 +18,16 @@ from torchjob.engine_api.base import (
     JobReport,
     LogLine,
     LogQuery,
+    Plan,
     PodReport,
     PortReport,
     StartOptions,
 )
 from torchjob.errors import Issue
 from torchjob.spec.model import Job
+
+if TYPE_CHECKING:
+    from torchjob.engine_api.base import Engine, Sink
 
 JOBS: dict[str, JobReport] = {}  # the engine's whole state, shared by every instance
 LOGS: dict[str, dict[str, list[str]]] = {}  # job id -> pod short name -> lines
@@ -41,9 +45,20 @@ class MemoryEngine:
     def warnings(self, job: Job) -> list[Issue]:
         return []
 
-    def start(self, job: Job, options: StartOptions) -> JobReport:
-        report = JobReport(self.name, f"{job.name}-{len(JOBS)}", job.name, "Completed")
+    def plan(self, job: Job, options: StartOptions) -> Plan:
+        job_id = f"{job.name}-{len(JOBS)}"  # decided here: the job start makes is the one planned
+        return Plan(self.name, job, options, f"memory job {job_id}: {job.total_replicas} pod(s)", job_id)
+
+    def start(self, plan: Plan) -> JobReport:
+        job_id: str = plan.detail_for(self.name)
+        pods = [
+            PodReport(f"{job_id}-{t.name}-{i}", f"{t.name}-{i}", t.name, i, "Succeeded", exit_code=0)
+            for t in plan.job.spec.tasks
+            for i in range(t.replicas)
+        ]
+        report = JobReport(self.name, job_id, plan.job.name, "Completed", "all pods succeeded", pods=pods)
         JOBS[report.id] = report
+        LOGS[report.id] = {pod.short: [f"{pod.short} ran"] for pod in pods}
         return report
 
     def list_jobs(self) -> list[JobReport]:
@@ -61,8 +76,11 @@ class MemoryEngine:
         chosen = [query.pod] if query.pod else list(pods)
         return iter([LogLine(p, text, n, p) for n, p in enumerate(chosen) for text in pods[p]])
 
-    def wait(self, ref: str, timeout: float | None = None) -> JobReport:
-        return self.status(ref)
+    def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
+        report = self.status(ref)
+        if sink is not None and not report.terminal:
+            sink.notice(f"job {ref} is {report.phase}")
+        return report
 
     def delete(self, refs: list[str]) -> list[str]:
         reports = [self.status(ref) for ref in refs]  # every ref resolved before anything goes
@@ -87,6 +105,73 @@ def memory(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_registry_finds_the_test_engine_and_it_satisfies_the_interface(memory: None) -> None:
     assert "memory" in registry.engine_names()
     assert isinstance(registry.get_engine("memory", state_dir=None), MemoryEngine)
+
+
+_implements: type[Engine] = MemoryEngine  # mypy's check that it has the interface's shape
+
+
+def test_run_dry_run_run_and_wait_through_the_cli(
+    memory: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The engine docs/engines.md points to: its plan is what --dry-run prints, and what run starts."""
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB_YAML)
+    assert main(["run", "--engine", "memory", "--dry-run", str(job)]) == 0
+    assert capsys.readouterr().out == "memory job train-2: 1 pod(s)\n"
+    assert set(JOBS) == {"train-1", "eval-2"}  # planned, nothing started
+    assert main(["run", "--engine", "memory", str(job)]) == 0
+    assert capsys.readouterr().err == "torchjob: job train Completed: all pods succeeded\n"
+    assert JOBS["train-2"].pods[0].short == "master-0"  # the id the plan decided
+    assert main(["wait", "--engine", "memory", "train-2"]) == 0
+    said = capsys.readouterr()
+    assert "Completed" in said.out + said.err, said
+    assert main(["logs", "--engine", "memory", "train-2"]) == 0
+    assert capsys.readouterr().out == "master-0 | master-0 ran\n"
+
+
+def test_start_refuses_a_plan_another_engine_made(memory: None) -> None:
+    from torchjob.jobs import load_jobs_from_text
+
+    job = load_jobs_from_text(JOB_YAML)[0].job
+    local = registry.get_engine("local").plan(job, StartOptions())
+    with pytest.raises(EngineError) as refused:
+        registry.get_engine("memory").start(local)
+    assert str(refused.value) == "a plan of the local engine cannot be started by the memory engine"
+
+
+class HalfEngine:
+    """What docs/engines.md's first engine once was: no plan, and a wait without a sink."""
+
+    name = "half"
+
+    def __init__(self, **settings: Any) -> None:
+        pass
+
+    check = warnings = MemoryEngine.check
+    start, list_jobs, status, logs, delete = (
+        MemoryEngine.start,
+        MemoryEngine.list_jobs,
+        MemoryEngine.status,
+        MemoryEngine.logs,
+        MemoryEngine.delete,
+    )
+
+    def wait(self, ref: str, timeout: float | None = None) -> JobReport:
+        return self.status(ref)
+
+
+def test_the_registry_refuses_an_engine_without_the_interface_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for engine in registry.engine_names():  # every engine the registry knows, whichever exist
+        assert registry.interface_gaps(registry.get_engine(engine)) == [], engine
+    assert registry.interface_gaps(MemoryEngine()) == []
+    monkeypatch.setitem(registry._ENGINES, "half", "test_engine_interface:HalfEngine")
+    assert main(["status", "--engine", "half"]) == 2  # refused when loaded, whatever the command
+    assert capsys.readouterr().err == (
+        "torchjob: engine half: test_engine_interface:HalfEngine does not implement the engine "
+        "interface: no plan; wait takes no sink\n"
+    )
 
 
 def test_status_lists_and_shows_jobs_of_another_engine(
@@ -166,13 +251,26 @@ class SettingsEngine:
     def plan(self, job, options):
         return Plan(self.name, job, options, f"would run {job.name} with {options.settings}")
 
-    def start(self, job, options):
+    def start(self, plan):
+        options = plan.options
         SEEN.append((self.made_with, options.settings, ENGINE.value(options, "slots")))
-        return JobReport(self.name, job.name + "-1", job.name, "Completed")
+        return JobReport(self.name, plan.job.name + "-1", plan.job.name, "Completed")
 
     def list_jobs(self):
         SEEN.append((self.made_with, {}, None))
         return []
+
+    def status(self, ref):
+        return JobReport(self.name, ref, ref, "Completed")
+
+    def logs(self, ref, query):
+        return iter([])
+
+    def wait(self, ref, timeout=None, sink=None):
+        return self.status(ref)
+
+    def delete(self, refs):
+        return list(refs)
 """
 
 

@@ -611,7 +611,8 @@ from torchjob.spec.model import JobRunPolicy
 
 job = load_jobs_from_text(open(sys.argv[2]).read(), sys.argv[2])[0].job
 job.run_policy = JobRunPolicy(active_deadline_seconds=3)  # as the SDK's RunPolicy sets it
-report = get_engine(sys.argv[1]).start(job, StartOptions(quiet=True))
+engine = get_engine(sys.argv[1])
+report = engine.start(engine.plan(job, StartOptions(quiet=True)))
 print(json.dumps({"phase": report.phase, "reason": report.reason}))
 """
 

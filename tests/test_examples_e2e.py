@@ -1,7 +1,7 @@
 """End-to-end: the examples run for real, on this machine, with real torch.distributed (gloo, CPU).
 
-Each example goes through the local engine as a user would run it: in-process with ``run_job`` and
-through the real ``torchjob run`` command. The programs print one line per fact they verified
+Each example goes through the local engine as a user would run it: in-process through the engine
+interface and through the real ``torchjob run`` command. The programs print one line per fact they verified
 (values received, loss fallen, restart seen); these tests read those lines from the job's log files,
 so a job that "completes" without doing the work fails here.
 """
@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
-from torchjob.engines.local import RunOptions, RunResult, run_job
+from support import job_dir as dir_of
+from support import start
+from torchjob.engine_api.base import JobReport
 from torchjob.engines.local.process import marked_processes
 from torchjob.jobs import load_jobs
 
@@ -45,9 +47,9 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield tmp_path / "home"
 
 
-def run_example(name: str) -> RunResult:
+def run_example(name: str) -> JobReport:
     (loaded,) = load_jobs(str(EXAMPLES / name))
-    return run_job(loaded.job, RunOptions(quiet=True, timeout=RUN_TIMEOUT))
+    return start("local", loaded.job, {}, quiet=True, timeout=RUN_TIMEOUT)
 
 
 def logs(job_dir: Path, pod: str, attempt: int | None = None) -> str:
@@ -73,7 +75,7 @@ def assert_nothing_left(job_dir: Path) -> None:
     assert not left, f"processes of {job_dir.name} still alive: {[p.pid for p in left]}"
 
 
-def assert_completed(result: RunResult) -> None:
+def assert_completed(result: JobReport) -> None:
     assert result.ok, f"job ended {result.phase}: {result.reason}"
     assert result.phase == "Completed"
 
@@ -104,10 +106,10 @@ def check_sendrecv_logs(job_dir: Path, job: str = "pytorch-job") -> str:
 def test_pytorch_job_in_process(home: Path) -> None:
     result = run_example("pytorch-job.yaml")
     assert_completed(result)
-    check_sendrecv_logs(result.job_dir)
+    check_sendrecv_logs(dir_of(result))
     # Workers waited for the master with the plugin's init container before they started.
-    assert "is ready" in logs(result.job_dir, "pytorch-job-worker-0")
-    assert_nothing_left(result.job_dir)
+    assert "is ready" in logs(dir_of(result), "pytorch-job-worker-0")
+    assert_nothing_left(dir_of(result))
 
 
 @pytest.mark.timeout(120)
@@ -175,20 +177,20 @@ def test_two_copies_of_pytorch_job_at_once(home: Path) -> None:
 def test_ddp_train_loss_goes_down(home: Path) -> None:
     result = run_example("ddp-train.yaml")
     assert_completed(result)
-    master = logs(result.job_dir, "ddp-train-master-0")
+    master = logs(dir_of(result), "ddp-train-master-0")
     losses = [float(x) for x in re.findall(r"ddp: step +\d+ loss ([\d.]+)", master)]
     assert len(losses) >= 5, master
     assert losses[-1] < 0.2 * losses[0], losses
     for pod in ("ddp-train-master-0", "ddp-train-worker-0", "ddp-train-worker-1"):
-        assert re.search(r"ddp: rank \d OK: replicas identical", logs(result.job_dir, pod)), pod
-    assert_nothing_left(result.job_dir)
+        assert re.search(r"ddp: rank \d OK: replicas identical", logs(dir_of(result), pod)), pod
+    assert_nothing_left(dir_of(result))
 
 
 @pytest.mark.timeout(120)
 def test_restart_on_failure_restarts_then_completes(home: Path) -> None:
     result = run_example("restart-on-failure.yaml")
     assert_completed(result)
-    job_dir = result.job_dir
+    job_dir = dir_of(result)
     crashed = "restart-on-failure-worker-1"
     tries = attempts(job_dir, crashed)
     assert len(tries) == 2, f"{crashed} ran {len(tries)} attempts: {tries}"

@@ -6,12 +6,14 @@ import copy
 import errno
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from support import Ran
 from torchjob.expand import expand
 from torchjob.jobs import load_jobs_from_text
 from torchjob.spec.model import Job
@@ -324,20 +326,16 @@ def test_no_warning_when_hosts_env_is_not_injected() -> None:
     assert expand(load(doc)).warnings == []
 
 
-def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args], input=stdin, capture_output=True, text=True, timeout=60
-    )
-
-
 @pytest.mark.parametrize("command", ["validate", "render"])
-def test_cli_warns_with_file_line_and_field_path(command: str, tmp_path: Path) -> None:
+def test_cli_warns_with_file_line_and_field_path(
+    command: str, tmp_path: Path, run_main: Callable[..., Ran]
+) -> None:
     path = tmp_path / "big.yaml"
     path.write_text(yaml.safe_dump(big_job(FITS + 1), sort_keys=False))
     line = next(
         i for i, text in enumerate(path.read_text().splitlines(), 1) if f"replicas: {FITS + 1}" in text
     )
-    result = run_cli(command, str(path))
+    result = run_main(command, str(path))
     assert result.returncode == 0, result.stderr
     [warning] = result.stderr.splitlines()
     assert warning.startswith(f"{path}:{line}: spec.tasks[1].replicas: warning: VC_WORKER_HOSTS would be ")
@@ -347,7 +345,7 @@ def test_cli_warns_with_file_line_and_field_path(command: str, tmp_path: Path) -
         assert "VC_WORKER_HOSTS: " in result.stdout  # still in the ConfigMap
 
     path.write_text(yaml.safe_dump(big_job(FITS), sort_keys=False))
-    quiet = run_cli(command, str(path))
+    quiet = run_main(command, str(path))
     assert quiet.returncode == 0 and quiet.stderr == ""
 
 

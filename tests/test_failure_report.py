@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_local_support import cli, container, make_job, sh, task, write_job
+from support import cli, container, make_job, sh, task, write_job
 
 pytestmark = pytest.mark.timeout(180)
 

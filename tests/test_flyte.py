@@ -14,17 +14,19 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support import Ran
 
 pytest.importorskip("flytekit", reason="flytekit is not installed (pip install -e '.[flyte]')")
 pytest.importorskip("flytekitplugins.kfpytorch", reason="flytekitplugins-kfpytorch is not installed")
 
 from google.protobuf.json_format import MessageToDict
 
-from torchjob.cli import main
 from torchjob.sdk.loader import import_file
 
 pytestmark = pytest.mark.timeout(300)
@@ -55,15 +57,8 @@ def settings() -> Any:
     return SerializationSettings(image_config=ImageConfig.auto_default_image())
 
 
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def rendered(capsys: pytest.CaptureFixture[str], ref: str, *args: str) -> list[dict[str, Any]]:
-    code, out, err = cli(capsys, "render", ref, "--target", "kubeflow", "-o", "json", *args)
+def rendered(run_main: Callable[..., Ran], ref: str, *args: str) -> list[dict[str, Any]]:
+    code, out, err = run_main("render", ref, "--target", "kubeflow", "-o", "json", *args)
     assert code == 0, err
     return [item for item in json.loads(out)["items"] if item["kind"] == "PyTorchJob"]
 
@@ -179,10 +174,10 @@ CONFIG_TASKS = [
     "path, name", [(README, n) for n in README_TASKS] + [(CONFIGS, n) for n in CONFIG_TASKS]
 )
 def test_render_is_the_pytorchjob_flytes_backend_makes_of_the_serialization(
-    capsys: pytest.CaptureFixture[str], path: str, name: str
+    run_main: Callable[..., Ran], path: str, name: str
 ) -> None:
     task = getattr(import_file(path), name)
-    [job] = rendered(capsys, f"{path}:{name}")
+    [job] = rendered(run_main, f"{path}:{name}")
     assert actual_job(job) == expected_job(task)
     crd_valid(job)
     environment = task.environment or {}
@@ -194,8 +189,8 @@ def test_render_is_the_pytorchjob_flytes_backend_makes_of_the_serialization(
         assert ("/dev/shm" in mounts) == bool(task.task_config.increase_shared_mem or task.shared_memory)
 
 
-def test_the_readme_examples_are_the_configs_it_describes(capsys: pytest.CaptureFixture[str]) -> None:
-    jobs = {name: rendered(capsys, f"{README}:{name}")[0]["spec"] for name in README_TASKS}
+def test_the_readme_examples_are_the_configs_it_describes(run_main: Callable[..., Ran]) -> None:
+    jobs = {name: rendered(run_main, f"{README}:{name}")[0]["spec"] for name in README_TASKS}
     assert jobs["pytorch_job"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 5
     master = jobs["pytorch_job"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert master["image"] == "test_image"
@@ -218,17 +213,17 @@ def test_the_readme_examples_are_the_configs_it_describes(capsys: pytest.Capture
 
 
 def test_elastic_pods_run_the_launch_flytekit_would_with_its_runtime_settings(
-    capsys: pytest.CaptureFixture[str],
+    run_main: Callable[..., Ran],
 ) -> None:
     """What flytekit keeps out of the serialization but uses at run time (rdzv_configs,
     start_method, monitor_interval) reaches each pod's elastic agent."""
-    [job] = rendered(capsys, f"{CONFIGS}:elastic_range")
+    [job] = rendered(run_main, f"{CONFIGS}:elastic_range")
     command = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
     flags = dict(itertools.pairwise(command))  # each flag and its value
     assert flags["--nnodes"] == "1:4" and flags["--nproc-per-node"] == "8" and flags["--max-restarts"] == "3"
     assert json.loads(flags["--rdzv-configs"]) == {"timeout": 1200, "join_timeout": 900, "read_timeout": 900}
     assert flags["--monitor-interval"] == "0.1"  # flytekit's default 5 s, run as torchrun's 0.1 s
-    [settings_job] = rendered(capsys, f"{CONFIGS}:elastic_settings")
+    [settings_job] = rendered(run_main, f"{CONFIGS}:elastic_settings")
     command = settings_job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
         "command"
     ]
@@ -251,15 +246,15 @@ def test_single_node_configs_bypass_the_launcher_as_the_readme_says() -> None:
     assert (range_config.min_nodes, range_config.max_nodes) == (1, 4)
 
 
-def test_int_one_is_a_plain_pod_on_a_cluster_and_render_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+def test_int_one_is_a_plain_pod_on_a_cluster_and_render_says_so(run_main: Callable[..., Ran]) -> None:
     task = import_file(CONFIGS).elastic_one
     assert task.get_custom(settings()) is None and task.task_type == "python-task"
-    code, _, err = cli(capsys, "render", f"{CONFIGS}:elastic_one", "--target", "kubeflow")
+    code, _, err = run_main("render", f"{CONFIGS}:elastic_one", "--target", "kubeflow")
     assert code == 0
     assert "Flyte runs this task as one plain pod (python-task), not a PyTorchJob" in err
 
 
-def test_node_overrides_are_rendered_as_flytekit_serializes_them(capsys: pytest.CaptureFixture[str]) -> None:
+def test_node_overrides_are_rendered_as_flytekit_serializes_them(run_main: Callable[..., Ran]) -> None:
     from collections import OrderedDict
 
     from flytekit.tools.translator import get_serializable
@@ -267,8 +262,8 @@ def test_node_overrides_are_rendered_as_flytekit_serializes_them(capsys: pytest.
     module = import_file(CONFIGS)
     spec = get_serializable(OrderedDict(), settings(), module.with_node_overrides)
     overrides = [n.task_node.overrides for n in spec.template.nodes if n.task_node and n.id != "n2"]
-    code, out, err = cli(
-        capsys, "render", f"{CONFIGS}:with_node_overrides", "--target", "kubeflow", "-o", "json"
+    code, out, err = run_main(
+        "render", f"{CONFIGS}:with_node_overrides", "--target", "kubeflow", "-o", "json"
     )
     assert code == 0, err
     decoder, text, jobs = json.JSONDecoder(), out.strip(), []
@@ -282,14 +277,14 @@ def test_node_overrides_are_rendered_as_flytekit_serializes_them(capsys: pytest.
     assert "nodes flytekit runs itself (not rendered): n2 (plain_task)" in err
 
 
-def test_a_workflow_renders_every_branch_of_its_conditional(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = cli(capsys, "render", f"{ADAPTIVE}:adaptive_training", "--target", "kubeflow")
+def test_a_workflow_renders_every_branch_of_its_conditional(run_main: Callable[..., Ran]) -> None:
+    code, out, err = run_main("render", f"{ADAPTIVE}:adaptive_training", "--target", "kubeflow")
     assert code == 0, err
     assert "# node n0 > n0 (train_model_single_node)" in out and "# node n0 > n1 (train_model)" in out
     assert "Flyte runs this task as one plain pod" in err  # the single-node branch
-    code, _, err = cli(capsys, "render", f"{ADAPTIVE}:adaptive_training_dynamic")
+    code, _, err = run_main("render", f"{ADAPTIVE}:adaptive_training_dynamic")
     assert code == 2 and "its nodes are decided when it runs" in err
-    code, out, err = cli(capsys, "render", "tests/flyte_tasks.py:pipeline", "--target", "kubeflow")
+    code, out, err = run_main("render", "tests/flyte_tasks.py:pipeline", "--target", "kubeflow")
     assert code == 0, err  # a conditional whose branch is a sub-workflow
     assert [line for line in out.splitlines() if line.startswith("# ")] == [
         "# node n0 (allreduce_pytorch)",
@@ -299,15 +294,15 @@ def test_a_workflow_renders_every_branch_of_its_conditional(capsys: pytest.Captu
 
 
 def test_with_overrides_task_config_is_flytekits_change_of_the_task(
-    capsys: pytest.CaptureFixture[str],
+    run_main: Callable[..., Ran],
 ) -> None:
     """flytekit replaces the task's own config when the workflow is compiled (for every node of
     that task), keeping the node count of the task's definition; torchjob renders what that
     serializes."""
     task = import_file(CONFIGS).changed_by_override
     assert task.task_config.nproc_per_node == 2
-    code, out, err = cli(
-        capsys, "render", f"{CONFIGS}:overriding_task_config", "--target", "kubeflow", "-o", "json"
+    code, out, err = run_main(
+        "render", f"{CONFIGS}:overriding_task_config", "--target", "kubeflow", "-o", "json"
     )
     assert code == 0, err
     [job] = [i for i in json.loads(out)["items"] if i["kind"] == "PyTorchJob"]
@@ -322,9 +317,8 @@ def test_with_overrides_task_config_is_flytekits_change_of_the_task(
     }
 
 
-def test_validate_describes_tasks_and_workflows(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = cli(
-        capsys,
+def test_validate_describes_tasks_and_workflows(run_main: Callable[..., Ran]) -> None:
+    code, out, err = run_main(
         "validate",
         f"{CONFIGS}:every_field",
         f"{ADAPTIVE}:adaptive_training",
@@ -339,13 +333,13 @@ def test_validate_describes_tasks_and_workflows(capsys: pytest.CaptureFixture[st
     assert "flytekit @dynamic task adaptive_training_dynamic: valid" in out
 
 
-def test_what_torchjob_cannot_run_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = cli(capsys, "run", f"{CONFIGS}:calls_through_an_attribute")
+def test_what_torchjob_cannot_run_is_one_line(run_main: Callable[..., Ran]) -> None:
+    code, _, err = run_main("run", f"{CONFIGS}:calls_through_an_attribute")
     assert code == 2
     assert err.strip().count("\n") == 0 and "otherwise than by a name of its" in err
-    code, _, err = cli(capsys, "render", f"{CONFIGS}:nothing_here")
+    code, _, err = run_main("render", f"{CONFIGS}:nothing_here")
     assert code == 2 and "tasks in this file:" in err and "every_field" in err
-    code, _, err = cli(capsys, "run", f"{CONFIGS}:plain_task", "--x", "one")
+    code, _, err = run_main("run", f"{CONFIGS}:plain_task", "--x", "one")
     assert code == 2 and "--x: expected an integer, got 'one'" in err
 
 

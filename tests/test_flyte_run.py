@@ -9,12 +9,12 @@ never patched; the tests skip where they (or torch) are not installed.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support import torchjob
 
 pytest.importorskip("flytekit", reason="flytekit is not installed (pip install -e '.[flyte]')")
 pytest.importorskip("flytekitplugins.kfpytorch", reason="flytekitplugins-kfpytorch is not installed")
@@ -39,18 +39,6 @@ def tasks() -> Any:
 @pytest.fixture(autouse=True)
 def _private_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHJOB_HOME", str(tmp_path_factory.mktemp("home")))
-
-
-def torchjob(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> Any:
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args],
-        cwd=REPO,
-        env=env or dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def test_kfpytorch_tasks_run_distributed_and_return_typed_values(tasks: Any) -> None:
@@ -87,7 +75,7 @@ def test_flytekit_runs_the_rest_of_a_workflow_and_names_are_bound_back(tasks: An
 def test_torchjob_run_of_a_workflow_takes_pyflyte_run_arguments() -> None:
     """A plain task and two distributed ones (master + 2 workers; 2 nodes x 2 processes), chosen
     by a conditional on a flag given as pyflyte run takes it."""
-    done = torchjob("run", f"{TASKS}:pipeline", "--scale", "2", "--elastic")
+    done = torchjob("run", f"{TASKS}:pipeline", "--scale", "2", "--elastic", timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     # 2 * (1+2+3) = 12 ranks the elastic task scales by; 12 * (1+2+3+4) = 120
     assert "torchjob: workflow pipeline returned 120\n" in done.stdout
@@ -111,7 +99,9 @@ def test_the_same_task_on_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
     from test_slurm_engine import cli_env
 
     env = cli_env(slurm, tmp_path / "root")
-    done = torchjob("run", f"{TASKS}:allreduce_pytorch", "--scale", "3", "--engine", "slurm", env=env)
+    done = torchjob(
+        "run", f"{TASKS}:allreduce_pytorch", "--scale", "3", "--engine", "slurm", env=env, timeout=240
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert (
         "torchjob: rank 0 returned Report(world=3, total=6, ranks=[0, 1, 2], nodes=[0, 1, 2], scale=3)"
@@ -123,6 +113,6 @@ def test_the_same_task_on_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
 def test_the_kfpytorch_readmes_first_example_runs_as_written() -> None:
     """The README's `PyTorch(worker=Worker(replicas=5))` task, unchanged but for valid flytekit
     (examples/flyte/kfpytorch_readme.py): 1 master + 5 workers join one gloo group of 6."""
-    done = torchjob("run", "examples/flyte/kfpytorch_readme.py:pytorch_job")
+    done = torchjob("run", "examples/flyte/kfpytorch_readme.py:pytorch_job", timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "torchjob: rank 0 returned 6" in done.stdout, done.stdout

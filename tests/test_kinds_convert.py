@@ -11,6 +11,8 @@ source meant in the target's terms.
 from __future__ import annotations
 
 import os
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +200,37 @@ def test_a_jobset_without_a_rendezvous_of_its_own_has_no_master_for_the_targets_
         in err.value.problems[0].message
     )
     assert for_cluster(load_jobs_from_text(text)[0].job, "volcano", "default").objects  # any tasks
+
+
+def test_the_worked_migration_in_the_docs_is_what_render_does(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """docs/kinds.md's PyTorchJob-to-TrainJob migration: its command, the TrainJob it describes and
+    every warning it quotes come out of the real CLI."""
+    from torchjob.cli import main
+
+    text = (REPO / "docs" / "kinds.md").read_text()
+    section = text[text.index("### Worked migration") :]
+    section = section[: section.index("\n## ")]
+    command = re.search(r"```sh\n(torchjob render [^\n>]*?)\s*>", section)
+    assert command is not None, "the migration no longer shows its render command"
+    prose = " ".join(section.split())  # quoted phrases may wrap across lines
+    monkeypatch.chdir(REPO)
+    assert main(shlex.split(command[1])[1:]) == 0
+    out, err = capfd.readouterr()
+    (trainjob,) = [o for o in yaml.safe_load(out)["items"] if o["kind"] == "TrainJob"]
+    trainer = trainjob["spec"]["trainer"]
+    assert (
+        f"`numNodes: {trainer['numNodes']}`" in prose
+        and f"`numProcPerNode: {trainer['numProcPerNode']}`" in prose
+    )
+    assert f"the command `{' '.join(trainer['command'])}`" in prose
+    assert trainjob["spec"]["runtimeRef"]["name"] == "torch-distributed" and "`torch-distributed`" in prose
+    assert "runtimePatches" in trainjob["spec"] and "`runtimePatches`" in prose
+    quoted = re.findall(r"- `([^`]+)`", section)  # the warnings the bullets quote
+    assert len(quoted) >= 2, section
+    for warning in quoted:
+        assert warning in err, (warning, err)
+    for field in re.findall(r"the `(\w+)` warning", prose):  # warnings named by their field
+        assert f": spec.{field}: warning: " in err, (field, err)
+    assert err.count("warning:") == len(quoted) + len(re.findall(r"the `(\w+)` warning", prose)), err

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 pytest.importorskip("kubernetes")
 
@@ -50,13 +51,6 @@ spec:
           restartPolicy: Never
 """
 VOLCANO = "batch.volcano.sh/v1alpha1"
-
-
-@pytest.fixture
-def job_file(tmp_path: Path) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(JOB)
-    return path
 
 
 def play_controller(api: FakeKubeAPI, end: str, exit_code: int = 0) -> None:
@@ -289,3 +283,54 @@ def test_a_script_sent_to_a_cluster_without_image_is_refused(
         and err.count("\n") == 1
     )
     assert api.count("POST") == 0
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "api_version", "kind"),
+    [
+        ("pytorchjob.yaml", "kubeflow", "kubeflow.org/v1", "PyTorchJob"),
+        ("trainjob.yaml", "trainjob", "trainer.kubeflow.org/v1alpha1", "TrainJob"),
+        ("jobset.yaml", "jobset", "jobset.x-k8s.io/v1alpha2", "JobSet"),
+        ("pytorchjob.yaml", "trainjob", "trainer.kubeflow.org/v1alpha1", "TrainJob"),  # the migration
+    ],
+)
+def test_submit_takes_the_clusters_own_kinds(
+    api: FakeKubeAPI,
+    kubeconfig: str,
+    capsys: pytest.CaptureFixture[str],
+    source: str,
+    target: str,
+    api_version: str,
+    kind: str,
+) -> None:
+    """`submit` reads a PyTorchJob, TrainJob or JobSet file as `run` and `render` do: to its own
+    target the object goes as written, labelled; to another, converted."""
+    path = Path(__file__).resolve().parent.parent / "examples" / "kinds" / source
+    written = yaml.safe_load(path.read_text())
+    code = main(["submit", str(path), "--target", target, "--kubeconfig", kubeconfig])
+    out = capsys.readouterr()
+    name = written["metadata"]["name"]
+    assert (code, out.out) == (0, f"{name}\n"), out.err
+    created = api.get(api_version, kind, name)
+    assert created is not None and created["metadata"]["labels"]["torchjob.io/job-name"] == name
+    assert main(["render", str(path), "--target", target]) == 0
+    (rendered,) = [o for o in yaml.safe_load(capsys.readouterr().out)["items"] if o["kind"] == kind]
+    assert created["spec"] == rendered["spec"]  # what render showed is what the cluster got
+    if written["kind"] == kind:  # as written, torchjob's label added to its pods
+        assert _containers(created) == _containers(written)
+    else:
+        assert created["spec"]["trainer"]["numNodes"] == 3, created["spec"]
+        # What the target says otherwise, at the PyTorchJob's own fields and lines, as render says it.
+        source = f"torchjob: {path}:16: spec.pytorchReplicaSpecs.Master.restartPolicy: warning: "
+        assert f"{source}restartPolicy is dropped" in out.err, out.err
+        assert f"torchjob: {path}:12: spec.maxRetry: warning: a TrainJob has no restart" in out.err
+
+
+def _containers(obj: Any) -> list[Any]:
+    """Every container list in ``obj``, in order."""
+    if isinstance(obj, dict):
+        found = [obj["containers"]] if "containers" in obj else []
+        return found + [c for k, v in obj.items() if k != "containers" for c in _containers(v)]
+    if isinstance(obj, list):
+        return [c for v in obj for c in _containers(v)]
+    return []

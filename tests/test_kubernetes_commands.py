@@ -56,13 +56,6 @@ spec:
 VOLCANO = "batch.volcano.sh/v1alpha1"
 
 
-@pytest.fixture
-def job_file(tmp_path: Path) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(JOB)
-    return path
-
-
 def volcano_pods(top: dict[str, Any]) -> list[dict[str, Any]]:
     """The pods Volcano's controller makes for the demo job (a literal RANK in each, as its plugin writes)."""
     pods = [make_pod("demo", "master", 0, owner=top, rank=0)]
@@ -161,7 +154,9 @@ def test_run_target_and_runtime_reach_the_trainjob(
     out, err = capsys.readouterr()
     assert out == "ml/demo\n"
     # Detached, what the target drops is still said.
-    assert "torchjob: warning: spec.tasks[0].template.spec.restartPolicy: restartPolicy is dropped" in err
+    # At the file's line, as render says it.
+    path = "spec.tasks[0].template.spec.restartPolicy"
+    assert f"torchjob: {job_file}:16: {path}: warning: restartPolicy is dropped" in err, err
     train = api.get("trainer.kubeflow.org/v1alpha1", "TrainJob", "demo", namespace="ml")
     assert train is not None
     assert train["spec"]["runtimeRef"]["name"] == "my-rt"

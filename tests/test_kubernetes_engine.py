@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from support import plan_and_start
+
 pytest.importorskip("kubernetes")
 
 from kube_fixtures import (
@@ -112,14 +114,16 @@ def pods_of(api: FakeKubeAPI, top: dict[str, Any], target: str, workers: int = 2
 def test_detached_start_creates_the_object_in_the_contexts_namespace(
     api: FakeKubeAPI, kubeconfig: Path
 ) -> None:
-    report = engine_for(kubeconfig).start(a_job(), StartOptions(detach=True, target="volcano"))
+    report = plan_and_start(engine_for(kubeconfig), a_job(), StartOptions(detach=True, target="volcano"))
     assert (report.id, report.target, report.engine) == ("team/demo", "volcano", "kubernetes")
     obj = api.get("batch.volcano.sh/v1alpha1", "Job", "demo", namespace="team")
     assert obj is not None and obj["metadata"]["labels"][JOB_LABEL] == "demo"
 
 
 def test_namespace_flag_wins_over_the_context(api: FakeKubeAPI, kubeconfig: Path) -> None:
-    engine_for(kubeconfig, namespace="other").start(a_job(), StartOptions(detach=True, target="volcano"))
+    plan_and_start(
+        engine_for(kubeconfig, namespace="other"), a_job(), StartOptions(detach=True, target="volcano")
+    )
     assert api.get("batch.volcano.sh/v1alpha1", "Job", "demo", namespace="other") is not None
 
 
@@ -127,7 +131,7 @@ def test_without_a_target_the_first_kind_the_cluster_has_is_used(tmp_path: Path)
     server = FakeKubeAPI(groups=("jobset.x-k8s.io/v1alpha2", "trainer.kubeflow.org/v1alpha1")).start()
     try:
         config = server.kubeconfig(tmp_path / "kc")
-        report = engine_for(config).start(a_job(), StartOptions(detach=True))
+        report = plan_and_start(engine_for(config), a_job(), StartOptions(detach=True))
         assert report.target == "jobset"
         assert server.get("jobset.x-k8s.io/v1alpha2", "JobSet", "demo") is not None
     finally:
@@ -136,21 +140,21 @@ def test_without_a_target_the_first_kind_the_cluster_has_is_used(tmp_path: Path)
 
 def test_an_existing_job_is_an_error_without_replace(api: FakeKubeAPI, kubeconfig: Path) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
     with pytest.raises(EngineError, match=r"job demo already exists in namespace team .*--replace") as err:
-        engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+        engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
     assert err.value.exit_code == 2
 
 
 def test_replace_deletes_the_old_job_and_creates_a_new_one(api: FakeKubeAPI, kubeconfig: Path) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
     old = api.get("batch.volcano.sh/v1alpha1", "Job", "demo", namespace="team")
     assert old is not None
     # Its pods, as Volcano made them: they go with the job (owner references).
     for pod in pods_of(api, old, "volcano"):
         api.put(pod)
-    engine.start(a_job(), StartOptions(detach=True, target="volcano", replace=True))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano", replace=True)))
     new = api.get("batch.volcano.sh/v1alpha1", "Job", "demo", namespace="team")
     assert new is not None and new["metadata"]["uid"] != old["metadata"]["uid"]
     assert api.objects_of("v1", "Pod", "team") == []
@@ -159,15 +163,15 @@ def test_replace_deletes_the_old_job_and_creates_a_new_one(api: FakeKubeAPI, kub
 
 def test_replace_works_across_targets(api: FakeKubeAPI, kubeconfig: Path) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
-    engine.start(a_job(), StartOptions(detach=True, target="kubeflow", replace=True))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="kubeflow", replace=True)))
     assert api.get("batch.volcano.sh/v1alpha1", "Job", "demo", namespace="team") is None
     assert api.get("kubeflow.org/v1", "PyTorchJob", "demo", namespace="team") is not None
 
 
 def test_pods_target_creates_every_object_and_delete_removes_them(api: FakeKubeAPI, kubeconfig: Path) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="pods"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="pods")))
     assert len(api.objects_of("v1", "Pod", "team")) == 3
     assert engine.status("demo").target == "pods"
     assert engine.delete(["demo"]) == ["team/demo"]
@@ -179,7 +183,7 @@ def test_a_missing_crd_names_the_kind_and_a_target_the_cluster_has(tmp_path: Pat
     try:
         engine = engine_for(server.kubeconfig(tmp_path / "kc"))
         with pytest.raises(EngineError) as err:
-            engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+            engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
         assert str(err.value) == (
             "this cluster has no batch.volcano.sh/v1alpha1 Job: install Volcano or use --target jobset"
         )
@@ -194,11 +198,11 @@ def test_a_cluster_without_any_training_stack_is_told_about_pods(tmp_path: Path)
     try:
         engine = engine_for(server.kubeconfig(tmp_path / "kc"))
         with pytest.raises(EngineError, match=r"^this cluster has none of .*or use --target pods$"):
-            engine.start(a_job(), StartOptions(detach=True))
+            engine.start(engine.plan(a_job(), StartOptions(detach=True)))
         with pytest.raises(
             EngineError, match=r"no batch.volcano.sh/v1alpha1 Job: install Volcano or use --target pods"
         ):
-            engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+            engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
     finally:
         server.stop()
 
@@ -216,7 +220,7 @@ def test_kubeconfig_from_the_environment_and_an_unknown_context(
     api: FakeKubeAPI, kubeconfig: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    get_engine("kubernetes").start(a_job(), StartOptions(detach=True, target="volcano"))
+    plan_and_start(get_engine("kubernetes"), a_job(), StartOptions(detach=True, target="volcano"))
     assert api.get("batch.volcano.sh/v1alpha1", "Job", "demo", namespace="team") is not None
     with pytest.raises(EngineError, match=r"no context 'nope' in .* \(contexts: fake-context\)"):
         get_engine("kubernetes", context="nope").status("demo")
@@ -254,7 +258,7 @@ def test_rbac_refusal_shows_the_servers_message(api: FakeKubeAPI, kubeconfig: Pa
         'in the namespace "team"',
     )
     with pytest.raises(EngineError) as err:
-        engine_for(kubeconfig).start(a_job(), StartOptions(detach=True, target="volcano"))
+        plan_and_start(engine_for(kubeconfig), a_job(), StartOptions(detach=True, target="volcano"))
     assert str(err.value) == (
         "the cluster refused to create batch.volcano.sh/v1alpha1 Job demo (RBAC): jobs.batch.volcano.sh is "
         'forbidden: User "alice" cannot create resource "jobs" in the namespace "team"'
@@ -268,7 +272,7 @@ def test_an_object_the_server_refuses_shows_its_message_and_nothing_stays(
     message = 'Pod "demo-worker-1" is invalid: spec.containers[0].image: Required value'
     api.refuse("POST", "pods", 422, message, name=None)
     with pytest.raises(EngineError) as err:
-        engine_for(kubeconfig).start(a_job(), StartOptions(detach=True, target="pods"))
+        plan_and_start(engine_for(kubeconfig), a_job(), StartOptions(detach=True, target="pods"))
     assert str(err.value) == f"the cluster rejected v1 Pod demo-master-0: {message}"
     # The ConfigMap made before the refused pod was taken back.
     assert api.count("POST", "/configmaps") == 1
@@ -286,7 +290,7 @@ def test_wait_ends_in_each_terminal_phase(
     api: FakeKubeAPI, kubeconfig: Path, target: str, phase: str
 ) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target=target))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target=target)))
     api_version, kind = API[target]
     top = api.get(api_version, kind, "demo", namespace="team")
     assert top is not None
@@ -311,7 +315,7 @@ def test_wait_ends_in_each_terminal_phase(
 
 def test_status_maps_running_and_pending(api: FakeKubeAPI, kubeconfig: Path) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="jobset"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="jobset")))
     top = api.get("jobset.x-k8s.io/v1alpha2", "JobSet", "demo", namespace="team")
     assert top is not None
     pods = pods_of(api, top, "jobset")
@@ -330,7 +334,7 @@ def test_status_maps_running_and_pending(api: FakeKubeAPI, kubeconfig: Path) -> 
 
 def test_wait_times_out_with_the_latest_report(api: FakeKubeAPI, kubeconfig: Path) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
     api.set_status(
         "batch.volcano.sh/v1alpha1", "Job", "demo", {"state": {"phase": "Running"}}, namespace="team"
     )
@@ -344,7 +348,7 @@ def test_the_first_failed_pod_comes_with_its_exit_code_and_log_tail(
     api: FakeKubeAPI, kubeconfig: Path
 ) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
     top = api.get("batch.volcano.sh/v1alpha1", "Job", "demo", namespace="team")
     assert top is not None
     master, worker0, worker1 = pods_of(api, top, "volcano")
@@ -364,7 +368,7 @@ def test_the_first_failed_pod_comes_with_its_exit_code_and_log_tail(
 
 def test_an_image_that_cannot_be_pulled_fails_fast_naming_it(api: FakeKubeAPI, kubeconfig: Path) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
     top = api.get("batch.volcano.sh/v1alpha1", "Job", "demo", namespace="team")
     assert top is not None
     pods = pods_of(api, top, "volcano")
@@ -388,7 +392,7 @@ def test_an_image_that_cannot_be_pulled_fails_fast_naming_it(api: FakeKubeAPI, k
 @pytest.mark.parametrize("reason", ["ErrImagePull", "InvalidImageName"])
 def test_other_image_errors_fail_fast_too(api: FakeKubeAPI, kubeconfig: Path, reason: str) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="kubeflow"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="kubeflow")))
     top = api.get("kubeflow.org/v1", "PyTorchJob", "demo", namespace="team")
     assert top is not None
     api.put(waiting(pods_of(api, top, "kubeflow")[0], reason))
@@ -400,7 +404,7 @@ def test_a_pod_stuck_pending_is_reported_with_the_schedulers_message(
     api: FakeKubeAPI, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     engine = engine_for(kubeconfig, pending_timeout=1.0)
-    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
     top = api.get("batch.volcano.sh/v1alpha1", "Job", "demo", namespace="team")
     assert top is not None
     message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available."
@@ -425,7 +429,7 @@ def test_list_jobs_finds_every_target_by_its_label(api: FakeKubeAPI, kubeconfig:
         ("d", "trainjob"),
         ("e", "pods"),
     ):
-        engine.start(a_job(name), StartOptions(detach=True, target=target))
+        engine.start(engine.plan(a_job(name), StartOptions(detach=True, target=target)))
     # Something of someone else's, without the label: not ours.
     api.put(
         {
@@ -442,8 +446,8 @@ def test_list_jobs_finds_every_target_by_its_label(api: FakeKubeAPI, kubeconfig:
 
 def test_delete_resolves_every_ref_before_deleting_any(api: FakeKubeAPI, kubeconfig: Path) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job("one"), StartOptions(detach=True, target="volcano"))
-    engine.start(a_job("two"), StartOptions(detach=True, target="trainjob"))
+    engine.start(engine.plan(a_job("one"), StartOptions(detach=True, target="volcano")))
+    engine.start(engine.plan(a_job("two"), StartOptions(detach=True, target="trainjob")))
     with pytest.raises(EngineError, match="no job 'typo'"):
         engine.delete(["one", "typo"])
     assert api.count("DELETE") == 0
@@ -466,7 +470,7 @@ def _started(
 
 def test_logs_of_every_pod_with_the_local_prefixes(api: FakeKubeAPI, kubeconfig: Path) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
     _, pods = _started(api)
     for pod in pods:
         name = pod["metadata"]["name"]
@@ -488,7 +492,7 @@ def test_logs_of_every_pod_with_the_local_prefixes(api: FakeKubeAPI, kubeconfig:
 
 def test_following_logs_streams_every_pod_until_the_job_ends(api: FakeKubeAPI, kubeconfig: Path) -> None:
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
     _, pods = _started(api)
     for pod in pods:
         api.log(pod["metadata"]["name"], pod["spec"]["containers"][0]["name"], "first")
@@ -536,7 +540,9 @@ def test_attached_start_follows_logs_and_returns_the_final_report(
         )
 
     controller(api, script)
-    report: JobReport = engine_for(kubeconfig).start(a_job(), StartOptions(target="volcano", timeout=30))
+    report: JobReport = plan_and_start(
+        engine_for(kubeconfig), a_job(), StartOptions(target="volcano", timeout=30)
+    )
     assert report.phase == "Completed"
     out = capsys.readouterr().out.splitlines()
     assert sorted(out) == ["master-0 r0 | training", "worker-0 r1 | training", "worker-1 r2 | training"]
@@ -578,13 +584,15 @@ def test_attached_start_and_wait_report_to_the_callers_sink(
 
     controller(api, script)
     sink = ListSink()
-    report = engine_for(kubeconfig).start(a_job(), StartOptions(target="volcano", timeout=30, sink=sink))
+    report = plan_and_start(
+        engine_for(kubeconfig), a_job(), StartOptions(target="volcano", timeout=30, sink=sink)
+    )
     assert report.phase == "Completed"
     assert sorted(sink.logs) == ["master-0 r0 | training", "worker-0 r1 | training", "worker-1 r2 | training"]
     assert capsys.readouterr() == ("", "")
 
     engine = engine_for(kubeconfig, pending_timeout=1.0)
-    engine.start(a_job("stuck"), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(a_job("stuck"), StartOptions(detach=True, target="volcano")))
     top = api.get("batch.volcano.sh/v1alpha1", "Job", "stuck", namespace="team")
     assert top is not None
     api.put(unschedulable(pods_of(api, top, "volcano")[0], "0/3 nodes are available"))
@@ -595,7 +603,9 @@ def test_attached_start_and_wait_report_to_the_callers_sink(
 
 
 def test_attached_start_past_its_timeout_deletes_the_job(api: FakeKubeAPI, kubeconfig: Path) -> None:
-    report = engine_for(kubeconfig).start(a_job(), StartOptions(target="volcano", timeout=1.0, quiet=True))
+    report = plan_and_start(
+        engine_for(kubeconfig), a_job(), StartOptions(target="volcano", timeout=1.0, quiet=True)
+    )
     assert report.phase == "Terminated" and "timed out" in report.reason
     assert api.get("batch.volcano.sh/v1alpha1", "Job", "demo", namespace="team") is None
 
@@ -607,7 +617,7 @@ def _requests_to_follow(tmp_path: Path, workers: int) -> tuple[int, JobReport]:
     server = FakeKubeAPI().start()
     try:
         engine = engine_for(server.kubeconfig(tmp_path / f"kc{workers}"))
-        engine.start(a_job("big", workers), StartOptions(detach=True, target="volcano"))
+        engine.start(engine.plan(a_job("big", workers), StartOptions(detach=True, target="volcano")))
         top = server.get("batch.volcano.sh/v1alpha1", "Job", "big")
         assert top is not None
         pods = [make_pod("big", "master", 0, owner=top)]
@@ -648,7 +658,7 @@ def test_a_watch_the_server_ends_resumes_without_losing_events(
     monkeypatch.setattr(watch, "SHORT_WATCH", 0.1)  # a 0.3 s watch is a healthy one here
     api.watch_seconds_cap = 0.3  # the server closes every watch after 0.3 s
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
 
     def later() -> None:
         time.sleep(1.2)
@@ -675,7 +685,7 @@ def test_groups_cover_every_target() -> None:
 def test_a_watch_told_410_gone_lists_again(api: FakeKubeAPI, kubeconfig: Path) -> None:
     api.watch_seconds_cap = 0.3
     engine = engine_for(kubeconfig)
-    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
 
     def later() -> None:
         time.sleep(0.5)
@@ -705,7 +715,9 @@ def test_replace_never_deletes_an_object_torchjob_did_not_make(api: FakeKubeAPI,
     }
     api.put(theirs)
     with pytest.raises(EngineError) as err:
-        engine_for(kubeconfig).start(a_job(), StartOptions(detach=True, target="volcano", replace=True))
+        plan_and_start(
+            engine_for(kubeconfig), a_job(), StartOptions(detach=True, target="volcano", replace=True)
+        )
     assert str(err.value) == (
         'cannot create batch.volcano.sh/v1alpha1 Job demo: jobs.batch.volcano.sh "demo" already exists'
     )
@@ -736,5 +748,5 @@ def test_kubeconfig_lists_several_files_like_kubectl(
 ) -> None:
     monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'absent'}:{kubeconfig}")
     engine = get_engine("kubernetes")
-    engine.start(a_job(), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(a_job(), StartOptions(detach=True, target="volcano")))
     assert engine.status("demo").id == "team/demo"

@@ -87,7 +87,9 @@ def test_the_example_completes(engine: Any, cleanup: list[str], example: str, ta
     require(engine, target)
     name = f"live-{example}-{target}-{secrets.token_hex(3)}"[:40]
     cleanup.append(name)
-    report = engine.start(example_job(example, name), StartOptions(target=target, timeout=1200, quiet=True))
+    report = engine.start(
+        engine.plan(example_job(example, name), StartOptions(target=target, timeout=1200, quiet=True))
+    )
     assert report.phase == "Completed", (report.reason, report.first_failure)
     status = engine.status(name)
     assert status.phase == "Completed" and status.target == target and status.pods
@@ -122,4 +124,4 @@ def test_an_image_that_does_not_exist_fails_fast(engine: Any, cleanup: list[str]
     cleanup.append(name)
     job = example_job("pytorch-job", name, image="torchjob.invalid/no-such-image:0")
     with pytest.raises(EngineError, match=r"cannot pull image 'torchjob.invalid/no-such-image:0'"):
-        engine.start(job, StartOptions(target=targets[0], timeout=600, quiet=True))
+        engine.start(engine.plan(job, StartOptions(target=targets[0], timeout=600, quiet=True)))

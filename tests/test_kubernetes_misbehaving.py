@@ -58,13 +58,6 @@ spec:
 """
 
 
-@pytest.fixture
-def job_file(tmp_path: Path) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(JOB)
-    return path
-
-
 def the_job() -> Any:
     return load_jobs_from_text(JOB, "job.yaml")[0].job
 
@@ -111,7 +104,7 @@ def submitted(api: FakeKubeAPI, kubeconfig: str, end: str | None = None) -> Any:
     """The demo job on the (fake) cluster, running; the engine that submitted it."""
     play(api, end)
     engine = get_engine("kubernetes", kubeconfig=kubeconfig)
-    engine.start(the_job(), StartOptions(detach=True, target="volcano"))
+    engine.start(engine.plan(the_job(), StartOptions(detach=True, target="volcano")))
     deadline = time.monotonic() + 10
     while len(api.objects_of("v1", "Pod")) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test_local_support import cli, container, leftovers, make_job, sh, task, wait_until, write_job
+from support import cli, container, leftovers, make_job, sh, task, wait_until, write_job
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from test_local_support import container, leftovers, make_job, sh, task
+from support import container, leftovers, make_job, sh, task, torchjob
 from torchjob.spec.manifest import job_manifest
 
 pytestmark = [
@@ -41,13 +40,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(mount)], check=False)
         if os.path.ismount(mount):
             subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TORCHJOB_HOME": str(home)}
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args], env=env, capture_output=True, text=True, timeout=60
-    )
 
 
 def _job_file(tmp_path: Path, script: str) -> str:
@@ -80,17 +72,19 @@ def test_a_job_that_fills_the_disk_gets_a_final_status_and_can_be_deleted(
 ) -> None:
     home = small_disk / "home"
     # 3 MB of output into a 1 MB disk: the log fills it and the status can no longer grow.
-    run = _cli(
-        home, "run", _job_file(tmp_path, "yes 0123456789012345678901234567890123456789 | head -c 3000000")
+    run = torchjob(
+        "run",
+        _job_file(tmp_path, "yes 0123456789012345678901234567890123456789 | head -c 3000000"),
+        home=home,
     )
     assert "Traceback" not in run.stdout + run.stderr, run.stderr
     assert run.returncode == 1
-    listed = _cli(home, "status", "-o", "json")
+    listed = torchjob("status", "-o", "json", home=home)
     assert listed.returncode == 0, listed.stderr
     (job,) = json.loads(listed.stdout)["items"]
     assert job["phase"] in FINAL, job
     assert leftovers(job["id"]) == []
-    deleted = _cli(home, "delete", job["id"])
+    deleted = torchjob("delete", job["id"], home=home)
     assert deleted.returncode == 0, deleted.stderr
     assert not (home / "jobs" / job["id"]).exists()
 
@@ -102,7 +96,7 @@ def test_a_job_on_a_full_disk_is_refused_in_one_line_and_leaves_nothing_unseen(
     home = small_disk / "home"
     (home / "jobs").mkdir(parents=True)
     _fill(small_disk)
-    run = _cli(home, "run", *(["--detach"] if detach else []), _job_file(tmp_path, "echo hello"))
+    run = torchjob("run", *(["--detach"] if detach else []), _job_file(tmp_path, "echo hello"), home=home)
     assert run.returncode == 1, run.stdout + run.stderr  # not 0: no job started
     assert "Traceback" not in run.stdout + run.stderr
     said = run.stderr if detach else run.stdout
@@ -115,7 +109,7 @@ def test_a_job_on_a_full_disk_is_refused_in_one_line_and_leaves_nothing_unseen(
     for line in (run.stdout + run.stderr).splitlines():  # no path to logs that are not there
         if "logs" in line and str(home / "jobs") in line:
             assert any(job in line for job in kept), line
-    listed = json.loads(_cli(home, "status", "-o", "json").stdout)["items"]
+    listed = json.loads(torchjob("status", "-o", "json", home=home).stdout)["items"]
     for job in listed:  # a job that could record why it never ran is there to read and delete
         assert job["phase"] == "Failed" and "No space left on device" in job["reason"]
-        assert _cli(home, "delete", job["id"]).returncode == 0
+        assert torchjob("delete", job["id"], home=home).returncode == 0

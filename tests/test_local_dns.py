@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from test_local_support import container, leftovers, make_job, run, sh, status_of, task
+from support import container, job_dir, leftovers, log_dir, make_job, run, sh, status_of, task
 from test_waitmaster import PROBING, make_shell
 from torchjob import records
 from torchjob.engines.local import podnames
@@ -157,7 +157,7 @@ def test_pod_names_resolve_to_the_pods_addresses_and_master_addr_is_the_cluster_
     status = status_of(result)
     assert status["nameResolution"] == "resolved"
     assert [p["address"] for p in status["pods"]] == ["127.0.1.1", "127.0.1.2", "127.0.1.3"]
-    assert leftovers(result.job_id) == []
+    assert leftovers(result.id) == []
     assert _mountinfo() == before
     assert "dns-master-0" not in Path(podnames.ETC_HOSTS).read_text()
 
@@ -184,7 +184,7 @@ def test_with_names_off_the_job_gets_addresses(tmp_path: Path, monkeypatch: pyte
     data = json.loads(out.read_text())
     assert data == {"addr": "127.0.1.1", "private": False}
     assert status_of(result)["nameResolution"] == f"addresses only ({podnames.SWITCH}=0)"
-    assert "dns-master-0.dns" in (result.job_dir / "hosts").read_text()  # still written, for reference
+    assert "dns-master-0.dns" in (job_dir(result) / "hosts").read_text()  # still written, for reference
 
 
 GLOO = """
@@ -237,7 +237,8 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(
     )
     result = run(job, tmp_path, timeout=80)
     logs = {
-        p.name: (p.log_dir / ("m.log" if "master" in p.name else "w.log")).read_text() for p in result.pods
+        p.name: (log_dir(result, p) / ("m.log" if "master" in p.name else "w.log")).read_text()
+        for p in result.pods
     }
     assert result.ok, (result.reason, logs)
     assert "gloo ok 0 gloo-master-0.gloo" in logs["gloo-master-0"]
@@ -246,7 +247,7 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(
     mnt, user = line.split()[1:]
     assert mnt != os.readlink("/proc/self/ns/mnt")  # the container had a mount namespace of its own
     assert (user != os.readlink("/proc/self/ns/user")) == (user_namespace or os.geteuid() != 0)
-    assert leftovers(result.job_id) == []
+    assert leftovers(result.id) == []
 
 
 @pytest.fixture

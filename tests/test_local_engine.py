@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from test_local_support import cli, container, leftovers, make_job, sh, task, wait_until, write_job
+from support import cli, container, leftovers, make_job, sh, task, wait_until, write_job
 from torchjob.engine_api.base import JobReport, ReportError, StartOptions
 from torchjob.engine_api.registry import get_engine
 from torchjob.engines.local.state import JobDir
@@ -149,7 +149,7 @@ def test_logs_of_an_attempt_or_container_that_does_not_exist_say_what_exists(tmp
 def test_a_job_whose_supervisor_died_is_unknown_and_wait_returns(tmp_path: Path) -> None:
     engine = get_engine("local", state_dir=tmp_path / "jobs")
     job = make_job("orphan", [task("main", [container("app", sh("echo up; sleep 300"))])])
-    started = engine.start(job, StartOptions(detach=True))
+    started = engine.start(engine.plan(job, StartOptions(detach=True)))
     assert wait_until(lambda: engine.status(started.id).phase == "Running", 15)
     assert engine.wait(started.id, timeout=0.3).phase == "Running"  # the timeout: its latest report
     found = JobDir(Path(started.location)).supervisor()
@@ -191,7 +191,7 @@ def test_an_attached_job_writes_to_the_callers_sink_not_to_stdout(
     init = container("prep", sh("echo prepared"))
     job = make_job("sunk", [task("main", [container("app", sh("echo hello from the pod"))], init=[init])])
     sink = _Lines()
-    report = engine.start(job, StartOptions(sink=sink))
+    report = engine.start(engine.plan(job, StartOptions(sink=sink)))
     assert report.phase == "Completed"
     assert sink.logs == [("main-0", "main-0/prep", "prepared"), ("main-0", "main-0", "hello from the pod")]
     assert any(line.startswith("job sunk-") for line in sink.notices), sink.notices

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from test_local_support import container, leftovers, log_text, make_job, run, sh, status_of, task
+from support import container, leftovers, log_dir, log_text, make_job, run, sh, status_of, task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,7 +35,7 @@ def test_restart_pod_recreates_only_the_failed_pod(tmp_path: Path) -> None:
     )
     result = run(job, tmp_path)
     assert result.ok, result.reason
-    attempts = {p.name.split("rpod-")[1]: p.log_dir.name for p in result.pods}
+    attempts = {p.name.split("rpod-")[1]: log_dir(result, p).name for p in result.pods}
     assert attempts == {"master-0": "attempt-0", "worker-0": "attempt-0", "worker-1": "attempt-1"}
     assert status_of(result)["retryCount"] == 1
     assert "crash" in log_text(result, "worker-1", "w", attempt=0)
@@ -77,7 +77,7 @@ def test_task_failed_fires_when_container_restarts_reach_the_task_max_retry(tmp_
     assert result.phase == "Aborted"
     assert result.pods[0].restarts >= 2
     assert "TaskFailed" in result.reason
-    assert leftovers(result.job_id) == []
+    assert leftovers(result.id) == []
 
 
 def test_a_policy_timeout_delays_its_action(tmp_path: Path) -> None:
@@ -90,4 +90,4 @@ def test_a_policy_timeout_delays_its_action(tmp_path: Path) -> None:
     result = run(job, tmp_path)
     assert result.phase == "Aborted"
     assert "PodPending" in result.reason
-    assert leftovers(result.job_id) == []
+    assert leftovers(result.id) == []

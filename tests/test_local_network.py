@@ -22,9 +22,10 @@ from typing import Any
 
 import pytest
 
-from test_local_support import (
+from support import (
     as_user,
     container,
+    job_dir,
     leftovers,
     log_text,
     make_job,
@@ -399,5 +400,5 @@ def test_a_namespace_that_cannot_be_entered_leaves_the_job_on_the_machines_netwo
     assert log_text(result, "main-0", "c").strip() == outside
     status = status_of(result)
     assert status["network"].startswith("this machine's (no network namespace: [Errno 1] setns"), status
-    names = podnames.probe(podnames.HostsMount.of(str(result.job_dir / "hosts")))  # as without one
+    names = podnames.probe(podnames.HostsMount.of(str(job_dir(result) / "hosts")))  # as without one
     assert status["nameResolution"] == ("resolved" if names is None else f"addresses only ({names})"), status

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from test_local_support import container, leftovers, log_text, make_job, run, sh, task, wait_until
+from support import container, leftovers, log_dir, log_text, make_job, run, sh, task, wait_until
 from torchjob.engines.local.cleanup import JobProcesses
 from torchjob.spec.manifest import job_manifest
 
@@ -167,7 +167,7 @@ def test_the_end_of_a_job_stops_grandchildren_that_left_the_group(tmp_path: Path
     worker = next(p for p in result.pods if p.name.endswith("worker-0"))
     assert worker.exit_code == 3, "the spawner never said it spawned"
     assert ("spawned warm" if mode == "preload" else "spawned") in log_text(result, "master-0", "spawner")
-    assert leftovers(result.job_id) == []
+    assert leftovers(result.id) == []
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
@@ -212,7 +212,7 @@ def test_a_timeout_kills_a_container_that_ignores_sigterm(tmp_path: Path) -> Non
     result = run(job, tmp_path, timeout=0.5)
     assert result.phase == "Terminated"
     assert result.pods[0].exit_code == 137  # SIGKILL after the 2 s grace period
-    assert leftovers(result.job_id) == []
+    assert leftovers(result.id) == []
 
 
 def test_a_restart_leaves_nothing_of_the_previous_attempt(tmp_path: Path) -> None:
@@ -243,7 +243,7 @@ def test_a_restart_leaves_nothing_of_the_previous_attempt(tmp_path: Path) -> Non
     )
     result = run(job, tmp_path)
     assert result.ok, result.reason
-    assert result.pods[0].log_dir.name == "attempt-1"
+    assert log_dir(result, result.pods[0]).name == "attempt-1"
 
 
 # Ways a program leaves its job's process group, session and marker behind. Each writes the

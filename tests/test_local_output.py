@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from test_local_support import container, make_job, task, wait_until
+from support import container, make_job, task, wait_until
 from torchjob.spec.manifest import job_manifest
 
 pytestmark = pytest.mark.timeout(90)

@@ -75,7 +75,7 @@ def test_a_problem_is_in_the_plan_and_start_refuses_it(tmp_path: Path) -> None:
     plan = engine.plan(job, StartOptions())
     assert "cannot run here: spec.tasks[0].template.spec.containers[0].command" in plan.text
     with pytest.raises(SpecError):
-        engine.start(job, StartOptions(quiet=True, queue=False))
+        engine.start(plan)
 
 
 PROBE = """
@@ -97,9 +97,9 @@ if sys.argv[3] == "cli":
     code = main(["run", "-q", "--no-queue", "--state-dir", sys.argv[2], sys.argv[1]])
     print(json.dumps({"code": code, "expansions": count[0]}))
 else:
-    engine.plan(job, StartOptions())
+    plan = engine.plan(job, StartOptions(quiet=True, queue=False))
     planned = count[0]
-    report = engine.start(job, StartOptions(quiet=True, queue=False))
+    report = engine.start(plan)
     print(json.dumps({"phase": report.phase, "planned": planned, "expansions": count[0] - planned}))
 """
 
@@ -257,7 +257,9 @@ def test_logs_by_pod_container_and_attempt_and_one_line_for_what_is_not_there(tm
     from torchjob.engine_api.base import EngineError, LogQuery
 
     engine = LocalEngine(tmp_path / "state")
-    report = engine.start(load_jobs_from_text(WITH_INIT)[0].job, StartOptions(quiet=True, queue=False))
+    report = engine.start(
+        engine.plan(load_jobs_from_text(WITH_INIT)[0].job, StartOptions(quiet=True, queue=False))
+    )
     assert report.phase == "Completed"
 
     def lines(**query: object) -> list[tuple[str, str]]:

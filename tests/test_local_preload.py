@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from support import container, job_dir, leftovers, log_dir, log_text, make_job, run, sh, task, wait_until
 from test_local_prewarm import _equivalence_job, _load
-from test_local_support import container, leftovers, log_text, make_job, run, sh, task, wait_until
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.preload import FORK_LATER, Forked, Preloader
@@ -45,10 +45,10 @@ def test_a_program_cannot_tell_a_preloaded_start_from_a_cold_one(tmp_path: Path)
     assert "ValueError: from the program" in module and "forkserver" not in module
     assert "warmstart" not in module
     assert 'File "<string>"' in code and "KeyboardInterrupt" in code
-    status = json.loads((forked.job_dir / "status.json").read_text())
+    status = json.loads((job_dir(forked) / "status.json").read_text())
     exits = {c["name"]: c["exitCode"] for c in status["pods"][0]["containers"]}
     assert exits == {"init": 0, "script": 7, "module": 1, "code": 130}
-    assert leftovers(forked.job_id) == [] and leftovers(cold.job_id) == []
+    assert leftovers(forked.id) == [] and leftovers(cold.id) == []
 
 
 def _preloader(tmp_path: Path, modules: tuple[str, ...], work: Path) -> tuple[Preloader, ContainerRun]:
@@ -141,8 +141,8 @@ def test_restarts_fork_again_and_an_init_failure_never_runs_the_program(tmp_path
     assert runs.read_text() == "True\nTrue\n"  # both runs forked from the server
     assert pods["blocked-0"].exit_code == 4 and not ran.exists()
     blocked = next(p for p in result.pods if p.name.endswith("blocked-0"))
-    assert not (blocked.log_dir / "app.log").exists() or log_text(result, "blocked-0", "app") == ""
-    assert leftovers(result.job_id) == []
+    assert not (log_dir(result, blocked) / "app.log").exists() or log_text(result, "blocked-0", "app") == ""
+    assert leftovers(result.id) == []
 
 
 def test_env_that_torch_reads_at_import(tmp_path: Path) -> None:
@@ -337,10 +337,10 @@ def test_the_server_imports_with_no_pods_variables_and_forks_only_an_equal_envir
         import_pod, import_dyn = lines["import"].split()
         assert import_dyn == run_dyn, (pod, lines)  # what the import read is the pod's own
         assert import_pod in ("None", run_pod), (pod, lines)  # never another pod's name
-    record = (result.job_dir / "preload.log").read_text()
+    record = (job_dir(result) / "preload.log").read_text()
     assert record.count("forked") == 2, record  # a-0 and a-1; b-0 cold
     assert log_text(result, "a-1", "app").startswith("import None None\n")
-    assert leftovers(result.job_id) == []
+    assert leftovers(result.id) == []
 
 
 def _slow_preload_job(tmp_path: Path) -> Path:

@@ -1,7 +1,7 @@
 """Pre-warmed containers (issue 13): a program cannot tell a warm start from a cold one, except that
 torch is imported already; an init container's failure never runs the program; nothing is left.
 
-Each job runs the same programs twice, with pre-warming on and off (``RunOptions.prewarm``), and
+Each job runs the same programs twice, with pre-warming on and off (the local engine setting ``prewarm``), and
 the containers' logs must be the same but for the one line that says whether torch was imported
 before the program started (which also proves that the warm path was taken).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from test_local_support import container, leftovers, log_text, make_job, run, sh, task
+from support import container, job_dir, leftovers, log_text, make_job, run, sh, task
 from torchjob.engines.local import check_job
 from torchjob.spec.manifest import job_manifest
 from torchjob.spec.model import Job
@@ -106,10 +106,10 @@ def test_a_program_cannot_tell_a_warm_start_from_a_cold_one(tmp_path: Path) -> N
     assert "SIGTERM handled" in script
     assert "ValueError: from the program" in module and "warmstart" not in module
     assert 'File "<string>"' in code and "KeyboardInterrupt" in code
-    status = json.loads((warm.job_dir / "status.json").read_text())
+    status = json.loads((job_dir(warm) / "status.json").read_text())
     exits = {c["name"]: c["exitCode"] for c in status["pods"][0]["containers"]}
     assert exits == {"init": 0, "script": 7, "module": 1, "code": 130}
-    assert leftovers(warm.job_id) == [] and leftovers(cold.job_id) == []
+    assert leftovers(warm.id) == [] and leftovers(cold.id) == []
 
 
 def test_an_init_container_failure_never_runs_the_program(tmp_path: Path) -> None:
@@ -131,7 +131,7 @@ def test_an_init_container_failure_never_runs_the_program(tmp_path: Path) -> Non
     assert "warm process seen" in log_text(result, "main-0", "init")
     assert not ran.exists()
     assert log_text(result, "main-0", "app") == ""
-    assert leftovers(result.job_id) == []
+    assert leftovers(result.id) == []
 
 
 def test_the_annotation_and_no_prewarm_turn_it_off(tmp_path: Path) -> None:
@@ -246,7 +246,7 @@ def test_a_restarted_init_container_keeps_the_warm_process_and_the_program_runs_
     assert result.ok, result.reason
     assert result.pods[0].restarts == 1  # the init container's
     assert runs.read_text() == "True\n"
-    assert leftovers(result.job_id) == []
+    assert leftovers(result.id) == []
 
 
 def test_by_default_no_more_pods_wait_warm_than_there_are_cpus() -> None:

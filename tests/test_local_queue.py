@@ -27,10 +27,9 @@ from queue_support import (
     release,
     status,
     submit,
-    torchjob,
     wait_all,
 )
-from test_local_support import container, make_job, task, wait_until
+from support import cli, container, make_job, task, wait_until
 from torchjob.engines.local.admission import (
     Capacity,
     Settings,
@@ -63,7 +62,7 @@ def test_a_sweep_of_six_one_gpu_jobs_runs_two_at_a_time_in_priority_then_submiss
     assert waiting["phase"] == "Pending" and waiting["pods"] == []
     # sweep-2 (low) is behind it
     assert "waiting for 1 nvidia.com/gpu, 0 free; 4 jobs ahead in queue default" in waiting["reason"]
-    listing = torchjob(tmp_path, "queue")
+    listing = cli(tmp_path, "queue")
     assert listing.returncode == 0, listing.stderr
     assert "default  1       -           1        6" in listing.stdout, listing.stdout
     release(tmp_path)
@@ -150,7 +149,7 @@ def test_a_sigkilled_supervisor_gives_its_gpus_to_the_next_job(queue_env: Path) 
     wait_all(tmp_path, [nxt], timeout=30)
     assert status(tmp_path, hog)["phase"] == "Unknown"
     assert intervals(tmp_path)["next-main-0"][2] in ("0", "1")
-    torchjob(tmp_path, "delete", hog)
+    cli(tmp_path, "delete", hog)
 
 
 def test_ten_concurrent_submissions_never_share_a_gpu(
@@ -179,9 +178,9 @@ def test_ten_concurrent_submissions_never_share_a_gpu(
 def test_jobs_without_requests_and_no_queue_jobs_never_wait(queue_env: Path) -> None:
     tmp_path = queue_env
     hog = submit(tmp_path, gpu_job(tmp_path, "hog", gpus=2, sleep=30))
-    plain = torchjob(tmp_path, "run", gpu_job(tmp_path, "plain", gpus=0, sleep=0))
+    plain = cli(tmp_path, "run", gpu_job(tmp_path, "plain", gpus=0, sleep=0))
     assert plain.returncode == 0, plain.stdout + plain.stderr
-    eager = torchjob(tmp_path, "run", "--no-queue", gpu_job(tmp_path, "eager", sleep=0))
+    eager = cli(tmp_path, "run", "--no-queue", gpu_job(tmp_path, "eager", sleep=0))
     assert eager.returncode == 0, eager.stdout + eager.stderr
     assert "waiting for" not in eager.stdout + eager.stderr
     assert intervals(tmp_path)["eager-main-0"][2] == "0"  # the capacity's GPUs, not reserved
@@ -193,7 +192,7 @@ def test_jobs_without_requests_and_no_queue_jobs_never_wait(queue_env: Path) -> 
         env={**os.environ, "TORCHJOB_HOME": str(tmp_path / "home"), "TORCHJOB_QUEUE": "off"},
     )
     assert setting.returncode == 0 and "waiting for" not in setting.stdout + setting.stderr
-    torchjob(tmp_path, "delete", hog)
+    cli(tmp_path, "delete", hog)
 
 
 def test_a_waiting_job_can_be_waited_for_followed_and_deleted(queue_env: Path) -> None:
@@ -201,7 +200,7 @@ def test_a_waiting_job_can_be_waited_for_followed_and_deleted(queue_env: Path) -
     hog = submit(tmp_path, gpu_job(tmp_path, "hog", gpus=2, gate=True))
     followed = submit(tmp_path, gpu_job(tmp_path, "followed", sleep=0))
     doomed = submit(tmp_path, gpu_job(tmp_path, "doomed", sleep=0))
-    timed_out = torchjob(tmp_path, "wait", followed, "--timeout", "0.5")
+    timed_out = cli(tmp_path, "wait", followed, "--timeout", "0.5")
     assert timed_out.returncode == 124 and "still Pending" in timed_out.stderr
     follow = subprocess.Popen(
         [sys.executable, "-m", "torchjob", "logs", "-f", followed],
@@ -210,13 +209,13 @@ def test_a_waiting_job_can_be_waited_for_followed_and_deleted(queue_env: Path) -
         text=True,
         env={**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")},
     )
-    listing = torchjob(tmp_path, "queue", "-o", "json")
+    listing = cli(tmp_path, "queue", "-o", "json")
     states = {j["id"]: j["state"] for j in json.loads(listing.stdout)["jobs"]}
     assert states == {hog: "Running", followed: "Waiting", doomed: "Waiting"}
     assert follow.poll() is None  # following a job that has not started yet
-    deleted = torchjob(tmp_path, "delete", doomed)
+    deleted = cli(tmp_path, "delete", doomed)
     assert deleted.returncode == 0, deleted.stderr
-    listing = torchjob(tmp_path, "queue", "-o", "json")
+    listing = cli(tmp_path, "queue", "-o", "json")
     assert [j["id"] for j in json.loads(listing.stdout)["jobs"]] == [hog, followed]
     release(tmp_path)
     out, err = follow.communicate(timeout=30)
@@ -229,29 +228,29 @@ def test_an_attached_job_says_why_it_waits_and_its_timeout_still_applies(queue_e
     tmp_path = queue_env
     hog = submit(tmp_path, gpu_job(tmp_path, "hog", gpus=2, sleep=30))
     started = time.monotonic()
-    result = torchjob(tmp_path, "run", "--timeout", "1", gpu_job(tmp_path, "late", sleep=0))
+    result = cli(tmp_path, "run", "--timeout", "1", gpu_job(tmp_path, "late", sleep=0))
     assert time.monotonic() - started < 15
     assert result.returncode == 1
     output = result.stdout + result.stderr
     assert "waiting for 1 nvidia.com/gpu, 0 free; 0 jobs ahead in queue default" in output
     assert "deadline of 1s passed while it waited" in output
-    torchjob(tmp_path, "delete", hog)
+    cli(tmp_path, "delete", hog)
 
 
 def test_a_job_that_can_never_fit_or_names_an_unknown_queue_is_refused_at_once(queue_env: Path) -> None:
     tmp_path = queue_env
-    big = torchjob(tmp_path, "run", gpu_job(tmp_path, "big", replicas=3))
+    big = cli(tmp_path, "run", gpu_job(tmp_path, "big", replicas=3))
     assert big.returncode == 2 and "this machine has 2 (TORCHJOB_CAPACITY)" in big.stderr
     (tmp_path / "queues.yaml").write_text("queues:\n  small: {capability: {nvidia.com/gpu: 1}}\n")
-    capped = torchjob(tmp_path, "run", gpu_job(tmp_path, "capped", replicas=2, queue="small"))
+    capped = cli(tmp_path, "run", gpu_job(tmp_path, "capped", replicas=2, queue="small"))
     assert capped.returncode == 2 and len(capped.stderr.splitlines()) == 1, capped.stderr
     assert (
         "spec.tasks: the job's gang (2 pods) needs 2 nvidia.com/gpu; queue small's capability has 1"
         in capped.stderr
     )
-    lost = torchjob(tmp_path, "run", gpu_job(tmp_path, "lost", queue="nightly"))
+    lost = cli(tmp_path, "run", gpu_job(tmp_path, "lost", queue="nightly"))
     assert lost.returncode == 2 and "spec.queue" in lost.stderr and "no local queue 'nightly'" in lost.stderr
-    vip = torchjob(tmp_path, "run", gpu_job(tmp_path, "vip", priorityClassName="vip"))
+    vip = cli(tmp_path, "run", gpu_job(tmp_path, "vip", priorityClassName="vip"))
     assert vip.returncode == 2 and "no priority class 'vip'" in vip.stderr
     assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
     assert not (tmp_path / "trace").exists()

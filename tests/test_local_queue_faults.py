@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from queue_support import gpu_job, intervals, release, status, submit, torchjob, wait_all
-from test_local_support import container, make_job, task, wait_until
+from queue_support import gpu_job, intervals, release, status, submit, wait_all
+from support import cli, container, make_job, task, wait_until
 from torchjob.engines.local.admission import Ticket, locked_state, parse_capacity, plan_for
 from torchjob.engines.local.admission import store as state_store
 from torchjob.engines.local.state import start_time
@@ -70,7 +70,7 @@ def test_a_stopped_process_holding_the_queues_lock_stops_no_job(queue_env: Path)
         held = f"is held by pid {holder.pid} ({sys.executable} -c"
         assert wait_until(lambda: held in status(tmp_path, second)["reason"], 20), status(tmp_path, second)
         assert "stopped (resume it with fg" in status(tmp_path, second)["reason"]
-        listing = torchjob(tmp_path, "queue")
+        listing = cli(tmp_path, "queue")
         assert listing.returncode == 0, listing.stderr
         assert held in listing.stdout and "shown as last written" in listing.stdout, listing.stdout
         assert first in listing.stdout  # (the second has not been able to register yet)
@@ -330,16 +330,16 @@ def test_a_capacity_declared_in_the_settings_file_is_seen_by_every_command(
     settings = tmp_path / "queues.yaml"
     settings.write_text("capacity: {cpu: 64, memory: 8Gi, nvidia.com/gpu: 2}\n")
     first = submit(tmp_path, gpu_job(tmp_path, "first", gate=True))
-    listing = torchjob(tmp_path, "queue", "-o", "json")
+    listing = cli(tmp_path, "queue", "-o", "json")
     data = json.loads(listing.stdout)
     assert (data["capacity"]["nvidia.com/gpu"], data["free"]["nvidia.com/gpu"]) == ("2", "1"), data
     assert (data["capacity"]["cpu"], data["free"]["cpu"]) == ("64", "64"), data
     assert f"capacity in {settings}" in data["source"]
     third = submit(tmp_path, gpu_job(tmp_path, "third", gpus=2, sleep=0))
     assert status(tmp_path, third)["reason"].startswith("waiting for 2 nvidia.com/gpu, 1 free")
-    eager = torchjob(tmp_path, "run", "--no-queue", gpu_job(tmp_path, "eager", gpus=2, sleep=0))
+    eager = cli(tmp_path, "run", "--no-queue", gpu_job(tmp_path, "eager", gpus=2, sleep=0))
     assert eager.returncode == 0, eager.stdout + eager.stderr
-    big = torchjob(tmp_path, "run", gpu_job(tmp_path, "big", gpus=3))
+    big = cli(tmp_path, "run", gpu_job(tmp_path, "big", gpus=3))
     assert big.returncode == 2 and f"this machine has 2 (capacity in {settings})" in big.stderr, big.stderr
     release(tmp_path)
     wait_all(tmp_path, [first, third])

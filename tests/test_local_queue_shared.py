@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from queue_support import gpu_job, intervals, release, status, submit, torchjob, wait_all
-from test_local_support import container, make_job, task
+from queue_support import gpu_job, intervals, release, status, submit, wait_all
+from support import cli, container, make_job, task
 from torchjob.engines.local.admission import Place, Ticket, config_path, locate, plan_for
 from torchjob.engines.local.admission import place as place_module
 
@@ -156,7 +156,7 @@ def test_an_unsafe_shared_queue_directory_or_file_is_refused_in_one_line(
     queue.mkdir()
     queue.chmod(0o2777)
     monkeypatch.setenv("TORCHJOB_QUEUE_DIR", str(queue))
-    result = torchjob(tmp_path, "queue")
+    result = cli(tmp_path, "queue")
     assert result.returncode == 2
     assert result.stderr == (
         f"{queue}: the shared queue directory has mode 2777: anyone may write in it; refusing it: "
@@ -166,7 +166,7 @@ def test_an_unsafe_shared_queue_directory_or_file_is_refused_in_one_line(
     precious = world_tmp / "precious"
     precious.write_text("keep me\n")
     os.link(precious, queue / "admission.json")  # a hard link planted where the state goes
-    result = torchjob(tmp_path, "queue")
+    result = cli(tmp_path, "queue")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"{queue / 'admission.json'}: not a regular file with a single link; refusing to use it: remove it"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from test_local_support import container, leftovers, log_text, make_job, run, sh, status_of, task
+from support import container, job_dir, leftovers, log_dir, log_text, make_job, run, sh, status_of, task
 from torchjob.errors import SpecError
 from torchjob.spec.model import Job
 
@@ -39,7 +39,7 @@ def test_init_containers_run_in_order_before_the_containers(tmp_path: Path) -> N
     assert result.ok, result.reason
     assert trace.read_text().split() == ["first", "second", "app"]
     assert result.pods[0].phase == "Succeeded"
-    assert (result.pods[0].log_dir / "first.log").exists()
+    assert (log_dir(result, result.pods[0]) / "first.log").exists()
 
 
 def test_failed_init_container_under_never_fails_the_pod_and_skips_the_containers(tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ def test_failed_init_container_under_never_fails_the_pod_and_skips_the_container
     assert result.phase == "Failed"
     assert result.pods[0].exit_code == 3
     assert "broken" in log_text(result, "main-0", "setup")
-    assert not (result.pods[0].log_dir / "app.log").exists()
+    assert not (log_dir(result, result.pods[0]) / "app.log").exists()
 
 
 def test_never_reports_the_exit_code_and_fails_the_job(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_always_restarts_even_a_container_that_succeeded(tmp_path: Path) -> None
     assert result.phase == "Terminated"
     assert "deadline" in result.reason
     assert result.pods[0].restarts >= 2
-    assert leftovers(result.job_id) == []
+    assert leftovers(result.id) == []
 
 
 def test_pod_failed_restart_job_keeps_logs_of_every_attempt(tmp_path: Path) -> None:
@@ -106,7 +106,7 @@ def test_pod_failed_restart_job_keeps_logs_of_every_attempt(tmp_path: Path) -> N
     worker = next(p for p in result.pods if p.task == "worker")
     assert "first try" in log_text(result, "worker-0", "w", attempt=0)
     assert "second try" in log_text(result, "worker-0", "w", attempt=1)
-    assert worker.log_dir.name == "attempt-1"
+    assert log_dir(result, worker).name == "attempt-1"
     assert "master 1" in log_text(result, "master-0", "m", attempt=1)
 
 
@@ -175,7 +175,7 @@ def test_env_field_refs_config_maps_and_mounts_resolve_locally(tmp_path: Path) -
     assert (volcano / "master.host").read_text() == ("envs-master-0.envs" if named else "127.0.1.1")
     workers = "envs-worker-0.envs\nenvs-worker-1.envs" if named else "127.0.1.2\n127.0.1.3"
     assert (volcano / "worker.host").read_text() == workers
-    assert volcano.parent.parent == result.job_dir
+    assert volcano.parent.parent == job_dir(result)
 
 
 def test_a_container_without_command_is_bad_input_and_nothing_starts(tmp_path: Path) -> None:

@@ -20,19 +20,23 @@ from typing import Any
 
 import pytest
 
-from test_local_support import (
+from support import (
     as_user,
     container,
+    job_dir,
     leftovers,
+    log_dir,
     log_text,
     make_job,
     run,
     sh,
+    start,
     status_of,
     task,
+    torchjob,
     wait_until,
 )
-from torchjob.engines.local import RunOptions, check_job, ports, run_job
+from torchjob.engines.local import check_job, ports
 from torchjob.engines.local.process import marked_processes
 from torchjob.errors import Issue, SpecError
 from torchjob.spec.defaults import apply_defaults
@@ -52,18 +56,6 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env["TORCHJOB_HOME"] = str(tmp_path / "home")
     env.update(extra)
     return env
-
-
-def torchjob(*args: str, env: dict[str, str], cwd: Path, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=cwd,
-        **kwargs,
-    )
 
 
 JOB_WITH_PORT = """\
@@ -335,13 +327,13 @@ def test_another_user_cannot_read_a_jobs_log(
     old = os.umask(0o022)
     try:
         job = make_job("readable", [task("main", [container("main", sh("echo password=swordfish"))])])
-        result = run_job(job, RunOptions(state_dir=state, quiet=True, timeout=30))
+        result = start("local", job, {"state_dir": state}, quiet=True, timeout=30)
     finally:
         os.umask(old)
     assert result.ok, result.reason
-    log = result.pods[0].log_dir / "main.log"
+    log = log_dir(result, result.pods[0]) / "main.log"
     assert "swordfish" in log.read_text()
-    for target in (log, result.job_dir / "job.yaml", result.job_dir / "status.json"):
+    for target in (log, job_dir(result) / "job.yaml", job_dir(result) / "status.json"):
         attempt = as_user(other_user, f"cat {target}")
         assert attempt.returncode != 0 and "swordfish" not in attempt.stdout, target
     listing = as_user(other_user, f"ls {state}")
@@ -501,23 +493,23 @@ def test_run_as_user_runs_the_process_as_that_user(other_user: pwd.struct_passwd
         workingDir="/scratch",
         volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}],
     )
-    result = run_job(_load(doc), RunOptions(state_dir=tmp_path / "jobs", quiet=True, timeout=30))
-    assert result.ok, (result.reason, (result.pods[0].log_dir / "main.log").read_text())
+    result = run(_load(doc), tmp_path)
+    assert result.ok, (result.reason, (log_dir(result, result.pods[0]) / "main.log").read_text())
     for pod in result.pods:
-        text = (pod.log_dir / "main.log").read_text()
+        text = (log_dir(result, pod) / "main.log").read_text()
         assert f"uid={other_user.pw_uid} gid={other_user.pw_gid} " in text
         assert "4321" in text.split("groups=")[1].split()
         assert "wrote" in text
-    volume = result.job_dir / "pods" / result.pods[0].name / "attempt-0" / "volumes" / "scratch"
+    volume = job_dir(result) / "pods" / result.pods[0].name / "attempt-0" / "volumes" / "scratch"
     assert (volume / "written").stat().st_uid == other_user.pw_uid
     assert (volume.stat().st_uid, volume.stat().st_gid) == (other_user.pw_uid, 4321)
 
 
 def test_a_container_run_as_user_overrides_the_pods(other_user: pwd.struct_passwd, tmp_path: Path) -> None:
     doc = _secured({"runAsUser": 0}, {"runAsUser": other_user.pw_uid}, "id -u")
-    result = run_job(_load(doc), RunOptions(state_dir=tmp_path / "jobs", quiet=True, timeout=30))
+    result = run(_load(doc), tmp_path)
     assert result.ok, result.reason
-    assert (result.pods[0].log_dir / "main.log").read_text().split() == [str(other_user.pw_uid)]
+    assert (log_dir(result, result.pods[0]) / "main.log").read_text().split() == [str(other_user.pw_uid)]
 
 
 @pytest.mark.skipif(not ROOT, reason="runAsNonRoot can only be broken by a torchjob running as root")
@@ -589,23 +581,20 @@ def test_a_job_cannot_override_the_engines_own_variables(tmp_path: Path) -> None
         for name in ("TORCHJOB_JOB_ID", "TORCHJOB_POD_UID", "TORCHJOB_POD_NAME", "TORCHJOB_PORT_1")
     ]
     job = make_job("reserved", [task("main", [container("main", sh(script), env=env)])])
-    options = RunOptions(
-        state_dir=tmp_path / "jobs", quiet=True, detach=True, extra_env={"TORCHJOB_JOB_ID": "x"}
-    )
-    started = run_job(job, options)
-    job_id = started.job_id
+    started = run(job, tmp_path, detach=True, extra_env={"TORCHJOB_JOB_ID": "x"})
+    job_id = started.id
     try:
         assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip().isdigit(), 20)
         escaped = int(pid_file.read_text())
         words = seen.read_text().split()
         assert words[0] == job_id and words[1] != "not-the-job" and words[2] == "reserved-main-0", words
         assert words[3] == "unset", "no port 1 is mapped: the job's value is dropped, not passed on"
-        assert (started.job_dir / "logs/reserved-main-0/attempt-0/main.log").exists()
+        assert (job_dir(started) / "logs/reserved-main-0/attempt-0/main.log").exists()
         listed = {p.pid for p in marked_processes(job_id)}
         assert escaped in listed, "the job's processes must carry the engine's marker"
 
         def messages() -> list[str]:  # status.json is rewritten by the loop: it may lag the pods
-            status = json.loads((started.job_dir / "status.json").read_text())
+            status = json.loads((job_dir(started) / "status.json").read_text())
             return [e["message"] for e in status["events"]]
 
         def warned() -> bool:
@@ -638,9 +627,9 @@ def _alive(pid: int) -> bool:
 def test_no_privilege_escalation_sets_no_new_privs(tmp_path: Path) -> None:
     """allowPrivilegeEscalation: false is applied for any user, root or not."""
     doc = _secured({}, {"allowPrivilegeEscalation": False}, "grep NoNewPrivs /proc/self/status")
-    result = run_job(_load(doc), RunOptions(state_dir=tmp_path / "jobs", quiet=True, timeout=30))
+    result = run(_load(doc), tmp_path)
     assert result.ok, result.reason
-    assert (result.pods[0].log_dir / "main.log").read_text().split() == ["NoNewPrivs:", "1"]
+    assert (log_dir(result, result.pods[0]) / "main.log").read_text().split() == ["NoNewPrivs:", "1"]
 
 
 def test_the_default_state_root_is_tightened_and_a_given_one_left_alone(
@@ -832,7 +821,7 @@ def test_another_users_listener_on_the_master_port_is_neither_served_nor_silent(
         plugins={"pytorch": ["--master=master", "--worker=worker", "--wait-master-enabled"]},
         policies=[{"event": "PodFailed", "action": "AbortJob"}],
     )
-    from test_local_support import write_job
+    from support import write_job
 
     job_file = write_job(tmp_path, job)
     env = cli_env(tmp_path, TORCHJOB_NETWORK="host")
@@ -900,7 +889,7 @@ def test_each_pod_has_its_own_hosts_file(tmp_path: Path) -> None:
     for me, other in (("main-0", "main-1"), ("main-1", "main-0")):
         text = log_text(result, me, "main")
         assert f"scribbled-by-sec-{me}" in text and f"scribbled-by-sec-{other}" not in text, text
-    assert "scribbled" not in (result.job_dir / "hosts").read_text()
+    assert "scribbled" not in (job_dir(result) / "hosts").read_text()
     assert "scribbled" not in Path("/etc/hosts").read_text()
 
 
@@ -920,7 +909,7 @@ def test_host_aliases_are_appended_to_the_pods_hosts_file(tmp_path: Path) -> Non
     _names_resolve(result)
     assert log_text(result, "aliased-0", "main").split() == ["10.1.2.3", "10.1.2.3"]
     assert "foo.local" not in log_text(result, "plain-0", "main")  # another pod's aliases are its own
-    (pod_dir,) = (result.job_dir / "pods").glob("sec-aliased-0/attempt-0")
+    (pod_dir,) = (job_dir(result) / "pods").glob("sec-aliased-0/attempt-0")
     tail = (pod_dir / "hosts").read_text().splitlines()[-3:]
     assert tail == ["# Entries added by HostAliases.", "10.1.2.3\tfoo.local\tbar", "fd00::7\tsix"]
 
@@ -989,7 +978,7 @@ def test_a_rendezvous_port_served_by_another_process_ends_the_job_at_once(tmp_pa
         ],
         plugins={"pytorch": ["--master=master", "--worker=worker"]},
     )
-    from test_local_support import write_job
+    from support import write_job
 
     env = cli_env(tmp_path, TORCHJOB_NETWORK="host")
     started = time.monotonic()
@@ -1066,7 +1055,7 @@ def test_two_jobs_with_registries_of_their_own_do_not_share_a_rendezvous_port(tm
         ],
         plugins={"pytorch": ["--master=master", "--worker=worker", "--port=23456", "--wait-master-enabled"]},
     )
-    from test_local_support import write_job
+    from support import write_job
 
     job_file = write_job(tmp_path, job)
     procs = []
@@ -1106,9 +1095,9 @@ def test_pods_forked_from_one_preload_server_cannot_change_their_shared_hosts(tm
     result = run(job, tmp_path, timeout=60, preload=("ctypes",))  # a light import; the server needs it
     assert result.ok, result.reason
     _names_resolve(result)
-    forked = (result.job_dir / "preload.log").read_text()
+    forked = (job_dir(result) / "preload.log").read_text()
     if forked.count("forked") < 2:
         pytest.skip(f"the pods were not forked from the preload server: {forked}")
     for pod in ("main-0", "main-1"):
         assert log_text(result, pod, "main").strip() == "refused: Read-only file system"
-    assert "scribbled" not in (result.job_dir / "hosts").read_text()
+    assert "scribbled" not in (job_dir(result) / "hosts").read_text()

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from test_local_support import container, make_job, run, sh, task, wait_until
+from support import container, job_dir, make_job, run, sh, task, wait_until
 from torchjob.display import prefix_for
 from torchjob.engines.local import check_job
 from torchjob.engines.local.addressing import LocalAddressing, pod_address
@@ -203,7 +203,7 @@ def test_a_working_directory_in_an_empty_dir_is_made_by_the_engine_so_the_check_
     assert check_job(job) == []
     result = run(job, tmp_path)
     assert result.ok, result.reason
-    written = next((result.job_dir).rglob("out.txt"))
+    written = next(job_dir(result).rglob("out.txt"))
     assert written.parent.name == "scratch"
     assert written.read_text().strip() == str(written.parent)
 

@@ -4,32 +4,15 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from support import cli
 from torchjob.targets import target_names
 
 pytestmark = pytest.mark.timeout(150)
-
-
-def _cli(
-    tmp_path: Path, *args: str, timeout: float = 60, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")}
-    env.pop("NO_COLOR", None)
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd or tmp_path,
-    )
 
 
 # ------------------------------------------------------------ teardown aborts
@@ -91,7 +74,7 @@ def test_a_yaml_pod_that_finished_then_aborted_in_teardown_succeeds_with_a_note(
         )
         job = job.replace("          containers:\n", WARM + "          containers:\n")
     (tmp_path / "job.yaml").write_text(job)
-    proc = _cli(tmp_path, "run", *(["--preload", "torch"] if start == "preloaded" else []), "job.yaml")
+    proc = cli(tmp_path, "run", *(["--preload", "torch"] if start == "preloaded" else []), "job.yaml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "main-0 | work done" in proc.stdout
     assert proc.stdout.count(NOTE) == 1, proc.stdout
@@ -100,7 +83,7 @@ def test_a_yaml_pod_that_finished_then_aborted_in_teardown_succeeds_with_a_note(
 def test_a_yaml_pod_that_aborts_midway_fails(tmp_path: Path) -> None:
     (tmp_path / "mid.py").write_text(ABORTS_MIDWAY)
     (tmp_path / "job.yaml").write_text(ONE_POD.format(script="mid.py", args="[]"))
-    proc = _cli(tmp_path, "run", "job.yaml")
+    proc = cli(tmp_path, "run", "job.yaml")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "exit code 134" in proc.stdout and NOTE not in proc.stdout
 
@@ -127,7 +110,7 @@ print(f"rank {rank} sum {t.item():.0f}", flush=True)
 
 def test_a_torchrun_rank_that_finished_then_aborted_in_teardown_succeeds_with_a_note(tmp_path: Path) -> None:
     (tmp_path / "dist.py").write_text(DIST)
-    proc = _cli(tmp_path, "run", "-j", "1x2", "dist.py", "--", "abort-after", timeout=120)
+    proc = cli(tmp_path, "run", "-j", "1x2", "dist.py", "--", "abort-after", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0 sum 2" in proc.stdout and "rank 1 sum 2" in proc.stdout
     assert proc.stdout.count(f"torchjob: rank 1: {NOTE}") == 1, proc.stdout
@@ -135,7 +118,7 @@ def test_a_torchrun_rank_that_finished_then_aborted_in_teardown_succeeds_with_a_
 
 def test_a_torchrun_rank_that_aborts_midway_fails_the_job(tmp_path: Path) -> None:
     (tmp_path / "dist.py").write_text(DIST)
-    proc = _cli(tmp_path, "run", "-j", "1x2", "dist.py", "--", "abort-midway", timeout=120)
+    proc = cli(tmp_path, "run", "-j", "1x2", "dist.py", "--", "abort-midway", timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert NOTE not in proc.stdout
     # the rank that failed, as a YAML job names its pod's: not the node (master-0 is rank 0)
@@ -144,7 +127,7 @@ def test_a_torchrun_rank_that_aborts_midway_fails_the_job(tmp_path: Path) -> Non
 
 def test_a_failed_torchrun_rank_is_named_with_its_own_traceback(tmp_path: Path) -> None:
     (tmp_path / "dist.py").write_text(DIST)
-    proc = _cli(tmp_path, "run", "-j", "1x2", "dist.py", "raise", timeout=120)
+    proc = cli(tmp_path, "run", "-j", "1x2", "dist.py", "raise", timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = proc.stdout[proc.stdout.index("root cause: ") :]
     assert summary.startswith("root cause: master-0 (rank 1), exit code 1"), summary
@@ -155,7 +138,7 @@ def test_a_failed_torchrun_rank_is_named_with_its_own_traceback(tmp_path: Path) 
     assert tail[-1].strip() == "RuntimeError: rank one broke", summary
     assert "ChildFailedError" not in summary and "[rank1]" not in summary, summary
     # torchjob status says the same
-    status = _cli(tmp_path, "status", "dist")
+    status = cli(tmp_path, "status", "dist")
     assert "master-0 (rank 1), exit code 1" in status.stdout, status.stdout
 
 
@@ -175,7 +158,7 @@ def test_the_ranks_of_a_pod_print_whole_lines_into_its_shared_log(tmp_path: Path
     # Unbuffered print writes a line's text and its newline apart; two ranks of one pod printing at
     # once must still never share a line of the pod's log.
     (tmp_path / "lines.py").write_text(LINES)
-    proc = _cli(tmp_path, "run", "-j", "1x3", "lines.py", timeout=120)
+    proc = cli(tmp_path, "run", "-j", "1x3", "lines.py", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     printed = [line for line in proc.stdout.splitlines() if " line " in line]
     bad = [line for line in printed if not re.fullmatch(r"master-0 r0 \| rank [012] line \d{4} x{60}", line)]
@@ -194,14 +177,12 @@ print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} A={os.environ.ge
 def test_run_a_script_without_j_runs_it_once_with_the_arguments_after_it(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(ECHO)
     # torchjob's options before the script (with their values); everything after it is the script's
-    proc = _cli(
-        tmp_path, "run", "--timeout", "60", "-e", "A=1", "train.py", "--steps", "20", "--timeout", "5"
-    )
+    proc = cli(tmp_path, "run", "--timeout", "60", "-e", "A=1", "train.py", "--steps", "20", "--timeout", "5")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0 of 1 A=1 args ['--steps', '20', '--timeout', '5']" in proc.stdout
     # the older spelling with -- still works; a script with no suffix that compiles is a script too
     (tmp_path / "trainer").write_text(ECHO)
-    proc = _cli(tmp_path, "run", "-e=A=2", "trainer", "--", "--lr", "0.1")
+    proc = cli(tmp_path, "run", "-e=A=2", "trainer", "--", "--lr", "0.1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0 of 1 A=2 args ['--lr', '0.1']" in proc.stdout
 
@@ -212,27 +193,27 @@ def test_a_text_file_that_happens_to_compile_is_not_taken_for_a_script(tmp_path:
     (tmp_path / "notes.txt").write_text("hello\n")
     (tmp_path / "data.csv").write_text("a,b\n1,2\n")
     for name in ("notes.txt", "data.csv"):
-        proc = _cli(tmp_path, "run", name)
+        proc = cli(tmp_path, "run", name)
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert proc.stderr.startswith(f"{name}:1: expected a Job mapping"), proc.stderr
     assert not (tmp_path / "home").exists()  # nothing started
     (tmp_path / "tool.sh").write_text("#!/usr/bin/env python3\n" + ECHO)  # its #! says python
-    proc = _cli(tmp_path, "render", "tool.sh")
+    proc = cli(tmp_path, "render", "tool.sh")
     assert proc.returncode == 0, proc.stderr
 
 
 def test_validate_and_render_take_a_script_and_j_refuses_a_job_file(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(ECHO)
     (tmp_path / "job.yaml").write_text(ONE_POD.format(script="train.py", args="[]"))
-    proc = _cli(tmp_path, "validate", "train.py", "job.yaml")
+    proc = cli(tmp_path, "validate", "train.py", "job.yaml")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("train.py: job train: valid; 1 pod ("), proc.stdout
-    proc = _cli(tmp_path, "render", "-o", "json", "train.py", "--steps", "20")
+    proc = cli(tmp_path, "render", "-o", "json", "train.py", "--steps", "20")
     assert proc.returncode == 0, proc.stderr
     pods = [i for i in json.loads(proc.stdout)["items"] if i["kind"] == "Pod"]
     assert [p["spec"]["containers"][0]["args"] for p in pods] == [["train.py", "--steps", "20"]]
     for command in ("run", "render"):
-        proc = _cli(tmp_path, command, "-j", "2x2", "job.yaml")
+        proc = cli(tmp_path, command, "-j", "2x2", "job.yaml")
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert proc.stderr.splitlines() == [
             "job.yaml: -j runs a Python script as torchrun does; this is a job file: run it without -j"
@@ -242,12 +223,12 @@ def test_validate_and_render_take_a_script_and_j_refuses_a_job_file(tmp_path: Pa
 
 def test_set_worker_replicas_gives_torchrun_the_new_node_count(tmp_path: Path) -> None:
     (tmp_path / "dist.py").write_text(DIST)
-    proc = _cli(tmp_path, "run", "-j", "1x2", "--set", "worker.replicas=1", "dist.py", "ok", timeout=120)
+    proc = cli(tmp_path, "run", "-j", "1x2", "--set", "worker.replicas=1", "dist.py", "ok", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in range(4):
         assert f"rank {rank} sum 4" in proc.stdout, proc.stdout
     for value in ("abc", "-1"):
-        proc = _cli(tmp_path, "run", "-j", "2x2", "--set", f"worker.replicas={value}", "dist.py")
+        proc = cli(tmp_path, "run", "-j", "2x2", "--set", f"worker.replicas={value}", "dist.py")
         assert proc.returncode == 2 and proc.stderr == (
             f"<command line>: --set: worker.replicas={value}: expected a number of worker nodes (0 or more), "
             f"got '{value}'\n"
@@ -262,11 +243,11 @@ def test_quick_mode_renders_for_every_target_without_this_machines_directory(
     tmp_path: Path, target: str
 ) -> None:
     (tmp_path / "train.py").write_text(ECHO)
-    proc = _cli(tmp_path, "render", "-o", "json", "-j", "2x3", "--target", target, "train.py")
+    proc = cli(tmp_path, "render", "-o", "json", "-j", "2x3", "--target", target, "train.py")
     assert proc.returncode == 0, proc.stderr
     assert "warning: the job uses the default image pytorch/pytorch:latest" in proc.stderr
     assert str(tmp_path) not in proc.stdout and "workingDir" not in proc.stdout
-    proc = _cli(
+    proc = cli(
         tmp_path, "render", "-o", "json", "-j", "2x3", "--image", "reg.io/t:1", "--target", target, "train.py"
     )
     assert proc.returncode == 0 and "warning: the job uses" not in proc.stderr, proc.stderr
@@ -279,7 +260,7 @@ def test_quick_mode_renders_for_every_target_without_this_machines_directory(
 
 def test_image_is_refused_for_a_job_file(tmp_path: Path) -> None:
     (tmp_path / "job.yaml").write_text(ONE_POD.format(script="train.py", args="[]"))
-    proc = _cli(tmp_path, "render", "--image", "x:1", "job.yaml")
+    proc = cli(tmp_path, "render", "--image", "x:1", "job.yaml")
     assert proc.returncode == 2 and proc.stderr.startswith("<command line>: --image: sets the image"), (
         proc.stderr
     )

@@ -6,9 +6,8 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torchjob.render as render_module
+from support import Ran, torchjob
 from torchjob.expand import expand
 from torchjob.jobs import load_jobs
 from torchjob.render import dump, dump_json, dump_yaml, list_of, write_list
@@ -62,19 +62,6 @@ spec:
 """
 
 
-def run(
-    *args: str, stdin: str | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-    )
-
-
 @pytest.fixture
 def job_file(tmp_path: Path) -> Path:
     path = tmp_path / "job.yaml"
@@ -82,8 +69,8 @@ def job_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_render_prints_a_kubernetes_list(job_file: Path) -> None:
-    result = run("render", str(job_file))
+def test_render_prints_a_kubernetes_list(job_file: Path, run_main: Callable[..., Ran]) -> None:
+    result = run_main("render", str(job_file))
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert result.stdout.startswith("apiVersion: v1\nkind: List\nitems:\n")
@@ -92,13 +79,15 @@ def test_render_prints_a_kubernetes_list(job_file: Path) -> None:
     kinds = [i["kind"] for i in out["items"]]
     # The ConfigMap and Service come before the pods that use them.
     assert kinds == ["ConfigMap", "Service", "NetworkPolicy", "Pod", "Pod", "Pod"]
-    assert run("render", str(job_file), "-o", "yaml").stdout == result.stdout
+    assert run_main("render", str(job_file), "-o", "yaml").stdout == result.stdout
 
 
 def test_render_is_byte_identical_across_runs(job_file: Path) -> None:
-    outputs = {
+    outputs = {  # processes of their own: each with another hash seed
         fmt: {
-            run("render", str(job_file), "-o", fmt, env={"PYTHONHASHSEED": str(seed)}).stdout
+            torchjob(
+                "render", str(job_file), "-o", fmt, env={**os.environ, "PYTHONHASHSEED": str(seed)}
+            ).stdout
             for seed in (1, 2, 3)
         }
         for fmt in ("yaml", "json")
@@ -108,9 +97,9 @@ def test_render_is_byte_identical_across_runs(job_file: Path) -> None:
         assert next(iter(texts))
 
 
-def test_json_and_yaml_parse_to_the_same_object(job_file: Path) -> None:
-    as_yaml = yaml.safe_load(run("render", str(job_file), "-o", "yaml").stdout)
-    as_json = json.loads(run("render", str(job_file), "-o", "json").stdout)
+def test_json_and_yaml_parse_to_the_same_object(job_file: Path, run_main: Callable[..., Ran]) -> None:
+    as_yaml = yaml.safe_load(run_main("render", str(job_file), "-o", "yaml").stdout)
+    as_json = json.loads(run_main("render", str(job_file), "-o", "json").stdout)
     assert as_yaml == as_json
     master = as_json["items"][3]
     env = {e["name"]: e.get("value") for e in master["spec"]["containers"][0]["env"]}
@@ -122,10 +111,10 @@ def test_json_and_yaml_parse_to_the_same_object(job_file: Path) -> None:
     assert master["spec"]["containers"][0]["command"][2] == "print('hi: there # not a comment')"
 
 
-def test_multi_document_input_renders_every_job(tmp_path: Path) -> None:
+def test_multi_document_input_renders_every_job(tmp_path: Path, run_main: Callable[..., Ran]) -> None:
     path = tmp_path / "two.yaml"
     path.write_text(JOB.format(name="first", workers=1) + "---\n" + JOB.format(name="second", workers=3))
-    result = run("render", str(path), "-o", "json")
+    result = run_main("render", str(path), "-o", "json")
     assert result.returncode == 0, result.stderr
     items = json.loads(result.stdout)["items"]
     pods = [i["metadata"]["name"] for i in items if i["kind"] == "Pod"]
@@ -141,20 +130,22 @@ def test_multi_document_input_renders_every_job(tmp_path: Path) -> None:
     assert services == ["first", "second"]
 
 
-def test_dash_reads_stdin(job_file: Path) -> None:
+def test_dash_reads_stdin(job_file: Path, run_main: Callable[..., Ran]) -> None:
     text = job_file.read_text()
-    from_stdin = run("render", "-", stdin=text)
+    from_stdin = run_main("render", "-", stdin=text)
     assert from_stdin.returncode == 0, from_stdin.stderr
-    assert from_stdin.stdout == run("render", str(job_file)).stdout
-    validated = run("validate", "-", stdin=text)
+    assert from_stdin.stdout == run_main("render", str(job_file)).stdout
+    validated = run_main("validate", "-", stdin=text)
     assert validated.returncode == 0
     assert validated.stdout.startswith("-: job demo: valid")
 
 
-def test_validate_prints_one_summary_line_per_job(tmp_path: Path, job_file: Path) -> None:
+def test_validate_prints_one_summary_line_per_job(
+    tmp_path: Path, job_file: Path, run_main: Callable[..., Ran]
+) -> None:
     two = tmp_path / "two.yaml"
     two.write_text(JOB.format(name="first", workers=1) + "---\n" + JOB.format(name="second", workers=3))
-    result = run("validate", str(two), str(job_file))
+    result = run_main("validate", str(two), str(job_file))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 3
@@ -164,11 +155,13 @@ def test_validate_prints_one_summary_line_per_job(tmp_path: Path, job_file: Path
     assert "master" in lines[1] and "worker" in lines[1] and "pytorch" in lines[1]
 
 
-def test_bad_input_gives_exit_2_and_one_line_per_problem(tmp_path: Path) -> None:
+def test_bad_input_gives_exit_2_and_one_line_per_problem(
+    tmp_path: Path, run_main: Callable[..., Ran]
+) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(JOB.format(name="Bad_Name", workers=-1))
     for command in ("validate", "render"):
-        result = run(command, str(bad))
+        result = run_main(command, str(bad))
         assert result.returncode == 2
         assert result.stdout == ""
         assert "Traceback" not in result.stderr
@@ -177,8 +170,8 @@ def test_bad_input_gives_exit_2_and_one_line_per_problem(tmp_path: Path) -> None
         assert any("spec.tasks[1].replicas" in line for line in lines), lines
 
 
-def test_missing_file_is_a_clean_error(tmp_path: Path) -> None:
-    result = run("render", str(tmp_path / "nope.yaml"))
+def test_missing_file_is_a_clean_error(tmp_path: Path, run_main: Callable[..., Ran]) -> None:
+    result = run_main("render", str(tmp_path / "nope.yaml"))
     assert result.returncode == 2
     assert "nope.yaml" in result.stderr and "Traceback" not in result.stderr
 
@@ -241,24 +234,26 @@ def test_json_writer_matches_the_standard_library(data: Any) -> None:
     assert dump_json(data) == json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
-def test_two_jobs_with_one_name_in_a_file_are_refused(tmp_path: Path) -> None:
+def test_two_jobs_with_one_name_in_a_file_are_refused(tmp_path: Path, run_main: Callable[..., Ran]) -> None:
     path = tmp_path / "twice.yaml"
     path.write_text(JOB.format(name="same", workers=1) + "---\n" + JOB.format(name="same", workers=2))
     second_name_line = JOB.count("\n") + 1 + 4  # the '---' line, then line 4 of the second document
     for command in ("validate", "render"):
-        result = run(command, str(path))
+        result = run_main(command, str(path))
         assert result.returncode == 2
         assert result.stdout == ""
         [line] = result.stderr.splitlines()
         assert line.startswith(f"{path}:{second_name_line}: metadata.name: job 'same'")
 
 
-def test_json_input_renders_like_the_same_job_in_yaml(tmp_path: Path, job_file: Path) -> None:
+def test_json_input_renders_like_the_same_job_in_yaml(
+    tmp_path: Path, job_file: Path, run_main: Callable[..., Ran]
+) -> None:
     as_json = tmp_path / "job.json"
     as_json.write_text(json.dumps(yaml.safe_load(job_file.read_text()), indent=1))
-    result = run("render", str(as_json))
+    result = run_main("render", str(as_json))
     assert result.returncode == 0, result.stderr
-    assert result.stdout == run("render", str(job_file)).stdout
+    assert result.stdout == run_main("render", str(job_file)).stdout
 
 
 # ---------------------------------------------------------------------- read back by kubectl
@@ -356,9 +351,11 @@ def tricky_job(tmp_path: Path) -> Path:
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-def test_kubectl_reads_the_yaml_as_the_same_objects(tmp_path: Path, fake_api_server: str) -> None:
+def test_kubectl_reads_the_yaml_as_the_same_objects(
+    tmp_path: Path, fake_api_server: str, run_main: Callable[..., Ran]
+) -> None:
     """Go's YAML reader (kubectl's) must see exactly the objects torchjob meant, strings included."""
-    rendered = run("render", str(tricky_job(tmp_path)))
+    rendered = run_main("render", str(tricky_job(tmp_path)))
     assert rendered.returncode == 0, rendered.stderr
     out = tmp_path / "out.yaml"
     out.write_text(rendered.stdout)

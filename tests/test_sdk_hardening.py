@@ -97,6 +97,34 @@ def test_single_node_elastic_active_deadline_stops_the_call() -> None:
     _assert_gone(_our_children())
 
 
+def test_deadline_while_the_workers_start_leaves_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deadline raised into the launcher's thread after its first worker started and before
+    the second did (where the flaky deadline test's stray came from, under load): torch's launcher
+    never learned of the first, a fork of the warm fork server; it is stopped all the same."""
+    import multiprocessing.process
+
+    from torchjob.sdk.elastic import DeadlinePassed
+
+    real_start = multiprocessing.process.BaseProcess.start
+    started: list[int] = []
+
+    def start_then_deadline(self: Any) -> None:
+        if getattr(getattr(self, "_target", None), "__module__", "") == "torch.multiprocessing.spawn":
+            if started:
+                raise DeadlinePassed
+            real_start(self)
+            started.append(self.pid)
+            return
+        real_start(self)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start_then_deadline)
+    with pytest.raises(TaskFailed, match=r"active deadline of 60s passed"):
+        ends_before_its_deadline()
+    assert len(started) == 1
+    _assert_gone([psutil.Process(started[0])] if psutil.pid_exists(started[0]) else [])
+    _assert_gone(_our_children())
+
+
 @task(task_config=Elastic(nproc_per_node=2, run_policy=RunPolicy(active_deadline_seconds=60)))
 def ends_before_its_deadline() -> int:
     return int(os.environ["RANK"]) + 7

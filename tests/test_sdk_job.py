@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from support import torchjob
 from torchjob import (
     CleanPodPolicy,
     Elastic,
@@ -252,14 +253,8 @@ def test_load_jobs_bad_reference(task_file: Path, name: str, message: str) -> No
     assert message in str(info.value)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args], capture_output=True, text=True, timeout=120, check=False
-    )
-
-
 def test_cli_render_task(task_file: Path) -> None:
-    out = _cli("render", "-o", "json", f"{task_file}:train")
+    out = torchjob("render", "-o", "json", f"{task_file}:train", timeout=120)
     assert out.returncode == 0, out.stderr
     items = json.loads(out.stdout)["items"]
     pods = [i for i in items if i["kind"] == "Pod"]
@@ -272,9 +267,9 @@ def test_cli_render_task(task_file: Path) -> None:
 
 
 def test_cli_validate_task_and_errors(task_file: Path, tmp_path: Path) -> None:
-    ok = _cli("validate", f"{task_file}:stretch")
+    ok = torchjob("validate", f"{task_file}:stretch", timeout=120)
     assert ok.returncode == 0 and "valid; 3 pods" in ok.stdout
-    missing = _cli("render", f"{task_file}:missing")
+    missing = torchjob("render", f"{task_file}:missing", timeout=120)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert missing.stderr.strip().splitlines() == [
         f"{task_file}: missing: no task named 'missing'; tasks in this file: stretch, train"
@@ -283,12 +278,12 @@ def test_cli_validate_task_and_errors(task_file: Path, tmp_path: Path) -> None:
     bad.write_text(
         "from torchjob import Elastic, task\n@task(task_config=Elastic(nnodes='4:1'))\ndef f(): ...\n"
     )
-    out = _cli("render", f"{bad}:f")
+    out = torchjob("render", f"{bad}:f", timeout=120)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert str(bad) in out.stderr and "nnodes='4:1'" in out.stderr
     broken = tmp_path / "broken.py"
     broken.write_text("def f(:\n")
-    out = _cli("render", f"{broken}:f")
+    out = torchjob("render", f"{broken}:f", timeout=120)
     assert out.returncode == 2 and f"{broken}:1:" in out.stderr and "syntax error" in out.stderr
 
 

@@ -19,19 +19,6 @@ pytest.importorskip("torch", reason="torch is not installed")
 pytestmark = [pytest.mark.torch, pytest.mark.timeout(240)]
 
 
-def _engine_available() -> bool:
-    try:
-        from torchjob.engines.local import run_job  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_engine = pytest.mark.skipif(
-    not _engine_available(), reason="the local engine (run_job) is not available"
-)
-
-
 @pytest.fixture(autouse=True)
 def _job_dirs_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Local-engine job directories go under the test's tmp dir, not ~/.torchjob."""
@@ -209,7 +196,6 @@ def test_task_defined_in_main(tmp_path: Path) -> None:
     assert lines[1] == "error 1 Boom Boom"
 
 
-@needs_engine
 def test_task_defined_in_main_on_the_local_engine(tmp_path: Path) -> None:
     lines = _run_script(tmp_path, "pods")
     assert "pods [(0, 'pods'), (1, 'pods')]" in lines
@@ -230,7 +216,6 @@ def pods_all_reduce(offset: float) -> dict[str, Any]:
         dist.destroy_process_group()
 
 
-@needs_engine
 def test_pytorch_master_and_workers_all_reduce(capfd: pytest.CaptureFixture[str]) -> None:
     out = pods_all_reduce(1.0)
     assert out == {"rank": 0, "world": 3, "sum": 0 + 1 + 2 + 3.0}
@@ -248,7 +233,6 @@ def pods_fail_on_rank_2() -> None:
     time.sleep(120)
 
 
-@needs_engine
 def test_pytorch_exception_in_rank_2_of_3() -> None:
     started = time.monotonic()
     with pytest.raises(RemoteError) as info:
@@ -273,7 +257,6 @@ def nodes_all_reduce() -> dict[str, Any]:
         dist.destroy_process_group()
 
 
-@needs_engine
 def test_with_overrides_switches_between_single_and_multi_node(capfd: pytest.CaptureFixture[str]) -> None:
     multi = nodes_all_reduce()
     assert (multi["world"], multi["sum"]) == (2, 2.0)
@@ -304,7 +287,6 @@ def nodes_fail_on_rank_1() -> None:
     time.sleep(120)
 
 
-@needs_engine
 def test_multi_node_elastic_exception_reaches_the_caller() -> None:
     started = time.monotonic()
     with pytest.raises(RemoteError) as info:
@@ -347,7 +329,6 @@ def pod_exits_hard() -> None:
     time.sleep(120)
 
 
-@needs_engine
 def test_pod_dying_without_exception_is_task_failed() -> None:
     from torchjob.sdk import TaskFailed
 
@@ -381,7 +362,6 @@ CLI_TASK = textwrap.dedent(
 )
 
 
-@needs_engine
 def test_cli_run_task_reference(tmp_path: Path) -> None:
     path = tmp_path / "cli_task.py"
     path.write_text(CLI_TASK)
@@ -399,7 +379,6 @@ def sleeps_past_deadline() -> None:
     time.sleep(120)
 
 
-@needs_engine
 def test_active_deadline_stops_a_local_run() -> None:
     from torchjob.sdk import TaskFailed
 
@@ -417,7 +396,6 @@ def fails_on_the_first_attempt() -> str:
     return os.environ["TORCHJOB_RETRY_COUNT"]
 
 
-@needs_engine
 def test_backoff_limit_is_the_number_of_restarts() -> None:
     # backoff_limit=1 allows one restart (docs/sdk.md), so the second attempt runs and succeeds.
     assert fails_on_the_first_attempt() == "1"

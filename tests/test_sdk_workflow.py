@@ -10,7 +10,6 @@ import enum
 import logging
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from support import torchjob
 from torchjob import Elastic, RemoteError, Resources, task, workflow
 from torchjob.errors import SpecError
 from torchjob.sdk import Promise, WorkflowError
@@ -518,24 +518,14 @@ def big(n: int) -> int:
 @pytest.mark.skipif(not hasattr(sys, "get_int_max_str_digits"), reason="no int digits limit here")
 def test_cli_prints_a_workflow_value_that_python_cannot_turn_into_text(tmp_path: Path) -> None:
     (tmp_path / "big.py").write_text(BIG_FLOW)
-    out = _cli("run", f"{tmp_path / 'big.py'}:big", "--", "--n", "7", env={"TORCHJOB_HOME": str(tmp_path)})
+    out = torchjob("run", f"{tmp_path / 'big.py'}:big", "--", "--n", "7", home=tmp_path, timeout=200)
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr
     assert "torchjob: workflow big returned an integer of 5001 digits, too many to print" in out.stdout
     limited = "9" * (sys.get_int_max_str_digits() + 1)
-    out = _cli(
-        "run", f"{tmp_path / 'big.py'}:big", "--", "--n", limited, env={"TORCHJOB_HOME": str(tmp_path)}
-    )
+    out = torchjob("run", f"{tmp_path / 'big.py'}:big", "--", "--n", limited, home=tmp_path, timeout=200)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "expected an integer of at most" in out.stderr
-
-
-def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args],
-        capture_output=True, text=True, timeout=200, cwd=cwd, check=False,
-        env=dict(os.environ, **(env or {})),
-    )  # fmt: skip
 
 
 RAISING_FLOW = """
@@ -556,9 +546,7 @@ def test_cli_a_workflow_that_raises_shows_its_own_traceback_and_exits_1(tmp_path
     """The workflow's own error (not a task's): its traceback from its own frame, not torchjob's
     eight, then one line naming the workflow; exit 1 as for a failed task."""
     (tmp_path / "boom.py").write_text(RAISING_FLOW)
-    out = _cli(
-        command, f"{tmp_path / 'boom.py'}:boom", "--", "--n", "2", env={"TORCHJOB_HOME": str(tmp_path)}
-    )
+    out = torchjob(command, f"{tmp_path / 'boom.py'}:boom", "--", "--n", "2", home=tmp_path, timeout=200)
     assert out.returncode == 1, out.stderr
     lines = out.stderr.splitlines()
     assert lines[0] == "Traceback (most recent call last):" and "boom.py" in lines[1], out.stderr
@@ -570,13 +558,14 @@ def test_cli_a_workflow_that_raises_shows_its_own_traceback_and_exits_1(tmp_path
 @pytest.mark.torch
 def test_cli_runs_the_example_workflow_with_arguments(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    out = _cli(
+    out = torchjob(
         "run",
         f"{EXAMPLE}:adaptive_training",
         "--",
         "--use-single-node",
         "true",
-        env={"TORCHJOB_LOG": "debug", "TORCHJOB_HOME": str(tmp_path)},
+        env={**os.environ, "TORCHJOB_LOG": "debug", "TORCHJOB_HOME": str(tmp_path)},
+        timeout=200,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(r"^torchjob: workflow adaptive_training returned 0\.9\d*$", out.stdout, re.MULTILINE), (
@@ -621,7 +610,7 @@ def decides(epochs: int = 1) -> bool:
 def test_cli_render_prints_one_list_per_node(tmp_path: Path) -> None:
     path = tmp_path / "flows.py"
     path.write_text(FLOW_FILE)
-    out = _cli("render", f"{path}:two_steps")
+    out = torchjob("render", f"{path}:two_steps", timeout=200)
     assert out.returncode == 0, out.stderr
     lists = list(yaml.safe_load_all(out.stdout))
     assert [doc["kind"] for doc in lists] == ["List", "List"]
@@ -631,7 +620,9 @@ def test_cli_render_prints_one_list_per_node(tmp_path: Path) -> None:
         ["evaluate-2-master-0"],
     ]
     assert out.stdout.startswith("# workflow two_steps: node 1 train\n")
-    single = _cli("render", f"{EXAMPLE}:adaptive_training", "--", "--use-single-node", "true")
+    single = torchjob(
+        "render", f"{EXAMPLE}:adaptive_training", "--", "--use-single-node", "true", timeout=200
+    )
     assert single.returncode == 0, single.stderr
     (only,) = yaml.safe_load_all(single.stdout)
     assert [i["metadata"]["name"] for i in only["items"] if i["kind"] == "Pod"] == ["train-model-1-master-0"]
@@ -673,20 +664,22 @@ def test_cli_bad_workflow_input_is_one_line_and_exit_2(
     for command in ("render", "run"):
         if command == "run" and ref.endswith(":decides"):
             continue  # running it is fine: the value exists then
-        out = _cli(command, ref, *args, env={"TORCHJOB_HOME": str(tmp_path)})
+        out = torchjob(command, ref, *args, home=tmp_path, timeout=200)
         assert out.returncode == 2, (command, out.stdout, out.stderr)
         assert out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
         assert "Traceback" not in out.stderr and out.stdout == ""
 
 
 def test_cli_refuses_options_and_arguments_that_do_not_apply(tmp_path: Path) -> None:
-    out = _cli("run", "--detach", f"{EXAMPLE}:adaptive_training", "--", "--use-single-node", "true")
+    out = torchjob(
+        "run", "--detach", f"{EXAMPLE}:adaptive_training", "--", "--use-single-node", "true", timeout=200
+    )
     assert out.returncode == 2 and "--detach: not for a workflow" in out.stderr
     task_file = tmp_path / "t.py"
     task_file.write_text("from torchjob import task\n@task\ndef t():\n    return 1\n")
-    out = _cli("run", f"{task_file}:t", "--", "--x", "1", env={"TORCHJOB_HOME": str(tmp_path)})
+    out = torchjob("run", f"{task_file}:t", "--", "--x", "1", home=tmp_path, timeout=200)
     assert out.returncode == 2 and "--x: t has no such parameter (its parameters: none)" in out.stderr
-    out = _cli("status", "--", "x")
+    out = torchjob("status", "--", "x", timeout=200)
     assert out.returncode == 2 and "arguments after -- are the program's" in out.stderr
 
 
@@ -713,9 +706,7 @@ def test_cli_run_of_a_workflow_whose_rank_fails_exits_1_and_names_the_rank(tmp_p
     pytest.importorskip("torch")
     script = tmp_path / "failing_flow.py"
     script.write_text(FAILING_FLOW)
-    out = _cli(
-        "run", f"{script}:flow", "--", "--limit", "3", env={"TORCHJOB_HOME": str(tmp_path)}, cwd=tmp_path
-    )
+    out = torchjob("run", f"{script}:flow", "--", "--limit", "3", home=tmp_path, cwd=tmp_path, timeout=200)
     assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
     assert "torchjob: workflow flow failed:" in out.stderr
     assert "rank 1" in out.stderr and "ValueError" in out.stderr and "refuses 3" in out.stderr, out.stderr

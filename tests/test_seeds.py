@@ -7,13 +7,14 @@ when that folder is not there (a fresh clone elsewhere).
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from support import Ran
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,12 +47,6 @@ def seed_jobs() -> list[Any]:
     return found
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args], capture_output=True, text=True, timeout=60
-    )
-
-
 def test_the_seeds_hold_volcano_jobs() -> None:
     if not SEEDS.is_dir():
         pytest.skip(f"{SEEDS} is not there")
@@ -59,19 +54,19 @@ def test_the_seeds_hold_volcano_jobs() -> None:
 
 
 @pytest.mark.parametrize("text", seed_jobs())
-def test_seed_job_validates_and_renders(text: str, tmp_path: Path) -> None:
+def test_seed_job_validates_and_renders(text: str, tmp_path: Path, run_main: Callable[..., Ran]) -> None:
     path = tmp_path / "seed.yaml"
     path.write_text(text, encoding="utf-8")
     source = yaml.safe_load(text)
 
-    validated = run("validate", str(path))
+    validated = run_main("validate", str(path))
     assert validated.returncode == 0, validated.stderr
     assert validated.stderr == ""
     [summary] = validated.stdout.splitlines()
     assert f"job {source['metadata']['name']}: valid" in summary
 
     for fmt in ("yaml", "json"):
-        rendered = run("render", str(path), "-o", fmt)
+        rendered = run_main("render", str(path), "-o", fmt)
         assert rendered.returncode == 0, rendered.stderr
         out = yaml.safe_load(rendered.stdout)
         assert out["kind"] == "List"

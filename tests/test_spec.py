@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from support import Ran
 from torchjob.errors import Problem, SpecError
 from torchjob.expand import expand
 from torchjob.jobs import load_jobs, load_jobs_from_text
@@ -269,26 +269,20 @@ def test_json_file(tmp_path: Path) -> None:
     assert loaded.job.name == "demo" and loaded.file == str(path)
 
 
-def run_cli(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args], input=stdin, capture_output=True, text=True, timeout=60
-    )
-
-
 @pytest.mark.timeout(60)
-def test_stdin_validate_and_render() -> None:
-    result = run_cli("validate", "-", stdin=job_text())
+def test_stdin_validate_and_render(run_main: Callable[..., Ran]) -> None:
+    result = run_main("validate", "-", stdin=job_text())
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("-: job demo: valid; 4 pods")
-    result = run_cli("render", "-", "-o", "json", stdin=job_text())
+    result = run_main("render", "-", "-o", "json", stdin=job_text())
     assert result.returncode == 0, result.stderr
     names = [item["metadata"]["name"] for item in json.loads(result.stdout)["items"] if item["kind"] == "Pod"]
     assert names == ["demo-master-0", "demo-worker-0", "demo-worker-1", "demo-worker-2"]
 
 
 @pytest.mark.timeout(60)
-def test_stdin_errors_are_named_dash() -> None:
-    result = run_cli("validate", "-", stdin=job_text().replace("replicas: 3", "replicas: x"))
+def test_stdin_errors_are_named_dash(run_main: Callable[..., Ran]) -> None:
+    result = run_main("validate", "-", stdin=job_text().replace("replicas: 3", "replicas: x"))
     assert result.returncode == 2
     assert result.stderr == "-:15: spec.tasks[1].replicas: expected an integer, got string 'x'\n"
 

@@ -11,11 +11,13 @@ import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from support import Ran
 from torchjob import (
     CleanPodPolicy,
     Elastic,
@@ -564,14 +566,10 @@ def test_pods_target_labels_every_object() -> None:
 # ------------------------------------------------------------------------------------------------- CLI
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torchjob", *args], capture_output=True, text=True, timeout=60
+def test_cli_render_target_prints_warnings_with_file_and_line(run_main: Callable[..., Ran]) -> None:
+    result = run_main(
+        "render", str(EXAMPLES / "restart-on-failure.yaml"), "--target", "kubeflow", "-o", "json"
     )
-
-
-def test_cli_render_target_prints_warnings_with_file_and_line() -> None:
-    result = run("render", str(EXAMPLES / "restart-on-failure.yaml"), "--target", "kubeflow", "-o", "json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["items"][0]["kind"] == "PyTorchJob"
     first = result.stderr.splitlines()[0]
@@ -580,25 +578,29 @@ def test_cli_render_target_prints_warnings_with_file_and_line() -> None:
     )
 
 
-def test_cli_render_target_errors_exit_2_with_one_line_each(tmp_path: Path) -> None:
+def test_cli_render_target_errors_exit_2_with_one_line_each(
+    tmp_path: Path, run_main: Callable[..., Ran]
+) -> None:
     job = tmp_path / "job.yaml"
     job.write_text((EXAMPLES / "ddp-train.yaml").read_text().replace("DDP_STEPS", "PET_NNODES"))
-    result = run("render", str(job), "--target", "trainjob")
+    result = run_main("render", str(job), "--target", "trainjob")
     assert result.returncode == 2 and result.stdout == ""
     assert "Traceback" not in result.stderr
     assert f"{job}:" in result.stderr and "PET_NNODES is set by the TrainJob runtime" in result.stderr
-    wrong = run("render", str(job), "--runtime", "x")
+    wrong = run_main("render", str(job), "--runtime", "x")
     assert wrong.returncode == 2 and "--runtime applies to --target trainjob only" in wrong.stderr
 
 
-def test_cli_validate_target_refuses_names_the_controller_could_not_create(tmp_path: Path) -> None:
+def test_cli_validate_target_refuses_names_the_controller_could_not_create(
+    tmp_path: Path, run_main: Callable[..., Ran]
+) -> None:
     # The case: 56 characters with tasks m/w: <job>-w-0 fits, <job>-master-0 does not.
     job = tmp_path / "job.yaml"
     text = "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: " + "d" * 56 + "}\nspec:\n"
     text += "  plugins: {pytorch: [--master=m, --worker=w]}\n  tasks:\n"
     job.write_text(text + textwrap.indent(one_task("m", 1) + one_task("w", 1), "    "))
-    assert run("validate", str(job)).returncode == 0  # Volcano's own names fit
-    result = run("validate", str(job), "--target", "kubeflow")
+    assert run_main("validate", str(job)).returncode == 0  # Volcano's own names fit
+    result = run_main("validate", str(job), "--target", "kubeflow")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"{job}:") and "metadata.name: --target kubeflow:" in line
@@ -606,9 +608,9 @@ def test_cli_validate_target_refuses_names_the_controller_could_not_create(tmp_p
     assert "the longest job name that fits is 54 characters" in line
 
 
-def test_cli_default_target_output_is_unchanged() -> None:
+def test_cli_default_target_output_is_unchanged(run_main: Callable[..., Ran]) -> None:
     path = str(EXAMPLES / "pytorch-job.yaml")
-    assert run("render", path).stdout == run("render", path, "--target", "pods").stdout
+    assert run_main("render", path).stdout == run_main("render", path, "--target", "pods").stdout
 
 
 def test_volcano_target_reads_back_as_the_same_job() -> None:

@@ -53,13 +53,6 @@ RELAY = "ml.example.com/v1"
 
 
 @pytest.fixture
-def job_file(tmp_path: Path) -> Path:
-    path = tmp_path / "job.yaml"
-    path.write_text(JOB)
-    return path
-
-
-@pytest.fixture
 def relay(monkeypatch: pytest.MonkeyPatch) -> None:
     """The test target registered: the one line a new target adds to the registry."""
     import torchjob.targets
@@ -245,10 +238,10 @@ def test_start_sends_the_plan_it_was_given_rendering_once(
     options = StartOptions(detach=True, quiet=True, target="kubeflow", extra_env={"SEED": "7"})
     plan = engine.plan(job, options)
     assert renders == ["kubeflow"]
-    assert engine.start_plan(plan).name == "demo"
+    assert engine.start(plan).name == "demo"
     assert renders == ["kubeflow"]  # the plan's objects were sent, not rendered again
     shown = yaml.safe_load(plan.text.split("\n", 1)[1])["items"]
     assert [sent(relay_api, item) for item in shown] == shown
     engine.delete(["default/demo"])
-    assert engine.start(job, options).name == "demo"  # start alone: one plan, one rendering
+    assert engine.start(engine.plan(job, options)).name == "demo"  # a new plan: rendered again, once
     assert renders == ["kubeflow", "kubeflow"]

@@ -65,7 +65,7 @@ def register(commands: Any) -> None:
 
 def run_submit(args: argparse.Namespace) -> int:
     from torchjob.cli.settings import given_settings, number_option, remember_start
-    from torchjob.cli.sources import choose_job, load_ref, load_script, runtimes_of
+    from torchjob.cli.sources import choose_job, load_ref, load_script, runtimes_of, told_at
     from torchjob.engine_api.base import EngineError, LogQuery, StartOptions
     from torchjob.engine_api.registry import engine_for, engine_info, get_engine
 
@@ -85,11 +85,11 @@ def run_submit(args: argparse.Namespace) -> int:
 
         require_image(args.image)
     item = script or choose_job(load_ref(args.file, runtimes=runtimes), args.job, args.file)
-    options = StartOptions(detach=True, settings=settings)
+    options = StartOptions(detach=True, settings=settings, source=told_at(item.document))
     try:
         engine = get_engine(name, **settings)
         try:
-            report = engine.start(item.job, options)
+            report = engine.start(engine.plan(item.job, options))
         except SpecError as err:  # what the target cannot express, at the file's lines
             # Problems that already name their file (a flag's: <command line>) keep it.
             raise SpecError(

@@ -194,7 +194,7 @@ def run_run(args: argparse.Namespace) -> int:
     if args.timeout is not None:
         message = "expected a positive, finite number of seconds, got {value}"
         args.timeout = number_option("--timeout", args.timeout, message, positive=True)
-    from torchjob.cli.sources import choose_job
+    from torchjob.cli.sources import choose_job, told_at
 
     info = engine_info(args.engine)
     chosen = choose_job(_load(args, extra_env), args.job, args.file)
@@ -215,6 +215,7 @@ def run_run(args: argparse.Namespace) -> int:
         remove=args.rm,
         sink=StreamSink(),  # the engine's output, printed here: log lines, notes, its table
         settings=settings,
+        source=told_at(item.document),
     )
     if args.rm and args.detach:
         raise SpecError(
@@ -222,10 +223,11 @@ def run_run(args: argparse.Namespace) -> int:
         )
     engine = chosen_engine(args)
     try:
-        if args.dry_run:  # what the engine would do, decided as start decides it; nothing starts
-            print(engine.plan(item.job, options).text)
+        plan = engine.plan(item.job, options)  # what the engine will do; nothing started yet
+        if args.dry_run:
+            print(plan.text)
             return EXIT_OK
-        report = engine.start(item.job, options)  # checks first what stops the job running there
+        report = engine.start(plan)  # that plan carried out: checks first what stops the job there
     except SpecError as err:  # with the file's line numbers for the fields it names
         # Problems that already name their file (the port registry) keep it.
         raise SpecError(

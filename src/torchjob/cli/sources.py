@@ -13,8 +13,10 @@ from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
     from torchjob.spec.kinds.runtimes import Runtimes
+    from torchjob.spec.source import Document
 
 _SDK_REF = r"^(?P<path>.+\.py):(?P<name>[A-Za-z_][A-Za-z0-9_]*)$"
 
@@ -156,3 +158,9 @@ def choose_job(loaded: list[LoadedJob], name: str | None, file: str) -> LoadedJo
         message = f"the file holds {len(loaded)} jobs ({names}); choose one with --job NAME"
         raise SpecError([Problem("", message, file)])
     return loaded[0]
+
+
+def told_at(document: Document) -> Callable[[str, str], str]:
+    """How an engine names a field of the job's file in a note (StartOptions.source): at the
+    file's line and the path it has there, as validate and render name it."""
+    return lambda path, message: document.problem(path, message).format()

@@ -97,6 +97,7 @@ class StartOptions:
         remove: bool = False,
         sink: Sink | None = None,
         settings: dict[str, object] | None = None,
+        source: Callable[[str, str], str] | None = None,
         **more_settings: object,
     ) -> None:
         self.detach = detach  # return once the job has started instead of when it ends
@@ -108,6 +109,9 @@ class StartOptions:
         self.remove = remove  # run --rm: a job that completed is removed once it ended
         self.sink = sink  # attached: where the engine's lines go (None: the engine's default)
         self.settings: dict[str, object] = {**(settings or {}), **more_settings}
+        # Names a field of the job's own file in a note: (path, message) -> "FILE:LINE: path: message",
+        # at the path the file has (a PyTorchJob's, not the Volcano Job it was read into).
+        self.source = source
 
     def setting(self, name: str, default: Any = None) -> Any:
         """The setting's value, or ``default`` when it was not given (None counts as not given)."""
@@ -194,19 +198,46 @@ class EngineInfo:
         return options.setting(name, declared.default)
 
 
-@record
 class Plan:
-    """What an engine will do with one job, decided once: ``torchjob run --dry-run`` prints
-    ``text``; ``start`` carries out the same plan, so the job is expanded once per run.
+    """What an engine will do with one job, decided once, before anything starts: ``start`` takes
+    the plan itself and carries it out, so a job is expanded (or rendered) once per run, and what
+    ``torchjob run --dry-run`` printed is what a start of the same plan does.
 
-    ``detail`` is the engine's own (the local engine's pods, ranks, commands and ports to reserve;
-    a cluster engine's objects); only the engine that made the plan reads it."""
+    ``detail`` is the engine's own (the local engine's expanded, checked job; a cluster engine's
+    objects); only the engine that made the plan reads it (:meth:`detail_for`). ``text``, what the
+    engine will do for a person, is written when first asked for: a run that is not a dry run
+    never pays for it. A plain class, not a record: its text is a property."""
 
-    engine: str  # the engine's name
-    job: Any  # the Job (spec.model.Job) the plan was made for
-    options: StartOptions
-    text: str  # what the engine will do, for a person (run --dry-run)
-    detail: Any = None
+    __slots__ = ("_describe", "_text", "detail", "engine", "job", "options")
+
+    def __init__(
+        self,
+        engine: str,  # the engine's name
+        job: Any,  # the Job (spec.model.Job) the plan was made for
+        options: StartOptions,
+        text: str | Callable[[], str],  # the text, or what writes it when asked
+        detail: Any = None,
+    ) -> None:
+        self.engine, self.job, self.options, self.detail = engine, job, options, detail
+        self._text: str | None = text if isinstance(text, str) else None
+        self._describe: Callable[[], str] | None = None if isinstance(text, str) else text
+
+    @property
+    def text(self) -> str:
+        """What the engine will do, for a person (``run --dry-run``)."""
+        if self._text is None:
+            assert self._describe is not None
+            self._text = self._describe()
+        return self._text
+
+    def detail_for(self, engine: str) -> Any:
+        """The plan's detail, for the engine that made it; another engine is refused in one line."""
+        if engine != self.engine:
+            raise EngineError(f"a plan of the {self.engine} engine cannot be started by the {engine} engine")
+        return self.detail
+
+    def __repr__(self) -> str:
+        return f"Plan(engine={self.engine!r}, job={getattr(self.job, 'name', self.job)!r})"
 
 
 @record
@@ -361,8 +392,9 @@ if TYPE_CHECKING:
             """Decide what running ``job`` means here, without starting anything (``run --dry-run``)."""
             ...
 
-        def start(self, job: Job, options: StartOptions) -> JobReport:
-            """Run ``job``: attached, until it ends (its final report); detached, return once started."""
+        def start(self, plan: Plan) -> JobReport:
+            """Carry out ``plan``, one this engine made: attached, until the job ends (its final
+            report); detached (``plan.options.detach``), return once it started."""
             ...
 
         def list_jobs(self) -> list[JobReport]:

@@ -101,7 +101,60 @@ def engine_for(capability: str) -> str:
 
 
 def get_engine(name: str = DEFAULT_ENGINE, **settings: Any) -> Engine:
-    """The engine called ``name``, made with ``settings`` (each engine ignores the ones it has no use for)."""
+    """The engine called ``name``, made with ``settings`` (each engine ignores the ones it has no use
+    for); EngineError in one line when what it is made with does not implement the interface."""
+    from torchjob.engine_api.base import EngineError
+
     factory = engine_info(name).factory
     engine: Engine = _object(factory)(**settings)
+    kind = type(engine)
+    if kind not in _checked:
+        missing = interface_gaps(engine)
+        if missing:
+            raise EngineError(
+                f"engine {name}: {factory} does not implement the engine interface: {'; '.join(missing)}"
+            )
+        _checked.add(kind)
     return engine
+
+
+# The interface's verbs (engine_api.base.Engine) and the parameters each is called with: what the
+# CLI and the SDK may ask of any engine. Checked when an engine is made, so that one that lacks a
+# verb is refused when it is loaded, in one line, not when a command first needs the verb.
+VERBS: dict[str, tuple[str, ...]] = {
+    "check": ("job",),
+    "warnings": ("job",),
+    "plan": ("job", "options"),
+    "start": ("plan",),
+    "list_jobs": (),
+    "status": ("ref",),
+    "logs": ("ref", "query"),
+    "wait": ("ref", "timeout", "sink"),
+    "delete": ("refs",),
+}
+_checked: set[type] = set()  # engine classes found whole
+
+
+def interface_gaps(engine: object) -> list[str]:
+    """What of the interface ``engine`` lacks, one phrase each (``no plan``, ``wait takes no sink``);
+    [] when it has every verb, each taking the parameters it is called with and needing no other."""
+    gaps = [] if isinstance(getattr(engine, "name", None), str) else ["no name"]
+    for verb, wanted in VERBS.items():
+        method = getattr(engine, verb, None)
+        if not callable(method):
+            gaps.append(f"no {verb}")
+            continue
+        function = getattr(method, "__func__", method)
+        code = getattr(function, "__code__", None)
+        if code is None or code.co_flags & 0x0C:  # not plain Python, or *args/**kwargs: any call fits
+            continue
+        first = 1 if hasattr(method, "__self__") else 0  # a bound method's self
+        positional = code.co_varnames[first : code.co_argcount]
+        lacking = [p for p in wanted if p not in positional]
+        required = positional[: len(positional) - len(function.__defaults__ or ())]
+        extra = [p for p in required if p not in wanted]
+        if lacking:
+            gaps.append(f"{verb} takes no {' or '.join(lacking)}")
+        if extra:
+            gaps.append(f"{verb} needs {', '.join(extra)}, which the interface never gives")
+    return gaps

@@ -30,6 +30,7 @@ from torchjob.logs import get_logger
 from torchjob.sdk.leftovers import stopped_after
 from torchjob.sdk.quick_exit import exit_now
 from torchjob.sdk.results import PROGRESS_FILE, run_call, write_error, write_failure
+from torchjob.sdk.strays import strays_stopped, worker_here
 
 logger = get_logger()
 
@@ -58,10 +59,12 @@ class LaunchSettings:
     start_method: str = "spawn"
     deadline: float | None = None  # seconds for the whole launch (RunPolicy.active_deadline_seconds)
     warm: bool = False  # spawn's workers forked from this process's fork server (warm_elastic.py)
+    caller: bool = False  # launched by a single-node call's caller: its strays are stopped (strays.py)
 
 
 def elastic_child(payload: bytes, results: str) -> bytes | None:
     """The body of every worker process: run the call, report rank 0's value or this rank's error."""
+    worker_here(results)  # first: a worker its launcher never learned of is found (strays.py)
     rank = int(os.environ.get("RANK", "0"))
     _whole_lines()
     _mark(results, COMPLETE)  # workers start once the rendezvous is complete
@@ -275,8 +278,9 @@ def launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool
 
 def _launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[bool, Any]:
     with _signals_held():  # a Ctrl-C during torch's import is not lost (see there)
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-        from torch.distributed.launcher.api import LaunchConfig
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     if "OMP_NUM_THREADS" not in os.environ and settings.nproc_per_node > 1:
         # As torchrun does: N processes each using every core would oversubscribe the machine.
         os.environ["OMP_NUM_THREADS"] = "1"
@@ -304,28 +308,18 @@ def _launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[boo
         settings.min_nodes, settings.max_nodes, settings.nproc_per_node, settings.rdzv_endpoint,
         settings.run_id, settings.max_restarts, start_method,
     )  # fmt: skip
-    # Workers the launcher did not know of, and what workers started (leftovers.py).
-    with stopped_after(settings.run_id, _fork_server):
-        return _run(config, settings.deadline, payload, results)
-
-
-def _fork_server() -> set[int]:
-    import multiprocessing.forkserver as forkserver
-
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    return {pid} if isinstance(pid, int) else set()
-
-
-def _run(config: Any, deadline: float | None, payload: bytes, results: str) -> tuple[bool, Any]:
-    from torch.distributed.elastic.multiprocessing import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
-
     try:
         with _quiet_torch(), _main_not_reimported(), _own_signal_handlers() as handlers:
             stopped_by: signal.Signals | None = None
             try:
-                with _deadline(deadline):
+                own = strays_stopped(results) if settings.caller else contextlib.nullcontext()
+                # And what the ranks started themselves, daemons included (leftovers.py).
+                rest = (
+                    stopped_after(settings.run_id, _fork_server)
+                    if settings.caller
+                    else contextlib.nullcontext()
+                )
+                with rest, own, _deadline(settings.deadline):
                     out = elastic_launch(config, elastic_child)(payload, results)
             except SignalException as err:
                 stopped_by = err.sigval
@@ -345,6 +339,13 @@ def _run(config: Any, deadline: float | None, payload: bytes, results: str) -> t
     if 0 in out:
         return True, cloudpickle.loads(out[0])
     return False, None
+
+
+def _fork_server() -> set[int]:
+    import multiprocessing.forkserver as forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return {pid} if isinstance(pid, int) else set()
 
 
 def _mark(results: str, name: str) -> None:

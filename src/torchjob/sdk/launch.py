@@ -80,6 +80,7 @@ def _run_single_node(
             start_method=config.start_method,
             deadline=deadline,
             warm=warm_wanted(task),
+            caller=True,
         )
         try:
             _, value = launch(dump_call(task.function, args, kwargs), results, settings)
@@ -265,7 +266,7 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
                 timeout=timeout, extra_env=env, sink=sink, preload=preload, warm=bool(preload)
             )
             try:
-                report = engine.start(job, options)
+                report = engine.start(engine.plan(job, options))
             except KeyboardInterrupt:
                 remember([name], engine_name, flags, CALLED)
                 raise

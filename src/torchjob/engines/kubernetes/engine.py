@@ -109,12 +109,9 @@ class KubernetesEngine:
         return []  # the cluster does it all; the targets' own warnings come with the rendering
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
-        """The objects ``start`` would create, as a kubectl-ready List (run --dry-run)."""
-        return self._plan(job, options, with_text=True)
-
-    def _plan(self, job: Job, options: StartOptions, *, with_text: bool) -> Plan:
-        """The job rendered once, by the targets layer, as exactly what is sent (the same function
-        ``torchjob render --target T -n NS -e K=V`` prints); the text only when it is to be shown."""
+        """The job rendered once, by the targets layer, as exactly what ``start`` sends (the same
+        function ``torchjob render --target T -n NS -e K=V`` prints); its text, a kubectl-ready
+        List (run --dry-run), written only when asked for."""
         from torchjob.render import dump_yaml, list_of
         from torchjob.targets import for_cluster
 
@@ -126,31 +123,26 @@ class KubernetesEngine:
         rendered = for_cluster(
             job, target, namespace, _option(options, "extra_env"), runtime=_option(options, "runtime")
         )
-        text = ""
-        if with_text:
-            text = f"# target {target}, namespace {namespace}\n" + dump_yaml(list_of(rendered.objects))
+
+        def text() -> str:
+            return f"# target {target}, namespace {namespace}\n" + dump_yaml(list_of(rendered.objects))
+
         job = replace(job, metadata=replace(job.metadata, namespace=namespace))
         detail = Sending(target, namespace, rendered.objects, rendered.warnings)
         return Plan(self.name, job, options, text, detail=detail)
 
-    def start(self, job: Job, options: StartOptions) -> JobReport:
-        with sigterm_interrupts():  # SIGTERM ends it as Ctrl-C does: nothing half-made, the note
-            return self._start(self._plan(job, options, with_text=False))
-
-    def start_plan(self, plan: Plan) -> JobReport:
+    def start(self, plan: Plan) -> JobReport:
         """Carry out a plan this engine made: its objects are sent as they are, not rendered again."""
-        if not isinstance(plan.detail, Sending):
-            raise EngineError(
-                f"a plan of the {plan.engine} engine cannot be started by the kubernetes engine"
-            )
-        with sigterm_interrupts():
+        plan.detail_for(self.name)
+        with sigterm_interrupts():  # SIGTERM ends it as Ctrl-C does: nothing half-made, the note
             return self._start(plan)
 
     def _start(self, plan: Plan) -> JobReport:
         job, options, sending = plan.job, plan.options, plan.detail
         target, namespace = sending.target, sending.namespace
-        for path, message in sending.warnings:
-            self._note(f"warning: {path}: {message}", options)
+        for path, message in sending.warnings:  # at the file's line and field where the CLI knows them
+            told = options.source(path, f"warning: {message}") if options.source else None
+            self._note(told or f"warning: {path}: {message}", options)
         objects = sending.objects
         existing = self._find(job.name, namespace)
         if existing is not None:

@@ -1,16 +1,11 @@
 """The local engine: run every pod of a job as processes of this machine, as a cluster would.
 
-Usage::
-
-    from torchjob.engines.local import RunOptions, run_job
-    result = run_job(job, RunOptions(quiet=True, timeout=60))
-    result.ok, result.phase, result.reason, result.job_dir, result.pods
-
-``job`` is a loaded, defaulted and validated :class:`~torchjob.spec.model.Job` (from
-:func:`torchjob.jobs.load_jobs` or the SDK). Bad input for this engine (a container without a
-``command``, a missing ``workingDir``, a Secret reference) raises :class:`~torchjob.errors.SpecError`
-before anything starts. Job directories go to ``RunOptions.state_dir``, else
-``$TORCHJOB_HOME/jobs``, else ``~/.torchjob/jobs`` (layout: :mod:`torchjob.engines.local.state`).
+Callers use it through the engine interface (``get_engine("local").start(plan)``, engine.py);
+``run_job`` here is how that start runs a planned job. ``job`` is a loaded, defaulted and validated
+:class:`~torchjob.spec.model.Job`. Bad input for this engine (a container without a ``command``, a
+missing ``workingDir``, a Secret reference) raises :class:`~torchjob.errors.SpecError` before
+anything starts. Job directories go to ``RunOptions.state_dir``, else ``$TORCHJOB_HOME/jobs``,
+else ``~/.torchjob/jobs`` (layout: :mod:`torchjob.engines.local.state`).
 
 Ctrl-C (SIGINT) stops the job (phase Terminated) and then raises KeyboardInterrupt; SIGTERM and
 SIGHUP stop it and return the Terminated result. With ``detach=True`` the job runs in a
@@ -38,7 +33,7 @@ if TYPE_CHECKING:
     from torchjob.errors import Issue
     from torchjob.spec.model import Job
 
-__all__ = ["PodResult", "RunOptions", "RunResult", "check_job", "run_job"]
+__all__ = ["RunOptions", "RunResult", "check_job", "run_job"]
 
 
 @record
@@ -59,22 +54,10 @@ class RunOptions:
 
 
 @record
-class PodResult:
-    name: str
-    task: str
-    index: int
-    phase: str
-    exit_code: int | None
-    restarts: int
-    log_dir: Path
-
-
-@record
 class RunResult:
     phase: str  # Completed | Failed | Aborted | Terminated (Pending when detached)
     reason: str
     job_dir: Path
-    pods: list[PodResult]
     started: bool = True  # False: the job never ran a pod (its directory could not be written)
     report: JobReport | None = None  # the status this result was read from, when there is one
 
@@ -113,21 +96,8 @@ def _check_registry(job: Job) -> None:
 def _result(job_dir: Path) -> RunResult:
     from torchjob.engines.local.state import JobDir
 
-    where = JobDir(job_dir)
-    report = where.read_status()
-    pods = [
-        PodResult(
-            name=p.name,
-            task=p.task,
-            index=p.index,
-            phase=p.phase,
-            exit_code=p.exit_code,
-            restarts=p.restarts,
-            log_dir=where.log_dir(p.name, p.attempt),
-        )
-        for p in report.pods
-    ]
-    return RunResult(report.phase, report.reason, job_dir, pods, report=report)
+    report = JobDir(job_dir).read_status()
+    return RunResult(report.phase, report.reason, job_dir, report=report)
 
 
 def run_job(
@@ -234,7 +204,7 @@ def _supervise(
         raise KeyboardInterrupt
     if not (path / "status.json").exists():  # it could not be written (a full disk)
         status = supervisor.ctl.status
-        return RunResult(status.phase.value, status.reason, path, [], started=supervisor.running)
+        return RunResult(status.phase.value, status.reason, path, started=supervisor.running)
     result = _result(path)
     result.started = supervisor.running
     return result
@@ -292,7 +262,7 @@ def _detach(
             import shutil
 
             shutil.rmtree(path, ignore_errors=True)
-        return RunResult("Failed", reason, path, [], started=False)
+        return RunResult("Failed", reason, path, started=False)
     deadline = time.monotonic() + 10
     from torchjob.engines.local.state import JobDir
 

@@ -88,18 +88,18 @@ class LocalEngine:
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
         """The pods in creation order with their ranks and resolved commands, and the ports to
-        reserve; ``detail`` is the expanded, checked job that ``start`` runs (planning.py)."""
+        reserve (its text, written when asked); ``detail`` is the expanded, checked job that
+        ``start`` runs (planning.py)."""
         from torchjob.engines.local.planning import plan_text
 
-        local = self._plan_of(job)  # what start runs, if it is given this job next
-        return Plan(self.name, job, options, plan_text(job, local), local)
+        local = self._plan_of(job)  # the expansion check or warnings made of this job, if they did
+        return Plan(self.name, job, options, lambda: plan_text(job, local), local)
 
-    def start(self, job: Job, options: StartOptions) -> JobReport:
+    def start(self, plan: Plan) -> JobReport:
         from torchjob.engines.local import RunOptions, run_job
 
-        # The plan made for this job, else one without its text: the job expanded and checked once.
-        planned = self._plan_of(job)
-        self._planned = None
+        planned: LocalPlan = plan.detail_for(self.name)  # the job expanded and checked once
+        job, options = plan.job, plan.options
         result = run_job(
             job,
             RunOptions(

@@ -115,13 +115,20 @@ class SlurmEngine:
         chosen = self._for(options)
         allocation = self._allocation(chosen)
         plan = self._plan(job, job_dir, chosen, allocation)
-        text = plan_text(job, plan, job_id, job_dir, allocation)
+
+        def text() -> str:  # an id is drawn for each plan: a dry run's is never a later run's
+            shown = plan_text(job, plan, job_id, job_dir, allocation).replace(job_id, f"{job.name}-<id>")
+            return shown + "\n# <id>: six hex digits, drawn anew by each run"
+
         return Plan(self.name, job, options, text, detail=(job_id, plan))
 
     # ------------------------------------------------------------------ start
 
-    def start(self, job: Job, options: StartOptions) -> JobReport:
-        job_id = jobdirs.new_id(job.name)
+    def start(self, plan: Plan) -> JobReport:
+        """The plan carried out under its id and directory (the partition may still be chosen
+        here, by the queue's answer, and the allocation planned again for it)."""
+        job_id, _ = plan.detail_for(self.name)
+        job, options = plan.job, plan.options
         job_dir = self.root / job_id
         sink = options.sink or StreamSink()
         chosen = self._for(options)
@@ -132,18 +139,18 @@ class SlurmEngine:
             sink.notice(f"warning: {issue.path}: {issue.message}")
         if allocation is None:
             chosen = preflight.queue_partition(job, chosen, sink)
-        plan = self._plan(job, job_dir, chosen, allocation)
+        slurm_plan = self._plan(job, job_dir, chosen, allocation)
         if allocation is not None:
             from torchjob.engines.slurm.allocation import check_fits
 
-            check_fits(plan, os.environ)
+            check_fits(slurm_plan, os.environ)
         else:
-            preflight.fits_nodes(plan)
-        self._make_job_dir(job, job_dir, chosen, options, plan, allocation)
+            preflight.fits_nodes(slurm_plan)
+        self._make_job_dir(job, job_dir, chosen, options, slurm_plan, allocation)
         logs.info("slurm: job %s in %s", job_id, job_dir)
         with follow.deferred() as interrupted:  # a Ctrl-C here is handled once the job id is kept
             try:
-                slurm_id = self._launch(job_dir, plan, allocation)
+                slurm_id = self._launch(job_dir, slurm_plan, allocation)
             except clients.SlurmError as err:
                 _remove(job_dir)  # nothing half-made is left
                 raise EngineError(str(err)) from None
