@@ -27,6 +27,7 @@ from typing import Any
 import cloudpickle
 
 from torchjob.logs import get_logger
+from torchjob.sdk.leftovers import stopped_after
 from torchjob.sdk.quick_exit import exit_now
 from torchjob.sdk.results import PROGRESS_FILE, run_call, write_error, write_failure
 from torchjob.sdk.strays import strays_stopped, worker_here
@@ -312,7 +313,13 @@ def _launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[boo
             stopped_by: signal.Signals | None = None
             try:
                 own = strays_stopped(results) if settings.caller else contextlib.nullcontext()
-                with own, _deadline(settings.deadline):
+                # And what the ranks started themselves, daemons included (leftovers.py).
+                rest = (
+                    stopped_after(settings.run_id, _fork_server)
+                    if settings.caller
+                    else contextlib.nullcontext()
+                )
+                with rest, own, _deadline(settings.deadline):
                     out = elastic_launch(config, elastic_child)(payload, results)
             except SignalException as err:
                 stopped_by = err.sigval
@@ -332,6 +339,13 @@ def _launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[boo
     if 0 in out:
         return True, cloudpickle.loads(out[0])
     return False, None
+
+
+def _fork_server() -> set[int]:
+    import multiprocessing.forkserver as forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return {pid} if isinstance(pid, int) else set()
 
 
 def _mark(results: str, name: str) -> None:

@@ -1,0 +1,216 @@
+"""What a launch of torch's elastic launcher leaves behind, found and stopped once it is over.
+
+The launcher stops the workers it knows of when it returns or raises. It knows them only once
+all of them have started: an exception that reaches it while ``start_processes`` is still
+starting them (the call's deadline, raised into the launcher's thread; a Ctrl-C) leaves the
+workers started so far unknown to it, and they run on (a warm call's are children of the fork
+server, which outlives the call). Nor does it stop what a worker starts itself (a subprocess, a
+daemon that left the worker's session): stopping a worker with SIGTERM leaves those running.
+
+So, once the launch is over: every worker started since the launch began (a child of the fork
+server, or one multiprocessing spawned from this process), and all it started, found in ``/proc``
+by parent and told from an older process by its start time, is stopped, but for
+the fork server and multiprocessing's resource tracker, which outlast calls by design: the
+workers (the fork server's children, or this process's), known to the launcher or not, and what
+they started. A daemon that left them (reparented away) still carries the launch's
+``TORCHELASTIC_RUN_ID``, unique per call, in the environment it was started with: every process
+of this user that carries it is stopped too. Each: SIGTERM, SIGKILL after ``GRACE``, waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from torchjob.logs import get_logger
+
+logger = get_logger()
+
+GRACE = 1.0  # seconds a leftover gets between SIGTERM and SIGKILL
+GONE_WITHIN = 5.0  # seconds a SIGKILLed process gets to vanish before the call goes on
+
+
+def _carrying(marker: bytes, spared: set[int]) -> list[int]:
+    """This user's processes whose environment holds ``marker`` (a whole ``NAME=value`` entry)."""
+    uid = os.getuid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in spared:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != uid:
+                continue
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                environ = handle.read()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if (b"\0" + environ).find(b"\0" + marker + b"\0") >= 0 or environ.endswith(b"\0" + marker):
+            found.append(int(name))
+    return found
+
+
+def _signal(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def _reap(pids: list[int]) -> None:
+    """Collect those that are this process's children (spawned workers), so none stays a zombie."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            alive.append(pid)
+    return alive
+
+
+def stop_leftovers(run_id: str, spared: set[int] | None = None) -> list[int]:
+    """Stop every process of this user still carrying ``TORCHELASTIC_RUN_ID=run_id``, other than
+    this process and ``spared`` (a fork server); the pids found. Bounded: at most about
+    ``GRACE + GONE_WITHIN`` seconds."""
+    if not os.path.isdir("/proc"):
+        return []
+    keep = {os.getpid(), *(spared or set())}
+    marker = f"TORCHELASTIC_RUN_ID={run_id}".encode()
+    pids = _carrying(marker, keep)
+    if not pids:
+        return []
+    logger.debug("elastic launch %s: %d process(es) outlived the launch: stopped", run_id, len(pids))
+    _signal(pids, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE
+    while True:
+        _reap(pids)
+        left = _alive(pids) + _carrying(marker, keep | set(pids))  # and any started meanwhile
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    if left:
+        _signal(left, signal.SIGKILL)
+        deadline = time.monotonic() + GONE_WITHIN
+        while _alive(left) and time.monotonic() < deadline:
+            _reap(left)
+            time.sleep(0.02)
+        _reap(left)
+    return pids
+
+
+def _descendants() -> dict[int, tuple[int, int]]:
+    """This process's descendants now: pid -> (start time in clock ticks, parent pid)."""
+    parents: dict[int, list[tuple[int, int]]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parents.setdefault(int(fields[1]), []).append((int(name), int(fields[19])))
+    found: dict[int, tuple[int, int]] = {}
+    todo = [os.getpid()]
+    while todo:
+        parent = todo.pop()
+        for pid, started in parents.get(parent, []):
+            if pid not in found:
+                found[pid] = (started, parent)
+                todo.append(pid)
+    return found
+
+
+def _worker_branch(pid: int, tree: dict[int, tuple[int, int]], server: set[int]) -> bool:
+    """Whether ``pid`` is, or descends from, a worker: a child of the fork server, or a child of
+    this process started by multiprocessing's spawn (other children of this process, a local
+    job's pods run from another thread, are not the launch's)."""
+    me = os.getpid()
+    while pid in tree:
+        parent = tree[pid][1]
+        if parent in server:
+            return True
+        if parent == me:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    return b"spawn_main" in handle.read()
+            except OSError:
+                return False
+        pid = parent
+    return False
+
+
+_running: list[str] = []  # the launches in progress in this process (threads), by run id
+_lock = threading.Lock()
+
+
+def _stop_new(before: dict[int, tuple[int, int]], spared: set[int], server: set[int]) -> list[int]:
+    """Stop this process's descendants that were not there before the launch (by pid and start
+    time), but for ``spared`` (the fork server, multiprocessing's resource tracker) and what
+    they were (the fork server's children are the workers: they are not spared)."""
+    now = _descendants()
+    new = [
+        pid
+        for pid, (started, _) in now.items()
+        if before.get(pid, (None,))[0] != started and pid not in spared and _worker_branch(pid, now, server)
+    ]
+    if not new:
+        return []
+    _signal(new, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE
+    while (left := _alive(new)) and time.monotonic() < deadline:
+        _reap(new)
+        time.sleep(0.02)
+    if left:
+        _signal(left, signal.SIGKILL)
+        deadline = time.monotonic() + GONE_WITHIN
+        while _alive(left) and time.monotonic() < deadline:
+            _reap(left)
+            time.sleep(0.02)
+    _reap(new)
+    with contextlib.suppress(Exception):
+        multiprocessing.active_children()  # multiprocessing's own records of them reaped
+    return new
+
+
+def _tracker() -> set[int]:
+    from multiprocessing import resource_tracker
+
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return {pid} if isinstance(pid, int) else set()
+
+
+@contextlib.contextmanager
+def stopped_after(run_id: str, spared: Callable[[], set[int]]) -> Iterator[None]:
+    """Around a launch: once it is over, however it ended, stop whatever of it still runs: the
+    processes started under this process since it began (the workers, known to torch's launcher
+    or not, and theirs), then every process carrying the run id. ``spared()`` names processes to
+    leave (the fork server). While another thread's launch runs beside it, the processes started
+    meanwhile may be that one's: only the run id tells them apart then."""
+    with _lock:
+        alone = not _running
+        _running.append(run_id)
+    before = _descendants() if alone else {}
+    try:
+        yield
+    finally:
+        with _lock:
+            _running.remove(run_id)
+            alone = alone and not _running
+        if alone:
+            stopped = _stop_new(before, spared() | _tracker(), spared())
+            if stopped:
+                logger.debug("elastic launch %s: processes %s outlived the launch: stopped", run_id, stopped)
+        stop_leftovers(run_id, spared())
