@@ -184,10 +184,14 @@ def test_a_client_that_does_not_answer_times_out(tmp_path: Path, monkeypatch: py
     fake.write_text("#!/bin/sh\nexec sleep 30\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    # The outage this call notes is this process's memory: kept to this test, or a later test's
+    # step that Slurm refuses would be taken for one refused just after an outage and started again.
+    monkeypatch.setattr(clients, "_down_at", [])
     started = time.monotonic()
     with pytest.raises(steps.SlurmError, match=r"^squeue did not answer within 0.5 s"):
         clients.run(["squeue"], timeout=0.5)
     assert time.monotonic() - started < 10
+    assert clients.down_recently()
 
 
 def test_scancel_leaves_no_step_and_no_process(slurm: SlurmCluster, tmp_path: Path) -> None:
