@@ -67,7 +67,8 @@ def _reap(pids: list[int]) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
-def _alive(pids: list[int]) -> list[int]:
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that still run (neither gone nor a zombie)."""
     alive = []
     for pid in pids:
         try:
@@ -92,22 +93,29 @@ def stop_leftovers(run_id: str, spared: set[int] | None = None) -> list[int]:
     if not pids:
         return []
     logger.debug("elastic launch %s: %d process(es) outlived the launch: stopped", run_id, len(pids))
+    terminate(pids, more=lambda: _carrying(marker, keep | set(pids)))  # and any started meanwhile
+    return pids
+
+
+def terminate(pids: list[int], grace: float = GRACE, more: Callable[[], list[int]] = list) -> None:
+    """SIGTERM ``pids``; after ``grace`` seconds SIGKILL those left (and what ``more`` finds
+    meanwhile), waited for at most ``GONE_WITHIN`` more. Those that are this process's children
+    are reaped on the way."""
     _signal(pids, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE
+    deadline = time.monotonic() + grace
     while True:
         _reap(pids)
-        left = _alive(pids) + _carrying(marker, keep | set(pids))  # and any started meanwhile
+        left = alive(pids) + more()
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.02)
     if left:
         _signal(left, signal.SIGKILL)
         deadline = time.monotonic() + GONE_WITHIN
-        while _alive(left) and time.monotonic() < deadline:
+        while alive(left) and time.monotonic() < deadline:
             _reap(left)
             time.sleep(0.02)
         _reap(left)
-    return pids
 
 
 def _descendants() -> dict[int, tuple[int, int]]:
@@ -168,18 +176,7 @@ def _stop_new(before: dict[int, tuple[int, int]], spared: set[int], server: set[
     ]
     if not new:
         return []
-    _signal(new, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE
-    while (left := _alive(new)) and time.monotonic() < deadline:
-        _reap(new)
-        time.sleep(0.02)
-    if left:
-        _signal(left, signal.SIGKILL)
-        deadline = time.monotonic() + GONE_WITHIN
-        while _alive(left) and time.monotonic() < deadline:
-            _reap(left)
-            time.sleep(0.02)
-    _reap(new)
+    terminate(new)
     with contextlib.suppress(Exception):
         multiprocessing.active_children()  # multiprocessing's own records of them reaped
     return new

@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from collections.abc import Iterator
 
 from torchjob.logs import get_logger
+from torchjob.sdk.leftovers import alive, terminate
 
 logger = get_logger()
 
 WORKERS = "workers"  # in the results directory
 OVER = "over"
 GRACE = 2.0  # seconds a stray gets between SIGTERM and SIGKILL
-GONE_WITHIN = 5.0  # seconds a SIGKILLed stray gets to be seen gone
 
 
 def _touch(path: str) -> None:
@@ -52,15 +51,6 @@ def worker_here(results: str) -> None:
         return
     if os.path.exists(os.path.join(folder, OVER)):
         os._exit(1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 def _listed(folder: str) -> list[int]:
@@ -88,18 +78,11 @@ def stop_strays(results: str, since: float) -> list[int]:
         os.mkdir(folder, 0o700)
     with contextlib.suppress(OSError):
         _touch(os.path.join(folder, OVER))
-    strays = [pid for pid in _listed(folder) if _alive(pid) and _started_since(pid, since)]
+    strays = [pid for pid in alive(_listed(folder)) if _started_since(pid, since)]
     if not strays:
         return []
     logger.debug("elastic launch: %d worker(s) its launcher did not stop: stopping them", len(strays))
-    for sig, wait in ((signal.SIGTERM, GRACE), (signal.SIGKILL, GONE_WITHIN)):
-        left = [pid for pid in strays if _alive(pid)]
-        for pid in left:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while any(_alive(pid) for pid in left) and time.monotonic() < deadline:
-            time.sleep(0.05)
+    terminate(strays, GRACE)  # then SIGKILL, waited for (leftovers.GONE_WITHIN)
     return strays
 
 
