@@ -13,7 +13,7 @@ import pwd
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -239,3 +239,28 @@ def wait_until(predicate: Callable[[], object], timeout: float, interval: float 
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def private_slurm(factory: Any, **options: Any) -> Iterator[Any]:
+    """For a fixture to yield from: a private Slurm cluster (tools/slurm_cluster.py) of
+    ``options`` (nodes, GPUs, features, ...), stopped by pid afterwards; the test skips where
+    such a cluster cannot be made here."""
+    import pytest
+
+    from slurm_cluster import SlurmCluster, Unsupported, why_not
+
+    reason = why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        cluster = SlurmCluster(factory.mktemp("slurm") / "cluster", **options)
+    except Unsupported as err:
+        pytest.skip(str(err))
+    try:
+        try:
+            cluster.start()
+        except Unsupported as err:
+            pytest.skip(str(err))
+        yield cluster
+    finally:
+        cluster.stop()

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurm_cluster import SlurmCluster, Unsupported, free_port, why_not
+from slurm_cluster import SlurmCluster, free_port
+from support import private_slurm
 from test_slurm_engine import cli_env, job_dirs, job_file, status_json, task, torchjob, wait_for
 from test_slurm_steps import no_process_left
 from torchjob.engines.slurm import clients, steps
@@ -43,21 +44,7 @@ dist.destroy_process_group()
 @pytest.fixture
 def slurm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A private cluster of two nodes on this machine; skips where that cannot be made."""
-    reason = why_not()
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        cluster = SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster", nodes=2)
-    except Unsupported as err:
-        pytest.skip(str(err))
-    try:
-        try:
-            cluster.start()
-        except Unsupported as err:
-            pytest.skip(str(err))
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from private_slurm(tmp_path_factory, nodes=2)
 
 
 def het_job(tmp_path: Path, marker: str) -> Path:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurm_cluster import SlurmCluster, Unsupported, why_not
+from slurm_cluster import SlurmCluster
+from support import private_slurm
 from test_slurm_engine import REPO, cli_env, live_pods, status_json, torchjob, wait_for
 from test_slurm_steps import no_process_left
 from torchjob.engines.slurm.clients import parse_show
@@ -36,24 +37,8 @@ WHERE = (
 
 @pytest.fixture(scope="module")
 def nodes3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    reason = why_not()
-    if reason is not None:
-        pytest.skip(reason)
     other = "PartitionName=other Nodes=ALL MaxTime=INFINITE State=UP"
-    try:
-        cluster = SlurmCluster(
-            tmp_path_factory.mktemp("slurm") / "cluster", nodes=3, gpus=2, features="fast", extra=[other]
-        )
-    except Unsupported as err:
-        pytest.skip(str(err))
-    try:
-        try:
-            cluster.start()
-        except Unsupported as err:
-            pytest.skip(str(err))
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from private_slurm(tmp_path_factory, nodes=3, gpus=2, features="fast", extra=[other])
 
 
 def where(stdout: str) -> list[dict[str, str | None]]:
