@@ -563,3 +563,27 @@ def test_a_job_whose_directory_was_removed_stops_with_every_process(tmp_path: Pa
     out = (tmp_path / "out.txt").read_text()
     assert "the job directory was removed" in out, out
     assert "Traceback" not in out, out
+
+
+def test_a_warm_interpreter_of_a_pod_still_being_created_is_not_taken_for_an_orphan() -> None:
+    """An init container can end within its pod's first step, before the controller lists the
+    pod: the orphans looked for then must not include the main container's warm interpreter, a
+    child of the supervisor in a session of its own with the job's marker (it was SIGKILLed, and
+    the program failed with 137, on a busy machine)."""
+    job_id = f"creating-{os.getpid()}"
+    warm = subprocess.Popen(
+        ["sleep", "30"], start_new_session=True, env={**os.environ, "TORCHJOB_JOB_ID": job_id}
+    )
+    try:
+        spec = SimpleNamespace(proc=None, alive=False, warm=SimpleNamespace(proc=warm))
+        main = SimpleNamespace(spec=spec)
+        pod = SimpleNamespace(containers=[main], mains=[main])
+        processes = JobProcesses(job_id, {}, {})
+        assert wait_until(lambda: os.getsid(warm.pid) == warm.pid, 5)
+        assert warm.pid in processes.adopt(fresh=True)  # unlisted, it would look like an orphan
+        processes.created(pod)  # type: ignore[arg-type]
+        assert warm.pid not in processes.adopt(fresh=True)
+        assert warm.poll() is None
+    finally:
+        warm.kill()
+        warm.wait(timeout=5)

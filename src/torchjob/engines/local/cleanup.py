@@ -48,6 +48,10 @@ class JobProcesses:
         self.foreign: set[int] = set()  # this process's children from before the job: not the job's
         self.told: set[int] = set()  # job processes the watchdog knows of
         self.watchdog: Watchdog | None = None
+        # Pods being created: the controller adds a pod to ``pods`` only once its first step is
+        # over, in which an init container can already have ended, its orphans been looked for,
+        # and a main container's warm interpreter (a child of this process) been running.
+        self.creating: list[Pod] = []
         # The last orphan scan: when, the children known and those already ended then, the tree.
         self._scan: tuple[float, set[int], set[int], dict[int, list[int]]] | None = None
         self._scan_found = False  # whether that scan found any orphan
@@ -86,7 +90,14 @@ class JobProcesses:
         return known
 
     def _container_pids(self) -> set[int]:
-        return {pid for pod in [*self.pods.values(), *self.latest.values()] for pid in runner.child_pids(pod)}
+        pods = [*self.pods.values(), *self.latest.values(), *self.creating]
+        return {pid for pod in pods for pid in runner.child_pids(pod)}
+
+    def created(self, pod: Pod) -> None:
+        """A pod's processes are the job's from its creation on, before the controller lists it."""
+        listed = {id(p) for p in self.latest.values()}
+        self.creating = [p for p in self.creating if id(p) not in listed]
+        self.creating.append(pod)
 
     def _not_containers(self) -> set[int]:
         """This process's children that are no container's: the watchdog, the caller's own."""

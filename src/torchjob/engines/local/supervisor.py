@@ -296,6 +296,7 @@ class Supervisor:
     # ------------------------------------------------ what the runner tells its host (RunnerHost)
 
     def created(self, pod: Pod) -> None:
+        self.processes.created(pod)
         self.echo.follow(pod)
 
     def released(self, pods: Iterable[Pod]) -> None:
