@@ -27,8 +27,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src
 
+# Most tests wait (on jobs, Slurm, timeouts) rather than compute: several workers at once keep a
+# 2-core machine busy; worksteal lets an idle worker take tests queued behind a long one.
+TEST_WORKERS ?= 4
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q -rs
+	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist worksteal
 
 test: lint typecheck unit
 
