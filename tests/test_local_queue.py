@@ -224,6 +224,28 @@ def test_a_waiting_job_can_be_waited_for_followed_and_deleted(queue_env: Path) -
     assert "doomed-main" not in (tmp_path / "trace").read_text()
 
 
+def test_a_waiting_job_whose_directory_was_removed_leaves_the_queue(queue_env: Path) -> None:
+    """Removed while it waits for its turn (``rm -rf`` of its directory), a job would hold its
+    place unseen by any command; its supervisor ends the wait instead and it never runs."""
+    import shutil
+
+    tmp_path = queue_env
+    hog = submit(tmp_path, gpu_job(tmp_path, "hog", gpus=2, gate=True))
+    gone = submit(tmp_path, gpu_job(tmp_path, "gone", sleep=0))
+
+    def queued() -> list[str]:
+        listing = cli(tmp_path, "queue", "-o", "json")
+        return [j["id"] for j in json.loads(listing.stdout)["jobs"]]
+
+    assert queued() == [hog, gone]
+    shutil.rmtree(tmp_path / "home" / "jobs" / gone)
+    assert wait_until(lambda: queued() == [hog], 15), queued()
+    release(tmp_path)
+    wait_all(tmp_path, [hog])
+    assert "gone-main" not in (tmp_path / "trace").read_text()
+    assert not (tmp_path / "home" / "jobs" / gone).exists()
+
+
 def test_an_attached_job_says_why_it_waits_and_its_timeout_still_applies(queue_env: Path) -> None:
     tmp_path = queue_env
     hog = submit(tmp_path, gpu_job(tmp_path, "hog", gpus=2, sleep=30))

@@ -40,6 +40,7 @@ class QueueWait:
         status: StatusFile,
         signals: Signals,
         waiter: ExitWaiter,
+        check_dir: Callable[[], None],
     ) -> None:
         self.ticket = ticket  # the job's place in the queue, made with the controller it gates
         self.job = job
@@ -50,6 +51,7 @@ class QueueWait:
         self.status = status
         self.signals = signals
         self.waiter = waiter
+        self.check_dir = check_dir  # raises once the job's directory is gone: the wait ends with it
         self.told_waiting = False  # a detached job's caller was let go while the job waits its turn
         self.next_grow = 0.0  # when to try again to grant pods beyond the gang
 
@@ -62,6 +64,7 @@ class QueueWait:
         shown = ""
         started = self.status.started
         while not ticket.poll():
+            self.check_dir()  # a removed job would otherwise hold its place in the queue unseen
             if ticket.reason != shown:  # in status.json and on the console, once per change
                 shown = ticket.reason
                 ctl.status = JobStatus(JobPhase.PENDING, 0, 0, shown)

@@ -136,6 +136,7 @@ class Supervisor:
                 status=self.status_file,
                 signals=self.signals,
                 waiter=self.waiter,
+                check_dir=self.check_dir,
             )
         self.ports: PortGuard | None = None  # once the job has ports (start)
         self.running = False  # the job started (its pods were created)
