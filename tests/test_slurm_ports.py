@@ -18,7 +18,18 @@ from slurm_cluster import SlurmCluster, free_port
 from test_slurm_engine import REPO, cli_env, status_json
 from test_slurm_steps import no_process_left
 from torchjob.engines.slurm.masterport import MasterPorts, claim, listening
-from torchjob.engines.slurm.plan import Placement, SlurmAddressing
+from torchjob.engines.slurm.plan import (
+    Placement,
+    SlurmAddressing,
+    configmaps_of,
+    place,
+    plan_job,
+    pod_launches,
+    rendezvous_ports,
+)
+from torchjob.engines.slurm.settings import SlurmSettings
+from torchjob.expand import expand
+from torchjob.jobs import load_jobs
 
 # -- in-process: the claim -----------------------------------------------------------------------
 
@@ -151,8 +162,7 @@ def test_two_gloo_jobs_at_once_whose_declared_port_another_listener_holds(
     try:
         runs = [
             subprocess.Popen(
-                [sys.executable, "-m", "torchjob", "run", "--engine", "slurm"]
-                + [str(gloo_job(tmp_path / f"{name}.yaml", name, declared, marker))],
+                [sys.executable, "-m", "torchjob", "run", "--engine", "slurm", str(job)],
                 env=env,
                 cwd=REPO,
                 stdout=subprocess.PIPE,
@@ -160,6 +170,7 @@ def test_two_gloo_jobs_at_once_whose_declared_port_another_listener_holds(
                 text=True,
             )
             for name in ("first", "second")
+            for job in [gloo_job(tmp_path / f"{name}.yaml", name, declared, marker)]
         ]
         outputs = [run.communicate(timeout=180) for run in runs]
     finally:
@@ -179,3 +190,41 @@ def test_two_gloo_jobs_at_once_whose_declared_port_another_listener_holds(
         masters.add(port)
     assert len(masters) == 2  # two jobs at once, two masters' ports
     assert no_process_left(marker) == []
+
+
+@pytest.mark.parametrize(
+    "file",
+    [
+        "pytorch-job.yaml",
+        "kinds/pytorchjob.yaml",
+        "kinds/pytorchjob-elastic.yaml",
+        "kinds/trainjob.yaml",
+        "kinds/jobset.yaml",
+    ],
+)
+def test_every_plugins_port_in_every_pods_env_is_the_moved_one(file: str, tmp_path: Path) -> None:
+    """MASTER_PORT, PET_MASTER_PORT, a rendezvous endpoint, the master's TORCHJOB_PORT_<declared>:
+    once the master's node had the declared port taken, no pod is handed the declared number."""
+    job = load_jobs(str(REPO / "examples" / file))[0].job
+    assert job is not None
+    plan = plan_job(job, SlurmSettings(), str(tmp_path), ["true"])
+    layout = {c.index: [(f"node{c.index}", c.ntasks)] for c in plan.components}
+    placements = place(plan, layout)
+    declared = rendezvous_ports(job)
+    assert declared, file
+    moved = {port: 40001 + i for i, port in enumerate(declared)}
+    addressing = SlurmAddressing(placements, plan.master, moved)
+    state = expand(job, addressing)
+    handed = []
+    for pod in state.pods:
+        for launch in pod_launches(plan, pod, addressing, configmaps_of(state)):
+            own = {f"TORCHJOB_PORT_{p}" for p in plan.ports} | {"TORCHJOB_PORT_OFFSET"}
+            values = [v for k, v in launch.env.items() if k not in own] + launch.argv
+            for port in declared:
+                assert not [v for v in values if str(port) in v], (launch.pod, launch.env, launch.argv)
+            handed += [v for v in values if any(str(p) in v for p in moved.values())]
+            if (launch.task, launch.index) == plan.master:
+                assert {launch.env[f"TORCHJOB_PORT_{p}"] for p in declared} == {
+                    str(p) for p in moved.values()
+                }
+    assert handed, "no pod was handed the master's port"

@@ -65,14 +65,14 @@ class BatchController:
         master = placements.get(plan.master) if plan.master is not None else None
         # The master's ports are probed where the controller runs: on the master's node or not at all.
         self.master_ports = MasterPorts(
-            rendezvous_ports(job),
+            rendezvous_ports(job) if master is not None else [],
             avoid={
                 self.addressing.port_of(key, port)
                 for key, where in placements.items()
                 if master is not None and where.host == master.host
                 for port in plan.ports
             },
-            local=master is not None and master.host == os.environ.get("SLURMD_NODENAME"),
+            local=master is None or master.host == os.environ.get("SLURMD_NODENAME"),
             say=self._say,
         )
         env = {str(k): str(v) for k, v in dict(options.get("extraEnv") or {}).items()}  # type: ignore[call-overload]

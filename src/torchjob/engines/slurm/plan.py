@@ -170,12 +170,16 @@ def components_of(job: Job, settings: SlurmSettings) -> list[Component]:
 
 
 def master_pod(job: Job) -> Key | None:
-    """The pod a plugin ranks 0 (the pytorch master), whose node other pods connect to."""
+    """The pod a plugin ranks 0 (the pytorch master), whose node other pods connect to; where no
+    pod is ranked 0 but a plugin hands out a port (an elastic PyTorchJob's rendezvous, hosted by
+    worker 0), the job's first pod."""
     plugins = build_plugins(job)
     for task in job.spec.tasks:
         for index in range(min(task.replicas, 1)):
             if any(plugin.rank(job, task, index) == 0 for plugin in plugins):
                 return (task.name, index)
+    if any(plugin.ports(job) for plugin in plugins):
+        return next(((task.name, 0) for task in job.spec.tasks if task.replicas), None)
     return None
 
 
