@@ -83,15 +83,31 @@ def test_the_declared_port_when_free_another_when_held_and_claimed_anew_per_atte
     ports.release()
 
 
-def test_a_master_on_another_node_keeps_the_declared_port_and_says_so() -> None:
+def test_a_master_on_another_node_gets_the_ports_a_step_there_chose_else_the_declared_ones() -> None:
     said: list[str] = []
     blocker = listener(free_port())
     declared = blocker.getsockname()[1]
     try:
-        ports = MasterPorts([declared], avoid=(), local=False, say=said.append)
-        assert ports.for_version(0) == {declared: declared}
-        assert ports.held == {}
-        assert len(said) == 1 and "not probed" in said[0]
+        # the step's program, as srun runs it on the master's node
+        asked = json.dumps({"declared": [declared], "avoid": [declared + 1]})
+        done = subprocess.run(
+            [sys.executable, "-m", "torchjob.engines.slurm.masterport", asked],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        answer = {int(k): v for k, v in json.loads(done.stdout).items()}
+        assert set(answer) == {declared} and answer[declared] not in (declared, declared + 1)
+        ports = MasterPorts([declared], avoid=(), local=False, say=said.append, remote=lambda d, a: answer)
+        assert ports.for_version(0) == answer and ports.held == {}  # nothing is held from here
+        assert said == [
+            f"port {declared} is in use on the master's node: the master gets {answer[declared]} instead"
+        ]
+        said.clear()
+        unprobed = MasterPorts([declared], avoid=(), local=False, say=said.append, remote=lambda d, a: None)
+        assert unprobed.for_version(0) == {declared: declared}
+        assert len(said) == 1 and "could not be probed" in said[0]
     finally:
         blocker.close()
 

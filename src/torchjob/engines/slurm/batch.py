@@ -44,7 +44,7 @@ class BatchController:
     def __init__(self, job_dir: Path, job: Job, plan: SlurmPlan, options: dict[str, object]) -> None:
         from torchjob.controller import Controller
         from torchjob.controller.report import pod_ranks
-        from torchjob.engines.slurm.masterport import MasterPorts
+        from torchjob.engines.slurm.masterport import MasterPorts, probe_on
         from torchjob.engines.slurm.plan import SlurmAddressing, place, rendezvous_ports
 
         self.job_dir = job_dir
@@ -74,6 +74,14 @@ class BatchController:
             },
             local=master is None or master.host == os.environ.get("SLURMD_NODENAME"),
             say=self._say,
+            remote=None
+            if master is None
+            else probe_on(
+                os.environ["SLURM_JOB_ID"],
+                master.host,
+                master.component if plan.heterogeneous else None,
+                dict(os.environ),
+            ),
         )
         env = {str(k): str(v) for k, v in dict(options.get("extraEnv") or {}).items()}  # type: ignore[call-overload]
         self.runtime = SlurmRuntime(

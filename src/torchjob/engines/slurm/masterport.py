@@ -17,20 +17,27 @@ claim is let go once a listener holds the port (``/proc/net/tcp``), when the att
 for is replaced, or at the controller's end. A new attempt of the whole job (a restart) claims
 again: the port the last one used may have been taken since.
 
-Only the node the controller runs on can be probed so; when the master's pod lands elsewhere
-(an allocation made by ``salloc``, a heterogeneous job whose master is not in its first
-component) its ports are the declared ones, as before, and the controller says so.
+Only the node the controller runs on can be held so. When the master's pod lands elsewhere (an
+allocation made by ``salloc``, a heterogeneous job whose master is not in its first component),
+a step of the allocation on the master's node (``srun --overlap``, this module as its program)
+chooses the same way and says its choice; its claims end with it, so there another job may take
+the port before the master binds it. Where that step cannot run (or says nothing within
+:data:`PROBE_TIMEOUT`), the ports are the declared ones, as before, and the controller says so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import random
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+from torchjob.engines.slurm import clients
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -39,6 +46,7 @@ if TYPE_CHECKING:
 LOWEST = 20000  # new ports are picked from here up to the kernel's ephemeral range
 TRIES = 64  # random ports tried before the kernel is asked for any free one
 WATCH_EVERY = 0.5  # seconds between two looks for the master's listener
+PROBE_TIMEOUT = 30.0  # seconds the step choosing on another node may take
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's "st" column
 
 
@@ -98,6 +106,7 @@ class MasterPorts:
         local: bool,
         say: Callable[[str], None],
         rng: random.Random | None = None,
+        remote: Callable[[list[int], set[int]], dict[int, int] | None] | None = None,
     ) -> None:
         self.declared = declared  # the plugins' ports (what addressing.port is asked for)
         self.avoid = set(avoid)  # the job's own ports on the master's node (other pods' slots)
@@ -108,6 +117,7 @@ class MasterPorts:
         self.chosen: dict[int, int] = {}  # declared -> the port of this attempt
         self.held: dict[int, socket.socket] = {}  # chosen port -> its claim
         self.looked_at = 0.0
+        self.remote = remote  # chooses on the master's node when the controller is not there
 
     def for_version(self, version: int) -> dict[int, int]:
         """The ports of the job's attempt ``version``: claimed anew for a new attempt."""
@@ -115,18 +125,32 @@ class MasterPorts:
             return self.chosen
         self.release()
         self.version = version
-        if not self.local:
-            self.chosen = {port: port for port in self.declared}
-            if self.declared and version == 0:
+        if not self.declared:
+            self.chosen = {}
+        elif self.local:
+            self.chosen = {port: self._claim(port) for port in self.declared}
+        else:
+            found = self.remote(self.declared, self.avoid) if self.remote is not None else None
+            if found is None or set(found) != set(self.declared):
+                found = {port: port for port in self.declared}
                 self.say(
-                    "the master's pod runs on another node than the controller: its ports are the "
-                    f"declared ones ({', '.join(map(str, self.declared))}), not probed"
+                    "the master's node could not be probed for its ports: they are the declared "
+                    f"ones ({', '.join(map(str, self.declared))})"
                 )
-            return self.chosen
-        self.chosen = {}
-        for port in self.declared:
-            self.chosen[port] = self._claim(port)
+            for declared, port in found.items():
+                if port != declared:
+                    self.say(
+                        f"port {declared} is in use on the master's node: the master gets {port} instead"
+                    )
+            self.chosen = found
         return self.chosen
+
+    def choose_here(self) -> dict[int, int]:
+        """The ports this node would give (the remote step's answer); its claims end with it."""
+        try:
+            return {port: self._claim(port) for port in self.declared}
+        finally:
+            self.release()
 
     def _claim(self, declared: int) -> int:
         sock = claim(declared)
@@ -162,3 +186,47 @@ class MasterPorts:
         for sock in self.held.values():
             sock.close()
         self.held.clear()
+
+
+def probe_on(
+    job_id: str, host: str, component: int | None, environ: dict[str, str]
+) -> Callable[[list[int], set[int]], dict[int, int] | None]:
+    """The ports as a step of the allocation on ``host`` chooses them, or None when it cannot."""
+
+    def probe(declared: list[int], avoid: set[int]) -> dict[int, int] | None:
+        asked = json.dumps({"declared": declared, "avoid": sorted(avoid)})
+        try:
+            argv = [clients.client("srun"), f"--jobid={job_id}"]
+            argv += [f"--het-group={component}"] if component is not None else []
+            argv += [f"--nodelist={host}", "--nodes=1", "--ntasks=1", "--overlap", "--quiet"]
+            argv += ["--job-name=torchjob-ports", "--", sys.executable, "-m", __name__, asked]
+            done = subprocess.run(
+                argv,
+                env=clients.step_env(environ),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT,
+                check=False,
+            )
+            lines = done.stdout.strip().splitlines()
+            answer = json.loads(lines[-1]) if done.returncode == 0 and lines else None
+            return {int(k): int(v) for k, v in answer.items()} if isinstance(answer, dict) else None
+        except (clients.SlurmError, OSError, subprocess.TimeoutExpired, ValueError, AttributeError):
+            return None
+
+    return probe
+
+
+def main(argv: list[str]) -> int:
+    """On the master's node: ``{"declared": [...], "avoid": [...]}`` in, ``{declared: port}`` out."""
+    asked = json.loads(argv[0])
+    ports = MasterPorts(
+        [int(p) for p in asked["declared"]], [int(p) for p in asked["avoid"]], local=True, say=lambda _: None
+    )
+    print(json.dumps(ports.choose_here()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
