@@ -44,7 +44,8 @@ class BatchController:
     def __init__(self, job_dir: Path, job: Job, plan: SlurmPlan, options: dict[str, object]) -> None:
         from torchjob.controller import Controller
         from torchjob.controller.report import pod_ranks
-        from torchjob.engines.slurm.plan import SlurmAddressing, place
+        from torchjob.engines.slurm.masterport import MasterPorts, probe_on
+        from torchjob.engines.slurm.plan import SlurmAddressing, place, rendezvous_ports
 
         self.job_dir = job_dir
         self.job = job
@@ -57,8 +58,31 @@ class BatchController:
         layout = steps.layout_from_env(os.environ, steps.hostnames)
         placements = place(plan, layout)
         self.ranks = pod_ranks(job)
+        self.placements = placements
         self.addressing = SlurmAddressing(placements, plan.master)
-        self.desired: Attempts | None = None  # the job's one expansion (expand.Attempts)
+        self.desired: Attempts | None = None  # the job's expansion (expand.Attempts), for its ports
+        self.desired_ports: dict[int, int] = {}
+        master = placements.get(plan.master) if plan.master is not None else None
+        # The master's ports are probed where the controller runs: on the master's node or not at all.
+        self.master_ports = MasterPorts(
+            rendezvous_ports(job) if master is not None else [],
+            avoid={
+                self.addressing.port_of(key, port)
+                for key, where in placements.items()
+                if master is not None and where.host == master.host
+                for port in plan.ports
+            },
+            local=master is None or master.host == os.environ.get("SLURMD_NODENAME"),
+            say=self._say,
+            remote=None
+            if master is None
+            else probe_on(
+                os.environ["SLURM_JOB_ID"],
+                master.host,
+                master.component if plan.heterogeneous else None,
+                dict(os.environ),
+            ),
+        )
         env = {str(k): str(v) for k, v in dict(options.get("extraEnv") or {}).items()}  # type: ignore[call-overload]
         self.runtime = SlurmRuntime(
             os.environ["SLURM_JOB_ID"],
@@ -92,11 +116,16 @@ class BatchController:
     def expansion(self, version: int, retry_count: int) -> DesiredState:
         """The desired pods of one attempt of the job. The controller asks on every pass that may
         create pods: the job is expanded once, then restamped for a restart's version and retry
-        count, as the local engine does (``expand.Attempts``)."""
-        if self.desired is None:
+        count, as the local engine does (``expand.Attempts``). A new attempt of the whole job
+        claims the master's ports again (masterport.py): expanded anew when they changed."""
+        ports = self.master_ports.for_version(version)
+        if self.desired is None or ports != self.desired_ports:
+            from torchjob.engines.slurm.plan import SlurmAddressing
             from torchjob.expand import Attempts, expand
 
+            self.addressing = SlurmAddressing(self.placements, self.plan.master, ports)
             self.desired = Attempts(expand(self.job, self.addressing))
+            self.desired_ports = dict(ports)
         return self.desired(version, retry_count)
 
     def _resources(self, launch: PodLaunch) -> tuple[Resources, int | None]:
@@ -123,6 +152,7 @@ class BatchController:
                 self._stopped()
                 return 143
             controller.tick()
+            self.master_ports.watch()
             if controller.dirty:
                 controller.dirty = False
                 self.write()
@@ -207,6 +237,7 @@ class BatchController:
             started=self.started_at,
             finished=self.finished_at,
             events=self.events,
+            ports=self.addressing.master_ports(self.plan.ports),  # as the master's pod has them
         )
 
     def write(self) -> None:

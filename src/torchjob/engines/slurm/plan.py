@@ -170,17 +170,26 @@ def components_of(job: Job, settings: SlurmSettings) -> list[Component]:
 
 
 def master_pod(job: Job) -> Key | None:
-    """The pod a plugin ranks 0 (the pytorch master), whose node other pods connect to."""
+    """The pod a plugin ranks 0 (the pytorch master), whose node other pods connect to; where no
+    pod is ranked 0 but a plugin hands out a port (an elastic PyTorchJob's rendezvous, hosted by
+    worker 0), the job's first pod."""
     plugins = build_plugins(job)
     for task in job.spec.tasks:
         for index in range(min(task.replicas, 1)):
             if any(plugin.rank(job, task, index) == 0 for plugin in plugins):
                 return (task.name, index)
+    if any(plugin.ports(job) for plugin in plugins):
+        return next(((task.name, 0) for task in job.spec.tasks if task.replicas), None)
     return None
 
 
+def rendezvous_ports(job: Job) -> list[int]:
+    """The plugins' ports (``MASTER_PORT``, a rendezvous endpoint's): the master's, handed to every pod."""
+    return list(dict.fromkeys(int(port) for plugin in build_plugins(job) for port in plugin.ports(job)))
+
+
 def declared_ports(job: Job) -> list[int]:
-    ports = {int(port) for plugin in build_plugins(job) for port in plugin.ports(job)}
+    ports = set(rendezvous_ports(job))
     for task in job.spec.tasks:
         for container in task.template.containers:
             for entry in container.ports:
@@ -312,12 +321,17 @@ class SlurmAddressing:
     """Implements :class:`torchjob.addressing.Addressing`: a pod is reached at its node's name.
 
     Ports are the master's: the only port a plugin hands to other pods is the master's
-    (``MASTER_PORT``); each pod's own ports are in ``TORCHJOB_PORT_<declared>``.
+    (``MASTER_PORT``); each pod's own ports are in ``TORCHJOB_PORT_<declared>``. ``moved`` holds
+    the plugins' ports that the master's node had taken, each with the one the master got instead
+    (masterport.py).
     """
 
-    def __init__(self, placements: Mapping[Key, Placement], master: Key | None) -> None:
+    def __init__(
+        self, placements: Mapping[Key, Placement], master: Key | None, moved: Mapping[int, int] | None = None
+    ) -> None:
         self.placements = placements
         self.master = master
+        self.moved = dict(moved or {})
 
     def host(self, job: Job, task: Task, index: int) -> str:
         if task.template.hostname:  # one name for the whole task on a cluster: pod 0 stands for it
@@ -327,27 +341,42 @@ class SlurmAddressing:
     def port(self, job: Job, port: int) -> int:
         if self.master is None or self.master not in self.placements:
             return port
+        if port in self.moved:
+            return self.moved[port]
         return port + self.placements[self.master].port_offset
+
+    def master_ports(self, ports: list[int]) -> dict[int, int]:
+        """Each of the job's declared ports as the master's pod has it."""
+        return {p: self.port_of(self.master, p) for p in ports}
+
+    def port_of(self, key: Key | None, port: int) -> int:
+        """A declared port as the pod ``key`` has it (``TORCHJOB_PORT_<port>``)."""
+        if key is not None and key == self.master and port in self.moved:
+            return self.moved[port]
+        placement = self.placements.get(key) if key is not None else None
+        return port + (placement.port_offset if placement is not None else 0)
 
 
 def launches(plan: SlurmPlan, placements: Mapping[Key, Placement]) -> list[PodLaunch]:
     """Every container of every pod of the job's first attempt as a step to start: init containers
     first, in order."""
-    state = expand(plan.job, SlurmAddressing(placements, plan.master))
+    addressing = SlurmAddressing(placements, plan.master)
+    state = expand(plan.job, addressing)
     configmaps = configmaps_of(state)
-    return [launch for pod in state.pods for launch in pod_launches(plan, pod, placements, configmaps)]
+    return [launch for pod in state.pods for launch in pod_launches(plan, pod, addressing, configmaps)]
 
 
 def pod_launches(
     plan: SlurmPlan,
     pod: PodPlan,
-    placements: Mapping[Key, Placement],
+    addressing: SlurmAddressing,
     configmaps: Mapping[str, dict[str, str]],
 ) -> list[PodLaunch]:
     """The containers of one pod attempt as steps, init containers first: built from that attempt's
-    pod (its retry count and job version), so a restart's steps see the restart's."""
+    pod (its retry count and job version), so a restart's steps see the restart's; its ports are
+    those of ``addressing``, the attempt's."""
     key = (pod.task.name, pod.index)
-    placement = placements[key]
+    placement = addressing.placements[key]
     spec = pod.manifest["spec"]
     engine_env = {
         "TORCHJOB_JOB_DIR": plan.job_dir,
@@ -355,7 +384,7 @@ def pod_launches(
         "TORCHJOB_POD_IP": placement.host,
         "TORCHJOB_PORT_OFFSET": str(placement.port_offset),
         "PYTHONUNBUFFERED": "1",
-        **{f"TORCHJOB_PORT_{p}": str(p + placement.port_offset) for p in plan.ports},
+        **{f"TORCHJOB_PORT_{p}": str(addressing.port_of(key, p)) for p in plan.ports},
     }
     result: list[PodLaunch] = []
     for kind, init in (("initContainers", True), ("containers", False)):

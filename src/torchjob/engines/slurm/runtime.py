@@ -11,7 +11,8 @@ Kubernetes does once containers start); and what srun itself says of a step that
 not create it, say) goes into the container's log, where the user looks for why.
 
 Each attempt's containers are built from that attempt's pod (``plan.pod_launches``), so a
-restarted pod's steps see its retry count and job version, as on every engine.
+restarted pod's steps see its retry count and job version, as on every engine, and the master's
+ports of that attempt of the job (``masterport.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 
 from torchjob.controller.kubelet import PENDING, Container, Pod, RuntimeHooks
 from torchjob.engines.slurm import steps
-from torchjob.engines.slurm.plan import configmaps_of, pod_launches
+from torchjob.engines.slurm.plan import SlurmAddressing, configmaps_of, pod_launches
 from torchjob.files import append_private
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -85,8 +86,11 @@ class SlurmRuntime(RuntimeHooks):
         self.attempts[plan.name] = attempt
         log_dir = self.job_dir / "logs" / plan.name / str(attempt)
         log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        configmaps = configmaps_of(self.expansion(status.version, status.retry_count))
-        launches = pod_launches(self.plan, plan, self.placements, configmaps)
+        state = self.expansion(status.version, status.retry_count)
+        addressing = state.addressing  # the attempt's: its master's ports (masterport.py)
+        if not isinstance(addressing, SlurmAddressing):
+            addressing = SlurmAddressing(self.placements, self.plan.master)
+        launches = pod_launches(self.plan, plan, addressing, configmaps_of(state))
         key = (plan.task.name, plan.index)
         return Pod(
             name=plan.name,
