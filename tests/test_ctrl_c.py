@@ -189,3 +189,39 @@ def test_a_ctrl_c_python_could_not_raise_still_stops_the_command(tmp_path: Path)
         check=False,
     )
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "torchjob: interrupted\n")
+
+
+# A Ctrl-C that lands in a descriptor's __set_name__ while a module defines a class (seen in a
+# test run: ipaddress's cached_property, during `validate`) reaches the command as the
+# RuntimeError Python wraps it in, which printed a traceback and exit code 1.
+WRAPPED_IN_A_CLASS = """\
+import sys
+from torchjob.cli import main
+
+class Named:
+    def __set_name__(self, owner, name):
+        raise KeyboardInterrupt
+
+def dispatch_defining_a_class(argv):
+    class Network:
+        address = Named()
+    return 0
+
+import torchjob.cli.app
+torchjob.cli.app.dispatch = dispatch_defining_a_class
+sys.argv = ["torchjob", "validate", "job.yaml"]
+sys.exit(main())
+"""
+
+
+def test_a_ctrl_c_python_wrapped_in_another_error_still_stops_the_command(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", WRAPPED_IN_A_CLASS],
+        cwd=REPO,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "torchjob: interrupted\n")

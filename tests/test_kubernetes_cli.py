@@ -323,7 +323,7 @@ def test_submit_takes_the_clusters_own_kinds(
         # What the target says otherwise, at the PyTorchJob's own fields and lines, as render says it.
         source = f"torchjob: {path}:16: spec.pytorchReplicaSpecs.Master.restartPolicy: warning: "
         assert f"{source}restartPolicy is dropped" in out.err, out.err
-        assert f"torchjob: {path}:12: spec.maxRetry: warning: a TrainJob has no restart" in out.err
+        assert f"torchjob: {path}:13: spec.pytorchReplicaSpecs: warning: a TrainJob has no restart" in out.err
 
 
 def _containers(obj: Any) -> list[Any]:

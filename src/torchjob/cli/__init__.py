@@ -40,7 +40,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _interrupted()
         if program:
             _leave(code)
+    except Exception as err:
+        if not _from_ctrl_c(err):
+            raise
+        code = _interrupted()
+        if program:
+            _leave(code)
     return code
+
+
+def _from_ctrl_c(err: BaseException) -> bool:
+    """Whether ``err`` stands for a Ctrl-C: Python wraps one that lands in a class's creation
+    (a descriptor's ``__set_name__``, while a module is imported) in a RuntimeError."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _ctrl_c_kept(unraisable: sys.UnraisableHookArgs) -> None:
