@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from support import Ran
+from support import Ran, private_slurm
 
 # tools/slurm_cluster.py builds the tests' private Slurm (and a user's, to try the engine).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
@@ -95,17 +95,8 @@ def kubeconfig(api: FakeKubeAPI, tmp_path: Path) -> str:
 @pytest.fixture
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A private Slurm cluster (tools/slurm_cluster.py), stopped by pid after the test; skips
-    where Slurm is not installed or the tests do not run as root."""
-    import slurm_cluster
-
-    reason = slurm_cluster.why_not()
-    if reason is not None:
-        pytest.skip(reason)
-    cluster = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster")
-    try:
-        yield cluster.start()
-    finally:
-        cluster.stop()
+    where Slurm is not installed, the tests do not run as root, or such a cluster cannot be made."""
+    yield from private_slurm(tmp_path_factory)
 
 
 @pytest.fixture
