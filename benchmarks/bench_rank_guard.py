@@ -58,7 +58,8 @@ def main() -> int:
     for name, values in times.items():
         median = statistics.median(values)
         q = statistics.quantiles(values, n=4)
-        print(f"  {name:7} median {median:7.1f} ms  (quartiles {q[0]:.1f}-{q[2]:.1f})  +{median - base:.1f} ms")
+        spread = f"(quartiles {q[0]:.1f}-{q[2]:.1f})"
+        print(f"  {name:7} median {median:7.1f} ms  {spread}  +{median - base:.1f} ms")
     return 0
 
 
