@@ -331,12 +331,20 @@ def test_restart_task_recreates_the_task_and_leaves_the_others(engine: Engine, t
 
 
 def test_restart_job_until_max_retry_is_used_up(engine: Engine, tmp_path: Path) -> None:
-    counter = tmp_path / "runs"
-    script = f"n=$(cat {counter} 2>/dev/null || echo 0); echo run $n; echo $((n + 1)) > {counter}; exit 1"
+    counter, ups = tmp_path / "runs", tmp_path / "ups"
+    # Each run of main fails once side is up in the same attempt (bounded): a main that failed
+    # first would stop the side before it said so, on a busy machine.
+    script = (
+        f"n=$(cat {counter} 2>/dev/null || echo 0); echo run $n; echo $((n + 1)) > {counter}; i=0; "
+        f'while [ "$(cat {ups} 2>/dev/null | wc -l)" -le "$n" ] && [ $i -lt 200 ]; do '
+        "sleep 0.05; i=$((i + 1)); done; "
+        "exit 1"
+    )
+    side = f"echo up >> {ups}; {SLEEPER}"
     path = job_file(
         tmp_path,
         "exhaust",
-        [task("main", script), task("side", SLEEPER)],
+        [task("main", script), task("side", side)],
         maxRetry=2,
         policies=[{"event": "PodFailed", "action": "RestartJob"}],
     )

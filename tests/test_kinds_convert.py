@@ -166,6 +166,11 @@ def test_each_difference_of_the_target_is_a_warning_at_the_sources_field() -> No
         )
         for w in found
     ), found
+    # The job's restart limit comes from the replicas' restartPolicy: told there, not at a Volcano field.
+    assert any(
+        "pytorchjob.yaml:13: spec.pytorchReplicaSpecs: a TrainJob has no restart settings" in w for w in found
+    ), found
+    assert not any("spec.maxRetry" in w for w in found), found
     found = _warnings("trainjob.yaml", "kubeflow")
     assert any(
         "spec.template.spec.replicatedJobs[0].template.spec.backoffLimit: target 'kubeflow': a Job fails "

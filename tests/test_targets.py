@@ -431,6 +431,47 @@ def test_trainjob_runs_the_command_through_torchrun() -> None:
     assert other["spec"]["runtimeRef"]["name"] == "my-runtime"
 
 
+OWN_TORCHRUN = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: own}
+spec:
+  plugins: {pytorch: ["--master=master", "--worker=worker", "--port=23456"]}
+  tasks:
+    - name: master
+      replicas: 1
+      template:
+        spec:
+          containers:
+            - name: main
+              image: img
+              command: [torchrun, --nproc-per-node=4, --log-dir=/logs, train.py]
+              args: [--lr, "0.1"]
+    - name: worker
+      replicas: 2
+      template:
+        spec:
+          containers:
+            - name: main
+              image: img
+              command: [torchrun, --nproc-per-node=4, --log-dir=/logs, train.py]
+              args: [--lr, "0.1"]
+"""
+
+
+def test_trainjob_runs_a_jobs_own_torchrun_once_with_its_processes_per_node() -> None:
+    """A container that runs torchrun itself: the runtime's torchrun starts the program (torchrun
+    under torchrun would start a launcher per process), with the processes per node it asked for."""
+    rendered = render_target(load_jobs_from_text(OWN_TORCHRUN)[0].job, "trainjob")
+    (tj,) = [o for o in rendered.objects if o["kind"] == "TrainJob"]
+    trainer = tj["spec"]["trainer"]
+    assert trainer["command"] == ["torchrun", "--no-python", "python", "train.py", "--lr", "0.1"]
+    assert "args" not in trainer
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (3, 4)
+    said = dict(rendered.warnings)["spec.tasks[0].template.spec.containers[0].command"]
+    assert said == "torchrun's --log-dir=/logs are dropped: a TrainJob runs torchrun itself"
+
+
 def test_trainjob_sdk_elastic_uses_torchrun_instead_of_its_own_launcher() -> None:
     trainer = main_object(sdk(Elastic(nnodes=2, nproc_per_node=4, max_restarts=3)), "trainjob")["spec"][
         "trainer"

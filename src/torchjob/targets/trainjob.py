@@ -21,6 +21,7 @@ from typing import Any
 from torchjob.errors import Problem, SpecError
 from torchjob.quick import unwrap_launcher
 from torchjob.spec.model import Job, Task
+from torchjob.target_api import torchrun
 from torchjob.target_api.common import (
     PATCH_MANAGER,
     add_env_to_containers,
@@ -117,7 +118,13 @@ def render(job: Job, *, runtime: str | None = None) -> TargetRender:
             "apiGroup": "trainer.kubeflow.org",
             "kind": "ClusterTrainingRuntime",
         },
-        "trainer": _trainer(job, main, env, master.replicas + (worker.replicas if worker is not None else 0)),
+        "trainer": _trainer(
+            job,
+            main,
+            env,
+            master.replicas + (worker.replicas if worker is not None else 0),
+            (cpath, warnings),
+        ),
         "runtimePatches": [_patch(job, template, spec, main)],
     }
     sdk = job.run_policy
@@ -267,15 +274,24 @@ def _env_problems(env: list[dict[str, Any]], cpath: str) -> list[Problem]:
     ]
 
 
-def _trainer(job: Job, main: dict[str, Any], env: list[dict[str, Any]], nodes: int) -> dict[str, Any]:
+def _trainer(
+    job: Job,
+    main: dict[str, Any],
+    env: list[dict[str, Any]],
+    nodes: int,
+    told: tuple[str, list[tuple[str, str]]],
+) -> dict[str, Any]:
     """``spec.trainer``: the command run through the runtime's torchrun on ``nodes`` nodes."""
     command, stripped = _sdk_command([str(c) for c in main.get("command") or []])
     args = [str(a) for a in main.get("args") or []]
     nproc = 1
     quick = unwrap_launcher(command, args)
+    own = torchrun.find(main) if quick is None and not stripped else None
     if quick is not None:  # quick mode's torchrun: the runtime's torchrun takes its place
         command, nproc = quick
         args = []
+    elif own is not None:  # the job's own torchrun: the runtime's, told the same, takes its place
+        command, args, nproc = torchrun.program(own), [], _own_nproc(own, *told)
     elastic = job.elastic
     if elastic is not None:
         nproc = elastic.nproc_per_node
@@ -292,6 +308,31 @@ def _trainer(job: Job, main: dict[str, Any], env: list[dict[str, Any]], nodes: i
     if main.get("resources"):
         trainer["resourcesPerNode"] = copy(main["resources"])
     return trainer
+
+
+def _own_nproc(run: torchrun.Torchrun, cpath: str, warnings: list[tuple[str, str]]) -> int:
+    """The processes per node a container's own torchrun asks for, as ``numProcPerNode``; its
+    other flags are said to be dropped (the runtime's torchrun gets its settings from ``PET_*``)."""
+    extra = torchrun.other_flags(run, torchrun.RENDEZVOUS + torchrun.ELASTIC)
+    if extra:
+        warnings.append(
+            (
+                f"{cpath}.command",
+                f"torchrun's {', '.join(extra)} are dropped: a TrainJob runs torchrun itself",
+            )
+        )
+    given = run.value("nproc-per-node")
+    if given is None:
+        return 1
+    if not given.isdigit() or int(given) < 1:
+        warnings.append(
+            (
+                f"{cpath}.command",
+                f"--nproc-per-node={given} becomes 1: a TrainJob's numProcPerNode is a number",
+            )
+        )
+        return 1
+    return int(given)
 
 
 def _patch(job: Job, template: dict[str, Any], spec: dict[str, Any], main: dict[str, Any]) -> dict[str, Any]:

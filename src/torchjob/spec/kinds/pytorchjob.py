@@ -98,6 +98,7 @@ def read(tr: Translation, runtimes: Any = None) -> None:
     tr.route("spec.minAvailable", "spec.pytorchReplicaSpecs", whole=True)
     # A retried ExitCode pod is a RestartPod, which Volcano counts against maxRetry: no limit here.
     spec["maxRetry"] = INT32_MAX if any(_policy(r) == "ExitCode" for _, r in replicas.values()) else 1
+    tr.route("spec.maxRetry", "spec.pytorchReplicaSpecs", whole=True)  # from the replicas' restartPolicy
     if master is None and elastic is not None:
         spec["minSuccess"] = 1  # an elastic job without a master succeeds with its first worker
     _run_policy(tr, spec, mapping(source.get("runPolicy")))
