@@ -527,3 +527,32 @@ def test_slurm_clients_are_found_as_shutil_which_finds_them(
                     clients.client(name)
             else:
                 assert clients.client(name) == found, (path, name)
+
+
+def test_torchruns_ranks_start_through_the_rank_guard_unless_the_pod_names_its_own(tmp_path: Path) -> None:
+    from torchjob.engines.slurm.runtime import step_env, write_rank_guard
+
+    job_dir = tmp_path / EVIL.replace("\n", " ").replace("/", "")  # quoted in the guard, never run
+    job_dir.mkdir(mode=0o700)
+    guard = write_rank_guard(job_dir)
+    assert guard == str(job_dir / "bin" / "torchjob-rank")
+    assert (os.stat(job_dir / "bin").st_mode & 0o777, os.stat(guard).st_mode & 0o777) == (0o700, 0o700)
+    # What torchrun runs: $PYTHON_EXEC [-u] SCRIPT ARGS; the rank writes whole lines, unbuffered or not.
+    code = "import sys; print(sys.argv[1:], sys.stdout.line_buffering, sys.stdout.write_through)"
+    (tmp_path / "rank.py").write_text(code)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(
+        [guard, "-u", str(tmp_path / "rank.py"), "a b"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "['a b'] True False\n", "")
+    assert not (tmp_path / "MARK").exists() and not Path("MARK").exists()
+
+    own = [{"name": "PYTHON_EXEC", "value": "/opt/py/bin/python"}]
+    job = load([task("master", 1, container(env=own)), task("worker", 1, container())], PYTORCH)
+    plan = plan_job(job, SlurmSettings(), str(job_dir), ["ctl"])
+    runs = {x.pod: x for x in launches(plan, place(plan, {0: [("n1", 2)]}))}
+    base = {"PATH": "/usr/bin", "PYTHON_EXEC": "/from/the/login/shell"}
+    assert step_env(base, runs["train-worker-0"], {}, guard)["PYTHON_EXEC"] == guard
+    assert step_env(base, runs["train-master-0"], {}, guard)["PYTHON_EXEC"] == "/opt/py/bin/python"
+    assert step_env(base, runs["train-worker-0"], {"PYTHON_EXEC": "/e"}, guard)["PYTHON_EXEC"] == "/e"
+    assert step_env(base, runs["train-worker-0"], {}, None)["PYTHON_EXEC"] == "/from/the/login/shell"

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from torchjob import logs
 from torchjob.controller.kubelet import Container, Pod
-from torchjob.engines.local import gpus, podnames, prewarm, process, security
+from torchjob.engine_api import pyrun
+from torchjob.engines.local import gpus, podnames, process, security
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
 from torchjob.engines.local.containers import ContainerRun, PodSetup, ResolveError, configmaps_of
@@ -114,7 +115,7 @@ class PodFactory:
             self.ports = port_registry.reserve(self.dir.id, declared, hidden)
             self.rendezvous = {port: self.ports[port] for port in hidden}
             python = _python()  # not resolved: a venv's python is a symlink
-            self.dir.write_shims(python, {prewarm.RANK_SHIM: prewarm.guard_shim(python)})
+            self.dir.write_shims(python, {pyrun.RANK_SHIM: pyrun.guard_shim(python)})
         finally:
             names_resolve = self.hosts.decide(mount, probe, self.net, record)  # the child is reaped
         self.addressing = LocalAddressing(self.job, self.ports, names=names_resolve)
@@ -318,9 +319,9 @@ class PodFactory:
             "TORCHJOB_RETRY_COUNT": str(retry_count),
             "TORCHJOB_WAIT_INTERVAL": WAIT_INTERVAL,
             "TORCHJOB_BIN": str(self.dir.bin),
-            # torchrun starts its ranks with this interpreter: the guard (warmstart.py) that tells
+            # torchrun starts its ranks with this interpreter: the guard (engine_api/pyrun.py) that tells
             # an abort in the interpreter's teardown after the program finished from a crash.
-            "PYTHON_EXEC": str(self.dir.bin / prewarm.RANK_SHIM),
+            pyrun.PYTHON_EXEC: str(self.dir.bin / pyrun.RANK_SHIM),
             UIDS_ENV: self.uids,
             **self.volcano_env,
         }

@@ -23,6 +23,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+# The runner (engine_api/warmstart.py) and how it is started, shared with the Slurm engine.
+from torchjob.engine_api.pyrun import BOOT as BOOT
+from torchjob.engine_api.pyrun import FINISHED as FINISHED
+from torchjob.engine_api.pyrun import NO_WAIT
+from torchjob.engine_api.pyrun import RUNNER as RUNNER
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.errors import Issue
@@ -35,23 +40,6 @@ if TYPE_CHECKING:
 ANNOTATION = "torchjob.io/prewarm"
 DEFAULT_MODULES = ("torch",)
 MAX_WAIT = 600.0  # seconds a warm process may wait for its init containers; then it is discarded
-RUNNER = str(Path(__file__).with_name("warmstart.py"))
-FINISHED = "TORCHJOB_FINISHED"  # warmstart.py's marker of a program that ended with code 0
-NO_WAIT, GUARD = "-", "guard"  # warmstart.py's fd argument: run at once; be a torchrun rank's guard
-RANK_SHIM = "torchjob-rank"  # in the job's bin: $PYTHON_EXEC, the interpreter torchrun starts ranks with
-# Loads the runner into a namespace of its own, so that __main__ can be handed to the program clean.
-# Should that fail (a runAsUser that cannot read torchjob's files), it ends without a word in the
-# container's log; the engine then starts the container cold.
-BOOT = (
-    "import os,sys\n"
-    "try:\n"
-    " f=os.open(sys.argv[1],os.O_RDONLY);s=os.read(f,1<<20);os.close(f)\n"
-    " n={'__name__':'torchjob_prewarm','__builtins__':__builtins__}\n"
-    " exec(compile(s,sys.argv[1],'exec'),n)\n"
-    "except BaseException:\n"
-    " os._exit(0)\n"
-    "n['main']()\n"
-)
 _LINUX = sys.platform.startswith("linux")
 _FLAGS = frozenset("uOBsEbq")  # interpreter options passed on unchanged: sys.flags stay the same
 _MODULE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"  # compiled only for an annotation
@@ -132,13 +120,6 @@ def cold_argv(run: ContainerRun) -> list[str] | None:
     """A python container started now through the runner, which records how its program ended
     (warmstart.py's marker); None when the runner could not start it as python would."""
     return warm_argv(run, NO_WAIT, (), run.cwd or os.getcwd())
-
-
-def guard_shim(python: str) -> str:
-    """The script torchrun starts each rank with (``$PYTHON_EXEC``): warmstart.py's guard."""
-    words = [python, "-I", "-S", "-c", BOOT, RUNNER, GUARD, "0", "", "."]
-    quoted = ("'" + w.replace("'", "'\\''") + "'" for w in words)  # shlex.quote, without importing re
-    return "#!/bin/sh\nexec " + " ".join(quoted) + ' "$@"\n'
 
 
 @record

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torchjob.controller.kubelet import Kubelet, Pod
 from torchjob.engines.slurm import steps
-from torchjob.engines.slurm.runtime import SlurmRuntime
+from torchjob.engines.slurm.runtime import SlurmRuntime, write_rank_guard
 from torchjob.files import write_atomic
 from torchjob.reports import Event
 from torchjob.typecheck import TYPE_CHECKING
@@ -84,6 +84,12 @@ class BatchController:
             ),
         )
         env = {str(k): str(v) for k, v in dict(options.get("extraEnv") or {}).items()}  # type: ignore[call-overload]
+        rank_guard = None
+        if not plan.settings.container_images:  # an image has its own python, and no job directory
+            try:
+                rank_guard = write_rank_guard(job_dir)
+            except OSError as err:
+                self._say(f"torchrun's ranks run without torchjob's rank guard: {err}")
         self.runtime = SlurmRuntime(
             os.environ["SLURM_JOB_ID"],
             job_dir,
@@ -97,6 +103,7 @@ class BatchController:
             workdir=str(options.get("workdir") or job_dir),
             say=self._say,
             record=self._event,
+            rank_guard=rank_guard,
         )
         self.kubelet = Kubelet(self.runtime)
         timeout = options.get("timeout")

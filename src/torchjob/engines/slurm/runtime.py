@@ -13,6 +13,13 @@ not create it, say) goes into the container's log, where the user looks for why.
 Each attempt's containers are built from that attempt's pod (``plan.pod_launches``), so a
 restarted pod's steps see its retry count and job version, as on every engine, and the master's
 ports of that attempt of the job (``masterport.py``).
+
+torchrun's ranks start through the rank guard (``engine_api/pyrun.py``), as locally: each step
+gets ``PYTHON_EXEC`` naming ``bin/torchjob-rank`` in the job directory, which the controller
+writes before the first step (:func:`write_rank_guard`). The job directory is on the filesystem
+every node shares (the batch script proved it), at an absolute path, so a step on any node, with
+any ``--chdir``, finds it; the guard runs the interpreter the controller runs in, which a bare
+``python`` already means on every node. A container's own ``PYTHON_EXEC`` (or ``-e``) wins.
 """
 
 from __future__ import annotations
@@ -24,9 +31,10 @@ import threading
 import time
 
 from torchjob.controller.kubelet import PENDING, Container, Pod, RuntimeHooks
+from torchjob.engine_api import pyrun
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.plan import SlurmAddressing, configmaps_of, pod_launches
-from torchjob.files import append_private
+from torchjob.files import append_private, write_atomic
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,6 +48,33 @@ if TYPE_CHECKING:
 
 _PYTHONS = ("python", "python3")
 CONFIRM_EVERY = 0.2  # seconds between two squeue calls that look for starting steps
+
+
+def write_rank_guard(job_dir: Path) -> str:
+    """Write the job's rank guard (``bin/torchjob-rank``, 0700 in a 0700 directory) for this
+    interpreter; its path, for ``PYTHON_EXEC``. An OSError when it cannot be written."""
+    bin_dir = job_dir / "bin"
+    bin_dir.mkdir(mode=0o700, exist_ok=True)
+    shim = bin_dir / pyrun.RANK_SHIM
+    write_atomic(shim, pyrun.guard_shim(sys.executable))
+    shim.chmod(0o700)
+    return str(shim)
+
+
+def step_env(
+    base: Mapping[str, str], launch: PodLaunch, extra: Mapping[str, str], rank_guard: str | None
+) -> dict[str, str]:
+    """A step's environment: the controller's, the rank guard, the pod's (its container's own
+    ``PYTHON_EXEC`` among them), then, for a main container, the run's ``-e``; torchjob's
+    interpreter first on ``PATH``."""
+    env = {**base}
+    if rank_guard is not None:
+        env[pyrun.PYTHON_EXEC] = rank_guard
+    env.update(launch.env)
+    if not launch.init:
+        env.update(extra)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
+    return env
 
 
 class SlurmRuntime(RuntimeHooks):
@@ -60,6 +95,7 @@ class SlurmRuntime(RuntimeHooks):
         workdir: str,
         say: Callable[[str], None],
         record: Callable[[str], None],
+        rank_guard: str | None = None,
     ) -> None:
         self.job_id = job_id
         self.listed = steps.component_ids_from_env({"SLURM_JOB_ID": job_id, **base_env})
@@ -72,6 +108,7 @@ class SlurmRuntime(RuntimeHooks):
         self.base_env = base_env
         self.extra_env = extra_env
         self.workdir = workdir
+        self.rank_guard = rank_guard  # PYTHON_EXEC for torchrun's ranks; None: torchrun's own python
         self.attempts: dict[str, int] = {}  # pod name -> its latest attempt number
         self.asked_at = 0.0  # when squeue was last asked which steps run
         self.running_steps: set[str] = set()  # the step names squeue listed then
@@ -114,10 +151,7 @@ class SlurmRuntime(RuntimeHooks):
         argv = list(launch.argv)
         if argv[0] in _PYTHONS:  # as locally: a bare python is the interpreter torchjob runs in
             argv[0] = sys.executable
-        env = {**self.base_env, **launch.env}
-        if not launch.init:
-            env.update(self.extra_env)
-        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
+        env = step_env(self.base_env, launch, self.extra_env, self.rank_guard)
         return steps.Step.start(
             self.job_id,
             name,

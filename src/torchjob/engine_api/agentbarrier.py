@@ -1,4 +1,4 @@
-"""A torchrun agent's exit barrier, when the local engine runs the agent: the store's owner leaves last.
+"""A torchrun agent's exit barrier, when torchjob's runner runs the agent: the store's owner leaves last.
 
 This file is not imported by torchjob: ``warmstart.py`` loads it into the process of a container
 whose program is torchrun's agent (``python -m torch.distributed.run``), before the agent runs.

@@ -1,8 +1,9 @@
-"""The pre-warmed interpreter of a container: import torch early, then run the program as Python would.
+"""torchjob's runner: a program run as Python would, its end recorded; pre-warmed; a rank's guard.
 
-This file is not imported by torchjob. The engine starts a main container's interpreter while the
-pod's init containers still run, as ``python [its options] -c BOOT <this file> <fd> <timeout>
-<modules> <cwd> <the container's arguments after the options>`` (see ``prewarm.py``). ``BOOT``
+This file is not imported by torchjob; engines start it as ``engine_api/pyrun.py`` says. The
+local engine starts a main container's interpreter while the pod's init containers still run,
+as ``python [its options] -c BOOT <this file> <fd> <timeout> <modules> <cwd> <the container's
+arguments after the options>`` (see ``engines/local/prewarm.py``). ``BOOT``
 loads this file into a private namespace and calls :func:`main`, which
 
 1. sets ``sys.argv`` and ``sys.path[0]`` as a cold start would have them, and imports the modules
@@ -19,6 +20,7 @@ loads this file into a private namespace and calls :func:`main`, which
 ``fd`` ``-`` runs the program at once (a cold start through this runner, so that the marker below
 is written); ``fd`` ``guard`` makes this process a rank's guard (:func:`_guard`), which runs the
 rank itself with ``fd`` ``rank``: at once, and with whole-line output (:func:`_whole_lines`).
+The guard is what ``$PYTHON_EXEC`` runs for torchrun's ranks on the local and the Slurm engine.
 
 A torchrun agent (``-m torch.distributed.run``) gets ``agentbarrier.py``'s exit barrier first.
 

@@ -1,0 +1,44 @@
+"""Starting a python program through torchjob's runner (``warmstart.py`` beside this file).
+
+The runner runs a program as ``python ...`` would, and records that it ended with code 0 before
+the interpreter's teardown. Engines start it with :data:`BOOT`; the local engine for every python
+main container (at once, or pre-warmed), and every engine that runs torchrun ranks for those: a
+torchrun agent starts each rank with the interpreter ``$PYTHON_EXEC`` names, and
+:func:`guard_shim` is that interpreter, a script that makes the rank's process a guard
+(``warmstart._guard``). The guard runs the rank through the runner with whole-line output (the
+ranks of a pod share its output) and counts a rank that finished and then aborted in the
+interpreter's teardown (SIGABRT, as torch 2.13 can) as a success.
+
+Light on purpose: it is imported when an engine starts a job, never by the CLI's own start.
+"""
+
+from __future__ import annotations
+
+import os
+
+RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warmstart.py")
+FINISHED = "TORCHJOB_FINISHED"  # warmstart.py's marker of a program that ended with code 0
+NO_WAIT, GUARD = "-", "guard"  # warmstart.py's fd argument: run at once; be a torchrun rank's guard
+RANK_SHIM = "torchjob-rank"  # in a job's bin: $PYTHON_EXEC, the interpreter torchrun starts ranks with
+PYTHON_EXEC = "PYTHON_EXEC"  # the variable torchrun reads it from
+# Loads the runner into a namespace of its own, so that __main__ can be handed to the program clean.
+# Should that fail (a runAsUser that cannot read torchjob's files), it ends without a word in the
+# container's log; the engine then starts the container cold.
+BOOT = (
+    "import os,sys\n"
+    "try:\n"
+    " f=os.open(sys.argv[1],os.O_RDONLY);s=os.read(f,1<<20);os.close(f)\n"
+    " n={'__name__':'torchjob_prewarm','__builtins__':__builtins__}\n"
+    " exec(compile(s,sys.argv[1],'exec'),n)\n"
+    "except BaseException:\n"
+    " os._exit(0)\n"
+    "n['main']()\n"
+)
+
+
+def guard_shim(python: str) -> str:
+    """The script torchrun starts each rank with (``$PYTHON_EXEC``): warmstart.py's guard, in
+    ``python``. Every word is quoted: paths with spaces or quotes reach no shell as code."""
+    words = [python, "-I", "-S", "-c", BOOT, RUNNER, GUARD, "0", "", "."]
+    quoted = ("'" + w.replace("'", "'\\''") + "'" for w in words)  # shlex.quote, without importing re
+    return "#!/bin/sh\nexec " + " ".join(quoted) + ' "$@"\n'
