@@ -10,8 +10,10 @@ import socket
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -289,3 +291,31 @@ def test_wait_for_master_reaches_the_master_by_name(
     if kind == PROBING[0]:  # the name really came from the job's file: without it there is none
         script = wait_for_master_script("pod-a.sub", pod_a_listening, 0)
         assert wait(None).returncode != 0
+
+
+def test_the_warm_pools_hosts_file_is_rewritten_only_when_a_job_changes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each pod of a job asks for the pool's /etc/hosts again while the ranks forked for the
+    earlier pods resolve names through it: the same entries leave the file untouched (rewriting it
+    emptied it for a moment, and gloo's lookup of the host's own name went to DNS: EAI_AGAIN)."""
+    from types import SimpleNamespace
+
+    from torchjob.engines.local import pool
+
+    folder = tmp_path / "pool"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setattr(pool, "_home", [folder])
+    server: Any = SimpleNamespace(state="none", before_exec=None)
+    first = "127.0.0.1 localhost\n10.0.0.1 job-master-0\n10.0.0.2 job-worker-0\n"
+    assert pool.hosts_view(server, first)[0]
+    hosts = folder / "hosts"
+    before = os.stat(hosts)
+    time.sleep(0.01)  # a write now would show in the modification time
+    for _ in range(3):  # the job's other pods
+        assert pool.hosts_view(server, first)[0]
+    after = os.stat(hosts)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    second = "127.0.0.1 localhost\n10.0.0.9 other-master-0\n"  # the next job's, shorter
+    assert pool.hosts_view(server, second)[0]
+    assert hosts.read_text() == second and os.stat(hosts).st_ino == before.st_ino

@@ -175,11 +175,16 @@ def hosts_view(server: Preloader, text: str | None) -> tuple[bool, Callable[[], 
     if text is None:
         return True, None
     path = _directory() / "hosts"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, 0o600)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, text.encode())
+        # Asked again for each pod of a job, while the ranks forked for its earlier pods resolve
+        # names through this very file: rewritten only when it changes, never emptied on the way
+        # (an empty /etc/hosts sends gloo's lookup of the host's own name to DNS: EAI_AGAIN).
+        data = text.encode()
+        if os.pread(fd, len(data) + 1, 0) != data:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
     if server.state != "none":
