@@ -36,12 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = dispatch(argv)
         if program:
             _leave(code)
-    except KeyboardInterrupt:  # before the command's own handling (imports, parsing), or after it
-        code = _interrupted()
-        if program:
-            _leave(code)
-    except Exception as err:
-        if not _from_ctrl_c(err):
+    except (KeyboardInterrupt, Exception) as err:  # a Ctrl-C before the command's own handling
+        if not _from_ctrl_c(err):  # (imports, parsing), or after it; anything else goes on up
             raise
         code = _interrupted()
         if program:
@@ -50,8 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _from_ctrl_c(err: BaseException) -> bool:
-    """Whether ``err`` stands for a Ctrl-C: Python wraps one that lands in a class's creation
-    (a descriptor's ``__set_name__``, while a module is imported) in a RuntimeError."""
+    """Whether ``err`` stands for a Ctrl-C: it is one, or Python wrapped one in it (a Ctrl-C that
+    lands in a class's creation, a descriptor's ``__set_name__`` while a module is imported,
+    becomes a RuntimeError)."""
     seen: set[int] = set()
     cause: BaseException | None = err
     while cause is not None and id(cause) not in seen:

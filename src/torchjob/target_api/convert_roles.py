@@ -128,13 +128,9 @@ def _launch_container(
         return None
     given = run.value("nproc-per-node")
     if c.target == "trainjob":
-        extra = torchrun.other_flags(run, torchrun.RENDEZVOUS + torchrun.ELASTIC)
-        if extra:
-            c.note(
-                f"{path}.command",
-                f"torchrun's {', '.join(extra)} are dropped: a TrainJob runs torchrun itself",
-            )
-        program = torchrun.program(run)
+        program, _, dropped = torchrun.under_runtime(run)
+        if dropped:
+            c.note(f"{path}.command", dropped)
         torchrun.put(container, program, len(program))
         return given or nproc
     if not pet:

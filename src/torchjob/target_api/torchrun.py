@@ -131,3 +131,12 @@ def other_flags(run: Torchrun, known: tuple[str, ...]) -> list[str]:
             out.append(flag + (f" {run.flags[i + 1]}" if takes else ""))
         i += 2 if takes else 1
     return out
+
+
+def under_runtime(run: Torchrun) -> tuple[list[str], str | None, str | None]:
+    """A container's torchrun as a TrainJob runs it, under the runtime's own torchrun: the program
+    it starts, the processes per node it asks for, and a note of the flags that are dropped (the
+    runtime's torchrun is told its rendezvous through ``PET_*``), if any."""
+    extra = other_flags(run, RENDEZVOUS + ELASTIC)
+    note = f"torchrun's {', '.join(extra)} are dropped: a TrainJob runs torchrun itself" if extra else None
+    return program(run), run.value("nproc-per-node"), note

@@ -291,7 +291,7 @@ def _trainer(
         command, nproc = quick
         args = []
     elif own is not None:  # the job's own torchrun: the runtime's, told the same, takes its place
-        command, args, nproc = torchrun.program(own), [], _own_nproc(own, *told)
+        (command, nproc), args = _own_torchrun(own, *told), []
     elastic = job.elastic
     if elastic is not None:
         nproc = elastic.nproc_per_node
@@ -310,20 +310,16 @@ def _trainer(
     return trainer
 
 
-def _own_nproc(run: torchrun.Torchrun, cpath: str, warnings: list[tuple[str, str]]) -> int:
-    """The processes per node a container's own torchrun asks for, as ``numProcPerNode``; its
-    other flags are said to be dropped (the runtime's torchrun gets its settings from ``PET_*``)."""
-    extra = torchrun.other_flags(run, torchrun.RENDEZVOUS + torchrun.ELASTIC)
-    if extra:
-        warnings.append(
-            (
-                f"{cpath}.command",
-                f"torchrun's {', '.join(extra)} are dropped: a TrainJob runs torchrun itself",
-            )
-        )
-    given = run.value("nproc-per-node")
+def _own_torchrun(
+    run: torchrun.Torchrun, cpath: str, warnings: list[tuple[str, str]]
+) -> tuple[list[str], int]:
+    """A container's own torchrun: the program the runtime's torchrun starts, and the processes per
+    node it asks for as ``numProcPerNode``; the flags that are dropped are said."""
+    program, given, dropped = torchrun.under_runtime(run)
+    if dropped:
+        warnings.append((f"{cpath}.command", dropped))
     if given is None:
-        return 1
+        return program, 1
     if not given.isdigit() or int(given) < 1:
         warnings.append(
             (
@@ -331,8 +327,8 @@ def _own_nproc(run: torchrun.Torchrun, cpath: str, warnings: list[tuple[str, str
                 f"--nproc-per-node={given} becomes 1: a TrainJob's numProcPerNode is a number",
             )
         )
-        return 1
-    return int(given)
+        return program, 1
+    return program, int(given)
 
 
 def _patch(job: Job, template: dict[str, Any], spec: dict[str, Any], main: dict[str, Any]) -> dict[str, Any]:
