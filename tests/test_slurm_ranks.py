@@ -13,6 +13,7 @@ import pytest
 
 from slurm_cluster import SlurmCluster
 from support import private_slurm
+from test_quick import DIST, NOTE  # a real gloo job whose rank 1 leaves as asked; the runner's note
 from test_slurm_engine import cli_env, torchjob
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -55,25 +56,6 @@ def test_the_ranks_of_a_pod_print_whole_lines_into_its_shared_log(
         bad = [line for line in printed if not re.fullmatch(WHOLE, line)]
         assert not bad, bad[:5]
         assert len(printed) == 6000
-
-
-# A real gloo job; rank 1 leaves as the test asks once the collective is done (tests/test_quick.py).
-DIST = """\
-import atexit, os, sys
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-t = torch.ones(1)
-dist.all_reduce(t)
-rank = dist.get_rank()
-dist.destroy_process_group()
-how = sys.argv[1]
-if rank == 1 and how == "abort-after":
-    atexit.register(os.abort)
-if rank == 1 and how == "abort-midway":
-    os.abort()
-print(f"rank {rank} sum {t.item():.0f}", flush=True)
-"""
-NOTE = "the program finished (exit code 0), then the interpreter aborted (SIGABRT) while shutting down"
 
 
 @pytest.mark.torch

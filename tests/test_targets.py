@@ -432,37 +432,23 @@ def test_trainjob_runs_the_command_through_torchrun() -> None:
 
 
 OWN_TORCHRUN = """\
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata: {name: own}
-spec:
-  plugins: {pytorch: ["--master=master", "--worker=worker", "--port=23456"]}
-  tasks:
-    - name: master
-      replicas: 1
-      template:
-        spec:
-          containers:
-            - name: main
-              image: img
-              command: [torchrun, --nproc-per-node=4, --log-dir=/logs, train.py]
-              args: [--lr, "0.1"]
-    - name: worker
-      replicas: 2
-      template:
-        spec:
-          containers:
-            - name: main
-              image: img
-              command: [torchrun, --nproc-per-node=4, --log-dir=/logs, train.py]
-              args: [--lr, "0.1"]
+- name: {name}
+  replicas: {replicas}
+  template:
+    spec:
+      containers:
+        - name: main
+          image: img
+          command: [torchrun, --nproc-per-node=4, --log-dir=/logs, train.py]
+          args: [--lr, "0.1"]
 """
 
 
 def test_trainjob_runs_a_jobs_own_torchrun_once_with_its_processes_per_node() -> None:
     """A container that runs torchrun itself: the runtime's torchrun starts the program (torchrun
     under torchrun would start a launcher per process), with the processes per node it asked for."""
-    rendered = render_target(load_jobs_from_text(OWN_TORCHRUN)[0].job, "trainjob")
+    tasks = OWN_TORCHRUN.format(name="m", replicas=1) + OWN_TORCHRUN.format(name="w", replicas=2)
+    rendered = render_target(_named("own", tasks), "trainjob")
     (tj,) = [o for o in rendered.objects if o["kind"] == "TrainJob"]
     trainer = tj["spec"]["trainer"]
     assert trainer["command"] == ["torchrun", "--no-python", "python", "train.py", "--lr", "0.1"]
