@@ -27,6 +27,7 @@ from queue_support import (
     release,
     status,
     submit,
+    trace,
     wait_all,
 )
 from support import cli, container, make_job, task, wait_until
@@ -110,11 +111,18 @@ def test_pods_beyond_min_available_start_when_they_fit(
 ) -> None:
     tmp_path = queue_env
     monkeypatch.setenv("TORCHJOB_CAPACITY", "nvidia.com/gpu=3")
-    blocker = submit(tmp_path, gpu_job(tmp_path, "blocker", sleep=1.5))
+    # Both hold their GPUs until released, so no timing decides which pod ran first.
+    blocker = submit(tmp_path, gpu_job(tmp_path, "blocker", gate=True))
     elastic = submit(tmp_path, gpu_job(tmp_path, "elastic", replicas=3, gate=True, task_min_available=2))
-    assert wait_until(
-        lambda: "start" in (tmp_path / "trace").read_text().split("elastic-main-2")[0][-40:], 30
-    )
+
+    def started() -> set[str]:
+        if not (tmp_path / "trace").exists():
+            return set()
+        return {pod for what, _, pod, _ in trace(tmp_path) if what == "start"}
+
+    assert wait_until(lambda: {"elastic-main-0", "elastic-main-1"} <= started(), 30)
+    time.sleep(0.5)  # and the third stays out while the blocker holds its GPU
+    assert "elastic-main-2" not in started()
     release(tmp_path)
     wait_all(tmp_path, [blocker, elastic])
     spans = intervals(tmp_path)
@@ -307,10 +315,13 @@ def test_a_job_asking_more_cpus_than_the_machine_has_runs_alone(queue_env: Path)
 def test_a_queue_capability_caps_what_its_jobs_hold(queue_env: Path) -> None:
     tmp_path = queue_env
     (tmp_path / "queues.yaml").write_text("queues:\n  small: {weight: 1, capability: {nvidia.com/gpu: 1}}\n")
-    first = submit(tmp_path, gpu_job(tmp_path, "first", sleep=1.0, queue="small"))
+    # The first holds its GPU until released: a timed sleep could end before a busy machine
+    # had submitted the second (seen under four parallel suites).
+    first = submit(tmp_path, gpu_job(tmp_path, "first", gate=True, queue="small"))
     second = submit(tmp_path, gpu_job(tmp_path, "second", sleep=0.2, queue="small"))
     reason = status(tmp_path, second)["reason"]
     assert "under queue small's capability" in reason, reason
+    release(tmp_path)
     wait_all(tmp_path, [first, second])
     spans = intervals(tmp_path)
     assert spans["second-main-0"][0] >= spans["first-main-0"][1]
