@@ -268,3 +268,22 @@ def test_by_default_no_more_pods_wait_warm_than_there_are_cpus() -> None:
     assert modules_of(job(cpus + 1)) == ()
     assert modules_of(job(cpus + 1, {"torchjob.io/prewarm": "true"})) == DEFAULT_MODULES
     assert modules_of(job(1, {"torchjob.io/prewarm": "false"})) == ()
+
+
+def test_a_program_started_through_the_runner_finds_the_modules_of_a_cold_start(tmp_path: Path) -> None:
+    """Every python main container starts through the runner: it may add no import a cold start
+    does not make (typing, re, enum: milliseconds at each rank's start), but ``__future__``."""
+    from torchjob.engine_api.pyrun import BOOT, NO_WAIT, RUNNER
+
+    program = tmp_path / "mods.py"
+    program.write_text("import sys\nprint(' '.join(sorted(sys.modules)))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
+
+    def modules(argv: list[str]) -> set[str]:
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=True)
+        return set(out.stdout.split())
+
+    cold = modules([sys.executable, str(program)])
+    runner = modules([sys.executable, "-c", BOOT, RUNNER, NO_WAIT, "0", "", str(tmp_path), str(program)])
+    assert runner - cold <= {"__future__"}, sorted(runner - cold)
+    assert "sys" in cold and cold - runner == set()

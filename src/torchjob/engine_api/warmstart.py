@@ -40,8 +40,11 @@ from __future__ import annotations
 
 import os
 import sys
-from types import CodeType, TracebackType
-from typing import Any, NoReturn
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # for mypy only: typing would load re, enum and more before every rank's start
+    from types import CodeType, TracebackType
+    from typing import Any, NoReturn
 
 GO = b"go"
 FINISHED = "TORCHJOB_FINISHED"  # where the program's successful end is recorded (see above)
