@@ -128,7 +128,7 @@ spec:
   successPolicy: {operator: Any, targetReplicatedJobs: [driver]}
   failurePolicy:
     maxRestarts: 2
-    rules: [{name: driver-fails, action: FailJobSet, targetReplicatedJobs: [driver]}]
+    rules: [{name: driver_fails, action: FailJobSet, targetReplicatedJobs: [driver]}]
   replicatedJobs:
     - name: driver
       template:
@@ -398,3 +398,64 @@ def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
         cwd=cwd,
         check=False,
     )
+
+
+def _jobset(spec: str) -> str:
+    """A JobSet whose spec is ``spec`` (indented two spaces) and replicated jobs ``a`` and ``b``."""
+    rjob = "template: {spec: {template: {spec: {containers: [{name: c, image: 'c:1', command: ['true']}]}}}}"
+    return (
+        "apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\nmetadata: {name: js}\nspec:\n"
+        f"{spec}  replicatedJobs:\n    - name: a\n      {rjob}\n"
+    ) + "".join(f"    - {line}\n      {rjob}\n" for line in ("name: b",))
+
+
+def test_a_jobset_the_jobset_webhook_refuses_is_refused_at_its_fields() -> None:
+    """What JobSet's API server and webhook refuse (the replicated jobs are a list keyed by name;
+    dependsOn names a replicated job before it, never from the first one, and not with InOrder;
+    the failure policy's rules name replicated jobs and reasons that exist, each rule once) is an
+    error at the field, never a Volcano Job's field or a message about torchjob's own keys."""
+    twice = _jobset("").replace("- name: b", "- name: a")
+    found = problems(twice)
+    assert found == [
+        "job.yaml:8: spec.replicatedJobs[1].name: replicated job 'a' is given twice (also "
+        "spec.replicatedJobs[0]); a JobSet's replicated jobs are keyed by name"
+    ], found
+    found = problems(
+        _jobset("  startupPolicy: {startupPolicyOrder: InOrder}\n").replace(
+            "- name: b", "- name: b\n      dependsOn: [{name: a, status: Ready}]"
+        )
+    )
+    assert found == [
+        "job.yaml:5: spec.startupPolicy.startupPolicyOrder: InOrder and a replicated job's dependsOn "
+        "cannot be given together (spec.replicatedJobs[1].dependsOn)"
+    ], found
+    found = problems(
+        _jobset("").replace("- name: a", "- name: a\n      dependsOn: [{name: b, status: Ready}]")
+    )
+    assert found == [
+        "job.yaml:7: spec.replicatedJobs[0].dependsOn: the first replicated job cannot depend on another",
+        "job.yaml:7: spec.replicatedJobs[0].dependsOn[0].name: replicated job 'a' can depend only on "
+        "the replicated jobs before it, not on 'b'",
+    ], found
+    found = problems(
+        _jobset(
+            "  failurePolicy:\n    rules:\n"
+            "      - {name: r, action: FailJobSet, targetReplicatedJobs: [ghost], onJobFailureReasons: [Oops]}\n"
+            "      - {name: r, action: RestartJobSet}\n"
+            "      - {name: 1r, action: RestartJobSet}\n"
+        )
+    )
+    assert found == [
+        "job.yaml:7: spec.failurePolicy.rules[0].targetReplicatedJobs[0]: no replicated job named 'ghost'",
+        "job.yaml:7: spec.failurePolicy.rules[0].onJobFailureReasons[0]: expected one of "
+        "BackoffLimitExceeded, DeadlineExceeded, FailedIndexes, MaxFailedIndexesExceeded, "
+        "PodFailurePolicy, got 'Oops'",
+        "job.yaml:8: spec.failurePolicy.rules[1].name: rule name 'r' is given twice (also "
+        "spec.failurePolicy.rules[0])",
+        "job.yaml:9: spec.failurePolicy.rules[2].name: '1r' is not a rule name: a letter, then letters, "
+        "digits or '_,:', ending with a letter, digit or '_'",
+    ], found
+    found = problems(_jobset("  successPolicy: {operator: Some}\n"))
+    assert found == ["job.yaml:5: spec.successPolicy.operator: expected one of All, Any, got 'Some'"], found
+    found = problems(_jobset("  successPolicy: {operator: All, targetReplicatedJobs: [ghost]}\n"))
+    assert found == ["job.yaml:5: spec.successPolicy.targetReplicatedJobs[0]: no replicated job named 'ghost'"]

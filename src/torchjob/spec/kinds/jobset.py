@@ -53,6 +53,16 @@ if TYPE_CHECKING:
 DEFAULT_BACKOFF_LIMIT = 6  # batch/v1
 REASON = "BackoffLimitExceeded"  # why a Job fails here (the only way it does)
 REASON_MESSAGE = "Job has reached the specified backoff limit"
+# The reasons a failed Job's condition can give, the only ones JobSet's webhook takes in a rule.
+FAILURE_REASONS = (
+    "BackoffLimitExceeded",
+    "DeadlineExceeded",
+    "FailedIndexes",
+    "MaxFailedIndexesExceeded",
+    "PodFailurePolicy",
+)
+RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")  # JobSet's webhook
+RULE_NAME_LIMIT = 128
 
 
 def read(tr: Translation, runtimes: Any = None) -> None:
@@ -68,7 +78,9 @@ def translate_set(tr: Translation, spec: dict[str, Any], source: dict[str, Any],
     network = mapping(source.get("network"))
     subdomain = text(network.get("subdomain")) or name
     hostnames = network.get("enableDNSHostnames") is not False
-    rjobs = [(r, mapping(rjob)) for r, rjob in enumerate(items(source.get("replicatedJobs")))]
+    rjobs = _unique(
+        tr, place, [(r, mapping(rjob)) for r, rjob in enumerate(items(source.get("replicatedJobs")))]
+    )
     tasks_of: dict[str, list[str]] = {}
     for r, rjob in rjobs:
         tasks_of[text(rjob.get("name"), f"job{r}")] = _rjob_tasks(
@@ -103,6 +115,31 @@ def translate_set(tr: Translation, spec: dict[str, Any], source: dict[str, Any],
         where, path = place("replicatedJobs")
         _add(tr, where, path, "expected at least one replicated job")
     return [t for names in tasks_of.values() for t in names]
+
+
+def _unique(
+    tr: Translation, place: Place, rjobs: list[tuple[int, dict[str, Any]]]
+) -> list[tuple[int, dict[str, Any]]]:
+    """The replicated jobs, each name once: the API server keys the list by name and refuses a
+    second one (a Job of each would have the same name)."""
+    seen: dict[str, int] = {}
+    kept = []
+    for r, rjob in rjobs:
+        name = text(rjob.get("name"), f"job{r}")
+        if name in seen:
+            where, path = place(f"replicatedJobs[{r}].name")
+            first = place(f"replicatedJobs[{seen[name]}]")[1]
+            _add(
+                tr,
+                where,
+                path,
+                f"replicated job {name!r} is given twice (also {first}); "
+                "a JobSet's replicated jobs are keyed by name",
+            )
+            continue
+        seen[name] = r
+        kept.append((r, rjob))
+    return kept
 
 
 def _add(tr: Translation, document: Document, path: str, message: str) -> None:
@@ -195,6 +232,8 @@ def _failure(
 ) -> None:
     """Each task's policy for its Job's failure, as the set's failure policy decides it."""
     policy = source.get("failurePolicy")
+    if isinstance(policy, dict):
+        _check_rules(tr, items(policy.get("rules")), place, tasks_of)
     tasks = {t["name"]: t for t in spec.get("tasks", [])}
     restarts = False
     for rname, names in tasks_of.items():
@@ -218,6 +257,41 @@ def _failure(
             _warn(tr, where, path, "here a restart makes every pod again (Recreate)")
     else:
         spec["maxRetry"] = 1
+
+
+def _check_rules(tr: Translation, rules: list[Any], place: Place, tasks_of: dict[str, list[str]]) -> None:
+    """What JobSet's webhook refuses in the failure policy's rules: a replicated job or a reason
+    that does not exist, a rule name given twice or not of its pattern (an unnamed rule gets one)."""
+    named: dict[str, int] = {}
+    for k, rule in enumerate(rules):
+        rule = mapping(rule)
+        base = f"failurePolicy.rules[{k}]"
+        for t, target in enumerate(items(rule.get("targetReplicatedJobs"))):
+            if isinstance(target, str) and target not in tasks_of:
+                where, path = place(f"{base}.targetReplicatedJobs[{t}]")
+                _add(tr, where, path, f"no replicated job named {target!r}")
+        for i, reason in enumerate(items(rule.get("onJobFailureReasons"))):
+            if isinstance(reason, str) and reason not in FAILURE_REASONS:
+                where, path = place(f"{base}.onJobFailureReasons[{i}]")
+                _add(tr, where, path, f"expected one of {', '.join(FAILURE_REASONS)}, got {reason!r}")
+        name = rule.get("name")
+        if not isinstance(name, str) or not name:
+            continue
+        where, path = place(f"{base}.name")
+        if name in named:
+            first = place(f"failurePolicy.rules[{named[name]}]")[1]
+            _add(tr, where, path, f"rule name {name!r} is given twice (also {first})")
+        elif len(name) > RULE_NAME_LIMIT:
+            _add(tr, where, path, f"a rule name has at most {RULE_NAME_LIMIT} characters, got {len(name)}")
+        elif not RULE_NAME.match(name):
+            _add(
+                tr,
+                where,
+                path,
+                f"{name!r} is not a rule name: a letter, then letters, digits or '_,:', "
+                "ending with a letter, digit or '_'",
+            )
+        named.setdefault(name, k)
 
 
 def _action(tr: Translation, policy: dict[str, Any], place: Place, rname: str) -> str:
@@ -263,6 +337,8 @@ def _success(
         if target not in tasks_of and "targetReplicatedJobs" in policy:
             _add(tr, where, f"{path}.targetReplicatedJobs[{t}]", f"no replicated job named {target!r}")
     chosen = [name for target in targets for name in tasks_of.get(target, [])]
+    if operator not in ("All", "Any") or not chosen:
+        return  # told already (the schema's enum, the unknown targets)
     tasks = {t["name"]: t for t in spec.get("tasks", [])}
     if operator == "All" and set(targets) >= set(tasks_of):
         return  # every Job: Volcano's own rule, every pod succeeded
@@ -293,17 +369,34 @@ def _startup(
     in_order = at(source, "startupPolicy", "startupPolicyOrder") == "InOrder"
     tasks = {t["name"]: t for t in spec.get("tasks", [])}
     names = list(tasks_of)
+    depending = [r for r, rjob in rjobs if rjob.get("dependsOn") is not None]
+    if in_order and depending:  # the CRD's rule
+        where, path = place("startupPolicy.startupPolicyOrder")
+        _add(
+            tr,
+            where,
+            path,
+            f"InOrder and a replicated job's dependsOn cannot be given together "
+            f"({place(f'replicatedJobs[{depending[0]}].dependsOn')[1]})",
+        )
     for position, (r, rjob) in enumerate(rjobs):
         rname = text(rjob.get("name"), f"job{r}")
         needs: list[str] = []
         if in_order and position > 0:
             needs += tasks_of.get(names[position - 1], [])
+        if position == 0 and rjob.get("dependsOn") is not None:
+            where, path = place(f"replicatedJobs[{r}].dependsOn")
+            _add(tr, where, path, "the first replicated job cannot depend on another")
         for d, dep in enumerate(items(rjob.get("dependsOn"))):
             dep = mapping(dep)
             other = text(dep.get("name"))
             where, path = place(f"replicatedJobs[{r}].dependsOn[{d}]")
             if other not in tasks_of:
                 _add(tr, where, f"{path}.name", f"no replicated job named {other!r}")
+                continue
+            if other not in names[: position + 1]:  # JobSet's webhook: one listed before it
+                message = f"replicated job {rname!r} can depend only on the replicated jobs before it, not on {other!r}"
+                _add(tr, where, f"{path}.name", message)
                 continue
             if dep.get("status") == "Complete":
                 _here_error(
