@@ -458,4 +458,22 @@ def test_a_jobset_the_jobset_webhook_refuses_is_refused_at_its_fields() -> None:
     found = problems(_jobset("  successPolicy: {operator: Some}\n"))
     assert found == ["job.yaml:5: spec.successPolicy.operator: expected one of All, Any, got 'Some'"], found
     found = problems(_jobset("  successPolicy: {operator: All, targetReplicatedJobs: [ghost]}\n"))
-    assert found == ["job.yaml:5: spec.successPolicy.targetReplicatedJobs[0]: no replicated job named 'ghost'"]
+    assert found == [
+        "job.yaml:5: spec.successPolicy.targetReplicatedJobs[0]: no replicated job named 'ghost'"
+    ]
+
+
+def test_an_elastic_pytorchjobs_numbers_are_told_at_their_fields_not_as_the_plugins_flags() -> None:
+    text = PYTORCHJOB.replace(
+        '  nprocPerNode: "2"\n',
+        "  elasticPolicy: {minReplicas: 0, maxReplicas: '3', rdzvPort: 70000, maxRestarts: -3}\n",
+    ).replace("containerPort: 29400", "containerPort: 0")
+    found = problems(text)
+    assert found == [
+        "job.yaml:5: spec.elasticPolicy.maxReplicas: expected an integer, got string '3'",
+        "job.yaml:5: spec.elasticPolicy.minReplicas: expected at least 1 node, got 0",
+        "job.yaml:5: spec.elasticPolicy.rdzvPort: expected a port from 1 to 65535, got 70000",
+        "job.yaml:5: spec.elasticPolicy.maxRestarts: expected at least 0, got -3",
+        "job.yaml:22: spec.pytorchReplicaSpecs.worker.template.spec.containers[0].ports[0].containerPort: "
+        "expected an integer >= 1, got 0",
+    ], found

@@ -159,8 +159,8 @@ def _port(tr: Translation, kind: str, replica: tuple[str, dict[str, Any]]) -> in
         if isinstance(container, dict) and container.get("name") == CONTAINER:
             for port in items(container.get("ports")):
                 if isinstance(port, dict) and port.get("name") == PORT_NAME:
-                    number = integer(port.get("containerPort"))
-                    return number if number is not None else DEFAULT_PORT
+                    number = integer(port.get("containerPort"))  # out of range: told by the pod's checks
+                    return number if number is not None and 0 < number < 65536 else DEFAULT_PORT
             return DEFAULT_PORT
     return DEFAULT_PORT
 
@@ -236,7 +236,7 @@ def _flags(
     if worker is None:
         tr.add("spec.elasticPolicy", "an elastic PyTorchJob needs a Worker replica spec")
     workers = integer(worker[1].get("replicas"), 1) if worker else 1
-    low, high = integer(elastic.get("minReplicas")), integer(elastic.get("maxReplicas"))
+    low, high = _least(tr, elastic, "minReplicas", 1), _least(tr, elastic, "maxReplicas", 1)
     low, high = (low if low is not None else high), (high if high is not None else low)
     low = workers if low is None else low
     high = workers if high is None else high
@@ -253,6 +253,9 @@ def _flags(
     flags += ["--elastic", f"--min-replicas={low}", f"--max-replicas={high}"]
     flags.append(f"--rdzv-backend={backend if isinstance(backend, str) else 'c10d'}")
     rdzv_port = integer(elastic.get("rdzvPort"))
+    if rdzv_port is not None and not 0 < rdzv_port < 65536:
+        tr.add("spec.elasticPolicy.rdzvPort", f"expected a port from 1 to 65535, got {rdzv_port}")
+        rdzv_port = None
     flags.append(f"--rdzv-port={rdzv_port if rdzv_port is not None else ports.get('Worker', DEFAULT_PORT)}")
     for key, flag in (("rdzvHost", "rdzv-host"), ("rdzvId", "rdzv-id")):
         if text(elastic.get(key)):
@@ -266,7 +269,7 @@ def _flags(
         flags.append(f"--rdzv-conf={','.join(conf)}")
     if elastic.get("standalone") is True:
         flags.append("--standalone")
-    restarts = integer(elastic.get("maxRestarts"))
+    restarts = _least(tr, elastic, "maxRestarts", 0)
     if restarts is not None:
         flags.append(f"--max-restarts={restarts}")
     if elastic_nproc is not None:
@@ -279,6 +282,16 @@ def _flags(
             "here their number stays as given",
         )
     return flags
+
+
+def _least(tr: Translation, elastic: dict[str, Any], key: str, least: int) -> int | None:
+    """An elastic policy's count, None when unset or below ``least`` (told at its field)."""
+    value = integer(elastic.get(key))
+    if value is not None and value < least:
+        what = " node" if key.endswith("Replicas") else ""
+        tr.add(f"spec.elasticPolicy.{key}", f"expected at least {least}{what}, got {value}")
+        return None
+    return value
 
 
 def _choice(value: str, allowed: tuple[str, ...]) -> str:
