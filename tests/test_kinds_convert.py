@@ -239,3 +239,62 @@ def test_the_worked_migration_in_the_docs_is_what_render_does(
     for field in re.findall(r"the `(\w+)` warning", prose):  # warnings named by their field
         assert f": spec.{field}: warning: " in err, (field, err)
     assert err.count("warning:") == len(quoted) + len(re.findall(r"the `(\w+)` warning", prose)), err
+
+
+LEADER_FAILS = """\
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: llm}
+spec:
+  failurePolicy:
+    maxRestarts: 2
+    rules:
+      - {name: leader_fails, action: FailJobSet, targetReplicatedJobs: [leader]}
+  replicatedJobs:
+    - name: leader
+      template:
+        spec:
+          backoffLimit: 0
+          template:
+            spec:
+              restartPolicy: Never
+              containers:
+                - name: leader
+                  image: "t:1"
+                  env: [{name: MASTER_ADDR, value: llm-leader-0-0.llm}, {name: MASTER_PORT, value: "29500"}]
+                  command: [python, train.py]
+    - name: workers
+      template:
+        spec:
+          completions: 2
+          parallelism: 2
+          backoffLimit: 0
+          template:
+            spec:
+              restartPolicy: Never
+              containers:
+                - name: worker
+                  image: "t:1"
+                  env: [{name: MASTER_ADDR, value: llm-leader-0-0.llm}, {name: MASTER_PORT, value: "29500"}]
+                  command: [python, train.py]
+"""
+
+
+def test_a_failure_that_ends_the_set_is_kept_beside_failures_that_restart_it() -> None:
+    """A JobSet that fails when its leader fails and restarts when a worker does: Volcano keeps both
+    (the leader's task policy beside the job's RestartJob); a target with no task policies says
+    that it drops the leader's rule, at the rule, instead of restarting on it in silence."""
+    (loaded,) = load_jobs_from_text(LEADER_FAILS, "js.yaml")
+    (job,) = [o for o in for_cluster(loaded.job, "volcano", "default").objects if o["kind"] == "Job"]
+    assert job["spec"]["policies"] == [{"event": "PodFailed", "action": "RestartJob"}]
+    leader, workers = job["spec"]["tasks"]
+    assert leader["policies"] == [{"event": "PodFailed", "action": "TerminateJob"}], leader
+    assert "policies" not in workers
+    found = _warnings("js.yaml", "kubeflow", LEADER_FAILS)
+    assert any(
+        w.startswith(
+            "js.yaml:8: spec.failurePolicy.rules[0]: target 'kubeflow' has no task policies; "
+            "TerminateJob on PodFailed is dropped"
+        )
+        for w in found
+    ), found

@@ -233,8 +233,12 @@ def _port(env: dict[str, Any], container: dict[str, Any]) -> int:
 
 
 def _lifecycle(c: Conversion) -> None:
-    """The kind's per-task rules as the job-level rules every target reads."""
+    """The kind's per-task rules as the job-level rules every target reads. Where some tasks' failed
+    pods end the job and others' restart it, the job restarts and the ending tasks keep their own
+    ``PodFailed -> TerminateJob`` (Volcano reads it; the targets without task policies say they
+    drop it)."""
     fails = restarts = codes = False
+    ending: list[dict[str, Any]] = []  # the tasks whose failed pod ends the job
     for position, task in enumerate(c.tasks()):
         kept = []
         for policy in task.get("policies") or []:
@@ -246,6 +250,8 @@ def _lifecycle(c: Conversion) -> None:
                 continue
             elif action == "TerminateJob":
                 fails = True
+                if event == "PodFailed":
+                    ending.append(task)
             elif action == "RestartJob":
                 restarts = True
             if event == "TaskFailed" and task.get("maxRetry"):
@@ -268,6 +274,8 @@ def _lifecycle(c: Conversion) -> None:
         )
     if restarts:
         c.spec["policies"] = [{"event": "PodFailed", "action": "RestartJob"}]
+        for task in ending:
+            task["policies"] = [{"event": "PodFailed", "action": "TerminateJob"}, *task.get("policies", [])]
     elif fails:
         c.spec["policies"] = [{"event": "PodFailed", "action": "TerminateJob"}]
         c.spec["maxRetry"] = 1

@@ -234,13 +234,19 @@ def _failure(
     policy = source.get("failurePolicy")
     if isinstance(policy, dict):
         _check_rules(tr, items(policy.get("rules")), place, tasks_of)
+    positions = {t["name"]: i for i, t in enumerate(spec.get("tasks", []))}
     tasks = {t["name"]: t for t in spec.get("tasks", [])}
     restarts = False
     for rname, names in tasks_of.items():
-        action = _action(tr, mapping(policy), place, rname) if isinstance(policy, dict) else "FailJobSet"
+        action, rule = (
+            _action(tr, mapping(policy), place, rname) if isinstance(policy, dict) else ("FailJobSet", "")
+        )
         for task_name in names:
             task = tasks[task_name]
             event = task.pop("_failure")
+            if isinstance(policy, dict):  # the task's failure rule is the policy's (or that rule)
+                where, path = place(rule or "failurePolicy")
+                tr.route(f"spec.tasks[{positions[task_name]}].policies", path, where, whole=True)
             if action == "FailJobSet":
                 task.setdefault("policies", []).append(fail_on(event))
             else:
@@ -294,8 +300,9 @@ def _check_rules(tr: Translation, rules: list[Any], place: Place, tasks_of: dict
         named.setdefault(name, k)
 
 
-def _action(tr: Translation, policy: dict[str, Any], place: Place, rname: str) -> str:
-    """The failure policy's action for a Job of ``rname`` failed for its backoff limit."""
+def _action(tr: Translation, policy: dict[str, Any], place: Place, rname: str) -> tuple[str, str]:
+    """The failure policy's action for a Job of ``rname`` failed for its backoff limit, and the
+    rule that says it ("" for the policy's default)."""
     for k, rule in enumerate(items(policy.get("rules"))):
         rule = mapping(rule)
         reasons = [text(x) for x in items(rule.get("onJobFailureReasons"))]
@@ -311,8 +318,8 @@ def _action(tr: Translation, policy: dict[str, Any], place: Place, rname: str) -
             _warn(tr, where, path, "here this restart counts towards maxRestarts like any other")
         elif action in ("RestartJob", "RestartJobAndIgnoreMaxRestarts"):
             _warn(tr, where, path, "here the whole set restarts (JobSet's RestartJob is an alpha feature)")
-        return "FailJobSet" if action == "FailJobSet" else "RestartJobSet"
-    return "RestartJobSet"
+        return ("FailJobSet" if action == "FailJobSet" else "RestartJobSet"), f"failurePolicy.rules[{k}]"
+    return "RestartJobSet", ""
 
 
 def _matches(pattern: str, message: str) -> bool:
