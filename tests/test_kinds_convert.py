@@ -298,3 +298,44 @@ def test_a_failure_that_ends_the_set_is_kept_beside_failures_that_restart_it() -
         )
         for w in found
     ), found
+
+
+def test_a_deadline_and_clean_pod_policy_a_target_drops_are_told_at_the_kinds_fields() -> None:
+    """A PyTorchJob's runPolicy and a TrainJob's activeDeadlineSeconds rendered for a target without
+    a place for them: the warning names the kind's field and line (not the SDK's run_policy), and
+    the bare pods of ``pods``, which no controller stops, say so too instead of dropping it."""
+    text = (
+        (KINDS / "pytorchjob.yaml")
+        .read_text()
+        .replace(
+            "spec:\n  pytorchReplicaSpecs",
+            "spec:\n  runPolicy: {activeDeadlineSeconds: 600, cleanPodPolicy: All}\n  pytorchReplicaSpecs",
+        )
+    )
+    line = text.splitlines().index("  runPolicy: {activeDeadlineSeconds: 600, cleanPodPolicy: All}") + 1
+    at = f"ptj.yaml:{line}: spec.runPolicy"
+    found = _warnings("ptj.yaml", "volcano", text)
+    deadline = [w for w in found if "deadline" in w]
+    assert deadline == [
+        f"{at}.activeDeadlineSeconds: Volcano Jobs have no deadline; the deadline of 600 s is dropped"
+    ], found
+    assert any(w.startswith(f"{at}.cleanPodPolicy: Volcano Jobs have no") for w in found), found
+    found = _warnings("ptj.yaml", "pods", text)
+    assert any(
+        w.startswith(
+            f"{at}.activeDeadlineSeconds: target 'pods' creates the pods without a controller: nothing "
+            "ends them at the deadline"
+        )
+        for w in found
+    ), found
+    assert any(w.startswith(f"{at}.cleanPodPolicy: target 'pods'") for w in found), found
+    trainjob = (
+        (KINDS / "trainjob.yaml")
+        .read_text()
+        .replace("spec:\n  runtimeRef", "spec:\n  activeDeadlineSeconds: 60\n  runtimeRef", 1)
+    )
+    assert "activeDeadlineSeconds: 60" in trainjob
+    found = [w for w in _warnings("tj.yaml", "volcano", trainjob) if "deadline" in w]
+    assert (
+        len(found) == 1 and found[0].startswith("tj.yaml:") and ": spec.activeDeadlineSeconds: " in found[0]
+    )

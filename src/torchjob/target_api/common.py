@@ -160,16 +160,35 @@ def restart_rule(job: Job) -> str:
 
 
 def uncontrolled_warnings(job: Job) -> list[tuple[str, str]]:
-    """Restarts that bare pods (``--target pods``) cannot give: no controller acts on a failed pod."""
-    if not restarts_on_failure(job):
-        return []
-    return [
-        (
-            "spec.maxRetry",
-            "target 'pods' creates the pods without a controller: a failed pod fails the job, "
-            f"where the job asks for {restart_rule(job)}; use --target volcano or jobset to keep it",
+    """What bare pods (``--target pods``) cannot give, no controller acting on them: restarts after
+    a failed pod, the run policy's deadline and clean-up of finished pods."""
+    bare = "target 'pods' creates the pods without a controller"
+    warnings = []
+    if restarts_on_failure(job):
+        warnings.append(
+            (
+                "spec.maxRetry",
+                f"{bare}: a failed pod fails the job, where the job asks for {restart_rule(job)}; "
+                "use --target volcano or jobset to keep it",
+            )
         )
-    ]
+    policy = job.run_policy
+    if policy is not None and policy.active_deadline_seconds:
+        warnings.append(
+            (
+                "run_policy.active_deadline_seconds",
+                f"{bare}: nothing ends them at the deadline of {policy.active_deadline_seconds} s; "
+                "use --target jobset, kubeflow or trainjob to keep it",
+            )
+        )
+    if policy is not None and policy.clean_pod_policy not in (None, "None"):
+        warnings.append(
+            (
+                "run_policy.clean_pod_policy",
+                f"{bare}: finished pods stay until they are deleted; {policy.clean_pod_policy!r} is dropped",
+            )
+        )
+    return warnings
 
 
 def policy_warnings(job: Job, target: str, master: Task | None) -> list[tuple[str, str]]:

@@ -1,7 +1,8 @@
 """``volcano``: the defaulted, validated Volcano Job itself; Volcano's plugins do the rest.
 
-Volcano has no field for the SDK's deadline or pod clean-up policy, so those are warned about;
-the SDK already expresses backoff and TTL as ``maxRetry`` and ``ttlSecondsAfterFinished``.
+Volcano has no field for the deadline or pod clean-up policy of an SDK task or a PyTorchJob, so
+those are warned about (at ``run_policy.*``, which a kind's reader routes to its own fields);
+backoff and TTL are already ``maxRetry`` and ``ttlSecondsAfterFinished``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def render(job: Job) -> TargetRender:
         warnings.append(
             (
                 "run_policy.active_deadline_seconds",
-                "Volcano Jobs have no deadline; the SDK's active_deadline_seconds is dropped",
+                f"Volcano Jobs have no deadline; the deadline of {policy.active_deadline_seconds} s is dropped",
             )
         )
     if policy is not None and policy.clean_pod_policy not in (None, "None"):

@@ -188,6 +188,9 @@ def _run_policy(tr: Translation, spec: dict[str, Any], run: dict[str, Any]) -> N
         spec["ttlSecondsAfterFinished"] = ttl
         tr.route("spec.ttlSecondsAfterFinished", "spec.runPolicy.ttlSecondsAfterFinished")
     deadline = integer(run.get("activeDeadlineSeconds"))
+    # What a target says of the run policy (run_policy.*) is said of these fields.
+    tr.route("run_policy.active_deadline_seconds", "spec.runPolicy.activeDeadlineSeconds", whole=True)
+    tr.route("run_policy.clean_pod_policy", "spec.runPolicy.cleanPodPolicy", whole=True)
     tr.run_policy = JobRunPolicy(
         clean_pod_policy=clean if isinstance(clean, str) else None,
         ttl_seconds_after_finished=ttl,

@@ -108,6 +108,9 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
         flags.append(f"--inject={','.join(inject)}")
     spec["plugins"] = {"trainer": flags, **spec.get("plugins", {})}
     tr.run_policy = JobRunPolicy(active_deadline_seconds=integer(source.get("activeDeadlineSeconds")))
+    tr.route(
+        "run_policy.active_deadline_seconds", "spec.activeDeadlineSeconds", whole=True
+    )  # a target's word
     for key, words in (
         ("suspend", "Trainer makes no pod of a suspended TrainJob until it is resumed; here it runs"),
         (
