@@ -477,3 +477,18 @@ def test_an_elastic_pytorchjobs_numbers_are_told_at_their_fields_not_as_the_plug
         "job.yaml:22: spec.pytorchReplicaSpecs.worker.template.spec.containers[0].ports[0].containerPort: "
         "expected an integer >= 1, got 0",
     ], found
+
+
+def test_a_dry_run_tells_what_cannot_run_here_at_the_kinds_fields(tmp_path: Path) -> None:
+    text = PYTORCHJOB.replace(
+        "command: [torchrun, train.py]\n              ports",
+        "command: [torchrun, train.py]\n              envFrom: [{configMapRef: {name: cfg}}]\n              ports",
+    )
+    (tmp_path / "ptj.yaml").write_text(text)
+    done = _cli(tmp_path, "run", "--dry-run", "ptj.yaml")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "cannot run here: spec.pytorchReplicaSpecs.worker.template.spec.containers[0].envFrom[0]: "
+        "ConfigMap 'cfg' does not exist locally" in done.stdout
+    ), done.stdout
+    assert "spec.tasks" not in done.stdout

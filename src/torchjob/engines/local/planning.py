@@ -77,8 +77,10 @@ def plan_text(job: Job, plan: LocalPlan) -> str:
         ports = ", ".join(map(str, declared))
         lines.append(f"ports to reserve: {ports} (each mapped to a free host port when the job starts)")
     lines.append("addresses: each pod its own loopback address (pod names, where they resolve, name them)")
+    told = job.kind.document if job.kind is not None else None  # a kind's job: at the kind's paths
     for problem in plan.problems:
-        lines.append(f"cannot run here: {problem.path}: {problem.message}")
+        path = told.problem(problem.path, problem.message).path if told is not None else problem.path
+        lines.append(f"cannot run here: {path}: {problem.message}")
     for pod in plan.state.pods if plan.state is not None else []:
         spec = pod.manifest["spec"]
         env = {e.get("name"): e.get("value") for c in spec["containers"] for e in c.get("env") or []}
