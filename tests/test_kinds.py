@@ -492,3 +492,28 @@ def test_a_dry_run_tells_what_cannot_run_here_at_the_kinds_fields(tmp_path: Path
         "ConfigMap 'cfg' does not exist locally" in done.stdout
     ), done.stdout
     assert "spec.tasks" not in done.stdout
+
+
+def test_too_many_pods_are_told_at_the_kinds_replica_counts() -> None:
+    """More pods than a cluster holds, or a count past int32, is told at the kind's replica fields:
+    never at the Volcano Job's spec.tasks or spec.minAvailable, which the user did not write."""
+    found = problems(PYTORCHJOB.replace("replicas: 2\n", "replicas: 3000000000\n"))
+    assert found == [
+        "job.yaml:15: spec.pytorchReplicaSpecs.worker.replicas: expected a int32 integer, got 3000000000"
+    ], found
+    found = problems(PYTORCHJOB.replace("replicas: 2\n", "replicas: 200000\n"))
+    assert found == [
+        "job.yaml:7: spec.pytorchReplicaSpecs: the tasks have 200001 replicas in all; expected at most "
+        "150000, the most pods one Kubernetes cluster is built for",
+    ], found
+    jobset = _jobset("").replace(
+        "- name: b\n      template: {spec: {",
+        "- name: b\n      replicas: 100000\n      template: {spec: {parallelism: 100000, completions: 100000, ",
+    )
+    found = problems(jobset)
+    assert sorted(found) == [
+        "job.yaml:5: spec.replicatedJobs: the tasks have 10000000001 replicas in all; expected at most 150000, "
+        "the most pods one Kubernetes cluster is built for",
+        "job.yaml:9: spec.replicatedJobs[1].replicas: replicas times parallelism is 10000000000; JobSet "
+        "takes at most 2147483647",
+    ], found

@@ -90,7 +90,11 @@ def translate_set(tr: Translation, spec: dict[str, Any], source: dict[str, Any],
     _success(tr, spec, source, place, tasks_of)
     _startup(tr, spec, source, place, rjobs, tasks_of)
     total = sum(t["replicas"] for t in spec.get("tasks", []))
-    spec["minAvailable"] = total
+    spec["minAvailable"] = min(total, INT32_MAX)  # past it: a replicated job's count is told
+    where, path = place("replicatedJobs")
+    if where is tr.source:  # a TrainJob tells its pods in all at its own fields
+        tr.route("spec.tasks", path, whole=True)
+        tr.route("spec.minAvailable", path, whole=True)
     ttl = integer(source.get("ttlSecondsAfterFinished"))
     if ttl is not None:
         spec["ttlSecondsAfterFinished"] = ttl
@@ -189,6 +193,11 @@ def _rjob_tasks(
         if job_spec.get(key) is not None:
             where, path = place(f"{base}.template.spec.{key}")
             _warn(tr, where, path, words)
+    count = integer(rjob.get("replicas"), 1) or 0
+    if count * (parallelism if parallelism is not None else 1) > INT32_MAX:  # JobSet's webhook
+        where, path = place(f"{base}.replicas")
+        product = count * (parallelism if parallelism is not None else 1)
+        _add(tr, where, path, f"replicas times parallelism is {product}; JobSet takes at most {INT32_MAX}")
     limit = integer(job_spec.get("backoffLimit"), DEFAULT_BACKOFF_LIMIT)
     template = copy(mapping(job_spec.get("template")))
     pod = template.get("spec")
@@ -208,7 +217,7 @@ def _rjob_tasks(
     spots[".replicas"] = place(f"{base}.template.spec.completions")
     spots[".maxRetry"] = place(f"{base}.template.spec.backoffLimit")
     names = []
-    for j in range(integer(rjob.get("replicas"), 1) or 0):
+    for j in range(count):
         index = len(spec.setdefault("tasks", []))
         task: dict[str, Any] = {"name": f"{rname}-{j}", "replicas": pods, "template": copy(template)}
         spec["tasks"].append(task)

@@ -94,8 +94,9 @@ def read(tr: Translation, runtimes: Any = None) -> None:
             f"{limit}; here each replica type ({', '.join(counting)}) counts its own",
         )
     total = sum(t["replicas"] for t in spec.get("tasks", []))
-    spec["minAvailable"] = total
+    spec["minAvailable"] = min(total, INT32_MAX)  # past it: the replicas' own count is told
     tr.route("spec.minAvailable", "spec.pytorchReplicaSpecs", whole=True)
+    tr.route("spec.tasks", "spec.pytorchReplicaSpecs", whole=True)  # the pods in all
     # A retried ExitCode pod is a RestartPod, which Volcano counts against maxRetry: no limit here.
     spec["maxRetry"] = INT32_MAX if any(_policy(r) == "ExitCode" for _, r in replicas.values()) else 1
     tr.route("spec.maxRetry", "spec.pytorchReplicaSpecs", whole=True)  # from the replicas' restartPolicy
