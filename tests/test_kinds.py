@@ -417,8 +417,8 @@ def test_a_jobset_the_jobset_webhook_refuses_is_refused_at_its_fields() -> None:
     twice = _jobset("").replace("- name: b", "- name: a")
     found = problems(twice)
     assert found == [
-        "job.yaml:8: spec.replicatedJobs[1].name: replicated job 'a' is given twice (also "
-        "spec.replicatedJobs[0]); a JobSet's replicated jobs are keyed by name"
+        "job.yaml:8: spec.replicatedJobs[1].name: name 'a' is given twice (also spec.replicatedJobs[0]); "
+        "the list is keyed by it"
     ], found
     found = problems(
         _jobset("  startupPolicy: {startupPolicyOrder: InOrder}\n").replace(
@@ -517,3 +517,36 @@ def test_too_many_pods_are_told_at_the_kinds_replica_counts() -> None:
         "job.yaml:9: spec.replicatedJobs[1].replicas: replicas times parallelism is 10000000000; JobSet "
         "takes at most 2147483647",
     ], found
+
+
+def test_the_kinds_list_keys_and_bounds_from_their_crds_are_checked() -> None:
+    """A list the CRD keys by a field holds each key once (the API server keeps one entry per key:
+    a second env var of a name, a second patch of a manager would be lost or refused); lengths
+    and bounds are the CRD's."""
+    patch = "{manager: example.com/a, trainingRuntimeSpec: {}}"
+    text = f"""\
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {{name: tj}}
+spec:
+  runtimeRef: {{name: torch-distributed}}
+  activeDeadlineSeconds: 0
+  trainer:
+    command: ["true"]
+    env: [{{name: A, value: "1"}}, {{name: A, value: "2"}}]
+  runtimePatches: [{patch}, {patch}, {{manager: "", trainingRuntimeSpec: {{}}}}]
+"""
+    found = problems(text)
+    assert found == [
+        "job.yaml:6: spec.activeDeadlineSeconds: expected an integer >= 1, got 0",
+        "job.yaml:9: spec.trainer.env[1].name: name 'A' is given twice (also spec.trainer.env[0]); the list "
+        "is keyed by it",
+        "job.yaml:10: spec.runtimePatches[2].manager: expected at least 1 character(s), got ''",
+        "job.yaml:10: spec.runtimePatches[1].manager: manager 'example.com/a' is given twice (also "
+        "spec.runtimePatches[0]); the list is keyed by it",
+    ], found
+    many = text.replace(
+        f'[{patch}, {patch}, {{manager: "", trainingRuntimeSpec: {{}}}}]',
+        "[" + ", ".join(f"{{manager: example.com/m{i}, trainingRuntimeSpec: {{}}}}" for i in range(17)) + "]",
+    )
+    assert "job.yaml:10: spec.runtimePatches: expected at most 16 entries, got 17" in problems(many)

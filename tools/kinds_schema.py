@@ -3,7 +3,7 @@
 torchjob reads Kubeflow's PyTorchJob, Kubeflow Trainer's TrainJob and its runtimes, and JobSet
 (spec/kinds/). Each document is checked against the ``openAPIV3Schema`` of its kind's CRD, kept
 the way tools/podtemplate_schema.py keeps the Volcano Job's pod template: only what the checker
-(torchjob.spec.podschema) understands, repeated subschemas folded into named definitions. The pod
+(torchjob.spec.podschema) understands (and the kinds' own list keys and bounds), repeated subschemas folded into named definitions. The pod
 templates inside each kind are left out (``x-torchjob-podtemplate``): a kind's pod templates become
 the tasks' templates of the job torchjob runs and are checked there, against the same pod schema as
 a Volcano Job's, with their paths given back in the kind's own terms. ``status`` is not checked.
@@ -25,12 +25,15 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from podtemplate_schema import fold, strip
+from podtemplate_schema import KEPT, fold, strip
 
 REPO = Path(__file__).resolve().parent.parent
 OUTPUT = REPO / "src" / "torchjob" / "spec" / "schemas" / "kinds.json"
 DEFAULT_CRDS = REPO.parent / "shared" / "crds"
 TEMPLATE = {"x-torchjob-podtemplate": True}
+# Beyond the pod template's keywords, the kinds' own limits: lists keyed by a field (one entry per
+# key), list and text lengths, number bounds; the API server refuses a document past them.
+KINDS_KEPT = KEPT | {"x-kubernetes-list-map-keys", "maxItems", "minLength", "maxLength", "minimum", "maximum"}
 
 # kind -> (CRD file, the path of each pod template inside its schema; "[]" an array's items,
 # "{}" a map's values)
@@ -77,7 +80,7 @@ def build(crds: Path) -> dict[str, Any]:
         api_version, schema = root_schema(crd)
         schema = dict(schema)
         schema["properties"] = {k: v for k, v in schema["properties"].items() if k != "status"}
-        stripped = strip(schema)
+        stripped = strip(schema, KINDS_KEPT)
         cut_templates(stripped, templates)
         stripped["properties"]["status"] = {}  # as kubectl prints it; not checked
         kinds[kind] = stripped

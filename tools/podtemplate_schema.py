@@ -54,15 +54,15 @@ def template_schema(crd: dict[str, Any]) -> dict[str, Any]:
     return schema  # type: ignore[no-any-return]
 
 
-def strip(schema: dict[str, Any]) -> dict[str, Any]:
+def strip(schema: dict[str, Any], kept: frozenset[str] | set[str] = KEPT) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in schema.items():
-        if key not in KEPT:
+        if key not in kept:
             continue
         if key == "properties":
-            value = {name: strip(sub) for name, sub in sorted(value.items())}
+            value = {name: strip(sub, kept) for name, sub in sorted(value.items())}
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
-            value = strip(value)
+            value = strip(value, kept)
         out[key] = value
     return out
 

@@ -143,6 +143,7 @@ class _Checker:
             if isinstance(items, dict):
                 for i, item in enumerate(value):
                     self.check(item, items, child(path, i))
+            self.list_limits(value, schema, path)
         elif kind == "string":
             if not isinstance(value, str):
                 quote = " (quote it)" if isinstance(value, int | float | bool) else ""
@@ -153,19 +154,48 @@ class _Checker:
                 self.add(path, f"expected one of {', '.join(schema['enum'])}, got {value!r}{hint}")
             elif "pattern" in schema and not _pattern(schema["pattern"]).search(value):
                 self.add(path, f"{value!r} does not match the pattern {schema['pattern']}")
+            elif len(value) > schema.get("maxLength", len(value)):
+                self.add(path, f"expected at most {schema['maxLength']} characters, got {len(value)}")
+            elif len(value) < schema.get("minLength", 0):
+                self.add(path, f"expected at least {schema['minLength']} character(s), got {value!r}")
         elif kind == "integer":
             if isinstance(value, bool) or not isinstance(value, int):
                 self.add(path, f"expected an integer, got {_shown(value)}")
-            elif schema.get("format") in _RANGES:
+                return
+            if schema.get("format") in _RANGES:
                 low, high = _RANGES[schema["format"]]
                 if not low <= value <= high:
                     shown = value if value.bit_length() <= 128 else _shown(value)
                     self.add(path, f"expected a {schema['format']} integer, got {shown}")
+                    return
+            if value < schema.get("minimum", value):
+                self.add(path, f"expected an integer >= {schema['minimum']}, got {value}")
+            elif value > schema.get("maximum", value):
+                self.add(path, f"expected an integer <= {schema['maximum']}, got {value}")
         elif kind == "number":
             if isinstance(value, bool) or not isinstance(value, int | float):
                 self.add(path, f"expected a number, got {_shown(value)}")
         elif kind == "boolean" and not isinstance(value, bool):
             self.add(path, f"expected true or false, got {_shown(value)}")
+
+    def list_limits(self, value: list[Any], schema: Schema, path: str) -> None:
+        """A kind's list: at most ``maxItems`` entries; a list keyed by fields (a list-map) holds
+        each key once, as the API server keeps one entry per key."""
+        limit = schema.get("maxItems")
+        if isinstance(limit, int) and len(value) > limit:
+            self.add(path, f"expected at most {limit} entries, got {len(value)}")
+        keys = schema.get("x-kubernetes-list-map-keys") or []
+        seen: dict[tuple[Any, ...], int] = {}
+        for i, item in enumerate(value):
+            key = tuple(item.get(k) for k in keys) if isinstance(item, dict) and keys else None
+            if key is None or not all(isinstance(k, str | int) for k in key):
+                continue  # the item's own check tells what is wrong with it
+            if key not in seen:
+                seen[key] = i
+                continue
+            what = " and ".join(f"{k} {v!r}" for k, v in zip(keys, key, strict=True))
+            where = child(child(path, i), keys[0]) if len(keys) == 1 else child(path, i)
+            self.add(where, f"{what} is given twice (also {child(path, seen[key])}); the list is keyed by it")
 
     def mapping(self, value: Any, schema: Schema, path: str) -> None:
         if not isinstance(value, dict):

@@ -78,9 +78,7 @@ def translate_set(tr: Translation, spec: dict[str, Any], source: dict[str, Any],
     network = mapping(source.get("network"))
     subdomain = text(network.get("subdomain")) or name
     hostnames = network.get("enableDNSHostnames") is not False
-    rjobs = _unique(
-        tr, place, [(r, mapping(rjob)) for r, rjob in enumerate(items(source.get("replicatedJobs")))]
-    )
+    rjobs = _unique([(r, mapping(rjob)) for r, rjob in enumerate(items(source.get("replicatedJobs")))])
     tasks_of: dict[str, list[str]] = {}
     for r, rjob in rjobs:
         tasks_of[text(rjob.get("name"), f"job{r}")] = _rjob_tasks(
@@ -121,28 +119,16 @@ def translate_set(tr: Translation, spec: dict[str, Any], source: dict[str, Any],
     return [t for names in tasks_of.values() for t in names]
 
 
-def _unique(
-    tr: Translation, place: Place, rjobs: list[tuple[int, dict[str, Any]]]
-) -> list[tuple[int, dict[str, Any]]]:
-    """The replicated jobs, each name once: the API server keys the list by name and refuses a
-    second one (a Job of each would have the same name)."""
-    seen: dict[str, int] = {}
+def _unique(rjobs: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[str, Any]]]:
+    """The replicated jobs, each name once: the list is keyed by name (its schema tells a second
+    one), so only the first of a name makes tasks."""
+    seen: set[str] = set()
     kept = []
     for r, rjob in rjobs:
         name = text(rjob.get("name"), f"job{r}")
-        if name in seen:
-            where, path = place(f"replicatedJobs[{r}].name")
-            first = place(f"replicatedJobs[{seen[name]}]")[1]
-            _add(
-                tr,
-                where,
-                path,
-                f"replicated job {name!r} is given twice (also {first}); "
-                "a JobSet's replicated jobs are keyed by name",
-            )
-            continue
-        seen[name] = r
-        kept.append((r, rjob))
+        if name not in seen:
+            seen.add(name)
+            kept.append((r, rjob))
     return kept
 
 
