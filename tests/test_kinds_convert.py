@@ -339,3 +339,35 @@ def test_a_deadline_and_clean_pod_policy_a_target_drops_are_told_at_the_kinds_fi
     assert (
         len(found) == 1 and found[0].startswith("tj.yaml:") and ": spec.activeDeadlineSeconds: " in found[0]
     )
+
+
+def test_what_render_prints_is_read_back_as_the_docs_migration_runs_it(tmp_path: Path) -> None:
+    """docs/kinds.md: `render --target trainjob > trainjob.yaml`, then `torchjob run trainjob.yaml`.
+    render prints a `kind: List`, as kubectl does; its items are the jobs read, and a mistake in
+    one is told at its path in the List (items[0]...) and its line."""
+    from torchjob.cli import main
+
+    rendered = for_cluster(_job("pytorchjob.yaml"), "trainjob", "default").objects
+    listed = _text(rendered)
+    assert listed.startswith("apiVersion: v1\nkind: List\n")
+    (loaded,) = load_jobs_from_text(listed, "trainjob.yaml")
+    assert loaded.job.kind is not None and loaded.job.kind.kind == "TrainJob"
+    assert loaded.job.total_replicas == 3
+    (tmp_path / "trainjob.yaml").write_text(listed)
+    assert main(["run", "--dry-run", str(tmp_path / "trainjob.yaml")]) == 0
+    two = _text(for_cluster(_job("jobset.yaml"), "volcano", "default").objects + rendered)
+    assert [item.job.name for item in load_jobs_from_text(two)] == ["jobset-sendrecv", "pytorchjob-sendrecv"]
+    broken = listed.replace("numNodes: 3", "numNodes: three")
+    line = broken.splitlines().index("      numNodes: three") + 1
+    with pytest.raises(SpecError) as err:
+        load_jobs_from_text(broken, "trainjob.yaml")
+    assert [p.format() for p in err.value.problems] == [
+        f"trainjob.yaml:{line}: items[0].spec.trainer.numNodes: expected an integer, got string 'three'"
+    ]
+    pods = _text(for_cluster(_job("jobset.yaml"), "pods", "default").objects)
+    with pytest.raises(SpecError) as err:
+        load_jobs_from_text(pods, "pods.yaml")
+    assert (
+        err.value.problems[0].path == "items[0].kind"
+        and "not a job torchjob reads" in err.value.problems[0].message
+    )

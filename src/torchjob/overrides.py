@@ -189,6 +189,7 @@ def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
         index=before.index,
         total=before.total,
         origin=before.origin,  # a PyTorchJob's, TrainJob's or JobSet's: told in its terms
+        prefix=before.prefix,  # an item of a List
     )
     job, problems = check_document(document)
     if job is None:

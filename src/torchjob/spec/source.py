@@ -88,6 +88,9 @@ class Document:
     # told in the original document's terms (``origin.problem(path, message)``), and the job
     # checked from it gets what the kind says beyond a Volcano Job (``origin.finish(job, data)``).
     origin: Any = None
+    # Where the object is in its YAML document: ``items[2]`` of a ``kind: List`` (``render`` prints
+    # one, as kubectl does); its problems are told at that path (``lines`` holds the whole document's).
+    prefix: str = ""
 
     def line_of(self, path: str) -> int | None:
         """The line of ``path``, or of its nearest parent that has one."""
@@ -104,6 +107,8 @@ class Document:
             return found
         if self.total > 1:
             message = f"{message} (in document {self.index + 1})"
+        if self.prefix:
+            path = f"{self.prefix}.{path}" if path else self.prefix
         return Problem(path=path, message=message, file=self.file, line=self.line_of(path))
 
 
@@ -310,7 +315,7 @@ def _parse(text: str, file: str, loader: Any, in_bytes: bool) -> list[Document]:
             current = index + 2
             document = Document(data=data, file=file, lines=builder.lines, index=index)
             document.problems = builder.duplicates
-            documents.append(document)
+            documents += _listed(document)
     except yaml.MarkedYAMLError as err:
         if loader is not yaml.SafeLoader and "Unicode character escape" in str(err.problem):
             raise _SurrogateEscape from None
@@ -343,10 +348,31 @@ def _parse(text: str, file: str, loader: Any, in_bytes: bool) -> list[Document]:
         raise SpecError([Problem("", "document is nested too deeply", file)]) from None
     if builder.problems:  # the documents cannot be read on: with the duplicates found so far
         raise SpecError(sorted(builder.problems + [p for d in documents for p in d.problems], key=_order))
-    if len(documents) > 1:
+    total = len({document.index for document in documents})
+    if total > 1:
         for document in documents:
-            document.total = len(documents)
+            document.total = total
     return documents
+
+
+def _listed(document: Document) -> list[Document]:
+    """A ``v1`` ``List`` (as ``kubectl get -o yaml`` and ``torchjob render`` print) as its items,
+    each a document of its own; any other document as itself."""
+    data = document.data
+    if not (
+        isinstance(data, dict)
+        and data.get("apiVersion") == "v1"
+        and data.get("kind") == "List"
+        and isinstance(data.get("items"), list)
+    ):
+        return [document]
+    items = []
+    for i, item in enumerate(data["items"]):
+        listed = Document(data=item, file=document.file, lines=document.lines, index=document.index)
+        listed.prefix = f"items[{i}]"
+        listed.problems = [p for p in document.problems if p.path.startswith(f"{listed.prefix}.")]
+        items.append(listed)
+    return items
 
 
 def load_documents(file: str) -> list[Document]:
