@@ -237,7 +237,7 @@ class JobDir:
 
     def write_shims(self, python: str, extra: dict[str, str] | None = None) -> None:
         """``python`` and ``python3`` on PATH run torchjob's interpreter, also inside shell scripts;
-        ``extra``: more scripts by name (the rank guard of engine_api/pyrun.guard_shim)."""
+        ``extra``: more scripts by name (the rank guard of pyrunner/pyrun.guard_shim)."""
         make_private_dirs(self.bin)
         scripts = {name: f'#!/bin/sh\nexec "{python}" "$@"\n' for name in ("python", "python3")}
         for name, text in {**scripts, **(extra or {})}.items():
