@@ -14,8 +14,9 @@ import threading
 import time
 
 from torchjob.controller.kubelet import Pod
-from torchjob.engines.local import process, procfs, proctree, runner
+from torchjob.engines.local import process, proctree, runner
 from torchjob.engines.local.watchdog import Watchdog
+from torchjob.host import procfs
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import contextlib
 import os
 from collections.abc import Callable, Collection, Mapping
 
-from torchjob.engines.local import procfs
+from torchjob.host import procfs
 from torchjob.records import record
 
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's "st" column

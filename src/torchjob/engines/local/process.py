@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from torchjob.engines.local import procfs
 from torchjob.engines.local.libc import LIBC
+from torchjob.host import procfs
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: 5 ms that would delay the job's first process

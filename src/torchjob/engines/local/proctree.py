@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from torchjob.engines.local import procfs
 from torchjob.engines.local.process import LINUX, MARKER, environ_of
+from torchjob.host import procfs
 
 
 def children_map() -> dict[int, list[int]]:

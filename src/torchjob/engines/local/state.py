@@ -26,8 +26,8 @@ import os
 import sys
 from pathlib import Path
 
-from torchjob.engines.local import procfs
 from torchjob.files import write_atomic
+from torchjob.host import procfs
 from torchjob.phases import UNKNOWN
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING

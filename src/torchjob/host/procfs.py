@@ -1,5 +1,5 @@
 """Reading Linux's /proc directly: cheaper than psutil, which costs 10 ms to import, for the few
-facts the engine needs about a process on the way to starting or stopping a job."""
+facts the engines need about a process on the way to starting or stopping a job."""
 
 from __future__ import annotations
 
