@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from torchjob.host import tcp
+from torchjob.host import procfs, tcp
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc")
 
@@ -48,3 +50,41 @@ def test_only_listening_rows_of_the_tables_given_count() -> None:
 def test_the_ephemeral_range_begins_where_the_kernel_says() -> None:
     first = int(Path(tcp.PORT_RANGE).read_text().split()[0])
     assert tcp.ephemeral_low() == first
+
+
+def test_a_process_is_read_from_proc_as_ps_would_show_it(tmp_path: Path) -> None:
+    """A child's parent, start, environment and command line; as a zombie, its state and no
+    command; this process's owner; a file kept open read anew."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TJ_HOST": "yes"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)", "a \t b", "x" * 99], env=env
+    )
+    try:
+        assert child.pid in procfs.pids()
+        assert procfs.ppid(child.pid) == os.getpid()
+        assert procfs.stat_fields(child.pid)[1] == str(os.getpid()).encode()
+        assert procfs.start_ticks(os.getpid()) <= procfs.start_ticks(child.pid) <= procfs.ticks_now()
+        assert b"\0TJ_HOST=yes\0" in procfs.environ(child.pid)
+        words = f"{sys.executable} -c import time; time.sleep(30) a b {'x' * 99}"  # white space folded
+        assert procfs.command(child.pid) == words[:77] + "..."  # at most 80 characters
+    finally:
+        child.kill()
+    deadline = time.monotonic() + 10
+    while procfs.stat_fields(child.pid)[0] != b"Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert procfs.stat_fields(child.pid)[0] == b"Z"  # killed, not yet waited for
+    assert procfs.command(child.pid) == ""
+    child.wait(10)
+    assert procfs.environ(child.pid) == b""  # gone
+    with pytest.raises(OSError):
+        procfs.command(child.pid)
+    assert procfs.uid(os.getpid()) == os.geteuid()
+    kept = tmp_path / "kept"
+    kept.write_bytes(b"first")
+    fd = os.open(kept, os.O_RDONLY)
+    try:
+        assert procfs.reread(fd) == b"first"
+        kept.write_bytes(b"second, longer")
+        assert procfs.reread(fd) == b"second, longer"
+    finally:
+        os.close(fd)

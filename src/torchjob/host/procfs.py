@@ -12,12 +12,53 @@ def read(path: str) -> bytes:
     builds a buffered file object, and the scans of the process table read one per process."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return _rest(fd)
     finally:
         os.close(fd)
+
+
+def reread(fd: int) -> bytes:
+    """The whole of a /proc file kept open (``fd``), read anew: the kernel makes it again from its
+    start (a network namespace's TCP table, opened while this process could still reach it)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    return _rest(fd)
+
+
+def _rest(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def pids() -> list[int]:
+    """The processes /proc shows now (those of other users too, unless it hides them). Raises
+    OSError where there is no /proc."""
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def uid(pid: int) -> int:
+    """Whose process ``pid`` is: the owner of its /proc directory (its effective uid; root for a
+    process that is not dumpable). Raises OSError."""
+    return os.stat(f"/proc/{pid}").st_uid
+
+
+def environ(pid: int) -> bytes:
+    """The environment ``pid`` was started with, as NUL-separated entries each after a NUL (so
+    ``b"\\0NAME=value\\0"`` finds a whole entry); empty when it cannot be read (gone, another
+    user's)."""
+    try:
+        return b"\0" + read(f"/proc/{pid}/environ")
+    except OSError:
+        return b""
+
+
+def command(pid: int) -> str:
+    """The command line of ``pid`` on one line for a person: its words joined by a space, white
+    space folded, cut to 80 characters. Empty for a zombie or a kernel thread; raises OSError."""
+    argv = read(f"/proc/{pid}/cmdline").split(b"\0")
+    text = " ".join(" ".join(arg.decode(errors="replace").split()) for arg in argv if arg)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _stat(pid: int) -> bytes:
@@ -58,3 +99,9 @@ def boot_time() -> float:
             if line.startswith(b"btime "):
                 return float(line.split()[1])
     raise ValueError("no btime in /proc/stat")
+
+
+def ticks_now() -> int:
+    """Now, in the clock ticks since boot that a process's start time is given in (field [19] of
+    :func:`stat_fields`). Raises OSError or ValueError."""
+    return int(float(read("/proc/uptime").split()[0]) * os.sysconf("SC_CLK_TCK"))

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from torchjob.host import procfs
 from torchjob.logs import get_logger
 
 logger = get_logger()
@@ -39,18 +40,17 @@ def _carrying(marker: bytes, spared: set[int]) -> list[int]:
     """This user's processes whose environment holds ``marker`` (a whole ``NAME=value`` entry)."""
     uid = os.getuid()
     found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in spared:
+    for pid in procfs.pids():
+        if pid in spared:
             continue
         try:
-            if os.stat(f"/proc/{name}").st_uid != uid:
+            if procfs.uid(pid) != uid:
                 continue
-            with open(f"/proc/{name}/environ", "rb") as handle:
-                environ = handle.read()
-        except OSError:  # gone meanwhile, or not ours to read
+        except OSError:  # gone meanwhile
             continue
-        if (b"\0" + environ).find(b"\0" + marker + b"\0") >= 0 or environ.endswith(b"\0" + marker):
-            found.append(int(name))
+        environ = procfs.environ(pid)  # empty when gone meanwhile, or not ours to read
+        if b"\0" + marker + b"\0" in environ or environ.endswith(b"\0" + marker):
+            found.append(pid)
     return found
 
 
@@ -72,9 +72,8 @@ def alive(pids: list[int]) -> list[int]:
     alive = []
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
+            state = procfs.stat_fields(pid)[0]
+        except (OSError, ValueError, IndexError):
             continue
         if state not in (b"Z", b"X"):
             alive.append(pid)
@@ -121,15 +120,12 @@ def terminate(pids: list[int], grace: float = GRACE, more: Callable[[], list[int
 def _descendants() -> dict[int, tuple[int, int]]:
     """This process's descendants now: pid -> (start time in clock ticks, parent pid)."""
     parents: dict[int, list[tuple[int, int]]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+    for pid in procfs.pids():
         try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
+            fields = procfs.stat_fields(pid)
+        except (OSError, ValueError):
             continue
-        parents.setdefault(int(fields[1]), []).append((int(name), int(fields[19])))
+        parents.setdefault(int(fields[1]), []).append((pid, int(fields[19])))
     found: dict[int, tuple[int, int]] = {}
     todo = [os.getpid()]
     while todo:
@@ -152,8 +148,7 @@ def _worker_branch(pid: int, tree: dict[int, tuple[int, int]], server: set[int])
             return True
         if parent == me:
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as handle:
-                    return b"spawn_main" in handle.read()
+                return b"spawn_main" in procfs.read(f"/proc/{pid}/cmdline")
             except OSError:
                 return False
         pid = parent

@@ -21,8 +21,7 @@ def owner(inode: int, first: Collection[int] = ()) -> int | None:
     """The pid of a process holding socket ``inode`` open, if one this process may look into does;
     the pids ``first`` (the job's own) are looked at before the whole process table."""
     link = f"socket:[{inode}]"
-    rest = (int(name) for name in os.listdir("/proc") if name.isdigit())
-    for pid in (*first, *rest):
+    for pid in (*first, *procfs.pids()):
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
@@ -46,11 +45,9 @@ def _marked(pid: int, job_id: str) -> bool:
 
 def _command(pid: int) -> str:
     try:
-        argv = procfs.read(f"/proc/{pid}/cmdline").split(b"\0")
+        return procfs.command(pid)
     except OSError:
         return "?"
-    text = " ".join(" ".join(a.decode(errors="replace").split()) for a in argv if a)  # one line
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class PortWatch:

@@ -270,7 +270,7 @@ def _holds(pid: int, path: Path) -> bool:
         return True
     try:
         wanted = os.stat(path)
-        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+        if procfs.uid(pid) != os.getuid():
             return False
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
