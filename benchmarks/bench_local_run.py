@@ -49,6 +49,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from background_load import busy_loops
+
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "examples" / "programs" / "allreduce.py"
 BIN = Path(sys.executable).parent
@@ -536,7 +538,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--latency-reps", type=int, default=5, help="repetitions of the part 2 measurements")
     parser.add_argument("--json", type=Path, help="also write every run as JSON here")
+    parser.add_argument(
+        "--load", type=int, default=0, metavar="N", help="N busy loops beside it, each in its own session"
+    )
     args = parser.parse_args(argv)
+    with busy_loops(args.load):
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     if shutil.which("sh") is None:
         print("bench_local_run: needs sh", file=sys.stderr)
         return 2

@@ -116,6 +116,7 @@ class Supervisor:
             attached=console is not None,
         )
         self.processes = JobProcesses(self.id, self.ctl.pods, self.ctl.latest)
+        self.processes.helpers = self._helpers
         self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
         self.signals = Signals(self.waiter)
         self.status_file = StatusFile(job, job_dir, self.ctl, self.factory, self.notes)
@@ -147,6 +148,10 @@ class Supervisor:
     def interrupted(self) -> int | None:
         """The signal that stopped the job, if one did."""
         return self.signals.interrupted
+
+    def _helpers(self) -> list[int]:
+        preloader = self.factory.preloader  # read each time: the warm pool may hand over its own
+        return preloader.server_pids() if preloader is not None else []
 
     def ordinal(self, pod: Pod) -> int:
         """The pod's place in the job (its colour on the console)."""
