@@ -536,7 +536,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--latency-reps", type=int, default=5, help="repetitions of the part 2 measurements")
     parser.add_argument("--json", type=Path, help="also write every run as JSON here")
+    parser.add_argument(
+        "--load", type=int, default=0, metavar="N", help="N busy loops beside it, each in its own session"
+    )
     args = parser.parse_args(argv)
+    if not args.load:
+        return _main(args)
+    from background_load import busy_loops  # beside this script (its folder is sys.path[0])
+
+    with busy_loops(args.load):
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     if shutil.which("sh") is None:
         print("bench_local_run: needs sh", file=sys.stderr)
         return 2

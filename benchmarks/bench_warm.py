@@ -37,6 +37,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from background_load import busy_loops
+
 FIRST_GOAL = 1.5  # seconds, the first call of a process (2 ranks)
 WARM_GOAL = {2: 0.10, 4: 0.15}  # seconds, a warm call
 
@@ -149,7 +151,15 @@ def main() -> int:
     parser.add_argument("--cold", action="store_true", help="a cold call after each warm one")
     parser.add_argument("--against", metavar="SRC", help="also run another checkout's src, interleaved")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--load", type=int, default=0, metavar="N", help="N busy loops beside it, each in its own session"
+    )
     args = parser.parse_args()
+    with busy_loops(args.load):
+        return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     cases = [(r, "") for r in args.ranks]
     for case in args.elastic:
         nodes, _, procs = case.partition("x")

@@ -88,6 +88,9 @@ def test_the_server_has_one_thread_and_no_cuda_when_it_forks(tmp_path: Path) -> 
         child = _fork(preloader, run_, tmp_path / "app.log")
         assert child is not None, preloader.why_off
         assert preloader.proc is not None
+        # A session of its own, as a container's: under autogroup scheduling it gets a CPU share
+        # of its own rather than one shared with what else runs in the caller's session.
+        assert os.getsid(preloader.proc.pid) == preloader.proc.pid != os.getsid(0)
         server_threads = os.listdir(f"/proc/{preloader.proc.pid}/task")
         assert len(server_threads) == 1  # no intra-op pool, no OpenBLAS pool, nothing left running
         assert child.wait(60) == 5

@@ -110,7 +110,9 @@ def test_a_registry_directory_made_by_another_user_is_refused(
     )
     assert attack.returncode == 0, attack.stderr
     (tmp_path / "job.yaml").write_text(JOB_WITH_PORT)
-    result = torchjob("run", "job.yaml", env=cli_env(tmp_path, TMPDIR=str(shared_tmp)), cwd=tmp_path)
+    # The registry's place, made by another user first (in /tmp: a shared directory).
+    env = cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(planted))
+    result = torchjob("run", "job.yaml", env=env, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
@@ -123,10 +125,9 @@ def test_a_registry_directory_made_by_another_user_is_refused(
 
 @pytest.fixture
 def registry_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The default location under a private TMPDIR of the test's own."""
+    """The default location, in the test's own directory standing for /tmp."""
     monkeypatch.delenv("TORCHJOB_RUNTIME_DIR", raising=False)
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(ports, "PRIVATE_BASE", tmp_path)
     return tmp_path / f"torchjob-{os.getuid()}"
 
 
@@ -160,17 +161,27 @@ def test_a_symlink_planted_as_the_temporary_file_is_not_followed(registry_env: P
     ports.release("job")
 
 
-def test_a_private_xdg_runtime_dir_is_preferred(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TORCHJOB_RUNTIME_DIR", raising=False)
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    runtime = tmp_path / "run-user"
-    runtime.mkdir(mode=0o700)
-    runtime.chmod(0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    assert ports.registry_dir() == runtime / "torchjob"
-    assert stat.S_IMODE((runtime / "torchjob").stat().st_mode) == 0o700
-    runtime.chmod(0o755)  # not private: not used
-    assert ports.registry_dir() == tmp_path / f"torchjob-{os.getuid()}"
+def test_every_session_of_a_user_finds_the_same_port_registry(
+    registry_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ssh login (XDG_RUNTIME_DIR, TMPDIR set) and a cron job (neither) see each other's
+    reservations: with two registries they could give two jobs the same port."""
+    session = tmp_path / "run-user"
+    session.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(session))
+    monkeypatch.setenv("TMPDIR", str(session))
+    ssh = ports.reserve("ssh", [23999])
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    monkeypatch.delenv("TMPDIR")
+    try:
+        assert ports.registry_dir() == registry_env
+        cron = ports.reserve("cron", [23999])
+        assert cron[23999] != ssh[23999]  # the port the ssh session's job holds is not given again
+        assert stat.S_IMODE(registry_env.stat().st_mode) == 0o700
+        assert list(session.iterdir()) == []
+    finally:
+        ports.release("cron")
+        ports.release("ssh")
 
 
 @contextlib.contextmanager

@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterable
 
 from torchjob.controller.kubelet import Pod
-from torchjob.engines.local import process, procfs, proctree, runner
+from torchjob.engines.local import process, proctree, runner
 from torchjob.engines.local.watchdog import Watchdog
+from torchjob.host import procfs
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,6 +50,8 @@ class JobProcesses:
         self.foreign: set[int] = set()  # this process's children from before the job: not the job's
         self.told: set[int] = set()  # job processes the watchdog knows of
         self.watchdog: Watchdog | None = None
+        # The engine's own helpers in sessions of their own (the fork server): never the job's orphans.
+        self.helpers: Callable[[], Iterable[int]] = lambda: ()
         # Pods being created: the controller adds a pod to ``pods`` only once its first step is
         # over, in which an init container can already have ended, its orphans been looked for,
         # and a main container's warm interpreter (a child of this process) been running.
@@ -100,8 +104,10 @@ class JobProcesses:
         self.creating.append(pod)
 
     def _not_containers(self) -> set[int]:
-        """This process's children that are no container's: the watchdog, the caller's own."""
+        """This process's children that are no container's: the watchdog, the fork server, the
+        caller's own."""
         own = set(self.foreign)
+        own.update(self.helpers())
         if self.watchdog is not None:
             own.add(self.watchdog.pid)
         return own

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from torchjob.engines.local.state import process_alive, start_time
 from torchjob.errors import Problem, SpecError
+from torchjob.host import tcp
 from torchjob.plugins import build_plugins
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
@@ -53,6 +54,9 @@ def declared_ports(job: Job) -> list[int]:
     return list(dict.fromkeys(ports))
 
 
+PRIVATE_BASE = Path("/tmp")  # not $TMPDIR, which a session may set and a cron job not
+
+
 class RegistryError(SpecError):
     """The port registry cannot be used safely (or at all); one line, the registry's path first."""
 
@@ -63,30 +67,17 @@ class RegistryError(SpecError):
 def registry_dir() -> Path:
     """Per-user and independent of the job state directory, so every local job sees every other.
 
-    ``$TORCHJOB_RUNTIME_DIR`` if set, else ``$XDG_RUNTIME_DIR/torchjob`` when that directory is this
-    user's own and private, else ``<tmp>/torchjob-<uid>``. Whichever it is, it must be a real
+    ``$TORCHJOB_RUNTIME_DIR`` if set, else ``/tmp/torchjob-<uid>``, the same for every session of
+    the user (an ssh login, a cron job, a service) whatever their ``XDG_RUNTIME_DIR`` or ``TMPDIR``
+    say: two sessions with two registries could give two jobs the same port. (The local queue's
+    private place is the same directory, ``admission/place.py``.) Whichever it is, it must be a real
     directory (not a symlink) owned by this user with mode 0700, or :class:`RegistryError` says so:
     in a shared ``/tmp`` another user can create the directory first and plant symlinks in it.
     """
     explicit = os.environ.get("TORCHJOB_RUNTIME_DIR")
-    if explicit:
-        base = Path(explicit)
-    else:
-        runtime = os.environ.get("XDG_RUNTIME_DIR")
-        if runtime and _private(Path(runtime)):
-            base = Path(runtime) / "torchjob"
-        else:
-            base = Path(_temp_dir()) / f"torchjob-{os.getuid()}"
+    base = Path(explicit) if explicit else PRIVATE_BASE / f"torchjob-{os.getuid()}"
     _make_private_dir(base)
     return base
-
-
-def _private(path: Path) -> bool:
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
 
 
 def _make_private_dir(path: Path) -> None:
@@ -135,15 +126,6 @@ def check_registry() -> None:
         pass
 
 
-def _temp_dir() -> str:
-    # tempfile.gettempdir's order of choices, without importing tempfile before the first pod.
-    for name in ("TMPDIR", "TEMP", "TMP"):
-        value = os.environ.get(name)
-        if value and os.path.isdir(value):
-            return value
-    return "/tmp"
-
-
 def port_is_free(port: int) -> bool:
     """True when nothing listens on ``port`` on any local address (TCP, IPv4 and IPv6)."""
     import socket  # 1.2 ms that a job without ports does not pay
@@ -169,11 +151,8 @@ def port_is_free(port: int) -> bool:
 
 
 def _pick_range() -> tuple[int, int]:
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return _FALLBACK_RANGE
-    return (10000, low - 1) if low > 12000 else _FALLBACK_RANGE
+    low = tcp.ephemeral_low()
+    return (10000, low - 1) if low is not None and low > 12000 else _FALLBACK_RANGE
 
 
 def _owner_alive(entry: dict[str, Any]) -> bool:

@@ -10,8 +10,9 @@ working directory, stdio, session and exit status of a cold start.
 
 The forked process is reparented to the supervisor (a child subreaper: the server forks twice and
 the middle process ends), which waits for it as for a process it spawned: exit codes, pidfds,
-signals to its group and restarts work unchanged (:class:`Forked`). The server itself lives in the
-supervisor's session, in a group of its own, carries the job's marker (not a pod's), and ends when
+signals to its group and restarts work unchanged (:class:`Forked`). The server itself lives in a
+session of its own (as a container does: one CPU share under autogroup scheduling), is known to the
+supervisor's orphan scans as its own helper, carries the job's marker (not a pod's), and ends when
 its request pipe closes; the end-of-job sweep kills it with the rest.
 
 The server starts with no pod's own variables (``POD_NAMES`` and the engine's ``TORCHJOB_*``): what
@@ -39,10 +40,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from torchjob.engines.local import prewarm, process, procfs
+from torchjob.engines.local import prewarm, process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.envvars import is_engine_variable
 from torchjob.engines.local.state import open_private
+from torchjob.host import procfs
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -313,8 +315,17 @@ class Preloader:
             os.close(requests_r)
             os.close(replies_w)
 
+    def server_pids(self) -> list[int]:
+        """The server's process while it runs: the engine's own, never an orphan of the job's."""
+        return [self.proc.pid] if self.proc is not None and self.proc.returncode is None else []
+
     def _before_exec(self) -> None:  # pragma: no cover - runs in the forked child
-        os.setpgid(0, 0)  # a group of its own: a terminal's Ctrl-C is the supervisor's to handle
+        # A session of its own, as every container has: with autogroup scheduling (most Linux
+        # desktops and servers) CPU is shared per session, so an import in the caller's session
+        # would share one share with whatever else runs there (a terminal's other work, the
+        # benchmark's busy loops), while each rank of a bare launch has one to itself. Its own
+        # group too: a terminal's Ctrl-C is the supervisor's to handle.
+        os.setsid()
         if self.pooled:  # a killed caller (a notebook's kernel) leaves no server behind
             process.die_with_parent()
         if self.network is not None:  # before the /etc/hosts mount, made in its user namespace

@@ -23,14 +23,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-# The runner (engine_api/warmstart.py) and how it is started, shared with the Slurm engine.
-from torchjob.engine_api.pyrun import BOOT as BOOT
-from torchjob.engine_api.pyrun import FINISHED as FINISHED
-from torchjob.engine_api.pyrun import NO_WAIT
-from torchjob.engine_api.pyrun import RUNNER as RUNNER
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.errors import Issue
+
+# The runner (pyrunner/warmstart.py) and how it is started, shared with the Slurm engine.
+from torchjob.pyrunner.pyrun import BOOT as BOOT
+from torchjob.pyrunner.pyrun import FINISHED as FINISHED
+from torchjob.pyrunner.pyrun import NO_WAIT
+from torchjob.pyrunner.pyrun import RUNNER as RUNNER
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 

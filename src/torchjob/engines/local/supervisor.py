@@ -116,6 +116,7 @@ class Supervisor:
             attached=console is not None,
         )
         self.processes = JobProcesses(self.id, self.ctl.pods, self.ctl.latest)
+        self.processes.helpers = self._helpers
         self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
         self.signals = Signals(self.waiter)
         self.status_file = StatusFile(job, job_dir, self.ctl, self.factory, self.notes)
@@ -148,6 +149,10 @@ class Supervisor:
         """The signal that stopped the job, if one did."""
         return self.signals.interrupted
 
+    def _helpers(self) -> list[int]:
+        preloader = self.factory.preloader  # read each time: the warm pool may hand over its own
+        return preloader.server_pids() if preloader is not None else []
+
     def ordinal(self, pod: Pod) -> int:
         """The pod's place in the job (its colour on the console)."""
         addressing = self.factory.addressing
@@ -167,6 +172,11 @@ class Supervisor:
             self.start()
             self.running = True
             if on_started is not None and not (self.queue is not None and self.queue.told_waiting):
+                # Said and on disk before the caller returns: its next status shows the pods started
+                # (else the Pending written before they were made, until the loop's first turn).
+                self.ctl.poll()
+                if self.ctl.dirty:
+                    self.status_file.write()
                 on_started()
             self.loop()
         except OSError as err:  # the job directory cannot be written (a full disk): end, say why

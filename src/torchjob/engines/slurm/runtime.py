@@ -14,7 +14,7 @@ Each attempt's containers are built from that attempt's pod (``plan.pod_launches
 restarted pod's steps see its retry count and job version, as on every engine, and the master's
 ports of that attempt of the job (``masterport.py``).
 
-torchrun's ranks start through the rank guard (``engine_api/pyrun.py``), as locally: each step
+torchrun's ranks start through the rank guard (``pyrunner/pyrun.py``), as locally: each step
 gets ``PYTHON_EXEC`` naming ``bin/torchjob-rank`` in the job directory, which the controller
 writes before the first step (:func:`write_rank_guard`). The job directory is on the filesystem
 every node shares (the batch script proved it), at an absolute path, so a step on any node, with
@@ -31,10 +31,10 @@ import threading
 import time
 
 from torchjob.controller.kubelet import PENDING, Container, Pod, RuntimeHooks
-from torchjob.engine_api import pyrun
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.plan import SlurmAddressing, configmaps_of, pod_launches
 from torchjob.files import append_private, write_atomic
+from torchjob.pyrunner import pyrun
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
