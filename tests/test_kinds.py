@@ -440,7 +440,8 @@ def test_a_jobset_the_jobset_webhook_refuses_is_refused_at_its_fields() -> None:
     found = problems(
         _jobset(
             "  failurePolicy:\n    rules:\n"
-            "      - {name: r, action: FailJobSet, targetReplicatedJobs: [ghost], onJobFailureReasons: [Oops]}\n"
+            "      - {name: r, action: FailJobSet, targetReplicatedJobs: [ghost],\n"
+            "         onJobFailureReasons: [Oops]}\n"
             "      - {name: r, action: RestartJobSet}\n"
             "      - {name: 1r, action: RestartJobSet}\n"
         )
@@ -482,7 +483,8 @@ def test_an_elastic_pytorchjobs_numbers_are_told_at_their_fields_not_as_the_plug
 def test_a_dry_run_tells_what_cannot_run_here_at_the_kinds_fields(tmp_path: Path) -> None:
     text = PYTORCHJOB.replace(
         "command: [torchrun, train.py]\n              ports",
-        "command: [torchrun, train.py]\n              envFrom: [{configMapRef: {name: cfg}}]\n              ports",
+        "command: [torchrun, train.py]\n"
+        "              envFrom: [{configMapRef: {name: cfg}}]\n              ports",
     )
     (tmp_path / "ptj.yaml").write_text(text)
     done = _cli(tmp_path, "run", "--dry-run", "ptj.yaml")
@@ -508,11 +510,13 @@ def test_too_many_pods_are_told_at_the_kinds_replica_counts() -> None:
     ], found
     jobset = _jobset("").replace(
         "- name: b\n      template: {spec: {",
-        "- name: b\n      replicas: 100000\n      template: {spec: {parallelism: 100000, completions: 100000, ",
+        "- name: b\n      replicas: 100000\n"
+        "      template: {spec: {parallelism: 100000, completions: 100000, ",
     )
     found = problems(jobset)
     assert sorted(found) == [
-        "job.yaml:5: spec.replicatedJobs: the tasks have 10000000001 replicas in all; expected at most 150000, "
+        "job.yaml:5: spec.replicatedJobs: the tasks have 10000000001 replicas in all; "
+        "expected at most 150000, "
         "the most pods one Kubernetes cluster is built for",
         "job.yaml:9: spec.replicatedJobs[1].replicas: replicas times parallelism is 10000000000; JobSet "
         "takes at most 2147483647",

@@ -3,10 +3,11 @@
 torchjob reads Kubeflow's PyTorchJob, Kubeflow Trainer's TrainJob and its runtimes, and JobSet
 (spec/kinds/). Each document is checked against the ``openAPIV3Schema`` of its kind's CRD, kept
 the way tools/podtemplate_schema.py keeps the Volcano Job's pod template: only what the checker
-(torchjob.spec.podschema) understands (and the kinds' own list keys and bounds), repeated subschemas folded into named definitions. The pod
-templates inside each kind are left out (``x-torchjob-podtemplate``): a kind's pod templates become
-the tasks' templates of the job torchjob runs and are checked there, against the same pod schema as
-a Volcano Job's, with their paths given back in the kind's own terms. ``status`` is not checked.
+(torchjob.spec.podschema) understands (and the kinds' own list keys and bounds), repeated
+subschemas folded into named definitions. The pod templates inside each kind are left out
+(``x-torchjob-podtemplate``): a kind's pod templates become the tasks' templates of the job
+torchjob runs and are checked there, against the same pod schema as a Volcano Job's, with their
+paths given back in the kind's own terms. ``status`` is not checked.
 The runtimes Kubeflow Trainer installs (``runtimes/``: ``torch-distributed``) are kept too, as
 data: a TrainJob that names one is read without it in the file.
 Rerun it when a CRD is updated:

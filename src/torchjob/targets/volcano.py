@@ -27,7 +27,8 @@ def render(job: Job) -> TargetRender:
         warnings.append(
             (
                 "run_policy.active_deadline_seconds",
-                f"Volcano Jobs have no deadline; the deadline of {policy.active_deadline_seconds} s is dropped",
+                "Volcano Jobs have no deadline; "
+                f"the deadline of {policy.active_deadline_seconds} s is dropped",
             )
         )
     if policy is not None and policy.clean_pod_policy not in (None, "None"):

@@ -397,7 +397,10 @@ def _startup(
                 _add(tr, where, f"{path}.name", f"no replicated job named {other!r}")
                 continue
             if other not in names[: position + 1]:  # JobSet's webhook: one listed before it
-                message = f"replicated job {rname!r} can depend only on the replicated jobs before it, not on {other!r}"
+                message = (
+                    f"replicated job {rname!r} can depend only on the replicated jobs before it, "
+                    f"not on {other!r}"
+                )
                 _add(tr, where, f"{path}.name", message)
                 continue
             if dep.get("status") == "Complete":
