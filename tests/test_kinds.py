@@ -448,12 +448,12 @@ def test_a_jobset_the_jobset_webhook_refuses_is_refused_at_its_fields() -> None:
     )
     assert found == [
         "job.yaml:7: spec.failurePolicy.rules[0].targetReplicatedJobs[0]: no replicated job named 'ghost'",
-        "job.yaml:7: spec.failurePolicy.rules[0].onJobFailureReasons[0]: expected one of "
+        "job.yaml:8: spec.failurePolicy.rules[0].onJobFailureReasons[0]: expected one of "
         "BackoffLimitExceeded, DeadlineExceeded, FailedIndexes, MaxFailedIndexesExceeded, "
         "PodFailurePolicy, got 'Oops'",
-        "job.yaml:8: spec.failurePolicy.rules[1].name: rule name 'r' is given twice (also "
+        "job.yaml:9: spec.failurePolicy.rules[1].name: rule name 'r' is given twice (also "
         "spec.failurePolicy.rules[0])",
-        "job.yaml:9: spec.failurePolicy.rules[2].name: '1r' is not a rule name: a letter, then letters, "
+        "job.yaml:10: spec.failurePolicy.rules[2].name: '1r' is not a rule name: a letter, then letters, "
         "digits or '_,:', ending with a letter, digit or '_'",
     ], found
     found = problems(_jobset("  successPolicy: {operator: Some}\n"))
