@@ -1,8 +1,8 @@
 """Starting a python program through torchjob's runner (``warmstart.py`` beside this file).
 
 The runner runs a program as ``python ...`` would, and records that it ended with code 0 before
-the interpreter's teardown. Engines start it with :data:`BOOT`; the local engine for every python
-main container (at once, or pre-warmed), and every engine that runs torchrun ranks for those: a
+the interpreter's teardown. Engines start it with :data:`BOOT`; the local and Slurm engines for
+every python main container (``pycommand.py``: at once, or pre-warmed locally), and for torchrun's ranks: a
 torchrun agent starts each rank with the interpreter ``$PYTHON_EXEC`` names, and
 :func:`guard_shim` is that interpreter, a script that makes the rank's process a guard
 (``warmstart._guard``). The guard runs the rank through the runner with whole-line output (the
@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warmstart.py")
+BESIDE = ("agentbarrier.py",)  # what the runner loads from its own directory: a copy of it needs them
 FINISHED = "TORCHJOB_FINISHED"  # warmstart.py's marker of a program that ended with code 0
 NO_WAIT, GUARD = "-", "guard"  # warmstart.py's fd argument: run at once; be a torchrun rank's guard
 RANK_SHIM = "torchjob-rank"  # in a job's bin: $PYTHON_EXEC, the interpreter torchrun starts ranks with
@@ -39,9 +40,10 @@ BOOT = (
 )
 
 
-def guard_shim(python: str) -> str:
-    """The script torchrun starts each rank with (``$PYTHON_EXEC``): warmstart.py's guard, in
-    ``python``. Every word is quoted: paths with spaces or quotes reach no shell as code."""
-    words = [python, "-I", "-S", "-c", BOOT, RUNNER, GUARD, "0", "", "."]
+def guard_shim(python: str, runner: str = RUNNER) -> str:
+    """The script torchrun starts each rank with (``$PYTHON_EXEC``): the guard of ``runner`` (this
+    warmstart.py, or a copy of it), in ``python``. Every word is quoted: paths with spaces or
+    quotes reach no shell as code."""
+    words = [python, "-I", "-S", "-c", BOOT, runner, GUARD, "0", "", "."]
     quoted = ("'" + w.replace("'", "'\\''") + "'" for w in words)  # shlex.quote, without importing re
     return "#!/bin/sh\nexec " + " ".join(quoted) + ' "$@"\n'
