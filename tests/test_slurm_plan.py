@@ -599,3 +599,15 @@ def test_a_python_main_container_starts_through_the_jobs_runner_by_the_local_eng
         env["TORCHJOB_FINISHED"] = "/the/pods/own"
         assert through_runner(list(argv), env, where, "/m") == argv and "TORCHJOB_FINISHED" not in env
 
+
+def test_dry_run_says_the_masters_port_is_the_declared_one_and_may_change() -> None:
+    from torchjob.engines.slurm.dryrun import port_lines
+
+    job = pytorch_job()
+    plan = plan_job(job, SlurmSettings(), "/jobs/train-1", ["ctl"])
+    assert port_lines(job, plan) == [
+        "# the master's port 29500 (MASTER_PORT) as declared: claimed on the master's node",
+        "# when the job runs, another free port there if 29500 is taken (status shows the one it got)",
+    ]
+    alone = load([task("main", 2, container())])  # no plugin gives a port: nothing to claim
+    assert port_lines(alone, plan_job(alone, SlurmSettings(), "/jobs/main-1", ["ctl"])) == []
