@@ -49,8 +49,6 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from background_load import busy_loops
-
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "examples" / "programs" / "allreduce.py"
 BIN = Path(sys.executable).parent
@@ -542,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
         "--load", type=int, default=0, metavar="N", help="N busy loops beside it, each in its own session"
     )
     args = parser.parse_args(argv)
+    if not args.load:
+        return _main(args)
+    from background_load import busy_loops  # beside this script (its folder is sys.path[0])
+
     with busy_loops(args.load):
         return _main(args)
 

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from torchjob.engine_api import pyrun
+from torchjob.pyrunner import pyrun
 
 
 def main() -> int:

@@ -36,7 +36,7 @@ from support import (
     write_job,
 )
 from torchjob.engines.local import netns, podnames
-from torchjob.engines.local.listeners import listening
+from torchjob.host.tcp import listening
 
 pytestmark = pytest.mark.timeout(120)
 

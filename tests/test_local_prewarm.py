@@ -273,7 +273,7 @@ def test_by_default_no_more_pods_wait_warm_than_there_are_cpus() -> None:
 def test_a_program_started_through_the_runner_finds_the_modules_of_a_cold_start(tmp_path: Path) -> None:
     """Every python main container starts through the runner: it may add no import a cold start
     does not make (typing, re, enum: milliseconds at each rank's start), but ``__future__``."""
-    from torchjob.engine_api.pyrun import BOOT, NO_WAIT, RUNNER
+    from torchjob.pyrunner.pyrun import BOOT, NO_WAIT, RUNNER
 
     program = tmp_path / "mods.py"
     program.write_text("import sys\nprint(' '.join(sorted(sys.modules)))\n")

@@ -261,6 +261,10 @@ def test_a_requeued_job_goes_on_from_its_last_attempt(nodes3: SlurmCluster, tmp_
         wait_for(lambda: components(nodes3, slurm_id)[0]["JobState"] == "PENDING", 60, "Slurm requeued it")
         assert status_json(env, job_id)["phase"] == "Restarting"
         # Slurm holds a requeued job back for two minutes (BeginTime); an administrator may not wait.
+        # Not within the second of the requeue, though: slurmd revoked the old run's credential and
+        # refuses one made in the same whole second ("Job credential revoked": the job fails), which
+        # the two minutes otherwise rule out.
+        time.sleep(1.1)
         assert nodes3.run("scontrol", "update", f"jobid={slurm_id}", "StartTime=now").returncode == 0
         waited = torchjob(env, "wait", job_id, "--engine", "slurm", "--timeout", "120")
         status = status_json(env, job_id)

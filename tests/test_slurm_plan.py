@@ -562,8 +562,8 @@ def test_torchruns_ranks_start_through_the_rank_guard_unless_the_pod_names_its_o
 
 
 def test_a_python_main_container_starts_through_the_jobs_runner_by_the_local_engines_rule() -> None:
-    from torchjob.engine_api.pyrun import BOOT
     from torchjob.engines.slurm.runtime import through_runner
+    from torchjob.pyrunner.pyrun import BOOT
 
     py, runner = sys.executable, "/jobs/train-1a2b3c/bin/warmstart.py"
     for argv, options, tail in (

@@ -17,7 +17,7 @@ import yaml
 from slurm_cluster import SlurmCluster, free_port
 from test_slurm_engine import REPO, cli_env, status_json
 from test_slurm_steps import no_process_left
-from torchjob.engines.slurm.masterport import MasterPorts, claim, listening
+from torchjob.engines.slurm.masterport import MasterPorts, claim
 from torchjob.engines.slurm.plan import (
     Placement,
     SlurmAddressing,
@@ -29,6 +29,7 @@ from torchjob.engines.slurm.plan import (
 )
 from torchjob.engines.slurm.settings import SlurmSettings
 from torchjob.expand import expand
+from torchjob.host.tcp import listening
 from torchjob.jobs import load_jobs
 
 # -- in-process: the claim -----------------------------------------------------------------------
@@ -49,10 +50,10 @@ def test_a_claim_keeps_other_claims_out_and_lets_the_masters_listener_in() -> No
     assert held is not None
     try:
         assert claim(port) is None  # another job's controller sees the port taken
-        assert listening({port}) == set()
+        assert listening({port}) == []  # bound, not listening
         master = listener(port)  # the master's own listener binds the claimed port all the same
         try:
-            assert listening({port}) == {port}
+            assert [sock.port for sock in listening({port})] == [port]
         finally:
             master.close()
     finally:

@@ -99,7 +99,7 @@ def _last_agent_leaves() -> list[str]:
 def test_the_last_agent_does_not_wait_on_a_store_that_left(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.distributed.elastic.agent.server import api
 
-    from torchjob.engine_api import agentbarrier
+    from torchjob.pyrunner import agentbarrier
 
     monkeypatch.setattr(api.SimpleElasticAgent, "_exit_barrier", api.SimpleElasticAgent._exit_barrier)
     # torch's own barrier loses the race (what the test would see without the fix)

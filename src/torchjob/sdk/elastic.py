@@ -27,10 +27,9 @@ from typing import Any
 import cloudpickle
 
 from torchjob.logs import get_logger
-from torchjob.sdk.leftovers import stopped_after
+from torchjob.sdk.leftovers import stopped_after, worker_here
 from torchjob.sdk.quick_exit import exit_now
 from torchjob.sdk.results import PROGRESS_FILE, run_call, write_error, write_failure
-from torchjob.sdk.strays import strays_stopped, worker_here
 
 logger = get_logger()
 
@@ -59,12 +58,12 @@ class LaunchSettings:
     start_method: str = "spawn"
     deadline: float | None = None  # seconds for the whole launch (RunPolicy.active_deadline_seconds)
     warm: bool = False  # spawn's workers forked from this process's fork server (warm_elastic.py)
-    caller: bool = False  # launched by a single-node call's caller: its strays are stopped (strays.py)
+    caller: bool = False  # launched by a single-node call's caller: its strays are stopped (leftovers.py)
 
 
 def elastic_child(payload: bytes, results: str) -> bytes | None:
     """The body of every worker process: run the call, report rank 0's value or this rank's error."""
-    worker_here(results)  # first: a worker its launcher never learned of is found (strays.py)
+    worker_here(results)  # first: a worker its launcher never learned of is found (leftovers.py)
     rank = int(os.environ.get("RANK", "0"))
     _whole_lines()
     _mark(results, COMPLETE)  # workers start once the rendezvous is complete
@@ -312,14 +311,14 @@ def _launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[boo
         with _quiet_torch(), _main_not_reimported(), _own_signal_handlers() as handlers:
             stopped_by: signal.Signals | None = None
             try:
-                own = strays_stopped(results) if settings.caller else contextlib.nullcontext()
-                # And what the ranks started themselves, daemons included (leftovers.py).
+                # The workers its launcher never learned of, and what the ranks started themselves,
+                # daemons included (leftovers.py).
                 rest = (
-                    stopped_after(settings.run_id, _fork_server)
+                    stopped_after(results, settings.run_id, _fork_server)
                     if settings.caller
                     else contextlib.nullcontext()
                 )
-                with rest, own, _deadline(settings.deadline):
+                with rest, _deadline(settings.deadline):
                     out = elastic_launch(config, elastic_child)(payload, results)
             except SignalException as err:
                 stopped_by = err.sigval

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torchjob.engine_api.base import EngineError
+from torchjob.host import procfs
 
 EXEC_TIMEOUT = 60.0  # seconds a credential plugin gets to answer
 EXEC_TIMEOUT_INTERACTIVE = 300.0  # ... when it may be asking the user to log in (a terminal)
@@ -132,10 +133,9 @@ def _plugin(kubernetes: Any, config_file: str, context: str | None) -> str:
 
 
 def _ticks_now() -> int:
-    """Now, in the clock ticks since boot that /proc/PID/stat gives a process's start in."""
+    """Now, in the clock ticks since boot that a process's start time is given in."""
     try:
-        with open("/proc/uptime", "rb") as uptime:
-            return int(float(uptime.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+        return procfs.ticks_now()
     except (OSError, ValueError):
         return 1 << 62  # no /proc: nothing is killed
 
@@ -145,18 +145,14 @@ def _children_since(ticks: int) -> set[int]:
     me = str(os.getpid()).encode()
     found: set[int] = set()
     try:
-        entries = os.listdir("/proc")
+        pids = procfs.pids()
     except OSError:
         return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    for pid in pids:
         try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rpartition(b")")[2].split()
-        except OSError:
+            fields = procfs.stat_fields(pid)
+        except (OSError, ValueError):
             continue
-        # After the name: state, ppid, ... starttime is the 20th field from there.
-        if len(fields) > 19 and fields[1] == me and int(fields[19]) >= ticks - 1:
-            found.add(int(entry))
+        if len(fields) > 19 and fields[1] == me and int(fields[19]) >= ticks - 1:  # ppid, start
+            found.add(pid)
     return found

@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Iterable
 
 from torchjob.controller.kubelet import Pod
-from torchjob.engines.local import process, procfs, proctree, runner
+from torchjob.engines.local import process, proctree, runner
 from torchjob.engines.local.watchdog import Watchdog
+from torchjob.host import procfs
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:

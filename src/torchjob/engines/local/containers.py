@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-# PYTHON: a command that runs this interpreter (sys.executable), the rule every engine shares.
-from torchjob.engine_api.pycommand import PYTHON as PYTHON
 from torchjob.expand import DesiredState, PodPlan
+
+# PYTHON: a command that runs this interpreter (sys.executable), the rule every engine shares.
+from torchjob.pyrunner.pycommand import PYTHON as PYTHON
 from torchjob.records import field, record
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from torchjob import logs
 from torchjob.controller.kubelet import Container, Pod
-from torchjob.engine_api import pyrun
 from torchjob.engines.local import gpus, podnames, process, security
 from torchjob.engines.local import ports as port_registry
 from torchjob.engines.local.addressing import LocalAddressing
@@ -31,6 +30,7 @@ from torchjob.expand import Attempts, DesiredState, PodPlan, expand, readdress
 from torchjob.files import write_atomic
 from torchjob.lifecycle import JobStatus
 from torchjob.plugins import build_plugins
+from torchjob.pyrunner import pyrun
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -319,7 +319,7 @@ class PodFactory:
             "TORCHJOB_RETRY_COUNT": str(retry_count),
             "TORCHJOB_WAIT_INTERVAL": WAIT_INTERVAL,
             "TORCHJOB_BIN": str(self.dir.bin),
-            # torchrun starts its ranks with this interpreter: the guard (engine_api/pyrun.py) that tells
+            # torchrun starts its ranks with this interpreter: the guard (pyrunner/pyrun.py) that tells
             # an abort in the interpreter's teardown after the program finished from a crash.
             pyrun.PYTHON_EXEC: str(self.dir.bin / pyrun.RANK_SHIM),
             UIDS_ENV: self.uids,

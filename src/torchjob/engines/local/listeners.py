@@ -1,4 +1,4 @@
-"""Who listens on a port: read from Linux's /proc/net/tcp and tcp6, for telling a job's failure
+"""Who listens on a job's port (``host/tcp.py`` reads the TCP tables), for telling a job's failure
 caused by a port another process took after torchjob reserved it apart from a program's own error.
 
 Every local job shares the machine's ports with every other process, another user's too; torchjob
@@ -11,57 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 
-from torchjob.engines.local import procfs
-from torchjob.records import record
-
-_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's "st" column
-_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
-
-
-@record(frozen=True)
-class Listener:
-    port: int
-    uid: int
-    inode: int
-
-
-Tables = Callable[[], list[bytes]]  # the TCP tables to read (a job's own network's: netns.py)
-
-
-def _machine_tables() -> list[bytes]:
-    found = []
-    for table in _TABLES:
-        with contextlib.suppress(OSError):
-            found.append(procfs.read(table))
-    return found
-
-
-def listening(ports: Collection[int], tables: Tables | None = None) -> list[Listener]:
-    """The listening TCP sockets (IPv4 and IPv6) on any of ``ports``; [] where /proc cannot tell."""
-    found: list[Listener] = []
-    needles = [f":{port:04X} ".encode() for port in ports]  # as a local (or remote) address ends
-    for data in (tables or _machine_tables)():
-        if not any(needle in data for needle in needles):
-            continue  # the common case, read often while a job runs: nothing to parse
-        for line in data.decode(errors="replace").splitlines()[1:]:
-            fields = line.split()
-            if len(fields) < 10 or fields[3] != _LISTEN:
-                continue
-            with contextlib.suppress(ValueError):
-                port = int(fields[1].rpartition(":")[2], 16)
-                if port in ports:
-                    found.append(Listener(port, int(fields[7]), int(fields[9])))
-    return found
+from torchjob.host import procfs
+from torchjob.host.tcp import Listener, Tables, listening
 
 
 def owner(inode: int, first: Collection[int] = ()) -> int | None:
     """The pid of a process holding socket ``inode`` open, if one this process may look into does;
     the pids ``first`` (the job's own) are looked at before the whole process table."""
     link = f"socket:[{inode}]"
-    rest = (int(name) for name in os.listdir("/proc") if name.isdigit())
-    for pid in (*first, *rest):
+    for pid in (*first, *procfs.pids()):
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
@@ -85,11 +45,9 @@ def _marked(pid: int, job_id: str) -> bool:
 
 def _command(pid: int) -> str:
     try:
-        argv = procfs.read(f"/proc/{pid}/cmdline").split(b"\0")
+        return procfs.command(pid)
     except OSError:
         return "?"
-    text = " ".join(" ".join(a.decode(errors="replace").split()) for a in argv if a)  # one line
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class PortWatch:

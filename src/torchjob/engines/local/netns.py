@@ -31,6 +31,7 @@ import time
 import warnings
 
 from torchjob.engines.local.libc import LIBC
+from torchjob.host import procfs
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -98,11 +99,7 @@ class Network:
         found = []
         for fd in self.tables:
             with contextlib.suppress(OSError):
-                os.lseek(fd, 0, os.SEEK_SET)  # a /proc table is made again from the start
-                chunks = []
-                while chunk := os.read(fd, 65536):
-                    chunks.append(chunk)
-                found.append(b"".join(chunks))
+                found.append(procfs.reread(fd))
         return found
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from torchjob.engines.local.state import process_alive, start_time
 from torchjob.errors import Problem, SpecError
+from torchjob.host import tcp
 from torchjob.plugins import build_plugins
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
@@ -150,11 +151,8 @@ def port_is_free(port: int) -> bool:
 
 
 def _pick_range() -> tuple[int, int]:
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return _FALLBACK_RANGE
-    return (10000, low - 1) if low > 12000 else _FALLBACK_RANGE
+    low = tcp.ephemeral_low()
+    return (10000, low - 1) if low is not None and low > 12000 else _FALLBACK_RANGE
 
 
 def _owner_alive(entry: dict[str, Any]) -> bool:

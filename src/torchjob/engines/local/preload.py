@@ -40,10 +40,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from torchjob.engines.local import prewarm, process, procfs
+from torchjob.engines.local import prewarm, process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.envvars import is_engine_variable
 from torchjob.engines.local.state import open_private
+from torchjob.host import procfs
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:

@@ -22,15 +22,16 @@ import signal
 import subprocess
 from pathlib import Path
 
-# The runner (engine_api/warmstart.py), which commands it starts and how: shared with the Slurm engine.
-from torchjob.engine_api import pycommand
-from torchjob.engine_api.pyrun import BOOT as BOOT
-from torchjob.engine_api.pyrun import FINISHED as FINISHED
-from torchjob.engine_api.pyrun import NO_WAIT
-from torchjob.engine_api.pyrun import RUNNER as RUNNER
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.errors import Issue
+
+# The runner (pyrunner/warmstart.py), which commands it starts and how: shared with the Slurm engine.
+from torchjob.pyrunner import pycommand
+from torchjob.pyrunner.pyrun import BOOT as BOOT
+from torchjob.pyrunner.pyrun import FINISHED as FINISHED
+from torchjob.pyrunner.pyrun import NO_WAIT
+from torchjob.pyrunner.pyrun import RUNNER as RUNNER
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -82,7 +83,7 @@ def check(job: Job) -> list[Issue]:
 
 def warm_argv(run: ContainerRun, fd: int | str, modules: tuple[str, ...], cwd: str) -> list[str] | None:
     """The command of the container's warm process, or None when a cold start is the only sure way
-    (engine_api/pycommand.py's rule, shared with the Slurm engine). ``fd`` ``"-"``: no wait, the
+    (pyrunner/pycommand.py's rule, shared with the Slurm engine). ``fd`` ``"-"``: no wait, the
     program runs at once (:func:`cold_argv`)."""
     timeout = f"{MAX_WAIT + 60:g}"  # the engine discards it first; this only covers the engine vanishing
     return pycommand.runner_argv(run.argv, run.env, fd, timeout, modules, cwd)

@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from torchjob.engines.local import procfs
 from torchjob.engines.local.libc import LIBC
+from torchjob.host import procfs
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported where used: 5 ms that would delay the job's first process
@@ -130,14 +130,6 @@ def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[],
     return both
 
 
-def environ_of(pid: int) -> bytes:
-    """The process's environment as NUL-separated entries, each after a NUL; empty if unreadable."""
-    try:
-        return b"\0" + procfs.read(f"/proc/{pid}/environ")  # every entry, the first too, after a NUL
-    except OSError:
-        return b""
-
-
 def processes_with(name: str, values: Iterable[str], exclude: Iterable[int] = ()) -> list[psutil.Process]:
     """Processes of this user whose environment has ``name`` set to one of ``values``."""
     wanted = set(values)
@@ -148,12 +140,12 @@ def processes_with(name: str, values: Iterable[str], exclude: Iterable[int] = ()
         skip.update(_ancestors())
         needles = [f"\0{name}={value}\0".encode() for value in wanted]
         pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in skip:
+        for pid in procfs.pids():
+            if pid in skip:
                 continue
-            environ = environ_of(int(entry))
+            environ = procfs.environ(pid)
             if environ and any(needle in environ for needle in needles):
-                pids.append(int(entry))
+                pids.append(pid)
         if not pids:  # the usual answer at the end of a job: psutil is not even imported
             return []
         import psutil

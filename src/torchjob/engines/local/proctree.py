@@ -11,21 +11,20 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from torchjob.engines.local import procfs
-from torchjob.engines.local.process import LINUX, MARKER, environ_of
+from torchjob.engines.local.process import LINUX, MARKER
+from torchjob.host import procfs
 
 
 def children_map() -> dict[int, list[int]]:
     """parent pid -> child pids, read once for the whole machine (cheaper than a scan per root)."""
     tree: dict[int, list[int]] = {}
     if LINUX and os.path.isdir("/proc"):  # a third of psutil's time: no object per process
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    ppid = procfs.ppid(int(entry))
-                except (OSError, ValueError, IndexError):
-                    continue  # gone meanwhile
-                tree.setdefault(ppid, []).append(int(entry))
+        for pid in procfs.pids():
+            try:
+                ppid = procfs.ppid(pid)
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+            tree.setdefault(ppid, []).append(pid)
         return tree
     import psutil
 
@@ -58,7 +57,7 @@ def adopted(tree: Mapping[int, list[int]], known: Iterable[int], job_id: str) ->
                 continue
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
-        environ = environ_of(pid)
+        environ = procfs.environ(pid)
         if other in environ and mine not in environ:
             continue
         found.append(pid)

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from torchjob.controller.kubelet import CannotStart, Container, Pod, RuntimeHooks, StartLater
-from torchjob.engine_api import pycommand
 from torchjob.engines.local import prewarm, process, proctree
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.state import open_private
+from torchjob.pyrunner import pycommand
 from torchjob.records import field, record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -203,7 +203,7 @@ class LocalRunner(RuntimeHooks):
         if code is None:
             return None
         code = exit_code_of(code)
-        if code == pycommand.TEARDOWN_ABORT and _finished(p):  # counted as engine_api/pycommand.py says
+        if code == pycommand.TEARDOWN_ABORT and _finished(p):  # counted as pyrunner/pycommand.py says
             code = 0
             _log(c, f"torchjob: {pycommand.TEARDOWN_NOTE}\n")
         # Its orphans (a main process adopts those of its tree) went to the supervisor as it ended:

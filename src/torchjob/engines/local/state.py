@@ -26,8 +26,8 @@ import os
 import sys
 from pathlib import Path
 
-from torchjob.engines.local import procfs
 from torchjob.files import write_atomic
+from torchjob.host import procfs
 from torchjob.phases import UNKNOWN
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
@@ -237,7 +237,7 @@ class JobDir:
 
     def write_shims(self, python: str, extra: dict[str, str] | None = None) -> None:
         """``python`` and ``python3`` on PATH run torchjob's interpreter, also inside shell scripts;
-        ``extra``: more scripts by name (the rank guard of engine_api/pyrun.guard_shim)."""
+        ``extra``: more scripts by name (the rank guard of pyrunner/pyrun.guard_shim)."""
         make_private_dirs(self.bin)
         scripts = {name: f'#!/bin/sh\nexec "{python}" "$@"\n' for name in ("python", "python3")}
         for name, text in {**scripts, **(extra or {})}.items():
@@ -270,7 +270,7 @@ def _holds(pid: int, path: Path) -> bool:
         return True
     try:
         wanted = os.stat(path)
-        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+        if procfs.uid(pid) != os.getuid():
             return False
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:

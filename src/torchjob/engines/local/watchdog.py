@@ -108,8 +108,8 @@ def _job_processes(pgids: set[int], pids: dict[int, int]) -> list[psutil.Process
     left the session and dropped the job's marker."""
     import psutil
 
-    from torchjob.engines.local import procfs
     from torchjob.engines.local.proctree import children_map, descendants_in
+    from torchjob.host import procfs
 
     roots = set()
     for pgid in pgids:  # still leading its group: not a reused pid

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 
 def step_lines(job: Job, plan: SlurmPlan) -> list[str]:
     """Each pod's steps as they will run, a plugin's init container in one line."""
-    from torchjob.engine_api.pycommand import PYTHON
     from torchjob.engines.slurm.plan import PlanError, launches, place
+    from torchjob.pyrunner.pycommand import PYTHON
 
     if plan.in_allocation:
         layout = {0: [("NODE", len(plan.pods))]}

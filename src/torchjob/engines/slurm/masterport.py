@@ -27,7 +27,6 @@ the port before the master binds it. Where that step cannot run (or says nothing
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import random
@@ -35,19 +34,19 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from torchjob.engines.slurm import clients
+from torchjob.host import tcp
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterable
+    from collections.abc import Callable, Collection
 
 LOWEST = 20000  # new ports are picked from here up to the kernel's ephemeral range
 TRIES = 64  # random ports tried before the kernel is asked for any free one
 WATCH_EVERY = 0.5  # seconds between two looks for the master's listener
 PROBE_TIMEOUT = 30.0  # seconds the step choosing on another node may take
-_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's "st" column
+EPHEMERAL_LOW = 32768  # where the kernel's ephemeral range begins when it cannot be read
 
 
 def claim(port: int) -> socket.socket | None:
@@ -68,31 +67,6 @@ def claim(port: int) -> socket.socket | None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         return sock
     return None
-
-
-def ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
-
-
-def listening(ports: Collection[int], tables: Iterable[str] = TABLES) -> set[int]:
-    """Which of ``ports`` a socket of this host's network listens on."""
-    found: set[int] = set()
-    for table in tables:
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                if len(fields) > 3 and fields[3] == _LISTEN:
-                    port = int(fields[1].rsplit(":", 1)[1], 16)
-                    if port in ports:
-                        found.add(port)
-    return found
 
 
 class MasterPorts:
@@ -157,7 +131,8 @@ class MasterPorts:
         if sock is not None:
             self.held[declared] = sock
             return declared
-        high = ephemeral_low()
+        low = tcp.ephemeral_low()
+        high = EPHEMERAL_LOW if low is None else low
         taken = self.avoid | set(self.held) | set(self.declared)
         for _ in range(TRIES):
             port = self.rng.randrange(LOWEST, high) if high > LOWEST else self.rng.randrange(1024, 65536)
@@ -179,7 +154,7 @@ class MasterPorts:
         if now - self.looked_at < WATCH_EVERY:
             return
         self.looked_at = now
-        for port in listening(set(self.held)):
+        for port in {sock.port for sock in tcp.listening(set(self.held))}:
             self.held.pop(port).close()
 
     def release(self) -> None:

@@ -14,7 +14,7 @@ Each attempt's containers are built from that attempt's pod (``plan.pod_launches
 restarted pod's steps see its retry count and job version, as on every engine, and the master's
 ports of that attempt of the job (``masterport.py``).
 
-Python runs as locally (``engine_api/pycommand.py``, one rule for both engines): a bare
+Python runs as locally (``pyrunner/pycommand.py``, one rule for both engines): a bare
 ``python`` is the interpreter the controller runs in, which a bare ``python`` already means on
 every node, and a main container whose command is that interpreter starts through torchjob's
 runner, which records that its program ended (``$TORCHJOB_FINISHED``, a file beside the
@@ -39,10 +39,10 @@ import threading
 import time
 
 from torchjob.controller.kubelet import PENDING, Container, Pod, RuntimeHooks
-from torchjob.engine_api import pycommand, pyrun
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.plan import SlurmAddressing, configmaps_of, pod_launches
 from torchjob.files import append_private, write_atomic
+from torchjob.pyrunner import pycommand, pyrun
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:

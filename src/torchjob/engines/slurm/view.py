@@ -21,6 +21,7 @@ from pathlib import Path
 from torchjob.engine_api import jobdirs
 from torchjob.engine_api.base import JobReport, PortReport
 from torchjob.engines.slurm import clients
+from torchjob.host import procfs
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -73,10 +74,10 @@ def process_started(pid: int) -> str | None:
     """A process's start time in clock ticks since boot (/proc/PID/stat), which tells it from a
     later process with the same pid; None when there is no such process (or it is a zombie)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        fields = procfs.stat_fields(pid)
+        return None if fields[0] == b"Z" else fields[19].decode()
+    except (OSError, ValueError, IndexError):
         return None
-    return None if fields[0] == "Z" else fields[19]
 
 
 def settle_pods(report: JobReport, why: str, at: float) -> None:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from torchjob.errors import Problem, SpecError
+from torchjob.host import procfs
 
 
 class Busy(SpecError):
@@ -77,18 +78,16 @@ def describe(pid: int) -> str:
     """``pid 123 (python3 hold.py), stopped``, with the user when it is not this one."""
     parts = [f"pid {pid}"]
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            command = " ".join(handle.read().replace(b"\0", b" ").decode(errors="replace").split())
+        command = procfs.command(pid)
     except OSError:
         command = ""
     if command:
-        parts.append(f"({command[:77] + '...' if len(command) > 80 else command})")
+        parts.append(f"({command})")
     text = " ".join(parts)
     try:
-        owner = os.stat(f"/proc/{pid}").st_uid
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rpartition(b")")[2].split()[0]
-    except (OSError, IndexError):
+        owner = procfs.uid(pid)
+        state = procfs.stat_fields(pid)[0]
+    except (OSError, ValueError, IndexError):
         return text
     if owner != os.getuid():
         text += f" of {_user(owner)}"

@@ -1,6 +1,6 @@
 """torchjob's runner: a program run as Python would, its end recorded; pre-warmed; a rank's guard.
 
-This file is not imported by torchjob; engines start it as ``engine_api/pyrun.py`` says. The
+This file is not imported by torchjob; engines start it as ``pyrunner/pyrun.py`` says. The
 local engine starts a main container's interpreter while the pod's init containers still run,
 as ``python [its options] -c BOOT <this file> <fd> <timeout> <modules> <cwd> <the container's
 arguments after the options>`` (see ``engines/local/prewarm.py``). ``BOOT``

@@ -26,7 +26,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 
-from torchjob.engine_api.pyrun import BOOT, RUNNER
+from torchjob.pyrunner.pyrun import BOOT, RUNNER
 
 PYTHON = re.compile(r"python(3(\.\d+)?)?")  # a command that runs this interpreter (sys.executable)
 TEARDOWN_ABORT = 128 + signal.SIGABRT  # a container's exit code when SIGABRT ended it
