@@ -164,6 +164,18 @@ def test_a_job_whose_supervisor_died_is_unknown_and_wait_returns(tmp_path: Path)
     assert engine.list_jobs() == []
 
 
+def test_a_detached_start_returns_once_the_status_shows_its_pods_started(tmp_path: Path) -> None:
+    """What ``run -d`` returns on is on disk: the next status shows the job Running, not the Pending
+    written before its pods were made (a loaded machine's supervisor wrote it only a turn later)."""
+    engine = get_engine("local", state_dir=tmp_path / "jobs")
+    for name in ("soon-a", "soon-b", "soon-c"):
+        job = make_job(name, [task("main", [container("app", sh("sleep 30"))], replicas=2)])
+        started = engine.start(engine.plan(job, StartOptions(detach=True)))
+        status = json.loads((Path(started.location) / "status.json").read_text())
+        assert status["phase"] == "Running", status["reason"]
+        assert engine.delete([started.id]) == [started.id]
+
+
 class _Lines:
     """A caller's sink that takes lines only (no stream of its own), as the SDK's."""
 

@@ -172,6 +172,11 @@ class Supervisor:
             self.start()
             self.running = True
             if on_started is not None and not (self.queue is not None and self.queue.told_waiting):
+                # Said and on disk before the caller returns: its next status shows the pods started
+                # (else the Pending written before they were made, until the loop's first turn).
+                self.ctl.poll()
+                if self.ctl.dirty:
+                    self.status_file.write()
                 on_started()
             self.loop()
         except OSError as err:  # the job directory cannot be written (a full disk): end, say why
