@@ -26,8 +26,11 @@ PYTHON_EXEC = "PYTHON_EXEC"  # the variable torchrun reads it from
 # Its code comes through the interpreter's own source loader (already loaded at start), which reads
 # the cached bytecode in __pycache__ when it is current and compiles (and caches, where allowed)
 # otherwise, as an import would: compiling it anew cost each process some 2 ms.
-# Should that fail (a runAsUser that cannot read torchjob's files), it ends without a word in the
-# container's log; the engine then starts the container cold.
+# Should that fail (a runAsUser that cannot read torchjob's files, an install removed under a
+# running job), a process that runs its program at once (``-``, a rank's ``guard`` or ``rank``)
+# becomes that program started cold (``python [its options] <its arguments>``; a rank's guard with
+# none of its own ``-I -S``): ending with 0 unrun would be a success that never ran. A warm process
+# (a pipe's fd) or the fork server ends without a word; the engine then starts the container cold.
 BOOT = (
     "import os,sys\n"
     "try:\n"
@@ -35,7 +38,9 @@ BOOT = (
     " l=sys.modules['_frozen_importlib_external'].SourceFileLoader(n['__name__'],sys.argv[1])\n"
     " exec(l.get_code(n['__name__']),n)\n"
     "except BaseException:\n"
-    " os._exit(0)\n"
+    " a,o=sys.argv,sys.orig_argv\n"
+    " if a[2] not in('-','guard','rank'):os._exit(0)\n"
+    " os.execv(o[0],(o[:1] if a[2]=='guard' else o[:len(o)-len(a)-1])+a[6:])\n"
     "n['main']()\n"
 )
 
