@@ -287,3 +287,21 @@ def test_a_program_started_through_the_runner_finds_the_modules_of_a_cold_start(
     runner = modules([sys.executable, "-c", BOOT, RUNNER, NO_WAIT, "0", "", str(tmp_path), str(program)])
     assert runner - cold <= {"__future__"}, sorted(runner - cold)
     assert "sys" in cold and cold - runner == set()
+
+
+@pytest.mark.parametrize("mode", ["-", "guard"])
+def test_a_runner_that_cannot_be_loaded_starts_the_program_cold_not_a_silent_success(
+    tmp_path: Path, mode: str
+) -> None:
+    """A program run at once (or a torchrun rank's guard) whose runner file cannot be read (an
+    install removed under a running job, a runAsUser that may not read it) runs cold, with its own
+    output and exit code: ending with 0 unrun would be a success that never ran."""
+    from torchjob.pyrunner.pyrun import BOOT
+
+    program = tmp_path / "prog.py"
+    program.write_text("import sys\nprint('ran', sys.argv[1:], sys.flags.isolated)\nsys.exit(3)\n")
+    missing = str(tmp_path / "gone" / "warmstart.py")
+    own = ["-I", "-S"] if mode == "guard" else ["-u"]  # the guard's own options are not the program's
+    argv = [sys.executable, *own, "-c", BOOT, missing, mode, "0", "", ".", str(program), "a b"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "ran ['a b'] 0\n", "")

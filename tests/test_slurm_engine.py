@@ -422,6 +422,9 @@ def test_dry_run_prints_the_sbatch_command_script_and_steps(tmp_path: Path) -> N
     assert "#   pytorch-job-worker-1: on NODE, srun --cpus-per-task=1\n" in done.stdout
     assert "#     init wait-for-master: added by a plugin (sh ...)\n" in done.stdout  # the pytorch plugin's
     assert f"#     master: {sys.executable} examples/programs/sendrecv.py\n" in done.stdout
+    assert (
+        "# the master's port 23456 (MASTER_PORT) as declared: claimed on the master's node\n" in done.stdout
+    )
     assert not (tmp_path / "root").exists()
 
 

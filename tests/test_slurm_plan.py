@@ -530,13 +530,16 @@ def test_slurm_clients_are_found_as_shutil_which_finds_them(
 
 
 def test_torchruns_ranks_start_through_the_rank_guard_unless_the_pod_names_its_own(tmp_path: Path) -> None:
-    from torchjob.engines.slurm.runtime import step_env, write_rank_guard
+    from torchjob.engines.slurm.runtime import step_env, write_rank_guard, write_runner
 
     job_dir = tmp_path / EVIL.replace("\n", " ").replace("/", "")  # quoted in the guard, never run
     job_dir.mkdir(mode=0o700)
-    guard = write_rank_guard(job_dir)
-    assert guard == str(job_dir / "bin" / "torchjob-rank")
+    runner = write_runner(job_dir)  # the runner a step reads: the job directory's copy
+    assert sorted(os.listdir(job_dir / "bin")) == ["agentbarrier.py", "warmstart.py"]
+    guard = write_rank_guard(job_dir, runner)
+    assert guard == str(job_dir / "bin" / "torchjob-rank") and runner == str(job_dir / "bin" / "warmstart.py")
     assert (os.stat(job_dir / "bin").st_mode & 0o777, os.stat(guard).st_mode & 0o777) == (0o700, 0o700)
+    assert os.stat(runner).st_mode & 0o777 == 0o600
     # What torchrun runs: $PYTHON_EXEC [-u] SCRIPT ARGS; the rank writes whole lines, unbuffered or not.
     code = "import sys; print(sys.argv[1:], sys.stdout.line_buffering, sys.stdout.write_through)"
     (tmp_path / "rank.py").write_text(code)
@@ -556,3 +559,55 @@ def test_torchruns_ranks_start_through_the_rank_guard_unless_the_pod_names_its_o
     assert step_env(base, runs["train-master-0"], {}, guard)["PYTHON_EXEC"] == "/opt/py/bin/python"
     assert step_env(base, runs["train-worker-0"], {"PYTHON_EXEC": "/e"}, guard)["PYTHON_EXEC"] == "/e"
     assert step_env(base, runs["train-worker-0"], {}, None)["PYTHON_EXEC"] == "/from/the/login/shell"
+
+
+def test_a_python_main_container_starts_through_the_jobs_runner_by_the_local_engines_rule() -> None:
+    from torchjob.engines.slurm.runtime import through_runner
+    from torchjob.pyrunner.pyrun import BOOT
+
+    py, runner = sys.executable, "/jobs/train-1a2b3c/bin/warmstart.py"
+    for argv, options, tail in (
+        ([py, "-u", "t.py", "a b"], ["-u"], ["t.py", "a b"]),
+        ([py, "-X", "dev", "-m", "pkg.mod", "-x"], ["-X", "dev"], ["-m", "pkg.mod", "-x"]),
+        ([py, "-c", "print(1)", "b"], [], ["-c", "print(1)", "b"]),
+    ):
+        env = {"TORCHJOB_FINISHED": "/the/pods/own"}  # the engine's marker wins over a pod's
+        assert through_runner(argv, env, runner, "/m") == [
+            py,
+            *options,
+            "-c",
+            BOOT,
+            runner,
+            "-",
+            "0",
+            "",
+            ".",
+            *tail,
+        ]
+        assert env["TORCHJOB_FINISHED"] == "/m"
+    # Not a form the runner starts as python would, not this interpreter, no runner (an image): as
+    # it is, without any marker.
+    for argv, env, where in (
+        ([py, "-i", "t.py"], {}, runner),
+        ([py, "-m"], {}, runner),
+        ([py], {}, runner),
+        (["/opt/other/bin/python3", "t.py"], {}, runner),
+        ([py, "t.py"], {"PYTHONINSPECT": "1"}, runner),
+        ([py, "t.py"], {}, None),
+        (["sh", "-c", "python t.py"], {}, runner),
+    ):
+        env["TORCHJOB_FINISHED"] = "/the/pods/own"
+        assert through_runner(list(argv), env, where, "/m") == argv and "TORCHJOB_FINISHED" not in env
+
+
+def test_dry_run_says_the_masters_port_is_the_declared_one_and_may_change() -> None:
+    from torchjob.engines.slurm.dryrun import port_lines
+
+    job = pytorch_job()
+    plan = plan_job(job, SlurmSettings(), "/jobs/train-1", ["ctl"])
+    assert port_lines(job, plan) == [
+        "# the master's port 29500 (MASTER_PORT) as declared: claimed on the master's node",
+        "# when the job runs, another free port there if 29500 is taken (status shows the one it got)",
+    ]
+    alone = load([task("main", 2, container())])  # no plugin gives a port: nothing to claim
+    assert port_lines(alone, plan_job(alone, SlurmSettings(), "/jobs/main-1", ["ctl"])) == []

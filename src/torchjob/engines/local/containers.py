@@ -10,14 +10,14 @@ anything starts (:mod:`.localcheck`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 from torchjob.expand import DesiredState, PodPlan
-from torchjob.records import field, record
 
-PYTHON = re.compile(r"python(3(\.\d+)?)?")  # a command that runs this interpreter (sys.executable)
+# PYTHON: a command that runs this interpreter (sys.executable), the rule every engine shares.
+from torchjob.pyrunner.pycommand import PYTHON as PYTHON
+from torchjob.records import field, record
 
 
 class ResolveError(Exception):

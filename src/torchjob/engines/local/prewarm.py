@@ -20,14 +20,14 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from torchjob.engines.local import process
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.errors import Issue
 
-# The runner (pyrunner/warmstart.py) and how it is started, shared with the Slurm engine.
+# The runner (pyrunner/warmstart.py), which commands it starts and how: shared with the Slurm engine.
+from torchjob.pyrunner import pycommand
 from torchjob.pyrunner.pyrun import BOOT as BOOT
 from torchjob.pyrunner.pyrun import FINISHED as FINISHED
 from torchjob.pyrunner.pyrun import NO_WAIT
@@ -41,8 +41,6 @@ if TYPE_CHECKING:
 ANNOTATION = "torchjob.io/prewarm"
 DEFAULT_MODULES = ("torch",)
 MAX_WAIT = 600.0  # seconds a warm process may wait for its init containers; then it is discarded
-_LINUX = sys.platform.startswith("linux")
-_FLAGS = frozenset("uOBsEbq")  # interpreter options passed on unchanged: sys.flags stay the same
 _MODULE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"  # compiled only for an annotation
 
 
@@ -85,36 +83,10 @@ def check(job: Job) -> list[Issue]:
 
 def warm_argv(run: ContainerRun, fd: int | str, modules: tuple[str, ...], cwd: str) -> list[str] | None:
     """The command of the container's warm process, or None when a cold start is the only sure way
-    (not torchjob's python, or an interpreter option or form whose effect could not be the same).
-    ``fd`` ``"-"``: no wait, the program runs at once (:func:`cold_argv`)."""
-    argv = run.argv
-    if not _LINUX or argv[0] != sys.executable or run.env.get("PYTHONINSPECT"):
-        return None  # (the runner sets output aside in a memfd, which only Linux has)
-    options: list[str] = []
-    i = 1
-    while i < len(argv):
-        arg = argv[i]
-        if arg in ("-c", "-m"):
-            if i + 1 >= len(argv):
-                return None
-            break
-        if not arg.startswith("-"):
-            break  # the script
-        if arg in ("-W", "-X") and i + 1 < len(argv):
-            options += argv[i : i + 2]
-            i += 2
-            continue
-        if arg.startswith(("-W", "-X")) and len(arg) > 2:
-            options.append(arg)
-        elif arg.startswith("--") or not arg[1:] or not set(arg[1:]) <= _FLAGS:
-            return None  # -i, -I, -P, -x, -d, -, --help: not reproduced; cold
-        else:
-            options.append(arg)
-        i += 1
-    if i >= len(argv):
-        return None  # an interactive interpreter
+    (pyrunner/pycommand.py's rule, shared with the Slurm engine). ``fd`` ``"-"``: no wait, the
+    program runs at once (:func:`cold_argv`)."""
     timeout = f"{MAX_WAIT + 60:g}"  # the engine discards it first; this only covers the engine vanishing
-    return [argv[0], *options, "-c", BOOT, RUNNER, str(fd), timeout, ",".join(modules), cwd, *argv[i:]]
+    return pycommand.runner_argv(run.argv, run.env, fd, timeout, modules, cwd)
 
 
 def cold_argv(run: ContainerRun) -> list[str] | None:

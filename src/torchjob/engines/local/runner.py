@@ -25,6 +25,7 @@ from torchjob.controller.kubelet import CannotStart, Container, Pod, RuntimeHook
 from torchjob.engines.local import prewarm, process, proctree
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.state import open_private
+from torchjob.pyrunner import pycommand
 from torchjob.records import field, record
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -40,11 +41,6 @@ if TYPE_CHECKING:
 
 RESTART_WAIT = 5.0  # seconds past a restart's time to wait for the previous run's processes to die
 FORK_RETRY = 0.05  # seconds until a container the fork server cannot fork yet is tried again
-TEARDOWN_ABORT = 128 + signal.SIGABRT
-TEARDOWN_NOTE = (
-    "the program finished (exit code 0), then the interpreter aborted (SIGABRT) while shutting "
-    "down, as torch 2.13 can at exit; counted as success"
-)
 
 
 @record
@@ -83,21 +79,14 @@ def _log(c: Container, text: str) -> None:
 def _finished(p: Processes) -> bool:
     """The runner recorded that the container's program ended with code 0 (warmstart.py)."""
     marker = p.run.env.get(prewarm.FINISHED)
-    if p.run.init or not marker:
-        return False
-    try:
-        with open(marker, "rb") as handle:
-            return handle.read(1) == b"0"
-    except OSError:
-        return False
+    return marker is not None and not p.run.init and pycommand.finished(marker)
 
 
 def _forget_finished(p: Processes) -> None:
     """A new run of the container: the previous run's marker does not speak for it."""
     marker = p.run.env.get(prewarm.FINISHED)
     if marker and not p.run.init:
-        with contextlib.suppress(OSError):
-            os.unlink(marker)
+        pycommand.forget(marker)
 
 
 # ------------------------------------------------------------------ a pod's processes
@@ -214,9 +203,9 @@ class LocalRunner(RuntimeHooks):
         if code is None:
             return None
         code = exit_code_of(code)
-        if code == TEARDOWN_ABORT and _finished(p):
+        if code == pycommand.TEARDOWN_ABORT and _finished(p):  # counted as pyrunner/pycommand.py says
             code = 0
-            _log(c, f"torchjob: {TEARDOWN_NOTE}\n")
+            _log(c, f"torchjob: {pycommand.TEARDOWN_NOTE}\n")
         # Its orphans (a main process adopts those of its tree) went to the supervisor as it ended:
         # they are this container's, or of another that ended as well; either way they end now.
         orphans = [pid for pid in self.adopt() if pid not in p.tracked]

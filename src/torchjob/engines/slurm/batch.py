@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torchjob.controller.kubelet import Kubelet, Pod
 from torchjob.engines.slurm import steps
-from torchjob.engines.slurm.runtime import SlurmRuntime, write_rank_guard
+from torchjob.engines.slurm.runtime import SlurmRuntime, write_rank_guard, write_runner
 from torchjob.files import write_atomic
 from torchjob.reports import Event
 from torchjob.typecheck import TYPE_CHECKING
@@ -84,12 +84,15 @@ class BatchController:
             ),
         )
         env = {str(k): str(v) for k, v in dict(options.get("extraEnv") or {}).items()}  # type: ignore[call-overload]
-        rank_guard = None
+        runner: str | None = None
+        rank_guard: str | None = None
         if not plan.settings.container_images:  # an image has its own python, and no job directory
             try:
-                rank_guard = write_rank_guard(job_dir)
+                runner = write_runner(job_dir)
+                rank_guard = write_rank_guard(job_dir, runner)
             except OSError as err:
-                self._say(f"torchrun's ranks run without torchjob's rank guard: {err}")
+                runner = None
+                self._say(f"python containers and torchrun's ranks run without torchjob's runner: {err}")
         self.runtime = SlurmRuntime(
             os.environ["SLURM_JOB_ID"],
             job_dir,
@@ -104,6 +107,7 @@ class BatchController:
             say=self._say,
             record=self._event,
             rank_guard=rank_guard,
+            runner=runner,
         )
         self.kubelet = Kubelet(self.runtime)
         timeout = options.get("timeout")

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 def step_lines(job: Job, plan: SlurmPlan) -> list[str]:
     """Each pod's steps as they will run, a plugin's init container in one line."""
     from torchjob.engines.slurm.plan import PlanError, launches, place
+    from torchjob.pyrunner.pycommand import PYTHON
 
     if plan.in_allocation:
         layout = {0: [("NODE", len(plan.pods))]}
@@ -32,16 +33,31 @@ def step_lines(job: Job, plan: SlurmPlan) -> list[str]:
         header = f"#   {launch.pod}: on NODE, srun {' '.join(resources.step_args())}"
         if header not in lines:
             lines.append(header)
-        argv = [
-            sys.executable if launch.argv[0] in ("python", "python3") else launch.argv[0],
-            *launch.argv[1:],
-        ]
+        argv = [sys.executable if PYTHON.fullmatch(launch.argv[0]) else launch.argv[0], *launch.argv[1:]]
         if launch.init and (launch.task, launch.container) not in declared:
             text = f"init {launch.container}: added by a plugin ({argv[0]} ...)"
         else:
             text = f"{'init ' if launch.init else ''}{launch.container}: {shlex.join(argv)}"
         lines.append(f"#     {text}")
     return lines
+
+
+def port_lines(job: Job, plan: SlurmPlan) -> list[str]:
+    """What the master's ports shown are: the declared ones, which the controller claims on the
+    master's node when the job runs and replaces there when taken (masterport.py)."""
+    from torchjob.engines.slurm.plan import rendezvous_ports
+
+    ports = rendezvous_ports(job) if plan.master is not None else []
+    if not ports:
+        return []
+    head = "# the master's port"
+    if len(ports) == 1:
+        first = f"{head} {ports[0]} (MASTER_PORT) as declared: claimed on the master's node"
+        then = f"another free port there if {ports[0]} is taken (status shows the one it got)"
+    else:
+        first = f"{head}s {', '.join(map(str, ports))} as declared: claimed on the master's node"
+        then = "another free port there for each one taken (status shows those it got)"
+    return [first, f"# when the job runs, {then}"]
 
 
 def plan_text(job: Job, plan: SlurmPlan, job_id: str, job_dir: Path, allocation: str | None) -> str:
@@ -66,6 +82,7 @@ def plan_text(job: Job, plan: SlurmPlan, job_id: str, job_dir: Path, allocation:
         for component in plan.components:
             args = " ".join(component.sbatch_args())
             lines.append(f"#   {component.index}: tasks {', '.join(component.tasks)}: {args}")
+    lines += port_lines(job, plan)
     lines.append("# pods, each container a job step on the pod's node (init containers first, in order);")
     lines.append("# NODE is the node Slurm gives the pod, known once the allocation runs:")
     lines += step_lines(job, plan)

@@ -14,18 +14,26 @@ Each attempt's containers are built from that attempt's pod (``plan.pod_launches
 restarted pod's steps see its retry count and job version, as on every engine, and the master's
 ports of that attempt of the job (``masterport.py``).
 
-torchrun's ranks start through the rank guard (``pyrunner/pyrun.py``), as locally: each step
-gets ``PYTHON_EXEC`` naming ``bin/torchjob-rank`` in the job directory, which the controller
-writes before the first step (:func:`write_rank_guard`). The job directory is on the filesystem
-every node shares (the batch script proved it), at an absolute path, so a step on any node, with
-any ``--chdir``, finds it; the guard runs the interpreter the controller runs in, which a bare
-``python`` already means on every node. A container's own ``PYTHON_EXEC`` (or ``-e``) wins.
+Python runs as locally (``pyrunner/pycommand.py``, one rule for both engines): a bare
+``python`` is the interpreter the controller runs in, which a bare ``python`` already means on
+every node, and a main container whose command is that interpreter starts through torchjob's
+runner, which records that its program ended (``$TORCHJOB_FINISHED``, a file beside the
+container's log) before the interpreter's teardown; a step that then aborted in the teardown
+(exit code 134) is counted as a success with a note in its log. torchrun's ranks start through
+the runner's rank guard: each step gets ``PYTHON_EXEC`` naming ``bin/torchjob-rank``. The
+controller copies the runner into the job directory's ``bin`` and writes the guard there before
+the first step (:func:`write_runner`, :func:`write_rank_guard`): the job directory is on the
+filesystem every node shares (the batch script proved it), at an absolute path, so a step on any
+node, with any ``--chdir``, reads them there. A container's own ``PYTHON_EXEC`` (or ``-e``) wins;
+its own ``TORCHJOB_FINISHED`` does not (the engine's bookkeeping). With ``--container-images``
+neither is used: an image has its own Python and no job directory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -34,7 +42,7 @@ from torchjob.controller.kubelet import PENDING, Container, Pod, RuntimeHooks
 from torchjob.engines.slurm import steps
 from torchjob.engines.slurm.plan import SlurmAddressing, configmaps_of, pod_launches
 from torchjob.files import append_private, write_atomic
-from torchjob.pyrunner import pyrun
+from torchjob.pyrunner import pycommand, pyrun
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -46,19 +54,45 @@ if TYPE_CHECKING:
     from torchjob.lifecycle import JobStatus
     from torchjob.logs import Level
 
-_PYTHONS = ("python", "python3")
 CONFIRM_EVERY = 0.2  # seconds between two squeue calls that look for starting steps
 
 
-def write_rank_guard(job_dir: Path) -> str:
+def write_runner(job_dir: Path) -> str:
+    """Copy torchjob's runner (warmstart.py and what it loads beside it) into the job's ``bin``
+    (0700, files 0600); the copy's path. An OSError when it cannot be read or written."""
+    bin_dir = job_dir / "bin"
+    bin_dir.mkdir(mode=0o700, exist_ok=True)
+    here = os.path.dirname(pyrun.RUNNER)
+    for name in (os.path.basename(pyrun.RUNNER), *pyrun.BESIDE):
+        with open(os.path.join(here, name), "rb") as source:
+            write_atomic(bin_dir / name, source.read())
+    return str(bin_dir / os.path.basename(pyrun.RUNNER))
+
+
+def write_rank_guard(job_dir: Path, runner: str = pyrun.RUNNER) -> str:
     """Write the job's rank guard (``bin/torchjob-rank``, 0700 in a 0700 directory) for this
-    interpreter; its path, for ``PYTHON_EXEC``. An OSError when it cannot be written."""
+    interpreter and ``runner``; its path, for ``PYTHON_EXEC``. An OSError when it cannot be written."""
     bin_dir = job_dir / "bin"
     bin_dir.mkdir(mode=0o700, exist_ok=True)
     shim = bin_dir / pyrun.RANK_SHIM
-    write_atomic(shim, pyrun.guard_shim(sys.executable))
+    write_atomic(shim, pyrun.guard_shim(sys.executable, runner))
     shim.chmod(0o700)
     return str(shim)
+
+
+def through_runner(argv: list[str], env: dict[str, str], runner: str | None, marker: str) -> list[str]:
+    """A main container's command (its python already ``sys.executable``) as its step runs it:
+    through ``runner`` with ``marker`` as ``$TORCHJOB_FINISHED`` when pycommand's rule lets the
+    runner start it, else as it is. ``env``, the step's, is changed to match: no
+    ``TORCHJOB_FINISHED`` but the engine's."""
+    env.pop(pyrun.FINISHED, None)
+    started = (
+        None if runner is None else pycommand.runner_argv(argv, env, pyrun.NO_WAIT, "0", (), ".", runner)
+    )
+    if started is None:
+        return argv
+    env[pyrun.FINISHED] = marker
+    return started
 
 
 def step_env(
@@ -96,6 +130,7 @@ class SlurmRuntime(RuntimeHooks):
         say: Callable[[str], None],
         record: Callable[[str], None],
         rank_guard: str | None = None,
+        runner: str | None = None,
     ) -> None:
         self.job_id = job_id
         self.listed = steps.component_ids_from_env({"SLURM_JOB_ID": job_id, **base_env})
@@ -109,6 +144,8 @@ class SlurmRuntime(RuntimeHooks):
         self.extra_env = extra_env
         self.workdir = workdir
         self.rank_guard = rank_guard  # PYTHON_EXEC for torchrun's ranks; None: torchrun's own python
+        self.runner = runner  # the job's copy of the runner for python containers; None: none
+        self.markers: dict[str, str] = {}  # step name -> its $TORCHJOB_FINISHED, for those run through it
         self.attempts: dict[str, int] = {}  # pod name -> its latest attempt number
         self.asked_at = 0.0  # when squeue was last asked which steps run
         self.running_steps: set[str] = set()  # the step names squeue listed then
@@ -149,9 +186,16 @@ class SlurmRuntime(RuntimeHooks):
         name = f"{pod.name}.{container.name}.{pod.attempt}{suffix}"
         resources, component = self.resources(launch)
         argv = list(launch.argv)
-        if argv[0] in _PYTHONS:  # as locally: a bare python is the interpreter torchjob runs in
+        if pycommand.PYTHON.fullmatch(
+            argv[0]
+        ):  # as locally: a bare python is the interpreter torchjob runs in
             argv[0] = sys.executable
         env = step_env(self.base_env, launch, self.extra_env, self.rank_guard)
+        marker = str(pod.log_dir / f"{container.name}.finished")
+        argv = through_runner(argv, env, None if launch.init or resources.image else self.runner, marker)
+        if pyrun.FINISHED in env:  # a restart's step: the last run's marker does not speak for it
+            pycommand.forget(marker)
+            self.markers[name] = marker
         return steps.Step.start(
             self.job_id,
             name,
@@ -169,11 +213,17 @@ class SlurmRuntime(RuntimeHooks):
     def poll(self, pod: Pod, container: Container) -> int | None:
         step: steps.Step = container.handle
         code = step.poll()
-        if code is not None:
-            said = step.messages()  # srun's own words of a step that ended, when it says more
-            if said:
-                append_private(container.log, "".join(f"{line}\n" for line in said))
-        return code
+        if code is None:
+            return None
+        said = step.messages()  # srun's own words of a step that ended, when it says more
+        marker = self.markers.get(step.name)
+        finished = code == pycommand.TEARDOWN_ABORT and marker is not None and pycommand.finished(marker)
+        if finished:  # the abort is told by the note, not by srun's line that the task aborted
+            said = [line for line in said if not re.match(steps.TASK_ABORTED, line)]
+            said.append(f"torchjob: {pycommand.TEARDOWN_NOTE}")
+        if said:
+            append_private(container.log, "".join(f"{line}\n" for line in said))
+        return 0 if finished else code
 
     def signal(self, pod: Pod, container: Container, signum: int) -> None:
         step: steps.Step = container.handle

@@ -47,6 +47,8 @@ OUTAGE_PATIENCE = 600.0  # seconds a step start or stop waits for slurmctld to a
 KILL_WAIT = 10.0  # seconds Slurm has to end a step after scancel --signal=KILL
 # srun's line for a task that ended (``srun: error: node1: task 0: Exited with exit code 3``).
 _TASK_ENDED = r"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|Terminated|Killed)$"
+# srun's line for a task that SIGABRT ended (``srun: error: node1: task 0: Aborted``).
+TASK_ABORTED = r"^srun: error: \S+: tasks? [0-9,-]+: Aborted( \(core dumped\))?$"
 # srun's words for a step it could not create because slurmctld did not answer.
 _NOT_CREATED = r"Unable to (confirm allocation|create step)"
 
