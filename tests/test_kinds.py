@@ -510,15 +510,14 @@ def test_too_many_pods_are_told_at_the_kinds_replica_counts() -> None:
     ], found
     jobset = _jobset("").replace(
         "- name: b\n      template: {spec: {",
-        "- name: b\n      replicas: 100000\n"
-        "      template: {spec: {parallelism: 100000, completions: 100000, ",
+        "- name: b\n      replicas: 3\n"
+        "      template: {spec: {parallelism: 1000000000, completions: 100000, ",
     )
     found = problems(jobset)
     assert sorted(found) == [
-        "job.yaml:5: spec.replicatedJobs: the tasks have 10000000001 replicas in all; "
-        "expected at most 150000, "
+        "job.yaml:5: spec.replicatedJobs: the tasks have 300001 replicas in all; expected at most 150000, "
         "the most pods one Kubernetes cluster is built for",
-        "job.yaml:9: spec.replicatedJobs[1].replicas: replicas times parallelism is 10000000000; JobSet "
+        "job.yaml:9: spec.replicatedJobs[1].replicas: replicas times parallelism is 3000000000; JobSet "
         "takes at most 2147483647",
     ], found
 
