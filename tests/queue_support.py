@@ -24,13 +24,15 @@ def gpu_job(
     gpus: int = 1,
     replicas: int = 1,
     sleep: float = 0.5,
-    gate: bool = False,
+    gate: bool | str = False,
     cpu: int = 0,
     **spec: Any,
 ) -> str:
     """A job file: ``replicas`` pods of ``gpus`` GPUs each, tracing their start and end; with
-    ``gate``, the pods end only once the file ``open`` exists (see :func:`release`)."""
-    wait = f"while [ ! -e {tmp_path / 'open'} ]; do sleep 0.05; done" if gate else f"sleep {sleep}"
+    ``gate``, the pods end only once the file ``open`` (or the one ``gate`` names) exists (see
+    :func:`release`)."""
+    gate_file = tmp_path / (gate if isinstance(gate, str) else "open")
+    wait = f"while [ ! -e {gate_file} ]; do sleep 0.05; done" if gate else f"sleep {sleep}"
     script = TRACE_POD.format(trace=tmp_path / "trace", wait=wait)
     limits: dict[str, Any] = {"resources": {"limits": {"nvidia.com/gpu": gpus}}} if gpus else {}
     if cpu:
@@ -43,9 +45,9 @@ def gpu_job(
     return write_job(tmp_path, job, f"{name}.json")
 
 
-def release(tmp_path: Path) -> None:
-    """Let the gated pods end."""
-    (tmp_path / "open").touch()
+def release(tmp_path: Path, gate: str = "open") -> None:
+    """Let the gated pods end (those of the gate named)."""
+    (tmp_path / gate).touch()
 
 
 def submit(tmp_path: Path, path: str, *extra: str) -> str:

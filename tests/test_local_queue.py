@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -111,8 +112,8 @@ def test_pods_beyond_min_available_start_when_they_fit(
 ) -> None:
     tmp_path = queue_env
     monkeypatch.setenv("TORCHJOB_CAPACITY", "nvidia.com/gpu=3")
-    # Both hold their GPUs until released, so no timing decides which pod ran first.
-    blocker = submit(tmp_path, gpu_job(tmp_path, "blocker", gate=True))
+    # Each holds its GPUs until its own gate opens, so no timing decides which pod ran first.
+    blocker = submit(tmp_path, gpu_job(tmp_path, "blocker", gate="blocker-open"))
     elastic = submit(tmp_path, gpu_job(tmp_path, "elastic", replicas=3, gate=True, task_min_available=2))
 
     def started() -> set[str]:
@@ -123,6 +124,8 @@ def test_pods_beyond_min_available_start_when_they_fit(
     assert wait_until(lambda: {"elastic-main-0", "elastic-main-1"} <= started(), 30)
     time.sleep(0.5)  # and the third stays out while the blocker holds its GPU
     assert "elastic-main-2" not in started()
+    release(tmp_path, "blocker-open")  # the blocker's GPU, and only it, comes free
+    assert wait_until(lambda: "elastic-main-2" in started(), 30)
     release(tmp_path)
     wait_all(tmp_path, [blocker, elastic])
     spans = intervals(tmp_path)
@@ -298,10 +301,22 @@ def test_a_job_asking_more_cpus_than_the_machine_has_runs_alone(queue_env: Path)
         text=True,
         env={**os.environ, "TORCHJOB_HOME": str(tmp_path / "home")},
     )
-    time.sleep(1.0)
-    assert "big-main" not in (tmp_path / "trace").read_text()  # it waits for the small job
+    # It says it waits for the small job (a fixed sleep could end before a busy machine's CLI
+    # had even reached the queue), and it does.
+    assert attached.stdout is not None
+    said = ""
+    deadline = time.monotonic() + 30
+    while "waiting for 4 cpu, 3 free" not in said and time.monotonic() < deadline:
+        ready, _, _ = select.select([attached.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        line = attached.stdout.readline() if ready else ""
+        if not line:
+            break
+        said += line
+    traced = tmp_path / "trace"
+    assert not traced.exists() or "big-main" not in traced.read_text()
     release(tmp_path)
-    out, _ = attached.communicate(timeout=30)
+    rest, _ = attached.communicate(timeout=30)
+    out = said + rest
     assert attached.returncode == 0, out
     assert (
         "the job asks for 6 cpu; this machine has 4 (TORCHJOB_CAPACITY): it is counted as taking all" in out

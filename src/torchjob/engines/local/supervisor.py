@@ -181,7 +181,7 @@ class Supervisor:
             self.loop()
         except OSError as err:  # the job directory cannot be written (a full disk): end, say why
             # (A bug raising OSError ends the job the same way, with its reason, not a traceback.)
-            self.stop_for(err)
+            self.stop_for(self._removed() or err)
         finally:
             self.shutdown()  # whatever happened above, nothing of the job outlives this
 
@@ -193,6 +193,16 @@ class Supervisor:
         if _identity(self.dir.path) != self.dir_identity:
             self.status_file.gone = True
             raise FileNotFoundError(errno.ENOENT, "the job directory was removed", str(self.dir.path))
+
+    def _removed(self) -> OSError | None:
+        """The directory's removal, when that is why a write failed: said as that, not as the file."""
+        if self.dir_identity is None or self.status_file.gone:
+            return None
+        try:
+            self.check_dir()
+        except FileNotFoundError as gone:
+            return gone
+        return None
 
     def stop_for(self, err: OSError) -> None:
         where = f" ({err.filename})" if err.filename else ""
