@@ -212,6 +212,14 @@ class JobDir:
             return False  # no TTL (or a damaged file): kept until deleted
         return at <= now and not self.supervisor_alive()
 
+    def identity(self) -> tuple[int, int] | None:
+        """The directory's device and inode (one made again at its path is another); None once gone."""
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        return (info.st_dev, info.st_ino)
+
     def write_pid(self) -> int:
         """Name this process as the job's supervisor; a descriptor of the pid file that it keeps open
         as long as it supervises (closed by its caller at the end): what shows that the pid written

@@ -25,7 +25,6 @@ import errno
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from torchjob.controller import DEFAULT_GRACE, Controller, termination_grace
 from torchjob.controller.kubelet import ENDED, Kubelet, Pod
@@ -164,7 +163,7 @@ class Supervisor:
         """Run the job to its end; ``on_started`` is called once its pods have been started."""
         try:
             self.pid_fd = self.dir.write_pid()  # held open while this process supervises the job
-            self.dir_identity = _identity(self.dir.path)
+            self.dir_identity = self.dir.identity()
             # Before any pod: a job whose status cannot be written never starts.
             self.status_file.write(must=True)
             if self.queue is not None and not self.queue.admit(on_started):
@@ -190,18 +189,16 @@ class Supervisor:
         cleaned up) is stopped: no command could see, follow or delete it any more, and its pods
         would run on unseen. The directory is known by its identity, so one made again at the same
         path (by someone else) is not taken for it and is never written to."""
-        if _identity(self.dir.path) != self.dir_identity:
+        if self.dir.identity() != self.dir_identity:
             self.status_file.gone = True
             raise FileNotFoundError(errno.ENOENT, "the job directory was removed", str(self.dir.path))
 
     def _removed(self) -> OSError | None:
         """The directory's removal, when that is why a write failed: said as that, not as the file."""
-        if self.dir_identity is None or self.status_file.gone:
-            return None
         try:
             self.check_dir()
         except FileNotFoundError as gone:
-            return gone
+            return gone if self.dir_identity is not None else None
         return None
 
     def stop_for(self, err: OSError) -> None:
@@ -399,12 +396,3 @@ class Supervisor:
             self.kubelet.poll(list(pods.values()))
             self.echo.show()
             self.waiter.wait(TICK)
-
-
-def _identity(path: Path) -> tuple[int, int] | None:
-    """The directory's device and inode; None once it is gone."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return (info.st_dev, info.st_ino)
