@@ -195,10 +195,12 @@ class Supervisor:
 
     def _removed(self) -> OSError | None:
         """The directory's removal, when that is why a write failed: said as that, not as the file."""
+        if self.dir_identity is None:  # failed before it was known (a full disk): not a removal
+            return None
         try:
             self.check_dir()
         except FileNotFoundError as gone:
-            return gone if self.dir_identity is not None else None
+            return gone
         return None
 
     def stop_for(self, err: OSError) -> None:
