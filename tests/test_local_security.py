@@ -37,6 +37,7 @@ from support import (
     wait_until,
 )
 from torchjob.engines.local import check_job, ports
+from torchjob.engines.local.admission import place
 from torchjob.engines.local.process import marked_processes
 from torchjob.errors import Issue, SpecError
 from torchjob.spec.defaults import apply_defaults
@@ -127,7 +128,7 @@ def test_a_registry_directory_made_by_another_user_is_refused(
 def registry_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The default location, in the test's own directory standing for /tmp."""
     monkeypatch.delenv("TORCHJOB_RUNTIME_DIR", raising=False)
-    monkeypatch.setattr(ports, "PRIVATE_BASE", tmp_path)
+    monkeypatch.setattr(place, "PRIVATE_BASE", tmp_path)  # the user's directory (admission/place.py)
     return tmp_path / f"torchjob-{os.getuid()}"
 
 

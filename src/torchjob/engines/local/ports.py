@@ -23,6 +23,7 @@ import time
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
+from torchjob.engines.local.admission import place
 from torchjob.engines.local.state import process_alive, start_time
 from torchjob.errors import Problem, SpecError
 from torchjob.host import tcp
@@ -54,9 +55,6 @@ def declared_ports(job: Job) -> list[int]:
     return list(dict.fromkeys(ports))
 
 
-PRIVATE_BASE = Path("/tmp")  # not $TMPDIR, which a session may set and a cron job not
-
-
 class RegistryError(SpecError):
     """The port registry cannot be used safely (or at all); one line, the registry's path first."""
 
@@ -74,8 +72,7 @@ def registry_dir() -> Path:
     directory (not a symlink) owned by this user with mode 0700, or :class:`RegistryError` says so:
     in a shared ``/tmp`` another user can create the directory first and plant symlinks in it.
     """
-    explicit = os.environ.get("TORCHJOB_RUNTIME_DIR")
-    base = Path(explicit) if explicit else PRIVATE_BASE / f"torchjob-{os.getuid()}"
+    base = place.user_dir()
     _make_private_dir(base)
     return base
 

@@ -59,8 +59,15 @@ def locate() -> Place:
     found = _existing(SHARED_DIR, may_share=True)
     if found is not None:
         return found
+    return _private(user_dir())
+
+
+def user_dir() -> Path:
+    """This user's own directory for what all their local jobs share (this private queue, the port
+    registry, ports.py): ``$TORCHJOB_RUNTIME_DIR``, else ``/tmp/torchjob-<uid>`` in every session.
+    Not checked here: each user of it checks it as it opens it."""
     runtime = os.environ.get("TORCHJOB_RUNTIME_DIR")
-    return _private(Path(runtime) if runtime else PRIVATE_BASE / f"torchjob-{os.getuid()}")
+    return Path(runtime) if runtime else PRIVATE_BASE / f"torchjob-{os.getuid()}"
 
 
 def shared_place() -> Place | None:
