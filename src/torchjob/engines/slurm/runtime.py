@@ -186,9 +186,8 @@ class SlurmRuntime(RuntimeHooks):
         name = f"{pod.name}.{container.name}.{pod.attempt}{suffix}"
         resources, component = self.resources(launch)
         argv = list(launch.argv)
-        if pycommand.PYTHON.fullmatch(
-            argv[0]
-        ):  # as locally: a bare python is the interpreter torchjob runs in
+        # As locally: a bare python is the interpreter torchjob runs in.
+        if pycommand.PYTHON.fullmatch(argv[0]):
             argv[0] = sys.executable
         env = step_env(self.base_env, launch, self.extra_env, self.rank_guard)
         marker = str(pod.log_dir / f"{container.name}.finished")
