@@ -441,7 +441,7 @@ requests_r, requests_w = os.pipe()
 replies_r, replies_w = os.pipe()
 log = sys.argv[3]
 request = [os.getcwd().encode(), log.encode(), b"1", b"prog.py", b"ONLY=this"]
-if server["_fork"](request, requests_r, replies_w) is not None:  # in the container's process
+if server["_fork"](b"\0".join(request), requests_r, replies_w) is not None:  # in the container's process
     os._exit(42 if os.environ == {"ONLY": "this"} else 43)
 print(os.read(replies_r, 100).decode().strip(), flush=True)
 """
@@ -467,3 +467,66 @@ def test_a_forked_container_is_the_engines_child(tmp_path: Path, forks: str) -> 
         assert done == int(pid) and os.waitstatus_to_exitcode(status) == 42
     finally:
         process.set_child_subreaper(False)
+
+
+def _spares_of(server: int) -> list[int]:
+    """This process's live children in the fork server's session, bar the server: its spares."""
+    import psutil
+
+    found = []
+    for child in psutil.Process().children():
+        try:
+            ours = child.pid != server and os.getsid(child.pid) == server
+            if ours and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child.pid)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def test_a_kept_servers_spares_take_the_next_containers_and_are_no_jobs_orphans(tmp_path: Path) -> None:
+    """The warm pool's server forks a spare as each container it forked ends: an idle child of this
+    process in the server's session, which the orphan scans leave alone and which is handed the
+    next container (then in a session of its own); a spare killed while idle is skipped and
+    reaped, and the server's end takes its spares with it."""
+    from torchjob.engines.local import proctree
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "prog.py").write_text("import os\nprint('ids', os.getpid(), os.getsid(0), os.getpgid(0))\n")
+    preloader, run_ = _preloader(tmp_path, ("ctypes",), work)
+    preloader.pooled = True  # kept for the next jobs: it forks spares
+    try:
+        assert preloader.accepts(run_)
+        first = _fork(preloader, run_, tmp_path / "1.log")
+        assert first is not None and first.wait(30) == 0
+        assert preloader.proc is not None
+        server = preloader.proc.pid
+        assert wait_until(lambda: len(_spares_of(server)) == 1, 30)
+        (spare,) = _spares_of(server)
+        tree = proctree.children_map()
+        assert spare not in proctree.adopted(tree, set(), "another-job")  # a server's, not an orphan
+        proctree.HELPERS.discard(server)
+        try:
+            assert spare in proctree.adopted(tree, set(), "another-job")  # what the rule keeps out
+        finally:
+            proctree.HELPERS.add(server)
+        second = _fork(preloader, run_, tmp_path / "2.log")
+        assert second is not None and second.pid == spare and second.wait(30) == 0
+        assert f"ids {spare} {spare} {spare}" in (tmp_path / "2.log").read_text()  # its own session
+        assert preloader.spares.pids == [] and _spares_of(server) == []
+        assert wait_until(lambda: len(_spares_of(server)) == 1, 30)
+        (killed,) = _spares_of(server)
+        os.kill(killed, signal.SIGKILL)
+        assert wait_until(lambda: _spares_of(server) == [], 10)
+        third = _fork(preloader, run_, tmp_path / "3.log")  # a new fork: the dead spare is skipped
+        assert third is not None and third.pid != killed and third.wait(30) == 0
+        with pytest.raises(ChildProcessError):
+            os.waitpid(killed, os.WNOHANG)  # reaped when the server told of it
+        assert wait_until(lambda: len(_spares_of(server)) == 1, 30)
+        (last,) = _spares_of(server)
+    finally:
+        preloader.close()
+        process.set_child_subreaper(False)
+    with pytest.raises(ChildProcessError):  # ended with the server, and reaped
+        os.waitpid(last, os.WNOHANG)

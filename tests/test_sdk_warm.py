@@ -38,7 +38,7 @@ TASK_MODULE = textwrap.dedent(
         leaked = globals().get("LEAK")
         globals()["LEAK"] = "set by an earlier call"
         return {"sum": t.item(), "leaked": leaked, "version": VERSION, "env": dict(os.environ),
-                "pid": os.getpid()}
+                "pid": os.getpid(), "ids": [os.getsid(0), os.getpgid(0)]}
 
     allreduce = task(task_config=PyTorch(worker=Worker(replicas=1)))(body)
     cold = task(task_config=PyTorch(worker=Worker(replicas=1)), warm=False)(body)
@@ -158,6 +158,66 @@ def test_later_calls_fork_fresh_ranks_with_a_cold_calls_environment(tmp_path: Pa
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+SPARES = textwrap.dedent(
+    """
+    import json, os, signal, time
+    import psutil
+    import warmtask
+    from torchjob.engines.local import pool
+
+    def spares():  # this process's live children in the server's session, bar the server
+        found = []
+        for child in psutil.Process().children():
+            try:
+                if child.pid != server and os.getsid(child.pid) == server and child.status() != "zombie":
+                    found.append(child.pid)
+            except (OSError, psutil.Error):
+                pass
+        return sorted(found)
+
+    def wait_for(count):
+        deadline = time.monotonic() + 60
+        while len(spares()) != count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return spares()
+
+    out = {"first": warmtask.allreduce(1)}
+    server = next(iter(pool._pools.values()))[1].proc.pid
+    out["spares"] = wait_for(2)  # forked after the first call, one per rank it forked
+    out["cold"] = warmtask.cold(2)  # a cold job beside them: its orphan sweeps leave them alone
+    out["spares_after_cold"] = spares()
+    out["second"] = warmtask.allreduce(3)
+    out["spares_after_second"] = wait_for(2)
+    for pid in out["spares_after_second"]:
+        os.kill(pid, signal.SIGKILL)  # killed while idle: the next call forks anew
+    wait_for(0)
+    out["third"] = warmtask.allreduce(4)
+    zombies = [c.pid for c in psutil.Process().children() if c.status() == "zombie"]
+    out["killed_left"] = sorted(set(zombies) & set(out["spares_after_second"]))
+    out["spares_at_the_end"] = wait_for(2)
+    print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+def test_the_ranks_of_a_call_are_the_spares_forked_after_the_one_before(tmp_path: Path) -> None:
+    """After a warm call the server forks a spare per rank (idle children of the caller in its
+    session); the next call's ranks are those spares, each in a session and group of its own with
+    nothing of an earlier call; a cold job's sweeps leave the spares alone; spares killed while
+    idle are reaped and the next call forks anew; the caller's end takes the spares with it."""
+    script = _script(tmp_path, SPARES)
+    done = _run(script, _env(tmp_path))
+    out = _result(done.stdout)
+    assert [out[k]["sum"] for k in ("first", "cold", "second", "third")] == [2, 4, 6, 8]
+    assert len(out["spares"]) == 2 and out["spares_after_cold"] == out["spares"]
+    second = out["second"]
+    assert second["pid"] in out["spares"] and second["ids"] == [second["pid"], second["pid"]]
+    assert second["leaked"] is None
+    assert out["third"]["pid"] not in out["spares_after_second"] and out["killed_left"] == []
+    for pid in out["spares_at_the_end"]:  # ended with the script (atexit)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
 FIRST_CALL = textwrap.dedent(
     """
     import json, time
@@ -197,6 +257,13 @@ KILLED = textwrap.dedent(
 )
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def test_a_killed_caller_leaves_no_server(tmp_path: Path) -> None:
     script = _script(tmp_path, KILLED)
     proc = subprocess.Popen(
@@ -211,12 +278,22 @@ def test_a_killed_caller_leaves_no_server(tmp_path: Path) -> None:
         servers = [int(p) for p in line.split()[1:]]
         assert line.startswith("SERVERS") and servers, line
         assert all(psutil.pid_exists(p) for p in servers)
+
+        def spares() -> list[int]:  # the caller's children in a server's session (forked.py)
+            children = psutil.Process(proc.pid).children()
+            return [c.pid for c in children if c.pid not in servers and os.getsid(c.pid) in servers]
+
+        deadline = time.monotonic() + 30
+        while len(spares()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        servers += spares()
+        assert len(servers) == 3  # the server and a spare per rank of the call
         proc.send_signal(signal.SIGKILL)  # as a notebook kernel killed: no atexit
         proc.wait(10)
         deadline = time.monotonic() + 10
-        while any(psutil.pid_exists(p) for p in servers) and time.monotonic() < deadline:
+        while any(_alive(p) for p in servers) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(psutil.pid_exists(p) for p in servers)
+        assert not any(_alive(p) for p in servers)
     finally:
         proc.kill()
         proc.wait(10)

@@ -18,6 +18,11 @@ would run it), and then
    session of its own, adopts its orphans, takes the log as stdout and stderr, /dev/null as
    stdin, the container's environment and working directory, then tells the server its pid
    (which the server replies to the engine) and runs the program;
+   a ``spare`` request (the warm pool's, as a container it forked ends) forks such a process
+   ahead of time: it waits, in the server's session, for a container's request of its own, and
+   the next container is handed to it, so that the fork is off the container's start (``spare
+   <pid>`` is replied, or ``nospare`` where it needs two forks); a spare ends when the server
+   does (end of file on its pipe);
 3. ends at end of file on the requests pipe (the engine is gone).
 
 Only what the interpreter loaded anyway (os, sys) and what the preloaded modules imported
@@ -37,6 +42,8 @@ SIGCHLD = 17
 # clone's system call number; with no stack, thread ids or TLS given, its argument order (which
 # differs between these two) does not matter.
 SYS_CLONE = {"x86_64": 56, "aarch64": 220}
+SPARE = b"spare..."  # a request's 8-byte head that asks for a spare process instead
+Spare = tuple[int, int, int]  # a spare's pid, the pipe its request goes to, the pipe it reports on
 _clone: list[Any] = []  # (syscall, its arguments, the C API) once looked up; [None]: two forks
 WARNING = (
     "torchjob: warning: the program sets {name} after torch was imported (torchjob run --preload); "
@@ -63,11 +70,17 @@ def main() -> None:
     if "gc" in sys.modules:
         sys.modules["gc"].freeze()
     files = {here, runner_path}
+    spares: list[Spare] = []
     while True:
         request = _read_request(requests)
         if request is None:
             os._exit(0)  # the engine is gone or done
-        child = _fork(request, requests, replies)
+        if request == SPARE:
+            child = _fork_spare(spares, requests, replies)
+        elif _hand_to_spare(spares, request, replies):
+            child = None
+        else:
+            child = _fork(request, requests, replies, spares)
         if child is not None:  # in the container's process: the server's loop is left behind
             _run(runner, prefix, child, files, boot, tuple(prefixes.split(",")))
             raise SystemExit(0)
@@ -120,25 +133,88 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
     return data
 
 
-def _read_request(fd: int) -> list[bytes] | None:
-    """[cwd, log, argc, *tail, *env entries] as sent by ``preload.encode`` (tail: the container's
-    argv after python and its options, which are the server's)."""
+def _read_request(fd: int) -> bytes | None:
+    """A request as sent by ``preload.encode`` (the body, without its length), or ``SPARE``."""
     head = _read_exactly(fd, 8)
     if head is None:
         return None
-    body = _read_exactly(fd, int(head))
-    return None if body is None else body.split(b"\0")
+    if head == SPARE:
+        return SPARE
+    return _read_exactly(fd, int(head))
 
 
-def _fork(request: list[bytes], requests: int, replies: int) -> list[bytes] | None:
-    """In the server: fork the container's process and reply its pid (or ``fail``); returns None.
-    In the container's process, set up: returns the request."""
+def _fields(request: bytes) -> list[bytes]:
+    """[cwd, log, argc, *tail, *env entries] (tail: the container's argv after python and its
+    options, which are the server's)."""
+    return request.split(b"\0")
+
+
+def _fork_spare(spares: list[Spare], requests: int, replies: int) -> list[bytes] | None:
+    """In the server: fork a spare process, the engine's child like a container's, that waits for a
+    request of its own (``_hand_to_spare``), and reply ``spare <pid>`` (``nospare`` where a process
+    cannot be made the engine's child at once). In the spare, once it is handed a request and set
+    up as that container: the request's argv (None never: a spare with no request ends)."""
+    task_r, task_w = os.pipe()
     report_r, report_w = os.pipe()
     pid = _fork_to_engine()
     if pid == 0:
+        for fd in (requests, replies, task_w, report_r, *[f for s in spares for f in s[1:]]):
+            os.close(fd)
+        request = _read_request(task_r)  # until a container is asked of it
+        if request is None or request == SPARE:
+            os._exit(0)  # the server ended (or was killed) first: nothing of the spare remains
+        os.close(task_r)
+        return _become_container(_fields(request), report_w)
+    os.close(task_r)
+    os.close(report_w)
+    if pid is None:  # two forks would leave it nobody's child between jobs: no spares here
+        os.close(task_w)
         os.close(report_r)
-        os.close(requests)
-        os.close(replies)
+        _write(replies, b"nospare\n")
+        return None
+    spares.append((pid, task_w, report_r))
+    _write(replies, b"spare %d\n" % pid)
+    return None
+
+
+def _hand_to_spare(spares: list[Spare], request: bytes, replies: int) -> bool:
+    """Give the request to the oldest spare and reply as ``_fork`` does; False when no spare took it
+    (none left; one that died meanwhile is replied as ``gone <pid>``, for the engine to reap)."""
+    while spares:
+        pid, task_w, report_r = spares.pop(0)
+        try:
+            _write(task_w, b"%08d" % len(request) + request)
+        except OSError:  # it died (killed): the next one
+            os.close(task_w)
+            os.close(report_r)
+            _write(replies, b"gone %d\n" % pid)
+            continue
+        os.close(task_w)
+        answer = _read_exactly(report_r, 8)  # its pid, once it is set up; nothing when that failed
+        os.close(report_r)
+        _reply(request, answer, replies)
+        return True
+    return False
+
+
+def _reply(request: bytes, answer: bytes | None, replies: int) -> None:
+    line = b"pid " + answer + b"\n" if answer else b"fail\n"
+    what = b"forked " + answer if answer else b"could not set up the container"
+    _write(1, what + b" for " + _fields(request)[1] + b"\n")  # preload.log
+    _write(replies, line)
+
+
+def _fork(
+    request_bytes: bytes, requests: int, replies: int, spares: list[Spare] | tuple[()] = ()
+) -> list[bytes] | None:
+    """In the server: fork the container's process and reply its pid (or ``fail``); returns None.
+    In the container's process, set up: returns the request."""
+    request = _fields(request_bytes)
+    report_r, report_w = os.pipe()
+    pid = _fork_to_engine()
+    if pid == 0:
+        for fd in (report_r, requests, replies, *[f for s in spares for f in s[1:]]):
+            os.close(fd)
         return _become_container(request, report_w)
     if pid is None:
         middle = os.fork()
@@ -155,10 +231,7 @@ def _fork(request: list[bytes], requests: int, replies: int) -> list[bytes] | No
         os.close(report_w)
     answer = _read_exactly(report_r, 8)  # its pid, once it is set up; nothing when it failed
     os.close(report_r)
-    line = b"pid " + answer + b"\n" if answer else b"fail\n"
-    what = b"forked " + answer if answer else b"could not set up the container"
-    _write(1, what + b" for " + request[1] + b"\n")  # preload.log
-    _write(replies, line)
+    _reply(request_bytes, answer, replies)
     return None
 
 

@@ -201,6 +201,7 @@ def _forget_in_child() -> None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         server.proc = None  # never killed from here
+        server.spares.pids = []  # nor its spares (the parent's children)
         server.state, server.why_off = "off", ENDED
     _pools.clear()
     _spares.clear()

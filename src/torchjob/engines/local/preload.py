@@ -40,9 +40,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from torchjob.engines.local import prewarm, process
+from torchjob.engines.local import prewarm, process, proctree
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.envvars import is_engine_variable
+from torchjob.engines.local.forked import Forked, Spares
 from torchjob.engines.local.state import open_private
 from torchjob.host import procfs
 from torchjob.typecheck import TYPE_CHECKING
@@ -73,35 +74,6 @@ ENDED = "the job ended"
 
 def _now(start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
     return start()
-
-
-class Forked:
-    """A container's process forked by the server and reparented to this process: waited for as a
-    ``subprocess.Popen`` child is (``pid``, ``returncode``, ``poll``, ``wait``)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped by someone else: its status is lost
-                self.returncode = 255
-                return self.returncode
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0.0)
-            time.sleep(0.01)
-        assert self.returncode is not None
-        return self.returncode
 
 
 def _options_and_tail(run: ContainerRun) -> tuple[list[str], list[str]] | None:
@@ -193,6 +165,7 @@ class Preloader:
         self._requests = -1
         self._replies = -1
         self._buffer = b""
+        self.spares = Spares()  # the warm pool's processes forked ahead of its next job (forked.py)
 
     def accepts(self, run: ContainerRun) -> bool:
         """Whether ``run`` will be forked from the server (started now for the first one)."""
@@ -218,7 +191,7 @@ class Preloader:
         assert found is not None
         try:
             os.write(self._requests, encode(run.cwd or os.getcwd(), log, found[1], run.env))
-            line = self._readline(REPLY_TIMEOUT)
+            line = self._answer(REPLY_TIMEOUT)
         except (OSError, ValueError):
             line = None
         if line is None:
@@ -227,6 +200,7 @@ class Preloader:
         if not line.startswith(b"pid "):
             return None  # it could not set the container up (a working directory missing): cold
         pid = int(line[4:])
+        self.spares.took(pid)
         try:
             ours = procfs.ppid(pid) == os.getpid()
         except (OSError, ValueError, IndexError):
@@ -235,10 +209,15 @@ class Preloader:
             process.signal_group(pid, signal.SIGKILL)
             self._off("its processes are not reparented to the supervisor")
             return None
-        return Forked(pid)
+        return Forked(pid, self._forked_ended)
 
     def close(self) -> None:
         self._off(ENDED)
+
+    def _forked_ended(self) -> None:
+        """A container forked from a kept server ended: a spare for the next one (forked.py)."""
+        if self.pooled and self.state == "ready":
+            self.spares.ask(self._requests)
 
     def ended(self) -> bool:
         """Whether a server that was ready has ended by itself since (killed, say): a new one
@@ -311,13 +290,17 @@ class Preloader:
         else:
             self.key, self.state, self.rlimits = key, "starting", _rlimits()
             self.since = time.monotonic()
+            proctree.HELPERS.add(self.proc.pid)  # its session, where its spares wait: not orphans
         finally:
             os.close(requests_r)
             os.close(replies_w)
 
     def server_pids(self) -> list[int]:
-        """The server's process while it runs: the engine's own, never an orphan of the job's."""
-        return [self.proc.pid] if self.proc is not None and self.proc.returncode is None else []
+        """The server's process while it runs, and its spares: the engine's own, never an orphan
+        of the job's (a spare it has not told of yet lives in its session: proctree.HELPERS)."""
+        if self.proc is None or self.proc.returncode is not None:
+            return []
+        return [self.proc.pid, *self.spares.pids]
 
     def _before_exec(self) -> None:  # pragma: no cover - runs in the forked child
         # A session of its own, as every container has: with autogroup scheduling (most Linux
@@ -344,6 +327,13 @@ class Preloader:
             self._off("it ended before it had imported the modules (see preload.log)")
         elif time.monotonic() - self.since > READY_TIMEOUT:
             self._off(f"its import took more than {READY_TIMEOUT:g} s")
+
+    def _answer(self, timeout: float) -> bytes | None:
+        """The server's answer to a container's request (what it says of spares is taken note of)."""
+        while True:
+            line = self._readline(timeout)
+            if line is None or not self.spares.told(line):
+                return line
 
     def _readline(self, timeout: float) -> bytes | None:
         """A line of the server's replies, or None after ``timeout`` (at once for 0) or at its end."""
@@ -381,14 +371,22 @@ class Preloader:
                 os.fdopen(open_private(self.job_dir / "preload.log"), "a") as log,
             ):
                 log.write(f"server off: {why}\n")
-        for fd in (self._requests, self._replies):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._requests = self._replies = -1
+        if self._requests >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._requests)
+        server = self.proc.pid if self.proc is not None else 0
         if self.proc is not None:
             with contextlib.suppress(OSError):
                 self.proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(1.0)
             self.proc = None
+        if self._replies >= 0 and self.spares.asked:  # the spares it made before it ended: reaped
+            with contextlib.suppress(OSError, ValueError):
+                self._answer(0.0)
+        if self._replies >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._replies)
+        self._requests = self._replies = -1
+        self.spares.end()
+        proctree.HELPERS.discard(server)  # (its spares reaped: its session is empty)

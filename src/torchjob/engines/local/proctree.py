@@ -14,6 +14,11 @@ from collections.abc import Iterable, Mapping
 from torchjob.engines.local.process import LINUX, MARKER
 from torchjob.host import procfs
 
+# The sessions of the engine's fork servers in this process (preload.py; a server's pid is its
+# session's id). A child of ours in one of them is a server's spare, not yet a container's (which
+# starts a session of its own before it runs anything): never a job's orphan.
+HELPERS: set[int] = set()
+
 
 def children_map() -> dict[int, list[int]]:
     """parent pid -> child pids, read once for the whole machine (cheaper than a scan per root)."""
@@ -42,7 +47,8 @@ def adopted(tree: Mapping[int, list[int]], known: Iterable[int], job_id: str) ->
     A child this process did not start itself (not in ``known``: container processes, the
     watchdog, the caller's own children from before the job) and that lives in another session
     came from a container: containers run in sessions of their own, and no process can join ours
-    from there. One that still carries another job's marker belongs to that job.
+    from there. One that still carries another job's marker belongs to that job; one in a fork
+    server's session (``HELPERS``) is that server's spare.
     """
     ours = os.getsid(0)
     skip = set(known)
@@ -53,7 +59,8 @@ def adopted(tree: Mapping[int, list[int]], known: Iterable[int], job_id: str) ->
         if pid in skip:
             continue
         try:
-            if int(procfs.stat_fields(pid)[3]) == ours:  # field 3: the session
+            session = int(procfs.stat_fields(pid)[3])  # field 3
+            if session == ours or session in HELPERS:
                 continue
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
