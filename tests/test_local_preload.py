@@ -485,15 +485,19 @@ def _spares_of(server: int) -> list[int]:
 
 
 def test_a_kept_servers_spares_take_the_next_containers_and_are_no_jobs_orphans(tmp_path: Path) -> None:
-    """The warm pool's server forks a spare as each container it forked ends: an idle child of this
-    process in the server's session, which the orphan scans leave alone and which is handed the
+    """The warm pool's server forks a spare per container once those it forked have ended: an idle
+    child of this process in the server's session, which the orphan scans leave alone and which is handed the
     next container (then in a session of its own); a spare killed while idle is skipped and
     reaped, and the server's end takes its spares with it."""
     from torchjob.engines.local import proctree
 
     work = tmp_path / "work"
     work.mkdir()
-    (work / "prog.py").write_text("import os\nprint('ids', os.getpid(), os.getsid(0), os.getpgid(0))\n")
+    (work / "prog.py").write_text(
+        "import os, time\nprint('ids', os.getpid(), os.getsid(0), os.getpgid(0), flush=True)\n"
+        "deadline = time.monotonic() + 30\n"
+        "while os.path.exists('hold') and time.monotonic() < deadline:\n    time.sleep(0.01)\n"
+    )
     preloader, run_ = _preloader(tmp_path, ("ctypes",), work)
     preloader.pooled = True  # kept for the next jobs: it forks spares
     try:
@@ -512,11 +516,12 @@ def test_a_kept_servers_spares_take_the_next_containers_and_are_no_jobs_orphans(
         finally:
             proctree.HELPERS.add(server)
         second = _fork(preloader, run_, tmp_path / "2.log")
-        assert second is not None and second.pid == spare and second.wait(30) == 0
+        assert second is not None and second.pid == spare and preloader.spares.pids == []
+        assert second.wait(30) == 0
         assert f"ids {spare} {spare} {spare}" in (tmp_path / "2.log").read_text()  # its own session
-        assert preloader.spares.pids == [] and _spares_of(server) == []
-        assert wait_until(lambda: len(_spares_of(server)) == 1, 30)
+        assert wait_until(lambda: len(_spares_of(server)) == 1, 30)  # its end: the next spare
         (killed,) = _spares_of(server)
+        assert killed != spare
         os.kill(killed, signal.SIGKILL)
         assert wait_until(lambda: _spares_of(server) == [], 10)
         third = _fork(preloader, run_, tmp_path / "3.log")  # a new fork: the dead spare is skipped
@@ -525,8 +530,21 @@ def test_a_kept_servers_spares_take_the_next_containers_and_are_no_jobs_orphans(
             os.waitpid(killed, os.WNOHANG)  # reaped when the server told of it
         assert wait_until(lambda: len(_spares_of(server)) == 1, 30)
         (last,) = _spares_of(server)
+        # Two containers at once; spares are asked for once both have ended, not while one runs.
+        (work / "hold").touch()
+        one, two = _fork(preloader, run_, tmp_path / "4.log"), _fork(preloader, run_, tmp_path / "5.log")
+        assert one is not None and two is not None and one.pid == last
+        os.kill(one.pid, signal.SIGKILL)
+        assert one.wait(30) == -signal.SIGKILL
+        assert preloader.spares.asked == 0 and preloader.spares.pids == []
+        (work / "hold").unlink()
+        assert two.wait(30) == 0
+        assert preloader.spares.asked + len(preloader.spares.pids) == 2
+        assert wait_until(lambda: len(_spares_of(server)) == 2, 30)
+        lasts = _spares_of(server)
     finally:
         preloader.close()
         process.set_child_subreaper(False)
-    with pytest.raises(ChildProcessError):  # ended with the server, and reaped
-        os.waitpid(last, os.WNOHANG)
+    for pid in lasts:
+        with pytest.raises(ChildProcessError):  # ended with the server, and reaped
+            os.waitpid(pid, os.WNOHANG)

@@ -3,10 +3,10 @@
 
 A fork of a process that imported torch copies its page tables: several milliseconds each on a
 small machine, one container after another, while the job's ranks wait for the last of them. A
-server kept from one job to the next (pool.py) is asked for a spare each time a container it
-forked ends (so a job's end leaves as many as it had ranks, up to ``MAX_SPARES``); the spare is
-forked then, waits idle in the server's session, and is handed the next container's request, so
-that the fork is off that container's start. A spare is never a container until it is handed one
+server kept from one job to the next (pool.py) is asked, once none of the containers it forked
+runs any more (a job's ranks have all ended), for a spare per container that ended (up to
+``MAX_SPARES``); the spare is forked then, waits idle in the server's session, and is handed the
+next container's request, so that the fork is off that container's start. A spare is never a container until it is handed one
 (it then starts a session of its own, as every container does, before it runs anything); it ends
 with its server.
 """
@@ -28,7 +28,7 @@ class Forked:
     """A container's process forked by the server and reparented to this process: waited for as a
     ``subprocess.Popen`` child is (``pid``, ``returncode``, ``poll``, ``wait``)."""
 
-    def __init__(self, pid: int, ended: Callable[[], None] | None = None) -> None:
+    def __init__(self, pid: int, ended: Callable[[int], None] | None = None) -> None:
         self.pid = pid
         self.returncode: int | None = None
         self.ended = ended  # told once, as the process is found to have ended
@@ -42,7 +42,7 @@ class Forked:
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
                 if self.ended is not None:
-                    self.ended()
+                    self.ended(self.pid)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -57,18 +57,30 @@ class Forked:
 
 class Spares:
     """A server's spares as this process knows them: their pids (told by the server's ``spare
-    <pid>`` replies, which come among its answers to containers) and how many were asked for and
-    not yet told of."""
+    <pid>`` replies, which come among its answers to containers), how many were asked for and not
+    yet told of; the containers forked that still run, and how many ended since the last ask."""
 
     def __init__(self) -> None:
         self.pids: list[int] = []
         self.asked = 0
         self.possible = True  # False once the server said it cannot (no clone: nospare)
+        self.running: set[int] = set()
+        self.ended = 0
 
     def took(self, pid: int) -> None:
         """A container's process was forked, or handed to the spare ``pid``."""
+        self.running.add(pid)
         if pid in self.pids:
             self.pids.remove(pid)
+
+    def finished(self, pid: int, requests: int) -> None:
+        """A container forked from the server ended; once none runs (the job's ranks have all
+        ended: a fork now takes no CPU from them), a spare is asked for each that ended."""
+        self.running.discard(pid)
+        self.ended += 1
+        if not self.running:
+            self.ask(requests, self.ended)
+            self.ended = 0
 
     def told(self, line: bytes) -> bool:
         """Take note of a reply line about spares; False for any other line (a container's answer)."""
@@ -87,16 +99,18 @@ class Spares:
             self.pids.append(int(line[6:]))
         return True
 
-    def ask(self, requests: int) -> None:
-        """Ask the server (its request pipe) for a spare, up to ``MAX_SPARES``: not waited for, the
-        server forks it while this process goes on (ends the job, returns, prepares the next)."""
-        if not self.possible or len(self.pids) + self.asked >= MAX_SPARES or requests < 0:
+    def ask(self, requests: int, count: int) -> None:
+        """Ask the server (its request pipe) for ``count`` spares, up to ``MAX_SPARES`` in all: not
+        waited for, the server forks them while this process goes on (ends the job, returns,
+        prepares the next)."""
+        count = min(count, MAX_SPARES - len(self.pids) - self.asked)
+        if not self.possible or count <= 0 or requests < 0:
             return
         try:
-            os.write(requests, SPARE)
+            os.write(requests, SPARE * count)
         except OSError:
             return  # the server ended: the next job finds out
-        self.asked += 1
+        self.asked += count
 
     def end(self) -> None:
         """The server is gone: its spares (ended, or about to, at the end of their pipe) reaped."""

@@ -18,7 +18,7 @@ would run it), and then
    session of its own, adopts its orphans, takes the log as stdout and stderr, /dev/null as
    stdin, the container's environment and working directory, then tells the server its pid
    (which the server replies to the engine) and runs the program;
-   a ``spare`` request (the warm pool's, as a container it forked ends) forks such a process
+   a ``spare`` request (the warm pool's, once a job's containers have ended) forks such a process
    ahead of time: it waits, in the server's session, for a container's request of its own, and
    the next container is handed to it, so that the fork is off the container's start (``spare
    <pid>`` is replied, or ``nospare`` where it needs two forks); a spare ends when the server

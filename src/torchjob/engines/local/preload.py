@@ -214,10 +214,10 @@ class Preloader:
     def close(self) -> None:
         self._off(ENDED)
 
-    def _forked_ended(self) -> None:
-        """A container forked from a kept server ended: a spare for the next one (forked.py)."""
+    def _forked_ended(self, pid: int) -> None:
+        """A container forked from a kept server ended: spares for the next job (forked.py)."""
         if self.pooled and self.state == "ready":
-            self.spares.ask(self._requests)
+            self.spares.finished(pid, self._requests)
 
     def ended(self) -> bool:
         """Whether a server that was ready has ended by itself since (killed, say): a new one
