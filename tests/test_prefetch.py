@@ -40,6 +40,7 @@ TAKE = """
 import json, os, sys
 from torchjob.errors import SpecError
 from torchjob.spec import prefetch
+prefetch.idle_core = lambda: True  # (the suite's own load would make it skip the child)
 path = sys.argv[1]
 prefetch.start(["run", "--job", "a", path])
 child = prefetch._pending[0].pid if prefetch._pending else None
@@ -120,7 +121,8 @@ def test_a_file_changed_after_the_child_read_it_is_read_again(tmp_path: Path) ->
     path = tmp_path / "job.yaml"
     path.write_text("a: 1\n")
     code = (
-        "import sys, time; from torchjob.spec import prefetch; p = sys.argv[1]; prefetch.start(['run', p]);"
+        "import sys, time; from torchjob.spec import prefetch; prefetch.idle_core = lambda: True;"
+        "p = sys.argv[1]; prefetch.start(['run', p]);"
         "time.sleep(0.01); open(p, 'w').write('b: 22\\n'); print(prefetch.take(p) is None)"
     )
     ran = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
@@ -131,7 +133,8 @@ def test_a_guess_the_command_does_not_load_is_dropped(tmp_path: Path) -> None:
     path = tmp_path / "other.yaml"
     path.write_text("a: 1\n")
     code = (
-        "import os, sys; from torchjob.spec import prefetch; prefetch.start(['run', sys.argv[1]]);"
+        "import os, sys; from torchjob.spec import prefetch; prefetch.idle_core = lambda: True;"
+        "prefetch.start(['run', sys.argv[1]]);"
         "pid = prefetch._pending[0].pid; prefetch.keep_only('job.yaml');\n"
         "try:\n    os.waitpid(pid, os.WNOHANG); print('left')\n"
         "except ChildProcessError:\n    print('reaped')\n"
@@ -145,12 +148,24 @@ def test_no_child_is_forked_beside_other_threads(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text("a: 1\n")
     code = (
-        "import sys, threading; from torchjob.spec import prefetch; e = threading.Event();"
+        "import sys, threading; from torchjob.spec import prefetch; prefetch.idle_core = lambda: True;"
+        "e = threading.Event();"
         "t = threading.Thread(target=e.wait, daemon=True); t.start(); prefetch.start(['run', sys.argv[1]]);"
         "print(len(prefetch._pending)); e.set()"
     )
     ran = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
     assert ran.stdout.strip() == "0", ran.stderr
+
+
+@pytest.mark.parametrize(
+    "cores, load, idle", [(2, 0.5, True), (2, 1.0, True), (2, 1.5, False), (1, 0.0, False)]
+)
+def test_the_child_is_forked_only_with_a_core_to_spare(
+    monkeypatch: pytest.MonkeyPatch, cores: int, load: float, idle: bool
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert prefetch.idle_core() is idle
 
 
 def _gone(pid: int) -> bool:
@@ -166,7 +181,8 @@ def test_the_child_dies_with_the_command(tmp_path: Path) -> None:
     path = tmp_path / "big.yaml"  # seconds of parsing: the command is killed long before
     path.write_text("items:\n" + "".join(f"  - {{name: n{i}, v: {i}}}\n" for i in range(80_000)))
     code = (
-        "import sys, time; from torchjob.spec import prefetch; prefetch.start(['run', sys.argv[1]]);"
+        "import sys, time; from torchjob.spec import prefetch; prefetch.idle_core = lambda: True;"
+        "prefetch.start(['run', sys.argv[1]]);"
         "print(prefetch._pending[0].pid, flush=True); time.sleep(60)"
     )
     command = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
@@ -191,6 +207,7 @@ import atexit, sys
 from torchjob.errors import SpecError
 from torchjob.spec import prefetch
 import torchjob.cli as cli
+prefetch.idle_core = lambda: True
 taken, real = [], prefetch.take
 def take(file):
     try:

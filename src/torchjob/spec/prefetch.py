@@ -65,6 +65,8 @@ def start(argv: Sequence[str]) -> None:
     threading = sys.modules.get("threading")
     if file is None or (threading is not None and threading.active_count() > 1):
         return  # (a fork copies no other thread: one holding a lock would leave it held in the child)
+    if not idle_core():
+        return
     try:
         info = os.stat(file)
         if not stat.S_ISREG(info.st_mode):  # a pipe or a device: read once, by whoever needs it
@@ -90,6 +92,17 @@ def start(argv: Sequence[str]) -> None:
     os.close(write_fd)
     os.set_blocking(read_fd, False)
     _pending.append(_Pending(file, pid, read_fd, _identity(info)))
+
+
+def idle_core() -> bool:
+    """Whether another core is likely free for the child: on a busy machine its CPU would be taken
+    from this process (measured: the start was ~7 ms slower at a load of 3 on 2 cores)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return False
+    return cores >= 2 and load <= cores - 1
 
 
 def _serve(file: str, out: int, parent: int, signal: Any) -> None:  # pragma: no cover - runs in the child
