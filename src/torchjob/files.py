@@ -135,6 +135,12 @@ class LogFollower:
     def read(self) -> list[tuple[_Followed, str]]:
         out: list[tuple[_Followed, str]] = []
         for path, item in list(self.files.items()):
+            if not item.closing:  # most reads find nothing new: a stat, not an open, says so
+                try:
+                    if os.stat(path).st_size <= item.offset:
+                        continue
+                except OSError:
+                    continue
             size = _READ_CHUNK * 16 if item.end is None else min(_READ_CHUNK * 16, item.end - item.offset)
             try:
                 with open(path, "rb") as handle:
