@@ -6,9 +6,9 @@ small machine, one container after another, while the job's ranks wait for the l
 server kept from one job to the next (pool.py) is asked, once none of the containers it forked
 runs any more (a job's ranks have all ended), for a spare per container that ended (up to
 ``MAX_SPARES``); the spare is forked then, waits idle in the server's session, and is handed the
-next container's request, so that the fork is off that container's start. A spare is never a container until it is handed one
-(it then starts a session of its own, as every container does, before it runs anything); it ends
-with its server.
+next container's request, so that the fork is off that container's start. A spare is never a
+container until it is handed one (it then starts a session of its own, as every container does,
+before it runs anything); it ends with its server.
 """
 
 from __future__ import annotations
