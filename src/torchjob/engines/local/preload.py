@@ -43,7 +43,8 @@ from pathlib import Path
 from torchjob.engines.local import prewarm, process, proctree
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.envvars import is_engine_variable
-from torchjob.engines.local.forked import Forked, Spares
+from torchjob.engines.local.forked import Forked as Forked  # (imported from here by the runner)
+from torchjob.engines.local.forked import Spares
 from torchjob.engines.local.state import open_private
 from torchjob.host import procfs
 from torchjob.typecheck import TYPE_CHECKING
