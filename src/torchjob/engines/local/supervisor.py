@@ -114,7 +114,7 @@ class Supervisor:
             admits=ticket.admits if ticket is not None else None,
             attached=console is not None,
         )
-        self.processes = JobProcesses(self.id, self.ctl.pods, self.ctl.latest)
+        self.processes = JobProcesses(self.id, self.ctl.pods, self.ctl.latest, self.factory.uids)
         self.processes.helpers = self._helpers
         self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
         self.signals = Signals(self.waiter)
@@ -322,7 +322,7 @@ class Supervisor:
     def released(self, pods: Iterable[Pod]) -> None:
         pods = list(pods)
         # A pod is gone only with all of its processes, also those that escaped its groups.
-        left = process.sweep(process.POD_MARKER, [str(pod.engine) for pod in pods])
+        left = process.sweep(process.POD_MARKER, [str(p.engine) for p in pods], 1.0, self.processes.uids)
         process.reap_adopted(self.processes.job_pids)  # the killed orphans: no zombie is left
         if left:
             self.notes.note(f"processes {[p.pid for p in left]} of stopped pods survive SIGKILL", Level.ERROR)
