@@ -45,7 +45,7 @@ from torchjob.engines.local.waiter import ExitWaiter
 from torchjob.expand import DesiredState
 from torchjob.lifecycle import JobPhase, JobStatus
 from torchjob.logs import Level
-from torchjob.spec.model import Job
+from torchjob.spec.model import Job, own_path
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -224,7 +224,7 @@ class Supervisor:
         self.processes.start()
         self.notes.note(f"job {self.id} started; ports {factory.ports_text()}; job directory {self.dir.path}")
         for note in local_warnings(factory.expansion(0, 0), factory.extra_env):
-            self.notes.record(f"warning: {note.path}: {note.message}")
+            self.notes.record(f"warning: {own_path(self.job, note.path)}: {note.message}")
         self.ctl.begin()
         preloader = factory.preloader
         if (

@@ -40,6 +40,14 @@ def placement_warnings(job: Job) -> list[Issue]:
     return found
 
 
+def placement_notices(job: Job) -> list[str]:
+    """The placement warnings as a run says them, at the field paths the user wrote: a
+    PyTorchJob's, TrainJob's or JobSet's own (the CLI's warnings are told there by the file)."""
+    from torchjob.spec.model import own_path
+
+    return [f"warning: {own_path(job, w.path)}: {w.message}" for w in placement_warnings(job)]
+
+
 def slurm_answers(allocation: str | None) -> None:
     """What stops any job here, in one line and at once: no Slurm clients, a configuration no
     client can read, a slurmctld that does not answer (clients would retry for a while first)."""
