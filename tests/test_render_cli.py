@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -402,3 +403,48 @@ def test_streamed_output_is_byte_identical_to_the_whole_dump(
 def test_streamed_output_matches_for_any_items(items: list[dict[str, Any]]) -> None:
     for fmt in ("yaml", "json"):
         assert streamed(items, fmt) == dump(list_of(items), fmt)
+
+
+# The writer decides itself which plain strings YAML 1.1 reads as other types (render.py does not
+# import PyYAML); here it is held to PyYAML's own resolver, on text built from the characters that
+# make the difference: digits, signs, the letters of words and timestamps, dots, colons.
+_RESOLVER = yaml.resolver.Resolver()
+_YAMLISH_CHARACTERS = "0123456789-+.:_eExXoObBtTzZ nNyYuUlLsSfFaAiIrR~=<"
+yamlish = st.text(alphabet=_YAMLISH_CHARACTERS, max_size=32) | st.sampled_from(
+    [
+        "2001-12-14t21:59:43.10-05:00", "2001-12-14T21:59:43Z", "2001-1-4T1:59:43",
+        "2024-01-01T10:00:00+05:30", ".inf", ".Inf", ".NaN", "Yes", "yEs", "NULL", "nULL", "Off", "oFF",
+        "On", "0x1F", "1:20:30.5",
+    ]
+)  # fmt: skip
+
+
+@settings(max_examples=2000, deadline=None)
+@given(yamlish)
+def test_the_writers_quoting_agrees_with_pyyaml_resolver(text: str) -> None:
+    from torchjob.render import _GO_BOOLS, _NUMBERISH, _PLAIN, _needs_quotes
+
+    plain_for_pyyaml = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False)) == "tag:yaml.org,2002:str"
+    writer_own_rules = (
+        not _PLAIN.match(text) or text.endswith(":") or text in _GO_BOOLS or _NUMBERISH.match(text)
+    )
+    assert _needs_quotes(text) == (bool(writer_own_rules) or not plain_for_pyyaml)
+
+
+@pytest.mark.parametrize(
+    "value", [1e17, 1e-5, 2.5, -0.0, 1e300, 5e-324, float("inf"), float("-inf"), 0.1 + 0.2]
+)
+def test_floats_are_written_as_pyyaml_writes_them(value: float) -> None:
+    from torchjob.render import dump_yaml
+
+    assert dump_yaml({"v": value}) == yaml.safe_dump({"v": value})
+
+
+def test_writing_yaml_imports_no_yaml_parser() -> None:
+    """`torchjob run` writes its records while its first pods start: PyYAML's import is 13 ms."""
+    code = (
+        "import sys; from torchjob.render import dump; dump({'a': ['x', 1.5, None, 'yes']}, 'yaml');"
+        "print('yaml' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "False"

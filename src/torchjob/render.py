@@ -4,18 +4,19 @@ Rendered manifests are plain data (mappings, lists, strings, numbers, booleans, 
 is written by a small emitter here rather than by PyYAML: PyYAML's representer is pure Python and
 took about 15 s for a 10,000-pod job. The emitter quotes every string a YAML 1.1 reader (PyYAML,
 or the Go reader behind ``kubectl``) could mistake for another type, and the tests check that
-every output reads back to the very object it came from.
+every output reads back to the very object it came from. It does not import PyYAML at all (13 ms,
+which ``torchjob run`` would pay while its first pods start, as it writes its records): which
+plain words YAML 1.1 reads as other types is decided here, and a test holds it to PyYAML's resolver.
 """
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
+import math
 import re
+import sys
 from collections.abc import Callable, Iterable
-
-import yaml
 
 from torchjob.expand import DesiredState, paused_gc
 from torchjob.typecheck import TYPE_CHECKING
@@ -61,8 +62,18 @@ def _is_literal_line(line: str) -> bool:
     return _literal_line().match(line) is not None
 
 
-_RESOLVER = yaml.resolver.Resolver()
-_STR_TAG = "tag:yaml.org,2002:str"
+# What YAML 1.1 reads as a boolean, a null or a float among the strings _PLAIN lets through and
+# _NUMBERISH does not catch (every integer and decimal float form is "numberish"): whole words...
+_YAML11_WORDS = frozenset(
+    {"yes", "Yes", "YES", "no", "No", "NO", "true", "True", "TRUE", "false", "False", "FALSE"}
+    | {"on", "On", "ON", "off", "Off", "OFF", "null", "Null", "NULL"}
+    | {".inf", ".Inf", ".INF", ".nan", ".NaN", ".NAN"}
+)
+# ... and a timestamp with its time (a date alone is numberish); no blanks: _PLAIN has none.
+_TIMESTAMP = re.compile(
+    r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}[Tt][0-9]{1,2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]*)?"
+    r"(?:Z|[-+][0-9]{1,2}(?::[0-9]{2})?)?\Z"
+)
 # YAML allows at most 1024 characters in an implicit key.
 _MAX_IMPLICIT_KEY = 1000
 
@@ -84,9 +95,28 @@ def dump(obj: Any, fmt: str) -> str:
     raise ValueError(f"unknown output format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
+def _is_date(value: Any) -> bool:
+    """A ``datetime.date`` (or datetime), without importing the module for values that cannot be one."""
+    module = sys.modules.get("datetime")
+    return module is not None and isinstance(value, module.date)
+
+
+def _float(value: float) -> str:
+    """A float as YAML 1.1 writes it ('1.0e-05', '.inf', '.nan'): read back as the same float by
+    PyYAML and Go alike. Python's repr, lower case, with a '.0' where YAML 1.1 needs a dot."""
+    if math.isnan(value):
+        return ".nan"
+    if math.isinf(value):
+        return ".inf" if value > 0 else "-.inf"
+    text = repr(value).lower()
+    if "." not in text and "e" in text:  # 1e+17: YAML 1.1's float has a dot
+        text = text.replace("e", ".0e", 1)
+    return text
+
+
 def _json_default(value: Any) -> Any:
     # The YAML loader turns unquoted dates into date objects; print them as the text they were.
-    if isinstance(value, datetime.date):
+    if _is_date(value):
         return value.isoformat()
     raise TypeError(f"cannot print a {type(value).__name__} as JSON")
 
@@ -189,8 +219,7 @@ def _needs_quotes(text: str) -> bool:
         return True
     if text in _GO_BOOLS or _NUMBERISH.match(text):
         return True
-    tag: str = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
-    return tag != _STR_TAG
+    return text in _YAML11_WORDS or (text[0].isdigit() and _TIMESTAMP.match(text) is not None)
 
 
 def _inline_string(text: str) -> str:
@@ -221,10 +250,8 @@ def _literal_block(text: str, indent: str) -> str | None:
 
 def _other_scalar(value: Any) -> str:
     if isinstance(value, float):
-        # PyYAML's float form ('1.0e-05', '.inf') reads back as the same float everywhere.
-        text = yaml.dump(value, Dumper=yaml.SafeDumper)
-        return str(text).split("\n", 1)[0]
-    if isinstance(value, datetime.date):
+        return _float(value)
+    if _is_date(value):
         return _inline_string(value.isoformat())
     raise TypeError(f"cannot print a {type(value).__name__} as YAML")
 

@@ -31,6 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if program:
             sys.unraisablehook = _ctrl_c_kept
             gc.set_threshold(PROGRAM_GC_THRESHOLD, *gc.get_threshold()[1:])
+            from torchjob.spec import prefetch
+
+            prefetch.start(sys.argv[1:])  # the job file, read on another core while the rest imports
         from torchjob.cli.app import dispatch
 
         code = dispatch(argv)

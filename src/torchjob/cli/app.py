@@ -18,6 +18,7 @@ from torchjob import __version__
 from torchjob.cli import cluster_commands, local_commands, spec_commands
 from torchjob.engine_api.base import EngineError, Interrupted, JobNotFound
 from torchjob.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_OK, Problem, SpecError
+from torchjob.spec import prefetch
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -302,6 +303,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_BAD_INPUT
     argv, program_args = _split_program_args(argv, parser)
     args, unknown = parser.parse_known_args(argv)
+    prefetch.keep_only(getattr(args, "file", None))  # a guess that was not the command's FILE: dropped
     if unknown:  # with the command's usage (argparse gives the top level's): its options are there
         commands = getattr(parser, "_subparsers", None)
         choices = commands._group_actions[0].choices if commands is not None else {}

@@ -19,8 +19,9 @@ from torchjob.cli.settings import (
     number_option,
     remember_start,
 )
-from torchjob.engine_api.registry import DEFAULT_ENGINE, engine_info
+from torchjob.engine_api.registry import DEFAULT_ENGINE, engine_info, import_for_start
 from torchjob.errors import EXIT_FAILED, EXIT_OK, Problem, SpecError
+from torchjob.spec import prefetch
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -197,6 +198,8 @@ def run_run(args: argparse.Namespace) -> int:
     from torchjob.cli.sources import choose_job, told_at
 
     info = engine_info(args.engine)
+    if prefetch.reading(args.file):  # the engine's imports, while another process reads the file
+        import_for_start(args.engine)
     chosen = choose_job(_load(args, extra_env), args.job, args.file)
     item = _overridden(chosen, args, extra_env)
     for note in Expansion(item.job).warnings():  # the plugins' notes: no pod is built

@@ -176,7 +176,16 @@ class EngineInfo:
     """What the registry knows of an engine without importing it: where it is, its settings, and
     the few ways the CLI treats it differently (declared here, never by comparing its name)."""
 
-    __slots__ = ("factory", "handle", "location", "runs_here", "settings", "submits", "summarizes")
+    __slots__ = (
+        "factory",
+        "handle",
+        "location",
+        "runs_here",
+        "settings",
+        "start_modules",
+        "submits",
+        "summarizes",
+    )
 
     def __init__(
         self,
@@ -187,10 +196,13 @@ class EngineInfo:
         submits: bool = False,  # `torchjob submit` sends jobs to this engine
         location: str = "context",  # what a report's location is, as `status` labels it
         handle: str = "name",  # what `submit` prints for status/logs/delete to take: "name" or "id"
+        # What starting a job imports beyond the factory's module: `torchjob run` imports them
+        # while its job file is read in another process (spec/prefetch.py), not after.
+        start_modules: tuple[str, ...] = (),
     ) -> None:
         self.factory, self.settings, self.runs_here = factory, settings, runs_here
         self.summarizes, self.submits, self.location = summarizes, submits, location
-        self.handle = handle
+        self.handle, self.start_modules = handle, start_modules
 
     def value(self, options: StartOptions, name: str) -> Any:
         """Setting ``name`` as ``options`` give it, else as declared here (its default)."""

@@ -100,6 +100,21 @@ def engine_for(capability: str) -> str:
     raise EngineError(f"no engine can {capability.rstrip('s')}")
 
 
+def import_for_start(name: str) -> None:
+    """Import what starting a job on the engine ``name`` imports (its factory's module and its
+    ``start_modules``) ahead, while the caller waits on something else anyway. Nothing is made;
+    an import that fails is left for get_engine or the start to tell."""
+    from torchjob.engine_api.base import EngineError
+
+    try:
+        info = engine_info(name)
+        _object(info.factory)
+        for module in info.start_modules:
+            __import__(module)
+    except (EngineError, ImportError, AttributeError):
+        pass
+
+
 def get_engine(name: str = DEFAULT_ENGINE, **settings: Any) -> Engine:
     """The engine called ``name``, made with ``settings`` (each engine ignores the ones it has no use
     for); EngineError in one line when what it is made with does not implement the interface."""

@@ -376,4 +376,7 @@ def _listed(document: Document) -> list[Document]:
 
 
 def load_documents(file: str) -> list[Document]:
-    return parse_documents(read_text(file), file)
+    from torchjob.spec import prefetch  # (not above: prefetch's child imports this module)
+
+    documents = prefetch.take(file)  # read already by ``torchjob run``'s second process
+    return documents if documents is not None else parse_documents(read_text(file), file)

@@ -10,6 +10,7 @@ ALL_COMMANDS = ("run", "status", "logs", "wait", "delete", "prune", "queue")
 ENGINE = EngineInfo(
     factory="torchjob.engines.local.engine:LocalEngine",
     runs_here=True,
+    start_modules=("torchjob.engines.local.planning", "torchjob.engines.local.supervisor"),
     summarizes=True,
     location="job directory",
     settings=(
