@@ -159,3 +159,26 @@ def test_the_final_status_on_a_full_disk_keeps_the_final_phase_without_its_event
     assert damage is None
     assert (report.phase, report.reason) == ("Failed", "pod main-0 failed")
     assert report.events == []
+
+
+def test_a_directory_that_cannot_be_removed_is_said_to_be_left(tmp_path: Path, small_disk: Path) -> None:
+    """The removal is checked, not assumed: a directory that stays (here: a file system mounted
+    inside it) is named where it was left, for the job's end to say so."""
+    from torchjob.engines.local.state import JobDir
+
+    where = JobDir(tmp_path / "jobs" / "stuck-abc123")
+    inner = where.path / "logs" / "mounted"
+    inner.mkdir(parents=True)
+    (where.path / "status.json").write_text("{}")
+    subprocess.run(["mount", "--bind", str(small_disk), str(inner)], check=True)
+    try:
+        left = where.remove(timeout=0.2)
+        assert left is not None and left.is_dir(), left
+        assert not where.path.exists()  # renamed aside first: the path is free at once
+        assert (left / "logs" / "mounted").is_mount()
+        assert not (left / "status.json").exists()  # all the rest is gone
+    finally:
+        mounted = next(tmp_path.glob("jobs/.stuck-abc123.removed-*/logs/mounted"), inner)
+        subprocess.run(["umount", str(mounted)], check=False)
+    assert JobDir(left).remove() is None
+    assert list((tmp_path / "jobs").iterdir()) == []

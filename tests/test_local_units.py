@@ -395,7 +395,7 @@ def test_a_job_directory_is_removed_while_a_process_still_writes_into_it(tmp_pat
         writer = subprocess.Popen(["sh", "-c", script, "sh", str(where.path)])
         try:
             assert wait_until(lambda: started.exists() and any(where.path.iterdir()), 10)  # noqa: B023
-            assert where.remove()
+            assert where.remove() is None
             assert writer.poll() is None  # it wrote on all along; its files went nowhere
         finally:
             writer.kill()

@@ -202,8 +202,9 @@ class JobDir:
         )
         return report, problem
 
-    def remove(self, timeout: float = REMOVE_TIMEOUT) -> bool:
-        """Remove the directory and everything in it; whether it is gone (checked, not assumed).
+    def remove(self, timeout: float = REMOVE_TIMEOUT) -> Path | None:
+        """Remove the directory and everything in it: None once it is gone (checked, not
+        assumed), else where what is left of it is.
 
         It is first renamed aside, to a hidden name in its root, so that no process still writing
         into it by its path (a straggler of the job, a helper's last log line) can add a file
@@ -218,16 +219,16 @@ class JobDir:
         try:
             os.rename(self.path, target)
         except FileNotFoundError:
-            return not os.path.lexists(self.path)
+            return self.path if os.path.lexists(self.path) else None
         except OSError:
             target = self.path  # cannot be renamed (its root is not writable...): removed where it is
         deadline = time.monotonic() + timeout
         while True:
             shutil.rmtree(target, ignore_errors=True)
             if not os.path.lexists(target):
-                return True
+                return None
             if time.monotonic() >= deadline:
-                return False
+                return target
             time.sleep(0.01)
 
     @property

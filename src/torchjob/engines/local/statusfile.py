@@ -94,12 +94,12 @@ class StatusFile:
             self.write(brief=True)
         if not self.dir.status_file.exists():  # no command could see the job
             self.removed = True
-            if self.dir.remove():
+            left = self.dir.remove()
+            if left is None:
                 self.notes.note(f"job {self.dir.id} removed: its directory could not be written")
             else:
                 self.notes.note(
-                    f"job {self.dir.id}: its directory could not be written nor removed: "
-                    f"remove {self.dir.path} by hand",
+                    f"job {self.dir.id}: its directory could not be written, nor removed: remove {left}",
                     Level.ERROR,
                 )
             return ""
