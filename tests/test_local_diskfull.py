@@ -22,8 +22,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root"),
 ]
 
-FINAL = ("Completed", "Failed", "Aborted", "Terminated")
-
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
@@ -82,7 +80,9 @@ def test_a_job_that_fills_the_disk_gets_a_final_status_and_can_be_deleted(
     listed = torchjob("status", "-o", "json", home=home)
     assert listed.returncode == 0, listed.stderr
     (job,) = json.loads(listed.stdout)["items"]
-    assert job["phase"] in FINAL, job
+    # Failed whichever write the full disk stopped first: the program's log (its exit code 1) or
+    # torchjob's own records (it stops the job); the final phase is kept in status.json's room.
+    assert job["phase"] == "Failed", job
     assert leftovers(job["id"]) == []
     deleted = torchjob("delete", job["id"], home=home)
     assert deleted.returncode == 0, deleted.stderr
