@@ -591,11 +591,16 @@ spec:
 def test_slurm_placement_warnings_name_the_kinds_own_fields() -> None:
     """What a run on Slurm says it ignores is at the field the user wrote, as the local engine's
     errors are: a PyTorchJob's replica spec, a JobSet's replicated job; a Volcano Job's task."""
+    from torchjob.cli.sources import told_at
     from torchjob.engines.slurm.preflight import placement_notices
 
     (placed,) = read(PLACED)
     assert [line.split(": Slurm")[0] for line in placement_notices(placed.job)] == [
         "warning: spec.pytorchReplicaSpecs.Worker.template.spec.nodeSelector"
+    ]
+    # A run from the CLI says them as validate does: at the file's line.
+    assert [line.split(" Slurm")[0] for line in placement_notices(placed.job, told_at(placed.document))] == [
+        "job.yaml:19: spec.pytorchReplicaSpecs.Worker.template.spec.nodeSelector: warning:"
     ]
     jobset = yaml.safe_load((KINDS / "jobset.yaml").read_text())
     jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["tolerations"] = [
