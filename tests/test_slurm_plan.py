@@ -611,3 +611,21 @@ def test_dry_run_says_the_masters_port_is_the_declared_one_and_may_change() -> N
     ]
     alone = load([task("main", 2, container())])  # no plugin gives a port: nothing to claim
     assert port_lines(alone, plan_job(alone, SlurmSettings(), "/jobs/main-1", ["ctl"])) == []
+
+
+def test_a_bare_python_in_a_pyxis_image_stays_the_images_own() -> None:
+    """Locally and on the cluster's file system a bare ``python`` is torchjob's interpreter; inside
+    an image (--container-images) that path does not exist: the image's python is meant."""
+    from torchjob.engines.slurm.runtime import step_argv, step_env
+
+    assert step_argv(["python", "t.py"], None) == [sys.executable, "t.py"]
+    assert step_argv(["python3", "-u", "t.py"], None) == [sys.executable, "-u", "t.py"]
+    assert step_argv(["python", "t.py"], "python:3.11") == ["python", "t.py"]
+    assert step_argv(["/opt/py/bin/python", "t.py"], None) == ["/opt/py/bin/python", "t.py"]
+    job = load([task("master", 1, container())], PYTORCH)
+    plan = plan_job(job, SlurmSettings(container_images=True), "/j", ["ctl"])
+    run = next(iter(launches(plan, place(plan, {0: [("n1", 1)]}))))
+    base = {"PATH": "/usr/bin"}
+    assert step_env(base, run, {}, None, "python:3.11")["PATH"] == "/usr/bin"
+    here = step_env(base, run, {}, None)["PATH"].split(os.pathsep)
+    assert here == [os.path.dirname(sys.executable), "/usr/bin"]

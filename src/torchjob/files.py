@@ -5,13 +5,22 @@ Shared by the local engine (status, logs), the SDK (results, rendezvous progress
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from pathlib import Path
 
 from torchjob.records import field, record
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 _READ_CHUNK = 1 << 16
 _MAX_LINE = 1 << 16
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_exchange: list[Any] = []  # libc's renameat2 once looked up, or None where there is none
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -20,8 +29,6 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     The file is private (0600 whatever the umask: job state holds tokens and output), and the
     temporary file is always a new one, never a symlink someone planted in its place.
     """
-    import contextlib
-
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()  # left by a process with this pid that died before the rename
@@ -29,10 +36,48 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     try:
         with os.fdopen(os.open(tmp, flags, 0o600), "wb" if isinstance(data, bytes) else "w") as handle:
             handle.write(data)
-        os.replace(tmp, path)
+        swap_in(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
         raise
+
+
+def swap_in(tmp: str | Path, path: str | Path, dir_fd: int | None = None) -> None:
+    """Move ``tmp`` onto ``path`` at once, as ``os.replace`` does (both relative to ``dir_fd``).
+
+    Renamed over an existing file, ext4 (its default ``auto_da_alloc``) first writes the new file's
+    data to disk: 2-7 ms measured here for each status or registry update, three of them in the
+    last milliseconds of every job. Exchanging the two names (``renameat2``'s RENAME_EXCHANGE) and
+    removing the old file is as atomic for a reader and skips that flush; what is given up is
+    ext4's guard against finding the file empty after the machine crashed, which every reader of
+    these files takes as a damaged file (a job's status: phase Unknown). Where names cannot be
+    exchanged (another system or file system, or no file at ``path`` yet): ``os.replace``.
+    """
+    call = _exchange[0] if _exchange else _find_exchange()
+    if call is not None:
+        at = _AT_FDCWD if dir_fd is None else dir_fd
+        if call(at, os.fsencode(tmp), at, os.fsencode(path), _RENAME_EXCHANGE) == 0:
+            # The old file, under the temporary name now; one that cannot be removed is left as a
+            # dead process's temporary file is, for the next write of this name to remove.
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            return
+    os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def _find_exchange() -> Any:
+    call = None
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            call = ctypes.CDLL(None, use_errno=True).renameat2
+            call.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+            call.restype = ctypes.c_int
+        except (OSError, AttributeError):  # a libc without it (glibc before 2.28)
+            call = None
+    _exchange.append(call)
+    return call
 
 
 def append_private(path: Path, text: str) -> None:
@@ -90,6 +135,12 @@ class LogFollower:
     def read(self) -> list[tuple[_Followed, str]]:
         out: list[tuple[_Followed, str]] = []
         for path, item in list(self.files.items()):
+            if not item.closing:  # most reads find nothing new: a stat, not an open, says so
+                try:
+                    if os.stat(path).st_size <= item.offset:
+                        continue
+                except OSError:
+                    continue
             size = _READ_CHUNK * 16 if item.end is None else min(_READ_CHUNK * 16, item.end - item.offset)
             try:
                 with open(path, "rb") as handle:

@@ -26,6 +26,7 @@ from pathlib import Path
 from torchjob.engines.local.admission import place
 from torchjob.engines.local.state import process_alive, start_time
 from torchjob.errors import Problem, SpecError
+from torchjob.files import swap_in
 from torchjob.host import tcp
 from torchjob.plugins import build_plugins
 from torchjob.spec.model import Job
@@ -229,7 +230,7 @@ def _write_registry(dir_fd: int, root: Path, data: dict[str, Any]) -> None:
     fd = _open_in(dir_fd, root, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     with os.fdopen(fd, "w") as handle:
         handle.write(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, "ports.json", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    swap_in(tmp, "ports.json", dir_fd=dir_fd)  # (without ext4's flush of a rename over a file)
 
 
 def _me() -> dict[str, Any]:

@@ -95,19 +95,34 @@ def through_runner(argv: list[str], env: dict[str, str], runner: str | None, mar
     return started
 
 
+def step_argv(argv: Sequence[str], image: str | None) -> list[str]:
+    """A container's command as its step runs it: a bare ``python`` is the interpreter torchjob
+    runs in, as locally; in an image (pyxis) it is the image's own, found on the image's PATH
+    (the controller's interpreter is a path on the cluster's file system, not in the image)."""
+    argv = list(argv)
+    if image is None and argv and pycommand.PYTHON.fullmatch(argv[0]):
+        argv[0] = sys.executable
+    return argv
+
+
 def step_env(
-    base: Mapping[str, str], launch: PodLaunch, extra: Mapping[str, str], rank_guard: str | None
+    base: Mapping[str, str],
+    launch: PodLaunch,
+    extra: Mapping[str, str],
+    rank_guard: str | None,
+    image: str | None = None,
 ) -> dict[str, str]:
     """A step's environment: the controller's, the rank guard, the pod's (its container's own
     ``PYTHON_EXEC`` among them), then, for a main container, the run's ``-e``; torchjob's
-    interpreter first on ``PATH``."""
+    interpreter first on ``PATH``, except in an image, which has its own."""
     env = {**base}
     if rank_guard is not None:
         env[pyrun.PYTHON_EXEC] = rank_guard
     env.update(launch.env)
     if not launch.init:
         env.update(extra)
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
+    if image is None:
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", os.defpath)])
     return env
 
 
@@ -185,11 +200,8 @@ class SlurmRuntime(RuntimeHooks):
         suffix = f".{container.restarts}" if container.restarts else ""
         name = f"{pod.name}.{container.name}.{pod.attempt}{suffix}"
         resources, component = self.resources(launch)
-        argv = list(launch.argv)
-        # As locally: a bare python is the interpreter torchjob runs in.
-        if pycommand.PYTHON.fullmatch(argv[0]):
-            argv[0] = sys.executable
-        env = step_env(self.base_env, launch, self.extra_env, self.rank_guard)
+        argv = step_argv(launch.argv, resources.image)
+        env = step_env(self.base_env, launch, self.extra_env, self.rank_guard, resources.image)
         marker = str(pod.log_dir / f"{container.name}.finished")
         argv = through_runner(argv, env, None if launch.init or resources.image else self.runner, marker)
         if pyrun.FINISHED in env:  # a restart's step: the last run's marker does not speak for it
