@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
@@ -239,6 +239,26 @@ def wait_until(predicate: Callable[[], object], timeout: float, interval: float 
             return True
         time.sleep(interval)
     return bool(predicate())
+
+
+def read_until(stream: IO[Any], wanted: str, timeout: float) -> str:
+    """What a process wrote on ``stream`` (its stdout pipe) until ``wanted`` is in it, the
+    stream's end, or ``timeout`` seconds. Read with os.read: ``readline()`` would take every line
+    the pipe holds into its buffer, and select() then waits on the pipe for more while the wanted
+    line sits in that buffer (seen: a queue test waited its 30 s for a line printed at once)."""
+    import select
+
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while wanted not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([stream], [], [], left)[0]:
+            break
+        data = os.read(stream.fileno(), 65536)
+        if not data:
+            break
+        seen += data.decode(errors="replace")
+    return seen
 
 
 def private_slurm(factory: Any, **options: Any) -> Iterator[Any]:

@@ -553,3 +553,90 @@ spec:
         "[" + ", ".join(f"{{manager: example.com/m{i}, trainingRuntimeSpec: {{}}}}" for i in range(17)) + "]",
     )
     assert "job.yaml:10: spec.runtimePatches: expected at most 16 entries, got 17" in problems(many)
+
+
+PLACED = """\
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata: {name: placed}
+spec:
+  pytorchReplicaSpecs:
+    Master:
+      replicas: 1
+      template:
+        spec:
+          containers:
+            - name: pytorch
+              image: img
+              command: [sh, -c, "true"]
+              securityContext: {capabilities: {add: [NET_ADMIN]}}
+    Worker:
+      replicas: 1
+      template:
+        spec:
+          nodeSelector: {gpu: a100}
+          containers:
+            - name: pytorch
+              image: img
+              command: [sh, -c, "true"]
+              envFrom:
+                - secretRef: {name: creds}
+                - configMapRef: {name: settings}
+              env:
+                - name: TOKEN
+                  valueFrom: {secretKeyRef: {name: creds, key: token}}
+"""
+
+
+def test_slurm_placement_warnings_name_the_kinds_own_fields() -> None:
+    """What a run on Slurm says it ignores is at the field the user wrote, as the local engine's
+    errors are: a PyTorchJob's replica spec, a JobSet's replicated job; a Volcano Job's task."""
+    from torchjob.cli.sources import told_at
+    from torchjob.engines.slurm.preflight import placement_notices
+
+    (placed,) = read(PLACED)
+    assert [line.split(": Slurm")[0] for line in placement_notices(placed.job)] == [
+        "warning: spec.pytorchReplicaSpecs.Worker.template.spec.nodeSelector"
+    ]
+    # A run from the CLI says them as validate does: at the file's line.
+    assert [line.split(" Slurm")[0] for line in placement_notices(placed.job, told_at(placed.document))] == [
+        "job.yaml:19: spec.pytorchReplicaSpecs.Worker.template.spec.nodeSelector: warning:"
+    ]
+    jobset = yaml.safe_load((KINDS / "jobset.yaml").read_text())
+    jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["tolerations"] = [
+        {"key": "gpu", "operator": "Exists"}
+    ]
+    (loaded,) = read(yaml.safe_dump(jobset))
+    assert [line.split(": Slurm")[0] for line in placement_notices(loaded.job)] == [
+        "warning: spec.replicatedJobs[0].template.spec.template.spec.tolerations"
+    ]
+    volcano = job_manifest(placed.job)
+    (plain,) = read(yaml.safe_dump(volcano))
+    assert [line.split(": Slurm")[0] for line in placement_notices(plain.job)] == [
+        "warning: spec.tasks[1].template.spec.nodeSelector"
+    ]
+
+
+def test_validate_local_lists_every_environment_problem_of_a_container(tmp_path: Path) -> None:
+    (tmp_path / "placed.yaml").write_text(PLACED)
+    done = _cli(tmp_path, "validate", "--local", "placed.yaml")
+    assert done.returncode == 2
+    worker = "spec.pytorchReplicaSpecs.Worker.template.spec.containers[0]"
+    lines = done.stderr.splitlines()
+    for line, field in (
+        (25, "envFrom[0]: Secrets are not available"),
+        (26, "envFrom[1]: ConfigMap 'settings' does not exist locally"),
+        (29, "env[0].valueFrom.secretKeyRef: Secrets are not available"),
+    ):
+        assert any(x.startswith(f"placed.yaml:{line}: {worker}.{field}") for x in lines), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_kinds_job_run_here_records_its_warnings_at_the_kinds_fields(tmp_path: Path) -> None:
+    from support import run
+
+    (placed,) = read(PLACED.split("    Worker:")[0])
+    report = run(placed.job, tmp_path)
+    assert report.phase == "Completed", report.reason
+    field = "spec.pytorchReplicaSpecs.Master.template.spec.containers[0].securityContext.capabilities"
+    assert any(e.message.startswith(f"warning: {field}: ") for e in report.events), report.events

@@ -11,6 +11,7 @@ pod has an init container, so its interpreter is started (and imports torch) bef
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -589,3 +590,42 @@ def test_a_warm_interpreter_of_a_pod_still_being_created_is_not_taken_for_an_orp
     finally:
         warm.kill()
         warm.wait(timeout=5)
+
+
+OTHER_UID = 65534  # nobody: any uid but this one's will do; no account is needed for a process
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting a process of another uid needs root")
+def test_a_process_of_another_user_that_carries_the_marker_is_never_the_jobs() -> None:
+    """Anyone can put a job's marker in a process's environment: as root, the sweeps and the
+    watchdog would otherwise kill another user's process. Only this user's are the job's (and,
+    when named, the uids the job's containers were switched to)."""
+    from torchjob.engines.local import process, watchdog
+
+    job_id = f"marked-{os.getpid()}-{time.monotonic_ns() % 100000}"
+    env = {**os.environ, "TORCHJOB_JOB_ID": job_id}
+    mine = subprocess.Popen(["sleep", "30"], env=env, start_new_session=True)
+    theirs = subprocess.Popen(["sleep", "30"], env=env, start_new_session=True, user=OTHER_UID)
+    try:
+        assert wait_until(lambda: psutil.Process(theirs.pid).uids().real == OTHER_UID, 5)
+        assert {p.pid for p in process.marked_processes(job_id)} == {mine.pid}
+        both = {p.pid for p in process.marked_processes(job_id, uids={os.getuid(), OTHER_UID})}
+        assert both == {mine.pid, theirs.pid}
+        assert process.job_owners(f"0 {OTHER_UID}") == {0, OTHER_UID}  # root ran the job as another uid
+        # The watchdog, at its supervisor's death (end of file), stops the job's and only those.
+        assert watchdog.watch(job_id, io.BytesIO(b"")) == 0
+        assert mine.wait(timeout=5) is not None
+        assert theirs.poll() is None
+        assert process.sweep("TORCHJOB_JOB_ID", [job_id]) == []
+        assert theirs.poll() is None
+    finally:
+        for proc in (mine, theirs):
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def test_a_user_who_is_not_root_owns_no_uid_a_job_names_but_their_own() -> None:
+    from torchjob.engines.local import process
+
+    expected = {os.getuid(), 1234} if os.geteuid() == 0 else {os.getuid()}
+    assert process.job_owners(f"{os.geteuid()} 1234") == expected

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from queue_support import (
     trace,
     wait_all,
 )
-from support import cli, container, make_job, task, wait_until
+from support import cli, container, make_job, read_until, task, wait_until
 from torchjob.engines.local.admission import (
     Capacity,
     Settings,
@@ -304,14 +303,7 @@ def test_a_job_asking_more_cpus_than_the_machine_has_runs_alone(queue_env: Path)
     # It says it waits for the small job (a fixed sleep could end before a busy machine's CLI
     # had even reached the queue), and it does.
     assert attached.stdout is not None
-    said = ""
-    deadline = time.monotonic() + 30
-    while "waiting for 4 cpu, 3 free" not in said and time.monotonic() < deadline:
-        ready, _, _ = select.select([attached.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        line = attached.stdout.readline() if ready else ""
-        if not line:
-            break
-        said += line
+    said = read_until(attached.stdout, "waiting for 4 cpu, 3 free", 30)
     traced = tmp_path / "trace"
     assert not traced.exists() or "big-main" not in traced.read_text()
     release(tmp_path)

@@ -480,7 +480,11 @@ def test_the_plugins_wait_for_master_polls_below_the_pods_cpu_priority(tmp_path:
         runner.join(timeout=30)
     assert results and results[0].ok, results and results[0].reason
     assert found.get("probe") is not None and found.get("master") is not None, found
-    assert found["probe"][0] == 10 and found["probe"][1] in (None, "10"), found
-    assert found["master"][0] == 0 and found["master"][1] in (None, "0"), found
+    # Relative to this test's own nice value (a suite run under `nice` starts the job niced too);
+    # lowering a nice value below one's own is root's right only.
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    helper = 10 if ours <= 10 or os.geteuid() == 0 else ours
+    assert found["probe"][0] == helper and found["probe"][1] in (None, "10"), found
+    assert found["master"][0] == ours and found["master"][1] in (None, "0"), found
     own_nice = int(mine.read_text().rsplit(")", 1)[1].split()[16])
-    assert own_nice == 0  # the job's own init container
+    assert own_nice == ours  # the job's own init container

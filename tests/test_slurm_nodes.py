@@ -148,9 +148,13 @@ def test_spec_queue_is_the_partition_of_that_name(nodes3: SlurmCluster, tmp_path
         assert components(nodes3, slurm_id)[0]["Partition"] == partition
     warned = torchjob(env, "submit", "--engine", "slurm", str(node_selector_job(tmp_path)))
     assert warned.returncode == 0, warned.stderr
-    field = "spec.tasks[0].template.spec.nodeSelector"
-    said = f"warning: {field}: Slurm does not place pods by nodeSelector: ignored"
-    assert said in warned.stderr, warned.stderr
+    field = "spec.tasks[0].template.spec.nodeSelector"  # at the file's line, as validate says it
+    said = f"selector.yaml:{_line_of(tmp_path / 'selector.yaml', 'nodeSelector')}: {field}: warning: "
+    assert f"{said}Slurm does not place pods by nodeSelector: ignored" in warned.stderr, warned.stderr
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 
 
 def node_selector_job(tmp_path: Path) -> Path:

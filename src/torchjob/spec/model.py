@@ -221,6 +221,15 @@ def here_issues(job: Job, errors: bool) -> list[Any]:
     return job.kind.here_issues(errors) if job.kind is not None else []
 
 
+def own_path(job: Job, path: str) -> str:
+    """A field path of the job's Volcano Job as its user wrote it: for a job read from a
+    PyTorchJob, TrainJob or JobSet, the kind's own path (``spec.tasks[0].template.spec.nodeSelector``
+    is ``spec.pytorchReplicaSpecs.Master.template.spec.nodeSelector``); others as they are. For
+    what an engine says itself, outside the CLI's ``FILE:LINE: path: message`` lines."""
+    document = job.kind.document if job.kind is not None else None
+    return str(document.problem(path, "").path) if document is not None else path
+
+
 # Where a job made by torchjob came from: "script" (``run -j NxM script.py``) or "task" (an SDK
 # task). Such a job's user wrote no Volcano policy: engines speak of it in the user's terms.
 ORIGIN = "torchjob.io/origin"

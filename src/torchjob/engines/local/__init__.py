@@ -259,9 +259,9 @@ def _detach(
     if answer != "started":
         reason = answer.removeprefix("failed ").strip() or "the supervisor ended before the job started"
         if ready and not (path / "status.json").exists():  # the daemon is done: nothing could see it
-            import shutil
+            from torchjob.engines.local.state import JobDir
 
-            shutil.rmtree(path, ignore_errors=True)
+            JobDir(path).remove()
         return RunResult("Failed", reason, path, started=False)
     deadline = time.monotonic() + 10
     from torchjob.engines.local.state import JobDir

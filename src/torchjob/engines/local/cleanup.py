@@ -42,7 +42,7 @@ class JobProcesses:
     of every pod), read each time: a container's main process is known, not an adopted orphan.
     """
 
-    def __init__(self, job_id: str, pods: dict[Key, Pod], latest: dict[Key, Pod]) -> None:
+    def __init__(self, job_id: str, pods: dict[Key, Pod], latest: dict[Key, Pod], uids: str = "") -> None:
         self.job_id = job_id
         self.pods = pods
         self.latest = latest
@@ -50,6 +50,9 @@ class JobProcesses:
         self.foreign: set[int] = set()  # this process's children from before the job: not the job's
         self.told: set[int] = set()  # job processes the watchdog knows of
         self.watchdog: Watchdog | None = None
+        # Whose processes carrying the job's marker are the job's (``uids``: creation.job_uids'):
+        # this user's, as root also those its containers run as (runAsUser); never another user's.
+        self.uids = process.job_owners(uids)
         # The engine's own helpers in sessions of their own (the fork server): never the job's orphans.
         self.helpers: Callable[[], Iterable[int]] = lambda: ()
         # Pods being created: the controller adds a pod to ``pods`` only once its first step is
@@ -66,7 +69,7 @@ class JobProcesses:
         with _LIVE_LOCK:
             _LIVE.append(self)
         process.set_child_subreaper(True)
-        self.watchdog = Watchdog(self.job_id)
+        self.watchdog = Watchdog(self.job_id, self.uids)
 
     def track(self) -> None:
         """Record every container's descendants and reap the ones that were adopted and ended."""
@@ -180,7 +183,7 @@ class JobProcesses:
         tracked = [p for pod in self.latest.values() for p in runner.tracked(pod)]
         # Orphans without the job's marker, adopted as subreaper.
         tracked += _processes(self.last_orphans())
-        killed = process.kill_now(self.job_id, [], tracked, 1.0)
+        killed = process.kill_now(self.job_id, [], tracked, 1.0, self.uids)
         # Reap what was adopted (subreaper); waiting on our own children reaps them.
         process.wait_gone(process.alive(killed), timeout=1.0)
         process.reap_adopted({p.pid for p in tracked} | {p.pid for p in killed} | self.job_pids)

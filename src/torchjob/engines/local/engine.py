@@ -224,14 +224,17 @@ class LocalEngine:
             found.setdefault(where.id, where)
         if problems:
             raise EngineError("; ".join(problems) + "; nothing was deleted")
-        import shutil
-
         from torchjob.engines.local.process import kill_now
 
+        left = []
         for where in found.values():
             _stop_supervisor(where)
             kill_now(where.id, [], [], 1.0)  # whatever of the job is left (a killed supervisor's)
-            shutil.rmtree(where.path, ignore_errors=True)
+            kept = where.remove()  # checked gone, not assumed
+            if kept is not None:
+                left.append(f"{where.id}: {kept} could not be removed")
+        if left:
+            raise EngineError("; ".join(left))
         return list(found)
 
 

@@ -149,26 +149,33 @@ def _configmap_value(ctx: PodSetup, ref: dict[str, Any], path: str) -> str | Non
     return data[key]
 
 
-def env_from(ctx: PodSetup, container: dict[str, Any], env: dict[str, str]) -> None:
+def env_from(
+    ctx: PodSetup, container: dict[str, Any], env: dict[str, str], errors: list[ResolveError] | None = None
+) -> None:
+    """The variables of the container's ``envFrom`` sources, added to ``env``. A source that
+    cannot be had here raises ResolveError; with ``errors``, each one is collected there instead
+    and the sources after it are still read (the check tells them all at once)."""
     for i, source in enumerate(container.get("envFrom") or []):
         path = f"envFrom[{i}]"
         prefix = str(source.get("prefix") or "")
+        problem = None
         if "configMapRef" in source:
             ref = source["configMapRef"] or {}
             data = ctx.configmaps.get(str(ref.get("name", "")))
-            if data is None:
-                if ref.get("optional"):
-                    continue
-                raise ResolveError(path, f"ConfigMap {ref.get('name')!r} does not exist locally")
-            env.update({prefix + k: v for k, v in data.items()})
-        elif "secretRef" in source:
-            if (source["secretRef"] or {}).get("optional"):
-                continue
-            raise ResolveError(
+            if data is not None:
+                env.update({prefix + k: v for k, v in data.items()})
+            elif not ref.get("optional"):
+                problem = ResolveError(path, f"ConfigMap {ref.get('name')!r} does not exist locally")
+        elif "secretRef" in source and not (source["secretRef"] or {}).get("optional"):
+            problem = ResolveError(
                 path,
                 "Secrets are not available to local jobs; mark the secretRef optional "
                 "and give its variables with run -e NAME=VALUE",
             )
+        if problem is not None:
+            if errors is None:
+                raise problem
+            errors.append(problem)
 
 
 def env_value(

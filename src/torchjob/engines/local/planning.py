@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torchjob.errors import Issue
 from torchjob.records import record
-from torchjob.spec.model import Job
+from torchjob.spec.model import Job, own_path
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -77,10 +77,8 @@ def plan_text(job: Job, plan: LocalPlan) -> str:
         ports = ", ".join(map(str, declared))
         lines.append(f"ports to reserve: {ports} (each mapped to a free host port when the job starts)")
     lines.append("addresses: each pod its own loopback address (pod names, where they resolve, name them)")
-    told = job.kind.document if job.kind is not None else None  # a kind's job: at the kind's paths
-    for problem in plan.problems:
-        path = told.problem(problem.path, problem.message).path if told is not None else problem.path
-        lines.append(f"cannot run here: {path}: {problem.message}")
+    for problem in plan.problems:  # a kind's job: at the kind's paths
+        lines.append(f"cannot run here: {own_path(job, problem.path)}: {problem.message}")
     for pod in plan.state.pods if plan.state is not None else []:
         spec = pod.manifest["spec"]
         env = {e.get("name"): e.get("value") for c in spec["containers"] for e in c.get("env") or []}

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from torchjob.engines.local.libc import LIBC
@@ -130,11 +130,17 @@ def _then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[],
     return both
 
 
-def processes_with(name: str, values: Iterable[str], exclude: Iterable[int] = ()) -> list[psutil.Process]:
-    """Processes of this user whose environment has ``name`` set to one of ``values``."""
+def processes_with(
+    name: str, values: Iterable[str], exclude: Iterable[int] = (), uids: Collection[int] | None = None
+) -> list[psutil.Process]:
+    """Processes whose environment has ``name`` set to one of ``values`` and whose real uid is
+    this user's (or one of ``uids``: a job's own, its containers' ``runAsUser`` when torchjob runs
+    as root). A process of another user is never matched, whatever its environment says: anyone
+    can set the marker, and root would otherwise kill another user's process that carries it."""
     wanted = set(values)
     if not wanted:
         return []
+    owners = {os.getuid()} if uids is None else set(uids)
     skip = {os.getpid(), *exclude}
     if LINUX and os.path.isdir("/proc"):
         skip.update(_ancestors())
@@ -153,23 +159,34 @@ def processes_with(name: str, values: Iterable[str], exclude: Iterable[int] = ()
         found: list[psutil.Process] = []
         for pid in pids:
             with contextlib.suppress(psutil.Error):
-                found.append(psutil.Process(pid))
+                proc = psutil.Process(pid)  # its owner asked of this very process (not a reused pid)
+                if proc.uids().real in owners:
+                    found.append(proc)
         return found
     import psutil
 
     with contextlib.suppress(psutil.Error):
         skip.update(p.pid for p in psutil.Process().parents())
     found = []
-    uid = os.getuid()
     for proc in psutil.process_iter():
         try:
-            if proc.pid in skip or proc.uids().real != uid:
+            if proc.pid in skip or proc.uids().real not in owners:
                 continue
             if proc.environ().get(name) in wanted:
                 found.append(proc)
         except psutil.Error:
             continue
     return found
+
+
+def job_owners(job_uids: str) -> frozenset[int]:
+    """Whose processes may carry a job's marker (``job_uids``: creation.job_uids' text): this
+    user's; as root also the uids the job's containers were switched to, which no other user can
+    have asked for. For anyone else those uids are another user's, never the job's."""
+    own = {os.getuid()}
+    if os.geteuid() == 0:
+        own.update(int(uid) for uid in job_uids.split())
+    return frozenset(own)
 
 
 def _ancestors() -> list[int]:
@@ -185,14 +202,19 @@ def _ancestors() -> list[int]:
     return found
 
 
-def marked_processes(job_id: str, exclude: Iterable[int] = ()) -> list[psutil.Process]:
-    """Processes of this user whose environment carries the job's marker."""
-    return processes_with(MARKER, [job_id], exclude)
+def marked_processes(
+    job_id: str, exclude: Iterable[int] = (), uids: Collection[int] | None = None
+) -> list[psutil.Process]:
+    """Processes of this user (or of ``uids``) whose environment carries the job's marker."""
+    return processes_with(MARKER, [job_id], exclude, uids)
 
 
-def sweep(name: str, values: Iterable[str], timeout: float = 1.0) -> list[psutil.Process]:
-    """SIGKILL every process whose env has ``name`` in ``values``; returns those that outlived ``timeout``."""
-    procs = alive(processes_with(name, values))
+def sweep(
+    name: str, values: Iterable[str], timeout: float = 1.0, uids: Collection[int] | None = None
+) -> list[psutil.Process]:
+    """SIGKILL every process of this user (or of ``uids``) whose env has ``name`` in ``values``;
+    returns those that outlived ``timeout``."""
+    procs = alive(processes_with(name, values, uids=uids))
     signal_processes(procs, signal.SIGKILL)
     if not procs:
         return []
@@ -280,9 +302,14 @@ def reap_adopted(job_pids: Iterable[int]) -> None:
 
 
 def kill_now(
-    job_id: str, pgids: Iterable[int], procs: Iterable[psutil.Process], grace: float
+    job_id: str,
+    pgids: Iterable[int],
+    procs: Iterable[psutil.Process],
+    grace: float,
+    uids: Collection[int] | None = None,
 ) -> list[psutil.Process]:
     """Stop everything of a job with a short grace: SIGTERM, wait up to ``grace`` s, SIGKILL.
+    ``uids``: whose marked processes are the job's (:func:`processes_with`).
 
     Blocking; used on the way out (watchdog, final sweep), where nothing else must happen.
     """
@@ -290,7 +317,7 @@ def kill_now(
 
     groups = list(pgids)
     targets = {p.pid: p for p in procs}
-    for proc in marked_processes(job_id):
+    for proc in marked_processes(job_id, uids=uids):
         targets.setdefault(proc.pid, proc)
     if not targets and not groups:  # nothing of the job lives, so nothing is left to start more
         return []
@@ -304,7 +331,7 @@ def kill_now(
         time.sleep(0.02)
     for pgid in groups:
         signal_group(pgid, signal.SIGKILL)
-    for proc in marked_processes(job_id):  # anything started during the grace period
+    for proc in marked_processes(job_id, uids=uids):  # anything started during the grace period
         targets.setdefault(proc.pid, proc)
     signal_processes(alive(targets.values()), signal.SIGKILL)
     return list(targets.values())

@@ -48,10 +48,7 @@ def resolve_container(
         command = ["true"]  # only when collecting: what follows is still checked
     mounts = mount_dirs(ctx, container)
     defined: dict[str, str] = {**ctx.base_env, **ctx.gpu_env.get(name, {})}
-    try:
-        env_from(ctx, container, defined)
-    except ResolveError as err:
-        found(err)
+    env_from(ctx, container, defined, errors)  # with errors: each source's problem, all of them
     for i, var in enumerate(container.get("env") or []):
         try:
             value = env_value(ctx, container, var, defined, f"env[{i}]")

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from torchjob.engine_api.base import JobReport
 
 STATUS_RESERVE = 8192  # bytes status.json keeps on disk at least (see JobDir.write_status)
+REMOVE_TIMEOUT = 2.0  # seconds JobDir.remove tries again while something is left in the directory
 
 
 # Job state holds whatever the job was given (tokens passed with --env, passwords in its env):
@@ -65,13 +66,18 @@ def open_private(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
 
 
-def _overwrite(path: Path, text: str) -> None:
+def _overwrite(path: Path, text: str, err: OSError) -> None:
     """Rewrite an existing file in place: on a full disk it may still fit the blocks it has
-    (padded with spaces to its old size, so that none of them is given up)."""
+    (padded with spaces to its old size, so that none of them is given up). A text longer than
+    the file is refused (``err`` raised) before anything is written: its tail could not be
+    written, and the file would hold neither the old text nor the new."""
     fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
     try:
         data = text.encode()
-        data += b" " * (os.fstat(fd).st_size - len(data))
+        size = os.fstat(fd).st_size
+        if len(data) > size:
+            raise err
+        data += b" " * (size - len(data))
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
@@ -167,10 +173,10 @@ class JobDir:
         text += " " * (STATUS_RESERVE - len(text))
         try:
             write_atomic(self.status_file, text)
-        except OSError:
+        except OSError as err:
             if not self.status_file.exists():
                 raise
-            _overwrite(self.status_file, text)  # not atomic: a reader may see it half-written
+            _overwrite(self.status_file, text, err)  # not atomic: a reader may see it half-written
 
     def read_status(self) -> JobReport:
         """The stored report; a missing or damaged status.json is phase Unknown with the reason."""
@@ -195,6 +201,35 @@ class JobDir:
             engine="local", id=self.id, name=name, phase=UNKNOWN, reason=reason, location=str(self.path)
         )
         return report, problem
+
+    def remove(self, timeout: float = REMOVE_TIMEOUT) -> Path | None:
+        """Remove the directory and everything in it: None once it is gone (checked, not
+        assumed), else where what is left of it is.
+
+        It is first renamed aside, to a hidden name in its root, so that no process still writing
+        into it by its path (a straggler of the job, a helper's last log line) can add a file
+        there any more; then removed, again while something is left (a file added through a
+        descriptor opened before), for at most ``timeout`` seconds. A single
+        ``rmtree(ignore_errors=True)`` leaves the directory behind at the first "Directory not
+        empty", without status.json: a job that no command can see or delete."""
+        import shutil
+        import time
+
+        target = self.path.with_name(f".{self.id}.removed-{os.getpid()}")
+        try:
+            os.rename(self.path, target)
+        except FileNotFoundError:
+            return self.path if os.path.lexists(self.path) else None
+        except OSError:
+            target = self.path  # cannot be renamed (its root is not writable...): removed where it is
+        deadline = time.monotonic() + timeout
+        while True:
+            shutil.rmtree(target, ignore_errors=True)
+            if not os.path.lexists(target):
+                return None
+            if time.monotonic() >= deadline:
+                return target
+            time.sleep(0.01)
 
     @property
     def expiry_file(self) -> Path:

@@ -2,9 +2,11 @@
 
 It is written before any pod starts (a job whose status cannot be written never starts), again
 whenever the controller says something changed, and a last time with the final phase. A write
-that fails later (a full disk) is said once and tried again on the next pass; a job none of whose
-status could be kept has its directory removed, since no command could see it. A job that ended
-with a ``ttlSecondsAfterFinished`` gets its expiry written beside it.
+that fails later (a full disk) is said once and tried again on the next pass; the last one, when
+the report no longer fits the room status.json holds, is written without its events, so that the
+final phase is what is kept. A job none of whose status could be kept has its directory removed
+(and checked gone), since no command could see it. A job that ended with a
+``ttlSecondsAfterFinished`` gets its expiry written beside it.
 """
 
 from __future__ import annotations
@@ -58,13 +60,16 @@ class StatusFile:
         report.network = factory.net.text  # the job's own namespace, or why the machine's
         return report
 
-    def write(self, must: bool = False) -> None:
+    def write(self, must: bool = False, brief: bool = False) -> None:
         """Write status.json; a failure (a full disk) is said once and retried on the next pass,
-        or raised with ``must``."""
+        or raised with ``must``. ``brief``: without the events (see write_final)."""
         if self.gone:
             return
         try:
-            self.dir.write_status(self.report())
+            report = self.report()
+            if brief:
+                report.events = []
+            self.dir.write_status(report)
         except OSError as err:
             if must:
                 raise
@@ -83,12 +88,20 @@ class StatusFile:
             self.removed = True
             return ""
         self.write()
+        if self.error and self.dir.status_file.exists():
+            # A full disk, and a report grown past the room status.json holds (its events): the
+            # final phase and reason without them, in that room, rather than the last one kept.
+            self.write(brief=True)
         if not self.dir.status_file.exists():  # no command could see the job
-            import shutil  # (not loaded by a run otherwise)
-
-            shutil.rmtree(self.dir.path, ignore_errors=True)
             self.removed = True
-            self.notes.note(f"job {self.dir.id} removed: its directory could not be written")
+            left = self.dir.remove()
+            if left is None:
+                self.notes.note(f"job {self.dir.id} removed: its directory could not be written")
+            else:
+                self.notes.note(
+                    f"job {self.dir.id}: its directory could not be written, nor removed: remove {left}",
+                    Level.ERROR,
+                )
             return ""
         ttl = self.job.spec.ttl_seconds_after_finished
         if ttl is None or not self.ctl.status.phase.final:

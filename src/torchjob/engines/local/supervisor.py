@@ -45,7 +45,7 @@ from torchjob.engines.local.waiter import ExitWaiter
 from torchjob.expand import DesiredState
 from torchjob.lifecycle import JobPhase, JobStatus
 from torchjob.logs import Level
-from torchjob.spec.model import Job
+from torchjob.spec.model import Job, own_path
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class Supervisor:
             admits=ticket.admits if ticket is not None else None,
             attached=console is not None,
         )
-        self.processes = JobProcesses(self.id, self.ctl.pods, self.ctl.latest)
+        self.processes = JobProcesses(self.id, self.ctl.pods, self.ctl.latest, self.factory.uids)
         self.processes.helpers = self._helpers
         self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
         self.signals = Signals(self.waiter)
@@ -224,7 +224,7 @@ class Supervisor:
         self.processes.start()
         self.notes.note(f"job {self.id} started; ports {factory.ports_text()}; job directory {self.dir.path}")
         for note in local_warnings(factory.expansion(0, 0), factory.extra_env):
-            self.notes.record(f"warning: {note.path}: {note.message}")
+            self.notes.record(f"warning: {own_path(self.job, note.path)}: {note.message}")
         self.ctl.begin()
         preloader = factory.preloader
         if (
@@ -322,7 +322,7 @@ class Supervisor:
     def released(self, pods: Iterable[Pod]) -> None:
         pods = list(pods)
         # A pod is gone only with all of its processes, also those that escaped its groups.
-        left = process.sweep(process.POD_MARKER, [str(pod.engine) for pod in pods])
+        left = process.sweep(process.POD_MARKER, [str(p.engine) for p in pods], 1.0, self.processes.uids)
         process.reap_adopted(self.processes.job_pids)  # the killed orphans: no zombie is left
         if left:
             self.notes.note(f"processes {[p.pid for p in left]} of stopped pods survive SIGKILL", Level.ERROR)

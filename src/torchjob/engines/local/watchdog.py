@@ -16,8 +16,9 @@ A supervisor with threads (an SDK caller: a notebook's kernel, the call's own wa
 fork safely. Its process keeps one watchdog for all its jobs instead, started for the first
 (``python -m torchjob.engines.local.watchdog``) and ended by the process's exit: a warm call of a
 second or less would otherwise pay a new interpreter each time. Its lines name the job:
-``job ID`` / ``pgid ID N`` / ``forget ID N`` / ``pid ID N START`` / ``done ID``; at end of file it
-stops every job not yet done, each as above.
+``job ID [UID...]`` (the uids whose marked processes are the job's) / ``pgid ID N`` /
+``forget ID N`` / ``pid ID N START`` / ``done ID``; at end of file it stops every job not yet
+done, each as above.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import time
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
     from typing import IO
 
     import psutil
@@ -47,8 +49,9 @@ def main(argv: list[str]) -> int:
     return watch_jobs(sys.stdin.buffer)
 
 
-def watch(job_id: str, stream: IO[bytes]) -> int:
-    """Follow the supervisor's lines until ``done`` (exit) or end-of-file (stop the job)."""
+def watch(job_id: str, stream: IO[bytes], uids: Collection[int] | None = None) -> int:
+    """Follow the supervisor's lines until ``done`` (exit) or end-of-file (stop the job); ``uids``:
+    whose processes carrying the job's marker are the job's (process.processes_with)."""
     # psutil is imported by kill_now only if the supervisor dies: importing it here took about
     # 9 ms of CPU from the job's first processes, on every run, for a case that is rare.
     from torchjob.engines.local.process import kill_now
@@ -68,7 +71,7 @@ def watch(job_id: str, stream: IO[bytes]) -> int:
             pids[int(numbers[0])] = int(numbers[1])
         elif word == "done":
             return 0
-    kill_now(job_id, pgids, _job_processes(pgids, pids), GRACE)
+    kill_now(job_id, pgids, _job_processes(pgids, pids), GRACE, uids)
     return 0
 
 
@@ -77,6 +80,7 @@ def watch_jobs(stream: IO[bytes]) -> int:
     from torchjob.engines.local.process import kill_now
 
     jobs: dict[str, tuple[set[int], dict[int, int]]] = {}  # job id -> its groups, its pids
+    owners: dict[str, set[int]] = {}  # job id -> the uids of its processes (``job ID UID...``)
     while True:
         line = stream.readline()
         if not line:
@@ -87,8 +91,10 @@ def watch_jobs(stream: IO[bytes]) -> int:
         word, job_id, numbers = parts[0], parts[1], parts[2:]
         if word == "job":
             jobs[job_id] = (set(), {})
+            owners[job_id] = {int(n) for n in numbers}
         elif word == "done":
             jobs.pop(job_id, None)
+            owners.pop(job_id, None)
         elif job_id in jobs:
             pgids, pids = jobs[job_id]
             if word == "pgid" and len(numbers) == 1:
@@ -98,7 +104,7 @@ def watch_jobs(stream: IO[bytes]) -> int:
             elif word == "pid" and len(numbers) == 2:
                 pids[int(numbers[0])] = int(numbers[1])
     for job_id, (pgids, pids) in jobs.items():
-        kill_now(job_id, pgids, _job_processes(pgids, pids), GRACE)
+        kill_now(job_id, pgids, _job_processes(pgids, pids), GRACE, owners.get(job_id) or None)
     return 0
 
 
@@ -133,7 +139,7 @@ def _can_fork() -> bool:
     return sys.platform.startswith("linux") and threading.active_count() == 1
 
 
-def _forked(job_id: str) -> tuple[int, IO[bytes]]:
+def _forked(job_id: str, uids: Collection[int] | None) -> tuple[int, IO[bytes]]:
     """Fork the watchdog; returns its pid and the write end of its pipe."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -151,7 +157,7 @@ def _forked(job_id: str) -> tuple[int, IO[bytes]]:
             os.dup2(devnull, 2)
             # Hold none of the supervisor's files, pipes or sockets open (its caller waits on them).
             os.closerange(3, os.sysconf("SC_OPEN_MAX"))
-            code = watch(job_id, os.fdopen(0, "rb", closefd=False))
+            code = watch(job_id, os.fdopen(0, "rb", closefd=False), uids)
         finally:
             os._exit(code)
     os.close(read_fd)
@@ -215,16 +221,17 @@ class Watchdog:
     """The supervisor's handle on its job's watchdog: a forked one of its own, or its part of
     this process's shared one."""
 
-    def __init__(self, job_id: str) -> None:
+    def __init__(self, job_id: str, uids: Collection[int] | None = None) -> None:
+        """``uids``: whose processes carrying the job's marker it stops (None: this user's)."""
         self.job_id = job_id
         self._shared: Shared | None = None
         self._pipe: IO[bytes] | None = None
         if _can_fork():
-            self.pid, self._pipe = _forked(job_id)
+            self.pid, self._pipe = _forked(job_id, uids)
         else:
             self._shared = Shared.get()
             self.pid = self._shared.pid
-            self._shared.send(f"job {job_id}")
+            self._shared.send(" ".join(["job", job_id, *map(str, sorted(uids or ()))]))
 
     def _send(self, text: str) -> None:
         if self._shared is not None:

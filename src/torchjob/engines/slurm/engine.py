@@ -135,8 +135,8 @@ class SlurmEngine:
         allocation = self._allocation(chosen)
         self._plan(job, job_dir, chosen, allocation)  # a job Slurm cannot run: a SpecError at once
         preflight.slurm_answers(allocation)
-        for issue in preflight.placement_warnings(job):
-            sink.notice(f"warning: {issue.path}: {issue.message}")
+        for line in preflight.placement_notices(job, options.source):  # at the file's line, as written
+            sink.notice(line)
         if allocation is None:
             chosen = preflight.queue_partition(job, chosen, sink)
         slurm_plan = self._plan(job, job_dir, chosen, allocation)

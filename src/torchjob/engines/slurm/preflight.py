@@ -14,6 +14,8 @@ from torchjob.errors import Issue
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torchjob.engine_api.base import Sink
     from torchjob.engines.slurm.plan import SlurmPlan
     from torchjob.engines.slurm.settings import SlurmSettings
@@ -38,6 +40,19 @@ def placement_warnings(job: Job) -> list[Issue]:
                     )
                 )
     return found
+
+
+def placement_notices(job: Job, source: Callable[[str, str], str] | None = None) -> list[str]:
+    """The placement warnings as a run says them, at the fields the user wrote (a PyTorchJob's,
+    TrainJob's or JobSet's own): with the file's line where the caller knows it (``source``:
+    StartOptions.source), else at the path alone."""
+    from torchjob.spec.model import own_path
+
+    lines = []
+    for issue in placement_warnings(job):
+        told = source(issue.path, f"warning: {issue.message}") if source is not None else None
+        lines.append(told or f"warning: {own_path(job, issue.path)}: {issue.message}")
+    return lines
 
 
 def slurm_answers(allocation: str | None) -> None:
