@@ -542,6 +542,13 @@ def test_a_kept_servers_spares_take_the_next_containers_and_are_no_jobs_orphans(
         assert preloader.spares.asked + len(preloader.spares.pids) == 2
         assert wait_until(lambda: len(_spares_of(server)) == 2, 30)
         lasts = _spares_of(server)
+        # A container that a spare cannot set up (its log cannot be opened) starts cold, as one
+        # freshly forked would; the spare, ended, is reaped, and the server serves on.
+        assert _fork(preloader, run_, tmp_path / "missing" / "6.log") is None
+        failed = [pid for pid in lasts if pid not in _spares_of(server)]
+        assert len(failed) == 1 and preloader.state == "ready"
+        with pytest.raises(ChildProcessError):
+            os.waitpid(failed[0], os.WNOHANG)
     finally:
         preloader.close()
         process.set_child_subreaper(False)

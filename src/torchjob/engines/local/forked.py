@@ -88,7 +88,7 @@ class Spares:
             pid = int(line[5:])
             if pid in self.pids:
                 self.pids.remove(pid)
-            _reap([pid])
+            reap([pid])
             return True
         if line != b"nospare" and not line.startswith(b"spare "):
             return False
@@ -115,11 +115,12 @@ class Spares:
     def end(self) -> None:
         """The server is gone: its spares (ended, or about to, at the end of their pipe) reaped."""
         pids, self.pids, self.asked = self.pids, [], 0
-        _reap(pids)
+        reap(pids)
 
 
-def _reap(pids: list[int]) -> None:
-    """Kill and wait for idle spares, our children (ours until reaped: no pid can be another's)."""
+def reap(pids: list[int]) -> None:
+    """Kill and wait for children of ours that must end now: idle spares, a process that could not
+    be set up as its container (ours until reaped here: no pid can be another's)."""
     for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)

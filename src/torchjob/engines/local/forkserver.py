@@ -192,13 +192,15 @@ def _hand_to_spare(spares: list[Spare], request: bytes, replies: int) -> bool:
         os.close(task_w)
         answer = _read_exactly(report_r, 8)  # its pid, once it is set up; nothing when that failed
         os.close(report_r)
-        _reply(request, answer, replies)
+        _reply(request, answer, replies, pid)
         return True
     return False
 
 
-def _reply(request: bytes, answer: bytes | None, replies: int) -> None:
-    line = b"pid " + answer + b"\n" if answer else b"fail\n"
+def _reply(request: bytes, answer: bytes | None, replies: int, pid: int | None) -> None:
+    """``pid <pid>``, or ``fail <pid>`` (the engine's child that ended, to reap; ``fail`` where
+    the process is not known here: the two forks)."""
+    line = b"pid " + answer + b"\n" if answer else b"fail %d\n" % pid if pid else b"fail\n"
     what = b"forked " + answer if answer else b"could not set up the container"
     _write(1, what + b" for " + _fields(request)[1] + b"\n")  # preload.log
     _write(replies, line)
@@ -231,7 +233,7 @@ def _fork(
         os.close(report_w)
     answer = _read_exactly(report_r, 8)  # its pid, once it is set up; nothing when it failed
     os.close(report_r)
-    _reply(request_bytes, answer, replies)
+    _reply(request_bytes, answer, replies, pid)
     return None
 
 

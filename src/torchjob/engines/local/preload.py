@@ -44,7 +44,7 @@ from torchjob.engines.local import prewarm, process, proctree
 from torchjob.engines.local.containers import ContainerRun
 from torchjob.engines.local.envvars import is_engine_variable
 from torchjob.engines.local.forked import Forked as Forked  # (imported from here by the runner)
-from torchjob.engines.local.forked import Spares
+from torchjob.engines.local.forked import Spares, reap
 from torchjob.engines.local.state import open_private
 from torchjob.host import procfs
 from torchjob.typecheck import TYPE_CHECKING
@@ -198,8 +198,10 @@ class Preloader:
         if line is None:
             self._off("it did not answer")
             return None
-        if not line.startswith(b"pid "):
-            return None  # it could not set the container up (a working directory missing): cold
+        if not line.startswith(b"pid "):  # it could not set the container up (a log not openable)
+            if line.startswith(b"fail "):
+                reap([int(line[5:])])  # (our child, ended at once)
+            return None  # cold: its start says why
         pid = int(line[4:])
         self.spares.took(pid)
         try:
