@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ pytest.importorskip("kubernetes")
 
 from kube_fixtures import JOB_LABEL, TERMINAL_STATUS, make_pod, running, terminated
 from kubeapi import FakeKubeAPI
+from support import read_until
 from torchjob.cli import main
 
 pytestmark = pytest.mark.timeout(120)
@@ -339,21 +339,11 @@ def test_delete_removes_the_job_and_a_typo_deletes_nothing(
 
 def _read_until(process: subprocess.Popen[str], wanted: str, timeout: float) -> str:
     assert process.stdout is not None
-    seen = ""
-    deadline = time.monotonic() + timeout
-    while wanted not in seen:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            process.kill()
-            _, err = process.communicate()
-            pytest.fail(f"no {wanted!r} in {seen!r}; stderr: {err}")
-        ready, _, _ = select.select([process.stdout], [], [], left)
-        if ready:
-            # os.read, not readline(): readline() buffers every line the pipe holds, and select()
-            # then waits for more on the pipe while the wanted line sits in that buffer.
-            data = os.read(process.stdout.fileno(), 65536)
-            assert data, f"the CLI ended before printing {wanted!r}: {seen!r}"
-            seen += data.decode(errors="replace")
+    seen = read_until(process.stdout, wanted, timeout)
+    if wanted not in seen:
+        process.kill()
+        _, err = process.communicate()
+        pytest.fail(f"no {wanted!r} in {seen!r}; stderr: {err}")
     return seen
 
 

@@ -23,6 +23,7 @@ pytest.importorskip("kubernetes")
 
 from kube_fixtures import TERMINAL_STATUS, make_pod, running, terminated
 from kubeapi import TOKEN, FakeKubeAPI
+from support import read_until
 from torchjob.cli import main
 from torchjob.engine_api.base import EngineError, LogQuery, StartOptions
 from torchjob.engine_api.registry import get_engine
@@ -558,19 +559,9 @@ def test_a_line_without_a_newline_comes_in_bounded_pieces(
 
 
 def _read_until(process: subprocess.Popen[str], wanted: str, timeout: float) -> str:
-    import select
-
     assert process.stdout is not None
-    seen = ""
-    deadline = time.monotonic() + timeout
-    while wanted not in seen:
-        left = deadline - time.monotonic()
-        assert left > 0, f"no {wanted!r} in {seen!r}"
-        ready, _, _ = select.select([process.stdout], [], [], left)
-        if ready:
-            data = os.read(process.stdout.fileno(), 4096)
-            assert data, f"the CLI ended before printing {wanted!r}: {seen!r}"
-            seen += data.decode(errors="replace")
+    seen = read_until(process.stdout, wanted, timeout)
+    assert wanted in seen, f"no {wanted!r} in {seen!r}"
     return seen
 
 
