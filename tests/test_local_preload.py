@@ -494,7 +494,9 @@ def test_a_kept_servers_spares_take_the_next_containers_and_are_no_jobs_orphans(
     work = tmp_path / "work"
     work.mkdir()
     (work / "prog.py").write_text(
-        "import os, time\nprint('ids', os.getpid(), os.getsid(0), os.getpgid(0), flush=True)\n"
+        "import ctypes, os, time\nreaper = ctypes.c_int()\n"
+        "ctypes.CDLL(None).prctl(37, ctypes.byref(reaper), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER\n"
+        "print('ids', os.getpid(), os.getsid(0), os.getpgid(0), reaper.value, flush=True)\n"
         "deadline = time.monotonic() + 30\n"
         "while os.path.exists('hold') and time.monotonic() < deadline:\n    time.sleep(0.01)\n"
     )
@@ -518,7 +520,8 @@ def test_a_kept_servers_spares_take_the_next_containers_and_are_no_jobs_orphans(
         second = _fork(preloader, run_, tmp_path / "2.log")
         assert second is not None and second.pid == spare and preloader.spares.pids == []
         assert second.wait(30) == 0
-        assert f"ids {spare} {spare} {spare}" in (tmp_path / "2.log").read_text()  # its own session
+        # Its own session and group, and it adopts its orphans, as a cold start's process.
+        assert f"ids {spare} {spare} {spare} 1" in (tmp_path / "2.log").read_text()
         assert wait_until(lambda: len(_spares_of(server)) == 1, 30)  # its end: the next spare
         (killed,) = _spares_of(server)
         assert killed != spare

@@ -160,11 +160,13 @@ def _fork_spare(spares: list[Spare], requests: int, replies: int) -> list[bytes]
     if pid == 0:
         for fd in (requests, replies, task_w, report_r, *[f for s in spares for f in s[1:]]):
             os.close(fd)
+        _subreaper()  # what needs no request is done while it waits, off the container's start
+        os.environb.clear()  # (the request's environment replaces the server's anyway)
         request = _read_request(task_r)  # until a container is asked of it
         if request is None or request == SPARE:
             os._exit(0)  # the server ended (or was killed) first: nothing of the spare remains
         os.close(task_r)
-        return _become_container(_fields(request), report_w)
+        return _become_container(_fields(request), report_w, subreaper=False)
     os.close(task_r)
     os.close(report_w)
     if pid is None:  # two forks would leave it nobody's child between jobs: no spares here
@@ -284,12 +286,18 @@ def _clone_call() -> tuple[Any, tuple[Any, ...], Any] | None:
         return None
 
 
-def _become_container(request: list[bytes], report: int) -> list[bytes]:
+def _subreaper() -> None:
+    """The process adopts its orphans, as a container started cold does."""
+    import ctypes  # imported by torch already (checked): nothing new in sys.modules
+
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _become_container(request: list[bytes], report: int, subreaper: bool = True) -> list[bytes]:
     try:
         os.setsid()
-        import ctypes  # imported by torch already (checked): nothing new in sys.modules
-
-        ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # adopts its orphans, as a cold start
+        if subreaper:  # (a spare is one already)
+            _subreaper()
         cwd, log, argc = request[0], request[1], int(request[2])
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
         out = os.open(log, flags, 0o600)
