@@ -41,9 +41,9 @@ EVENTS = ("master start", "master bind", "probe pass", "worker start", "joined",
 _PORTS = re.compile(rb"ports (\d+)->(\d+)")
 
 
-def _listening(port: int) -> bool:
-    hexport = f":{port:04X} "
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+def _listening(ports: set[int], tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")) -> bool:
+    hexports = tuple(f":{port:04X} " for port in ports)
+    for table in tables:
         try:
             with open(table, "rb") as handle:
                 text = handle.read().decode()
@@ -51,26 +51,53 @@ def _listening(port: int) -> bool:
             continue
         for line in text.splitlines()[1:]:
             fields = line.split()
-            if len(fields) > 3 and fields[3] == "0A" and (fields[1] + " ").endswith(hexport):
+            if len(fields) > 3 and fields[3] == "0A" and (fields[1] + " ").endswith(hexports):
                 return True
     return False
 
 
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as handle:
+                    if int(handle.read().rsplit(b")", 1)[1].split()[1]) == parent:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
 class BindWatch:
-    """Polls until ``port`` (set later, once known) is listening; records when."""
+    """Polls until one of ``ports`` (set later, once known) is listening; records when. With
+    ``launcher`` set (torchjob's pid), the tables are those its children see: a local job's pods
+    have a network namespace of their own, whose sockets the machine's /proc/net/tcp does not list."""
 
     def __init__(self) -> None:
-        self.port: int | None = None
+        self.ports: set[int] = set()
+        self.launcher: int | None = None
         self.bound: float | None = None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
+        polls = 0
         while not self.stop.is_set():
-            if self.port is not None and _listening(self.port):
-                self.bound = time.time()
-                return
+            if self.ports:
+                if self.launcher is None:
+                    tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")
+                elif polls % 20 == 0 or not tables:  # the children, looked up every 20 ms
+                    tables = tuple(
+                        f"/proc/{pid}/net/{name}"
+                        for pid in _children(self.launcher)
+                        for name in ("tcp", "tcp6")
+                    )
+                polls += 1
+                if tables and _listening(self.ports, tables):
+                    self.bound = time.time()
+                    return
             time.sleep(0.001)
 
 
@@ -85,7 +112,7 @@ def run_once(method: str, ranks: int, work: Path, against: Path | None = None) -
     if method.startswith("shell"):
         found = re.search(r"MASTER_PORT=(\d+)", argv[-1])
         assert found is not None
-        watch.port = int(found.group(1))
+        watch.ports = {int(found.group(1))}
     launched = time.time()
     proc = subprocess.Popen(argv, env=env, cwd=bench.ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
@@ -93,8 +120,9 @@ def run_once(method: str, ranks: int, work: Path, against: Path | None = None) -
     for line in proc.stdout:
         output += line
         ports = _PORTS.search(line)
-        if ports and watch.port is None:
-            watch.port = int(ports.group(2))
+        if ports and not watch.ports:
+            watch.launcher = proc.pid  # the declared port inside the job's network, the mapped one outside
+            watch.ports = {int(ports.group(1)), int(ports.group(2))}
     code = proc.wait(bench.RUN_TIMEOUT)
     exited = time.time()
     watch.stop.set()
