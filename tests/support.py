@@ -284,3 +284,29 @@ def private_slurm(factory: Any, **options: Any) -> Iterator[Any]:
         yield cluster
     finally:
         cluster.stop()
+
+
+def kept_by_design() -> set[int]:
+    """Processes that outlive an SDK call by design: the warm pools' servers (the local engine's,
+    Python's fork server for warm Elastic calls), the idle spares a server forks for the next
+    call's ranks (children of this process waiting in that server's session), and the process's
+    shared watchdog (test_sdk_warm.py). What a call's ranks leave is none of these."""
+    import multiprocessing.forkserver
+
+    import psutil
+
+    from torchjob.engines.local import pool, watchdog
+
+    kept = [s for _, s in pool._pools.values()] + list(pool._spares.values())
+    servers = {s.proc.pid for s in kept if s.proc is not None} | {w.pid for w in watchdog._SHARED}
+    python_server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+    if python_server:
+        servers.add(python_server)
+    spares = set()
+    for child in psutil.Process().children():
+        try:
+            if os.getsid(child.pid) in servers:
+                spares.add(child.pid)
+        except OSError:
+            continue
+    return servers | spares

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
+from support import kept_by_design
 from torchjob import Elastic, PyTorch, RemoteError, RunPolicy, Worker, task
 from torchjob.sdk import TaskFailed
 
@@ -45,25 +46,11 @@ def _live(processes: list[psutil.Process]) -> list[psutil.Process]:
     return alive
 
 
-def _warm_servers() -> set[int]:
-    """The warm pools' servers (the local engine's, Python's fork server for warm Elastic calls)
-    and the process's shared watchdog: they last as long as this process by design
-    (test_sdk_warm.py); what they fork does not."""
-    import multiprocessing.forkserver
-
-    from torchjob.engines.local import pool, watchdog
-
-    kept = [s for _, s in pool._pools.values()] + list(pool._spares.values())
-    pids = {s.proc.pid for s in kept if s.proc is not None} | {w.pid for w in watchdog._SHARED}
-    server = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
-    return pids | ({server} if server else set())
-
-
 def _our_children() -> list[psutil.Process]:
-    """Our child processes, minus multiprocessing's long-lived resource tracker and the warm
-    pool's fork server, which lasts as long as this process by design (test_sdk_warm.py)."""
+    """Our child processes, minus multiprocessing's long-lived resource tracker and what outlives
+    a call by design (support.kept_by_design: the warm pool's server and its idle spares)."""
     children = []
-    servers = _warm_servers()
+    servers = kept_by_design()
     for child in psutil.Process().children(recursive=True):
         try:
             line = " ".join(child.cmdline())
