@@ -245,3 +245,16 @@ def test_torchjob_run_takes_what_the_child_read(tmp_path: Path, spec: str, code:
     ran = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     assert ran.returncode == code, ran.stderr
     assert f"TAKEN {taken}" in ran.stderr
+
+
+def test_only_an_engine_with_start_modules_is_imported_ahead() -> None:
+    """The local engine's start modules are imported while the child reads; a cluster engine's
+    client is not imported before the job file is known to be good."""
+    code = (
+        "import sys; from torchjob.engine_api.registry import engine_info, import_for_start;"
+        "import_for_start('kubernetes'); import_for_start('slurm');"
+        "k = any(engine_info(e).factory.split(':')[0] in sys.modules for e in ('kubernetes', 'slurm'));"
+        "import_for_start('local'); print(k, 'torchjob.engines.local.supervisor' in sys.modules)"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert ran.stdout.split() == ["False", "True"], ran.stderr

@@ -102,12 +102,16 @@ def engine_for(capability: str) -> str:
 
 def import_for_start(name: str) -> None:
     """Import what starting a job on the engine ``name`` imports (its factory's module and its
-    ``start_modules``) ahead, while the caller waits on something else anyway. Nothing is made;
-    an import that fails is left for get_engine or the start to tell."""
+    ``start_modules``) ahead, while the caller waits on something else anyway; only for an
+    engine that declares start modules (a cluster engine's client is not imported before the
+    job file is known to be good). Nothing is made; an import that fails is left for get_engine
+    or the start to tell."""
     from torchjob.engine_api.base import EngineError
 
     try:
         info = engine_info(name)
+        if not info.start_modules:
+            return
         _object(info.factory)
         for module in info.start_modules:
             __import__(module)
