@@ -37,10 +37,8 @@ items:
 
 # Runs in a fresh interpreter (one thread, as the program): start, then take, print what came back.
 TAKE = """
-import json, os, sys
+import json
 from torchjob.errors import SpecError
-from torchjob.spec import prefetch
-prefetch.idle_core = lambda: True  # (the suite's own load would make it skip the child)
 path = sys.argv[1]
 prefetch.start(["run", "--job", "a", path])
 child = prefetch._pending[0].pid if prefetch._pending else None
@@ -62,11 +60,22 @@ print(json.dumps({"child": child, "reaped": reaped, "out": out}))
 
 
 def _take_in_a_program(path: Path) -> dict[str, object]:
-    ran = subprocess.run(
-        [sys.executable, "-c", TAKE, str(path)], capture_output=True, text=True, timeout=60, check=True
-    )
+    ran = _program(TAKE, path)
+    assert ran.returncode == 0, ran.stderr
     found: dict[str, object] = json.loads(ran.stdout)
     return found
+
+
+# What every program below begins with: the suite's own load would make the command skip the child.
+PRELUDE = (
+    "import os, sys, time, threading; from torchjob.spec import prefetch; prefetch.idle_core = lambda: True\n"
+)
+
+
+def _program(code: str, path: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` after PRELUDE in a fresh interpreter (one thread, as the program); ``path`` its argument."""
+    argv = [sys.executable, "-c", PRELUDE + code, str(path)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
 def _here(path: Path) -> object:
@@ -120,40 +129,37 @@ def test_problems_found_by_the_child_are_the_ones_found_here_too(tmp_path: Path,
 def test_a_file_changed_after_the_child_read_it_is_read_again(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text("a: 1\n")
-    code = (
-        "import sys, time; from torchjob.spec import prefetch; prefetch.idle_core = lambda: True;"
+    ran = _program(
         "p = sys.argv[1]; prefetch.start(['run', p]);"
-        "time.sleep(0.01); open(p, 'w').write('b: 22\\n'); print(prefetch.take(p) is None)"
+        "time.sleep(0.01); open(p, 'w').write('b: 22\\n'); print(prefetch.take(p) is None)",
+        path,
     )
-    ran = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
     assert ran.stdout.strip() == "True", ran.stderr
 
 
 def test_a_guess_the_command_does_not_load_is_dropped(tmp_path: Path) -> None:
     path = tmp_path / "other.yaml"
     path.write_text("a: 1\n")
-    code = (
-        "import os, sys; from torchjob.spec import prefetch; prefetch.idle_core = lambda: True;"
+    ran = _program(
         "prefetch.start(['run', sys.argv[1]]);"
         "pid = prefetch._pending[0].pid; prefetch.keep_only('job.yaml');\n"
         "try:\n    os.waitpid(pid, os.WNOHANG); print('left')\n"
         "except ChildProcessError:\n    print('reaped')\n"
-        "print(prefetch._pending)"
+        "print(prefetch._pending)",
+        path,
     )
-    ran = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
     assert ran.stdout.split() == ["reaped", "[]"], ran.stderr
 
 
 def test_no_child_is_forked_beside_other_threads(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text("a: 1\n")
-    code = (
-        "import sys, threading; from torchjob.spec import prefetch; prefetch.idle_core = lambda: True;"
+    ran = _program(
         "e = threading.Event();"
         "t = threading.Thread(target=e.wait, daemon=True); t.start(); prefetch.start(['run', sys.argv[1]]);"
-        "print(len(prefetch._pending)); e.set()"
+        "print(len(prefetch._pending)); e.set()",
+        path,
     )
-    ran = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
     assert ran.stdout.strip() == "0", ran.stderr
 
 
@@ -180,9 +186,8 @@ def test_the_child_dies_with_the_command(tmp_path: Path) -> None:
     path = tmp_path / "big.yaml"  # seconds of parsing: the command is killed long before
     path.write_text("items:\n" + "".join(f"  - {{name: n{i}, v: {i}}}\n" for i in range(80_000)))
     code = (
-        "import sys, time; from torchjob.spec import prefetch; prefetch.idle_core = lambda: True;"
-        "prefetch.start(['run', sys.argv[1]]);"
-        "print(prefetch._pending[0].pid, flush=True); time.sleep(60)"
+        PRELUDE
+        + "prefetch.start(['run', sys.argv[1]]); print(prefetch._pending[0].pid, flush=True); time.sleep(60)"
     )
     command = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
     try:

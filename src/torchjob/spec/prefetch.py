@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
+    from torchjob.errors import Problem
     from torchjob.spec.source import Document
 
 COMMANDS = ("run",)  # whose start-up is worth a second process
@@ -124,7 +125,7 @@ def _serve(file: str, out: int, parent: int, signal: Any) -> None:  # pragma: no
             documents = source.parse_documents(source.read_text(file), file)
             outcome: tuple[Any, ...] = ("documents", [_packed(d) for d in documents])
         except SpecError as err:
-            outcome = ("problems", [(p.path, p.message, p.file, p.line) for p in err.problems])
+            outcome = ("problems", _rows(err.problems))
         data = memoryview(marshal.dumps(outcome))
         while data:
             data = data[os.write(out, data) :]
@@ -133,8 +134,13 @@ def _serve(file: str, out: int, parent: int, signal: Any) -> None:  # pragma: no
 
 
 def _packed(document: Document) -> tuple[object, ...]:  # pragma: no cover - runs in the child
-    problems = [(p.path, p.message, p.file, p.line) for p in document.problems]
-    return (document.data, document.lines, document.index, document.total, problems, document.prefix)
+    rows = _rows(document.problems)
+    return (document.data, document.lines, document.index, document.total, rows, document.prefix)
+
+
+def _rows(problems: list[Problem]) -> list[tuple[object, ...]]:  # pragma: no cover - runs in the child
+    """Problems as marshal carries them: ``Problem(*row)`` makes each again."""
+    return [(p.path, p.message, p.file, p.line) for p in problems]
 
 
 def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
