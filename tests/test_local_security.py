@@ -602,8 +602,10 @@ def test_a_job_cannot_override_the_engines_own_variables(tmp_path: Path) -> None
         assert words[0] == job_id and words[1] != "not-the-job" and words[2] == "reserved-main-0", words
         assert words[3] == "unset", "no port 1 is mapped: the job's value is dropped, not passed on"
         assert (job_dir(started) / "logs/reserved-main-0/attempt-0/main.log").exists()
-        listed = {p.pid for p in marked_processes(job_id)}
-        assert escaped in listed, "the job's processes must carry the engine's marker"
+        # Read until it is there: the pid file is written as the background process starts, and
+        # a process in the middle of its exec shows no environment for that instant.
+        marked = wait_until(lambda: escaped in {p.pid for p in marked_processes(job_id)}, 10)
+        assert marked, "the job's processes must carry the engine's marker"
 
         def messages() -> list[str]:  # status.json is rewritten by the loop: it may lag the pods
             status = json.loads((job_dir(started) / "status.json").read_text())
