@@ -66,6 +66,8 @@ class Run:
     last_start: float  # launcher started -> last rank's first line
     joined: float  # launcher started -> last rank joined the process group
     tail: float  # last rank ended -> launcher exited
+    master_import: float = 0.0  # rank 0's first line -> its `import torch` done (the rank's own speed)
+    backoff: bool = False  # a worker waited out torch's connect backoff (see BACKOFF_GAP)
 
 
 @dataclass
@@ -76,6 +78,13 @@ class Summary:
 
     def median(self, name: str) -> float:
         return statistics.median(getattr(r, name) for r in self.runs)
+
+
+# torch's TCPStore client that finds the master's port closed tries again only after a backoff of
+# 0.3-0.7 s (benchmarks/store_backoff.py): a run whose last join comes this long after the last
+# rank's import ended paid it. About half of the bare 2-rank launches do, whichever rank wins the
+# race of the imports, which makes every 2-rank median move by several percent.
+BACKOFF_GAP = 0.2
 
 
 def free_port() -> int:
@@ -226,6 +235,8 @@ def timed_run(method: str, ranks: int, work: Path) -> Run:
     starts = [t for name, _, t in found if name == "start"]
     joins = [t for name, _, t in found if name == "joined"]
     ends = [t for name, _, t in found if name == "end"]
+    imported = {rank: t for name, rank, t in found if name == "imported"}
+    master_start = min((t for name, rank, t in found if name == "start" and rank == 0), default=0.0)
     if proc.returncode != 0 or len(starts) != ranks or len(ends) != ranks:
         raise RuntimeError(
             f"{method} with {ranks} ranks failed (exit {proc.returncode}, {len(starts)} starts, "
@@ -239,6 +250,8 @@ def timed_run(method: str, ranks: int, work: Path) -> Run:
         last_start=max(starts) - started_wall,
         joined=max(joins) - started_wall,
         tail=ended_wall - max(ends),
+        master_import=imported.get(0, master_start) - master_start,
+        backoff=bool(imported) and max(joins) - max(imported.values()) > BACKOFF_GAP,
     )
 
 
@@ -427,17 +440,31 @@ def machine() -> dict[str, str]:
 def table(summaries: list[Summary]) -> str:
     rows = [
         "| ranks | method | wall (median) | min | max "
-        "| launch→first rank | →last rank | →all joined | tail |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| launch→first rank | →last rank | →all joined | tail | rank 0's import | backoff paid |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in summaries:
         walls = [r.wall for r in s.runs]
         rows.append(
             f"| {s.ranks} | {s.method} | {s.median('wall'):.2f} s | {min(walls):.2f} | {max(walls):.2f} | "
             f"{s.median('first_start'):.3f} | {s.median('last_start'):.3f} | {s.median('joined'):.2f} | "
-            f"{s.median('tail'):.3f} |"
+            f"{s.median('tail'):.3f} | {s.median('master_import'):.3f} | "
+            f"{sum(r.backoff for r in s.runs)}/{len(s.runs)} |"
         )
     return "\n".join(rows)
+
+
+def without_backoff(job: Summary, floor: Summary) -> str:
+    """The ratio of medians over the repetitions in which neither run paid torch's connect
+    backoff: the launcher's own cost, without the coin toss of which rank imports faster."""
+    pairs = [(a, b) for a, b in zip(job.runs, floor.runs, strict=False) if not (a.backoff or b.backoff)]
+    if len(pairs) < 3:
+        return f"fewer than 3 repetitions without torch's connect backoff ({len(pairs)})"
+    ratio = statistics.median(a.wall for a, _ in pairs) / statistics.median(b.wall for _, b in pairs)
+    paired = statistics.median(a.wall / b.wall for a, b in pairs)
+    return (
+        f"without torch's connect backoff ({len(pairs)} pairs): {ratio:.3f} (medians), {paired:.3f} (pairs)"
+    )
 
 
 # The goals (issue 32, on a quiet machine; within 0.1x more under a load average of 3): the job
@@ -482,6 +509,7 @@ def verdicts(summaries: list[Summary], loads: tuple[float, float] = (0.0, 0.0)) 
             f"; launcher's own share {last + tail:+.3f} s (first rank {first:+.3f} s, last rank "
             f"{last:+.3f} s, tail {tail:+.3f} s) = {(last + tail) / floor.median('wall'):.1%} of the floor"
         )
+        line += f"; {without_backoff(job, floor)}"
         if run is not None:
             faster = job.median("wall") < run.median("wall")
             line += (
@@ -505,6 +533,7 @@ def verdicts(summaries: list[Summary], loads: tuple[float, float] = (0.0, 0.0)) 
             f"- {ranks} ranks with wait-for-master: torchjob+wait/shell = {ratio:.3f} (medians), "
             f"{paired:.3f} (median of pairs) (target ≤ {target:.2f} by both: {verdict}; {load})"
         )
+        line += f"; {without_backoff(waited, floor)}"
         if cold is not None:
             line += f"; without pre-warming {cold.median('wall') / floor.median('wall'):.3f} (medians)"
         lines.append(line)

@@ -2,8 +2,9 @@
 
 The speed benchmark (``benchmarks/bench_local_run.py``) runs this same program under
 ``torchjob run``, ``torchrun`` and a bare shell loop. With ``TORCHJOB_BENCH_MARKS=DIR`` each rank
-also writes when its process started, joined the group and ended, so a launcher's start-up
-and tear-down time can be told apart from the program's own.
+also writes when its process started, had imported torch, joined the group and ended, so a
+launcher's start-up and tear-down time can be told apart from the program's own (and a run whose
+worker waited out torch's connect backoff from one that did not).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from rank_exit import exit_now  # noqa: E402  (this folder is on sys.path when run as a script)
 
+_IMPORTED = time.time()
+
 
 def mark(name: str, when: float) -> None:
     """Append ``name rank when`` to the marks file, if the benchmark asked for one."""
@@ -34,6 +37,7 @@ def mark(name: str, when: float) -> None:
 
 def main() -> int:
     mark("start", _STARTED)
+    mark("imported", _IMPORTED)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     mark("joined", time.time())
