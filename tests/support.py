@@ -7,6 +7,7 @@ module's ``JOB`` written to a file) are fixtures in ``conftest.py``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -310,3 +311,30 @@ def kept_by_design() -> set[int]:
         except OSError:
             continue
     return servers | spares
+
+
+@contextlib.contextmanager
+def unremovable(job_dir: Path) -> Iterator[Path]:
+    """A part of ``job_dir`` that no rmtree removes, as a job may leave one: as root (whom no file
+    mode stops) a directory mounted on itself, else a read-only directory holding a file. Undone on
+    the way out, wherever the job directory was moved meanwhile (renamed aside in its root)."""
+    import pytest
+
+    stuck = job_dir / "logs" / "stuck"
+    stuck.mkdir(parents=True)
+    as_root = os.geteuid() == 0
+    if as_root:
+        mounted = subprocess.run(["mount", "--bind", str(stuck), str(stuck)], capture_output=True, text=True)
+        if mounted.returncode != 0:
+            pytest.skip(f"root cannot mount here: {mounted.stderr.strip()}")
+    else:
+        (stuck / "kept").write_text("a file in a directory its owner made read-only\n")
+        stuck.chmod(0o500)
+    try:
+        yield stuck
+    finally:
+        for found in [stuck, *job_dir.parent.glob(f".{job_dir.name}.removed-*/logs/stuck")]:
+            if as_root and found.is_dir():  # (os.path.ismount misses a mount of the same file system)
+                subprocess.run(["umount", str(found)], capture_output=True, check=False, timeout=30)
+            elif not as_root and found.is_dir():
+                found.chmod(0o700)

@@ -9,6 +9,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -245,11 +246,118 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(
     assert result.ok, (result.reason, logs)
     assert "gloo ok 0 gloo-master-0.gloo" in logs["gloo-master-0"]
     assert "gloo ok 1 gloo-master-0.gloo" in logs["gloo-worker-0"]
+    # torch's store looks up each peer it accepts, an IPv4-mapped address on its dual-stack socket:
+    # in the job's own network only the job's hosts file can answer (netns.hosts_entries)
+    unnamed = [x for p, text in logs.items() for x in text.splitlines() if "cannot be retrieved" in x]
+    assert unnamed == [], (status_of(result)["network"], unnamed)
     line = next(x for x in logs["gloo-master-0"].splitlines() if x.startswith("namespaces "))
     mnt, user = line.split()[1:]
     assert mnt != os.readlink("/proc/self/ns/mnt")  # the container had a mount namespace of its own
     assert (user != os.readlink("/proc/self/ns/user")) == (user_namespace or os.geteuid() != 0)
     assert leftovers(result.id) == []
+
+
+LOOKUPS = r"""
+import json, socket, subprocess, sys
+
+def answer(call):
+    try:
+        return call()
+    except OSError as err:
+        return f"{type(err).__name__} {err.args[0]}"
+
+def getaddrinfo(name, family, flags):
+    found = socket.getaddrinfo(name, None, family, socket.SOCK_STREAM, 0, flags)
+    return [[int(f), a[0]] for f, _, _, _, a in found]
+
+names, addresses = json.loads(sys.argv[1])
+forward = {}
+for name in names:
+    row = forward[name] = {}
+    for db in ("hosts", "ahosts", "ahostsv6"):
+        done = subprocess.run(["getent", db, name], capture_output=True, text=True, timeout=10)
+        row[db] = [done.returncode, done.stdout]
+    row["gethostbyname"] = answer(lambda: socket.gethostbyname(name))
+    row["gethostbyname_ex"] = answer(lambda: socket.gethostbyname_ex(name))
+    mapped = socket.AI_V4MAPPED | socket.AI_ALL
+    for family, flags in ((0, 0), (socket.AF_INET6, 0), (socket.AF_INET6, mapped)):
+        row[f"getaddrinfo {family} {flags}"] = answer(lambda: getaddrinfo(name, family, flags))
+reverse = {a: answer(lambda: socket.getnameinfo((a, 80), 0)[0]) for a in addresses}
+json.dump({"forward": forward, "reverse": reverse}, sys.stdout)
+"""
+
+
+@pytest.mark.usefixtures("names_work")
+@pytest.mark.skipif(shutil.which("getent") is None, reason="getent is not installed")
+def test_in_its_own_network_a_pods_mapped_address_has_a_reverse_name_and_no_forward_lookup_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's store looks up each peer, an IPv4-mapped address on its dual-stack socket; no name
+    server answers in the job's network. The job's hosts file names those addresses for reverse
+    lookups alone: every forward lookup of every name a pod may use answers as without them."""
+    from torchjob.engines.local import netns
+    from torchjob.engines.local.jobhosts import JobHosts
+    from torchjob.engines.local.state import JobDir
+
+    monkeypatch.delenv(netns.SWITCH, raising=False)
+    network = netns.create()
+    if isinstance(network, str):
+        pytest.skip(f"this machine gives a job no network namespace: {network}")
+    job = make_job(
+        "dns",
+        [
+            task("master", [container("m", sh("true"))]),
+            task("worker", [container("w", sh("true"))], replicas=2),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker"], "svc": []},
+    )
+    folder = tmp_path / "job"
+    folder.mkdir(mode=0o700)
+    JobHosts(job, JobDir(folder)).write(private=True)
+    full = folder / "hosts"
+    without = tmp_path / "without-mapped"
+    lines = full.read_text().splitlines(keepends=True)
+    without.write_text("".join(x for x in lines if not x.startswith("::ffff:")))
+    assert without.read_text() != full.read_text()
+    pods = ["dns-master-0", "dns-worker-0", "dns-worker-1"]
+    addresses = ["127.0.0.1", "127.0.1.1", "127.0.1.2", "127.0.1.3"]
+    names = [
+        *(f"{pod}{tail}" for pod in pods for tail in ("", ".dns", ".dns.default", ".dns.default.svc")),
+        *(f"{pod}.dns.default.svc.cluster.local{dot}" for pod in pods for dot in ("", ".")),
+        *("dns", "dns.default.svc.cluster.local", "localhost", socket.gethostname()),
+        *addresses,
+        *(f"{a}." for a in addresses),
+    ]  # (`getent hosts ::ffff:A` is a reverse lookup, asked below)
+
+    def look(hosts: Path) -> dict[str, Any]:
+        mount = podnames.HostsMount.of(str(hosts))
+
+        def enter() -> None:  # as every container of the job: its network, then its /etc/hosts
+            network.enter()
+            mount.enter()
+
+        done = subprocess.run(
+            [sys.executable, "-c", LOOKUPS, json.dumps([names, [f"::ffff:{a}" for a in addresses]])],
+            preexec_fn=enter,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        found: dict[str, Any] = json.loads(done.stdout)
+        return found
+
+    try:
+        with_mapped, plain = look(full), look(without)
+    finally:
+        network.close()
+    for name in names:
+        assert with_mapped["forward"][name] == plain["forward"][name], name
+    worker = with_mapped["forward"]["dns-worker-1.dns"]["hosts"]  # the lookups answered at all
+    assert (worker[0], worker[1].split()) == (0, ["127.0.1.3", "dns-worker-1", "dns-worker-1.dns"])
+    assert with_mapped["forward"]["localhost"]["hosts"][1].split() == ["127.0.0.1", "localhost"]
+    named = with_mapped["reverse"]
+    assert all(not str(name).startswith("gaierror") for name in named.values()), named
 
 
 @pytest.fixture

@@ -9,12 +9,13 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
-from support import container, job_dir, make_job, run, sh, task, wait_until
+from support import Ran, container, job_dir, make_job, run, sh, task, unremovable, wait_until
 from torchjob.display import prefix_for
 from torchjob.engines.local import check_job
 from torchjob.engines.local.addressing import LocalAddressing, pod_address
@@ -376,6 +377,44 @@ def test_the_restart_back_off_doubles_up_to_five_minutes_and_never_overflows(
     from torchjob.controller.driver import backoff
 
     assert backoff(failures) == pytest.approx(delay)
+
+
+def _finished_job(root: Path, name: str, expires: float | None = None) -> Path:
+    """A local job directory as a supervisor (this process) leaves it once its job completed."""
+    from torchjob.engine_api.base import JobReport
+    from torchjob.engines.local.roots import new_job_dir
+
+    made = new_job_dir(root, name)
+    os.close(made.write_pid())
+    made.write_status(JobReport(engine="local", id=made.id, name=name, phase="Completed"))
+    if expires is not None:
+        made.write_expiry(expires)
+    return made.path
+
+
+def test_delete_and_a_ttl_name_what_they_could_not_remove(
+    tmp_path: Path, run_main: Callable[..., Ran]
+) -> None:
+    """The local engine's removals are the shared checked one (engine_api/jobdirs.py): delete
+    names what stays of a job (exit 2); a TTL's collection renames it aside, so that no half-removed
+    job is listed, and -v says where it is."""
+    from torchjob.engine_api.jobdirs import ROOT_MARKER
+    from torchjob.engines.local.state import JobDir
+
+    root = tmp_path / "jobs"
+    stuck, other = _finished_job(root, "stuck"), _finished_job(root, "other")
+    expired = _finished_job(root, "expired", expires=1.0)
+    with unremovable(stuck), unremovable(expired):
+        listed = run_main("-v", "status", "--state-dir", str(root))
+        assert listed.returncode == 0 and "expired" not in listed.stdout, listed
+        (aside,) = root.glob(f".{expired.name}.removed-*")
+        assert f"{expired.name}: {aside} could not be removed" in listed.stderr, listed.stderr
+        deleted = run_main("delete", stuck.name, other.name, "--state-dir", str(root))
+        (left,) = root.glob(f".{stuck.name}.removed-*")
+        assert deleted == (2, "", f"torchjob: {stuck.name}: {left} could not be removed\n")
+        assert not stuck.exists() and not other.exists()
+    assert JobDir(left).remove() is None and JobDir(aside).remove() is None
+    assert [p.name for p in root.iterdir()] == [ROOT_MARKER]
 
 
 def test_a_job_directory_is_removed_while_a_process_still_writes_into_it(tmp_path: Path) -> None:

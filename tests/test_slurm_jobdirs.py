@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from support import unremovable
 from torchjob.cli import main
 from torchjob.engine_api import jobdirs
 
@@ -101,3 +102,43 @@ def test_a_reference_must_pick_one_job_to_delete(tmp_path: Path, capsys: pytest.
     assert cli(capsys, "delete", "train", *flags)[:2] == (0, "deleted train-111111\n")
     code, _, err = cli(capsys, "status", "train", *flags)
     assert (code, err) == (2, f"torchjob: no slurm job 'train' in {root}\n")
+
+
+def test_delete_names_what_it_could_not_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Removal is checked, not assumed (engine_api/jobdirs.py, as on the local engine): a job whose
+    directory stays in part is not said deleted; delete names where what is left is (exit 2), and
+    the job, renamed aside first, is listed no more."""
+    root = tmp_path / "root"
+    stuck = make_job(root, "train-0a1b2c")
+    other = make_job(root, "eval-0d1e2f")
+    flags = ("--job-root", str(root))
+    with unremovable(stuck):
+        code, out, err = cli(capsys, "delete", "train-0a1b2c", "eval-0d1e2f", *flags)
+        assert (code, out) == (2, ""), err
+        (left,) = root.glob(".train-0a1b2c.removed-*")
+        assert err == f"torchjob: train-0a1b2c: {left} could not be removed (deleted: eval-0d1e2f)\n"
+        assert not stuck.exists() and not other.exists()
+        assert (left / "logs" / "stuck").is_dir()
+        assert not (left / "job.json").exists()  # all the rest is gone
+        code, out, _ = cli(capsys, "status", *flags)
+        assert code == 0 and "train-0a1b2c" not in out, out
+    assert jobdirs.remove(left) is None
+    assert sorted(p.name for p in root.iterdir()) == [jobdirs.ROOT_MARKER]
+
+
+def test_a_job_past_its_ttl_that_stays_in_part_is_listed_no_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A finished job past its ttlSecondsAfterFinished is removed by the first command that looks,
+    checked: what stays of it is renamed aside, so that no half-removed job is listed, and -v
+    says where it is."""
+    root = tmp_path / "root"
+    stuck = make_job(root, "train-0a1b2c")
+    (stuck / "expires").write_text("1.0\n")
+    flags = ("--job-root", str(root))
+    with unremovable(stuck):
+        code, out, err = cli(capsys, "-v", "status", *flags)
+        assert code == 0 and "train-0a1b2c" not in out, out
+        (left,) = root.glob(".train-0a1b2c.removed-*")
+        assert f"train-0a1b2c: {left} could not be removed" in err, err
+    assert jobdirs.remove(left) is None

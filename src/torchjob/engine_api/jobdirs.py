@@ -10,7 +10,9 @@ A root (the local ``--state-dir``, Slurm's ``--job-root``) may be any directory 
   the engine's default root, or one holding :data:`ROOT_MARKER`, written when the first job is made);
 - a reference picks one job or none (:func:`choose`): its id, its name (the newest job of that
   name; to delete, a name that several jobs have is ambiguous), or an id prefix that one job has,
-  of :data:`MIN_DELETE_PREFIX` characters or more to delete.
+  of :data:`MIN_DELETE_PREFIX` characters or more to delete;
+- a job directory is removed checked, not assumed (:func:`remove`), and what stays is said
+  (:func:`not_removed`): ``delete``, a TTL's collection, a start that failed.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ _MARKER_TEXT = "torchjob state directory: job directories live here; do not put 
 # <job name (a DNS-1123 label)>-<6 hex digits>: the only names the engines give job directories
 JOB_ID = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?-[0-9a-f]{6}"
 MIN_DELETE_PREFIX = 4  # shorter id prefixes match too easily to delete by
+REMOVE_TIMEOUT = 2.0  # seconds remove() tries again while something is left in the directory
 
 
 def new_id(name: str) -> str:
@@ -133,3 +136,39 @@ def choose(
     if prefixed:
         raise EngineError(f"job {ref!r} is ambiguous: {', '.join(prefixed)}")
     raise JobNotFound(f"no {engine} job {ref!r} in {root}", ref)
+
+
+def remove(path: Path, timeout: float = REMOVE_TIMEOUT) -> Path | None:
+    """Remove the job directory ``path`` and everything in it: None once it is gone (checked, not
+    assumed), else where what is left of it is.
+
+    It is first renamed aside, to a hidden name in its root, so that no process still writing into
+    it by its path (a straggler of the job, a helper's last log line, a node of a shared file
+    system) can add a file there any more, and so that a job half removed is never listed; then
+    removed, again while something is left (a file added through a descriptor opened before, a
+    file an NFS client keeps while it is open), for at most ``timeout`` seconds. A single
+    ``rmtree(ignore_errors=True)`` leaves the directory behind at the first "Directory not empty",
+    without the files that made it a job: a job that no command can see or delete."""
+    import shutil
+    import time
+
+    target = path.with_name(f".{path.name}.removed-{os.getpid()}")
+    try:
+        os.rename(path, target)
+    except FileNotFoundError:
+        return path if os.path.lexists(path) else None
+    except OSError:
+        target = path  # cannot be renamed (its root is not writable...): removed where it is
+    deadline = time.monotonic() + timeout
+    while True:
+        shutil.rmtree(target, ignore_errors=True)
+        if not os.path.lexists(target):
+            return None
+        if time.monotonic() >= deadline:
+            return target
+        time.sleep(0.01)
+
+
+def not_removed(job_id: str, left: Path) -> str:
+    """What ``delete`` says of a job whose directory stayed in part (every engine alike)."""
+    return f"{job_id}: {left} could not be removed"

@@ -232,7 +232,7 @@ class LocalEngine:
             kill_now(where.id, [], [], 1.0)  # whatever of the job is left (a killed supervisor's)
             kept = where.remove()  # checked gone, not assumed
             if kept is not None:
-                left.append(f"{where.id}: {kept} could not be removed")
+                left.append(jobdirs.not_removed(where.id, kept))
         if left:
             raise EngineError("; ".join(left))
         return list(found)

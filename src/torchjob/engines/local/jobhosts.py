@@ -41,7 +41,7 @@ class JobHosts:
             machine = ""
         entries = LocalAddressing(self.job).hosts_entries(self.job)  # addresses only: no ports
         if private:  # no name server answers there
-            entries += netns.hosts_entries(machine)
+            entries += netns.hosts_entries(machine, [address for address, _ in entries])
         self.text = podnames.hosts_text(machine, entries)
         write_atomic(hosts, self.text)
         if security.other_users([t.template.spec for t in self.job.spec.tasks]):

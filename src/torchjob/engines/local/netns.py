@@ -29,6 +29,7 @@ import struct
 import sys
 import time
 import warnings
+from collections.abc import Iterable
 
 from torchjob.engines.local.libc import LIBC
 from torchjob.host import procfs
@@ -50,14 +51,21 @@ _IFF_UP = 0x1
 _IFREQ = 40  # sizeof(struct ifreq) on 64-bit Linux; a larger buffer is harmless
 
 
-def hosts_entries(machine: str) -> list[tuple[str, list[str]]]:
+def hosts_entries(machine: str, pods: Iterable[str] = ()) -> list[tuple[str, list[str]]]:
     """Lines for the job's hosts file in its own network, where no name server answers (a lookup
     there fails with "try again", not "not found"): this machine's name, when its hosts file does
-    not name it, is the loopback (gloo looks it up for the address to bind), and the loopback as an
-    IPv4-mapped address is ``localhost`` (torch's store looks up each client's address to log it)."""
+    not name it, is the loopback (gloo looks it up for the address to bind); and a reverse name for
+    the loopback and each of the ``pods``' addresses in its IPv4-mapped form (``::ffff:127.0.1.2``),
+    the form a dual-stack socket sees its IPv4 peers in (torch's store looks each one up to log it,
+    and glibc's files backend, 2.36 here, does not answer it from the address's IPv4 line).
+
+    That name is the IPv4 address itself: a resolver takes a numeric name for an address and never
+    looks it up (getaddrinfo, gethostbyname's digits-and-dots path, getent), so no forward lookup
+    of any name changes. A pod's name on such a line would answer IPv6 lookups of that name with
+    the mapped address (``getent hosts POD``), unlike a cluster."""
     named = {name for line in machine.splitlines() for name in line.split("#", 1)[0].split()[1:]}
     host = socket.gethostname()
-    entries = [("::ffff:127.0.0.1", ["localhost"])]
+    entries = [(f"::ffff:{address}", [address]) for address in dict.fromkeys(["127.0.0.1", *pods])]
     if host and host not in named:
         entries.insert(0, ("127.0.0.1", [host]))
     return entries

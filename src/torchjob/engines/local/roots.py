@@ -16,6 +16,7 @@ import os
 import stat
 from pathlib import Path
 
+from torchjob import logs
 from torchjob.engine_api import jobdirs
 from torchjob.engine_api.jobdirs import ROOT_MARKER, mark_root
 from torchjob.engine_api.jobdirs import owned as _own
@@ -73,17 +74,20 @@ def collect_expired(root: Path, now: float) -> list[str]:
     """Remove the finished jobs whose ttlSecondsAfterFinished has passed, as Volcano's garbage
     collector deletes them from a cluster; their ids. A job's supervisor writes when that is
     (``expires``) once its processes are gone, and a job is removed only once the supervisor is
-    gone too. Nothing is removed from a root without torchjob's marker, nor anything but a job."""
-    import shutil
-
+    gone too. Nothing is removed from a root without torchjob's marker, nor anything but a job.
+    A directory that stays in part is no job any more (renamed aside: jobdirs.remove), and -v says
+    where it is."""
     if not root.is_dir() or not is_state_root(root):
         return []
     removed = []
     for path in root.iterdir():
         where = JobDir(path)
         if is_job_dir(path) and _own(where.expiry_file, stat.S_IFREG) and where.expired(now):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(where.id)
+            left = where.remove()
+            if left is None:
+                removed.append(where.id)
+            else:
+                logs.info("expired job %s", jobdirs.not_removed(where.id, left))
     return removed
 
 

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from torchjob.engine_api.base import JobReport
 
 STATUS_RESERVE = 8192  # bytes status.json keeps on disk at least (see JobDir.write_status)
-REMOVE_TIMEOUT = 2.0  # seconds JobDir.remove tries again while something is left in the directory
 
 
 # Job state holds whatever the job was given (tokens passed with --env, passwords in its env):
@@ -202,34 +201,12 @@ class JobDir:
         )
         return report, problem
 
-    def remove(self, timeout: float = REMOVE_TIMEOUT) -> Path | None:
-        """Remove the directory and everything in it: None once it is gone (checked, not
-        assumed), else where what is left of it is.
+    def remove(self, timeout: float | None = None) -> Path | None:
+        """Remove the directory and everything in it, checked: None once it is gone, else where
+        what is left of it is (renamed aside first; ``timeout``: jobdirs.REMOVE_TIMEOUT)."""
+        from torchjob.engine_api import jobdirs  # off a supervisor's way to its pods
 
-        It is first renamed aside, to a hidden name in its root, so that no process still writing
-        into it by its path (a straggler of the job, a helper's last log line) can add a file
-        there any more; then removed, again while something is left (a file added through a
-        descriptor opened before), for at most ``timeout`` seconds. A single
-        ``rmtree(ignore_errors=True)`` leaves the directory behind at the first "Directory not
-        empty", without status.json: a job that no command can see or delete."""
-        import shutil
-        import time
-
-        target = self.path.with_name(f".{self.id}.removed-{os.getpid()}")
-        try:
-            os.rename(self.path, target)
-        except FileNotFoundError:
-            return self.path if os.path.lexists(self.path) else None
-        except OSError:
-            target = self.path  # cannot be renamed (its root is not writable...): removed where it is
-        deadline = time.monotonic() + timeout
-        while True:
-            shutil.rmtree(target, ignore_errors=True)
-            if not os.path.lexists(target):
-                return None
-            if time.monotonic() >= deadline:
-                return target
-            time.sleep(0.01)
+        return jobdirs.remove(self.path, jobdirs.REMOVE_TIMEOUT if timeout is None else timeout)
 
     @property
     def expiry_file(self) -> Path:

@@ -35,11 +35,15 @@ if TYPE_CHECKING:
     from torchjob.spec.model import Job
 
 
-def _remove(job_dir: Path) -> None:
-    """Remove a job directory and all in it (shutil is imported here, off the way to sbatch)."""
-    import shutil
-
-    shutil.rmtree(job_dir, ignore_errors=True)
+def _remove(job_dir: Path) -> str:
+    """Remove a job directory and all in it, checked (engine_api/jobdirs.py); "" once it is gone,
+    else what to say of what stayed (also logged, for -v)."""
+    left = jobdirs.remove(job_dir)
+    if left is None:
+        return ""
+    said = jobdirs.not_removed(job_dir.name, left)
+    logs.info("slurm: %s", said)
+    return said
 
 
 def _batch_command(job_dir: Path) -> list[str]:
@@ -152,8 +156,8 @@ class SlurmEngine:
             try:
                 slurm_id = self._launch(job_dir, slurm_plan, allocation)
             except clients.SlurmError as err:
-                _remove(job_dir)  # nothing half-made is left
-                raise EngineError(str(err)) from None
+                left = _remove(job_dir)  # nothing half-made is left
+                raise EngineError("; ".join(filter(None, [str(err), left]))) from None
         if options.detach:
             if not options.quiet:
                 sink.notice(f"Slurm job {slurm_id}: {job_id}")
@@ -252,9 +256,10 @@ class SlurmEngine:
         except follow.BeyondLimits as err:
             # Attached, a job that cannot start would be followed for ever: cancel it, say why.
             cancel.cancel(slurm_id)
-            _remove(job_dir)
+            left = _remove(job_dir)
             what = follow.WHAT_LIMIT.get(str(err), "a limit of the partition, QOS or account")
-            raise EngineError(f"Slurm will not start job {slurm_id} as asked: {err} ({what})") from None
+            said = f"Slurm will not start job {slurm_id} as asked: {err} ({what})"
+            raise EngineError("; ".join(filter(None, [said, left]))) from None
         except KeyboardInterrupt:
             # Attached, the terminal is the job's: Ctrl-C (or SIGTERM) cancels the allocation and
             # its steps, and returns once Slurm holds none of them; its one line says so.
@@ -265,8 +270,8 @@ class SlurmEngine:
         if allocation is None:
             cancel.left_queue(slurm_id)  # attached, a run returns once nothing of it is left
         if "unsharedOn" in self.view.slurm(job_dir):  # the job root is unusable: a setup error
-            _remove(job_dir)
-            raise EngineError(report.reason)
+            left = _remove(job_dir)
+            raise EngineError("; ".join(filter(None, [report.reason, left])))
         return report
 
     def _stop_attached(self, job_dir: Path, slurm_id: str, sink: Sink) -> None:
@@ -344,7 +349,7 @@ class SlurmEngine:
                 return False  # asked again by a later command
             if any(state not in clients.FINAL_STATES for _, state, _ in rows):
                 return False
-        _remove(job_dir)
+        _remove(job_dir)  # what stays of it is renamed aside: no job any more (-v says where)
         return not job_dir.exists()
 
     def _find(self, ref: str, deleting: bool = False) -> Path:
@@ -414,8 +419,11 @@ class SlurmEngine:
             except EngineError as err:  # kept: its directory is how to find it again
                 failed.append(f"job {job_dir.name} kept: {err}")
                 continue
-            _remove(job_dir)
-            deleted.append(job_dir.name)
+            left = _remove(job_dir)  # checked gone, not assumed (as on the local engine)
+            if left:
+                failed.append(left)
+            else:
+                deleted.append(job_dir.name)
         if failed:
             done = f" (deleted: {', '.join(deleted)})" if deleted else ""
             raise EngineError("; ".join(failed) + done)
