@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,6 +164,9 @@ def make_shell(kind: str, root: Path) -> Shell:
     if kind == "dash-openbsd-nc":  # Debian-like: dash as sh, OpenBSD nc with -z
         tools = {"nc": _openbsd_nc(), **_system("dash", "cat", "sleep", "date", "timeout")}
         return Shell(tools["dash"], _toolbox(root / "dash-nc", tools), "nc")
+    if kind == "dash-no-timeout":
+        tools = {"nc": _openbsd_nc(), **_system("dash", "cat", "sleep", "date")}
+        return Shell(tools["dash"], _toolbox(root / "dash-nt", tools), "nc")
     if kind == "dash-bash":  # dash runs the script, bash's /dev/tcp probes
         tools = _system("dash", "bash", "cat", "sleep", "date", "timeout")
         return Shell(tools["dash"], _toolbox(root / "dash-bash", tools), "bash")
@@ -205,14 +209,10 @@ def _group_members(pgid: int) -> list[psutil.Process]:
     return members
 
 
-def run_script(
-    shell: Shell, script: str, interval: str = FAST, limit: float = RUN_LIMIT, **extra: str
-) -> Run:
-    """Run ``sh -c SCRIPT`` as an init container would; fail if it outlives ``limit`` or leaves
-    processes behind (the local engine runs these scripts too)."""
+def start_script(shell: Shell, script: str, interval: str = FAST, **extra: str) -> subprocess.Popen[str]:
+    """Start ``sh -c SCRIPT`` as an init container would, in a process group of its own."""
     env = {"PATH": str(shell.path), INTERVAL_ENV: interval, **extra}
-    start = time.monotonic()
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [shell.sh, "-c", script],
         env=env,
         stdin=subprocess.DEVNULL,
@@ -221,8 +221,13 @@ def run_script(
         text=True,
         start_new_session=True,
     )
+
+
+def finish_script(proc: subprocess.Popen[str], start: float, limit: float = RUN_LIMIT) -> Run:
+    """Its outcome; fail if it outlives ``limit`` or leaves processes behind (the local engine runs
+    these scripts too)."""
     try:
-        stdout, stderr = proc.communicate(timeout=limit)
+        stdout, stderr = proc.communicate(timeout=max(0.0, start + limit - time.monotonic()))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=10)
@@ -235,6 +240,13 @@ def run_script(
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"the script left processes behind: {[p.cmdline() for p in left]}")
     return Run(proc.returncode, stdout, stderr, seconds)
+
+
+def run_script(
+    shell: Shell, script: str, interval: str = FAST, limit: float = RUN_LIMIT, **extra: str
+) -> Run:
+    start = time.monotonic()
+    return finish_script(start_script(shell, script, interval, **extra), start, limit)
 
 
 @pytest.fixture
@@ -454,3 +466,170 @@ def test_a_hostile_host_cannot_inject_commands(
     run = run_script(shell, script, limit=10)
     assert run.code == 1
     assert not marker.exists(), f"{host!r} ran a command"
+
+
+# --- nudges: SIGWINCH ends the nap between polls -----------------------------------------------------
+
+# Each shell with and without `timeout`: without it, a nudge also interrupts the watchdog's `wait`.
+NUDGED = ["busybox", "busybox-no-timeout", "bash", "bash-no-timeout", "dash-openbsd-nc", "dash-no-timeout"]
+SLOW = "30"  # a poll interval no run here may wait out
+
+
+class Nudger:
+    """Sends SIGWINCH to the script's shell (that pid only, as the engine does) every ``every``
+    seconds from a thread, until stopped or the shell is gone."""
+
+    def __init__(self, proc: subprocess.Popen[str], every: float) -> None:
+        self.proc, self.every, self.sent = proc, every, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every) and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGWINCH)
+            except ProcessLookupError:
+                return
+            self.sent += 1
+
+    def __enter__(self) -> Nudger:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10)
+
+
+@pytest.mark.parametrize("kind", NUDGED)
+def test_a_nudge_once_the_master_listens_ends_the_nap(kind: str, tmp_path: Path) -> None:
+    shell = make_shell(kind, tmp_path)
+    with socket.socket() as master:
+        master.bind(("127.0.0.1", 0))  # refuses connections until it listens
+        port = master.getsockname()[1]
+        start = time.monotonic()
+        proc = start_script(
+            shell, wait_for_master_script("127.0.0.1", port, 60), "10", **{UIDS_ENV: str(os.getuid())}
+        )
+        try:
+            for _ in range(6):  # fast nudges before the master listens: a poll each, then a nap again
+                time.sleep(0.04)
+                proc.send_signal(signal.SIGWINCH)
+            time.sleep(max(0.0, start + 0.3 - time.monotonic()))
+            master.listen(16)
+            time.sleep(0.1)
+            assert proc.poll() is None, "the script ended before it was told the port opened"
+            nudged = time.monotonic()
+            proc.send_signal(signal.SIGWINCH)
+            run = finish_script(proc, start)  # also: no sleep (nor anything else) left behind
+        finally:
+            _kill(proc)
+    after = run.seconds - (nudged - start)
+    assert run.code == 0, run
+    assert after < 1.0, f"ready {after:.2f}s after the nudge (a nap is 10s)"
+    assert run.stderr == ""
+    assert run.stdout.count("not ready yet") == 1, run.stdout  # the first failed poll's line only
+    assert f"127.0.0.1:{port} is ready" in run.stdout
+
+
+def _slow_nc(shell: Shell, kind: str, tmp_path: Path, delay: float) -> Path:
+    """Replace the toolbox's nc with one that waits ``delay`` seconds before the real nc runs and
+    logs each run's start and end: a probe long enough to be nudged in the middle of."""
+    if kind.startswith("busybox"):
+        real = f"{shlex.quote(str(shutil.which('busybox')))} nc"
+    else:
+        real = shlex.quote(_openbsd_nc())
+    log = tmp_path / "nc.log"
+    nc = shell.path / "nc"
+    nc.unlink(missing_ok=True)
+    q = shlex.quote
+    nc.write_text(
+        f"#!{shell.sh}\necho start >>{q(str(log))}\n{q(str(shell.path / 'sleep'))} {delay}\n"
+        f'{real} "$@"\nrc=$?\necho end >>{q(str(log))}\nexit $rc\n'
+    )
+    nc.chmod(0o700)
+    return log
+
+
+def _wait_for(check: Callable[[], bool], what: str, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {limit}s")
+        time.sleep(0.01)
+
+
+def _lines(log: Path, word: str) -> int:
+    return log.read_text().split().count(word) if log.exists() else 0
+
+
+@pytest.mark.parametrize("kind", NUDGED)
+def test_a_nudge_during_a_probe_ends_the_next_nap(kind: str, tmp_path: Path) -> None:
+    """The engine's nudge may come while the script probes rather than naps: it is not lost."""
+    shell = make_shell(kind, tmp_path)
+    log = _slow_nc(shell, kind, tmp_path, delay=0.4)
+    with socket.socket() as master:
+        master.bind(("127.0.0.1", 0))
+        port = master.getsockname()[1]
+        start = time.monotonic()
+        proc = start_script(shell, wait_for_master_script("127.0.0.1", port, 60), SLOW)
+        try:
+            _wait_for(lambda: _lines(log, "start") >= 1, "probe")
+            proc.send_signal(signal.SIGWINCH)  # in the middle of the first probe
+            # The failed probe tries nc twice (-z, then -e); then the master listens.
+            _wait_for(lambda: _lines(log, "end") >= 2, "end of the first probe")
+            master.listen(16)
+            run = finish_script(proc, start)
+        finally:
+            _kill(proc)
+    assert run.code == 0, run
+    assert run.seconds < 10, f"{run.seconds:.1f}s: the nudge was lost and the script napped"
+    assert run.stdout.count("not ready yet") == 1 and run.stderr == "", run
+
+
+@pytest.mark.parametrize("kind", ["busybox-no-timeout", "bash-no-timeout", "dash-no-timeout"])
+def test_nudges_during_a_watchdog_probe_let_it_finish(kind: str, tmp_path: Path, open_port: int) -> None:
+    """Without `timeout` the script waits for its probe with `wait`, which a nudge interrupts; it
+    waits on rather than take the interruption for a failed probe."""
+    shell = make_shell(kind, tmp_path)
+    log = _slow_nc(shell, kind, tmp_path, delay=0.5)
+    start = time.monotonic()
+    proc = start_script(shell, wait_for_master_script("127.0.0.1", open_port, 60), SLOW)
+    try:
+        with Nudger(proc, every=0.05) as nudger:
+            run = finish_script(proc, start)
+    finally:
+        _kill(proc)
+    assert nudger.sent >= 5, nudger.sent
+    assert run.code == 0, run
+    assert "not ready yet" not in run.stdout, run.stdout  # the first probe succeeded
+    assert run.stderr == ""
+    assert _lines(log, "start") == _lines(log, "end")  # no probe left running
+
+
+@pytest.mark.parametrize("kind", ["busybox", "bash", "dash-openbsd-nc"])
+def test_a_flood_of_nudges_neither_breaks_nor_silences_the_timeout(
+    kind: str, tmp_path: Path, closed_port: int
+) -> None:
+    """Nudges every few ms while the script reads the socket tables (a command substitution each
+    poll) and naps: it still gives up on time, with its one message and nothing else."""
+    shell = make_shell(kind, tmp_path)
+    start = time.monotonic()
+    script = wait_for_master_script("127.0.0.1", closed_port, 1)
+    proc = start_script(shell, script, SLOW, **{UIDS_ENV: str(os.getuid())})
+    try:
+        with Nudger(proc, every=0.003):
+            run = finish_script(proc, start)
+    finally:
+        _kill(proc)
+    assert run.code == 1, run
+    assert run.seconds >= 1
+    timed_out = f"wait-for-master: timed out: nothing accepted a TCP connection on 127.0.0.1:{closed_port}"
+    assert run.stderr.startswith(timed_out) and run.stderr.count("\n") == 1, run.stderr
+    assert run.stdout.count("not ready yet") == 1, run.stdout

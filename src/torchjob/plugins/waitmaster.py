@@ -9,6 +9,13 @@ once with a message saying so.
 Volcano's own script (``nc -z HOST PORT || echo > /dev/tcp/HOST/PORT``) never succeeds with
 Debian's busybox, whose ``nc`` has no ``-z``, and ash has no ``/dev/tcp``; this one does.
 
+Between polls the script naps ``TORCHJOB_WAIT_INTERVAL`` seconds, and a nudge wakes it: SIGWINCH
+sent to its shell (that pid, the container's main process) ends the nap at once and it polls
+again, so whoever can see the master's port open (the local engine) may let it poll slowly. A nudge
+that comes during a poll skips the next nap; one that comes before the trap is set is ignored, as
+shells ignore SIGWINCH. A nudge never ends the script, prints nothing, leaves no ``sleep`` behind
+and moves neither the timeout nor the progress lines.
+
 Every value put into the script is validated first and shell-quoted anyway.
 """
 
@@ -27,7 +34,13 @@ _HOST_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _INTERVAL_RANGE = (0.01, 60.0)
 
 # Doubled braces are literal braces for str.format; {host} and friends are filled in.
-_TEMPLATE = r"""host={host}
+_TEMPLATE = r"""# A nudge (SIGWINCH, ignored until now) wakes the nap between polls: the trap only counts
+# it, and nap() compares the count, so one that comes during a probe still ends the next nap.
+nudges=0 heard=0
+trap 'nudges=$((nudges + 1))' WINCH
+# Command substitutions are written with backquotes: bash 5.2 parses a $(...) again each time it
+# expands it, and a trap that runs meanwhile fails to parse ("unexpected EOF") and says so on stderr.
+host={host}
 port={port}
 timeout={timeout}
 interval="${{{interval_env}:-{interval}}}"
@@ -42,7 +55,7 @@ if command -v nc >/dev/null 2>&1; then
 elif [ -n "${{BASH_VERSION:-}}" ] && [ -x "${{BASH:-}}" ]; then
   method=bash bash_bin=$BASH
 elif command -v bash >/dev/null 2>&1; then
-  method=bash bash_bin=$(command -v bash)
+  method=bash bash_bin=`command -v bash`
 else
   fail "cannot probe $host:$port: the image has neither nc nor bash (busybox has nc; pick such an image)"
 fi
@@ -84,7 +97,7 @@ owner() {{
     done
     return "$state"
   fi
-  rows=$("$cat" $tables 2>/dev/null) || return 1
+  rows=`"$cat" $tables 2>/dev/null` || return 1
   case $rows in *:"$hexport "*) ;; *) return 1 ;; esac  # nothing on the port: the usual poll
   set -f
   IFS='
@@ -105,7 +118,7 @@ if read -r now _ 2>/dev/null </proc/uptime && [ -n "${{now%%.*}}" ]; then
     now=${{now%%.*}}
   }}
 else
-  clock() {{ now=$(date +%s); }}
+  clock() {{ now=`date +%s`; }}
 fi
 
 # Run "$@" for at most $limit seconds. `timeout` does it where it works (some old busybox builds
@@ -123,8 +136,13 @@ else
       wait "$nap" && kill "$probe_pid"
     ) >/dev/null 2>&1 &
     dog_pid=$!
-    wait "$probe_pid"
-    probe_rc=$?
+    # A nudge ends a `wait` early (status > 128); then the probe is still running: wait on.
+    until
+      before=$nudges
+      wait "$probe_pid"
+      probe_rc=$?
+      [ "$probe_rc" -le 128 ] || [ "$nudges" = "$before" ]
+    do :; done
     kill "$dog_pid" 2>/dev/null
     return "$probe_rc"
   }}
@@ -144,6 +162,27 @@ probe() {{
     bounded "$bash_bin" -c 'exec 3<>"/dev/tcp/$0/$1"' "$host" "$port" </dev/null >/dev/null 2>&1
     ;;
   esac
+}}
+
+# Sleep $1 seconds, or less: a nudge ends the nap at once (and kills its sleep), and one heard since
+# the last nap means no nap at all. A `sleep` in the foreground would hold the trap until it ended;
+# `wait` returns as soon as a trapped signal arrives. Status: the sleep's, 0 when nudged.
+nap() {{
+  [ "$nudges" = "$heard" ] || {{ heard=$nudges; return 0; }}
+  sleep "$1" &
+  nap_pid=$!
+  wait "$nap_pid"
+  nap_rc=$?
+  [ "$nudges" != "$heard" ] || return "$nap_rc"
+  heard=$nudges
+  [ "$nap_rc" -gt 128 ] || return 0  # the sleep had ended by itself: nothing to kill
+  kill "$nap_pid"
+  until  # reap it; a further nudge may end this wait early too (and is heard at the next nap)
+    before=$nudges
+    wait "$nap_pid"
+    [ "$nudges" = "$before" ]
+  do :; done
+  return 0
 }}
 
 ready() {{
@@ -177,7 +216,7 @@ until ready; do
     next_report=$((now + {report_every}))
   fi
   # A sleep without fractions (or a bad interval) still polls every second.
-  sleep "$interval" 2>/dev/null || sleep 1
+  nap "$interval" 2>/dev/null || nap 1 2>/dev/null
 done
 clock
 say "$host:$port is ready after $((now - start))s"
