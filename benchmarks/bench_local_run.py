@@ -209,11 +209,18 @@ METHODS: dict[str, Callable[[Path, int], list[str]]] = {
 }
 
 
-def launch(argv: list[str], marks: Path, work: Path) -> subprocess.CompletedProcess[bytes]:
-    """Run ``argv`` to its end with the benchmark's environment, its output captured."""
+AGAINST: Path | None = None  # --against: another checkout, whose torchjob runs the "@old" methods
+
+
+def launch(argv: list[str], marks: Path, work: Path, old: bool = False) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` to its end with the benchmark's environment, its output captured; ``old``:
+    with the other checkout's ``src`` first on the path."""
+    env = bench_env(marks, work / "state")
+    if old and AGAINST is not None:
+        env["PYTHONPATH"] = str(AGAINST / "src")
     return subprocess.run(
         argv,
-        env=bench_env(marks, work / "state"),
+        env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -224,10 +231,10 @@ def launch(argv: list[str], marks: Path, work: Path) -> subprocess.CompletedProc
 
 def timed_run(method: str, ranks: int, work: Path) -> Run:
     marks = Path(tempfile.mkdtemp(dir=work, prefix="marks-"))
-    argv = METHODS[method](work, ranks)
+    argv = METHODS[method.removesuffix("@old")](work, ranks)
     started_wall = time.time()
     started = time.perf_counter()
-    proc = launch(argv, marks, work)
+    proc = launch(argv, marks, work, old=method.endswith("@old"))
     wall = time.perf_counter() - started
     ended_wall = started_wall + wall
     output = proc.stdout.decode(errors="replace")
@@ -566,9 +573,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-reps", type=int, default=5, help="repetitions of the part 2 measurements")
     parser.add_argument("--json", type=Path, help="also write every run as JSON here")
     parser.add_argument(
+        "--against",
+        type=Path,
+        help="another checkout: each torchjob method also runs with its src, as METHOD@old, interleaved",
+    )
+    parser.add_argument(
         "--load", type=int, default=0, metavar="N", help="N busy loops beside it, each in its own session"
     )
     args = parser.parse_args(argv)
+    if args.against is not None:
+        global AGAINST
+        AGAINST = args.against.resolve()
+        compileall.compile_dir(str(AGAINST / "src" / "torchjob"), quiet=1)
+        args.methods += [f"{m}@old" for m in args.methods if m.startswith("torchjob")]
     if not args.load:
         return _main(args)
     from background_load import busy_loops  # beside this script (its folder is sys.path[0])

@@ -69,6 +69,16 @@ def _children(parent: int) -> list[int]:
     return found
 
 
+def _one_per_network(pids: list[int]) -> list[int]:
+    by_network: dict[int, int] = {}
+    for pid in pids:
+        try:
+            by_network.setdefault(os.stat(f"/proc/{pid}/ns/net").st_ino, pid)
+        except OSError:
+            continue
+    return list(by_network.values())
+
+
 class BindWatch:
     """Polls until one of ``ports`` (set later, once known) is listening; records when. With
     ``launcher`` set (torchjob's pid), the tables are those its children see: a local job's pods
@@ -89,9 +99,11 @@ class BindWatch:
                 if self.launcher is None:
                     tables: tuple[str, ...] = ("/proc/net/tcp", "/proc/net/tcp6")
                 elif polls % 20 == 0 or not tables:  # the children, looked up every 20 ms
+                    # One child per network: a job's pods share theirs, and reading every
+                    # child's copy each millisecond took CPU from the ranks being timed.
                     tables = tuple(
                         f"/proc/{pid}/net/{name}"
-                        for pid in _children(self.launcher)
+                        for pid in _one_per_network(_children(self.launcher))
                         for name in ("tcp", "tcp6")
                     )
                 polls += 1
