@@ -171,8 +171,8 @@ nap() {{
   [ "$nudges" = "$heard" ] || {{ heard=$nudges; return 0; }}
   sleep "$1" &
   nap_pid=$!
-  wait "$nap_pid"
-  nap_rc=$?
+  nap_rc=256  # not waited for: a nudge came while the sleep started
+  [ "$nudges" != "$heard" ] || {{ wait "$nap_pid"; nap_rc=$?; }}
   [ "$nudges" != "$heard" ] || return "$nap_rc"
   heard=$nudges
   [ "$nap_rc" -gt 128 ] || return 0  # the sleep had ended by itself: nothing to kill
