@@ -55,6 +55,7 @@ class ContainerRun:
     env: dict[str, str]
     cwd: str | None
     before_exec: Callable[[], None] | None = None  # run in the child before the program
+    helper: bool = False  # an init container a plugin added (wait-for-master): nudged (nudge.py)
 
 
 def configmaps_of(state: DesiredState) -> dict[str, dict[str, str]]:

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     Forker = Callable[[ContainerRun, Path], Forked | str | None]
 
 WAIT_INTERVAL = "0.02"  # wait-for-master polling, so a worker starts soon after the master listens
-# (affordable because the probe runs below the ranks' CPU priority: process.background_priority)
+# (on the machine's network; below the ranks' CPU priority: process.background_priority)
+NUDGED_INTERVAL = "1"  # the same where nudge.py wakes it for a new listener (the job's own network)
 VOLCANO_MOUNT = "/etc/volcano"  # where Volcano's svc plugin mounts its host files
 UIDS_ENV = "TORCHJOB_JOB_UIDS"  # plugins.waitmaster.UIDS_ENV, not imported: a job start need not load it
 
@@ -232,6 +233,7 @@ class PodFactory:
             own = plan.task.template.init_container_names
             for run in inits:
                 if run.name not in own:
+                    run.helper = True
                     run.before_exec = security.then(process.background_priority, run.before_exec)
             if self.hosts.mount is not None:  # the pod's own /etc/hosts, so that pod names resolve
                 mount = self.hosts.pod_file(pod_dir, aliases)
@@ -317,7 +319,7 @@ class PodFactory:
             "TORCHJOB_POD_IP": address,
             "TORCHJOB_ATTEMPT": str(attempt),
             "TORCHJOB_RETRY_COUNT": str(retry_count),
-            "TORCHJOB_WAIT_INTERVAL": WAIT_INTERVAL,
+            "TORCHJOB_WAIT_INTERVAL": NUDGED_INTERVAL if self.nudged else WAIT_INTERVAL,
             "TORCHJOB_BIN": str(self.dir.bin),
             # torchrun starts its ranks with this interpreter: the guard (pyrunner/pyrun.py) that tells
             # an abort in the interpreter's teardown after the program finished from a crash.
@@ -330,6 +332,12 @@ class PodFactory:
         env[process.MARKER] = self.dir.id
         env[process.POD_MARKER] = uid
         return env
+
+    @property
+    def nudged(self) -> bool:
+        """Whether the supervisor can wake the job's waiting helpers (nudge.py): its network has
+        a sock_diag socket."""
+        return self.net.namespace is not None and self.net.namespace.diag is not None
 
     def ports_text(self) -> str:
         return ", ".join(f"{d}->{h}" for d, h in self.ports.items()) or "none"

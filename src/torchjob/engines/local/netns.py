@@ -32,7 +32,8 @@ import warnings
 from collections.abc import Iterable
 
 from torchjob.engines.local.libc import LIBC
-from torchjob.host import procfs
+from torchjob.host import procfs, sockdiag
+from torchjob.host.tcp import Listener
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -84,10 +85,13 @@ def why_host(job: Job) -> str | None:
 class Network:
     """A network namespace (and the user namespace that owns it, without root), as descriptors."""
 
-    def __init__(self, net: int, user: int, tables: tuple[int, int]) -> None:
+    def __init__(
+        self, net: int, user: int, tables: tuple[int, int], diag: socket.socket | None = None
+    ) -> None:
         self.net = net
         self.user = user  # -1: none (root made the namespace in the machine's user namespace)
         self.tables = tables  # its /proc/net/tcp and tcp6, opened by this process: the uids are real
+        self.diag = diag  # a sock_diag socket made inside it (host/sockdiag.py): its listeners, cheaply
 
     def enter(self) -> None:  # pragma: no cover - runs in the forked child before exec
         """Move the calling (single-threaded) process into the namespace. Raises OSError."""
@@ -110,7 +114,20 @@ class Network:
                 found.append(procfs.reread(fd))
         return found
 
+    def listeners(self) -> list[Listener] | None:
+        """The namespace's listening TCP sockets; None where it has no sock_diag socket, or that
+        cannot answer (then ``read_tables`` is the slow way)."""
+        if self.diag is None:
+            return None
+        try:
+            return sockdiag.listeners(self.diag)
+        except OSError:
+            return None
+
     def close(self) -> None:
+        if self.diag is not None:
+            self.diag.close()
+            self.diag = None
         for fd in (self.net, self.user, *self.tables):
             if fd >= 0:
                 with contextlib.suppress(OSError):
@@ -192,10 +209,17 @@ def _answer(read_end: int, pid: int, deadline: float) -> bytes | None:
 class Pending:
     """A namespace being made in a child, so that the supervisor prepares the rest of the job meanwhile."""
 
-    def __init__(self, reason: str | None = None, pid: int = 0, pipes: tuple[int, int] = (-1, -1)) -> None:
+    def __init__(
+        self,
+        reason: str | None = None,
+        pid: int = 0,
+        pipes: tuple[int, int] = (-1, -1),
+        channel: socket.socket | None = None,
+    ) -> None:
         self._reason = reason  # known without a child: the answer
         self._pid = pid
         self._pipes = pipes  # the child's answer; the pipe it waits on until its files are opened
+        self._channel = channel  # where the child sends its sock_diag socket
         self._deadline = time.monotonic() + MAKE_TIMEOUT
 
     def result(self) -> Network | str:
@@ -213,7 +237,10 @@ class Pending:
                 network = _opened(pid)
             except OSError as err:
                 return f"cannot open the new network namespace: {err}"
+            network.diag = _received(self._channel)
         finally:
+            if self._channel is not None:
+                self._channel.close()
             os.close(read_end)
             os.close(hold)  # the child ends
             with contextlib.suppress(ChildProcessError):
@@ -238,6 +265,28 @@ def _opened(pid: int) -> Network:
     return Network(opened[0], user, (opened[1], opened[2]))
 
 
+def _received(channel: socket.socket | None) -> socket.socket | None:
+    """The sock_diag socket the child sent before it said "ok" (so it is there now), if it could
+    make one (a seccomp filter may refuse netlink sockets: the job runs all the same)."""
+    if channel is None:
+        return None
+    channel.setblocking(False)
+    try:
+        _, fds, _, _ = socket.recv_fds(channel, 1, 1)
+    except OSError:
+        return None
+    return socket.socket(fileno=fds[0]) if fds else None
+
+
+def _send_diag(channel: int) -> None:  # pragma: no cover - runs in the forked child
+    with (
+        contextlib.suppress(OSError),
+        sockdiag.open_socket() as diag,
+        socket.socket(fileno=channel) as sender,
+    ):
+        socket.send_fds(sender, [b"d"], [diag.fileno()])
+
+
 def _close_all_but(*keep: int) -> None:  # pragma: no cover - runs in the forked child
     low = 3
     for fd in sorted(keep):
@@ -253,13 +302,15 @@ def start() -> Pending:
     uid, gid = os.geteuid(), os.getegid()
     read_end, write_end = os.pipe()
     hold_read, hold_write = os.pipe()  # the child waits on it until this process has opened its files
+    channel, child_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     pid = _fork()
     if pid == 0:  # pragma: no cover - the child
         try:
             # Nothing of this process's is kept while the child waits: another thread's lock (the
             # port registry's flock) would be held by the child's copy of its descriptor too.
-            _close_all_but(write_end, hold_read)
+            _close_all_but(write_end, hold_read, child_channel.fileno())
             _make(uid, gid)
+            _send_diag(child_channel.fileno())
             os.write(write_end, b"ok\n")
             os.read(hold_read, 1)  # end of file once the parent is done
             os._exit(0)
@@ -269,7 +320,8 @@ def start() -> Pending:
             os._exit(1)
     os.close(write_end)
     os.close(hold_read)
-    return Pending(pid=pid, pipes=(read_end, hold_write))
+    child_channel.close()
+    return Pending(pid=pid, pipes=(read_end, hold_write), channel=channel)
 
 
 def create() -> Network | str:

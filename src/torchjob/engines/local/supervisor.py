@@ -13,9 +13,10 @@ the loop ends.
 
 Each of the loop's other jobs is a module of its own, which it calls: :mod:`.creation` makes the
 pods, :mod:`.cleanup` tracks every process of the job; :mod:`.signals`, :mod:`.queuewait` (the
-local queue), :mod:`.portwatch` (the job's ports against foreign listeners), :mod:`.silence` (the
-notice of a silent job), :mod:`.hints`, :mod:`.notes` (what is said and kept as events),
-:mod:`.echo` (the console) and :mod:`.statusfile` (status.json, the controller's report).
+local queue), :mod:`.portwatch` (the job's ports against foreign listeners), :mod:`.nudge` (wakes
+the wait-for-master probe between passes), :mod:`.silence` (the notice of a silent job),
+:mod:`.hints`, :mod:`.notes` (what is said and kept as events), :mod:`.echo` (the console) and
+:mod:`.statusfile` (status.json, the controller's report).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from torchjob.engines.local.echo import LOG_EVERY, Echo
 from torchjob.engines.local.hints import FailureHints
 from torchjob.engines.local.localcheck import local_warnings
 from torchjob.engines.local.notes import Notes
+from torchjob.engines.local.nudge import Nudges
 from torchjob.engines.local.output import Console, SinkConsole, short_name
 from torchjob.engines.local.prewarm import modules_of as prewarm_modules
 from torchjob.engines.local.signals import Signals
@@ -116,7 +118,7 @@ class Supervisor:
         )
         self.processes = JobProcesses(self.id, self.ctl.pods, self.ctl.latest, self.factory.uids)
         self.processes.helpers = self._helpers
-        self.waiter = ExitWaiter()  # woken by container exits (pidfds) and signals
+        self.waiter = ExitWaiter(Nudges(self.ctl.pods, self.factory).look)  # exits, signals, nudges
         self.signals = Signals(self.waiter)
         self.status_file = StatusFile(job, job_dir, self.ctl, self.factory, self.notes)
         self.echo = Echo(console, echo_logs, job.name, self.status_file.report, self.ordinal)
@@ -156,8 +158,6 @@ class Supervisor:
         """The pod's place in the job (its colour on the console)."""
         addressing = self.factory.addressing
         return addressing.ordinals[(pod.task, pod.index)] if addressing else 0
-
-    # -------------------------------------------------------------- the loop
 
     def run(self, on_started: Callable[[], None] | None = None) -> None:
         """Run the job to its end; ``on_started`` is called once its pods have been started."""

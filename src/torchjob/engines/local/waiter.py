@@ -12,12 +12,17 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import time
+from collections.abc import Callable
 
 FALLBACK_TICK = 0.02  # seconds between polls when process exits cannot be waited for
 
 
 class ExitWaiter:
-    def __init__(self) -> None:
+    def __init__(self, watch: Callable[[], float | None] | None = None) -> None:
+        # Called as each wait begins and every so often during it: it looks at something no event
+        # announces (nudge.py) and says when to look again (None: not during this wait).
+        self._watch = watch
         self._selector = selectors.DefaultSelector()
         self._pidfds: dict[int, int] = {}  # pid -> pidfd
         self._usable = hasattr(os, "pidfd_open")
@@ -56,6 +61,18 @@ class ExitWaiter:
     def wait(self, timeout: float, readable: int | None = None) -> None:
         """Until a watched process exits, ``wake`` is called, ``timeout`` seconds pass, or the file
         descriptor ``readable`` (watched for this wait only, and not read) can be read."""
+        end = time.monotonic() + max(0.0, timeout)
+        while True:
+            every = self._watch() if self._watch is not None else None
+            left = end - time.monotonic()
+            if every is None or left <= every:
+                self._wait(left, readable)
+                return
+            if self._wait(every, readable) or not self._usable:  # without pidfds: poll the exits
+                return
+
+    def _wait(self, timeout: float, readable: int | None) -> bool:
+        """One wait; whether something woke it."""
         timeout = max(0.0, timeout)
         if not self._usable:
             timeout = min(timeout, FALLBACK_TICK)
@@ -78,6 +95,7 @@ class ExitWaiter:
                         pass
             else:  # one wake per exit: the pidfd stays readable until it is closed
                 self._selector.unregister(key.fd)
+        return bool(found)
 
     def close(self) -> None:
         if self._closed:

@@ -1,0 +1,101 @@
+"""The supervisor wakes the wait-for-master probe when the job's network gets a new listener
+(``engines/local/nudge.py``), so the probe can poll slowly and a worker still starts once the
+master listens, not a poll interval later."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+
+import pytest
+
+from support import container, make_job, run, sh, task
+from torchjob.engines.local import creation
+from torchjob.host import sockdiag
+
+pytestmark = pytest.mark.timeout(120)
+
+# The master listens a second after it starts and stays until the worker has written its mark.
+MASTER = r"""
+import os, socket, sys, time
+marks = sys.argv[1]
+time.sleep(1.0)
+server = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
+server.bind(("", int(os.environ["MASTER_PORT"])))
+server.listen(8)
+with open(os.path.join(marks, "listen"), "w") as out:
+    out.write(str(time.time()))
+deadline = time.time() + 60
+while not os.path.exists(os.path.join(marks, "worker")) and time.time() < deadline:
+    time.sleep(0.01)
+"""
+
+
+def test_a_waiting_worker_starts_once_the_master_listens_not_a_poll_later(tmp_path, monkeypatch):
+    # Without a nudge the probe would nap 30 s between looks (where the job has a network of its
+    # own; on the machine's network it polls every 20 ms, and the test proves less).
+    monkeypatch.setattr(creation, "NUDGED_INTERVAL", "30")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    job = make_job(
+        "nudged",
+        [
+            task("master", [container("main", ["python", "-c", MASTER, str(marks)])]),
+            task("worker", [container("main", sh(f'date +%s.%N > "{marks}/worker"'))]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker", "--wait-master-enabled=true"]},
+    )
+    report = run(job, tmp_path, timeout=60)
+    assert report.phase == "Completed", report
+    waited = float((marks / "worker").read_text()) - float((marks / "listen").read_text())
+    assert 0 <= waited < 10, f"the worker started {waited:.2f} s after the master listened"
+
+
+def test_sock_diag_lists_the_listening_sockets_with_their_port_uid_and_inode():
+    with (
+        sockdiag.open_socket() as diag,
+        socket.socket() as server,
+        socket.socket(socket.AF_INET6) as server6,
+        socket.socket() as idle,
+    ):
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server6.bind(("::1", 0))
+        server6.listen(1)
+        idle.bind(("127.0.0.1", 0))  # bound, not listening
+        found = {sock.inode: sock for sock in sockdiag.listeners(diag)}
+        for sock in (server, server6):
+            listener = found[socket_inode(sock)]
+            assert (listener.port, listener.uid) == (sock.getsockname()[1], os.getuid())
+        assert socket_inode(idle) not in found
+
+
+def socket_inode(sock: socket.socket) -> int:
+    return os.fstat(sock.fileno()).st_ino
+
+
+def test_the_loops_wait_looks_every_so_often_and_still_ends_at_an_exit():
+    from torchjob.engines.local.waiter import ExitWaiter
+
+    looks: list[float] = []
+
+    def look() -> float | None:
+        looks.append(time.monotonic())
+        return 0.01
+
+    waiter = ExitWaiter(look)
+    try:
+        began = time.monotonic()
+        waiter.wait(0.2)
+        assert time.monotonic() - began >= 0.19
+        assert len(looks) >= 5  # every 10 ms, give or take a loaded machine
+        child = subprocess.Popen(["sleep", "0.05"])
+        waiter.add(child.pid)
+        began = time.monotonic()
+        waiter.wait(30)  # the exit ends it, not the 30 s
+        assert time.monotonic() - began < 10
+        child.wait(5)
+    finally:
+        waiter.close()
