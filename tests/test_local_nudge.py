@@ -99,3 +99,39 @@ def test_the_loops_wait_looks_every_so_often_and_still_ends_at_an_exit():
         child.wait(5)
     finally:
         waiter.close()
+
+
+def test_a_jobs_network_tells_its_own_listeners_and_no_others():
+    from torchjob.engines.local import netns
+
+    network = netns.create()
+    if isinstance(network, str):
+        pytest.skip(f"no network namespace here: {network}")
+    read_end, write_end = os.pipe()
+    child = 0
+    try:
+        with socket.socket() as outside:
+            outside.bind(("127.0.0.1", 0))
+            outside.listen(1)
+            child = os.fork()
+            if child == 0:  # pragma: no cover - the child: listens inside the job's network
+                try:
+                    network.enter()
+                    inside = socket.socket()
+                    inside.bind(("127.0.0.1", 0))
+                    inside.listen(1)
+                    os.write(write_end, f"{inside.getsockname()[1]}\n".encode())
+                    time.sleep(30)
+                finally:
+                    os._exit(0)
+            os.close(write_end)
+            port = int(os.read(read_end, 100))
+            found = network.listeners()
+            assert found is not None
+            assert [sock.port for sock in found] == [port]  # not the one outside
+    finally:
+        if child:
+            os.kill(child, 9)
+            os.waitpid(child, 0)
+        os.close(read_end)
+        network.close()

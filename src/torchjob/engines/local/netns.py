@@ -275,7 +275,10 @@ def _received(channel: socket.socket | None) -> socket.socket | None:
         _, fds, _, _ = socket.recv_fds(channel, 1, 1)
     except OSError:
         return None
-    return socket.socket(fileno=fds[0]) if fds else None
+    if not fds:
+        return None
+    os.set_inheritable(fds[0], False)  # received without close-on-exec
+    return socket.socket(fileno=fds[0])
 
 
 def _send_diag(channel: int) -> None:  # pragma: no cover - runs in the forked child
