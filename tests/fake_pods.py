@@ -123,6 +123,9 @@ class _Loopback:
     def host(self, job: Job, task: Task, index: int) -> str:
         return "127.0.0.1"
 
+    def service(self, job: Job, task: Task, index: int) -> str:
+        return "127.0.0.1"
+
     def port(self, job: Job, port: int) -> int:
         if port not in self.ports:
             with socket.socket() as free:

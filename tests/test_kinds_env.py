@@ -194,3 +194,25 @@ def test_an_elastic_pytorchjobs_rendezvous_is_worker_zeros() -> None:
     assert here["pytorchjob-elastic-worker-0"]["PET_RDZV_CONF"] == "is_host=1"
     assert here["pytorchjob-elastic-worker-1"]["PET_RDZV_CONF"] == "is_host=0"
     assert here["pytorchjob-elastic-worker-1"]["PET_RDZV_ENDPOINT"] == "127.0.1.1:41000"
+
+
+def test_where_pod_names_resolve_a_pytorchjob_names_the_operators_services() -> None:
+    """The operator gives MASTER_ADDR (and PET_MASTER_ADDR) as the master's own Service,
+    ``<job>-master-0``, and an elastic job's rendezvous as ``<job>-worker-0:port``: so do the local
+    engine's pods where pod names resolve (its job network lists each pod's name). Without names
+    they get the pod's loopback address; the objects rendered for a cluster keep the pod's DNS name."""
+    (loaded,) = load_jobs(str(KINDS / "pytorchjob.yaml"))
+    job = loaded.job
+    named = LocalAddressing(job, {23456: 41000}, names=True)
+    for plan in expand(job, named).pods:
+        env = pod_env(plan.manifest)
+        assert env["MASTER_ADDR"] == env["PET_MASTER_ADDR"] == "pytorchjob-sendrecv-master-0", plan.name
+        assert env["MASTER_PORT"] == "41000"
+    for plan in expand(job, LocalAddressing(job, {23456: 41000})).pods:
+        assert pod_env(plan.manifest)["MASTER_ADDR"] == "127.0.1.1", plan.name
+    for plan in expand(job, ClusterAddressing()).pods:
+        assert pod_env(plan.manifest)["MASTER_ADDR"] == "pytorchjob-sendrecv-master-0.pytorchjob-sendrecv"
+    (loaded,) = load_jobs(str(KINDS / "pytorchjob-elastic.yaml"))
+    job = loaded.job
+    for plan in expand(job, LocalAddressing(job, {23456: 41000}, names=True)).pods:
+        assert pod_env(plan.manifest)["PET_RDZV_ENDPOINT"] == "pytorchjob-elastic-worker-0:41000", plan.name

@@ -20,6 +20,7 @@ import yaml
 from controllers.cluster import simulated
 from controllers.envs import pod_env
 from test_kinds_env import _containers, _key
+from test_local_dns import hosts_file, names_work  # noqa: F401 (fixtures)
 from test_slurm_engine import cli_env
 from test_slurm_engine import torchjob as slurm_cli
 from torchjob.jobs import load_jobs
@@ -137,3 +138,52 @@ def test_each_kind_runs_on_slurm(slurm: Any, tmp_path: Path) -> None:
         assert line in done.stdout, done.stdout
         assert "Completed" in done.stderr
     assert slurm.jobs() == []
+
+
+GLOO = """\
+import os
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+value = torch.tensor([dist.get_rank() + 1])
+dist.all_reduce(value)
+print("gloo", dist.get_rank(), "of", dist.get_world_size(), os.environ["MASTER_ADDR"], "sum", int(value), flush=True)
+dist.destroy_process_group()
+"""
+
+PYTORCHJOB_2 = """\
+apiVersion: kubeflow.org/v1
+kind: PyTorchJob
+metadata: {{name: ptj-names}}
+spec:
+  pytorchReplicaSpecs:
+    Master:
+      replicas: 1
+      template: {{spec: {{containers: [{{name: pytorch, image: x, command: [python, {script}]}}]}}}}
+    Worker:
+      replicas: 1
+      template: {{spec: {{containers: [{{name: pytorch, image: x, command: [python, {script}]}}]}}}}
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.usefixtures("names_work")
+def test_a_pytorchjob_here_connects_through_the_masters_service_name(tmp_path: Path) -> None:
+    """Where pod names resolve, both ranks get the operator's MASTER_ADDR, ``<job>-master-0`` (not
+    the pod's DNS name), and torch's gloo rendezvous connects through it."""
+    pytest.importorskip("torch")
+    script = tmp_path / "gloo.py"
+    script.write_text(GLOO)
+    job = tmp_path / "ptj.yaml"
+    job.write_text(PYTORCHJOB_2.format(script=script))
+    done = _run(tmp_path / "home", str(job))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(2):
+        assert f"gloo {rank} of 2 ptj-names-master-0 sum 3" in done.stdout, done.stdout
+    pods, _ = _recorded(tmp_path / "home")
+    for pod in pods:
+        env = pod_env(pod, "pytorch")
+        assert env["MASTER_ADDR"] == env["PET_MASTER_ADDR"] == "ptj-names-master-0", pod["metadata"]["name"]

@@ -27,6 +27,12 @@ if TYPE_CHECKING:
             """The port number processes use for a port the job declares for its pods."""
             ...
 
+        def service(self, job: Job, task: Task, index: int) -> str:
+            """The address of a Service made for pod ``index`` of ``task`` alone, named as the pod
+            (the Kubeflow training operator's ``<job>-<type>-<i>``), where such a name resolves;
+            elsewhere the pod's own address (``host``)."""
+            ...
+
 
 class ClusterAddressing:
     """Volcano's addressing: ``<hostname|job-task-i>.<subdomain|job>`` and ports as declared."""
@@ -38,3 +44,8 @@ class ClusterAddressing:
 
     def port(self, job: Job, port: int) -> int:
         return port
+
+    def service(self, job: Job, task: Task, index: int) -> str:
+        # The objects torchjob renders make no Service per pod (the operator does, for its own
+        # PyTorchJob): the pod's DNS name, which the job's headless Service makes.
+        return self.host(job, task, index)

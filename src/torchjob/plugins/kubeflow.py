@@ -13,7 +13,10 @@ of every pod gets, in the operator's order (``pkg/controller.v1/pytorch/envvar.g
   (``min:max``), ``PET_MAX_RESTARTS``, ``PET_NPROC_PER_NODE``, ``PET_RDZV_ID``, ``PET_RDZV_CONF``,
   ``PET_STANDALONE``; otherwise ``PET_NNODES`` (the pods).
 
-Addresses and ports are the addressing's (the operator's ``<job>-master-0`` on a cluster). One
+The master and worker 0 are named as the operator names them, by the Service it makes for each
+pod (``<job>-master-0``, ``<job>-worker-0``), where pod names resolve (the local engine's job
+network); elsewhere by the addressing's address for the pod (a Slurm node's name; in objects
+rendered for a cluster the pod's DNS name, the operator setting its own there). One
 addition where the pods are not a cluster's: torch's c10d rendezvous is hosted by the agent whose
 machine is named by ``PET_RDZV_ENDPOINT`` (on a cluster, worker 0, by its hostname); processes on
 one machine all have its name, so ``PET_RDZV_CONF`` says it instead: ``is_host=1`` on worker 0,
@@ -117,7 +120,7 @@ class KubeflowPlugin(Plugin):
         master = job.task(self.master) if self.master else None
         if master is not None:
             port = str(addressing.port(job, int(values["port"])))
-            address = addressing.host(job, master, 0)
+            address = addressing.service(job, master, 0)  # the operator's <job>-master-0
             rank = str(self.rank(job, task, index))
             world = total * (int(nproc) if nproc.isdigit() and nproc.isascii() else 1)
             pairs += [("MASTER_PORT", port), ("PET_MASTER_PORT", port), ("MASTER_ADDR", address)]
@@ -137,7 +140,7 @@ class KubeflowPlugin(Plugin):
         worker = job.task(self.worker) if self.worker else None
         port = int(values["rdzv-port"])
         if not host and worker is not None:
-            host, port = addressing.host(job, worker, 0), addressing.port(job, port)
+            host, port = addressing.service(job, worker, 0), addressing.port(job, port)  # <job>-worker-0
         pairs = [("PET_RDZV_ENDPOINT", f"{host}:{port}"), ("PET_RDZV_BACKEND", str(values["rdzv-backend"]))]
         pairs.append(("PET_NNODES", f"{values['min-replicas']}:{values['max-replicas']}"))
         if values["max-restarts"] is not None:

@@ -74,3 +74,10 @@ class LocalAddressing:
 
     def port(self, job: Job, port: int) -> int:
         return self.ports.get(port, port)
+
+    def service(self, job: Job, task: Task, index: int) -> str:
+        """Where pod names resolve (the job's hosts view lists each pod's name), the pod's name is
+        the one a Service for that pod alone has on a cluster; elsewhere the pod's address."""
+        if self.names:
+            return pod_name(job.name, task.name, index)
+        return self.host(job, task, index)

@@ -345,6 +345,9 @@ class SlurmAddressing:
             return self.moved[port]
         return port + self.placements[self.master].port_offset
 
+    def service(self, job: Job, task: Task, index: int) -> str:
+        return self.host(job, task, index)  # no Service here: the pod's node, by its name
+
     def master_ports(self, ports: list[int]) -> dict[int, int]:
         """Each of the job's declared ports as the master's pod has it."""
         return {p: self.port_of(self.master, p) for p in ports}
