@@ -149,7 +149,8 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 value = torch.tensor([dist.get_rank() + 1])
 dist.all_reduce(value)
-print("gloo", dist.get_rank(), "of", dist.get_world_size(), os.environ["MASTER_ADDR"], "sum", int(value), flush=True)
+rank, size = dist.get_rank(), dist.get_world_size()
+print("gloo", rank, "of", size, os.environ["MASTER_ADDR"], "sum", int(value), flush=True)
 dist.destroy_process_group()
 """
 

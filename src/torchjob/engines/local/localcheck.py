@@ -8,6 +8,7 @@ path; :func:`local_warnings` lists what the job asks for that this engine does n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping
@@ -20,12 +21,74 @@ from torchjob.engines.local.mounts import empty_dirs, inside
 from torchjob.engines.local.resolve import resolve_container
 from torchjob.errors import Issue, warning
 from torchjob.expand import DesiredState, PodPlan
+from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any
 
 Issues = list[Issue]
+
+
+# The most processes one job may have here: Linux's default pid_max (the kernel's default on a
+# machine of up to 32 CPUs), lowered to this machine's pid_max and this user's RLIMIT_NPROC.
+# A job of more processes than the machine can hold cannot start; beyond it the job is refused
+# before a pod is planned (a plan holds every pod: about 0.2 ms and 30 KB each).
+MAX_PROCESSES = 32768
+# The plugins whose --nproc-per-node tells how many training processes torchrun starts per pod.
+_NPROC_PLUGINS = ("kubeflow", "trainer")
+
+
+def process_limit() -> int:
+    """The most processes a job may have on this machine (``MAX_PROCESSES`` or less)."""
+    import resource
+
+    limit = MAX_PROCESSES
+    with contextlib.suppress(OSError, ValueError):  # not Linux: the default stands
+        limit = min(limit, int(Path("/proc/sys/kernel/pid_max").read_text()))
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if soft != resource.RLIM_INFINITY and soft > 0:
+        limit = min(limit, soft)
+    return limit
+
+
+def processes_per_pod(job: Job) -> int:
+    """The processes a pod of ``job`` may start: for a PyTorchJob's or TrainJob's number of
+    processes per node (``--nproc-per-node``), that many training processes and torchrun's agent;
+    else one."""
+    most = 1
+    for name in _NPROC_PLUGINS:
+        for flag in job.spec.plugins.get(name) or []:
+            key, _, value = str(flag).partition("=")
+            if (
+                key in ("--nproc-per-node", "--elastic-nproc-per-node")
+                and value.isascii()
+                and value.isdigit()
+            ):
+                most = max(most, int(value) + 1)
+    return most
+
+
+def check_size(job: Job) -> Issues:
+    """A job with more processes than this machine holds (``process_limit``), told from its
+    counts alone: nothing is expanded first."""
+    pods = job.total_replicas
+    per_pod = processes_per_pod(job)
+    limit = process_limit()
+    if pods * per_pod <= limit:
+        return []
+    what = (
+        f"{pods} pods"
+        if per_pod == 1
+        else f"{pods} pods of up to {per_pod} processes (torchrun and its ranks)"
+    )
+    return [
+        Issue(
+            "spec.tasks",
+            f"the job has {what}; expected at most {limit} processes in all, the most the local engine "
+            "starts for one job on this machine (pid_max, RLIMIT_NPROC): run it on a cluster engine",
+        )
+    ]
 
 
 def local_warnings(state: DesiredState, extra_env: Mapping[str, str]) -> Issues:

@@ -41,8 +41,12 @@ class LocalPlan:
 def plan_job(job: Job) -> LocalPlan:
     """Expand ``job`` once and check it; an empty job expands to nothing."""
     from torchjob.engines.local.addressing import LocalAddressing
+    from torchjob.engines.local.localcheck import check_size
     from torchjob.expand import expand
 
+    too_large = check_size(job)  # from the counts: a job too large is not expanded
+    if too_large:
+        return LocalPlan(None, too_large)
     state = expand(job, LocalAddressing(job))
     return LocalPlan(state, check_job(job, state))
 

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 # The batch script's exit code when its host does not see the job directory (EX_NOINPUT).
 NOT_SHARED = 66
+# Each pod is a job step: a job of more pods than Slurm's default MaxStepCount (slurm.conf) cannot
+# start them all; refused before a step is planned.
+MAX_STEP_COUNT = 40_000
 Key = tuple[str, int]  # (task name, index)
 
 
@@ -204,6 +207,12 @@ def plan_job(
 ) -> SlurmPlan:
     """The allocation for ``job`` and the batch script that runs ``controller`` in it; with
     ``in_allocation``, the job's pods as steps of an allocation that exists."""
+    if job.total_replicas > MAX_STEP_COUNT:
+        raise PlanError(
+            "spec.tasks",
+            f"the job has {job.total_replicas} pods, each a job step; expected at most {MAX_STEP_COUNT}, "
+            "Slurm's default MaxStepCount for one job",
+        )
     components = components_of(job, settings)
     if not components:
         raise PlanError("spec.tasks", "the job has no pods to run (every task has 0 replicas)")

@@ -14,9 +14,20 @@ if TYPE_CHECKING:
     from torchjob.spec.kinds.translation import Translation
 
 INT32_MAX = 2**31 - 1
+# The most processes torchrun may start on one node (nprocPerNode, numProcPerNode): upstream sets
+# no bound; one process per CPU of the largest machine a stock Linux kernel runs (CONFIG_NR_CPUS
+# of the common distributions' kernels). It keeps a world size (nodes times this) within int32.
+MAX_PROCS_PER_NODE = 8192
 # Kubernetes' exit code of a container killed by a signal is 128 + the signal: the training
 # operator's ExitCode policy retries those (and fails on 1-127, the program's own errors).
 RETRYABLE_EXIT_CODES = range(128, 256)
+
+
+def too_many_procs(count: int) -> str:
+    return (
+        f"expected at most {MAX_PROCS_PER_NODE} processes per node, one per CPU of the largest "
+        f"machine Linux runs, got {count}"
+    )
 
 
 def copy(value: Any) -> Any:

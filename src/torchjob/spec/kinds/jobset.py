@@ -38,6 +38,7 @@ from torchjob.spec.kinds.common import (
     text,
 )
 from torchjob.spec.podschema import check_kind
+from torchjob.spec.validate import MAX_PODS
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -79,6 +80,9 @@ def translate_set(tr: Translation, spec: dict[str, Any], source: dict[str, Any],
     subdomain = text(network.get("subdomain")) or name
     hostnames = network.get("enableDNSHostnames") is not False
     rjobs = _unique([(r, mapping(rjob)) for r, rjob in enumerate(items(source.get("replicatedJobs")))])
+    if not _sizes_fit(tr, rjobs, place):  # told before a task is made: one per Job of the set
+        tr.complete = False
+        return []
     tasks_of: dict[str, list[str]] = {}
     for r, rjob in rjobs:
         tasks_of[text(rjob.get("name"), f"job{r}")] = _rjob_tasks(
@@ -117,6 +121,46 @@ def translate_set(tr: Translation, spec: dict[str, Any], source: dict[str, Any],
         where, path = place("replicatedJobs")
         _add(tr, where, path, "expected at least one replicated job")
     return [t for names in tasks_of.values() for t in names]
+
+
+def _pods_per_job(rjob: dict[str, Any]) -> tuple[int, int | None]:
+    """A replicated job's pods per Job (its completions, else its parallelism, else 1) and its
+    parallelism as given."""
+    job_spec = mapping(at(rjob, "template", "spec"))
+    completions, parallelism = integer(job_spec.get("completions")), integer(job_spec.get("parallelism"))
+    pods = completions if completions is not None else (parallelism if parallelism is not None else 1)
+    return pods, parallelism
+
+
+def _sizes_fit(tr: Translation, rjobs: list[tuple[int, dict[str, Any]]], place: Place) -> bool:
+    """Whether the set's pods can be made: each replicated job's ``replicas`` times
+    ``parallelism`` within JobSet's int32 and the pods in all within a cluster's
+    (``validate.MAX_PODS``). Counted from the numbers alone, so that a set too large for any
+    cluster is refused before its Jobs (one task each) are made and checked one by one."""
+    fits, total = True, 0
+    for r, rjob in rjobs:
+        count = integer(rjob.get("replicas"), 1) or 0
+        pods, parallelism = _pods_per_job(rjob)
+        total += count * max(pods, 0)
+        product = count * (parallelism if parallelism is not None else 1)
+        if product > INT32_MAX:  # JobSet's webhook
+            where, path = place(f"replicatedJobs[{r}].replicas")
+            _add(
+                tr, where, path, f"replicas times parallelism is {product}; JobSet takes at most {INT32_MAX}"
+            )
+            fits = False
+    if total > MAX_PODS:
+        where, path = place("replicatedJobs")
+        message = (
+            f"the tasks have {total} replicas in all; expected at most {MAX_PODS}, "
+            "the most pods one Kubernetes cluster is built for"
+        )
+        if where is tr.source:
+            tr.add(path, message)
+        else:  # a TrainJob's runtime: the TrainJob tells its pods in all at its own field
+            tr.add("spec.runtimeRef", message)
+        fits = False
+    return fits
 
 
 def _unique(rjobs: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[str, Any]]]:
@@ -160,8 +204,7 @@ def _rjob_tasks(
     base = f"replicatedJobs[{r}]"
     job_spec = mapping(at(rjob, "template", "spec"))
     completions = integer(job_spec.get("completions"))
-    parallelism = integer(job_spec.get("parallelism"))
-    pods = completions if completions is not None else (parallelism if parallelism is not None else 1)
+    pods, parallelism = _pods_per_job(rjob)
     if parallelism is not None and completions is not None and parallelism < completions:
         where, path = place(f"{base}.template.spec.parallelism")
         _warn(
@@ -179,11 +222,7 @@ def _rjob_tasks(
         if job_spec.get(key) is not None:
             where, path = place(f"{base}.template.spec.{key}")
             _warn(tr, where, path, words)
-    count = integer(rjob.get("replicas"), 1) or 0
-    if count * (parallelism if parallelism is not None else 1) > INT32_MAX:  # JobSet's webhook
-        where, path = place(f"{base}.replicas")
-        product = count * (parallelism if parallelism is not None else 1)
-        _add(tr, where, path, f"replicas times parallelism is {product}; JobSet takes at most {INT32_MAX}")
+    count = integer(rjob.get("replicas"), 1) or 0  # within bounds (_sizes_fit)
     limit = integer(job_spec.get("backoffLimit"), DEFAULT_BACKOFF_LIMIT)
     template = copy(mapping(job_spec.get("template")))
     pod = template.get("spec")

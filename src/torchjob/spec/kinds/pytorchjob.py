@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from torchjob.spec.kinds.common import (
     INT32_MAX,
+    MAX_PROCS_PER_NODE,
     add_task,
     at,
     copy,
@@ -31,6 +32,7 @@ from torchjob.spec.kinds.common import (
     retry_exit_codes,
     start,
     text,
+    too_many_procs,
 )
 from torchjob.spec.model import JobRunPolicy
 from torchjob.spec.podschema import check_kind
@@ -231,6 +233,10 @@ def _flags(
             "spec.nprocPerNode",
             "give spec.nprocPerNode or the deprecated spec.elasticPolicy.nProcPerNode, not both",
         )
+    if isinstance(nproc, str) and nproc.isascii() and nproc.isdigit() and int(nproc) > MAX_PROCS_PER_NODE:
+        tr.add("spec.nprocPerNode", too_many_procs(int(nproc)))
+    if elastic_nproc is not None and elastic_nproc > MAX_PROCS_PER_NODE:
+        tr.add("spec.elasticPolicy.nProcPerNode", too_many_procs(elastic_nproc))
     if not isinstance(nproc, str) and elastic_nproc is None:
         nproc = "auto"  # SetDefaults_PyTorchJob
     if isinstance(nproc, str):

@@ -18,11 +18,22 @@ from __future__ import annotations
 
 import math
 
-from torchjob.spec.kinds.common import at, copy, integer, items, mapping, start, text
+from torchjob.spec.kinds.common import (
+    MAX_PROCS_PER_NODE,
+    at,
+    copy,
+    integer,
+    items,
+    mapping,
+    start,
+    text,
+    too_many_procs,
+)
 from torchjob.spec.kinds.jobset import translate_set
 from torchjob.spec.kinds.runtimes import CLUSTER, Runtimes
 from torchjob.spec.model import JobRunPolicy
 from torchjob.spec.podschema import check_kind
+from torchjob.spec.validate import MAX_PODS
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -78,6 +89,12 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
         return
     policy = mapping(at(runtime.data, "spec", "mlPolicy"))
     nodes = integer(trainer.get("numNodes"), integer(policy.get("numNodes"), 1))
+    if nodes is not None and nodes > MAX_PODS:  # before the pods are made
+        field = "spec.trainer.numNodes" if integer(trainer.get("numNodes")) is not None else "spec.runtimeRef"
+        why = "the most pods one Kubernetes cluster is built for"
+        tr.add(field, f"expected at most {MAX_PODS} nodes, {why}, got {nodes}")
+        tr.complete = False
+        return
     rjob = rjobs[node]
     rjob["replicas"] = 1
     job_spec = rjob.setdefault("template", {}).setdefault("spec", {})
@@ -172,6 +189,8 @@ def _trainer_checks(tr: Translation, trainer: dict[str, Any]) -> None:
     nproc = integer(trainer.get("numProcPerNode"))
     if nproc is not None and nproc < 1:
         tr.add("spec.trainer.numProcPerNode", f"expected at least 1, got {nproc}")
+    elif nproc is not None and nproc > MAX_PROCS_PER_NODE:
+        tr.add("spec.trainer.numProcPerNode", too_many_procs(nproc))
     nodes = integer(trainer.get("numNodes"))
     if nodes is not None and nodes < 1:
         tr.add("spec.trainer.numNodes", f"expected at least 1 node, got {nodes}")
