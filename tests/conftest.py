@@ -33,6 +33,21 @@ if TYPE_CHECKING:
     from slurm_cluster import SlurmCluster
 
 
+@pytest.fixture(autouse=True)
+def _torchjob_logger_as_found() -> Iterator[None]:
+    """An in-process command with -v or TORCHJOB_LOG configures torchjob's logger: a level, and a
+    handler on that test's captured stderr, closed once the test ends. A later test in the same
+    worker must inherit neither (its log records would go to the closed stream)."""
+    yield
+    if "logging" in sys.modules:
+        import logging
+
+        logger = logging.getLogger("torchjob")
+        for handler in [h for h in logger.handlers if getattr(h, "_torchjob", False)]:
+            logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+
+
 @pytest.fixture
 def run_main(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., Ran]:
     """``torchjob ARGS`` in this process: the CLI's ``main`` with its output captured (argparse's
