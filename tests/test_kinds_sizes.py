@@ -194,3 +194,12 @@ def test_slurm_refuses_more_pods_than_a_job_has_steps_before_placing_them() -> N
     assert f"the job has 140001 pods, each a job step; expected at most {MAX_STEP_COUNT}" in str(
         caught.value.message
     )
+
+
+def test_a_mistake_in_a_replicated_jobs_template_is_told_once_not_once_per_job() -> None:
+    """The Jobs of a replicated job are tasks of one template: its mistake is one line."""
+    text = _jobset(500).replace("image: x", "image: 'bad image'")
+    found = _problems(text)
+    assert (
+        len(found) == 1 and "containers[0].image: 'bad image' is not a valid image reference" in found[0]
+    ), found

@@ -78,7 +78,9 @@ def _check_kind(document: Document, runtimes: Runtimes | None) -> tuple[Job | No
         under = any(p.path.startswith((path + ".", path + "[")) for path in typed if p.file == document.file)
         return (p.file, p.path) not in said and not under
 
-    found = [p for p in found if new(p)]
+    # Tasks made from one template (a JobSet's Jobs of a replicated job) share its paths here:
+    # its mistake is told once, not once per Job.
+    found = list(dict.fromkeys(p for p in found if new(p)))
     problems = sorted(own + found, key=lambda p: p.line or 0) + translation.elsewhere
     if job is None or problems:
         return None, problems
