@@ -203,3 +203,25 @@ def test_a_mistake_in_a_replicated_jobs_template_is_told_once_not_once_per_job()
     assert (
         len(found) == 1 and "containers[0].image: 'bad image' is not a valid image reference" in found[0]
     ), found
+
+
+def test_tasks_of_one_template_are_each_told_at_their_own_paths() -> None:
+    """A template's verdict is reused for the next task of an equal template (a JobSet's Jobs):
+    each task's mistake is still told at that task's fields, in its own words."""
+    template = (
+        "{spec: {volumes: [{name: v, emptyDir: {}}, {name: v, emptyDir: {}}], "
+        "containers: [{name: c, image: 'bad image', command: ['true']}]}}"
+    )
+    tasks = "".join(f"    - {{name: t{i}, replicas: 1, template: {template}}}\n" for i in range(3))
+    text = (
+        f"apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {{name: vj}}\nspec:\n  tasks:\n{tasks}"
+    )
+    found = _problems(text)
+    for i in range(3):
+        where = f"job.yaml:{6 + i}: spec.tasks[{i}].template.spec"
+        assert (
+            f"{where}.volumes[1].name: duplicate volume name 'v' (also spec.tasks[{i}].template.spec.volumes[0])"
+            in found
+        ), found
+        assert any(p.startswith(f"{where}.containers[0].image: 'bad image'") for p in found), found
+    assert len(found) == 6, found

@@ -155,8 +155,9 @@ def validate_job(job: Job, broken: Broken | None = None) -> Issues:
     if not job.spec.tasks:
         return issues
     seen: dict[str, str] = {}
+    last = _TemplateMemo()
     for i in range(len(job.spec.tasks)):
-        issues += _check_task(job, i, broken, seen)
+        issues += _check_task(job, i, broken, seen, last)
     counts_ok = _counts_known(job, broken)
     issues += _check_total(job, counts_ok)
     issues += _check_job_min_available(job, broken, counts_ok, issues)
@@ -202,8 +203,44 @@ def _counts_known(job: Job, broken: Broken) -> bool:
     )
 
 
-def _check_task(job: Job, i: int, broken: Broken, seen: dict[str, str]) -> Issues:
-    """One task's own rules; ``seen`` gathers task names for the duplicate check."""
+class _TemplateMemo:
+    """The last task's pod template and what its checks found: the next task of an equal
+    template (a JobSet's Jobs, one task each, share their replicated job's) gets the same
+    verdict at its own path, without checking the template again."""
+
+    def __init__(self) -> None:
+        self.raw: object = None
+        self.path = ""
+        self.issues: Issues = []
+
+    def check(self, task: Task, path: str, broken: Broken) -> Issues:
+        raw = task.template.raw
+        if broken.paths:  # what parsing refused decides what is checked: no reuse
+            return _check_template(task, path, broken)
+        if self.path and raw == self.raw:  # a message may name a field of the template too
+            return [
+                Issue(
+                    path + issue.path[len(self.path) :],
+                    issue.message.replace(self.path, path),
+                    issue.severity,
+                )
+                for issue in self.issues
+            ]
+        found = _check_template(task, path, broken)
+        if all(issue.path == path or issue.path.startswith((path + ".", path + "[")) for issue in found):
+            self.raw, self.path, self.issues = raw, path, found
+        else:
+            self.path = ""
+        return found
+
+
+def _check_template(task: Task, path: str, broken: Broken) -> Issues:
+    return check_template_names(task.template.raw, path) + _check_template_fields(task, path, broken)
+
+
+def _check_task(job: Job, i: int, broken: Broken, seen: dict[str, str], last: _TemplateMemo) -> Issues:
+    """One task's own rules; ``seen`` gathers task names for the duplicate check, ``last`` the
+    previous task's template verdict."""
     task = job.spec.tasks[i]
     tpath = child("spec.tasks", i)
     if broken.has(tpath):  # not a mapping at all
@@ -217,8 +254,7 @@ def _check_task(job: Job, i: int, broken: Broken, seen: dict[str, str]) -> Issue
     if replicas_ok and not broken.under(f"{tpath}.partitionPolicy"):
         issues += _validate_partitions(task, tpath)
     issues += validate_policies(task.policies, f"{tpath}.policies", broken)
-    issues += check_template_names(task.template.raw, f"{tpath}.template")
-    issues += _check_template_fields(task, f"{tpath}.template", broken)
+    issues += last.check(task, f"{tpath}.template", broken)
     return issues
 
 
