@@ -640,3 +640,18 @@ def test_a_kinds_job_run_here_records_its_warnings_at_the_kinds_fields(tmp_path:
     assert report.phase == "Completed", report.reason
     field = "spec.pytorchReplicaSpecs.Master.template.spec.containers[0].securityContext.capabilities"
     assert any(e.message.startswith(f"warning: {field}: ") for e in report.events), report.events
+
+
+def test_validate_sums_up_a_jobsets_jobs_as_runs_of_indices(tmp_path: Path) -> None:
+    from torchjob.cli.spec_commands import task_summary
+
+    tasks = [("master", 1), ("worker-0", 1), ("worker-1", 1), ("worker-2", 2), ("x-01", 1), ("a-5", 1)]
+    assert task_summary(tasks) == "masterx1, worker-0..1x1, worker-2x2, x-01x1, a-5x1"
+    job = "{spec: {template: {spec: {containers: [{name: c, image: 'c:1', command: ['true']}]}}}}"
+    (tmp_path / "js.yaml").write_text(
+        "apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\nmetadata: {name: js}\nspec:\n"
+        f"  replicatedJobs: [{{name: workers, replicas: 2000, template: {job}}}]\n"
+    )
+    done = _cli(tmp_path, "validate", "js.yaml")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "js.yaml: JobSet js: valid; 2000 pods (workers-0..1999x1); plugins: jobset\n"

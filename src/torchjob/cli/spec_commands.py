@@ -144,7 +144,7 @@ def run_validate(args: argparse.Namespace) -> int:
                 if target:
                     problems += target
                     continue
-            tasks = ", ".join(f"{t.name}x{t.replicas}" for t in job.spec.tasks)
+            tasks = task_summary([(t.name, t.replicas) for t in job.spec.tasks])
             plugins = ", ".join(p.name for p in expansion.plugins) or "none"
             pods = plural(job.total_replicas, "pod")
             what = f"{job.kind.kind} {job.name}" if job.kind is not None else f"job {job.name}"
@@ -152,6 +152,34 @@ def run_validate(args: argparse.Namespace) -> int:
     if problems:
         raise SpecError(problems)
     return 0
+
+
+def task_summary(tasks: list[tuple[str, int]]) -> str:
+    """``NAMExREPLICAS`` per task; a run of tasks ``P-i``, ``P-i+1``, ... of the same size (a
+    JobSet's Jobs, a task each) as one ``P-i..jxREPLICAS``: 20,000 Jobs are one entry, not 300 KB."""
+    parts: list[str] = []
+    run: list[Any] = []  # [prefix, first, last, replicas] of the run being gathered
+
+    def close() -> None:
+        if run:
+            prefix, first, last, replicas = run
+            span = f"{first}..{last}" if last > first else f"{first}"
+            parts.append(f"{prefix}-{span}x{replicas}")
+            run.clear()
+
+    for name, replicas in tasks:
+        prefix, _, index = name.rpartition("-")
+        numbered = bool(prefix) and index.isascii() and index.isdigit() and str(int(index)) == index
+        if numbered and run and [prefix, run[2] + 1, replicas] == [run[0], int(index), run[3]]:
+            run[2] += 1
+            continue
+        close()
+        if numbered:
+            run[:] = [prefix, int(index), int(index), replicas]
+        else:
+            parts.append(f"{name}x{replicas}")
+    close()
+    return ", ".join(parts)
 
 
 def _target_problems(item: Any, target: str, runtime: str | None) -> list[Problem]:
