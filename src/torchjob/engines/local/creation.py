@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     Forker = Callable[[ContainerRun, Path], Forked | str | None]
 
 WAIT_INTERVAL = "0.02"  # wait-for-master polling, so a worker starts soon after the master listens
-# (on the machine's network; below the ranks' CPU priority: process.background_priority)
-NUDGED_INTERVAL = "1"  # the same where nudge.py wakes it for a new listener (the job's own network)
+# (where netlink is refused; below the ranks' CPU priority: process.background_priority)
+NUDGED_INTERVAL = "1"  # the same where nudge.py wakes it for a new listener (sock_diag works)
 VOLCANO_MOUNT = "/etc/volcano"  # where Volcano's svc plugin mounts its host files
 UIDS_ENV = "TORCHJOB_JOB_UIDS"  # plugins.waitmaster.UIDS_ENV, not imported: a job start need not load it
 
@@ -335,9 +335,9 @@ class PodFactory:
 
     @property
     def nudged(self) -> bool:
-        """Whether the supervisor can wake the job's waiting helpers (nudge.py): its network has
-        a sock_diag socket."""
-        return self.net.namespace is not None and self.net.namespace.diag is not None
+        """Whether the supervisor can wake the job's waiting helpers (nudge.py): the job's
+        network can be asked for its listeners."""
+        return self.net.watchable
 
     def ports_text(self) -> str:
         return ", ".join(f"{d}->{h}" for d, h in self.ports.items()) or "none"

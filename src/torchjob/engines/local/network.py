@@ -9,12 +9,16 @@ this machine's network (:meth:`JobNetwork.drop`) before any pod starts.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 from torchjob import logs
 from torchjob.engines.local import netns
 from torchjob.engines.local.addressing import LocalAddressing
+from torchjob.host import sockdiag
+from torchjob.host.tcp import Listener
 from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -32,6 +36,30 @@ class JobNetwork:
         self.text = ""  # for the status: "its own ..." or "this machine's (why)"
         self.forwarder: Forwarder | None = None  # declared ports reached from this machine
         self._pending: netns.Pending | None = None
+        self._machine_diag: socket.socket | None = None  # sock_diag of this machine's network
+
+    @property
+    def watchable(self) -> bool:
+        """Whether the job's listeners can be asked for cheaply (``listeners``): through its own
+        namespace's sock_diag socket, or on this machine's network one of this process's."""
+        if self.namespace is not None:
+            return self.namespace.diag is not None
+        if self._machine_diag is None:
+            with contextlib.suppress(OSError):  # netlink refused (a seccomp filter): not watchable
+                self._machine_diag = sockdiag.open_socket()
+        return self._machine_diag is not None
+
+    def listeners(self) -> list[Listener] | None:
+        """The listening TCP sockets of the job's network (on this machine's, every user's: the
+        caller picks the job's ports); None where they cannot be asked for."""
+        if self.namespace is not None:
+            return self.namespace.listeners()
+        if not self.watchable or self._machine_diag is None:
+            return None
+        try:
+            return sockdiag.listeners(self._machine_diag)
+        except OSError:
+            return None
 
     def start(self) -> bool:
         """Start making the namespace in a child (the pool's is made once, by ``finish``);
@@ -123,3 +151,6 @@ class JobNetwork:
         if self.namespace is not None and not self.pooled:
             self.namespace.close()
         self.namespace = None
+        if self._machine_diag is not None:
+            self._machine_diag.close()
+            self._machine_diag = None

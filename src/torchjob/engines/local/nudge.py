@@ -5,13 +5,14 @@ a read of /proc/net/tcp and tcp6 (3.4 ms of the kernel's time each here: it walk
 network shares) and a ``sleep``; at the 20 ms the engine once set, that was a third of a core taken
 from the ranks importing torch on the same cores. Now the script naps a second
 (``creation.NUDGED_INTERVAL``) and the supervisor watches instead, between its loop's passes, every
-``NUDGE_EVERY`` seconds while such a helper runs: it asks the job's own network for its listening
-sockets (``netns.Network.listeners``: a sock_diag socket made inside it, tens of microseconds) and,
-when a socket starts listening on one of the job's ports, sends each helper's shell SIGWINCH, which
-ends its nap: it probes again at once (``plugins/waitmaster.py``). A nudge only makes the script
-look; whether the listener is the master, and the job's, it still decides itself. A job without
-such a socket (on the machine's network, or where netlink is refused) gets no nudges and keeps
-the short poll.
+``NUDGE_EVERY`` seconds while such a helper runs: it asks the job's network for its listening
+sockets (``network.JobNetwork.listeners``: a sock_diag socket made inside the job's own namespace,
+or this process's on the machine's network; tens of microseconds, as only the listening sockets are
+walked) and, when a socket starts listening on one of the job's ports, sends each helper's shell
+SIGWINCH, which ends its nap: it probes again at once (``plugins/waitmaster.py``). A nudge only
+makes the script look; whether the listener is the master, and the job's, it still decides itself.
+Where netlink is refused (a seccomp filter) there are no nudges and the script keeps the short
+poll.
 """
 
 from __future__ import annotations
@@ -36,11 +37,10 @@ class Nudges:
 
     def look(self) -> float | None:
         """Nudge the waiting helpers if a socket began listening on one of the job's ports since
-        the last look; the seconds until the next look, or None while no helper waits (or the job
-        has no network of its own)."""
-        network = self.factory.net.namespace
-        helpers = self._helpers() if network is not None and network.diag is not None else []
-        found = network.listeners() if network is not None and helpers else None
+        the last look; the seconds until the next look, or None while no helper waits (or the
+        job's listeners cannot be asked for)."""
+        helpers = self._helpers()
+        found = self.factory.net.listeners() if helpers else None
         if found is None:
             # Anything listening when a helper next starts is news to it: its first probe may
             # have come just before.
