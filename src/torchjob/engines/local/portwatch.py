@@ -55,7 +55,9 @@ class PortGuard:
         ):
             return  # (in the job's own network nothing outside the job can listen)
         if self.rendezvous is None:
-            self.rendezvous = PortWatch(self.factory.rendezvous, self.job_id, self.uids)
+            self.rendezvous = PortWatch(
+                self.factory.rendezvous, self.job_id, self.uids, asked=self.factory.net.listeners
+            )
         taken = self.rendezvous.taken(self.job_pids())
         if taken:
             self.ctl.suspect = "; ".join(taken)
@@ -71,7 +73,7 @@ class PortGuard:
             return
         network = self.factory.net.namespace  # the job's own: its listeners are read there
         tables = network.read_tables if network else None
-        watch = PortWatch(self.factory.ports, self.job_id, self.uids, tables)
+        watch = PortWatch(self.factory.ports, self.job_id, self.uids, tables, self.factory.net.listeners)
         self.ctl.suspect = "; ".join(watch.taken(self.job_pids()))
         if self.ctl.suspect:
             self.record(self.ctl.suspect)
