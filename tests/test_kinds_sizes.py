@@ -8,6 +8,7 @@ proof that nothing was expanded first. No test times anything.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -179,6 +180,23 @@ def test_the_local_engine_refuses_more_processes_than_it_can_start_before_planni
     dry = _cli(tmp_path, "run", "--dry-run", "ptj.yaml")
     assert "cannot run here: spec.pytorchReplicaSpecs: the job has 140000 pods" in dry.stdout, dry.stdout
     assert "\npod " not in dry.stdout, dry.stdout[:2000]
+
+
+def test_the_processes_per_pod_are_read_as_the_plugins_parse_their_flags() -> None:
+    """A Volcano Job written by hand may give a plugin's flag as two arguments (``--nproc-per-node
+    8``), as the plugins take it: counted alike."""
+    from torchjob.engines.local.localcheck import processes_per_pod
+
+    for nproc in (["--nproc-per-node=8"], ["--nproc-per-node", "8"]):
+        flags = ["--master=master", *nproc]
+        text = (
+            "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: j}\nspec:\n"
+            f"  plugins: {{kubeflow: {json.dumps(flags)}}}\n"
+            "  tasks: [{name: master, replicas: 1, template: {spec: {containers: "
+            "[{name: c, image: 'c:1', command: ['true']}]}}}]\n"
+        )
+        (loaded,) = load_jobs_from_text(text, "job.yaml")
+        assert processes_per_pod(loaded.job) == 9, nproc
 
 
 def test_slurm_refuses_more_pods_than_a_job_has_steps_before_placing_them() -> None:

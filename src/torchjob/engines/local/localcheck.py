@@ -55,16 +55,16 @@ def process_limit() -> int:
 def processes_per_pod(job: Job) -> int:
     """The processes a pod of ``job`` may start: for a PyTorchJob's or TrainJob's number of
     processes per node (``--nproc-per-node``), that many training processes and torchrun's agent;
-    else one."""
+    else one. The flags as the plugins themselves parse them (``--flag=N`` or ``--flag N``)."""
+    from torchjob.plugins import build_plugins
+
     most = 1
-    for name in _NPROC_PLUGINS:
-        for flag in job.spec.plugins.get(name) or []:
-            key, _, value = str(flag).partition("=")
-            if (
-                key in ("--nproc-per-node", "--elastic-nproc-per-node")
-                and value.isascii()
-                and value.isdigit()
-            ):
+    for plugin in build_plugins(job):
+        if plugin.name not in _NPROC_PLUGINS:
+            continue
+        for flag in ("nproc-per-node", "elastic-nproc-per-node"):
+            value = str(plugin.values.get(flag) or "")
+            if value.isascii() and value.isdigit():
                 most = max(most, int(value) + 1)
     return most
 
