@@ -33,7 +33,6 @@ from collections.abc import Iterable
 
 from torchjob.engines.local.libc import LIBC
 from torchjob.host import procfs, sockdiag
-from torchjob.host.tcp import Listener
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -92,6 +91,7 @@ class Network:
         self.user = user  # -1: none (root made the namespace in the machine's user namespace)
         self.tables = tables  # its /proc/net/tcp and tcp6, opened by this process: the uids are real
         self.diag = diag  # a sock_diag socket made inside it (host/sockdiag.py): its listeners, cheaply
+        # (asked through network.JobNetwork.listeners)
 
     def enter(self) -> None:  # pragma: no cover - runs in the forked child before exec
         """Move the calling (single-threaded) process into the namespace. Raises OSError."""
@@ -113,16 +113,6 @@ class Network:
             with contextlib.suppress(OSError):
                 found.append(procfs.reread(fd))
         return found
-
-    def listeners(self) -> list[Listener] | None:
-        """The namespace's listening TCP sockets; None where it has no sock_diag socket, or that
-        cannot answer (then ``read_tables`` is the slow way)."""
-        if self.diag is None:
-            return None
-        try:
-            return sockdiag.listeners(self.diag)
-        except OSError:
-            return None
 
     def close(self) -> None:
         if self.diag is not None:

@@ -9,7 +9,6 @@ this machine's network (:meth:`JobNetwork.drop`) before any pod starts.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -37,29 +36,35 @@ class JobNetwork:
         self.forwarder: Forwarder | None = None  # declared ports reached from this machine
         self._pending: netns.Pending | None = None
         self._machine_diag: socket.socket | None = None  # sock_diag of this machine's network
+        self._machine_refused = False  # netlink refused here (a seccomp filter): not asked again
 
     @property
     def watchable(self) -> bool:
-        """Whether the job's listeners can be asked for cheaply (``listeners``): through its own
-        namespace's sock_diag socket, or on this machine's network one of this process's."""
-        if self.namespace is not None:
-            return self.namespace.diag is not None
-        if self._machine_diag is None:
-            with contextlib.suppress(OSError):  # netlink refused (a seccomp filter): not watchable
-                self._machine_diag = sockdiag.open_socket()
-        return self._machine_diag is not None
+        """Whether the job's listeners can be asked for cheaply (``listeners``)."""
+        return self._diag() is not None
 
     def listeners(self) -> list[Listener] | None:
         """The listening TCP sockets of the job's network (on this machine's, every user's: the
         caller picks the job's ports); None where they cannot be asked for."""
-        if self.namespace is not None:
-            return self.namespace.listeners()
-        if not self.watchable or self._machine_diag is None:
+        diag = self._diag()
+        if diag is None:
             return None
         try:
-            return sockdiag.listeners(self._machine_diag)
+            return sockdiag.listeners(diag)
         except OSError:
             return None
+
+    def _diag(self) -> socket.socket | None:
+        """The sock_diag socket to ask: the one made inside the job's own namespace, or on this
+        machine's network one of this process's, made at the first question."""
+        if self.namespace is not None:
+            return self.namespace.diag
+        if self._machine_diag is None and not self._machine_refused:
+            try:
+                self._machine_diag = sockdiag.open_socket()
+            except OSError:
+                self._machine_refused = True
+        return self._machine_diag
 
     def start(self) -> bool:
         """Start making the namespace in a child (the pool's is made once, by ``finish``);
