@@ -647,6 +647,7 @@ def test_validate_sums_up_a_jobsets_jobs_as_runs_of_indices(tmp_path: Path) -> N
 
     tasks = [("master", 1), ("worker-0", 1), ("worker-1", 1), ("worker-2", 2), ("x-01", 1), ("a-5", 1)]
     assert task_summary(tasks) == "masterx1, worker-0..1x1, worker-2x2, x-01x1, a-5x1"
+    assert task_summary([("w", 1), ("w-0", 1), ("w-1", 1)]) == "wx1, w-0..1x1"
     job = "{spec: {template: {spec: {containers: [{name: c, image: 'c:1', command: ['true']}]}}}}"
     (tmp_path / "js.yaml").write_text(
         "apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\nmetadata: {name: js}\nspec:\n"

@@ -157,29 +157,21 @@ def run_validate(args: argparse.Namespace) -> int:
 def task_summary(tasks: list[tuple[str, int]]) -> str:
     """``NAMExREPLICAS`` per task; a run of tasks ``P-i``, ``P-i+1``, ... of the same size (a
     JobSet's Jobs, a task each) as one ``P-i..jxREPLICAS``: 20,000 Jobs are one entry, not 300 KB."""
-    parts: list[str] = []
-    run: list[Any] = []  # [prefix, first, last, replicas] of the run being gathered
-
-    def close() -> None:
-        if run:
-            prefix, first, last, replicas = run
-            span = f"{first}..{last}" if last > first else f"{first}"
-            parts.append(f"{prefix}-{span}x{replicas}")
-            run.clear()
-
+    runs: list[tuple[str, int, int, int]] = []  # (prefix or name, first, last, replicas); -1: no index
     for name, replicas in tasks:
         prefix, _, index = name.rpartition("-")
-        numbered = bool(prefix) and index.isascii() and index.isdigit() and str(int(index)) == index
-        if numbered and run and [prefix, run[2] + 1, replicas] == [run[0], int(index), run[3]]:
-            run[2] += 1
+        if not (prefix and index.isascii() and index.isdigit() and str(int(index)) == index):
+            runs.append((name, -1, -1, replicas))
             continue
-        close()
-        if numbered:
-            run[:] = [prefix, int(index), int(index), replicas]
+        i = int(index)
+        if runs and runs[-1] == (prefix, runs[-1][1], i - 1, replicas) and runs[-1][1] >= 0:
+            runs[-1] = (prefix, runs[-1][1], i, replicas)  # the run goes on
         else:
-            parts.append(f"{name}x{replicas}")
-    close()
-    return ", ".join(parts)
+            runs.append((prefix, i, i, replicas))
+    return ", ".join(
+        f"{name}x{n}" if first < 0 else f"{name}-{first}" + (f"..{last}" if last > first else "") + f"x{n}"
+        for name, first, last, n in runs
+    )
 
 
 def _target_problems(item: Any, target: str, runtime: str | None) -> list[Problem]:
