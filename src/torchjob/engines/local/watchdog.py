@@ -79,8 +79,8 @@ def watch_jobs(stream: IO[bytes]) -> int:
     """A process's shared watchdog: the same for every job named on the lines, until end of file."""
     from torchjob.engines.local.process import kill_now
 
-    jobs: dict[str, tuple[set[int], dict[int, int]]] = {}  # job id -> its groups, its pids
-    owners: dict[str, set[int]] = {}  # job id -> the uids of its processes (``job ID UID...``)
+    # job id -> its groups, its pids, the uids of its processes (``job ID UID...``)
+    jobs: dict[str, tuple[set[int], dict[int, int], set[int]]] = {}
     while True:
         line = stream.readline()
         if not line:
@@ -90,21 +90,19 @@ def watch_jobs(stream: IO[bytes]) -> int:
             continue
         word, job_id, numbers = parts[0], parts[1], parts[2:]
         if word == "job":
-            jobs[job_id] = (set(), {})
-            owners[job_id] = {int(n) for n in numbers}
+            jobs[job_id] = (set(), {}, {int(n) for n in numbers})
         elif word == "done":
             jobs.pop(job_id, None)
-            owners.pop(job_id, None)
         elif job_id in jobs:
-            pgids, pids = jobs[job_id]
+            pgids, pids, _ = jobs[job_id]
             if word == "pgid" and len(numbers) == 1:
                 pgids.add(int(numbers[0]))
             elif word == "forget" and len(numbers) == 1:
                 pgids.discard(int(numbers[0]))
             elif word == "pid" and len(numbers) == 2:
                 pids[int(numbers[0])] = int(numbers[1])
-    for job_id, (pgids, pids) in jobs.items():
-        kill_now(job_id, pgids, _job_processes(pgids, pids), GRACE, owners.get(job_id) or None)
+    for job_id, (pgids, pids, owners) in jobs.items():
+        kill_now(job_id, pgids, _job_processes(pgids, pids), GRACE, owners or None)
     return 0
 
 

@@ -46,6 +46,11 @@ def _remove(job_dir: Path) -> str:
     return said
 
 
+def _removed(job_dir: Path, said: str) -> str:
+    """``said``, and what stayed of ``job_dir`` once it is removed (:func:`_remove`): one message."""
+    return "; ".join(filter(None, [said, _remove(job_dir)]))
+
+
 def _batch_command(job_dir: Path) -> list[str]:
     """What the batch script execs: this interpreter (a shared venv) running the job's controller."""
     return [sys.executable, "-m", "torchjob.engines.slurm.batch", str(job_dir)]
@@ -156,8 +161,7 @@ class SlurmEngine:
             try:
                 slurm_id = self._launch(job_dir, slurm_plan, allocation)
             except clients.SlurmError as err:
-                left = _remove(job_dir)  # nothing half-made is left
-                raise EngineError("; ".join(filter(None, [str(err), left]))) from None
+                raise EngineError(_removed(job_dir, str(err))) from None  # nothing half-made is left
         if options.detach:
             if not options.quiet:
                 sink.notice(f"Slurm job {slurm_id}: {job_id}")
@@ -256,10 +260,9 @@ class SlurmEngine:
         except follow.BeyondLimits as err:
             # Attached, a job that cannot start would be followed for ever: cancel it, say why.
             cancel.cancel(slurm_id)
-            left = _remove(job_dir)
             what = follow.WHAT_LIMIT.get(str(err), "a limit of the partition, QOS or account")
             said = f"Slurm will not start job {slurm_id} as asked: {err} ({what})"
-            raise EngineError("; ".join(filter(None, [said, left]))) from None
+            raise EngineError(_removed(job_dir, said)) from None
         except KeyboardInterrupt:
             # Attached, the terminal is the job's: Ctrl-C (or SIGTERM) cancels the allocation and
             # its steps, and returns once Slurm holds none of them; its one line says so.
@@ -270,8 +273,7 @@ class SlurmEngine:
         if allocation is None:
             cancel.left_queue(slurm_id)  # attached, a run returns once nothing of it is left
         if "unsharedOn" in self.view.slurm(job_dir):  # the job root is unusable: a setup error
-            left = _remove(job_dir)
-            raise EngineError("; ".join(filter(None, [report.reason, left])))
+            raise EngineError(_removed(job_dir, report.reason))
         return report
 
     def _stop_attached(self, job_dir: Path, slurm_id: str, sink: Sink) -> None:
