@@ -7,6 +7,7 @@ never asserted tightly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -207,6 +208,21 @@ def _group_members(pgid: int) -> list[psutil.Process]:
         except (ProcessLookupError, psutil.Error):
             continue
     return members
+
+
+def _napping(proc: subprocess.Popen[str], limit: float = 10.0) -> None:
+    """Until the script naps: its ``sleep`` runs and nothing else of it does (no poll, no probe)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        others = []
+        for member in _group_members(proc.pid):
+            with contextlib.suppress(psutil.Error):
+                if member.pid != proc.pid:
+                    others.append(member.name())
+        if others == ["sleep"]:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"the script did not nap within {limit}s")
 
 
 def start_script(shell: Shell, script: str, interval: str = FAST, **extra: str) -> subprocess.Popen[str]:
@@ -522,6 +538,7 @@ def test_a_nudge_once_the_master_listens_ends_the_nap(kind: str, tmp_path: Path)
                 time.sleep(0.04)
                 proc.send_signal(signal.SIGWINCH)
             time.sleep(max(0.0, start + 0.3 - time.monotonic()))
+            _napping(proc)  # their polls are over (on a loaded machine one may come late)
             master.listen(16)
             time.sleep(0.1)
             assert proc.poll() is None, "the script ended before it was told the port opened"
