@@ -28,12 +28,13 @@ from torchjob.engines.local import prewarm, runner
 from torchjob.engines.local.creation import PodFactory
 from torchjob.engines.local.waiter import Look
 
-NUDGE_EVERY = 0.005  # seconds between looks at the job's listeners while a helper waits
-# ... and while every waiting pod's main is a warm process still importing (prewarm.py): each look
+NUDGE_EVERY = 0.01  # seconds between looks at the job's listeners while a helper waits
+# While every waiting pod's main is a warm process still importing (prewarm.py), seldom: each look
 # wakes this process on a core where a rank imports torch (about 0.2 ms of CPU each, measured), and
 # a worker that is not warm yet could not start any sooner. A warm process says when its imports
-# are done; the master, importing the same modules, is then about to listen.
+# are done; the master, importing the same modules, is then about to listen: from then on, often.
 WARMING_EVERY = 0.05
+WARM_EVERY = 0.005
 
 
 class Nudges:
@@ -46,7 +47,7 @@ class Nudges:
         """Nudge the waiting helpers if a socket began listening on one of the job's ports since
         the last look; when to look next, or None while no helper waits (or the job's listeners
         cannot be asked for)."""
-        helpers, warming = self._waiting()
+        helpers, cold, warming, heard = self._waiting()
         found = self.factory.net.listeners() if helpers else None
         if found is None:
             # Anything listening when a helper next starts is news to it: its first probe may
@@ -60,17 +61,20 @@ class Nudges:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGWINCH)
         self.seen = now
-        if warming is None:
+        if heard:
+            return Look(WARM_EVERY)
+        if cold or not warming:
             return Look(NUDGE_EVERY)
         return Look(WARMING_EVERY, warming)  # and at once when one of them says it is warm
 
-    def _waiting(self) -> tuple[list[int], tuple[int, ...] | None]:
+    def _waiting(self) -> tuple[list[int], bool, tuple[int, ...], bool]:
         """The main processes of the running helper init containers (not yet reaped: the pid is
-        still theirs); and the sockets of their pods' warm processes when each such pod has one
-        and none has said yet that it is warm (None: look often)."""
+        still theirs); whether one of their pods has no warm process (nothing tells when its
+        master may listen); the sockets of their warm processes still importing; whether one of
+        those said it is done."""
         found: list[int] = []
         warming: list[int] = []
-        heard = False
+        cold = heard = False
         for pod in self.pods.values():
             if pod.terminating or pod.mains_started:
                 continue
@@ -83,11 +87,10 @@ class Nudges:
             if not waits:
                 continue
             warms = [w for w in (runner.of(c).warm for c in pod.mains) if w is not None]
-            if not warms:  # a cold main: nothing tells when the master may listen
-                heard = True
+            cold = cold or not warms
             for warm in warms:
                 if prewarm.hear(warm):
                     heard = True
                 else:
                     warming.append(warm.go)
-        return found, None if heard or not warming else tuple(warming)
+        return found, cold, tuple(warming), heard
