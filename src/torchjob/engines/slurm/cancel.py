@@ -20,16 +20,23 @@ POLL = 0.3
 
 
 def cancel(slurm_id: str, timeout: float = CANCEL_TIMEOUT) -> None:
-    """scancel the allocation, then wait (bounded) until Slurm holds no step of it."""
+    """scancel the allocation, then wait until Slurm holds no step of it: ``timeout`` seconds in
+    all, each client call given no more than what is left of them (a slow slurmctld cannot stretch
+    a Ctrl-C's wait by its calls' own timeouts)."""
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        return min(clients.TIMEOUT, max(deadline - time.monotonic(), POLL))
+
     try:
         try:
-            listed = clients.component_ids(slurm_id)  # before scancel: the components' steps too
+            listed = clients.component_ids(slurm_id, timeout=left())  # the components' steps too
         except clients.SlurmUnreachable:
             raise
         except clients.SlurmError:
             listed = slurm_id
         try:
-            clients.cancel(slurm_id)
+            clients.cancel(slurm_id, timeout=left())
         except clients.SlurmUnreachable:
             raise
         except clients.SlurmError as err:
@@ -40,10 +47,9 @@ def cancel(slurm_id: str, timeout: float = CANCEL_TIMEOUT) -> None:
             f"{err}: Slurm job {slurm_id} may run on; cancel it with `scancel {slurm_id}` once "
             "slurmctld answers"
         ) from None
-    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if not clients.steps(listed) and not clients.queue(slurm_id):
+            if not clients.steps(listed, timeout=left()) and not clients.queue(slurm_id, timeout=left()):
                 return
         except clients.SlurmError:
             pass

@@ -134,7 +134,7 @@ def note_down() -> None:
     _down_at[:] = [time.monotonic()]
 
 
-def ping(env: Mapping[str, str] | None = None) -> str | None:
+def ping(env: Mapping[str, str] | None = None, timeout: float = PING_TIMEOUT) -> str | None:
     """None when slurmctld answers (``scontrol ping``, a few milliseconds either way), else what
     ``scontrol ping`` says of it on one line."""
     try:
@@ -143,13 +143,14 @@ def ping(env: Mapping[str, str] | None = None) -> str | None:
             env=None if env is None else dict(env),
             capture_output=True,
             text=True,
-            timeout=PING_TIMEOUT,
+            timeout=timeout,
             check=False,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,  # as every client (run): a Ctrl-C at the terminal is torchjob's
         )
     except subprocess.TimeoutExpired:
         note_down()
-        return f"scontrol ping did not answer within {PING_TIMEOUT:g} s"
+        return f"scontrol ping did not answer within {timeout:g} s"
     except OSError as err:
         raise SlurmError(f"cannot run scontrol: {err.strerror or err}") from None
     said = [line.strip() for line in done.stdout.splitlines() if line.strip().startswith("Slurmctld")]
@@ -176,7 +177,7 @@ def run(
     SlurmUnreachable when slurmctld does not answer. ``controller``: the client asks slurmctld (so,
     soon after an outage, slurmctld is pinged first)."""
     if controller and down_recently():
-        said = ping(env)
+        said = ping(env, min(PING_TIMEOUT, timeout))
         if said is not None:
             raise SlurmUnreachable(f"{argv[0]}: {unreachable_message(said)}")
     command = [client(argv[0]), *argv[1:]]
@@ -322,19 +323,21 @@ def partition_nodes(name: str | None, env: Mapping[str, str] | None = None) -> i
     return int(total) if total.isdigit() else None
 
 
-def _forgotten_is_empty(argv: list[str], env: Mapping[str, str] | None) -> str:
+def _forgotten_is_empty(argv: list[str], env: Mapping[str, str] | None, timeout: float = TIMEOUT) -> str:
     """squeue's output; nothing for a job slurmctld no longer knows (it refuses the id)."""
     try:
-        return run(argv, env)
+        return run(argv, env, timeout)
     except SlurmError as err:
         if "Invalid job id" in str(err):
             return ""
         raise
 
 
-def queue(job_id: str, env: Mapping[str, str] | None = None) -> list[tuple[str, str, str]]:
+def queue(
+    job_id: str, env: Mapping[str, str] | None = None, timeout: float = TIMEOUT
+) -> list[tuple[str, str, str]]:
     """``squeue`` for one job: (job id, state, reason) per component; empty once it left the queue."""
-    out = _forgotten_is_empty(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%r"], env)
+    out = _forgotten_is_empty(["squeue", "-h", "-j", job_id, "-o", "%i|%T|%r"], env, timeout)
     rows = []
     for line in out.splitlines():
         parts = line.strip().split("|")
@@ -343,13 +346,13 @@ def queue(job_id: str, env: Mapping[str, str] | None = None) -> list[tuple[str, 
     return rows
 
 
-def steps(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
+def steps(job_id: str, env: Mapping[str, str] | None = None, timeout: float = TIMEOUT) -> dict[str, str]:
     """The job's running steps: step id (``12.3``) -> step name (batch and extern included).
 
     ``job_id`` may list several ids (``12,13``): squeue shows a heterogeneous job's steps under
     each component's own job id, so asking for the leader alone misses the other components'.
     """
-    out = _forgotten_is_empty(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], env)
+    out = _forgotten_is_empty(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], env, timeout)
     found = {}
     for line in out.splitlines():
         step, _, name = line.strip().partition("|")
@@ -358,10 +361,10 @@ def steps(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
     return found
 
 
-def component_ids(job_id: str, env: Mapping[str, str] | None = None) -> str:
+def component_ids(job_id: str, env: Mapping[str, str] | None = None, timeout: float = TIMEOUT) -> str:
     """Every job id of a job's components (``12,13``; just ``12`` unless heterogeneous), from
     squeue; the id itself once the job left the queue."""
-    rows = _forgotten_is_empty(["squeue", "-h", "-j", job_id, "-o", "%A"], env).split()
+    rows = _forgotten_is_empty(["squeue", "-h", "-j", job_id, "-o", "%A"], env, timeout).split()
     return ",".join(dict.fromkeys([job_id, *rows]))
 
 
@@ -372,14 +375,20 @@ def component_ids_from_env(environ: Mapping[str, str]) -> str:
     return ",".join(dict.fromkeys(i for i in [environ["SLURM_JOB_ID"], *ids] if i))
 
 
-def cancel(job_id: str, env: Mapping[str, str] | None = None, *, signal_name: str | None = None) -> None:
+def cancel(
+    job_id: str,
+    env: Mapping[str, str] | None = None,
+    *,
+    signal_name: str | None = None,
+    timeout: float = TIMEOUT,
+) -> None:
     """``scancel`` a job or a step (``12.3``); with ``signal_name``, only signal it."""
     argv = ["scancel"]
     if signal_name is not None:
         argv.append(f"--signal={signal_name}")
         if "." not in job_id:
             argv.append("--full")  # the batch step's processes too, not only the other steps
-    run([*argv, job_id], env)
+    run([*argv, job_id], env, timeout)
 
 
 def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:

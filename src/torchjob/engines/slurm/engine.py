@@ -179,23 +179,26 @@ class SlurmEngine:
             preflight.fits_nodes(slurm_plan)
         self._make_job_dir(job, job_dir, chosen, options, slurm_plan, allocation)
         logs.info("slurm: job %s in %s", job_id, job_dir)
-        with follow.deferred() as interrupted:  # a Ctrl-C here is handled once the job id is kept
+        # One handler of Ctrl-C and SIGTERM from here to the run's last word (follow.Interrupts):
+        # held while sbatch runs and its id is kept, then raised once, then held while cancelling.
+        with follow.Interrupts() as interrupts:
             try:
                 slurm_id = self._launch(job_dir, slurm_plan, allocation)
             except clients.SlurmError as err:
                 raise EngineError(_removed(job_dir, str(err))) from None  # nothing half-made is left
-        if options.detach:
+            if options.detach:
+                if not options.quiet:
+                    sink.notice(f"Slurm job {slurm_id}: {job_id}")
+                report = self.view.report(job_dir)
+                if interrupts.signum is not None:
+                    raise KeyboardInterrupt  # submitted: `torchjob delete` stops it (the id is printed)
+                return report
+            if options.on_start is not None:
+                options.on_start(job_id)
             if not options.quiet:
-                sink.notice(f"Slurm job {slurm_id}: {job_id}")
-            if interrupted.signum is not None:
-                raise KeyboardInterrupt  # submitted: `torchjob delete` stops it (the id is printed)
-            return self.view.report(job_dir)
-        if options.on_start is not None:
-            options.on_start(job_id)
-        if not options.quiet:
-            where = f"in allocation {allocation}" if allocation else f"Slurm job {slurm_id}"
-            sink.notice(f"{where}: {job_id} ({job_dir})")
-        return self._attached(job_dir, slurm_id, allocation, options, sink, interrupted.signum is not None)
+                where = f"in allocation {allocation}" if allocation else f"Slurm job {slurm_id}"
+                sink.notice(f"{where}: {job_id} ({job_dir})")
+            return self._attached(job_dir, slurm_id, allocation, options, sink, interrupts)
 
     def _make_job_dir(
         self,
@@ -274,26 +277,31 @@ class SlurmEngine:
         allocation: str | None,
         options: StartOptions,
         sink: Sink,
-        interrupted: bool,
+        interrupts: follow.Interrupts,
     ) -> JobReport:
         teller = follow.Teller(self.view, slurm_id, None if options.quiet else sink)
+        job = job_dir.name
+
+        def more() -> None:
+            sink.notice(f"stopping job {job} (Slurm job {slurm_id}); wait, it is not left running")
+
         try:
-            with follow.sigterm_interrupts():
-                if interrupted:
-                    raise KeyboardInterrupt
-                if options.follow and not options.quiet:
-                    for line in follow.lines(self.view, job_dir, LogQuery(follow=True), teller):
-                        sink.log(line)
-                report = follow.wait(self.view, job_dir, None, teller)
+            interrupts.follow(more)  # Ctrl-C (or SIGTERM) now ends the following
+            if options.follow and not options.quiet:
+                for line in follow.lines(self.view, job_dir, LogQuery(follow=True), teller):
+                    sink.log(line)
+            report = follow.wait(self.view, job_dir, None, teller)
         except follow.BeyondLimits as err:
             # Attached, a job that cannot start would be followed for ever: cancel it, say why.
+            interrupts.hold()
             cancel.cancel(slurm_id)
             what = follow.WHAT_LIMIT.get(str(err), "a limit of the partition, QOS or account")
             said = f"Slurm will not start job {slurm_id} as asked: {err} ({what})"
             raise EngineError(_removed(job_dir, said)) from None
         except KeyboardInterrupt:
             # Attached, the terminal is the job's: Ctrl-C (or SIGTERM) cancels the allocation and
-            # its steps, and returns once Slurm holds none of them; its one line says so.
+            # its steps, and returns once Slurm holds none of them; its one line says so. More
+            # signals meanwhile are held by `interrupts` (and said, once, by `more`).
             from torchjob.engine_api.base import Interrupted
 
             self._stop_attached(job_dir, slurm_id, sink)
@@ -305,44 +313,41 @@ class SlurmEngine:
         return report
 
     def _stop_attached(self, job_dir: Path, slurm_id: str, sink: Sink) -> None:
-        """Ctrl-C of an attached run: stop the job, whatever more Ctrl-C come meanwhile, and say in
-        one line what was stopped (or what runs on, and how to stop it)."""
+        """Ctrl-C of an attached run: stop the job (more Ctrl-C meanwhile are held: start()), and
+        say in one line what was stopped (or what runs on, and how to stop it). Bounded: the ping
+        and the cancel's wait take at most cancel.CANCEL_TIMEOUT in all."""
         job = job_dir.name
+        deadline = time.monotonic() + cancel.CANCEL_TIMEOUT
+        slurm = self.view.slurm(job_dir)
+        if slurm.get("inAllocation"):
+            from torchjob.engines.slurm.allocation import stop_controller
 
-        def still() -> None:
-            sink.notice(f"stopping job {job} (Slurm job {slurm_id}); wait, it is not left running")
-
-        with follow.deferred(still):
-            slurm = self.view.slurm(job_dir)
-            if slurm.get("inAllocation"):
-                from torchjob.engines.slurm.allocation import stop_controller
-
-                stop_controller(int(slurm.get("controller") or 0), slurm.get("controllerStarted"))
-                sink.notice(
-                    f"Ctrl-C: stopped job {job} in allocation {slurm_id}; exit code 130 "
-                    f"(its logs: torchjob logs {job} --engine slurm)"
-                )
-                return
-            try:
-                said = clients.ping()
-            except clients.SlurmError:
-                said = "no answer"
-            if said is not None:
-                sink.notice(
-                    f"{clients.unreachable_message(said)} Slurm job {slurm_id} runs on: cancel it with "
-                    f"`scancel {slurm_id}` (or `torchjob delete {job} --engine slurm`) once "
-                    "slurmctld answers"
-                )
-                return
-            try:
-                cancel.cancel(slurm_id)
-            except EngineError as err:
-                sink.notice(f"{err}: cancel it with `scancel {slurm_id}`")
-                return
+            stop_controller(int(slurm.get("controller") or 0), slurm.get("controllerStarted"))
             sink.notice(
-                f"Ctrl-C: cancelled Slurm job {slurm_id} (job {job}); exit code 130 "
+                f"Ctrl-C: stopped job {job} in allocation {slurm_id}; exit code 130 "
                 f"(its logs: torchjob logs {job} --engine slurm)"
             )
+            return
+        try:
+            said = clients.ping()
+        except clients.SlurmError:
+            said = "no answer"
+        if said is not None:
+            sink.notice(
+                f"{clients.unreachable_message(said)} Slurm job {slurm_id} runs on: cancel it with "
+                f"`scancel {slurm_id}` (or `torchjob delete {job} --engine slurm`) once "
+                "slurmctld answers"
+            )
+            return
+        try:
+            cancel.cancel(slurm_id, max(deadline - time.monotonic(), cancel.POLL))
+        except EngineError as err:
+            sink.notice(f"{err}: cancel it with `scancel {slurm_id}`")
+            return
+        sink.notice(
+            f"Ctrl-C: cancelled Slurm job {slurm_id} (job {job}); exit code 130 "
+            f"(its logs: torchjob logs {job} --engine slurm)"
+        )
 
     # ------------------------------------------------------------------ reading jobs
 

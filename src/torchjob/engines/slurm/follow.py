@@ -9,9 +9,9 @@ says waiting cannot start the job (a request beyond the partition's limits) ends
 run only once Slurm kept saying it for :data:`LIMITS_PATIENCE` seconds: the first reason Slurm
 gives a new job may be a passing one.
 
-:func:`deferred` holds Ctrl-C and SIGTERM while something must not be cut in half (``sbatch`` and
-recording its job id, the ``scancel`` of a first Ctrl-C): a signal that comes meanwhile is noted
-(and said), not raised.
+:class:`Interrupts` is the one handler of Ctrl-C and SIGTERM for an attached run: it holds them
+while something must not be cut in half (``sbatch`` and recording its job id), raises the first
+one while the run follows the job, and notes (and says) every later one while that cancels it.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from pathlib import Path
+    from typing import Any
 
     from torchjob.engine_api.base import Sink
     from torchjob.engines.slurm.view import SlurmView
@@ -197,49 +198,59 @@ def wait(
         time.sleep(POLL)
 
 
-class Deferred:
-    """What :func:`deferred` noted: the signal that came, if one did."""
+class Interrupts:
+    """Ctrl-C and SIGTERM over an attached run, from its ``sbatch`` to its last word: one handler
+    for both, installed once. Handlers set and restored step by step left gaps: a second Ctrl-C
+    landing while the first one's KeyboardInterrupt unwound (a client call waits up to 0.25 s for
+    its child first) found Python's own handler and cut the cancel short, and a SIGTERM there found
+    none, its default ending torchjob with the job left running.
+
+    While holding (``sbatch`` and keeping its id, or a cancel of torchjob's own), a signal is noted,
+    not raised. From :meth:`follow` on, the first signal raises KeyboardInterrupt (a wait is cut
+    short; one noted while holding is raised then), and every later one is noted: the stop the first
+    began is not cut short, and ``on_more`` says so, once. Only the main thread can set handlers;
+    elsewhere (an SDK call from another thread) the scope changes nothing.
+    """
 
     def __init__(self) -> None:
-        self.signum: int | None = None
+        self.signum: int | None = None  # the first signal that came
+        self.raising = False
+        self.on_more: Callable[[], None] | None = None
+        self.told = False
+        self._previous: dict[int, Any] = {}
 
+    def __enter__(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
 
-@contextlib.contextmanager
-def deferred(on_signal: Callable[[], None] | None = None) -> Iterator[Deferred]:
-    """Ctrl-C and SIGTERM are noted (``on_signal`` is called once), not raised, inside the block.
-    Only the main thread can set handlers; elsewhere the block runs as it is."""
-    noted = Deferred()
-    if threading.current_thread() is not threading.main_thread():
-        yield noted
-        return
-
-    def note(signum: int, frame: object) -> None:
-        first = noted.signum is None
-        noted.signum = signum
-        if first and on_signal is not None:
-            on_signal()
-
-    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield noted
-    finally:
-        for sig, handler in previous.items():
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
+    def follow(self, on_more: Callable[[], None] | None = None) -> None:
+        """From now on the first signal raises KeyboardInterrupt; one that came while holding is
+        raised here. ``on_more``: what to say once when another signal comes after it."""
+        self.on_more = on_more
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.raising = True
 
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM ends an attached run as Ctrl-C does (the job cancelled). Only the main thread can
-    set one (an SDK call may come from another)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    def hold(self) -> None:
+        """From now on every signal is noted, none raised."""
+        self.raising = False
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def _handle(self, signum: int, frame: object) -> None:
+        more = self.signum is not None
+        if not more:
+            self.signum = signum
+        if self.raising:
+            self.raising = False  # once: the stop that follows is not cut short
+            raise KeyboardInterrupt
+        if more and not self.told and self.on_more is not None:
+            self.told = True
+            # Said from the handler, at once; a stream busy with a line of the main thread's
+            # refuses a reentrant write (RuntimeError), which must not cut the stop short either.
+            with contextlib.suppress(RuntimeError):
+                self.on_more()

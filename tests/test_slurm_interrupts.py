@@ -1,0 +1,215 @@
+"""Ctrl-C and SIGTERM of an attached `torchjob run --engine slurm`, each landing at an exact point
+(a stopped process, a client held on a fifo): one handler from sbatch to the last word
+(follow.Interrupts), the stop's clients out of the terminal's reach, the stop bounded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from slurm_cluster import SlurmCluster
+from test_slurm_engine import REPO, cli_env, job_file, status_json, task, torchjob, wait_for
+from test_slurm_steps import no_process_left
+from torchjob.engine_api.base import EngineError
+from torchjob.engines.slurm import cancel, clients, follow
+
+MORE = "wait, it is not left running"  # what a signal after the first one is told
+
+
+# ---------------------------------------------------------------------- the handler, in-process
+
+
+def test_a_signal_while_holding_is_noted_and_raised_once_following_begins() -> None:
+    told: list[str] = []
+    with follow.Interrupts() as interrupts:
+        signal.raise_signal(signal.SIGTERM)  # while sbatch runs: noted, not raised
+        assert interrupts.signum == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.follow(lambda: told.append("more"))
+        signal.raise_signal(signal.SIGINT)  # the stop it began is not cut short: said, once
+        signal.raise_signal(signal.SIGINT)
+    assert told == ["more"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers as they were
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_following_the_first_signal_raises_and_every_later_one_is_held() -> None:
+    told: list[str] = []
+    with follow.Interrupts() as interrupts:
+        interrupts.follow(lambda: told.append("more"))
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGTERM)
+        # Landing anywhere from here on (the first one's unwinding, the cancel): held, said once.
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+            signal.raise_signal(signum)
+    assert (interrupts.signum, told) == (signal.SIGTERM, ["more"])
+
+
+def test_a_stream_refusing_the_note_does_not_cut_the_stop_short() -> None:
+    def busy() -> None:
+        raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
+
+    with follow.Interrupts() as interrupts:
+        interrupts.follow(busy)
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # not raised out of the handler
+
+
+# ---------------------------------------------------------------------- end to end, real Slurm
+
+
+def _ignoring_sigterm(tmp_path: Path, marker: str) -> Path:
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+        f"time.sleep(600)  # {marker}"
+    )
+    return job_file(tmp_path, [task("w", code)])
+
+
+def _start(env: dict[str, str], path: Path) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torchjob", "run", str(path), "--engine", "slurm"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, signalled as a terminal signals one
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert "up" in line, line
+    return process
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def _finish(process: subprocess.Popen[str], timeout: float = 90) -> str:
+    try:
+        _, err = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGCONT)
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return err
+
+
+def test_ctrl_c_and_sigterm_landing_together_are_one_stop(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Both pending when torchjob runs again: the first raises wherever it lands, the second is
+    handled while that unwinds, before any stop could set a handler of its own."""
+    marker = uuid.uuid4().hex
+    process = _start(cli_env(slurm, tmp_path / "root"), _ignoring_sigterm(tmp_path, marker))
+    try:
+        os.kill(process.pid, signal.SIGSTOP)
+        wait_for(lambda: _state(process.pid) == "T", 10, "torchjob stopped")
+        os.killpg(process.pid, signal.SIGINT)
+        os.killpg(process.pid, signal.SIGTERM)
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+    err = _finish(process)
+    assert process.returncode == 130, err
+    assert MORE in err, err
+    assert "Ctrl-C: cancelled Slurm job" in err, err
+    assert slurm.jobs() == []
+    assert no_process_left(marker) == []
+
+
+# A `scontrol` before the real one on PATH: a ping of the torchjob process named in HOLD/hold
+# waits for a line on the fifo HOLD/go, each such ping said in HOLD/held first.
+HOLDING_SCONTROL = """#!/bin/sh
+if [ "$1" = ping ] && [ -f "$HOLD/hold" ]; then
+    read -r holder < "$HOLD/hold"
+    if [ "$PPID" = "$holder" ]; then
+        echo "$$" >> "$HOLD/held"
+        read -r word < "$HOLD/go"
+    fi
+fi
+exec {real} "$@"
+"""
+
+
+def test_a_second_ctrl_c_does_not_end_the_stops_ping(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """A Ctrl-C at the terminal signals its whole process group: a Slurm client there dies of it.
+    The stop's `scontrol ping`, held on a fifo, gets a second Ctrl-C: it must live (and answer UP),
+    else torchjob takes Slurm for down and leaves the job running."""
+    real = shutil.which("scontrol", path=slurm.env.get("PATH"))
+    assert real is not None
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    wrapper = hold / "bin" / "scontrol"
+    wrapper.parent.mkdir()
+    wrapper.write_text(HOLDING_SCONTROL.format(real=real))
+    wrapper.chmod(0o700)
+    os.mkfifo(hold / "go", 0o600)
+    env = cli_env(slurm, tmp_path / "root", HOLD=str(hold))
+    env["PATH"] = f"{wrapper.parent}{os.pathsep}{env.get('PATH', os.defpath)}"
+    marker = uuid.uuid4().hex
+    process = _start(env, _ignoring_sigterm(tmp_path, marker))
+    go = None
+    try:
+
+        def held(count: int) -> bool:
+            return (hold / "held").exists() and len((hold / "held").read_text().split()) >= count
+
+        (hold / "hold").write_text(f"{process.pid}\n")
+        wait_for(lambda: held(1), 30, "a ping of the following held")
+        os.killpg(process.pid, signal.SIGINT)  # the first Ctrl-C: cut short, that ping goes
+        wait_for(lambda: held(2), 30, "the stop's ping held")
+        (hold / "hold").unlink()
+        os.killpg(process.pid, signal.SIGINT)  # the second, while the stop asks whether Slurm answers
+        go = os.open(hold / "go", os.O_RDWR)  # never blocks; the line waits for the ping's read
+        os.write(go, b"go\n")
+        err = _finish(process)
+    finally:
+        if go is not None:
+            os.close(go)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, err
+    assert "Slurm does not answer" not in err, err
+    assert MORE in err and "Ctrl-C: cancelled Slurm job" in err, err
+    assert slurm.jobs() == []
+    assert no_process_left(marker) == []
+
+
+def test_the_cancel_is_bounded_while_slurmctld_does_not_answer(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each client call of a cancel gets what is left of its time, not a call's own 30 s: a
+    slurmctld that takes no calls (stopped) holds a Ctrl-C's stop no longer than asked."""
+    env = cli_env(slurm, tmp_path / "root")
+    marker = uuid.uuid4().hex
+    done = torchjob(env, "run", str(_ignoring_sigterm(tmp_path, marker)), "--engine", "slurm", "-d")
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    wait_for(lambda: status_json(env, job_id)["phase"] == "Running", 60, "the job running")
+    (slurm_id,) = slurm.jobs()
+    ctld = int((slurm.dir / "ctld.pid").read_text())
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    monkeypatch.setattr(clients, "_down_at", [])  # this process's memory of an outage, its own
+    os.kill(ctld, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        with pytest.raises(EngineError) as raised:
+            cancel.cancel(slurm_id, timeout=3)
+        took = time.monotonic() - began
+    finally:
+        os.kill(ctld, signal.SIGCONT)
+    assert took < 3 + 2, (took, str(raised.value))  # a call's own timeout is 30 s
+    deleted = torchjob(env, "delete", job_id, "--engine", "slurm")
+    assert deleted.returncode == 0, deleted.stderr
+    assert slurm.jobs() == []
+    assert no_process_left(marker) == []
