@@ -326,6 +326,12 @@ def test_a_job_cancelled_in_slurm_is_reported_so(slurm: SlurmCluster, tmp_path: 
     assert no_process_left(marker) == []
 
 
+def cancelled(slurm: SlurmCluster) -> bool:
+    """The cluster's one job is being cancelled: Slurm still holds it (completing), not running."""
+    states = slurm.run("squeue", "-h", "-o", "%T", timeout=10).stdout.split()
+    return bool(states) and all(state in ("CANCELLED", "COMPLETING") for state in states)
+
+
 @pytest.mark.parametrize(
     "signals", [(signal.SIGINT,), (signal.SIGTERM,), (signal.SIGINT, signal.SIGINT, signal.SIGTERM)]
 )
@@ -353,9 +359,13 @@ def test_ctrl_c_while_following_cancels_the_job(
         assert process.stdout is not None
         line = process.stdout.readline()
         assert "up" in line, line
-        for signum in signals:  # a second Ctrl-C (or a forwarded SIGTERM) while the first cancels
-            os.killpg(process.pid, signum)
-            time.sleep(0.3)
+        first, *more = signals
+        os.killpg(process.pid, first)
+        if more:  # a second Ctrl-C (or a forwarded SIGTERM) while the first's cancel waits: the job
+            # is cancelled in Slurm and stays there a second at least (its program is deaf to SIGTERM)
+            wait_for(lambda: cancelled(slurm), 30, "the job cancelled by the first signal")
+            for signum in more:
+                os.killpg(process.pid, signum)
         _, err = process.communicate(timeout=90)
     finally:
         if process.poll() is None:
