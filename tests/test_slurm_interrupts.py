@@ -64,6 +64,21 @@ def test_a_stream_refusing_the_note_does_not_cut_the_stop_short() -> None:
         signal.raise_signal(signal.SIGINT)  # not raised out of the handler
 
 
+class _SignalledWhileFinalized:
+    def __del__(self) -> None:
+        signal.raise_signal(signal.SIGINT)  # its KeyboardInterrupt cannot leave a finalizer
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_signal_whose_raise_was_lost_in_a_finalizer_ends_the_follow_at_its_next_poll() -> None:
+    with follow.Interrupts() as interrupts:
+        interrupts.follow()
+        _SignalledWhileFinalized()  # printed as ignored by Python, and gone
+        assert interrupts.signum == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()
+
+
 # ---------------------------------------------------------------------- end to end, real Slurm
 
 

@@ -285,12 +285,16 @@ class SlurmEngine:
         def more() -> None:
             sink.notice(f"stopping job {job} (Slurm job {slurm_id}); wait, it is not left running")
 
+        def polled(report: JobReport) -> None:
+            interrupts.check()  # a signal whose KeyboardInterrupt was lost ends the follow here
+            teller(report)
+
         try:
             interrupts.follow(more)  # Ctrl-C (or SIGTERM) now ends the following
             if options.follow and not options.quiet:
-                for line in follow.lines(self.view, job_dir, LogQuery(follow=True), teller):
+                for line in follow.lines(self.view, job_dir, LogQuery(follow=True), polled):
                     sink.log(line)
-            report = follow.wait(self.view, job_dir, None, teller)
+            report = follow.wait(self.view, job_dir, None, polled)
         except follow.BeyondLimits as err:
             # Attached, a job that cannot start would be followed for ever: cancel it, say why.
             interrupts.hold()

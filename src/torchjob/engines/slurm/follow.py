@@ -237,6 +237,13 @@ class Interrupts:
             raise KeyboardInterrupt
         self.raising = True
 
+    def check(self) -> None:
+        """While following: raise KeyboardInterrupt again for a signal that came. The handler's
+        raise is lost where Python cannot raise (a finalizer the signal landed in prints it as
+        ignored); the follow, which calls this at every poll, then ends all the same."""
+        if self.signum is not None:
+            raise KeyboardInterrupt
+
     def hold(self) -> None:
         """From now on every signal is noted, none raised."""
         self.raising = False
