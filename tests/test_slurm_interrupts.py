@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from slurm_cluster import SlurmCluster
-from test_slurm_engine import REPO, cli_env, job_file, status_json, task, torchjob, wait_for
+from test_slurm_engine import REPO, cancelled, cli_env, job_file, status_json, task, torchjob, wait_for
 from test_slurm_steps import no_process_left
 from torchjob.engine_api.base import EngineError
 from torchjob.engines.slurm import cancel, clients, follow
@@ -200,31 +201,79 @@ def test_a_second_ctrl_c_does_not_end_the_stops_ping(slurm: SlurmCluster, tmp_pa
     assert no_process_left(marker) == []
 
 
-def test_the_cancel_is_bounded_while_slurmctld_does_not_answer(
-    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each client call of a cancel gets what is left of its time, not a call's own 30 s: a
-    slurmctld that takes no calls (stopped) holds a Ctrl-C's stop no longer than asked."""
+def _running_job(slurm: SlurmCluster, tmp_path: Path, marker: str) -> tuple[dict[str, str], str, str]:
+    """A detached job whose program is deaf to SIGTERM, running: (its env, its id, Slurm's id)."""
     env = cli_env(slurm, tmp_path / "root")
-    marker = uuid.uuid4().hex
     done = torchjob(env, "run", str(_ignoring_sigterm(tmp_path, marker)), "--engine", "slurm", "-d")
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
     wait_for(lambda: status_json(env, job_id)["phase"] == "Running", 60, "the job running")
     (slurm_id,) = slurm.jobs()
-    ctld = int((slurm.dir / "ctld.pid").read_text())
+    return env, job_id, slurm_id
+
+
+def _deleted(slurm: SlurmCluster, env: dict[str, str], job_id: str, marker: str) -> None:
+    deleted = torchjob(env, "delete", job_id, "--engine", "slurm")
+    assert deleted.returncode == 0, deleted.stderr
+    assert slurm.jobs() == []
+    assert no_process_left(marker) == []
+
+
+@pytest.fixture
+def in_process_clients(slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The clients of this process talk to the cluster; slurmctld's pid (continued afterwards)."""
     monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
     monkeypatch.setattr(clients, "_down_at", [])  # this process's memory of an outage, its own
-    os.kill(ctld, signal.SIGSTOP)
+    return int((slurm.dir / "ctld.pid").read_text())
+
+
+def test_the_cancel_is_bounded_while_slurmctld_does_not_answer(
+    slurm: SlurmCluster, tmp_path: Path, in_process_clients: int
+) -> None:
+    """Each client call of a cancel gets what is left of its time, not a call's own 30 s: a
+    slurmctld that takes no calls (stopped) holds a Ctrl-C's stop no longer than asked."""
+    marker = uuid.uuid4().hex
+    env, job_id, slurm_id = _running_job(slurm, tmp_path, marker)
+    os.kill(in_process_clients, signal.SIGSTOP)
     try:
         began = time.monotonic()
         with pytest.raises(EngineError) as raised:
             cancel.cancel(slurm_id, timeout=3)
         took = time.monotonic() - began
     finally:
-        os.kill(ctld, signal.SIGCONT)
+        os.kill(in_process_clients, signal.SIGCONT)
     assert took < 3 + 2, (took, str(raised.value))  # a call's own timeout is 30 s
-    deleted = torchjob(env, "delete", job_id, "--engine", "slurm")
-    assert deleted.returncode == 0, deleted.stderr
-    assert slurm.jobs() == []
-    assert no_process_left(marker) == []
+    _deleted(slurm, env, job_id, marker)
+
+
+def test_the_wait_after_scancel_is_bounded_when_slurmctld_stops_answering(
+    slurm: SlurmCluster, tmp_path: Path, in_process_clients: int
+) -> None:
+    """slurmctld stops answering once the job is cancelled: the wait for its steps polls a
+    slurmctld it pings first, each call within what is left, and ends on time saying so."""
+    marker = uuid.uuid4().hex
+    env, job_id, slurm_id = _running_job(slurm, tmp_path, marker)
+    failed: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            cancel.cancel(slurm_id, timeout=6)
+        except BaseException as err:  # handed to the test's thread
+            failed.append(err)
+
+    began = time.monotonic()
+    stopping = threading.Thread(target=stop, daemon=True)
+    stopping.start()
+    try:
+        wait_for(lambda: cancelled(slurm), 30, "the job cancelled")
+        os.kill(in_process_clients, signal.SIGSTOP)
+        stopping.join(timeout=60)
+        took = time.monotonic() - began
+    finally:
+        os.kill(in_process_clients, signal.SIGCONT)
+    assert not stopping.is_alive()
+    assert len(failed) == 1 and isinstance(failed[0], EngineError), failed
+    assert "may still have steps 6 s after scancel (" in str(failed[0]), failed[0]  # Slurm's silence
+    assert took < 6 + 2, took  # a call's own timeout is 30 s
+    wait_for(lambda: slurm.jobs() == [], 30, "the job gone once slurmctld answers")
+    _deleted(slurm, env, job_id, marker)

@@ -47,13 +47,17 @@ def cancel(slurm_id: str, timeout: float = CANCEL_TIMEOUT) -> None:
             f"{err}: Slurm job {slurm_id} may run on; cancel it with `scancel {slurm_id}` once "
             "slurmctld answers"
         ) from None
+    said = ""  # what the last poll's failure said, if it failed
     while time.monotonic() < deadline:
         try:
             if not clients.steps(listed, timeout=left()) and not clients.queue(slurm_id, timeout=left()):
                 return
-        except clients.SlurmError:
-            pass
+            said = ""
+        except clients.SlurmError as err:
+            said = str(err)
         time.sleep(POLL)
+    if said:
+        raise EngineError(f"Slurm job {slurm_id} may still have steps {timeout:g} s after scancel ({said})")
     raise EngineError(f"Slurm job {slurm_id} still has steps {timeout:g} s after scancel")
 
 

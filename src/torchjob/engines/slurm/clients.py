@@ -175,11 +175,15 @@ def run(
 ) -> str:
     """Run a Slurm client and return its output; a SlurmError of one line if it fails, a
     SlurmUnreachable when slurmctld does not answer. ``controller``: the client asks slurmctld (so,
-    soon after an outage, slurmctld is pinged first)."""
+    soon after an outage, slurmctld is pinged first). ``timeout``: for the whole call, that ping
+    included."""
+    given = timeout
     if controller and down_recently():
+        began = time.monotonic()
         said = ping(env, min(PING_TIMEOUT, timeout))
         if said is not None:
             raise SlurmUnreachable(f"{argv[0]}: {unreachable_message(said)}")
+        timeout = max(timeout - (time.monotonic() - began), 0.5)
     command = [client(argv[0]), *argv[1:]]
     logs.debug("slurm: %s", " ".join(argv))
     try:
@@ -197,7 +201,7 @@ def run(
         )
     except subprocess.TimeoutExpired:
         note_down()
-        raise SlurmUnreachable(f"{argv[0]} did not answer within {timeout:g} s (is slurmctld up?)") from None
+        raise SlurmUnreachable(f"{argv[0]} did not answer within {given:g} s (is slurmctld up?)") from None
     except OSError as err:
         raise SlurmError(f"cannot run {argv[0]}: {err.strerror or err}") from None
     if done.returncode != 0:
