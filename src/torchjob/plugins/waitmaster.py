@@ -75,8 +75,10 @@ uids="${{{uids_env}:-}}"
 hexport={hexport}
 # A shell's `read` takes a file one byte at a time, and each byte of /proc/net/tcp is a system call
 # that walks the kernel's socket table: tens of ms a pass on a busy machine, CPU taken from the
-# master while it starts. With a cat, one read takes both tables, and only rows naming the port are
-# split (by the shell, without `read`).
+# master while it starts (bash's `read` is worse: it reads ahead and seeks back after each line, so
+# the kernel walks the table again for every row, half a second for 400 rows). With a cat, one read
+# takes both tables, and only rows naming the port are split (by the shell, without `read`);
+# without one, bash reads each table whole itself (`< FILE` in a command substitution: bash only).
 command -v cat >/dev/null 2>&1 && cat=cat || cat=
 row() {{  # one row of a table: sl laddr raddr st queues timer retr uid ...
   [ "$4" = 0A ] || return 0
@@ -93,7 +95,15 @@ owner() {{
     [ -r "$table" ] && tables="$tables $table"
   done
   [ -n "$tables" ] || return 0  # no /proc to read (not Linux, or hidden): cannot tell
-  if [ -z "$cat" ]; then
+  if [ -n "$cat" ]; then
+    rows=`"$cat" $tables 2>/dev/null` || return 1
+  elif [ -n "${{BASH_VERSION:-}}" ]; then
+    rows=
+    for table in $tables; do
+      part=`< $table` && rows="$rows
+$part"
+    done
+  else
     for table in $tables; do
       while read -r sl laddr raddr st queues timer retr uid rest; do
         row "$sl" "$laddr" "$raddr" "$st" "$queues" "$timer" "$retr" "$uid"
@@ -101,7 +111,6 @@ owner() {{
     done
     return "$state"
   fi
-  rows=`"$cat" $tables 2>/dev/null` || return 1
   case $rows in *:"$hexport "*) ;; *) return 1 ;; esac  # nothing on the port: the usual poll
   set -f
   IFS='
