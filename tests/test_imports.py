@@ -175,6 +175,47 @@ def test_run_of_a_short_job_loads_only_what_starting_pods_needs(tmp_path: Path) 
     assert report["heavy"] == []
 
 
+def test_a_worker_waiting_for_its_master_costs_the_supervisor_no_psutil(tmp_path: Path) -> None:
+    """The wait-for-master script naps in a `sleep` child: the scan for descendants found it and
+    imported psutil (10 ms of CPU) while the master was starting. torchjob's own helpers are not
+    scanned: their children stay in their process group and end with it."""
+    master = (
+        "import os, socket, time; time.sleep(0.8); s = socket.socket(); "
+        "s.bind(('', int(os.environ['MASTER_PORT']))); s.listen(); time.sleep(0.5)"
+    )
+    job = tmp_path / "waiting.yaml"
+    job.write_text(
+        "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: waiting}\nspec:\n"
+        "  plugins: {pytorch: [--master=master, --worker=worker, --wait-master-enabled=true]}\n"
+        "  tasks:\n"
+        + "".join(
+            f"    - name: {name}\n      replicas: 1\n      template:\n        spec:\n"
+            "          restartPolicy: Never\n          containers:\n"
+            f"            - {{name: main, image: x, command: {json.dumps(command)}}}\n"
+            for name, command in (("master", [sys.executable, "-c", master]), ("worker", ["true"]))
+        )
+    )
+    unwanted = ("psutil", "torch", "kubernetes")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"HEAVY = {unwanted!r}\n{PROBE}",
+            "run",
+            "-q",
+            "--state-dir",
+            str(tmp_path),
+            str(job),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = json.loads(result.stderr.strip().splitlines()[-1])
+    assert report["code"] == 0, result.stdout + result.stderr
+    assert report["heavy"] == []
+
+
 # Runs `torchjob run` in-process and reports the modules it loaded by the time the first container
 # process is started (the engine starts every container with subprocess.Popen).
 FIRST_POD_PROBE = """

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -57,6 +58,36 @@ def test_a_waiting_worker_starts_once_the_master_listens_not_a_poll_later(tmp_pa
     assert 0 <= waited < 10, f"the worker started {waited:.2f} s after the master listened"
 
 
+@pytest.mark.parametrize("network", ["own", "machine"])
+def test_the_probe_checks_whose_listener_it_is_only_on_the_machines_network(tmp_path, monkeypatch, network):
+    # On the machine's network another user may listen on the master's port first: the probe reads
+    # the listener's uid (TORCHJOB_JOB_UIDS). In the job's own network every socket is the job's,
+    # and that read (7 ms of the kernel's time a poll) is skipped: the variable is empty.
+    if network == "machine":
+        monkeypatch.setenv("TORCHJOB_NETWORK", "host")
+    else:
+        from torchjob.engines.local import netns
+
+        made = netns.create()
+        if isinstance(made, str):
+            pytest.skip(f"no network namespace here: {made}")
+        made.close()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    job = make_job(
+        "owners",
+        [
+            task("master", [container("main", ["python", "-c", MASTER, str(marks)])]),
+            task("worker", [container("main", sh(f'printf "[%s]" "$TORCHJOB_JOB_UIDS" > "{marks}/worker"'))]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker", "--wait-master-enabled=true"]},
+    )
+    report = run(job, tmp_path, timeout=60)
+    assert report.phase == "Completed", report
+    expected = "[]" if network == "own" else f"[{os.geteuid()}]"
+    assert (marks / "worker").read_text() == expected
+
+
 def test_sock_diag_lists_the_listening_sockets_with_their_port_uid_and_inode():
     with (
         sockdiag.open_socket() as diag,
@@ -81,13 +112,13 @@ def socket_inode(sock: socket.socket) -> int:
 
 
 def test_the_loops_wait_looks_every_so_often_and_still_ends_at_an_exit():
-    from torchjob.engines.local.waiter import ExitWaiter
+    from torchjob.engines.local.waiter import ExitWaiter, Look
 
     looks: list[float] = []
 
-    def look() -> float | None:
+    def look() -> Look | None:
         looks.append(time.monotonic())
-        return 0.01
+        return Look(0.01)
 
     waiter = ExitWaiter(look)
     try:
@@ -103,6 +134,65 @@ def test_the_loops_wait_looks_every_so_often_and_still_ends_at_an_exit():
         child.wait(5)
     finally:
         waiter.close()
+
+
+def test_a_descriptor_the_look_names_makes_the_wait_look_again_at_once():
+    from torchjob.engines.local.waiter import ExitWaiter, Look
+
+    read_end, write_end = os.pipe()
+    looks: list[float] = []
+
+    def look() -> Look | None:
+        looks.append(time.monotonic())
+        if len(looks) == 1:
+            os.write(write_end, b"w")  # as a warm process says it is warm, during the wait
+            return Look(30.0, (read_end,))  # without it, the next look would come in 30 s
+        return None
+
+    waiter = ExitWaiter(look)
+    try:
+        began = time.monotonic()
+        waiter.wait(0.5)
+        assert len(looks) == 2 and looks[1] - looks[0] < 0.4, looks
+        assert time.monotonic() - began >= 0.49  # it was not a wake: the wait went on to its end
+    finally:
+        waiter.close()
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_a_warm_process_says_when_its_imports_are_done_and_runs_its_program_only_on_go(tmp_path):
+    from torchjob.pyrunner import pycommand
+    from torchjob.pyrunner.pyrun import WARM
+
+    out = tmp_path / "ran"
+    script = tmp_path / "program.py"
+    script.write_text("import sys\nopen(sys.argv[1], 'w').write('ran')\n")
+    ours, theirs = socket.socketpair()
+    argv = pycommand.runner_argv(
+        [sys.executable, str(script), str(out)],
+        dict(os.environ),
+        theirs.fileno(),
+        "60",
+        ["json"],
+        str(tmp_path),
+    )
+    assert argv is not None
+    proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),))
+    theirs.close()
+    try:
+        ours.settimeout(30)
+        assert ours.recv(16) == WARM
+        time.sleep(0.2)
+        assert not out.exists()  # warm, and waiting for the word
+        ours.sendall(b"go")
+        assert proc.wait(30) == 0
+        assert out.read_text() == "ran"
+    finally:
+        ours.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
 
 
 def test_a_jobs_network_tells_its_own_listeners_and_no_others():

@@ -95,6 +95,10 @@ def test_an_attached_run_rides_an_outage_and_a_step_that_could_not_start_is_star
         assert "Slurm does not answer" in status.stdout, status.stdout
         logs = torchjob(env, "logs", "sj", "--engine", "slurm", "--attempt", "0", timeout=30)
         assert (logs.returncode, "w-0 | first" in logs.stdout) == (0, True), logs.stdout + logs.stderr
+        # A plan while slurmctld is away: the step limit is not read (no client's retries), assumed
+        dry = torchjob(env, "run", "--dry-run", str(path), "--engine", "slurm", timeout=30)
+        assumed = "per job: Slurm's default MaxStepCount, assumed: slurmctld does not answer (Slurmctld("
+        assert dry.returncode == 0 and assumed in dry.stdout and " is DOWN)" in dry.stdout, dry.stdout
         assert run.poll() is None, (tmp_path / "run.err").read_text()  # still following
         time.sleep(max(0.0, OUTAGE - (time.monotonic() - down)))
     finally:

@@ -81,6 +81,11 @@ class Plugin:
         """The rank this plugin gives pod ``index`` of ``task``; None when it gives it none."""
         return None
 
+    def added_init_containers(self, job: Job, task: Task) -> int:
+        """How many init containers this plugin adds to each pod of ``task`` (an engine that runs
+        each container as a job step counts them)."""
+        return 0
+
     def config_mounts(self, job: Job) -> dict[str, str]:
         """ConfigMaps this plugin mounts into the job's containers: mount path -> ConfigMap name."""
         return {}

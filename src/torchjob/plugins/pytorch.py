@@ -203,6 +203,16 @@ class PyTorchPlugin(Plugin):
             return index + 1
         return 0 if task.name == self.master else None
 
+    def added_init_containers(self, job: Job, task: Task) -> int:
+        """The wait-for-master init container of each worker (as on_pod_create adds it)."""
+        if (
+            job.task(self.master) is None
+            or task.name != self.worker
+            or not self.values["wait-master-enabled"]
+        ):
+            return 0
+        return 0 if WAIT_CONTAINER in task.template.init_container_names else 1
+
     def on_pod_create(self, ctx: PodContext) -> None:
         wiring = self._wiring(ctx)
         if wiring is None:  # no master task: rejected by check(), and Volcano does nothing either

@@ -27,7 +27,7 @@ import re
 import shlex
 
 INTERVAL_ENV = "TORCHJOB_WAIT_INTERVAL"
-UIDS_ENV = "TORCHJOB_JOB_UIDS"  # set by the local engine: the uids whose listener may be the master
+UIDS_ENV = "TORCHJOB_JOB_UIDS"  # the local engine's, on the machine's network: whose listener counts
 DEFAULT_INTERVAL = 0.5
 PROBE_LIMIT = 2  # seconds one probe may take before it is killed
 REPORT_EVERY = 5  # seconds between "not ready yet" lines
@@ -263,10 +263,10 @@ def wait_for_master_script(host: str, port: int, timeout: int, interval: float =
     """The init container script that waits until ``host:port`` accepts a TCP connection.
 
     It gives up with exit code 1 once more than ``timeout`` seconds have passed (``0``: after one
-    probe). Where ``TORCHJOB_JOB_UIDS`` is set (the local engine sets it) and /proc can be read,
-    only a listener owned by one of those uids counts: it does not connect to anyone else's. It
-    polls every ``interval`` seconds unless the environment variable ``TORCHJOB_WAIT_INTERVAL``
-    says otherwise (the local engine sets it lower).
+    probe). Where ``TORCHJOB_JOB_UIDS`` is set (the local engine, on the machine's network) and
+    /proc can be read, only a listener owned by one of those uids counts: it does not connect to
+    anyone else's. It polls every ``interval`` seconds unless the environment variable
+    ``TORCHJOB_WAIT_INTERVAL`` says otherwise (the local engine sets it lower).
     """
     if not valid_host(host):
         raise ValueError(f"host must be a DNS name or an IP address, got {host!r}")

@@ -9,7 +9,8 @@ loads this file into a private namespace and calls :func:`main`, which
 1. sets ``sys.argv`` and ``sys.path[0]`` as a cold start would have them, and imports the modules
    (torch) with stdout and stderr set aside: when anything is printed or warned, or an import
    fails, the program will be started cold instead, in this same process (``execv``);
-2. blocks until the engine writes ``go`` on ``fd`` (its init containers succeeded), or ends
+2. says ``w`` on ``fd`` (a socket the engine listens on: the imports are done), then blocks
+   until the engine writes ``go`` on ``fd`` (its init containers succeeded), or ends
    without running anything on end of file (the engine discarded it, or died) or after
    ``timeout`` seconds;
 3. runs the script, ``-m module`` or ``-c code`` in a clean ``__main__`` with the same
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # for mypy only: typing would load re, enum and more before e
     from typing import Any, NoReturn
 
 GO = b"go"
+WARM = b"w"  # said back on the fd once the modules are imported
 FINISHED = "TORCHJOB_FINISHED"  # where the program's successful end is recorded (see above)
 NO_WAIT = "-"  # the fd argument of a cold start through the runner
 GUARD = "guard"  # the fd argument of a rank's guard
@@ -70,6 +72,8 @@ def main() -> None:
         sys.argv[:] = [target if mode == "script" else f"-{mode}", *args]
         sys.path[0] = _path0(mode, target)
         warm = _warm([m for m in modules_text.split(",") if m])
+        if fd >= 0:
+            _tell_warm(fd)
         go = fd < 0 or _wait(fd, float(timeout_text))
     except Exception:  # not a word in the container's log: the engine starts it cold instead
         os._exit(0)
@@ -148,6 +152,15 @@ def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
             stream.flush()
+
+
+def _tell_warm(fd: int) -> None:
+    """Say on ``fd`` (a socket: the engine's end reads it) that the imports are done: the master,
+    importing the same modules, is likely about to listen (engines/local/nudge.py)."""
+    try:  # noqa: SIM105 - contextlib is not loaded before the program runs (see above)
+        os.write(fd, WARM)
+    except OSError:  # a one-way pipe: the engine does not listen
+        pass
 
 
 def _wait(fd: int, timeout: float) -> bool:

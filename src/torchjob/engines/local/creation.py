@@ -324,7 +324,10 @@ class PodFactory:
             # torchrun starts its ranks with this interpreter: the guard (pyrunner/pyrun.py) that tells
             # an abort in the interpreter's teardown after the program finished from a crash.
             pyrun.PYTHON_EXEC: str(self.dir.bin / pyrun.RANK_SHIM),
-            UIDS_ENV: self.uids,
+            # Only where the machine's ports are shared can a listener there be someone else's: in
+            # the job's own network every socket is the job's, and the probe skips reading whose
+            # (the /proc tables cost 7 ms of the kernel's time a poll: plugins/waitmaster.py).
+            UIDS_ENV: self.uids if self.net.namespace is None else "",
             **self.volcano_env,
         }
         for declared, host in self.ports.items():

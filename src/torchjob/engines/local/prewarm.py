@@ -3,7 +3,8 @@
 A pod whose workers wait for the master (the pytorch plugin's wait-for-master init container)
 would otherwise start each worker's interpreter, and import torch, only once the master listens:
 about a second of CPU in series. Here a main container whose command is torchjob's ``python`` is
-started at once as ``warmstart.py`` (see there): it imports the modules and blocks on a pipe. When
+started at once as ``warmstart.py`` (see there): it imports the modules, says so (``w``) on a
+socket pair whose other end the engine keeps (``nudge.py`` listens), and blocks on it. When
 the init containers have succeeded the engine writes ``go`` and the same process runs the program
 as a cold start would; when they fail, or the pod is stopped, it is killed and the program never
 runs. Until then it is a process of the container like any other: its own session, the job's and
@@ -19,6 +20,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -30,7 +32,7 @@ from torchjob.errors import Issue
 from torchjob.pyrunner import pycommand
 from torchjob.pyrunner.pyrun import BOOT as BOOT
 from torchjob.pyrunner.pyrun import FINISHED as FINISHED
-from torchjob.pyrunner.pyrun import NO_WAIT
+from torchjob.pyrunner.pyrun import NO_WAIT, WARM
 from torchjob.pyrunner.pyrun import RUNNER as RUNNER
 from torchjob.records import record
 from torchjob.typecheck import TYPE_CHECKING
@@ -100,26 +102,42 @@ class Warm:
     """A container's interpreter waiting for the word to run the program."""
 
     proc: subprocess.Popen[bytes]
-    go: int  # the pipe's write end
+    go: int  # the engine's end of a socket pair: "go" is written there, "w" read back
     since: float
+    heard: bool = False  # it said "w": its imports are done
 
 
 def start(run: ContainerRun, log: Path, modules: tuple[str, ...], now: float) -> Warm | None:
     """Start ``run``'s warm process, or None (then the container starts cold, as without it)."""
     cwd = run.cwd or os.getcwd()
-    read_end, write_end = os.pipe()
+    ours, theirs = socket.socketpair()
+    go = ours.detach()
+    os.set_blocking(go, False)  # "w" is read when there (hear); "go" fits an empty buffer
     try:
-        argv = warm_argv(run, read_end, modules, cwd)
+        argv = warm_argv(run, theirs.fileno(), modules, cwd)
         if argv is None:
-            os.close(write_end)
+            os.close(go)
             return None
-        proc = process.spawn(argv, run.env, run.cwd, log, run.before_exec, pass_fds=(read_end,))
+        proc = process.spawn(argv, run.env, run.cwd, log, run.before_exec, pass_fds=(theirs.fileno(),))
     except OSError:  # reported by the cold start, in the container's log, as usual
-        os.close(write_end)
+        os.close(go)
         return None
     finally:
-        os.close(read_end)
-    return Warm(proc, write_end, now)
+        theirs.close()
+    return Warm(proc, go, now)
+
+
+def hear(warm: Warm) -> bool:
+    """Whether the warm process has said its imports are done (read without waiting)."""
+    if not warm.heard and warm.go >= 0:
+        try:
+            os.read(warm.go, len(WARM))
+        except BlockingIOError:  # nothing yet
+            return False
+        except OSError:
+            pass
+        warm.heard = True  # it said so, or it ended (end of file): nothing more to wait for
+    return warm.heard
 
 
 def release(warm: Warm, cwd: str | None) -> bool:

@@ -15,13 +15,25 @@ import selectors
 import time
 from collections.abc import Callable
 
+from torchjob.records import record
+
 FALLBACK_TICK = 0.02  # seconds between polls when process exits cannot be waited for
 
 
+@record
+class Look:
+    """When a watch wants to look again: after ``every`` seconds, or at once when one of the
+    descriptors ``sooner`` becomes readable (the watch reads them itself)."""
+
+    every: float
+    sooner: tuple[int, ...] = ()
+
+
 class ExitWaiter:
-    def __init__(self, watch: Callable[[], float | None] | None = None) -> None:
+    def __init__(self, watch: Callable[[], Look | None] | None = None) -> None:
         # Called as each wait begins and every so often during it: it looks at something no event
-        # announces (nudge.py) and says when to look again (None: not during this wait).
+        # announces (nudge.py) and says when to look again, and which descriptors becoming readable
+        # mean it should look at once (None: not during this wait).
         self._watch = watch
         self._selector = selectors.DefaultSelector()
         self._pidfds: dict[int, int] = {}  # pid -> pidfd
@@ -63,39 +75,43 @@ class ExitWaiter:
         descriptor ``readable`` (watched for this wait only, and not read) can be read."""
         end = time.monotonic() + max(0.0, timeout)
         while True:
-            every = self._watch() if self._watch is not None else None
+            look = self._watch() if self._watch is not None else None
             left = end - time.monotonic()
-            if every is None or left <= every:
+            if look is None:
                 self._wait(left, readable)
                 return
-            if self._wait(every, readable) or not self._usable:  # without pidfds: poll the exits
+            woke = self._wait(min(left, look.every), readable, look.sooner)
+            if woke or not self._usable or time.monotonic() >= end:  # (no pidfds: poll the exits)
                 return
 
-    def _wait(self, timeout: float, readable: int | None) -> bool:
-        """One wait; whether something woke it."""
+    def _wait(self, timeout: float, readable: int | None, sooner: tuple[int, ...] = ()) -> bool:
+        """One wait; whether something woke it (not one of ``sooner``: they only end the wait)."""
         timeout = max(0.0, timeout)
         if not self._usable:
             timeout = min(timeout, FALLBACK_TICK)
-        extra = None
-        if readable is not None:
+        extra: list[int] = []  # watched for this wait only, and not read
+        for fd in (readable, *sooner) if readable is not None else sooner:
             with contextlib.suppress(KeyError, ValueError, OSError):
-                extra = self._selector.register(readable, selectors.EVENT_READ)
+                extra.append(self._selector.register(fd, selectors.EVENT_READ).fd)
         try:
             found = self._selector.select(timeout)
         finally:
-            if extra is not None:
+            for fd in extra:
                 with contextlib.suppress(KeyError, ValueError, OSError):
-                    self._selector.unregister(extra.fd)
+                    self._selector.unregister(fd)
+        woke = False
         for key, _events in found:
-            if extra is not None and key.fd == readable:
+            if key.fd in extra:
+                woke = woke or key.fd == readable
                 continue
+            woke = True
             if key.fd == self._wake_r:
                 with contextlib.suppress(OSError):
                     while os.read(self._wake_r, 512):
                         pass
             else:  # one wake per exit: the pidfd stays readable until it is closed
                 self._selector.unregister(key.fd)
-        return bool(found)
+        return woke
 
     def close(self) -> None:
         if self._closed:

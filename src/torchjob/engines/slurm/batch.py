@@ -25,7 +25,10 @@ from torchjob.reports import Event
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from torchjob.controller import Controller
+    from torchjob.engines.slurm.limits import StepLimit
     from torchjob.engines.slurm.plan import PodLaunch, Resources, SlurmPlan
     from torchjob.expand import Attempts, DesiredState
     from torchjob.reports import JobReport
@@ -269,6 +272,17 @@ def load_job(path: Path) -> Job:
     return check_jobs([Document(data=data, file=str(path))], str(path))[0].job
 
 
+def step_limit_of(options: dict[str, Any]) -> StepLimit:
+    """The step limit the job was planned under on the login node (options.json), else Slurm's
+    default: the batch host plans the job again and must not refuse what was accepted."""
+    from torchjob.engines.slurm.limits import DEFAULT, StepLimit
+
+    given = options.get("stepLimit")
+    if not isinstance(given, dict) or not isinstance(given.get("count"), int):
+        return DEFAULT
+    return StepLimit(given["count"], read=given.get("read") is True, why=str(given.get("why") or ""))
+
+
 def main(argv: list[str]) -> int:
     from torchjob.engines.slurm.plan import plan_job
     from torchjob.engines.slurm.settings import SlurmSettings
@@ -287,7 +301,14 @@ def main(argv: list[str]) -> int:
     given = dict(options.get("settings") or {})
     given["sbatch_args"] = tuple(given.get("sbatch_args") or ())
     settings = SlurmSettings(**given)
-    plan = plan_job(job, settings, str(job_dir), ["true"], in_allocation=options.get("inAllocation") is True)
+    plan = plan_job(
+        job,
+        settings,
+        str(job_dir),
+        ["true"],
+        in_allocation=options.get("inAllocation") is True,
+        step_limit=step_limit_of(options),
+    )
     return BatchController(job_dir, job, plan, options).run()
 
 

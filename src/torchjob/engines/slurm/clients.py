@@ -88,6 +88,11 @@ def _which(name: str) -> str | None:
     return None
 
 
+def installed(name: str) -> bool:
+    """Whether a Slurm client is on PATH."""
+    return _which(name) is not None
+
+
 def client(name: str) -> str:
     """The path of a Slurm client, or a SlurmError saying it is not installed here."""
     found = _which(name)
@@ -388,15 +393,30 @@ def hostnames(nodelist: str, env: Mapping[str, str] | None = None) -> list[str]:
     return run(["scontrol", "show", "hostnames", nodelist], env, controller=False).split()
 
 
+def parse_config(text: str) -> dict[str, str]:
+    """``scontrol show config``'s ``Key = value`` lines as a mapping. Lines that are no such pair
+    (its heading ``Configuration data as of ...``, a section's title, the closing ``Slurmctld(primary)
+    at HOST is UP``) are skipped; a value keeps any ``=`` of its own (``bf_interval=1``); a key
+    met twice (a plugin's section repeating one) keeps its first value."""
+    config: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if sep and key and not any(c.isspace() for c in key):
+            config.setdefault(key, value.strip())
+    return config
+
+
+def show_config(env: Mapping[str, str] | None = None, timeout: float = TIMEOUT) -> dict[str, str]:
+    """The running cluster's configuration as slurmctld has it (``scontrol show config``)."""
+    return parse_config(run(["scontrol", "show", "config"], env, timeout))
+
+
 def jobcomp_state(job_id: str, env: Mapping[str, str] | None = None) -> str | None:
     """A finished job's state from the cluster's job completion file (``JobCompType=jobcomp/filetxt``),
     where slurmctld has forgotten the job and no accounting answers; None when it has no such file
     or the job is not in it."""
-    config = {}
-    for line in run(["scontrol", "show", "config"], env).splitlines():  # "Key   = value" lines
-        key, sep, value = line.partition("=")
-        if sep:
-            config[key.strip()] = value.strip()
+    config = show_config(env)
     location = config.get("JobCompLoc", "")
     if "filetxt" not in config.get("JobCompType", "") or not location.startswith("/"):
         return None

@@ -60,6 +60,15 @@ def port_lines(job: Job, plan: SlurmPlan) -> list[str]:
     return [first, f"# when the job runs, {then}"]
 
 
+def step_line(plan: SlurmPlan) -> str:
+    """How many job steps the job starts and how many the cluster allows one job, and whence."""
+    limit = plan.step_limit
+    return (
+        f"# job steps: {plan.steps} in the first attempt (one per container, init containers too; "
+        f"each restart one more); at most {limit.count} per job: {limit.source}"
+    )
+
+
 def plan_text(job: Job, plan: SlurmPlan, job_id: str, job_dir: Path, allocation: str | None) -> str:
     script = job_dir / "batch.sh"
     lines = [f"# slurm engine: job {job_id} in {job_dir}"]
@@ -83,6 +92,7 @@ def plan_text(job: Job, plan: SlurmPlan, job_id: str, job_dir: Path, allocation:
             args = " ".join(component.sbatch_args())
             lines.append(f"#   {component.index}: tasks {', '.join(component.tasks)}: {args}")
     lines += port_lines(job, plan)
+    lines.append(step_line(plan))
     lines.append("# pods, each container a job step on the pod's node (init containers first, in order);")
     lines.append("# NODE is the node Slurm gives the pod, known once the allocation runs:")
     lines += step_lines(job, plan)

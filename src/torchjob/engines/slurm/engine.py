@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from torchjob.engine_api.base import Engine, LogLine, Sink
+    from torchjob.engines.slurm.limits import StepLimit
     from torchjob.engines.slurm.plan import SlurmPlan
     from torchjob.spec.model import Job
 
@@ -65,6 +66,7 @@ class SlurmEngine:
         self.root = job_root(self.settings)
         self.default_root = job_root(SlurmSettings())
         self.view = SlurmView(self.root)
+        self._step_limit: StepLimit | None = None  # the cluster's, read once (limits.py)
 
     def _for(self, options: StartOptions) -> SlurmSettings:
         """The settings of one start: those its options give, over the engine's own."""
@@ -72,6 +74,15 @@ class SlurmEngine:
         return settings_from(given, dict(os.environ))
 
     # ------------------------------------------------------------------ planning
+
+    def step_limit(self) -> StepLimit:
+        """The most job steps one job may create on the cluster (its MaxStepCount, or Slurm's
+        default said assumed): asked of Slurm once for the engine's life, a command's."""
+        if self._step_limit is None:
+            from torchjob.engines.slurm.limits import read_step_limit
+
+            self._step_limit = read_step_limit(os.environ)
+        return self._step_limit
 
     def _plan(self, job: Job, job_dir: Path, settings: SlurmSettings, allocation: str | None) -> SlurmPlan:
         from torchjob.engines.slurm.plan import PlanError, plan_job
@@ -83,7 +94,12 @@ class SlurmEngine:
             raise SpecError([Problem(issue.path, issue.message, "") for issue in kind])
         try:
             return plan_job(
-                job, settings, str(job_dir), _batch_command(job_dir), in_allocation=allocation is not None
+                job,
+                settings,
+                str(job_dir),
+                _batch_command(job_dir),
+                in_allocation=allocation is not None,
+                step_limit=self.step_limit(),
             )
         except PlanError as err:
             # A flag's mistake is the command line's; a field's, the job file's (the CLI adds its line).
@@ -104,7 +120,13 @@ class SlurmEngine:
 
         kind: list[Issue] = here_issues(job, errors=True)  # a PyTorchJob's, TrainJob's or JobSet's own
         try:
-            plan_job(job, settings or self.settings, str(self.root / job.name), ["true"])
+            plan_job(
+                job,
+                settings or self.settings,
+                str(self.root / job.name),
+                ["true"],
+                step_limit=self.step_limit(),
+            )
         except PlanError as err:
             return [*kind, Issue(err.path, err.message)]
         return kind
@@ -154,7 +176,7 @@ class SlurmEngine:
         chosen = self._for(options)
         allocation = self._allocation(chosen)
         self._plan(job, job_dir, chosen, allocation)  # a job Slurm cannot run: a SpecError at once
-        preflight.slurm_answers(allocation)
+        preflight.slurm_answers(allocation, answered=self.step_limit().read)
         for line in preflight.placement_notices(job, options.source):  # at the file's line, as written
             sink.notice(line)
         if allocation is None:
@@ -221,6 +243,12 @@ class SlurmEngine:
             "workdir": os.getcwd(),  # relative paths as sbatch would: from where the job was submitted
             "ports": plan.ports,
             "inAllocation": allocation is not None,
+            # The limit the job was planned under: the batch host plans it again under the same.
+            "stepLimit": {
+                "count": plan.step_limit.count,
+                "read": plan.step_limit.read,
+                "why": plan.step_limit.why,
+            },
         }
         write_atomic(job_dir / JOB_FILE, dump(job_manifest(job), "json"))
         write_atomic(job_dir / OPTIONS_FILE, json.dumps(options_data, indent=1) + "\n")

@@ -19,6 +19,8 @@ import re
 import shlex
 
 from torchjob.engines.slurm.errors import PlanError as PlanError
+from torchjob.engines.slurm.limits import DEFAULT, StepLimit
+from torchjob.engines.slurm.limits import MAX_STEP_COUNT as MAX_STEP_COUNT
 from torchjob.engines.slurm.podenv import configmaps_of as configmaps_of
 from torchjob.engines.slurm.podenv import container_env, expand_refs
 from torchjob.engines.slurm.resources import Resources as Resources
@@ -38,9 +40,6 @@ if TYPE_CHECKING:
 
 # The batch script's exit code when its host does not see the job directory (EX_NOINPUT).
 NOT_SHARED = 66
-# Each pod is a job step: a job of more pods than Slurm's default MaxStepCount (slurm.conf) cannot
-# start them all; refused before a step is planned.
-MAX_STEP_COUNT = 40_000
 Key = tuple[str, int]  # (task name, index)
 
 
@@ -112,6 +111,8 @@ class SlurmPlan:
     # In an allocation that exists (salloc): every pod takes the allocation's tasks in order
     # (one placement group, component 0), each step sized by its own component's resources.
     in_allocation: bool = False
+    steps: int = 0  # the job steps its first attempt starts: a step per container, init containers too
+    step_limit: StepLimit = DEFAULT  # the most steps one job may create on the cluster
 
     @property
     def heterogeneous(self) -> bool:
@@ -202,17 +203,45 @@ def declared_ports(job: Job) -> list[int]:
     return sorted(ports)
 
 
+def job_steps(job: Job) -> int:
+    """The job steps the job's first attempt starts, from its counts (no pod is built): each pod
+    container is a step, its init containers (a plugin's too) as well as its containers."""
+    plugins = build_plugins(job)
+    steps = 0
+    for task in job.spec.tasks:
+        per_pod = len(task.template.init_containers) + len(task.template.containers)
+        per_pod += sum(plugin.added_init_containers(job, task) for plugin in plugins)
+        steps += task.replicas * per_pod
+    return steps
+
+
+def check_steps(job: Job, limit: StepLimit) -> int:
+    """The job's steps (:func:`job_steps`); a PlanError when they are more than ``limit``."""
+    steps = job_steps(job)
+    if steps <= limit.count:
+        return steps
+    pods = job.total_replicas
+    what = (
+        f"the job has {pods} pods, each a job step"
+        if steps == pods
+        else f"the job's {pods} pods start {steps} job steps (a step per container, init containers too)"
+    )
+    raise PlanError("spec.tasks", f"{what}; expected at most {limit.count}, {limit.source}")
+
+
 def plan_job(
-    job: Job, settings: SlurmSettings, job_dir: str, controller: list[str], *, in_allocation: bool = False
+    job: Job,
+    settings: SlurmSettings,
+    job_dir: str,
+    controller: list[str],
+    *,
+    in_allocation: bool = False,
+    step_limit: StepLimit = DEFAULT,
 ) -> SlurmPlan:
     """The allocation for ``job`` and the batch script that runs ``controller`` in it; with
-    ``in_allocation``, the job's pods as steps of an allocation that exists."""
-    if job.total_replicas > MAX_STEP_COUNT:
-        raise PlanError(
-            "spec.tasks",
-            f"the job has {job.total_replicas} pods, each a job step; expected at most {MAX_STEP_COUNT}, "
-            "Slurm's default MaxStepCount for one job",
-        )
+    ``in_allocation``, the job's pods as steps of an allocation that exists. A job whose first
+    attempt needs more job steps than ``step_limit`` is refused from its counts, first."""
+    steps = check_steps(job, step_limit)
     components = components_of(job, settings)
     if not components:
         raise PlanError("spec.tasks", "the job has no pods to run (every task has 0 replicas)")
@@ -236,6 +265,8 @@ def plan_job(
         ports=declared_ports(job),
         master=master_pod(job),
         in_allocation=in_allocation,
+        steps=steps,
+        step_limit=step_limit,
     )
     check_sbatch_args(settings.sbatch_args)
     check_signal(settings.signal)

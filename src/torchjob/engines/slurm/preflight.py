@@ -55,13 +55,15 @@ def placement_notices(job: Job, source: Callable[[str, str], str] | None = None)
     return lines
 
 
-def slurm_answers(allocation: str | None) -> None:
+def slurm_answers(allocation: str | None, answered: bool = False) -> None:
     """What stops any job here, in one line and at once: no Slurm clients, a configuration no
-    client can read, a slurmctld that does not answer (clients would retry for a while first)."""
+    client can read, a slurmctld that does not answer (clients would retry for a while first).
+    ``answered``: slurmctld answered this command a moment ago (its configuration was read), so
+    it is not pinged again."""
     try:
         clients.client("srun" if allocation else "sbatch")
         clients.check_config(os.environ)
-        said = clients.ping()
+        said = None if answered else clients.ping()
     except clients.SlurmError as err:
         raise EngineError(str(err)) from None
     if said is not None:

@@ -1,0 +1,91 @@
+"""The per-job limits of the cluster a job goes to, as its slurm.conf sets them.
+
+Every pod container a job runs is a job step, and slurmctld refuses to create a job's step once
+the job has created ``MaxStepCount`` of them (Slurm's default is 40,000; a site may set more or
+fewer). The engine reads the running cluster's value once per command (:func:`read_step_limit`:
+``scontrol ping``, a few milliseconds, then ``scontrol show config``, each with a timeout) and
+refuses a job that needs more steps at its field, saying the number and where it came from. When
+it cannot be read (no ``scontrol``, a configuration no client reads, a slurmctld that does not
+answer, a configuration without the key) Slurm's default stands, marked as assumed, with why.
+
+The other limits of slurm.conf are left to Slurm: ``MaxTasksPerNode`` bounds a step's tasks per
+node (each of torchjob's steps is one task) and the allocation's, which ``sbatch`` refuses in its
+own words; ``MaxArraySize`` concerns arrays (refused in ``--sbatch-args``); ``MaxJobCount`` is the
+cluster's, not one job's.
+
+Pure but for :func:`read_step_limit`, which imports the clients only when called.
+"""
+
+from __future__ import annotations
+
+from torchjob.records import record
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+# Slurm's default MaxStepCount (slurm.conf): the steps one job may create over its life.
+MAX_STEP_COUNT = 40_000
+KEY = "MaxStepCount"
+READ_TIMEOUT = 10.0  # seconds scontrol show config may take (it answers in milliseconds when up)
+
+
+@record(frozen=True)
+class StepLimit:
+    """How many job steps one job may create, and where that number comes from."""
+
+    count: int
+    read: bool  # from the running cluster; False: Slurm's default, assumed
+    why: str = ""  # why the default is assumed
+
+    @property
+    def source(self) -> str:
+        """The number's origin, for a message: ``this cluster's MaxStepCount (...)``."""
+        if self.read:
+            return f"this cluster's {KEY} (scontrol show config)"
+        return f"Slurm's default {KEY}, assumed: {self.why}" if self.why else f"Slurm's default {KEY}"
+
+
+DEFAULT = StepLimit(MAX_STEP_COUNT, read=False)
+
+
+def step_limit_from(config: Mapping[str, str]) -> StepLimit:
+    """The limit a parsed ``scontrol show config`` sets; the default, said assumed, when it has
+    no such key or a value that is no positive whole number."""
+    value = config.get(KEY)
+    if value is None:
+        return StepLimit(MAX_STEP_COUNT, read=False, why=f"scontrol show config has no {KEY}")
+    if not (value.isascii() and value.isdigit() and int(value) > 0):
+        return StepLimit(MAX_STEP_COUNT, read=False, why=f"scontrol show config gives {KEY} = {value!r}")
+    return StepLimit(int(value), read=True)
+
+
+def read_step_limit(environ: Mapping[str, str]) -> StepLimit:
+    """The running cluster's MaxStepCount, or the default with the reason it is assumed.
+
+    ``scontrol ping`` comes first: a client that cannot reach slurmctld retries for the cluster's
+    ``MessageTimeout`` (10-20 s) before it says so, ``ping`` answers at once.
+    """
+    from torchjob import logs
+    from torchjob.engines.slurm import clients
+
+    def assumed(why: str) -> StepLimit:
+        return StepLimit(MAX_STEP_COUNT, read=False, why=why)
+
+    try:
+        if not clients.installed("scontrol"):
+            limit = assumed("scontrol is not on PATH")
+        else:
+            clients.check_config(environ)
+            said = "it did not a moment ago" if clients.down_recently() else clients.ping(environ)
+            if said is not None:
+                limit = assumed(f"slurmctld does not answer ({said})")
+            else:
+                limit = step_limit_from(clients.show_config(environ, READ_TIMEOUT))
+    except clients.SlurmError as err:
+        limit = assumed(str(err))
+    if limit.read:
+        logs.info("slurm: %s %d (scontrol show config)", KEY, limit.count)
+    else:
+        logs.info("slurm: %s %d assumed: %s", KEY, limit.count, limit.why)
+    return limit

@@ -1,0 +1,214 @@
+"""The cluster's own MaxStepCount: read from the running Slurm (``scontrol show config``), each pod
+container a job step, a job needing more refused at its field with the site's number and where it
+came from; Slurm's default, said assumed, where the cluster cannot be asked.
+
+The parser is checked on the output of Debian's Slurm 22.05 captured from the tests' private
+cluster (tests/captured/); the end-to-end tests run one private cluster whose slurm.conf sets a
+small MaxStepCount, shared by the module.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_cluster import SlurmCluster
+from support import private_slurm
+from test_slurm_engine import cli_env, job_dirs, torchjob
+from torchjob.engines.slurm import clients
+from torchjob.engines.slurm.limits import DEFAULT, MAX_STEP_COUNT, StepLimit, read_step_limit, step_limit_from
+from torchjob.engines.slurm.plan import PlanError, job_steps, plan_job
+from torchjob.engines.slurm.settings import SlurmSettings
+from torchjob.jobs import load_jobs_from_text
+
+pytestmark = pytest.mark.timeout(180)
+
+CAPTURED = Path(__file__).resolve().parent / "captured" / "scontrol_show_config_22.05.txt"
+SITE_STEPS = 4  # the module's cluster's MaxStepCount
+
+
+def _job(text: str) -> object:
+    (loaded,) = load_jobs_from_text(text, "job.yaml")
+    return loaded.job
+
+
+def _workers(replicas: int, init: bool = False, plugins: str = "") -> str:
+    inits = "initContainers: [{name: fetch, image: x, command: ['true']}], " if init else ""
+    return (
+        "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: steps}\nspec:\n"
+        f"{plugins}"
+        f"  tasks: [{{name: worker, replicas: {replicas}, template: {{spec: {{restartPolicy: Never, "
+        f"{inits}containers: [{{name: main, image: x, command: ['true']}}]}}}}}}]\n"
+    )
+
+
+# -- the parser, on real output ----------------------------------------------------------------
+
+
+def test_the_parser_reads_scontrol_show_config_as_slurm_22_05_prints_it() -> None:
+    text = CAPTURED.read_text()
+    config = clients.parse_config(text)
+    assert config["MaxStepCount"] == "5" and config["MaxTasksPerNode"] == "512"
+    assert config["MaxArraySize"] == "1001" and config["MaxJobCount"] == "10000"
+    assert config["SchedulerParameters"] == "bf_interval=1"  # a value keeps its own "="
+    assert config["AuthInfo"].startswith("socket=/") and config["AuthInfo"].endswith("/munge.sock")
+    assert config["SuspendRate"] == "60 nodes/min" and config["TaskPluginParam"] == "(null type)"
+    assert all(key and not any(c.isspace() for c in key) for key in config), sorted(config)[:5]
+    assert not any(key.startswith(("Configuration", "Slurmctld(")) for key in config)  # heading, the ping
+    assert len(config) == text.count(" = ")  # every pair, nothing else
+    assert step_limit_from(config) == StepLimit(5, read=True)
+    assert step_limit_from(config).source == "this cluster's MaxStepCount (scontrol show config)"
+
+
+def test_a_section_a_repeated_key_and_odd_lines_do_not_confuse_it() -> None:
+    text = (
+        "Configuration data as of 2026-11-29T16:25:05\n"
+        "MaxStepCount            = 70000\n"
+        "\n"
+        "Cgroup Support Configuration:\n"
+        "AllowedRAMSpace         = 100.0%\n"
+        "MaxStepCount            = 3\n"  # a plugin's section repeating a name: the first is slurmctld's
+        "MPI Plugins Configuration:\n"
+        "PMIxCliTmpDirBase       = (null)\n"
+        "Slurmctld(primary) at vm is UP\n"
+    )
+    config = clients.parse_config(text)
+    assert config == {"MaxStepCount": "70000", "AllowedRAMSpace": "100.0%", "PMIxCliTmpDirBase": "(null)"}
+    assert step_limit_from(config).count == 70_000
+
+
+@pytest.mark.parametrize("value", ["", "abc", "0", "-5", "٣", "1e5", "40000 steps"])
+def test_a_value_that_is_no_count_keeps_the_default_said_assumed(value: str) -> None:
+    limit = step_limit_from({"MaxStepCount": value})
+    assert (limit.count, limit.read) == (MAX_STEP_COUNT, False)
+    assert (
+        limit.source
+        == f"Slurm's default MaxStepCount, assumed: scontrol show config gives MaxStepCount = {value!r}"
+    )
+
+
+def test_a_configuration_without_the_key_keeps_the_default_said_assumed() -> None:
+    config = clients.parse_config(CAPTURED.read_text().replace("MaxStepCount", "Other"))
+    limit = step_limit_from(config)
+    assert (limit.count, limit.read) == (MAX_STEP_COUNT, False)
+    assert limit.source == "Slurm's default MaxStepCount, assumed: scontrol show config has no MaxStepCount"
+
+
+def test_without_scontrol_or_a_configuration_the_default_is_assumed_and_the_dry_run_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no Slurm client at all
+    limit = read_step_limit(os.environ)
+    assert (limit.count, limit.read, limit.why) == (MAX_STEP_COUNT, False, "scontrol is not on PATH")
+    done = torchjob(
+        {**os.environ, "TORCHJOB_SLURM_JOB_ROOT": str(tmp_path / "root")},
+        "run", "examples/pytorch-job.yaml", "--engine", "slurm", "--dry-run", timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (
+        "# job steps: 5 in the first attempt (one per container, init containers too; each restart one "
+        "more); at most 40000 per job: Slurm's default MaxStepCount, assumed: scontrol is not on PATH\n"
+    ) in done.stdout
+    if clients.installed("scontrol"):  # a configuration no client can read: not asked, said why
+        monkeypatch.undo()
+        monkeypatch.setenv("SLURM_CONF", str(tmp_path / "nothing.conf"))
+        limit = read_step_limit(os.environ)
+        assert not limit.read and limit.why.startswith(
+            f"SLURM_CONF={tmp_path / 'nothing.conf'} names no file"
+        )
+
+
+# -- counting a job's steps --------------------------------------------------------------------
+
+
+def test_every_container_of_every_pod_is_a_step_a_plugins_init_container_too() -> None:
+    assert job_steps(_job(_workers(3))) == 3
+    assert job_steps(_job(_workers(3, init=True))) == 6
+    example = _job((Path(__file__).resolve().parent.parent / "examples" / "pytorch-job.yaml").read_text())
+    assert job_steps(example) == 5  # the master, and each of 2 workers with the plugin's wait-for-master
+    job = _job(_workers(3, init=True))
+    with pytest.raises(PlanError) as caught:
+        plan_job(job, SlurmSettings(), "/j", ["ctl"], step_limit=StepLimit(5, read=True))
+    assert caught.value.path == "spec.tasks"
+    assert caught.value.message == (
+        "the job's 3 pods start 6 job steps (a step per container, init containers too); expected at "
+        "most 5, this cluster's MaxStepCount (scontrol show config)"
+    )
+    assert plan_job(job, SlurmSettings(), "/j", ["ctl"], step_limit=StepLimit(6, read=True)).steps == 6
+
+
+def test_a_site_above_or_below_slurms_default_is_held_to_its_own_number() -> None:
+    """50,000 pods where the site allows 100,000 are planned; 30,000 where it allows 20,000 are not
+    (Slurm's default, 40,000, would have said the opposite of both)."""
+    big = _job(_workers(50_000))
+    with pytest.raises(PlanError):
+        plan_job(big, SlurmSettings(), "/j", ["ctl"], step_limit=DEFAULT)
+    assert (
+        len(plan_job(big, SlurmSettings(), "/j", ["ctl"], step_limit=StepLimit(100_000, read=True)).pods)
+        == 50_000
+    )
+    small = _job(_workers(30_000))
+    assert plan_job(small, SlurmSettings(), "/j", ["ctl"]).steps == 30_000
+    with pytest.raises(PlanError) as caught:
+        plan_job(small, SlurmSettings(), "/j", ["ctl"], step_limit=StepLimit(20_000, read=True))
+    assert (
+        "the job has 30000 pods, each a job step; expected at most 20000, this cluster's"
+        in caught.value.message
+    )
+
+
+def test_the_batch_host_plans_under_the_limit_the_login_node_read() -> None:
+    from torchjob.engines.slurm.batch import step_limit_of
+
+    given = {"stepLimit": {"count": 100_000, "read": True, "why": ""}}
+    assert step_limit_of(given) == StepLimit(100_000, read=True)
+    assert step_limit_of({}) == DEFAULT  # a job directory of an older torchjob
+    assert step_limit_of({"stepLimit": {"count": "many"}}) == DEFAULT
+
+
+# -- against a real Slurm whose slurm.conf sets MaxStepCount -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    yield from private_slurm(tmp_path_factory, extra=[f"MaxStepCount={SITE_STEPS}"])
+
+
+@pytest.mark.slow
+def test_the_running_clusters_value_is_read_once_and_a_job_above_it_is_refused_at_its_field(
+    limited: SlurmCluster, tmp_path: Path
+) -> None:
+    live = clients.parse_config(limited.run("scontrol", "show", "config").stdout)
+    assert live["MaxStepCount"] == str(SITE_STEPS)
+    env = cli_env(limited, tmp_path / "root")
+    path = tmp_path / "job.yaml"
+    path.write_text(_workers(SITE_STEPS + 1))
+    said = (
+        f"{path}:5: spec.tasks: the job has {SITE_STEPS + 1} pods, each a job step; expected at most "
+        f"{SITE_STEPS}, this cluster's MaxStepCount (scontrol show config)\n"
+    )
+    for verb in (["run"], ["run", "--dry-run"], ["submit"]):
+        done = torchjob(env, *verb, str(path), "--engine", "slurm")
+        assert (done.returncode, done.stderr, done.stdout) == (2, said, ""), (verb, done.stdout, done.stderr)
+    assert limited.jobs() == [] and job_dirs(tmp_path / "root") == []  # nothing submitted, nothing written
+
+
+@pytest.mark.slow
+def test_a_job_of_as_many_steps_as_the_cluster_allows_runs(limited: SlurmCluster, tmp_path: Path) -> None:
+    """Two pods of an init container and a container: four steps, the cluster's MaxStepCount."""
+    env = cli_env(limited, tmp_path / "root")
+    path = tmp_path / "job.yaml"
+    path.write_text(_workers(2, init=True))
+    dry = torchjob(env, "run", "--dry-run", str(path), "--engine", "slurm")
+    assert (
+        f"# job steps: {SITE_STEPS} in the first attempt (one per container, init containers too; "
+        f"each restart one more); at most {SITE_STEPS} per job: this cluster's MaxStepCount "
+        "(scontrol show config)\n"
+    ) in dry.stdout, dry.stdout
+    done = torchjob(env, "run", str(path), "--engine", "slurm", "-v")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr.count("slurm: scontrol show config") == 1, done.stderr  # once for the command
+    assert limited.jobs() == []
