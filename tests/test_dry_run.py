@@ -132,11 +132,13 @@ def test_a_job_run_accepts_dry_runs_with_exit_0(run_main: Run, tmp_path: Path, h
 
 @pytest.fixture
 def no_allocation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """Outside any Slurm allocation, whatever runs the tests; the engine's jobs under tmp_path."""
+    """Outside any Slurm allocation, whatever runs the tests; the engine's jobs under tmp_path;
+    a slurm.conf that is not there, so that no cluster's MaxStepCount replaces Slurm's default."""
     for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_HET_SIZE", "SLURM_TASKS_PER_NODE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("SLURM_JOB_CPUS_PER_NODE", raising=False)
     monkeypatch.delenv("TORCHJOB_SLURM_NEW_ALLOCATION", raising=False)
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-slurm.conf"))
     root = tmp_path / "slurm-jobs"
     monkeypatch.setenv("TORCHJOB_SLURM_JOB_ROOT", str(root))
     return root
