@@ -138,6 +138,28 @@ def test_the_probe_notices_a_heavy_import() -> None:
     assert json.loads(result.stderr.strip().splitlines()[-1])["heavy"] == ["torch"]
 
 
+def assert_runs_without(unwanted: tuple[str, ...], state: Path, job: Path) -> None:
+    """``torchjob run -q JOB`` succeeds and never imports any of ``unwanted``."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"HEAVY = {unwanted!r}\n{PROBE}",
+            "run",
+            "-q",
+            "--state-dir",
+            str(state),
+            str(job),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = json.loads(result.stderr.strip().splitlines()[-1])
+    assert report["code"] == 0, result.stdout + result.stderr
+    assert report["heavy"] == []
+
+
 def test_run_of_a_short_job_loads_only_what_starting_pods_needs(tmp_path: Path) -> None:
     """The modules a job run used to load while its first ranks started: each took 2-17 ms of CPU.
 
@@ -155,24 +177,7 @@ def test_run_of_a_short_job_loads_only_what_starting_pods_needs(tmp_path: Path) 
         )
     )
     unwanted = ("psutil", "logging", "shutil", "tempfile", "random", "torch", "kubernetes")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"HEAVY = {unwanted!r}\n{PROBE}",
-            "run",
-            "-q",
-            "--state-dir",
-            str(tmp_path),
-            str(job),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    report = json.loads(result.stderr.strip().splitlines()[-1])
-    assert report["code"] == 0, result.stdout + result.stderr
-    assert report["heavy"] == []
+    assert_runs_without(unwanted, tmp_path, job)
 
 
 def test_a_worker_waiting_for_its_master_costs_the_supervisor_no_psutil(tmp_path: Path) -> None:
@@ -196,24 +201,7 @@ def test_a_worker_waiting_for_its_master_costs_the_supervisor_no_psutil(tmp_path
         )
     )
     unwanted = ("psutil", "torch", "kubernetes")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"HEAVY = {unwanted!r}\n{PROBE}",
-            "run",
-            "-q",
-            "--state-dir",
-            str(tmp_path),
-            str(job),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    report = json.loads(result.stderr.strip().splitlines()[-1])
-    assert report["code"] == 0, result.stdout + result.stderr
-    assert report["heavy"] == []
+    assert_runs_without(unwanted, tmp_path, job)
 
 
 # Runs `torchjob run` in-process and reports the modules it loaded by the time the first container

@@ -488,12 +488,11 @@ def test_a_dry_run_tells_what_cannot_run_here_at_the_kinds_fields(tmp_path: Path
     )
     (tmp_path / "ptj.yaml").write_text(text)
     done = _cli(tmp_path, "run", "--dry-run", "ptj.yaml")
-    assert done.returncode == 0, done.stderr
-    assert (
-        "cannot run here: spec.pytorchReplicaSpecs.worker.template.spec.containers[0].envFrom[0]: "
-        "ConfigMap 'cfg' does not exist locally" in done.stdout
-    ), done.stdout
-    assert "spec.tasks" not in done.stdout
+    assert done.returncode == 2, done.stderr  # as `run` refuses it, at the kind's field and line
+    assert ": spec.pytorchReplicaSpecs.worker.template.spec.containers[0].envFrom[0]: " in done.stderr
+    assert "ConfigMap 'cfg' does not exist locally" in done.stderr, done.stderr
+    assert done.stderr.startswith("ptj.yaml:") and done.stderr.count("\n") == 1, done.stderr
+    assert "spec.tasks" not in done.stdout + done.stderr
 
 
 def test_too_many_pods_are_told_at_the_kinds_replica_counts() -> None:

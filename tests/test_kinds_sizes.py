@@ -160,7 +160,7 @@ def test_each_verb_refuses_a_jobset_too_large_for_a_cluster_with_one_line(tmp_pa
 def test_the_local_engine_refuses_more_processes_than_it_can_start_before_planning(tmp_path: Path) -> None:
     """A cluster holds 140,000 pods; this machine does not start as many processes: the local
     engine tells so from the counts (its plan would hold every pod), for a run and validate --local;
-    a dry run shows it as the plan's one problem and no pod."""
+    a dry run says it as the run does, after a plan of no pod."""
     assert process_limit() <= MAX_PROCESSES
     (tmp_path / "ptj.yaml").write_text(_pytorchjob(139_999, ""))
     (tmp_path / "tj.yaml").write_text(_trainjob(20_000, 4))  # 100,000 processes: torchrun's 4 and agent
@@ -178,7 +178,8 @@ def test_the_local_engine_refuses_more_processes_than_it_can_start_before_planni
     assert done.returncode == 2, done.stderr
     assert "the job has 20000 pods of up to 5 processes (torchrun and its ranks)" in done.stderr, done.stderr
     dry = _cli(tmp_path, "run", "--dry-run", "ptj.yaml")
-    assert "cannot run here: spec.pytorchReplicaSpecs: the job has 140000 pods" in dry.stdout, dry.stdout
+    assert dry.returncode == 2, dry.stderr
+    assert dry.stderr.startswith("ptj.yaml:5: spec.pytorchReplicaSpecs: the job has 140000 pods;"), dry.stderr
     assert "\npod " not in dry.stdout, dry.stdout[:2000]
 
 

@@ -67,15 +67,25 @@ def test_the_plan_resolves_variables_in_commands(tmp_path: Path) -> None:
     assert "  main: sh -c 'echo index 1'" in text.splitlines()
 
 
-def test_a_problem_is_in_the_plan_and_start_refuses_it(tmp_path: Path) -> None:
+def test_a_problem_is_the_plans_refusal_and_start_refuses_it_so(tmp_path: Path) -> None:
+    """What stops the job here is the plan's refusal (run --dry-run says it): the very problems
+    start refuses the plan with, found without making anything."""
     from torchjob.errors import SpecError
 
     job = load_jobs_from_text(SIMPLE.replace("command: [sh, -c, 'echo index $(VC_TASK_INDEX)']", ""))[0].job
     engine = LocalEngine(tmp_path / "state")
     plan = engine.plan(job, StartOptions())
-    assert "cannot run here: spec.tasks[0].template.spec.containers[0].command" in plan.text
-    with pytest.raises(SpecError):
+    refused = plan.refused()
+    assert isinstance(refused, SpecError), refused
+    assert [p.path for p in refused.problems] == ["spec.tasks[0].template.spec.containers[0].command"]
+    assert "pod simple-worker-1" in plan.text and "cannot run here" not in plan.text
+    assert not (tmp_path / "state").exists()
+    with pytest.raises(SpecError) as started:
         engine.start(plan)
+    assert [(p.path, p.message) for p in started.value.problems] == [
+        (p.path, p.message) for p in refused.problems
+    ]
+    assert engine.plan(load_jobs_from_text(SIMPLE)[0].job, StartOptions()).refused() is None
 
 
 PROBE = """

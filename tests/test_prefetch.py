@@ -233,7 +233,8 @@ sys.exit(cli.main())
         ("[", 2, "problems"),
         ("{tasks: 3}", 2, "documents"),
         (
-            "{tasks: [{name: w, replicas: 1, template: {spec: {containers: [{name: c, image: i}]}}}]}",
+            "{tasks: [{name: w, replicas: 1, template: {spec: {containers: [{name: c, image: i, "
+            "command: ['true']}]}}}]}",
             0,
             "documents",
         ),

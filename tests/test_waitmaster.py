@@ -650,3 +650,75 @@ def test_a_flood_of_nudges_neither_breaks_nor_silences_the_timeout(
     timed_out = f"wait-for-master: timed out: nothing accepted a TCP connection on 127.0.0.1:{closed_port}"
     assert run.stderr.startswith(timed_out) and run.stderr.count("\n") == 1, run.stderr
     assert run.stdout.count("not ready yet") == 1, run.stdout
+
+
+# --- a nudge just after a `wait`: bash ends the next `wait` with it ---------------------------------
+
+
+def _strace() -> str:
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed (Debian package 'strace')")
+    tried = subprocess.run([strace, "-o", os.devnull, "true"], capture_output=True, timeout=30)
+    if tried.returncode != 0:
+        pytest.skip(f"strace cannot trace here: {tried.stderr.decode(errors='replace').strip()}")
+    return strace
+
+
+def _nudged_at(strace: str, shell: Shell, script: Path, call: int, trace: Path) -> tuple[str, str]:
+    """Run ``shell script`` with SIGWINCH put at its ``call``-th rt_sigprocmask (0: none): its
+    output and strace's record of its rt_sigprocmask, wait4, clone and openat calls and SIGWINCH."""
+    argv = [strace, "-o", str(trace), "-e", "trace=rt_sigprocmask,wait4,clone,openat", "-e", "signal=WINCH"]
+    if call:
+        argv += ["-e", f"inject=rt_sigprocmask:signal=WINCH:when={call}"]
+    done = subprocess.run(
+        [*argv, shell.sh, str(script)],
+        env={"PATH": str(shell.path)},
+        capture_output=True,
+        text=True,
+        timeout=RUN_LIMIT,
+        start_new_session=True,
+    )
+    return done.stdout, trace.read_text()
+
+
+@pytest.mark.parametrize(
+    "then",
+    [
+        'nap 0.01\nnap 0.2 2>/dev/null\necho "rc=$?"',  # heard by the first nap; the second sleeps
+        'bounded sleep 0.2\necho "rc=$?"',  # a probe (no `timeout`: the watchdog's way) waited for
+    ],
+    ids=["nap", "watchdog-probe"],
+)
+def test_a_nudge_just_after_a_wait_does_not_cut_the_next_wait_short(then: str, tmp_path: Path) -> None:
+    """bash 5 keeps a SIGWINCH that lands just after a `wait` returned, before the next command,
+    and ends the next `wait` with it at once (128 + SIGWINCH), though the nudge's trap has run and
+    the nudge was heard. Before, a nap took that for its sleep's failure (and slept 1 s, the
+    fallback) and a probe for a failed one (left running without its watchdog).
+
+    The script's own functions, then a `wait` for a child; strace puts the nudge at each of the
+    next rt_sigprocmask calls in turn. The script is a file here: bash reads it between commands,
+    which puts system calls into that window (under ``sh -c`` the window is as real, but has none
+    to put a signal at). Each time, the nap sleeps its time and the probe is waited for (status 0).
+    """
+    strace = _strace()
+    shell = make_shell("bash-no-timeout", tmp_path)
+    script = wait_for_master_script("127.0.0.1", 9, 60)
+    functions = script[: script.index('say "waiting up to')]
+    marker = ": </proc/self/status\n"  # the wait below is the first one after this file is opened
+    path = tmp_path / "script.sh"
+    path.write_text(f'{functions}{marker}sleep 0.05 & child=$!\nwait "$child"\nstatus=$?\n{then}\n')
+    out, trace = _nudged_at(strace, shell, path, 0, tmp_path / "plain.trace")
+    assert out == "rc=0\n", out
+    calls, marked, reaped = 0, False, None
+    for line in trace.splitlines():
+        calls += line.startswith("rt_sigprocmask")
+        marked = marked or "/proc/self/status" in line
+        if marked and re.match(r"wait4\(-1, \[.*\], 0, NULL\)", line):  # the wait that reaped the child
+            reaped = calls
+            break
+    assert reaped is not None, trace
+    for call in range(reaped + 1, reaped + 9):  # past the wait: in bash 5.2.15, the 4th to 7th
+        out, nudged = _nudged_at(strace, shell, path, call, tmp_path / f"{call}.trace")
+        assert "--- SIGWINCH" in nudged, f"no nudge at call {call}"
+        assert out == "rc=0\n", f"nudged at rt_sigprocmask {call} ({call - reaped} after the wait): {out}"

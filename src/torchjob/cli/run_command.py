@@ -227,8 +227,11 @@ def run_run(args: argparse.Namespace) -> int:
     engine = chosen_engine(args)
     try:
         plan = engine.plan(item.job, options)  # what the engine will do; nothing started yet
-        if args.dry_run:
-            print(plan.text)
+        if args.dry_run:  # the plan, then what `run` would refuse it with (exit 2): nothing starts
+            print(plan.text, flush=True)
+            refused = plan.refused()
+            if refused is not None:
+                raise refused
             return EXIT_OK
         report = engine.start(plan)  # that plan carried out: checks first what stops the job there
     except SpecError as err:  # with the file's line numbers for the fields it names

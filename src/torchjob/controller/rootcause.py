@@ -28,17 +28,18 @@ if TYPE_CHECKING:
 LOG_TAIL_LINES = 20  # lines of the root cause's log in its report
 _TAIL_BYTES = 65536  # read from the end of a failed container's log: torchrun's report and before
 ROOT_CAUSE = "Root Cause (first observed failure):"  # in torchrun's report of a failed rank
+# The patterns are text: re compiles (and caches) each at its first use, once a container failed,
+# not at every job's start (this module is loaded before the first pod: every status report).
 # torchrun's own log lines: "E1126 16:19:13.695000 9050 torch/distributed/elastic/...] ..."
-_TORCHRUN_LOG = re.compile(r"[DIWEF]\d{4} [\d:.]+ \d+ torch/distributed/")
+_TORCHRUN_LOG = r"[DIWEF]\d{4} [\d:.]+ \d+ torch/distributed/"
 _TRACEBACK = "Traceback (most recent call last):"
-_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
+_EXCEPTION = r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$"
 # What a rank says when a peer went away first: not the cause of the job's failure.
-_PEER_LOST = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|Connection refused|"
+_PEER_LOST = (
+    r"(?i)Connection closed by peer|Connection reset by peer|Broken pipe|Connection refused|"
     r"DistNetworkError|DistBackendError|DistStoreError|ECONNRESET|ECONNREFUSED|recvValue|"
     r"Socket Timeout|timed out|TCPStore|Gloo connectFullMesh|NCCL communicator was aborted|"
-    r"ProcessGroup.*(?:abort|shut ?down)|lost connection",
-    re.IGNORECASE,
+    r"ProcessGroup.*(?:abort|shut ?down)|lost connection"
 )
 # Exceptions that tell of a stop from outside or of another rank, not of the program's own fault.
 _NOT_THE_PROGRAM = ("KeyboardInterrupt", "SignalException", "ChildFailedError", "SystemExit")
@@ -107,8 +108,10 @@ def torchrun_root_cause(lines: list[str]) -> tuple[int, int | None, list[str]] |
         weighed.append((weigh(own, code) if own else -1, -order, rank, code, own))
     _, _, rank, code, own = max(weighed)
     if not own:
-        ends = [i for i, line in enumerate(lines) if _TORCHRUN_LOG.match(line) and "failed (exitcode" in line]
-        own = [line for line in lines[: ends[0] if ends else starts[-1]] if not _TORCHRUN_LOG.match(line)]
+        ends = [
+            i for i, line in enumerate(lines) if re.match(_TORCHRUN_LOG, line) and "failed (exitcode" in line
+        ]
+        own = [line for line in lines[: ends[0] if ends else starts[-1]] if not re.match(_TORCHRUN_LOG, line)]
         while own and not own[-1].strip():
             own.pop()
     return rank, code, own
@@ -122,7 +125,7 @@ def raised(lines: list[str]) -> str | None:
     for line in lines[starts[-1] + 1 :]:
         if line[:1].isspace() or not line.strip():
             continue  # a frame, or its source line
-        return line.strip() if _EXCEPTION.match(line.strip()) else None
+        return line.strip() if re.match(_EXCEPTION, line.strip()) else None
     return None
 
 
@@ -131,14 +134,14 @@ def weigh(lines: list[str], exit_code: int | None) -> int:
     exception = raised(lines)
     if exception is not None:
         name = exception.partition(":")[0].rpartition(".")[2]
-        if name not in _NOT_THE_PROGRAM and not _PEER_LOST.search(exception):
+        if name not in _NOT_THE_PROGRAM and not re.search(_PEER_LOST, exception):
             return RAISED
         if name in ("KeyboardInterrupt", "SignalException"):
             return STOPPED
         return PEER_LOST
     if exit_code in _STOPPED:
         return STOPPED
-    if any(_PEER_LOST.search(line) for line in lines[-LOG_TAIL_LINES:]):
+    if any(re.search(_PEER_LOST, line) for line in lines[-LOG_TAIL_LINES:]):
         return PEER_LOST
     return EXITED
 

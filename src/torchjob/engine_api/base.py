@@ -218,9 +218,11 @@ class Plan:
     ``detail`` is the engine's own (the local engine's expanded, checked job; a cluster engine's
     objects); only the engine that made the plan reads it (:meth:`detail_for`). ``text``, what the
     engine will do for a person, is written when first asked for: a run that is not a dry run
-    never pays for it. A plain class, not a record: its text is a property."""
+    never pays for it. ``refused()`` is what ``start`` would refuse the plan with before
+    starting anything (``run --dry-run`` says it and exits as ``run`` would); also asked only
+    when wanted. A plain class, not a record: its text is a property."""
 
-    __slots__ = ("_describe", "_text", "detail", "engine", "job", "options")
+    __slots__ = ("_describe", "_refusal", "_text", "detail", "engine", "job", "options")
 
     def __init__(
         self,
@@ -229,8 +231,11 @@ class Plan:
         options: StartOptions,
         text: str | Callable[[], str],  # the text, or what writes it when asked
         detail: Any = None,
+        # What finds the error start would raise before anything starts (None: it would start).
+        refusal: Callable[[], Exception | None] | None = None,
     ) -> None:
         self.engine, self.job, self.options, self.detail = engine, job, options, detail
+        self._refusal = refusal
         self._text: str | None = text if isinstance(text, str) else None
         self._describe: Callable[[], str] | None = None if isinstance(text, str) else text
 
@@ -241,6 +246,13 @@ class Plan:
             assert self._describe is not None
             self._text = self._describe()
         return self._text
+
+    def refused(self) -> Exception | None:
+        """The very error ``start`` would refuse this plan with before it starts or makes anything
+        (a ``SpecError`` naming the job's fields, an ``EngineError``), or None when it would start
+        it. Found without writing anything; an engine that refuses a job in ``plan`` itself (it
+        cannot plan it) raises there instead."""
+        return None if self._refusal is None else self._refusal()
 
     def detail_for(self, engine: str) -> Any:
         """The plan's detail, for the engine that made it; another engine is refused in one line."""

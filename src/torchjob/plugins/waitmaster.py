@@ -11,10 +11,12 @@ Debian's busybox, whose ``nc`` has no ``-z``, and ash has no ``/dev/tcp``; this 
 
 Between polls the script naps ``TORCHJOB_WAIT_INTERVAL`` seconds, and a nudge wakes it: SIGWINCH
 sent to its shell (that pid, the container's main process) ends the nap at once and it polls
-again, so whoever can see the master's port open (the local engine) may let it poll slowly. A nudge
-that comes during a poll skips the next nap; one that comes before the trap is set is ignored, as
-shells ignore SIGWINCH. A nudge never ends the script, prints nothing, leaves no ``sleep`` behind
-and moves neither the timeout nor the progress lines.
+again, so whoever can see the master's port open (the local engine) may let it poll slowly. The
+trap kills the nap's ``sleep`` itself, so a nudge that lands between the nap's last look at the
+count and its ``wait`` is not lost; a ``wait`` ended by SIGWINCH is waited again (bash 5 may end
+one with an earlier nudge). A nudge that comes during a poll skips the next nap; one that comes
+before the trap is set is ignored, as shells ignore SIGWINCH. A nudge never ends the script,
+prints nothing, leaves no ``sleep`` behind and moves neither the timeout nor the progress lines.
 
 Every value put into the script is validated first and shell-quoted anyway.
 """
@@ -34,10 +36,12 @@ _HOST_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _INTERVAL_RANGE = (0.01, 60.0)
 
 # Doubled braces are literal braces for str.format; {host} and friends are filled in.
-_TEMPLATE = r"""# A nudge (SIGWINCH, ignored until now) wakes the nap between polls: the trap only counts
-# it, and nap() compares the count, so one that comes during a probe still ends the next nap.
-nudges=0 heard=0
-trap 'nudges=$((nudges + 1))' WINCH
+_TEMPLATE = r"""# A nudge (SIGWINCH, ignored until now) wakes the nap between polls: the trap counts it and
+# ends the nap's sleep, if one runs (nap_pid), so the nap ends wherever the nudge lands: before its
+# `wait` starts, in it, or after it. nap() compares the count, so one that comes during a probe
+# still ends the next nap. (nap_pid is set here first: a value from the environment is no pid.)
+nudges=0 heard=0 nap_pid=
+trap 'nudges=$((nudges + 1)); [ -z "$nap_pid" ] || kill "$nap_pid" 2>/dev/null' WINCH
 # Command substitutions are written with backquotes: bash 5.2 parses a $(...) again each time it
 # expands it, and a trap that runs meanwhile fails to parse ("unexpected EOF") and says so on stderr.
 host={host}
@@ -71,8 +75,10 @@ uids="${{{uids_env}:-}}"
 hexport={hexport}
 # A shell's `read` takes a file one byte at a time, and each byte of /proc/net/tcp is a system call
 # that walks the kernel's socket table: tens of ms a pass on a busy machine, CPU taken from the
-# master while it starts. With a cat, one read takes both tables, and only rows naming the port are
-# split (by the shell, without `read`).
+# master while it starts (bash's `read` is worse: it reads ahead and seeks back after each line, so
+# the kernel walks the table again for every row, half a second for 400 rows). With a cat, one read
+# takes both tables, and only rows naming the port are split (by the shell, without `read`);
+# without one, bash reads each table whole itself (`< FILE` in a command substitution: bash only).
 command -v cat >/dev/null 2>&1 && cat=cat || cat=
 row() {{  # one row of a table: sl laddr raddr st queues timer retr uid ...
   [ "$4" = 0A ] || return 0
@@ -89,7 +95,15 @@ owner() {{
     [ -r "$table" ] && tables="$tables $table"
   done
   [ -n "$tables" ] || return 0  # no /proc to read (not Linux, or hidden): cannot tell
-  if [ -z "$cat" ]; then
+  if [ -n "$cat" ]; then
+    rows=`"$cat" $tables 2>/dev/null` || return 1
+  elif [ -n "${{BASH_VERSION:-}}" ]; then
+    rows=
+    for table in $tables; do
+      part=`< $table` && rows="$rows
+$part"
+    done
+  else
     for table in $tables; do
       while read -r sl laddr raddr st queues timer retr uid rest; do
         row "$sl" "$laddr" "$raddr" "$st" "$queues" "$timer" "$retr" "$uid"
@@ -97,7 +111,6 @@ owner() {{
     done
     return "$state"
   fi
-  rows=`"$cat" $tables 2>/dev/null` || return 1
   case $rows in *:"$hexport "*) ;; *) return 1 ;; esac  # nothing on the port: the usual poll
   set -f
   IFS='
@@ -121,8 +134,26 @@ else
   clock() {{ now=`date +%s`; }}
 fi
 
+# Wait until child $1 has ended; its own status in $reaped. A nudge ends a `wait` early with
+# 128 + SIGWINCH's number, and so may one that came just after an earlier `wait` returned (bash 5
+# keeps it and ends the next `wait` with it, though its trap has run): the child runs on, so wait
+# again. No process ends by SIGWINCH (it is ignored unless caught), so that status is never its own.
+reap() {{
+  while :; do
+    wait "$1"
+    reaped=$?
+    [ "$reaped" -gt 128 ] || return 0
+    case `kill -l "$reaped" 2>/dev/null` in
+    WINCH | SIGWINCH) ;;
+    *) return 0 ;;
+    esac
+  done
+}}
+
 # Run "$@" for at most $limit seconds. `timeout` does it where it works (some old busybox builds
-# want `timeout -t N`, so try it once); otherwise a background watchdog kills the probe.
+# want `timeout -t N`, so try it once); otherwise a background watchdog kills the probe. Stopped,
+# the watchdog ends its own sleep: by its trap, or, when TERM came before the sleep's pid was
+# known, once it is (a shell runs a trap between commands).
 if timeout "$limit" true >/dev/null 2>&1; then
   bounded() {{ timeout "$limit" "$@"; }}
 else
@@ -130,21 +161,17 @@ else
     "$@" &
     probe_pid=$!
     (
-      trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+      stop= dog_nap=
+      trap 'stop=1; [ -z "$dog_nap" ] || kill "$dog_nap"' TERM
       sleep "$limit" &
-      nap=$!
-      wait "$nap" && kill "$probe_pid"
+      dog_nap=$!
+      [ -z "$stop" ] || kill "$dog_nap"
+      wait "$dog_nap" && [ -z "$stop" ] && kill "$probe_pid"
     ) >/dev/null 2>&1 &
     dog_pid=$!
-    # A nudge ends a `wait` early (status > 128); then the probe is still running: wait on.
-    until
-      before=$nudges
-      wait "$probe_pid"
-      probe_rc=$?
-      [ "$probe_rc" -le 128 ] || [ "$nudges" = "$before" ]
-    do :; done
+    reap "$probe_pid"
     kill "$dog_pid" 2>/dev/null
-    return "$probe_rc"
+    return "$reaped"
   }}
 fi
 
@@ -164,25 +191,19 @@ probe() {{
   esac
 }}
 
-# Sleep $1 seconds, or less: a nudge ends the nap at once (and kills its sleep), and one heard since
-# the last nap means no nap at all. A `sleep` in the foreground would hold the trap until it ended;
-# `wait` returns as soon as a trapped signal arrives. Status: the sleep's, 0 when nudged.
+# Sleep $1 seconds, or less: a nudge ends the nap at once (its trap kills the sleep), and one
+# heard since the last nap means no nap at all. A `sleep` in the foreground would hold the trap
+# until it ended; `wait` returns as soon as a trapped signal arrives. Status: the sleep's, 0 when
+# nudged.
 nap() {{
   [ "$nudges" = "$heard" ] || {{ heard=$nudges; return 0; }}
   sleep "$1" &
   nap_pid=$!
-  nap_rc=256  # not waited for: a nudge came while the sleep started
-  [ "$nudges" != "$heard" ] || {{ wait "$nap_pid"; nap_rc=$?; }}
-  [ "$nudges" != "$heard" ] || return "$nap_rc"
-  heard=$nudges
-  [ "$nap_rc" -gt 128 ] || return 0  # the sleep had ended by itself: nothing to kill
-  kill "$nap_pid"
-  until  # reap it; a further nudge may end this wait early too (and is heard at the next nap)
-    before=$nudges
-    wait "$nap_pid"
-    [ "$nudges" = "$before" ]
-  do :; done
-  return 0
+  [ "$nudges" = "$heard" ] || kill "$nap_pid" 2>/dev/null  # its trap ran before nap_pid was set
+  reap "$nap_pid"
+  nap_pid=
+  [ "$nudges" = "$heard" ] || {{ heard=$nudges; return 0; }}
+  return "$reaped"
 }}
 
 ready() {{

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from torchjob.errors import Issue
     from torchjob.spec.model import Job
 
-__all__ = ["RunOptions", "RunResult", "check_job", "run_job"]
+__all__ = ["RunOptions", "RunResult", "check_job", "refusal", "run_job"]
 
 
 @record
@@ -85,6 +85,23 @@ def _raise_problems(job: Job, plan: LocalPlan | None) -> None:
         raise SpecError([Problem.of(issue) for issue in problems])
 
 
+def refusal(job: Job, planned: LocalPlan, queue: bool = True) -> Exception | None:
+    """What ``run_job`` would refuse ``job`` (planned as ``planned``) with before it makes anything,
+    found without writing: its problems here, then the local queue's refusals (an unknown queue or
+    priority class, a gang that asks more GPUs than there are; ``queue``: the job is queued). The
+    queue's directory and the port registry, which a start opens (and may create), are not
+    looked at: what is wrong with them is the machine's, told when a job starts."""
+    from torchjob.errors import SpecError
+
+    try:
+        _raise_problems(job, planned)
+        if queue:
+            _admission_plan(job, place=False)
+    except SpecError as err:
+        return err
+    return None
+
+
 def _check_registry(job: Job) -> None:
     """An unsafe or stuck port registry is refused before the job directory is made."""
     from torchjob.engines.local import ports
@@ -132,8 +149,9 @@ def run_job(
     return _supervise(job, job_dir.path, options, stream=stream, plan=plan, planned=planned)
 
 
-def _admission_plan(job: Job) -> Plan | None:
-    """What the local queue needs of the job; None when it asks for nothing (then it never waits)."""
+def _admission_plan(job: Job, place: bool = True) -> Plan | None:
+    """What the local queue needs of the job; None when it asks for nothing (then it never waits).
+    ``place``: the queue's directory is checked usable too (its lock file is made if missing)."""
     if not any(
         (c.get("resources") or {}).get(kind)
         for task in job.spec.tasks
@@ -147,8 +165,9 @@ def _admission_plan(job: Job) -> Plan | None:
     from torchjob.engines.local.admission import plan_for
 
     plan = plan_for(job)
-    if plan is not None:  # the queue's directory must be usable before the job is made (its lock
-        from torchjob.engines.local.admission import check_place  # may be held: the job waits)
+    # The queue's directory must be usable before the job is made (its lock may be held: the job waits).
+    if plan is not None and place:
+        from torchjob.engines.local.admission import check_place
 
         check_place()
     return plan

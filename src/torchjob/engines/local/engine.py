@@ -93,7 +93,17 @@ class LocalEngine:
         from torchjob.engines.local.planning import plan_text
 
         local = self._plan_of(job)  # the expansion check or warnings made of this job, if they did
-        return Plan(self.name, job, options, lambda: plan_text(job, local), local)
+
+        def refusal() -> Exception | None:  # start's own checks, in its order (run --dry-run)
+            from torchjob.engines.local import refusal
+
+            try:
+                self._usable_root()
+            except EngineError as err:
+                return err
+            return refusal(job, local, queue=ENGINE.value(options, "queue"))
+
+        return Plan(self.name, job, options, lambda: plan_text(job, local), local, refusal)
 
     def start(self, plan: Plan) -> JobReport:
         from torchjob.engines.local import RunOptions, run_job

@@ -15,15 +15,23 @@ import sys
 from collections.abc import Callable
 
 from torchjob.controller.kubelet import Container, Pod
-from torchjob.controller.rootcause import log_tail
 from torchjob.engines.local.output import short_name
 
-_NO_TORCH = re.compile(r"ModuleNotFoundError: No module named 'torch(?:\.\w+)*'")
+# Patterns as text: re compiles (and caches) them at a failure's first look, not at every job's
+# start, where this module is loaded before the first pod.
+_NO_TORCH = r"ModuleNotFoundError: No module named 'torch(?:\.\w+)*'"
 # What resolvers and sockets say without a route or a name server (glibc, Python, curl, pip, requests).
-_NO_NETWORK = re.compile(
+_NO_NETWORK = (
     r"Temporary failure in name resolution|Network is unreachable|Could not resolve host"
     r"|Name or service not known|Failed to resolve|\[Errno -3\]|\[Errno 101\]"
 )
+
+
+def _says(container: Container, pattern: str) -> bool:
+    """Whether the end of the container's log has a line matching ``pattern``."""
+    from torchjob.controller.rootcause import log_tail  # (its own patterns: compiled on import)
+
+    return any(re.search(pattern, line) for line in log_tail(container.log))
 
 
 def missing_torch(container: Container) -> str | None:
@@ -31,7 +39,7 @@ def missing_torch(container: Container) -> str | None:
     its log ends in torch's ModuleNotFoundError; None otherwise."""
     if container.exit_code in (None, 0) or container.spec.run.argv[:1] != [sys.executable]:
         return None
-    if not any(_NO_TORCH.search(line) for line in log_tail(container.log)):
+    if not _says(container, _NO_TORCH):
         return None
     return (
         f"container {container.name}: {sys.executable} (the interpreter torchjob runs a container's "
@@ -45,7 +53,7 @@ def no_network(container: Container) -> str | None:
     network) says it could not resolve a name or reach a network; None otherwise."""
     if container.exit_code in (None, 0):
         return None
-    if not any(_NO_NETWORK.search(line) for line in log_tail(container.log)):
+    if not _says(container, _NO_NETWORK):
         return None
     return (
         f"container {container.name} could not reach the network: the job has a network of its "

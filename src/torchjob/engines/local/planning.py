@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torchjob.errors import Issue
 from torchjob.records import record
-from torchjob.spec.model import Job, own_path
+from torchjob.spec.model import Job
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -81,8 +81,6 @@ def plan_text(job: Job, plan: LocalPlan) -> str:
         ports = ", ".join(map(str, declared))
         lines.append(f"ports to reserve: {ports} (each mapped to a free host port when the job starts)")
     lines.append("addresses: each pod its own loopback address (pod names, where they resolve, name them)")
-    for problem in plan.problems:  # a kind's job: at the kind's paths
-        lines.append(f"cannot run here: {own_path(job, problem.path)}: {problem.message}")
     for pod in plan.state.pods if plan.state is not None else []:
         spec = pod.manifest["spec"]
         env = {e.get("name"): e.get("value") for c in spec["containers"] for e in c.get("env") or []}

@@ -151,7 +151,18 @@ class SlurmEngine:
             shown = plan_text(job, plan, job_id, job_dir, allocation).replace(job_id, f"{job.name}-<id>")
             return shown + "\n# <id>: six hex digits, drawn anew by each run"
 
-        return Plan(self.name, job, options, text, detail=(job_id, plan))
+        def refusal() -> Exception | None:  # start's check of the allocation, from its variables alone
+            from torchjob.engines.slurm.allocation import check_fits
+
+            try:
+                check_fits(plan, os.environ)
+            except EngineError as err:
+                return err
+            return None
+
+        # What start asks Slurm itself (its clients, a partition's nodes) a plan does not ask.
+        refused = refusal if allocation is not None else None
+        return Plan(self.name, job, options, text, detail=(job_id, plan), refusal=refused)
 
     # ------------------------------------------------------------------ start
 
