@@ -343,6 +343,9 @@ CLI_TASK = textwrap.dedent(
         import torch.distributed as dist
         dist.init_process_group("gloo")
         size = dist.get_world_size()
+        # Without a collective a rank may leave while its peer still finishes gloo's handshake
+        # (the peer then fails: "Connection closed by peer"), under torchrun as here.
+        dist.barrier()
         dist.destroy_process_group()
         return {"world": size}
     """
