@@ -34,6 +34,20 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture(autouse=True)
+def _signal_handlers_as_found() -> Iterator[None]:
+    """Code run in-process may install handlers for the signals that stop a job and keep them (the
+    Slurm batch host's loop does, as the process it runs in ends with it). A later test in the same
+    worker must not inherit them: its Ctrl-C or SIGTERM would go to a finished loop."""
+    import signal
+
+    kept = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for signum, handler in kept.items():
+        if handler is not None and signal.getsignal(signum) is not handler:
+            signal.signal(signum, handler)
+
+
+@pytest.fixture(autouse=True)
 def _torchjob_logger_as_found() -> Iterator[None]:
     """An in-process command with -v or TORCHJOB_LOG configures torchjob's logger: a level, and a
     handler on that test's captured stderr, closed once the test ends. A later test in the same
