@@ -37,10 +37,15 @@ if TYPE_CHECKING:
 def _signal_handlers_as_found() -> Iterator[None]:
     """Code run in-process may install handlers for the signals that stop a job and keep them (the
     Slurm batch host's loop does, as the process it runs in ends with it). A later test in the same
-    worker must not inherit them: its Ctrl-C or SIGTERM would go to a finished loop."""
+    worker must not inherit them: its Ctrl-C or SIGTERM would go to a finished loop. Each test
+    starts with Python's own Ctrl-C handler and ends with the handlers it found."""
     import signal
 
     kept = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    # A test that sends itself Ctrl-C expects Python's own handler (KeyboardInterrupt), whatever a
+    # library imported by another test module installed (flytekit's exits the process at import).
+    if kept[signal.SIGINT] is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     for signum, handler in kept.items():
         if handler is not None and signal.getsignal(signum) is not handler:
