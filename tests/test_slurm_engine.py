@@ -332,20 +332,19 @@ def cancelled(slurm: SlurmCluster) -> bool:
     return bool(states) and all(state in ("CANCELLED", "COMPLETING") for state in states)
 
 
-@pytest.mark.parametrize(
-    "signals", [(signal.SIGINT,), (signal.SIGTERM,), (signal.SIGINT, signal.SIGINT, signal.SIGTERM)]
-)
-def test_ctrl_c_while_following_cancels_the_job(
-    slurm: SlurmCluster, tmp_path: Path, signals: tuple[int, ...]
-) -> None:
-    env = cli_env(slurm, tmp_path / "root")
-    marker = uuid.uuid4().hex
-    # A program that ignores SIGTERM: Slurm needs KillWait (3 s) to end it, and more Ctrl-C come.
+def ignoring_sigterm(tmp_path: Path, marker: str) -> Path:
+    """A job whose program ignores SIGTERM (Slurm needs KillWait, 3 s, to end it: more Ctrl-C
+    come meanwhile), says "up" and sleeps; ``marker`` names its process."""
     code = (
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
         f"time.sleep(600)  # {marker}"
     )
-    path = job_file(tmp_path, [task("w", code)])
+    return job_file(tmp_path, [task("w", code)])
+
+
+def following(env: dict[str, str], path: Path) -> subprocess.Popen[str]:
+    """``torchjob run PATH --engine slurm`` in a process group of its own (signalled as a terminal
+    signals one), once it follows the job's program (its "up" line)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "torchjob", "run", str(path), "--engine", "slurm"],
         env=env,
@@ -353,12 +352,23 @@ def test_ctrl_c_while_following_cancels_the_job(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # its own process group, signalled as a terminal signals one
+        start_new_session=True,
     )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert "up" in line, line
+    return process
+
+
+@pytest.mark.parametrize(
+    "signals", [(signal.SIGINT,), (signal.SIGTERM,), (signal.SIGINT, signal.SIGINT, signal.SIGTERM)]
+)
+def test_ctrl_c_while_following_cancels_the_job(
+    slurm: SlurmCluster, tmp_path: Path, signals: tuple[int, ...]
+) -> None:
+    marker = uuid.uuid4().hex
+    process = following(cli_env(slurm, tmp_path / "root"), ignoring_sigterm(tmp_path, marker))
     try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert "up" in line, line
         first, *more = signals
         os.killpg(process.pid, first)
         if more:  # a second Ctrl-C (or a forwarded SIGTERM) while the first's cancel waits: the job

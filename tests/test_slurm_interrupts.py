@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slurm_cluster import SlurmCluster
-from test_slurm_engine import REPO, cancelled, cli_env, job_file, status_json, task, torchjob, wait_for
+from test_slurm_engine import cancelled, cli_env, following, ignoring_sigterm, status_json, torchjob, wait_for
 from test_slurm_steps import no_process_left
 from torchjob.engine_api.base import EngineError
 from torchjob.engines.slurm import cancel, clients, follow
@@ -83,30 +82,6 @@ def test_a_signal_whose_raise_was_lost_in_a_finalizer_ends_the_follow_at_its_nex
 # ---------------------------------------------------------------------- end to end, real Slurm
 
 
-def _ignoring_sigterm(tmp_path: Path, marker: str) -> Path:
-    code = (
-        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
-        f"time.sleep(600)  # {marker}"
-    )
-    return job_file(tmp_path, [task("w", code)])
-
-
-def _start(env: dict[str, str], path: Path) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "torchjob", "run", str(path), "--engine", "slurm"],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, signalled as a terminal signals one
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    assert "up" in line, line
-    return process
-
-
 def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
 
@@ -126,7 +101,7 @@ def test_ctrl_c_and_sigterm_landing_together_are_one_stop(slurm: SlurmCluster, t
     """Both pending when torchjob runs again: the first raises wherever it lands, the second is
     handled while that unwinds, before any stop could set a handler of its own."""
     marker = uuid.uuid4().hex
-    process = _start(cli_env(slurm, tmp_path / "root"), _ignoring_sigterm(tmp_path, marker))
+    process = following(cli_env(slurm, tmp_path / "root"), ignoring_sigterm(tmp_path, marker))
     try:
         os.kill(process.pid, signal.SIGSTOP)
         wait_for(lambda: _state(process.pid) == "T", 10, "torchjob stopped")
@@ -172,7 +147,7 @@ def test_a_second_ctrl_c_does_not_end_the_stops_ping(slurm: SlurmCluster, tmp_pa
     env = cli_env(slurm, tmp_path / "root", HOLD=str(hold))
     env["PATH"] = f"{wrapper.parent}{os.pathsep}{env.get('PATH', os.defpath)}"
     marker = uuid.uuid4().hex
-    process = _start(env, _ignoring_sigterm(tmp_path, marker))
+    process = following(env, ignoring_sigterm(tmp_path, marker))
     go = None
     try:
 
@@ -204,7 +179,7 @@ def test_a_second_ctrl_c_does_not_end_the_stops_ping(slurm: SlurmCluster, tmp_pa
 def _running_job(slurm: SlurmCluster, tmp_path: Path, marker: str) -> tuple[dict[str, str], str, str]:
     """A detached job whose program is deaf to SIGTERM, running: (its env, its id, Slurm's id)."""
     env = cli_env(slurm, tmp_path / "root")
-    done = torchjob(env, "run", str(_ignoring_sigterm(tmp_path, marker)), "--engine", "slurm", "-d")
+    done = torchjob(env, "run", str(ignoring_sigterm(tmp_path, marker)), "--engine", "slurm", "-d")
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
     wait_for(lambda: status_json(env, job_id)["phase"] == "Running", 60, "the job running")
