@@ -94,7 +94,7 @@ class LocalEngine:
 
         local = self._plan_of(job)  # the expansion check or warnings made of this job, if they did
 
-        def refusal() -> Exception | None:  # start's own checks, in its order (run --dry-run)
+        def refused() -> Exception | None:  # start's own checks, in its order (run --dry-run)
             from torchjob.engines.local import refusal
 
             try:
@@ -103,7 +103,7 @@ class LocalEngine:
                 return err
             return refusal(job, local, queue=ENGINE.value(options, "queue"))
 
-        return Plan(self.name, job, options, lambda: plan_text(job, local), local, refusal)
+        return Plan(self.name, job, options, lambda: plan_text(job, local), local, refused)
 
     def start(self, plan: Plan) -> JobReport:
         from torchjob.engines.local import RunOptions, run_job
