@@ -65,7 +65,11 @@ def test_every_line_of_a_restarted_job_is_printed(
     """A failed worker restarts the whole job: Volcano makes its pods again under the same names
     (restartCount 0), JobSet its Jobs. Every line of the second attempt is printed."""
     failing = who(target, "worker", 1)
-    kubelet = Kubelet(api, {failing: [3, 0]}, seconds=0.5, lines=6)
+    # JobSet deletes the first attempt's pods the moment the worker fails, as they would be on a
+    # cluster: the log of a pod gone before its stream opened is lost there too. Each attempt runs
+    # 2 s so that the follower opens every stream in time on a loaded machine (0.5 s missed one
+    # pod's lines at a load of 9 on 2 cores).
+    kubelet = Kubelet(api, {failing: [3, 0]}, seconds=2.0, lines=6)
     with ControlPlane(api, *for_target(api, target), kubelet):
         code = run(kubeconfig, job_file(tmp_path, RESTART), target)
     out, err = capsys.readouterr()
