@@ -89,3 +89,14 @@ def read_step_limit(environ: Mapping[str, str]) -> StepLimit:
     else:
         logs.info("slurm: %s %d assumed: %s", KEY, limit.count, limit.why)
     return limit
+
+
+def reached(limit: StepLimit, step: str) -> str:
+    """Why a job ends once Slurm refused its step ``step`` for the limit: a restart is a new step,
+    refused as well, so retrying cannot succeed."""
+    most = f"{limit.count}, {limit.source}" if limit.read else f"its {KEY}, {limit.source}"
+    return (
+        f"Slurm refused job step {step} (Step limit reached for this job): the job created as many "
+        f"steps as the cluster lets one job create ({most}); each container run and each restart "
+        "is a new step, so nothing more can run"
+    )

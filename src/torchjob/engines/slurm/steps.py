@@ -51,6 +51,8 @@ _TASK_ENDED = r"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|T
 TASK_ABORTED = r"^srun: error: \S+: tasks? [0-9,-]+: Aborted( \(core dumped\))?$"
 # srun's words for a step it could not create because slurmctld did not answer.
 _NOT_CREATED = r"Unable to (confirm allocation|create step)"
+# slurmctld's refusal of a step once the job created MaxStepCount of them: no later one is created.
+STEP_LIMIT = r"Step limit reached for this job"
 
 
 def layout_from_env(
@@ -220,8 +222,8 @@ class Step:
         required by task is not available`` was seen for a minute): a refusal then is started
         again too, within the same patience."""
         said = " ".join(self.messages())
-        if not re.search(_NOT_CREATED, said):
-            return False
+        if not re.search(_NOT_CREATED, said) or re.search(STEP_LIMIT, said):
+            return False  # a step the limit refused is refused again, outage or not
         if re.search(clients.UNREACHABLE, said):
             clients.note_down()
         elif not clients.down_recently():
