@@ -283,3 +283,49 @@ def test_a_step_the_limit_refused_is_not_started_again_after_an_outage(
         step.messages_at = (tmp_path / f"{what}.log.srun", 0)
         retried[what] = step._not_created(time.monotonic())
     assert retried == {"limit": False, "busy": True}
+
+
+# -- inside an allocation that made steps already ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_inside_an_allocation_the_steps_it_made_count_against_the_limit(
+    limited: SlurmCluster, tmp_path: Path
+) -> None:
+    """Three steps made in the salloc before torchjob, one more to count them: a job of 2 steps
+    would be the fifth and sixth (MaxStepCount 4), refused before anything starts (without the
+    count it started, and failed at its second step). After two steps, a job of 1 fits."""
+    import subprocess
+    import sys
+
+    env = cli_env(limited, tmp_path / "root")
+    env.pop("TORCHJOB_SLURM_PARTITION")
+    done = {}
+    for pods, before in ((2, 3), (1, 2)):
+        path = tmp_path / f"job{pods}.yaml"
+        path.write_text(_workers(pods))
+        cli = [sys.executable, "-m", "torchjob", "run", str(path), "--engine", "slurm"]
+        dry = [" ".join([*cli, "--dry-run"])] if pods == 1 else []  # it makes no step: the job fits
+        inside = " && ".join([*["srun -n1 true"] * before, *dry, f"exec {' '.join(cli)}"])
+        done[pods] = subprocess.run(
+            ["salloc", "-n", "2", "--", "sh", "-c", inside],
+            env=env,
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    refused, fits = done[2], done[1]
+    said = [line for line in refused.stderr.splitlines() if line.startswith("torchjob:")]
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert len(said) == 1 and said[0].endswith(
+        "has created 4 job steps (the last one to count them) and the job starts 2: more than "
+        f"{SITE_STEPS}, this cluster's MaxStepCount (scontrol show config); run it in a new "
+        "allocation (--new-allocation, or another salloc)"
+    ), refused.stderr
+    assert fits.returncode == 0, fits.stdout + fits.stderr
+    assert (
+        "\n# the steps the allocation made count too: counted when the job starts (one step more)\n"
+    ) in fits.stdout
+    assert limited.jobs() == []

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 MAX_STEP_COUNT = 40_000
 KEY = "MaxStepCount"
 READ_TIMEOUT = 10.0  # seconds scontrol show config may take (it answers in milliseconds when up)
+# slurmctld's refusal of a step once the job created MaxStepCount of them (srun says it).
+STEP_LIMIT = r"Step limit reached for this job"
 
 
 @record(frozen=True)

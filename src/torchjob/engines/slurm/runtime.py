@@ -40,6 +40,7 @@ import time
 
 from torchjob.controller.kubelet import PENDING, CannotStart, Container, Pod, RuntimeHooks
 from torchjob.engines.slurm import steps
+from torchjob.engines.slurm.limits import STEP_LIMIT
 from torchjob.engines.slurm.plan import SlurmAddressing, configmaps_of, pod_launches
 from torchjob.files import append_private, write_atomic
 from torchjob.pyrunner import pycommand, pyrun
@@ -230,7 +231,7 @@ class SlurmRuntime(RuntimeHooks):
         if code is None:
             return None
         said = step.messages()  # srun's own words of a step that ended, when it says more
-        if self.over_limit is None and any(re.search(steps.STEP_LIMIT, line) for line in said):
+        if self.over_limit is None and any(re.search(STEP_LIMIT, line) for line in said):
             self.over_limit = step.name  # the controller's loop ends the job (batch.py)
         marker = self.markers.get(step.name)
         finished = code == pycommand.TEARDOWN_ABORT and marker is not None and pycommand.finished(marker)

@@ -35,6 +35,7 @@ from torchjob.engines.slurm.clients import SlurmUnreachable
 from torchjob.engines.slurm.clients import component_ids_from_env as component_ids_from_env
 from torchjob.engines.slurm.clients import hostnames as hostnames
 from torchjob.engines.slurm.clients import steps as steps
+from torchjob.engines.slurm.limits import STEP_LIMIT
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ _TASK_ENDED = r"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|T
 TASK_ABORTED = r"^srun: error: \S+: tasks? [0-9,-]+: Aborted( \(core dumped\))?$"
 # srun's words for a step it could not create because slurmctld did not answer.
 _NOT_CREATED = r"Unable to (confirm allocation|create step)"
-# slurmctld's refusal of a step once the job created MaxStepCount of them: no later one is created.
-STEP_LIMIT = r"Step limit reached for this job"
 
 
 def layout_from_env(
