@@ -235,8 +235,7 @@ class SlurmRuntime(RuntimeHooks):
             self.over_limit = step.name  # the controller's loop ends the job (batch.py)
         marker = self.markers.get(step.name)
         finished = code == pycommand.TEARDOWN_ABORT and marker is not None and pycommand.finished(marker)
-        if finished:  # the abort is told by the note, not by srun's line that the task aborted
-            said = [line for line in said if not re.match(steps.TASK_ABORTED, line)]
+        if finished:  # the abort is told by the note (srun's line that the task aborted is not said)
             said.append(f"torchjob: {pycommand.TEARDOWN_NOTE}")
         if said:
             append_private(container.log, "".join(f"{line}\n" for line in said))

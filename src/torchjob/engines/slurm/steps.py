@@ -46,10 +46,15 @@ if TYPE_CHECKING:
 POLL = 0.1
 OUTAGE_PATIENCE = 600.0  # seconds a step start or stop waits for slurmctld to answer again
 KILL_WAIT = 10.0  # seconds Slurm has to end a step after scancel --signal=KILL
-# srun's line for a task that ended (``srun: error: node1: task 0: Exited with exit code 3``).
-_TASK_ENDED = r"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|Terminated|Killed)$"
-# srun's line for a task that SIGABRT ended (``srun: error: node1: task 0: Aborted``).
-TASK_ABORTED = r"^srun: error: \S+: tasks? [0-9,-]+: Aborted( \(core dumped\))?$"
+# srun's line for a task that ended: ``srun: error: node1: task 0: Exited with exit code 3``, or
+# the signal's name as strsignal(3) gives it (``Aborted (core dumped)``, ``Segmentation fault``).
+# Kept out of the container's log, as the local engine writes nothing of how a process ended: the
+# exit code (134: SIGABRT) is the pod's, in status and the job's reason; the line stays in the
+# ``.srun`` file beside the log.
+_SIGNALLED = "|".join(sorted({re.escape(signal.strsignal(s) or "") for s in signal.valid_signals()} - {""}))
+_TASK_ENDED = (
+    rf"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|({_SIGNALLED})( \(core dumped\))?)$"
+)
 # srun's words for a step it could not create because slurmctld did not answer.
 _NOT_CREATED = r"Unable to (confirm allocation|create step)"
 
