@@ -260,6 +260,21 @@ def test_a_job_whose_restarts_reach_the_limit_fails_naming_it_instead_of_retryin
     assert limited.jobs() == []
 
 
+def test_the_reason_names_the_limit_read_or_says_why_it_was_not() -> None:
+    from torchjob.engines.slurm.limits import reached
+
+    tail = "; each container run and each restart is a new step, so nothing more can run"
+    head = "Slurm refused job step j-w-0.main.3 (Step limit reached for this job): the job created as many "
+    head += "steps as the cluster lets one job create"
+    assert reached(StepLimit(9, read=True), "j-w-0.main.3") == (
+        f"{head} (9, this cluster's MaxStepCount (scontrol show config)){tail}"
+    )
+    assert reached(StepLimit(MAX_STEP_COUNT, read=False, why="scontrol is not on PATH"), "j-w-0.main.3") == (
+        f"{head} (its MaxStepCount, which torchjob could not read: scontrol is not on PATH){tail}"
+    )
+    assert reached(DEFAULT, "j-w-0.main.3") == f"{head} (its MaxStepCount){tail}"
+
+
 def test_a_step_the_limit_refused_is_not_started_again_after_an_outage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -96,7 +96,10 @@ def read_step_limit(environ: Mapping[str, str]) -> StepLimit:
 def reached(limit: StepLimit, step: str) -> str:
     """Why a job ends once Slurm refused its step ``step`` for the limit: a restart is a new step,
     refused as well, so retrying cannot succeed."""
-    most = f"{limit.count}, {limit.source}" if limit.read else f"its {KEY}, {limit.source}"
+    if limit.read:
+        most = f"{limit.count}, {limit.source}"
+    else:  # the count planned with was assumed: Slurm's own is the one that refused
+        most = f"its {KEY}, which torchjob could not read: {limit.why}" if limit.why else f"its {KEY}"
     return (
         f"Slurm refused job step {step} (Step limit reached for this job): the job created as many "
         f"steps as the cluster lets one job create ({most}); each container run and each restart "
