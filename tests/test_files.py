@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,3 +90,54 @@ def test_readers_never_see_a_part_of_a_write(tmp_path: Path) -> None:
         stop.set()
         reader.join(timeout=30)
     assert seen <= set(texts)
+
+
+def _line_of(function: object, text: str) -> int:
+    """The number of the line of ``function``'s source that holds ``text``."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(function)  # type: ignore[arg-type]
+    (found,) = [first + i for i, line in enumerate(lines) if text in line]
+    return found
+
+
+@pytest.mark.parametrize("where", ["handle.write(data)", "swap_in(tmp, path)"])
+def test_a_ctrl_c_inside_the_write_leaves_the_old_file_and_no_temporary_file(
+    tmp_path: Path, where: str
+) -> None:
+    """A KeyboardInterrupt raised where write_atomic is about to write, or to rename what it wrote,
+    as a Ctrl-C landing there raises it (by a trace function: Python raises it into the frame)."""
+    import sys
+
+    path = tmp_path / "last-started.json"
+    write_atomic(path, "old")
+    line = _line_of(write_atomic, where)
+    hit: list[int] = []
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        if frame.f_code is not write_atomic.__code__:
+            return None
+        if event == "line" and frame.f_lineno == line:
+            hit.append(line)
+            assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # made, not yet renamed
+            raise KeyboardInterrupt
+        return tracer
+
+    before = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_atomic(path, "new")
+    finally:
+        sys.settrace(before)
+    assert hit == [line]
+    assert path.read_text() == "old"
+    assert _leftovers(tmp_path) == []
+
+
+def test_text_that_cannot_be_encoded_leaves_no_temporary_file(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    with pytest.raises(UnicodeEncodeError):
+        write_atomic(path, "half \udc80")  # a lone surrogate: no encoding writes it
+    assert not path.exists()
+    assert _leftovers(tmp_path) == []

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ import pytest
 from slurm_cluster import SlurmCluster
 from test_slurm_engine import cancelled, cli_env, following, ignoring_sigterm, status_json, torchjob, wait_for
 from test_slurm_steps import no_process_left
-from torchjob.engine_api.base import EngineError
+from torchjob.engine_api.base import EngineError, ThisProcess
 from torchjob.engines.slurm import cancel, clients, follow
 
 MORE = "wait, it is not left running"  # what a signal after the first one is told
@@ -62,6 +63,33 @@ def test_a_stream_refusing_the_note_does_not_cut_the_stop_short() -> None:
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
         signal.raise_signal(signal.SIGINT)  # not raised out of the handler
+
+
+def test_in_the_program_a_stopped_run_holds_every_later_signal_to_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The torchjob program ends with its command: once a signal stopped the run, one more (a CI
+    runner's SIGTERM while the last lines are said) is held, unsaid, not Python's default."""
+    monkeypatch.setattr(ThisProcess, "ends_with_command", True)
+    told: list[str] = []
+    with follow.Interrupts() as interrupts:
+        interrupts.follow(lambda: told.append("more"))
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGINT) == interrupts._handle
+    for signum in (signal.SIGTERM, signal.SIGINT):  # neither ends this process nor raises
+        signal.raise_signal(signum)
+    assert (interrupts.signum, told) == (signal.SIGINT, [])  # the stop was said already
+
+
+def test_in_the_program_a_run_no_signal_stopped_gives_the_handlers_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ThisProcess, "ends_with_command", True)
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    with follow.Interrupts() as interrupts:
+        interrupts.follow()
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
 class _SignalledWhileFinalized:
@@ -115,6 +143,66 @@ def test_ctrl_c_and_sigterm_landing_together_are_one_stop(slurm: SlurmCluster, t
     assert "Ctrl-C: cancelled Slurm job" in err, err
     assert slurm.jobs() == []
     assert no_process_left(marker) == []
+
+
+def _fifo_reader_waiting(fifo: Path) -> int | None:
+    """The fifo's write end, once a reader waits to open it (else None): that reader goes on
+    to wait in its read until this end writes or closes."""
+    try:
+        return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: no reader yet
+        return None
+
+
+def test_signals_after_the_stop_while_torchjob_ends_keep_exit_code_130(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """After the Ctrl-C's stop, `run` notes where the job was started (last-started.json): that
+    file is a fifo here, so torchjob waits in its read, after the stop, for the test. A SIGTERM
+    then (a CI runner's) and another Ctrl-C are held to the end: exit 130, nothing more said."""
+    home = tmp_path / "home"
+    home.mkdir()
+    fifo = home / "last-started.json"
+    os.mkfifo(fifo, 0o600)
+    marker = uuid.uuid4().hex
+    env = cli_env(slurm, tmp_path / "root", TORCHJOB_HOME=str(home))
+    process = following(env, ignoring_sigterm(tmp_path, marker))
+    writer = None
+    try:
+        os.killpg(process.pid, signal.SIGINT)
+        deadline = time.monotonic() + 90
+        while writer is None and process.poll() is None and time.monotonic() < deadline:
+            writer = _fifo_reader_waiting(fifo)
+            time.sleep(0.05)
+        assert writer is not None, "torchjob never read last-started.json after its stop"
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            if process.poll() is not None:
+                break  # ended by the one before
+            os.kill(process.pid, signum)
+            # Delivered (not pending) before the next: a default SIGTERM has ended it by then.
+            wait_for(lambda: process.poll() is not None or _nothing_pending(process.pid), 10, "delivered")
+        with contextlib.suppress(BrokenPipeError):  # no reader: the signal ended torchjob
+            os.write(writer, b"{}\n")
+    finally:
+        if writer is not None:
+            os.close(writer)
+    err = _finish(process)
+    assert process.returncode == 130, err
+    assert err.count("Ctrl-C: cancelled Slurm job") == 1, err
+    assert "interrupted" not in err and MORE not in err and "Traceback" not in err, err
+    assert [p.name for p in home.iterdir()] == ["last-started.json"]  # written whole, no .tmp left
+    assert slurm.jobs() == []
+    assert no_process_left(marker) == []
+
+
+def _nothing_pending(pid: int) -> bool:
+    """No signal waits to be delivered to the process (or it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return all(int(fields.get(key, "0").strip() or "0", 16) == 0 for key in ("SigPnd", "ShdPnd"))
 
 
 # A `scontrol` before the real one on PATH: a ping of the torchjob process named in HOLD/hold

@@ -17,7 +17,7 @@ import pytest
 
 from slurm_cluster import SlurmCluster
 from support import private_slurm
-from test_slurm_engine import cli_env, job_dirs, torchjob
+from test_slurm_engine import cli_env, job_dirs, status_json, torchjob
 from torchjob.engines.slurm import clients
 from torchjob.engines.slurm.limits import DEFAULT, MAX_STEP_COUNT, StepLimit, read_step_limit, step_limit_from
 from torchjob.engines.slurm.plan import PlanError, job_steps, plan_job
@@ -211,4 +211,136 @@ def test_a_job_of_as_many_steps_as_the_cluster_allows_runs(limited: SlurmCluster
     done = torchjob(env, "run", str(path), "--engine", "slurm", "-v")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr.count("slurm: scontrol show config") == 1, done.stderr  # once for the command
+    assert limited.jobs() == []
+
+
+# -- restarts that reach the limit while the job runs ------------------------------------------
+
+
+def _restarting(how: str) -> str:
+    """One pod whose container fails every time (exit 3): restarted in place (``OnFailure``) or as
+    a new attempt of the whole job (``RestartJob``, maxRetry 20); every run a new job step."""
+    policy = "Never" if how == "RestartJob" else "OnFailure"
+    job = "  maxRetry: 20\n  policies: [{event: PodFailed, action: RestartJob}]\n"
+    job = job if how == "RestartJob" else ""
+    return (
+        "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: again}\nspec:\n"
+        f"{job}"
+        f"  tasks: [{{name: worker, replicas: 1, template: {{spec: {{restartPolicy: {policy}, "
+        "containers: [{name: main, image: x, command: ['sh', '-c', 'echo ran; exit 3']}]}}}]\n"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["OnFailure", "RestartJob"])
+def test_a_job_whose_restarts_reach_the_limit_fails_naming_it_instead_of_retrying(
+    limited: SlurmCluster, tmp_path: Path, how: str
+) -> None:
+    """Each run of the failing container is a step: the fifth is refused by slurmctld (MaxStepCount
+    4). Retrying cannot succeed; the job fails at once with the limit as its reason (without that,
+    the refusals were retried until the deadline or maxRetry, for other reasons)."""
+    env = cli_env(limited, tmp_path / "root")
+    path = tmp_path / "job.yaml"
+    path.write_text(_restarting(how))
+    done = torchjob(env, "run", str(path), "--engine", "slurm", "--timeout", "100")
+    assert done.returncode == 1, done.stdout + done.stderr
+    (job_dir,) = job_dirs(tmp_path / "root")
+    status = status_json(env, job_dir.name)
+    assert status["phase"] == "Failed", status
+    reason = str(status["reason"])
+    assert reason.startswith("Slurm refused job step again-worker-0.main."), reason
+    assert (
+        "(Step limit reached for this job): the job created as many steps as the cluster lets one "
+        f"job create ({SITE_STEPS}, this cluster's MaxStepCount (scontrol show config)); each "
+        "container run and each restart is a new step, so nothing more can run"
+    ) in reason
+    logs = torchjob(env, "logs", job_dir.name, "--all-attempts", "--engine", "slurm").stdout
+    assert logs.count("| ran") == SITE_STEPS, logs  # every step the cluster allowed ran the program
+    assert "Step limit reached for this job" in logs, logs  # srun's words, where the user looks
+    assert limited.jobs() == []
+
+
+def test_the_reason_names_the_limit_read_or_says_why_it_was_not() -> None:
+    from torchjob.engines.slurm.limits import reached
+
+    tail = "; each container run and each restart is a new step, so nothing more can run"
+    head = "Slurm refused job step j-w-0.main.3 (Step limit reached for this job): the job created as many "
+    head += "steps as the cluster lets one job create"
+    assert reached(StepLimit(9, read=True), "j-w-0.main.3") == (
+        f"{head} (9, this cluster's MaxStepCount (scontrol show config)){tail}"
+    )
+    assert reached(StepLimit(MAX_STEP_COUNT, read=False, why="scontrol is not on PATH"), "j-w-0.main.3") == (
+        f"{head} (its MaxStepCount, which torchjob could not read: scontrol is not on PATH){tail}"
+    )
+    assert reached(DEFAULT, "j-w-0.main.3") == f"{head} (its MaxStepCount){tail}"
+
+
+def test_a_step_the_limit_refused_is_not_started_again_after_an_outage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Just after an outage a refused step is started again (slurmctld may still hold a finished
+    step's resources); one refused for the limit would be refused every time: it ends."""
+    import time
+
+    from torchjob.engines.slurm.steps import Step
+
+    monkeypatch.setattr(clients, "_down_at", [])
+    clients.note_down()  # slurmctld was away a moment ago
+    said = {
+        "limit": "srun: error: Unable to create step for job 7: Step limit reached for this job\n",
+        "busy": "srun: error: Unable to create step for job 7: Memory required by task is not available\n",
+    }
+    retried = {}
+    for what, line in said.items():
+        log = tmp_path / f"{what}.log"
+        (tmp_path / f"{what}.log.srun").write_text(line)
+        step = Step("7", what, ["true"], {}, log)
+        step.messages_at = (tmp_path / f"{what}.log.srun", 0)
+        retried[what] = step._not_created(time.monotonic())
+    assert retried == {"limit": False, "busy": True}
+
+
+# -- inside an allocation that made steps already ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_inside_an_allocation_the_steps_it_made_count_against_the_limit(
+    limited: SlurmCluster, tmp_path: Path
+) -> None:
+    """Three steps made in the salloc before torchjob, one more to count them: a job of 2 steps
+    would be the fifth and sixth (MaxStepCount 4), refused before anything starts (without the
+    count it started, and failed at its second step). After two steps, a job of 1 fits."""
+    import subprocess
+    import sys
+
+    env = cli_env(limited, tmp_path / "root")
+    env.pop("TORCHJOB_SLURM_PARTITION")
+    done = {}
+    for pods, before in ((2, 3), (1, 2)):
+        path = tmp_path / f"job{pods}.yaml"
+        path.write_text(_workers(pods))
+        cli = [sys.executable, "-m", "torchjob", "run", str(path), "--engine", "slurm"]
+        dry = [" ".join([*cli, "--dry-run"])] if pods == 1 else []  # it makes no step: the job fits
+        inside = " && ".join([*["srun -n1 true"] * before, *dry, f"exec {' '.join(cli)}"])
+        done[pods] = subprocess.run(
+            ["salloc", "-n", "2", "--", "sh", "-c", inside],
+            env=env,
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    refused, fits = done[2], done[1]
+    said = [line for line in refused.stderr.splitlines() if line.startswith("torchjob:")]
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert len(said) == 1 and said[0].endswith(
+        "has created 4 job steps (the last one to count them) and the job starts 2: more than "
+        f"{SITE_STEPS}, this cluster's MaxStepCount (scontrol show config); run it in a new "
+        "allocation (--new-allocation, or another salloc)"
+    ), refused.stderr
+    assert fits.returncode == 0, fits.stdout + fits.stderr
+    assert (
+        "\n# the steps the allocation made count too: counted when the job starts (one step more)\n"
+    ) in fits.stdout
     assert limited.jobs() == []

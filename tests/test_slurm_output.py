@@ -35,6 +35,27 @@ def test_a_failing_steps_log_is_the_programs_own(slurm: SlurmCluster, tmp_path: 
     assert relayed.messages() == [] and not (odd / "app.log.srun").exists()
 
 
+@pytest.mark.parametrize(
+    ("ending", "code", "srun_said"),
+    [("os.abort()", 134, "Aborted"), ("os.kill(os.getpid(), signal.SIGSEGV)", 139, "Segmentation fault")],
+)
+def test_srun_saying_the_signal_that_ended_a_task_stays_out_of_its_log(
+    slurm: SlurmCluster, tmp_path: Path, ending: str, code: int, srun_said: str
+) -> None:
+    """As on the local engine, the log holds what the program wrote; how it ended (SIGABRT: 134)
+    is its exit code's to say. srun's line stays beside the log, in its own file."""
+    job_id = submit(make_plan(tmp_path, slurm), slurm)
+    wait_state(slurm, job_id, {"RUNNING"})
+    log = tmp_path / "app.log"
+    program = f"import os, signal, sys; print('out', flush=True); {ending}"
+    step = start_step(slurm, job_id, "signalled", program, log)
+    assert step.wait(60) == code
+    assert log.read_text().splitlines() == ["out"]
+    assert step.messages() == []  # nothing for the container's log
+    (own,) = [line for line in (tmp_path / "app.log.srun").read_text().splitlines() if line.strip()]
+    assert own.startswith("srun: error: ") and f": task 0: {srun_said}" in own, own
+
+
 def test_a_step_slurm_cannot_create_says_why(slurm: SlurmCluster, tmp_path: Path) -> None:
     job_id = submit(make_plan(tmp_path, slurm), slurm)
     wait_state(slurm, job_id, {"RUNNING"})

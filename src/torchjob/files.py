@@ -37,8 +37,10 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         with os.fdopen(os.open(tmp, flags, 0o600), "wb" if isinstance(data, bytes) else "w") as handle:
             handle.write(data)
         swap_in(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written file behind
+    except BaseException:
+        # Whatever ends the write (a full disk, text that cannot be encoded, a Ctrl-C landing in
+        # it) leaves no temporary file behind: no later write of this pid is sure to remove it.
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -35,7 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             prefetch.start(sys.argv[1:])  # the job file, read on another core while the rest imports
         from torchjob.cli.app import dispatch
+        from torchjob.engine_api.base import ThisProcess
 
+        ThisProcess.ends_with_command = program
         code = dispatch(argv)
         if program:
             _leave(code)

@@ -81,6 +81,17 @@ class Interrupted(KeyboardInterrupt):
     """Ctrl-C stopped the job, and the engine has said so in its one line: the CLI adds none."""
 
 
+class ThisProcess:
+    """What the process is, as the torchjob program says (``cli.main``); a caller in Python says
+    nothing, so its process keeps these defaults."""
+
+    # The torchjob program, which ends once its one command has. An engine that took Ctrl-C and
+    # SIGTERM for a run that one of them stopped may then keep them taken to the end: another one
+    # while the last lines are said is held, and the exit code stays 130. A caller in Python gets
+    # its own handlers back as the call returns.
+    ends_with_command = False
+
+
 class StartOptions:
     """How to start one job: the engine-neutral choices, plus ``settings`` that only the engine
     reads (declared by it as :class:`Setting`; e.g. the local engine's ``max_restarts``). Any

@@ -9,13 +9,15 @@ per pod, each step sized like its pod; the allocation is the user's, so stopping
 controller and its steps, never the allocation.
 
 Why not, said in one line before anything starts: a heterogeneous allocation, fewer tasks than
-the job has pods, or pods that need more CPUs on a node than the allocation has there.
+the job has pods, pods that need more CPUs on a node than the allocation has there, or more job
+steps than the cluster's MaxStepCount leaves the allocation (:func:`check_steps`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 CONTROLLER_OUT = "controller.out"
 STOP_GRACE = 30.0  # seconds the controller has to stop its pods after SIGTERM
+COUNT_TIMEOUT = 30.0  # seconds the step that counts the allocation's steps may take
 
 
 def current(environ: Mapping[str, str]) -> str | None:
@@ -78,6 +81,46 @@ def check_fits(plan: SlurmPlan, environ: Mapping[str, str]) -> None:
                 f"allocation {job_id}: the pods on its node {index + 1} need {wanted} CPUs and it "
                 f"has {has} there (SLURM_JOB_CPUS_PER_NODE={cpus}): {advice}"
             )
+
+
+def check_steps(plan: SlurmPlan, environ: Mapping[str, str]) -> None:
+    """An EngineError of one line when the steps the allocation created already and the job's
+    first attempt are more than the cluster's MaxStepCount lets one job create.
+
+    Slurm shows that count to no client (``squeue`` and ``scontrol`` list running steps only,
+    ``sacct`` needs accounting storage), but a new step's id is the number of steps before it:
+    one step (``srun --overlap``, printing its ``SLURM_STEP_ID``) tells it, and counts itself.
+    When that step cannot say, the job starts uncounted (a refused step then ends it: batch.py).
+    """
+    from torchjob import logs
+    from torchjob.engines.slurm import clients
+    from torchjob.engines.slurm.limits import STEP_LIMIT
+
+    job_id = environ.get("SLURM_JOB_ID", "")
+    limit = plan.step_limit
+    advice = "run it in a new allocation (--new-allocation, or another salloc)"
+    argv = ["srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", "--overlap", "--quiet"]
+    argv += ["--job-name=torchjob-steps", "--", "printenv", "SLURM_STEP_ID"]
+    try:
+        said = clients.run(argv, clients.step_env(environ), COUNT_TIMEOUT).split()
+    except clients.SlurmError as err:
+        if re.search(STEP_LIMIT, str(err)):
+            raise EngineError(
+                f"allocation {job_id} has created as many job steps as the cluster lets one job "
+                f"create ({limit.count}, {limit.source}): the job's {plan.steps} cannot start; {advice}"
+            ) from None
+        logs.info("slurm: the steps of allocation %s are not counted: %s", job_id, err)
+        return
+    if not said or not said[-1].isdigit():
+        logs.info("slurm: the steps of allocation %s are not counted: srun said %r", job_id, said)
+        return
+    made = int(said[-1]) + 1
+    logs.info("slurm: allocation %s has created %d job steps", job_id, made)
+    if made + plan.steps > limit.count:
+        raise EngineError(
+            f"allocation {job_id} has created {made} job steps (the last one to count them) and the "
+            f"job starts {plan.steps}: more than {limit.count}, {limit.source}; {advice}"
+        )
 
 
 def start_controller(job_dir: Path, environ: Mapping[str, str]) -> tuple[int, str | None]:

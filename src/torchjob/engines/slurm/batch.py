@@ -166,6 +166,7 @@ class BatchController:
                 self._stopped()
                 return 143
             controller.tick()
+            self._over_limit()
             self.master_ports.watch()
             if controller.dirty:
                 controller.dirty = False
@@ -176,6 +177,15 @@ class BatchController:
         self.write()
         self._expire()
         return 0 if controller.status.phase.value == "Completed" else 1
+
+    def _over_limit(self) -> None:
+        """Slurm refused a step for MaxStepCount: the job fails with that reason, not a retry of
+        its pod (every retry is a step, refused too)."""
+        refused = self.runtime.over_limit
+        if refused is not None and not self.controller.status.phase.final:
+            from torchjob.engines.slurm.limits import reached
+
+            self.controller.fail_job(reached(self.plan.step_limit, refused))
 
     def _expire(self) -> None:
         """ttlSecondsAfterFinished: when the engine may remove the job (``expires``), as locally;

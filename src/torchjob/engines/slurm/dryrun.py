@@ -63,10 +63,13 @@ def port_lines(job: Job, plan: SlurmPlan) -> list[str]:
 def step_line(plan: SlurmPlan) -> str:
     """How many job steps the job starts and how many the cluster allows one job, and whence."""
     limit = plan.step_limit
-    return (
+    line = (
         f"# job steps: {plan.steps} in the first attempt (one per container, init containers too; "
         f"each restart one more); at most {limit.count} per job: {limit.source}"
     )
+    if plan.in_allocation:  # Slurm tells that count only to a new step, which a dry run makes not
+        line += "\n# the steps the allocation made count too: counted when the job starts (one step more)"
+    return line
 
 
 def plan_text(job: Job, plan: SlurmPlan, job_id: str, job_dir: Path, allocation: str | None) -> str:

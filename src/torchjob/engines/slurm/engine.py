@@ -183,9 +183,10 @@ class SlurmEngine:
             chosen = preflight.queue_partition(job, chosen, sink)
         slurm_plan = self._plan(job, job_dir, chosen, allocation)
         if allocation is not None:
-            from torchjob.engines.slurm.allocation import check_fits
+            from torchjob.engines.slurm.allocation import check_fits, check_steps
 
             check_fits(slurm_plan, os.environ)
+            check_steps(slurm_plan, os.environ)  # those the allocation made count too
         else:
             preflight.fits_nodes(slurm_plan)
         self._make_job_dir(job, job_dir, chosen, options, slurm_plan, allocation)

@@ -11,7 +11,8 @@ gives a new job may be a passing one.
 
 :class:`Interrupts` is the one handler of Ctrl-C and SIGTERM for an attached run: it holds them
 while something must not be cut in half (``sbatch`` and recording its job id), raises the first
-one while the run follows the job, and notes (and says) every later one while that cancels it.
+one while the run follows the job, and notes (and says) every later one while that cancels it;
+in the torchjob program, it holds them on to the end once one stopped the run.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import threading
 import time
 
 from torchjob.display import prefix_for
-from torchjob.engine_api.base import JobReport, LogLine, LogQuery
+from torchjob.engine_api.base import JobReport, LogLine, LogQuery, ThisProcess
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -208,8 +209,10 @@ class Interrupts:
     While holding (``sbatch`` and keeping its id, or a cancel of torchjob's own), a signal is noted,
     not raised. From :meth:`follow` on, the first signal raises KeyboardInterrupt (a wait is cut
     short; one noted while holding is raised then), and every later one is noted: the stop the first
-    began is not cut short, and ``on_more`` says so, once. Only the main thread can set handlers;
-    elsewhere (an SDK call from another thread) the scope changes nothing.
+    began is not cut short, and ``on_more`` says so, once. The scope's end gives the handlers back,
+    except in the torchjob program once a signal came: they hold every later one, unsaid, until the
+    program ends (with 130). Only the main thread can set handlers; elsewhere (an SDK call from
+    another thread) the scope changes nothing.
     """
 
     def __init__(self) -> None:
@@ -226,6 +229,13 @@ class Interrupts:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.signum is not None and ThisProcess.ends_with_command:
+            # The torchjob program, stopped by a signal: it ends with this command, so every
+            # later signal is held, unsaid, to the end. Python's handlers back, a SIGTERM while
+            # the last lines are said (a CI runner's) ended it with -15 instead of 130.
+            self.raising = False
+            self.on_more = None
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 MAX_STEP_COUNT = 40_000
 KEY = "MaxStepCount"
 READ_TIMEOUT = 10.0  # seconds scontrol show config may take (it answers in milliseconds when up)
+# slurmctld's refusal of a step once the job created MaxStepCount of them (srun says it).
+STEP_LIMIT = r"Step limit reached for this job"
 
 
 @record(frozen=True)
@@ -89,3 +91,17 @@ def read_step_limit(environ: Mapping[str, str]) -> StepLimit:
     else:
         logs.info("slurm: %s %d assumed: %s", KEY, limit.count, limit.why)
     return limit
+
+
+def reached(limit: StepLimit, step: str) -> str:
+    """Why a job ends once Slurm refused its step ``step`` for the limit: a restart is a new step,
+    refused as well, so retrying cannot succeed."""
+    if limit.read:
+        most = f"{limit.count}, {limit.source}"
+    else:  # the count planned with was assumed: Slurm's own is the one that refused
+        most = f"its {KEY}, which torchjob could not read: {limit.why}" if limit.why else f"its {KEY}"
+    return (
+        f"Slurm refused job step {step} (Step limit reached for this job): the job created as many "
+        f"steps as the cluster lets one job create ({most}); each container run and each restart "
+        "is a new step, so nothing more can run"
+    )

@@ -38,8 +38,9 @@ import sys
 import threading
 import time
 
-from torchjob.controller.kubelet import PENDING, Container, Pod, RuntimeHooks
+from torchjob.controller.kubelet import PENDING, CannotStart, Container, Pod, RuntimeHooks
 from torchjob.engines.slurm import steps
+from torchjob.engines.slurm.limits import STEP_LIMIT
 from torchjob.engines.slurm.plan import SlurmAddressing, configmaps_of, pod_launches
 from torchjob.files import append_private, write_atomic
 from torchjob.pyrunner import pycommand, pyrun
@@ -165,6 +166,7 @@ class SlurmRuntime(RuntimeHooks):
         self.asked_at = 0.0  # when squeue was last asked which steps run
         self.running_steps: set[str] = set()  # the step names squeue listed then
         self.signalling: dict[str, list[threading.Thread]] = {}  # pod name -> threads signalling it
+        self.over_limit: str | None = None  # a step Slurm refused for MaxStepCount: the job ends
         self._say = say
         self._record = record
 
@@ -199,6 +201,8 @@ class SlurmRuntime(RuntimeHooks):
         launch: PodLaunch = container.spec
         suffix = f".{container.restarts}" if container.restarts else ""
         name = f"{pod.name}.{container.name}.{pod.attempt}{suffix}"
+        if self.over_limit is not None:  # refused as well: no srun for it (the job ends this pass)
+            raise CannotStart(1, f"Slurm creates no more job steps for this job (step {self.over_limit})")
         resources, component = self.resources(launch)
         argv = step_argv(launch.argv, resources.image)
         env = step_env(self.base_env, launch, self.extra_env, self.rank_guard, resources.image)
@@ -227,10 +231,11 @@ class SlurmRuntime(RuntimeHooks):
         if code is None:
             return None
         said = step.messages()  # srun's own words of a step that ended, when it says more
+        if self.over_limit is None and any(re.search(STEP_LIMIT, line) for line in said):
+            self.over_limit = step.name  # the controller's loop ends the job (batch.py)
         marker = self.markers.get(step.name)
         finished = code == pycommand.TEARDOWN_ABORT and marker is not None and pycommand.finished(marker)
-        if finished:  # the abort is told by the note, not by srun's line that the task aborted
-            said = [line for line in said if not re.match(steps.TASK_ABORTED, line)]
+        if finished:  # the abort is told by the note (srun's line that the task aborted is not said)
             said.append(f"torchjob: {pycommand.TEARDOWN_NOTE}")
         if said:
             append_private(container.log, "".join(f"{line}\n" for line in said))

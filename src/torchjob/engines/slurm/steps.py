@@ -35,6 +35,7 @@ from torchjob.engines.slurm.clients import SlurmUnreachable
 from torchjob.engines.slurm.clients import component_ids_from_env as component_ids_from_env
 from torchjob.engines.slurm.clients import hostnames as hostnames
 from torchjob.engines.slurm.clients import steps as steps
+from torchjob.engines.slurm.limits import STEP_LIMIT
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -45,10 +46,15 @@ if TYPE_CHECKING:
 POLL = 0.1
 OUTAGE_PATIENCE = 600.0  # seconds a step start or stop waits for slurmctld to answer again
 KILL_WAIT = 10.0  # seconds Slurm has to end a step after scancel --signal=KILL
-# srun's line for a task that ended (``srun: error: node1: task 0: Exited with exit code 3``).
-_TASK_ENDED = r"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|Terminated|Killed)$"
-# srun's line for a task that SIGABRT ended (``srun: error: node1: task 0: Aborted``).
-TASK_ABORTED = r"^srun: error: \S+: tasks? [0-9,-]+: Aborted( \(core dumped\))?$"
+# srun's line for a task that ended: ``srun: error: node1: task 0: Exited with exit code 3``, or
+# the signal's name as strsignal(3) gives it (``Aborted (core dumped)``, ``Segmentation fault``).
+# Kept out of the container's log, as the local engine writes nothing of how a process ended: the
+# exit code (134: SIGABRT) is the pod's, in status and the job's reason; the line stays in the
+# ``.srun`` file beside the log.
+_SIGNALLED = "|".join(sorted({re.escape(signal.strsignal(s) or "") for s in signal.valid_signals()} - {""}))
+_TASK_ENDED = (
+    rf"^srun: error: \S+: tasks? [0-9,-]+: (Exited with exit code \d+|({_SIGNALLED})( \(core dumped\))?)$"
+)
 # srun's words for a step it could not create because slurmctld did not answer.
 _NOT_CREATED = r"Unable to (confirm allocation|create step)"
 
@@ -220,8 +226,8 @@ class Step:
         required by task is not available`` was seen for a minute): a refusal then is started
         again too, within the same patience."""
         said = " ".join(self.messages())
-        if not re.search(_NOT_CREATED, said):
-            return False
+        if not re.search(_NOT_CREATED, said) or re.search(STEP_LIMIT, said):
+            return False  # a step the limit refused is refused again, outage or not
         if re.search(clients.UNREACHABLE, said):
             clients.note_down()
         elif not clients.down_recently():
