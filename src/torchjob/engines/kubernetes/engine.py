@@ -159,10 +159,12 @@ class KubernetesEngine:
                 raise  # cut short while creating: create_all deleted what it made, and said so
             # Ctrl-C stops torchjob, not the job: a cluster job may hold hours of work, and the
             # user's terminal is not its lifeline (docs/kubernetes.md). Said even when quiet.
-            what = "stopped following" if follower is not None else "interrupted"
-            kind = found.kind.label if found.kind is not None else "bare pods"
+            if follower is not None:
+                what = f"stopped following; job {found.ref}"
+            else:  # before the following: the job was just made, its kind said
+                what = f"interrupted; job {found.ref} ({found.kind.label if found.kind else 'bare pods'})"
             self._note(
-                f"{what}; job {found.ref} ({kind}) keeps running on the cluster "
+                f"{what} keeps running on the cluster "
                 f"(delete it with: {bounded.remove_command(found.namespace, found.name)})"
             )
             raise
