@@ -215,22 +215,31 @@ def test_submit_and_wait_take_sigterm_as_ctrl_c_in_one_scope(
     between the submit and the wait where a SIGTERM would kill torchjob without a word."""
     play(api)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in the torchjob program (restored by conftest)
-    settings: list[Any] = []
+    events: list[tuple[str, Any]] = []  # SIGTERM's handler set, and as each request came, in order
+    order = threading.Lock()  # a request's look and a change of the handler do not cross
     real = signal.signal
 
     def recording(signum: int, handler: Any) -> Any:
-        if signum == signal.SIGTERM:
-            settings.append(handler)
-        return real(signum, handler)
+        with order:
+            if signum == signal.SIGTERM:
+                events.append(("set", handler))
+            return real(signum, handler)
+
+    def requested(method: str, path: str) -> None:
+        with order:
+            events.append(("request", signal.getsignal(signal.SIGTERM)))
 
     monkeypatch.setattr(signal, "signal", recording)
-    seen: list[Any] = []  # SIGTERM's handler as each request reached the server
-    api.on_request = lambda method, path: seen.append(signal.getsignal(signal.SIGTERM))
+    api.on_request = requested
     code = main(k8s("submit", str(job_file), "--target", "volcano", flag, kubeconfig=kubeconfig))
     api.on_request = None
     assert code == 0, capsys.readouterr().err
-    assert len(settings) == 2 and settings[1] is signal.SIG_DFL, settings  # set once, restored once
-    assert seen and all(handler is settings[0] for handler in seen), seen
+    sets = [handler for what, handler in events if what == "set"]
+    assert len(sets) == 2 and sets[1] is signal.SIG_DFL, sets  # set once, restored once
+    assert events[0] == ("set", sets[0]), events[:3]  # before the first request
+    restored = events.index(("set", signal.SIG_DFL))
+    during = [handler for what, handler in events[:restored] if what == "request"]
+    assert len(during) > 5 and all(handler is sets[0] for handler in during), during
 
 
 # ---------------------------------------------------------------------------------- delete
