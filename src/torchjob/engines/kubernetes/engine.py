@@ -170,10 +170,8 @@ class KubernetesEngine:
             raise
         report = self._finish(follower)
         if not report.terminal and options.timeout is not None:
-            report.phase, report.reason = (
-                "Terminated",
-                f"timed out after {options.timeout:g}s; " + (self._delete_after_timeout(found)),
-            )
+            deleted = self._delete_after_timeout(found)
+            report.phase, report.reason = "Terminated", f"timed out after {options.timeout:g}s; {deleted}"
         return report
 
     def list_jobs(self) -> list[JobReport]:
