@@ -374,3 +374,21 @@ def test_replace_waits_for_the_old_job_within_the_bound(
     ) in err.splitlines(), err
     assert api.get(VOLCANO, "Job", "demo") is None
     assert api.count("POST") == 1  # the first submit's only
+
+
+def test_an_interrupted_replace_says_the_old_job_may_be_deleted_in_part(
+    api: FakeKubeAPI, kubeconfig: str, job_file: Path
+) -> None:
+    assert main(k8s("submit", str(job_file), "--target", "volcano", kubeconfig=kubeconfig)) == 0
+    with api.hold("DELETE", r"/jobs/demo$") as held:
+        process = cli("submit", str(job_file), "--target", "volcano", "--replace", kubeconfig=kubeconfig)
+        arrived(api, held, process)
+        _, err, _ = signalled(process, signal.SIGINT, QUICK + MARGIN)
+    assert process.returncode == 130, err
+    assert err.splitlines() == [
+        "torchjob: interrupted while replacing job default/demo; nothing new was created; its "
+        "batch.volcano.sh/v1alpha1 Job and the objects labelled torchjob.io/job-name=demo in namespace "
+        "default may remain, deleted in part: remove them with torchjob delete default/demo --engine "
+        "kubernetes"
+    ], err
+    assert api.count("POST") == 1  # the first submit's only

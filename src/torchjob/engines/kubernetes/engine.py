@@ -416,17 +416,27 @@ class KubernetesEngine:
                 "use --replace to delete it and submit again"
             )
         deadline = time.monotonic() + GONE_TIMEOUT
-        if not existing.deleting and not removal.delete_within(
-            self.cluster, self.discovery, existing, GONE_TIMEOUT
-        ):
-            raise self._still_there(existing, "its delete had no answer")
-        while time.monotonic() < deadline:
-            lookup = bounded.Background(lambda: self._find(job, namespace), name="torchjob-find")
-            if not lookup.wait(bounded.left_of(deadline)):
-                break
-            if lookup.outcome() is None:
-                return
-            time.sleep(min(0.5, bounded.left_of(deadline)))
+        try:
+            if not existing.deleting and not removal.delete_within(
+                self.cluster, self.discovery, existing, GONE_TIMEOUT
+            ):
+                raise self._still_there(existing, "its delete had no answer")
+            while time.monotonic() < deadline:
+                lookup = bounded.Background(lambda: self._find(job, namespace), name="torchjob-find")
+                if not lookup.wait(bounded.left_of(deadline)):
+                    break
+                if lookup.outcome() is None:
+                    return
+                time.sleep(min(0.5, bounded.left_of(deadline)))
+        except KeyboardInterrupt:
+            if existing.deleting:
+                raise  # someone else's delete: it goes on by itself
+            self._note(
+                f"interrupted while replacing job {existing.ref}; nothing new was created; "
+                f"{removal.what_is_left(existing)} may remain, deleted in part: remove them with "
+                f"{bounded.remove_command(namespace, job)}"
+            )
+            raise Interrupted from None
         raise self._still_there(existing, "it was deleted but is still there")
 
     def _still_there(self, existing: Found, why: str) -> EngineError:
