@@ -22,8 +22,9 @@ order between them on a real cluster either), ``list_lag`` (one resource's lists
 a list of many pods takes longer than one of a single job), ``create_lag`` (a create received but made only
 later: a client interrupted meanwhile cannot know), ``garble_events`` (watch events that are not
 JSON, as a broken proxy may send), ``log_timestamps = False`` (a server that ignores
-``timestamps=true`` and ``sinceTime``), and refusals of one subresource
-(``refuse(..., subresource="log")``: no RBAC for pods/log).
+``timestamps=true`` and ``sinceTime``), refusals of one subresource
+(``refuse(..., subresource="log")``: no RBAC for pods/log), and ``hold`` (chosen requests kept
+unanswered until the test releases them: a signal sent while one is in flight).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import copy
 import datetime
 import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -162,6 +164,43 @@ class Trouble:
         return True
 
 
+HOLD_LIMIT = 300.0  # seconds a held request waits for its release at most (a test that forgot it)
+
+
+class Hold:
+    """Requests (``method``, a path matched by ``path_regex``) kept unanswered until ``release``,
+    after the first ``skip`` of them; ``arrived`` is set when the first is held. A context manager
+    that releases them at its end; the server's stop releases them too."""
+
+    def __init__(self, method: str, path_regex: str, skip: int = 0) -> None:
+        self.method, self.pattern, self.skip = method, re.compile(path_regex), skip
+        self.arrived = threading.Event()
+        self.released = threading.Event()
+        self.held = 0  # how many requests were held
+
+    def takes(self, method: str, path: str) -> bool:
+        """Whether this request is held (the server's lock held: counts it)."""
+        if self.released.is_set() or method != self.method or not self.pattern.search(path):
+            return False
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        self.held += 1
+        return True
+
+    def wait_arrived(self, timeout: float) -> bool:
+        return self.arrived.wait(timeout)
+
+    def release(self) -> None:
+        self.released.set()
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
 class LogBuffer:
     """One run of one container, as the kubelet keeps its log: the lines, when each was written,
     and whether the container has exited (its stream then ends)."""
@@ -188,6 +227,7 @@ class FakeKubeAPI:
         self.posted: list[bytes] = []  # every POST's body as the client sent it, in order
         self.refusals: list[Refusal] = []
         self.on_create: Callable[[dict[str, Any]], None] | None = None
+        self.on_request: Callable[[str, str], None] | None = None  # (method, path) as each comes
         self.watch_seconds_cap: float | None = None  # end watches sooner than asked (tests of resume)
         self.stopping = False
         self.compacted = 0  # watches from an older resourceVersion get 410 Gone
@@ -212,6 +252,7 @@ class FakeKubeAPI:
         self.priority_classes: dict[str, int] = {}
         self.warnings_sent: list[str] = []
         self.refused: list[str] = []  # what controllers could not create (their Events)
+        self.holds: list[Hold] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -231,6 +272,8 @@ class FakeKubeAPI:
         with self.lock:
             self.stopping = True
             self.lock.notify_all()
+            for held in self.holds:
+                held.release()
         self.server.shutdown()
         self.server.server_close()
 
@@ -434,6 +477,14 @@ class FakeKubeAPI:
         """Answer ``code`` to these requests; with ``subresource`` ("log") only to that subresource."""
         self.refusals.append(Refusal(method, plural, code, message, name, subresource))
 
+    def hold(self, method: str, path_regex: str, *, skip: int = 0) -> Hold:
+        """Keep the requests ``method`` to a path ``path_regex`` matches (re.search) unanswered
+        until the Hold is released, letting the first ``skip`` of them through."""
+        held = Hold(method, path_regex, skip)
+        with self.lock:
+            self.holds.append(held)
+        return held
+
     def break_for(
         self,
         mode: str,
@@ -527,6 +578,12 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 if method == "POST":
                     api.posted.append(self.payload)
                 trouble = api.trouble is not None and api.trouble.take()
+                holding = [h for h in api.holds if h.takes(method, parts.path)]
+            if api.on_request is not None:
+                api.on_request(method, parts.path)
+            for held in holding:  # received, then unanswered until the test releases it
+                held.arrived.set()
+                held.released.wait(HOLD_LIMIT)
             if trouble:
                 self._misbehave()
                 return

@@ -64,10 +64,10 @@ def register(commands: Any) -> None:
 
 
 def run_submit(args: argparse.Namespace) -> int:
-    from torchjob.cli.settings import given_settings, number_option, remember_start
+    from torchjob.cli.settings import given_settings, number_option
     from torchjob.cli.sources import choose_job, load_ref, load_script, runtimes_of, told_at
-    from torchjob.engine_api.base import EngineError, LogQuery, StartOptions
-    from torchjob.engine_api.registry import engine_for, engine_info, get_engine
+    from torchjob.engine_api.base import StartOptions
+    from torchjob.engine_api.registry import engine_for
 
     runtimes = runtimes_of(args)  # --runtime FILE is the file's TrainJobs', not the target's NAME
     name = args.engine or engine_for("submits")
@@ -86,6 +86,21 @@ def run_submit(args: argparse.Namespace) -> int:
         require_image(args.image)
     item = script or choose_job(load_ref(args.file, runtimes=runtimes), args.job, args.file)
     options = StartOptions(detach=True, settings=settings, source=told_at(item.document))
+    if not (args.wait or args.follow):
+        return _submit(args, name, settings, item, options)
+    from torchjob.engine_api.interrupts import sigterm_interrupts
+
+    with sigterm_interrupts():  # one scope from the submit to the wait's end: no gap with the default
+        return _submit(args, name, settings, item, options)
+
+
+def _submit(args: argparse.Namespace, name: str, settings: dict[str, Any], item: Any, options: Any) -> int:
+    """Start the job; with --wait/--follow, follow it to its end (Ctrl-C stops the following)."""
+    from torchjob.cli.settings import remember_start
+    from torchjob.engine_api.base import EngineError, LogQuery
+    from torchjob.engine_api.registry import engine_info, get_engine
+
+    report: JobReport | None = None
     try:
         engine = get_engine(name, **settings)
         try:
@@ -100,19 +115,21 @@ def run_submit(args: argparse.Namespace) -> int:
         remember_start("submit", name, settings, item.job.name, report.name, report.id)
         if not (args.wait or args.follow):
             return EXIT_OK
-        try:
-            if args.follow:
-                for line in engine.logs(report.id, LogQuery(follow=True)):
-                    sys.stdout.write(f"{line.prefix} | {line.text}\n")
-                    sys.stdout.flush()
-            final = engine.wait(report.id, timeout=args.timeout)
-        except KeyboardInterrupt:  # Ctrl-C stops the watching, not the job (docs/kubernetes.md)
-            print(
-                f"torchjob: stopped following; job {report.id} keeps running on the cluster "
-                f"(delete it with: torchjob delete {report.id} --engine {name})",
-                file=sys.stderr,
-            )
-            return EXIT_INTERRUPTED
+        if args.follow:
+            for line in engine.logs(report.id, LogQuery(follow=True)):
+                sys.stdout.write(f"{line.prefix} | {line.text}\n")
+                sys.stdout.flush()
+        final = engine.wait(report.id, timeout=args.timeout)
+    except KeyboardInterrupt:
+        if report is None:  # stopped while submitting: the engine has said what it left
+            raise
+        # Ctrl-C stops the watching, not the job (docs/kubernetes.md)
+        print(
+            f"torchjob: stopped following; job {report.id} keeps running on the cluster "
+            f"(delete it with: torchjob delete {report.id} --engine {name})",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
     except EngineError as err:
         print(f"torchjob: {err}", file=sys.stderr)
         return err.exit_code

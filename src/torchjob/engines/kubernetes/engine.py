@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchjob.engine_api.base import (
     EngineError,
+    Interrupted,
     JobNotFound,
     JobReport,
     LogLine,
@@ -17,16 +18,16 @@ from torchjob.engine_api.base import (
     StartOptions,
     StreamSink,
 )
-from torchjob.engines.kubernetes import claims
+from torchjob.engine_api.interrupts import sigterm_interrupts
+from torchjob.engines.kubernetes import bounded, claims, removal
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
-from torchjob.engines.kubernetes.interrupts import sigterm_interrupts
-from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Kind, top_kinds
+from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Found, Kind, top_kinds
 from torchjob.engines.kubernetes.logs import current_logs, wanted
 from torchjob.engines.kubernetes.phase import PODGROUP_API, build_report, job_podgroup
 from torchjob.engines.kubernetes.podlogs import read_log, refused
-from torchjob.engines.kubernetes.submit import create_all, delete_object, refused_field
+from torchjob.engines.kubernetes.submit import create_all, refused_field
 from torchjob.records import record, replace
 
 if TYPE_CHECKING:
@@ -35,19 +36,7 @@ if TYPE_CHECKING:
     from torchjob.spec.model import Job
 
 LOG_TAIL_LINES = 20
-GONE_TIMEOUT = 120.0  # how long --replace waits for the old job's objects to go
-
-
-@record
-class Found:
-    """A job on the cluster: its name, namespace, target and top-level object (None for `pods`)."""
-
-    name: str
-    namespace: str
-    target: str
-    kind: Kind | None = None
-    top: dict[str, Any] | None = None
-    deleting: bool = False  # what was found is being deleted already (it goes by itself)
+GONE_TIMEOUT = 120.0  # how long --replace deletes the old job and waits for it to go, as a whole
 
 
 @record
@@ -146,49 +135,43 @@ class KubernetesEngine:
         objects = sending.objects
         existing = self._find(job.name, namespace)
         if existing is not None:
-            if existing.deleting:  # a job deleted a moment ago: its claims wait for its pods to go
-                self._note(
-                    f"job {job.name} is still being deleted in namespace {namespace}; waiting for it to go"
-                )
-            elif not _option(options, "replace"):
-                raise EngineError(
-                    f"job {job.name} already exists in namespace {namespace} (target {existing.target}); "
-                    "use --replace to delete it and submit again"
-                )
-            else:
-                self._delete(existing)
-            self._wait_gone(existing)
+            self._clear_way(existing, _option(options, "replace"))
         found = Found(job.name, namespace, target, top_kinds().get(target))
+        made: list[dict[str, Any]] = []
+        follower: Follower | None = None
         try:
-            made = create_all(
-                self.cluster, self.discovery, objects, namespace, say=lambda message: self._note(message)
-            )
-        except ApiError as err:
-            raise refused_field(err, target) or err from None
-        for note in claims.give_to_job(self.cluster, made, found.kind):
-            self._note(note, options)
-        if options.on_start is not None and not options.detach:
-            options.on_start(f"{namespace}/{job.name}")
-        if options.detach:
-            return self._report(found, pods={}, top=_top_object(objects, found.kind))
-        follower = self._follower(found, logs=options.follow and not options.quiet, options=options)
-        try:
+            try:
+                create_all(self.cluster, self.discovery, objects, namespace, say=self._note, made=made)
+            except ApiError as err:
+                raise refused_field(err, target) or err from None
+            for note in claims.give_to_job(self.cluster, made, found.kind):
+                self._note(note, options)
+            if options.on_start is not None and not options.detach:
+                options.on_start(found.ref)
+            if options.detach:
+                return self._report(found, pods={}, top=_top_object(objects, found.kind))
+            follower = self._follower(found, logs=options.follow and not options.quiet, options=options)
             sink = options.sink or StreamSink()
             for line in follower.run(options.timeout):
                 sink.log(line)
         except KeyboardInterrupt:
-            # Ctrl-C stops the watching, not the job: a cluster job may hold hours of work, and
-            # the user's terminal is not its lifeline (docs/kubernetes.md). Said even when quiet.
-            ref = f"{found.namespace}/{found.name}"
+            if len(made) < len(objects):
+                raise  # cut short while creating: create_all deleted what it made, and said so
+            # Ctrl-C stops torchjob, not the job: a cluster job may hold hours of work, and the
+            # user's terminal is not its lifeline (docs/kubernetes.md). Said even when quiet.
+            if follower is not None:
+                what = f"stopped following; job {found.ref}"
+            else:  # before the following: the job was just made, its kind said
+                what = f"interrupted; job {found.ref} ({found.kind.label if found.kind else 'bare pods'})"
             self._note(
-                f"stopped following; job {ref} keeps running on the cluster "
-                f"(delete it with: torchjob delete {ref} --engine kubernetes)"
+                f"{what} keeps running on the cluster "
+                f"(delete it with: {bounded.remove_command(found.namespace, found.name)})"
             )
             raise
         report = self._finish(follower)
         if not report.terminal and options.timeout is not None:
-            self._delete(found)
-            report.phase, report.reason = "Terminated", f"timed out after {options.timeout:g}s; deleted"
+            deleted = self._delete_after_timeout(found)
+            report.phase, report.reason = "Terminated", f"timed out after {options.timeout:g}s; {deleted}"
         return report
 
     def list_jobs(self) -> list[JobReport]:
@@ -228,8 +211,11 @@ class KubernetesEngine:
         return report
 
     def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
-        found = self._resolve(ref)
-        if query.follow:
+        if not query.follow:
+            yield from current_logs(self.cluster, self.status(ref), query)
+            return
+        with sigterm_interrupts():  # from the first request: the job's lookup
+            found = self._resolve(ref)
             follower = self._follower(
                 found,
                 logs=True,
@@ -237,24 +223,27 @@ class KubernetesEngine:
                 container=query.container,
                 attempt=None if query.all_attempts else query.attempt,
             )
-            with sigterm_interrupts():
-                yield from follower.run()
-            return
-        yield from current_logs(self.cluster, self.status(ref), query)
+            yield from follower.run()
 
     def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
-        found = self._resolve(ref)
-        follower = self._follower(found, logs=False, sink=sink)
-        with sigterm_interrupts():
+        with sigterm_interrupts():  # from the first request: the job's lookup
+            follower = self._follower(self._resolve(ref), logs=False, sink=sink)
             for _ in follower.run(timeout):
                 pass
-        return self._finish(follower)
+            return self._finish(follower)
 
     def delete(self, refs: list[str]) -> list[str]:
-        jobs = [self._resolve(ref) for ref in refs]  # every ref first: a typo deletes nothing
-        for found in jobs:
-            self._delete(found)
-        return [f"{found.namespace}/{found.name}" for found in jobs]
+        with sigterm_interrupts():  # stopped, it says what was deleted and what was not
+            jobs = [self._resolve(ref) for ref in refs]  # every ref first: a typo deletes nothing
+            deleted: list[str] = []
+            try:
+                for found in jobs:
+                    removal.delete_job(self.cluster, self.discovery, found)
+                    deleted.append(found.ref)
+            except KeyboardInterrupt:
+                self._note(_interrupted_delete(deleted, [found.ref for found in jobs]))
+                raise Interrupted from None
+            return deleted
 
     # ------------------------------------------------------------------ helpers
 
@@ -415,49 +404,71 @@ class KubernetesEngine:
                 raise
             self._log_refused(err)  # the job's outcome matters more than its log
 
-    def _delete(self, found: Found) -> None:
-        cluster, namespace, label = self.cluster, found.namespace, f"{JOB_LABEL}={found.name}"
-        if found.kind is not None:
-            path = namespaced_path(found.kind.api_version, found.kind.plural, namespace, found.name)
-            delete_object(cluster, path, f"{found.kind.label} {found.name}")
-            # The controller's children go with it (owner references), so do the claims made for
-            # its volumes; any claim without the reference goes by its label.
-            for claim in claims.of_job(cluster, namespace, found.name):
-                name = str(claim["metadata"]["name"])
-                if not claims.deleting(claim):
-                    delete_object(cluster, claims.claim_path(namespace, name), f"claim {name}")
-            return
-        from torchjob.targets import get_target
+    def _clear_way(self, existing: Found, replacing: bool) -> None:
+        """A job of the same name is there: wait for one being deleted to go, or delete it
+        (--replace) and wait, within GONE_TIMEOUT as a whole; else refuse."""
+        job, namespace = existing.name, existing.namespace
+        if existing.deleting:  # a job deleted a moment ago: its claims wait for its pods to go
+            self._note(f"job {job} is still being deleted in namespace {namespace}; waiting for it to go")
+        elif not replacing:
+            raise EngineError(
+                f"job {job} already exists in namespace {namespace} (target {existing.target}); "
+                "use --replace to delete it and submit again"
+            )
+        deadline = time.monotonic() + GONE_TIMEOUT
+        try:
+            if not existing.deleting and not removal.delete_within(
+                self.cluster, self.discovery, existing, GONE_TIMEOUT
+            ):
+                raise self._still_there(existing, "its delete had no answer")
+            while time.monotonic() < deadline:
+                lookup = bounded.Background(lambda: self._find(job, namespace), name="torchjob-find")
+                if not lookup.wait(bounded.left_of(deadline)):
+                    break
+                if lookup.outcome() is None:
+                    return
+                time.sleep(min(0.5, bounded.left_of(deadline)))
+        except KeyboardInterrupt:
+            if existing.deleting:
+                raise  # someone else's delete: it goes on by itself
+            self._note(
+                f"interrupted while replacing job {existing.ref}; nothing new was created; "
+                f"{removal.what_is_left(existing)} may remain, deleted in part: remove them with "
+                f"{bounded.remove_command(namespace, job)}"
+            )
+            raise Interrupted from None
+        raise self._still_there(existing, "it was deleted but is still there")
 
-        for api_version, plural in get_target(found.target).side_kinds:
-            if not self.discovery.has_version(api_version):
-                continue
-            try:
-                items = self._list(namespaced_path(api_version, plural, namespace), label)
-            except ApiError as err:
-                if err.status == 404:
-                    continue
-                raise
-            for item in items:
-                name = str(item["metadata"]["name"])
-                delete_object(
-                    cluster, namespaced_path(api_version, plural, namespace, name), f"{plural} {name}"
-                )
-        cluster.json(  # one request for every pod of the job
-            "DELETE",
-            namespaced_path("v1", "pods", namespace),
-            query={"labelSelector": label},
-            doing=f"delete the pods of job {found.name}",
+    def _still_there(self, existing: Found, why: str) -> EngineError:
+        return EngineError(
+            f"job {existing.name} is in the way of the new one: {why} after {GONE_TIMEOUT:g}s; nothing "
+            f"new was created; {removal.what_is_left(existing)} may remain: remove them with "
+            f"{bounded.remove_command(existing.namespace, existing.name)}, then submit again"
         )
 
-    def _wait_gone(self, found: Found) -> None:
-        """--replace: the old objects must be gone before the new ones take their names."""
-        deadline = time.monotonic() + GONE_TIMEOUT
-        while time.monotonic() < deadline:
-            if self._find(found.name, found.namespace) is None:
-                return
-            time.sleep(0.5)
-        raise EngineError(f"job {found.name} was deleted but is still there after {GONE_TIMEOUT:.0f}s")
+    def _delete_after_timeout(self, found: Found) -> str:
+        """The job that outlived --timeout deleted, within CLEANUP_TIMEOUT: how that went, said."""
+        seconds = bounded.CLEANUP_TIMEOUT
+        left = f"{removal.what_is_left(found)} may remain: remove them with "
+        left += bounded.remove_command(found.namespace, found.name)
+        try:
+            if removal.delete_within(self.cluster, self.discovery, found, seconds):
+                return "deleted"
+        except KeyboardInterrupt:
+            self._note(f"interrupted while deleting job {found.ref} after its timeout; {left}")
+            raise Interrupted from None
+        return f"its delete had no answer within {seconds:g}s; {left}"
+
+
+def _interrupted_delete(deleted: list[str], refs: list[str]) -> str:
+    """What an interrupted ``delete`` did: the jobs deleted, and those not (the one under way may
+    be deleted in part), with the command that deletes the rest."""
+    rest = [ref for ref in refs if ref not in deleted]
+    done = f"deleted {', '.join(deleted)}; " if deleted else ""
+    return (
+        f"interrupted; {done}not deleted (or only in part): {', '.join(rest)}; delete "
+        f"{'it' if len(rest) == 1 else 'them'} with: torchjob delete {' '.join(rest)} --engine kubernetes"
+    )
 
 
 def _owned(obj: dict[str, Any]) -> bool:

@@ -10,7 +10,7 @@ from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.records import record
 from torchjob.targets import JOB_LABEL, target_names  # JOB_LABEL: on every object the targets render
 
-__all__ = ["JOB_LABEL", "Discovery", "Kind", "top_kinds"]
+__all__ = ["JOB_LABEL", "Discovery", "Found", "Kind", "top_kinds"]
 
 
 @record(frozen=True)
@@ -24,6 +24,22 @@ class Kind:
     @property
     def label(self) -> str:
         return f"{self.api_version} {self.kind}"
+
+
+@record
+class Found:
+    """A job on the cluster: its name, namespace, target and top-level object (None for `pods`)."""
+
+    name: str
+    namespace: str
+    target: str
+    kind: Kind | None = None
+    top: dict[str, Any] | None = None
+    deleting: bool = False  # what was found is being deleted already (it goes by itself)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
 
 def top_kinds() -> dict[str, Kind]:

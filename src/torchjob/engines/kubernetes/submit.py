@@ -4,26 +4,28 @@ Each object is created with ``fieldValidation=Strict``: a field the cluster's CR
 controller older than the one the object is rendered for) is refused instead of silently dropped,
 and ``refused_field`` says which field and which version has it. Each create runs in a thread of
 its own while the caller waits, so that Ctrl-C (or SIGTERM) during a create still learns how that
-request ended: what it made is deleted with the rest.
+request ended: what it made is deleted with the rest. That clean-up is bounded as a whole
+(``bounded.CLEANUP_TIMEOUT``): a server that does not answer gets the note of what may be left.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from torchjob.engine_api.base import EngineError
-from torchjob.engines.kubernetes.client import CONNECT_TIMEOUT, READ_TIMEOUT, Cluster, namespaced_path
+from torchjob.engines.kubernetes import bounded
+from torchjob.engines.kubernetes.bounded import Background
+from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery
 
 _UNKNOWN_FIELD = re.compile(r'unknown field "([^"]+)"')
 _HANDLED_AS = re.compile(r"cannot be handled as an? (\w+)")
 _INDEX = re.compile(r"\[\d+\]")
-POLL = 0.1  # how often a wait for a request under way looks for Ctrl-C
 
 
 def object_path(discovery: Discovery, obj: dict[str, Any], namespace: str, name: str | None = None) -> str:
@@ -32,101 +34,91 @@ def object_path(discovery: Discovery, obj: dict[str, Any], namespace: str, name:
     return namespaced_path(api_version, plural, namespace, name)
 
 
-class _Request:
-    """One request in a thread of its own: the caller may stop waiting (Ctrl-C) and still learn,
-    later, how it ended."""
-
-    def __init__(self, call: Callable[[], dict[str, Any]]) -> None:
-        self.result: dict[str, Any] | None = None
-        self.error: BaseException | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(call,), name="torchjob-create", daemon=True)
-        self._thread.start()
-
-    def _run(self, call: Callable[[], dict[str, Any]]) -> None:
-        try:
-            self.result = call()
-        except BaseException as err:  # handed to the waiting thread
-            self.error = err
-        finally:
-            self._done.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the end (a Ctrl-C interrupts the wait, not the request); whether it ended."""
-        left = timeout
-        while not self._done.wait(POLL if left is None else min(POLL, max(left, 0.0))):
-            if left is not None:
-                left -= POLL
-                if left <= 0:
-                    return False
-        return True
-
-    def outcome(self) -> dict[str, Any]:
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
-
-
 def create_all(
     cluster: Cluster,
     discovery: Discovery,
     objects: list[dict[str, Any]],
     namespace: str,
     say: Callable[[str], None] | None = None,
+    made: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Create ``objects`` in order and return them as the server made them; when one is refused,
-    or Ctrl-C/SIGTERM comes (KeyboardInterrupt), delete the ones already made and raise. ``say``
-    tells of an interrupt what it left behind."""
+    """Create ``objects`` in order and return them as the server made them (also in ``made``, as
+    they are made). When one is refused, or Ctrl-C/SIGTERM comes (KeyboardInterrupt) before the
+    last is made, delete the ones already made, within CLEANUP_TIMEOUT as a whole, and raise;
+    ``say`` tells what was left behind. An interrupt once every object is made deletes nothing: the
+    job is there, and the caller says so (``len(made) == len(objects)``)."""
     paths = [object_path(discovery, obj, namespace) for obj in objects]  # every kind known first
-    created: list[str] = []
-    made: list[dict[str, Any]] = []
-    under_way: tuple[str, _Request] | None = None
+    made = [] if made is None else made
+    under_way: tuple[str, Background[dict[str, Any]]] | None = None
     try:
         for obj, path in zip(objects, paths, strict=True):
             name = str(obj["metadata"]["name"])
             what = f"create {obj.get('apiVersion')} {obj.get('kind')} {name}"
-            request = _Request(
+            request = Background(
                 functools.partial(
                     cluster.json, "POST", path, body=obj, query={"fieldValidation": "Strict"}, doing=what
-                )
+                ),
+                name="torchjob-create",
             )
             under_way = (f"{path}/{name}", request)
             request.wait()
+            made.append(request.outcome())  # one step: what is made is known at any interrupt
             under_way = None
-            made.append(request.outcome())
-            created.append(f"{path}/{name}")
     except BaseException as err:
+        if len(made) == len(objects):
+            raise  # every object is made: the job runs
+        deadline = time.monotonic() + bounded.CLEANUP_TIMEOUT
+        interrupted = not isinstance(err, Exception)
+        count = len(made)
+        created = [
+            f"{path}/{obj['metadata']['name']}"
+            for path, obj in zip(paths[:count], objects[:count], strict=True)
+        ]
         unsure: list[str] = []
-        if under_way is not None and not isinstance(err, Exception):  # Ctrl-C or SIGTERM meanwhile
-            unsure = _settle(under_way, created, say)
-        elif under_way is not None and not (isinstance(err, ApiError) and 400 <= err.status < 500):
-            created.append(under_way[0])  # no answer, or 5xx: it may have been made (404 if not)
-        left = _undo(cluster, created) + unsure
-        if say is not None and not isinstance(err, Exception):
-            if left:
-                say(
-                    "interrupted while creating the job's objects; not deleted (each carries the label "
-                    f"{JOB_LABEL}): {', '.join(left)}"
-                )
-            else:
-                say("interrupted while creating the job's objects; those already created were deleted")
+        if under_way is not None and under_way[0] not in created:
+            if interrupted:  # Ctrl-C or SIGTERM while a create was under way
+                unsure = _settle(under_way, created, say, deadline)
+            elif not (isinstance(err, ApiError) and 400 <= err.status < 500):
+                created.append(under_way[0])  # no answer, or 5xx: it may have been made (404 if not)
+        left, timed_out = _undo(cluster, created, deadline)
+        left += unsure
+        if say is not None and (interrupted or left):
+            say(_left_note(objects, namespace, left, interrupted, timed_out))
         raise
     return made
 
 
+def _left_note(
+    objects: list[dict[str, Any]], namespace: str, left: list[str], interrupted: bool, timed_out: bool
+) -> str:
+    """What an interrupted or refused creation left on the cluster, and how to remove it."""
+    start = "interrupted while creating the job's objects" if interrupted else "the job was not created"
+    if not left:
+        return f"{start}; those already created were deleted"
+    meta = objects[0].get("metadata") or {}
+    job = str((meta.get("labels") or {}).get(JOB_LABEL) or meta.get("name"))
+    within = f" within {bounded.CLEANUP_TIMEOUT:g}s" if timed_out else ""
+    return (
+        f"{start}; not deleted{within} (each carries the label {JOB_LABEL}={job}): {', '.join(left)}; "
+        f"remove them with: {bounded.remove_command(namespace, job)}"
+    )
+
+
 def _settle(
-    under_way: tuple[str, _Request], created: list[str], say: Callable[[str], None] | None
+    under_way: tuple[str, Background[dict[str, Any]]],
+    created: list[str],
+    say: Callable[[str], None] | None,
+    deadline: float,
 ) -> list[str]:
-    """Ctrl-C came while a create was under way: wait for its answer (its client timeouts bound the
-    wait; a second Ctrl-C stops it), so that what it made is deleted too. What may remain."""
+    """Ctrl-C came while a create was under way: wait for its answer until ``deadline`` (a second
+    Ctrl-C stops waiting), so that what it made is deleted too. What may remain."""
     path, request = under_way
     try:
-        if say is not None:
+        if say is not None and not request.done:
             say(
                 "interrupted; waiting for the request under way to be answered (Ctrl-C again to stop waiting)"
             )
-        if not request.wait(CONNECT_TIMEOUT + READ_TIMEOUT):
+        if not request.wait(bounded.left_of(deadline)):
             return [f"{path} (its create was still under way)"]
     except KeyboardInterrupt:
         return [f"{path} (its create was still under way)"]
@@ -142,21 +134,26 @@ def _settle(
     return []
 
 
-def _undo(cluster: Cluster, paths: list[str]) -> list[str]:
-    """Delete ``paths``, newest first: those that may remain (a delete failed, or a second Ctrl-C)."""
-    todo = list(reversed(paths))
-    left: list[str] = []
-    try:
-        while todo:
-            path = todo[0]
+def _undo(cluster: Cluster, paths: list[str], deadline: float) -> tuple[list[str], bool]:
+    """Delete ``paths``, newest first, until ``deadline``: those that may remain (a delete failed,
+    had no answer in time, or a second Ctrl-C came), and whether the deadline was hit."""
+    order = list(reversed(paths))
+    gone: dict[str, bool] = {}  # path -> deleted (or already gone); written by the worker only
+
+    def work() -> None:
+        for path in order:
             try:
                 delete_object(cluster, path, path)
+                gone[path] = True
             except EngineError:
-                left.append(path)
-            todo.pop(0)
+                gone[path] = False
+
+    worker: Background[None] = Background(work, name="torchjob-cleanup")
+    try:
+        timed_out = not worker.wait(bounded.left_of(deadline))
     except KeyboardInterrupt:  # again: stop cleaning up
-        left += todo
-    return left
+        timed_out = False
+    return [path for path in order if not gone.get(path)], timed_out
 
 
 def delete_object(cluster: Cluster, path: str, what: str) -> bool:
