@@ -101,7 +101,9 @@ RUNTIME: dict[str, Any] = {
                     {
                         "name": "node",
                         "template": {
-                            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                            "metadata": {
+                                "labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+                            },
                             "spec": {
                                 "template": {
                                     "spec": {
@@ -110,7 +112,9 @@ RUNTIME: dict[str, Any] = {
                                             {
                                                 "name": "node",
                                                 "image": "torchjob-examples:latest",
-                                                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                                                "volumeMounts": [
+                                                    {"name": "scratch", "mountPath": "/scratch"}
+                                                ],
                                                 "resources": {"requests": {"cpu": "1"}},
                                             }
                                         ],

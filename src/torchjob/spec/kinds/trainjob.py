@@ -97,9 +97,10 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
         return
     rjob = rjobs[node]
     rjob["replicas"] = 1
-    job_spec = rjob.setdefault("template", {}).setdefault("spec", {})
-    job_spec["parallelism"] = job_spec["completions"] = nodes
-    pod_spec = job_spec.setdefault("template", {}).setdefault("spec", {})
+    pod_spec = _node_pod_spec(tr, runtime, rjob, node, nodes)
+    if pod_spec is None:
+        tr.complete = False
+        return
     containers = pod_spec.setdefault("containers", [])
     container = next((c for c in containers if isinstance(c, dict) and c.get("name") == NODE), None)
     if container is None:
@@ -330,6 +331,31 @@ def _merge_list(base: list[Any], patch: list[Any], key: str) -> None:
             base.append(copy(item))
 
 
+def _node_pod_spec(
+    tr: Translation, runtime: Runtime, rjob: dict[str, Any], node: int, nodes: int | None
+) -> dict[str, Any] | None:
+    """The pod spec of the runtime's trainer job (a copy), its Job sized to ``nodes``; None, told at
+    the runtime's field, where a level is not a mapping (the schema skips pod templates)."""
+    level: dict[str, Any] = rjob
+    where = f"spec.template.spec.replicatedJobs[{node}]"
+    for depth, key in enumerate(("template", "spec", "template", "spec")):
+        value = level.get(key)
+        where += f".{key}"
+        if value is None:
+            value = level[key] = {}
+        elif not isinstance(value, dict):
+            from torchjob.spec.parse import type_name
+
+            tr.elsewhere.append(
+                runtime.document.problem(where, f"expected a mapping, got {type_name(value)}")
+            )
+            return None
+        level = value
+        if depth == 1:  # the Job's spec: one pod per node
+            level["parallelism"] = level["completions"] = nodes
+    return level
+
+
 def _route_trainer(tr: Translation, spec: dict[str, Any], task_name: str, container: dict[str, Any]) -> None:
     """The node container's fields that came from the TrainJob's trainer are told there."""
     index = next((i for i, t in enumerate(spec.get("tasks", [])) if t["name"] == task_name), None)
@@ -348,10 +374,18 @@ def _route_trainer(tr: Translation, spec: dict[str, Any], task_name: str, contai
         if key in trainer or source in trainer:
             tr.route(f"{path}.{key}", f"spec.trainer.{source}")
     env = items(container.get("env"))
-    names = {var.get("name"): i for i, var in enumerate(items(trainer.get("env"))) if isinstance(var, dict)}
+    # The trainer's variables, by name; one without a name that is text is found by its value.
+    given = items(trainer.get("env"))
+    names = {var["name"]: i for i, var in enumerate(given) if isinstance(mapping(var).get("name"), str)}
     for i, var in enumerate(env):
-        if isinstance(var, dict) and var.get("name") in names:
-            tr.route(f"{path}.env[{i}]", f"spec.trainer.env[{names[var['name']]}]")
+        name = mapping(var).get("name")
+        j = (
+            names.get(name)
+            if isinstance(name, str)
+            else next((j for j, g in enumerate(given) if g == var), None)
+        )
+        if j is not None:
+            tr.route(f"{path}.env[{i}]", f"spec.trainer.env[{j}]")
 
 
 def _injection(tr: Translation, policy: dict[str, Any], tasks: list[str], runtime: Runtime) -> list[str]:
