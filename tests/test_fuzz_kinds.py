@@ -386,3 +386,43 @@ def test_random_specs_of_each_kind(name: str, data: st.DataObject) -> None:
         parent = parent[part]
     parent[where[-1]] = data.draw(values, label="value")
     exercise(file_text(docs, "yaml"))
+
+
+# ------------------------------------------------------------------ what the fuzzing found, as examples
+
+
+def _problems(docs: list[dict[str, Any]]) -> list[str]:
+    with pytest.raises(SpecError) as err:
+        load_jobs_from_text(file_text(docs, "yaml"), FILE)
+    return [f"{p.path}: {p.message}" for p in err.value.problems]
+
+
+def test_a_trainjob_of_negative_nodes_is_told_once() -> None:
+    """Not again as the schema's bound, the Volcano Job's minAvailable, or the runtime's Job."""
+    docs = copy.deepcopy(FILES["trainjob"])
+    docs[1]["spec"]["trainer"]["numNodes"] = -1
+    assert _problems(docs) == ["spec.trainer.numNodes: expected an integer >= 0, got -1 (in document 2)"]
+    docs[1]["spec"]["trainer"]["numNodes"] = 0
+    assert _problems(docs) == ["spec.trainer.numNodes: expected at least 1 node, got 0 (in document 2)"]
+
+
+def test_a_jobset_of_negative_replicas_is_told_once() -> None:
+    """Not again as a Volcano Job of no task."""
+    docs = copy.deepcopy(FILES["jobset-one"])
+    docs[0]["spec"]["replicatedJobs"][0]["replicas"] = -1
+    assert _problems(docs) == ["spec.replicatedJobs[0].replicas: expected an integer >= 0, got -1"]
+
+
+def test_a_pytorchjob_of_no_workers_is_told_once() -> None:
+    """Not again as the Volcano Job's minSuccess, a field a PyTorchJob does not have."""
+    docs = copy.deepcopy(FILES["elastic"])
+    docs[0]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 0
+    assert _problems(docs) == ["spec.pytorchReplicaSpecs.Worker.replicas: expected at least 1 replica, got 0"]
+
+
+def test_an_int32_bound_reads_as_english() -> None:
+    docs = copy.deepcopy(FILES["jobset-one"])
+    docs[0]["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"] = 2**31
+    assert _problems(docs) == [
+        f"spec.replicatedJobs[0].template.spec.completions: expected an int32 integer, got {2**31}"
+    ]

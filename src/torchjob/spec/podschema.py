@@ -166,7 +166,7 @@ class _Checker:
                 low, high = _RANGES[schema["format"]]
                 if not low <= value <= high:
                     shown = value if value.bit_length() <= 128 else _shown(value)
-                    self.add(path, f"expected a {schema['format']} integer, got {shown}")
+                    self.add(path, f"expected an {schema['format']} integer, got {shown}")
                     return
             if value < schema.get("minimum", value):
                 self.add(path, f"expected an integer >= {schema['minimum']}, got {value}")

@@ -141,6 +141,8 @@ def _sizes_fit(tr: Translation, rjobs: list[tuple[int, dict[str, Any]]], place: 
     for r, rjob in rjobs:
         count = integer(rjob.get("replicas"), 1) or 0
         pods, parallelism = _pods_per_job(rjob)
+        if max(count, pods, parallelism or 0) > INT32_MAX:
+            continue  # an int32 field's value out of range: its schema told it, not a size
         total += count * max(pods, 0)
         product = count * (parallelism if parallelism is not None else 1)
         if product > INT32_MAX:  # JobSet's webhook
@@ -152,7 +154,7 @@ def _sizes_fit(tr: Translation, rjobs: list[tuple[int, dict[str, Any]]], place: 
     if total > MAX_PODS:
         where, path = place("replicatedJobs")
         message = (
-            f"the tasks have {total} replicas in all; expected at most {MAX_PODS}, "
+            f"the replicated jobs make {total} pods in all; expected at most {MAX_PODS}, "
             "the most pods one Kubernetes cluster is built for"
         )
         if where is tr.source:

@@ -89,6 +89,9 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
         return
     policy = mapping(at(runtime.data, "spec", "mlPolicy"))
     nodes = integer(trainer.get("numNodes"), integer(policy.get("numNodes"), 1))
+    if nodes is not None and nodes < 1:  # told above; the runtime's Job of no pods is not told too
+        tr.complete = False
+        return
     if nodes is not None and nodes > MAX_PODS:  # before the pods are made
         field = "spec.trainer.numNodes" if integer(trainer.get("numNodes")) is not None else "spec.runtimeRef"
         why = "the most pods one Kubernetes cluster is built for"
@@ -193,7 +196,7 @@ def _trainer_checks(tr: Translation, trainer: dict[str, Any]) -> None:
     elif nproc is not None and nproc > MAX_PROCS_PER_NODE:
         tr.add("spec.trainer.numProcPerNode", too_many_procs(nproc))
     nodes = integer(trainer.get("numNodes"))
-    if nodes is not None and nodes < 1:
+    if nodes is not None and nodes < 1 and not tr.broken("spec.trainer.numNodes"):
         tr.add("spec.trainer.numNodes", f"expected at least 1 node, got {nodes}")
 
 
