@@ -426,3 +426,28 @@ def test_an_int32_bound_reads_as_english() -> None:
     assert _problems(docs) == [
         f"spec.replicatedJobs[0].template.spec.completions: expected an int32 integer, got {2**31}"
     ]
+
+
+def test_a_replicated_job_name_is_told_as_written() -> None:
+    """Not as the name of its first Job ('Workers-0'), once, in a JobSet or a TrainJob's runtime."""
+    docs = copy.deepcopy(FILES["jobset-one"])
+    docs[0]["spec"]["replicatedJobs"][0]["name"] = "Workers"
+    docs[0]["spec"]["successPolicy"] = {"operator": "All", "targetReplicatedJobs": ["Workers"]}
+    label = (
+        "is not a DNS-1123 label: use lower-case letters, digits and '-', "
+        "starting and ending with a letter or digit"
+    )
+    assert _problems(docs) == [f"spec.replicatedJobs[0].name: 'Workers' {label}"]
+    docs = copy.deepcopy(FILES["cluster-trainjob"])
+    docs[0]["spec"]["template"]["spec"]["replicatedJobs"][0]["name"] = "Node"
+    assert _problems(docs) == [f"spec.template.spec.replicatedJobs[0].name: 'Node' {label} (in document 1)"]
+
+
+def test_a_jobset_whose_pods_restart_always_is_refused() -> None:
+    """Kubernetes refuses such a Job; rendered as read, the JobSet would not be created."""
+    docs = copy.deepcopy(FILES["jobset-one"])
+    docs[0]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["restartPolicy"] = "Always"
+    assert _problems(docs) == [
+        "spec.replicatedJobs[0].template.spec.template.spec.restartPolicy: "
+        "a Job's pods restart OnFailure or Never, got 'Always'"
+    ]

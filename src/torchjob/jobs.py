@@ -71,7 +71,7 @@ def _check_kind(document: Document, runtimes: Runtimes | None) -> tuple[Job | No
     own = [document.problem(issue.path, issue.message) for issue in translation.issues]
     # One mistake, one message: not again for what the Volcano Job made of a field already refused
     # (at that path, or under a value of the wrong type).
-    said = {(p.file, p.path) for p in own}
+    said = {(p.file, p.path) for p in own + translation.elsewhere}
     typed = [document.problem(path, "").path for path in translation.typed]
 
     def new(p: Problem) -> bool:

@@ -37,6 +37,7 @@ from torchjob.spec.kinds.common import (
     start,
     text,
 )
+from torchjob.spec.names import is_dns1123_label, label_problem
 from torchjob.spec.podschema import check_kind
 from torchjob.spec.validate import MAX_PODS
 from torchjob.typecheck import TYPE_CHECKING
@@ -204,6 +205,9 @@ def _rjob_tasks(
     """One task per Job of replicated job ``r``, its pod policies and its failure threshold."""
     rname = text(rjob.get("name"), f"job{r}")
     base = f"replicatedJobs[{r}]"
+    where, path = place(f"{base}.name")
+    if isinstance(rjob.get("name"), str) and not is_dns1123_label(rname) and not tr.broken(path):
+        _add(tr, where, path, label_problem(rname))  # the name given, not its Jobs' (rname-0, ...)
     job_spec = mapping(at(rjob, "template", "spec"))
     completions = integer(job_spec.get("completions"))
     pods, parallelism = _pods_per_job(rjob)
@@ -230,6 +234,10 @@ def _rjob_tasks(
     pod = template.get("spec")
     if isinstance(pod, dict):
         policy = pod.setdefault("restartPolicy", "OnFailure")  # JobSet's webhook
+        where, path = place(f"{base}.template.spec.template.spec.restartPolicy")
+        if policy not in ("OnFailure", "Never") and isinstance(policy, str) and not tr.broken(path):
+            # the API server refuses a Job whose pods restart Always (batch/v1 validation)
+            _add(tr, where, path, f"a Job's pods restart OnFailure or Never, got {policy!r}")
         if hostnames:
             pod.setdefault("subdomain", subdomain)
     else:
