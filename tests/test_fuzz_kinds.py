@@ -20,6 +20,7 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+import crds
 from torchjob.errors import SpecError
 from torchjob.expand import Expansion
 from torchjob.jobs import load_jobs_from_text
@@ -345,8 +346,24 @@ def exercise(text: str) -> None:
                 event(f"refused by {target}")
                 continue
             event(f"rendered for {target}")
-            assert rendered.objects
+            assert rendered.objects or item.job.total_replicas == 0  # bare pods: none to render
             dump(list_of(rendered.objects), "yaml")
+            for obj in rendered.objects:
+                schema = crds.shipped(obj["apiVersion"], obj["kind"])
+                if schema is not None:  # what the cluster's CRD takes, strictly, as the engine sends it
+                    assert crds.unknown_fields(obj, schema) == [], (target, obj)
+                    stored = crds.prune(_without_nulls(obj), schema)
+                    assert crds.invalid(stored, schema) == [], (target, obj)
+
+
+def _without_nulls(value: Any) -> Any:
+    """A custom resource as the API server validates it: a field set to null is dropped first
+    (fields not marked nullable, since Kubernetes 1.20)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -374,6 +391,41 @@ def test_mutated_kinds_load_render_or_are_refused(name: str, style: str, data: s
         op = data.draw(st.sampled_from(OPS), label="op")
         mutate(docs, path, op, data.draw(values, label="value"), data)
     exercise(file_text(docs, style))
+
+
+def leaves(docs: list[Any]) -> list[Any]:
+    return [value for path in paths(docs) if not isinstance(value := _at(docs, path), dict | list)]
+
+
+def _at(docs: Any, path: tuple[Any, ...]) -> Any:
+    for part in path:
+        docs = docs[part]
+    return docs
+
+
+@FUZZ
+@given(st.sampled_from(list(FILES)), st.data())
+def test_plausible_changes_of_each_kind(name: str, data: st.DataObject) -> None:
+    """Changes a user might make (a value of the file put elsewhere, a small count, a known word,
+    a field dropped), so that many results pass the checks and are rendered for every target."""
+    docs = copy.deepcopy(FILES[name])
+    for _ in range(data.draw(st.integers(1, 3), label="changes")):
+        path = data.draw(st.sampled_from([p for p in paths(docs) if len(p) > 1]), label="path")
+        parent = _at(docs, path[:-1])
+        new = data.draw(
+            st.one_of(
+                st.sampled_from(leaves(docs)),
+                st.integers(0, 4),
+                st.sampled_from(WORDS[:40]),
+                st.just(copy.deepcopy(parent[path[-1]])),
+            ),
+            label="value",
+        )
+        if data.draw(st.booleans(), label="drop"):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = new
+    exercise(file_text(docs, "yaml"))
 
 
 @FUZZ
@@ -451,3 +503,46 @@ def test_a_jobset_whose_pods_restart_always_is_refused() -> None:
         "spec.replicatedJobs[0].template.spec.template.spec.restartPolicy: "
         "a Job's pods restart OnFailure or Never, got 'Always'"
     ]
+
+
+def test_the_pod_template_of_a_replicated_job_of_no_jobs_is_checked() -> None:
+    """replicas: 0 makes no task here; the template still goes to the cluster, which checks it."""
+    docs = copy.deepcopy(FILES["jobset"])
+    driver = docs[0]["spec"]["replicatedJobs"][0]
+    driver["replicas"] = 0
+    driver["template"]["spec"]["template"]["spec"]["containers"][0]["image"] = 3
+    path = "spec.replicatedJobs[0].template.spec.template"
+    assert _problems(docs) == [
+        f"{path}.spec.containers[0].image: expected a string (quote it), got integer 3"
+    ]
+    driver["template"]["spec"]["template"] = "JobSet"
+    assert _problems(docs) == [f"{path}: expected a mapping (a pod template), got string"]
+
+
+def test_a_pod_template_that_is_a_list_is_told_once() -> None:
+    docs = copy.deepcopy(FILES["jobset"])
+    docs[0]["spec"]["replicatedJobs"][1]["template"]["spec"]["template"] = []
+    assert _problems(docs) == [
+        "spec.replicatedJobs[1].template.spec.template: expected a mapping (a pod template), got list"
+    ]
+
+
+def test_a_runtime_whose_containers_are_not_a_list_is_told_there() -> None:
+    """A number there crashed the TrainJob's reader (TypeError: 'int' object is not iterable)."""
+    docs = copy.deepcopy(FILES["trainjob"])
+    pod = docs[0]["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod["containers"] = 0
+    assert _problems(docs) == [
+        "spec.template.spec.replicatedJobs[0].template.spec.template.spec.containers: "
+        "expected a list of containers, got integer (in document 1)"
+    ]
+
+
+def test_a_null_entry_of_a_list_is_refused() -> None:
+    """Passed as if absent, and rendered as read, it was refused by the cluster's CRD."""
+    docs = copy.deepcopy(FILES["trainjob"])
+    docs[1]["spec"]["trainer"]["env"] = [None]
+    assert _problems(docs) == ["spec.trainer.env[0]: expected an entry, got null (in document 2)"]
+    docs = copy.deepcopy(FILES["jobset-one"])
+    docs[0]["spec"]["replicatedJobs"].append(None)
+    assert _problems(docs) == ["spec.replicatedJobs[1]: expected an entry, got null"]

@@ -104,7 +104,15 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
     if pod_spec is None:
         tr.complete = False
         return
-    containers = pod_spec.setdefault("containers", [])
+    containers = items(pod_spec.get("containers"))
+    if not isinstance(pod_spec.get("containers"), list | None):  # a value of another type
+        from torchjob.spec.parse import type_name
+
+        where = f"spec.template.spec.replicatedJobs[{node}].template.spec.template.spec.containers"
+        got = type_name(pod_spec["containers"])
+        tr.elsewhere.append(runtime.document.problem(where, f"expected a list of containers, got {got}"))
+        tr.complete = False
+        return
     container = next((c for c in containers if isinstance(c, dict) and c.get("name") == NODE), None)
     if container is None:
         tr.add("spec.runtimeRef.name", f"{runtime.where} has no container named node in its trainer's job")
