@@ -25,6 +25,9 @@ from torchjob.errors import SpecError
 from torchjob.expand import Expansion
 from torchjob.jobs import load_jobs_from_text
 from torchjob.render import dump, list_of
+from torchjob.spec.kinds import is_runtime
+from torchjob.spec.kinds.runtimes import Runtimes
+from torchjob.spec.source import parse_documents
 from torchjob.targets import for_cluster, target_names
 
 pytestmark = pytest.mark.timeout(300)
@@ -318,10 +321,19 @@ def file_text(docs: list[Any], style: str) -> str:
     return yaml.safe_dump_all(docs, sort_keys=False)
 
 
-def exercise(text: str) -> None:
-    """Load and check ``text``; what passes expands and renders for every target, or is refused."""
+def _runtimes(text: str) -> Runtimes:
+    """The runtimes of a file, for reading back what was rendered from its TrainJob (as --runtime)."""
+    runtimes = Runtimes()
+    for document in parse_documents(text, FILE):
+        if is_runtime(document.data):
+            runtimes.add(document)
+    return runtimes
+
+
+def exercise(source: str) -> None:
+    """Load and check ``source``; what passes expands and renders for every target, or is refused."""
     try:
-        loaded = load_jobs_from_text(text, FILE)
+        loaded = load_jobs_from_text(source, FILE)
     except SpecError as err:
         assert err.problems
         for problem in err.problems:
@@ -347,7 +359,15 @@ def exercise(text: str) -> None:
                 continue
             event(f"rendered for {target}")
             assert rendered.objects or item.job.total_replicas == 0  # bare pods: none to render
-            dump(list_of(rendered.objects), "yaml")
+            text = dump(list_of(rendered.objects), "yaml")
+            if target != "pods":  # read back as every command reads a List: a job, or SpecError only
+                try:
+                    load_jobs_from_text(text, "rendered.yaml", _runtimes(source))
+                    event(f"read back from {target}")
+                except SpecError:
+                    # the object as read, labelled, reads as it did
+                    assert item.job.kind is None or item.job.kind.target != target
+                    event(f"not read back from {target}")
             for obj in rendered.objects:
                 schema = crds.shipped(obj["apiVersion"], obj["kind"])
                 if schema is not None:  # what the cluster's CRD takes, strictly, as the engine sends it
