@@ -566,3 +566,16 @@ def test_a_null_entry_of_a_list_is_refused() -> None:
     docs = copy.deepcopy(FILES["jobset-one"])
     docs[0]["spec"]["replicatedJobs"].append(None)
     assert _problems(docs) == ["spec.replicatedJobs[1]: expected an entry, got null"]
+
+
+def test_a_pytorchjob_nproc_per_node_torchrun_refuses_is_refused() -> None:
+    """'lots' passed, and was rendered for Trainer as numProcPerNode: 1."""
+    for value in ("lots", "-1", "0"):
+        docs = copy.deepcopy(FILES["pytorchjob"])
+        docs[0]["spec"]["nprocPerNode"] = value
+        assert _problems(docs) == [
+            f"spec.nprocPerNode: expected a number of processes (1 or more), auto, cpu or gpu, got {value!r}"
+        ]
+    for value in ("auto", "cpu", "gpu", "4"):
+        docs[0]["spec"]["nprocPerNode"] = value
+        load_jobs_from_text(file_text(docs, "yaml"), FILE)

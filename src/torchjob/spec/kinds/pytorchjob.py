@@ -50,6 +50,7 @@ REPLICA_TYPES = ("Master", "Worker")
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2")
+TORCHRUN_NPROC = ("auto", "cpu", "gpu")  # --nproc-per-node's words for a count torchrun finds
 
 
 def read(tr: Translation, runtimes: Any = None) -> None:
@@ -233,8 +234,15 @@ def _flags(
             "spec.nprocPerNode",
             "give spec.nprocPerNode or the deprecated spec.elasticPolicy.nProcPerNode, not both",
         )
-    if isinstance(nproc, str) and nproc.isascii() and nproc.isdigit() and int(nproc) > MAX_PROCS_PER_NODE:
-        tr.add("spec.nprocPerNode", too_many_procs(int(nproc)))
+    count = int(nproc) if isinstance(nproc, str) and nproc.isascii() and nproc.isdigit() else None
+    if count is not None and count > MAX_PROCS_PER_NODE:
+        tr.add("spec.nprocPerNode", too_many_procs(count))
+    elif isinstance(nproc, str) and not (count or 0) >= 1 and nproc not in TORCHRUN_NPROC:
+        # what torchrun's --nproc-per-node takes: its agent refuses anything else when it starts
+        tr.add(
+            "spec.nprocPerNode",
+            f"expected a number of processes (1 or more), auto, cpu or gpu, got {nproc!r}",
+        )
     if elastic_nproc is not None and elastic_nproc > MAX_PROCS_PER_NODE:
         tr.add("spec.elasticPolicy.nProcPerNode", too_many_procs(elastic_nproc))
     if not isinstance(nproc, str) and elastic_nproc is None:
