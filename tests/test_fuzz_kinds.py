@@ -579,3 +579,33 @@ def test_a_pytorchjob_nproc_per_node_torchrun_refuses_is_refused() -> None:
     for value in ("auto", "cpu", "gpu", "4"):
         docs[0]["spec"]["nprocPerNode"] = value
         load_jobs_from_text(file_text(docs, "yaml"), FILE)
+
+
+def test_a_replica_type_of_any_text_is_told_on_one_line() -> None:
+    """A key with a newline broke the line of its problem (the path was written as given)."""
+    docs = copy.deepcopy(FILES["pytorchjob"])
+    docs[0]["spec"]["pytorchReplicaSpecs"]["a\nb"] = None
+    with pytest.raises(SpecError) as err:
+        load_jobs_from_text(file_text(docs, "yaml"), FILE)
+    assert [p.format() for p in err.value.problems] == [
+        f"{FILE}:60: "  # the key's own line
+        + 'spec.pytorchReplicaSpecs["a\\nb"]: '
+        + "unknown replica type 'a\\nb'; a PyTorchJob has Master and Worker"
+    ]
+
+
+def test_a_trainjob_on_a_runtime_of_its_own_node_name_reads_back_as_rendered() -> None:
+    """torchjob's label patch named the replicated job 'node' whatever the runtime called it, and
+    the TrainJob it rendered was refused when read back (and by Trainer)."""
+    docs = copy.deepcopy(FILES["trainjob"])
+    docs[0]["spec"]["template"]["spec"]["replicatedJobs"][0]["name"] = "trainer"
+    del docs[1]["spec"]["runtimePatches"]
+    text = file_text(docs, "yaml")
+    (loaded,) = load_jobs_from_text(text, FILE)
+    objects = for_cluster(loaded.job, "trainjob", "default").objects
+    (patch,) = objects[0]["spec"]["runtimePatches"]
+    assert [r["name"] for r in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]] == [
+        "trainer"
+    ]
+    (again,) = load_jobs_from_text(dump(list_of(objects), "yaml"), "rendered.yaml", _runtimes(text))
+    assert again.job.total_replicas == 2

@@ -36,6 +36,7 @@ from torchjob.spec.kinds.common import (
 )
 from torchjob.spec.model import JobRunPolicy
 from torchjob.spec.podschema import check_kind
+from torchjob.spec.source import child
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -115,17 +116,17 @@ def read(tr: Translation, runtimes: Any = None) -> None:
 def _replica_specs(tr: Translation, source: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
     """The replica specs by type (the operator takes ``master``/``WORKER`` too), with their paths."""
     found: dict[str, tuple[str, dict[str, Any]]] = {}
+    given: dict[str, Any] = {}  # the key each type was given as
     for key, replica in mapping(source.get("pytorchReplicaSpecs")).items():
-        path = f"spec.pytorchReplicaSpecs.{key}"
+        path = child("spec.pytorchReplicaSpecs", str(key))  # a key of any text stays one line
         kind = next((k for k in REPLICA_TYPES if k.lower() == str(key).lower()), None)
         if kind is None:
             tr.add(path, f"unknown replica type {key!r}; a PyTorchJob has Master and Worker")
             continue
-        if kind in found:
-            tr.add(
-                path, f"replica type {kind} is given twice (also as {found[kind][0].rpartition('.')[2]!r})"
-            )
+        if kind in given:
+            tr.add(path, f"replica type {kind} is given twice (also as {given[kind]!r})")
             continue
+        given[kind] = key
         if not isinstance(replica, dict):
             continue  # the schema said so
         found[kind] = (path, replica)
