@@ -514,8 +514,8 @@ def test_too_many_pods_are_told_at_the_kinds_replica_counts() -> None:
     )
     found = problems(jobset)
     assert sorted(found) == [
-        "job.yaml:5: spec.replicatedJobs: the replicated jobs make 300001 pods in all; expected at most 150000, "
-        "the most pods one Kubernetes cluster is built for",
+        "job.yaml:5: spec.replicatedJobs: the replicated jobs make 300001 pods in all; "
+        "expected at most 150000, the most pods one Kubernetes cluster is built for",
         "job.yaml:9: spec.replicatedJobs[1].replicas: replicas times parallelism is 3000000000; JobSet "
         "takes at most 2147483647",
     ], found
