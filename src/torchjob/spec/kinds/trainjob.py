@@ -30,7 +30,7 @@ from torchjob.spec.kinds.common import (
     too_many_procs,
 )
 from torchjob.spec.kinds.jobset import translate_set
-from torchjob.spec.kinds.runtimes import CLUSTER, Runtimes
+from torchjob.spec.kinds.runtimes import CLUSTER, Runtimes, trainer_pod_spec
 from torchjob.spec.model import JobRunPolicy
 from torchjob.spec.podschema import check_kind
 from torchjob.spec.validate import MAX_PODS
@@ -100,19 +100,11 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
         return
     rjob = rjobs[node]
     rjob["replicas"] = 1
-    pod_spec = _node_pod_spec(tr, runtime, rjob, node, nodes)
+    pod_spec = trainer_pod_spec(tr, runtime, rjob, node, nodes)
     if pod_spec is None:
         tr.complete = False
         return
     containers = items(pod_spec.get("containers"))
-    if not isinstance(pod_spec.get("containers"), list | None):  # a value of another type
-        from torchjob.spec.parse import type_name
-
-        where = f"spec.template.spec.replicatedJobs[{node}].template.spec.template.spec.containers"
-        got = type_name(pod_spec["containers"])
-        tr.elsewhere.append(runtime.document.problem(where, f"expected a list of containers, got {got}"))
-        tr.complete = False
-        return
     container = next((c for c in containers if isinstance(c, dict) and c.get("name") == NODE), None)
     if container is None:
         tr.add("spec.runtimeRef.name", f"{runtime.where} has no container named node in its trainer's job")
@@ -340,31 +332,6 @@ def _merge_list(base: list[Any], patch: list[Any], key: str) -> None:
             _merge(same, item)
         else:
             base.append(copy(item))
-
-
-def _node_pod_spec(
-    tr: Translation, runtime: Runtime, rjob: dict[str, Any], node: int, nodes: int | None
-) -> dict[str, Any] | None:
-    """The pod spec of the runtime's trainer job (a copy), its Job sized to ``nodes``; None, told at
-    the runtime's field, where a level is not a mapping (the schema skips pod templates)."""
-    level: dict[str, Any] = rjob
-    where = f"spec.template.spec.replicatedJobs[{node}]"
-    for depth, key in enumerate(("template", "spec", "template", "spec")):
-        value = level.get(key)
-        where += f".{key}"
-        if value is None:
-            value = level[key] = {}
-        elif not isinstance(value, dict):
-            from torchjob.spec.parse import type_name
-
-            tr.elsewhere.append(
-                runtime.document.problem(where, f"expected a mapping, got {type_name(value)}")
-            )
-            return None
-        level = value
-        if depth == 1:  # the Job's spec: one pod per node
-            level["parallelism"] = level["completions"] = nodes
-    return level
 
 
 def _route_trainer(tr: Translation, spec: dict[str, Any], task_name: str, container: dict[str, Any]) -> None:
