@@ -500,7 +500,7 @@ def test_too_many_pods_are_told_at_the_kinds_replica_counts() -> None:
     never at the Volcano Job's spec.tasks or spec.minAvailable, which the user did not write."""
     found = problems(PYTORCHJOB.replace("replicas: 2\n", "replicas: 3000000000\n"))
     assert found == [
-        "job.yaml:15: spec.pytorchReplicaSpecs.worker.replicas: expected a int32 integer, got 3000000000"
+        "job.yaml:15: spec.pytorchReplicaSpecs.worker.replicas: expected an int32 integer, got 3000000000"
     ], found
     found = problems(PYTORCHJOB.replace("replicas: 2\n", "replicas: 200000\n"))
     assert found == [
@@ -514,8 +514,8 @@ def test_too_many_pods_are_told_at_the_kinds_replica_counts() -> None:
     )
     found = problems(jobset)
     assert sorted(found) == [
-        "job.yaml:5: spec.replicatedJobs: the tasks have 300001 replicas in all; expected at most 150000, "
-        "the most pods one Kubernetes cluster is built for",
+        "job.yaml:5: spec.replicatedJobs: the replicated jobs make 300001 pods in all; "
+        "expected at most 150000, the most pods one Kubernetes cluster is built for",
         "job.yaml:9: spec.replicatedJobs[1].replicas: replicas times parallelism is 3000000000; JobSet "
         "takes at most 2147483647",
     ], found

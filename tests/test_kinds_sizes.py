@@ -97,8 +97,8 @@ def _problems(text: str) -> list[str]:
     [
         # a JobSet's Jobs are one task each: 2**31-1 of them were made one by one (hours) before
         # the webhook's bound was told
-        (_jobset(2**31 - 1), f"job.yaml:5: spec.replicatedJobs: the tasks have {2**31 - 1} replicas in all"),
-        (_jobset(100_000, 2), "job.yaml:5: spec.replicatedJobs: the tasks have 200000 replicas in all"),
+        (_jobset(2**31 - 1), f"job.yaml:5: spec.replicatedJobs: the replicated jobs make {2**31 - 1} pods"),
+        (_jobset(100_000, 2), "job.yaml:5: spec.replicatedJobs: the replicated jobs make 200000 pods in all"),
         (_jobset(3, 10**9), "job.yaml:7: spec.replicatedJobs[0].replicas: replicas times parallelism is"),
         (_trainjob(10**9), f"job.yaml:6: spec.trainer.numNodes: expected at most 150000 nodes, {CLUSTER}"),
         (_trainjob(2, 10**6), f"job.yaml:6: spec.trainer.numProcPerNode: expected at most 8192 {PROCS}"),
@@ -147,7 +147,8 @@ def test_each_verb_refuses_a_jobset_too_large_for_a_cluster_with_one_line(tmp_pa
     """validate, render, run --dry-run and run: one line, exit 2, nothing started or written."""
     (tmp_path / "js.yaml").write_text(_jobset(2**31 - 1))
     want = (
-        f"js.yaml:5: spec.replicatedJobs: the tasks have {2**31 - 1} replicas in all; expected at most 150000"
+        f"js.yaml:5: spec.replicatedJobs: the replicated jobs make {2**31 - 1} pods in all; "
+        "expected at most 150000"
     )
     for verb in (["validate"], ["render"], ["run", "--dry-run"], ["run"]):
         done = _cli(tmp_path, *verb, "js.yaml")

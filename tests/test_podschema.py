@@ -145,7 +145,7 @@ def test_types_enums_ranges_and_quantities() -> None:
     main["livenessProbe"]["httpGet"]["port"] = 8.5
     assert {i.path: i.message for i in check_template(template, T)} == {
         f"{T}.spec.restartPolicy": "expected one of Always, OnFailure, Never, got 'Sometimes'",
-        f"{T}.spec.activeDeadlineSeconds": f"expected a int64 integer, got {2**63}",
+        f"{T}.spec.activeDeadlineSeconds": f"expected an int64 integer, got {2**63}",
         f"{T}.spec.hostNetwork": "expected true or false, got string 'yes'",
         f"{T}.spec.tolerations": "expected a list, got mapping",
         f"{T}.spec.containers[0].args[1]": "expected a string (quote it), got integer 3",

@@ -71,12 +71,12 @@ def _check_kind(document: Document, runtimes: Runtimes | None) -> tuple[Job | No
     own = [document.problem(issue.path, issue.message) for issue in translation.issues]
     # One mistake, one message: not again for what the Volcano Job made of a field already refused
     # (at that path, or under a value of the wrong type).
-    said = {(p.file, p.path) for p in own}
+    said = {(p.file, p.path) for p in own + translation.elsewhere}
     typed = [document.problem(path, "").path for path in translation.typed]
 
     def new(p: Problem) -> bool:
         under = any(p.path.startswith((path + ".", path + "[")) for path in typed if p.file == document.file)
-        return (p.file, p.path) not in said and not under
+        return (p.file, p.path) not in said and not under and not _follows(p, own, document)
 
     # Tasks made from one template (a JobSet's Jobs of a replicated job) share its paths here:
     # its mistake is told once, not once per Job.
@@ -86,6 +86,18 @@ def _check_kind(document: Document, runtimes: Runtimes | None) -> tuple[Job | No
         return None, problems
     translation.finish(job, translated)
     return job, []
+
+
+def _follows(p: Problem, own: list[Problem], document: Document) -> bool:
+    """A problem of the Volcano Job that follows from one the kind's own checks told: at a field of
+    the Job the kind does not have (``spec.minAvailable`` from refused replicas), or at a field
+    under which a mistake was told (``spec.replicatedJobs``: no task, its replicas refused)."""
+    if not own or p.file != document.file:
+        return False
+    top = re.match(r"spec\.[^.\[]+", p.path)
+    if top is not None and top[0] not in document.lines:
+        return True
+    return any(o.file == p.file and o.path.startswith((p.path + ".", p.path + "[")) for o in own)
 
 
 def _check_volcano(document: Document) -> tuple[Job | None, list[Problem]]:

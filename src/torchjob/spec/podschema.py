@@ -142,7 +142,10 @@ class _Checker:
             items = schema.get("items")
             if isinstance(items, dict):
                 for i, item in enumerate(value):
-                    self.check(item, items, child(path, i))
+                    if item is None:  # not a field left out: the API server refuses a null entry
+                        self.add(child(path, i), "expected an entry, got null")
+                    else:
+                        self.check(item, items, child(path, i))
             self.list_limits(value, schema, path)
         elif kind == "string":
             if not isinstance(value, str):
@@ -166,7 +169,7 @@ class _Checker:
                 low, high = _RANGES[schema["format"]]
                 if not low <= value <= high:
                     shown = value if value.bit_length() <= 128 else _shown(value)
-                    self.add(path, f"expected a {schema['format']} integer, got {shown}")
+                    self.add(path, f"expected an {schema['format']} integer, got {shown}")
                     return
             if value < schema.get("minimum", value):
                 self.add(path, f"expected an integer >= {schema['minimum']}, got {value}")

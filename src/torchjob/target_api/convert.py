@@ -106,10 +106,14 @@ def _templates(kind: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
 def _label_trainjob(job: Job, spec: dict[str, Any]) -> None:
     """A TrainJob's pods come from its runtime: the label goes in torchjob's runtime patch (the
     trainjob target's), replacing an earlier one of torchjob's."""
+    from torchjob.plugins.trainer import TrainerPlugin
     from torchjob.target_api.common import PATCH_MANAGER as manager
 
     labels = {"metadata": {"labels": {JOB_LABEL: job.name}}}
-    node = {"name": "node", "template": {**copy(labels), "spec": {"template": copy(labels)}}}
+    # the runtime's replicated job of the trainer's nodes, as read: "node" in Trainer's own runtimes
+    task = str(TrainerPlugin(job.spec.plugins.get("trainer", [])).values["node"])
+    name = task.rpartition("-")[0] or "node"
+    node = {"name": name, "template": {**copy(labels), "spec": {"template": copy(labels)}}}
     patch = {
         "manager": manager,
         "trainingRuntimeSpec": {"template": {**copy(labels), "spec": {"replicatedJobs": [node]}}},

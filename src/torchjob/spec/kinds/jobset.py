@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 
+from torchjob.errors import Issue
 from torchjob.spec.kinds.common import (
     INT32_MAX,
     at,
@@ -37,8 +38,10 @@ from torchjob.spec.kinds.common import (
     start,
     text,
 )
-from torchjob.spec.podschema import check_kind
-from torchjob.spec.validate import MAX_PODS
+from torchjob.spec.kinds.setsize import pods_per_job, sizes_fit
+from torchjob.spec.names import is_dns1123_label, label_problem
+from torchjob.spec.parse import type_name
+from torchjob.spec.podschema import check_kind, check_template
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -80,7 +83,7 @@ def translate_set(tr: Translation, spec: dict[str, Any], source: dict[str, Any],
     subdomain = text(network.get("subdomain")) or name
     hostnames = network.get("enableDNSHostnames") is not False
     rjobs = _unique([(r, mapping(rjob)) for r, rjob in enumerate(items(source.get("replicatedJobs")))])
-    if not _sizes_fit(tr, rjobs, place):  # told before a task is made: one per Job of the set
+    if not sizes_fit(tr, rjobs, place):  # told before a task is made: one per Job of the set
         tr.complete = False
         return []
     tasks_of: dict[str, list[str]] = {}
@@ -123,46 +126,6 @@ def translate_set(tr: Translation, spec: dict[str, Any], source: dict[str, Any],
     return [t for names in tasks_of.values() for t in names]
 
 
-def _pods_per_job(rjob: dict[str, Any]) -> tuple[int, int | None]:
-    """A replicated job's pods per Job (its completions, else its parallelism, else 1) and its
-    parallelism as given."""
-    job_spec = mapping(at(rjob, "template", "spec"))
-    completions, parallelism = integer(job_spec.get("completions")), integer(job_spec.get("parallelism"))
-    pods = completions if completions is not None else (parallelism if parallelism is not None else 1)
-    return pods, parallelism
-
-
-def _sizes_fit(tr: Translation, rjobs: list[tuple[int, dict[str, Any]]], place: Place) -> bool:
-    """Whether the set's pods can be made: each replicated job's ``replicas`` times
-    ``parallelism`` within JobSet's int32 and the pods in all within a cluster's
-    (``validate.MAX_PODS``). Counted from the numbers alone, so that a set too large for any
-    cluster is refused before its Jobs (one task each) are made and checked one by one."""
-    fits, total = True, 0
-    for r, rjob in rjobs:
-        count = integer(rjob.get("replicas"), 1) or 0
-        pods, parallelism = _pods_per_job(rjob)
-        total += count * max(pods, 0)
-        product = count * (parallelism if parallelism is not None else 1)
-        if product > INT32_MAX:  # JobSet's webhook
-            where, path = place(f"replicatedJobs[{r}].replicas")
-            _add(
-                tr, where, path, f"replicas times parallelism is {product}; JobSet takes at most {INT32_MAX}"
-            )
-            fits = False
-    if total > MAX_PODS:
-        where, path = place("replicatedJobs")
-        message = (
-            f"the tasks have {total} replicas in all; expected at most {MAX_PODS}, "
-            "the most pods one Kubernetes cluster is built for"
-        )
-        if where is tr.source:
-            tr.add(path, message)
-        else:  # a TrainJob's runtime: the TrainJob tells its pods in all at its own field
-            tr.add("spec.runtimeRef", message)
-        fits = False
-    return fits
-
-
 def _unique(rjobs: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[str, Any]]]:
     """The replicated jobs, each name once: the list is keyed by name (its schema tells a second
     one), so only the first of a name makes tasks."""
@@ -202,9 +165,12 @@ def _rjob_tasks(
     """One task per Job of replicated job ``r``, its pod policies and its failure threshold."""
     rname = text(rjob.get("name"), f"job{r}")
     base = f"replicatedJobs[{r}]"
+    where, path = place(f"{base}.name")
+    if isinstance(rjob.get("name"), str) and not is_dns1123_label(rname) and not tr.broken(path):
+        _add(tr, where, path, label_problem(rname))  # the name given, not its Jobs' (rname-0, ...)
     job_spec = mapping(at(rjob, "template", "spec"))
     completions = integer(job_spec.get("completions"))
-    pods, parallelism = _pods_per_job(rjob)
+    pods, parallelism = pods_per_job(rjob)
     if parallelism is not None and completions is not None and parallelism < completions:
         where, path = place(f"{base}.template.spec.parallelism")
         _warn(
@@ -222,12 +188,27 @@ def _rjob_tasks(
         if job_spec.get(key) is not None:
             where, path = place(f"{base}.template.spec.{key}")
             _warn(tr, where, path, words)
-    count = integer(rjob.get("replicas"), 1) or 0  # within bounds (_sizes_fit)
+    count = integer(rjob.get("replicas"), 1) or 0  # within bounds (setsize.py)
     limit = integer(job_spec.get("backoffLimit"), DEFAULT_BACKOFF_LIMIT)
-    template = copy(mapping(job_spec.get("template")))
+    given = job_spec.get("template")
+    where, path = place(f"{base}.template.spec.template")
+    if given is not None and not isinstance(given, dict) and not tr.broken(path):
+        message = f"expected a mapping (a pod template), got {type_name(given)}"
+        if where is tr.source:  # as the schema's: nothing under it is told again
+            tr.schema([Issue(path, message)])
+        else:
+            _add(tr, where, path, message)
+    elif count == 0:  # no Job, no task: the template is checked here, as the API server does
+        for issue in check_template(given, path, tr.broken):
+            _add(tr, where, issue.path, issue.message)
+    template = copy(mapping(given))
     pod = template.get("spec")
     if isinstance(pod, dict):
         policy = pod.setdefault("restartPolicy", "OnFailure")  # JobSet's webhook
+        where, path = place(f"{base}.template.spec.template.spec.restartPolicy")
+        if policy not in ("OnFailure", "Never") and isinstance(policy, str) and not tr.broken(path):
+            # the API server refuses a Job whose pods restart Always (batch/v1 validation)
+            _add(tr, where, path, f"a Job's pods restart OnFailure or Never, got {policy!r}")
         if hostnames:
             pod.setdefault("subdomain", subdomain)
     else:

@@ -36,6 +36,7 @@ from torchjob.spec.kinds.common import (
 )
 from torchjob.spec.model import JobRunPolicy
 from torchjob.spec.podschema import check_kind
+from torchjob.spec.source import child
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ REPLICA_TYPES = ("Master", "Worker")
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("None", "Running", "All")
 RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2")
+TORCHRUN_NPROC = ("auto", "cpu", "gpu")  # --nproc-per-node's words for a count torchrun finds
 
 
 def read(tr: Translation, runtimes: Any = None) -> None:
@@ -114,17 +116,17 @@ def read(tr: Translation, runtimes: Any = None) -> None:
 def _replica_specs(tr: Translation, source: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
     """The replica specs by type (the operator takes ``master``/``WORKER`` too), with their paths."""
     found: dict[str, tuple[str, dict[str, Any]]] = {}
+    given: dict[str, Any] = {}  # the key each type was given as
     for key, replica in mapping(source.get("pytorchReplicaSpecs")).items():
-        path = f"spec.pytorchReplicaSpecs.{key}"
+        path = child("spec.pytorchReplicaSpecs", str(key))  # a key of any text stays one line
         kind = next((k for k in REPLICA_TYPES if k.lower() == str(key).lower()), None)
         if kind is None:
             tr.add(path, f"unknown replica type {key!r}; a PyTorchJob has Master and Worker")
             continue
-        if kind in found:
-            tr.add(
-                path, f"replica type {kind} is given twice (also as {found[kind][0].rpartition('.')[2]!r})"
-            )
+        if kind in given:
+            tr.add(path, f"replica type {kind} is given twice (also as {given[kind]!r})")
             continue
+        given[kind] = key
         if not isinstance(replica, dict):
             continue  # the schema said so
         found[kind] = (path, replica)
@@ -233,8 +235,15 @@ def _flags(
             "spec.nprocPerNode",
             "give spec.nprocPerNode or the deprecated spec.elasticPolicy.nProcPerNode, not both",
         )
-    if isinstance(nproc, str) and nproc.isascii() and nproc.isdigit() and int(nproc) > MAX_PROCS_PER_NODE:
-        tr.add("spec.nprocPerNode", too_many_procs(int(nproc)))
+    count = int(nproc) if isinstance(nproc, str) and nproc.isascii() and nproc.isdigit() else None
+    if count is not None and count > MAX_PROCS_PER_NODE:
+        tr.add("spec.nprocPerNode", too_many_procs(count))
+    elif isinstance(nproc, str) and not (count or 0) >= 1 and nproc not in TORCHRUN_NPROC:
+        # what torchrun's --nproc-per-node takes: its agent refuses anything else when it starts
+        tr.add(
+            "spec.nprocPerNode",
+            f"expected a number of processes (1 or more), auto, cpu or gpu, got {nproc!r}",
+        )
     if elastic_nproc is not None and elastic_nproc > MAX_PROCS_PER_NODE:
         tr.add("spec.elasticPolicy.nProcPerNode", too_many_procs(elastic_nproc))
     if not isinstance(nproc, str) and elastic_nproc is None:

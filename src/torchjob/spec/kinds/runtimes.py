@@ -11,12 +11,15 @@ from __future__ import annotations
 from torchjob.errors import Problem, SpecError
 from torchjob.records import record
 from torchjob.spec.kinds.common import at, mapping, text
+from torchjob.spec.parse import type_name
 from torchjob.spec.podschema import check_kind, installed_runtimes
 from torchjob.spec.source import Document
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from typing import Any
+
+    from torchjob.spec.kinds.translation import Translation
 
 CLUSTER = "ClusterTrainingRuntime"
 NAMESPACED = "TrainingRuntime"
@@ -113,3 +116,33 @@ def load_runtimes(file: str) -> Runtimes:
     if problems:
         raise SpecError(problems)
     return runtimes
+
+
+def trainer_pod_spec(
+    tr: Translation, runtime: Runtime, rjob: dict[str, Any], node: int, nodes: int | None
+) -> dict[str, Any] | None:
+    """The pod spec of the runtime's trainer job ``rjob`` (a copy), its Job sized to ``nodes``; None,
+    told at the runtime's field, where a level is not a mapping or its containers not a list (the
+    schema skips pod templates)."""
+    level: dict[str, Any] = rjob
+    where = f"spec.template.spec.replicatedJobs[{node}]"
+    for depth, key in enumerate(("template", "spec", "template", "spec")):
+        value = level.get(key)
+        where += f".{key}"
+        if value is None:
+            value = level[key] = {}
+        elif not isinstance(value, dict):
+            tr.elsewhere.append(
+                runtime.document.problem(where, f"expected a mapping, got {type_name(value)}")
+            )
+            return None
+        level = value
+        if depth == 1:  # the Job's spec: one pod per node
+            level["parallelism"] = level["completions"] = nodes
+    if not isinstance(level.get("containers"), list | None):
+        got = type_name(level["containers"])
+        tr.elsewhere.append(
+            runtime.document.problem(f"{where}.containers", f"expected a list of containers, got {got}")
+        )
+        return None
+    return level

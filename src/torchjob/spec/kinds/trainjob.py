@@ -30,7 +30,7 @@ from torchjob.spec.kinds.common import (
     too_many_procs,
 )
 from torchjob.spec.kinds.jobset import translate_set
-from torchjob.spec.kinds.runtimes import CLUSTER, Runtimes
+from torchjob.spec.kinds.runtimes import CLUSTER, Runtimes, trainer_pod_spec
 from torchjob.spec.model import JobRunPolicy
 from torchjob.spec.podschema import check_kind
 from torchjob.spec.validate import MAX_PODS
@@ -89,6 +89,9 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
         return
     policy = mapping(at(runtime.data, "spec", "mlPolicy"))
     nodes = integer(trainer.get("numNodes"), integer(policy.get("numNodes"), 1))
+    if nodes is not None and nodes < 1:  # told above; the runtime's Job of no pods is not told too
+        tr.complete = False
+        return
     if nodes is not None and nodes > MAX_PODS:  # before the pods are made
         field = "spec.trainer.numNodes" if integer(trainer.get("numNodes")) is not None else "spec.runtimeRef"
         why = "the most pods one Kubernetes cluster is built for"
@@ -97,10 +100,11 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
         return
     rjob = rjobs[node]
     rjob["replicas"] = 1
-    job_spec = rjob.setdefault("template", {}).setdefault("spec", {})
-    job_spec["parallelism"] = job_spec["completions"] = nodes
-    pod_spec = job_spec.setdefault("template", {}).setdefault("spec", {})
-    containers = pod_spec.setdefault("containers", [])
+    pod_spec = trainer_pod_spec(tr, runtime, rjob, node, nodes)
+    if pod_spec is None:
+        tr.complete = False
+        return
+    containers = items(pod_spec.get("containers"))
     container = next((c for c in containers if isinstance(c, dict) and c.get("name") == NODE), None)
     if container is None:
         tr.add("spec.runtimeRef.name", f"{runtime.where} has no container named node in its trainer's job")
@@ -192,7 +196,7 @@ def _trainer_checks(tr: Translation, trainer: dict[str, Any]) -> None:
     elif nproc is not None and nproc > MAX_PROCS_PER_NODE:
         tr.add("spec.trainer.numProcPerNode", too_many_procs(nproc))
     nodes = integer(trainer.get("numNodes"))
-    if nodes is not None and nodes < 1:
+    if nodes is not None and nodes < 1 and not tr.broken("spec.trainer.numNodes"):
         tr.add("spec.trainer.numNodes", f"expected at least 1 node, got {nodes}")
 
 
@@ -348,10 +352,18 @@ def _route_trainer(tr: Translation, spec: dict[str, Any], task_name: str, contai
         if key in trainer or source in trainer:
             tr.route(f"{path}.{key}", f"spec.trainer.{source}")
     env = items(container.get("env"))
-    names = {var.get("name"): i for i, var in enumerate(items(trainer.get("env"))) if isinstance(var, dict)}
+    # The trainer's variables, by name; one without a name that is text is found by its value.
+    given = items(trainer.get("env"))
+    names = {var["name"]: i for i, var in enumerate(given) if isinstance(mapping(var).get("name"), str)}
     for i, var in enumerate(env):
-        if isinstance(var, dict) and var.get("name") in names:
-            tr.route(f"{path}.env[{i}]", f"spec.trainer.env[{names[var['name']]}]")
+        name = mapping(var).get("name")
+        j = (
+            names.get(name)
+            if isinstance(name, str)
+            else next((j for j, g in enumerate(given) if g == var), None)
+        )
+        if j is not None:
+            tr.route(f"{path}.env[{i}]", f"spec.trainer.env[{j}]")
 
 
 def _injection(tr: Translation, policy: dict[str, Any], tasks: list[str], runtime: Runtime) -> list[str]:
