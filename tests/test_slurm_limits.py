@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -301,6 +302,42 @@ def test_a_step_the_limit_refused_is_not_started_again_after_an_outage(
 
 
 # -- inside an allocation that made steps already ----------------------------------------------
+
+
+def test_inside_an_allocation_only_a_job_large_next_to_the_limit_counts_the_steps_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The count is a step of its own (about 0.2 s before the first pod, at every start in a salloc):
+    taken for a job of a tenth of the limit or more; a smaller one runs uncounted, and the dry run
+    says which it is."""
+    from torchjob.engines.slurm.allocation import check_steps as check_allocation
+    from torchjob.engines.slurm.allocation import counted
+    from torchjob.engines.slurm.dryrun import step_line
+
+    job = _job(_workers(2))
+
+    def planned(limit: int) -> Any:
+        return plan_job(
+            job, SlurmSettings(), "/j", ["ctl"], in_allocation=True, step_limit=StepLimit(limit, read=True)
+        )
+
+    small, near = planned(MAX_STEP_COUNT), planned(20)
+    assert (counted(small), counted(near)) == (False, True)
+    assert "not counted before the start" in step_line(small)
+    assert "counted when the job starts (one step more)" in step_line(near)
+    # An srun that notes each call and says step 0: counted, the check asks it; uncounted, never.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    srun = bin_dir / "srun"
+    srun.write_text(f'#!/bin/sh\necho "$*" >> {calls}\necho 0\n')
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")  # (a client is looked up on PATH)
+    environ = {"SLURM_JOB_ID": "1", "PATH": os.environ["PATH"]}
+    check_allocation(small, environ)
+    assert not calls.exists()
+    check_allocation(near, environ)
+    assert "printenv SLURM_STEP_ID" in calls.read_text()
 
 
 @pytest.mark.slow

@@ -68,7 +68,14 @@ def step_line(plan: SlurmPlan) -> str:
         f"each restart one more); at most {limit.count} per job: {limit.source}"
     )
     if plan.in_allocation:  # Slurm tells that count only to a new step, which a dry run makes not
-        line += "\n# the steps the allocation made count too: counted when the job starts (one step more)"
+        from torchjob.engines.slurm.allocation import counted
+
+        line += (
+            "\n# the steps the allocation made count too: counted when the job starts (one step more)"
+            if counted(plan)
+            else "\n# the steps the allocation made count too: not counted before the start (a small job"
+            " next to the limit); a step Slurm refuses ends the job, naming the limit"
+        )
     return line
 
 
