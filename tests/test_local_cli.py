@@ -212,13 +212,15 @@ def test_ttl_seconds_after_finished_removes_a_finished_job_at_the_first_command_
 
 
 def test_a_running_job_is_not_removed_before_its_ttl_counts(tmp_path: Path) -> None:
-    job = _ttl_job(tmp_path, "slow", 0, "echo up; sleep 1")
+    # Long enough for `status` and `wait` to come while it runs on a loaded machine: with `sleep 1`
+    # the CI's `wait` came after the job had ended, and its TTL of 0 had it removed by then.
+    job = _ttl_job(tmp_path, "slow", 0, "echo up; sleep 6")
     started = cli(tmp_path, "run", "-d", job)
     assert started.returncode == 0, started.stderr
     job_id = started.stdout.strip()
     running = json.loads(cli(tmp_path, "status", job_id, "-o", "json").stdout)
     assert running["phase"] in ("Pending", "Running")
-    waited = cli(tmp_path, "wait", job_id, "--timeout", "20", timeout=30)
+    waited = cli(tmp_path, "wait", job_id, "--timeout", "30", timeout=40)
     assert waited.returncode == 0, waited.stdout + waited.stderr  # it completed
     assert wait_until(lambda: cli(tmp_path, "status", job_id).returncode == 2, 10)
     assert not (tmp_path / "home" / "jobs" / job_id).exists()
