@@ -66,6 +66,6 @@ def left_of(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
 
-def remove_command(namespace: str, name: str) -> str:
-    """The command that removes a job's objects, whatever state they were left in."""
-    return f"torchjob delete {namespace}/{name} --engine kubernetes"
+def remove_command(*refs: str) -> str:
+    """The command that removes jobs' objects (``NAMESPACE/NAME`` each), whatever state they were left in."""
+    return f"torchjob delete {' '.join(refs)} --engine kubernetes"

@@ -346,6 +346,14 @@ def _in_cluster_namespace() -> str | None:
         return None
 
 
+def list_labelled(
+    cluster: Cluster, path: str, selector: str, doing: str | None = None
+) -> list[dict[str, Any]]:
+    """The objects at collection ``path`` whose labels match ``selector``."""
+    listing = cluster.json("GET", path, query={"labelSelector": selector}, doing=doing or f"list {path}")
+    return list(listing.get("items") or [])
+
+
 def namespaced_path(api_version: str, plural: str, namespace: str, name: str | None = None) -> str:
     """``/api/v1/namespaces/NS/pods[/NAME]`` or ``/apis/GROUP/VERSION/namespaces/NS/PLURAL[/NAME]``."""
     root = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"

@@ -20,7 +20,7 @@ from torchjob.engine_api.base import (
 )
 from torchjob.engine_api.interrupts import sigterm_interrupts
 from torchjob.engines.kubernetes import bounded, claims, removal
-from torchjob.engines.kubernetes.client import Cluster, namespaced_path
+from torchjob.engines.kubernetes.client import Cluster, list_labelled, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Found, Kind, top_kinds
@@ -164,8 +164,7 @@ class KubernetesEngine:
             else:  # before the following: the job was just made, its kind said
                 what = f"interrupted; job {found.ref} ({found.kind.label if found.kind else 'bare pods'})"
             self._note(
-                f"{what} keeps running on the cluster "
-                f"(delete it with: {bounded.remove_command(found.namespace, found.name)})"
+                f"{what} keeps running on the cluster (delete it with: {bounded.remove_command(found.ref)})"
             )
             raise
         report = self._finish(follower)
@@ -176,7 +175,7 @@ class KubernetesEngine:
 
     def list_jobs(self) -> list[JobReport]:
         namespace = self._namespace()
-        pods = self._list(namespaced_path("v1", "pods", namespace), JOB_LABEL)
+        pods = list_labelled(self.cluster, namespaced_path("v1", "pods", namespace), JOB_LABEL)
         by_job: dict[str, dict[str, dict[str, Any]]] = {}
         for pod in pods:
             label = str(pod["metadata"]["labels"][JOB_LABEL])
@@ -186,7 +185,9 @@ class KubernetesEngine:
         kinds = top_kinds()
         for target in self.discovery.available_targets():
             kind = kinds[target]
-            for top in self._list(namespaced_path(kind.api_version, kind.plural, namespace), JOB_LABEL):
+            for top in list_labelled(
+                self.cluster, namespaced_path(kind.api_version, kind.plural, namespace), JOB_LABEL
+            ):
                 if _owned(top):
                     continue
                 name = str(top["metadata"]["name"])
@@ -204,7 +205,9 @@ class KubernetesEngine:
         found = self._resolve(ref)
         pods = {
             str(p["metadata"]["name"]): p
-            for p in self._list(namespaced_path("v1", "pods", found.namespace), f"{JOB_LABEL}={found.name}")
+            for p in list_labelled(
+                self.cluster, namespaced_path("v1", "pods", found.namespace), f"{JOB_LABEL}={found.name}"
+            )
         }
         report = self._report(found, pods, found.top, podgroup=self._podgroup(found))
         self._add_log_tail(report)
@@ -261,10 +264,6 @@ class KubernetesEngine:
         """A note for the person, to the caller's sink (standard error when it gave none)."""
         if options is None or not options.quiet:
             (sink or (options.sink if options else None) or StreamSink()).notice(message)
-
-    def _list(self, path: str, selector: str) -> list[dict[str, Any]]:
-        listing = self.cluster.json("GET", path, query={"labelSelector": selector}, doing=f"list {path}")
-        return list(listing.get("items") or [])
 
     def _find(self, name: str, namespace: str) -> Found | None:
         """The job called ``name``: its top-level object of any target, else its bare pods."""
@@ -343,7 +342,7 @@ class KubernetesEngine:
         path = self._group_path(found)
         if path is None:
             return None
-        return job_podgroup(self._list(path, f"{JOB_LABEL}={found.name}"), found.top)
+        return job_podgroup(list_labelled(self.cluster, path, f"{JOB_LABEL}={found.name}"), found.top)
 
     def _follower(
         self,
@@ -434,7 +433,7 @@ class KubernetesEngine:
             self._note(
                 f"interrupted while replacing job {existing.ref}; nothing new was created; "
                 f"{removal.what_is_left(existing)} may remain, deleted in part: remove them with "
-                f"{bounded.remove_command(namespace, job)}"
+                f"{bounded.remove_command(existing.ref)}"
             )
             raise Interrupted from None
         raise self._still_there(existing, "it was deleted but is still there")
@@ -443,14 +442,14 @@ class KubernetesEngine:
         return EngineError(
             f"job {existing.name} is in the way of the new one: {why} after {GONE_TIMEOUT:g}s; nothing "
             f"new was created; {removal.what_is_left(existing)} may remain: remove them with "
-            f"{bounded.remove_command(existing.namespace, existing.name)}, then submit again"
+            f"{bounded.remove_command(existing.ref)}, then submit again"
         )
 
     def _delete_after_timeout(self, found: Found) -> str:
         """The job that outlived --timeout deleted, within CLEANUP_TIMEOUT: how that went, said."""
         seconds = bounded.CLEANUP_TIMEOUT
         left = f"{removal.what_is_left(found)} may remain: remove them with "
-        left += bounded.remove_command(found.namespace, found.name)
+        left += bounded.remove_command(found.ref)
         try:
             if removal.delete_within(self.cluster, self.discovery, found, seconds):
                 return "deleted"
@@ -467,7 +466,7 @@ def _interrupted_delete(deleted: list[str], refs: list[str]) -> str:
     done = f"deleted {', '.join(deleted)}; " if deleted else ""
     return (
         f"interrupted; {done}not deleted (or only in part): {', '.join(rest)}; delete "
-        f"{'it' if len(rest) == 1 else 'them'} with: torchjob delete {' '.join(rest)} --engine kubernetes"
+        f"{'it' if len(rest) == 1 else 'them'} with: {bounded.remove_command(*rest)}"
     )
 
 

@@ -7,7 +7,7 @@ import functools
 from typing import Any
 
 from torchjob.engines.kubernetes import bounded, claims
-from torchjob.engines.kubernetes.client import Cluster, namespaced_path
+from torchjob.engines.kubernetes.client import Cluster, list_labelled, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Found
 from torchjob.engines.kubernetes.submit import delete_object
@@ -33,17 +33,17 @@ def delete_job(cluster: Cluster, discovery: Discovery, found: Found) -> None:
         if not discovery.has_version(api_version):
             continue
         try:
-            listing = cluster.json(
-                "GET",
+            items = list_labelled(
+                cluster,
                 namespaced_path(api_version, plural, namespace),
-                query={"labelSelector": label},
-                doing=f"list the {plural} of job {found.name}",
+                label,
+                f"list the {plural} of job {found.name}",
             )
         except ApiError as err:
             if err.status == 404:
                 continue
             raise
-        for item in listing.get("items") or []:
+        for item in items:
             name = str(item["metadata"]["name"])
             delete_object(cluster, namespaced_path(api_version, plural, namespace, name), f"{plural} {name}")
     cluster.json(  # one request for every pod of the job

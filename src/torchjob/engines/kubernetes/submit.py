@@ -100,7 +100,7 @@ def _left_note(
     within = f" within {bounded.CLEANUP_TIMEOUT:g}s" if timed_out else ""
     return (
         f"{start}; not deleted{within} (each carries the label {JOB_LABEL}={job}): {', '.join(left)}; "
-        f"remove them with: {bounded.remove_command(namespace, job)}"
+        f"remove them with: {bounded.remove_command(f'{namespace}/{job}')}"
     )
 
 
