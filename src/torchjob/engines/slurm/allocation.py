@@ -101,10 +101,10 @@ def check_steps(plan: SlurmPlan, environ: Mapping[str, str]) -> None:
     from torchjob.engines.slurm import clients
     from torchjob.engines.slurm.limits import STEP_LIMIT
 
-    job_id = environ.get("SLURM_JOB_ID", "")
-    limit = plan.step_limit
     if not counted(plan):
         return
+    job_id = environ.get("SLURM_JOB_ID", "")
+    limit = plan.step_limit
     advice = "run it in a new allocation (--new-allocation, or another salloc)"
     argv = ["srun", f"--jobid={job_id}", "--nodes=1", "--ntasks=1", "--overlap", "--quiet"]
     argv += ["--job-name=torchjob-steps", "--", "printenv", "SLURM_STEP_ID"]
