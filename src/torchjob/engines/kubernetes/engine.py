@@ -241,7 +241,9 @@ class KubernetesEngine:
             deleted: list[str] = []
             try:
                 for found in jobs:
-                    removal.delete_job(self.cluster, self.discovery, found)
+                    removed = removal.delete_job(self.cluster, self.discovery, found)
+                    if found.leftover:  # no pod was found, only these: said, as they were not the job
+                        self._note(f"job {found.ref} had no pods left; removed {', '.join(removed)}")
                     deleted.append(found.ref)
             except KeyboardInterrupt:
                 self._note(_interrupted_delete(deleted, [found.ref for found in jobs]))
@@ -284,22 +286,24 @@ class KubernetesEngine:
             found = next((c for c in candidates if not _owned(c.top or {})), candidates[0])
             found.deleting = claims.deleting(found.top or {})
             return found
-        # Bare pods; a `pods` job whose creation was cut short before its pods (its ConfigMap comes
-        # first); a job's claims still being deleted (they wait for its pods): found, so that
-        # `delete` and `--replace` remove what is left, and a new submission waits for it to go.
-        for plural in ("pods", "configmaps"):
-            listing = self.cluster.json(
-                "GET",
-                namespaced_path("v1", plural, namespace),
-                query={"labelSelector": f"{JOB_LABEL}={name}", "limit": 1},
-                doing=f"list the {plural} of job {name}",
-            )
-            items = listing.get("items") or []
+        # Bare pods; what is left of a job whose pods are gone (a `pods` job's creation or delete
+        # cut short, an object a controller left behind); a job's claims still being deleted
+        # (they wait for its pods): found, so that `delete` and `--replace` remove what is left,
+        # and a new submission waits for it to go.
+        for api_version, plural in removal.leftover_kinds():
+            if not self.discovery.has_version(api_version):
+                continue
+            # every claim: one may be in use by a deleted job's pod, another not
+            one = plural != claims.PLURAL
+            items = removal.labelled(self.cluster, api_version, plural, namespace, name, one=one)
             if items:
-                return Found(name, namespace, "pods", deleting=all(claims.deleting(i) for i in items))
-        left = claims.of_job(self.cluster, namespace, name)
-        if left:
-            return Found(name, namespace, "pods", deleting=all(claims.deleting(c) for c in left))
+                return Found(
+                    name,
+                    namespace,
+                    "pods",
+                    deleting=all(claims.deleting(i) for i in items),
+                    leftover=plural != "pods",
+                )
         return None
 
     def _resolve(self, ref: str) -> Found:
