@@ -182,6 +182,24 @@ def test_sigterm_in_the_first_request_of_wait_and_logs_follow_is_taken_as_ctrl_c
     assert api.get(VOLCANO, "Job", "demo") is not None
 
 
+def test_sigterm_as_logs_follow_reads_how_the_job_ended_is_taken_as_ctrl_c(
+    api: FakeKubeAPI, kubeconfig: str, job_file: Path
+) -> None:
+    """After the logs, `logs -f` looks the job up once more for its exit code: SIGTERM in that
+    last request ends with 130 and a word too."""
+    play(api)
+    assert main(k8s("submit", str(job_file), "--target", "volcano", "--wait", kubeconfig=kubeconfig)) == 0
+    path = r"^/apis/batch\.volcano\.sh/v1alpha1/namespaces/default/jobs/demo$"
+    with api.hold("GET", path, skip=1) as held:  # the first: the lookup before following
+        process = cli("logs", "default/demo", "-f", kubeconfig=kubeconfig)
+        arrived(api, held, process)
+        out, err, _ = signalled(process, signal.SIGTERM, QUICK + MARGIN)
+    assert process.returncode == 130, err
+    assert "torchjob: interrupted" in err.splitlines(), err
+    assert "Traceback" not in err, err
+    assert "master-0 r0 | epoch 1" in out.splitlines(), out  # it was past the following
+
+
 @pytest.mark.parametrize("flag", ["--wait", "--follow"])
 def test_sigterm_as_submit_starts_waiting_leaves_the_job_running_with_the_note(
     api: FakeKubeAPI, kubeconfig: str, job_file: Path, flag: str
