@@ -371,10 +371,10 @@ def test_replace_waits_for_the_old_job_within_the_bound(
 ) -> None:
     """The old job is deleted, and the look whether it went is not answered: --replace gives up
     within its bound, having created nothing."""
-    from torchjob.engines.kubernetes import engine
+    from torchjob.engines.kubernetes import removal
 
     assert main(k8s("submit", str(job_file), "--target", "volcano", kubeconfig=kubeconfig)) == 0
-    monkeypatch.setattr(engine, "GONE_TIMEOUT", 2.0)
+    monkeypatch.setattr(removal, "GONE_TIMEOUT", 2.0)
     path = r"^/apis/batch\.volcano\.sh/v1alpha1/namespaces/default/jobs/demo$"
     with api.hold("GET", path, skip=1) as lookup:
         started = time.monotonic()

@@ -4,13 +4,17 @@ a bound as a whole (the delete after ``--timeout``, ``--replace``'s delete of th
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Callable
 from typing import Any
 
-from torchjob.engines.kubernetes import bounded, claims
+from torchjob.engine_api.base import EngineError, Interrupted
+from torchjob.engines.kubernetes import bounded, claims, finding
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
-from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Found
 from torchjob.engines.kubernetes.submit import delete_object
+
+GONE_TIMEOUT = 120.0  # how long --replace deletes the old job and waits for it to go, as a whole
 
 
 def delete_job(cluster: Cluster, discovery: Discovery, found: Found) -> list[str]:
@@ -36,7 +40,7 @@ def delete_job(cluster: Cluster, discovery: Discovery, found: Found) -> list[str
     for api_version, plural in get_target(found.target).side_kinds:
         if not discovery.has_version(api_version):
             continue
-        for item in labelled(cluster, api_version, plural, namespace, name):
+        for item in finding.labelled(cluster, api_version, plural, namespace, name):
             item_name = str(item["metadata"]["name"])
             path = namespaced_path(api_version, plural, namespace, item_name)
             delete_object(cluster, path, f"{plural} {item_name}")
@@ -49,37 +53,6 @@ def delete_job(cluster: Cluster, discovery: Discovery, found: Found) -> list[str
     )
     removed += [f"pod/{p['metadata']['name']}" for p in pods.get("items") or []]
     return removed
-
-
-def leftover_kinds() -> list[tuple[str, str]]:
-    """Where a job without its object is looked for by its label: its pods, then what any target
-    renders beside them; claims last (found alone, they may be a deleted job's, still in use)."""
-    from torchjob.targets import all_targets
-
-    kinds = [("v1", "pods")]
-    for target in all_targets():
-        kinds += [kind for kind in target.side_kinds if kind not in kinds and kind[1] != claims.PLURAL]
-    return [*kinds, ("v1", claims.PLURAL)]
-
-
-def labelled(
-    cluster: Cluster, api_version: str, plural: str, namespace: str, job: str, *, one: bool = False
-) -> list[dict[str, Any]]:
-    """The objects of one kind labelled as the job's (at most one with ``one``); none where the
-    cluster serves no such kind."""
-    query = {"labelSelector": f"{JOB_LABEL}={job}", "limit": 1 if one else None}
-    try:
-        listing = cluster.json(
-            "GET",
-            namespaced_path(api_version, plural, namespace),
-            query=query,
-            doing=f"list the {plural} of job {job}",
-        )
-    except ApiError as err:
-        if err.status == 404:
-            return []
-        raise
-    return list(listing.get("items") or [])
 
 
 def _singular(plural: str) -> str:
@@ -103,3 +76,76 @@ def what_is_left(found: Found) -> str:
     """The objects a delete cut short may leave, by what they share: the job's label."""
     what = found.kind.label if found.kind is not None else "objects"
     return f"its {what} and the objects labelled {JOB_LABEL}={found.name} in namespace {found.namespace}"
+
+
+def clear_way(
+    cluster: Cluster, discovery: Discovery, existing: Found, replacing: bool, note: Callable[[str], None]
+) -> None:
+    """A job of the same name is there: wait for one being deleted to go, or delete it
+    (--replace) and wait, within GONE_TIMEOUT as a whole; else refuse."""
+    job, namespace = existing.name, existing.namespace
+    if existing.deleting:  # a job deleted a moment ago: its claims wait for its pods to go
+        note(f"job {job} is still being deleted in namespace {namespace}; waiting for it to go")
+    elif not replacing:
+        raise EngineError(
+            f"job {job} already exists in namespace {namespace} (target {existing.target}); "
+            "use --replace to delete it and submit again"
+        )
+    deadline = time.monotonic() + GONE_TIMEOUT
+    try:
+        if not existing.deleting and not delete_within(cluster, discovery, existing, GONE_TIMEOUT):
+            raise _still_there(existing, "its delete had no answer")
+        while time.monotonic() < deadline:
+            lookup = bounded.Background(
+                lambda: finding.find(cluster, discovery, job, namespace), name="torchjob-find"
+            )
+            if not lookup.wait(bounded.left_of(deadline)):
+                break
+            if lookup.outcome() is None:
+                return
+            time.sleep(min(0.5, bounded.left_of(deadline)))
+    except KeyboardInterrupt:
+        if existing.deleting:
+            raise  # someone else's delete: it goes on by itself
+        note(
+            f"interrupted while replacing job {existing.ref}; nothing new was created; "
+            f"{what_is_left(existing)} may remain, deleted in part: remove them with "
+            f"{bounded.remove_command(existing.ref)}"
+        )
+        raise Interrupted from None
+    raise _still_there(existing, "it was deleted but is still there")
+
+
+def _still_there(existing: Found, why: str) -> EngineError:
+    return EngineError(
+        f"job {existing.name} is in the way of the new one: {why} after {GONE_TIMEOUT:g}s; nothing "
+        f"new was created; {what_is_left(existing)} may remain: remove them with "
+        f"{bounded.remove_command(existing.ref)}, then submit again"
+    )
+
+
+def delete_after_timeout(
+    cluster: Cluster, discovery: Discovery, found: Found, note: Callable[[str], None]
+) -> str:
+    """The job that outlived --timeout deleted, within CLEANUP_TIMEOUT: how that went, said."""
+    seconds = bounded.CLEANUP_TIMEOUT
+    left = f"{what_is_left(found)} may remain: remove them with "
+    left += bounded.remove_command(found.ref)
+    try:
+        if delete_within(cluster, discovery, found, seconds):
+            return "deleted"
+    except KeyboardInterrupt:
+        note(f"interrupted while deleting job {found.ref} after its timeout; {left}")
+        raise Interrupted from None
+    return f"its delete had no answer within {seconds:g}s; {left}"
+
+
+def interrupted_delete(deleted: list[str], refs: list[str]) -> str:
+    """What an interrupted ``delete`` did: the jobs deleted, and those not (the one under way may
+    be deleted in part), with the command that deletes the rest."""
+    rest = [ref for ref in refs if ref not in deleted]
+    done = f"deleted {', '.join(deleted)}; " if deleted else ""
+    return (
+        f"interrupted; {done}not deleted (or only in part): {', '.join(rest)}; delete "
+        f"{'it' if len(rest) == 1 else 'them'} with: {bounded.remove_command(*rest)}"
+    )
