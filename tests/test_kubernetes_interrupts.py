@@ -26,7 +26,7 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from kube_fixtures import TERMINAL_STATUS, make_pod, running, terminated
+from kube_fixtures import TERMINAL_STATUS, demo_job, make_pod, running, terminated
 from kubeapi import FakeKubeAPI
 from torchjob.cli import main
 
@@ -37,34 +37,7 @@ KUBEFLOW = "kubeflow.org/v1"
 QUICK = 15.0  # seconds for what takes milliseconds on a quiet machine
 MARGIN = 30.0  # seconds over a bound that the command may take to give up under load
 SIGNALS = pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-JOB = """\
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: demo
-spec:
-  minAvailable: 2
-  volumes:
-    - mountPath: /ckpt
-      volumeClaim: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
-  plugins:
-    pytorch: ["--master=master", "--worker=worker", "--port=23456"]
-  tasks:
-    - replicas: 1
-      name: master
-      template:
-        spec:
-          containers:
-            - {name: master, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-    - replicas: 1
-      name: worker
-      template:
-        spec:
-          containers:
-            - {name: worker, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-"""
+JOB = demo_job(volume=True)
 
 
 def cli(*args: str, kubeconfig: str) -> subprocess.Popen[str]:

@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from kube_fixtures import TERMINAL_STATUS, make_pod, running, terminated
+from kube_fixtures import TERMINAL_STATUS, demo_job, make_pod, running, terminated
 from kubeapi import TOKEN, FakeKubeAPI
 from support import read_until
 from torchjob.cli import main
@@ -32,31 +32,7 @@ from torchjob.jobs import load_jobs_from_text
 pytestmark = pytest.mark.timeout(120)
 
 VOLCANO = "batch.volcano.sh/v1alpha1"
-JOB = """\
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: demo
-spec:
-  minAvailable: 2
-  plugins:
-    pytorch: ["--master=master", "--worker=worker", "--port=23456"]
-  tasks:
-    - replicas: 1
-      name: master
-      template:
-        spec:
-          containers:
-            - {name: master, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-    - replicas: 1
-      name: worker
-      template:
-        spec:
-          containers:
-            - {name: worker, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-"""
+JOB = demo_job()
 
 
 def the_job() -> Any:
