@@ -157,6 +157,49 @@ def install_stand_in(monkeypatch: Any, *, only_if_missing: bool = False) -> None
     monkeypatch.setitem(sys.modules, "torchjob.targets", stand_in_targets_module())
 
 
+# ---------------------------------------------------------------------- the demo job's file
+
+PYTORCH_PLUGIN = '  plugins:\n    pytorch: ["--master=master", "--worker=worker", "--port=23456"]\n'
+CLAIM_VOLUME = (
+    "  volumes:\n"
+    "    - mountPath: /ckpt\n"
+    "      volumeClaim: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n"
+)
+
+
+def demo_job(
+    name: str = "demo",
+    *,
+    workers: int = 1,
+    min_available: int | None = None,
+    pytorch: bool = True,
+    volume: bool = False,
+    extra: str = "",
+) -> str:
+    """The Volcano Job file the kubernetes tests send: one master and ``workers`` workers, each a
+    busybox container that echoes once and is never restarted. ``min_available`` defaults to every
+    pod; ``pytorch`` adds the pytorch plugin, ``volume`` a claim the job's pods mount at /ckpt,
+    ``extra`` more lines of ``spec`` (unindented: ``ttlSecondsAfterFinished: 0``)."""
+    spec = f"  minAvailable: {workers + 1 if min_available is None else min_available}\n"
+    spec += CLAIM_VOLUME if volume else ""
+    spec += "".join(f"  {line}\n" for line in extra.splitlines())
+    spec += PYTORCH_PLUGIN if pytorch else ""
+    tasks = "".join(
+        f"""\
+    - replicas: {replicas}
+      name: {task}
+      template:
+        spec:
+          containers:
+            - {{name: {task}, image: busybox:1.36, command: [sh, -c, "echo hi"]}}
+          restartPolicy: Never
+"""
+        for task, replicas in (("master", 1), ("worker", workers))
+    )
+    head = f"apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata:\n  name: {name}\nspec:\n"
+    return f"{head}{spec}  tasks:\n{tasks}"
+
+
 # ---------------------------------------------------------------------- pods as a controller makes them
 
 POD_TASK_LABELS = {

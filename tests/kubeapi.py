@@ -22,7 +22,8 @@ order between them on a real cluster either), ``list_lag`` (one resource's lists
 a list of many pods takes longer than one of a single job), ``create_lag`` (a create received but made only
 later: a client interrupted meanwhile cannot know), ``garble_events`` (watch events that are not
 JSON, as a broken proxy may send), ``log_timestamps = False`` (a server that ignores
-``timestamps=true`` and ``sinceTime``), refusals of one subresource
+``timestamps=true`` and ``sinceTime``), ``cut_log`` (a log stream ended cleanly mid-line while
+its container runs), refusals of one subresource
 (``refuse(..., subresource="log")``: no RBAC for pods/log), and ``hold`` (chosen requests kept
 unanswered until the test releases them: a signal sent while one is in flight).
 """
@@ -209,6 +210,9 @@ class LogBuffer:
         self.lines: list[str] = []
         self.times: list[float] = []
         self.closed = False
+        self.cuts = 0  # how many times its open streams were ended cleanly, the container running
+        self.partial = ""  # what the last cut sent of a line not yet written whole
+        self.cut_at = 0  # how many lines the log had at the last cut (its streams send those)
 
 
 class FakeKubeAPI:
@@ -440,6 +444,16 @@ class FakeKubeAPI:
     def end_log(self, pod: str, container: str) -> None:
         with self.lock:
             self.logs.setdefault((pod, container), LogBuffer()).closed = True
+            self.lock.notify_all()
+
+    def cut_log(self, pod: str, container: str, partial: str = "") -> None:
+        """End the open streams of a running container's log cleanly (the last chunk sent, as an
+        API server does when its connection to the kubelet ends), ``partial`` sent last without a
+        newline: the part of a line the kubelet had written so far. The log itself goes on."""
+        with self.lock:
+            buffer = self.logs.setdefault((pod, container), LogBuffer())
+            buffer.partial, buffer.cut_at = partial, len(buffer.lines)
+            buffer.cuts += 1
             self.lock.notify_all()
 
     def restart_log(self, pod: str, container: str) -> None:
@@ -898,18 +912,33 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                         api.log_bytes_sent += len(block)
                 return
             position = len(buffer.lines)
+            with api.lock:
+                cuts = buffer.cuts
             while follow and not previous:
                 with api.lock:
-                    while position == len(buffer.lines) and not buffer.closed and not api.stopping:
+                    while (
+                        position == len(buffer.lines)
+                        and not buffer.closed
+                        and not api.stopping
+                        and buffer.cuts == cuts
+                    ):
                         if self._troubled():
                             self.close_connection = True
                             return
                         api.lock.wait(0.5)
-                    new = [text(i) for i in range(position, len(buffer.lines))]
-                    position = len(buffer.lines)
+                    cut = buffer.partial if buffer.cuts != cuts else None
+                    upto = buffer.cut_at if cut is not None else len(buffer.lines)
+                    new = [text(i) for i in range(position, upto)]
+                    position = upto
                     closed = buffer.closed or api.stopping
+                    if cut and stamped:
+                        cut = f"{log_stamp(time.time())} {cut}"
                 if new:
                     self._chunk("".join(f"{line}\n" for line in new).encode())
+                if cut is not None:  # ended cleanly mid-run, a line's beginning sent last
+                    if cut:
+                        self._chunk(cut.encode())
+                    break
                 if closed and position == len(buffer.lines):
                     break
             self._end_chunks()

@@ -17,6 +17,7 @@ pytest.importorskip("kubernetes")
 
 from kube_fixtures import (
     TERMINAL_STATUS,
+    demo_job,
     make_pod,
     running,
     terminated,
@@ -27,29 +28,7 @@ from torchjob.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 
-JOB = """\
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: demo
-spec:
-  minAvailable: 2
-  tasks:
-    - replicas: 1
-      name: master
-      template:
-        spec:
-          containers:
-            - {name: master, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-    - replicas: 1
-      name: worker
-      template:
-        spec:
-          containers:
-            - {name: worker, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-"""
+JOB = demo_job(pytorch=False)
 VOLCANO = "batch.volcano.sh/v1alpha1"
 
 

@@ -21,38 +21,14 @@ import yaml
 
 pytest.importorskip("kubernetes")
 
-from kube_fixtures import JOB_LABEL, TERMINAL_STATUS, make_pod, running, terminated
+from kube_fixtures import JOB_LABEL, TERMINAL_STATUS, demo_job, make_pod, running, terminated
 from kubeapi import FakeKubeAPI
 from support import read_until
 from torchjob.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 
-JOB = """\
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: demo
-spec:
-  minAvailable: 2
-  plugins:
-    pytorch: ["--master=master", "--worker=worker", "--port=23456"]
-  tasks:
-    - replicas: 1
-      name: master
-      template:
-        spec:
-          containers:
-            - {name: master, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-    - replicas: 2
-      name: worker
-      template:
-        spec:
-          containers:
-            - {name: worker, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-"""
+JOB = demo_job(workers=2, min_available=2)
 VOLCANO = "batch.volcano.sh/v1alpha1"
 
 

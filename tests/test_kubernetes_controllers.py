@@ -30,6 +30,7 @@ from controllers import Controller, ControlPlane
 from controllers.cluster import for_target
 from controllers.kubelet import Kubelet
 from controllers.scheduler import Scheduler, VolcanoScheduler
+from kube_fixtures import demo_job
 from kubeapi import GROUP_RESOURCES, FakeKubeAPI
 from test_kubernetes_commands import _read_until
 from torchjob.cli import main
@@ -47,36 +48,10 @@ WITHOUT_VOLCANO = tuple(
     g for g in GROUP_RESOURCES if not g.startswith(("batch.volcano.sh", "scheduling.volcano"))
 )
 
-JOB = """\
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: demo
-spec:
-  minAvailable: 3
-{extra}  plugins:
-    pytorch: ["--master=master", "--worker=worker", "--port=23456"]
-  tasks:
-    - replicas: 1
-      name: master
-      template:
-        spec:
-          containers:
-            - {{name: master, image: busybox:1.36, command: [sh, -c, "echo hi"]}}
-          restartPolicy: Never
-    - replicas: 2
-      name: worker
-      template:
-        spec:
-          containers:
-            - {{name: worker, image: busybox:1.36, command: [sh, -c, "echo hi"]}}
-          restartPolicy: Never
-"""
-
 
 def job_file(tmp_path: Path, extra: str = "") -> str:
     path = tmp_path / "job.yaml"
-    path.write_text(JOB.format(extra="".join(f"  {line}\n" for line in extra.splitlines())))
+    path.write_text(demo_job(workers=2, extra=extra))
     return str(path)
 
 

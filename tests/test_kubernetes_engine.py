@@ -23,6 +23,7 @@ from kube_fixtures import (
     API,
     JOB_LABEL,
     TERMINAL_STATUS,
+    demo_job,
     install_stand_in,
     make_pod,
     running,
@@ -37,34 +38,9 @@ from torchjob.jobs import load_jobs_from_text
 
 pytestmark = pytest.mark.timeout(120)
 
-JOB_YAML = """
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: {name}
-spec:
-  minAvailable: {total}
-  tasks:
-    - replicas: 1
-      name: master
-      template:
-        spec:
-          containers:
-            - {{name: master, image: busybox:1.36, command: [sh, -c, "echo hi"]}}
-          restartPolicy: Never
-    - replicas: {workers}
-      name: worker
-      template:
-        spec:
-          containers:
-            - {{name: worker, image: busybox:1.36, command: [sh, -c, "echo hi"]}}
-          restartPolicy: Never
-"""
-
 
 def a_job(name: str = "demo", workers: int = 2) -> Any:
-    text = JOB_YAML.format(name=name, workers=workers, total=workers + 1)
-    return load_jobs_from_text(text, "job.yaml")[0].job
+    return load_jobs_from_text(demo_job(name, workers=workers, pytorch=False), "job.yaml")[0].job
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from kube_fixtures import TERMINAL_STATUS, make_pod, running, terminated
+from kube_fixtures import TERMINAL_STATUS, demo_job, make_pod, running, terminated
 from kubeapi import FakeKubeAPI
 from torchjob.cli import main
 
@@ -37,34 +37,7 @@ KUBEFLOW = "kubeflow.org/v1"
 QUICK = 15.0  # seconds for what takes milliseconds on a quiet machine
 MARGIN = 30.0  # seconds over a bound that the command may take to give up under load
 SIGNALS = pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-JOB = """\
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: demo
-spec:
-  minAvailable: 2
-  volumes:
-    - mountPath: /ckpt
-      volumeClaim: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
-  plugins:
-    pytorch: ["--master=master", "--worker=worker", "--port=23456"]
-  tasks:
-    - replicas: 1
-      name: master
-      template:
-        spec:
-          containers:
-            - {name: master, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-    - replicas: 1
-      name: worker
-      template:
-        spec:
-          containers:
-            - {name: worker, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-"""
+JOB = demo_job(volume=True)
 
 
 def cli(*args: str, kubeconfig: str) -> subprocess.Popen[str]:
@@ -180,6 +153,24 @@ def test_sigterm_in_the_first_request_of_wait_and_logs_follow_is_taken_as_ctrl_c
     assert "torchjob: interrupted" in err.splitlines(), err
     assert "Traceback" not in err, err
     assert api.get(VOLCANO, "Job", "demo") is not None
+
+
+def test_sigterm_as_logs_follow_reads_how_the_job_ended_is_taken_as_ctrl_c(
+    api: FakeKubeAPI, kubeconfig: str, job_file: Path
+) -> None:
+    """After the logs, `logs -f` looks the job up once more for its exit code: SIGTERM in that
+    last request ends with 130 and a word too."""
+    play(api)
+    assert main(k8s("submit", str(job_file), "--target", "volcano", "--wait", kubeconfig=kubeconfig)) == 0
+    path = r"^/apis/batch\.volcano\.sh/v1alpha1/namespaces/default/jobs/demo$"
+    with api.hold("GET", path, skip=1) as held:  # the first: the lookup before following
+        process = cli("logs", "default/demo", "-f", kubeconfig=kubeconfig)
+        arrived(api, held, process)
+        out, err, _ = signalled(process, signal.SIGTERM, QUICK + MARGIN)
+    assert process.returncode == 130, err
+    assert "torchjob: interrupted" in err.splitlines(), err
+    assert "Traceback" not in err, err
+    assert "master-0 r0 | epoch 1" in out.splitlines(), out  # it was past the following
 
 
 @pytest.mark.parametrize("flag", ["--wait", "--follow"])
@@ -353,10 +344,10 @@ def test_replace_waits_for_the_old_job_within_the_bound(
 ) -> None:
     """The old job is deleted, and the look whether it went is not answered: --replace gives up
     within its bound, having created nothing."""
-    from torchjob.engines.kubernetes import engine
+    from torchjob.engines.kubernetes import removal
 
     assert main(k8s("submit", str(job_file), "--target", "volcano", kubeconfig=kubeconfig)) == 0
-    monkeypatch.setattr(engine, "GONE_TIMEOUT", 2.0)
+    monkeypatch.setattr(removal, "GONE_TIMEOUT", 2.0)
     path = r"^/apis/batch\.volcano\.sh/v1alpha1/namespaces/default/jobs/demo$"
     with api.hold("GET", path, skip=1) as lookup:
         started = time.monotonic()

@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from kube_fixtures import TERMINAL_STATUS, make_pod, running, terminated
+from kube_fixtures import TERMINAL_STATUS, demo_job, make_pod, running, terminated
 from kubeapi import TOKEN, FakeKubeAPI
 from support import read_until
 from torchjob.cli import main
@@ -32,31 +32,7 @@ from torchjob.jobs import load_jobs_from_text
 pytestmark = pytest.mark.timeout(120)
 
 VOLCANO = "batch.volcano.sh/v1alpha1"
-JOB = """\
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: demo
-spec:
-  minAvailable: 2
-  plugins:
-    pytorch: ["--master=master", "--worker=worker", "--port=23456"]
-  tasks:
-    - replicas: 1
-      name: master
-      template:
-        spec:
-          containers:
-            - {name: master, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-    - replicas: 1
-      name: worker
-      template:
-        spec:
-          containers:
-            - {name: worker, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-"""
+JOB = demo_job()
 
 
 def the_job() -> Any:
@@ -623,6 +599,31 @@ def test_what_an_interrupted_creation_left_is_found_by_status_delete_and_replace
     code = main(k8s("run", str(job_file), "-d", "--target", "pods", "--replace", kubeconfig=kubeconfig))
     assert code == 0, capsys.readouterr().err
     assert len(api.objects_of("v1", "Pod")) == 2
+
+
+LEFTOVERS = {
+    "Service": ("v1", "service"),
+    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicy"),
+    "PodGroup": ("scheduling.volcano.sh/v1beta1", "podgroup"),
+}
+
+
+@pytest.mark.parametrize("kind", list(LEFTOVERS))
+def test_delete_finds_a_job_of_which_only_one_object_is_left_and_says_what_it_removed(
+    api: FakeKubeAPI, kubeconfig: str, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """A `pods` job's pods and ConfigMap are gone (deleted by hand, a clean-up cut short); one
+    object of it, found by the job's label alone, is still there. A Volcano job's PodGroup
+    carries the label too, so one left behind by its Job is found the same way."""
+    api_version, said = LEFTOVERS[kind]
+    label = {"torchjob.io/job-name": "demo"}
+    api.put({"apiVersion": api_version, "kind": kind, "metadata": {"name": "demo", "labels": label}})
+    api.put({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "other", "labels": {"app": "x"}}})
+    assert main(k8s("delete", "demo", kubeconfig=kubeconfig)) == 0
+    out, err = capsys.readouterr()
+    assert out == "deleted default/demo\n", err
+    assert f"removed {said}/demo" in err, err
+    assert [o["metadata"]["name"] for o in api.objects.values()] == ["other"]
 
 
 def test_sigterm_while_following_leaves_the_job_running_with_the_note(

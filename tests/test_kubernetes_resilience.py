@@ -52,6 +52,19 @@ class GatedKubelet(Kubelet):
             super().reconcile()
 
 
+class HeldExitKubelet(Kubelet):
+    """A kubelet whose pods named in ``held`` do not exit before ``release`` is set."""
+
+    def __init__(self, api: FakeKubeAPI, held: set[str], release: threading.Event, **kwargs: Any) -> None:
+        super().__init__(api, **kwargs)
+        self.held, self.release = held, release
+
+    def _exit(self, pod: dict[str, Any]) -> None:
+        if pod["metadata"]["name"] in self.held and not self.release.is_set():
+            return  # asked again a period later
+        super()._exit(pod)
+
+
 def test_a_job_that_ended_during_a_stalled_watch_still_prints_its_logs(
     api: FakeKubeAPI, kubeconfig: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], quick_watches: None
 ) -> None:
@@ -87,6 +100,7 @@ def test_a_log_stream_resumed_where_timestamps_are_ignored_prints_each_line_once
     read again from its start; the lines already printed are not printed again, none is lost."""
     api.log_timestamps = False
     lines = [f"step {i}" for i in range(40)]
+    written = threading.Event()  # the container exits only then, however slow the writing
 
     def write() -> None:
         deadline = time.monotonic() + 20
@@ -99,17 +113,61 @@ def test_a_log_stream_resumed_where_timestamps_are_ignored_prints_each_line_once
                 time.sleep(0.3)
                 api.break_for("drop", seconds=0.5)  # open streams cut, requests dropped
             time.sleep(0.03)
+        written.set()
 
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
-    durations = {"demo-worker-0": 3.0}
-    with ControlPlane(api, *for_target(api, "volcano"), Kubelet(api, seconds=0.3, durations=durations)):
+    kubelet = HeldExitKubelet(api, {"demo-worker-0"}, written, seconds=0.3)
+    with ControlPlane(api, *for_target(api, "volcano"), kubelet):
         code = run(kubeconfig, job_file(tmp_path), "volcano")
     writer.join(timeout=10)
     out, err = capsys.readouterr()
     assert code == 0, err
     printed = [line.split(" | ", 1)[1] for line in out.splitlines() if line.startswith("worker-0 r1 | step ")]
     assert printed == lines, out
+
+
+def _log_followed(api: FakeKubeAPI, pod: str, timeout: float = 60.0) -> None:
+    """Wait until the command has asked to follow ``pod``'s log (its stream is open)."""
+    deadline = time.monotonic() + timeout
+    while not [q for m, p, q in api.requests if p.endswith(f"/{pod}/log") and q.get("follow")]:
+        assert time.monotonic() < deadline, f"no one follows the log of {pod}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("stamped", [True, False], ids=["timestamps", "no-timestamps"])
+def test_a_log_stream_ended_cleanly_mid_line_prints_that_line_once(
+    api: FakeKubeAPI,
+    kubeconfig: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    quick_watches: None,
+    stamped: bool,
+) -> None:
+    """The server ends a running container's log stream cleanly after the first half of a line
+    (its last chunk sent: an API server whose connection to the kubelet ended). What the stream
+    sent is printed once; that line is never printed again, whole, after it."""
+    api.log_timestamps = stamped
+    release = threading.Event()
+
+    def write() -> None:
+        _log_followed(api, "demo-worker-0")
+        api.log("demo-worker-0", "worker", "step 1")
+        api.cut_log("demo-worker-0", "worker", partial="step 2 hal")
+        api.log("demo-worker-0", "worker", "step 2 half", "step 3")
+        release.set()
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    kubelet = HeldExitKubelet(api, {"demo-worker-0"}, release, seconds=0.3)
+    with ControlPlane(api, *for_target(api, "volcano"), kubelet):
+        code = run(kubeconfig, job_file(tmp_path), "volcano")
+    writer.join(timeout=10)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    printed = [line.split(" | ", 1)[1] for line in out.splitlines() if line.startswith("worker-0 r1 | step ")]
+    assert printed[:2] == ["step 1", "step 2 hal"], out  # what the stream sent, once
+    assert "step 2 half" not in printed and len(set(printed)) == len(printed), out
 
 
 def test_a_malformed_watch_event_does_not_end_following(

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from torchjob.engine_api.base import Engine, JobReport, QueueListing
+    from torchjob.engine_api.base import Engine, JobReport, LogQuery, QueueListing
 
 REF_HELP = "job id, unique id prefix, or name (newest)"
 
@@ -215,7 +215,6 @@ def _dump(data: Any, fmt: str) -> None:
 
 
 def run_logs(args: argparse.Namespace) -> int:
-    from torchjob.display import paint, pod_color, use_color
     from torchjob.engine_api.base import LogQuery
 
     attempt = args.attempt
@@ -234,6 +233,19 @@ def run_logs(args: argparse.Namespace) -> int:
         all_attempts=args.all_attempts,
         follow=args.follow,
     )
+    if not args.follow:
+        return _print_logs(args, query)
+    from torchjob.engine_api.interrupts import sigterm_interrupts
+
+    # One scope to the end: the job's status read after the logs takes SIGTERM as Ctrl-C too.
+    with sigterm_interrupts():
+        _print_logs(args, query)
+        return _ended_code(chosen_engine(args).status(args.job))  # a script learns how it ended
+
+
+def _print_logs(args: argparse.Namespace, query: LogQuery) -> int:
+    from torchjob.display import paint, pod_color, use_color
+
     lines = chosen_engine(args).logs(args.job, query)  # streamed: a log of any size in bounded memory
     width = 0  # prefixes padded to the widest seen so far
     color = use_color(sys.stdout)
@@ -244,8 +256,6 @@ def run_logs(args: argparse.Namespace) -> int:
         if args.follow:
             sys.stdout.flush()
     sys.stdout.flush()
-    if args.follow:  # a script following a job learns how it ended
-        return _ended_code(chosen_engine(args).status(args.job))
     return EXIT_OK
 
 

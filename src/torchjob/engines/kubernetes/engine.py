@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from torchjob.engine_api.base import (
     EngineError,
     Interrupted,
-    JobNotFound,
     JobReport,
     LogLine,
     LogQuery,
@@ -19,14 +17,14 @@ from torchjob.engine_api.base import (
     StreamSink,
 )
 from torchjob.engine_api.interrupts import sigterm_interrupts
-from torchjob.engines.kubernetes import bounded, claims, removal
+from torchjob.engines.kubernetes import bounded, claims, finding, removal
 from torchjob.engines.kubernetes.client import Cluster, list_labelled, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Found, Kind, top_kinds
-from torchjob.engines.kubernetes.logs import current_logs, wanted
+from torchjob.engines.kubernetes.logs import add_log_tail, current_logs, wanted
 from torchjob.engines.kubernetes.phase import PODGROUP_API, build_report, job_podgroup
-from torchjob.engines.kubernetes.podlogs import read_log, refused
+from torchjob.engines.kubernetes.podlogs import refused
 from torchjob.engines.kubernetes.submit import create_all, refused_field
 from torchjob.records import record, replace
 
@@ -34,9 +32,6 @@ if TYPE_CHECKING:
     from torchjob.engine_api.base import Engine, Sink
     from torchjob.errors import Issue
     from torchjob.spec.model import Job
-
-LOG_TAIL_LINES = 20
-GONE_TIMEOUT = 120.0  # how long --replace deletes the old job and waits for it to go, as a whole
 
 
 @record
@@ -133,9 +128,9 @@ class KubernetesEngine:
             told = options.source(path, f"warning: {message}") if options.source else None
             self._note(told or f"warning: {path}: {message}", options)
         objects = sending.objects
-        existing = self._find(job.name, namespace)
+        existing = finding.find(self.cluster, self.discovery, job.name, namespace)
         if existing is not None:
-            self._clear_way(existing, _option(options, "replace"))
+            removal.clear_way(self.cluster, self.discovery, existing, _option(options, "replace"), self._note)
         found = Found(job.name, namespace, target, top_kinds().get(target))
         made: list[dict[str, Any]] = []
         follower: Follower | None = None
@@ -169,35 +164,13 @@ class KubernetesEngine:
             raise
         report = self._finish(follower)
         if not report.terminal and options.timeout is not None:
-            deleted = self._delete_after_timeout(found)
+            deleted = removal.delete_after_timeout(self.cluster, self.discovery, found, self._note)
             report.phase, report.reason = "Terminated", f"timed out after {options.timeout:g}s; {deleted}"
         return report
 
     def list_jobs(self) -> list[JobReport]:
-        namespace = self._namespace()
-        pods = list_labelled(self.cluster, namespaced_path("v1", "pods", namespace), JOB_LABEL)
-        by_job: dict[str, dict[str, dict[str, Any]]] = {}
-        for pod in pods:
-            label = str(pod["metadata"]["labels"][JOB_LABEL])
-            by_job.setdefault(label, {})[str(pod["metadata"]["name"])] = pod
-        reports: list[JobReport] = []
-        seen: set[str] = set()
-        kinds = top_kinds()
-        for target in self.discovery.available_targets():
-            kind = kinds[target]
-            for top in list_labelled(
-                self.cluster, namespaced_path(kind.api_version, kind.plural, namespace), JOB_LABEL
-            ):
-                if _owned(top):
-                    continue
-                name = str(top["metadata"]["name"])
-                seen.add(name)
-                reports.append(
-                    self._report(Found(name, namespace, target, kind, top), by_job.get(name, {}), top)
-                )
-        for name, job_pods in by_job.items():
-            if name not in seen and not any(_owned(p) for p in job_pods.values()):
-                reports.append(self._report(Found(name, namespace, "pods"), job_pods, None))
+        jobs = finding.every_job(self.cluster, self.discovery, self._namespace())
+        reports = [self._report(found, pods, found.top) for found, pods in jobs]
         reports.sort(key=lambda r: r.started_at or 0.0, reverse=True)
         return reports
 
@@ -241,10 +214,12 @@ class KubernetesEngine:
             deleted: list[str] = []
             try:
                 for found in jobs:
-                    removal.delete_job(self.cluster, self.discovery, found)
+                    removed = removal.delete_job(self.cluster, self.discovery, found)
+                    if found.leftover:  # no pod was found, only these: said, as they were not the job
+                        self._note(f"job {found.ref} had no pods left; removed {', '.join(removed)}")
                     deleted.append(found.ref)
             except KeyboardInterrupt:
-                self._note(_interrupted_delete(deleted, [found.ref for found in jobs]))
+                self._note(removal.interrupted_delete(deleted, [found.ref for found in jobs]))
                 raise Interrupted from None
             return deleted
 
@@ -265,53 +240,8 @@ class KubernetesEngine:
         if options is None or not options.quiet:
             (sink or (options.sink if options else None) or StreamSink()).notice(message)
 
-    def _find(self, name: str, namespace: str) -> Found | None:
-        """The job called ``name``: its top-level object of any target, else its bare pods."""
-        candidates: list[Found] = []
-        kinds = top_kinds()
-        for target in self.discovery.available_targets():
-            kind = kinds[target]
-            path = namespaced_path(kind.api_version, kind.plural, namespace, name)
-            try:
-                top = self.cluster.json("GET", path, doing=f"get {kind.label} {name}")
-            except ApiError as err:
-                if err.status == 404:
-                    continue
-                raise
-            if JOB_LABEL in ((top.get("metadata") or {}).get("labels") or {}):
-                candidates.append(Found(name, namespace, target, kind, top))
-        if candidates:  # a TrainJob's JobSet may carry the label too: its owner is the job
-            found = next((c for c in candidates if not _owned(c.top or {})), candidates[0])
-            found.deleting = claims.deleting(found.top or {})
-            return found
-        # Bare pods; a `pods` job whose creation was cut short before its pods (its ConfigMap comes
-        # first); a job's claims still being deleted (they wait for its pods): found, so that
-        # `delete` and `--replace` remove what is left, and a new submission waits for it to go.
-        for plural in ("pods", "configmaps"):
-            listing = self.cluster.json(
-                "GET",
-                namespaced_path("v1", plural, namespace),
-                query={"labelSelector": f"{JOB_LABEL}={name}", "limit": 1},
-                doing=f"list the {plural} of job {name}",
-            )
-            items = listing.get("items") or []
-            if items:
-                return Found(name, namespace, "pods", deleting=all(claims.deleting(i) for i in items))
-        left = claims.of_job(self.cluster, namespace, name)
-        if left:
-            return Found(name, namespace, "pods", deleting=all(claims.deleting(c) for c in left))
-        return None
-
     def _resolve(self, ref: str) -> Found:
-        namespace, _, name = ref.rpartition("/")
-        namespace = namespace or self._namespace()
-        found = self._find(name, namespace)
-        if found is None:
-            where = f"namespace {namespace}" + (
-                f" of context {self.cluster.context}" if self.cluster.context else ""
-            )
-            raise JobNotFound(f"no job {name!r} in {where}", ref)
-        return found
+        return finding.resolve(self.cluster, self.discovery, ref, self._namespace())
 
     def _report(
         self,
@@ -381,97 +311,12 @@ class KubernetesEngine:
         return report
 
     def _add_log_tail(self, report: JobReport) -> None:
-        failure = report.first_failure
-        if failure is None or failure.log_tail:
-            return
-        pod = next((p for p in report.pods if p.name == failure.pod), None)
-        container = next((c for c in pod.containers if not c.init), None) if pod else None
-        if pod is None or container is None:
-            return
-        previous = container.state != "terminated" and container.restarts > 0
         try:
-            failure.log_tail = read_log(
-                self.cluster,
-                report.namespace,
-                pod.name,
-                container.name,
-                tail=LOG_TAIL_LINES,
-                previous=previous,
-            )
+            add_log_tail(self.cluster, report)
         except EngineError as err:
             if not refused(err):
                 raise
             self._log_refused(err)  # the job's outcome matters more than its log
-
-    def _clear_way(self, existing: Found, replacing: bool) -> None:
-        """A job of the same name is there: wait for one being deleted to go, or delete it
-        (--replace) and wait, within GONE_TIMEOUT as a whole; else refuse."""
-        job, namespace = existing.name, existing.namespace
-        if existing.deleting:  # a job deleted a moment ago: its claims wait for its pods to go
-            self._note(f"job {job} is still being deleted in namespace {namespace}; waiting for it to go")
-        elif not replacing:
-            raise EngineError(
-                f"job {job} already exists in namespace {namespace} (target {existing.target}); "
-                "use --replace to delete it and submit again"
-            )
-        deadline = time.monotonic() + GONE_TIMEOUT
-        try:
-            if not existing.deleting and not removal.delete_within(
-                self.cluster, self.discovery, existing, GONE_TIMEOUT
-            ):
-                raise self._still_there(existing, "its delete had no answer")
-            while time.monotonic() < deadline:
-                lookup = bounded.Background(lambda: self._find(job, namespace), name="torchjob-find")
-                if not lookup.wait(bounded.left_of(deadline)):
-                    break
-                if lookup.outcome() is None:
-                    return
-                time.sleep(min(0.5, bounded.left_of(deadline)))
-        except KeyboardInterrupt:
-            if existing.deleting:
-                raise  # someone else's delete: it goes on by itself
-            self._note(
-                f"interrupted while replacing job {existing.ref}; nothing new was created; "
-                f"{removal.what_is_left(existing)} may remain, deleted in part: remove them with "
-                f"{bounded.remove_command(existing.ref)}"
-            )
-            raise Interrupted from None
-        raise self._still_there(existing, "it was deleted but is still there")
-
-    def _still_there(self, existing: Found, why: str) -> EngineError:
-        return EngineError(
-            f"job {existing.name} is in the way of the new one: {why} after {GONE_TIMEOUT:g}s; nothing "
-            f"new was created; {removal.what_is_left(existing)} may remain: remove them with "
-            f"{bounded.remove_command(existing.ref)}, then submit again"
-        )
-
-    def _delete_after_timeout(self, found: Found) -> str:
-        """The job that outlived --timeout deleted, within CLEANUP_TIMEOUT: how that went, said."""
-        seconds = bounded.CLEANUP_TIMEOUT
-        left = f"{removal.what_is_left(found)} may remain: remove them with "
-        left += bounded.remove_command(found.ref)
-        try:
-            if removal.delete_within(self.cluster, self.discovery, found, seconds):
-                return "deleted"
-        except KeyboardInterrupt:
-            self._note(f"interrupted while deleting job {found.ref} after its timeout; {left}")
-            raise Interrupted from None
-        return f"its delete had no answer within {seconds:g}s; {left}"
-
-
-def _interrupted_delete(deleted: list[str], refs: list[str]) -> str:
-    """What an interrupted ``delete`` did: the jobs deleted, and those not (the one under way may
-    be deleted in part), with the command that deletes the rest."""
-    rest = [ref for ref in refs if ref not in deleted]
-    done = f"deleted {', '.join(deleted)}; " if deleted else ""
-    return (
-        f"interrupted; {done}not deleted (or only in part): {', '.join(rest)}; delete "
-        f"{'it' if len(rest) == 1 else 'them'} with: {bounded.remove_command(*rest)}"
-    )
-
-
-def _owned(obj: dict[str, Any]) -> bool:
-    return any(ref.get("controller") for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
 def _top_object(objects: list[dict[str, Any]], kind: Kind | None) -> dict[str, Any] | None:

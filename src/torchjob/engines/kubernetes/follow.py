@@ -10,7 +10,6 @@ when logs are followed.
 
 from __future__ import annotations
 
-import collections
 import queue
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -18,23 +17,16 @@ from typing import Any
 
 from torchjob.engine_api.base import EngineError, FailureReport, JobReport, LogLine
 from torchjob.engines.kubernetes.client import Cluster
+from torchjob.engines.kubernetes.joblogs import ChosenLogs
 from torchjob.engines.kubernetes.phase import (
-    PODGROUP_WAITING,
     build_report,
     first_failure,
-    image_pull_error,
     job_podgroup,
-    pod_attempt,
     pod_identity,
-    pod_rank,
     pod_report,
-    podgroup_phase,
-    podgroup_problem,
-    prefix_for,
-    unschedulable_message,
-    waiting_for_scheduler,
 )
-from torchjob.engines.kubernetes.podlogs import LogStreams, streamable
+from torchjob.engines.kubernetes.podlogs import LogStreams
+from torchjob.engines.kubernetes.stuck import Stuck
 from torchjob.engines.kubernetes.watch import ResourceWatch
 
 QUEUE_ITEMS = 256  # events and log lines read ahead of the reader
@@ -42,7 +34,6 @@ LOG_GRACE_SECONDS = 10.0
 # A failed job whose failed pod is not known yet: how long its pods' watch gets to tell of it (the
 # job's watch and the pods' are separate streams, so the job's end may come first).
 POD_GRACE_SECONDS = 5.0
-TAIL_LINES = 20  # streamed lines kept per pod, for a failed pod deleted before its log is read
 REPORT_EVERY = 0.5  # seconds between full reports while only pods change
 ALL_PODS = "\0all"  # after the job ends, how long its log streams get to drain
 
@@ -86,14 +77,9 @@ class Follower:
         self.queue: queue.Queue[Any] = queue.Queue(QUEUE_ITEMS)
         self.top: dict[str, Any] | None = None
         self.pods: dict[str, dict[str, Any]] = {}
-        self.pending_timeout = pending_timeout
         self.notify = notify or (lambda _message: None)
-        self.pod_filter = pod_filter
-        self.container = container
-        self.attempt = attempt  # follow only the pods of this attempt (a restart's), when given
+        self.stuck = Stuck(name, target, pending_timeout, self.notify)
         self._synced: set[str] = set()
-        self._pending_since: dict[str, float] = {}
-        self._noted: set[str] = set()
         self._has_master: bool | None = None
         self.pod_path, self.label_selector = pod_path, label_selector
         self.watches = [
@@ -108,15 +94,17 @@ class Follower:
             self.watches.append(ResourceWatch(cluster, "podgroups", group_path, selector, self.queue))
         self.podgroups: dict[str, dict[str, Any]] = {}
         self.streams = LogStreams(cluster, namespace, self.queue, log_refused) if logs else None
+        self.chosen = (  # which containers' logs are followed
+            None
+            if self.streams is None
+            else ChosenLogs(self.streams, name, target, pod_filter, container, attempt)
+        )
         self.report: JobReport | None = None
-        # What is read besides the watches' mechanics: see _settle, _apply_lifecycle, _diagnose_waiting.
+        # What is read besides the watches' mechanics: see _settle, _apply_lifecycle.
         self._final: JobReport | None = None  # the first terminal report: final
         self._deleted = False  # the job's object (or, for `pods`, every pod) went before it ended
         self._gone: dict[str, dict[str, Any]] = {}  # pods deleted while it ran, as last seen
         self._gone_after: set[str] = set()  # pods deleted after it ended (kept in self.pods)
-        self._tails: dict[str, collections.deque[str]] = {}  # each pod's last streamed lines
-        self._empty_since: float | None = time.monotonic()
-        self._group_since: float | None = None
 
     def run(self, timeout: float | None = None) -> Iterator[LogLine]:
         """Log lines while the job runs (none without ``logs``); ``self.report`` is the last report."""
@@ -152,7 +140,8 @@ class Follower:
         job_changed = False
         while item is not None:
             if isinstance(item, LogLine):
-                self._keep_tail(item)
+                if self.chosen is not None:
+                    self.chosen.keep(item)
                 yield item
             else:
                 what = self._apply(item)
@@ -173,7 +162,8 @@ class Follower:
             changed = set(self.pods)
             job_changed = True
         if self._final is None:  # after the end, pods only go: nothing to fail fast on
-            self._diagnose(changed)
+            group = job_podgroup(list(self.podgroups.values()), self.top)
+            self.stuck.check(self.pods, changed, group, self.report)
         loop.dirty |= bool(changed)
         now = time.monotonic()
         # A report walks every pod: rebuilt when the job's object changes, and at most
@@ -346,14 +336,6 @@ class Follower:
             self._final = report
         return report
 
-    def _keep_tail(self, line: LogLine) -> None:
-        short = line.prefix.split(" ")[0].split("/")[0]
-        self._tails.setdefault(short, collections.deque(maxlen=TAIL_LINES)).append(line.text)
-
-    def tail(self, short: str) -> list[str]:
-        """The last lines streamed from a pod: its log once the pod is deleted (a TTL, a clean-up)."""
-        return list(self._tails.get(short) or [])
-
     def _first_failure(self) -> FailureReport | None:
         """The first failure among every pod seen, those deleted before the end too (a Job past
         its backoffLimit, a cleanPodPolicy, a TTL take its failed pods with them)."""
@@ -376,89 +358,9 @@ class Follower:
             self.podgroups[str(obj["metadata"]["name"])] = obj
         return "job"
 
-    def _diagnose(self, names: set[str]) -> None:
-        """Fail fast on an image that cannot be pulled; on a pod unschedulable for too long."""
-        now = time.monotonic()
-        for name in names:
-            pod = self.pods.get(name)
-            if pod is None:
-                self._pending_since.pop(name, None)
-                continue
-            pulled = image_pull_error(pod)
-            if pulled:
-                image, reason, message = pulled
-                detail = f": {message}" if message else ""
-                raise EngineError(
-                    f"job {self.name}: pod {self._short(pod)} cannot pull image {image!r} "
-                    f"({reason}{detail}); fix the image and submit again with --replace"
-                )
-            stuck = unschedulable_message(pod)
-            if stuck is None and waiting_for_scheduler(pod) is None:
-                self._pending_since.pop(name, None)
-                continue
-            self._pending_since.setdefault(name, now)
-            if stuck is not None and name not in self._noted:
-                self._noted.add(name)
-                self.notify(f"pod {self._short(pod)} is Pending: Unschedulable: {stuck}")
-        for name, since in self._pending_since.items():  # still stuck, even without new events
-            if now - since >= self.pending_timeout:
-                raise self._stuck_pod(self.pods[name], now - since)
-        self._diagnose_waiting(now)
-
-    def _stuck_pod(self, pod: dict[str, Any], waited: float) -> EngineError:
-        """A pod no scheduler placed: the scheduler's message, or the scheduler it waits for."""
-        head = f"job {self.name}: pod {self._short(pod)} is stuck Pending for {waited:.0f}s"
-        scheduler = waiting_for_scheduler(pod) or str((pod.get("spec") or {}).get("schedulerName") or "")
-        message = unschedulable_message(pod)
-        if message is not None:
-            return EngineError(f"{head} waiting for scheduler {scheduler!r}; the scheduler says: {message}")
-        return EngineError(
-            f"{head}: no scheduler has bound it to a node; it waits for scheduler {scheduler!r} "
-            "(is that scheduler running on this cluster?)"
-        )
-
-    def _diagnose_waiting(self, now: float) -> None:
-        """A job that has not started: its PodGroup not admitted, or no pod at all, for too long."""
-        if self.report is not None and self.report.terminal:
-            return
-        group = job_podgroup(list(self.podgroups.values()), self.top)
-        if group is not None and podgroup_phase(group) in PODGROUP_WAITING:
-            problem = podgroup_problem(group)
-            if self._group_since is None:
-                self._group_since = now
-            if problem and "\0podgroup" not in self._noted:
-                self._noted.add("\0podgroup")
-                self.notify(f"PodGroup {group['metadata']['name']} is Pending: {problem}")
-            waited = now - self._group_since
-            if waited >= self.pending_timeout:
-                held = "no pod is bound" if self.pods else "no pod is created"
-                why = (
-                    f"Volcano's scheduler says: {problem}"
-                    if problem
-                    else "no scheduler has admitted it (is Volcano's scheduler running?)"
-                )
-                raise EngineError(
-                    f"job {self.name}: PodGroup {group['metadata']['name']} is stuck Pending for "
-                    f"{waited:.0f}s and {held} until it is admitted; {why}"
-                )
-            return
-        self._group_since = None
-        if self.pods:
-            self._empty_since = None
-            return
-        self._empty_since = self._empty_since or now
-        if now - self._empty_since >= self.pending_timeout:
-            said = self.report.reason if self.report is not None else ""
-            why = (
-                f"its status says: {said}"
-                if said
-                else (f"is the controller of --target {self.target} running on this cluster?")
-            )
-            raise EngineError(f"job {self.name}: no pod was created in {now - self._empty_since:.0f}s; {why}")
-
-    def _short(self, pod: dict[str, Any]) -> str:
-        task, index = pod_identity(self.name, pod, self.target)
-        return f"{task}-{index}"
+    def tail(self, short: str) -> list[str]:
+        """The last lines streamed from a pod: its log once the pod is deleted (a TTL, a clean-up)."""
+        return self.chosen.tail(short) if self.chosen is not None else []
 
     def _master(self) -> bool:
         if self._has_master is None:
@@ -468,28 +370,5 @@ class Follower:
         return self._has_master
 
     def _start_streams(self, names: set[str]) -> None:
-        if self.streams is None:
-            return
-        ordinals = {name: i for i, name in enumerate(sorted(self.pods))}
-        for name in names:
-            pod = self.pods.get(name)
-            if pod is None:
-                continue
-            task, index = pod_identity(self.name, pod, self.target)
-            short = f"{task}-{index}"
-            if self.pod_filter is not None and not self.pod_filter(name, short):
-                continue
-            if self.attempt is not None and pod_attempt(pod, self.target) != self.attempt:
-                continue
-            rank = pod_rank(pod, task, index, self._master())
-            main = {c.get("name") for c in (pod.get("spec") or {}).get("containers") or []}
-            several = len(main) > 1
-            for status in (pod.get("status") or {}).get("containerStatuses") or []:
-                container = str(status.get("name"))
-                if self.container is not None and container != self.container:
-                    continue
-                if container in main and streamable(status):
-                    prefix = prefix_for(short, rank, container if several else None)
-                    restarts = int(status.get("restartCount") or 0)
-                    uid = str((pod.get("metadata") or {}).get("uid") or name)
-                    self.streams.add(name, uid, container, restarts, prefix, ordinals[name])
+        if self.chosen is not None:
+            self.chosen.start(self.pods, names, self._master)

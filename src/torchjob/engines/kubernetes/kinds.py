@@ -36,6 +36,7 @@ class Found:
     kind: Kind | None = None
     top: dict[str, Any] | None = None
     deleting: bool = False  # what was found is being deleted already (it goes by itself)
+    leftover: bool = False  # neither its object nor a pod was found: only objects it left
 
     @property
     def ref(self) -> str:

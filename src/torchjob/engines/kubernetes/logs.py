@@ -17,7 +17,9 @@ from torchjob.display import first_failed_first
 from torchjob.engine_api.base import EngineError, JobReport, LogLine, LogQuery
 from torchjob.engines.kubernetes.client import Cluster
 from torchjob.engines.kubernetes.phase import prefix_for
-from torchjob.engines.kubernetes.podlogs import stream_log
+from torchjob.engines.kubernetes.podlogs import read_log, stream_log
+
+LOG_TAIL_LINES = 20  # a failed pod's last lines in its job's report
 
 
 def wanted(query: LogQuery, pod: str, short: str) -> bool:
@@ -52,3 +54,19 @@ def current_logs(cluster: Cluster, report: JobReport, query: LogQuery) -> Iterat
                     cluster, report.namespace, pod.name, container.name, previous=previous
                 ):
                     yield LogLine(prefix=prefix, text=text, pod_ordinal=ordinal)
+
+
+def add_log_tail(cluster: Cluster, report: JobReport) -> None:
+    """The first failure's last log lines, read into the report when it has none (the run before
+    the current one of a container restarted and not ended: the run that failed)."""
+    failure = report.first_failure
+    if failure is None or failure.log_tail:
+        return
+    pod = next((p for p in report.pods if p.name == failure.pod), None)
+    container = next((c for c in pod.containers if not c.init), None) if pod else None
+    if pod is None or container is None:
+        return
+    previous = container.state != "terminated" and container.restarts > 0
+    failure.log_tail = read_log(
+        cluster, report.namespace, pod.name, container.name, tail=LOG_TAIL_LINES, previous=previous
+    )

@@ -4,54 +4,60 @@ a bound as a whole (the delete after ``--timeout``, ``--replace``'s delete of th
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Callable
 from typing import Any
 
-from torchjob.engines.kubernetes import bounded, claims
-from torchjob.engines.kubernetes.client import Cluster, list_labelled, namespaced_path
-from torchjob.engines.kubernetes.errors import ApiError
+from torchjob.engine_api.base import EngineError, Interrupted
+from torchjob.engines.kubernetes import bounded, claims, finding
+from torchjob.engines.kubernetes.client import Cluster, namespaced_path
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Found
 from torchjob.engines.kubernetes.submit import delete_object
 
+GONE_TIMEOUT = 120.0  # how long --replace deletes the old job and waits for it to go, as a whole
 
-def delete_job(cluster: Cluster, discovery: Discovery, found: Found) -> None:
+
+def delete_job(cluster: Cluster, discovery: Discovery, found: Found) -> list[str]:
     """Delete the job's object (its children go with it) and its claims, or, for bare pods, every
-    object of the target's side kinds and the pods, by the job's label."""
-    namespace, label = found.namespace, f"{JOB_LABEL}={found.name}"
+    object of the target's side kinds and the pods, by the job's label: what was deleted, as
+    ``kind/name`` (pods by their label in one request, named when the server lists them)."""
+    namespace, name = found.namespace, found.name
+    removed: list[str] = []
     if found.kind is not None:
-        path = namespaced_path(found.kind.api_version, found.kind.plural, namespace, found.name)
-        delete_object(cluster, path, f"{found.kind.label} {found.name}")
+        path = namespaced_path(found.kind.api_version, found.kind.plural, namespace, name)
+        delete_object(cluster, path, f"{found.kind.label} {name}")
+        removed.append(f"{found.kind.kind.lower()}/{name}")
         # The controller's children go with it (owner references), so do the claims made for
         # its volumes; any claim without the reference goes by its label.
-        for claim in claims.of_job(cluster, namespace, found.name):
-            name = str(claim["metadata"]["name"])
+        for claim in claims.of_job(cluster, namespace, name):
+            claim_name = str(claim["metadata"]["name"])
             if not claims.deleting(claim):
-                delete_object(cluster, claims.claim_path(namespace, name), f"claim {name}")
-        return
+                delete_object(cluster, claims.claim_path(namespace, claim_name), f"claim {claim_name}")
+                removed.append(f"{_singular(claims.PLURAL)}/{claim_name}")
+        return removed
     from torchjob.targets import get_target
 
     for api_version, plural in get_target(found.target).side_kinds:
         if not discovery.has_version(api_version):
             continue
-        try:
-            items = list_labelled(
-                cluster,
-                namespaced_path(api_version, plural, namespace),
-                label,
-                f"list the {plural} of job {found.name}",
-            )
-        except ApiError as err:
-            if err.status == 404:
-                continue
-            raise
-        for item in items:
-            name = str(item["metadata"]["name"])
-            delete_object(cluster, namespaced_path(api_version, plural, namespace, name), f"{plural} {name}")
-    cluster.json(  # one request for every pod of the job
+        for item in finding.labelled(cluster, api_version, plural, namespace, name):
+            item_name = str(item["metadata"]["name"])
+            path = namespaced_path(api_version, plural, namespace, item_name)
+            delete_object(cluster, path, f"{plural} {item_name}")
+            removed.append(f"{_singular(plural)}/{item_name}")
+    pods = cluster.json(  # one request for every pod of the job
         "DELETE",
         namespaced_path("v1", "pods", namespace),
-        query={"labelSelector": label},
-        doing=f"delete the pods of job {found.name}",
+        query={"labelSelector": f"{JOB_LABEL}={name}"},
+        doing=f"delete the pods of job {name}",
     )
+    removed += [f"pod/{p['metadata']['name']}" for p in pods.get("items") or []]
+    return removed
+
+
+def _singular(plural: str) -> str:
+    """A resource's name as kubectl writes it before ``/NAME``: networkpolicies -> networkpolicy."""
+    return plural[:-3] + "y" if plural.endswith("ies") else plural.removesuffix("s")
 
 
 def delete_within(cluster: Cluster, discovery: Discovery, found: Found, seconds: float) -> bool:
@@ -70,3 +76,76 @@ def what_is_left(found: Found) -> str:
     """The objects a delete cut short may leave, by what they share: the job's label."""
     what = found.kind.label if found.kind is not None else "objects"
     return f"its {what} and the objects labelled {JOB_LABEL}={found.name} in namespace {found.namespace}"
+
+
+def clear_way(
+    cluster: Cluster, discovery: Discovery, existing: Found, replacing: bool, note: Callable[[str], None]
+) -> None:
+    """A job of the same name is there: wait for one being deleted to go, or delete it
+    (--replace) and wait, within GONE_TIMEOUT as a whole; else refuse."""
+    job, namespace = existing.name, existing.namespace
+    if existing.deleting:  # a job deleted a moment ago: its claims wait for its pods to go
+        note(f"job {job} is still being deleted in namespace {namespace}; waiting for it to go")
+    elif not replacing:
+        raise EngineError(
+            f"job {job} already exists in namespace {namespace} (target {existing.target}); "
+            "use --replace to delete it and submit again"
+        )
+    deadline = time.monotonic() + GONE_TIMEOUT
+    try:
+        if not existing.deleting and not delete_within(cluster, discovery, existing, GONE_TIMEOUT):
+            raise _still_there(existing, "its delete had no answer")
+        while time.monotonic() < deadline:
+            lookup = bounded.Background(
+                lambda: finding.find(cluster, discovery, job, namespace), name="torchjob-find"
+            )
+            if not lookup.wait(bounded.left_of(deadline)):
+                break
+            if lookup.outcome() is None:
+                return
+            time.sleep(min(0.5, bounded.left_of(deadline)))
+    except KeyboardInterrupt:
+        if existing.deleting:
+            raise  # someone else's delete: it goes on by itself
+        note(
+            f"interrupted while replacing job {existing.ref}; nothing new was created; "
+            f"{what_is_left(existing)} may remain, deleted in part: remove them with "
+            f"{bounded.remove_command(existing.ref)}"
+        )
+        raise Interrupted from None
+    raise _still_there(existing, "it was deleted but is still there")
+
+
+def _still_there(existing: Found, why: str) -> EngineError:
+    return EngineError(
+        f"job {existing.name} is in the way of the new one: {why} after {GONE_TIMEOUT:g}s; nothing "
+        f"new was created; {what_is_left(existing)} may remain: remove them with "
+        f"{bounded.remove_command(existing.ref)}, then submit again"
+    )
+
+
+def delete_after_timeout(
+    cluster: Cluster, discovery: Discovery, found: Found, note: Callable[[str], None]
+) -> str:
+    """The job that outlived --timeout deleted, within CLEANUP_TIMEOUT: how that went, said."""
+    seconds = bounded.CLEANUP_TIMEOUT
+    left = f"{what_is_left(found)} may remain: remove them with "
+    left += bounded.remove_command(found.ref)
+    try:
+        if delete_within(cluster, discovery, found, seconds):
+            return "deleted"
+    except KeyboardInterrupt:
+        note(f"interrupted while deleting job {found.ref} after its timeout; {left}")
+        raise Interrupted from None
+    return f"its delete had no answer within {seconds:g}s; {left}"
+
+
+def interrupted_delete(deleted: list[str], refs: list[str]) -> str:
+    """What an interrupted ``delete`` did: the jobs deleted, and those not (the one under way may
+    be deleted in part), with the command that deletes the rest."""
+    rest = [ref for ref in refs if ref not in deleted]
+    done = f"deleted {', '.join(deleted)}; " if deleted else ""
+    return (
+        f"interrupted; {done}not deleted (or only in part): {', '.join(rest)}; delete "
+        f"{'it' if len(rest) == 1 else 'them'} with: {bounded.remove_command(*rest)}"
+    )

@@ -1,0 +1,121 @@
+"""Finding a job on the cluster by its name: its top-level object of any target, else, by the
+job's label, its pods or what it left (a `pods` job's side objects, claims)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchjob.engine_api.base import JobNotFound
+from torchjob.engines.kubernetes import claims
+from torchjob.engines.kubernetes.client import Cluster, list_labelled, namespaced_path
+from torchjob.engines.kubernetes.errors import ApiError
+from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Found, top_kinds
+
+
+def find(cluster: Cluster, discovery: Discovery, name: str, namespace: str) -> Found | None:
+    """The job called ``name``: its top-level object of any target, else its bare pods."""
+    candidates: list[Found] = []
+    kinds = top_kinds()
+    for target in discovery.available_targets():
+        kind = kinds[target]
+        path = namespaced_path(kind.api_version, kind.plural, namespace, name)
+        try:
+            top = cluster.json("GET", path, doing=f"get {kind.label} {name}")
+        except ApiError as err:
+            if err.status == 404:
+                continue
+            raise
+        if JOB_LABEL in ((top.get("metadata") or {}).get("labels") or {}):
+            candidates.append(Found(name, namespace, target, kind, top))
+    if candidates:  # a TrainJob's JobSet may carry the label too: its owner is the job
+        found = next((c for c in candidates if not owned(c.top or {})), candidates[0])
+        found.deleting = claims.deleting(found.top or {})
+        return found
+    # Bare pods; what is left of a job whose pods are gone (a `pods` job's creation or delete
+    # cut short, an object a controller left behind); a job's claims still being deleted
+    # (they wait for its pods): found, so that `delete` and `--replace` remove what is left,
+    # and a new submission waits for it to go.
+    for api_version, plural in leftover_kinds():
+        if not discovery.has_version(api_version):
+            continue
+        # every claim: one may be in use by a deleted job's pod, another not
+        one = plural != claims.PLURAL
+        items = labelled(cluster, api_version, plural, namespace, name, one=one)
+        if items:
+            return Found(
+                name,
+                namespace,
+                "pods",
+                deleting=all(claims.deleting(i) for i in items),
+                leftover=plural != "pods",
+            )
+    return None
+
+
+def resolve(cluster: Cluster, discovery: Discovery, ref: str, namespace: str) -> Found:
+    """The job ``ref`` names (``[NAMESPACE/]NAME``, ``namespace`` when it names none); JobNotFound else."""
+    where, _, name = ref.rpartition("/")
+    where = where or namespace
+    found = find(cluster, discovery, name, where)
+    if found is None:
+        context = f" of context {cluster.context}" if cluster.context else ""
+        raise JobNotFound(f"no job {name!r} in namespace {where}{context}", ref)
+    return found
+
+
+def leftover_kinds() -> list[tuple[str, str]]:
+    """Where a job without its object is looked for by its label: its pods, then what any target
+    renders beside them; claims last (found alone, they may be a deleted job's, still in use)."""
+    from torchjob.targets import all_targets
+
+    kinds = [("v1", "pods")]
+    for target in all_targets():
+        kinds += [kind for kind in target.side_kinds if kind not in kinds and kind[1] != claims.PLURAL]
+    return [*kinds, ("v1", claims.PLURAL)]
+
+
+def labelled(
+    cluster: Cluster, api_version: str, plural: str, namespace: str, job: str, *, one: bool = False
+) -> list[dict[str, Any]]:
+    """The objects of one kind labelled as the job's (at most one with ``one``); none where the
+    cluster serves no such kind."""
+    query = {"labelSelector": f"{JOB_LABEL}={job}", "limit": 1 if one else None}
+    try:
+        listing = cluster.json(
+            "GET",
+            namespaced_path(api_version, plural, namespace),
+            query=query,
+            doing=f"list the {plural} of job {job}",
+        )
+    except ApiError as err:
+        if err.status == 404:
+            return []
+        raise
+    return list(listing.get("items") or [])
+
+
+def owned(obj: dict[str, Any]) -> bool:
+    """Made by a controller (a TrainJob's JobSet, a Job's pod): not a job of its own."""
+    return any(ref.get("controller") for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def every_job(cluster: Cluster, discovery: Discovery, namespace: str) -> list[tuple[Found, dict[str, Any]]]:
+    """Every job in ``namespace`` with its pods by name: each top-level object of the cluster's
+    targets that no controller owns, and the bare pods of the jobs that have none."""
+    by_job: dict[str, dict[str, dict[str, Any]]] = {}
+    for pod in list_labelled(cluster, namespaced_path("v1", "pods", namespace), JOB_LABEL):
+        label = str(pod["metadata"]["labels"][JOB_LABEL])
+        by_job.setdefault(label, {})[str(pod["metadata"]["name"])] = pod
+    jobs: list[tuple[Found, dict[str, Any]]] = []
+    kinds = top_kinds()
+    for target in discovery.available_targets():
+        kind = kinds[target]
+        path = namespaced_path(kind.api_version, kind.plural, namespace)
+        for top in list_labelled(cluster, path, JOB_LABEL):
+            if not owned(top):
+                name = str(top["metadata"]["name"])
+                jobs.append((Found(name, namespace, target, kind, top), by_job.pop(name, {})))
+    for name, pods in by_job.items():
+        if not any(owned(p) for p in pods.values()):
+            jobs.append((Found(name, namespace, "pods"), pods))
+    return jobs
