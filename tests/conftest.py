@@ -33,6 +33,21 @@ if TYPE_CHECKING:
     from slurm_cluster import SlurmCluster
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_torchjob_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every test that does not choose its own TORCHJOB_HOME (the ``home`` fixture) gets one of the
+    session's, never the user's ``~/.torchjob``: the commands the tests run note where each job
+    was started (engine_api/lastrun.py), and the user's own hints must not name the tests' jobs,
+    nor two suites run side by side share that file."""
+    before = os.environ.get("TORCHJOB_HOME")
+    os.environ["TORCHJOB_HOME"] = str(tmp_path_factory.mktemp("torchjob-home"))
+    yield
+    if before is None:
+        os.environ.pop("TORCHJOB_HOME", None)
+    else:
+        os.environ["TORCHJOB_HOME"] = before
+
+
 @pytest.fixture(autouse=True)
 def _signal_handlers_as_found() -> Iterator[None]:
     """Code run in-process may install handlers for the signals that stop a job and keep them (the
