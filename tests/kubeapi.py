@@ -212,6 +212,8 @@ class LogBuffer:
         self.closed = False
         self.cuts = 0  # how many times its open streams were ended cleanly, the container running
         self.partial = ""  # what the last cut sent of a line not yet written whole
+        self.partial_time: float | None = None  # that line's time: the next line written has it
+        self.cut_time = 0.0  # the same, kept for the streams that send the cut
         self.cut_at = 0  # how many lines the log had at the last cut (its streams send those)
 
 
@@ -437,7 +439,10 @@ class FakeKubeAPI:
         with self.lock:
             buffer = self.logs.setdefault((pod, container), LogBuffer())
             for line in lines:  # the kubelet's timestamps, distinct and in order
-                buffer.times.append(max(time.time(), buffer.times[-1] + 1e-6 if buffer.times else 0.0))
+                when = max(time.time(), buffer.times[-1] + 1e-6 if buffer.times else 0.0)
+                if buffer.partial_time is not None:  # the line a cut sent the beginning of
+                    when, buffer.partial_time = buffer.partial_time, None
+                buffer.times.append(when)
                 buffer.lines.append(line)
             self.lock.notify_all()
 
@@ -453,6 +458,9 @@ class FakeKubeAPI:
         with self.lock:
             buffer = self.logs.setdefault((pod, container), LogBuffer())
             buffer.partial, buffer.cut_at = partial, len(buffer.lines)
+            if partial:  # the beginning of the next line: stamped as that line will be
+                last = buffer.times[-1] + 1e-6 if buffer.times else 0.0
+                buffer.partial_time = buffer.cut_time = max(time.time(), last)
             buffer.cuts += 1
             self.lock.notify_all()
 
@@ -932,7 +940,7 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                     position = upto
                     closed = buffer.closed or api.stopping
                     if cut and stamped:
-                        cut = f"{log_stamp(time.time())} {cut}"
+                        cut = f"{log_stamp(buffer.cut_time)} {cut}"
                 if new:
                     self._chunk("".join(f"{line}\n" for line in new).encode())
                 if cut is not None:  # ended cleanly mid-run, a line's beginning sent last

@@ -136,7 +136,7 @@ def _log_followed(api: FakeKubeAPI, pod: str, timeout: float = 60.0) -> None:
 
 
 @pytest.mark.parametrize("stamped", [True, False], ids=["timestamps", "no-timestamps"])
-def test_a_log_stream_ended_cleanly_mid_line_prints_that_line_once(
+def test_a_log_stream_ended_cleanly_mid_line_prints_that_line_once_and_follows_on(
     api: FakeKubeAPI,
     kubeconfig: str,
     tmp_path: Path,
@@ -146,7 +146,8 @@ def test_a_log_stream_ended_cleanly_mid_line_prints_that_line_once(
 ) -> None:
     """The server ends a running container's log stream cleanly after the first half of a line
     (its last chunk sent: an API server whose connection to the kubelet ended). What the stream
-    sent is printed once; that line is never printed again, whole, after it."""
+    sent is printed once; that line is never printed again, whole, after it; and the container
+    still running, its log is followed on: nothing written after the cut is lost."""
     api.log_timestamps = stamped
     release = threading.Event()
 
@@ -168,6 +169,7 @@ def test_a_log_stream_ended_cleanly_mid_line_prints_that_line_once(
     printed = [line.split(" | ", 1)[1] for line in out.splitlines() if line.startswith("worker-0 r1 | step ")]
     assert printed[:2] == ["step 1", "step 2 hal"], out  # what the stream sent, once
     assert "step 2 half" not in printed and len(set(printed)) == len(printed), out
+    assert printed == ["step 1", "step 2 hal", "step 3"], out  # followed on after the cut
 
 
 def test_a_malformed_watch_event_does_not_end_following(

@@ -1,11 +1,13 @@
 """Pod log streams: one ``follow=true`` request per container instance, read in its own thread.
 
 A stream ends by itself when its container exits, so following costs one request per container
-start, never a poll. A container instance is a pod (by its uid: a controller may make a pod again
-under the same name, its restart count back at 0) and the container's restart count in it, so a
-restarted container and a pod made again each get a new stream. Every log is read only as fast
-as its lines are taken, a line at most ``client.MAX_LINE`` bytes at a time, so an endless log, a
-line without a newline or a slow reader cost bounded memory.
+start, never a poll, and one read of the pod as the stream ends: a stream an API server ended
+cleanly while the container runs (its connection to the kubelet closed) is opened again. A container
+instance is a pod (by its uid: a controller may make a pod again under the same name, its restart
+count back at 0) and the container's restart count in it, so a restarted container and a pod made
+again each get a new stream. Every log is read only as fast as its lines are taken, a line at most
+``client.MAX_LINE`` bytes at a time, so an endless log, a line without a newline or a slow reader
+cost bounded memory.
 
 A stream cut by a transient error is opened again and what was already passed on is skipped
 (``Resume``): by the kubelet's timestamps where the server honours ``timestamps=true``, else by
@@ -221,7 +223,10 @@ class LogStreams:
                         with self._lock:
                             self._responses.pop(key, None)
                         response.release_conn()
-                    return  # the stream ended: the container exited
+                    if self._stop.is_set() or not self._still_running(pod, key):
+                        return  # the stream ended: the container exited
+                    # Ended cleanly while the container runs (the API server's connection to the
+                    # kubelet closed): opened again after a pause, what was passed on skipped.
                 except Exception as err:
                     if self._stop.is_set():
                         return
@@ -238,6 +243,26 @@ class LogStreams:
                 self._stop.wait(backoff.next())
         finally:
             post(self.out, ("log-end", key, None), self._stop)
+
+    def _still_running(self, pod: str, key: tuple[str, str, int]) -> bool:
+        """Whether the container instance ``key`` of ``pod`` still runs, by one read of the pod: a
+        stream that ends while it does was cut, not finished. An answer that cannot be had counts
+        as running: the stream opened again then says (a 404 for a pod that is gone)."""
+        uid, container, restarts = key
+        path = namespaced_path("v1", "pods", self.namespace, pod)
+        try:
+            found = self.cluster.json("GET", path, doing=f"read pod {pod}")
+        except ApiError as err:
+            return err.status not in (400, 404)
+        except Exception:  # (the client's own errors come as EngineError)
+            return True
+        if (found.get("metadata") or {}).get("uid") != uid:
+            return False  # made again under that name: its containers are other instances
+        status = found.get("status") or {}
+        for item in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            if isinstance(item, dict) and item.get("name") == container:
+                return item.get("restartCount", 0) == restarts and "running" in (item.get("state") or {})
+        return False
 
     def ended(self, key: tuple[str, str, int]) -> None:
         self.open.discard(key)
