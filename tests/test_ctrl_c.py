@@ -217,3 +217,72 @@ def test_a_ctrl_c_python_could_not_raise_as_itself_still_stops_the_command(
         check=False,
     )
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "torchjob: interrupted\n")
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """Whether ``pid`` has a handler of its own for SIGTERM now (Linux: /proc/PID/status SigCgt)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next((line.split()[1] for line in text.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(mask, 16) & (1 << (signal.SIGTERM - 1)))
+
+
+SLEEPING_JOB = """\
+apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata: {name: sleepy}
+spec:
+  tasks:
+    - name: main
+      replicas: 1
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+            - name: main
+              image: local
+              command: ["sleep", "120"]
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("command", [["wait"], ["logs", "-f"]], ids=["wait", "logs-f"])
+def test_sigterm_ends_a_local_wait_or_follow_as_ctrl_c_does(tmp_path: Path, command: list[str]) -> None:
+    """A CI runner stops `torchjob wait` or `logs -f` with SIGTERM: one line and exit 130, as after
+    Ctrl-C, not a silent death by the signal (143); the job itself runs on."""
+    env = _env(tmp_path)
+    job = tmp_path / "job.yaml"
+    job.write_text(SLEEPING_JOB)
+    run = [sys.executable, "-m", "torchjob"]
+    started = subprocess.run(
+        [*run, "run", "--detach", str(job)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert started.returncode == 0, started.stderr
+    job_id = started.stdout.strip()
+    try:
+        proc = subprocess.Popen(
+            [*run, *command, job_id], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not _catches_sigterm(proc.pid):  # its handler is in place: the signal is its to take
+                if proc.poll() is not None:
+                    pytest.fail(f"torchjob {' '.join(command)} ended early: {proc.communicate()}")
+                assert time.monotonic() < deadline, f"torchjob {' '.join(command)} never took SIGTERM itself"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 130, err
+        assert err.strip().splitlines()[-1] == "torchjob: interrupted", err
+        status = subprocess.run(
+            [*run, "status", job_id, "-o", "json"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert '"Running"' in status.stdout, status.stdout + status.stderr
+    finally:
+        subprocess.run([*run, "delete", job_id], env=env, capture_output=True, timeout=60)

@@ -343,8 +343,10 @@ def run_wait(args: argparse.Namespace) -> int:
         message = "expected a non-negative, finite number of seconds, got {value}"
         args.timeout = number_option("--timeout", args.timeout, message, minimum=0)
     from torchjob.engine_api.base import StreamSink
+    from torchjob.engine_api.interrupts import sigterm_interrupts
 
-    report = chosen_engine(args).wait(args.job, args.timeout, sink=StreamSink())
+    with sigterm_interrupts():  # a CI runner's SIGTERM ends it as Ctrl-C does: a word, exit 130
+        report = chosen_engine(args).wait(args.job, args.timeout, sink=StreamSink())
     if not (report.terminal or report.phase == UNKNOWN):
         print(
             f"torchjob: job {report.id} is still {report.phase} after {args.timeout:g}s (timed out)",
