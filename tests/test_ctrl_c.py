@@ -248,10 +248,12 @@ spec:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
-@pytest.mark.parametrize("command", [["wait"], ["logs", "-f"]], ids=["wait", "logs-f"])
-def test_sigterm_ends_a_local_wait_or_follow_as_ctrl_c_does(tmp_path: Path, command: list[str]) -> None:
-    """A CI runner stops `torchjob wait` or `logs -f` with SIGTERM: one line and exit 130, as after
-    Ctrl-C, not a silent death by the signal (143); the job itself runs on."""
+@pytest.mark.parametrize(
+    "command", [["wait"], ["logs", "-f"], ["status", "--watch"]], ids=["wait", "logs-f", "status-watch"]
+)
+def test_sigterm_ends_a_local_wait_follow_or_watch_as_ctrl_c_does(tmp_path: Path, command: list[str]) -> None:
+    """A CI runner stops `torchjob wait`, `logs -f` or `status --watch` with SIGTERM: one line and
+    exit 130, as after Ctrl-C, not a silent death by the signal (143); the job itself runs on."""
     env = _env(tmp_path)
     job = tmp_path / "job.yaml"
     job.write_text(SLEEPING_JOB)

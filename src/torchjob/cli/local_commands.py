@@ -87,7 +87,10 @@ def run_status(args: argparse.Namespace) -> int:
                 "expected one JOB to watch, and no --output" if args.output else "expected a JOB to watch"
             )
             raise SpecError([Problem("--watch", message, "<command line>")])
-        return _watch(engine, args.job)
+        from torchjob.engine_api.interrupts import sigterm_interrupts
+
+        with sigterm_interrupts():  # ended by SIGTERM as by Ctrl-C, as wait is
+            return _watch(engine, args.job)
     if args.job is None:
         reports = list(reversed(engine.list_jobs()))  # oldest first, the newest next to the prompt
         if args.output:

@@ -5,7 +5,8 @@ A CI runner or a supervisor stops a command with SIGTERM; its default kills torc
 command says what it leaves behind as after Ctrl-C: the kubernetes engine deletes what it half
 created and notes a job that keeps running (docs/kubernetes.md); ``submit --wait`` holds it from
 its first request to its last, so no step between the submit and the wait has the default,
-``logs -f`` to the job's status read after the logs, and ``wait`` on every engine.
+``logs -f`` to the job's status read after the logs, and ``wait`` and ``status --watch`` on
+every engine.
 """
 
 from __future__ import annotations
