@@ -1,7 +1,7 @@
 """The other kinds torchjob reads, each turned into the Volcano Job torchjob runs.
 
 - ``kubeflow.org/v1`` ``PyTorchJob`` (``pytorchjob.py``): Kubeflow's training operator v1;
-- ``jobset.x-k8s.io/v1alpha2`` ``JobSet`` (``jobset.py``);
+- ``jobset.x-k8s.io/v1alpha2`` ``JobSet`` (``jobset.py``, its set-wide policies ``setrules.py``);
 - ``trainer.kubeflow.org/v1alpha1`` ``TrainJob`` (``trainjob.py``) with its ``TrainingRuntime`` or
   ``ClusterTrainingRuntime`` (``runtimes.py``; ``torch-distributed`` is known without one).
 
