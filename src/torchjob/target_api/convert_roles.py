@@ -219,7 +219,8 @@ def _master_pod(c: Conversion) -> tuple[int, int] | None:
             value = str((env.get("MASTER_ADDR") or {}).get("value") or "")
             host = value.split(".")[0]
             for position, candidate in enumerate(tasks):
-                if host == f"{job}-{candidate['name']}-0" and (candidate["replicas"] == 1 or len(tasks) == 1):
+                one = candidate["replicas"] == 1 or (len(tasks) == 1 and candidate["replicas"] > 1)
+                if host == f"{job}-{candidate['name']}-0" and one:  # a Job of no pods has no master
                     return position, _port(env, container)
     return None
 

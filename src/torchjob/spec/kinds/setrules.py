@@ -175,11 +175,13 @@ def success(
 ) -> None:
     policy = mapping(source.get("successPolicy"))
     operator = text(policy.get("operator"), "All")
-    targets = [text(t) for t in items(policy.get("targetReplicatedJobs"))] or list(tasks_of)
+    given = [text(t) for t in items(policy.get("targetReplicatedJobs"))]
     where, path = place("successPolicy")
-    for t, target in enumerate(targets):
-        if target not in tasks_of and "targetReplicatedJobs" in policy:
+    for t, target in enumerate(given):
+        if target not in tasks_of:
             add(tr, where, f"{path}.targetReplicatedJobs[{t}]", f"no replicated job named {target!r}")
+    # a target named twice is one replicated job still: its Jobs count once
+    targets = list(dict.fromkeys(given)) or list(tasks_of)
     chosen = [name for target in targets for name in tasks_of.get(target, [])]
     if operator not in ("All", "Any") or not chosen:
         return  # told already (the schema's enum, the unknown targets)
