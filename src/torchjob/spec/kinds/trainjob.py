@@ -25,6 +25,7 @@ from torchjob.spec.kinds.common import (
     integer,
     items,
     mapping,
+    pod_names_fit,
     start,
     text,
     too_many_procs,
@@ -127,6 +128,7 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
         return runtime.document, f"{base}.{path}" if path else base
 
     names = translate_set(tr, spec, jobset, place)
+    pod_names_fit(tr, spec, "TrainJob")
     _route_trainer(tr, spec, f"{rname}-0", container)
     tr.route("spec.tasks", "spec.runtimeRef", whole=True)  # a task of its own: the runtime's
     inject = _injection(tr, policy, names, runtime)
