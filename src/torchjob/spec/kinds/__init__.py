@@ -72,7 +72,7 @@ def unknown_kind(data: Any) -> list[Issue] | None:
     api, kind = kind_of(data)
     if (api, kind) in JOB_KINDS or (api, kind) in RUNTIME_KINDS or not isinstance(data, dict):
         return None
-    if not kind and (api or not data.get("apiVersion")):
+    if not kind and (api or not isinstance(data.get("apiVersion"), str)):
         missing = _missing_kind(data, api)
         if missing is not None:
             return [missing]
@@ -105,6 +105,7 @@ SPEC_FIELDS = {
     "replicatedJobs": ("jobset.x-k8s.io/v1alpha2", "JobSet"),
     "runtimeRef": ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
     "trainer": ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+    "mlPolicy": ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime' or 'ClusterTrainingRuntime"),
 }
 
 
@@ -120,9 +121,10 @@ def _missing_kind(data: dict[str, Any], api: str) -> Issue | None:
         return None
     wanted_api, wanted = SPEC_FIELDS[fields[0]]
     also = "" if api else f" and apiVersion {wanted_api!r}"
+    whose = "a runtime" if fields[0] == "mlPolicy" else f"a {wanted}"
     return Issue(
         "kind",
-        f"required field is missing: expected {wanted!r}{also} (spec.{fields[0]} is a {wanted}'s)",
+        f"required field is missing: expected '{wanted}'{also} (spec.{fields[0]} is {whose}'s)",
     )
 
 
