@@ -205,8 +205,8 @@ def test_a_jobset_without_a_rendezvous_of_its_own_has_no_master_for_the_targets_
     (problem,) = [loaded.document.problem(p.path, p.message) for p in err.value.problems]
     assert problem.path == "spec.replicatedJobs"
     assert problem.message.startswith(
-        "a JobSet whose MASTER_ADDR names none of its pods cannot be expressed by target 'kubeflow' "
-        "(it needs to know which pod is the master"
+        "a JobSet without one master pod and one replicated job of workers cannot be expressed by "
+        "target 'kubeflow' (it needs to know them"
     ), problem.message
     assert for_cluster(loaded.job, "volcano", "default").objects  # any tasks
 

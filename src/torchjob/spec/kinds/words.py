@@ -25,6 +25,7 @@ _NO_MASTER = re.compile(
     r"\(it needs to know which task is the master\)"
 )
 _DIFFERENT = re.compile(r"^a worker task whose pod template differs from the master's \('[^']*'\)")
+_OTHER_TASK = re.compile(r"^task '([^']*)-\d+' \(neither the pytorch master nor worker\)")
 
 # (kind, pattern, the Volcano Job's path to tell it at instead or "", the kind's words)
 _RULES: tuple[tuple[str, re.Pattern[str], str, str], ...] = (
@@ -42,9 +43,15 @@ _RULES: tuple[tuple[str, re.Pattern[str], str, str], ...] = (
         "JobSet",
         _NO_MASTER,
         "spec.tasks",
-        r"a JobSet whose MASTER_ADDR names none of its pods cannot be expressed by target \1 (it "
-        "needs to know which pod is the master: the first pod of the only replicated job, or of a "
-        "replicated job of one pod)",
+        r"a JobSet without one master pod and one replicated job of workers cannot be expressed by "
+        r"target \1 (it needs to know them: MASTER_ADDR in the pods' env naming the first pod of the "
+        "only replicated job, or of a replicated job of one pod beside one of workers)",
+    ),
+    (
+        "JobSet",
+        _OTHER_TASK,
+        "",
+        r"replicated job '\1' (neither the master's nor the workers')",
     ),
     ("PyTorchJob", _DIFFERENT, "", "a Worker whose pod template differs from the Master's"),
     ("JobSet", _DIFFERENT, "", "a replicated job whose pod template differs from the master's"),
