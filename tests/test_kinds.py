@@ -504,7 +504,7 @@ def test_too_many_pods_are_told_at_the_kinds_replica_counts() -> None:
     ], found
     found = problems(PYTORCHJOB.replace("replicas: 2\n", "replicas: 200000\n"))
     assert found == [
-        "job.yaml:7: spec.pytorchReplicaSpecs: the tasks have 200001 replicas in all; expected at most "
+        "job.yaml:7: spec.pytorchReplicaSpecs: the replica specs make 200001 pods in all; expected at most "
         "150000, the most pods one Kubernetes cluster is built for",
     ], found
     jobset = _jobset("").replace(

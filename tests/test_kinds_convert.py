@@ -198,13 +198,17 @@ def test_each_difference_of_the_target_is_a_warning_at_the_sources_field() -> No
 def test_a_jobset_without_a_rendezvous_of_its_own_has_no_master_for_the_targets_that_need_one() -> None:
     text = (KINDS / "jobset.yaml").read_text()
     text = "\n".join(line for line in text.splitlines() if "MASTER_ADDR" not in line)
+    (loaded,) = load_jobs_from_text(text)
     with pytest.raises(SpecError) as err:
-        for_cluster(load_jobs_from_text(text)[0].job, "kubeflow", "default")
-    assert (
-        "a job without the pytorch plugin cannot be expressed by target 'kubeflow'"
-        in err.value.problems[0].message
-    )
-    assert for_cluster(load_jobs_from_text(text)[0].job, "volcano", "default").objects  # any tasks
+        for_cluster(loaded.job, "kubeflow", "default")
+    # told in the JobSet's words, at its replicated jobs (not the Volcano Job's plugins or tasks)
+    (problem,) = [loaded.document.problem(p.path, p.message) for p in err.value.problems]
+    assert problem.path == "spec.replicatedJobs"
+    assert problem.message.startswith(
+        "a JobSet without one master pod and one replicated job of workers cannot be expressed by "
+        "target 'kubeflow' (it needs to know them"
+    ), problem.message
+    assert for_cluster(loaded.job, "volcano", "default").objects  # any tasks
 
 
 def test_the_worked_migration_in_the_docs_is_what_render_does(

@@ -102,7 +102,7 @@ def _problems(text: str) -> list[str]:
         (_jobset(3, 10**9), "job.yaml:7: spec.replicatedJobs[0].replicas: replicas times parallelism is"),
         (_trainjob(10**9), f"job.yaml:6: spec.trainer.numNodes: expected at most 150000 nodes, {CLUSTER}"),
         (_trainjob(2, 10**6), f"job.yaml:6: spec.trainer.numProcPerNode: expected at most 8192 {PROCS}"),
-        (_pytorchjob(10**6), "job.yaml:6: spec.pytorchReplicaSpecs: the tasks have 1000001 replicas in all"),
+        (_pytorchjob(10**6), "job.yaml:6: spec.pytorchReplicaSpecs: the replica specs make 1000001 pods"),
         (_pytorchjob(2, "100000"), f"job.yaml:5: spec.nprocPerNode: expected at most 8192 {PROCS}"),
         (
             _pytorchjob(2, "", "\n  elasticPolicy: {minReplicas: 1, maxReplicas: 2, nProcPerNode: 10000}"),

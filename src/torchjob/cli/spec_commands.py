@@ -180,8 +180,8 @@ def _target_problems(item: Any, target: str, runtime: str | None) -> list[Proble
 
     try:
         rendered = render_target(item.job, target, runtime=runtime)
-    except SpecError as err:
-        return [item.document.problem(p.path, p.message) for p in err.problems]
+    except SpecError as err:  # the Jobs of one replicated job are told once, at its field
+        return list(dict.fromkeys(item.document.problem(p.path, p.message) for p in err.problems))
     _print_warnings(item.document, rendered.warnings)
     return []
 
@@ -341,7 +341,7 @@ def _render_target(loaded: list[Any], args: argparse.Namespace, env: dict[str, s
             namespace = getattr(args, "namespace", None) or item.job.metadata.namespace
             rendered = for_cluster(item.job, target, namespace, env, runtime=args.runtime)
         except SpecError as err:  # the target's paths become FILE:LINE like any input problem
-            problems += [item.document.problem(p.path, p.message) for p in err.problems]
+            problems += dict.fromkeys(item.document.problem(p.path, p.message) for p in err.problems)
             continue
         _print_warnings(item.document, rendered.warnings)
         items += rendered.objects

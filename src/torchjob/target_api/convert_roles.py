@@ -189,7 +189,10 @@ def _jobset(c: Conversion) -> None:
         master, worker = "master", "worker"
     else:
         others = [str(t["name"]) for t in tasks if t["name"] != name]
-        worker = others[0] if len(others) == 1 else None
+        wired = [t for t in others if _names_master(c, t, name)]
+        worker = others[0] if len(others) == 1 else wired[0] if len(wired) == 1 else None
+        if worker is None and others:  # no one task of workers: the pytorch roles cannot say it
+            return
     for task in c.tasks():
         if task["name"] in (master, worker):
             for container in task["template"].get("spec", {}).get("containers") or []:
@@ -200,6 +203,18 @@ def _jobset(c: Conversion) -> None:
     _roles(c, master, worker, port)
     c.note("spec.plugins", f"{', '.join(WIRING)} written in the pods' env are set by this target instead")
     _launch(c, [master, worker], "1", None, pet=False)
+
+
+def _names_master(c: Conversion, task: str, master: str) -> bool:
+    """Whether the pods of ``task`` point MASTER_ADDR at the master's pod (they join its rendezvous)."""
+    host = f"{c.data['metadata']['name']}-{master}-0"
+    for found in c.tasks():
+        if found["name"] == task:
+            for container in found["template"].get("spec", {}).get("containers") or []:
+                for e in container.get("env") or []:
+                    if isinstance(e, dict) and e.get("name") == "MASTER_ADDR":
+                        return str(e.get("value") or "").split(".")[0] == host
+    return False
 
 
 def _only_wiring(container: dict[str, Any]) -> bool:
@@ -219,7 +234,8 @@ def _master_pod(c: Conversion) -> tuple[int, int] | None:
             value = str((env.get("MASTER_ADDR") or {}).get("value") or "")
             host = value.split(".")[0]
             for position, candidate in enumerate(tasks):
-                if host == f"{job}-{candidate['name']}-0" and (candidate["replicas"] == 1 or len(tasks) == 1):
+                one = candidate["replicas"] == 1 or (len(tasks) == 1 and candidate["replicas"] > 1)
+                if host == f"{job}-{candidate['name']}-0" and one:  # a Job of no pods has no master
                     return position, _port(env, container)
     return None
 

@@ -1,7 +1,7 @@
 """The other kinds torchjob reads, each turned into the Volcano Job torchjob runs.
 
 - ``kubeflow.org/v1`` ``PyTorchJob`` (``pytorchjob.py``): Kubeflow's training operator v1;
-- ``jobset.x-k8s.io/v1alpha2`` ``JobSet`` (``jobset.py``);
+- ``jobset.x-k8s.io/v1alpha2`` ``JobSet`` (``jobset.py``, its set-wide policies ``setrules.py``);
 - ``trainer.kubeflow.org/v1alpha1`` ``TrainJob`` (``trainjob.py``) with its ``TrainingRuntime`` or
   ``ClusterTrainingRuntime`` (``runtimes.py``; ``torch-distributed`` is known without one).
 
@@ -72,6 +72,10 @@ def unknown_kind(data: Any) -> list[Issue] | None:
     api, kind = kind_of(data)
     if (api, kind) in JOB_KINDS or (api, kind) in RUNTIME_KINDS or not isinstance(data, dict):
         return None
+    if not kind and (api or not isinstance(data.get("apiVersion"), str)):
+        missing = _missing_kind(data, api)
+        if missing is not None:
+            return [missing]
     if api == API_VERSION or kind == KIND or not (api or kind):
         return None
     known = {k: a for a, k in [*JOB_KINDS, *RUNTIME_KINDS]}
@@ -93,6 +97,35 @@ def unknown_kind(data: Any) -> list[Issue] | None:
             f"{what} (apiVersion {api!r}) is not a job torchjob reads; {hint}torchjob reads {readable()}",
         )
     ]
+
+
+# A field of the spec only one kind has: a document without its kind is told as that kind's.
+SPEC_FIELDS = {
+    "pytorchReplicaSpecs": ("kubeflow.org/v1", "PyTorchJob"),
+    "replicatedJobs": ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+    "runtimeRef": ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+    "trainer": ("trainer.kubeflow.org/v1alpha1", "TrainJob"),
+    "mlPolicy": ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime' or 'ClusterTrainingRuntime"),
+}
+
+
+def _missing_kind(data: dict[str, Any], api: str) -> Issue | None:
+    """A PyTorchJob, TrainJob or JobSet without its ``kind`` (and perhaps its ``apiVersion``),
+    known by its spec's fields: told as that kind's, not checked as a Volcano Job of no tasks."""
+    spec = data.get("spec")
+    fields = [f for f in SPEC_FIELDS if isinstance(spec, dict) and f in spec]
+    only = [k for a, k in [*JOB_KINDS, *RUNTIME_KINDS] if a == api]
+    if not fields and len(only) == 1:  # the one kind of its apiVersion
+        return Issue("kind", f"required field is missing: expected {only[0]!r} for apiVersion {api!r}")
+    if not fields or (api and api != SPEC_FIELDS[fields[0]][0]):
+        return None
+    wanted_api, wanted = SPEC_FIELDS[fields[0]]
+    also = "" if api else f" and apiVersion {wanted_api!r}"
+    whose = "a runtime" if fields[0] == "mlPolicy" else f"a {wanted}"
+    return Issue(
+        "kind",
+        f"required field is missing: expected '{wanted}'{also} (spec.{fields[0]} is {whose}'s)",
+    )
 
 
 def translate(document: Document, runtimes: Runtimes | None = None) -> Translation:

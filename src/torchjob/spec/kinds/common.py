@@ -4,7 +4,7 @@ Job's metadata and tasks, and the lifecycle policies the controllers' rules beco
 from __future__ import annotations
 
 from torchjob.spec import names
-from torchjob.spec.model import API_VERSION, KIND, ORIGIN
+from torchjob.spec.model import API_VERSION, KIND, ORIGIN, pod_name
 from torchjob.spec.source import child
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -120,3 +120,23 @@ def retry_exit_codes() -> list[dict[str, Any]]:
 def pod_restart_policy(template: Any) -> str | None:
     value = at(template, "spec", "restartPolicy")
     return value if isinstance(value, str) else None
+
+
+def pod_names_fit(tr: Translation, spec: dict[str, Any], whose: str) -> None:
+    """The longest pod name the tasks make, told once at ``metadata.name``: the Volcano Job's
+    check tells it per task, at the task's name, which a PyTorchJob or TrainJob does not have."""
+    name = text(at(tr.data, "metadata", "name"))
+    if not names.is_dns1123_label(name):
+        return  # told as the name's own problem
+    made = [
+        pod_name(name, str(task["name"]), task["replicas"] - 1)
+        for task in spec.get("tasks", [])
+        if task["replicas"] > 0 and not at(task, "template", "spec", "hostname")
+    ]
+    longest = max(made, key=len, default="")
+    if len(longest) > names.DNS1123_LABEL_MAX:
+        tr.add(
+            "metadata.name",
+            f"pod name {longest!r} is {len(longest)} characters; a pod's hostname allows at most "
+            f"{names.DNS1123_LABEL_MAX}: shorten the {whose}'s name",
+        )

@@ -28,6 +28,7 @@ from torchjob.spec.kinds.common import (
     integer,
     items,
     mapping,
+    pod_names_fit,
     pod_restart_policy,
     retry_exit_codes,
     start,
@@ -97,9 +98,11 @@ def read(tr: Translation, runtimes: Any = None) -> None:
             f"the operator fails the job when container restarts summed over all its pods reach "
             f"{limit}; here each replica type ({', '.join(counting)}) counts its own",
         )
+    pod_names_fit(tr, spec, "PyTorchJob")
     total = sum(t["replicas"] for t in spec.get("tasks", []))
     spec["minAvailable"] = min(total, INT32_MAX)  # past it: the replicas' own count is told
-    tr.route("spec.minAvailable", "spec.pytorchReplicaSpecs", whole=True)
+    # a target's refusal of the elastic range of nodes is told at the elastic policy
+    tr.route("spec.minAvailable", "spec.elasticPolicy" if elastic else "spec.pytorchReplicaSpecs", whole=True)
     tr.route("spec.tasks", "spec.pytorchReplicaSpecs", whole=True)  # the pods in all
     # A retried ExitCode pod is a RestartPod, which Volcano counts against maxRetry: no limit here.
     spec["maxRetry"] = INT32_MAX if any(_policy(r) == "ExitCode" for _, r in replicas.values()) else 1

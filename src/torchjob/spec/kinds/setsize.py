@@ -36,7 +36,10 @@ def sizes_fit(tr: Translation, rjobs: list[tuple[int, dict[str, Any]]], place: P
         count = integer(rjob.get("replicas"), 1) or 0
         pods, parallelism = pods_per_job(rjob)
         if max(count, pods, parallelism or 0) > INT32_MAX:
-            continue  # an int32 field's value out of range: its schema told it, not a size
+            # an int32 field's value out of range: its schema told it; no Job is made of it
+            # (2**31 of them, one task each, would never end)
+            fits = False
+            continue
         total += count * max(pods, 0)
         product = count * (parallelism if parallelism is not None else 1)
         if product > INT32_MAX:  # JobSet's webhook

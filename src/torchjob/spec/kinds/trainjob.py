@@ -25,6 +25,7 @@ from torchjob.spec.kinds.common import (
     integer,
     items,
     mapping,
+    pod_names_fit,
     start,
     text,
     too_many_procs,
@@ -89,7 +90,13 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
         return
     policy = mapping(at(runtime.data, "spec", "mlPolicy"))
     nodes = integer(trainer.get("numNodes"), integer(policy.get("numNodes"), 1))
-    if nodes is not None and nodes < 1:  # told above; the runtime's Job of no pods is not told too
+    if nodes is not None and nodes < 1:  # the TrainJob's own count is told above
+        if integer(trainer.get("numNodes")) is None:  # the runtime's: a TrainJob of no pods
+            tr.add(
+                "spec.runtimeRef",
+                f"{runtime.where} gives mlPolicy.numNodes {nodes} and spec.trainer.numNodes is not "
+                "given; expected at least 1 node",
+            )
         tr.complete = False
         return
     if nodes is not None and nodes > MAX_PODS:  # before the pods are made
@@ -121,6 +128,7 @@ def read(tr: Translation, runtimes: Runtimes | None = None) -> None:
         return runtime.document, f"{base}.{path}" if path else base
 
     names = translate_set(tr, spec, jobset, place)
+    pod_names_fit(tr, spec, "TrainJob")
     _route_trainer(tr, spec, f"{rname}-0", container)
     tr.route("spec.tasks", "spec.runtimeRef", whole=True)  # a task of its own: the runtime's
     inject = _injection(tr, policy, names, runtime)

@@ -90,6 +90,9 @@ class Translation:
         return best.document, best.source_path + path[len(best.job_path) :]
 
     def problem(self, path: str, message: str) -> Problem:
+        from torchjob.spec.kinds.words import say
+
+        path, message = say(self, path, message)  # the Volcano Job's words as the kind's
         document, where = self.locate(path)
         return document.problem(where, message)
 
