@@ -17,8 +17,9 @@ claim is let go once a listener holds the port (``/proc/net/tcp``), when the att
 for is replaced, or at the controller's end. A new attempt of the whole job (a restart) claims
 again: the port the last one used may have been taken since.
 
-Only the node the controller runs on can be held so. When the master's pod lands elsewhere (an
-allocation made by ``salloc``, a heterogeneous job whose master is not in its first component),
+Only the node the controller runs on can be held so (:func:`on_this_node`). When the master's pod
+lands elsewhere (an ``salloc`` shell on a login node, a heterogeneous job whose master is not in
+its first component),
 a step of the allocation on the master's node (``srun --overlap``, this module as its program)
 chooses the same way and says its choice; its claims end with it, so there another job may take
 the port before the master binds it. Where that step cannot run (or says nothing within
@@ -40,7 +41,7 @@ from torchjob.host import tcp
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection
+    from collections.abc import Callable, Collection, Mapping
 
 LOWEST = 20000  # new ports are picked from here up to the kernel's ephemeral range
 TRIES = 64  # random ports tried before the kernel is asked for any free one
@@ -67,6 +68,21 @@ def claim(port: int) -> socket.socket | None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         return sock
     return None
+
+
+def on_this_node(host: str, environ: Mapping[str, str]) -> bool:
+    """Whether Slurm's node ``host`` is the machine this process runs on, so that the master's
+    ports there are claimed and held here, without a step on it.
+
+    A batch script knows its node (``SLURMD_NODENAME``). An ``salloc`` shell does not: it runs
+    where salloc was called, often a node of the allocation itself, and there the node named as
+    this machine's short host name is this machine (a node's name is its ``hostname -s`` unless
+    slurm.conf gives it another NodeHostname).
+    """
+    node = environ.get("SLURMD_NODENAME")
+    if node:
+        return host == node
+    return host == socket.gethostname().split(".")[0]
 
 
 class MasterPorts:
