@@ -113,6 +113,20 @@ def test_a_master_on_another_node_gets_the_ports_a_step_there_chose_else_the_dec
         blocker.close()
 
 
+def test_a_free_declared_port_is_claimed_without_socket_py_random_or_the_tcp_tables() -> None:
+    """What the controller imports before its first pod: the claim of a free port needs none of them."""
+    program = (
+        "import sys; from torchjob.engines.slurm.masterport import MasterPorts\n"
+        f"ports = MasterPorts([{free_port()}], avoid=(), local=True, say=print)\n"
+        "ports.for_version(0); ports.release()\n"
+        "print(sorted({'socket', 'random', 'torchjob.host.tcp'} & set(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
 def test_the_masters_node_is_this_machine_by_slurmd_s_name_else_by_the_host_name() -> None:
     here = socket.gethostname().split(".")[0]
     assert on_this_node("n1", {"SLURMD_NODENAME": "n1"})

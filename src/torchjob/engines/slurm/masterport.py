@@ -28,19 +28,19 @@ the port before the master binds it. Where that step cannot run (or says nothing
 
 from __future__ import annotations
 
+# _socket, not socket: socket.py's enums cost 2 ms of the controller's start, before its first pod.
+import _socket as socket
 import errno
 import json
-import random
-import socket
 import subprocess
 import sys
 import time
 
 from torchjob.engines.slurm import clients
-from torchjob.host import tcp
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import random
     from collections.abc import Callable, Collection, Mapping
 
 LOWEST = 20000  # new ports are picked from here up to the kernel's ephemeral range
@@ -102,7 +102,7 @@ class MasterPorts:
         self.avoid = set(avoid)  # the job's own ports on the master's node (other pods' slots)
         self.local = local  # the controller runs on the master's node: its ports can be probed
         self.say = say
-        self.rng = rng or random.Random()
+        self.rng = rng  # made when a port is taken: most jobs never need one
         self.version: int | None = None
         self.chosen: dict[int, int] = {}  # declared -> the port of this attempt
         self.held: dict[int, socket.socket] = {}  # chosen port -> its claim
@@ -147,11 +147,16 @@ class MasterPorts:
         if sock is not None:
             self.held[declared] = sock
             return declared
+        import random
+
+        from torchjob.host import tcp
+
+        rng = self.rng = self.rng or random.Random()
         low = tcp.ephemeral_low()
         high = EPHEMERAL_LOW if low is None else low
         taken = self.avoid | set(self.held) | set(self.declared)
         for _ in range(TRIES):
-            port = self.rng.randrange(LOWEST, high) if high > LOWEST else self.rng.randrange(1024, 65536)
+            port = rng.randrange(LOWEST, high) if high > LOWEST else rng.randrange(1024, 65536)
             if port in taken:
                 continue
             sock = claim(port)
@@ -170,6 +175,8 @@ class MasterPorts:
         if now - self.looked_at < WATCH_EVERY:
             return
         self.looked_at = now
+        from torchjob.host import tcp
+
         for port in {sock.port for sock in tcp.listening(set(self.held))}:
             self.held.pop(port).close()
 
