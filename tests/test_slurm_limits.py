@@ -340,6 +340,45 @@ def test_inside_an_allocation_only_a_job_large_next_to_the_limit_counts_the_step
     assert "printenv SLURM_STEP_ID" in calls.read_text()
 
 
+def test_inside_an_allocation_the_step_choosing_the_masters_port_elsewhere_counts_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An srun that says step 0 (one step made, the count's own): a job of 2 steps fits a limit
+    of 3 when its master's node is this machine, and not when the controller has to choose the
+    master's port with a step on that node (masterport.py), a third step of the job."""
+    import socket
+
+    from torchjob.engine_api.base import EngineError
+    from torchjob.engines.slurm.allocation import check_steps as check_allocation
+    from torchjob.engines.slurm.allocation import port_probe
+
+    pod = "{spec: {restartPolicy: Never, containers: [{name: main, image: x, command: ['true']}]}}"
+    job = _job(
+        "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: steps}\nspec:\n"
+        "  plugins: {pytorch: ['--master=master', '--worker=worker', '--port=23456']}\n"
+        f"  tasks: [{{name: master, replicas: 1, template: {pod}}},\n"
+        f"          {{name: worker, replicas: 1, template: {pod}}}]\n"
+    )
+    plan = plan_job(
+        job, SlurmSettings(), "/j", ["ctl"], in_allocation=True, step_limit=StepLimit(3, read=True)
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\necho 0\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    here = socket.gethostname().split(".")[0]
+    environ = {"SLURM_JOB_ID": "1", "PATH": os.environ["PATH"], "SLURM_TASKS_PER_NODE": "2"}
+    on_this = {**environ, "SLURM_JOB_NODELIST": here}
+    elsewhere = {**environ, "SLURM_JOB_NODELIST": f"{here}x"}
+    assert (port_probe(plan, on_this), port_probe(plan, elsewhere)) == (0, 1)
+    check_allocation(plan, on_this)
+    with pytest.raises(
+        EngineError, match="the job starts 2 and one to choose its master's port: more than 3"
+    ):
+        check_allocation(plan, elsewhere)
+
+
 @pytest.mark.slow
 def test_inside_an_allocation_the_steps_it_made_count_against_the_limit(
     limited: SlurmCluster, tmp_path: Path
