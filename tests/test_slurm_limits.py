@@ -122,6 +122,54 @@ def test_without_scontrol_or_a_configuration_the_default_is_assumed_and_the_dry_
         )
 
 
+def _fake_scontrol(folder: Path, ping: str, show: str) -> dict[str, str]:
+    """An environment whose scontrol runs ``ping`` for ``scontrol ping`` and ``show`` for
+    ``scontrol show config`` (shell), and no SLURM_CONF."""
+    folder.mkdir()
+    script = folder / "scontrol"
+    script.write_text(f'#!/bin/sh\ncase "$1" in\nping) {ping} ;;\nshow) {show} ;;\nesac\n')
+    script.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    env["PATH"] = f"{folder}:{env['PATH']}"
+    return env
+
+
+def test_the_configuration_is_asked_beside_the_ping_not_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ping answers UP only once show config has been asked (else DOWN after 5 s)."""
+    monkeypatch.setattr(clients, "_down_at", [])
+    asked = tmp_path / "asked"
+    env = _fake_scontrol(
+        tmp_path / "bin",
+        f"i=0; while [ ! -e {asked} ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done; "
+        f"if [ -e {asked} ]; then echo 'Slurmctld(primary) at h is UP'; "
+        "else echo 'Slurmctld(primary) at h is DOWN'; fi",
+        f"touch {asked}; echo 'MaxStepCount            = 7'",
+    )
+    monkeypatch.setenv("PATH", env["PATH"])  # (a client is looked up on PATH)
+    limit = read_step_limit(env)
+    assert (limit.count, limit.read) == (7, True), limit.why
+
+
+def test_a_ping_that_finds_slurmctld_down_ends_the_configuration_s_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(clients, "_down_at", [])
+    pid = tmp_path / "show.pid"
+    env = _fake_scontrol(
+        tmp_path / "bin",
+        "echo 'Slurmctld(primary) at h is DOWN'",
+        f"echo $$ > {pid}.tmp; mv {pid}.tmp {pid}; exec sleep 120",
+    )
+    monkeypatch.setenv("PATH", env["PATH"])
+    limit = read_step_limit(env)
+    assert (limit.count, limit.read) == (MAX_STEP_COUNT, False)
+    assert limit.why == "slurmctld does not answer (Slurmctld(primary) at h is DOWN)"
+    if pid.exists():  # it had started: it was ended, not left waiting for slurmctld
+        assert not Path(f"/proc/{pid.read_text().strip()}").exists()
+
+
 # -- counting a job's steps --------------------------------------------------------------------
 
 
