@@ -19,11 +19,11 @@ again: the port the last one used may have been taken since.
 
 Only the node the controller runs on can be held so (:func:`on_this_node`). When the master's pod
 lands elsewhere (an ``salloc`` shell on a login node, a heterogeneous job whose master is not in
-its first component),
-a step of the allocation on the master's node (``srun --overlap``, this module as its program)
-chooses the same way and says its choice; its claims end with it, so there another job may take
-the port before the master binds it. Where that step cannot run (or says nothing within
-:data:`PROBE_TIMEOUT`), the ports are the declared ones, as before, and the controller says so.
+its first component), a step of the allocation on the master's node (``srun --overlap``, this
+module as its program) chooses the same way and says its choice; its claims end with it, so
+there another job may take the port before the master binds it. Where that step cannot run (or
+says nothing within :data:`PROBE_TIMEOUT`), the ports are the declared ones, as before, and the
+controller says so.
 """
 
 from __future__ import annotations
