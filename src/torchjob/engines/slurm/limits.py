@@ -98,8 +98,10 @@ def _asked(environ: Mapping[str, str]) -> StepLimit:
     slurmctld that does not answer is ended."""
     import subprocess
 
+    from torchjob import logs
     from torchjob.engines.slurm import clients
 
+    logs.debug("slurm: scontrol show config")  # as clients.run says each call (-v)
     try:
         reading = subprocess.Popen(
             [clients.client("scontrol"), "show", "config"],
