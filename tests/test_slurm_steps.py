@@ -111,24 +111,6 @@ def test_two_steps_in_one_allocation_report_their_exit_codes(slurm: SlurmCluster
     assert "failing" in (tmp_path / "1.log").read_text()
 
 
-def test_a_log_under_a_path_with_percent_signs_holds_the_program_s_lines_only(
-    slurm: SlurmCluster, tmp_path: Path
-) -> None:
-    """srun expands %j, %N, ... in --output: a job root with % in it is escaped (%%), so the log
-    is still written on the node and srun's own line stays beside it, not in the pod's log."""
-    assert steps.output_pattern(Path("/a%jb/c.log")) == "/a%%jb/c.log"
-    assert steps.output_pattern(Path("/a\\b%j/c.log")) is None  # srun drops backslashes: relayed
-    job_id = submit(make_plan(tmp_path, slurm), slurm)
-    wait_state(slurm, job_id, {"RUNNING"})
-    logs = tmp_path / "root%j 100%" / "logs"
-    logs.mkdir(parents=True)
-    bad = start_step(slurm, job_id, "pod-1", "import sys; print('failing'); sys.exit(3)", logs / "1.log")
-    assert bad.wait(60) == 3
-    assert (logs / "1.log").read_text() == "failing\n"
-    assert "Exited with exit code 3" in (logs / "1.log.srun").read_text()
-    assert sorted(p.name for p in logs.iterdir()) == ["1.log", "1.log.srun"]
-
-
 def test_a_step_is_terminated_with_grace_then_killed(slurm: SlurmCluster, tmp_path: Path) -> None:
     job_id = submit(make_plan(tmp_path, slurm), slurm)
     wait_state(slurm, job_id, {"RUNNING"})
