@@ -10,6 +10,7 @@ small MaxStepCount, shared by the module.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -467,4 +468,8 @@ def test_inside_an_allocation_the_steps_it_made_count_against_the_limit(
     assert (
         "\n# the steps the allocation made count too: counted when the job starts (one step more)\n"
     ) in fits.stdout
+    # salloc returns as it relinquishes: its allocation may still be COMPLETING for a moment.
+    deadline = time.monotonic() + 30
+    while limited.jobs() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert limited.jobs() == []
