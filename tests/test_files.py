@@ -141,3 +141,20 @@ def test_text_that_cannot_be_encoded_leaves_no_temporary_file(tmp_path: Path) ->
         write_atomic(path, "half \udc80")  # a lone surrogate: no encoding writes it
     assert not path.exists()
     assert _leftovers(tmp_path) == []
+
+
+def test_libc_is_looked_up_at_the_first_write_over_a_file_not_at_a_new_files(tmp_path: Path) -> None:
+    """The Slurm controller's writes before its first pod all make new files: ctypes (2-3 ms) waits."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sys; from pathlib import Path; from torchjob.files import write_atomic\n"
+        "path = Path(sys.argv[1]) / 'status.json'\n"
+        "write_atomic(path, 'first'); print('ctypes' in sys.modules)\n"
+        "write_atomic(path, 'second'); print('ctypes' in sys.modules, path.read_text())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, str(tmp_path)], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.splitlines() == ["False", "True second"]

@@ -10,6 +10,7 @@ small MaxStepCount, shared by the module.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,54 @@ def test_without_scontrol_or_a_configuration_the_default_is_assumed_and_the_dry_
         assert not limit.read and limit.why.startswith(
             f"SLURM_CONF={tmp_path / 'nothing.conf'} names no file"
         )
+
+
+def _fake_scontrol(folder: Path, ping: str, show: str) -> dict[str, str]:
+    """An environment whose scontrol runs ``ping`` for ``scontrol ping`` and ``show`` for
+    ``scontrol show config`` (shell), and no SLURM_CONF."""
+    folder.mkdir()
+    script = folder / "scontrol"
+    script.write_text(f'#!/bin/sh\ncase "$1" in\nping) {ping} ;;\nshow) {show} ;;\nesac\n')
+    script.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    env["PATH"] = f"{folder}:{env['PATH']}"
+    return env
+
+
+def test_the_configuration_is_asked_beside_the_ping_not_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ping answers UP only once show config has been asked (else DOWN after 5 s)."""
+    monkeypatch.setattr(clients, "_down_at", [])
+    asked = tmp_path / "asked"
+    env = _fake_scontrol(
+        tmp_path / "bin",
+        f"i=0; while [ ! -e {asked} ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done; "
+        f"if [ -e {asked} ]; then echo 'Slurmctld(primary) at h is UP'; "
+        "else echo 'Slurmctld(primary) at h is DOWN'; fi",
+        f"touch {asked}; echo 'MaxStepCount            = 7'",
+    )
+    monkeypatch.setenv("PATH", env["PATH"])  # (a client is looked up on PATH)
+    limit = read_step_limit(env)
+    assert (limit.count, limit.read) == (7, True), limit.why
+
+
+def test_a_ping_that_finds_slurmctld_down_ends_the_configuration_s_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(clients, "_down_at", [])
+    pid = tmp_path / "show.pid"
+    env = _fake_scontrol(
+        tmp_path / "bin",
+        "echo 'Slurmctld(primary) at h is DOWN'",
+        f"echo $$ > {pid}.tmp; mv {pid}.tmp {pid}; exec sleep 120",
+    )
+    monkeypatch.setenv("PATH", env["PATH"])
+    limit = read_step_limit(env)
+    assert (limit.count, limit.read) == (MAX_STEP_COUNT, False)
+    assert limit.why == "slurmctld does not answer (Slurmctld(primary) at h is DOWN)"
+    if pid.exists():  # it had started: it was ended, not left waiting for slurmctld
+        assert not Path(f"/proc/{pid.read_text().strip()}").exists()
 
 
 # -- counting a job's steps --------------------------------------------------------------------
@@ -340,6 +389,45 @@ def test_inside_an_allocation_only_a_job_large_next_to_the_limit_counts_the_step
     assert "printenv SLURM_STEP_ID" in calls.read_text()
 
 
+def test_inside_an_allocation_the_step_choosing_the_masters_port_elsewhere_counts_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An srun that says step 0 (one step made, the count's own): a job of 2 steps fits a limit
+    of 3 when its master's node is this machine, and not when the controller has to choose the
+    master's port with a step on that node (masterport.py), a third step of the job."""
+    import socket
+
+    from torchjob.engine_api.base import EngineError
+    from torchjob.engines.slurm.allocation import check_steps as check_allocation
+    from torchjob.engines.slurm.allocation import port_probe
+
+    pod = "{spec: {restartPolicy: Never, containers: [{name: main, image: x, command: ['true']}]}}"
+    job = _job(
+        "apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: steps}\nspec:\n"
+        "  plugins: {pytorch: ['--master=master', '--worker=worker', '--port=23456']}\n"
+        f"  tasks: [{{name: master, replicas: 1, template: {pod}}},\n"
+        f"          {{name: worker, replicas: 1, template: {pod}}}]\n"
+    )
+    plan = plan_job(
+        job, SlurmSettings(), "/j", ["ctl"], in_allocation=True, step_limit=StepLimit(3, read=True)
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\necho 0\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    here = socket.gethostname().split(".")[0]
+    environ = {"SLURM_JOB_ID": "1", "PATH": os.environ["PATH"], "SLURM_TASKS_PER_NODE": "2"}
+    on_this = {**environ, "SLURM_JOB_NODELIST": here}
+    elsewhere = {**environ, "SLURM_JOB_NODELIST": f"{here}x"}
+    assert (port_probe(plan, on_this), port_probe(plan, elsewhere)) == (0, 1)
+    check_allocation(plan, on_this)
+    with pytest.raises(
+        EngineError, match="the job starts 2 and one to choose its master's port: more than 3"
+    ):
+        check_allocation(plan, elsewhere)
+
+
 @pytest.mark.slow
 def test_inside_an_allocation_the_steps_it_made_count_against_the_limit(
     limited: SlurmCluster, tmp_path: Path
@@ -380,4 +468,8 @@ def test_inside_an_allocation_the_steps_it_made_count_against_the_limit(
     assert (
         "\n# the steps the allocation made count too: counted when the job starts (one step more)\n"
     ) in fits.stdout
+    # salloc returns as it relinquishes: its allocation may still be COMPLETING for a moment.
+    deadline = time.monotonic() + 30
+    while limited.jobs() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert limited.jobs() == []

@@ -26,13 +26,18 @@ def test_a_failing_steps_log_is_the_programs_own(slurm: SlurmCluster, tmp_path: 
     assert step.wait(60) == 3
     assert log.read_text().splitlines() == ["before", "out", "err"]  # no "srun: error: ... exit code 3"
     assert step.messages() == []  # srun said only how the task ended
-    # A path with % (srun's filename patterns: %j, %t, ...) is not given to srun: srun relays.
-    odd = tmp_path / "100%j"
+    # A path with % (srun's filename patterns: %j, %t, ...) is given to srun escaped (%%): the same
+    # log, srun's line beside it. Only a backslash, which srun's patterns drop, keeps the relay.
+    assert steps.output_pattern(Path("/r/100%j/app.log")) == "/r/100%%j/app.log"
+    assert steps.output_pattern(Path("/r/a\\b/app.log")) is None
+    odd = tmp_path / "100%j 5%"
     odd.mkdir()
-    relayed = start_step(slurm, job_id, "relayed", code, odd / "app.log")
-    assert relayed.wait(60) == 3
-    assert {"out", "err"} <= set((odd / "app.log").read_text().splitlines())
-    assert relayed.messages() == [] and not (odd / "app.log.srun").exists()
+    escaped = start_step(slurm, job_id, "escaped", code, odd / "app.log")
+    assert escaped.wait(60) == 3
+    assert (odd / "app.log").read_text().splitlines() == ["out", "err"]
+    assert escaped.messages() == []
+    assert "Exited with exit code 3" in (odd / "app.log.srun").read_text()
+    assert sorted(p.name for p in odd.iterdir()) == ["app.log", "app.log.srun"]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import yaml
 from slurm_cluster import SlurmCluster, free_port
 from test_slurm_engine import REPO, cli_env, status_json
 from test_slurm_steps import no_process_left
-from torchjob.engines.slurm.masterport import MasterPorts, claim
+from torchjob.engines.slurm.masterport import MasterPorts, claim, on_this_node
 from torchjob.engines.slurm.plan import (
     Placement,
     SlurmAddressing,
@@ -111,6 +111,28 @@ def test_a_master_on_another_node_gets_the_ports_a_step_there_chose_else_the_dec
         assert len(said) == 1 and "could not be probed" in said[0]
     finally:
         blocker.close()
+
+
+def test_a_free_declared_port_is_claimed_without_socket_py_random_or_the_tcp_tables() -> None:
+    """What the controller imports before its first pod: the claim of a free port needs none of them."""
+    program = (
+        "import sys; from torchjob.engines.slurm.masterport import MasterPorts\n"
+        f"ports = MasterPorts([{free_port()}], avoid=(), local=True, say=print)\n"
+        "ports.for_version(0); ports.release()\n"
+        "print(sorted({'socket', 'random', 'torchjob.host.tcp'} & set(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_the_masters_node_is_this_machine_by_slurmd_s_name_else_by_the_host_name() -> None:
+    here = socket.gethostname().split(".")[0]
+    assert on_this_node("n1", {"SLURMD_NODENAME": "n1"})
+    assert not on_this_node(here, {"SLURMD_NODENAME": "n1"})  # a batch host knows its node
+    assert on_this_node(here, {})  # an salloc shell on the node named as this machine
+    assert not on_this_node(f"{here}x", {})
 
 
 def test_every_port_of_the_master_follows_the_moved_one_and_the_other_pods_keep_their_slots() -> None:
@@ -245,3 +267,54 @@ def test_every_plugins_port_in_every_pods_env_is_the_moved_one(file: str, tmp_pa
                     str(p) for p in moved.values()
                 }
     assert handed, "no pod was handed the master's port"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_inside_an_salloc_on_the_masters_node_the_port_is_claimed_without_a_step(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """salloc's shell runs here, on the node named as this machine: the controller claims the
+    master's port itself (no step probes it, 0.07 s and a step of the allocation): the job's two
+    pods are the only steps made before the one that counts them."""
+    env = cli_env(slurm, tmp_path / "root")
+    env.pop("TORCHJOB_SLURM_PARTITION")
+    blocker = listener(free_port())  # the declared port is taken on this node
+    declared = blocker.getsockname()[1]
+    container = {"name": "main", "image": "busybox", "command": ["sh", "-c", 'echo "PORT=$MASTER_PORT"']}
+    template = {"spec": {"restartPolicy": "Never", "containers": [container]}}
+    doc = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "here"},
+        "spec": {
+            "plugins": {"pytorch": ["--master=master", "--worker=worker", f"--port={declared}"]},
+            "tasks": [
+                {"name": "master", "replicas": 1, "template": template},
+                {"name": "worker", "replicas": 1, "template": template},
+            ],
+        },
+    }
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    run = f"{sys.executable} -m torchjob run {job} --engine slurm"
+    try:
+        done = subprocess.run(
+            ["salloc", "-n", "2", "--", "sh", "-c", f"{run} && srun -n1 printenv SLURM_STEP_ID"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+    finally:
+        blocker.close()
+    assert done.returncode == 0, done.stdout + done.stderr
+    ports = {line.split("PORT=", 1)[1] for line in done.stdout.splitlines() if "PORT=" in line}
+    (port,) = ports  # both pods were given the one port the controller claimed
+    assert int(port) != declared
+    assert f"port {declared} is in use on the master's node: the master gets {port} instead" in (
+        done.stdout + done.stderr
+    )
+    assert done.stdout.splitlines()[-1] == "2", done.stdout  # steps 0 and 1 were the pods

@@ -55,7 +55,12 @@ def swap_in(tmp: str | Path, path: str | Path, dir_fd: int | None = None) -> Non
     these files takes as a damaged file (a job's status: phase Unknown). Where names cannot be
     exchanged (another system or file system, or no file at ``path`` yet): ``os.replace``.
     """
-    call = _exchange[0] if _exchange else _find_exchange()
+    # libc is looked up (ctypes, 2-3 ms) at the first write over a file, not before: a program's
+    # first writes make new files (the Slurm controller's before its first pod).
+    if not _exchange and not _exists(path, dir_fd):
+        call = None
+    else:
+        call = _exchange[0] if _exchange else _find_exchange()
     if call is not None:
         at = _AT_FDCWD if dir_fd is None else dir_fd
         if call(at, os.fsencode(tmp), at, os.fsencode(path), _RENAME_EXCHANGE) == 0:
@@ -65,6 +70,16 @@ def swap_in(tmp: str | Path, path: str | Path, dir_fd: int | None = None) -> Non
                 os.unlink(tmp, dir_fd=dir_fd)
             return
     os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def _exists(path: str | Path, dir_fd: int | None) -> bool:
+    try:
+        os.stat(path, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # the exchange is tried, as before, and says what it finds
+    return True
 
 
 def _find_exchange() -> Any:

@@ -95,7 +95,8 @@ def check_steps(plan: SlurmPlan, environ: Mapping[str, str]) -> None:
     ``sacct`` needs accounting storage), but a new step's id is the number of steps before it:
     one step (``srun --overlap``, printing its ``SLURM_STEP_ID``) tells it, and counts itself.
     When that step cannot say, or the job is small next to the limit (COUNT_FROM), the job starts
-    uncounted (a refused step then ends it: batch.py).
+    uncounted (a refused step then ends it: batch.py). The step that chooses the master's port on
+    its node, when that is not this machine (masterport.py), is one of the job's.
     """
     from torchjob import logs
     from torchjob.engines.slurm import clients
@@ -123,11 +124,29 @@ def check_steps(plan: SlurmPlan, environ: Mapping[str, str]) -> None:
         return
     made = int(said[-1]) + 1
     logs.info("slurm: allocation %s has created %d job steps", job_id, made)
-    if made + plan.steps > limit.count:
+    probe = port_probe(plan, environ)
+    if made + plan.steps + probe > limit.count:
+        starts = f"{plan.steps} and one to choose its master's port" if probe else f"{plan.steps}"
         raise EngineError(
             f"allocation {job_id} has created {made} job steps (the last one to count them) and the "
-            f"job starts {plan.steps}: more than {limit.count}, {limit.source}; {advice}"
+            f"job starts {starts}: more than {limit.count}, {limit.source}; {advice}"
         )
+
+
+def port_probe(plan: SlurmPlan, environ: Mapping[str, str]) -> int:
+    """1 when the controller, here, chooses the master's ports with a step on its node (the
+    master's node is another machine: masterport.py), else 0."""
+    from torchjob.engines.slurm import steps
+    from torchjob.engines.slurm.masterport import on_this_node
+    from torchjob.engines.slurm.plan import place, rendezvous_ports
+
+    if plan.master is None or not rendezvous_ports(plan.job):
+        return 0
+    try:
+        master = place(plan, steps.layout_from_env(environ, steps.hostnames)).get(plan.master)
+    except (ValueError, steps.SlurmError):
+        return 0  # the controller cannot place the pods either: it makes no step at all
+    return 0 if master is None or on_this_node(master.host, environ) else 1
 
 
 def counted(plan: SlurmPlan) -> bool:

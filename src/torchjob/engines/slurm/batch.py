@@ -47,7 +47,7 @@ class BatchController:
     def __init__(self, job_dir: Path, job: Job, plan: SlurmPlan, options: dict[str, object]) -> None:
         from torchjob.controller import Controller
         from torchjob.controller.report import pod_ranks
-        from torchjob.engines.slurm.masterport import MasterPorts, probe_on
+        from torchjob.engines.slurm.masterport import MasterPorts, on_this_node, probe_on
         from torchjob.engines.slurm.plan import SlurmAddressing, place, rendezvous_ports
 
         self.job_dir = job_dir
@@ -75,7 +75,7 @@ class BatchController:
                 if master is not None and where.host == master.host
                 for port in plan.ports
             },
-            local=master is None or master.host == os.environ.get("SLURMD_NODENAME"),
+            local=master is None or on_this_node(master.host, os.environ),
             say=self._say,
             remote=None
             if master is None

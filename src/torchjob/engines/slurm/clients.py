@@ -204,18 +204,23 @@ def run(
         raise SlurmUnreachable(f"{argv[0]} did not answer within {given:g} s (is slurmctld up?)") from None
     except OSError as err:
         raise SlurmError(f"cannot run {argv[0]}: {err.strerror or err}") from None
-    if done.returncode != 0:
-        message = _one_line(done.stderr or done.stdout) or f"exit code {done.returncode}"
+    return checked(argv[0], done.returncode, done.stdout, done.stderr)
+
+
+def checked(name: str, code: int, out: str, err: str) -> str:
+    """A client's output, or the SlurmError (SlurmUnreachable) its exit says (:func:`run`'s)."""
+    if code != 0:
+        message = _one_line(err or out) or f"exit code {code}"
         if re.search(UNREACHABLE, message):
             note_down()
-            raise SlurmUnreachable(f"{argv[0]} failed: {message}")
+            raise SlurmUnreachable(f"{name} failed: {message}")
         if "Could not establish a configuration source" in message:
             raise SlurmError(
-                f"{argv[0]} found no Slurm configuration: set SLURM_CONF to the cluster's slurm.conf "
+                f"{name} found no Slurm configuration: set SLURM_CONF to the cluster's slurm.conf "
                 "(or run torchjob on a node of the cluster)"
             )
-        raise SlurmError(f"{argv[0]} failed: {message}")
-    return done.stdout
+        raise SlurmError(f"{name} failed: {message}")
+    return out
 
 
 def retrying(call: Callable[[], T], patience: float, on_retry: Callable[[str], None] | None = None) -> T:

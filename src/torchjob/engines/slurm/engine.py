@@ -139,8 +139,6 @@ class SlurmEngine:
         return found + preflight.placement_warnings(job)
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
-        from torchjob.engines.slurm.dryrun import plan_text
-
         job_id = jobdirs.new_id(job.name)
         job_dir = self.root / job_id
         chosen = self._for(options)
@@ -148,6 +146,8 @@ class SlurmEngine:
         plan = self._plan(job, job_dir, chosen, allocation)
 
         def text() -> str:  # an id is drawn for each plan: a dry run's is never a later run's
+            from torchjob.engines.slurm.dryrun import plan_text  # a dry run's alone
+
             shown = plan_text(job, plan, job_id, job_dir, allocation).replace(job_id, f"{job.name}-<id>")
             return shown + "\n# <id>: six hex digits, drawn anew by each run"
 

@@ -3,7 +3,7 @@
 Every pod container a job runs is a job step, and slurmctld refuses to create a job's step once
 the job has created ``MaxStepCount`` of them (Slurm's default is 40,000; a site may set more or
 fewer). The engine reads the running cluster's value once per command (:func:`read_step_limit`:
-``scontrol ping``, a few milliseconds, then ``scontrol show config``, each with a timeout) and
+``scontrol show config`` beside ``scontrol ping``, a few milliseconds, each with a timeout) and
 refuses a job that needs more steps at its field, saying the number and where it came from. When
 it cannot be read (no ``scontrol``, a configuration no client reads, a slurmctld that does not
 answer, a configuration without the key) Slurm's default stands, marked as assumed, with why.
@@ -65,7 +65,7 @@ def step_limit_from(config: Mapping[str, str]) -> StepLimit:
 def read_step_limit(environ: Mapping[str, str]) -> StepLimit:
     """The running cluster's MaxStepCount, or the default with the reason it is assumed.
 
-    ``scontrol ping`` comes first: a client that cannot reach slurmctld retries for the cluster's
+    ``scontrol ping`` decides: a client that cannot reach slurmctld retries for the cluster's
     ``MessageTimeout`` (10-20 s) before it says so, ``ping`` answers at once.
     """
     from torchjob import logs
@@ -79,11 +79,10 @@ def read_step_limit(environ: Mapping[str, str]) -> StepLimit:
             limit = assumed("scontrol is not on PATH")
         else:
             clients.check_config(environ)
-            said = "it did not a moment ago" if clients.down_recently() else clients.ping(environ)
-            if said is not None:
-                limit = assumed(f"slurmctld does not answer ({said})")
+            if clients.down_recently():
+                limit = assumed("slurmctld does not answer (it did not a moment ago)")
             else:
-                limit = step_limit_from(clients.show_config(environ, READ_TIMEOUT))
+                limit = _asked(environ)
     except clients.SlurmError as err:
         limit = assumed(str(err))
     if limit.read:
@@ -91,6 +90,48 @@ def read_step_limit(environ: Mapping[str, str]) -> StepLimit:
     else:
         logs.info("slurm: %s %d assumed: %s", KEY, limit.count, limit.why)
     return limit
+
+
+def _asked(environ: Mapping[str, str]) -> StepLimit:
+    """``scontrol show config`` asked beside ``scontrol ping``, not after it (its round trip, 5-15
+    ms, is then off the job's start); the ping still decides, and a read it leaves waiting on a
+    slurmctld that does not answer is ended."""
+    import subprocess
+
+    from torchjob import logs
+    from torchjob.engines.slurm import clients
+
+    logs.debug("slurm: scontrol show config")  # as clients.run says each call (-v)
+    try:
+        reading = subprocess.Popen(
+            [clients.client("scontrol"), "show", "config"],
+            env=dict(environ),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # as every client's (clients.run)
+        )
+    except OSError as failed:
+        raise clients.SlurmError(f"cannot run scontrol: {failed.strerror or failed}") from None
+    try:
+        said = clients.ping(environ)
+        if said is not None:
+            return StepLimit(MAX_STEP_COUNT, read=False, why=f"slurmctld does not answer ({said})")
+        try:
+            out, err = reading.communicate(timeout=READ_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            clients.note_down()
+            raise clients.SlurmUnreachable(
+                f"scontrol did not answer within {READ_TIMEOUT:g} s (is slurmctld up?)"
+            ) from None
+        return step_limit_from(
+            clients.parse_config(clients.checked("scontrol", reading.returncode, out, err))
+        )
+    finally:
+        if reading.poll() is None:
+            reading.kill()
+        reading.communicate()
 
 
 def reached(limit: StepLimit, step: str) -> str:

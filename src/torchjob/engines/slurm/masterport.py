@@ -17,30 +17,31 @@ claim is let go once a listener holds the port (``/proc/net/tcp``), when the att
 for is replaced, or at the controller's end. A new attempt of the whole job (a restart) claims
 again: the port the last one used may have been taken since.
 
-Only the node the controller runs on can be held so. When the master's pod lands elsewhere (an
-allocation made by ``salloc``, a heterogeneous job whose master is not in its first component),
-a step of the allocation on the master's node (``srun --overlap``, this module as its program)
-chooses the same way and says its choice; its claims end with it, so there another job may take
-the port before the master binds it. Where that step cannot run (or says nothing within
-:data:`PROBE_TIMEOUT`), the ports are the declared ones, as before, and the controller says so.
+Only the node the controller runs on can be held so (:func:`on_this_node`). When the master's pod
+lands elsewhere (an ``salloc`` shell on a login node, a heterogeneous job whose master is not in
+its first component), a step of the allocation on the master's node (``srun --overlap``, this
+module as its program) chooses the same way and says its choice; its claims end with it, so
+there another job may take the port before the master binds it. Where that step cannot run (or
+says nothing within :data:`PROBE_TIMEOUT`), the ports are the declared ones, as before, and the
+controller says so.
 """
 
 from __future__ import annotations
 
+# _socket, not socket: socket.py's enums cost 2 ms of the controller's start, before its first pod.
+import _socket as socket
 import errno
 import json
-import random
-import socket
 import subprocess
 import sys
 import time
 
 from torchjob.engines.slurm import clients
-from torchjob.host import tcp
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection
+    import random
+    from collections.abc import Callable, Collection, Mapping
 
 LOWEST = 20000  # new ports are picked from here up to the kernel's ephemeral range
 TRIES = 64  # random ports tried before the kernel is asked for any free one
@@ -69,6 +70,21 @@ def claim(port: int) -> socket.socket | None:
     return None
 
 
+def on_this_node(host: str, environ: Mapping[str, str]) -> bool:
+    """Whether Slurm's node ``host`` is the machine this process runs on, so that the master's
+    ports there are claimed and held here, without a step on it.
+
+    A batch script knows its node (``SLURMD_NODENAME``). An ``salloc`` shell does not: it runs
+    where salloc was called, often a node of the allocation itself, and there the node named as
+    this machine's short host name is this machine (a node's name is its ``hostname -s`` unless
+    slurm.conf gives it another NodeHostname).
+    """
+    node = environ.get("SLURMD_NODENAME")
+    if node:
+        return host == node
+    return host == socket.gethostname().split(".")[0]
+
+
 class MasterPorts:
     """The ports the master's pod listens on for an attempt of the job, held until it does."""
 
@@ -86,7 +102,7 @@ class MasterPorts:
         self.avoid = set(avoid)  # the job's own ports on the master's node (other pods' slots)
         self.local = local  # the controller runs on the master's node: its ports can be probed
         self.say = say
-        self.rng = rng or random.Random()
+        self.rng = rng  # made when a port is taken: most jobs never need one
         self.version: int | None = None
         self.chosen: dict[int, int] = {}  # declared -> the port of this attempt
         self.held: dict[int, socket.socket] = {}  # chosen port -> its claim
@@ -131,11 +147,16 @@ class MasterPorts:
         if sock is not None:
             self.held[declared] = sock
             return declared
+        import random
+
+        from torchjob.host import tcp
+
+        rng = self.rng = self.rng or random.Random()
         low = tcp.ephemeral_low()
         high = EPHEMERAL_LOW if low is None else low
         taken = self.avoid | set(self.held) | set(self.declared)
         for _ in range(TRIES):
-            port = self.rng.randrange(LOWEST, high) if high > LOWEST else self.rng.randrange(1024, 65536)
+            port = rng.randrange(LOWEST, high) if high > LOWEST else rng.randrange(1024, 65536)
             if port in taken:
                 continue
             sock = claim(port)
@@ -154,6 +175,8 @@ class MasterPorts:
         if now - self.looked_at < WATCH_EVERY:
             return
         self.looked_at = now
+        from torchjob.host import tcp
+
         for port in {sock.port for sock in tcp.listening(set(self.held))}:
             self.held.pop(port).close()
 

@@ -81,6 +81,14 @@ def layout_from_env(
     return layouts
 
 
+def output_pattern(log: Path) -> str | None:
+    """``log`` as srun's ``--output`` takes it: a file name pattern, where ``%%`` is a ``%``
+    (``%j`` would be the job id). None where no pattern names it: srun drops every backslash of a
+    pattern that has one, and expands nothing in it."""
+    path = str(log)
+    return None if "\\" in path else path.replace("%", "%%")
+
+
 def _append(path: Path, text: str) -> None:
     """torchjob's own line in a container's log; lost, not fatal, when the disk is full."""
     with contextlib.suppress(OSError):
@@ -152,9 +160,10 @@ class Step:
             srun.append(f"--container-image={image}")
         # The task's output goes to the container's log from its node (slurmstepd appends to it);
         # srun's own messages (``task 0: Exited with exit code 3``) to a file beside it, so the log
-        # holds what the program wrote, as locally. A path with % (srun's patterns) is relayed.
-        if "%" not in str(log):
-            srun += [f"--output={log}", f"--error={log}", "--open-mode=append"]
+        # holds what the program wrote, as locally. A path srun cannot name is relayed.
+        pattern = output_pattern(log)
+        if pattern is not None:
+            srun += [f"--output={pattern}", f"--error={pattern}", "--open-mode=append"]
         step = cls(job_id, name, [*srun, "--", *argv], clients.step_env(env), log)
         step.listed = listed or job_id
         step._launch()
@@ -163,7 +172,7 @@ class Step:
     def _launch(self) -> None:
         log = self.log
         own = log.with_name(log.name + ".srun")
-        direct = "%" not in str(log)
+        direct = output_pattern(log) is not None
         with open(log, "ab") as out, open(own if direct else log, "ab") as messages:
             offset = messages.tell()
             self.process = subprocess.Popen(
