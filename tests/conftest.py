@@ -33,6 +33,13 @@ if TYPE_CHECKING:
     from slurm_cluster import SlurmCluster
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The suite's longest tests run first (suite_order.py says why)."""
+    from suite_order import slow_first
+
+    items[:] = slow_first(items)
+
+
 @pytest.fixture(autouse=True)
 def _signal_handlers_as_found() -> Iterator[None]:
     """Code run in-process may install handlers for the signals that stop a job and keep them (the
