@@ -49,3 +49,17 @@ def test_the_named_tests_go_first_in_the_lists_order_and_the_rest_keep_theirs() 
         "tests/test_b.py::two",
         "tests/test_c.py::x",
     ]
+
+
+def test_a_module_with_a_module_fixture_is_listed_whole_and_together() -> None:
+    """Else the fixture (a Slurm cluster, say) would be set up once more for the tests moved."""
+    files = [nodeid.split("::")[0] for nodeid in SLOW_FIRST]
+    for file in dict.fromkeys(files):
+        path = REPO / file
+        if 'scope="module"' not in path.read_text():
+            continue
+        at = [i for i, name in enumerate(files) if name == file]
+        assert at == list(range(at[0], at[0] + len(at))), f"{file}: its tests are not next to each other"
+        listed = {SLOW_FIRST[i].split("::")[1].split("[", 1)[0] for i in at}
+        tests = {name for name in _test_functions(path) if name.startswith("test_")}
+        assert listed == tests, f"{file}: not all of its tests are listed"
