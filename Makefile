@@ -28,7 +28,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy src
 
 # Most tests wait (on jobs, Slurm, timeouts) rather than compute: several workers at once keep a
-# 2-core machine busy; worksteal lets an idle worker take tests queued behind a long one.
+# 2-core machine busy; worksteal lets an idle worker take tests queued behind a long one, and the
+# longest tests are collected first (tests/suite_order.py) so that none starts near the end.
 TEST_WORKERS ?= 4
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist worksteal

@@ -33,6 +33,13 @@ if TYPE_CHECKING:
     from slurm_cluster import SlurmCluster
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The suite's longest tests run first (suite_order.py says why)."""
+    from suite_order import slow_first
+
+    items[:] = slow_first(items)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_torchjob_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Every test that does not choose its own TORCHJOB_HOME (the ``home`` fixture) gets one of the

@@ -162,30 +162,34 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run_script(tmp_path: Path, *args: str) -> list[str]:
-    script = tmp_path / "main_task.py"
+@pytest.fixture(scope="module")
+def main_script_lines(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """What SCRIPT prints run once as ``python main_task.py pods``: its elastic calls print the same
+    first lines with or without the argument, so both tests read one run (a run costs 5-15 s)."""
+    folder = tmp_path_factory.mktemp("main_task")
+    script = folder / "main_task.py"
     script.write_text(SCRIPT)
     out = subprocess.run(
-        [sys.executable, str(script), *args],
+        [sys.executable, str(script), "pods"],
         capture_output=True,
         text=True,
         timeout=200,
-        cwd=tmp_path,
+        cwd=folder,
+        # _job_dirs_in_tmp is not set up yet for a module's fixture: its own home, said here.
+        env={**os.environ, "TORCHJOB_HOME": str(folder / "home")},
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.splitlines()
 
 
-def test_task_defined_in_main(tmp_path: Path) -> None:
-    lines = _run_script(tmp_path)
-    assert lines[0] == "ranks [(0, 'main'), (1, 'main')]"
-    assert lines[1] == "error 1 Boom Boom"
+def test_task_defined_in_main(main_script_lines: list[str]) -> None:
+    assert main_script_lines[0] == "ranks [(0, 'main'), (1, 'main')]"
+    assert main_script_lines[1] == "error 1 Boom Boom"
 
 
-def test_task_defined_in_main_on_the_local_engine(tmp_path: Path) -> None:
-    lines = _run_script(tmp_path, "pods")
-    assert "pods [(0, 'pods'), (1, 'pods')]" in lines
+def test_task_defined_in_main_on_the_local_engine(main_script_lines: list[str]) -> None:
+    assert "pods [(0, 'pods'), (1, 'pods')]" in main_script_lines
 
 
 @task(task_config=PyTorch(worker=Worker(replicas=2)))
