@@ -263,7 +263,8 @@ def test_an_interrupted_creation_gives_up_its_clean_up_within_the_bound(
     api: FakeKubeAPI, kubeconfig: str, job_file: Path
 ) -> None:
     """The Service's create and every delete unanswered: after Ctrl-C torchjob waits 30 s in all
-    (not 70 s for the create and two minutes a delete), then names what may be left."""
+    (not 70 s for the create and two minutes a delete), then names what may be left. The create
+    under way takes at most half of it, so the deletes of what was made are sent all the same."""
     with api.hold("POST", r"/services$") as create, api.hold("DELETE", r"") as delete:
         process = cli("run", str(job_file), "--target", "pods", kubeconfig=kubeconfig)
         arrived(api, create, process)

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 CLEANUP_TIMEOUT = 30.0  # seconds for the whole clean-up after an interrupted or refused creation
+# Of those, the most an unanswered create may take: what was made is still deleted in the rest.
+SETTLE_TIMEOUT = 15.0
 POLL = 0.1  # how often a wait looks for Ctrl-C (a wait on an Event does not see it on every Python)
 
 T = TypeVar("T")

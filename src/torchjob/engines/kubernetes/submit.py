@@ -77,7 +77,8 @@ def create_all(
         unsure: list[str] = []
         if under_way is not None and under_way[0] not in created:
             if interrupted:  # Ctrl-C or SIGTERM while a create was under way
-                unsure = _settle(under_way, created, say, deadline)
+                settle_by = min(deadline, time.monotonic() + bounded.SETTLE_TIMEOUT)
+                unsure = _settle(under_way, created, say, settle_by)
             elif not (isinstance(err, ApiError) and 400 <= err.status < 500):
                 created.append(under_way[0])  # no answer, or 5xx: it may have been made (404 if not)
         left, timed_out = _undo(cluster, created, deadline)
@@ -111,7 +112,8 @@ def _settle(
     deadline: float,
 ) -> list[str]:
     """Ctrl-C came while a create was under way: wait for its answer until ``deadline`` (a second
-    Ctrl-C stops waiting), so that what it made is deleted too. What may remain."""
+    Ctrl-C stops waiting; at most SETTLE_TIMEOUT, so that the objects made before it are still
+    deleted within the clean-up's bound), so that what it made is deleted too. What may remain."""
     path, request = under_way
     try:
         if say is not None and not request.done:
