@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from support import container, job_document, job_file, task
+
 REPO = Path(__file__).resolve().parent.parent
 
 SLEEPER = """\
@@ -229,24 +231,6 @@ def _catches_sigterm(pid: int) -> bool:
     return bool(int(mask, 16) & (1 << (signal.SIGTERM - 1)))
 
 
-SLEEPING_JOB = """\
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata: {name: sleepy}
-spec:
-  tasks:
-    - name: main
-      replicas: 1
-      template:
-        spec:
-          restartPolicy: Never
-          containers:
-            - name: main
-              image: local
-              command: ["sleep", "120"]
-"""
-
-
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize(
     "command", [["wait"], ["logs", "-f"], ["status", "--watch"]], ids=["wait", "logs-f", "status-watch"]
@@ -255,8 +239,7 @@ def test_sigterm_ends_a_local_wait_follow_or_watch_as_ctrl_c_does(tmp_path: Path
     """A CI runner stops `torchjob wait`, `logs -f` or `status --watch` with SIGTERM: one line and
     exit 130, as after Ctrl-C, not a silent death by the signal (143); the job itself runs on."""
     env = _env(tmp_path)
-    job = tmp_path / "job.yaml"
-    job.write_text(SLEEPING_JOB)
+    job = job_file(tmp_path, job_document("sleepy", [task("main", [container("main", ["sleep", "120"])])]))
     run = [sys.executable, "-m", "torchjob"]
     started = subprocess.run(
         [*run, "run", "--detach", str(job)], env=env, capture_output=True, text=True, timeout=60
