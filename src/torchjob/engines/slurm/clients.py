@@ -184,27 +184,44 @@ def run(
         if said is not None:
             raise SlurmUnreachable(f"{argv[0]}: {unreachable_message(said)}")
         timeout = max(timeout - (time.monotonic() - began), 0.5)
-    command = [client(argv[0]), *argv[1:]]
+    return finish(start(argv, env), argv[0], timeout, told=given)
+
+
+def start(argv: list[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[str]:
+    """A Slurm client started (its output for :func:`finish`); a SlurmError when it cannot be."""
     logs.debug("slurm: %s", " ".join(argv))
     try:
-        done = subprocess.run(
-            command,
+        return subprocess.Popen(
+            [client(argv[0]), *argv[1:]],
             env=None if env is None else dict(env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             # A session of its own: a Ctrl-C at the terminal (which signals the whole foreground
             # process group) must not end an sbatch half-way or the scancel a first Ctrl-C started.
             start_new_session=True,
         )
-    except subprocess.TimeoutExpired:
-        note_down()
-        raise SlurmUnreachable(f"{argv[0]} did not answer within {given:g} s (is slurmctld up?)") from None
     except OSError as err:
         raise SlurmError(f"cannot run {argv[0]}: {err.strerror or err}") from None
-    return checked(argv[0], done.returncode, done.stdout, done.stderr)
+
+
+def finish(proc: subprocess.Popen[str], name: str, timeout: float, told: float | None = None) -> str:
+    """The output of a client :func:`start` started, within ``timeout`` (``told``: the time said
+    when it is over); else it is killed and a SlurmUnreachable raised."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        note_down()
+        said = timeout if told is None else told
+        raise SlurmUnreachable(f"{name} did not answer within {said:g} s (is slurmctld up?)") from None
+    except BaseException:  # a Ctrl-C: the client goes with the call, as subprocess.run has it
+        proc.kill()
+        proc.wait()
+        raise
+    return checked(name, proc.returncode, out, err)
 
 
 def checked(name: str, code: int, out: str, err: str) -> str:

@@ -62,6 +62,11 @@ def step_limit_from(config: Mapping[str, str]) -> StepLimit:
     return StepLimit(int(value), read=True)
 
 
+def _assumed(why: str) -> StepLimit:
+    """Slurm's default, taken because the cluster's value cannot be read (``why``)."""
+    return StepLimit(MAX_STEP_COUNT, read=False, why=why)
+
+
 def read_step_limit(environ: Mapping[str, str]) -> StepLimit:
     """The running cluster's MaxStepCount, or the default with the reason it is assumed.
 
@@ -71,20 +76,17 @@ def read_step_limit(environ: Mapping[str, str]) -> StepLimit:
     from torchjob import logs
     from torchjob.engines.slurm import clients
 
-    def assumed(why: str) -> StepLimit:
-        return StepLimit(MAX_STEP_COUNT, read=False, why=why)
-
     try:
         if not clients.installed("scontrol"):
-            limit = assumed("scontrol is not on PATH")
+            limit = _assumed("scontrol is not on PATH")
         else:
             clients.check_config(environ)
             if clients.down_recently():
-                limit = assumed("slurmctld does not answer (it did not a moment ago)")
+                limit = _assumed("slurmctld does not answer (it did not a moment ago)")
             else:
                 limit = _asked(environ)
     except clients.SlurmError as err:
-        limit = assumed(str(err))
+        limit = _assumed(str(err))
     if limit.read:
         logs.info("slurm: %s %d (scontrol show config)", KEY, limit.count)
     else:
@@ -96,38 +98,14 @@ def _asked(environ: Mapping[str, str]) -> StepLimit:
     """``scontrol show config`` asked beside ``scontrol ping``, not after it (its round trip, 5-15
     ms, is then off the job's start); the ping still decides, and a read it leaves waiting on a
     slurmctld that does not answer is ended."""
-    import subprocess
-
-    from torchjob import logs
     from torchjob.engines.slurm import clients
 
-    logs.debug("slurm: scontrol show config")  # as clients.run says each call (-v)
-    try:
-        reading = subprocess.Popen(
-            [clients.client("scontrol"), "show", "config"],
-            env=dict(environ),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,  # as every client's (clients.run)
-        )
-    except OSError as failed:
-        raise clients.SlurmError(f"cannot run scontrol: {failed.strerror or failed}") from None
+    reading = clients.start(["scontrol", "show", "config"], environ)
     try:
         said = clients.ping(environ)
         if said is not None:
-            return StepLimit(MAX_STEP_COUNT, read=False, why=f"slurmctld does not answer ({said})")
-        try:
-            out, err = reading.communicate(timeout=READ_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            clients.note_down()
-            raise clients.SlurmUnreachable(
-                f"scontrol did not answer within {READ_TIMEOUT:g} s (is slurmctld up?)"
-            ) from None
-        return step_limit_from(
-            clients.parse_config(clients.checked("scontrol", reading.returncode, out, err))
-        )
+            return _assumed(f"slurmctld does not answer ({said})")
+        return step_limit_from(clients.parse_config(clients.finish(reading, "scontrol", READ_TIMEOUT)))
     finally:
         if reading.poll() is None:
             reading.kill()
