@@ -347,10 +347,11 @@ def _in_cluster_namespace() -> str | None:
 
 
 def list_labelled(
-    cluster: Cluster, path: str, selector: str, doing: str | None = None
+    cluster: Cluster, path: str, selector: str, doing: str | None = None, limit: int | None = None
 ) -> list[dict[str, Any]]:
-    """The objects at collection ``path`` whose labels match ``selector``."""
-    listing = cluster.json("GET", path, query={"labelSelector": selector}, doing=doing or f"list {path}")
+    """The objects at collection ``path`` whose labels match ``selector`` (the first ``limit``)."""
+    query = {"labelSelector": selector, "limit": limit}
+    listing = cluster.json("GET", path, query=query, doing=doing or f"list {path}")
     return list(listing.get("items") or [])
 
 

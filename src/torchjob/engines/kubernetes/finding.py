@@ -79,19 +79,15 @@ def labelled(
 ) -> list[dict[str, Any]]:
     """The objects of one kind labelled as the job's (at most one with ``one``); none where the
     cluster serves no such kind."""
-    query = {"labelSelector": f"{JOB_LABEL}={job}", "limit": 1 if one else None}
+    path = namespaced_path(api_version, plural, namespace)
     try:
-        listing = cluster.json(
-            "GET",
-            namespaced_path(api_version, plural, namespace),
-            query=query,
-            doing=f"list the {plural} of job {job}",
+        return list_labelled(
+            cluster, path, f"{JOB_LABEL}={job}", f"list the {plural} of job {job}", limit=1 if one else None
         )
     except ApiError as err:
         if err.status == 404:
             return []
         raise
-    return list(listing.get("items") or [])
 
 
 def owned(obj: dict[str, Any]) -> bool:
