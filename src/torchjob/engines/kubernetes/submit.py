@@ -77,6 +77,7 @@ def create_all(
         unsure: list[str] = []
         if under_way is not None and under_way[0] not in created:
             if interrupted:  # Ctrl-C or SIGTERM while a create was under way
+                # its answer waited for SETTLE_TIMEOUT at most: the deletes get the rest of the bound
                 settle_by = min(deadline, time.monotonic() + bounded.SETTLE_TIMEOUT)
                 unsure = _settle(under_way, created, say, settle_by)
             elif not (isinstance(err, ApiError) and 400 <= err.status < 500):
@@ -112,8 +113,7 @@ def _settle(
     deadline: float,
 ) -> list[str]:
     """Ctrl-C came while a create was under way: wait for its answer until ``deadline`` (a second
-    Ctrl-C stops waiting; at most SETTLE_TIMEOUT, so that the objects made before it are still
-    deleted within the clean-up's bound), so that what it made is deleted too. What may remain."""
+    Ctrl-C stops waiting), so that what it made is deleted too. What may remain."""
     path, request = under_way
     try:
         if say is not None and not request.done:
