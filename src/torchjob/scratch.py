@@ -15,9 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import stat
-import tempfile
 from pathlib import Path
 
 OWNER = ".owner"
@@ -28,20 +26,52 @@ _held: dict[str, int] = {}  # directory -> its locked .owner, while in use
 def make(prefix: str) -> Path:
     """A new private directory (0700) under the temporary directory, owned by this process until
     :func:`remove`; the abandoned ones of the same prefix are removed first."""
+    import tempfile
+
     sweep(prefix)
     path = tempfile.mkdtemp(prefix=prefix)
+    hold(path)
+    return Path(path)
+
+
+def hold(path: Path | str) -> None:
+    """Lock the new, empty private directory ``path`` for this process, as :func:`make` does."""
     # Locked before it has its name: a sweep never finds an .owner that nobody holds yet.
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(os.path.join(path, _NEW), flags, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.rename(os.path.join(path, _NEW), os.path.join(path, OWNER))
-    _held[path] = fd
-    return Path(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(os.path.join(path, _NEW), os.path.join(path, OWNER))
+    except OSError:
+        os.close(fd)
+        raise
+    _held[str(path)] = fd
 
 
 def remove(path: Path | str) -> None:
     """Remove a directory :func:`make` made (its lock last)."""
+    import shutil  # (here: with its compression modules, 2 ms that a job's start need not pay)
+
     shutil.rmtree(path, ignore_errors=True)
+    release(path)
+
+
+def remove_empty(path: Path | str) -> bool:
+    """Remove a held directory in which nothing but its lock is left, without shutil; False when
+    something else is in it (then :func:`remove` it)."""
+    try:
+        if any(entry.name != OWNER for entry in os.scandir(path)):
+            return False
+        os.unlink(os.path.join(path, OWNER))
+        os.rmdir(path)
+    except OSError:
+        return False
+    release(path)
+    return True
+
+
+def release(path: Path | str) -> None:
+    """Let go of a held directory's lock (it was removed, or is left for a sweep)."""
     fd = _held.pop(str(path), -1)
     if fd >= 0:
         with contextlib.suppress(OSError):
@@ -54,9 +84,13 @@ def forget(path: Path | str) -> None:
     _held.pop(str(path), None)
 
 
-def sweep(prefix: str) -> list[str]:
-    """Remove this user's directories of ``prefix`` whose maker has ended; their paths."""
-    root = tempfile.gettempdir()
+def sweep(prefix: str, root: str | None = None) -> list[str]:
+    """Remove this user's directories of ``prefix`` (in ``root``, else the temporary directory)
+    whose maker has ended; their paths."""
+    if root is None:
+        import tempfile
+
+        root = tempfile.gettempdir()
     removed = []
     try:
         entries = [e.name for e in os.scandir(root) if e.name.startswith(prefix)]
@@ -70,6 +104,8 @@ def sweep(prefix: str) -> list[str]:
         if lock is None:
             continue
         try:
+            import shutil
+
             shutil.rmtree(path, ignore_errors=True)  # (symlinks inside are removed, not followed)
             removed.append(path)
         finally:
