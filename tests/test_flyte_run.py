@@ -9,6 +9,8 @@ never patched; the tests skip where they (or torch) are not installed.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +114,18 @@ def test_the_same_task_on_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
 
 def test_the_kfpytorch_readmes_first_example_runs_as_written() -> None:
     """The README's `PyTorch(worker=Worker(replicas=5))` task, unchanged but for valid flytekit
-    (examples/flyte/kfpytorch_readme.py): 1 master + 5 workers join one gloo group of 6."""
-    done = torchjob("run", "examples/flyte/kfpytorch_readme.py:pytorch_job", timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "torchjob: rank 0 returned 6" in done.stdout, done.stdout
+    (examples/flyte/kfpytorch_readme.py): 1 master + 5 workers join one gloo group of 6. Each
+    rank's flytekit makes a sandbox folder in its temporary directory, which goes with its pod
+    (engines/local/podtemp.py): only the command's own is left in the machine's."""
+    base = Path(tempfile.mkdtemp(prefix="tj-", dir="/tmp"))  # short: see test_local_podtemp.py
+    try:
+        env = {**os.environ, "TMPDIR": str(base)}
+        done = torchjob("run", "examples/flyte/kfpytorch_readme.py:pytorch_job", env=env, timeout=240)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "torchjob: rank 0 returned 6" in done.stdout, done.stdout
+        left = [p.name for p in base.iterdir()]
+        sandboxes = [n for n in left if n.startswith("flyte-")]
+        assert len(sandboxes) == 1, left  # the command's own (before: one a rank besides)
+        assert not [n for n in left if n.startswith(("torchjob-tmp-", "torchelastic_"))], left
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

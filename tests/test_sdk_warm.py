@@ -88,7 +88,7 @@ SCRIPT = textwrap.dedent(
 
 # Set per pod or per job, for programs to read: differ between any two calls, warm or cold.
 PER_CALL = ("TORCHJOB_", "VC_", "VK_")
-PER_CALL_NAMES = {"HOSTNAME", "MASTER_ADDR", "MASTER_PORT", "PATH", "PYTHON_EXEC"}
+PER_CALL_NAMES = {"HOSTNAME", "MASTER_ADDR", "MASTER_PORT", "PATH", "PYTHON_EXEC", "TMPDIR"}
 
 
 def _comparable(env: dict[str, str]) -> dict[str, str]:

@@ -23,6 +23,7 @@ from torchjob.engines.local.containers import ContainerRun, PodSetup, ResolveErr
 from torchjob.engines.local.jobhosts import JobHosts
 from torchjob.engines.local.mounts import make_empty_dirs
 from torchjob.engines.local.network import JobNetwork
+from torchjob.engines.local.podtemp import PodTemp
 from torchjob.engines.local.resolve import resolve_pod
 from torchjob.engines.local.runner import Processes
 from torchjob.engines.local.state import JobDir, make_private_dirs
@@ -94,6 +95,7 @@ class PodFactory:
         self.gpu_shares: Callable[[dict[Key, Any]], dict[Key, gpus.PodEnv]] | None = None
         self.pod_specs: dict[Key, Any] = {}
         self.uids = job_uids(job)  # whose listener wait-for-master may take for the master
+        self.temp = PodTemp()  # each pod attempt's TMPDIR, removed with the job (podtemp.py)
 
     def prepare(
         self, note: Callable[[str], None], record: Callable[[str], None] | None = None
@@ -330,6 +332,9 @@ class PodFactory:
             UIDS_ENV: self.uids if self.net.namespace is None else "",
             **self.volcano_env,
         }
+        temp = self.temp.for_pod(spec)
+        if temp is not None:
+            env["TMPDIR"] = temp
         for declared, host in self.ports.items():
             env[f"TORCHJOB_PORT_{declared}"] = str(host)
         env[process.MARKER] = self.dir.id

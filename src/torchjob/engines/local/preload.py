@@ -60,10 +60,13 @@ REPLY_TIMEOUT = 10.0  # seconds for one fork; the server is then given up on
 # imported: a program that sets one of these itself is warned that the server's value was used.
 IMPORT_TIME_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_", "PYTORCH_", "CUDA_")
 # What the engine (besides its TORCHJOB_* variables) and the plugins set per pod, for programs to
-# read when they run (rendezvous, rank): not the server's, and free to differ between forked pods.
+# read when they run (rendezvous, rank, the pod's TMPDIR): not the server's, and free to differ
+# between forked pods. (TORCHJOB_FINISHED, set per container after the server was chosen, is an
+# engine variable.)
 POD_NAMES = frozenset(
     {"HOSTNAME", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "VC_TASK_INDEX", "VK_TASK_INDEX"}
-)  # TORCHJOB_FINISHED, set per container after the server was chosen, is an engine variable
+    | {"TMPDIR"}
+)
 
 # Set per job for programs to read (Volcano's hosts lists, torchrun's rank interpreter in the job's
 # bin): like POD_NAMES, free to differ between forked containers.

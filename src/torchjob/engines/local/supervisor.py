@@ -97,7 +97,6 @@ class Supervisor:
 
             ticket = Ticket(admission, self.id, job.name)
             self.factory.gpu_shares = ticket.gpu_env  # the GPUs the queue grants the job
-        # The policy is the controller's, each attempt's containers the kubelet's over the runner.
         self.runner = runner.LocalRunner(
             self.factory.make,
             on_group=self.on_group,
@@ -359,6 +358,7 @@ class Supervisor:
         self.stop_pods()
         self.factory.net.close()  # its forwarder first: the sweep below then has one process less to wait for
         self.processes.kill_the_rest()
+        self.factory.temp.remove()  # after the last process: nothing writes there any more
         if self.queue is not None:
             self.queue.release()
         try:

@@ -1,0 +1,102 @@
+"""Each pod's own temporary directory, gone with the job, as a container's /tmp goes with its pod.
+
+On a cluster a container's temporary files (``tempfile``'s, torchrun's ``torchelastic_*``
+folders, flytekit's ``flyte-*`` sandboxes) are written into the container's own file system and
+discarded with it. Local processes share the machine's temporary directory, where every run would
+leave them behind: a flytekit task of 6 pods left 7 folders in /tmp a run. So each pod attempt gets
+a directory of its own as ``TMPDIR`` (a container's own ``TMPDIR`` wins), inside one private
+directory per job in the machine's temporary directory (the user's ``TMPDIR`` is honoured), which
+the supervisor removes once the job's processes are gone. A supervisor killed before that holds
+its lock no more (``scratch.py``), and the next job's end removes the directory.
+
+Short paths on purpose (``/tmp/torchjob-tmp-XXXXXXXXXX/3``): programs make Unix sockets in their
+temporary directory (multiprocessing's ``pymp-*/listener-*``, 32 bytes), and a socket's path may
+not pass 107 bytes; where the machine's temporary directory is too long a path to add ours to
+(:data:`LONGEST`), the pods keep it. A pod that runs as another user (``runAsUser``, torchjob as root) gets none: it could not write
+to a directory of torchjob's user, and keeps the machine's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from torchjob import logs, scratch
+from torchjob.engines.local import security
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
+
+PREFIX = "torchjob-tmp-"
+ATTEMPTS = 10  # random names tried for the job's directory before giving up
+LONGEST = 64  # bytes of a pod's directory: 43 left for what programs make in it
+
+
+def base_dir() -> str:
+    """Where the job's directory is made: ``$TMPDIR`` (or ``$TEMP``, ``$TMP``), else /tmp, as
+    ``tempfile`` would pick; its module (with shutil and random, 2-3 ms) is not imported for it."""
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        value = os.environ.get(name)
+        if value and os.path.isabs(value):
+            return value
+    return "/tmp"
+
+
+class PodTemp:
+    """The job's temporary directories: one per pod attempt, made as pods are made."""
+
+    def __init__(self) -> None:
+        self.root: str | None = None  # made with the first pod's
+        self.pods: list[str] = []
+        self.why_not = ""  # why the pods keep the machine's temporary directory, once known
+
+    def for_pod(self, pod_spec: dict[str, Any]) -> str | None:
+        """A new private directory for one pod attempt; None where the pod keeps the machine's."""
+        if self.why_not or (os.geteuid() == 0 and security.other_users([pod_spec])):
+            return None
+        try:
+            if self.root is None:
+                self.root = _new_root()
+            path = os.path.join(self.root, str(len(self.pods)))
+            os.mkdir(path, 0o700)
+            os.chmod(path, 0o700)  # (a umask like 0o277 would have taken bits off)
+        except OSError as err:
+            self.why_not = f"no temporary directory of the job's own: {err.strerror or err}"
+            logs.debug("pods keep the machine's temporary directory: %s", self.why_not)
+            return None
+        self.pods.append(path)
+        return path
+
+    def remove(self) -> None:
+        """Remove the job's directories (its processes are gone), and those that supervisors
+        killed before their job's end left."""
+        if self.root is not None:
+            for path in self.pods:  # most programs remove what they made: nothing is left
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+            if not scratch.remove_empty(self.root):
+                scratch.remove(self.root)
+            self.root = None
+        scratch.sweep(PREFIX, base_dir())
+
+
+def _new_root() -> str:
+    """A new private directory of the job's in :func:`base_dir`, locked for this process."""
+    base = base_dir()
+    if len(os.fsencode(base)) + len(f"/{PREFIX}{'x' * 10}/9999") > LONGEST:
+        raise OSError(f"{base}: too long a path to add one for the sockets that programs make there")
+    for _ in range(ATTEMPTS):
+        path = os.path.join(base, PREFIX + os.urandom(5).hex())
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        try:
+            os.chmod(path, 0o700)
+            scratch.hold(path)
+        except OSError:
+            os.rmdir(path)
+            raise
+        return path
+    raise FileExistsError(f"{ATTEMPTS} names taken in {base}")
