@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import flytekit
 from flytekit import conditional, dynamic, task, workflow
+from flytekit.types.file import FlyteFile
 from flytekitplugins.kfpytorch import Elastic, PyTorch, Worker
 
 
@@ -104,3 +106,24 @@ def pipeline(scale: int, elastic: bool) -> int:
 @dynamic
 def pipeline_dynamic(scale: int) -> int:
     return plain(report=allreduce_pytorch(scale=scale))
+
+
+@task(task_config=PyTorch(worker=Worker(replicas=1)))
+def rank_file(scale: int) -> FlyteFile:
+    """A file each rank writes in flytekit's working directory (in its pod's temporary directory):
+    rank 0's comes back, copied by flytekit in the caller once the job has ended."""
+    path = os.path.join(flytekit.current_context().working_directory, "rank.txt")
+    with open(path, "w") as out:
+        out.write(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}, scale {scale}\n")
+    return FlyteFile(path)
+
+
+@task
+def read_back(file: FlyteFile) -> str:
+    with open(file) as handle:
+        return handle.read()
+
+
+@workflow
+def file_pipeline(scale: int) -> str:
+    return read_back(file=rank_file(scale=scale))

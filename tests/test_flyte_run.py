@@ -84,6 +84,23 @@ def test_torchjob_run_of_a_workflow_takes_pyflyte_run_arguments() -> None:
     assert "rendezvous: 2/2 nodes joined" in done.stderr
 
 
+def test_a_file_a_rank_returns_outlives_its_pods_temporary_directory() -> None:
+    """A FlyteFile in rank 0's working directory (in its pod's TMPDIR, engines/local/podtemp.py) is
+    read by flytekit in the caller after the job has ended: the pods' temporary directories go
+    only when the calling process exits, and then nothing of them is left."""
+    base = Path(tempfile.mkdtemp(prefix="tj-", dir="/tmp"))  # short: see test_local_podtemp.py
+    try:
+        env = {**os.environ, "TMPDIR": str(base)}
+        done = torchjob("run", f"{TASKS}:file_pipeline", "--scale", "3", env=env, timeout=240)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "torchjob: workflow file_pipeline returned 'rank 0 of 2, scale 3\\n'" in done.stdout, (
+            done.stdout
+        )
+        assert not [p.name for p in base.iterdir() if p.name.startswith("torchjob-tmp-")]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_the_readme_example_rewritten_in_flytekit_runs_both_ways(capfd: pytest.CaptureFixture[str]) -> None:
     """examples/flyte/adaptive_training.py: conditional picks 2 nodes x 2 processes (local-engine
     pods, each an elastic agent) or one process called directly."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from support import container, job_dir, job_file, leftovers, log_text, make_job, run, task, wait_until
+from torchjob.engine_api.base import ThisProcess
 from torchjob.engines.local.podtemp import PREFIX
 
 pytestmark = pytest.mark.timeout(120)
@@ -33,6 +34,13 @@ REPORT = (
     "print('made', made)\n"
     "print('mode', oct(stat.S_IMODE(os.stat(home).st_mode)) if home else '-')\n"
 )
+
+
+@pytest.fixture(autouse=True)
+def _removed_at_the_jobs_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As for ``torchjob run``: an SDK call earlier in this process would keep them to its exit
+    (test_flyte_run.py shows that)."""
+    monkeypatch.setattr(ThisProcess, "reads_pod_files", False)
 
 
 @pytest.fixture

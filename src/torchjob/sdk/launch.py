@@ -198,12 +198,15 @@ def _importable(module: str) -> bool:
 
 
 def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    from torchjob.engine_api.base import EngineError, StartOptions
+    from torchjob.engine_api.base import EngineError, StartOptions, ThisProcess
     from torchjob.engine_api.registry import DEFAULT_ENGINE, engine_info, get_engine
     from torchjob.sdk.tojob import build_job, job_name
     from torchjob.sdk.watch import JobWatcher
 
     config = task.task_config
+    # The value may name a file in a rank's temporary directory (a flytekit FlyteFile, copied once
+    # flytekit here converts it): the engine keeps those directories until this process exits.
+    ThisProcess.reads_pod_files = True
     work = scratch.make(SCRATCH)  # the pickled arguments: a killed caller's are removed by the next call
     holds_pool = False
     try:

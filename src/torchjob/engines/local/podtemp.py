@@ -6,22 +6,25 @@ discarded with it. Local processes share the machine's temporary directory, wher
 leave them behind: a flytekit task of 6 pods left 7 folders in /tmp a run. So each pod attempt gets
 a directory of its own as ``TMPDIR`` (a container's own ``TMPDIR`` wins), inside one private
 directory per job in the machine's temporary directory (the user's ``TMPDIR`` is honoured), which
-the supervisor removes once the job's processes are gone. A supervisor killed before that holds
-its lock no more (``scratch.py``), and the next job's end removes the directory.
+the supervisor removes once the job's processes are gone (in a process that reads what the pods
+left, an SDK caller, when it exits: ``ThisProcess.reads_pod_files``). A supervisor killed before
+that holds its lock no more (``scratch.py``), and the next job's end removes the directory.
 
 Short paths on purpose (``/tmp/torchjob-tmp-XXXXXXXXXX/3``): programs make Unix sockets in their
 temporary directory (multiprocessing's ``pymp-*/listener-*``, 32 bytes), and a socket's path may
 not pass 107 bytes; where the machine's temporary directory is too long a path to add ours to
-(:data:`LONGEST`), the pods keep it. A pod that runs as another user (``runAsUser``, torchjob as root) gets none: it could not write
-to a directory of torchjob's user, and keeps the machine's.
+(:data:`LONGEST`), the pods keep it. A pod that runs as another user (``runAsUser``, torchjob as
+root) gets none: it could not write to a directory of torchjob's user, and keeps the machine's.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 
 from torchjob import logs, scratch
+from torchjob.engine_api.base import ThisProcess
 from torchjob.engines.local import security
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -70,15 +73,31 @@ class PodTemp:
 
     def remove(self) -> None:
         """Remove the job's directories (its processes are gone), and those that supervisors
-        killed before their job's end left."""
-        if self.root is not None:
-            for path in self.pods:  # most programs remove what they made: nothing is left
-                with contextlib.suppress(OSError):
-                    os.rmdir(path)
-            if not scratch.remove_empty(self.root):
-                scratch.remove(self.root)
-            self.root = None
+        killed before their job's end left; in a process that reads the pods' files, at its exit."""
+        if self.root is not None and ThisProcess.reads_pod_files:
+            if not _at_exit:
+                atexit.register(_remove_at_exit)
+            _at_exit.append((self.root, self.pods))
+        elif self.root is not None:
+            _remove(self.root, self.pods)
+        self.root = None
         scratch.sweep(PREFIX, base_dir())
+
+
+_at_exit: list[tuple[str, list[str]]] = []  # the jobs' directories this process removes as it exits
+
+
+def _remove(root: str, pods: list[str]) -> None:
+    for path in pods:  # most programs remove what they made: nothing is left
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+    if not scratch.remove_empty(root):
+        scratch.remove(root)
+
+
+def _remove_at_exit() -> None:
+    while _at_exit:
+        _remove(*_at_exit.pop())
 
 
 def _new_root() -> str:
