@@ -8,6 +8,7 @@ machine's temporary directory is seen exactly, whatever else runs beside the sui
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -165,3 +166,22 @@ def test_pods_keep_a_temporary_directory_too_long_to_add_theirs_to(
     assert result.ok, result.reason
     seen = _seen(log_text(result, "a-0", "c"))
     assert seen["tmpdir"] == str(long) and Path(seen["made"]).parent == long
+
+
+def test_a_pod_run_as_another_user_keeps_the_machines(
+    tmp_path: Path, base: Path, monkeypatch: pytest.MonkeyPatch, other_user: pwd.struct_passwd
+) -> None:
+    """As root, a pod whose process runs as another user could not write to a directory of
+    root's: it gets none of its own; the machine's temporary directory (here a sticky one, as
+    /tmp is) serves it, and its other pods still get theirs."""
+    base.chmod(0o1777)
+    monkeypatch.setenv("TMPDIR", str(base))
+    script = 'echo "tmpdir ${TMPDIR:-unset}"; echo "made $(mktemp -d)"'
+    theirs = container("c", ["sh", "-c", script], securityContext={"runAsUser": other_user.pw_uid})
+    ours = container("c", ["python", "-c", REPORT])
+    job = make_job("usertemp", [task("them", [theirs]), task("us", [ours])])
+    result = run(job, tmp_path, timeout=60)
+    assert result.ok, result.reason
+    seen = _seen(log_text(result, "them-0", "c"))
+    assert seen["tmpdir"] == str(base) and Path(seen["made"]).parent == base
+    assert Path(_seen(log_text(result, "us-0", "c"))["tmpdir"]).parent.parent == base
