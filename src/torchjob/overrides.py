@@ -81,13 +81,13 @@ def _containers(spec: dict[str, Any], kinds: tuple[str, ...]) -> list[dict[str, 
     return found
 
 
-def _split(assignment: str) -> tuple[str, str, str]:
-    """``--set NAME.FIELD=VALUE`` as (NAME, FIELD, VALUE); NAME is "" for a job's field."""
+def _split(assignment: str) -> tuple[str | None, str, str]:
+    """``--set NAME.FIELD=VALUE`` as (NAME, FIELD, VALUE); NAME is None for a job's field."""
     target, sep, text = assignment.partition("=")
     if not sep or not target:
         raise _bad("--set", f"expected TASK.FIELD=VALUE or FIELD=VALUE, got {assignment!r}")
-    task_name, _, name = target.rpartition(".")
-    return task_name, name, text
+    task_name, dot, name = target.rpartition(".")
+    return (task_name if dot else None), name, text
 
 
 def _apply_set(spec: dict[str, Any], assignment: str, kind: Translation | None) -> tuple[str, str]:
@@ -96,7 +96,7 @@ def _apply_set(spec: dict[str, Any], assignment: str, kind: Translation | None) 
     option = f"--set {assignment}"
     task_name, name, text = _split(assignment)
     value = _scalar(text)
-    if not task_name and "." not in assignment.partition("=")[0]:
+    if task_name is None:
         if name not in JOB_FIELDS:
             raise _bad("--set", f"{name!r}: the job fields that can be set are {', '.join(JOB_FIELDS)}")
         spec[name] = value
@@ -129,7 +129,7 @@ def _apply_kind_sets(loaded: LoadedJob, sets: list[str]) -> tuple[LoadedJob, lis
     rest: list[str] = []
     for assignment in sets:
         task_name, name, _ = _split(assignment)
-        keys = kind_field(kind, task_name, name) if task_name else None
+        keys = kind_field(kind, task_name, name) if task_name is not None else None
         if keys is None:
             rest.append(assignment)
         else:
