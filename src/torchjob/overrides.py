@@ -4,7 +4,7 @@
   ``maxRetry``, or the job's ``minAvailable``, ``maxRetry`` or ``queue``. Values are read as YAML
   scalars (``4`` is a number) and the job is then checked like any file. A PyTorchJob, TrainJob or
   JobSet also takes its own names and fields (``Worker.replicas=4``, ``workers.replicas=2``,
-  ``trainer.numNodes=4``: spec/kinds/sets.py), set in its document, which is read again.
+  ``trainer.numNodes=4``: spec/kinds/overrides.py), set in its document, which is read again.
 * ``--workdir DIR``: the working directory of every container that has none.
 * ``--workdir CONTAINER_DIR=DIR`` (CONTAINER_DIR absolute): as if DIR were mounted there; a
   ``workingDir`` at or below CONTAINER_DIR, and each ``command``/``args`` item that names a path
@@ -32,7 +32,7 @@ from torchjob.spec.units import parse_int
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torchjob.spec.kinds.sets import Keys
+    from torchjob.spec.kinds.overrides import Keys
     from torchjob.spec.kinds.translation import Translation
 
 COMMAND_LINE = "<command line>"
@@ -104,11 +104,11 @@ def _apply_set(spec: dict[str, Any], assignment: str, kind: Translation | None) 
     tasks = [t for t in spec.get("tasks") or [] if isinstance(t, dict)]
     names = [str(t.get("name")) for t in tasks]
     if kind is not None:
-        from torchjob.spec.kinds import sets as kind_sets
+        from torchjob.spec.kinds import overrides as kind_words
 
-        wanted = kind_sets.task_name(kind, task_name)
+        wanted = kind_words.task_name(kind, task_name)
         if name not in TASK_FIELDS or wanted not in names:
-            raise _bad("--set", kind_sets.no_such(kind, task_name, name, names))
+            raise _bad("--set", kind_words.no_such(kind, task_name, name, names))
         task_name = wanted
     if name not in TASK_FIELDS:
         raise _bad("--set", f"{name!r}: the task fields that can be set are {', '.join(TASK_FIELDS)}")
@@ -119,10 +119,10 @@ def _apply_set(spec: dict[str, Any], assignment: str, kind: Translation | None) 
     raise _bad("--set", f"the job has no task {task_name!r} (tasks: {', '.join(names) or 'none'})")
 
 
-def _apply_kind_sets(loaded: LoadedJob, sets: list[str]) -> tuple[LoadedJob, list[str]]:
-    """The ``--set``s of a kind's own fields (spec/kinds/sets.py), made in its document, which is
+def _apply_kind_words(loaded: LoadedJob, sets: list[str]) -> tuple[LoadedJob, list[str]]:
+    """The ``--set``s of a kind's own fields (spec/kinds/overrides.py), made in its document, which is
     read again; returns the job and the other ``--set``s, for the Volcano Job it became."""
-    from torchjob.spec.kinds.sets import kind_field, path_of, put
+    from torchjob.spec.kinds.overrides import kind_field, path_of, put
 
     kind: Translation = loaded.document.origin
     own: list[tuple[Keys, str]] = []
@@ -228,7 +228,7 @@ def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
     sets = overrides.sets
     kind = loaded.document.origin
     if kind is not None and sets:
-        loaded, sets = _apply_kind_sets(loaded, sets)
+        loaded, sets = _apply_kind_words(loaded, sets)
         kind = loaded.document.origin
         if not (sets or overrides.workdir is not None or overrides.env or overrides.program_args):
             return loaded  # still the kind's own object, as read with the changes

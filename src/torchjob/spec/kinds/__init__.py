@@ -10,7 +10,7 @@ controller's own rules, and writes the Volcano Job that behaves as that controll
 pods it makes (their names, labels and env, through the controller's plugin: ``kubeflow``,
 ``trainer``, ``jobset``), and its restart and success rules as Volcano policies. What the
 controller does that a run here does not is a warning (``validate --local``). ``run --set`` speaks
-the kind's names (``sets.py``).
+the kind's names (``overrides.py``).
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ The names a user of the kind knows, and the fields of the kind they set:
 - a TrainJob's trainer: ``trainer.numNodes=4``, ``trainer.numProcPerNode=2``; its nodes' task
   (``node-0.replicas``, the Volcano Job's word for them) is its ``numNodes`` too.
 
-Such a change is made to the kind's document, which is then read again (overrides.py), so the
-pods, their env and the job's size follow it as they follow the file. The tasks of the Volcano Job
-the kind became still take ``replicas``, ``minAvailable`` and ``maxRetry`` (``workers-0.maxRetry``),
-and a replica type names its task there (``Worker.maxRetry``).
+Such a change is made to the kind's document, which is then read again (torchjob/overrides.py),
+so the pods, their env and the job's size follow it as they follow the file. The tasks of the
+Volcano Job the kind became still take ``replicas``, ``minAvailable`` and ``maxRetry``
+(``workers-0.maxRetry``), and a replica type names its task there (``Worker.maxRetry``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 REPLICA_FIELDS = ("replicas",)
 RJOB_FIELDS = ("replicas", "parallelism", "completions")
 TRAINER_FIELDS = ("numNodes", "numProcPerNode")
-TASK_FIELDS = ("replicas", "minAvailable", "maxRetry")  # the Volcano Job's (overrides.py)
+TASK_FIELDS = ("replicas", "minAvailable", "maxRetry")  # the Volcano Job's (torchjob/overrides.py)
 
 
 def _replica_types(tr: Translation) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""``run --set`` on a PyTorchJob, TrainJob or JobSet in the kind's own words (spec/kinds/sets.py):
+"""``run --set`` on a PyTorchJob, TrainJob or JobSet in the kind's own words (spec/kinds/overrides.py):
 its replica types, replicated jobs and trainer fields are set in its document, which is read again,
 so the job is the one the file so written gives (its pods, their env, its size); its mistakes are
 the option's, at the kind's field; an unknown name is told with the kind's names. What worked
