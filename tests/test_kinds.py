@@ -380,9 +380,9 @@ def test_validate_local_lists_what_runs_otherwise_here(tmp_path: Path) -> None:
 def test_set_changes_a_kinds_job_and_its_mistakes_keep_the_kinds_paths(tmp_path: Path) -> None:
     done = _cli(KINDS, "run", "--dry-run", "pytorchjob.yaml", "--set", "worker.replicas=x")
     assert done.returncode == 2
-    assert (
-        "pytorchjob.yaml:25: spec.pytorchReplicaSpecs.Worker.replicas: expected an integer, got string "
-        "'x' (after --set worker.replicas=x)" in done.stderr
+    assert done.stderr == (
+        "<command line>: spec.pytorchReplicaSpecs.Worker.replicas: --set worker.replicas=x: expected an "
+        "integer, got string 'x'\n"
     )
     done = _cli(tmp_path, "run", "--dry-run", str(KINDS / "trainjob.yaml"), "--set", "node-0.replicas=3")
     assert done.returncode == 0, done.stderr

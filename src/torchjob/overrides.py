@@ -2,7 +2,9 @@
 
 * ``--set TASK.FIELD=VALUE`` / ``--set FIELD=VALUE``: a task's ``replicas``, ``minAvailable`` or
   ``maxRetry``, or the job's ``minAvailable``, ``maxRetry`` or ``queue``. Values are read as YAML
-  scalars (``4`` is a number) and the job is then checked like any file.
+  scalars (``4`` is a number) and the job is then checked like any file. A PyTorchJob, TrainJob or
+  JobSet also takes its own names and fields (``Worker.replicas=4``, ``workers.replicas=2``,
+  ``trainer.numNodes=4``: spec/kinds/overrides.py), set in its document, which is read again.
 * ``--workdir DIR``: the working directory of every container that has none.
 * ``--workdir CONTAINER_DIR=DIR`` (CONTAINER_DIR absolute): as if DIR were mounted there; a
   ``workingDir`` at or below CONTAINER_DIR, and each ``command``/``args`` item that names a path
@@ -27,6 +29,11 @@ from torchjob.jobs import LoadedJob, check_document
 from torchjob.records import field, record
 from torchjob.spec.source import Document
 from torchjob.spec.units import parse_int
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torchjob.spec.kinds.overrides import Keys
+    from torchjob.spec.kinds.translation import Translation
 
 COMMAND_LINE = "<command line>"
 TASK_FIELDS = ("replicas", "minAvailable", "maxRetry")
@@ -74,28 +81,79 @@ def _containers(spec: dict[str, Any], kinds: tuple[str, ...]) -> list[dict[str, 
     return found
 
 
-def _apply_set(spec: dict[str, Any], assignment: str) -> tuple[str, str]:
-    """One ``--set``; returns the field path it wrote and the option as given."""
-    option = f"--set {assignment}"
+def _split(assignment: str) -> tuple[str | None, str, str]:
+    """``--set NAME.FIELD=VALUE`` as (NAME, FIELD, VALUE); NAME is None for a job's field."""
     target, sep, text = assignment.partition("=")
     if not sep or not target:
         raise _bad("--set", f"expected TASK.FIELD=VALUE or FIELD=VALUE, got {assignment!r}")
     task_name, dot, name = target.rpartition(".")
+    return (task_name if dot else None), name, text
+
+
+def _apply_set(spec: dict[str, Any], assignment: str, kind: Translation | None) -> tuple[str, str]:
+    """One ``--set``; returns the field path it wrote and the option as given. ``kind``: the
+    PyTorchJob, TrainJob or JobSet the job was read from, whose names its tasks answer to."""
+    option = f"--set {assignment}"
+    task_name, name, text = _split(assignment)
     value = _scalar(text)
-    if not dot:
+    if task_name is None:
         if name not in JOB_FIELDS:
             raise _bad("--set", f"{name!r}: the job fields that can be set are {', '.join(JOB_FIELDS)}")
         spec[name] = value
         return f"spec.{name}", option
+    tasks = [t for t in spec.get("tasks") or [] if isinstance(t, dict)]
+    names = [str(t.get("name")) for t in tasks]
+    if kind is not None:
+        from torchjob.spec.kinds import overrides as kind_words
+
+        wanted = kind_words.task_name(kind, task_name)
+        if name not in TASK_FIELDS or wanted not in names:
+            raise _bad("--set", kind_words.no_such(kind, task_name, name, names))
+        task_name = wanted
     if name not in TASK_FIELDS:
         raise _bad("--set", f"{name!r}: the task fields that can be set are {', '.join(TASK_FIELDS)}")
-    tasks = [t for t in spec.get("tasks") or [] if isinstance(t, dict)]
     for index, task in enumerate(spec.get("tasks") or []):
         if isinstance(task, dict) and task.get("name") == task_name:
             task[name] = value
             return f"spec.tasks[{index}].{name}", option
-    names = ", ".join(str(t.get("name")) for t in tasks) or "none"
-    raise _bad("--set", f"the job has no task {task_name!r} (tasks: {names})")
+    raise _bad("--set", f"the job has no task {task_name!r} (tasks: {', '.join(names) or 'none'})")
+
+
+def _apply_kind_words(loaded: LoadedJob, sets: list[str]) -> tuple[LoadedJob, list[str]]:
+    """The ``--set``s of a kind's own fields (spec/kinds/overrides.py), made in its document, which is
+    read again; returns the job and the other ``--set``s, for the Volcano Job it became."""
+    from torchjob.spec.kinds.overrides import kind_field, path_of, put
+
+    kind: Translation = loaded.document.origin
+    own: list[tuple[Keys, str]] = []
+    rest: list[str] = []
+    for assignment in sets:
+        task_name, name, _ = _split(assignment)
+        keys = kind_field(kind, task_name, name) if task_name is not None else None
+        if keys is None:
+            rest.append(assignment)
+        else:
+            own.append((keys, assignment))
+    if not own:
+        return loaded, sets
+    source = kind.source
+    data = copy.deepcopy(source.data)
+    for keys, assignment in own:
+        put(data, keys, _scalar(_split(assignment)[2]))
+    document = Document(
+        data=data,
+        file=source.file,
+        lines=source.lines,
+        index=source.index,
+        total=source.total,
+        prefix=source.prefix,
+    )
+    job, problems = check_document(document, kind.runtimes)
+    if job is None or job.kind is None or job.kind.document is None:
+        written = {document.problem(path_of(keys), "").path: f"--set {a}" for keys, a in own}
+        options = ", ".join(written.values())
+        raise SpecError(_blame(p, written, {}, options) for p in problems)
+    return LoadedJob(job, job.kind.document), rest
 
 
 def _apply_workdir(spec: dict[str, Any], text: str) -> None:
@@ -167,12 +225,26 @@ def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
     """``loaded`` with the overrides made and checked again; SpecError naming the option at fault."""
     if not overrides:
         return loaded
+    sets = overrides.sets
+    kind = loaded.document.origin
+    if kind is not None and sets:
+        loaded, sets = _apply_kind_words(loaded, sets)
+        kind = loaded.document.origin
+        if not (sets or overrides.workdir is not None or overrides.env or overrides.program_args):
+            return loaded  # still the kind's own object, as read with the changes
     data = copy.deepcopy(loaded.document.data)
     spec = data.setdefault("spec", {}) if isinstance(data, dict) else {}
     written: dict[str, str] = {}
-    for assignment in overrides.sets:
-        path, option = _apply_set(spec, assignment)
+    for assignment in sets:
+        path, option = _apply_set(spec, assignment, kind)
         written[path] = option
+    if (
+        kind is not None
+        and any(p.endswith(".replicas") for p in written)
+        and "spec.minAvailable" not in written
+    ):
+        # the kind's minAvailable is torchjob's (all its pods), not the user's: it follows the tasks
+        spec.pop("minAvailable", None)
     if overrides.workdir is not None:
         _apply_workdir(spec, overrides.workdir)
     _apply_env(spec, overrides.env)
@@ -197,5 +269,7 @@ def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
         # wrote is the option's; a minAvailable that a --set ...replicas broke names the --set that
         # fixes it; any other says which options it follows.
         options = ", ".join(written.values()) or "the command line's changes"
+        if kind is not None:  # a kind's problems are told at its own paths
+            written = {document.problem(path, "").path: option for path, option in written.items()}
         raise SpecError(_blame(p, written, spec, options) for p in problems)
     return LoadedJob(job, document)

@@ -9,7 +9,8 @@ understand), and that target renders it; each thing the target expresses otherwi
 
 - Roles: a PyTorchJob's Master and Worker; a TrainJob's nodes (node 0 the master); a JobSet's
   pods when their env points ``MASTER_ADDR`` at one of them (the set's first pod, or a one-pod
-  replicated job); other JobSets have no master, and the targets that need one say so.
+  replicated job, whose workers' Jobs are one task where that changes no pod: setworkers.py);
+  other JobSets have no master, and the targets that need one say so.
 - The launch: a PyTorchJob or TrainJob gives torchrun its rendezvous through ``PET_*``; where the
   target sets none, a torchrun command gets those settings as its flags (target_api/torchrun.py);
   a TrainJob runs torchrun itself, so for ``trainjob`` the command is the program torchrun starts.

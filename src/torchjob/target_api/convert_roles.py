@@ -191,6 +191,10 @@ def _jobset(c: Conversion) -> None:
         others = [str(t["name"]) for t in tasks if t["name"] != name]
         wired = [t for t in others if _names_master(c, t, name)]
         worker = others[0] if len(others) == 1 else wired[0] if len(wired) == 1 else None
+        if worker is None and len(wired) == len(others):  # the Jobs of one replicated job?
+            from torchjob.target_api.setworkers import merge
+
+            worker = merge(c, name, others, _only_wiring)
         if worker is None and others:  # no one task of workers: the pytorch roles cannot say it
             return
     for task in c.tasks():

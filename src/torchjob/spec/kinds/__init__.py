@@ -9,7 +9,8 @@ A reader checks the document against its CRD's schema (``schemas/kinds.json``) a
 controller's own rules, and writes the Volcano Job that behaves as that controller would: the
 pods it makes (their names, labels and env, through the controller's plugin: ``kubeflow``,
 ``trainer``, ``jobset``), and its restart and success rules as Volcano policies. What the
-controller does that a run here does not is a warning (``validate --local``).
+controller does that a run here does not is a warning (``validate --local``). ``run --set`` speaks
+the kind's names (``overrides.py``).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def translate(document: Document, runtimes: Runtimes | None = None) -> Translati
 
     api, kind = kind_of(document.data)
     module, target = JOB_KINDS[(api, kind)]
-    translation = Translation(document, kind, api, target)
+    translation = Translation(document, kind, api, target, runtimes=runtimes)
     reader = importlib.import_module(module)
     reader.read(translation, runtimes)
     return translation

@@ -33,6 +33,17 @@ if TYPE_CHECKING:
     from torchjob.spec.kinds.translation import Translation
 
 DEFAULT_BACKOFF_LIMIT = 6  # batch/v1
+# A Job's fields the API server refuses below 0 (batch/v1 validateJobSpec): JobSet's webhook lets
+# them through, and the Job it then creates is refused, so the set never runs.
+NONNEGATIVE = (
+    "parallelism",
+    "completions",
+    "activeDeadlineSeconds",
+    "backoffLimit",
+    "backoffLimitPerIndex",
+    "maxFailedIndexes",
+    "ttlSecondsAfterFinished",
+)
 
 
 def read(tr: Translation, runtimes: Any = None) -> None:
@@ -141,6 +152,12 @@ def _rjob_tasks(
             where, path = place(f"{base}.template.spec.{key}")
             warn(tr, where, path, words)
     count = integer(rjob.get("replicas"), 1) or 0  # within bounds (setsize.py)
+    for key in NONNEGATIVE if count else ():  # no Job is made of a replicated job of 0 replicas
+        value = integer(job_spec.get(key))
+        where, path = place(f"{base}.template.spec.{key}")
+        if value is not None and value < 0 and not tr.broken(path):
+            message = f"expected an integer >= 0, got {value} (the API server refuses such a Job)"
+            add(tr, where, path, message)
     limit = integer(job_spec.get("backoffLimit"), DEFAULT_BACKOFF_LIMIT)
     given = job_spec.get("template")
     where, path = place(f"{base}.template.spec.template")

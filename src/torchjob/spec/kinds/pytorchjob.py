@@ -196,6 +196,7 @@ def _run_policy(tr: Translation, spec: dict[str, Any], run: dict[str, Any]) -> N
         spec["ttlSecondsAfterFinished"] = ttl
         tr.route("spec.ttlSecondsAfterFinished", "spec.runPolicy.ttlSecondsAfterFinished")
     deadline = integer(run.get("activeDeadlineSeconds"))
+    _bounds(tr, run)
     # What a target says of the run policy (run_policy.*) is said of these fields.
     tr.route("run_policy.active_deadline_seconds", "spec.runPolicy.activeDeadlineSeconds", whole=True)
     tr.route("run_policy.clean_pod_policy", "spec.runPolicy.cleanPodPolicy", whole=True)
@@ -218,6 +219,19 @@ def _run_policy(tr: Translation, spec: dict[str, Any], run: dict[str, Any]) -> N
             "the operator creates no pod of a suspended job until it is resumed; here it runs",
         )
     _add_default_ports(spec)
+
+
+def _bounds(tr: Translation, run: dict[str, Any]) -> None:
+    """What the operator makes of a run policy's numbers below their bounds: neither its CRD nor
+    its webhook refuses them, but the job fails at once (core.PastBackoffLimit: 0 restarts already
+    reach a negative limit; PastActiveDeadline: a deadline of 0 or less has passed as it starts)."""
+    for key, least, why in (
+        ("backoffLimit", 0, "a negative limit fails the job before the operator makes a pod"),
+        ("activeDeadlineSeconds", 1, "the operator fails the job as soon as it starts"),
+    ):
+        value, path = integer(run.get(key)), f"spec.runPolicy.{key}"
+        if value is not None and value < least and not tr.broken(path):
+            tr.add(path, f"expected an integer >= {least}, got {value} ({why})")
 
 
 def _flags(

@@ -90,7 +90,8 @@ def failure(
                 task.setdefault("policies", []).append(restart_job_on(event))
                 restarts = True
     if isinstance(policy, dict):
-        max_restarts = integer(policy.get("maxRestarts"), 0) or 0
+        # JobSet fails the set once its restarts reach maxRestarts: a negative one acts as 0
+        max_restarts = max(integer(policy.get("maxRestarts"), 0) or 0, 0)
         spec["maxRetry"] = min(max_restarts + 1, INT32_MAX) if restarts else 1
         where, path = place("failurePolicy.maxRestarts")
         tr.route("spec.maxRetry", path, where, whole=True)

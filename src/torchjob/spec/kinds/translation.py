@@ -51,6 +51,7 @@ class Translation:
     elsewhere: list[Problem] = field(default_factory=list)
     typed: list[str] = field(default_factory=list)  # paths the schema refused
     complete: bool = True  # False: no Volcano Job could be made (a TrainJob's runtime is missing)
+    runtimes: Any = None  # those it was read with: the document changed (--set) is read with them
 
     # --------------------------------------------------------------- building
 
