@@ -209,6 +209,7 @@ else:
     assert peer.item() == 42.0, peer
 print("gloo ok", rank, os.environ["MASTER_ADDR"], flush=True)
 print("namespaces", os.readlink("/proc/self/ns/mnt"), os.readlink("/proc/self/ns/user"), flush=True)
+print("hostname", __import__("socket").gethostname(), os.uname().nodename, flush=True)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -224,7 +225,7 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(
     if user_namespace:  # the path a user who is not root takes, also when the tests run as root
         of = podnames.HostsMount.of
         monkeypatch.setattr(
-            podnames.HostsMount, "of", lambda source: records.replace(of(source), alone=False)
+            podnames.HostsMount, "of", lambda source, **kw: records.replace(of(source, **kw), alone=False)
         )
     elif os.geteuid() != 0:
         pytest.skip("without root every job takes the user-namespace path")
@@ -254,6 +255,43 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(
     mnt, user = line.split()[1:]
     assert mnt != os.readlink("/proc/self/ns/mnt")  # the container had a mount namespace of its own
     assert (user != os.readlink("/proc/self/ns/user")) == (user_namespace or os.geteuid() != 0)
+    # each its pod's host name, as in a pod (a UTS namespace of its own); the machine's unchanged
+    assert "hostname gloo-master-0 gloo-master-0" in logs["gloo-master-0"]
+    assert "hostname gloo-worker-0 gloo-worker-0" in logs["gloo-worker-0"]
+    assert socket.gethostname() not in ("gloo-master-0", "gloo-worker-0")
+    assert leftovers(result.id) == []
+
+
+C10D = "torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-id=c --rdzv-endpoint={} {}"
+
+
+@pytest.mark.torch
+@pytest.mark.usefixtures("names_work")
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_torchruns_c10d_rendezvous_is_hosted_by_the_pod_the_endpoint_names(tmp_path: Path) -> None:
+    """torchrun's c10d backend hosts its store in the agent whose host name is the endpoint's
+    (the master's, $MASTER_ADDR): with the machine's host name in every pod no agent did, and the
+    job hung until the rendezvous timed out."""
+    script = tmp_path / "gloo.py"
+    script.write_text(GLOO)
+    command = C10D.format("$MASTER_ADDR:$MASTER_PORT", script)
+    job = make_job(
+        "rdzv",
+        [
+            task("master", [container("m", ["sh", "-c", command])]),
+            task("worker", [container("w", ["sh", "-c", command])]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker"]},
+    )
+    result = run(job, tmp_path, timeout=80)
+    logs = {
+        p.name: (log_dir(result, p) / ("m.log" if "master" in p.name else "w.log")).read_text()
+        for p in result.pods
+    }
+    assert result.ok, (result.reason, logs)
+    assert sorted(
+        line.split()[2] for text in logs.values() for line in text.splitlines() if line.startswith("gloo ok")
+    ) == ["0", "1"]
     assert leftovers(result.id) == []
 
 

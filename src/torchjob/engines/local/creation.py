@@ -238,7 +238,9 @@ class PodFactory:
                     run.helper = True
                     run.before_exec = security.then(process.background_priority, run.before_exec)
             if self.hosts.mount is not None:  # the pod's own /etc/hosts, so that pod names resolve
-                mount = self.hosts.pod_file(pod_dir, aliases)
+                mount = self.hosts.pod_file(
+                    pod_dir, aliases, podnames.hostname_of(plan.name, plan.manifest["spec"])
+                )
                 for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
                     run.before_exec = security.then(mount.enter, run.before_exec)
             namespace = self.net.namespace
@@ -314,7 +316,7 @@ class PodFactory:
         """The engine's own variables for one pod: addresses, ports, attempt and the job's markers."""
         spec = plan.manifest["spec"]
         env = {
-            "HOSTNAME": str(spec.get("hostname") or plan.name),
+            "HOSTNAME": podnames.hostname_of(plan.name, spec),
             "PYTHONUNBUFFERED": "1",
             "TORCHJOB_JOB_DIR": str(self.dir.path),
             "TORCHJOB_POD_NAME": plan.name,

@@ -72,13 +72,13 @@ class JobHosts:
             logs.debug("pod names do not resolve, addresses are used instead: %s", why_not)
         return why_not is None
 
-    def pod_file(self, pod_dir: Path, aliases: object) -> podnames.HostsMount:
+    def pod_file(self, pod_dir: Path, aliases: object, hostname: str = "") -> podnames.HostsMount:
         """The pod attempt's own hosts file (the job's, then its hostAliases) and how to mount it:
-        no pod sees what another writes into its /etc/hosts."""
+        no pod sees what another writes into its /etc/hosts; ``hostname``: the pod's, set with it."""
         assert self.mount is not None
         make_private_dirs(pod_dir)
         path = pod_dir / "hosts"
         write_atomic(path, podnames.with_aliases(self.text, aliases))
         if security.other_users([t.template.spec for t in self.job.spec.tasks]):
             path.chmod(0o644)  # as the job's: read by pods that run as another user
-        return podnames.HostsMount.of(str(path))
+        return podnames.HostsMount.of(str(path), hostname=hostname)

@@ -26,12 +26,17 @@ from collections.abc import Callable, Iterable, Sequence
 
 from torchjob.engines.local.libc import LIBC
 from torchjob.records import record
+from torchjob.typecheck import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 SWITCH = "TORCHJOB_POD_DNS"  # "0" turns names off
 ETC_HOSTS = "/etc/hosts"
 PROBE_TIMEOUT = 3.0  # seconds
 
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWUTS = 0x04000000
 _CLONE_NEWUSER = 0x10000000
 _MS_BIND = 0x1000
 _MS_REC = 0x4000
@@ -41,6 +46,12 @@ _MS_RDONLY = 0x1
 _MS_REMOUNT = 0x20
 # statvfs's f_flag bit -> the mount flag that keeps it (most have the same value; relatime not)
 _KEPT_FLAGS = ((0x2, 0x2), (0x4, 0x4), (0x8, 0x8), (0x400, 0x400), (0x800, 0x800), (0x1000, 0x200000))
+
+
+def hostname_of(pod_name: str, pod_spec: dict[str, Any]) -> str:
+    """The pod's host name as the kubelet gives it: ``spec.hostname``, else the pod's name cut to
+    63 characters (a host name's most) without a trailing ``-`` or ``.``."""
+    return str(pod_spec.get("hostname") or pod_name[:63].rstrip("-."))
 
 
 def hosts_text(machine: str, entries: Iterable[tuple[str, Sequence[str]]]) -> str:
@@ -78,6 +89,7 @@ def _libc() -> ctypes.CDLL | None:
     try:
         LIBC.unshare.argtypes = [ctypes.c_int]
         LIBC.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+        LIBC.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     except AttributeError:
         return None
     return LIBC
@@ -94,15 +106,20 @@ class HostsMount:
     # namespace (netns.py); else (or False) with a user namespace of its own.
     alone: bool = True
     read_only: int = 0  # mount flags to remount the bind mount read-only with; 0: left writable
+    # The pod's host name, in a UTS namespace of its own as a container has it (b"": the machine's,
+    # for a view several pods share): torchrun's c10d rendezvous hosts its store in the agent whose
+    # host name is the endpoint's, and gloo binds to the address its host name resolves to.
+    hostname: bytes = b""
 
     @classmethod
-    def of(cls, source: str, read_only: bool = False) -> HostsMount:
+    def of(cls, source: str, read_only: bool = False, hostname: str = "") -> HostsMount:
         uid, gid = os.geteuid(), os.getegid()
         return cls(
             os.fsencode(os.path.abspath(source)),
             f"{uid} {uid} 1".encode(),
             f"{gid} {gid} 1".encode(),
             read_only=_read_only_flags(source) if read_only else 0,
+            hostname=hostname.encode(),
         )
 
     def enter(self) -> None:
@@ -113,9 +130,10 @@ class HostsMount:
         libc = _LIBC
         if libc is None:
             raise OSError("no libc")
-        if not (self.alone and libc.unshare(_CLONE_NEWNS) == 0):
+        flags = _CLONE_NEWNS | (_CLONE_NEWUTS if self.hostname else 0)
+        if not (self.alone and libc.unshare(flags) == 0):
             # Not root, or root without CAP_SYS_ADMIN (a container): a user namespace grants it.
-            if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
+            if libc.unshare(_CLONE_NEWUSER | flags) != 0:
                 _raise("unshare")
             # A process that changed its ids is not dumpable, so /proc/self/*_map would be root's.
             libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
@@ -131,6 +149,8 @@ class HostsMount:
         if self.read_only:  # a view several pods share: none of them may change it for the others
             # A failure leaves it writable, as a pod's own view is; the job still runs.
             libc.mount(None, ETC_HOSTS.encode(), None, self.read_only, None)
+        if self.hostname and libc.sethostname(self.hostname, len(self.hostname)) != 0:
+            _raise("sethostname")
 
 
 def _read_only_flags(source: str) -> int:
