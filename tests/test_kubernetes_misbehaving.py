@@ -7,6 +7,7 @@ plugins that fail or hang, and interrupts while a job's objects are being create
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -624,6 +625,40 @@ def test_delete_finds_a_job_of_which_only_one_object_is_left_and_says_what_it_re
     assert out == "deleted default/demo\n", err
     assert f"removed {said}/demo" in err, err
     assert [o["metadata"]["name"] for o in api.objects.values()] == ["other"]
+
+
+def test_status_lists_a_job_whose_claims_are_still_being_deleted_as_going_by_itself(
+    api: FakeKubeAPI, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only a claim of the job is left, and it is being deleted (its protection finalizer waits
+    for a pod that is going): listed, and said to go by itself, with no command to run."""
+    meta = {
+        "name": "demo-ckpt",
+        "labels": {"torchjob.io/job-name": "demo"},
+        "finalizers": ["kubernetes.io/pvc-protection"],
+        "deletionTimestamp": "2026-01-01T00:00:00Z",
+    }
+    api.put({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": {}})
+    assert main(k8s("status", kubeconfig=kubeconfig)) == 0
+    _header, *rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[:2] for row in rows] == [["default/demo", "Unknown"]], rows
+    assert main(k8s("status", "demo", "-o", "json", kubeconfig=kubeconfig)) == 0
+    reason = json.loads(capsys.readouterr().out)["reason"]
+    assert reason == (
+        "its object and pods are gone; what it left is being deleted: persistentvolumeclaim/demo-ckpt"
+    )
+
+
+def test_status_lists_the_jobs_when_a_kind_of_what_jobs_leave_may_not_be_listed(
+    api: FakeKubeAPI, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No RBAC to list NetworkPolicies: the jobs are listed all the same, with what may be."""
+    api.refuse("GET", "networkpolicies", 403, "networkpolicies is forbidden")
+    label = {"torchjob.io/job-name": "demo"}
+    api.put({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "demo", "labels": label}})
+    assert main(k8s("status", kubeconfig=kubeconfig)) == 0, capsys.readouterr().err
+    _header, *rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[:2] for row in rows] == [["default/demo", "Unknown"]], rows
 
 
 def test_sigterm_while_following_leaves_the_job_running_with_the_note(
