@@ -532,6 +532,44 @@ def test_a_line_without_a_newline_comes_in_bounded_pieces(
     assert api.log_bytes_sent < 64 * 1024 * 1024, api.log_bytes_sent
 
 
+def test_a_line_a_clean_end_cut_short_is_printed_when_its_pod_is_gone(
+    api: FakeKubeAPI,
+    kubeconfig: str,
+    job_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream of a running container ends cleanly in the middle of a line, and the pod is
+    deleted before its log can be read again: the beginning of that line, all there will ever
+    be of it, is printed once, before the job's end."""
+    from torchjob.engines.kubernetes import follow
+
+    monkeypatch.setattr(follow, "LOG_GRACE_SECONDS", 120.0)  # a loaded machine: the stream's end waited for
+    play(api, end=None)
+
+    def cut_then_delete() -> None:
+        deadline = time.monotonic() + 60
+        while not [q for m, p, q in api.requests if p.endswith("/demo-worker-0/log") and q.get("follow")]:
+            assert time.monotonic() < deadline, "no one follows the worker's log"
+            time.sleep(0.02)
+        api.log("demo-worker-0", "worker", "epoch 2")
+        api.cut_log("demo-worker-0", "worker", partial="epoch 3 hal")
+        api.delete("v1", "Pod", "demo-worker-0")
+        top = api.get(VOLCANO, "Job", "demo")
+        assert top is not None
+        master = pods_of(top)[0]
+        api.end_log("demo-master-0", "master")
+        api.put(terminated(master, 0))
+        api.set_status(VOLCANO, "Job", "demo", TERMINAL_STATUS["volcano"]["Completed"])
+
+    threading.Thread(target=cut_then_delete, daemon=True).start()
+    code = main(k8s("run", str(job_file), "--target", "volcano", kubeconfig=kubeconfig))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    printed = [line for line in out.splitlines() if line.startswith("worker-0 r1 | ")]
+    assert printed == ["worker-0 r1 | epoch 1", "worker-0 r1 | epoch 2", "worker-0 r1 | epoch 3 hal"], out
+
+
 # ---------------------------------------------------------------------- 11, 14: Ctrl-C and SIGTERM
 
 
