@@ -173,17 +173,20 @@ def demo_job(
     workers: int = 1,
     min_available: int | None = None,
     pytorch: bool = True,
+    pytorch_defaults: bool = False,
     volume: bool = False,
     extra: str = "",
 ) -> str:
     """The Volcano Job file the kubernetes tests send: one master and ``workers`` workers, each a
     busybox container that echoes once and is never restarted. ``min_available`` defaults to every
-    pod; ``pytorch`` adds the pytorch plugin, ``volume`` a claim the job's pods mount at /ckpt,
-    ``extra`` more lines of ``spec`` (unindented: ``ttlSecondsAfterFinished: 0``)."""
+    pod; ``pytorch`` adds the pytorch plugin (``pytorch_defaults``: without flags, Volcano's
+    defaults, ``{pytorch: []}``), ``volume`` a claim the job's pods mount at /ckpt, ``extra`` more
+    lines of ``spec`` (unindented: ``ttlSecondsAfterFinished: 0``)."""
     spec = f"  minAvailable: {workers + 1 if min_available is None else min_available}\n"
     spec += CLAIM_VOLUME if volume else ""
     spec += "".join(f"  {line}\n" for line in extra.splitlines())
-    spec += PYTORCH_PLUGIN if pytorch else ""
+    if pytorch:
+        spec += "  plugins: {pytorch: []}\n" if pytorch_defaults else PYTORCH_PLUGIN
     tasks = "".join(
         f"""\
     - replicas: {replicas}

@@ -30,6 +30,7 @@ from controllers import Controller, ControlPlane
 from controllers.cluster import for_target
 from controllers.kubelet import Kubelet
 from controllers.scheduler import Scheduler, VolcanoScheduler
+from controllers.storage import ClaimProtection
 from kube_fixtures import demo_job
 from kubeapi import GROUP_RESOURCES, FakeKubeAPI
 from test_kubernetes_commands import _read_until
@@ -371,3 +372,65 @@ def test_ctrl_c_leaves_the_job_running_under_its_controllers(
         assert len(running) == 3
         if target != "pods":
             assert server.get(*TOP[target], "demo") is not None
+
+
+WORKLOADS = {"Pod", "Job", "JobSet", "PyTorchJob", "TrainJob"}  # what runs the job, or makes what does
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_status_and_delete_all_find_a_job_of_which_only_leftovers_remain(
+    api: FakeKubeAPI,
+    kubeconfig: str,
+    plain: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    target: str,
+) -> None:
+    """The job's object is deleted leaving its dependents (``kubectl delete --cascade=orphan``),
+    then its pods by hand: what its controllers and torchjob made beside them stays, labelled as
+    the job's (a PodGroup, a Service, a ConfigMap, claims). ``status`` lists the job, saying only
+    that remains and how to remove it; ``delete --all`` removes it all."""
+    server, config = cluster_for(target, api, kubeconfig, plain)
+    path = tmp_path / "job.yaml"
+    path.write_text(demo_job(volume=True))
+    k8s = ["--engine", "kubernetes", "--kubeconfig", config]
+    with ControlPlane(server, *controllers(server, target), Kubelet(server, seconds=3600.0)):
+        assert run(config, str(path), target, "-d") == 0, capsys.readouterr().err
+        deadline = time.monotonic() + 60
+        while len(server.objects_of("v1", "Pod")) < 2:
+            assert time.monotonic() < deadline, "the controllers made no pods"
+            time.sleep(0.05)
+    capsys.readouterr()
+    assert main(["status", *k8s]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["default/demo"]
+    for obj in list(server.objects.values()):  # orphaned: the garbage collector deletes no dependent
+        obj["metadata"].pop("ownerReferences", None)
+        server.put(obj)
+    for (api_version, _, _, name), obj in list(server.objects.items()):
+        if obj["kind"] in WORKLOADS:
+            server.delete(api_version, obj["kind"], name)
+    left = sorted(
+        f"{o['kind'].lower()}/{o['metadata']['name']}"
+        for o in server.objects.values()
+        if o["metadata"].get("labels", {}).get("torchjob.io/job-name") == "demo"
+    )
+    assert left, "nothing labelled as the job's was left"
+    assert main(["status", *k8s]) == 0
+    _header, *rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[:3] for row in rows] == [["default/demo", "Unknown", "0"]], rows
+    assert main(["status", "demo", *k8s, "-o", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["phase"] == "Unknown"
+    named = report["reason"].split("only what it left remains: ", 1)[1].split("; ", 1)[0]
+    assert sorted(named.split(", ")) == left, report["reason"]
+    assert report["reason"].endswith("with: torchjob delete default/demo --engine kubernetes")
+    with ControlPlane(server, ClaimProtection(server)):  # a claim no pod uses goes once deleted
+        assert main(["delete", "--all", *k8s]) == 0
+        out, err = capsys.readouterr()
+        assert out == "deleted default/demo\n", err
+        deadline = time.monotonic() + 60
+        while any("torchjob.io/job-name" in o["metadata"].get("labels", {}) for o in server.objects.values()):
+            assert time.monotonic() < deadline, f"still there: {list(server.objects)}"
+            time.sleep(0.05)
+    assert main(["status", *k8s]) == 0
+    assert capsys.readouterr().out.startswith("no kubernetes jobs")

@@ -7,6 +7,7 @@ plugins that fail or hang, and interrupts while a job's objects are being create
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -531,6 +532,44 @@ def test_a_line_without_a_newline_comes_in_bounded_pieces(
     assert api.log_bytes_sent < 64 * 1024 * 1024, api.log_bytes_sent
 
 
+def test_a_line_a_clean_end_cut_short_is_printed_when_its_pod_is_gone(
+    api: FakeKubeAPI,
+    kubeconfig: str,
+    job_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream of a running container ends cleanly in the middle of a line, and the pod is
+    deleted before its log can be read again: the beginning of that line, all there will ever
+    be of it, is printed once, before the job's end."""
+    from torchjob.engines.kubernetes import follow
+
+    monkeypatch.setattr(follow, "LOG_GRACE_SECONDS", 120.0)  # a loaded machine: the stream's end waited for
+    play(api, end=None)
+
+    def cut_then_delete() -> None:
+        deadline = time.monotonic() + 60
+        while not [q for m, p, q in api.requests if p.endswith("/demo-worker-0/log") and q.get("follow")]:
+            assert time.monotonic() < deadline, "no one follows the worker's log"
+            time.sleep(0.02)
+        api.log("demo-worker-0", "worker", "epoch 2")
+        api.cut_log("demo-worker-0", "worker", partial="epoch 3 hal")
+        api.delete("v1", "Pod", "demo-worker-0")
+        top = api.get(VOLCANO, "Job", "demo")
+        assert top is not None
+        master = pods_of(top)[0]
+        api.end_log("demo-master-0", "master")
+        api.put(terminated(master, 0))
+        api.set_status(VOLCANO, "Job", "demo", TERMINAL_STATUS["volcano"]["Completed"])
+
+    threading.Thread(target=cut_then_delete, daemon=True).start()
+    code = main(k8s("run", str(job_file), "--target", "volcano", kubeconfig=kubeconfig))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    printed = [line for line in out.splitlines() if line.startswith("worker-0 r1 | ")]
+    assert printed == ["worker-0 r1 | epoch 1", "worker-0 r1 | epoch 2", "worker-0 r1 | epoch 3 hal"], out
+
+
 # ---------------------------------------------------------------------- 11, 14: Ctrl-C and SIGTERM
 
 
@@ -624,6 +663,40 @@ def test_delete_finds_a_job_of_which_only_one_object_is_left_and_says_what_it_re
     assert out == "deleted default/demo\n", err
     assert f"removed {said}/demo" in err, err
     assert [o["metadata"]["name"] for o in api.objects.values()] == ["other"]
+
+
+def test_status_lists_a_job_whose_claims_are_still_being_deleted_as_going_by_itself(
+    api: FakeKubeAPI, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only a claim of the job is left, and it is being deleted (its protection finalizer waits
+    for a pod that is going): listed, and said to go by itself, with no command to run."""
+    meta = {
+        "name": "demo-ckpt",
+        "labels": {"torchjob.io/job-name": "demo"},
+        "finalizers": ["kubernetes.io/pvc-protection"],
+        "deletionTimestamp": "2026-01-01T00:00:00Z",
+    }
+    api.put({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": {}})
+    assert main(k8s("status", kubeconfig=kubeconfig)) == 0
+    _header, *rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[:2] for row in rows] == [["default/demo", "Unknown"]], rows
+    assert main(k8s("status", "demo", "-o", "json", kubeconfig=kubeconfig)) == 0
+    reason = json.loads(capsys.readouterr().out)["reason"]
+    assert reason == (
+        "its object and pods are gone; what it left is being deleted: persistentvolumeclaim/demo-ckpt"
+    )
+
+
+def test_status_lists_the_jobs_when_a_kind_of_what_jobs_leave_may_not_be_listed(
+    api: FakeKubeAPI, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No RBAC to list NetworkPolicies: the jobs are listed all the same, with what may be."""
+    api.refuse("GET", "networkpolicies", 403, "networkpolicies is forbidden")
+    label = {"torchjob.io/job-name": "demo"}
+    api.put({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "demo", "labels": label}})
+    assert main(k8s("status", kubeconfig=kubeconfig)) == 0, capsys.readouterr().err
+    _header, *rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[:2] for row in rows] == [["default/demo", "Unknown"]], rows
 
 
 def test_sigterm_while_following_leaves_the_job_running_with_the_note(

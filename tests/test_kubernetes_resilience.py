@@ -127,16 +127,17 @@ def test_a_log_stream_resumed_where_timestamps_are_ignored_prints_each_line_once
     assert printed == lines, out
 
 
-def _log_followed(api: FakeKubeAPI, pod: str, timeout: float = 60.0) -> None:
-    """Wait until the command has asked to follow ``pod``'s log (its stream is open)."""
+def _log_followed(api: FakeKubeAPI, pod: str, timeout: float = 60.0, times: int = 1) -> None:
+    """Wait until the command has asked to follow ``pod``'s log (its stream is open), ``times``
+    times in all (a stream ended, then opened again)."""
     deadline = time.monotonic() + timeout
-    while not [q for m, p, q in api.requests if p.endswith(f"/{pod}/log") and q.get("follow")]:
-        assert time.monotonic() < deadline, f"no one follows the log of {pod}"
+    while len([q for m, p, q in api.requests if p.endswith(f"/{pod}/log") and q.get("follow")]) < times:
+        assert time.monotonic() < deadline, f"no one follows the log of {pod} ({times} times)"
         time.sleep(0.02)
 
 
 @pytest.mark.parametrize("stamped", [True, False], ids=["timestamps", "no-timestamps"])
-def test_a_log_stream_ended_cleanly_mid_line_prints_that_line_once_and_follows_on(
+def test_a_log_stream_ended_cleanly_mid_line_prints_that_line_once_whole_and_follows_on(
     api: FakeKubeAPI,
     kubeconfig: str,
     tmp_path: Path,
@@ -145,9 +146,9 @@ def test_a_log_stream_ended_cleanly_mid_line_prints_that_line_once_and_follows_o
     stamped: bool,
 ) -> None:
     """The server ends a running container's log stream cleanly after the first half of a line
-    (its last chunk sent: an API server whose connection to the kubelet ended). What the stream
-    sent is printed once; that line is never printed again, whole, after it; and the container
-    still running, its log is followed on: nothing written after the cut is lost."""
+    (its last chunk sent: an API server whose connection to the kubelet ended). That half is not
+    printed: the container still running, its log is followed on, and the line is printed once,
+    whole; nothing written after the cut is lost."""
     api.log_timestamps = stamped
     release = threading.Event()
 
@@ -155,6 +156,7 @@ def test_a_log_stream_ended_cleanly_mid_line_prints_that_line_once_and_follows_o
         _log_followed(api, "demo-worker-0")
         api.log("demo-worker-0", "worker", "step 1")
         api.cut_log("demo-worker-0", "worker", partial="step 2 hal")
+        _log_followed(api, "demo-worker-0", times=2)  # the container ends only after that
         api.log("demo-worker-0", "worker", "step 2 half", "step 3")
         release.set()
 
@@ -167,9 +169,49 @@ def test_a_log_stream_ended_cleanly_mid_line_prints_that_line_once_and_follows_o
     out, err = capsys.readouterr()
     assert code == 0, err
     printed = [line.split(" | ", 1)[1] for line in out.splitlines() if line.startswith("worker-0 r1 | step ")]
-    assert printed[:2] == ["step 1", "step 2 hal"], out  # what the stream sent, once
-    assert "step 2 half" not in printed and len(set(printed)) == len(printed), out
-    assert printed == ["step 1", "step 2 hal", "step 3"], out  # followed on after the cut
+    assert printed == ["step 1", "step 2 half", "step 3"], out  # whole, once, and followed on
+
+
+@pytest.mark.parametrize("stamped", [True, False], ids=["timestamps", "no-timestamps"])
+def test_a_line_over_64_kib_cut_in_its_middle_is_printed_once_and_whole(
+    api: FakeKubeAPI,
+    kubeconfig: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    quick_watches: None,
+    stamped: bool,
+) -> None:
+    """A line of some 260 KiB, three-byte characters where 64 KiB pieces end, and the stream
+    ended cleanly after its first 100,000 characters. Opened again, the log is read from its
+    start (or from that line's second): the line is passed on in pieces of at most 64 KiB,
+    each once, which together are the line (no character broken in two), and the log goes on."""
+    from torchjob.engines.kubernetes.client import MAX_LINE
+
+    api.log_timestamps = stamped
+    long = "a" * 65_501 + "\u20ac" * 100 + "b" * 100_000 + "\u20ac" * 30_000 + "c" * 10_000
+    release = threading.Event()
+
+    def write() -> None:
+        _log_followed(api, "demo-worker-0")
+        api.log("demo-worker-0", "worker", "step 1")
+        api.cut_log("demo-worker-0", "worker", partial=long[:100_000])
+        _log_followed(api, "demo-worker-0", times=2)  # the container ends only after that
+        api.log("demo-worker-0", "worker", long, "step 3")
+        release.set()
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    kubelet = HeldExitKubelet(api, {"demo-worker-0"}, release, seconds=0.3)
+    with ControlPlane(api, *for_target(api, "volcano"), kubelet):
+        code = run(kubeconfig, job_file(tmp_path), "volcano")
+    writer.join(timeout=10)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    printed = [line.split(" | ", 1)[1] for line in out.splitlines() if line.startswith("worker-0 r1 | ")]
+    assert "step 1" in printed and "step 3" in printed, out[-2000:]
+    pieces = printed[printed.index("step 1") + 1 : printed.index("step 3")]
+    assert all(len(piece.encode()) <= MAX_LINE for piece in pieces), [len(p) for p in pieces]
+    assert "".join(pieces) == long, [(len(p), p[:5], p[-5:]) for p in pieces]
 
 
 def test_a_malformed_watch_event_does_not_end_following(

@@ -19,36 +19,13 @@ from torchjob.targets import target_names
 pytest.importorskip("kubernetes")
 
 import kubeapi
-from kube_fixtures import running, terminated
+from kube_fixtures import demo_job, running, terminated
 from kubeapi import FakeKubeAPI
 from torchjob.cli import main
 
 pytestmark = pytest.mark.timeout(120)
 
-JOB = """\
-apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: demo
-spec:
-  minAvailable: 2
-  plugins: {pytorch: []}
-  tasks:
-    - replicas: 1
-      name: master
-      template:
-        spec:
-          containers:
-            - {name: master, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-    - replicas: 1
-      name: worker
-      template:
-        spec:
-          containers:
-            - {name: worker, image: busybox:1.36, command: [sh, -c, "echo hi"]}
-          restartPolicy: Never
-"""
+JOB = demo_job(pytorch_defaults=True)  # the pytorch plugin without flags: Volcano's defaults
 RELAY = "ml.example.com/v1"
 
 
@@ -153,9 +130,8 @@ def test_an_added_target_renders_from_the_cli(
         (container,) = task["template"]["spec"]["containers"]
         assert {"name": "A", "value": "1"} in container["env"]
     # Refusals name it among the targets that can (its capabilities are its own declaration).
-    text = JOB.replace("  plugins: {pytorch: []}\n", "")
     no_pytorch = job_file.with_name("plain.yaml")
-    no_pytorch.write_text(text)
+    no_pytorch.write_text(demo_job(pytorch=False))
     assert main(["render", str(no_pytorch), "--target", "kubeflow"]) == 2
     assert "use --target pods or volcano or jobset or relay" in capsys.readouterr().err
 

@@ -28,7 +28,7 @@ READ_TIMEOUT = 60.0
 RETRY_TRIES = 5
 RETRY_AFTER_MAX = 30.0
 READ_CHUNK = 64 * 1024  # bytes read from a stream at a time
-MAX_LINE = 64 * 1024  # a longer log line is passed on in pieces of this many bytes
+MAX_LINE = 64 * 1024  # a longer log line is passed on in pieces of at most this many bytes
 
 
 def _import_client() -> Any:
@@ -259,26 +259,54 @@ class Cluster:
         self.api.close()
 
 
-def lines(response: Any, max_line: int = MAX_LINE) -> Iterator[str]:
+class LineReader:
     """A streamed body (watch events, logs), line by line as the server sends them.
 
-    Read only as fast as the caller takes lines, and never more than ``max_line`` bytes of one
-    line held: a longer line comes in pieces of that size.
+    Read only as fast as the caller takes lines, holding at most ``max_line`` bytes of a line (and
+    one chunk read): a longer line comes in pieces of at most that size, cut where its own bytes
+    say (never inside a UTF-8 character), not where reads happened to end, so that a body read
+    again is cut alike. What the body ends with after its last newline is no line: it is
+    ``rest`` once the lines are read (a line cut short, or a last one without its newline).
     """
-    pending = bytearray()
-    for chunk in _chunks(response):
-        start = 0
-        while (end := chunk.find(b"\n", start)) >= 0:
-            pending += chunk[start:end]
-            yield pending.decode("utf-8", "replace")
-            pending.clear()
-            start = end + 1
-        pending += chunk[start:]
-        while len(pending) >= max_line:
-            yield pending[:max_line].decode("utf-8", "replace")
-            del pending[:max_line]
-    if pending:
-        yield pending.decode("utf-8", "replace")
+
+    def __init__(self, response: Any, max_line: int = MAX_LINE) -> None:
+        self.response, self.max_line = response, max_line
+        self.rest = ""
+
+    def __iter__(self) -> Iterator[str]:
+        pending = bytearray()
+        for chunk in _chunks(self.response):
+            start = 0
+            while True:
+                end = chunk.find(b"\n", start)
+                pending += chunk[start : len(chunk) if end < 0 else end]
+                while len(pending) > self.max_line:  # more than one piece: the first goes
+                    cut = _piece_end(pending, self.max_line)
+                    yield pending[:cut].decode("utf-8", "replace")
+                    del pending[:cut]
+                if end < 0:
+                    break
+                yield pending.decode("utf-8", "replace")
+                pending.clear()
+                start = end + 1
+        self.rest = pending.decode("utf-8", "replace")
+
+
+def _piece_end(data: bytearray, most: int) -> int:
+    """Where the first piece of ``data`` (over ``most`` bytes) ends: at ``most`` bytes, or before
+    the UTF-8 character that would be cut there."""
+    for cut in range(most, max(most - 4, 0), -1):
+        if data[cut] & 0xC0 != 0x80:  # not a continuation byte: a character starts here
+            return cut
+    return most  # no UTF-8 there to keep whole
+
+
+def lines(response: Any, max_line: int = MAX_LINE) -> Iterator[str]:
+    """A streamed body's lines (``LineReader``), then what it ended with after its last newline."""
+    reader = LineReader(response, max_line)
+    yield from reader
+    if reader.rest:
+        yield reader.rest
 
 
 def _chunks(response: Any) -> Iterator[bytes]:

@@ -23,9 +23,10 @@ from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.follow import Follower
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Found, Kind, top_kinds
 from torchjob.engines.kubernetes.logs import add_log_tail, current_logs, wanted
-from torchjob.engines.kubernetes.phase import PODGROUP_API, build_report, job_podgroup
+from torchjob.engines.kubernetes.phase import PODGROUP_API, build_report, job_podgroup, timestamp
 from torchjob.engines.kubernetes.podlogs import refused
 from torchjob.engines.kubernetes.submit import create_all, refused_field
+from torchjob.phases import UNKNOWN
 from torchjob.records import record, replace
 
 if TYPE_CHECKING:
@@ -176,6 +177,9 @@ class KubernetesEngine:
 
     def status(self, ref: str) -> JobReport:
         found = self._resolve(ref)
+        if found.leftover:  # no pod to read: named, all that is left of it
+            found.left = finding.left_of(self.cluster, self.discovery, found.name, found.namespace)
+            return self._report(found, pods={}, top=None)
         pods = {
             str(p["metadata"]["name"]): p
             for p in list_labelled(
@@ -250,7 +254,7 @@ class KubernetesEngine:
         top: dict[str, Any] | None,
         podgroup: dict[str, Any] | None = None,
     ) -> JobReport:
-        return build_report(
+        report = build_report(
             name=found.name,
             namespace=found.namespace,
             target=found.target,
@@ -259,6 +263,11 @@ class KubernetesEngine:
             pods=pods,
             podgroup=podgroup,
         )
+        if found.leftover and found.left:  # not Pending: nothing will run; Unknown, and why
+            report.phase, report.reason = UNKNOWN, finding.what_remains(found)
+            made = [timestamp(item["metadata"].get("creationTimestamp")) for _, item in found.left]
+            report.started_at = min((t for t in made if t), default=None)
+        return report
 
     def _group_path(self, found: Found) -> str | None:
         """Where the job's Volcano PodGroup is, for the targets whose PodGroup carries its label."""

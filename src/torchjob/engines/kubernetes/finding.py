@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchjob.engine_api.base import JobNotFound
-from torchjob.engines.kubernetes import claims
+from torchjob.engines.kubernetes import bounded, claims
 from torchjob.engines.kubernetes.client import Cluster, list_labelled, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Found, top_kinds
@@ -48,8 +48,22 @@ def find(cluster: Cluster, discovery: Discovery, name: str, namespace: str) -> F
                 "pods",
                 deleting=all(claims.deleting(i) for i in items),
                 leftover=plural != "pods",
+                left=[(plural, i) for i in items] if plural != "pods" else [],
             )
     return None
+
+
+def left_of(
+    cluster: Cluster, discovery: Discovery, name: str, namespace: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every object a job whose object and pods are gone left, as (plural, object): what
+    ``status`` names (``find`` stops at the first)."""
+    return [
+        (plural, item)
+        for api_version, plural in leftover_kinds()[1:]  # not the pods: there are none
+        if discovery.has_version(api_version)
+        for item in labelled(cluster, api_version, plural, namespace, name)
+    ]
 
 
 def resolve(cluster: Cluster, discovery: Discovery, ref: str, namespace: str) -> Found:
@@ -97,7 +111,8 @@ def owned(obj: dict[str, Any]) -> bool:
 
 def every_job(cluster: Cluster, discovery: Discovery, namespace: str) -> list[tuple[Found, dict[str, Any]]]:
     """Every job in ``namespace`` with its pods by name: each top-level object of the cluster's
-    targets that no controller owns, and the bare pods of the jobs that have none."""
+    targets that no controller owns, the bare pods of the jobs that have none, and the jobs of
+    which only what they left remains (as ``delete NAME`` finds them)."""
     by_job: dict[str, dict[str, dict[str, Any]]] = {}
     for pod in list_labelled(cluster, namespaced_path("v1", "pods", namespace), JOB_LABEL):
         label = str(pod["metadata"]["labels"][JOB_LABEL])
@@ -114,4 +129,54 @@ def every_job(cluster: Cluster, discovery: Discovery, namespace: str) -> list[tu
     for name, pods in by_job.items():
         if not any(owned(p) for p in pods.values()):
             jobs.append((Found(name, namespace, "pods"), pods))
+    named = {found.name for found, _ in jobs} | set(by_job)
+    jobs += [(found, {}) for found in _left_behind(cluster, discovery, namespace) if found.name not in named]
     return jobs
+
+
+def _left_behind(cluster: Cluster, discovery: Discovery, namespace: str) -> list[Found]:
+    """A job for each name the objects labelled as a job's beside its pods carry (Services,
+    ConfigMaps, NetworkPolicies, PodGroups, claims): those of jobs with no object nor pod left."""
+    left: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for api_version, plural in leftover_kinds()[1:]:  # the pods were listed already
+        if not discovery.has_version(api_version):
+            continue
+        try:
+            items = list_labelled(cluster, namespaced_path(api_version, plural, namespace), JOB_LABEL)
+        except ApiError as err:
+            # Not served here, or not ours to list (RBAC): the listing of the jobs goes on without
+            # these, as it did before leftovers were listed; `delete NAME` still finds them.
+            if err.status in (403, 404):
+                continue
+            raise
+        for item in items:
+            label = str((item.get("metadata") or {}).get("labels", {}).get(JOB_LABEL, ""))
+            if label:
+                left.setdefault(label, []).append((plural, item))
+    return [
+        Found(
+            name,
+            namespace,
+            "pods",
+            deleting=all(claims.deleting(item) for _, item in items),
+            leftover=True,
+            left=items,
+        )
+        for name, items in left.items()
+    ]
+
+
+def singular(plural: str) -> str:
+    """A resource's name as kubectl writes it before ``/NAME``: networkpolicies -> networkpolicy."""
+    return plural[:-3] + "y" if plural.endswith("ies") else plural.removesuffix("s")
+
+
+def what_remains(found: Found) -> str:
+    """Why a job of which only what it left was found is shown, and how to remove that."""
+    names = ", ".join(f"{singular(plural)}/{item['metadata']['name']}" for plural, item in found.left)
+    if found.deleting:  # claims that wait for a deleted job's last pod: they go by themselves
+        return f"its object and pods are gone; what it left is being deleted: {names}"
+    return (
+        f"its object and pods are gone; only what it left remains: {names}; "
+        f"remove {'it' if len(found.left) == 1 else 'them'} with: {bounded.remove_command(found.ref)}"
+    )

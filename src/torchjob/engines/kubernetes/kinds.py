@@ -7,7 +7,7 @@ from typing import Any
 from torchjob.engine_api.base import EngineError
 from torchjob.engines.kubernetes.client import Cluster
 from torchjob.engines.kubernetes.errors import ApiError
-from torchjob.records import record
+from torchjob.records import field, record
 from torchjob.targets import JOB_LABEL, target_names  # JOB_LABEL: on every object the targets render
 
 __all__ = ["JOB_LABEL", "Discovery", "Found", "Kind", "top_kinds"]
@@ -37,6 +37,8 @@ class Found:
     top: dict[str, Any] | None = None
     deleting: bool = False  # what was found is being deleted already (it goes by itself)
     leftover: bool = False  # neither its object nor a pod was found: only objects it left
+    # What was found of such a job, as (plural, object); as few as finding it took (see finding.left_of)
+    left: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     @property
     def ref(self) -> str:

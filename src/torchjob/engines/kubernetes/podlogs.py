@@ -11,11 +11,14 @@ cost bounded memory.
 
 A stream cut by a transient error is opened again and what was already passed on is skipped
 (``Resume``): by the kubelet's timestamps where the server honours ``timestamps=true``, else by
-counting, the log being read again from its start.
+counting, the log being read again from its start. A stream ended cleanly in the middle of a line
+passes that line's beginning on only if no more of it can come (the container ended, or the log
+cannot be read again): else the stream opened again passes the line on whole.
 """
 
 from __future__ import annotations
 
+import copy
 import queue
 import re
 import threading
@@ -26,7 +29,7 @@ from typing import Any
 
 from torchjob.engine_api.base import EngineError, LogLine
 from torchjob.engines.kubernetes import watch
-from torchjob.engines.kubernetes.client import Cluster, interrupt, lines, namespaced_path
+from torchjob.engines.kubernetes.client import Cluster, LineReader, interrupt, lines, namespaced_path
 from torchjob.engines.kubernetes.errors import ApiError, transient
 from torchjob.engines.kubernetes.watch import Backoff, post
 
@@ -113,6 +116,10 @@ class Resume:
     def reopened(self) -> None:
         self._current, self._seen, self._skip = None, 0, self.passed
 
+    def peek(self, raw: str) -> str | None:
+        """What :meth:`take` would give for ``raw``, nothing counted (a line's beginning, held)."""
+        return copy.copy(self).take(raw)
+
     def take(self, raw: str) -> str | None:
         """The text to pass on for piece ``raw`` of the stream, or None to skip it (passed before)."""
         stamp, text = split_stamp(raw) if self.stamped is not False else (None, raw)
@@ -194,6 +201,7 @@ class LogStreams:
         resume = Resume()
         backoff = Backoff()
         trouble_since: float | None = None
+        held: str | None = None  # a line's beginning a clean end cut off, not passed on (yet)
         try:
             while not self._stop.is_set():
                 query: dict[str, Any] = {"container": container, **resume.query()}
@@ -211,14 +219,19 @@ class LogStreams:
                             return
                     try:
                         resume.reopened()
-                        for raw in lines(response):
+                        reader = LineReader(response)
+                        for raw in reader:
                             text = resume.take(raw)
                             if text is None:  # passed on before the stream broke
                                 continue
+                            held = None  # read again up to the line held: it comes whole now
                             line = LogLine(prefix=prefix, text=text, pod_ordinal=ordinal)
                             if not post(self.out, line, self._stop):
                                 return
                             trouble_since = None
+                        # Counted as passed only once it comes whole (or no more of it can come).
+                        beginning = resume.peek(reader.rest) if reader.rest else None
+                        held = held if beginning is None else beginning
                     finally:
                         with self._lock:
                             self._responses.pop(key, None)
@@ -242,6 +255,8 @@ class LogStreams:
                         return
                 self._stop.wait(backoff.next())
         finally:
+            if held is not None and not self._stop.is_set():  # the rest of its line will not come
+                post(self.out, LogLine(prefix=prefix, text=held, pod_ordinal=ordinal), self._stop)
             post(self.out, ("log-end", key, None), self._stop)
 
     def _still_running(self, pod: str, key: tuple[str, str, int]) -> bool:

@@ -33,7 +33,7 @@ def delete_job(cluster: Cluster, discovery: Discovery, found: Found) -> list[str
             claim_name = str(claim["metadata"]["name"])
             if not claims.deleting(claim):
                 delete_object(cluster, claims.claim_path(namespace, claim_name), f"claim {claim_name}")
-                removed.append(f"{_singular(claims.PLURAL)}/{claim_name}")
+                removed.append(f"{finding.singular(claims.PLURAL)}/{claim_name}")
         return removed
     from torchjob.targets import get_target
 
@@ -44,7 +44,7 @@ def delete_job(cluster: Cluster, discovery: Discovery, found: Found) -> list[str
             item_name = str(item["metadata"]["name"])
             path = namespaced_path(api_version, plural, namespace, item_name)
             delete_object(cluster, path, f"{plural} {item_name}")
-            removed.append(f"{_singular(plural)}/{item_name}")
+            removed.append(f"{finding.singular(plural)}/{item_name}")
     pods = cluster.json(  # one request for every pod of the job
         "DELETE",
         namespaced_path("v1", "pods", namespace),
@@ -53,11 +53,6 @@ def delete_job(cluster: Cluster, discovery: Discovery, found: Found) -> list[str
     )
     removed += [f"pod/{p['metadata']['name']}" for p in pods.get("items") or []]
     return removed
-
-
-def _singular(plural: str) -> str:
-    """A resource's name as kubectl writes it before ``/NAME``: networkpolicies -> networkpolicy."""
-    return plural[:-3] + "y" if plural.endswith("ies") else plural.removesuffix("s")
 
 
 def delete_within(cluster: Cluster, discovery: Discovery, found: Found, seconds: float) -> bool:
