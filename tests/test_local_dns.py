@@ -215,6 +215,27 @@ dist.destroy_process_group()
 """
 
 
+def _run_gloo(tmp_path: Path, name: str, command: Callable[[str], list[str]]) -> tuple[Any, dict[str, str]]:
+    """A master and a worker running ``command(GLOO's script)`` with the pytorch plugin; the
+    report, and each pod's log."""
+    script = tmp_path / "gloo.py"
+    script.write_text(GLOO)
+    job = make_job(
+        name,
+        [
+            task("master", [container("m", command(str(script)))]),
+            task("worker", [container("w", command(str(script)))]),
+        ],
+        plugins={"pytorch": ["--master=master", "--worker=worker"]},
+    )
+    result = run(job, tmp_path, timeout=80)
+    logs = {
+        p.name: (log_dir(result, p) / ("m.log" if "master" in p.name else "w.log")).read_text()
+        for p in result.pods
+    }
+    return result, logs
+
+
 @pytest.mark.torch
 @pytest.mark.usefixtures("names_work")
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
@@ -229,21 +250,7 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(
         )
     elif os.geteuid() != 0:
         pytest.skip("without root every job takes the user-namespace path")
-    script = tmp_path / "gloo.py"
-    script.write_text(GLOO)
-    job = make_job(
-        "gloo",
-        [
-            task("master", [container("m", ["python", str(script)])]),
-            task("worker", [container("w", ["python", str(script)])]),
-        ],
-        plugins={"pytorch": ["--master=master", "--worker=worker"]},
-    )
-    result = run(job, tmp_path, timeout=80)
-    logs = {
-        p.name: (log_dir(result, p) / ("m.log" if "master" in p.name else "w.log")).read_text()
-        for p in result.pods
-    }
+    result, logs = _run_gloo(tmp_path, "gloo", lambda script: ["python", script])
     assert result.ok, (result.reason, logs)
     assert "gloo ok 0 gloo-master-0.gloo" in logs["gloo-master-0"]
     assert "gloo ok 1 gloo-master-0.gloo" in logs["gloo-worker-0"]
@@ -272,22 +279,9 @@ def test_torchruns_c10d_rendezvous_is_hosted_by_the_pod_the_endpoint_names(tmp_p
     """torchrun's c10d backend hosts its store in the agent whose host name is the endpoint's
     (the master's, $MASTER_ADDR): with the machine's host name in every pod no agent did, and the
     job hung until the rendezvous timed out."""
-    script = tmp_path / "gloo.py"
-    script.write_text(GLOO)
-    command = C10D.format("$MASTER_ADDR:$MASTER_PORT", script)
-    job = make_job(
-        "rdzv",
-        [
-            task("master", [container("m", ["sh", "-c", command])]),
-            task("worker", [container("w", ["sh", "-c", command])]),
-        ],
-        plugins={"pytorch": ["--master=master", "--worker=worker"]},
+    result, logs = _run_gloo(
+        tmp_path, "rdzv", lambda script: ["sh", "-c", C10D.format("$MASTER_ADDR:$MASTER_PORT", script)]
     )
-    result = run(job, tmp_path, timeout=80)
-    logs = {
-        p.name: (log_dir(result, p) / ("m.log" if "master" in p.name else "w.log")).read_text()
-        for p in result.pods
-    }
     assert result.ok, (result.reason, logs)
     assert sorted(
         line.split()[2] for text in logs.values() for line in text.splitlines() if line.startswith("gloo ok")
