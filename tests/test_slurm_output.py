@@ -29,16 +29,17 @@ def test_a_failing_steps_log_is_the_programs_own(slurm: SlurmCluster, tmp_path: 
     assert step.messages() == []  # srun said only how the task ended
     # A directory with what srun's filename patterns read (%j, %t, a backslash, which they drop,
     # doubled or not) names the same log, srun's line beside it: srun is given the name alone.
-    assert steps.output_pattern("100%j.log") == "100%%j.log"
-    for name in ("100%j 5%", "a\\b", "a\\\\%%b\\"):
-        odd = tmp_path / name
+    assert steps.output_pattern("100%j.log") == "./100%%j.log"
+    # ... and a log whose name srun would read as a word of its own ("all": srun's output).
+    for folder, log in [("100%j 5%", "app.log"), ("a\\b", "app.log"), ("a\\\\%%b\\", "allreduce.log")]:
+        odd = tmp_path / folder
         odd.mkdir()
-        escaped = start_step(slurm, job_id, "escaped", code, odd / "app.log")
+        escaped = start_step(slurm, job_id, "escaped", code, odd / log)
         assert escaped.wait(60) == 3
-        assert (odd / "app.log").read_text().splitlines() == ["out", "err"], name
+        assert (odd / log).read_text().splitlines() == ["out", "err"], folder
         assert escaped.messages() == []
-        assert "Exited with exit code 3" in (odd / "app.log.srun").read_text()
-        assert sorted(p.name for p in odd.iterdir()) == ["app.log", "app.log.srun"]
+        assert "Exited with exit code 3" in (odd / f"{log}.srun").read_text()
+        assert sorted(p.name for p in odd.iterdir()) == [log, f"{log}.srun"]
 
 
 def test_a_step_runs_where_it_did_before_srun_moved_to_its_logs_directory(

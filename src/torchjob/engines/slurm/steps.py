@@ -82,10 +82,11 @@ def layout_from_env(
 
 
 def output_pattern(name: str) -> str | None:
-    """A log's file name as srun's ``--output`` takes it: a file name pattern, where ``%%`` is a
-    ``%`` (``%j`` would be the job id). None where no pattern names it: srun drops every backslash
-    of a pattern that has one, a doubled one too, and expands nothing in it."""
-    return None if "\\" in name else name.replace("%", "%%")
+    """A log's file name, in srun's directory, as srun's ``--output`` takes it: a file name
+    pattern, where ``%%`` is a ``%`` (``%j`` would be the job id), led by ``./`` since a pattern
+    that begins with ``all`` or ``-`` means srun's own output and a number one task's. None where
+    no pattern names it: srun drops every backslash of a pattern, a doubled one too."""
+    return None if "\\" in name else "./" + name.replace("%", "%%")
 
 
 def _append(path: Path, text: str) -> None:
