@@ -391,6 +391,71 @@ def test_a_version_torchjob_does_not_serve_is_refused_in_one_line(tmp_path: Path
     ]
 
 
+# ``torchjob render`` in a process that says, once it is done, which heavy modules it imported.
+RENDER_AND_TELL = """
+import json, sys
+from torchjob.cli import main
+code = main(["render", sys.argv[1]])
+print(json.dumps({"code": code, "heavy": sorted({"flytekit", "torch"} & set(sys.modules))}))
+"""
+
+
+def render_with_flytekit_said_to_be(version: str, folder: Path, ref: str) -> tuple[dict[str, Any], str, str]:
+    """``render ref`` where the installed flytekit's metadata, as importlib finds it first on the
+    path, says ``version`` (the real package stays importable)."""
+    dist = folder / f"flytekit-{version}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: flytekit\nVersion: {version}\n")
+    done = subprocess.run(
+        [sys.executable, "-c", RENDER_AND_TELL, ref],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(folder)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    *output, last = done.stdout.splitlines()
+    return json.loads(last), "\n".join(output), done.stderr
+
+
+@pytest.mark.parametrize("ref", [f"{CONFIGS}:every_field", f"{ADAPTIVE}:adaptive_training"])
+def test_an_unserved_flytekit_is_refused_before_flytekit_or_torch_is_imported(
+    tmp_path: Path, ref: str
+) -> None:
+    told, out, err = render_with_flytekit_said_to_be("1.17.0", tmp_path, ref)
+    assert told == {"code": 2, "heavy": []}, err
+    assert out == ""
+    path = ref.rpartition(":")[0]
+    assert err.splitlines() == [
+        f"{path}: flytekit 1.17.0 installed; torchjob serves flytekit and flytekitplugins-kfpytorch "
+        "1.16.x (tested with 1.16.31): pip install flytekit==1.16.31 flytekitplugins-kfpytorch==1.16.31"
+    ]
+
+
+def test_a_served_flytekit_said_so_by_its_metadata_still_renders(tmp_path: Path) -> None:
+    told, out, err = render_with_flytekit_said_to_be("1.16.5", tmp_path, f"{CONFIGS}:every_field")
+    assert told == {"code": 0, "heavy": ["flytekit", "torch"]}, err
+    import yaml
+
+    rendered = yaml.safe_load(out)
+    assert rendered["kind"] == "List" and rendered["items"], out
+
+
+def test_a_file_that_does_not_import_flytekit_renders_whatever_flytekit_is_installed(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.py"
+    plain.write_text(
+        "# not flytekit's tasks: torchjob's own\n"
+        "from torchjob import PyTorch, Worker, task\n\n\n"
+        "@task(task_config=PyTorch(worker=Worker(replicas=1)))\n"
+        "def train() -> int:\n"
+        "    return 1\n"
+    )
+    (tmp_path / "dists").mkdir()
+    told, out, err = render_with_flytekit_said_to_be("1.17.0", tmp_path / "dists", f"{plain}:train")
+    assert told["code"] == 0 and "flytekit" not in told["heavy"], err
+    assert "torchjob serves" not in err and "kind: List" in out
+
+
 def test_a_dataclass_pickled_by_value_keeps_its_fields_after_a_round_trip() -> None:
     """A rank's value of a class defined in the task's file comes back into the caller's own class;
     cloudpickle rebuilt its fields then, with copies of dataclasses.MISSING unless results.py

@@ -8,6 +8,7 @@ import random
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from torchjob.engines.slurm.plan import (
 )
 from torchjob.engines.slurm.settings import SlurmSettings
 from torchjob.expand import expand
+from torchjob.host import tcp
 from torchjob.host.tcp import listening
 from torchjob.jobs import load_jobs
 
@@ -61,6 +63,84 @@ def test_a_claim_keeps_other_claims_out_and_lets_the_masters_listener_in() -> No
     again = claim(port)
     assert again is not None
     again.close()
+
+
+def closed_connection_on(port: int) -> None:
+    """A real connection to ``port`` whose server side closes first, as a run's master does at its
+    end: that side waits in TIME_WAIT on the port (60 s on Linux), nothing else holds it."""
+    server = listener(port)
+    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    accepted, _ = server.accept()
+    accepted.close()
+    server.close()
+    client.close()
+    deadline = time.monotonic() + 30
+    while tcp.states(port) != {tcp.TIME_WAIT}:  # the client's FIN lands it there (at once when quiet)
+        assert time.monotonic() < deadline, tcp.states(port)
+        time.sleep(0.05)
+
+
+def bound_without_reuse(port: int) -> bool:
+    """Whether a bind without SO_REUSEADDR (the claim's first try) gets ``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_a_port_its_last_run_left_in_time_wait_is_claimed_and_still_held_against_other_claims() -> None:
+    port = free_port()
+    closed_connection_on(port)
+    assert not bound_without_reuse(port)  # what moved the port before
+    held = claim(port)
+    assert held is not None
+    try:
+        assert claim(port) is None  # a second live claim, here ...
+        asked = json.dumps({"declared": [port], "avoid": []})
+        done = subprocess.run(  # ... and in another process, as another job's controller
+            [sys.executable, "-m", "torchjob.engines.slurm.masterport", asked],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert json.loads(done.stdout)[str(port)] != port
+        master = listener(port)  # the master's own listener binds the claimed port all the same
+        try:
+            assert [sock.port for sock in listening({port})] == [port]
+            held.close()
+            assert claim(port) is None  # a listener holds it, TIME_WAIT or not
+        finally:
+            master.close()
+    finally:
+        held.close()
+
+
+def test_back_to_back_runs_keep_the_declared_port() -> None:
+    said: list[str] = []
+    declared = free_port()
+    closed_connection_on(declared)
+    ports = MasterPorts([declared], avoid=(), local=True, say=said.append)
+    assert ports.for_version(0) == {declared: declared}
+    assert said == []
+    assert claim(declared) is None
+    ports.release()
+
+
+def test_a_live_connection_on_the_port_moves_it_as_a_listener_does() -> None:
+    port = free_port()
+    server = listener(port)
+    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    accepted, _ = server.accept()
+    server.close()  # the last run's master is gone; one of its connections is not
+    try:
+        assert tcp.TIME_WAIT not in tcp.states(port) and tcp.states(port)
+        assert claim(port) is None
+    finally:
+        accepted.close()
+        client.close()
 
 
 def test_the_declared_port_when_free_another_when_held_and_claimed_anew_per_attempt() -> None:

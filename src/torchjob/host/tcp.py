@@ -14,6 +14,7 @@ from torchjob.host import procfs
 from torchjob.records import record
 
 LISTEN = "0A"  # TCP_LISTEN in the tables' "st" column
+TIME_WAIT = "06"
 TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 PORT_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 
@@ -52,6 +53,21 @@ def listening(ports: Collection[int], tables: Tables | None = None) -> list[List
                 port = int(fields[1].rpartition(":")[2], 16)
                 if port in ports:
                     found.append(Listener(port, int(fields[7]), int(fields[9])))
+    return found
+
+
+def states(port: int, tables: Tables | None = None) -> set[str]:
+    """The states ("st": :data:`LISTEN`, :data:`TIME_WAIT`, ...) of the sockets whose local port is
+    ``port``, IPv4 and IPv6. A socket only bound, neither listening nor connected, is in no table."""
+    found = set()
+    ending = f":{port:04X}"
+    for data in (tables or machine_tables)():
+        if f"{ending} ".encode() not in data:
+            continue
+        for line in data.decode(errors="replace").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 3 and fields[1].endswith(ending):
+                found.add(fields[3])
     return found
 
 

@@ -85,6 +85,9 @@ def import_file(path: str) -> ModuleType:
     name = f"{MODULE_PREFIX}{digest}"
     if name in sys.modules:
         return sys.modules[name]
+    from torchjob.sdk.flyte.support import check_file
+
+    check_file(path)  # an unserved flytekit is refused before the file imports it (and torch)
     spec = importlib.util.spec_from_file_location(name, full)
     if spec is None or spec.loader is None:
         raise _fail(path, "", "cannot be imported as a Python module")

@@ -12,10 +12,15 @@ A claim is a socket bound to the port on every address without ``SO_REUSEADDR`` 
 when anything holds the port, even a socket that only bound it), then switched to
 ``SO_REUSEADDR`` and kept: another controller's claim of the same port fails meanwhile, while the
 master's own listener, which sets ``SO_REUSEADDR`` before it binds (torch's TCPStore does, with or
-without libuv; so do Python's ``socket.create_server`` and asyncio), binds it all the same. The
-claim is let go once a listener holds the port (``/proc/net/tcp``), when the attempt it was made
-for is replaced, or at the controller's end. A new attempt of the whole job (a restart) claims
-again: the port the last one used may have been taken since.
+without libuv; so do Python's ``socket.create_server`` and asyncio), binds it all the same. Right
+after a run the port's closed connections wait in TIME_WAIT, which only a bind with
+``SO_REUSEADDR`` passes; when the TCP tables show nothing else on the port the claim binds so.
+Two such sockets, neither listening, would not exclude each other, so every claim also holds a
+lock named for its port (an abstract Unix socket, as per network namespace as the port): a second
+claim fails on it whichever way the first bound. The claim is let go once a listener holds the
+port (``/proc/net/tcp``), when the attempt it was made for is replaced, or at the controller's
+end. A new attempt of the whole job (a restart) claims again: the port the last one used may have
+been taken since.
 
 Only the node the controller runs on can be held so (:func:`on_this_node`). When the master's pod
 lands elsewhere (an ``salloc`` shell on a login node, a heterogeneous job whose master is not in
@@ -42,6 +47,7 @@ from torchjob.typecheck import TYPE_CHECKING
 if TYPE_CHECKING:
     import random
     from collections.abc import Callable, Collection, Mapping
+    from typing import Literal
 
 LOWEST = 20000  # new ports are picked from here up to the kernel's ephemeral range
 TRIES = 64  # random ports tried before the kernel is asked for any free one
@@ -50,24 +56,80 @@ PROBE_TIMEOUT = 30.0  # seconds the step choosing on another node may take
 EPHEMERAL_LOW = 32768  # where the kernel's ephemeral range begins when it cannot be read
 
 
-def claim(port: int) -> socket.socket | None:
-    """A socket holding ``port`` on every local address, or None when something holds it."""
+class Claim:
+    """A port held: the socket bound to it, and the lock by which claims of the port meet."""
+
+    def __init__(self, sock: socket.socket, lock: socket.socket | None) -> None:
+        self.sock = sock
+        self.lock = lock
+
+    def close(self) -> None:
+        self.sock.close()
+        if self.lock is not None:
+            self.lock.close()
+
+
+def claim(port: int) -> Claim | None:
+    """``port`` held on every local address, or None when something holds it: another claim, a
+    listener, a connection; not the TIME_WAIT a closed one leaves (the last run's, say)."""
+    lock = _lock(port)
+    if lock is False:
+        return None
+    sock = _bind(port, reuse=False)
+    if sock is None and lock is not None and _time_wait_alone(port):
+        # Only with the lock: two sockets with SO_REUSEADDR, neither listening, do not meet.
+        sock = _bind(port, reuse=True)
+    if sock is None:
+        if lock is not None:
+            lock.close()
+        return None
+    # Now the master's listener, which sets SO_REUSEADDR before it binds, may join it.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return Claim(sock, lock)
+
+
+def _lock(port: int) -> socket.socket | Literal[False] | None:
+    """An abstract Unix socket named for ``port``: as the port's, its name is one per network
+    namespace and is let go when its process dies. False when another claim holds it; None where
+    none can be made (then a port in TIME_WAIT is not claimed: nothing would tell two claims apart)."""
+    try:
+        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    try:
+        lock.bind(f"\0torchjob-port-{port}".encode())
+    except OSError as err:
+        lock.close()
+        return False if err.errno == errno.EADDRINUSE else None
+    return lock
+
+
+def _bind(port: int, *, reuse: bool) -> socket.socket | None:
+    """A socket bound to ``port`` on every address (IPv6 and IPv4), or None when the port is held."""
     families = [socket.AF_INET6, socket.AF_INET] if socket.has_ipv6 else [socket.AF_INET]
     for family in families:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             if family == socket.AF_INET6:  # one socket for IPv6 and IPv4 alike
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            if reuse:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("::" if family == socket.AF_INET6 else "", port))
         except OSError as err:
             sock.close()
             if err.errno == errno.EADDRINUSE:
                 return None
             continue  # no IPv6 on this host after all: IPv4 alone
-        # Bound without SO_REUSEADDR, so nothing held it; now the master's listener may join it.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         return sock
     return None
+
+
+def _time_wait_alone(port: int) -> bool:
+    """Whether the sockets on ``port`` that the TCP tables list are all closed connections'
+    TIME_WAIT (which SO_REUSEADDR binds over): no listener, no live connection."""
+    from torchjob.host import tcp
+
+    return tcp.states(port) == {tcp.TIME_WAIT}
 
 
 def on_this_node(host: str, environ: Mapping[str, str]) -> bool:
@@ -105,7 +167,7 @@ class MasterPorts:
         self.rng = rng  # made when a port is taken: most jobs never need one
         self.version: int | None = None
         self.chosen: dict[int, int] = {}  # declared -> the port of this attempt
-        self.held: dict[int, socket.socket] = {}  # chosen port -> its claim
+        self.held: dict[int, Claim] = {}  # chosen port -> its claim
         self.looked_at = 0.0
         self.remote = remote  # chooses on the master's node when the controller is not there
 

@@ -81,12 +81,12 @@ def layout_from_env(
     return layouts
 
 
-def output_pattern(log: Path) -> str | None:
-    """``log`` as srun's ``--output`` takes it: a file name pattern, where ``%%`` is a ``%``
-    (``%j`` would be the job id). None where no pattern names it: srun drops every backslash of a
-    pattern that has one, and expands nothing in it."""
-    path = str(log)
-    return None if "\\" in path else path.replace("%", "%%")
+def output_pattern(name: str) -> str | None:
+    """A log's file name, in srun's directory, as srun's ``--output`` takes it: a file name
+    pattern, where ``%%`` is a ``%`` (``%j`` would be the job id), led by ``./`` since a pattern
+    that begins with ``all`` or ``-`` means srun's own output and a number one task's. None where
+    no pattern names it: srun drops every backslash of a pattern, a doubled one too."""
+    return None if "\\" in name else "./" + name.replace("%", "%%")
 
 
 def _append(path: Path, text: str) -> None:
@@ -154,14 +154,16 @@ class Step:
             "--kill-on-bad-exit=1",
             "--quiet",
         ]
-        if working_dir:
-            srun.append(f"--chdir={working_dir}")
+        # Given always, and from here: srun runs in the log's directory (_launch), which the step
+        # must not inherit nor read a relative workingDir from.
+        srun.append(f"--chdir={os.path.join(os.getcwd(), working_dir) if working_dir else os.getcwd()}")
         if image:
             srun.append(f"--container-image={image}")
-        # The task's output goes to the container's log from its node (slurmstepd appends to it);
-        # srun's own messages (``task 0: Exited with exit code 3``) to a file beside it, so the log
-        # holds what the program wrote, as locally. A path srun cannot name is relayed.
-        pattern = output_pattern(log)
+        # The task's output goes to the container's log (srun opens it, a pattern without %t, %n or
+        # %N); srun's own messages (``task 0: Exited with exit code 3``) to a file beside it, so the
+        # log holds what the program wrote, as locally. The pattern is the log's name alone, from
+        # srun's own directory: no backslash of the job root, which no pattern can hold, reaches it.
+        pattern = output_pattern(log.name)
         if pattern is not None:
             srun += [f"--output={pattern}", f"--error={pattern}", "--open-mode=append"]
         step = cls(job_id, name, [*srun, "--", *argv], clients.step_env(env), log)
@@ -172,12 +174,13 @@ class Step:
     def _launch(self) -> None:
         log = self.log
         own = log.with_name(log.name + ".srun")
-        direct = output_pattern(log) is not None
+        direct = output_pattern(log.name) is not None
         with open(log, "ab") as out, open(own if direct else log, "ab") as messages:
             offset = messages.tell()
             self.process = subprocess.Popen(
                 self.argv,
                 env=self.env,
+                cwd=log.parent,  # where the --output pattern, the log's name, is found
                 stdin=subprocess.DEVNULL,
                 stdout=messages if direct else out,
                 stderr=subprocess.STDOUT,

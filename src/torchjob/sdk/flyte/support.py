@@ -3,6 +3,10 @@
 torchjob reads what flytekit serializes for a task (``get_custom``, its resources and image) and
 runs flytekit's own local execution around its kfpytorch tasks: that is tested with flytekit and
 flytekitplugins-kfpytorch 1.16.31, and the 1.16 series keeps those interfaces.
+
+The versions are read from the installed distributions' metadata, never by importing flytekit:
+a file that imports flytekit is refused before torchjob imports it (:func:`check_file`), not
+after flytekit and torch loaded (some 2.5 s).
 """
 
 from __future__ import annotations
@@ -59,3 +63,37 @@ def check(where: str = "<flytekit>") -> None:
     if reason is not None:
         raise SpecError([Problem("", reason, where)])
     _checked = True
+
+
+def check_file(path: str) -> None:
+    """:func:`check` for a file about to be imported, when its source imports flytekit or a
+    flytekit plugin; a file that does not is left to the check made once a flytekit object is seen."""
+    if not _checked and imports_flytekit(path):
+        check(path)
+
+
+def imports_flytekit(path: str) -> bool:
+    """Whether the file's source has an ``import`` of flytekit or of a flytekit plugin (read, not run)."""
+    try:
+        with open(path, "rb") as handle:
+            source = handle.read()
+    except OSError:
+        return False
+    if b"flytekit" not in source:  # the usual file: not parsed
+        return False
+    import ast
+
+    try:
+        tree = ast.parse(source, path)
+    except (SyntaxError, ValueError):  # importing it says what is wrong
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name.split(".")[0] in ("flytekit", "flytekitplugins") for name in names):
+            return True
+    return False
