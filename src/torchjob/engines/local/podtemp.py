@@ -75,16 +75,18 @@ class PodTemp:
         """Remove the job's directories (its processes are gone), and those that supervisors
         killed before their job's end left; in a process that reads the pods' files, at its exit."""
         if self.root is not None and ThisProcess.reads_pod_files:
-            if not _at_exit:
-                atexit.register(_remove_at_exit)
-            _at_exit.append((self.root, self.pods))
+            if os.getpid() not in _at_exit:
+                _at_exit[os.getpid()] = []
+                atexit.register(_remove_at_exit, os.getpid())
+            _at_exit[os.getpid()].append((self.root, self.pods))
         elif self.root is not None:
             _remove(self.root, self.pods)
         self.root = None
         scratch.sweep(PREFIX, base_dir())
 
 
-_at_exit: list[tuple[str, list[str]]] = []  # the jobs' directories this process removes as it exits
+# The jobs' directories a process removes as it exits, by its pid (a fork inherits the handler).
+_at_exit: dict[int, list[tuple[str, list[str]]]] = {}
 
 
 def _remove(root: str, pods: list[str]) -> None:
@@ -95,9 +97,11 @@ def _remove(root: str, pods: list[str]) -> None:
         scratch.remove(root)
 
 
-def _remove_at_exit() -> None:
-    while _at_exit:
-        _remove(*_at_exit.pop())
+def _remove_at_exit(owner: int) -> None:
+    if os.getpid() != owner:  # a fork of the process that ends as Python does: not its to remove
+        return
+    for root, pods in _at_exit.pop(owner, []):
+        _remove(root, pods)
 
 
 def _new_root() -> str:
