@@ -264,8 +264,8 @@ def read_until(stream: IO[Any], wanted: str, timeout: float) -> str:
 
 def private_slurm(factory: Any, **options: Any) -> Iterator[Any]:
     """For a fixture to yield from: a private Slurm cluster (tools/slurm_cluster.py) of
-    ``options`` (nodes, GPUs, features, ...), stopped by pid afterwards; the test skips where
-    such a cluster cannot be made here."""
+    ``options`` (nodes, GPUs, features, ...), stopped by pid afterwards, or by its watcher should
+    this process die first; the test skips where such a cluster cannot be made here."""
     import pytest
 
     from slurm_cluster import SlurmCluster, Unsupported, why_not
@@ -274,7 +274,7 @@ def private_slurm(factory: Any, **options: Any) -> Iterator[Any]:
     if reason is not None:
         pytest.skip(reason)
     try:
-        cluster = SlurmCluster(factory.mktemp("slurm") / "cluster", **options)
+        cluster = SlurmCluster(factory.mktemp("slurm") / "cluster", tied=True, **options)
     except Unsupported as err:
         pytest.skip(str(err))
     try:

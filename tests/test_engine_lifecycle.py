@@ -169,7 +169,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm_cluster.
     if reason is not None:
         pytest.skip(reason)
     try:
-        found = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster", nodes=2)
+        found = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster", nodes=2, tied=True)
     except slurm_cluster.Unsupported as err:
         pytest.skip(str(err))
     try:

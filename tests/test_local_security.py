@@ -53,7 +53,8 @@ ROOT = os.geteuid() == 0
 
 
 def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHJOB_RUNTIME_DIR", "XDG_RUNTIME_DIR")}
+    unset = ("TORCHJOB_RUNTIME_DIR", "XDG_RUNTIME_DIR", ports.LOCK_TIMEOUT_ENV)
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env["TORCHJOB_HOME"] = str(tmp_path / "home")
     env.update(extra)
     return env
@@ -209,16 +210,33 @@ def registry_locked_by_another_process(runtime: Path) -> Iterator[None]:
 
 
 def test_a_registry_lock_held_too_long_is_one_clear_line(tmp_path: Path) -> None:
+    """With the wait lowered from its 10 s by the setting (the lowest it takes: the lock is still
+    waited for, and still refuses the job while another process holds it)."""
     runtime = tmp_path / "runtime"
+    low = ports.LOCK_TIMEOUT_RANGE[0]
     with registry_locked_by_another_process(runtime):
         (tmp_path / "job.yaml").write_text(JOB_WITH_PORT)
-        env = cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(runtime))
+        env = cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(runtime), TORCHJOB_PORT_LOCK_TIMEOUT=f"{low:g}")
         result = torchjob("run", "job.yaml", env=env, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.splitlines() == [
         f"{runtime / 'ports.lock'}: the port registry has been locked by another process for more than "
-        f"{ports.LOCK_TIMEOUT:g}s; if no other torchjob is starting, find the holder with 'fuser' and stop it"
+        f"{low:g}s; if no other torchjob is starting, find the holder with 'fuser' and stop it"
+    ]
+    assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "0.05", "601", "nan", "inf", "soon", ""])
+def test_a_lock_timeout_that_would_not_wait_or_never_end_is_refused(tmp_path: Path, value: str) -> None:
+    """The setting says how long to wait for the registry's lock, never that it is not taken."""
+    (tmp_path / "job.yaml").write_text(JOB_WITH_PORT)
+    env = cli_env(tmp_path, TORCHJOB_RUNTIME_DIR=str(tmp_path / "runtime"), TORCHJOB_PORT_LOCK_TIMEOUT=value)
+    result = torchjob("run", "job.yaml", env=env, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [
+        "<environment>: TORCHJOB_PORT_LOCK_TIMEOUT: must be a number of seconds from 0.1 to 600, "
+        f"got {value!r}"
     ]
     assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
 

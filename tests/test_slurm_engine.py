@@ -3,6 +3,7 @@ run/submit/status/logs/delete, the controller on the batch host, pods as job ste
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from slurm_cluster import SlurmCluster
+from support import read_until
 from test_slurm_steps import no_process_left
 from torchjob.engines.slurm import clients
 
@@ -263,7 +265,32 @@ def test_a_time_limit_reached_is_reported_as_timeout_after_the_signal_before_it(
     )
     path = job_file(tmp_path, [task("sleeper", code, replicas=2)])
     flags = ("--time-limit", "1", "--signal", "USR1@50")
-    done = torchjob(env, "run", str(path), "--engine", "slurm", *flags, timeout=200)
+    argv = [sys.executable, "-m", "torchjob", "run", str(path), "--engine", "slurm", *flags]
+    run = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert run.stdout is not None
+        said = ""
+        deadline = time.monotonic() + 150
+        while (
+            said.count("| checkpoint on SIGUSR1") < 2 and time.monotonic() < deadline and run.poll() is None
+        ):
+            said += read_until(run.stdout, "checkpoint", timeout=deadline - time.monotonic())
+        # slurmctld looks for jobs past their limit every 30 s from its own start (PERIODIC_TIMEOUT,
+        # compiled in): a job started seconds after the cluster passes its one minute just after
+        # the second look and is stopped at the third, 90 s in. Restarted (its state saved) once
+        # the job has run 30 s, the controller looks next as the minute ends: 60 s in.
+        started = slurm.run("squeue", "-h", "-t", "R", "-o", "%S").stdout.split()
+        if started and run.poll() is None:
+            begun = datetime.datetime.strptime(min(started), "%Y-%m-%dT%H:%M:%S").timestamp()
+            time.sleep(max(0.0, min(begun + 31 - time.time(), 60.0)))
+            slurm.stop_controller()
+            slurm.start_controller()
+        out, err = run.communicate(timeout=200)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(30)
+    done = subprocess.CompletedProcess(argv, run.returncode, said + out, err)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "TIMEOUT" in done.stderr
     assert done.stdout.count("| checkpoint on SIGUSR1") == 2, done.stdout

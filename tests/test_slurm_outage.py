@@ -31,7 +31,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     reason = why_not()
     if reason is not None:
         pytest.skip(reason)
-    found = SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster", message_timeout=5)
+    found = SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster", message_timeout=5, tied=True)
     try:
         yield found.start()
     finally:

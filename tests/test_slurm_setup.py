@@ -24,7 +24,7 @@ def apart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SlurmClust
     base = tmp_path_factory.mktemp("slurm")
     local = base / "local"
     local.mkdir(mode=0o700)
-    cluster = SlurmCluster(base / "cluster", unshared=local)
+    cluster = SlurmCluster(base / "cluster", unshared=local, tied=True)
     try:
         yield cluster.start(), local
     finally:

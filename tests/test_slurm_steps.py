@@ -223,7 +223,7 @@ def test_two_private_clusters_do_not_meet_and_stop_leaves_nothing(tmp_path: Path
     reason = slurm_cluster.why_not()
     if reason is not None:
         pytest.skip(reason)
-    clusters = [SlurmCluster(tmp_path / name) for name in ("a", "b")]
+    clusters = [SlurmCluster(tmp_path / name, tied=True) for name in ("a", "b")]
     try:
         for cluster in clusters:
             cluster.start()

@@ -4,7 +4,9 @@ same tool stops it. And the configuration mistakes a person makes first, said in
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_cluster import alive, why_not
+from support import read_until, wait_until
 from test_slurm_engine import REPO, job_file, task
 
 pytestmark = [pytest.mark.timeout(180)]
@@ -55,6 +58,50 @@ def test_the_documented_private_slurm_runs_a_job_and_stops(tmp_path: Path) -> No
         )
     assert stopped.returncode == 0, stopped.stderr
     assert pids and not any(alive(pid) for pid in pids)
+
+
+# A process that starts a tied cluster, says its daemons' pids, and waits to be killed.
+TIED_STARTER = """
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from slurm_cluster import SlurmCluster
+cluster = SlurmCluster(Path(sys.argv[2]), tied=True).start()
+print(json.dumps(cluster.pids), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_tied_clusters_daemons_die_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """As when an xdist worker crashes with a fixture's cluster up: SIGKILL, no finally runs."""
+    reason = why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    where = tmp_path / "tied"
+    starter = subprocess.Popen(
+        [sys.executable, "-c", TIED_STARTER, str(TOOL.parent), str(where)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        cwd=REPO,
+    )
+    pids: dict[str, int] = {}
+    try:
+        assert starter.stdout is not None
+        said = read_until(starter.stdout, "\n", timeout=120)
+        pids = json.loads(said)
+        assert sorted(name.split("-")[0] for name in pids) == ["munged", "slurmctld", "slurmd"], said
+        assert all(alive(pid) for pid in pids.values())
+        starter.send_signal(signal.SIGKILL)
+        starter.wait(30)
+        assert wait_until(lambda: not any(alive(pid) for pid in pids.values()), timeout=60), {
+            name: pid for name, pid in pids.items() if alive(pid)
+        }
+    finally:
+        starter.kill()
+        starter.wait(30)
+        if any(alive(pid) for pid in pids.values()) or not pids:
+            subprocess.run([sys.executable, str(TOOL), "stop", str(where)], capture_output=True, timeout=120)
 
 
 @pytest.mark.parametrize(

@@ -390,10 +390,13 @@ def test_a_poll_reads_the_socket_tables_whole_and_runs_no_clock(
     shell = make_shell(kind, tmp_path)
     trace = tmp_path / "trace"
     env = {"PATH": str(shell.path), INTERVAL_ENV: FAST, UIDS_ENV: str(os.getuid())}
-    script = wait_for_master_script("127.0.0.1", closed_port, 1)
+    # strace stops the shell at each traced call until it is scheduled itself, so on a loaded
+    # machine a poll takes many times its quiet 20-50 ms: 2 s to wait (3 polls need 0.15 s quiet),
+    # and a run limit of its own, as the script's clock only ends the wait between probes.
+    script = wait_for_master_script("127.0.0.1", closed_port, 2)
     argv = [strace, "-f", "-qq", "-y", "-e", "trace=execve,read", "-o", str(trace), shell.sh, "-c", script]
     subprocess.run(
-        argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=RUN_LIMIT, check=False
+        argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=3 * RUN_LIMIT, check=False
     )
     lines = trace.read_text().splitlines()
     polls = sum('["sleep", ' in line for line in lines if "execve(" in line)

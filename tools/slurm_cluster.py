@@ -185,8 +185,11 @@ class SlurmCluster:
         scheduler: str | None = "bf_interval=1",
         message_timeout: int = 20,
         extra: Sequence[str] = (),
+        tied: bool = False,
     ) -> None:
         self.dir = directory
+        self.tied = tied  # the daemons die with this process (see _tie)
+        self._watcher: subprocess.Popen[bytes] | None = None
         self.features = features
         self.message_timeout = message_timeout
         self.scheduler = scheduler  # SchedulerParameters (see config_text)
@@ -211,6 +214,8 @@ class SlurmCluster:
         (self.dir / "state").mkdir(mode=0o700, exist_ok=True)
         if self.gpus:
             self._fake_gpus()
+        if self.tied and self._watcher is None:
+            self._tie()
         self._start_munge()
         for attempt in range(attempts):
             # Free ports are picked, then bound by the daemons: another run may take one between.
@@ -249,6 +254,33 @@ class SlurmCluster:
                 if attempt == attempts - 1 or isinstance(err, Unsupported):
                     raise
         return self
+
+    def _tie(self) -> None:
+        """A watcher that stops this cluster when this process ends without stopping it (a test
+        worker killed or crashed): the daemons fork away from their parent, so no signal of the
+        parent's death reaches them. Its standard input is a pipe only this process holds; an end
+        without a word is that death. In a session of its own, so the group's signal spares it."""
+        self._watcher = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "watch", str(self.dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def _untie(self) -> None:
+        """Stopped: the watcher is told so, and ends without touching any process."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is None or watcher.stdin is None:
+            return
+        with contextlib.suppress(OSError):
+            watcher.stdin.write(b"stopped\n")
+            watcher.stdin.close()
+        try:
+            watcher.wait(10)
+        except subprocess.TimeoutExpired:
+            watcher.kill()
+            watcher.wait(10)
 
     def start_controller(self) -> None:
         """Start slurmctld (again, after :meth:`stop_controller`: with the state it saved)."""
@@ -409,6 +441,7 @@ class SlurmCluster:
                 _stop_pid(pid)
         for pid in self.step_daemons():
             _stop_pid(pid)
+        self._untie()
 
     def adopt(self) -> SlurmCluster:
         """The daemons of a cluster started earlier in ``self.dir`` (by another process), by their
@@ -475,10 +508,15 @@ def main(argv: list[str]) -> int:
     start.add_argument("--gpus", type=int, default=0, help="fake GPUs per node")
     stop = sub.add_parser("stop", help="cancel its jobs and stop its daemons")
     stop.add_argument("dir", type=Path)
+    watch = sub.add_parser("watch", help="stop it once standard input ends unsaid (its starter died)")
+    watch.add_argument("dir", type=Path)
     args = parser.parse_args(argv)
     directory = args.dir.resolve()
-    if args.command == "stop":
-        if not (directory / "slurm.conf").is_file():
+    if args.command == "watch" and sys.stdin.buffer.read():
+        return 0  # the starter stopped the cluster itself and said so
+    if args.command in ("stop", "watch"):
+        # A starter may die before writing slurm.conf, with munged already running.
+        if args.command == "stop" and not (directory / "slurm.conf").is_file():
             print(f"slurm_cluster: {directory} holds no cluster (no slurm.conf)", file=sys.stderr)
             return 2
         nodes = sum(1 for _ in directory.glob("d-*.pid")) or 1

@@ -36,7 +36,10 @@ if TYPE_CHECKING:
     from typing import Any
 
 _FALLBACK_RANGE = (20000, 32767)
-LOCK_TIMEOUT = 10.0
+LOCK_TIMEOUT = 10.0  # seconds to wait for the registry's lock, unless LOCK_TIMEOUT_ENV says
+LOCK_TIMEOUT_ENV = "TORCHJOB_PORT_LOCK_TIMEOUT"
+# Bounds of that setting: it changes how long to wait for the lock, never whether it is taken.
+LOCK_TIMEOUT_RANGE = (0.1, 600.0)
 
 
 def rendezvous_ports(job: Job) -> list[int]:
@@ -193,8 +196,26 @@ def _open_in(dir_fd: int, root: Path, name: str, flags: int) -> int:
         raise RegistryError(root / name, f"cannot open the port registry: {err.strerror or err}") from None
 
 
+def lock_timeout() -> float:
+    """How long to wait for the registry's lock: ``$TORCHJOB_PORT_LOCK_TIMEOUT`` seconds when set
+    (within ``LOCK_TIMEOUT_RANGE``, else SpecError), else ``LOCK_TIMEOUT``."""
+    text = os.environ.get(LOCK_TIMEOUT_ENV)
+    if text is None:
+        return LOCK_TIMEOUT
+    low, high = LOCK_TIMEOUT_RANGE
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not low <= seconds <= high:  # NaN too
+        message = f"must be a number of seconds from {low:g} to {high:g}, got {text!r}"
+        raise SpecError([Problem(LOCK_TIMEOUT_ENV, message, "<environment>")])
+    return seconds
+
+
 def _lock(fd: int, path: Path) -> None:
-    deadline = time.monotonic() + LOCK_TIMEOUT
+    timeout = lock_timeout()
+    deadline = time.monotonic() + timeout
     while True:  # held for milliseconds by each job; never wait forever on a stuck holder
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -203,7 +224,7 @@ def _lock(fd: int, path: Path) -> None:
             if time.monotonic() > deadline:
                 raise RegistryError(
                     path,
-                    f"the port registry has been locked by another process for more than {LOCK_TIMEOUT:g}s; "
+                    f"the port registry has been locked by another process for more than {timeout:g}s; "
                     "if no other torchjob is starting, find the holder with 'fuser' and stop it",
                 ) from None
             time.sleep(0.01)
