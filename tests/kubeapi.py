@@ -565,6 +565,7 @@ class FakeKubeAPI:
 def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        cuts_at_arrival: dict[tuple[str, str], int]  # each log's cuts as the request came (_route)
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
@@ -608,6 +609,8 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
             query = parse_qs(parts.query)
             with api.lock:
                 api.requests.append((method, parts.path, query))
+                # A log stream is open once asked for: a cut from now on ends it (see _pod_log).
+                self.cuts_at_arrival = {key: log.cuts for key, log in api.logs.items()}
                 if method == "POST":
                     api.posted.append(self.payload)
                 trouble = api.trouble is not None and api.trouble.take()
@@ -912,11 +915,13 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 line = buffer.lines[position]
                 return f"{log_stamp(buffer.times[position])} {line}" if stamped else line
 
-            with api.lock:
+            with api.lock:  # what is there now, and where following goes on: read at once, so
+                # that a line written while the first chunk is sent is followed, not skipped
+                position, cuts = len(buffer.lines), self.cuts_at_arrival.get(key, buffer.cuts)
+                if buffer.cuts != cuts:  # cut since it was asked for: it ends at the cut
+                    position = min(position, buffer.cut_at)
                 lines = [
-                    text(i)
-                    for i in range(len(buffer.lines))
-                    if since is None or buffer.times[i] >= parse_stamp(since)
+                    text(i) for i in range(position) if since is None or buffer.times[i] >= parse_stamp(since)
                 ]
             if tail >= 0:
                 lines = lines[len(lines) - tail :] if tail else []
@@ -930,9 +935,6 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                     with api.lock:
                         api.log_bytes_sent += len(block)
                 return
-            position = len(buffer.lines)
-            with api.lock:
-                cuts = buffer.cuts
             while follow and not previous:
                 with api.lock:
                     while (
