@@ -75,7 +75,8 @@ def _override_options(run: argparse.ArgumentParser) -> None:
         default=[],
         metavar="TASK.FIELD=VALUE",
         help="set a task's replicas, minAvailable or maxRetry (worker.replicas=4), or the job's "
-        "minAvailable, maxRetry or queue (maxRetry=0); repeatable",
+        "minAvailable, maxRetry or queue (maxRetry=0); in a kind's own names for its files "
+        "(Worker.replicas, workers.parallelism, trainer.numNodes: docs/kinds.md); repeatable",
     )
     run.add_argument(
         "--workdir",
