@@ -37,9 +37,18 @@ TORCHJOB = Path(sys.executable).parent / "torchjob"
 PYTORCH = False  # --pytorch: the job has the pytorch plugin (a rendezvous port mapped at its turn)
 
 
-def job_yaml(marks: Path) -> str:
-    # The container writes when it started; `date` is started the same way under both versions.
-    command = ["sh", "-c", f'date +%s.%N > "{marks}/$TORCHJOB_POD_NAME"']
+def job_yaml(
+    marks: Path | None = None,
+    *,
+    command: list[str] | None = None,
+    name: str = "ab",
+    pytorch: bool | None = None,
+) -> str:
+    """1 master + 1 worker; each container writes when it started into ``marks`` (``date`` is
+    started the same way under both versions), or runs ``command``; ``pytorch``: with the plugin
+    (default: --pytorch)."""
+    if command is None:
+        command = ["sh", "-c", f'date +%s.%N > "{marks}/$TORCHJOB_POD_NAME"']
     tasks = []
     for task in ("master", "worker"):
         tasks += [
@@ -53,10 +62,32 @@ def job_yaml(marks: Path) -> str:
             "              image: bench:local",
             f"              command: {json.dumps(command)}",
         ]
-    head = ["apiVersion: batch.volcano.sh/v1alpha1", "kind: Job", "metadata: {name: ab}", "spec:", "  tasks:"]
-    if PYTORCH:
+    head = [
+        "apiVersion: batch.volcano.sh/v1alpha1",
+        "kind: Job",
+        f"metadata: {{name: {name}}}",
+        "spec:",
+        "  tasks:",
+    ]
+    with_plugin = PYTORCH if pytorch is None else pytorch
+    if with_plugin:
         head.insert(-1, "  plugins: {pytorch: [--master=master, --worker=worker]}")
     return "\n".join(head + tasks) + "\n"
+
+
+def run_wrapped(
+    wrapper: str, job: Path, env: dict[str, str], preexec_fn: Callable[[], None] | None = None
+) -> None:
+    """``torchjob run JOB`` through ``wrapper`` (a Python program that times it), to its end."""
+    subprocess.run(
+        [sys.executable, "-c", wrapper, str(job)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+        timeout=60,
+        preexec_fn=preexec_fn,
+    )
 
 
 def one_run(src: Path, work: Path) -> dict[str, float]:

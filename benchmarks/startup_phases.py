@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from startup_ab import interleaved, job_yaml, two_versions
+from startup_ab import interleaved, job_yaml, run_wrapped, two_versions
 
 # The wrapper: the program's own entry point (cli.main) with the supervisor's phases timed.
 WRAPPER = r"""
@@ -85,14 +84,7 @@ def one_run(src: Path, work: Path) -> dict[str, float]:
         TORCHJOB_HOME=str(work / "state"),
         AB_OUT=str(out),
     )
-    subprocess.run(
-        [sys.executable, "-c", WRAPPER, str(job)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=True,
-        timeout=60,
-    )
+    run_wrapped(WRAPPER, job, env)
     marks_read: dict[str, float] = json.loads(out.read_text())
     return marks_read
 

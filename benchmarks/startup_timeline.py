@@ -27,11 +27,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from startup_ab import job_yaml, run_wrapped
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,38 +89,13 @@ cli.main()
 """
 
 
-def job_yaml(name: str) -> str:
-    lines = [
-        "apiVersion: batch.volcano.sh/v1alpha1",
-        "kind: Job",
-        f"metadata: {{name: {name}}}",
-        "spec:",
-        "  minAvailable: 2",
-        "  plugins: {pytorch: [--master=master, --worker=worker]}",
-        "  tasks:",
-    ]
-    for task in ("master", "worker"):
-        lines += [
-            f"    - name: {task}",
-            "      replicas: 1",
-            "      template:",
-            "        spec:",
-            "          restartPolicy: Never",
-            "          containers:",
-            "            - name: main",
-            "              image: bench:local",
-            '              command: ["sleep", "0.3"]',
-        ]
-    return "\n".join(lines) + "\n"
-
-
 def _realtime() -> None:  # runs in the child before exec
     os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
 
 
 def one_run(work: Path, index: int, rt: bool) -> list[tuple[str, float, float]]:
     job = work / f"job-{index}.yaml"
-    job.write_text(job_yaml(f"timeline-{index}"))
+    job.write_text(job_yaml(command=["sleep", "0.3"], name=f"timeline-{index}", pytorch=True))
     out = work / f"marks-{index}.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHJOB_")}
     env.update(
@@ -128,15 +104,7 @@ def one_run(work: Path, index: int, rt: bool) -> list[tuple[str, float, float]]:
         TIMELINE_TIMED=json.dumps(TIMED),
         TIMELINE_LAUNCHED=repr(time.time()),
     )
-    subprocess.run(
-        [sys.executable, "-c", WRAPPER, str(job)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=True,
-        timeout=60,
-        preexec_fn=_realtime if rt else None,
-    )
+    run_wrapped(WRAPPER, job, env, _realtime if rt else None)
     return [(str(m), float(w), float(c)) for m, w, c in json.loads(out.read_text())]
 
 
