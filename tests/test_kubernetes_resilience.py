@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,16 +116,30 @@ def test_a_log_stream_resumed_where_timestamps_are_ignored_prints_each_line_once
             time.sleep(0.03)
         written.set()
 
+    code, out, err = _run_writing(api, kubeconfig, tmp_path, capsys, write, written)
+    assert code == 0, err
+    printed = [line.split(" | ", 1)[1] for line in out.splitlines() if line.startswith("worker-0 r1 | step ")]
+    assert printed == lines, out
+
+
+def _run_writing(
+    api: FakeKubeAPI,
+    kubeconfig: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    write: Callable[[], None],
+    release: threading.Event,
+) -> tuple[int, str, str]:
+    """The demo job run on volcano while ``write`` writes demo-worker-0's log in a thread; that
+    container ends only once ``release`` is set. The exit code, stdout and stderr."""
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
-    kubelet = HeldExitKubelet(api, {"demo-worker-0"}, written, seconds=0.3)
+    kubelet = HeldExitKubelet(api, {"demo-worker-0"}, release, seconds=0.3)
     with ControlPlane(api, *for_target(api, "volcano"), kubelet):
         code = run(kubeconfig, job_file(tmp_path), "volcano")
     writer.join(timeout=10)
     out, err = capsys.readouterr()
-    assert code == 0, err
-    printed = [line.split(" | ", 1)[1] for line in out.splitlines() if line.startswith("worker-0 r1 | step ")]
-    assert printed == lines, out
+    return code, out, err
 
 
 def _log_followed(api: FakeKubeAPI, pod: str, timeout: float = 60.0, times: int = 1) -> None:
@@ -160,13 +175,7 @@ def test_a_log_stream_ended_cleanly_mid_line_prints_that_line_once_whole_and_fol
         api.log("demo-worker-0", "worker", "step 2 half", "step 3")
         release.set()
 
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    kubelet = HeldExitKubelet(api, {"demo-worker-0"}, release, seconds=0.3)
-    with ControlPlane(api, *for_target(api, "volcano"), kubelet):
-        code = run(kubeconfig, job_file(tmp_path), "volcano")
-    writer.join(timeout=10)
-    out, err = capsys.readouterr()
+    code, out, err = _run_writing(api, kubeconfig, tmp_path, capsys, write, release)
     assert code == 0, err
     printed = [line.split(" | ", 1)[1] for line in out.splitlines() if line.startswith("worker-0 r1 | step ")]
     assert printed == ["step 1", "step 2 half", "step 3"], out  # whole, once, and followed on
@@ -199,13 +208,7 @@ def test_a_line_over_64_kib_cut_in_its_middle_is_printed_once_and_whole(
         api.log("demo-worker-0", "worker", long, "step 3")
         release.set()
 
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    kubelet = HeldExitKubelet(api, {"demo-worker-0"}, release, seconds=0.3)
-    with ControlPlane(api, *for_target(api, "volcano"), kubelet):
-        code = run(kubeconfig, job_file(tmp_path), "volcano")
-    writer.join(timeout=10)
-    out, err = capsys.readouterr()
+    code, out, err = _run_writing(api, kubeconfig, tmp_path, capsys, write, release)
     assert code == 0, err
     printed = [line.split(" | ", 1)[1] for line in out.splitlines() if line.startswith("worker-0 r1 | ")]
     assert "step 1" in printed and "step 3" in printed, out[-2000:]
