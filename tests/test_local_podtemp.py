@@ -185,3 +185,79 @@ def test_a_pod_run_as_another_user_keeps_the_machines(
     seen = _seen(log_text(result, "them-0", "c"))
     assert seen["tmpdir"] == str(base) and Path(seen["made"]).parent == base
     assert Path(_seen(log_text(result, "us-0", "c"))["tmpdir"]).parent.parent == base
+
+
+# A program that keeps a file in torch's compile cache folder, found as torch.compile finds it
+# (inductor's kernels, graphs and precompiled header go there), and says what it saw there.
+COMPILE_CACHE = (
+    "import os\n"
+    "from torch._inductor.runtime.cache_dir_utils import default_cache_dir\n"
+    "home = default_cache_dir()\n"
+    "os.makedirs(home, exist_ok=True)\n"
+    "print('cache', os.path.realpath(home))\n"
+    "print('seen', ','.join(sorted(os.listdir(home))))\n"
+    "open(os.path.join(home, os.environ['TORCHJOB_POD_NAME']), 'w').close()\n"
+)
+
+
+def _cache_seen(text: str) -> dict[str, str]:
+    return dict(
+        line.split(" ", 1) for line in text.splitlines() if line.split(" ", 1)[0] in {"cache", "seen"}
+    )
+
+
+@pytest.mark.timeout(240)
+def test_torchs_compile_cache_outlives_the_job_where_a_bare_run_keeps_it(
+    tmp_path: Path, base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.compile caches in <temporary directory>/torchinductor_<user>: with each pod's own
+    TMPDIR, every run compiled from nothing. The first run's cache becomes the machine's, and the
+    next run's pods use that, the folder a bare python uses."""
+    monkeypatch.setenv("TMPDIR", str(base))
+    monkeypatch.setenv("LOGNAME", "tj:user")  # getpass's first choice; torch replaces the ':'
+    cache = base / "torchinductor_tj_user"
+    program = container("c", ["python", "-c", COMPILE_CACHE])
+    first = run(make_job("cache1", [task("a", [program], replicas=2)]), tmp_path, timeout=200)
+    assert first.ok, first.reason
+    assert [_cache_seen(log_text(first, pod, "c"))["seen"] for pod in ("a-0", "a-1")] == ["", ""]
+    assert list(base.iterdir()) == [cache]  # one pod's cache kept, the job's folder gone
+    kept = sorted(p.name for p in cache.iterdir())
+    assert kept in (["cache1-a-0"], ["cache1-a-1"])
+    second = run(make_job("cache2", [task("b", [program])]), tmp_path, timeout=200)
+    assert second.ok, second.reason
+    seen = _cache_seen(log_text(second, "b-0", "c"))
+    assert seen == {"cache": str(cache), "seen": kept[0]}  # the machine's, with the first run's file
+    assert sorted(p.name for p in cache.iterdir()) == [*kept, "cache2-b-0"]
+    assert list(base.iterdir()) == [cache]
+    bare = subprocess.run(  # where torch in a bare python keeps it
+        [sys.executable, "-c", COMPILE_CACHE.split("os.makedirs")[0] + "print(home)"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert bare == str(cache)
+
+
+def test_a_compile_cache_name_that_is_not_the_users_folder_is_left_alone(
+    tmp_path: Path, base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing in the machine's temporary directory is trusted that this user did not make: a
+    link planted where the cache would be is neither followed by the pods nor replaced."""
+    monkeypatch.setenv("TMPDIR", str(base))
+    monkeypatch.setenv("LOGNAME", "tjuser")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    planted = base / "torchinductor_tjuser"
+    planted.symlink_to(elsewhere)
+    script = (
+        "import os\n"
+        "home = os.path.join(os.environ['TMPDIR'], 'torchinductor_tjuser')\n"
+        "print('cache', 'link' if os.path.islink(home) else 'own')\n"
+        "os.makedirs(os.path.join(home, 'kernels'))\n"  # as torch would make it
+    )
+    result = run(
+        make_job("planted", [task("a", [container("c", ["python", "-c", script])])]), tmp_path, timeout=60
+    )
+    assert result.ok, result.reason
+    assert _cache_seen(log_text(result, "a-0", "c"))["cache"] == "own"
+    assert list(elsewhere.iterdir()) == []
+    assert planted.is_symlink() and os.readlink(planted) == str(elsewhere)
+    assert list(base.iterdir()) == [planted]

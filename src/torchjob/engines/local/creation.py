@@ -226,6 +226,8 @@ class PodFactory:
         try:
             make_empty_dirs(ctx)
             inits, mains = resolve_pod(ctx)
+            if "TMPDIR" in ctx.base_env:  # the pod's own: torch's compile cache stays the machine's
+                self.temp.keep_caches(ctx.base_env["TMPDIR"], [run.env for run in [*inits, *mains]])
             aliases = plan.manifest["spec"].get("hostAliases")
             # Before the hosts hook: a container's own hook rules it out. A fork server's children
             # share its /etc/hosts, the job's: a pod with hostAliases of its own is not forked.

@@ -15,6 +15,14 @@ temporary directory (multiprocessing's ``pymp-*/listener-*``, 32 bytes), and a s
 not pass 107 bytes; where the machine's temporary directory is too long a path to add ours to
 (:data:`LONGEST`), the pods keep it. A pod that runs as another user (``runAsUser``, torchjob as
 root) gets none: it could not write to a directory of torchjob's user, and keeps the machine's.
+
+What programs keep in the temporary directory to find again next run stays where they find it
+(:meth:`PodTemp.keep_caches`): torch.compile's cache, ``<temporary directory>/torchinductor_<user>``
+(its kernels, graphs and a 150 MB precompiled header, which torch puts there even when
+``TORCHINDUCTOR_CACHE_DIR`` names another place), is a link in each pod's directory to the
+machine's; where the machine has none yet, a pod's own becomes it at the job's end (so a job that
+never imports torch leaves nothing). Without it every run compiled from nothing: a small function
+on CPU took 13 s a run under torchjob, against 13 s once and 1.3 s after for a bare ``python``.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import stat
 
 from torchjob import logs, scratch
 from torchjob.engine_api.base import ThisProcess
@@ -29,9 +38,11 @@ from torchjob.engines.local import security
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 PREFIX = "torchjob-tmp-"
+CACHES = ("torchinductor_",)  # + the user's name: the folders kept in the machine's (see keep_caches)
 ATTEMPTS = 10  # random names tried for the job's directory before giving up
 LONGEST = 64  # bytes of a pod's directory: 43 left for what programs make in it
 
@@ -44,6 +55,20 @@ def base_dir() -> str:
         if value and os.path.isabs(value):
             return value
     return "/tmp"
+
+
+def cache_user(env: Mapping[str, str]) -> str:
+    """The user name torch's compile cache is named for in a process with ``env``: that of
+    ``getpass.getuser`` (its variables, else the account's), with torch's characters replaced."""
+    user = next((env[n] for n in ("LOGNAME", "USER", "LNAME", "USERNAME") if env.get(n)), None)
+    if user is None:
+        import pwd
+
+        try:
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except KeyError:
+            user = f"uid_{os.getuid()}"
+    return "".join("_" if c in '\\/:*?"<>|' else c for c in user)
 
 
 class PodTemp:
@@ -71,6 +96,24 @@ class PodTemp:
         self.pods.append(path)
         return path
 
+    def keep_caches(self, path: str, envs: list[dict[str, str]]) -> None:
+        """In the pod directory ``path``, a link to the machine's torch compile cache for each of
+        the pod's processes (``envs``) whose ``TMPDIR`` it is, where that cache is a folder of this
+        user's own; else the pod's cache is its own, and is moved there at the job's end."""
+        for env in envs:
+            if env.get("TMPDIR") != path:  # the container set its own
+                continue
+            for prefix in CACHES:
+                name = prefix + cache_user(env)
+                link, target = os.path.join(path, name), os.path.join(_machines(path), name)
+                try:
+                    info = os.lstat(target)
+                    if os.path.lexists(link) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                        continue  # linked for another container; or not this user's own folder
+                    os.symlink(target, link)
+                except OSError:  # none yet (or not to be had): the pod's own, kept at the end
+                    pass
+
     def remove(self) -> None:
         """Remove the job's directories (its processes are gone), and those that supervisors
         killed before their job's end left; in a process that reads the pods' files, at its exit."""
@@ -90,11 +133,34 @@ _at_exit: dict[int, list[tuple[str, list[str]]]] = {}
 
 
 def _remove(root: str, pods: list[str]) -> None:
+    _adopt_caches(pods)
     for path in pods:  # most programs remove what they made: nothing is left
         with contextlib.suppress(OSError):
             os.rmdir(path)
     if not scratch.remove_empty(root):
         scratch.remove(root)
+
+
+def _machines(pod_dir: str) -> str:
+    """The machine's temporary directory, in which the job's directory holds ``pod_dir``."""
+    return os.path.dirname(os.path.dirname(pod_dir))
+
+
+def _adopt_caches(pods: list[str]) -> None:
+    """A compile cache a pod made in its own directory (the machine had none: see keep_caches)
+    becomes the machine's, for the next runs, unless one appeared there meanwhile."""
+    for path in pods:
+        try:
+            entries = [
+                e for e in os.scandir(path) if e.name.startswith(CACHES) and e.is_dir(follow_symlinks=False)
+            ]
+        except OSError:
+            continue
+        for entry in entries:
+            target = os.path.join(_machines(path), entry.name)
+            if not os.path.lexists(target):
+                with contextlib.suppress(OSError):
+                    os.rename(entry.path, target)
 
 
 def _remove_at_exit(owner: int) -> None:
