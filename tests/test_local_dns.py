@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from support import container, job_dir, leftovers, log_dir, make_job, run, sh, status_of, task
+from support import container, job_dir, leftovers, log_dir, log_text, make_job, run, sh, status_of, task
 from test_waitmaster import PROBING, make_shell
 from torchjob import records
 from torchjob.engines.local import podnames
@@ -210,6 +210,7 @@ else:
 print("gloo ok", rank, os.environ["MASTER_ADDR"], flush=True)
 print("namespaces", os.readlink("/proc/self/ns/mnt"), os.readlink("/proc/self/ns/user"), flush=True)
 print("hostname", __import__("socket").gethostname(), os.uname().nodename, flush=True)
+print("ncclhost", os.environ.get("NCCL_HOSTID"), flush=True)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -266,7 +267,24 @@ def test_a_two_rank_gloo_job_connects_through_the_master_name(
     assert "hostname gloo-master-0 gloo-master-0" in logs["gloo-master-0"]
     assert "hostname gloo-worker-0 gloo-worker-0" in logs["gloo-worker-0"]
     assert socket.gethostname() not in ("gloo-master-0", "gloo-worker-0")
+    # NCCL would take each for a host of its own (the host name and boot id): both get the
+    # machine's identity as NCCL finds it outside a pod, so ranks stay neighbours (podnames.py)
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().split()[0]
+    assert all(f"ncclhost {socket.gethostname()}{boot}\n" in text for text in logs.values()), logs
     assert leftovers(result.id) == []
+
+
+@pytest.mark.usefixtures("names_work")
+def test_a_pod_with_a_host_name_of_its_own_keeps_the_machines_nccl_identity_unless_it_sets_one(
+    tmp_path: Path,
+) -> None:
+    show = ["sh", "-c", 'echo "ncclhost $NCCL_HOSTID $(uname -n)"']
+    theirs = container("c", show, env=[{"name": "NCCL_HOSTID", "value": "mine"}])
+    result = run(make_job("nccl", [task("a", [container("c", show)]), task("b", [theirs])]), tmp_path)
+    assert result.ok, result.reason
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().split()[0]
+    assert log_text(result, "a-0", "c") == f"ncclhost {socket.gethostname()}{boot} nccl-a-0\n"
+    assert log_text(result, "b-0", "c") == "ncclhost mine nccl-b-0\n"
 
 
 C10D = "torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d --rdzv-id=c --rdzv-endpoint={} {}"

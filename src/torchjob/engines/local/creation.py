@@ -245,6 +245,7 @@ class PodFactory:
                 )
                 for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
                     run.before_exec = security.then(mount.enter, run.before_exec)
+                    run.env.setdefault(podnames.NCCL_HOST, podnames.machine_identity())  # (podnames.py)
             namespace = self.net.namespace
             if namespace is not None:  # first: its user namespace is the one the mount is made in
                 for run in [*inits, *mains]:

@@ -54,6 +54,24 @@ def hostname_of(pod_name: str, pod_spec: dict[str, Any]) -> str:
     return str(pod_spec.get("hostname") or pod_name[:63].rstrip("-."))
 
 
+# NCCL tells hosts apart by this variable, else by the host name and the boot's id: with a host
+# name of its own each pod would be a host of its own to NCCL, and ranks on this machine's GPUs
+# would talk over the network instead of shared memory and NVLink. Pods that get their own host
+# name get the machine's identity as NCCL reads it outside a pod (a container's own value wins).
+NCCL_HOST = "NCCL_HOSTID"
+
+
+def machine_identity(boot_id: str = "/proc/sys/kernel/random/boot_id") -> str:
+    """NCCL's host identity of a process of this machine that keeps its host name: the host
+    name, then the boot id's first word."""
+    try:
+        with open(boot_id) as source:
+            boot = (source.read().split() or [""])[0]
+    except OSError:
+        boot = ""
+    return os.uname().nodename + boot
+
+
 def hosts_text(machine: str, entries: Iterable[tuple[str, Sequence[str]]]) -> str:
     """The machine's hosts file, then ``<address> <name>...`` per pod, each name listed once."""
     lines = [machine.rstrip("\n")] if machine.strip() else []
