@@ -96,7 +96,9 @@ def test_pods_forked_from_one_preload_server_each_have_their_own(
     monkeypatch.setenv("TMPDIR", str(base))
     work = tmp_path / "work"
     work.mkdir()
-    (work / "light.py").write_text("import ctypes  # as torch does: the server needs it\n")
+    (work / "light.py").write_text(  # ctypes: as torch does, the server needs it; tempfile asked
+        "import ctypes, tempfile\ntempfile.gettempdir()\n"  # at import, as torch._inductor does
+    )
     program = container("c", ["python", "-c", REPORT], workingDir=str(work))
     job = make_job("forktemp", [task("a", [program], replicas=2)])
     result = run(job, tmp_path, timeout=60, preload=("light",))

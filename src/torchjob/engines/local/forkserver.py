@@ -313,6 +313,10 @@ def _become_container(request: list[bytes], report: int, subreaper: bool = True)
     environ = dict(entry.split(b"=", 1) for entry in request[3 + argc :] if entry)
     os.environb.clear()
     os.environb.update(environ)
+    if "tempfile" in sys.modules:  # what a preloaded module asked (torch._inductor does) is the
+        import tempfile  # server's TMPDIR: the pod's own comes from its environment at the next ask
+
+        tempfile.tempdir = None
     _write(report, b"%08d" % os.getpid())
     os.close(report)
     return request[3 : 3 + argc]

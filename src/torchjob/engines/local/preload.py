@@ -65,7 +65,7 @@ IMPORT_TIME_PREFIXES = ("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "TORCH_", 
 # engine variable.)
 POD_NAMES = frozenset(
     {"HOSTNAME", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "VC_TASK_INDEX", "VK_TASK_INDEX"}
-    | {"TMPDIR"}
+    | {"TMPDIR", "NCCL_HOSTID"}  # (NCCL reads it when a group starts, not at torch's import)
 )
 
 # Set per job for programs to read (Volcano's hosts lists, torchrun's rank interpreter in the job's
