@@ -165,13 +165,18 @@ def _watch(engine: Engine, ref: str) -> int:
 
 
 def _pod_counts(report: JobReport) -> str:
-    """``3 pods: 2 succeeded, 1 stopped``: every pod counted once, by its phase."""
+    """``3 pods: 2 succeeded, 1 stopped``: every pod counted once, by its phase; for a job of
+    which only what it left remains, ``0 pods: only leftovers: service/demo, +3 more``."""
     from torchjob.display import plural
 
     counts: dict[str, int] = {}
     for pod in report.pods:
         counts[pod.phase.lower()] = counts.get(pod.phase.lower(), 0) + 1
     parts = ", ".join(f"{n} {phase}" for phase, n in counts.items())
+    if report.leftovers and not parts:  # why it is Unknown, briefly: `status JOB` says it all
+        left = report.leftovers
+        shown = left if len(left) <= 3 else [*left[:2], f"+{len(left) - 2} more"]
+        parts = "only leftovers: " + ", ".join(shown)
     return plural(len(report.pods), "pod") + (f": {parts}" if parts else "")
 
 

@@ -265,6 +265,7 @@ class KubernetesEngine:
         )
         if found.leftover and found.left:  # not Pending: nothing will run; Unknown, and why
             report.phase, report.reason = UNKNOWN, finding.what_remains(found)
+            report.leftovers = finding.left_names(found)
             made = [timestamp(item["metadata"].get("creationTimestamp")) for _, item in found.left]
             report.started_at = min((t for t in made if t), default=None)
         return report

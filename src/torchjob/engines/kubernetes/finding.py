@@ -171,9 +171,14 @@ def singular(plural: str) -> str:
     return plural[:-3] + "y" if plural.endswith("ies") else plural.removesuffix("s")
 
 
+def left_names(found: Found) -> list[str]:
+    """What a job of which only what it left was found left, as ``kind/name``."""
+    return [f"{singular(plural)}/{item['metadata']['name']}" for plural, item in found.left]
+
+
 def what_remains(found: Found) -> str:
     """Why a job of which only what it left was found is shown, and how to remove that."""
-    names = ", ".join(f"{singular(plural)}/{item['metadata']['name']}" for plural, item in found.left)
+    names = ", ".join(left_names(found))
     if found.deleting:  # claims that wait for a deleted job's last pod: they go by themselves
         return f"its object and pods are gone; what it left is being deleted: {names}"
     return (
