@@ -1,5 +1,5 @@
 """Jobs of which only what they left remains on the cluster (their object and pods gone; a
-ConfigMap, Service, claim, ... still labelled as theirs): the listing.
+ConfigMap, Service, claim, ... still labelled as theirs): the listing and ``wait``.
 
 The real CLI and client over HTTP against the fake API server (kubeapi.py); what a job left is put
 there as a cut-short creation or an orphaning delete leaves it, or made by a real ``submit``.
@@ -87,3 +87,25 @@ def test_the_listing_says_briefly_what_a_job_left_and_keeps_its_columns(
     assert "leftovers" not in items["demo"]  # a job that is there: its JSON as before
     assert main(k8s("status", "cut", "-o", "json", kubeconfig=kubeconfig)) == 0
     assert json.loads(capsys.readouterr().out)["leftovers"] == ["configmap/cut-svc", "service/cut"]
+
+
+# ---------------------------------------------------------------------- wait
+
+
+def test_wait_on_a_job_of_which_only_leftovers_remain_ends_at_once_saying_so(
+    api: FakeKubeAPI, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing of it runs, nor ever will: one line, exit 1 as for any job nobody runs any more
+    (phase Unknown), without following it."""
+    leave(api, "demo", 0.0)
+    assert main(k8s("wait", "demo", kubeconfig=kubeconfig)) == 1
+    out, err = capsys.readouterr()
+    assert out == (
+        "default/demo Unknown: its object and pods are gone; only what it left remains: "
+        "configmap/demo-svc, service/demo; "
+        "remove them with: torchjob delete default/demo --engine kubernetes\n"
+    ), err
+    assert err == ""
+    assert not [path for _, path, query in api.requests if "watch" in query], "it was followed"
+    assert main(k8s("wait", "demo", "--timeout", "30", kubeconfig=kubeconfig)) == 1
+    assert capsys.readouterr().out == out

@@ -177,9 +177,8 @@ class KubernetesEngine:
 
     def status(self, ref: str) -> JobReport:
         found = self._resolve(ref)
-        if found.leftover:  # no pod to read: named, all that is left of it
-            found.left = finding.left_of(self.cluster, self.discovery, found.name, found.namespace)
-            return self._report(found, pods={}, top=None)
+        if found.leftover:
+            return self._left_report(ref, found)
         pods = {
             str(p["metadata"]["name"]): p
             for p in list_labelled(
@@ -207,7 +206,10 @@ class KubernetesEngine:
 
     def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
         with sigterm_interrupts():  # from the first request: the job's lookup
-            follower = self._follower(self._resolve(ref), logs=False, sink=sink)
+            found = self._resolve(ref)
+            if found.leftover:  # nothing of it runs, nor ever will: said at once, not followed
+                return self._left_report(ref, found)
+            follower = self._follower(found, logs=False, sink=sink)
             for _ in follower.run(timeout):
                 pass
             return self._finish(follower)
@@ -246,6 +248,13 @@ class KubernetesEngine:
 
     def _resolve(self, ref: str) -> Found:
         return finding.resolve(self.cluster, self.discovery, ref, self._namespace())
+
+    def _left_report(self, ref: str, found: Found) -> JobReport:
+        """The report of a job of which only what it left was found, every such object named."""
+        found.left = finding.left_of(self.cluster, self.discovery, found.name, found.namespace)
+        if not found.left:  # gone too, since it was found
+            raise finding.not_found(self.cluster, ref, found.name, found.namespace)
+        return self._report(found, pods={}, top=None)
 
     def _report(
         self,

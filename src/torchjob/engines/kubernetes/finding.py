@@ -72,9 +72,13 @@ def resolve(cluster: Cluster, discovery: Discovery, ref: str, namespace: str) ->
     where = where or namespace
     found = find(cluster, discovery, name, where)
     if found is None:
-        context = f" of context {cluster.context}" if cluster.context else ""
-        raise JobNotFound(f"no job {name!r} in namespace {where}{context}", ref)
+        raise not_found(cluster, ref, name, where)
     return found
+
+
+def not_found(cluster: Cluster, ref: str, name: str, namespace: str) -> JobNotFound:
+    context = f" of context {cluster.context}" if cluster.context else ""
+    return JobNotFound(f"no job {name!r} in namespace {namespace}{context}", ref)
 
 
 def leftover_kinds() -> list[tuple[str, str]]:
