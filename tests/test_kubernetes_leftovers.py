@@ -1,5 +1,5 @@
 """Jobs of which only what they left remains on the cluster (their object and pods gone; a
-ConfigMap, Service, claim, ... still labelled as theirs): the listing and ``wait``.
+ConfigMap, Service, claim, ... still labelled as theirs): the listing, ``wait`` and ``prune``.
 
 The real CLI and client over HTTP against the fake API server (kubeapi.py); what a job left is put
 there as a cut-short creation or an orphaning delete leaves it, or made by a real ``submit``.
@@ -8,6 +8,10 @@ there as a cut-short creation or an orphaning delete leaves it, or made by a rea
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,11 +22,12 @@ from kube_fixtures import JOB_LABEL, demo_job
 from kubeapi import FakeKubeAPI, now_iso
 from test_kubernetes_commands import submitted
 from torchjob.cli import main
+from torchjob.engines.kubernetes.removal import SETTLE_AGE
 
 pytestmark = pytest.mark.timeout(120)
 
 JOB = demo_job(workers=2, min_available=2)
-OLD = 3600.0  # seconds ago
+OLD = 2 * SETTLE_AGE  # seconds: what a job left this long ago is no submission under way
 LABELLED_KINDS = {
     "ConfigMap": "v1",
     "Service": "v1",
@@ -109,3 +114,115 @@ def test_wait_on_a_job_of_which_only_leftovers_remain_ends_at_once_saying_so(
     assert not [path for _, path, query in api.requests if "watch" in query], "it was followed"
     assert main(k8s("wait", "demo", "--timeout", "30", kubeconfig=kubeconfig)) == 1
     assert capsys.readouterr().out == out
+
+
+# ---------------------------------------------------------------------- prune
+
+
+def test_prune_removes_what_a_gone_job_left_once_it_is_old_enough(
+    api: FakeKubeAPI, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    leave(api, "old", OLD, tuple(LABELLED_KINDS))
+    leave(api, "new", 1.0)  # as a job being submitted has them for a moment
+    api.put({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "theirs", "labels": {"app": "x"}}})
+    assert main(k8s("prune", "--older-than", f"{3 * OLD:g}s", kubeconfig=kubeconfig)) == 0
+    out, err = capsys.readouterr()
+    assert out == "no finished jobs to remove\n", err
+    assert len(labelled(api)) == 7
+    assert main(k8s("prune", kubeconfig=kubeconfig)) == 0
+    out, err = capsys.readouterr()
+    assert out == "deleted default/old\n", err
+    assert (
+        "torchjob: job default/old had no pods left; removed configmap/old-svc, service/old, "
+        "networkpolicy/old, podgroup/old, persistentvolumeclaim/old"
+    ) in err.splitlines(), err
+    kept = [line for line in err.splitlines() if "default/new" in line]
+    assert len(kept) == 1 and kept[0].startswith("torchjob: kept default/new: only leftovers"), err
+    assert kept[0].endswith("remove them with: torchjob delete default/new --engine kubernetes"), err
+    # the claim waits for its protection finalizer (no pod uses it: the controller would remove it)
+    claim = api.get("v1", "PersistentVolumeClaim", "old")
+    assert claim is not None and claim["metadata"].get("deletionTimestamp")
+    assert sorted(k for k in labelled(api) if "old" not in k) == ["configmap/new-svc", "service/new"]
+    assert api.get("v1", "Service", "theirs") is not None
+    assert main(k8s("status", "old", "-o", "json", kubeconfig=kubeconfig)) == 0
+    assert "what it left is being deleted" in json.loads(capsys.readouterr().out)["reason"]
+    assert main(k8s("prune", kubeconfig=kubeconfig)) == 0  # being deleted: not again, not listed
+    out, err = capsys.readouterr()
+    assert out == "no finished jobs to remove\n" and "default/old" not in err, err
+
+
+def _submit(kubeconfig: str, job: Path, target: str) -> subprocess.Popen[str]:
+    command = ["submit", str(job), "--target", target]
+    return subprocess.Popen(
+        [sys.executable, "-m", "torchjob", *k8s(*command, kubeconfig=kubeconfig)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+@pytest.mark.parametrize(
+    ("target", "held"),
+    [("kubeflow", r"/pytorchjobs$"), ("pods", r"/pods$")],
+    ids=["claim-before-object", "side-objects-before-pods"],
+)
+def test_prune_while_a_job_is_being_submitted_leaves_what_it_made_so_far(
+    api: FakeKubeAPI,
+    kubeconfig: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    target: str,
+    held: str,
+) -> None:
+    """submit makes a job's claims (and a `pods` job's ConfigMap, Service, NetworkPolicy) before
+    its object or first pod: caught between, they are all of the job there is. prune leaves them."""
+    job = tmp_path / "job.yaml"
+    job.write_text(demo_job(volume=True))
+    with api.hold("POST", held) as hold:
+        process = _submit(kubeconfig, job, target)
+        try:
+            assert hold.wait_arrived(60), "the submission did not get to its object"
+            made = labelled(api)
+            assert any(k.startswith("persistentvolumeclaim/") for k in made), made
+            assert main(k8s("prune", kubeconfig=kubeconfig)) == 0
+            out, err = capsys.readouterr()
+            assert out == "no finished jobs to remove\n", err
+            assert "torchjob: kept default/demo: only leftovers" in err, err
+            assert labelled(api) == made
+            assert api.count("DELETE") == 0
+        finally:
+            hold.release()
+            out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    after = labelled(api)
+    assert made.items() <= after.items(), (made, after)
+    assert main(k8s("status", kubeconfig=kubeconfig)) == 0
+    _header, *rows = capsys.readouterr().out.splitlines()
+    assert [row.split()[:2] for row in rows] == [["default/demo", "Pending"]], rows
+
+
+def test_prune_keeps_an_object_made_again_under_a_leftovers_name_since_it_listed_them(
+    api: FakeKubeAPI, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Between prune's listing and its delete, the leftovers were replaced (a `submit --replace`
+    of the job): the delete names the uid it listed, so the new objects stay."""
+    leave(api, "demo", OLD)
+    result: list[int] = []
+    with api.hold("DELETE", r"/configmaps/demo-svc$") as hold:
+        pruning = threading.Thread(target=lambda: result.append(main(k8s("prune", kubeconfig=kubeconfig))))
+        pruning.start()
+        try:
+            assert hold.wait_arrived(60), "prune deleted nothing"
+            for kind in ("ConfigMap", "Service"):
+                api.delete("v1", kind, "demo-svc" if kind == "ConfigMap" else "demo")
+            leave(api, "demo", 0.0)
+            new = labelled(api)
+        finally:
+            hold.release()
+            pruning.join(60)
+    assert result == [0]
+    out, err = capsys.readouterr()
+    assert out == "no finished jobs to remove\n", err
+    assert "torchjob: kept default/demo: configmap/demo-svc, service/demo made again since" in err, err
+    assert labelled(api) == new

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ from torchjob.phases import UNKNOWN
 from torchjob.records import record, replace
 
 if TYPE_CHECKING:
-    from torchjob.engine_api.base import Engine, Sink
+    from torchjob.engine_api.base import Engine, LeftoverEngine, Sink
     from torchjob.errors import Issue
     from torchjob.spec.model import Job
 
@@ -229,6 +230,38 @@ class KubernetesEngine:
                 raise Interrupted from None
             return deleted
 
+    def prune_leftovers(self, older_than: float | None = None) -> list[str]:
+        """Remove the jobs of which only what they left remains (their object and pods gone) whose
+        newest object is older than ``older_than`` seconds, and than removal.SETTLE_AGE (a job
+        being submitted has such objects for a moment): their ids."""
+        with sigterm_interrupts():
+            now = time.time()
+            chosen: list[Found] = []
+            for found, _ in finding.every_job(self.cluster, self.discovery, self._namespace()):
+                if not found.leftover or found.deleting:  # being deleted: it goes by itself
+                    continue
+                age = removal.left_age(found, now)
+                if age < removal.SETTLE_AGE:
+                    self._note(removal.too_new(found, age))
+                elif older_than is None or age > older_than:
+                    chosen.append(found)
+            pruned: list[str] = []
+            try:
+                for found in chosen:
+                    removed, kept = removal.delete_left(self.cluster, found)
+                    if kept:  # made again since it was listed: a new job of that name, not pruned
+                        also = f" (removed {', '.join(removed)})" if removed else ""
+                        self._note(
+                            f"kept {found.ref}: {', '.join(kept)} made again since it was listed{also}"
+                        )
+                        continue
+                    self._note(f"job {found.ref} had no pods left; removed {', '.join(removed)}")
+                    pruned.append(found.ref)
+            except KeyboardInterrupt:
+                self._note(removal.interrupted_delete(pruned, [found.ref for found in chosen]))
+                raise Interrupted from None
+            return pruned
+
     # ------------------------------------------------------------------ helpers
 
     def _log_refused(
@@ -354,3 +387,4 @@ def _option(options: StartOptions, name: str) -> Any:
 
 if TYPE_CHECKING:  # mypy checks here that the class implements the engine interface
     _implements: type[Engine] = KubernetesEngine
+    _leftovers: type[LeftoverEngine] = KubernetesEngine
