@@ -94,7 +94,7 @@ def test_the_listing_says_briefly_what_a_job_left_and_keeps_its_columns(
     assert json.loads(capsys.readouterr().out)["leftovers"] == ["configmap/cut-svc", "service/cut"]
 
 
-# ---------------------------------------------------------------------- wait
+# ---------------------------------------------------------------------- wait, logs
 
 
 def test_wait_on_a_job_of_which_only_leftovers_remain_ends_at_once_saying_so(
@@ -114,6 +114,22 @@ def test_wait_on_a_job_of_which_only_leftovers_remain_ends_at_once_saying_so(
     assert not [path for _, path, query in api.requests if "watch" in query], "it was followed"
     assert main(k8s("wait", "demo", "--timeout", "30", kubeconfig=kubeconfig)) == 1
     assert capsys.readouterr().out == out
+
+
+@pytest.mark.parametrize("follow", [[], ["-f"]], ids=["now", "follow"])
+def test_logs_of_a_job_of_which_only_leftovers_remain_say_so_in_one_line(
+    api: FakeKubeAPI, kubeconfig: str, capsys: pytest.CaptureFixture[str], follow: list[str]
+) -> None:
+    """No pod, nor any to come: one line and exit 2, as for a local job with no log to show."""
+    leave(api, "demo", 0.0)
+    assert main(k8s("logs", "demo", *follow, kubeconfig=kubeconfig)) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        "torchjob: job default/demo has no log to show: its object and pods are gone; only what it "
+        "left remains: configmap/demo-svc, service/demo; "
+        "remove them with: torchjob delete default/demo --engine kubernetes\n"
+    )
 
 
 # ---------------------------------------------------------------------- prune

@@ -192,10 +192,15 @@ class KubernetesEngine:
 
     def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
         if not query.follow:
-            yield from current_logs(self.cluster, self.status(ref), query)
+            report = self.status(ref)
+            if report.leftovers:
+                raise _no_logs(report)
+            yield from current_logs(self.cluster, report, query)
             return
         with sigterm_interrupts():  # from the first request: the job's lookup
             found = self._resolve(ref)
+            if found.leftover:  # no pod ever comes: said, not followed
+                raise _no_logs(self._left_report(ref, found))
             follower = self._follower(
                 found,
                 logs=True,
@@ -369,6 +374,11 @@ class KubernetesEngine:
             if not refused(err):
                 raise
             self._log_refused(err)  # the job's outcome matters more than its log
+
+
+def _no_logs(report: JobReport) -> EngineError:
+    """``logs`` of a job of which only what it left remains: one line, as for a job with no log."""
+    return EngineError(f"job {report.id} has no log to show: {report.reason}")
 
 
 def _top_object(objects: list[dict[str, Any]], kind: Kind | None) -> dict[str, Any] | None:
