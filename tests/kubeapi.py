@@ -1,13 +1,13 @@
 """A small Kubernetes API server for tests: real HTTP on 127.0.0.1, answering as kube-apiserver does.
 
 It knows discovery (/api, /apis, /apis/GROUP/VERSION), namespaced create/get/list/delete and
-merge-patch for core and custom resources (label and field selectors, limit, delete by
-collection), watch streams (chunked JSON lines with ADDED/MODIFIED/DELETED and resourceVersions,
-ended after timeoutSeconds), pod logs (tailLines, previous, follow, timestamps, sinceTime) and
-Status bodies for 401/403/404/409/422. What it stores goes through kubeadmission.py first (the
-CRD schemas with ``fieldValidation``, names, webhooks, claim protection, pod priority and QoS);
-finalizers hold a deleted object until they are removed, and the owners' deletion takes their
-dependents (the garbage collector). It runs no controller: tests play the controller through
+merge-patch for core and custom resources (label and field selectors, limit, delete by collection,
+a delete's uid precondition), watch streams (chunked JSON lines with ADDED/MODIFIED/DELETED and
+resourceVersions, ended after timeoutSeconds), pod logs (tailLines, previous, follow, timestamps,
+sinceTime) and Status bodies for 401/403/404/409/422. What it stores goes through kubeadmission.py
+first (the CRD schemas with ``fieldValidation``, names, webhooks, claim protection, pod priority
+and QoS); finalizers hold a deleted object until they are removed, and the owners' deletion takes
+their dependents (the garbage collector). It runs no controller: tests play the controller through
 ``put``/``set_status``/``log``, or run the simulations of tests/controllers/. Every request is
 recorded, so tests can count them. A pod's log belongs to that pod: deleting it ends its streams,
 and a pod made again under the same name starts an empty log.
@@ -970,6 +970,11 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 obj = api.objects.get(key)
                 if obj is None:
                     self._status(404, "NotFound", f'{plural} "{name}" not found')
+                    return
+                uid = ((self._body() or {}).get("preconditions") or {}).get("uid")
+                if uid is not None and uid != obj["metadata"]["uid"]:  # DeleteOptions.preconditions
+                    message = f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+                    self._status(409, "Conflict", message + obj["metadata"]["uid"])
                     return
                 gone = api._remove(key)
                 body = status_body(200, "", "") | {"status": "Success"} if gone else copy.deepcopy(obj)

@@ -418,6 +418,14 @@ def test_status_and_delete_all_find_a_job_of_which_only_leftovers_remain(
     assert main(["status", *k8s]) == 0
     _header, *rows = capsys.readouterr().out.splitlines()
     assert [row.split()[:3] for row in rows] == [["default/demo", "Unknown", "0"]], rows
+    shown = rows[0].split("0 pods: only leftovers: ", 1)[1].split("  ", 1)[0].split(", ")
+    if len(left) <= 3:  # what it left, briefly: all of it, or two and how many more
+        assert sorted(shown) == left, rows
+    else:
+        assert set(shown[:2]) <= set(left) and shown[2:] == [f"+{len(left) - 2} more"], rows
+    assert main(["prune", *k8s]) == 0  # made a moment ago: as a job being submitted, kept
+    out, err = capsys.readouterr()
+    assert out == "no finished jobs to remove\n" and "torchjob: kept default/demo" in err, err
     assert main(["status", "demo", *k8s, "-o", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["phase"] == "Unknown"

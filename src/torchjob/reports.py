@@ -280,6 +280,9 @@ class JobReport:
 
     name_resolution: str = ""  # local engine: whether pod names resolve for the job's processes
     network: str = ""  # local engine: the job's own network namespace, or why the machine's
+    # A cluster's job of which only what it left remains (its object and pods are gone): those
+    # objects as kind/name (phase Unknown, the reason naming them and how to remove them).
+    leftovers: list[str] = field(default_factory=list)
 
     @property
     def terminal(self) -> bool:
@@ -313,6 +316,8 @@ class JobReport:
             data["nameResolution"] = self.name_resolution
         if self.network:
             data["network"] = self.network
+        if self.leftovers:
+            data["leftovers"] = list(self.leftovers)
         return data
 
     @classmethod
@@ -320,6 +325,9 @@ class JobReport:
         """The report ``to_dict`` wrote; :class:`ReportError` naming the field when it is not that shape."""
         r = _Reader(data, "")
         failure = r.data.get("firstFailure")
+        leftovers = r.items("leftovers")
+        if not all(isinstance(item, str) for item in leftovers):
+            raise ReportError("leftovers: expected a list of strings")
         return cls(
             engine=r.text("engine", _REQUIRED),
             id=r.text("id", _REQUIRED),
@@ -339,4 +347,5 @@ class JobReport:
             events=[Event.from_dict(e, f"events[{i}].") for i, e in enumerate(r.items("events"))],
             name_resolution=r.text("nameResolution"),
             network=r.text("network"),
+            leftovers=list(leftovers),
         )

@@ -63,7 +63,11 @@ def register(commands: Any) -> None:
     delete.add_argument("--all", action="store_true", help="every job of the engine, running or not")
     engine_options(delete, "delete")
     delete.set_defaults(func=run_delete)
-    prune = commands.add_parser("prune", help="remove finished jobs (Completed, Failed, Aborted, Terminated)")
+    prune = commands.add_parser(
+        "prune",
+        help="remove finished jobs (Completed, Failed, Aborted, Terminated), and on a cluster "
+        "what gone jobs left",
+    )
     prune.add_argument(
         "--older-than",
         metavar="DURATION",
@@ -165,13 +169,18 @@ def _watch(engine: Engine, ref: str) -> int:
 
 
 def _pod_counts(report: JobReport) -> str:
-    """``3 pods: 2 succeeded, 1 stopped``: every pod counted once, by its phase."""
+    """``3 pods: 2 succeeded, 1 stopped``: every pod counted once, by its phase; for a job of
+    which only what it left remains, ``0 pods: only leftovers: service/demo, +3 more``."""
     from torchjob.display import plural
 
     counts: dict[str, int] = {}
     for pod in report.pods:
         counts[pod.phase.lower()] = counts.get(pod.phase.lower(), 0) + 1
     parts = ", ".join(f"{n} {phase}" for phase, n in counts.items())
+    if report.leftovers and not parts:  # why it is Unknown, briefly: `status JOB` says it all
+        left = report.leftovers
+        shown = left if len(left) <= 3 else [*left[:2], f"+{len(left) - 2} more"]
+        parts = "only leftovers: " + ", ".join(shown)
     return plural(len(report.pods), "pod") + (f": {parts}" if parts else "")
 
 
@@ -409,6 +418,12 @@ def run_prune(args: argparse.Namespace) -> int:
         finished = [r for r in finished if now - (r.finished_at or r.started_at or now) > age]
     for job_id in engine.delete([r.id for r in finished]):  # [] still checks the root
         print(f"deleted {job_id}")
-    if not finished:
+    # Jobs of which only what they left remains (a cluster's): the engine picks them, as it
+    # alone can tell them from a job being submitted (LeftoverEngine).
+    prune_leftovers: Callable[[float | None], list[str]] | None = getattr(engine, "prune_leftovers", None)
+    pruned = prune_leftovers(age) if prune_leftovers is not None else []
+    for job_id in pruned:
+        print(f"deleted {job_id}")
+    if not finished and not pruned:
         print("no finished jobs to remove")
     return EXIT_OK

@@ -463,3 +463,12 @@ if TYPE_CHECKING:
         def queues(self) -> QueueListing:
             """Its capacity, its queues, the jobs that hold resources and those that wait, in order."""
             ...
+
+    class LeftoverEngine(Engine, Protocol):
+        """An engine on which a job may leave objects once the job itself is gone, listed as phase
+        Unknown with ``JobReport.leftovers`` (optional: ``prune`` looks for ``prune_leftovers``)."""
+
+        def prune_leftovers(self, older_than: float | None = None) -> list[str]:
+            """Remove what such jobs left, when it is older than ``older_than`` seconds and than a
+            job being submitted may take to make its objects: those jobs' ids."""
+            ...

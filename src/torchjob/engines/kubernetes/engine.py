@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ from torchjob.phases import UNKNOWN
 from torchjob.records import record, replace
 
 if TYPE_CHECKING:
-    from torchjob.engine_api.base import Engine, Sink
+    from torchjob.engine_api.base import Engine, LeftoverEngine, Sink
     from torchjob.errors import Issue
     from torchjob.spec.model import Job
 
@@ -177,9 +178,8 @@ class KubernetesEngine:
 
     def status(self, ref: str) -> JobReport:
         found = self._resolve(ref)
-        if found.leftover:  # no pod to read: named, all that is left of it
-            found.left = finding.left_of(self.cluster, self.discovery, found.name, found.namespace)
-            return self._report(found, pods={}, top=None)
+        if found.leftover:
+            return self._left_report(ref, found)
         pods = {
             str(p["metadata"]["name"]): p
             for p in list_labelled(
@@ -192,10 +192,15 @@ class KubernetesEngine:
 
     def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
         if not query.follow:
-            yield from current_logs(self.cluster, self.status(ref), query)
+            report = self.status(ref)
+            if report.leftovers:
+                raise _no_logs(report)
+            yield from current_logs(self.cluster, report, query)
             return
         with sigterm_interrupts():  # from the first request: the job's lookup
             found = self._resolve(ref)
+            if found.leftover:  # no pod ever comes: said, not followed
+                raise _no_logs(self._left_report(ref, found))
             follower = self._follower(
                 found,
                 logs=True,
@@ -207,7 +212,10 @@ class KubernetesEngine:
 
     def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
         with sigterm_interrupts():  # from the first request: the job's lookup
-            follower = self._follower(self._resolve(ref), logs=False, sink=sink)
+            found = self._resolve(ref)
+            if found.leftover:  # nothing of it runs, nor ever will: said at once, not followed
+                return self._left_report(ref, found)
+            follower = self._follower(found, logs=False, sink=sink)
             for _ in follower.run(timeout):
                 pass
             return self._finish(follower)
@@ -226,6 +234,38 @@ class KubernetesEngine:
                 self._note(removal.interrupted_delete(deleted, [found.ref for found in jobs]))
                 raise Interrupted from None
             return deleted
+
+    def prune_leftovers(self, older_than: float | None = None) -> list[str]:
+        """Remove the jobs of which only what they left remains (their object and pods gone) whose
+        newest object is older than ``older_than`` seconds, and than removal.SETTLE_AGE (a job
+        being submitted has such objects for a moment): their ids."""
+        with sigterm_interrupts():
+            now = time.time()
+            chosen: list[Found] = []
+            for found, _ in finding.every_job(self.cluster, self.discovery, self._namespace()):
+                if not found.leftover or found.deleting:  # being deleted: it goes by itself
+                    continue
+                age = removal.left_age(found, now)
+                if age < removal.SETTLE_AGE:
+                    self._note(removal.too_new(found, age))
+                elif older_than is None or age > older_than:
+                    chosen.append(found)
+            pruned: list[str] = []
+            try:
+                for found in chosen:
+                    removed, kept = removal.delete_left(self.cluster, found)
+                    if kept:  # made again since it was listed: a new job of that name, not pruned
+                        also = f" (removed {', '.join(removed)})" if removed else ""
+                        self._note(
+                            f"kept {found.ref}: {', '.join(kept)} made again since it was listed{also}"
+                        )
+                        continue
+                    self._note(f"job {found.ref} had no pods left; removed {', '.join(removed)}")
+                    pruned.append(found.ref)
+            except KeyboardInterrupt:
+                self._note(removal.interrupted_delete(pruned, [found.ref for found in chosen]))
+                raise Interrupted from None
+            return pruned
 
     # ------------------------------------------------------------------ helpers
 
@@ -247,6 +287,13 @@ class KubernetesEngine:
     def _resolve(self, ref: str) -> Found:
         return finding.resolve(self.cluster, self.discovery, ref, self._namespace())
 
+    def _left_report(self, ref: str, found: Found) -> JobReport:
+        """The report of a job of which only what it left was found, every such object named."""
+        found.left = finding.left_of(self.cluster, self.discovery, found.name, found.namespace)
+        if not found.left:  # gone too, since it was found
+            raise finding.not_found(self.cluster, ref, found.name, found.namespace)
+        return self._report(found, pods={}, top=None)
+
     def _report(
         self,
         found: Found,
@@ -265,6 +312,7 @@ class KubernetesEngine:
         )
         if found.leftover and found.left:  # not Pending: nothing will run; Unknown, and why
             report.phase, report.reason = UNKNOWN, finding.what_remains(found)
+            report.leftovers = finding.left_names(found)
             made = [timestamp(item["metadata"].get("creationTimestamp")) for _, item in found.left]
             report.started_at = min((t for t in made if t), default=None)
         return report
@@ -328,6 +376,11 @@ class KubernetesEngine:
             self._log_refused(err)  # the job's outcome matters more than its log
 
 
+def _no_logs(report: JobReport) -> EngineError:
+    """``logs`` of a job of which only what it left remains: one line, as for a job with no log."""
+    return EngineError(f"job {report.id} has no log to show: {report.reason}")
+
+
 def _top_object(objects: list[dict[str, Any]], kind: Kind | None) -> dict[str, Any] | None:
     if kind is None:
         return None
@@ -344,3 +397,4 @@ def _option(options: StartOptions, name: str) -> Any:
 
 if TYPE_CHECKING:  # mypy checks here that the class implements the engine interface
     _implements: type[Engine] = KubernetesEngine
+    _leftovers: type[LeftoverEngine] = KubernetesEngine

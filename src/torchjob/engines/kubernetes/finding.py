@@ -72,9 +72,13 @@ def resolve(cluster: Cluster, discovery: Discovery, ref: str, namespace: str) ->
     where = where or namespace
     found = find(cluster, discovery, name, where)
     if found is None:
-        context = f" of context {cluster.context}" if cluster.context else ""
-        raise JobNotFound(f"no job {name!r} in namespace {where}{context}", ref)
+        raise not_found(cluster, ref, name, where)
     return found
+
+
+def not_found(cluster: Cluster, ref: str, name: str, namespace: str) -> JobNotFound:
+    context = f" of context {cluster.context}" if cluster.context else ""
+    return JobNotFound(f"no job {name!r} in namespace {namespace}{context}", ref)
 
 
 def leftover_kinds() -> list[tuple[str, str]]:
@@ -171,9 +175,14 @@ def singular(plural: str) -> str:
     return plural[:-3] + "y" if plural.endswith("ies") else plural.removesuffix("s")
 
 
+def left_names(found: Found) -> list[str]:
+    """What a job of which only what it left was found left, as ``kind/name``."""
+    return [f"{singular(plural)}/{item['metadata']['name']}" for plural, item in found.left]
+
+
 def what_remains(found: Found) -> str:
     """Why a job of which only what it left was found is shown, and how to remove that."""
-    names = ", ".join(f"{singular(plural)}/{item['metadata']['name']}" for plural, item in found.left)
+    names = ", ".join(left_names(found))
     if found.deleting:  # claims that wait for a deleted job's last pod: they go by themselves
         return f"its object and pods are gone; what it left is being deleted: {names}"
     return (

@@ -11,10 +11,18 @@ from typing import Any
 from torchjob.engine_api.base import EngineError, Interrupted
 from torchjob.engines.kubernetes import bounded, claims, finding
 from torchjob.engines.kubernetes.client import Cluster, namespaced_path
+from torchjob.engines.kubernetes.errors import ApiError
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Found
+from torchjob.engines.kubernetes.phase import timestamp
 from torchjob.engines.kubernetes.submit import delete_object
 
 GONE_TIMEOUT = 120.0  # how long --replace deletes the old job and waits for it to go, as a whole
+# A job being submitted has its claims (for the `pods` target also its ConfigMap, Service, ...)
+# made before its object or first pod (submit.create_all, in order): for that moment they look
+# like leftovers. prune leaves leftovers until the newest is older than this: longer than one
+# create can take (client.py: 5 tries of at most 80 s, 30 s waits between them: 520 s), with a
+# margin for the cluster's clock against this machine's.
+SETTLE_AGE = 600.0
 
 
 def delete_job(cluster: Cluster, discovery: Discovery, found: Found) -> list[str]:
@@ -53,6 +61,45 @@ def delete_job(cluster: Cluster, discovery: Discovery, found: Found) -> list[str
     )
     removed += [f"pod/{p['metadata']['name']}" for p in pods.get("items") or []]
     return removed
+
+
+def left_age(found: Found, now: float) -> float:
+    """Seconds since the newest of what a leftover-only job left was made (0 when not known)."""
+    made = [timestamp((item.get("metadata") or {}).get("creationTimestamp")) for _, item in found.left]
+    return 0.0 if not made or None in made else now - max(t for t in made if t is not None)
+
+
+def too_new(found: Found, age: float) -> str:
+    """Why prune keeps leftovers made a moment ago, and how to remove them all the same."""
+    return (
+        f"kept {found.ref}: only leftovers, the newest made {max(age, 0.0):.0f}s ago (under "
+        f"{SETTLE_AGE:g}s: a job being submitted may still be making its objects); if it is not, "
+        f"remove them with: {bounded.remove_command(found.ref)}"
+    )
+
+
+def delete_left(cluster: Cluster, found: Found) -> tuple[list[str], list[str]]:
+    """Delete the very objects a leftover-only job was found with, as ``(removed, kept)`` by
+    ``kind/name``. Never its pods nor anything else by its label, and each object only while it is
+    the one found (its uid): one made again under its name since (a new submission) is kept."""
+    versions = {plural: api_version for api_version, plural in finding.leftover_kinds()}
+    removed: list[str] = []
+    kept: list[str] = []
+    for plural, item in found.left:
+        meta = item["metadata"]
+        what = f"{finding.singular(plural)}/{meta['name']}"
+        if claims.deleting(item):
+            continue  # going already
+        path = namespaced_path(versions[plural], plural, found.namespace, str(meta["name"]))
+        try:
+            delete_object(cluster, path, what, uid=meta.get("uid"))
+        except ApiError as err:
+            if err.status != 409:
+                raise
+            kept.append(what)
+            continue
+        removed.append(what)
+    return removed, kept
 
 
 def delete_within(cluster: Cluster, discovery: Discovery, found: Found, seconds: float) -> bool:

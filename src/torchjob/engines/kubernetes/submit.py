@@ -158,10 +158,14 @@ def _undo(cluster: Cluster, paths: list[str], deadline: float) -> tuple[list[str
     return [path for path in order if not gone.get(path)], timed_out
 
 
-def delete_object(cluster: Cluster, path: str, what: str) -> bool:
-    """Delete one object (its children in the background); False when it was already gone."""
+def delete_object(cluster: Cluster, path: str, what: str, uid: str | None = None) -> bool:
+    """Delete one object (its children in the background); False when it was already gone. With
+    ``uid``, only that very object: one made again under its name is refused (ApiError 409)."""
+    body = None if uid is None else {"preconditions": {"uid": uid}}
     try:
-        cluster.json("DELETE", path, query={"propagationPolicy": "Background"}, doing=f"delete {what}")
+        cluster.json(
+            "DELETE", path, query={"propagationPolicy": "Background"}, body=body, doing=f"delete {what}"
+        )
     except ApiError as err:
         if err.status == 404:
             return False
