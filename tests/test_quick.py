@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-from support import cli
+from support import cli, torchjob
 from torchjob.targets import target_names
 
 pytestmark = pytest.mark.timeout(150)
@@ -233,6 +234,37 @@ def test_set_worker_replicas_gives_torchrun_the_new_node_count(tmp_path: Path) -
             f"<command line>: --set: worker.replicas={value}: expected a number of worker nodes (0 or more), "
             f"got '{value}'\n"
         ), proc.stderr
+
+
+THREADS = """\
+import os
+print(f"rank {os.environ['RANK']} omp {os.environ.get('OMP_NUM_THREADS')}")
+"""
+
+
+def test_omp_num_threads_is_what_torchrun_would_give(tmp_path: Path) -> None:
+    """torchrun sets OMP_NUM_THREADS=1 only for more than one process and only when it is unset:
+    one process keeps every core, and a user's own value reaches the ranks."""
+    (tmp_path / "train.py").write_text(THREADS)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    home = tmp_path / "home"
+    proc = torchjob("run", "train.py", home=home, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0 and "rank 0 omp None" in proc.stdout, proc.stdout + proc.stderr
+    proc = torchjob("run", "-j", "1x2", "train.py", home=home, env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0 omp 1" in proc.stdout and "rank 1 omp 1" in proc.stdout, proc.stdout
+    assert "Setting OMP_NUM_THREADS" not in proc.stdout + proc.stderr  # torchrun's banner
+    own = {**env, "OMP_NUM_THREADS": "3"}
+    proc = torchjob("run", "-j", "1x2", "train.py", home=home, env=own, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rank 0 omp 3" in proc.stdout and "rank 1 omp 3" in proc.stdout, proc.stdout
+    # a cluster's pods do not inherit this shell: torchrun's default is written into the job
+    for shape, expected in (("2x3", [{"name": "OMP_NUM_THREADS", "value": "1"}]), ("2x1", [])):
+        proc = torchjob("render", "-o", "json", "-j", shape, "train.py", home=home, env=own, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        pods = [i for i in json.loads(proc.stdout)["items"] if i["kind"] == "Pod"]
+        envs = [p["spec"]["containers"][0]["env"] for p in pods]
+        assert [[e for e in env if e["name"] == "OMP_NUM_THREADS"] for env in envs] == [expected] * 2
 
 
 # ------------------------------------------------------------ quick mode for a cluster

@@ -143,7 +143,9 @@ def quick_manifest(
     program_args: list[str],
     workdir: str | None,
     image: str = DEFAULT_IMAGE,
+    own_threads: bool = False,
 ) -> dict[str, Any]:
+    """``own_threads``: the pods inherit an ``OMP_NUM_THREADS`` of the user's (a local run)."""
     launcher = [
         *LAUNCHER,
         f"--nnodes={nodes}",
@@ -153,16 +155,18 @@ def quick_manifest(
         "--master-port=$(MASTER_PORT)",
     ]
 
+    # torchrun sets OMP_NUM_THREADS=1 itself, with a banner on every pod, when it starts more
+    # than one process and the variable is unset; one process keeps torch's default (every core),
+    # and a value of the user's own (inherited by local pods) is left to win, as under torchrun.
+    one_thread = procs > 1 and not own_threads
+
     def task(name: str, replicas: int) -> dict[str, Any]:
         container: dict[str, Any] = {"name": "main", "image": image}
         if workdir is not None:
             container["workingDir"] = workdir
-        container.update(
-            # What torchrun sets anyway, saying so in a banner on every pod when it is not set.
-            env=[{"name": "OMP_NUM_THREADS", "value": "1"}],
-            command=launcher,
-            args=[_escape(script), *map(_escape, program_args)],
-        )
+        if one_thread:
+            container["env"] = [{"name": "OMP_NUM_THREADS", "value": "1"}]
+        container.update(command=launcher, args=[_escape(script), *map(_escape, program_args)])
         return {
             "name": name,
             "replicas": replicas,
@@ -220,7 +224,8 @@ def quick_job(
     if image is not None and not image.strip():
         raise SpecError([Problem("--image", "expected an image reference, got ''", COMMAND_LINE)])
     where = base if local else workdir
-    manifest = quick_manifest(script, nodes, procs, program_args, where, image or DEFAULT_IMAGE)
+    own_threads = local and "OMP_NUM_THREADS" in os.environ
+    manifest = quick_manifest(script, nodes, procs, program_args, where, image or DEFAULT_IMAGE, own_threads)
     document = Document(data=manifest, file=script)
     job, problems = check_document(document)
     if job is None:
