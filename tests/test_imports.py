@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from torchjob.engines.local.podtemp import cache_user
 from torchjob.targets import target_names
 
 pytestmark = pytest.mark.timeout(120)
@@ -138,7 +143,9 @@ def test_the_probe_notices_a_heavy_import() -> None:
     assert json.loads(result.stderr.strip().splitlines()[-1])["heavy"] == ["torch"]
 
 
-def assert_runs_without(unwanted: tuple[str, ...], state: Path, job: Path) -> None:
+def assert_runs_without(
+    unwanted: tuple[str, ...], state: Path, job: Path, env: dict[str, str] | None = None
+) -> None:
     """``torchjob run -q JOB`` succeeds and never imports any of ``unwanted``."""
     result = subprocess.run(
         [
@@ -154,16 +161,31 @@ def assert_runs_without(unwanted: tuple[str, ...], state: Path, job: Path) -> No
         capture_output=True,
         text=True,
         timeout=60,
+        env=env,
     )
     report = json.loads(result.stderr.strip().splitlines()[-1])
     assert report["code"] == 0, result.stdout + result.stderr
     assert report["heavy"] == []
 
 
-def test_run_of_a_short_job_loads_only_what_starting_pods_needs(tmp_path: Path) -> None:
+@pytest.fixture(params=[False, True], ids=["no-compile-cache", "compile-cache"])
+def machine_temp(request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    """The environment of a run whose temporary directory is a new short one, with or without
+    torch's compile cache folder in it (each pod's directory then holds a link to it, podtemp.py)."""
+    base = Path(tempfile.mkdtemp(prefix="tj-", dir="/tmp"))
+    if request.param:
+        (base / f"torchinductor_{cache_user(os.environ)}").mkdir()
+    yield {**os.environ, "TMPDIR": str(base)}
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_run_of_a_short_job_loads_only_what_starting_pods_needs(
+    tmp_path: Path, machine_temp: dict[str, str]
+) -> None:
     """The modules a job run used to load while its first ranks started: each took 2-17 ms of CPU.
 
-    The pods outlive the first scan for descendants (0.5 s), which imported psutil every time.
+    The pods outlive the first scan for descendants (0.5 s), which imported psutil every time. The
+    pods' temporary directories go without shutil, also with links to the compile cache in them.
     """
     job = tmp_path / "short.yaml"
     job.write_text(
@@ -177,7 +199,8 @@ def test_run_of_a_short_job_loads_only_what_starting_pods_needs(tmp_path: Path) 
         )
     )
     unwanted = ("psutil", "logging", "shutil", "tempfile", "random", "torch", "kubernetes")
-    assert_runs_without(unwanted, tmp_path, job)
+    assert_runs_without(unwanted, tmp_path, job, machine_temp)
+    assert [p.name for p in Path(machine_temp["TMPDIR"]).iterdir() if p.name.startswith("torchjob-")] == []
 
 
 def test_a_worker_waiting_for_its_master_costs_the_supervisor_no_psutil(tmp_path: Path) -> None:

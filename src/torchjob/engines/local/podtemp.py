@@ -133,7 +133,7 @@ _at_exit: dict[int, list[tuple[str, list[str]]]] = {}
 
 
 def _remove(root: str, pods: list[str]) -> None:
-    _adopt_caches(pods)
+    _settle_caches(pods)
     for path in pods:  # most programs remove what they made: nothing is left
         with contextlib.suppress(OSError):
             os.rmdir(path)
@@ -146,20 +146,21 @@ def _machines(pod_dir: str) -> str:
     return os.path.dirname(os.path.dirname(pod_dir))
 
 
-def _adopt_caches(pods: list[str]) -> None:
-    """A compile cache a pod made in its own directory (the machine had none: see keep_caches)
-    becomes the machine's, for the next runs, unless one appeared there meanwhile."""
+def _settle_caches(pods: list[str]) -> None:
+    """The links to the machine's compile cache go (the pods' directories are then empty, and
+    removed without shutil's import); a cache a pod made in its own directory (the machine had
+    none: see keep_caches) becomes the machine's, unless one appeared there meanwhile."""
     for path in pods:
         try:
-            entries = [
-                e for e in os.scandir(path) if e.name.startswith(CACHES) and e.is_dir(follow_symlinks=False)
-            ]
+            entries = [e for e in os.scandir(path) if e.name.startswith(CACHES)]
         except OSError:
             continue
         for entry in entries:
             target = os.path.join(_machines(path), entry.name)
-            if not os.path.lexists(target):
-                with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError):
+                if entry.is_symlink():
+                    os.unlink(entry.path)
+                elif entry.is_dir(follow_symlinks=False) and not os.path.lexists(target):
                     os.rename(entry.path, target)
 
 
