@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from torchjob.engine_api.base import (
     EngineError,
-    Interrupted,
     JobReport,
     LogLine,
     LogQuery,
@@ -224,15 +223,12 @@ class KubernetesEngine:
         with sigterm_interrupts():  # stopped, it says what was deleted and what was not
             jobs = [self._resolve(ref) for ref in refs]  # every ref first: a typo deletes nothing
             deleted: list[str] = []
-            try:
+            with removal.telling_interrupts(self._note, deleted, [found.ref for found in jobs]):
                 for found in jobs:
                     removed = removal.delete_job(self.cluster, self.discovery, found)
-                    if found.leftover:  # no pod was found, only these: said, as they were not the job
-                        self._note(f"job {found.ref} had no pods left; removed {', '.join(removed)}")
+                    if found.leftover:  # no pod was found, only these
+                        self._note(removal.left_removed(found.ref, removed))
                     deleted.append(found.ref)
-            except KeyboardInterrupt:
-                self._note(removal.interrupted_delete(deleted, [found.ref for found in jobs]))
-                raise Interrupted from None
             return deleted
 
     def prune_leftovers(self, older_than: float | None = None) -> list[str]:
@@ -251,7 +247,7 @@ class KubernetesEngine:
                 elif older_than is None or age > older_than:
                     chosen.append(found)
             pruned: list[str] = []
-            try:
+            with removal.telling_interrupts(self._note, pruned, [found.ref for found in chosen]):
                 for found in chosen:
                     removed, kept = removal.delete_left(self.cluster, found)
                     if kept:  # made again since it was listed: a new job of that name, not pruned
@@ -260,11 +256,8 @@ class KubernetesEngine:
                             f"kept {found.ref}: {', '.join(kept)} made again since it was listed{also}"
                         )
                         continue
-                    self._note(f"job {found.ref} had no pods left; removed {', '.join(removed)}")
+                    self._note(removal.left_removed(found.ref, removed))
                     pruned.append(found.ref)
-            except KeyboardInterrupt:
-                self._note(removal.interrupted_delete(pruned, [found.ref for found in chosen]))
-                raise Interrupted from None
             return pruned
 
     # ------------------------------------------------------------------ helpers

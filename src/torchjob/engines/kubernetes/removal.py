@@ -3,9 +3,10 @@ a bound as a whole (the delete after ``--timeout``, ``--replace``'s delete of th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torchjob.engine_api.base import EngineError, Interrupted
@@ -180,6 +181,22 @@ def delete_after_timeout(
         note(f"interrupted while deleting job {found.ref} after its timeout; {left}")
         raise Interrupted from None
     return f"its delete had no answer within {seconds:g}s; {left}"
+
+
+def left_removed(ref: str, removed: list[str]) -> str:
+    """What was removed of a job of which no pod was left: said, as it was not the job itself."""
+    return f"job {ref} had no pods left; removed {', '.join(removed)}"
+
+
+@contextlib.contextmanager
+def telling_interrupts(note: Callable[[str], None], deleted: list[str], refs: list[str]) -> Iterator[None]:
+    """Around the removal of the jobs ``refs``: a Ctrl-C says which were deleted (``deleted``, as
+    it is filled on the way) and which not (:func:`interrupted_delete`), then stops the command."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        note(interrupted_delete(deleted, refs))
+        raise Interrupted from None
 
 
 def interrupted_delete(deleted: list[str], refs: list[str]) -> str:
