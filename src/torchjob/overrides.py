@@ -26,8 +26,7 @@ from typing import Any
 
 from torchjob.errors import Problem, SpecError
 from torchjob.jobs import LoadedJob, check_document
-from torchjob.records import field, record
-from torchjob.spec.source import Document
+from torchjob.records import field, record, replace
 from torchjob.spec.units import parse_int
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -140,14 +139,9 @@ def _apply_kind_words(loaded: LoadedJob, sets: list[str]) -> tuple[LoadedJob, li
     data = copy.deepcopy(source.data)
     for keys, assignment in own:
         put(data, keys, _scalar(_split(assignment)[2]))
-    document = Document(
-        data=data,
-        file=source.file,
-        lines=source.lines,
-        index=source.index,
-        total=source.total,
-        prefix=source.prefix,
-    )
+    # The kind's own document read again with the values set (its earlier problems were told);
+    # no origin: it is no translation.
+    document = replace(source, data=data, problems=[], origin=None)
     job, problems = check_document(document, kind.runtimes)
     if job is None or job.kind is None or job.kind.document is None:
         written = {document.problem(path_of(keys), "").path: f"--set {a}" for keys, a in own}
@@ -253,16 +247,9 @@ def apply(loaded: LoadedJob, overrides: Overrides) -> LoadedJob:
             # Kubernetes expands $(VAR) in args; what was typed on the command line is meant literally.
             literal = [arg.replace("$", "$$") for arg in overrides.program_args]
             container["args"] = [*(container.get("args") or []), *literal]
-    before = loaded.document
-    document = Document(
-        data=data,
-        file=before.file,
-        lines=before.lines,
-        index=before.index,
-        total=before.total,
-        origin=before.origin,  # a PyTorchJob's, TrainJob's or JobSet's: told in its terms
-        prefix=before.prefix,  # an item of a List
-    )
+    # The job's document read again with the changes: its file, lines, place in a List and origin
+    # (a PyTorchJob's, TrainJob's or JobSet's problems told in its terms); its earlier problems were told.
+    document = replace(loaded.document, data=data, problems=[])
     job, problems = check_document(document)
     if job is None:
         # The file was valid before: every problem is the options' doing. One in a field a --set
