@@ -243,9 +243,10 @@ class PodFactory:
                 mount = self.hosts.pod_file(
                     pod_dir, aliases, podnames.hostname_of(plan.name, plan.manifest["spec"])
                 )
+                identity = podnames.machine_identity()  # NCCL's, as outside a pod (podnames.py)
                 for run in [*inits, *mains]:  # mounted before the process drops to its runAsUser
                     run.before_exec = security.then(mount.enter, run.before_exec)
-                    run.env.setdefault(podnames.NCCL_HOST, podnames.machine_identity())  # (podnames.py)
+                    run.env.setdefault(podnames.NCCL_HOST, identity)
             namespace = self.net.namespace
             if namespace is not None:  # first: its user namespace is the one the mount is made in
                 for run in [*inits, *mains]:
