@@ -85,6 +85,12 @@ def test_rejects_bad_intervals(interval: object) -> None:
         wait_for_master_script("master-0.job", 23456, 300, interval)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("limit", [0, -1, "2; reboot", True, 1.5])
+def test_rejects_bad_probe_limits(limit: object) -> None:
+    with pytest.raises(ValueError, match="probe_limit"):
+        wait_for_master_script("master-0.job", 23456, 300, probe_limit=limit)  # type: ignore[arg-type]
+
+
 def test_values_land_in_the_script_and_the_interval_is_overridable() -> None:
     script = wait_for_master_script("master-0.job", 29500, 42, 0.25)
     assert "host=master-0.job\n" in script
@@ -627,7 +633,10 @@ def test_nudges_during_a_watchdog_probe_let_it_finish(kind: str, tmp_path: Path,
     shell = make_shell(kind, tmp_path)
     log = _slow_nc(shell, kind, tmp_path, delay=0.5)
     start = time.monotonic()
-    proc = start_script(shell, wait_for_master_script("127.0.0.1", open_port, 60), SLOW)
+    # The probe's own limit well above its 0.5 s: on a loaded machine, a probe that the watchdog
+    # kills for its time would look like one a nudge broke.
+    script = wait_for_master_script("127.0.0.1", open_port, 60, probe_limit=30)
+    proc = start_script(shell, script, SLOW)
     try:
         with Nudger(proc, every=0.05) as nudger:
             run = finish_script(proc, start)

@@ -259,14 +259,17 @@ def valid_host(host: str) -> bool:
     return len(host) <= 253 and all(len(label) <= 63 and _HOST_LABEL.fullmatch(label) for label in labels)
 
 
-def wait_for_master_script(host: str, port: int, timeout: int, interval: float = DEFAULT_INTERVAL) -> str:
+def wait_for_master_script(
+    host: str, port: int, timeout: int, interval: float = DEFAULT_INTERVAL, probe_limit: int = PROBE_LIMIT
+) -> str:
     """The init container script that waits until ``host:port`` accepts a TCP connection.
 
     It gives up with exit code 1 once more than ``timeout`` seconds have passed (``0``: after one
     probe). Where ``TORCHJOB_JOB_UIDS`` is set (the local engine, on the machine's network) and
     /proc can be read, only a listener owned by one of those uids counts: it does not connect to
     anyone else's. It polls every ``interval`` seconds unless the environment variable
-    ``TORCHJOB_WAIT_INTERVAL`` says otherwise (the local engine sets it lower).
+    ``TORCHJOB_WAIT_INTERVAL`` says otherwise (the local engine sets it lower). A probe still
+    running after ``probe_limit`` seconds is killed and counts as failed.
     """
     if not valid_host(host):
         raise ValueError(f"host must be a DNS name or an IP address, got {host!r}")
@@ -277,6 +280,8 @@ def wait_for_master_script(host: str, port: int, timeout: int, interval: float =
     low, high = _INTERVAL_RANGE
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not low <= interval <= high:
         raise ValueError(f"interval must be a number of seconds from {low} to {high}, got {interval!r}")
+    if not isinstance(probe_limit, int) or isinstance(probe_limit, bool) or probe_limit < 1:
+        raise ValueError(f"probe_limit must be an integer >= 1, got {probe_limit!r}")
     return _TEMPLATE.format(
         host=shlex.quote(host),
         port=port,
@@ -285,6 +290,6 @@ def wait_for_master_script(host: str, port: int, timeout: int, interval: float =
         uids_env=UIDS_ENV,
         hexport=f"{port:04X}",  # as /proc/net/tcp writes a local port
         interval=f"{interval:.2f}".rstrip("0").rstrip("."),  # digits and a dot only
-        limit=PROBE_LIMIT,
+        limit=probe_limit,
         report_every=REPORT_EVERY,
     )
