@@ -611,7 +611,10 @@ def test_a_nudge_during_a_probe_ends_the_next_nap(kind: str, tmp_path: Path) -> 
         master.bind(("127.0.0.1", 0))
         port = master.getsockname()[1]
         start = time.monotonic()
-        proc = start_script(shell, wait_for_master_script("127.0.0.1", port, 60), SLOW)
+        # A probe limit far above the probe's 0.4 s: killed for its time on a loaded machine, the
+        # probe would not log its end.
+        script = wait_for_master_script("127.0.0.1", port, 60, probe_limit=30)
+        proc = start_script(shell, script, SLOW)
         try:
             _wait_for(lambda: _lines(log, "start") >= 1, "probe")
             proc.send_signal(signal.SIGWINCH)  # in the middle of the first probe
