@@ -258,6 +258,9 @@ class FakeKubeAPI:
         self.create_delay = 0.0
         self.watch_lag: dict[str, float] = {}  # plural -> seconds each batch of its events waits
         self.list_lag: dict[str, float] = {}  # plural -> seconds each list of it takes
+        # Seconds the server's clock runs ahead of this machine's (negative: behind): its creation
+        # and deletion times and the Date header of every answer follow it.
+        self.clock_skew = 0.0
         self.create_lag = 0.0  # seconds between receiving a create and making the object
         self.garble_events = 0  # the next watch events sent as a line that is not JSON
         self.log_timestamps = True  # False: timestamps=true and sinceTime are ignored
@@ -336,7 +339,7 @@ class FakeKubeAPI:
                 obj, _ = kubeadmission.admit(self, obj, None, client=False)
                 meta = obj["metadata"]
             meta.setdefault("uid", (old or {}).get("metadata", {}).get("uid") or str(uuid.uuid4()))
-            meta.setdefault("creationTimestamp", now_iso())
+            meta.setdefault("creationTimestamp", now_iso(self.clock_skew))
             meta["resourceVersion"] = self._bump()
             self.objects[key] = obj
             self._record(key, "MODIFIED" if old else "ADDED", obj)
@@ -363,7 +366,7 @@ class FakeKubeAPI:
             meta = obj["metadata"]
             meta["namespace"] = namespace
             meta["uid"] = str(uuid.uuid4())
-            meta["creationTimestamp"] = now_iso()
+            meta["creationTimestamp"] = now_iso(self.clock_skew)
             meta["resourceVersion"] = self._bump()
             self.objects[key] = obj
             self._record(key, "ADDED", obj)
@@ -396,7 +399,7 @@ class FakeKubeAPI:
             if obj is None:
                 return False
             if foreground:
-                obj["metadata"]["deletionTimestamp"] = now_iso()
+                obj["metadata"]["deletionTimestamp"] = now_iso(self.clock_skew)
                 obj["metadata"]["resourceVersion"] = self._bump()
                 self._record(key, "MODIFIED", obj)
                 self._delete_dependents(obj["metadata"]["uid"], namespace)
@@ -413,7 +416,7 @@ class FakeKubeAPI:
         meta = obj["metadata"]
         if meta.get("finalizers"):
             if not meta.get("deletionTimestamp"):
-                meta["deletionTimestamp"] = now_iso()
+                meta["deletionTimestamp"] = now_iso(self.clock_skew)
                 meta["resourceVersion"] = self._bump()
                 self._record(key, "MODIFIED", obj)
             return False
@@ -569,6 +572,10 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
+
+        def date_time_string(self, timestamp: float | None = None) -> str:  # the Date header
+            moment = time.time() if timestamp is None else timestamp
+            return super().date_time_string(moment + api.clock_skew)
 
         # -------------------------------------------------------------- plumbing
 

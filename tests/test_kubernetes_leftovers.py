@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -242,3 +243,22 @@ def test_prune_keeps_an_object_made_again_under_a_leftovers_name_since_it_listed
     assert out == "no finished jobs to remove\n", err
     assert "torchjob: kept default/demo: configmap/demo-svc, service/demo made again since" in err, err
     assert labelled(api) == new
+
+
+@pytest.mark.parametrize("skew", [-OLD, OLD], ids=["server-behind", "server-ahead"])
+def test_prune_measures_the_age_of_leftovers_on_the_servers_clock(
+    api: FakeKubeAPI, kubeconfig: str, capsys: pytest.CaptureFixture[str], skew: float
+) -> None:
+    """Creation times are the server's: on a machine whose clock runs ahead of it, objects a
+    submission made a moment ago would look old enough to prune; behind it, old ones never would."""
+    api.clock_skew = skew
+    leave(api, "fresh", 1.0 - skew)  # made a second ago by the server's clock
+    leave(api, "stale", OLD - skew)  # made long ago by the server's clock
+    assert main(k8s("prune", kubeconfig=kubeconfig)) == 0
+    out, err = capsys.readouterr()
+    assert out == "deleted default/stale\n", err
+    kept = re.search(r"torchjob: kept default/fresh: only leftovers, the newest made (\d+)s ago", err)
+    assert kept and int(kept[1]) < 60, err  # a second and the test's own time, not the skew
+    removed = "torchjob: job default/stale had no pods left; removed configmap/stale-svc, service/stale"
+    assert removed in err.splitlines(), err
+    assert sorted(labelled(api)) == ["configmap/fresh-svc", "service/fresh"]

@@ -120,6 +120,8 @@ class Cluster:
         configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, 64)
         self.api = kubernetes.client.ApiClient(configuration)
         self._new_style = hasattr(self.api, "param_serialize")  # kubernetes >= 37
+        # The server's Date header of its last answer, and when it came (this machine's clock).
+        self._server_date: tuple[str, float] | None = None
 
     # ------------------------------------------------------------------ requests
 
@@ -143,7 +145,11 @@ class Cluster:
         while True:
             tries += 1
             try:
-                return self._open_once(method, path, query, body, doing, read_timeout, content_type)
+                response = self._open_once(method, path, query, body, doing, read_timeout, content_type)
+                date = response.headers.get("Date")
+                if date:
+                    self._server_date = (date, time.time())
+                return response
             except ApiError as err:
                 wait = err.retry_after
                 if wait is None or tries >= RETRY_TRIES or wait > RETRY_AFTER_MAX:
@@ -206,6 +212,24 @@ class Cluster:
             if _is_connection_error(err):
                 raise unreachable(self.host, err) from None
             raise
+
+    def now(self) -> float:
+        """The time on the server's clock, as far as its last answer's Date header tells (whole
+        seconds, so up to a second early); this machine's clock when no answer carried one.
+
+        The ages of objects are measured against it: their creation times are the server's, and a
+        machine whose clock runs ahead of the server's would take a moment-old object for an old one.
+        """
+        if self._server_date is None:
+            return time.time()
+        from email.utils import parsedate_to_datetime
+
+        date, received = self._server_date
+        try:
+            said = parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return time.time()
+        return said + max(0.0, time.time() - received)
 
     def redacted(self, err: EngineError) -> EngineError:
         """``err`` with every secret of this connection (token, password) blanked out of its text."""

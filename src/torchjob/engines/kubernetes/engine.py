@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -236,9 +235,10 @@ class KubernetesEngine:
         newest object is older than ``older_than`` seconds, and than removal.SETTLE_AGE (a job
         being submitted has such objects for a moment): their ids."""
         with sigterm_interrupts():
-            now = time.time()
+            jobs = finding.every_job(self.cluster, self.discovery, self._namespace())
+            now = self.cluster.now()  # creation times are the server's clock, not this machine's
             chosen: list[Found] = []
-            for found, _ in finding.every_job(self.cluster, self.discovery, self._namespace()):
+            for found, _ in jobs:
                 if not found.leftover or found.deleting:  # being deleted: it goes by itself
                     continue
                 age = removal.left_age(found, now)
