@@ -456,6 +456,19 @@ def test_a_jobset_the_jobset_webhook_refuses_is_refused_at_its_fields() -> None:
         "job.yaml:10: spec.failurePolicy.rules[2].name: '1r' is not a rule name: a letter, then letters, "
         "digits or '_,:', ending with a letter, digit or '_'",
     ], found
+    # JobSet's webhook names an unnamed rule failurePolicyRule<i> before the API server checks the
+    # schema (JobSet's own failure-policy examples give no names): read, and counted for twice.
+    unnamed = _jobset(
+        "  failurePolicy:\n    maxRestarts: 2\n    rules:\n"
+        "      - {action: FailJobSet, targetReplicatedJobs: [a]}\n"
+        "      - {name: failurePolicyRule0, action: RestartJobSet}\n"
+    )
+    (loaded,) = read(unnamed.replace("name: failurePolicyRule0, ", ""))
+    assert loaded.job.spec.max_retry == 3  # maxRestarts + 1
+    assert problems(unnamed) == [
+        "job.yaml:9: spec.failurePolicy.rules[1].name: rule name 'failurePolicyRule0' is given twice "
+        "(also spec.failurePolicy.rules[0])"
+    ]
     found = problems(_jobset("  successPolicy: {operator: Some}\n"))
     assert found == ["job.yaml:5: spec.successPolicy.operator: expected one of All, Any, got 'Some'"], found
     found = problems(_jobset("  successPolicy: {operator: All, targetReplicatedJobs: [ghost]}\n"))
