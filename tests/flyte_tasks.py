@@ -69,6 +69,16 @@ def bypassed(scale: int) -> list[int]:
     return [os.getpid(), int("WORLD_SIZE" in os.environ), scale]
 
 
+# Read when the module is imported, as flytesnacks' kfpytorch MNIST example reads WORLD_SIZE to
+# decide whether to join a process group: each pod imports the module with its own environment.
+WORLD_AT_IMPORT = os.environ.get("WORLD_SIZE", "unset")
+
+
+@task(task_config=PyTorch(worker=Worker(replicas=1)))
+def world_at_import(scale: int) -> str:
+    return f"{WORLD_AT_IMPORT} {os.environ['WORLD_SIZE']} {scale}"
+
+
 @task(task_config=PyTorch(worker=Worker(replicas=1)))
 def failing(scale: int) -> int:
     if int(os.environ["RANK"]) == 1:

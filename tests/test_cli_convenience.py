@@ -80,6 +80,36 @@ def test_a_script_that_exists_in_the_working_directory_passes(tmp_path: Path) ->
     assert "trained" in proc.stdout
 
 
+def test_validate_local_tells_a_script_of_the_image_by_its_absolute_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Kubeflow's own PyTorchJob examples run ``python3 /opt/<app>/mnist.py``, a file of their image:
+    here every start failed with python's "can't open file" and OnFailure restarted it without
+    end. The check tells it at once with the --workdir that maps the folder; a script that exists
+    at its absolute path, or one on a volume the engine makes at start, is not told."""
+    from torchjob.cli import main
+
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    job = BROKEN.split("          containers:")[0] + (
+        "          volumes: [{name: scratch, emptyDir: {}}]\n"
+        "          containers:\n"
+        "            - {name: image, image: x, command: [python3, /opt/no-such-app/mnist.py, --epochs=1]}\n"
+        f"            - {{name: here, image: x, command: [python, {tmp_path / 'train.py'}]}}\n"
+        "            - name: volume\n"
+        "              image: x\n"
+        "              command: [python, /scratch/made.py]\n"
+        "              volumeMounts: [{name: scratch, mountPath: /scratch}]\n"
+    )
+    (tmp_path / "job.yaml").write_text(job)
+    assert main(["validate", "--local", str(tmp_path / "job.yaml")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        f"{tmp_path / 'job.yaml'}:13: spec.tasks[0].template.spec.containers[0].command[1]: python script "
+        "'/opt/no-such-app/mnist.py' does not exist here (a file of the container's image?); "
+        "--workdir /opt/no-such-app=DIR reads it from a local DIR instead"
+    ], lines
+
+
 SMALL = """\
 apiVersion: batch.volcano.sh/v1alpha1
 kind: Job

@@ -53,6 +53,13 @@ def test_kfpytorch_tasks_run_distributed_and_return_typed_values(tasks: Any) -> 
     assert (pid, launched, scale) == (os.getpid(), 0, 7)
 
 
+def test_each_rank_imports_the_tasks_module_with_its_pods_environment(tasks: Any) -> None:
+    """Module-level code sees the pod's WORLD_SIZE, as in Flyte's pods, not the caller's (unset):
+    the function is not run with the globals the caller's import computed."""
+    assert "WORLD_SIZE" not in os.environ and tasks.WORLD_AT_IMPORT == "unset"
+    assert run(tasks.world_at_import, scale=1) == "2 2 1"
+
+
 def test_a_failing_rank_comes_back_with_its_own_traceback(tasks: Any) -> None:
     with pytest.raises(RemoteError) as info:
         run(tasks.failing, scale=4)

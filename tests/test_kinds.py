@@ -188,6 +188,11 @@ def test_numprocpernode_from_the_resources_a_trainjob_asks_for() -> None:
         ({"limits": {"cpu": "1500m"}}, "2"),
         ({"limits": {"nvidia.com/gpu": 1}}, "auto"),
         (None, "1"),
+        # Trainer reads the CPUs requested before the limit (Kubeflow Trainer's example 02 asks
+        # 2 and allows 4: 2 processes per node), and a GPU count of 0 is no GPU node.
+        ({"requests": {"cpu": "2"}, "limits": {"cpu": "4"}}, "2"),
+        ({"requests": {"cpu": "0"}, "limits": {"cpu": "4"}}, "4"),
+        ({"requests": {"cpu": "3", "nvidia.com/gpu": 0}}, "3"),
     ]
     for resources, want in cases:
         doc = {**base, "spec": {**base["spec"], "trainer": dict(base["spec"]["trainer"])}}
@@ -195,6 +200,18 @@ def test_numprocpernode_from_the_resources_a_trainjob_asks_for() -> None:
             doc["spec"]["trainer"]["resourcesPerNode"] = resources
         (loaded,) = read(yaml.safe_dump(doc))
         assert f"--nproc-per-node={want}" in loaded.job.spec.plugins["trainer"], resources
+
+
+def test_a_trainjobs_resources_per_node_replace_the_runtimes_as_trainer_does() -> None:
+    """Trainer sets the node container's resources to resourcesPerNode, whole: a runtime's memory
+    request does not stay beside the TrainJob's CPUs."""
+    text = (KINDS / "trainjob-runtime.yaml").read_text()
+    text = text.replace('requests: {cpu: "1"}', 'requests: {cpu: "1", memory: 1Gi}')
+    text = text.replace("    numNodes: 3\n", "    numNodes: 3\n    resourcesPerNode: {limits: {cpu: '2'}}\n")
+    (loaded,) = read(text)
+    (container,) = loaded.job.spec.tasks[0].template.containers
+    assert container.raw["resources"] == {"limits": {"cpu": "2"}}
+    assert "--nproc-per-node=2" in loaded.job.spec.plugins["trainer"]
 
 
 def test_a_file_mixes_kinds_and_its_trainjobs_find_its_runtimes() -> None:
@@ -456,6 +473,19 @@ def test_a_jobset_the_jobset_webhook_refuses_is_refused_at_its_fields() -> None:
         "job.yaml:10: spec.failurePolicy.rules[2].name: '1r' is not a rule name: a letter, then letters, "
         "digits or '_,:', ending with a letter, digit or '_'",
     ], found
+    # JobSet's webhook names an unnamed rule failurePolicyRule<i> before the API server checks the
+    # schema (JobSet's own failure-policy examples give no names): read, and counted for twice.
+    unnamed = _jobset(
+        "  failurePolicy:\n    maxRestarts: 2\n    rules:\n"
+        "      - {action: FailJobSet, targetReplicatedJobs: [a]}\n"
+        "      - {name: failurePolicyRule0, action: RestartJobSet}\n"
+    )
+    (loaded,) = read(unnamed.replace("name: failurePolicyRule0, ", ""))
+    assert loaded.job.spec.max_retry == 3  # maxRestarts + 1
+    assert problems(unnamed) == [
+        "job.yaml:9: spec.failurePolicy.rules[1].name: rule name 'failurePolicyRule0' is given twice "
+        "(also spec.failurePolicy.rules[0])"
+    ]
     found = problems(_jobset("  successPolicy: {operator: Some}\n"))
     assert found == ["job.yaml:5: spec.successPolicy.operator: expected one of All, Any, got 'Some'"], found
     found = problems(_jobset("  successPolicy: {operator: All, targetReplicatedJobs: [ghost]}\n"))

@@ -363,6 +363,24 @@ def test_a_pod_counts_the_larger_of_its_largest_init_container_and_its_container
     assert pod_requests({"containers": [{"name": "best-effort"}]}) == {}
 
 
+def test_a_machine_found_by_looking_is_named_once() -> None:
+    """Kubeflow Trainer's example 04 asks 4 CPUs on a 2-core machine: the note said 'this machine
+    has 2 (this machine)'; a declared capacity still says where it was declared."""
+    from torchjob.engines.local.admission.capacity import Capacity
+    from torchjob.engines.local.admission.demand import Demand
+    from torchjob.engines.local.admission.plan import _fit
+    from torchjob.engines.local.admission.settings import Settings
+
+    demand = Demand({"node/0": {"cpu": 2.0}, "node/1": {"cpu": 2.0}}, ["node/0", "node/1"])
+    found = Capacity({"cpu": 2.0, "memory": 2.0**33, "nvidia.com/gpu": 0.0}, (), "this machine")
+    (note,) = _fit(demand, "default", Settings(), found, [])
+    assert note.startswith("the job asks for 4 cpu; this machine has 2: it is counted as taking all"), note
+    demand = Demand({"node/0": {"cpu": 2.0}, "node/1": {"cpu": 2.0}}, ["node/0", "node/1"])
+    declared = Capacity({"cpu": 2.0, "memory": 2.0**33, "nvidia.com/gpu": 0.0}, (), "TORCHJOB_CAPACITY")
+    (note,) = _fit(demand, "default", Settings(), declared, [])
+    assert "this machine has 2 (TORCHJOB_CAPACITY): it is" in note, note
+
+
 def test_the_gang_is_each_tasks_min_available_topped_up_to_the_jobs() -> None:
     gpu = {"resources": {"limits": {"nvidia.com/gpu": 1}}}
     job = make_job(

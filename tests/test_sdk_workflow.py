@@ -6,6 +6,7 @@ the passing of a value into a 2-process task and the failing rank run real torch
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import os
@@ -462,6 +463,40 @@ def test_arguments_from_the_signature() -> None:
         "quiet": False,
     }
     assert parse_arguments(flow, ["--flag", "false", "--n", "1"], "f.py:flow")[1] == {"flag": False, "n": 1}
+
+
+@dataclasses.dataclass
+class _Optimizer:
+    lr: float = 0.01
+    momentum: float = 0.5
+
+
+@dataclasses.dataclass
+class _Hyper:
+    epochs: int
+    batch_size: int = 64
+    optimizer: _Optimizer = dataclasses.field(default_factory=_Optimizer)
+
+
+def test_a_dataclass_argument_is_a_json_object_as_pyflyte_run_takes_it() -> None:
+    """flytesnacks' kfpytorch MNIST task takes `hp: Hyperparameters` (a dataclass), which pyflyte
+    run takes as JSON (`--hp '{"epochs": 1}'`); it was refused as not given on a command line."""
+
+    @workflow
+    def flow(hp: _Hyper) -> None:
+        return None
+
+    given = '{"epochs": 2, "optimizer": {"lr": 0.1}}'
+    kwargs = parse_arguments(flow, ["--hp", given], "f.py:flow")[1]
+    assert kwargs == {"hp": _Hyper(epochs=2, optimizer=_Optimizer(lr=0.1))}
+    for wrong, expected in (
+        ('{"epoch": 2}', "--hp: _Hyper has no field 'epoch' (it has batch_size, epochs, optimizer)"),
+        ("[2]", "--hp: expected a JSON object of _Hyper's fields, got '[2]'"),
+        ("{}", "--hp: _Hyper: "),  # epochs has no default
+    ):
+        with pytest.raises(SpecError) as caught:
+            parse_arguments(flow, ["--hp", wrong], "f.py:flow")
+        assert expected in str(caught.value), str(caught.value)
 
 
 @pytest.mark.parametrize(

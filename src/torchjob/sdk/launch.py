@@ -83,7 +83,8 @@ def _run_single_node(
             caller=True,
         )
         try:
-            _, value = launch(dump_call(task.function, args, kwargs), results, settings)
+            payload = dump_call(task.function, args, kwargs, task.import_in_pod)
+            _, value = launch(payload, results, settings)
         except DeadlinePassed:
             raise TaskFailed(
                 f"task {task.name}: active deadline of {deadline:g}s passed; every process was stopped"
@@ -211,7 +212,7 @@ def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any
     holds_pool = False
     try:
         payload = work / "payload.pkl"
-        payload.write_bytes(dump_call(task.function, args, kwargs))
+        payload.write_bytes(dump_call(task.function, args, kwargs, task.import_in_pod))
         results = work / "results"
         results.mkdir()
         # A random part makes the job's name unique, so the watcher can follow it by name.

@@ -83,10 +83,16 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no
     )
 
 
-def dump_call(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+def dump_call(
+    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], import_in_pod: bool = False
+) -> bytes:
+    """The payload of a call; with ``import_in_pod``, the rank imports the function's module (by
+    name, or its file where torchjob imported it from one) and calls the function it defines."""
     buffer = io.BytesIO()
     _Pickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump((function, tuple(args), dict(kwargs)))
-    return pickle.dumps({"sys_path": list(sys.path), "blob": buffer.getvalue()})
+    module = sys.modules.get(getattr(function, "__module__", None) or "")
+    home = (module.__name__, getattr(module, "__file__", None)) if import_in_pod and module else None
+    return pickle.dumps({"sys_path": list(sys.path), "blob": buffer.getvalue(), "module": home})
 
 
 def load_call(data: bytes) -> Call:
@@ -95,7 +101,29 @@ def load_call(data: bytes) -> Call:
         if entry not in sys.path:
             sys.path.append(entry)
     function, args, kwargs = cloudpickle.loads(outer["blob"])
+    if outer.get("module"):
+        function = _as_imported(function, *outer["module"])
     return Call(function, args, kwargs)
+
+
+def _as_imported(function: Callable[..., Any], name: str, file: str | None) -> Callable[..., Any]:
+    """``function`` as this process's own import of its module defines it. A function pickled by
+    value (a flytekit task's: its module's attribute is the task) carries the globals the caller's
+    import computed, so a module-level ``WORLD_SIZE = int(os.environ.get("WORLD_SIZE", 1))``
+    read 1 in every rank; Flyte's pods import the module with their own environment."""
+    import importlib
+
+    from torchjob.sdk.loader import MODULE_PREFIX, import_file
+
+    if name == "__main__":
+        return function  # a script's own functions: by value, as for any local call (docs/sdk.md)
+    # A file torchjob imported has a name made from its path: the same in every process.
+    module = import_file(file) if name.startswith(MODULE_PREFIX) and file else importlib.import_module(name)
+    found = getattr(module, getattr(function, "__name__", ""), None)
+    found = getattr(found, "task_function", found)  # a flytekit task: its function
+    if callable(found) and getattr(found, "__qualname__", None) == getattr(function, "__qualname__", 0):
+        return found  # type: ignore[no-any-return]
+    return function
 
 
 def shown(value: Any, limit: int = 1000) -> str:

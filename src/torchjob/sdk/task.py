@@ -55,6 +55,9 @@ class Task(Generic[P, R]):
     """A Python function with a distributed-run configuration."""
 
     preload_module = True  # the warm pool imports the function's module (not for flytekit's)
+    # Each rank imports the function's module itself, with its pod's environment, as Flyte's pods
+    # do: module-level code reads WORLD_SIZE or RANK there, not the caller's values (flytekit's).
+    import_in_pod = False
 
     def __init__(
         self,

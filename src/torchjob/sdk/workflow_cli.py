@@ -8,6 +8,7 @@ the Kubernetes objects of each task call, one ``List`` per node.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 import json
@@ -156,16 +157,33 @@ def _convert(text: str, hint: Any) -> Any:
                 return choice
         raise ValueError(f"expected one of {', '.join(map(str, members))}, got {_given(text)}")
     container = origin or hint
-    if container in (list, tuple, dict):
+    record = isinstance(hint, type) and dataclasses.is_dataclass(hint)  # pyflyte run: a JSON object
+    if container in (list, tuple, dict) or record:
         try:
             value = json.loads(text)
         except json.JSONDecodeError:
             value = None
-        wanted = list if container is tuple else container
+        wanted = dict if record else list if container is tuple else container
         if not isinstance(value, wanted):
-            raise ValueError(f"expected a JSON {wanted.__name__}, got {_given(text)}")
+            what = f"object of {hint.__name__}'s fields" if record else wanted.__name__
+            raise ValueError(f"expected a JSON {what}, got {_given(text)}")
+        if record:
+            return _dataclass(hint, value)
         return tuple(value) if container is tuple else value
     raise ValueError(f"has type {_type_text(hint)}, which cannot be given on the command line")
+
+
+def _dataclass(cls: Any, value: Any) -> Any:
+    """Dataclass ``cls`` from a JSON object, nested ones too; left out, a field keeps its default."""
+    hints, names = typing.get_type_hints(cls), sorted(f.name for f in dataclasses.fields(cls) if f.init)
+    if unknown := [key for key in value if key not in names]:
+        raise ValueError(f"{cls.__name__} has no field {unknown[0]!r} (it has {', '.join(names)})")
+    inner = {k: v for k, v in value.items() if dataclasses.is_dataclass(hints[k]) and isinstance(v, dict)}
+    nested = {k: _dataclass(hints[k], v) for k, v in inner.items()}  # flytekit checks the rest
+    try:
+        return cls(**{**value, **nested})
+    except TypeError as err:  # a field without a default left out
+        raise ValueError(f"{cls.__name__}: {err}") from None
 
 
 def parse_arguments(

@@ -173,15 +173,26 @@ def script_of(argv: list[str]) -> tuple[int, str] | None:
 
 
 def _check_script(container: dict[str, Any], run: ContainerRun, where: str) -> Issues:
-    """A relative script path of a python command that is not in the container's working directory."""
+    """The script of a python command that does not exist here: a relative path not in the
+    container's working directory, or an absolute one (a file of the image's, such as
+    ``/opt/app/train.py``) that is on no volume the engine makes."""
     script = script_of(run.argv)
-    if script is None or os.path.isabs(script[1]):
+    if script is None:
         return []
     base = run.cwd or os.getcwd()
-    if os.path.exists(os.path.join(base, script[1])):
+    if os.path.exists(os.path.join(base, script[1])) or Path(script[1]).is_relative_to(CHECK_ROOT):
         return []
     commands = len(container.get("command") or [])
     field = f"command[{script[0]}]" if script[0] < commands else f"args[{script[0] - commands}]"
+    if os.path.isabs(script[1]):
+        # Else every start fails with python's "can't open file", restarted without end under
+        # OnFailure; --workdir maps the image's folder to a local one (as for a workingDir).
+        folder = os.path.dirname(script[1])
+        message = (
+            f"python script {script[1]!r} does not exist here (a file of the container's image?); "
+            f"--workdir {folder}=DIR reads it from a local DIR instead"
+        )
+        return [Issue(f"{where}.{field}", message)]
     in_dir = f"working directory {run.cwd!r}" if run.cwd else f"the current directory ({base})"
     return [Issue(f"{where}.{field}", f"python script {script[1]!r} does not exist in {in_dir}")]
 

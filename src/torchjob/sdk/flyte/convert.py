@@ -301,4 +301,5 @@ def convert(
     # Importing a flytekit module warns (kfpytorch's increase_shared_mem), which the warm pool's
     # server refuses; the function is pickled by value and needs no import of its module.
     converted.preload_module = False
+    converted.import_in_pod = True
     return Converted(converted, kind, notes)

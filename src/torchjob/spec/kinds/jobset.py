@@ -47,9 +47,24 @@ NONNEGATIVE = (
 
 
 def read(tr: Translation, runtimes: Any = None) -> None:
-    tr.schema(check_kind(tr.source.data, "JobSet"))
+    tr.schema(check_kind(rules_named(tr.source.data), "JobSet"))
     spec, source = start(tr)
     translate_set(tr, spec, source, lambda path: (tr.source, f"spec.{path}" if path else "spec"))
+
+
+def rules_named(data: Any) -> Any:
+    """``data`` with JobSet's webhook defaults on the failure policy's rules: an unnamed rule is
+    ``failurePolicyRule<i>``. The webhook names them before the API server checks the CRD's schema,
+    which requires a name, so JobSet's own examples leave it out."""
+    rules = items(at(data, "spec", "failurePolicy", "rules"))
+    unnamed = [k for k, rule in enumerate(rules) if isinstance(rule, dict) and rule.get("name") in (None, "")]
+    if not unnamed:
+        return data
+    named = [
+        {**rule, "name": f"failurePolicyRule{k}"} if k in unnamed else rule for k, rule in enumerate(rules)
+    ]
+    spec = data["spec"]
+    return {**data, "spec": {**spec, "failurePolicy": {**spec["failurePolicy"], "rules": named}}}
 
 
 def translate_set(tr: Translation, spec: dict[str, Any], source: dict[str, Any], place: Place) -> list[str]:

@@ -119,7 +119,9 @@ def _check_rules(tr: Translation, rules: list[Any], place: Place, tasks_of: dict
                 where, path = place(f"{base}.onJobFailureReasons[{i}]")
                 add(tr, where, path, f"expected one of {', '.join(FAILURE_REASONS)}, got {reason!r}")
         name = rule.get("name")
-        if not isinstance(name, str) or not name:
+        if name in (None, ""):
+            name = f"failurePolicyRule{k}"  # as JobSet's webhook names it
+        if not isinstance(name, str):
             continue
         where, path = place(f"{base}.name")
         if name in named:

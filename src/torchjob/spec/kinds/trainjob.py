@@ -4,13 +4,14 @@ Trainer makes a TrainJob into its runtime's JobSet (kubeflow/trainer ``pkg/runti
 replicated job labelled ``trainer.kubeflow.org/trainjob-ancestor-step: trainer`` (``node`` in
 ``torch-distributed``) becomes one Job of ``numNodes`` pods (the TrainJob's, else the runtime's
 ``mlPolicy.numNodes``), whose ``node`` container takes the trainer's ``image``, ``command``,
-``args``, ``env`` and ``resourcesPerNode`` and the port 29500; ``runtimePatches`` are merged into
-the JobSet in order (labels, annotations, pod fields, containers by name). The torch policy gives
-the ``node`` container (and the runtime's ``envInjection`` targets) ``PET_NNODES``,
-``PET_NPROC_PER_NODE`` (``numProcPerNode``; unset: ``auto`` on a GPU node, else the CPUs asked
-for, at least 1), ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` (``<job>-node-0-0.<job>``) and
-``PET_MASTER_PORT`` (29500): the ``trainer`` plugin. That JobSet is then read as any JobSet
-(jobset.py): its pods, restarts and success are JobSet's. ``activeDeadlineSeconds`` is the job's
+``args``, ``env`` and ``resourcesPerNode`` (in place of the runtime's) and the port 29500;
+``runtimePatches`` are merged into the JobSet in order (labels, annotations, pod fields,
+containers by name). The torch policy gives the ``node`` container (and the runtime's
+``envInjection`` targets) ``PET_NNODES``, ``PET_NPROC_PER_NODE`` (``numProcPerNode``; unset:
+``auto`` on a GPU node, else the CPUs requested, else the CPU limit, at least 1),
+``PET_NODE_RANK``, ``PET_MASTER_ADDR`` (``<job>-node-0-0.<job>``) and ``PET_MASTER_PORT``
+(29500): the ``trainer`` plugin. That JobSet is then read as any JobSet (jobset.py): its pods,
+restarts and success are JobSet's. ``activeDeadlineSeconds`` is the job's
 deadline.
 """
 
@@ -209,23 +210,30 @@ def _trainer_checks(tr: Translation, trainer: dict[str, Any]) -> None:
 
 
 def _nproc(trainer: dict[str, Any], container: dict[str, Any]) -> str:
-    """``PET_NPROC_PER_NODE``: numProcPerNode, else ``auto`` on a GPU node, else the CPUs (at least 1)."""
+    """``PET_NPROC_PER_NODE`` as Trainer's torch plugin sets it: numProcPerNode, else ``auto`` on a
+    GPU node, else the CPUs the node requests (its limit when it requests none), at least 1."""
     given = integer(trainer.get("numProcPerNode"))
     if given is not None:
         return str(given)
-    resources = mapping(trainer.get("resourcesPerNode")) or mapping(container.get("resources"))
-    tables = [mapping(resources.get("limits")), mapping(resources.get("requests"))]
-    if any("gpu" in str(key).lower() for table in tables for key in table):
-        return "auto"
+    # The TrainJob's resourcesPerNode replaces the runtime's (_apply_trainer): read one of them.
+    wanted = trainer.get("resourcesPerNode")
+    resources = mapping(wanted) if wanted is not None else mapping(container.get("resources"))
+    requests, limits = mapping(resources.get("requests")), mapping(resources.get("limits"))
     from torchjob.spec.units import parse_quantity
 
-    for table in tables:
-        if "cpu" in table:
-            try:
-                return str(max(1, math.ceil(parse_quantity(table["cpu"]))))
-            except ValueError:
-                return "1"  # refused by the pod's own check
-    return "1"
+    def count(table: dict[str, Any], kind: str) -> int:
+        """The first resource named like ``kind`` in ``table``, rounded up as Kubernetes' Value()."""
+        for key, value in table.items():
+            if (key == "cpu") if kind == "cpu" else (kind in str(key).lower()):
+                try:
+                    return math.ceil(parse_quantity(value))
+                except ValueError:
+                    return 0  # refused by the pod's own check
+        return 0
+
+    if count(requests, "gpu") or count(limits, "gpu"):
+        return "auto"
+    return str(max(1, count(requests, "cpu") or count(limits, "cpu")))
 
 
 def _apply_trainer(container: dict[str, Any], trainer: dict[str, Any]) -> None:
@@ -240,17 +248,8 @@ def _apply_trainer(container: dict[str, Any], trainer: dict[str, Any]) -> None:
             env = [*kept, copy(var)]
     if env:
         container["env"] = env
-    wanted = mapping(trainer.get("resourcesPerNode"))
-    if wanted:
-        resources = mapping(container.get("resources"))
-        merged = dict(resources)
-        for key in ("requests", "limits"):
-            if key in wanted:
-                merged[key] = {**mapping(resources.get(key)), **copy(mapping(wanted[key]))}
-        for key in wanted:
-            if key not in ("requests", "limits"):
-                merged[key] = copy(wanted[key])
-        container["resources"] = merged
+    if trainer.get("resourcesPerNode") is not None:  # Trainer replaces the runtime's, not merges
+        container["resources"] = copy(mapping(trainer["resourcesPerNode"]))
     ports = container.setdefault("ports", [])
     if isinstance(ports, list) and not any(
         isinstance(p, dict) and p.get("containerPort") == PORT for p in ports

@@ -99,7 +99,9 @@ def _fit(
         where = (
             f"queue {queue}'s capability" if most <= capacity.amounts.get(resource, 0.0) else "this machine"
         )
-        has = f"{where} has {fmt(resource, limit)} ({capacity.source})"
+        # Where the amount was found, unless found by looking at the machine (said just before).
+        found = "" if capacity.source == "this machine" else f" ({capacity.source})"
+        has = f"{where} has {fmt(resource, limit)}{found}"
         if resource == GPU:  # a GPU cannot be shared: such a job could never start
             pods = f"{len(demand.gang)} pod{'s' if len(demand.gang) != 1 else ''}"
             problems.append(
