@@ -13,10 +13,13 @@ line that starts processes. A distributed script calls ``init_process_group`` on
 new process joins the job's store with the rank's own ``RANK``, ``MASTER_ADDR`` and
 ``MASTER_PORT`` (under torchrun every rank, 0 too, is a client of the agent's store) and usually
 waits in gloo's rendezvous or the first collective for peers that never come, while the rank waits
-for it (a DataLoader's workers have no timeout). torchrun and torchjob alike hung there in most
-runs, and failed fast only when two such processes happened to pair up. The rank can tell before
-starting it that the process cannot end well: the line that starts it is run by the top level of
-``__main__`` outside any condition. Then the rank raises that (``RuntimeError``) instead.
+for it (a DataLoader's workers have no timeout). torchrun and torchjob alike hung there in many
+runs (a small DDP script: 2 of 3 under bare torchrun) and failed fast only when two such processes
+happened to pair up. The rank can tell before starting it that the process cannot end well: the
+start happens while ``__main__``'s top level runs (the new process's run of it gets there too), in
+a script that names nothing a guard would (``__name__``, ``parent_process``, ...), under no ``if``
+that reads the environment. Then the rank raises that (``RuntimeError``) instead, and the job
+fails at once with the reason.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
 SPAWN = "multiprocessing.spawn"  # its get_preparation_data is called for every spawn/forkserver start
 # Names a script uses to tell its own run from a child's: such a script may well be guarded.
 GUARDS = frozenset(("__name__", "parent_process", "current_process", "_inheriting", "freeze_support"))
+ENVIRONMENT = frozenset(("environ", "getenv"))
 
 
 def watch() -> None:
@@ -102,7 +106,7 @@ def _checked(caller: FrameType) -> str | None:
             return None  # -c, or started from code the new process will not run on its way
         line = frame.f_lineno or 0
         if (script, line) not in _SEEN:
-            _SEEN[script, line] = _unguarded(script, line)
+            _SEEN[script, line] = unguarded(script, line)
         if not _SEEN[script, line]:
             return None
         method = "forkserver" if "forkserver" in caller.f_code.co_filename else "spawn"
@@ -120,26 +124,44 @@ def _checked(caller: FrameType) -> str | None:
     )
 
 
-def _unguarded(script: str, line: int) -> bool:
-    """Whether a run of ``script``'s top level surely reaches ``line``: the script names nothing
-    a guard would, and no ``if``, ``try``, ``while`` or ``match`` holds the line."""
+def unguarded(script: str, line: int) -> bool:
+    """Whether another run of ``script``'s top level would reach ``line`` as this one did: the
+    script names nothing a guard would, and no ``if`` or ``while`` around the line reads the
+    environment (a flag a parent may set before it starts processes)."""
     import ast
 
     with open(script, "rb") as handle:
         tree = ast.parse(handle.read(), script)
-    for node in ast.walk(tree):
-        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
-        if name in GUARDS:
-            return False
-    body: list[ast.stmt] = tree.body
+    if _names(tree) & GUARDS:
+        return False
+    node: ast.AST = tree
     while True:
-        stmt = next((s for s in body if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
+        stmt = next((s for s in _inner(node) if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
         if stmt is None:
+            return node is not tree  # a compound statement's header (a for's, a with's)
+        if isinstance(stmt, (ast.If, ast.While)) and _names(stmt.test) & ENVIRONMENT:
             return False
-        if not isinstance(stmt, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
-            return not any(hasattr(stmt, part) for part in ("body", "cases", "handlers"))  # simple
-        if line < stmt.body[0].lineno:
-            return True  # the loop's or the with's header, run unconditionally
-        if not any(s.lineno <= line <= (s.end_lineno or s.lineno) for s in stmt.body):
-            return False  # a for's else
-        body = stmt.body
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return line < stmt.body[0].lineno  # its body runs in a frame of its own, not the top level's
+        node = stmt
+
+
+def _inner(node: Any) -> Any:
+    """The statements directly inside ``node``, those of its except clauses and match cases too."""
+    import ast
+
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.stmt):
+            yield child
+        elif isinstance(child, (ast.excepthandler, ast.match_case)):
+            yield from _inner(child)
+
+
+def _names(node: Any) -> set[str]:
+    import ast
+
+    return {
+        n.id if isinstance(n, ast.Name) else n.attr
+        for n in ast.walk(node)
+        if isinstance(n, (ast.Name, ast.Attribute))
+    }
