@@ -143,6 +143,37 @@ def test_a_failed_torchrun_rank_is_named_with_its_own_traceback(tmp_path: Path) 
     assert "master-0 (rank 1), exit code 1" in status.stdout, status.stdout
 
 
+# A DataLoader started by forkserver from the top level of a script without a __main__ guard: its
+# worker runs the script again and joins the process group as a second rank 0.
+UNGUARDED = """\
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+print("script starts", flush=True)
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    for batch in DataLoader(list(range(4)), num_workers=1, multiprocessing_context="forkserver"):
+        print("a batch", flush=True)
+dist.barrier()
+"""
+
+
+def test_a_rank_starting_a_forkserver_worker_from_an_unguarded_script_fails_fast_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    # That worker waited in gloo's rendezvous (30 min) for peers that never came, and rank 0 for
+    # its worker: the job hung until its deadline in about half the runs, as bare torchrun can.
+    # Now rank 0 refuses to start the worker and says why.
+    (tmp_path / "unguarded.py").write_text(UNGUARDED)
+    proc = cli(tmp_path, "run", "--timeout", "100", "-j", "1x2", "unguarded.py", timeout=140)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.count("script starts") == 2, proc.stdout  # the ranks' runs, no worker's
+    assert "a batch" not in proc.stdout
+    summary = proc.stdout[proc.stdout.index("root cause: ") :]
+    assert summary.startswith("root cause: master-0 (rank 0), exit code 1"), summary
+    why = 'RuntimeError: unguarded.py (line 6) starts a process by "forkserver" at its top level'
+    assert why in summary and "bootstrapping phase" in summary, summary
+
+
 LINES = """\
 import os, time
 rank = os.environ["RANK"]

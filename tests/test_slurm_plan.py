@@ -535,7 +535,7 @@ def test_torchruns_ranks_start_through_the_rank_guard_unless_the_pod_names_its_o
     job_dir = tmp_path / EVIL.replace("\n", " ").replace("/", "")  # quoted in the guard, never run
     job_dir.mkdir(mode=0o700)
     runner = write_runner(job_dir)  # the runner a step reads: the job directory's copy
-    assert sorted(os.listdir(job_dir / "bin")) == ["agentbarrier.py", "warmstart.py"]
+    assert sorted(os.listdir(job_dir / "bin")) == ["agentbarrier.py", "mainguard.py", "warmstart.py"]
     guard = write_rank_guard(job_dir, runner)
     assert guard == str(job_dir / "bin" / "torchjob-rank") and runner == str(job_dir / "bin" / "warmstart.py")
     assert (os.stat(job_dir / "bin").st_mode & 0o777, os.stat(guard).st_mode & 0o777) == (0o700, 0o700)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warmstart.py")
-BESIDE = ("agentbarrier.py",)  # what the runner loads from its own directory: a copy of it needs them
+BESIDE = ("agentbarrier.py", "mainguard.py")  # what the runner loads beside it: a copy needs them
 FINISHED = "TORCHJOB_FINISHED"  # warmstart.py's marker of a program that ended with code 0
 WARM = b"w"  # what warmstart.py says back on its fd once its modules are imported
 NO_WAIT, GUARD = "-", "guard"  # warmstart.py's fd argument: run at once; be a torchrun rank's guard

@@ -207,6 +207,9 @@ def _run(mode: str, target: str, cold: list[str], files: set[str], boot: CodeTyp
             os.set_inheritable(int(marker[3:]), False)  # nor that pipe, through exec
         except OSError:
             marker = None
+    watch = _beside("mainguard.py", files).get("watch")  # a doomed spawn refused in the rank
+    if watch is not None:
+        watch()
     if mode == "m":
         import runpy
 
@@ -265,9 +268,9 @@ def _beside(name: str, files: set[str]) -> dict[str, Any]:
     path by BOOT or the fork server, never as a module with a ``__file__`` of its own.)"""
     path = os.path.join(os.path.dirname(_beside.__code__.co_filename), name)
     namespace: dict[str, Any] = {"__name__": "torchjob_" + name.removesuffix(".py")}
-    try:
-        with open(path, "rb") as handle:
-            exec(compile(handle.read(), path, "exec", dont_inherit=True), namespace)
+    try:  # through the source loader, as BOOT loads this file: its cached bytecode when current
+        loader = sys.modules["_frozen_importlib_external"].SourceFileLoader(namespace["__name__"], path)
+        exec(loader.get_code(namespace["__name__"]), namespace)
     except Exception:
         return {}
     files.add(path)
