@@ -646,6 +646,34 @@ def test_slurm_placement_warnings_name_the_kinds_own_fields() -> None:
     ]
 
 
+def test_probes_no_kubelet_runs_here_are_warned_of_at_the_kinds_fields(tmp_path: Path) -> None:
+    """Neither the local engine nor Slurm runs probes: a started container counts as ready. A JobSet
+    that starts its workers once the driver is ready (readiness) is told so, at its own fields."""
+    from torchjob.engines.local.engine import LocalEngine
+    from torchjob.engines.slurm.preflight import placement_notices
+    from torchjob.spec.model import own_path
+
+    jobset = yaml.safe_load((KINDS / "jobset.yaml").read_text())
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod["containers"][0]["readinessProbe"] = {"tcpSocket": {"port": 29500}, "initialDelaySeconds": 30}
+    pod["containers"][0]["livenessProbe"] = {"exec": {"command": ["true"]}}
+    (loaded,) = read(yaml.safe_dump(jobset))
+    at = "spec.replicatedJobs[0].template.spec.template.spec.containers[0]"
+    expected = [
+        f"warning: {at}.readinessProbe: not run here: a pod counts as ready once its containers have started",
+        f"warning: {at}.livenessProbe: not run here: a container is not restarted for failing it",
+    ]
+    said = placement_notices(loaded.job)
+    assert [line.split(" (")[0] for line in said[:2]] == expected, said
+    warned = LocalEngine().warnings(loaded.job)
+    local = [f"warning: {own_path(loaded.job, w.path)}: {w.message}" for w in warned]
+    assert [line.split(" (")[0] for line in local if "Probe" in line] == expected, local
+    (tmp_path / "set.yaml").write_text(yaml.safe_dump(jobset))
+    done = _cli(tmp_path, "validate", "--local", "set.yaml")
+    assert done.returncode == 0, done.stderr
+    assert f"{at}.readinessProbe: warning: not run here" in done.stderr, done.stderr
+
+
 def test_validate_local_lists_every_environment_problem_of_a_container(tmp_path: Path) -> None:
     (tmp_path / "placed.yaml").write_text(PLACED)
     done = _cli(tmp_path, "validate", "--local", "placed.yaml")

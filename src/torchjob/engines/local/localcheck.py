@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from torchjob.controller.probes import probe_warnings
 from torchjob.engines.local import security
 from torchjob.engines.local.containers import PYTHON, ContainerRun, PodSetup, ResolveError, configmaps_of
 from torchjob.engines.local.envvars import is_engine_variable
@@ -105,6 +106,7 @@ def local_warnings(state: DesiredState, extra_env: Mapping[str, str]) -> Issues:
                     found.append(
                         warning(f"spec.tasks[{t}].template.spec{level}.securityContext.{key}", message)
                     )
+    found += probe_warnings(state.job)
     found += engine_variable_warnings(state, extra_env)
     return list(dict.fromkeys(found))
 

@@ -26,8 +26,11 @@ _PLACEMENT_FIELDS = ("nodeSelector", "affinity", "tolerations", "topologySpreadC
 
 
 def placement_warnings(job: Job) -> list[Issue]:
-    """Pod fields by which a cluster places pods and Slurm does not: ignored, and said so."""
-    found = []
+    """Pod fields by which a cluster places pods and Slurm does not, and the probes no kubelet runs
+    here: ignored, and said so."""
+    from torchjob.controller.probes import probe_warnings
+
+    found = probe_warnings(job)
     for position, task in enumerate(job.spec.tasks):
         for name in _PLACEMENT_FIELDS:
             if task.template.spec.get(name):
