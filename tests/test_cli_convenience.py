@@ -108,6 +108,16 @@ def test_validate_local_tells_a_script_of_the_image_by_its_absolute_path(
         "'/opt/no-such-app/mnist.py' does not exist here (a file of the container's image?); "
         "--workdir /opt/no-such-app=DIR reads it from a local DIR instead"
     ], lines
+    # The fix it names is checked as run would make it, with run's --set too.
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "mnist.py").write_text("print('trained')\n")
+    given = ["--workdir", f"/opt/no-such-app={app}", "--set", "main.replicas=3"]
+    assert main(["validate", "--local", *given, str(tmp_path / "job.yaml")]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{tmp_path / 'job.yaml'}: job broken: valid; 3 pods (mainx3); plugins: none\n", err
+    assert main(["validate", "--set", "main.replica=3", str(tmp_path / "job.yaml")]) == 2
+    assert capsys.readouterr().err.startswith("<command line>: --set: 'replica': "), "one line, the option"
 
 
 SMALL = """\

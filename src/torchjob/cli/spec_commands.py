@@ -40,6 +40,18 @@ def register(commands: Any) -> None:
         help="the ClusterTrainingRuntime of --target trainjob; or a FILE of the runtimes the file's "
         "TrainJobs name",
     )
+    validate.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="TASK.FIELD=VALUE",
+        help="check each job as `run --set` would change it; repeatable",
+    )
+    validate.add_argument(
+        "--workdir",
+        metavar="DIR",
+        help="check each job as `run --workdir` would run it (DIR, or /workspace=DIR)",
+    )
     validate.set_defaults(func=run_validate)
 
     render = commands.add_parser("render", help="print the Kubernetes objects a cluster would create")
@@ -121,7 +133,7 @@ def run_validate(args: argparse.Namespace) -> int:
             if workflow is not None:
                 print(f"{file}: {workflow}")
                 continue
-            loaded = _load_validated(file, runtimes)
+            loaded = _load_validated(file, runtimes, _overrides(args))
         except SpecError as err:
             problems += err.problems
             continue
@@ -186,12 +198,33 @@ def _target_problems(item: Any, target: str, runtime: str | None) -> list[Proble
     return []
 
 
-def _load_validated(file: str, runtimes: Any = None) -> list[Any]:
-    """FILE's jobs, or a script's job (quick mode, 1x1, as `torchjob run FILE` runs it)."""
+def _overrides(args: argparse.Namespace) -> Any:
+    """``--set`` and ``--workdir`` as `run` takes them (None when neither was given)."""
+    sets, workdir = list(getattr(args, "set", None) or []), getattr(args, "workdir", None)
+    if not sets and workdir is None:
+        return None
+    from torchjob.overrides import Overrides
+
+    return Overrides(sets=sets, workdir=workdir)
+
+
+def _load_validated(file: str, runtimes: Any = None, overrides: Any = None) -> list[Any]:
+    """FILE's jobs, or a script's job (quick mode, 1x1, as `torchjob run FILE` runs it), with the
+    overrides `run` would make: a script's job takes --workdir and the node count as it is made."""
     from torchjob.cli.sources import load_ref, load_script
 
-    script, _ = load_script(file, None, [], local=True)
-    return [script] if script is not None else load_ref(file, runtimes=runtimes)
+    workdir = overrides.workdir if overrides is not None else None
+    sets = overrides.sets if overrides is not None else []
+    script, rest = load_script(file, None, [], local=True, workdir=workdir, sets=sets)
+    if script is not None:
+        loaded, workdir = [script], None
+    else:
+        loaded = load_ref(file, runtimes=runtimes)
+    if not rest and workdir is None:
+        return loaded
+    from torchjob.overrides import Overrides, apply
+
+    return [apply(item, Overrides(sets=rest, workdir=workdir)) for item in loaded]
 
 
 def _describe_workflow(file: str) -> str | None:
