@@ -233,6 +233,19 @@ def test_messages_count_one_gpu_as_one() -> None:
     )
 
 
+def test_absent_warns_at_the_first_request_only_where_no_gpu_is_found() -> None:
+    from torchjob.engines.local.gpus import absent
+
+    job = gpu_job("two", 1, 1, 1)
+    (issue,) = absent(job, NONE)
+    assert issue.severity == "warning"
+    assert issue.path == 'spec.tasks[0].template.spec.containers[0].resources.limits["nvidia.com/gpu"]'
+    assert issue.message.startswith("no GPU on this machine (/proc/driver/nvidia/gpus): the 2 GPUs the")
+    assert absent(job, FOUR) == []
+    cpu = make_job("cpu", [task("main", [container("main", sh("true"))])])
+    assert absent(cpu, NONE) == []
+
+
 def test_a_job_without_gpus_never_looks_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
     import torchjob.engines.local.gpus as gpus
 
@@ -321,3 +334,12 @@ def test_without_gpus_the_job_runs_after_a_one_line_note(tmp_path: Path) -> None
     assert len(notes) == 1, output
     assert "the 2 GPUs the pods ask for are ignored" in notes[0]
     assert output.count("cvd=[]") == 2
+    checked = subprocess.run(  # validate --local says it beforehand, at the field
+        [sys.executable, "-m", "torchjob", "validate", "--local", str(job)],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    field = 'spec.tasks[0].template.spec.containers[0].resources.limits["nvidia.com/gpu"]'
+    assert checked.stderr.splitlines() == [
+        f"{job}:15: {field}: warning: {notes[0].removeprefix('torchjob: ')}"
+    ]

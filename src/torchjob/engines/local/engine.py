@@ -80,11 +80,14 @@ class LocalEngine:
 
     def warnings(self, job: Job) -> list[Issue]:
         """What ``job`` asks for that has no effect here (``validate --local``; a run records them)."""
+        from torchjob.engines.local import gpus
         from torchjob.engines.local.localcheck import local_warnings
+        from torchjob.engines.local.planning import declared_gpus
         from torchjob.spec.model import here_issues
 
         state = self._plan_of(job).state
-        return here_issues(job, errors=False) + ([] if state is None else local_warnings(state, {}))
+        found = here_issues(job, errors=False) + ([] if state is None else local_warnings(state, {}))
+        return found + gpus.absent(job, declared_gpus)  # a run says it as a note
 
     def plan(self, job: Job, options: StartOptions) -> Plan:
         """The pods in creation order with their ranks and resolved commands, and the ports to

@@ -332,6 +332,35 @@ def check(job: Job, found: Found = None) -> Issues:
     return []
 
 
+def absent(job: Job, found: Found = None) -> Issues:
+    """The note a run of ``job`` gives when its pods ask for GPUs and this machine has none, as a
+    warning at the first such request (``validate --local``); none when the requests are not
+    whole numbers (:func:`check` tells those)."""
+    wanted, first = 0, ""
+    for t, task in enumerate(job.spec.tasks):
+        spec = task.template.spec
+        for kind in ("initContainers", "containers"):
+            for i, container in enumerate(spec.get(kind) or []):
+                try:
+                    asked = requested(container)
+                except ValueError:
+                    return []
+                if asked and not first:
+                    first = child(f"spec.tasks[{t}].template.spec.{kind}[{i}].resources.limits", RESOURCE)
+        wanted += pod_gpus(needs_of(spec)) * task.replicas
+    machine = _found(found) if wanted else None
+    if machine is None or machine.devices:
+        return []
+    return [Issue(first, _no_gpu(machine, wanted), "warning")]
+
+
+def _no_gpu(machine: Inventory, wanted: int) -> str:
+    return (
+        f"no GPU on this machine ({machine.where()}): the {count(wanted)} the pods ask for are ignored "
+        "and they run without CUDA"
+    )
+
+
 PodEnv = dict[str, dict[str, str]]  # container name -> the variables its GPU share sets
 
 
@@ -346,10 +375,7 @@ def job_env(pods: Mapping[Any, Mapping[str, Any]], found: Found = None) -> tuple
         return {}, ""
     machine = _found(found)
     if not machine.devices:
-        return {}, (
-            f"no GPU on this machine ({machine.where()}): the {count(wanted)} the pods ask for are ignored "
-            "and they run without CUDA"
-        )
+        return {}, _no_gpu(machine, wanted)
     try:
         shares = allocate(needs, machine.devices)
     except NotEnoughGPUs as err:  # the GPUs went away since the job was checked: hide them all
