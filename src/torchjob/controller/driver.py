@@ -265,7 +265,10 @@ class Controller(_Slots[A]):
         reason = self.pod_failure(reaction)
         if reason != status.reason and status.phase is JobPhase.FAILED:
             self.status = JobStatus(status.phase, status.retry_count, status.version, reason)
-            self.runtime.note(f"root cause: {reason}", Level.ERROR)
+            if self.attached:  # the summary that follows says it
+                self.runtime.record(f"root cause: {reason}")
+            else:
+                self.runtime.note(f"root cause: {reason}", Level.ERROR)
             self.dirty = True
 
     def on_restart(self, key: Key, pod: A) -> None:
