@@ -673,8 +673,8 @@ def test_the_root_cause_is_the_rank_that_raised_also_when_the_job_stopped_its_po
         f"root cause: worker-0 (rank 1), exit code {code} (Stopped by the job after its program raised)"
         in (shown)
     ), shown
-    said = done.stdout + done.stderr  # the run's summary: its last lines
-    assert "Failed: rank 1 (pod worker-0) raised RuntimeError: boom on rank 1" in said, said
+    said = done.stdout + done.stderr  # the run's summary (Slurm's: the settled reason, told)
+    assert "rank 1 (pod worker-0) raised RuntimeError: boom on rank 1" in said, said
 
 
 RUN_WITH_DEADLINE = """
