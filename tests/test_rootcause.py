@@ -105,7 +105,7 @@ def test_the_rank_that_raised_beats_peers_whose_connection_closed_first(tmp_path
     failure = first_failure(job(), [*peers, culprit])
     assert failure is not None
     assert (failure.short, failure.rank, failure.exit_code) == ("worker-0", 1, 1)
-    assert failure.log_tail[-1] == "RuntimeError: boom on rank 1"  # the rank's own lines, as under torchrun
+    assert failure.log_tail[-1] == "[rank1]: RuntimeError: boom on rank 1"
 
 
 def test_between_equal_evidence_the_pod_that_ended_first(tmp_path: Path) -> None:

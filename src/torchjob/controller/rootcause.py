@@ -219,10 +219,11 @@ def _read_evidence(job: Job, pod: Pod) -> tuple[int, FailureReport]:
     else:
         weight = weigh(lines, pod.exit_code)
         found_rank = _raising_rank(lines) if weight < RAISED else None
-        if found_rank is not None:  # torchrun stopped (or none) before a report: the rank's own lines
-            failure.rank, own = found_rank
-            failure.log_tail = own[-LOG_TAIL_LINES:]
+        if found_rank is not None:  # a rank's traceback, which raised() does not read prefixed
             weight = RAISED
+            if stopped(pod):  # its torchrun stopped before a report: the rank's own lines say it
+                failure.rank, own = found_rank
+                failure.log_tail = own[-LOG_TAIL_LINES:]
     if stopped(pod) and weight == RAISED:
         failure.reason = STOPPED_AFTER_RAISING
     return weight, failure
