@@ -259,7 +259,8 @@ class FailureReport:
         )
 
 
-SETTLE_SECONDS = 10.0  # the longest a wait waits, after a job failed, for the pods it stopped
+SETTLE_SECONDS = 15.0  # the longest a wait waits, after a job failed, for the pods it stopped (a
+# pod's default grace of 5 s, then its kill, with room to spare)
 
 
 @record
