@@ -210,3 +210,15 @@ def test_between_exceptions_a_pod_that_failed_beats_one_the_job_stopped(tmp_path
     failed = failed_pod(tmp_path, "master-0", 0, raised(0, "ValueError: bad"), ended=2.0)
     failure = first_failure(job(), [stopped, failed])
     assert failure is not None and failure.short == "master-0"
+
+
+def test_a_stopped_root_cause_with_a_traceback_longer_than_its_tail_still_reads(tmp_path: Path) -> None:
+    frames = [f'[rank1]:   File "/tmp/deep.py", line {i}, in f{i}' for i in range(30)]
+    lines = ["[rank1]: Traceback (most recent call last):", *frames, "[rank1]: ValueError: deep"]
+    master = failed_pod(tmp_path, "master-0", 0, [*raised(0, GLOO), *torchrun_report((0, 1), [])], ended=1.0)
+    worker = stopped_pod(tmp_path, "worker-0", 1, [*lines, *SIGTERMED_TORCHRUN], ended=2.0)
+    failure = first_failure(job(), [master, worker])
+    assert failure is not None and failure.short == "worker-0" and failure.log_tail[-1] == "ValueError: deep"
+    assert told(failure, failure_of(job(), master)).startswith(
+        "rank 1 (pod worker-0) raised ValueError: deep, "
+    )

@@ -238,7 +238,9 @@ def told(failure: FailureReport, acted: FailureReport) -> str:
     if failure.reason == STOPPED_AFTER_RAISING and acted.pod != failure.pod:
         other = f"pod {acted.short}" if acted.rank is None else f"rank {acted.rank} (pod {acted.short})"
         code = "" if failure.exit_code is None else f" (exit code {failure.exit_code})"
-        what = what or "an exception"  # its traceback longer than the tail kept
+        if what is None:  # its traceback is longer than the tail kept: it ends the tail
+            last = failure.log_tail[-1].strip() if failure.log_tail else ""
+            what = last if re.match(_EXCEPTION, last) else "an exception"
         return f"{who} raised {what}, and the job stopped its pod{code} when {other} failed"
     code = "" if failure.exit_code is None else f" with exit code {failure.exit_code}"
     return f"{who} failed{code}" + (f": {what}" if what else "")
