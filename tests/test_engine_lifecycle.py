@@ -589,7 +589,9 @@ def test_the_root_cause_is_the_rank_that_raised_not_the_peers_it_left_waiting(
 ) -> None:
     """``run -j 2x2``: global rank 2 (worker-0's first process) raises while the others wait in a
     barrier and then fail with lost connections. Every engine names rank 2 and its exception,
-    whichever exit it saw first, and speaks in the script's terms (nothing restarted)."""
+    whichever exit it saw first, and speaks in the script's terms (nothing restarted). On a busy
+    machine master-0 may fail first and the job stop worker-0 before its torchrun reports: then
+    worker-0 is Stopped, and the reason says the job stopped it (the next test forces that)."""
     pytest.importorskip("torch")
     script = tmp_path / "boom.py"
     script.write_text(BOOM_IN_A_BARRIER)
@@ -597,17 +599,82 @@ def test_the_root_cause_is_the_rank_that_raised_not_the_peers_it_left_waiting(
     assert done.returncode == 1, done.stdout + done.stderr
     assert "maxRetry" not in done.stdout + done.stderr
     shown = engine.cli("status", "boom").stdout  # the report as display.py shows it, on every engine
-    assert "root cause: worker-0 (rank 2), exit code 1 (Error)" in shown, shown
-    assert "    RuntimeError: boom on rank 2" in shown.splitlines(), shown
-    assert "ChildFailedError" not in shown
     status = engine.status("boom")
+    worker = next(p for p in status["pods"] if p["short"] == "worker-0")
+    code = worker["exitCode"]
+    if worker["phase"] == "Failed":  # its torchrun reported rank 2's exit
+        how = "exit code 1 (Error)"
+        said = f"rank 2 (pod worker-0) failed with exit code 1: {RAISED_2}"
+    else:
+        assert worker["phase"] == "Stopped", worker
+        how = f"exit code {code} (Stopped by the job after its program raised)"
+        said = (
+            f"rank 2 (pod worker-0) raised {RAISED_2}, and the job stopped its pod (exit code {code}) when "
+        )
+    assert f"root cause: worker-0 (rank 2), {how}" in shown, shown
+    assert f"    {RAISED_2}" in shown.splitlines(), shown
+    assert "ChildFailedError" not in shown
     failure = status["firstFailure"]
-    assert (failure["short"], failure["rank"], failure["exitCode"]) == ("worker-0", 2, 1), failure
-    assert failure["logTail"][-1] == "RuntimeError: boom on rank 2", failure
+    assert (failure["short"], failure["rank"], failure["exitCode"]) == ("worker-0", 2, code), failure
+    assert failure["logTail"][-1] == RAISED_2, failure
     assert (status["phase"], status["retryCount"]) == ("Failed", 0)
+    assert status["reason"].startswith(said) and status["reason"].endswith("; nothing was restarted"), status
+
+
+RAISED_2 = "RuntimeError: boom on rank 2"
+# Rank 1 raises, and its process is slow to end after its traceback (an upload at exit, say): its
+# peer loses it at once and master-0 fails, so the job stops worker-0 before it fails by itself.
+RAISES_THEN_LINGERS = """
+import atexit, time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+
+def slow_exit():
+    dist.destroy_process_group()  # the peer's barrier fails now, not at the process's end
+    time.sleep(300)
+
+
+if rank == 1:
+    atexit.register(slow_exit)
+    raise RuntimeError(f"boom on rank {rank}")
+dist.barrier()
+"""
+
+
+@pytest.mark.torch
+def test_the_root_cause_is_the_rank_that_raised_also_when_the_job_stopped_its_pod_first(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """``run -j 2x1``: rank 1 (worker-0) raises but its process lingers at exit; rank 0 loses its
+    peer and master-0 fails first; the job stops worker-0. The reason and the root cause name rank
+    1 and its exception once worker-0 is gone, and say that the job stopped it."""
+    pytest.importorskip("torch")
+    script = tmp_path / "linger.py"
+    script.write_text(RAISES_THEN_LINGERS)
+    done = engine.run_script("2x1", script)
+    assert done.returncode == 1, done.stdout + done.stderr
+    status = engine.status("linger")
+    master, worker = (next(p for p in status["pods"] if p["short"] == s) for s in ("master-0", "worker-0"))
+    assert (master["phase"], worker["phase"]) == ("Failed", "Stopped"), status["pods"]
+    code = worker["exitCode"]
+    failure = status["firstFailure"]
+    assert (failure["short"], failure["rank"], failure["exitCode"]) == ("worker-0", 1, code), failure
+    assert failure["reason"] == "Stopped by the job after its program raised", failure
+    assert failure["logTail"][-1] == "RuntimeError: boom on rank 1", failure
     assert status["reason"] == (
-        "rank 2 (pod worker-0) failed with exit code 1: RuntimeError: boom on rank 2; nothing was restarted"
-    )
+        f"rank 1 (pod worker-0) raised RuntimeError: boom on rank 1, and the job stopped its pod (exit code "
+        f"{code}) when rank 0 (pod master-0) failed; nothing was restarted"
+    ), status["reason"]
+    shown = engine.cli("status", "linger").stdout
+    assert (
+        f"root cause: worker-0 (rank 1), exit code {code} (Stopped by the job after its program raised)"
+        in (shown)
+    ), shown
+    said = done.stdout + done.stderr  # the run's summary (Slurm's: the settled reason, told)
+    assert "rank 1 (pod worker-0) raised RuntimeError: boom on rank 1" in said, said
 
 
 RUN_WITH_DEADLINE = """

@@ -104,6 +104,39 @@ def test_wait_status_watch_and_logs_follow_report_how_a_detached_job_ended(tmp_p
     assert _cli(tmp_path, "status", "--watch").returncode == 2
 
 
+def test_wait_prints_the_root_cause_once_the_pods_the_failure_stopped_are_gone(tmp_path: Path) -> None:
+    """worker-0's program raised but lingers (it ignores SIGTERM, so its pod takes its grace period
+    to go); master-0 then fails of the lost peer, and the job stops worker-0. ``wait`` waits for
+    the stopped pod before it reports, so it names worker-0, not the peer that failed first."""
+    raised = tmp_path / "raised"
+    worker = (
+        "trap '' TERM; echo 'Traceback (most recent call last):'; echo '  File \"train.py\", line 9'; "
+        f"echo 'RuntimeError: boom in the worker'; : > {raised}; sleep 60"
+    )
+    master = (
+        f"i=0; while [ ! -e {raised} ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done; "
+        "echo 'RuntimeError: Connection closed by peer'; exit 1"
+    )
+    job = make_job(
+        "settles",
+        [task("master", [container("m", sh(master))]), task("worker", [container("w", sh(worker))])],
+        maxRetry=1,
+        policies=[{"event": "PodFailed", "action": "RestartJob"}],
+    )
+    job_id = _cli(tmp_path, "run", "-d", write_job(tmp_path, job)).stdout.strip()
+    waited = _cli(tmp_path, "wait", job_id, "--timeout", "120")
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert "root cause: worker-0, exit code 137 (Stopped by the job after its program raised)" in (
+        waited.stdout
+    ), waited.stdout
+    assert "    RuntimeError: boom in the worker" in waited.stdout.splitlines(), waited.stdout
+    data = json.loads(_cli(tmp_path, "status", job_id, "-o", "json").stdout)
+    assert [(p["short"], p["phase"]) for p in data["pods"]] == [
+        ("master-0", "Failed"),
+        ("worker-0", "Stopped"),
+    ]
+
+
 def _crash_loop_job(tmp_path: Path) -> str:
     job = make_job(
         "loop",

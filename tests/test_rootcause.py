@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchjob.controller.kubelet import FAILED, Container, Pod
-from torchjob.controller.rootcause import first_failure, torchrun_root_cause, weigh
+from torchjob.controller.kubelet import FAILED, RUNNING, Container, Pod
+from torchjob.controller.rootcause import (
+    STOPPED_AFTER_RAISING,
+    failure_of,
+    first_failure,
+    told,
+    torchrun_root_cause,
+    weigh,
+)
 from torchjob.jobs import load_jobs_from_text
 from torchjob.spec.model import Job
 
@@ -152,3 +159,66 @@ def test_weights() -> None:
     assert weigh(["Traceback (most recent call last):", "KeyboardInterrupt"], 130) == 0
     assert weigh(["exiting"], 2) == 2
     assert weigh([], 143) == 0
+
+
+SIGTERMED_TORCHRUN = [
+    "Traceback (most recent call last):",
+    '  File "torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler',
+    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1158 got signal: 15",
+]
+
+
+def stopped_pod(tmp_path: Path, name: str, rank: int, lines: list[str], ended: float) -> Pod:
+    """An attempt the job stopped before it ended by itself (Running when stopped), now gone."""
+    pod = failed_pod(tmp_path, name, rank, lines, ended)
+    pod.phase, pod.failed, pod.gone, pod.terminating = RUNNING, None, True, True
+    return pod
+
+
+def test_a_rank_that_raised_in_a_pod_the_job_stopped_beats_a_failed_peer(tmp_path: Path) -> None:
+    """master-0 fails first (its rank lost the connection); the job stops worker-0, whose torchrun
+    was ended by the stop before it reported rank 2's exception."""
+    master = failed_pod(tmp_path, "master-0", 0, [*raised(0, GLOO), *torchrun_report((0, 1), [])], ended=1.0)
+    lines = [*raised(2, "RuntimeError: boom on rank 2"), *raised(3, GLOO), *SIGTERMED_TORCHRUN]
+    worker = stopped_pod(tmp_path, "worker-0", 1, lines, ended=2.0)
+    failure = first_failure(job(), [master, worker])
+    assert failure is not None
+    assert (failure.short, failure.rank, failure.exit_code) == ("worker-0", 2, 1)
+    assert failure.reason == STOPPED_AFTER_RAISING
+    assert failure.log_tail[-1] == "RuntimeError: boom on rank 2"
+    said = told(failure, failure_of(job(), master))
+    assert said == (
+        "rank 2 (pod worker-0) raised RuntimeError: boom on rank 2, and the job stopped its pod "
+        "(exit code 1) when rank 0 (pod master-0) failed"
+    )
+
+
+def test_a_stopped_pod_counts_only_for_an_exception_and_only_once_gone(tmp_path: Path) -> None:
+    master = failed_pod(tmp_path, "master-0", 0, [*raised(0, GLOO), *torchrun_report((0, 1), [])], ended=1.0)
+    lost = stopped_pod(tmp_path, "worker-0", 1, [*raised(2, GLOO), *SIGTERMED_TORCHRUN], ended=2.0)
+    failure = first_failure(job(), [master, lost])
+    assert failure is not None and failure.short == "master-0"
+    assert told(failure, failure) == f"rank 0 (pod master-0) failed with exit code 1: {GLOO}"
+    stopping = stopped_pod(tmp_path, "worker-1", 2, raised(3, "RuntimeError: boom"), ended=3.0)
+    stopping.gone = False  # still stopping: its log may not be complete, and is not read yet
+    failure = first_failure(job(), [master, stopping])
+    assert failure is not None and failure.short == "master-0" and stopping.evidence is None
+
+
+def test_between_exceptions_a_pod_that_failed_beats_one_the_job_stopped(tmp_path: Path) -> None:
+    stopped = stopped_pod(tmp_path, "worker-0", 1, raised(1, "KeyError: 'x'"), ended=1.0)
+    failed = failed_pod(tmp_path, "master-0", 0, raised(0, "ValueError: bad"), ended=2.0)
+    failure = first_failure(job(), [stopped, failed])
+    assert failure is not None and failure.short == "master-0"
+
+
+def test_a_stopped_root_cause_with_a_traceback_longer_than_its_tail_still_reads(tmp_path: Path) -> None:
+    frames = [f'[rank1]:   File "/tmp/deep.py", line {i}, in f{i}' for i in range(30)]
+    lines = ["[rank1]: Traceback (most recent call last):", *frames, "[rank1]: ValueError: deep"]
+    master = failed_pod(tmp_path, "master-0", 0, [*raised(0, GLOO), *torchrun_report((0, 1), [])], ended=1.0)
+    worker = stopped_pod(tmp_path, "worker-0", 1, [*lines, *SIGTERMED_TORCHRUN], ended=2.0)
+    failure = first_failure(job(), [master, worker])
+    assert failure is not None and failure.short == "worker-0" and failure.log_tail[-1] == "ValueError: deep"
+    assert told(failure, failure_of(job(), master)).startswith(
+        "rank 1 (pod worker-0) raised ValueError: deep, "
+    )

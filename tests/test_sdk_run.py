@@ -113,6 +113,51 @@ def test_exception_in_rank_2_of_3_reaches_the_caller() -> None:
     _assert_no_children()
 
 
+@task(task_config=Elastic(nproc_per_node=2, max_restarts=1))
+def fails_differently_when_restarted() -> None:
+    attempt, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["RANK"]
+    if (attempt, rank) == ("0", "1"):
+        raise ValueError("the first attempt's rank 1 fails")
+    if (attempt, rank) == ("1", "0"):
+        raise KeyError("the second attempt's rank 0 fails")
+    time.sleep(120)  # the launcher stops the other rank
+
+
+def test_after_a_restart_the_caller_gets_the_last_attempts_error() -> None:
+    """As torchrun reports its last attempt's failure: attempt 0's record of rank 1 (a ValueError,
+    raised first of all) is not the error the call raises, and is mentioned after it."""
+    with pytest.raises(RemoteError) as info:
+        fails_differently_when_restarted()
+    error = info.value
+    assert (error.rank, error.exc_type) == (0, "KeyError"), str(error)
+    assert isinstance(error.original, KeyError) and error.__cause__ is error.original
+    head = str(error).splitlines()[:2]
+    assert head == [
+        'rank 0 raised KeyError: "the second attempt\'s rank 0 fails"',
+        "(in the last attempt; 1 earlier one failed too: "
+        "rank 1 raised ValueError: the first attempt's rank 1 fails)",
+    ], head
+    _assert_no_children()
+
+
+@task(task_config=PyTorch(worker=Worker(replicas=1), run_policy=RunPolicy(backoff_limit=1)))
+def pods_fail_differently_when_restarted() -> None:
+    retry, rank = os.environ["TORCHJOB_RETRY_COUNT"], os.environ["RANK"]
+    if (retry, rank) == ("0", "1"):
+        raise ValueError("the first run's worker fails")
+    if (retry, rank) == ("1", "0"):
+        raise KeyError("the second run's master fails")
+    time.sleep(120)  # the job stops the other pod
+
+
+def test_after_a_restart_of_the_job_the_caller_gets_the_last_runs_error() -> None:
+    with pytest.raises(RemoteError) as info:
+        pods_fail_differently_when_restarted()
+    assert (info.value.rank, info.value.exc_type) == (0, "KeyError"), str(info.value)
+    assert info.value.earlier == ("rank 1 raised ValueError: the first run's worker fails",)
+    _assert_no_children()
+
+
 @task(task_config=Elastic(nproc_per_node=2))
 def make_closure(base: int) -> Any:
     def add(y: int) -> int:

@@ -161,6 +161,9 @@ class Controller(_Slots[A]):
         self.looping: set[Key] = set()  # pods whose crash loop has been told
         self.told = ""  # the last event told, which a phase change it causes does not repeat
         self.suspect: str | None = None  # a likelier cause of any failure, added to the reason
+        # The pod failure a plain job failed on: its reason names the root cause, settled again
+        # once the pods the failure stopped are gone (their logs complete): see settle().
+        self.failed_on: Reaction | None = None
         # A job made from a script or an SDK task, or read from a PyTorchJob, TrainJob or JobSet:
         # its user wrote no Volcano policy, so its failure is told in the user's terms (which pod
         # and rank, how, whether anything restarted).
@@ -251,6 +254,22 @@ class Controller(_Slots[A]):
                 key[0], key[1], PodPhase(old[0]) if old else None, PodPhase(pod.phase), pod.exit_code
             )
             self.on_change(change)
+        if self.failed_on is not None and not self.busy():
+            self.settle(self.failed_on)
+
+    def settle(self, reaction: Reaction) -> None:
+        """The failed job's reason, formed again now that the pods it stopped are gone: the rank
+        that raised may be in one of them, its pod stopped before it failed by itself."""
+        self.failed_on = None
+        status = self.status
+        reason = self.pod_failure(reaction)
+        if reason != status.reason and status.phase is JobPhase.FAILED:
+            self.status = JobStatus(status.phase, status.retry_count, status.version, reason)
+            if self.attached:  # the summary that follows says it
+                self.runtime.record(f"root cause: {reason}")
+            else:
+                self.runtime.note(f"root cause: {reason}", Level.ERROR)
+            self.dirty = True
 
     def on_restart(self, key: Key, pod: A) -> None:
         """--max-restarts, and one notice when the pod starts to crash-loop."""
@@ -348,6 +367,7 @@ class Controller(_Slots[A]):
             ]
             if self.plain and reaction.event is Event.POD_FAILED and self.ends_job(reaction.action):
                 self.fail_job(self.pod_failure(reaction))
+                self.failed_on = self.failed_on or reaction
                 continue
             if self.plain and reaction.event is Event.TASK_FAILED and self.ends_job(reaction.action):
                 self.fail_job(self.words(reaction.cause))  # a restart limit (a kind's backoffLimit)
@@ -379,32 +399,32 @@ class Controller(_Slots[A]):
 
     def pod_failure(self, reaction: Reaction) -> str:
         """``rank 3 (pod worker-0) failed with exit code 1: RuntimeError: boom; nothing was
-        restarted``: the rank and the exception as the pod's log tells them (rootcause.py)."""
+        restarted``: the root cause among the pods (rootcause.py: the rank that raised, not a peer
+        that lost it) as its log tells it; the pod the policy acted on when that is another."""
         from torchjob.controller.kubelet import Pod
-        from torchjob.controller.rootcause import failure_of, raised
+        from torchjob.controller.rootcause import failure_of, first_failure, told
 
-        pod = self.pods.get((reaction.task, reaction.index))
-        who, code, what = f"pod {reaction.task}-{reaction.index}", reaction.exit_code, None
-        if isinstance(pod, Pod):
-            failure = failure_of(self.job, pod)
-            if failure.rank is not None:
-                who = f"rank {failure.rank} ({who})"
-            code, what = failure.exit_code, raised(failure.log_tail)
-        elif pod is not None and pod.rank is not None:
-            who = f"rank {pod.rank} ({who})"
-        told = (
-            who
-            + " failed"
-            + ("" if code is None else f" with exit code {code}")
-            + (f": {what}" if what else "")
-        )
+        pod = self.latest.get((reaction.task, reaction.index))
+        acted = f"pod {reaction.task}-{reaction.index}"
+        if not isinstance(pod, Pod):
+            who = acted if pod is None or pod.rank is None else f"rank {pod.rank} ({acted})"
+            cause = (
+                who
+                + " failed"
+                + ("" if reaction.exit_code is None else f" with exit code {reaction.exit_code}")
+            )
+        else:
+            pods: list[Pod] = [p for p in self.latest.values() if isinstance(p, Pod)]
+            cause = told(
+                first_failure(self.job, pods) or failure_of(self.job, pod), failure_of(self.job, pod)
+            )
         restarts = self.status.retry_count
         after = (
             "nothing was restarted"
             if not restarts
             else f"after {restarts} restart{'s' * (restarts > 1)} of the job"
         )
-        return f"{told}; {after}"
+        return f"{cause}; {after}"
 
     def fire_delayed(self) -> None:
         now = self.clock()

@@ -1,4 +1,4 @@
-"""Which failed pod caused a job's failure, decided from the evidence in the pods' logs.
+"""Which pod caused a job's failure, decided from the evidence in the pods' logs.
 
 When one rank of a distributed job raises, its peers fail soon after with errors of their own
 (gloo's ``Connection closed by peer``, a store that went away): the pod that failed first is
@@ -7,6 +7,11 @@ So each failed pod's log is read and weighed: a Python exception raised by the p
 exit without one, which beats a lost connection to a peer, which beats a stop by a signal from
 outside; between equals, the pod that ended first. A pod running torchrun is read as torchrun
 reports it: the rank that failed (its global rank), its exit code and its own last lines.
+
+The raising rank's pod may not fail at all: a peer's pod fails first, and the job stops the rest
+before the raising rank's torchrun (or program) has ended. A pod the job stopped is weighed too,
+once it is gone (its log complete): only a program's exception in it counts (a rank's
+``[rankN]:`` traceback), and that outweighs any lesser evidence of a failed pod.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 
-from torchjob.controller.kubelet import FAILED, Container, Pod
+from torchjob.controller.kubelet import ENDED, FAILED, Container, Pod
 from torchjob.controller.reasons import CRASH_LOOP, exit_reason, short_name
 from torchjob.records import replace
 from torchjob.reports import FailureReport
@@ -46,6 +51,7 @@ _NOT_THE_PROGRAM = ("KeyboardInterrupt", "SignalException", "ChildFailedError", 
 _STOPPED = (128 + 1, 128 + 2, 128 + 15)  # SIGHUP, SIGINT, SIGTERM: asked to stop
 
 RAISED, EXITED, PEER_LOST, STOPPED = 3, 2, 1, 0  # the weight of a failed pod's evidence
+STOPPED_AFTER_RAISING = "Stopped by the job after its program raised"  # a stopped root cause's reason
 
 
 def log_tail(path: Path, lines: int | None = LOG_TAIL_LINES, nbytes: int = _TAIL_BYTES) -> list[str]:
@@ -62,6 +68,23 @@ def log_tail(path: Path, lines: int | None = LOG_TAIL_LINES, nbytes: int = _TAIL
     if len(data) == nbytes and size > nbytes:
         text = text[1:]  # the first line read may be cut
     return text if lines is None else text[-lines:]
+
+
+def rank_lines(lines: list[str]) -> dict[int, list[str]]:
+    """The lines torch prefixed with ``[rankN]:`` (a rank's own, after init_process_group), by
+    global rank, without the prefix, in the order the ranks first wrote."""
+    own: dict[int, list[str]] = {}
+    for line in lines:
+        found = re.match(r"\[rank(\d+)\]: ?", line)
+        if found:
+            own.setdefault(int(found[1]), []).append(line[found.end() :])
+    return own
+
+
+def _raising_rank(lines: list[str]) -> tuple[int, list[str]] | None:
+    """The first rank whose own lines end in an exception of its program (a pod's log without
+    torchrun's report: its ranks' tracebacks are prefixed, which :func:`raised` does not read)."""
+    return next(((r, own) for r, own in rank_lines(lines).items() if weigh(own, None) == RAISED), None)
 
 
 def _torchrun_failures(lines: list[str], root: int) -> list[tuple[int, int | None]]:
@@ -101,9 +124,9 @@ def torchrun_root_cause(lines: list[str]) -> tuple[int, int | None, list[str]] |
     if not failures:
         return None
     weighed = []
+    ranks = rank_lines(lines)
     for order, (rank, code) in enumerate(failures):
-        prefix = f"[rank{rank}]:"
-        own = [line[len(prefix) :].removeprefix(" ") for line in lines if line.startswith(prefix)]
+        own = ranks.get(rank, [])
         code = None if code is None else 128 - code if code < 0 else code
         weighed.append((weigh(own, code) if own else -1, -order, rank, code, own))
     _, _, rank, code, own = max(weighed)
@@ -161,9 +184,14 @@ def failure_of(job: Job, pod: Pod) -> FailureReport:
     return _evidence(job, pod)[1]
 
 
+def stopped(pod: Pod) -> bool:
+    """The job stopped the attempt before it ended by itself, and nothing of it runs any more."""
+    return pod.gone and pod.phase not in ENDED
+
+
 def _evidence(job: Job, pod: Pod) -> tuple[int, FailureReport]:
-    """A failed attempt's weight and its failure report, read from its log once (an ended
-    attempt's log is complete: each report of the job after that reuses them)."""
+    """A failed (or stopped and gone) attempt's weight and its failure report, read from its log
+    once (such an attempt's log is complete: each report of the job after that reuses them)."""
     if pod.evidence is None:
         pod.evidence = _read_evidence(job, pod)
     weight, failure = pod.evidence
@@ -187,18 +215,50 @@ def _read_evidence(job: Job, pod: Pod) -> tuple[int, FailureReport]:
         failure.rank, failure.exit_code, own = found
         failure.reason = exit_reason(failure.exit_code)
         failure.log_tail = own[-LOG_TAIL_LINES:]
-        return weigh(own, failure.exit_code), failure
-    return weigh(lines, pod.exit_code), failure
+        weight = weigh(own, failure.exit_code)
+    else:
+        weight = weigh(lines, pod.exit_code)
+        found_rank = _raising_rank(lines) if weight < RAISED else None
+        if found_rank is not None:  # a rank's traceback, which raised() does not read prefixed
+            weight = RAISED
+            if stopped(pod):  # its torchrun stopped before a report: the rank's own lines say it
+                failure.rank, own = found_rank
+                failure.log_tail = own[-LOG_TAIL_LINES:]
+    if stopped(pod) and weight == RAISED:
+        failure.reason = STOPPED_AFTER_RAISING
+    return weight, failure
+
+
+def told(failure: FailureReport, acted: FailureReport) -> str:
+    """The root cause in a script's user's words: ``rank 2 (pod worker-0) failed with exit code 1:
+    RuntimeError: boom``; for a pod the job stopped after its program raised, also the failure
+    the job acted on (``acted``: another pod's, which stopped it)."""
+    who = f"pod {failure.short}" if failure.rank is None else f"rank {failure.rank} (pod {failure.short})"
+    what = raised(failure.log_tail)
+    if failure.reason == STOPPED_AFTER_RAISING and acted.pod != failure.pod:
+        other = f"pod {acted.short}" if acted.rank is None else f"rank {acted.rank} (pod {acted.short})"
+        code = "" if failure.exit_code is None else f" (exit code {failure.exit_code})"
+        if what is None:  # its traceback is longer than the tail kept: it ends the tail
+            last = failure.log_tail[-1].strip() if failure.log_tail else ""
+            what = last if re.match(_EXCEPTION, last) else "an exception"
+        return f"{who} raised {what}, and the job stopped its pod{code} when {other} failed"
+    code = "" if failure.exit_code is None else f" with exit code {failure.exit_code}"
+    return f"{who} failed{code}" + (f": {what}" if what else "")
 
 
 def first_failure(job: Job, pods: list[Pod], *, crash_loops: bool = False) -> FailureReport | None:
-    """The root cause among the failed attempts (the newest of each pod), by the evidence of their
-    logs, then by the time each ended; without a failed one, when the job failed all the same
+    """The root cause among the failed attempts (the newest of each pod) and those the job stopped
+    whose program had raised, by the evidence of their logs, then a failed one before a stopped
+    one, then by the time each ended; without either, when the job failed all the same
     (``crash_loops``: ``--max-restarts``), the pod that kept failing."""
-    failed = [p for p in pods if p.phase == FAILED]
-    if failed:
-        weighed = [(*_evidence(job, pod), pod.finished_at or 0.0) for pod in failed]
-        return max(weighed, key=lambda w: (w[0], -w[2]))[1]
+    weighed = [(*_evidence(job, pod), True, pod.finished_at or 0.0) for pod in pods if pod.phase == FAILED]
+    for pod in pods:
+        if stopped(pod):  # its end was the job's doing, not evidence; an exception it raised is
+            weight, failure = _evidence(job, pod)
+            if weight == RAISED:
+                weighed.append((weight, failure, False, pod.finished_at or 0.0))
+    if weighed:
+        return max(weighed, key=lambda w: (w[0], w[2], -w[3]))[1]
     if not crash_loops:
         return None
     looping = [p for p in pods if p.restarts and any(c.exit_code not in (None, 0) for c in p.containers)]

@@ -331,8 +331,10 @@ def _launch(payload: bytes, results: str, settings: LaunchSettings) -> tuple[boo
             how = f"exit code {failure.exitcode}"
             if failure.signal_name() != "<N/A>":
                 how = f"signal {failure.signal_name()}"
+            # ChildFailedError comes once the launcher's restarts are used up: its last attempt.
+            when = float(failure.timestamp)
             write_failure(
-                results, rank, "ProcessExited", f"worker process died with {how}", float(failure.timestamp)
+                results, rank, "ProcessExited", f"worker process died with {how}", when, settings.max_restarts
             )
         raise LaunchFailed(str(err)) from None
     if 0 in out:

@@ -6,7 +6,9 @@ so the reader extends ``sys.path`` first and only then unpickles the function.
 
 Ranks report through files in a results directory: ``rank-0.value`` (rank 0's return value) and
 ``rank-<r>.error`` (a record of an exception). Files are written to a temporary name and renamed,
-so a reader never sees half a file.
+so a reader never sees half a file. An error record names the attempt it belongs to (the job's
+restarts, then the elastic launcher's): after a restart, the last attempt's error is the task's,
+as torchrun reports its last attempt's failure, and a stale record of a rank is replaced.
 """
 
 from __future__ import annotations
@@ -171,21 +173,28 @@ class RemoteError(RuntimeError):
         message: str,
         remote_traceback: str,
         original: BaseException | None = None,
+        earlier: tuple[str, ...] = (),
     ) -> None:
         self.rank = rank
         self.exc_type = exc_type
         self.message = message
         self.remote_traceback = remote_traceback
         self.original = original
+        self.earlier = earlier  # how each earlier attempt failed (``rank 1 raised ValueError: x``)
         super().__init__(rank, exc_type, message)
 
     def __str__(self) -> str:
         tb = self.remote_traceback.rstrip()
         head = f"rank {self.rank} raised {self.exc_type}: {self.message}"
+        if self.earlier:
+            count = len(self.earlier)
+            head += f"\n(in the last attempt; {count} earlier one{'s' * (count > 1)} failed too: "
+            head += "; ".join(self.earlier) + ")"
         return f"{head}\n\nRemote traceback (rank {self.rank}):\n{tb}" if tb else head
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (RemoteError, (self.rank, self.exc_type, self.message, self.remote_traceback, None))
+        fields = (self.rank, self.exc_type, self.message, self.remote_traceback, None, self.earlier)
+        return (RemoteError, fields)
 
 
 _SDK_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -245,6 +254,19 @@ def user_traceback(error: BaseException) -> str:
         return "".join(traceback.format_tb(_user_frames(error.__traceback__)))
 
 
+def _count(name: str) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else 0
+
+
+def attempt(launcher_restarts: int | None = None) -> list[int]:
+    """Which attempt of the task this process runs in: the job's restarts (a local pod's
+    TORCHJOB_RETRY_COUNT), then the elastic launcher's (its workers' TORCHELASTIC_RESTART_COUNT,
+    or ``launcher_restarts`` in the launcher itself)."""
+    restarts = _count("TORCHELASTIC_RESTART_COUNT") if launcher_restarts is None else launcher_restarts
+    return [_count("TORCHJOB_RETRY_COUNT"), restarts]
+
+
 def error_record(rank: int, error: BaseException) -> dict[str, Any]:
     kind = type(error)
     name = (
@@ -263,6 +285,7 @@ def error_record(rank: int, error: BaseException) -> dict[str, Any]:
         "traceback": user_traceback(error),
         "time": time.time(),
         "original": original,
+        "attempt": attempt(),
     }
 
 
@@ -271,11 +294,13 @@ def write_error(results: str | os.PathLike[str], rank: int, error: BaseException
 
 
 def write_failure(
-    results: str | os.PathLike[str], rank: int, exc_type: str, message: str, when: float
+    results: str | os.PathLike[str], rank: int, exc_type: str, message: str, when: float, restarts: int
 ) -> None:
-    """Record a rank that died without raising (killed by a signal, ``os._exit``)."""
+    """Record a rank that died without raising (killed by a signal, ``os._exit``) in the launcher's
+    last attempt, after ``restarts`` restarts of its workers."""
     path = Path(results) / f"rank-{rank}.error"
-    if path.exists():  # the rank's own record is better
+    now = attempt(restarts)
+    if _attempt_of(_read_record(path)) >= now:  # the rank's own record of this attempt is better
         return
     record = {
         "rank": rank,
@@ -284,27 +309,46 @@ def write_failure(
         "traceback": "",
         "time": when,
         "original": None,
+        "attempt": now,
     }
     write_atomic(path, pickle.dumps(record))
 
 
+def _read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        record = pickle.loads(path.read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _attempt_of(record: dict[str, Any] | None) -> list[int]:
+    return [-1] if record is None else list(record.get("attempt") or [0, 0])
+
+
 def first_error(results: str | os.PathLike[str]) -> RemoteError | None:
-    """The earliest rank error (later ones are usually its consequences), or None."""
-    records = []
-    for path in Path(results).glob("rank-*.error"):
-        try:
-            records.append(pickle.loads(path.read_bytes()))
-        except (OSError, pickle.UnpicklingError, EOFError):
-            continue
+    """The earliest rank error of the last attempt that failed (later ones are usually its
+    consequences; earlier attempts' were retried), or None."""
+    records = [r for r in map(_read_record, Path(results).glob("rank-*.error")) if r is not None]
     if not records:
         return None
-    first = min(records, key=lambda r: (r["time"], r["rank"]))
+    by_attempt: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    for record in records:
+        by_attempt.setdefault(tuple(_attempt_of(record)), []).append(record)
+    firsts = [min(by_attempt[key], key=lambda r: (r["time"], r["rank"])) for key in sorted(by_attempt)]
+    first = firsts[-1]
     original = None
     if first["original"] is not None:
         try:
             original = cloudpickle.loads(first["original"])
         except Exception:  # the exception's class may not import here
             original = None
-    error = RemoteError(first["rank"], first["type"], first["message"], first["traceback"], original)
+    earlier = tuple(f"rank {r['rank']} raised {r['type']}: {_one_line(r['message'])}" for r in firsts[:-1])
+    error = RemoteError(first["rank"], first["type"], first["message"], first["traceback"], original, earlier)
     error.__cause__ = original
     return error
+
+
+def _one_line(message: str, limit: int = 200) -> str:
+    text = " ".join(message.split())
+    return text[:limit] + ("..." if len(text) > limit else "")
