@@ -231,6 +231,7 @@ def startup(
     for position, (r, rjob) in enumerate(rjobs):
         rname = text(rjob.get("name"), f"job{r}")
         needs: list[str] = []
+        complete: list[str] = []
         if in_order and position > 0:
             needs += tasks_of.get(names[position - 1], [])
         if position == 0 and rjob.get("dependsOn") is not None:
@@ -257,10 +258,13 @@ def startup(
                     f"{path}.status",
                     "torchjob starts a task once the tasks it depends on run (Ready), not once they complete",
                 )
+                complete += tasks_of[other]
             needs += tasks_of[other]
         if needs:
             for name in tasks_of.get(rname, []):
                 tasks[name]["dependsOn"] = {"name": list(dict.fromkeys(needs)), "iteration": "all"}
+                if complete:  # the targets that cannot wait for it refuse it (target_api/convert.py)
+                    tr.completes[name] = list(dict.fromkeys(complete))
 
 
 def here_error(tr: Translation, document: Document, path: str, message: str) -> None:
