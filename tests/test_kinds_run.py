@@ -163,7 +163,7 @@ spec:
   initializer: {{dataset: {{storageUri: 'hf://tatsu-lab/alpaca'}}}}
   trainer:
     numNodes: 2
-    command: [sh, -c, 'echo "node $PET_NODE_RANK read $(cat {data})"']
+    command: [sh, -c, 'data=$(cat {data}) && echo "node $PET_NODE_RANK read $data"']
 """
 
 
