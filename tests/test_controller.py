@@ -198,6 +198,29 @@ def test_depends_on_holds_a_task_until_its_dependency_runs() -> None:
     assert "worker" not in ctl.waiting
 
 
+def test_a_task_waiting_for_a_failed_task_to_complete_fails_the_job() -> None:
+    """No policy restarts the failed pod: the waiting task would never start, and the job would
+    wait for ever; it fails, naming what it waited for (as JobSet fails the set for a failed Job)."""
+    job = job_of(tasks_yaml(task_yaml("init", 1), task_yaml("train", 2, "    dependsOn: {name: [init]}\n")))
+    train = job.task("train")
+    assert train is not None and train.depends_on is not None
+    train.depends_on.complete = ["init"]
+    ctl, runtime, _clock = controller(job)
+    ctl.begin()
+    runtime.live[("init", 0)].phase = "Running"
+    ctl.tick()
+    assert any("task train waits for task(s) init to complete" in n for n in runtime.notes)
+    assert [k for k, _ in runtime.created] == [("init", 0)]  # running is not enough
+    runtime.live[("init", 0)].phase = "Failed"
+    runtime.live[("init", 0)].exit_code = 1
+    ctl.tick()
+    assert ctl.status.phase is JobPhase.FAILED
+    assert "task train cannot start: it waits for task init to complete, and its pod init-0 failed" in (
+        ctl.status.reason
+    )
+    assert [k for k, _ in runtime.created] == [("init", 0)]
+
+
 def test_the_deadline_terminates_the_job_on_the_given_clock() -> None:
     ctl, runtime, clock = controller(job_of(tasks_yaml(task_yaml("worker", 2))), timeout=60.0)
     ctl.begin()

@@ -211,6 +211,40 @@ def test_a_jobset_without_a_rendezvous_of_its_own_has_no_master_for_the_targets_
     assert for_cluster(loaded.job, "volcano", "default").objects  # any tasks
 
 
+STEPS = """\
+apiVersion: jobset.x-k8s.io/v1alpha2
+kind: JobSet
+metadata: {name: steps}
+spec:
+  replicatedJobs:
+    - name: init
+      template: {spec: {template: {spec: {containers: [{name: a, image: 'a:1', command: ['true']}]}}}}
+    - name: train
+      dependsOn: [{name: init, status: Complete}]
+      template: {spec: {template: {spec: {containers: [{name: a, image: 'a:1', command: ['true']}]}}}}
+"""
+
+
+def test_a_start_once_a_job_completed_is_kept_as_written_or_refused() -> None:
+    """Volcano's dependsOn (volcano, pods) starts a task once those it names run, and the other
+    targets start every pod at once: a JobSet's ``status: Complete`` is refused there, at its line,
+    and goes out in the JobSet as written, which JobSet's CRD takes."""
+    (loaded,) = load_jobs_from_text(STEPS, "steps.yaml")
+    for target in ("pods", "volcano", "kubeflow", "trainjob"):
+        with pytest.raises(SpecError) as err:
+            for_cluster(loaded.job, target, "default")
+        (problem,) = [loaded.document.problem(p.path, p.message).format() for p in err.value.problems]
+        assert problem == (
+            "steps.yaml:9: spec.replicatedJobs[1].dependsOn: a start once init-0 completed (dependsOn "
+            f"status Complete) cannot be expressed by target {target!r}: these pods would start while "
+            "those still run; use --target jobset, which sends the JobSet as written"
+        )
+    objects = for_cluster(loaded.job, "jobset", "default").objects
+    assert objects[0]["spec"]["replicatedJobs"][1]["dependsOn"] == [{"name": "init", "status": "Complete"}]
+    with simulated(objects, "jobset") as api:  # created as a client would, schema checked strictly
+        assert api.objects_of("jobset.x-k8s.io/v1alpha2", "JobSet")
+
+
 def test_the_worked_migration_in_the_docs_is_what_render_does(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:

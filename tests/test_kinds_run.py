@@ -122,18 +122,77 @@ def test_a_trainjob_on_a_runtime_of_its_own_runs_its_nodes(tmp_path: Path) -> No
     assert pods[0]["metadata"]["labels"]["team"] == "research"  # the TrainJob's runtime patch
 
 
+# Trainer's multi-step runtimes (torch-distributed-with-cache, torchtune-*): the nodes start once
+# the initializer's Job completed. The initializer writes its file late; a node that started while
+# it ran would find none and fail (restartPolicy Never: no second try).
+STEPS = """\
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainingRuntime
+metadata: {{name: with-dataset}}
+spec:
+  mlPolicy: {{numNodes: 1, torch: {{}}}}
+  template:
+    spec:
+      replicatedJobs:
+        - name: dataset-initializer
+          template:
+            metadata: {{labels: {{trainer.kubeflow.org/trainjob-ancestor-step: dataset-initializer}}}}
+            spec:
+              template:
+                spec:
+                  restartPolicy: Never
+                  containers:
+                    - name: dataset-initializer
+                      image: x
+                      command: [sh, -c, 'sleep 1 && echo "$STORAGE_URI" > {data}']
+        - name: node
+          dependsOn: [{{name: dataset-initializer, status: Complete}}]
+          template:
+            metadata: {{labels: {{trainer.kubeflow.org/trainjob-ancestor-step: trainer}}}}
+            spec:
+              template:
+                spec:
+                  restartPolicy: Never
+                  containers: [{{name: node, image: x}}]
+---
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata: {{name: steps}}
+spec:
+  runtimeRef: {{kind: TrainingRuntime, name: with-dataset}}
+  initializer: {{dataset: {{storageUri: 'hf://tatsu-lab/alpaca'}}}}
+  trainer:
+    numNodes: 2
+    command: [sh, -c, 'data=$(cat {data}) && echo "node $PET_NODE_RANK read $data"']
+"""
+
+
+def test_a_trainjobs_nodes_start_once_its_initializer_completed(tmp_path: Path) -> None:
+    (tmp_path / "steps.yaml").write_text(STEPS.format(data=tmp_path / "dataset"))
+    done = _run(tmp_path / "home", str(tmp_path / "steps.yaml"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "task node-0 waits for task(s) dataset-initializer-0 to complete" in done.stderr + done.stdout
+    for rank in range(2):
+        assert f"node-0-{rank} r{rank} | node {rank} read hf://tatsu-lab/alpaca" in done.stdout, done.stdout
+
+
 @pytest.mark.torch
 @pytest.mark.slow
 def test_each_kind_runs_on_slurm(slurm: Any, tmp_path: Path) -> None:
     """One allocation per file, each pod a job step on the node Slurm gave it."""
     pytest.importorskip("torch")
     env = cli_env(slurm, tmp_path / "root")
+    (tmp_path / "steps.yaml").write_text(STEPS.format(data=tmp_path / "dataset"))
     for file, line in (
-        ("pytorchjob.yaml", "master-0 r0 | sendrecv: all 3 ranks verified"),
-        ("trainjob.yaml", "allreduce: rank 0 of 2 sum 3 OK"),
-        ("jobset.yaml", "sendrecv: all 2 ranks verified"),
+        ("examples/kinds/pytorchjob.yaml", "master-0 r0 | sendrecv: all 3 ranks verified"),
+        ("examples/kinds/trainjob.yaml", "allreduce: rank 0 of 2 sum 3 OK"),
+        ("examples/kinds/jobset.yaml", "sendrecv: all 2 ranks verified"),
+        (
+            str(tmp_path / "steps.yaml"),
+            "node-0-1 r1 | node 1 read hf://tatsu-lab/alpaca",
+        ),  # dependsOn Complete
     ):
-        done = slurm_cli(env, "run", f"examples/kinds/{file}", "--engine", "slurm")
+        done = slurm_cli(env, "run", file, "--engine", "slurm")
         assert done.returncode == 0, file + "\n" + done.stdout + done.stderr
         assert line in done.stdout, done.stdout
         assert "Completed" in done.stderr

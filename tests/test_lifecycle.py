@@ -30,6 +30,7 @@ from torchjob.lifecycle import (
     dependencies_ready,
     events_for,
     initial_status,
+    never_ready,
     reactions,
     resolve,
     resolve_action,
@@ -1240,6 +1241,30 @@ def test_task_ready_of_an_unknown_task_or_no_replicas() -> None:
 )
 def test_dependencies_ready_any_or_all(iteration: str, state: str, ready: bool) -> None:
     assert dependencies_ready(gated_job(iteration), "worker", pods(state)) is ready
+
+
+@pytest.mark.parametrize(
+    ("state", "ready", "failed"),
+    [
+        ("master-0:R master-1:R ps-0:R", False, None),  # running is not complete
+        ("master-0:S master-1:R ps-0:R", False, None),  # every pod, not minAvailable
+        ("master-0:S master-1:S ps-0:R", True, None),  # ps: running is enough
+        ("master-0:S master-1:S* ps-0:R", False, None),  # a pod being stopped does not count
+        ("master-0:S master-1:F ps-0:R", False, "master-1"),  # failed: never, unless restarted
+        ("master-0:S master-1:S ps-0:F", False, None),  # ps is not waited for to complete
+    ],
+)
+def test_a_dependency_on_completion_needs_every_pod_succeeded(
+    state: str, ready: bool, failed: str | None
+) -> None:
+    """JobSet's ``dependsOn`` status Complete: the named tasks' pods all succeeded."""
+    job = gated_job("all")
+    worker = job.task("worker")
+    assert worker is not None and worker.depends_on is not None
+    worker.depends_on.complete = ["master"]
+    assert dependencies_ready(job, "worker", pods(state)) is ready
+    blocked = never_ready(job, "worker", pods(state))
+    assert (blocked.label if blocked is not None else None) == failed
 
 
 def test_dependencies_ready_without_dependencies() -> None:

@@ -29,6 +29,7 @@ from torchjob.lifecycle import (
     deadline_passed,
     dependencies_ready,
     initial_status,
+    never_ready,
     reactions,
     step,
 )
@@ -316,14 +317,36 @@ class Controller(_Slots[A]):
     def may_start(self, task: str, pods: list[PodStatus]) -> bool:
         """The dependsOn gate (lifecycle.gates), saying once when a task starts to wait."""
         met = dependencies_ready(self.job, task, pods)
-        if not met and task not in self.waiting:
+        spec = self.job.task(task)
+        depends = spec.depends_on if spec is not None else None
+        if not met and task not in self.waiting and depends is not None:
             self.waiting.add(task)
-            spec = self.job.task(task)
-            names = spec.depends_on.names if spec is not None and spec.depends_on is not None else []
-            self.runtime.note(f"task {task} waits for task(s) {', '.join(names)} to be running", Level.INFO)
+            running = [n for n in depends.names if n not in depends.complete]
+            said = [
+                f"task(s) {', '.join(names)} to {what}"
+                for names, what in ((running, "be running"), (depends.complete, "complete"))
+                if names
+            ]
+            self.runtime.note(f"task {task} waits for {' and '.join(said)}", Level.INFO)
         if met:
             self.waiting.discard(task)
         return met
+
+    def check_waiting(self) -> None:
+        """A task that waits for a task to complete one of whose pods failed, when no policy
+        restarted it (nor has a reaction still to come): it would wait for ever, and the job with
+        it. JobSet fails the set for the failed Job unless its failure policy restarts it."""
+        if not self.waiting or self.delayed or self.status.phase not in (JobPhase.PENDING, JobPhase.RUNNING):
+            return
+        pods = self.pod_statuses()
+        for task in sorted(self.waiting):
+            failed = never_ready(self.job, task, pods)
+            if failed is not None:
+                self.fail_job(
+                    f"task {task} cannot start: it waits for task {failed.task} to complete, and its "
+                    f"pod {failed.label} failed"
+                )
+                return
 
     def create(self, plan: PodPlan) -> None:
         pod = self.runtime.create(plan, self.status)
@@ -380,6 +403,7 @@ class Controller(_Slots[A]):
                 continue
             self.act(reaction.action, reaction.task, reaction.index, cause)
         self.act(Action.SYNC_JOB, None, None, "")
+        self.check_waiting()
 
     def words(self, cause: str) -> str:
         """A reaction's cause as the user is told it: a job file's with the policy that acted

@@ -66,7 +66,13 @@ from torchjob.lifecycle.events import (
     task_max_retry,
     task_restarts,
 )
-from torchjob.lifecycle.gates import active_deadline, deadline_passed, dependencies_ready, task_ready
+from torchjob.lifecycle.gates import (
+    active_deadline,
+    deadline_passed,
+    dependencies_ready,
+    never_ready,
+    task_ready,
+)
 from torchjob.lifecycle.machine import Counts, initial_status, restarts_allowed, step
 from torchjob.lifecycle.policy import Resolution, cancels_delay, resolve, resolve_action
 from torchjob.lifecycle.types import (
@@ -110,6 +116,7 @@ __all__ = [
     "describe_event",
     "events_for",
     "initial_status",
+    "never_ready",
     "pod_label",
     "reactions",
     "resolve",

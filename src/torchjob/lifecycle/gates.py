@@ -14,26 +14,44 @@ from torchjob.spec.model import Job
 _UP = (PodPhase.RUNNING, PodPhase.SUCCEEDED)
 
 
-def task_ready(job: Job, name: str, pods: Sequence[PodStatus]) -> bool:
-    """A task other tasks may depend on is ready once minAvailable of its pods run or succeeded.
+def task_ready(job: Job, name: str, pods: Sequence[PodStatus], *, complete: bool = False) -> bool:
+    """A task other tasks may depend on is ready once minAvailable of its pods run or succeeded;
+    ``complete`` (JobSet's ``status: Complete``): once every one of its pods succeeded.
 
     A pod being stopped does not count: it is about to go. An unknown task never holds anything up.
     """
     task = job.task(name)
     if task is None:
         return True
+    if complete:
+        done = sum(1 for p in pods if p.task == name and p.phase is PodPhase.SUCCEEDED and not p.terminating)
+        return done >= task.replicas
     need = task.min_available if task.min_available is not None else task.replicas
     up = sum(1 for p in pods if p.task == name and p.phase in _UP and not p.terminating)
     return up >= need
 
 
 def dependencies_ready(job: Job, name: str, pods: Sequence[PodStatus]) -> bool:
-    """Volcano's dependsOn: pods of a task start once any (or all) of the named tasks are ready."""
+    """Volcano's dependsOn: pods of a task start once any (or all) of the named tasks are ready
+    (or completed, for those the dependency names so)."""
     task = job.task(name)
     if task is None or task.depends_on is None or not task.depends_on.names:
         return True
-    ready = [task_ready(job, dep, pods) for dep in task.depends_on.names]
+    complete = task.depends_on.complete
+    ready = [task_ready(job, dep, pods, complete=dep in complete) for dep in task.depends_on.names]
     return all(ready) if task.depends_on.iteration == "all" else any(ready)
+
+
+def never_ready(job: Job, name: str, pods: Sequence[PodStatus]) -> PodStatus | None:
+    """A failed pod of a task that ``name`` waits for to complete: unless something restarts it,
+    the dependency can never be met (JobSet: the Job failed, and its failure policy acts)."""
+    task = job.task(name)
+    if task is None or task.depends_on is None:
+        return None
+    waits = set(task.depends_on.complete)
+    return next(
+        (p for p in pods if p.task in waits and p.phase is PodPhase.FAILED and not p.terminating), None
+    )
 
 
 def active_deadline(job: Job, timeout: float | None) -> float | None:

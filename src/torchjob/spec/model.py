@@ -123,6 +123,10 @@ class Policy:
 class DependsOn:
     names: list[str] = field(default_factory=list)
     iteration: str = "any"
+    # Those of ``names`` that must have completed (every pod succeeded), not only run: JobSet's
+    # ``status: Complete``. Volcano's Job has no such field: only a kind's reader sets it
+    # (``Translation.finish``), and only the targets that can say it keep it.
+    complete: list[str] = field(default_factory=list)
 
 
 @record

@@ -43,6 +43,7 @@ def render_kind(job: Job, target: str, runtime: str | None) -> TargetRender:
 
     if job.kind is not None and job.kind.target == target and job.kind.source is not None:
         return as_read(job)
+    _refuse_completions(job, target)
     conversion = Conversion(job, target)
     canonical = conversion.job()
     try:
@@ -55,6 +56,33 @@ def render_kind(job: Job, target: str, runtime: str | None) -> TargetRender:
     said = [(conversion.path(path), message) for path, message in conversion.notes + rendered.warnings]
     rendered.warnings = list(dict.fromkeys(said))  # a task split in two is told about once
     return rendered
+
+
+def _refuse_completions(job: Job, target: str) -> None:
+    """A task that starts once others completed (JobSet's ``dependsOn`` status Complete) keeps that
+    only in the kind's own object: every target a job is converted for would start it while they
+    still run (Volcano's dependsOn waits for running pods; the others start every pod at once)."""
+    problems = []
+    for t, task in enumerate(job.spec.tasks):
+        depends = task.depends_on
+        if depends is None or not depends.complete:
+            continue
+        own = job.kind.target if job.kind is not None else ""
+        hint = (
+            f"use --target {own}, which sends the {job.kind.kind} as written"
+            if job.kind is not None and own != target
+            else "render the file as written, without --set on a task's fields"
+        )
+        problems.append(
+            Problem(
+                f"spec.tasks[{t}].dependsOn",
+                f"a start once {', '.join(depends.complete)} completed (dependsOn status Complete) "
+                f"cannot be expressed by target {target!r}: these pods would start while those still "
+                f"run; {hint}",
+            )
+        )
+    if problems:
+        raise SpecError(problems)
 
 
 # ------------------------------------------------------------------------------ as read

@@ -305,6 +305,10 @@ def main(argv: list[str]) -> int:
     options = json.loads((job_dir / OPTIONS).read_text())
     try:
         job = load_job(job_dir / JOB_FILE)
+        completes = options.get("completes") or {}
+        for task in job.spec.tasks:  # what job.json cannot say (engine.py)
+            if task.depends_on is not None and completes.get(task.name):
+                task.depends_on.complete = [n for n in completes[task.name] if n in task.depends_on.names]
     except (ValueError, SpecError) as err:  # written by the engine: damaged, not a user's mistake
         print(f"torchjob: {job_dir / JOB_FILE} holds no valid job: {err}", file=sys.stderr)
         return 2

@@ -242,6 +242,13 @@ class SlurmEngine:
             # The job's own deadline too (an SDK run_policy's activeDeadlineSeconds): job.json, a
             # Volcano manifest, has no field for it.
             "timeout": active_deadline(job, options.timeout),
+            # A task's dependencies it waits for to complete (a JobSet's dependsOn status
+            # Complete): Volcano's dependsOn in job.json has no field for it either.
+            "completes": {
+                t.name: t.depends_on.complete
+                for t in job.spec.tasks
+                if t.depends_on and t.depends_on.complete
+            },
             "maxRestarts": options.setting("max_restarts"),
             "extraEnv": dict(options.extra_env),
             "workdir": os.getcwd(),  # relative paths as sbatch would: from where the job was submitted

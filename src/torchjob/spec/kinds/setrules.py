@@ -6,18 +6,18 @@
   (``maxRetry`` = ``maxRestarts + 1`` and ``RestartJob``); the rules JobSet's webhook refuses are told;
 - ``successPolicy``: ``All`` of the set's Jobs (Volcano's own rule: every pod succeeded), ``Any``
   of the targeted ones (``TaskCompleted -> CompleteJob`` on each), or all of the targeted ones;
-- ``startupPolicy: InOrder`` and a replicated job's ``dependsOn`` with ``status: Ready``: its
-  tasks depend on every task of the replicated jobs before it (``dependsOn``, all).
+- ``startupPolicy: InOrder`` and a replicated job's ``dependsOn``: its tasks depend on every task
+  of the replicated jobs before it (``dependsOn``, all); those named with ``status: Complete``
+  must have completed (``Translation.completes``), the others run (``Ready``).
 
 A path of the JobSet's spec is told where it was written (``Place``: the JobSet, or the runtime
-of a TrainJob), through ``add``, ``warn`` and ``here_error``.
+of a TrainJob), through ``add`` and ``warn``.
 """
 
 from __future__ import annotations
 
 import re
 
-from torchjob.errors import Issue
 from torchjob.spec.kinds.common import INT32_MAX, at, fail_on, integer, items, mapping, restart_job_on, text
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -214,7 +214,8 @@ def startup(
     rjobs: list[tuple[int, dict[str, Any]]],
     tasks_of: dict[str, list[str]],
 ) -> None:
-    """InOrder start and ``dependsOn`` as Volcano's dependsOn (a task waits for tasks that run)."""
+    """InOrder start and ``dependsOn`` as Volcano's dependsOn (a task waits for tasks that run, or
+    with ``status: Complete`` for tasks whose pods all succeeded)."""
     in_order = at(source, "startupPolicy", "startupPolicyOrder") == "InOrder"
     tasks = {t["name"]: t for t in spec.get("tasks", [])}
     names = list(tasks_of)
@@ -231,6 +232,7 @@ def startup(
     for position, (r, rjob) in enumerate(rjobs):
         rname = text(rjob.get("name"), f"job{r}")
         needs: list[str] = []
+        complete: list[str] = []
         if in_order and position > 0:
             needs += tasks_of.get(names[position - 1], [])
         if position == 0 and rjob.get("dependsOn") is not None:
@@ -251,20 +253,10 @@ def startup(
                 add(tr, where, f"{path}.name", message)
                 continue
             if dep.get("status") == "Complete":
-                here_error(
-                    tr,
-                    where,
-                    f"{path}.status",
-                    "torchjob starts a task once the tasks it depends on run (Ready), not once they complete",
-                )
+                complete += tasks_of[other]
             needs += tasks_of[other]
         if needs:
             for name in tasks_of.get(rname, []):
                 tasks[name]["dependsOn"] = {"name": list(dict.fromkeys(needs)), "iteration": "all"}
-
-
-def here_error(tr: Translation, document: Document, path: str, message: str) -> None:
-    if document is tr.source:
-        tr.here.append(Issue(path, message))
-    else:
-        tr.here.append(Issue("spec.runtimeRef", f"runtime field {path}: {message}"))
+                if complete:
+                    tr.completes[name] = list(dict.fromkeys(complete))

@@ -52,6 +52,9 @@ class Translation:
     typed: list[str] = field(default_factory=list)  # paths the schema refused
     complete: bool = True  # False: no Volcano Job could be made (a TrainJob's runtime is missing)
     runtimes: Any = None  # those it was read with: the document changed (--set) is read with them
+    # task -> the tasks it waits for to complete (JobSet's dependsOn status Complete), which the
+    # Volcano Job cannot say: given to the checked job's dependsOn by ``finish``
+    completes: dict[str, list[str]] = field(default_factory=dict)
 
     # --------------------------------------------------------------- building
 
@@ -113,6 +116,10 @@ class Translation:
         from it) what the kind says beyond a Volcano Job; the object as read only while the Job is
         still this translation's own."""
         job.run_policy = self.run_policy
+        for task in job.spec.tasks:
+            waits = self.completes.get(task.name)
+            if waits and task.depends_on is not None:
+                task.depends_on.complete = [n for n in waits if n in task.depends_on.names]
         own = document.data is self.data and isinstance(self.source.data, dict)
         source = self.source.data if own else None
         job.kind = KindInfo(self.kind, self.api_version, self.target, source, list(self.here), document)
