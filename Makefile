@@ -28,9 +28,11 @@ typecheck: $(STAMP)
 	$(BIN)/mypy src
 
 # Most tests wait (on jobs, Slurm, timeouts) rather than compute: several workers at once keep a
-# 2-core machine busy; worksteal lets an idle worker take tests queued behind a long one, and the
-# longest tests are collected first (tests/suite_order.py) so that none starts near the end.
-TEST_WORKERS ?= 4
+# 2-core machine busy (with 4 the suite used about 60 % of its two cores; 6 ended under a load of 14
+# in 10 min where 4 took 13.5 at a load of 7); worksteal lets an idle worker take tests queued
+# behind a long one, and the longest tests are collected first (tests/suite_order.py) so that none
+# starts near the end.
+TEST_WORKERS ?= 6
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist worksteal
 
