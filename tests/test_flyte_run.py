@@ -163,6 +163,32 @@ def test_a_file_a_task_called_from_python_returns_outlives_the_process(tmp_path:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_rank_zero_writes_outputs_under_the_callers_prefix_and_leaves_what_flytekit_refuses(
+    tasks: Any, tmp_path: Path
+) -> None:
+    """values.stored, as rank 0 runs it: the file and folder are copied under the prefix given
+    and named there by the literals; a value of another type or shape comes back as it is, for
+    the caller's flytekit to refuse with its own error."""
+    from flytekit.types.directory import FlyteDirectory
+    from flytekit.types.file import FlyteFile
+
+    from torchjob.sdk.flyte.values import Outputs, stored
+
+    (tmp_path / "work" / "ranks").mkdir(parents=True)
+    (tmp_path / "work" / "rank.txt").write_text("file\n")
+    (tmp_path / "work" / "ranks" / "rank-0.txt").write_text("folder\n")
+    prefix = tmp_path / "raw"
+    made = (FlyteFile(str(tmp_path / "work" / "rank.txt")), FlyteDirectory(str(tmp_path / "work" / "ranks")))
+    outputs = stored(str(prefix), tasks.rank_file.task_function, made)
+    assert isinstance(outputs, Outputs)
+    literals = outputs.literal_map().literals
+    file, folder = Path(literals["o0"].scalar.blob.uri), Path(literals["o1"].scalar.blob.uri)
+    assert file.is_relative_to(prefix) and file.read_text() == "file\n"
+    assert folder.is_relative_to(prefix) and (folder / "rank-0.txt").read_text() == "folder\n"
+    assert stored(str(prefix), tasks.wrongly_typed.task_function, 3) == 3
+    assert stored(str(prefix), tasks.rank_file.task_function, "one") == "one"
+
+
 def test_the_readme_example_rewritten_in_flytekit_runs_both_ways(capfd: pytest.CaptureFixture[str]) -> None:
     """examples/flyte/adaptive_training.py: conditional picks 2 nodes x 2 processes (local-engine
     pods, each an elastic agent) or one process called directly."""
