@@ -60,12 +60,14 @@ def stored(prefix: str, function: Any, value: Any) -> Any:
 
     interface = _interface(function)
     names = list(interface.outputs)
-    if not names:
-        values = {}
-    elif len(names) == 1 and not (interface.output_tuple_name and isinstance(value, tuple)):
+    if len(names) == 1 and not (interface.output_tuple_name and isinstance(value, tuple)):
         values = {names[0]: value}
-    else:
+    elif names and isinstance(value, tuple) and len(value) == len(names):
         values = dict(zip(names, value, strict=True))
+    elif names or value is not None:  # not the outputs declared: the caller's flytekit says so
+        return value
+    else:
+        values = {}
     ctx = FlyteContextManager.current_context()
     sandbox = os.path.dirname(str(ctx.file_access.local_sandbox_dir))  # flytekit adds the last part
     storage = FileAccessProvider(local_sandbox_dir=sandbox, raw_output_prefix=prefix)
@@ -74,11 +76,10 @@ def stored(prefix: str, function: Any, value: Any) -> Any:
         with FlyteContextManager.with_context(
             ctx.with_file_access(storage).with_execution_state(state)
         ) as here:
-            literals = {
-                name: TypeEngine.to_literal(here, item, kind, TypeEngine.to_literal_type(kind))
-                for name, item in values.items()
-                for kind in [interface.outputs[name]]
-            }
+            literals = {}
+            for name, item in values.items():
+                kind = interface.outputs[name]
+                literals[name] = TypeEngine.to_literal(here, item, kind, TypeEngine.to_literal_type(kind))
     except TypeTransformerFailedError:
         return value
     return Outputs(LiteralMap(literals).to_flyte_idl().SerializeToString())
