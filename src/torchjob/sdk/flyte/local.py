@@ -8,7 +8,9 @@ second class for kfpytorch's config types, and its entry points run before kfpyt
 names a workflow's code calls its kfpytorch tasks by (in the modules of the workflow, of its
 sub-workflows and of its ``@dynamic`` tasks) to a copy of each task, an instance of a subclass of
 kfpytorch's own task class made from the same function, config, image, environment and resources,
-whose ``execute`` runs the torchjob task of what the copy serializes (``convert``). flytekit does
+whose ``execute`` runs the torchjob task of what the copy serializes (``convert``) and returns
+the literals rank 0 made of its outputs (``values.stored``: files where this process's flytekit
+keeps outputs, as a Flyte pod uploads them). flytekit does
 everything else as it always does: inputs and outputs through its type engine, ``conditional``,
 ``@dynamic``, plain tasks. The names are bound back when the run ends.
 """
