@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import flytekit
 from flytekit import conditional, dynamic, task, workflow
+from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 from flytekitplugins.kfpytorch import Elastic, PyTorch, Worker
 
@@ -118,14 +119,22 @@ def pipeline_dynamic(scale: int) -> int:
     return plain(report=allreduce_pytorch(scale=scale))
 
 
-@task(task_config=PyTorch(worker=Worker(replicas=1)))
-def rank_file(scale: int) -> FlyteFile:
-    """A file each rank writes in flytekit's working directory (in its pod's temporary directory):
-    rank 0's comes back, copied by flytekit in the caller once the job has ended."""
-    path = os.path.join(flytekit.current_context().working_directory, "rank.txt")
-    with open(path, "w") as out:
-        out.write(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}, scale {scale}\n")
-    return FlyteFile(path)
+@task(task_config=PyTorch(worker=Worker(replicas=1)), cache=True, cache_version="1")
+def rank_file(scale: int) -> tuple[FlyteFile, FlyteDirectory]:
+    """A file and a folder each rank writes in flytekit's working directory (in its pod's
+    temporary directory, which goes with the job): rank 0's come back, written by it where the
+    caller's flytekit keeps its outputs, as a Flyte pod uploads them. flytekit's local cache
+    keeps the outputs: a second run with the same scale runs no job."""
+    rank = os.environ["RANK"]
+    print(f"rank_file runs in rank {rank}", flush=True)
+    work = flytekit.current_context().working_directory
+    text = f"rank {rank} of {os.environ['WORLD_SIZE']}, scale {scale}\n"
+    folder = os.path.join(work, "ranks")
+    os.makedirs(folder)
+    for path in (os.path.join(work, "rank.txt"), os.path.join(folder, f"rank-{rank}.txt")):
+        with open(path, "w") as out:
+            out.write(text)
+    return FlyteFile(os.path.join(work, "rank.txt")), FlyteDirectory(folder)
 
 
 @task
@@ -135,5 +144,6 @@ def read_back(file: FlyteFile) -> str:
 
 
 @workflow
-def file_pipeline(scale: int) -> str:
-    return read_back(file=rank_file(scale=scale))
+def file_pipeline(scale: int) -> tuple[str, FlyteFile, FlyteDirectory]:
+    file, folder = rank_file(scale=scale)
+    return read_back(file=file), file, folder

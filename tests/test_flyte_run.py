@@ -9,7 +9,10 @@ never patched; the tests skip where they (or torch) are not installed.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -91,21 +94,99 @@ def test_torchjob_run_of_a_workflow_takes_pyflyte_run_arguments() -> None:
     assert "rendezvous: 2/2 nodes joined" in done.stderr
 
 
-def test_a_file_a_rank_returns_outlives_its_pods_temporary_directory() -> None:
-    """A FlyteFile in rank 0's working directory (in its pod's TMPDIR, engines/local/podtemp.py) is
-    read by flytekit in the caller after the job has ended: the pods' temporary directories go
-    only when the calling process exits, and then nothing of them is left."""
+def _kept(path: str, base: Path) -> Path:
+    """An output's path, checked to exist where the caller's flytekit keeps its outputs."""
+    found = Path(path)
+    assert found.exists(), path
+    assert found.is_relative_to(base) and found.relative_to(base).parts[0].startswith("flyte-"), path
+    assert found.relative_to(base).parts[1] == "raw", path
+    return found
+
+
+def test_files_a_rank_returns_outlive_the_command_and_come_from_the_cache_next_time(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The FlyteFile and FlyteDirectory rank 0 makes in its pod's temporary directory (which goes
+    with the job) are written where the command's flytekit keeps outputs, as a Flyte pod uploads
+    them: they exist after the command, as after `pyflyte run`. The task has cache=True: the
+    second run takes the cached outputs, runs no job, and they still name the files."""
     base = Path(tempfile.mkdtemp(prefix="tj-", dir="/tmp"))  # short: see test_local_podtemp.py
+    home = tmp_path_factory.mktemp("user")  # flytekit's local cache: ~/.flyte/local-cache
     try:
-        env = {**os.environ, "TMPDIR": str(base)}
-        done = torchjob("run", f"{TASKS}:file_pipeline", "--scale", "3", env=env, timeout=240)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "torchjob: workflow file_pipeline returned 'rank 0 of 2, scale 3\\n'" in done.stdout, (
-            done.stdout
+        env = {**os.environ, "TMPDIR": str(base), "HOME": str(home)}
+        said = []
+        for _ in range(2):
+            done = torchjob("run", f"{TASKS}:file_pipeline", "--scale", "3", env=env, timeout=240)
+            assert done.returncode == 0, done.stdout + done.stderr
+            said.append(done.stdout + done.stderr)
+            assert not [p.name for p in base.iterdir() if p.name.startswith("torchjob-tmp-")]
+            found = re.search(
+                r"returned DefaultNamedTupleOutput\(o0='(.*?)', o1=(\S+), o2=(\S+)\)\n", done.stdout
+            )
+            assert found, done.stdout
+            text, file, folder = found[1], _kept(found[2], base), _kept(found[3], base)
+            assert text == "rank 0 of 2, scale 3\\n"  # read by a plain task in the command
+            assert file.read_text() == "rank 0 of 2, scale 3\n"
+            assert [p.name for p in folder.iterdir()] == ["rank-0.txt"]
+            assert (folder / "rank-0.txt").read_text() == "rank 0 of 2, scale 3\n"
+        assert "rank_file runs in rank 0" in said[0]
+        assert "rank_file runs in rank" not in said[1]  # flytekit's cache: no job
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_file_a_task_called_from_python_returns_outlives_the_process(tmp_path: Path) -> None:
+    """torchjob.sdk.flyte.run of a lone kfpytorch task, in a Python process of its own: the
+    FlyteFile and FlyteDirectory it returns are there once that process has exited."""
+    script = (
+        "import sys\n"
+        "from torchjob.sdk.flyte import run\n"
+        "from torchjob.sdk.loader import import_file\n"
+        f"tasks = import_file({str(REPO / TASKS)!r})\n"
+        "file, folder = run(tasks.rank_file, scale=5)\n"
+        "print('paths', file.path, folder.path)\n"
+    )
+    base = Path(tempfile.mkdtemp(prefix="tj-", dir="/tmp"))
+    try:
+        env = {**os.environ, "TMPDIR": str(base), "HOME": str(tmp_path)}
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240, check=False
         )
+        assert done.returncode == 0, done.stdout + done.stderr
+        found = re.search(r"^paths (\S+) (\S+)$", done.stdout, re.M)
+        assert found, done.stdout
+        file, folder = _kept(found[1], base), _kept(found[2], base)
+        assert file.read_text() == "rank 0 of 2, scale 5\n"
+        assert (folder / "rank-0.txt").read_text() == "rank 0 of 2, scale 5\n"
         assert not [p.name for p in base.iterdir() if p.name.startswith("torchjob-tmp-")]
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_rank_zero_writes_outputs_under_the_callers_prefix_and_leaves_what_flytekit_refuses(
+    tasks: Any, tmp_path: Path
+) -> None:
+    """values.stored, as rank 0 runs it: the file and folder are copied under the prefix given
+    and named there by the literals; a value of another type or shape comes back as it is, for
+    the caller's flytekit to refuse with its own error."""
+    from flytekit.types.directory import FlyteDirectory
+    from flytekit.types.file import FlyteFile
+
+    from torchjob.sdk.flyte.values import Outputs, stored
+
+    (tmp_path / "work" / "ranks").mkdir(parents=True)
+    (tmp_path / "work" / "rank.txt").write_text("file\n")
+    (tmp_path / "work" / "ranks" / "rank-0.txt").write_text("folder\n")
+    prefix = tmp_path / "raw"
+    made = (FlyteFile(str(tmp_path / "work" / "rank.txt")), FlyteDirectory(str(tmp_path / "work" / "ranks")))
+    outputs = stored(str(prefix), tasks.rank_file.task_function, made)
+    assert isinstance(outputs, Outputs)
+    literals = outputs.literal_map().literals
+    file, folder = Path(literals["o0"].scalar.blob.uri), Path(literals["o1"].scalar.blob.uri)
+    assert file.is_relative_to(prefix) and file.read_text() == "file\n"
+    assert folder.is_relative_to(prefix) and (folder / "rank-0.txt").read_text() == "folder\n"
+    assert stored(str(prefix), tasks.wrongly_typed.task_function, 3) == 3
+    assert stored(str(prefix), tasks.rank_file.task_function, "one") == "one"
 
 
 def test_the_readme_example_rewritten_in_flytekit_runs_both_ways(capfd: pytest.CaptureFixture[str]) -> None:

@@ -91,8 +91,8 @@ class ThisProcess:
     # its own handlers back as the call returns.
     ends_with_command = False
     # A process that reads what its jobs' pods left after the job has ended (the SDK's calls: a
-    # flytekit task's FlyteFile names a file in its rank's temporary directory until flytekit, here,
-    # copies it): an engine that removes the pods' temporary files waits for its exit.
+    # task may return the path of a file in its rank's temporary directory): an engine that
+    # removes the pods' temporary files waits for its exit.
     reads_pod_files = False
 
 

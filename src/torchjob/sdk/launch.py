@@ -22,7 +22,7 @@ from torchjob import scratch
 from torchjob.engine_api.lastrun import calls_root, remember
 from torchjob.logs import configure, get_logger
 from torchjob.sdk.config import Elastic, PyTorch
-from torchjob.sdk.results import PROGRESS_FILE, TaskFailed, dump_call, first_error, read_value
+from torchjob.sdk.results import PROGRESS_FILE, Finish, TaskFailed, dump_call, first_error, read_value
 
 logger = get_logger()
 
@@ -34,7 +34,11 @@ R = TypeVar("R")
 SCRATCH = "torchjob-sdk-"  # a call's directory under the temporary directory (scratch.py)
 
 
-def run_task(task: Task[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+def run_task(
+    task: Task[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any], finish: Finish | None = None
+) -> R:
+    """Rank 0's value (a rank's error raised); ``finish``, when ranks run apart from this process,
+    is what rank 0 does with its value before it comes back (results.run_call)."""
     if os.environ.get("TORCHJOB_LOG") and not logger.handlers:
         configure()
     config = task.task_config
@@ -46,7 +50,7 @@ def run_task(task: Task[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) 
             "task %s: single node, %d processes: torch elastic launcher in this process",
             task.name, config.nproc_per_node,
         )  # fmt: skip
-        value: R = _run_single_node(task, config, args, kwargs)
+        value: R = _run_single_node(task, config, args, kwargs, finish)
         return value
     if isinstance(config, Elastic):
         logger.debug(
@@ -55,12 +59,16 @@ def run_task(task: Task[Any, R], args: tuple[Any, ...], kwargs: dict[str, Any]) 
         )  # fmt: skip
     elif isinstance(config, PyTorch):
         logger.debug("task %s: PyTorch master + %d worker(s) on the local engine", task.name, config.workers)
-    result: R = _run_pods(task, args, kwargs)
+    result: R = _run_pods(task, args, kwargs, finish)
     return result
 
 
 def _run_single_node(
-    task: Task[Any, Any], config: Elastic, args: tuple[Any, ...], kwargs: dict[str, Any]
+    task: Task[Any, Any],
+    config: Elastic,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    finish: Finish | None,
 ) -> Any:
     from torchjob.sdk.elastic import DeadlinePassed, LaunchFailed, LaunchSettings, launch
 
@@ -83,7 +91,7 @@ def _run_single_node(
             caller=True,
         )
         try:
-            payload = dump_call(task.function, args, kwargs, task.import_in_pod)
+            payload = dump_call(task.function, args, kwargs, task.import_in_pod, finish)
             _, value = launch(payload, results, settings)
         except DeadlinePassed:
             raise TaskFailed(
@@ -198,21 +206,24 @@ def _importable(module: str) -> bool:
     return bool(os.path.realpath(path).startswith(os.path.realpath(root)))
 
 
-def _run_pods(task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _run_pods(
+    task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], finish: Finish | None
+) -> Any:
     from torchjob.engine_api.base import EngineError, StartOptions, ThisProcess
     from torchjob.engine_api.registry import DEFAULT_ENGINE, engine_info, get_engine
     from torchjob.sdk.tojob import build_job, job_name
     from torchjob.sdk.watch import JobWatcher
 
     config = task.task_config
-    # The value may name a file in a rank's temporary directory (a flytekit FlyteFile, copied once
-    # flytekit here converts it): the engine keeps those directories until this process exits.
+    # The value may name a file in a rank's temporary directory (a path the function returned):
+    # the engine keeps those directories until this process exits. (A flytekit task's files are
+    # written out of it by rank 0: sdk/flyte/values.stored.)
     ThisProcess.reads_pod_files = True
     work = scratch.make(SCRATCH)  # the pickled arguments: a killed caller's are removed by the next call
     holds_pool = False
     try:
         payload = work / "payload.pkl"
-        payload.write_bytes(dump_call(task.function, args, kwargs, task.import_in_pod))
+        payload.write_bytes(dump_call(task.function, args, kwargs, task.import_in_pod, finish))
         results = work / "results"
         results.mkdir()
         # A random part makes the job's name unique, so the watcher can follow it by name.

@@ -49,11 +49,15 @@ PROGRESS_FILE = "rendezvous.progress"
 _DYNAMIC = "<dynamic-code>"
 
 
+Finish = Callable[[Callable[..., Any], Any], Any]  # (the function rank 0 ran, its value) -> what goes back
+
+
 @dataclass
 class Call:
     function: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    finish: Finish | None = None
 
 
 def _code_in_file(code: CodeType, filename: str) -> CodeType:
@@ -86,12 +90,18 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no
 
 
 def dump_call(
-    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], import_in_pod: bool = False
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    import_in_pod: bool = False,
+    finish: Finish | None = None,
 ) -> bytes:
     """The payload of a call; with ``import_in_pod``, the rank imports the function's module (by
-    name, or its file where torchjob imported it from one) and calls the function it defines."""
+    name, or its file where torchjob imported it from one) and calls the function it defines;
+    rank 0 hands its value to ``finish`` and returns what that gives (:func:`run_call`)."""
     buffer = io.BytesIO()
-    _Pickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump((function, tuple(args), dict(kwargs)))
+    call = (function, tuple(args), dict(kwargs), finish)
+    _Pickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(call)
     module = sys.modules.get(getattr(function, "__module__", None) or "")
     home = (module.__name__, getattr(module, "__file__", None)) if import_in_pod and module else None
     return pickle.dumps({"sys_path": list(sys.path), "blob": buffer.getvalue(), "module": home})
@@ -102,10 +112,10 @@ def load_call(data: bytes) -> Call:
     for entry in outer["sys_path"]:
         if entry not in sys.path:
             sys.path.append(entry)
-    function, args, kwargs = cloudpickle.loads(outer["blob"])
+    function, args, kwargs, finish = cloudpickle.loads(outer["blob"])
     if outer.get("module"):
         function = _as_imported(function, *outer["module"])
-    return Call(function, args, kwargs)
+    return Call(function, args, kwargs, finish)
 
 
 def _as_imported(function: Callable[..., Any], name: str, file: str | None) -> Callable[..., Any]:
@@ -221,15 +231,19 @@ def is_clean_exit(error: BaseException) -> bool:
 
 
 def run_call(payload: bytes) -> Any:
-    """Load a rank's call and run it: its value, ``None`` after a clean ``sys.exit`` (see
-    :func:`is_clean_exit`); any other exception, or a failing exit, propagates."""
+    """Load a rank's call and run it: its value (in rank 0, what the call's ``finish`` makes of
+    it), ``None`` after a clean ``sys.exit`` (see :func:`is_clean_exit`); any other exception, or
+    a failing exit, propagates."""
     call = load_call(payload)
     try:
-        return call.function(*call.args, **call.kwargs)
+        value = call.function(*call.args, **call.kwargs)
     except SystemExit as err:
         if not is_clean_exit(err):
             raise
         return None  # sys.exit(0): the rank succeeded without a value, as in a pod
+    if call.finish is not None and os.environ.get("RANK", "0") == "0":  # only rank 0's goes back
+        value = call.finish(call.function, value)
+    return value
 
 
 def _message(error: BaseException) -> str:

@@ -8,7 +8,9 @@ second class for kfpytorch's config types, and its entry points run before kfpyt
 names a workflow's code calls its kfpytorch tasks by (in the modules of the workflow, of its
 sub-workflows and of its ``@dynamic`` tasks) to a copy of each task, an instance of a subclass of
 kfpytorch's own task class made from the same function, config, image, environment and resources,
-whose ``execute`` runs the torchjob task of what the copy serializes (``convert``). flytekit does
+whose ``execute`` runs the torchjob task of what the copy serializes (``convert``) and returns
+the literals rank 0 made of its outputs (``values.stored``: files where this process's flytekit
+keeps outputs, as a Flyte pod uploads them). flytekit does
 everything else as it always does: inputs and outputs through its type engine, ``conditional``,
 ``@dynamic``, plain tasks. The names are bound back when the run ends.
 """
@@ -16,6 +18,7 @@ everything else as it always does: inputs and outputs through its type engine, `
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -51,9 +54,17 @@ def _task_class(base: type) -> type:
             return self._made[1]
 
         def execute(self, **kwargs: Any) -> Any:
+            from flytekit.core.context_manager import FlyteContextManager
+
+            from torchjob.sdk.flyte.values import Outputs, stored
             from torchjob.sdk.launch import run_task
 
-            return run_task(self.torchjob_task(), (), kwargs)
+            # Rank 0 writes the outputs' files where this process's flytekit keeps its own, as a
+            # Flyte pod uploads them: its temporary directory goes with the job.
+            prefix = FlyteContextManager.current_context().file_access.raw_output_prefix
+            value = run_task(self.torchjob_task(), (), kwargs, functools.partial(stored, prefix))
+            # A LiteralMap is taken by flytekit as the outputs themselves (dispatch_execute).
+            return value.literal_map() if isinstance(value, Outputs) else value
 
     DistributedTask.__name__ = DistributedTask.__qualname__ = f"Torchjob{base.__name__}"
     return DistributedTask
