@@ -48,9 +48,11 @@ def config(api: FakeKubeAPI, tmp_path: Path) -> Path:
     return api.kubeconfig(tmp_path / "kubeconfig", namespace="team")
 
 
-def failed_job(api: FakeKubeAPI, config: Path, logs: dict[str, list[str]], workers: int = 2) -> Any:
-    """A detached volcano job whose pods ended in the order of ``logs`` (exit code 1, a minute
-    apart; the others 0), each with its log, and the job Failed."""
+def failed_job(
+    api: FakeKubeAPI, config: Path, logs: dict[str, list[str]], workers: int = 2, code: int = 1
+) -> Any:
+    """A detached volcano job whose pods ended in the order of ``logs`` (exit code 1, the last
+    ``code``, a minute apart; the others 0), each with its log, and the job Failed."""
     engine = get_engine("kubernetes", kubeconfig=str(config))
     job = load_jobs_from_text(demo_job("demo", workers=workers, pytorch=False), "job.yaml")[0].job
     engine.start(engine.plan(job, StartOptions(detach=True, target="volcano")))
@@ -61,9 +63,9 @@ def failed_job(api: FakeKubeAPI, config: Path, logs: dict[str, list[str]], worke
     order = list(logs)
     for pod in pods:
         short = pod["metadata"]["name"].removeprefix("demo-")
-        code = 1 if short in logs else 0
+        ended = (code if short == order[-1] else 1) if short in logs else 0
         minute = order.index(short) + 1 if short in logs else 30
-        api.put(terminated(pod, code, finished=f"2026-01-01T00:{minute:02}:00Z"))
+        api.put(terminated(pod, ended, finished=f"2026-01-01T00:{minute:02}:00Z"))
         api.log(pod["metadata"]["name"], pod["spec"]["containers"][0]["name"], *logs.get(short, ["done"]))
     api.set_status(VOLCANO, "Job", "demo", TERMINAL_STATUS["volcano"]["Failed"], namespace="team")
     return engine
@@ -153,3 +155,33 @@ def test_only_the_tails_of_the_earliest_failed_pods_are_read(api: FakeKubeAPI, c
     assert not any("demo-worker-7" in path or "demo-worker-8" in path for _, path, _ in api.requests)
     assert len(asked) == 8 * 2  # each tail asked for again with fewer lines, once
     assert len(report.first_failure.log_tail) == 20
+
+
+def test_a_container_restarted_in_place_is_read_from_its_failed_run(api: FakeKubeAPI, config: Path) -> None:
+    """worker-1's container failed (raising), then ran again: its failed run is the previous log."""
+    engine = failed_job(api, config, {"master-0": PEER_LOST, "worker-1": ["step 1"]})
+    pod = api.get("v1", "Pod", "demo-worker-1", namespace="team")
+    assert pod is not None
+    status = pod["status"]["containerStatuses"][0]
+    status["lastState"] = {
+        "terminated": {"exitCode": 1, "reason": "Error", "finishedAt": "2026-01-01T00:02:00Z"}
+    }
+    status["restartCount"] = 1
+    status["state"] = {"running": {"startedAt": "2026-01-01T00:02:10Z"}}
+    pod["status"]["phase"] = "Running"
+    api.put(pod)
+    api.log("demo-worker-1", status["name"], *RAISED)
+    api.restart_log("demo-worker-1", status["name"])
+    api.log("demo-worker-1", status["name"], "starting again")
+    assert named(engine.status("demo")) == ("worker-1", 2, 1, "ValueError: bad batch 17")
+
+
+def test_a_pod_stopped_after_its_rank_raised_says_so(api: FakeKubeAPI, config: Path) -> None:
+    """worker-0's torchrun was stopped (SIGTERM, 143) before its report: its rank 3 had raised."""
+    worker = ["[rank2]: step 9", *raised(3, "KeyError: 'label'")]
+    engine = failed_job(api, config, {"master-0": PEER_LOST, "worker-0": worker}, code=143)
+    failure = engine.status("demo").first_failure
+    assert failure is not None
+    assert (failure.short, failure.rank, failure.exit_code) == ("worker-0", 3, 143)
+    assert failure.reason == "Stopped by the job after its program raised"
+    assert failure.log_tail[-1] == "KeyError: 'label'"
