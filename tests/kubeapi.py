@@ -3,14 +3,15 @@
 It knows discovery (/api, /apis, /apis/GROUP/VERSION), namespaced create/get/list/delete and
 merge-patch for core and custom resources (label and field selectors, limit, delete by collection,
 a delete's uid precondition), watch streams (chunked JSON lines with ADDED/MODIFIED/DELETED and
-resourceVersions, ended after timeoutSeconds), pod logs (tailLines, previous, follow, timestamps,
-sinceTime) and Status bodies for 401/403/404/409/422. What it stores goes through kubeadmission.py
-first (the CRD schemas with ``fieldValidation``, names, webhooks, claim protection, pod priority
-and QoS); finalizers hold a deleted object until they are removed, and the owners' deletion takes
-their dependents (the garbage collector). It runs no controller: tests play the controller through
-``put``/``set_status``/``log``, or run the simulations of tests/controllers/. Every request is
-recorded, so tests can count them. A pod's log belongs to that pod: deleting it ends its streams,
-and a pod made again under the same name starts an empty log.
+resourceVersions, ended after timeoutSeconds), pod logs (tailLines, limitBytes, previous,
+follow, timestamps, sinceTime) and Status bodies for 401/403/404/409/422. What it stores goes
+through kubeadmission.py first (the CRD schemas with ``fieldValidation``, names, webhooks, claim
+protection, pod priority and QoS); finalizers hold a deleted object until they are removed, and
+the owners' deletion takes their dependents (the garbage collector). It runs no controller: tests
+play the controller through ``put``/``set_status``/``log``, or run the simulations of
+tests/controllers/. Every request is recorded, so tests can count them. A pod's log belongs to
+that pod: deleting it ends its streams, and a pod made again under the same name starts an empty
+log.
 
 Misbehaviour, each off unless a test asks for it: ``not_json`` (a 2xx page that is not JSON),
 ``break_for`` (503s, 429s with Retry-After, or connections dropped, for a number of requests or
@@ -932,8 +933,15 @@ def _handler(api: FakeKubeAPI) -> type[BaseHTTPRequestHandler]:
                 ]
             if tail >= 0:
                 lines = lines[len(lines) - tail :] if tail else []
-            if lines:
-                self._chunk("".join(f"{line}\n" for line in lines).encode())
+            body = "".join(f"{line}\n" for line in lines).encode()
+            limit = int(query.get("limitBytes", ["0"])[0])
+            if limit > 0:  # as the kubelet: the tail's first bytes, the output ended there
+                if body[:limit]:
+                    self._chunk(body[:limit])
+                self._end_chunks()
+                return
+            if body:
+                self._chunk(body)
             endless = api.endless.get(key)
             if endless is not None and not previous:  # with or without follow, it never ends
                 block = endless * max(1, 65536 // len(endless))

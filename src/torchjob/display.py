@@ -132,7 +132,7 @@ def plural(count: int, noun: str) -> str:
 def root_cause(report: JobReport, color: bool = False) -> list[str]:
     """The pod (and rank) the engine found to cause the failure, and the end of its log ([] if none):
     the engines that run pods themselves weigh the failed pods' logs and those of the pods the job
-    stopped (controller/rootcause.py), a cluster engine names the first pod to fail."""
+    stopped (controller/rootcause.py), the kubernetes engine the tails of its earliest failed pods'."""
     failure = report.first_failure
     if failure is None:
         return []

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from torchjob.spec.model import Job
 
 LOG_TAIL_LINES = 20  # lines of the root cause's log in its report
-_TAIL_BYTES = 65536  # read from the end of a failed container's log: torchrun's report and before
+TAIL_BYTES = 65536  # read from the end of a failed container's log: torchrun's report and before
 ROOT_CAUSE = "Root Cause (first observed failure):"  # in torchrun's report of a failed rank
 # The patterns are text: re compiles (and caches) each at its first use, once a container failed,
 # not at every job's start (this module is loaded before the first pod: every status report).
@@ -54,7 +54,7 @@ RAISED, EXITED, PEER_LOST, STOPPED = 3, 2, 1, 0  # the weight of a failed pod's 
 STOPPED_AFTER_RAISING = "Stopped by the job after its program raised"  # a stopped root cause's reason
 
 
-def log_tail(path: Path, lines: int | None = LOG_TAIL_LINES, nbytes: int = _TAIL_BYTES) -> list[str]:
+def log_tail(path: Path, lines: int | None = LOG_TAIL_LINES, nbytes: int = TAIL_BYTES) -> list[str]:
     """The last ``lines`` lines (None: all) of the last ``nbytes`` of a log file ([] when it
     cannot be read)."""
     try:
@@ -208,8 +208,16 @@ def _read_evidence(job: Job, pod: Pod) -> tuple[int, FailureReport]:
         rank=pod.rank,
         reason=exit_reason(pod.exit_code),
         time=pod.finished_at,
-        log_tail=lines[-LOG_TAIL_LINES:],
     )
+    return judge(failure, lines, stopped=stopped(pod)), failure
+
+
+def judge(failure: FailureReport, lines: list[str], *, stopped: bool = False) -> int:
+    """The weight of a failed (or ``stopped``) pod's evidence, from the tail of its log
+    (``lines``, up to TAIL_BYTES) and its exit code (``failure``'s); ``failure`` is made to say
+    what the log says: torchrun's failed rank, that rank's exit code and own last lines. Pure, so
+    that an engine reading its logs elsewhere (a cluster's API) weighs them alike."""
+    failure.log_tail = lines[-LOG_TAIL_LINES:]
     found = torchrun_root_cause(lines) if any(line.strip() == ROOT_CAUSE for line in lines) else None
     if found is not None:  # the rank that failed under the pod's torchrun, not the node
         failure.rank, failure.exit_code, own = found
@@ -217,16 +225,16 @@ def _read_evidence(job: Job, pod: Pod) -> tuple[int, FailureReport]:
         failure.log_tail = own[-LOG_TAIL_LINES:]
         weight = weigh(own, failure.exit_code)
     else:
-        weight = weigh(lines, pod.exit_code)
+        weight = weigh(lines, failure.exit_code)
         found_rank = _raising_rank(lines) if weight < RAISED else None
         if found_rank is not None:  # a rank's traceback, which raised() does not read prefixed
             weight = RAISED
-            if stopped(pod):  # its torchrun stopped before a report: the rank's own lines say it
+            if stopped:  # its torchrun stopped before a report: the rank's own lines say it
                 failure.rank, own = found_rank
                 failure.log_tail = own[-LOG_TAIL_LINES:]
-    if stopped(pod) and weight == RAISED:
+    if stopped and weight == RAISED:
         failure.reason = STOPPED_AFTER_RAISING
-    return weight, failure
+    return weight
 
 
 def told(failure: FailureReport, acted: FailureReport) -> str:

@@ -12,6 +12,7 @@ from torchjob.engine_api.base import (
     LogLine,
     LogQuery,
     Plan,
+    PodReport,
     StartOptions,
     StreamSink,
 )
@@ -23,7 +24,7 @@ from torchjob.engines.kubernetes.follow import Follower
 from torchjob.engines.kubernetes.kinds import JOB_LABEL, Discovery, Found, Kind, top_kinds
 from torchjob.engines.kubernetes.logs import add_log_tail, current_logs, wanted
 from torchjob.engines.kubernetes.phase import PODGROUP_API, build_report, job_podgroup, timestamp
-from torchjob.engines.kubernetes.podlogs import refused
+from torchjob.engines.kubernetes.rootcause import weigh_logs
 from torchjob.engines.kubernetes.submit import create_all, refused_field
 from torchjob.phases import UNKNOWN
 from torchjob.records import record, replace
@@ -185,7 +186,7 @@ class KubernetesEngine:
             )
         }
         report = self._report(found, pods, found.top, podgroup=self._podgroup(found))
-        self._add_log_tail(report)
+        self._add_log_tail(report, report.pods, pods)
         return report
 
     def logs(self, ref: str, query: LogQuery) -> Iterator[LogLine]:
@@ -355,18 +356,20 @@ class KubernetesEngine:
     def _finish(self, follower: Follower) -> JobReport:
         report = follower.report
         assert report is not None
-        self._add_log_tail(report)
+        self._add_log_tail(report, *follower.every_pod())
         if report.first_failure is not None and not report.first_failure.log_tail:
             report.first_failure.log_tail = follower.tail(report.first_failure.short)
         return report
 
-    def _add_log_tail(self, report: JobReport) -> None:
-        try:
-            add_log_tail(self.cluster, report)
-        except EngineError as err:
-            if not refused(err):
-                raise
-            self._log_refused(err)  # the job's outcome matters more than its log
+    def _add_log_tail(self, report: JobReport, pods: list[PodReport], raw: dict[str, dict[str, Any]]) -> None:
+        """The root cause by the failed pods' logs (rootcause.py), then its last lines; neither
+        once the cluster refused this user its pods' logs (said once)."""
+        if report.first_failure is None or self._logs_refused:
+            return
+        weighed = weigh_logs(self.cluster, report.namespace, pods, raw, self._log_refused)
+        report.first_failure = weighed or report.first_failure
+        if not self._logs_refused:
+            add_log_tail(self.cluster, report, self._log_refused)
 
 
 def _no_logs(report: JobReport) -> EngineError:

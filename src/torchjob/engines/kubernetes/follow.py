@@ -15,17 +15,12 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
-from torchjob.engine_api.base import EngineError, FailureReport, JobReport, LogLine
+from torchjob.engine_api.base import EngineError, FailureReport, JobReport, LogLine, PodReport
 from torchjob.engines.kubernetes.client import Cluster
 from torchjob.engines.kubernetes.joblogs import ChosenLogs
-from torchjob.engines.kubernetes.phase import (
-    build_report,
-    first_failure,
-    job_podgroup,
-    pod_identity,
-    pod_report,
-)
+from torchjob.engines.kubernetes.phase import build_report, job_podgroup, pod_identity, pod_report
 from torchjob.engines.kubernetes.podlogs import LogStreams
+from torchjob.engines.kubernetes.rootcause import first_failure
 from torchjob.engines.kubernetes.stuck import Stuck
 from torchjob.engines.kubernetes.watch import ResourceWatch
 
@@ -339,10 +334,13 @@ class Follower:
     def _first_failure(self) -> FailureReport | None:
         """The first failure among every pod seen, those deleted before the end too (a Job past
         its backoffLimit, a cleanPodPolicy, a TTL take its failed pods with them)."""
+        return first_failure(*self.every_pod())
+
+    def every_pod(self) -> tuple[list[PodReport], dict[str, dict[str, Any]]]:
+        """Every pod seen, those deleted before the end too, as reports and as last seen."""
         pods = {**self._gone, **self.pods}
         has_master = any(pod_identity(self.name, p, self.target)[0] == "master" for p in pods.values())
-        reports = [pod_report(self.name, p, has_master, self.target) for p in pods.values()]
-        return first_failure(reports, pods)
+        return [pod_report(self.name, p, has_master, self.target) for p in pods.values()], pods
 
     def _as_ended(self, items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """The pods listed after the end, and those deleted since (a TTL, cleanPodPolicy) as last seen."""

@@ -11,13 +11,13 @@ the current run alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from torchjob.display import first_failed_first
 from torchjob.engine_api.base import EngineError, JobReport, LogLine, LogQuery
 from torchjob.engines.kubernetes.client import Cluster
 from torchjob.engines.kubernetes.phase import prefix_for
-from torchjob.engines.kubernetes.podlogs import read_log, stream_log
+from torchjob.engines.kubernetes.podlogs import read_log, refused, stream_log
 
 LOG_TAIL_LINES = 20  # a failed pod's last lines in its job's report
 
@@ -56,9 +56,10 @@ def current_logs(cluster: Cluster, report: JobReport, query: LogQuery) -> Iterat
                     yield LogLine(prefix=prefix, text=text, pod_ordinal=ordinal)
 
 
-def add_log_tail(cluster: Cluster, report: JobReport) -> None:
+def add_log_tail(cluster: Cluster, report: JobReport, on_refused: Callable[[EngineError], None]) -> None:
     """The first failure's last log lines, read into the report when it has none (the run before
-    the current one of a container restarted and not ended: the run that failed)."""
+    the current one of a container restarted and not ended: the run that failed). A refusal to
+    read it goes to ``on_refused``: the job's outcome matters more than its log."""
     failure = report.first_failure
     if failure is None or failure.log_tail:
         return
@@ -67,6 +68,11 @@ def add_log_tail(cluster: Cluster, report: JobReport) -> None:
     if pod is None or container is None:
         return
     previous = container.state != "terminated" and container.restarts > 0
-    failure.log_tail = read_log(
-        cluster, report.namespace, pod.name, container.name, tail=LOG_TAIL_LINES, previous=previous
-    )
+    try:
+        failure.log_tail = read_log(
+            cluster, report.namespace, pod.name, container.name, tail=LOG_TAIL_LINES, previous=previous
+        )
+    except EngineError as err:
+        if not refused(err):
+            raise
+        on_refused(err)

@@ -13,7 +13,7 @@ import functools
 import re
 from typing import Any
 
-from torchjob.engine_api.base import ContainerReport, FailureReport, JobReport, PodReport
+from torchjob.engine_api.base import ContainerReport, JobReport, PodReport
 from torchjob.phases import TERMINAL_JOB_PHASES, UNSUCCESSFUL_JOB_PHASES, ContainerState, PodState
 from torchjob.records import record
 
@@ -318,35 +318,6 @@ def job_phase(target: str, top: dict[str, Any] | None, pods: list[PodReport]) ->
     return Phase(said.phase, said.reason, timestamp(said.since))
 
 
-def first_failure(pods: list[PodReport], raw: dict[str, dict[str, Any]]) -> FailureReport | None:
-    """The pod whose main container failed first (by finish time), from current or last states."""
-    best: tuple[float, FailureReport] | None = None
-    for report in pods:
-        pod = raw.get(report.name) or {}
-        for s in (pod.get("status") or {}).get("containerStatuses") or []:
-            for state in (s.get("state") or {}, s.get("lastState") or {}):
-                term = state.get("terminated")
-                if not term or not term.get("exitCode"):
-                    continue
-                when = timestamp(term.get("finishedAt")) or float("inf")
-                if best is None or when < best[0]:
-                    failure = FailureReport(
-                        pod=report.name,
-                        short=report.short,
-                        exit_code=term.get("exitCode"),
-                        rank=report.rank,
-                        reason=str(term.get("reason") or ""),
-                        time=None if when == float("inf") else when,
-                    )
-                    best = (when, failure)
-    if best is None:
-        failed = next((p for p in pods if p.phase == "Failed"), None)
-        if failed is None:
-            return None
-        return FailureReport(pod=failed.name, short=failed.short, rank=failed.rank, reason=failed.reason)
-    return best[1]
-
-
 def build_report(
     *,
     name: str,
@@ -388,5 +359,7 @@ def build_report(
         pods=reports,
     )
     if phase.phase in UNSUCCESSFUL_JOB_PHASES:
+        from torchjob.engines.kubernetes.rootcause import first_failure  # (it reads this module)
+
         report.first_failure = first_failure(reports, pods)
     return add_podgroup(report, podgroup)
