@@ -18,6 +18,7 @@ from torchjob.controller.rootcause import (
     weigh,
 )
 from torchjob.jobs import load_jobs_from_text
+from torchjob.reports import FailureReport
 from torchjob.spec.model import Job
 
 GLOO = (
@@ -222,3 +223,18 @@ def test_a_stopped_root_cause_with_a_traceback_longer_than_its_tail_still_reads(
     assert told(failure, failure_of(job(), master)).startswith(
         "rank 1 (pod worker-0) raised ValueError: deep, "
     )
+
+
+def test_a_failed_root_cause_with_a_deep_traceback_names_its_exception(
+    tmp_path: Path,
+) -> None:
+    """Distributed tracebacks run deeper than the 20 lines a report keeps: the exception is read
+    from the whole tail read, so the job's reason still says what the program raised."""
+    frames = [f'  File "/tmp/deep.py", line {i}, in f{i}' for i in range(30)]
+    lines = ["Traceback (most recent call last):", *frames, "ValueError: deep"]
+    pod = failed_pod(tmp_path, "worker-0", 1, lines, ended=1.0)
+    failure = first_failure(job(), [pod])
+    assert failure is not None and "Traceback (most recent call last):" not in failure.log_tail
+    assert failure.exception == "ValueError: deep"
+    assert told(failure, failure) == "rank 1 (pod worker-0) failed with exit code 1: ValueError: deep"
+    assert FailureReport.from_dict(failure.to_dict()) == failure  # as status -o json carries it

@@ -230,6 +230,9 @@ class FailureReport:
     reason: str = ""
     time: float | None = None
     log_tail: list[str] = field(default_factory=list)
+    # The exception the program raised, as its log's last traceback ends (``RuntimeError: boom``),
+    # read from more of the log than the tail kept: a deep traceback's start is not in the tail.
+    exception: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -240,6 +243,7 @@ class FailureReport:
             "reason": self.reason,
             "time": self.time,
             "logTail": list(self.log_tail),
+            "exception": self.exception,
         }
 
     @classmethod
@@ -256,6 +260,7 @@ class FailureReport:
             reason=r.text("reason"),
             time=r.number("time"),
             log_tail=list(tail),
+            exception=r.text("exception"),
         )
 
 

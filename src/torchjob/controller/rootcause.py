@@ -225,13 +225,16 @@ def judge(failure: FailureReport, lines: list[str], *, stopped: bool = False) ->
         failure.log_tail = own[-LOG_TAIL_LINES:]
         weight = weigh(own, failure.exit_code)
     else:
+        own = lines
         weight = weigh(lines, failure.exit_code)
         found_rank = _raising_rank(lines) if weight < RAISED else None
         if found_rank is not None:  # a rank's traceback, which raised() does not read prefixed
             weight = RAISED
+            own = found_rank[1]
             if stopped:  # its torchrun stopped before a report: the rank's own lines say it
-                failure.rank, own = found_rank
+                failure.rank = found_rank[0]
                 failure.log_tail = own[-LOG_TAIL_LINES:]
+    failure.exception = raised(own) or ""
     if stopped and weight == RAISED:
         failure.reason = STOPPED_AFTER_RAISING
     return weight
@@ -242,7 +245,7 @@ def told(failure: FailureReport, acted: FailureReport) -> str:
     RuntimeError: boom``; for a pod the job stopped after its program raised, also the failure
     the job acted on (``acted``: another pod's, which stopped it)."""
     who = f"pod {failure.short}" if failure.rank is None else f"rank {failure.rank} (pod {failure.short})"
-    what = raised(failure.log_tail)
+    what = failure.exception or raised(failure.log_tail)
     if failure.reason == STOPPED_AFTER_RAISING and acted.pod != failure.pod:
         other = f"pod {acted.short}" if acted.rank is None else f"rank {acted.rank} (pod {acted.short})"
         code = "" if failure.exit_code is None else f" (exit code {failure.exit_code})"
