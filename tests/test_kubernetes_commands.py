@@ -482,3 +482,22 @@ def test_a_workflow_runs_here_so_the_cluster_engine_is_refused_for_it(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--engine kubernetes: not for a workflow" in err, err
     assert api.requests == []
+
+
+def test_prune_older_than_counts_on_the_clusters_clock(
+    api: FakeKubeAPI, job_file: Path, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job's end is the cluster's time (its pods' finishedAt): --older-than is measured on the API
+    server's clock, not on this machine's, which may run far ahead of it."""
+    import datetime
+
+    submitted(api, job_file, kubeconfig, end="Completed")  # its pods finished at 2026-01-01T00:01:00Z
+    ended = datetime.datetime(2026, 1, 1, 0, 1, tzinfo=datetime.timezone.utc).timestamp()
+    api.clock_skew = ended + 120 - time.time()  # the server's clock: two minutes after the job ended
+    capsys.readouterr()
+    assert main(k8s("prune", "--older-than", "10m", kubeconfig=kubeconfig)) == 0
+    out, err = capsys.readouterr()
+    assert out == "no finished jobs to remove\n", err
+    assert api.get(VOLCANO, "Job", "demo") is not None
+    assert main(k8s("prune", "--older-than", "1m", kubeconfig=kubeconfig)) == 0
+    assert capsys.readouterr().out == "deleted default/demo\n"

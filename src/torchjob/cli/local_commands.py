@@ -412,8 +412,10 @@ def run_prune(args: argparse.Namespace) -> int:
     """Finished jobs (a terminal phase), those that ended before ``--older-than`` ago."""
     age = None if args.older_than is None else parse_duration(args.older_than)
     engine = chosen_engine(args)
-    now = time.time()
     finished = [r for r in engine.list_jobs() if r.terminal]
+    # A cluster's jobs end by its clock, which this machine's may not agree with (ClockEngine).
+    clock: Callable[[], float] = getattr(engine, "now", time.time)
+    now = clock()
     if age is not None:
         finished = [r for r in finished if now - (r.finished_at or r.started_at or now) > age]
     for job_id in engine.delete([r.id for r in finished]):  # [] still checks the root

@@ -472,3 +472,11 @@ if TYPE_CHECKING:
             """Remove what such jobs left, when it is older than ``older_than`` seconds and than a
             job being submitted may take to make its objects: those jobs' ids."""
             ...
+
+    class ClockEngine(Engine, Protocol):
+        """An engine whose jobs are timed by another machine's clock (a cluster's API server's):
+        ``prune --older-than`` measures ages against it (optional: the CLI looks for ``now``)."""
+
+        def now(self) -> float:
+            """That clock's time now, as seconds since the epoch."""
+            ...

@@ -30,7 +30,7 @@ from torchjob.phases import UNKNOWN
 from torchjob.records import record, replace
 
 if TYPE_CHECKING:
-    from torchjob.engine_api.base import Engine, LeftoverEngine, Sink
+    from torchjob.engine_api.base import ClockEngine, Engine, LeftoverEngine, Sink
     from torchjob.errors import Issue
     from torchjob.spec.model import Job
 
@@ -231,6 +231,10 @@ class KubernetesEngine:
                     deleted.append(found.ref)
             return deleted
 
+    def now(self) -> float:
+        """The API server's time (its answers' Date), which the jobs' times are (ClockEngine)."""
+        return self.cluster.now()
+
     def prune_leftovers(self, older_than: float | None = None) -> list[str]:
         """Remove the jobs of which only what they left remains (their object and pods gone) whose
         newest object is older than ``older_than`` seconds, and than removal.SETTLE_AGE (a job
@@ -394,3 +398,4 @@ def _option(options: StartOptions, name: str) -> Any:
 if TYPE_CHECKING:  # mypy checks here that the class implements the engine interface
     _implements: type[Engine] = KubernetesEngine
     _leftovers: type[LeftoverEngine] = KubernetesEngine
+    _clock: type[ClockEngine] = KubernetesEngine
