@@ -48,6 +48,17 @@ ENDED_BY_SLURM = {
 }
 
 
+RECHECK = 300.0  # seconds after a failed job's end in which Slurm's state may still name the cause
+
+
+def _may_be_slurms(report: JobReport) -> bool:
+    """A job its controller failed a moment ago: the steps Slurm's time limit (or a cancel, a
+    preemption, a node's failure) ended at once may have reached the controller before Slurm's
+    signal did, so it took their end for the pods' own failure. Slurm's final state tells."""
+    ended = report.finished_at
+    return report.phase == "Failed" and ended is not None and time.time() - ended < RECHECK
+
+
 def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
@@ -141,7 +152,7 @@ class SlurmView:
             report.ports = [PortReport(p, p) for p in ports if isinstance(p, int)]
         if slurm.get("inAllocation"):
             return self._in_allocation(job_dir, report, slurm)
-        if not slurm_id or (report.terminal and not ended_by_slurm):
+        if not slurm_id or (report.terminal and not ended_by_slurm and not _may_be_slurms(report)):
             return report
         state, reason = slurm.get("state"), ""
         # With --requeue a node failure or a preemption is not the end: Slurm runs the job again.
@@ -150,6 +161,10 @@ class SlurmView:
             state, reason = self.state(slurm_id)
             if state in clients.FINAL_STATES and not (requeues and state in REQUEUED_ON):
                 self._remember(job_dir, slurm, state, reason)
+        if report.terminal and not ended_by_slurm and state not in ENDED_BY_SLURM:
+            if state not in clients.FINAL_STATES and state not in (None, UNREACHABLE):
+                report.phase = "Terminating"  # Slurm's final state says whether the end was its own
+            return report
         if state == UNREACHABLE:
             said = f"Slurm does not answer ({reason}): the job's last state in its directory"
             report.reason = f"{said}; {report.reason}" if report.reason else said
