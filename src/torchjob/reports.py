@@ -264,10 +264,6 @@ class FailureReport:
         )
 
 
-SETTLE_SECONDS = 15.0  # the longest a wait waits, after a job failed, for the pods it stopped (a
-# pod's default grace of 5 s, then its kill, with room to spare)
-
-
 @record
 class JobReport:
     engine: str  # local | kubernetes | ...
@@ -305,7 +301,7 @@ class JobReport:
     def settling(self) -> bool:
         """Failed, and pods the job stopped are still stopping: their logs may yet name the root
         cause (a rank that raised in a pod stopped before it failed by itself); a ``wait`` gives
-        them up to ``SETTLE_SECONDS``."""
+        them a while (engine_api/polling.py)."""
         return self.terminal and not self.ok and any(p.terminating for p in self.pods)
 
     def to_dict(self) -> dict[str, Any]:

@@ -29,7 +29,6 @@ from torchjob.engines.local.roots import collect_expired, list_jobs, state_root
 from torchjob.engines.local.settings import ENGINE
 from torchjob.engines.local.state import JobDir
 from torchjob.phases import UNKNOWN
-from torchjob.reports import SETTLE_SECONDS
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -169,21 +168,10 @@ class LocalEngine:
 
     def wait(self, ref: str, timeout: float | None = None, sink: Sink | None = None) -> JobReport:
         """Polls the job's status; it has nothing to say while waiting (``sink`` is unused)."""
+        from torchjob.engine_api.polling import until_ended
+
         where = self._find(ref)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        settled = None  # when the pods a failure stopped have had their time to go
-        while True:
-            report = self._live(where)
-            if report.settling:  # the root cause may still change: a while
-                settled = settled or time.monotonic() + SETTLE_SECONDS
-                if time.monotonic() < settled and (deadline is None or time.monotonic() < deadline):
-                    time.sleep(WAIT_EVERY)
-                    continue
-            if report.terminal or report.phase == UNKNOWN:  # Unknown: nobody will change it again
-                return report
-            if deadline is not None and time.monotonic() >= deadline:
-                return report
-            time.sleep(WAIT_EVERY)
+        return until_ended(lambda: self._live(where), timeout, WAIT_EVERY)
 
     def _live(self, where: JobDir) -> JobReport:
         """The stored report, with phase Unknown when its supervisor died before the job ended."""

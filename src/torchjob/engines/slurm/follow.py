@@ -25,7 +25,6 @@ import time
 
 from torchjob.display import prefix_for
 from torchjob.engine_api.base import JobReport, LogLine, LogQuery, ThisProcess
-from torchjob.reports import SETTLE_SECONDS
 from torchjob.typecheck import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -188,22 +187,15 @@ def wait(
     on_report: Callable[[JobReport], None] | None = None,
 ) -> JobReport:
     """The job's report once it ended (or ``timeout`` passed), through any outage."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    settled = None  # when the pods a failure stopped have had their time to go
-    while True:
+    from torchjob.engine_api.polling import until_ended
+
+    def read() -> JobReport:
         report = view.report(job_dir)
         if on_report is not None:
             on_report(report)
-        if report.settling:  # the root cause may still change: a while
-            settled = settled or time.monotonic() + SETTLE_SECONDS
-            if time.monotonic() < settled and (deadline is None or time.monotonic() < deadline):
-                time.sleep(POLL)
-                continue
-        if report.terminal or report.phase == "Unknown":
-            return report
-        if deadline is not None and time.monotonic() >= deadline:
-            return report
-        time.sleep(POLL)
+        return report
+
+    return until_ended(read, timeout, POLL)
 
 
 class Interrupts:
