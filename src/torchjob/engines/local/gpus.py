@@ -299,25 +299,38 @@ def _found(found: Found) -> Inventory:
     return given if given is not None else inventory()
 
 
-def check(job: Job, found: Found = None) -> Issues:
-    """Problems of a job's GPU requests: quantities that are not whole numbers, more GPUs than exist.
-
-    ``found`` is the inventory (or a function asked for it, which may say None), or None to look
-    at the machine; asked only when something asks for GPUs.
-    Works per task, not per pod: replicas share their template.
-    """
+def _requests(job: Job) -> tuple[Issues, int, str]:
+    """A job's GPU requests, read once: the quantities that are not whole numbers (at their
+    fields), the GPUs its pods ask for in all, and the field of the first request. Per task, not
+    per pod: replicas share their template."""
     issues: Issues = []
-    wanted = 0
+    wanted, first = 0, ""
     for t, task in enumerate(job.spec.tasks):
         spec = task.template.spec
         for kind in ("initContainers", "containers"):
             for i, container in enumerate(spec.get(kind) or []):
                 try:
-                    requested(container)
+                    asked = requested(container)
                 except ValueError as err:
-                    path = f"spec.tasks[{t}].template.spec.{kind}[{i}].resources.limits"
-                    issues.append(Issue(child(path, RESOURCE), str(err)))
+                    asked = None
+                    issues.append(Issue(_limits(t, kind, i), str(err)))
+                if asked and not first:
+                    first = _limits(t, kind, i)
         wanted += pod_gpus(needs_of(spec)) * task.replicas
+    return issues, wanted, first
+
+
+def _limits(task: int, kind: str, index: int) -> str:
+    return child(f"spec.tasks[{task}].template.spec.{kind}[{index}].resources.limits", RESOURCE)
+
+
+def check(job: Job, found: Found = None) -> Issues:
+    """Problems of a job's GPU requests: quantities that are not whole numbers, more GPUs than exist.
+
+    ``found`` is the inventory (or a function asked for it, which may say None), or None to look
+    at the machine; asked only when something asks for GPUs.
+    """
+    issues, wanted, _ = _requests(job)
     if issues or wanted == 0:
         return issues
     machine = _found(found)
@@ -336,20 +349,11 @@ def absent(job: Job, found: Found = None) -> Issues:
     """The note a run of ``job`` gives when its pods ask for GPUs and this machine has none, as a
     warning at the first such request (``validate --local``); none when the requests are not
     whole numbers (:func:`check` tells those)."""
-    wanted, first = 0, ""
-    for t, task in enumerate(job.spec.tasks):
-        spec = task.template.spec
-        for kind in ("initContainers", "containers"):
-            for i, container in enumerate(spec.get(kind) or []):
-                try:
-                    asked = requested(container)
-                except ValueError:
-                    return []
-                if asked and not first:
-                    first = child(f"spec.tasks[{t}].template.spec.{kind}[{i}].resources.limits", RESOURCE)
-        wanted += pod_gpus(needs_of(spec)) * task.replicas
-    machine = _found(found) if wanted else None
-    if machine is None or machine.devices:
+    issues, wanted, first = _requests(job)
+    if issues or wanted == 0:
+        return []
+    machine = _found(found)
+    if machine.devices:
         return []
     return [Issue(first, _no_gpu(machine, wanted), "warning")]
 
