@@ -225,6 +225,21 @@ def here_issues(job: Job, errors: bool) -> list[Any]:
     return job.kind.here_issues(errors) if job.kind is not None else []
 
 
+def completions(job: Job) -> dict[str, list[str]]:
+    """Per task, the tasks it waits for to complete (``DependsOn.complete``), which the job's
+    Volcano manifest cannot carry: what :func:`wait_for_completions` gives back to a job."""
+    return {t.name: t.depends_on.complete for t in job.spec.tasks if t.depends_on and t.depends_on.complete}
+
+
+def wait_for_completions(job: Job, completes: dict[str, list[str]]) -> None:
+    """Give ``job``'s tasks the dependencies they wait for to complete (``completes``, per task),
+    each among those its dependsOn names."""
+    for task in job.spec.tasks:
+        waits = completes.get(task.name)
+        if waits and task.depends_on is not None:
+            task.depends_on.complete = [n for n in waits if n in task.depends_on.names]
+
+
 def own_path(job: Job, path: str) -> str:
     """A field path of the job's Volcano Job as its user wrote it: for a job read from a
     PyTorchJob, TrainJob or JobSet, the kind's own path (``spec.tasks[0].template.spec.nodeSelector``

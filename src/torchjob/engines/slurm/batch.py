@@ -297,6 +297,7 @@ def main(argv: list[str]) -> int:
     from torchjob.engines.slurm.plan import plan_job
     from torchjob.engines.slurm.settings import SlurmSettings
     from torchjob.errors import SpecError
+    from torchjob.spec.model import wait_for_completions
 
     if len(argv) != 1:
         print("usage: python -m torchjob.engines.slurm.batch JOB_DIR", file=sys.stderr)
@@ -305,10 +306,7 @@ def main(argv: list[str]) -> int:
     options = json.loads((job_dir / OPTIONS).read_text())
     try:
         job = load_job(job_dir / JOB_FILE)
-        completes = options.get("completes") or {}
-        for task in job.spec.tasks:  # what job.json cannot say (engine.py)
-            if task.depends_on is not None and completes.get(task.name):
-                task.depends_on.complete = [n for n in completes[task.name] if n in task.depends_on.names]
+        wait_for_completions(job, options.get("completes") or {})  # what job.json cannot say (engine.py)
     except (ValueError, SpecError) as err:  # written by the engine: damaged, not a user's mistake
         print(f"torchjob: {job_dir / JOB_FILE} holds no valid job: {err}", file=sys.stderr)
         return 2

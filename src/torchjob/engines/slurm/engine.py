@@ -225,6 +225,7 @@ class SlurmEngine:
         from torchjob.lifecycle import active_deadline
         from torchjob.render import dump
         from torchjob.spec.manifest import job_manifest
+        from torchjob.spec.model import completions
 
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -244,11 +245,7 @@ class SlurmEngine:
             "timeout": active_deadline(job, options.timeout),
             # A task's dependencies it waits for to complete (a JobSet's dependsOn status
             # Complete): Volcano's dependsOn in job.json has no field for it either.
-            "completes": {
-                t.name: t.depends_on.complete
-                for t in job.spec.tasks
-                if t.depends_on and t.depends_on.complete
-            },
+            "completes": completions(job),
             "maxRestarts": options.setting("max_restarts"),
             "extraEnv": dict(options.extra_env),
             "workdir": os.getcwd(),  # relative paths as sbatch would: from where the job was submitted

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torchjob.errors import Issue, Problem
 from torchjob.records import field, record
-from torchjob.spec.model import JobRunPolicy, KindInfo
+from torchjob.spec.model import JobRunPolicy, KindInfo, wait_for_completions
 from torchjob.spec.source import Document
 from torchjob.typecheck import TYPE_CHECKING
 
@@ -116,10 +116,7 @@ class Translation:
         from it) what the kind says beyond a Volcano Job; the object as read only while the Job is
         still this translation's own."""
         job.run_policy = self.run_policy
-        for task in job.spec.tasks:
-            waits = self.completes.get(task.name)
-            if waits and task.depends_on is not None:
-                task.depends_on.complete = [n for n in waits if n in task.depends_on.names]
+        wait_for_completions(job, self.completes)
         own = document.data is self.data and isinstance(self.source.data, dict)
         source = self.source.data if own else None
         job.kind = KindInfo(self.kind, self.api_version, self.target, source, list(self.here), document)
