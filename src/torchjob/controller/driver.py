@@ -439,9 +439,8 @@ class Controller(_Slots[A]):
             )
         else:
             pods: list[Pod] = [p for p in self.latest.values() if isinstance(p, Pod)]
-            cause = told(
-                first_failure(self.job, pods) or failure_of(self.job, pod), failure_of(self.job, pod)
-            )
+            acted_on = failure_of(self.job, pod)
+            cause = told(first_failure(self.job, pods) or acted_on, acted_on)
         restarts = self.status.retry_count
         after = (
             "nothing was restarted"

@@ -22,7 +22,7 @@ GONE_TIMEOUT = 120.0  # how long --replace deletes the old job and waits for it 
 # made before its object or first pod (submit.create_all, in order): for that moment they look
 # like leftovers. prune leaves leftovers until the newest is older than this: longer than one
 # create can take (client.py: 5 tries of at most 80 s, 30 s waits between them: 520 s), with a
-# margin for the cluster's clock against this machine's.
+# margin. Ages are measured on the API server's clock (Cluster.now), as its creation times are.
 SETTLE_AGE = 600.0
 
 
